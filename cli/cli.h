@@ -1,0 +1,27 @@
+/* cli: the `pipewright` command's subcommands, one file each. */
+#ifndef PW_CLI_H
+#define PW_CLI_H
+
+#include <stdio.h>
+
+#include "errors.h"
+#include "spec.h"
+
+typedef struct {
+  const char *name;
+  const char *summary;
+  int (*run)(int argc, char **argv);
+} pw_cli_cmd;
+
+int pw_cmd_train(int argc, char **argv);
+int pw_cmd_eval(int argc, char **argv);
+int pw_cmd_inspect(int argc, char **argv);
+
+/* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
+int pw_cli_load_job(const char *path, pw_job *job);
+/* Prints "error: <path>: <message>" to stderr. */
+void pw_cli_report(const pw_err *err);
+/* Human-readable 12.3K / 4.5M / 6.7G. */
+const char *pw_cli_si(double x, char *buf, int cap);
+
+#endif

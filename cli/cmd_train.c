@@ -1,0 +1,163 @@
+/* cmd_train: `pipewright train` and `pipewright eval`. */
+#include <cblas.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "spec.h"
+#include "train.h"
+
+static void train_usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright train --job FILE [options]\n"
+          "  --job FILE        job spec (JSON)\n"
+          "  --steps N         run N steps (overrides train.steps; 0 writes the initial parameters)\n"
+          "  --out CKPT        write the final checkpoint (safetensors; optimizer state alongside)\n"
+          "  --resume CKPT     continue from a checkpoint (parameters, optimizer state, step)\n"
+          "  --log-json FILE   one JSON line per step: step, loss, lr, grad_norm, ms, tokens_per_s\n"
+          "  --threads N       OpenBLAS threads (default 1)\n"
+          "  --quiet           no per-step lines\n"
+          "  --help\n");
+}
+
+static void progress(int done, int total, double loss) {
+  int w = 30, fill = total ? done * w / total : w;
+  fprintf(stderr, "\r[");
+  for (int i = 0; i < w; i++) fputc(i < fill ? '#' : '.', stderr);
+  fprintf(stderr, "] %d/%d loss %.4f ", done, total, loss);
+  if (done == total) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+int pw_cmd_train(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"job", required_argument, 0, 'j'},     {"steps", required_argument, 0, 's'},
+      {"out", required_argument, 0, 'o'},     {"resume", required_argument, 0, 'r'},
+      {"log-json", required_argument, 0, 'l'}, {"threads", required_argument, 0, 't'},
+      {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  const char *job_path = NULL, *out = NULL, *resume = NULL, *log_path = NULL;
+  int steps = -1, threads = 1, quiet = 0, c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "j:s:o:r:l:t:qh", opts, NULL)) != -1) {
+    switch (c) {
+      case 'j': job_path = optarg; break;
+      case 's': steps = atoi(optarg); break;
+      case 'o': out = optarg; break;
+      case 'r': resume = optarg; break;
+      case 'l': log_path = optarg; break;
+      case 't': threads = atoi(optarg); break;
+      case 'q': quiet = 1; break;
+      case 'h': train_usage(stdout); return 0;
+      default: train_usage(stderr); return 2;
+    }
+  }
+  if (!job_path || steps < -1 || threads < 1) {
+    train_usage(stderr);
+    return 2;
+  }
+  openblas_set_num_threads(threads);
+  pw_job job;
+  if (pw_cli_load_job(job_path, &job)) return 1;
+  if (steps >= 0) job.train.steps = steps;
+  pw_trainer t;
+  pw_err err = {0};
+  int rc = pw_trainer_init(&t, &job, &err);
+  if (!rc && resume) rc = pw_trainer_resume(&t, resume, &err);
+  if (rc) {
+    pw_cli_report(&err);
+    pw_job_free(&job);
+    return 1;
+  }
+  FILE *log = NULL;
+  if (log_path && !(log = fopen(log_path, "w"))) {
+    perror(log_path);
+    pw_trainer_free(&t);
+    pw_job_free(&job);
+    return 1;
+  }
+  char pbuf[32];
+  if (!quiet)
+    printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches), from step %d\n", job.name,
+           pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), job.train.steps,
+           job.train.batch_size, t.n_mb, t.step);
+  int tty = isatty(2) && !quiet;
+  pw_step_stats st = {0};
+  if (job.mode == PW_MODE_FORWARD) {
+    for (int k = t.step; k < job.train.steps; k++)
+      printf("step %d  loss %.6f\n", k, pw_trainer_forward(&t, k));
+    job.train.steps = t.step; /* nothing trained */
+  }
+  while (t.step < job.train.steps) {
+    pw_trainer_step(&t, &st);
+    if (log) {
+      fprintf(log, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+              st.step, st.loss, st.lr, st.grad_norm, st.seconds * 1e3, st.tokens / st.seconds);
+      fflush(log);
+    }
+    if (!quiet) {
+      if (tty) fprintf(stderr, "\r\033[K");
+      printf("step %5d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s  %.1f ms\n", st.step, st.loss, st.lr,
+             st.grad_norm, st.tokens / st.seconds, st.seconds * 1e3);
+      fflush(stdout);
+      if (tty) progress(t.step, job.train.steps, st.loss);
+    }
+    if (out && job.train.checkpoint_every > 0 && t.step % job.train.checkpoint_every == 0 &&
+        t.step < job.train.steps && (rc = pw_trainer_save(&t, out, &err)))
+      break;
+  }
+  if (!rc && out) {
+    rc = pw_trainer_save(&t, out, &err);
+    if (!rc && !quiet) printf("wrote %s (step %d)\n", out, t.step);
+  }
+  if (rc) pw_cli_report(&err);
+  if (log) fclose(log);
+  pw_trainer_free(&t);
+  pw_job_free(&job);
+  return rc ? 1 : 0;
+}
+
+int pw_cmd_eval(int argc, char **argv) {
+  static const struct option opts[] = {{"job", required_argument, 0, 'j'},
+                                       {"checkpoint", required_argument, 0, 'c'},
+                                       {"threads", required_argument, 0, 't'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  const char *job_path = NULL, *ckpt = NULL;
+  int threads = 1, c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "j:c:t:h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'j': job_path = optarg; break;
+      case 'c': ckpt = optarg; break;
+      case 't': threads = atoi(optarg); break;
+      case 'h':
+        printf("usage: pipewright eval --job FILE --checkpoint CKPT [--threads N]\n");
+        return 0;
+      default: return 2;
+    }
+  }
+  if (!job_path || !ckpt) {
+    fprintf(stderr, "usage: pipewright eval --job FILE --checkpoint CKPT [--threads N]\n");
+    return 2;
+  }
+  openblas_set_num_threads(threads > 0 ? threads : 1);
+  pw_job job;
+  if (pw_cli_load_job(job_path, &job)) return 1;
+  pw_trainer t;
+  pw_err err = {0};
+  int rc = pw_trainer_init(&t, &job, &err);
+  if (!rc) rc = pw_trainer_load(&t, ckpt, &err);
+  if (!rc) {
+    double loss = pw_trainer_eval(&t);
+    printf("eval loss %.6f (%d batches of %d)\n", loss, job.train.eval_batches, job.train.batch_size);
+    pw_trainer_free(&t);
+  } else {
+    pw_cli_report(&err);
+  }
+  pw_job_free(&job);
+  return rc ? 1 : 0;
+}

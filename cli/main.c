@@ -1,0 +1,63 @@
+/* main: `pipewright` — dispatches to a subcommand from a table. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "errors.h"
+#include "spec.h"
+
+static const pw_cli_cmd commands[] = {
+    {"train", "train a job in this process (the reference every pipelined run equals)", pw_cmd_train},
+    {"eval", "loss of a checkpoint on the job's eval split", pw_cmd_eval},
+    {"inspect", "table of a job's layers: shapes, parameters, FLOPs, activations", pw_cmd_inspect},
+};
+static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: pipewright <command> [options]\n\ncommands:\n");
+  for (int i = 0; i < n_commands; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n'pipewright <command> --help' shows a command's options.\n");
+}
+
+int pw_cli_load_job(const char *path, pw_job *job) {
+  pw_err err = {0};
+  int rc = pw_job_load_file(path, job, &err);
+  if (rc) {
+    char buf[600];
+    fprintf(stderr, "error: %s: %s\n", path, pw_err_str(&err, buf, sizeof buf));
+  }
+  return rc;
+}
+
+void pw_cli_report(const pw_err *e) {
+  char buf[600];
+  fprintf(stderr, "error: %s\n", pw_err_str(e, buf, sizeof buf));
+}
+
+const char *pw_cli_si(double x, char *buf, int cap) {
+  const char *u[] = {"", "K", "M", "G", "T", "P"};
+  int i = 0;
+  while (x >= 1000 && i < 5) {
+    x /= 1000;
+    i++;
+  }
+  snprintf(buf, (size_t)cap, i ? "%.2f%s" : "%.0f%s", x, u[i]);
+  return buf;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("pipewright %s\n", PW_VERSION);
+    return 0;
+  }
+  for (int i = 0; i < n_commands; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "pipewright: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

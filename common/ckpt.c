@@ -1,0 +1,91 @@
+/* ckpt: save and load a program's state through safetensors.c. */
+#include "ckpt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+void pw_ckpt_optim_path(const char *path, char *buf, size_t cap) {
+  size_t n = strlen(path), sl = strlen(".safetensors");
+  if (n > sl && strcmp(path + n - sl, ".safetensors") == 0) n -= sl;
+  snprintf(buf, cap, "%.*s.optim.safetensors", (int)n, path);
+}
+
+static void fill_shape(pw_st_tensor *t, const pw_param *pm) {
+  t->ndim = pm->ndim;
+  for (int d = 0; d < pm->ndim; d++) t->shape[d] = pm->shape[d];
+}
+
+int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, pw_err *err) {
+  int n = pw_prog_n_params(p);
+  pw_st_tensor *ts = calloc((size_t)(2 * n + 1), sizeof *ts);
+  char (*names)[PW_PARAM_NAME_MAX + 16] = calloc((size_t)(2 * n + 1), sizeof *names);
+  if (!ts || !names) {
+    free(ts);
+    free(names);
+    return pw_err_set(err, PW_ENOMEM, path, "out of memory");
+  }
+  char stepbuf[32], opath[1024];
+  snprintf(stepbuf, sizeof stepbuf, "%d", step);
+  pw_st_meta meta[3] = {{"format", "pt"}, {"step", stepbuf}, {"job", job_json ? job_json : "{}"}};
+  for (int i = 0; i < n; i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    snprintf(names[2 * i], sizeof names[0], "exp_avg.%s", pp->meta->name);
+    snprintf(names[2 * i + 1], sizeof names[0], "exp_avg_sq.%s", pp->meta->name);
+    ts[2 * i] = (pw_st_tensor){.name = names[2 * i], .dtype = PW_ST_F32, .data = pp->m};
+    ts[2 * i + 1] = (pw_st_tensor){.name = names[2 * i + 1], .dtype = PW_ST_F32, .data = pp->v};
+    fill_shape(&ts[2 * i], pp->meta);
+    fill_shape(&ts[2 * i + 1], pp->meta);
+  }
+  pw_ckpt_optim_path(path, opath, sizeof opath);
+  int rc = pw_st_write(opath, ts, 2 * n, meta, 2, err);
+  if (!rc) {
+    for (int i = 0; i < n; i++) {
+      pw_prog_param *pp = pw_prog_param_at(p, i);
+      ts[i] = (pw_st_tensor){.name = pp->meta->name, .dtype = PW_ST_F32, .data = pp->data};
+      fill_shape(&ts[i], pp->meta);
+    }
+    rc = pw_st_write(path, ts, n, meta, 3, err);
+  }
+  free(ts);
+  free(names);
+  return rc;
+}
+
+static int load_into(const pw_st_file *f, const char *name, const pw_param *pm, float *dst, pw_err *err) {
+  int64_t shape[2] = {pm->shape[0], pm->shape[1]};
+  return pw_st_copy(f, name, PW_ST_F32, pm->ndim, shape, dst, err);
+}
+
+int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err) {
+  pw_st_file *f = NULL;
+  int rc = pw_st_open(path, &f, err);
+  if (rc) return rc;
+  for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    rc = load_into(f, pp->meta->name, pp->meta, pp->data, err);
+  }
+  const char *s = pw_st_meta_get(f, "step");
+  int st = s ? atoi(s) : 0;
+  pw_st_close(f);
+  if (rc || !with_optim) {
+    if (step) *step = st;
+    return rc;
+  }
+  char opath[1024], name[PW_PARAM_NAME_MAX + 16];
+  pw_ckpt_optim_path(path, opath, sizeof opath);
+  rc = pw_st_open(opath, &f, err);
+  if (rc) return rc;
+  for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    snprintf(name, sizeof name, "exp_avg.%s", pp->meta->name);
+    rc = load_into(f, name, pp->meta, pp->m, err);
+    snprintf(name, sizeof name, "exp_avg_sq.%s", pp->meta->name);
+    if (!rc) rc = load_into(f, name, pp->meta, pp->v, err);
+  }
+  pw_st_close(f);
+  if (step) *step = st;
+  return rc;
+}

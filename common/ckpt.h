@@ -1,0 +1,27 @@
+/* ckpt: a program's parameters and optimizer state as safetensors files.
+ *
+ * `path` holds the parameters under their contract names (PyTorch can load
+ * it as a state dict); the optimizer state goes alongside in
+ * "<path without .safetensors>.optim.safetensors" as exp_avg.<name> and
+ * exp_avg_sq.<name> (SGD keeps its momentum in exp_avg). Both carry the
+ * step in their metadata. Each file is written to a temporary name and
+ * renamed, the optimizer file first: a model file present means its
+ * optimizer file is complete too. */
+#ifndef PW_CKPT_H
+#define PW_CKPT_H
+
+#include "errors.h"
+#include "prog.h"
+
+/* "<path minus .safetensors>.optim.safetensors" into buf. */
+void pw_ckpt_optim_path(const char *path, char *buf, size_t cap);
+
+/* step = optimizer steps taken; job_json (may be NULL) is stored as metadata. */
+int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, pw_err *err);
+
+/* Loads every parameter of the program from path (extra tensors in the
+ * file are ignored: a stage loads its part of a whole-model file). With
+ * with_optim, also the optimizer state; *step (may be NULL) gets the step. */
+int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err);
+
+#endif

@@ -1,0 +1,64 @@
+/* data: training and eval batches as a pure function of (seed, step, index).
+ *
+ * Any process can draw any microbatch on its own: the first pipeline stage
+ * draws its inputs, the last its targets, and nothing passes between them.
+ * Sequence i of step k (0 <= i < batch_size) depends only on the dataset,
+ * the seed, k and i — never on the microbatch count or on which process
+ * asks — so microbatch j of size b is sequences j*b .. (j+1)*b-1.
+ *
+ * Kinds:
+ *  text        bytes of a file (vocab 256). The last eval_fraction of the
+ *              file is the eval split; the rest, of length N, is the train
+ *              split. Samplers: `sequential` (DESIGN.md: sequence i of step
+ *              k starts at ((k*batch_size + i)*T) mod (N - T - 1); inputs
+ *              bytes o..o+T-1, targets o+1..o+T) and `random` (start drawn
+ *              from a hash of (seed, k, i)). Eval batches always use the
+ *              sequential rule over the eval split.
+ *  copy        synthetic tokens: a random first half (symbols 1..vocab-1),
+ *              then the same symbols again; next-token targets.
+ *  reverse     as copy, with the second half reversed.
+ *  regression  features x ~ N(0,1) of width in_dim; target tanh(A x) of
+ *              width out_dim, A a fixed teacher matrix drawn from the seed.
+ *  classify    the same x; target class argmax(A x) (int32).
+ * Synthetic kinds draw eval data from a disjoint stream. */
+#ifndef PW_DATA_H
+#define PW_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+#include "spec.h"
+
+/* What the model expects of the data. */
+typedef struct {
+  int vocab_size;  /* token models */
+  int seq_len;     /* T (1 for feature models) */
+  int in_dim;      /* feature models: input width */
+  int out_dim;     /* feature models: regression width or number of classes */
+  int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
+} pw_data_shape;
+
+typedef enum { PW_SPLIT_TRAIN, PW_SPLIT_EVAL } pw_split;
+
+typedef struct pw_dataset pw_dataset;
+
+/* Opens the dataset and checks it fits the shape (kind vs tokens/features,
+ * vocabulary, the file long enough for one window of T+1 bytes in each
+ * split). Errors name "data.path", "data.kind", ... */
+int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
+                    pw_dataset **out, pw_err *err);
+void pw_dataset_close(pw_dataset *ds);
+
+/* Fill sequences first .. first+n-1 of batch `step` (batch of batch_size).
+ * inputs: int32 (n,T) tokens or float (n,in_dim) features.
+ * targets: int32 (n,T) tokens, float (n,out_dim) for regression, or int32
+ * (n) classes for classify. Either pointer may be NULL (the first stage
+ * wants inputs only, the last targets only). */
+void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first, int n,
+                      int batch_size, void *inputs, void *targets);
+
+/* Bytes in the train split (text) or 0. */
+size_t pw_dataset_train_len(const pw_dataset *ds);
+
+#endif

@@ -1,0 +1,504 @@
+/* model: expands a model spec into the SSA graph of model.h and infers
+ * every shape, parameter count, FLOP count and activation size.
+ *
+ * Templates (gpt, llama, mlp) and explicit layers lists go through the same
+ * small builder: add a value, add a node, add a parameter. Each composite
+ * block is one function used by both the template and the layers list, so a
+ * `gpt_block` in a list is exactly a template block. This file never
+ * allocates activations or runs ops. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *pw_op_name(pw_op op) {
+  static const char *const names[PW_OP__COUNT] = {
+      "embed", "posembed", "linear", "layernorm", "rmsnorm", "gelu", "relu",
+      "silu",  "swiglu",   "add",    "rope",      "attention", "cross_entropy", "mse"};
+  return op < PW_OP__COUNT ? names[op] : "?";
+}
+
+size_t pw_value_bytes(const pw_value *v, int b) {
+  if (v->role == PW_VAL_LOSS) return sizeof(float);
+  return (size_t)b * (size_t)v->rows * (size_t)v->width * 4u;
+}
+
+size_t pw_model_param_count(const pw_model *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) n += m->params[i].numel;
+  return n;
+}
+
+/* ---- builder --------------------------------------------------------- */
+
+typedef struct {
+  pw_model *m;
+  int cap_values, cap_nodes, cap_params, cap_layers;
+  int layer;        /* current layer id */
+  int oom;
+  const pw_model_spec *spec;
+} builder;
+
+static void *grow(void *p, int *cap, int need, size_t elem, int *oom) {
+  if (need <= *cap) return p;
+  int nc = *cap ? *cap * 2 : 16;
+  while (nc < need) nc *= 2;
+  void *q = realloc(p, (size_t)nc * elem);
+  if (!q) {
+    *oom = 1;
+    return p;
+  }
+  *cap = nc;
+  return q;
+}
+
+static int add_value(builder *bd, int rows, int width, pw_dtype dt, pw_val_role role) {
+  pw_model *m = bd->m;
+  m->values = grow(m->values, &bd->cap_values, m->n_values + 1, sizeof *m->values, &bd->oom);
+  if (bd->oom) return 0;
+  pw_value *v = &m->values[m->n_values];
+  memset(v, 0, sizeof *v);
+  v->rows = rows;
+  v->width = width;
+  v->dtype = (uint8_t)dt;
+  v->role = (uint8_t)role;
+  v->producer = -1;
+  return m->n_values++;
+}
+
+static int add_param(builder *bd, const char *name, int d0, int d1, pw_init_kind init, float std) {
+  pw_model *m = bd->m;
+  m->params = grow(m->params, &bd->cap_params, m->n_params + 1, sizeof *m->params, &bd->oom);
+  if (bd->oom) return -1;
+  pw_param *p = &m->params[m->n_params];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->ndim = d1 > 0 ? 2 : 1;
+  p->shape[0] = d0;
+  p->shape[1] = d1 > 0 ? d1 : 0;
+  p->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+  p->decay = p->ndim >= 2;
+  p->init = (uint8_t)init;
+  p->init_std = std;
+  m->layers[bd->layer].params += p->numel;
+  return m->n_params++;
+}
+
+static int param_find(const pw_model *m, const char *name) {
+  for (int i = 0; i < m->n_params; i++)
+    if (strcmp(m->params[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* Adds a node reading in0 (and in1) and returns its output value id. */
+static int add_node(builder *bd, pw_op op, int in0, int in1, int w, int b, int out_rows,
+                    int out_width, pw_dtype out_dt) {
+  pw_model *m = bd->m;
+  int out = op == PW_OP_XENT || op == PW_OP_MSE ? add_value(bd, 0, 1, PW_DT_F32, PW_VAL_LOSS)
+                                                : add_value(bd, out_rows, out_width, out_dt, PW_VAL_ACT);
+  m->nodes = grow(m->nodes, &bd->cap_nodes, m->n_nodes + 1, sizeof *m->nodes, &bd->oom);
+  if (bd->oom) return 0;
+  pw_node *n = &m->nodes[m->n_nodes];
+  memset(n, 0, sizeof *n);
+  n->op = (uint8_t)op;
+  n->layer = bd->layer;
+  n->in[0] = in0;
+  n->in[1] = in1;
+  n->out = out;
+  n->w = w;
+  n->b = b;
+  n->C = m->values[in0].width;
+  n->T = m->values[in0].rows;
+  n->OC = out_width;
+  n->eps = bd->spec->norm_eps > 0 ? bd->spec->norm_eps : 1e-5f;
+  n->base = bd->spec->rope_base > 0 ? bd->spec->rope_base : 10000.0f;
+  m->values[out].producer = m->n_nodes;
+  m->n_nodes++;
+  return out;
+}
+
+static void begin_layer(builder *bd, const char *name, int spec_index, int is_block) {
+  pw_model *m = bd->m;
+  m->layers = grow(m->layers, &bd->cap_layers, m->n_layers + 1, sizeof *m->layers, &bd->oom);
+  if (bd->oom) return;
+  pw_layer *l = &m->layers[m->n_layers];
+  memset(l, 0, sizeof *l);
+  snprintf(l->name, sizeof l->name, "%s", name);
+  l->node_lo = l->node_hi = m->n_nodes;
+  l->spec_index = spec_index;
+  l->is_block = is_block;
+  bd->layer = m->n_layers++;
+}
+
+static void end_layer(builder *bd) {
+  if (bd->oom) return;
+  bd->m->layers[bd->layer].node_hi = bd->m->n_nodes;
+}
+
+/* ---- layers, shared by templates and explicit lists ------------------ */
+
+static int linear(builder *bd, const char *prefix, int x, int oc, int bias, float std) {
+  char nm[PW_PARAM_NAME_MAX];
+  const pw_value *v = &bd->m->values[x];
+  int C = v->width, rows = v->rows;
+  snprintf(nm, sizeof nm, "%s.weight", prefix);
+  int w = add_param(bd, nm, oc, C, PW_INIT_NORMAL, std);
+  int b = -1;
+  if (bias) {
+    snprintf(nm, sizeof nm, "%s.bias", prefix);
+    b = add_param(bd, nm, oc, 0, PW_INIT_ZEROS, 0);
+  }
+  return add_node(bd, PW_OP_LINEAR, x, -1, w, b, rows, oc, PW_DT_F32);
+}
+
+static int norm(builder *bd, const char *prefix, int x, int rms) {
+  char nm[PW_PARAM_NAME_MAX];
+  const pw_value *v = &bd->m->values[x];
+  int C = v->width, rows = v->rows;
+  snprintf(nm, sizeof nm, "%s.weight", prefix);
+  int w = add_param(bd, nm, C, 0, PW_INIT_ONES, 0);
+  int b = -1;
+  if (!rms) {
+    snprintf(nm, sizeof nm, "%s.bias", prefix);
+    b = add_param(bd, nm, C, 0, PW_INIT_ZEROS, 0);
+  }
+  return add_node(bd, rms ? PW_OP_RMSNORM : PW_OP_LAYERNORM, x, -1, w, b, rows, C, PW_DT_F32);
+}
+
+static int unary(builder *bd, pw_op op, int x) {
+  const pw_value *v = &bd->m->values[x];
+  return add_node(bd, op, x, -1, -1, -1, v->rows, v->width, PW_DT_F32);
+}
+
+static int binary(builder *bd, pw_op op, int a, int b) {
+  const pw_value *v = &bd->m->values[a];
+  return add_node(bd, op, a, b, -1, -1, v->rows, v->width, PW_DT_F32);
+}
+
+/* nanoGPT block: x + attn(ln1(x)), then + mlp(ln2(x)). Residual
+ * projections get std/sqrt(2L) as GPT-2 does. */
+static int gpt_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
+  char nm[PW_PARAM_NAME_MAX];
+  int C = bd->m->values[x].width, T = bd->m->values[x].rows;
+  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1));
+  snprintf(nm, sizeof nm, "%s.ln1", p);
+  int h = norm(bd, nm, x, 0);
+  snprintf(nm, sizeof nm, "%s.attn.qkv", p);
+  h = linear(bd, nm, h, 3 * C, 1, std);
+  h = add_node(bd, PW_OP_ATTENTION, h, -1, -1, -1, T, C, PW_DT_F32);
+  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+  snprintf(nm, sizeof nm, "%s.attn.proj", p);
+  h = linear(bd, nm, h, C, 1, rstd);
+  x = binary(bd, PW_OP_ADD, x, h);
+  snprintf(nm, sizeof nm, "%s.ln2", p);
+  h = norm(bd, nm, x, 0);
+  snprintf(nm, sizeof nm, "%s.mlp.fc", p);
+  h = linear(bd, nm, h, hidden, 1, std);
+  h = unary(bd, PW_OP_GELU, h);
+  snprintf(nm, sizeof nm, "%s.mlp.proj", p);
+  h = linear(bd, nm, h, C, 1, rstd);
+  return binary(bd, PW_OP_ADD, x, h);
+}
+
+/* Llama block: RMSNorm, rotary qkv attention, SwiGLU MLP, no biases. */
+static int llama_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
+  char nm[PW_PARAM_NAME_MAX];
+  int C = bd->m->values[x].width, T = bd->m->values[x].rows;
+  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1));
+  snprintf(nm, sizeof nm, "%s.norm1", p);
+  int h = norm(bd, nm, x, 1);
+  snprintf(nm, sizeof nm, "%s.attn.qkv", p);
+  h = linear(bd, nm, h, 3 * C, 0, std);
+  h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, 3 * C, PW_DT_F32);
+  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+  h = add_node(bd, PW_OP_ATTENTION, h, -1, -1, -1, T, C, PW_DT_F32);
+  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+  snprintf(nm, sizeof nm, "%s.attn.proj", p);
+  h = linear(bd, nm, h, C, 0, rstd);
+  x = binary(bd, PW_OP_ADD, x, h);
+  snprintf(nm, sizeof nm, "%s.norm2", p);
+  h = norm(bd, nm, x, 1);
+  snprintf(nm, sizeof nm, "%s.mlp.gate", p);
+  int g = linear(bd, nm, h, hidden, 0, std);
+  snprintf(nm, sizeof nm, "%s.mlp.up", p);
+  int u = linear(bd, nm, h, hidden, 0, std);
+  h = binary(bd, PW_OP_SWIGLU, g, u);
+  snprintf(nm, sizeof nm, "%s.mlp.down", p);
+  h = linear(bd, nm, h, C, 0, rstd);
+  return binary(bd, PW_OP_ADD, x, h);
+}
+
+static int token_embed(builder *bd, const char *name, int tok, int V, int C, float std) {
+  int w = add_param(bd, name, V, C, PW_INIT_NORMAL, std);
+  return add_node(bd, PW_OP_EMBED, tok, -1, w, -1, bd->m->values[tok].rows, C, PW_DT_F32);
+}
+
+static int pos_embed(builder *bd, const char *name, int x, float std) {
+  const pw_value *v = &bd->m->values[x];
+  int w = add_param(bd, name, v->rows, v->width, PW_INIT_NORMAL, std);
+  return add_node(bd, PW_OP_POSEMBED, x, -1, w, -1, v->rows, v->width, PW_DT_F32);
+}
+
+static int loss_node(builder *bd, pw_op op, int pred) {
+  return add_node(bd, op, pred, bd->m->target_value, -1, -1, 0, 1, PW_DT_F32);
+}
+
+int pw_llama_ffn_default(int d) { return ((8 * d / 3) + 31) / 32 * 32; }
+
+/* ---- templates ------------------------------------------------------- */
+
+static void build_transformer(builder *bd, int llama) {
+  const pw_model_spec *s = bd->spec;
+  pw_model *m = bd->m;
+  int T = s->seq_len, C = s->d_model, V = s->vocab_size;
+  float std = s->init_std > 0 ? s->init_std : 0.02f;
+  int hidden = s->ffn_hidden > 0 ? s->ffn_hidden : (llama ? pw_llama_ffn_default(C) : 4 * C);
+  char nm[48];
+
+  m->input_value = add_value(bd, T, 1, PW_DT_I32, PW_VAL_INPUT);
+  m->target_value = add_value(bd, T, 1, PW_DT_I32, PW_VAL_TARGET);
+  begin_layer(bd, "embed", -1, 0);
+  int x = token_embed(bd, "embed.tok.weight", m->input_value, V, C, std);
+  if (!llama) x = pos_embed(bd, "embed.pos.weight", x, std);
+  end_layer(bd);
+  for (int i = 0; i < s->n_layers && !bd->oom; i++) {
+    snprintf(nm, sizeof nm, "blocks.%d", i);
+    begin_layer(bd, nm, -1, 1);
+    x = llama ? llama_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers)
+              : gpt_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers);
+    end_layer(bd);
+  }
+  begin_layer(bd, "head", -1, 0);
+  x = norm(bd, llama ? "norm_f" : "ln_f", x, llama);
+  if (s->tie_embeddings) {
+    int w = param_find(m, "embed.tok.weight");
+    x = add_node(bd, PW_OP_LINEAR, x, -1, w, -1, T, V, PW_DT_F32);
+  } else {
+    x = linear(bd, "lm_head", x, V, 0, std);
+  }
+  m->loss_value = loss_node(bd, PW_OP_XENT, x);
+  end_layer(bd);
+  m->data = (pw_data_shape){.vocab_size = V, .seq_len = T, .tokens = 1};
+}
+
+static pw_op act_op(pw_act_kind a) {
+  return a == PW_ACT_GELU ? PW_OP_GELU : a == PW_ACT_SILU ? PW_OP_SILU : PW_OP_RELU;
+}
+
+static void build_mlp(builder *bd) {
+  const pw_model_spec *s = bd->spec;
+  pw_model *m = bd->m;
+  int ce = s->loss == PW_LOSS_CROSS_ENTROPY;
+  char nm[48], pn[64];
+  m->input_value = add_value(bd, 1, s->in_dim, PW_DT_F32, PW_VAL_INPUT);
+  m->target_value = ce ? add_value(bd, 1, 1, PW_DT_I32, PW_VAL_TARGET)
+                       : add_value(bd, 1, s->out_dim, PW_DT_F32, PW_VAL_TARGET);
+  int x = m->input_value;
+  for (int i = 0; i < s->n_layers && !bd->oom; i++) {
+    snprintf(nm, sizeof nm, "blocks.%d", i);
+    begin_layer(bd, nm, -1, 1);
+    snprintf(pn, sizeof pn, "%s.fc", nm);
+    x = linear(bd, pn, x, s->hidden_dim, 1, 1.0f / sqrtf((float)m->values[x].width));
+    x = unary(bd, act_op(s->activation), x);
+    end_layer(bd);
+  }
+  begin_layer(bd, "head", -1, 0);
+  x = linear(bd, "head", x, s->out_dim, 1, 1.0f / sqrtf((float)m->values[x].width));
+  m->loss_value = loss_node(bd, ce ? PW_OP_XENT : PW_OP_MSE, x);
+  end_layer(bd);
+  m->data = (pw_data_shape){.seq_len = 1, .in_dim = s->in_dim, .out_dim = s->out_dim, .tokens = 0};
+}
+
+/* An explicit layers list: a chain, each layer reading the previous
+ * layer's output. Widths left out are inferred; widths given must agree. */
+static int build_layers(builder *bd, pw_err *err) {
+  const pw_model_spec *s = bd->spec;
+  pw_model *m = bd->m;
+  float std = s->init_std > 0 ? s->init_std : 0.02f;
+  int tokens = s->input == PW_INPUT_TOKENS;
+  int T = tokens ? s->seq_len : 1;
+  char path[64], nm[48];
+  int n_blocks = 0;
+  for (int i = 0; i < s->n_layer_specs; i++)
+    n_blocks += s->layers[i].type == PW_LAYER_GPT_BLOCK || s->layers[i].type == PW_LAYER_LLAMA_BLOCK;
+
+  m->input_value = tokens ? add_value(bd, T, 1, PW_DT_I32, PW_VAL_INPUT)
+                          : add_value(bd, 1, s->input_dim, PW_DT_F32, PW_VAL_INPUT);
+  m->target_value = -1;
+  int x = m->input_value, vocab = 0, n_out = 0;
+  for (int i = 0; i < s->n_layer_specs && !bd->oom; i++) {
+    const pw_layer_spec *ls = &s->layers[i];
+    snprintf(path, sizeof path, "model.layers[%d]", i);
+    if (ls->type == PW_LAYER_STAGE_BOUNDARY) {
+      m->markers = realloc(m->markers, sizeof(int) * (size_t)(m->n_markers + 1));
+      if (!m->markers) return pw_err_set(err, PW_ENOMEM, path, "out of memory");
+      m->markers[m->n_markers++] = m->n_layers;
+      continue;
+    }
+    const pw_value xval = m->values[x]; /* a copy: adding values may move the array */
+    const pw_value *xv = &xval;
+    int is_tok = xv->dtype == PW_DT_I32;
+    if (ls->type == PW_LAYER_EMBEDDING) {
+      if (!is_tok)
+        return pw_err_set(err, PW_ESPEC, path, "embedding needs token input, but its input is a float value of width %d", xv->width);
+    } else if (is_tok) {
+      return pw_err_set(err, PW_ESPEC, path, "the input is tokens: the first layer must be an embedding");
+    }
+    if (ls->in > 0 && !is_tok && ls->in != xv->width)
+      return pw_err_set(err, PW_ESPEC, path, "in: expected %d (the previous layer's output), got %d", xv->width, ls->in);
+    if ((ls->type == PW_LAYER_POS_EMBEDDING || ls->type == PW_LAYER_GPT_BLOCK ||
+         ls->type == PW_LAYER_LLAMA_BLOCK) && xv->rows != s->seq_len)
+      return pw_err_set(err, PW_ESPEC, path, "needs a sequence input (token model)");
+    if ((ls->type == PW_LAYER_GPT_BLOCK || ls->type == PW_LAYER_LLAMA_BLOCK) && (ls->n_heads <= 0 || xv->width % ls->n_heads))
+      return pw_err_set(err, PW_ESPEC, path, "n_heads: must divide the input width (%d %% %d != 0)", xv->width, ls->n_heads);
+    if (ls->type == PW_LAYER_LLAMA_BLOCK && (xv->width / ls->n_heads) % 2)
+      return pw_err_set(err, PW_ESPEC, path, "n_heads: head_dim must be even for rotary embeddings (%d/%d = %d)", xv->width, ls->n_heads, xv->width / ls->n_heads);
+    int is_block = ls->type == PW_LAYER_GPT_BLOCK || ls->type == PW_LAYER_LLAMA_BLOCK;
+    snprintf(nm, sizeof nm, "layers.%d", i);
+    begin_layer(bd, nm, i, is_block);
+    char pn[64];
+    switch (ls->type) {
+      case PW_LAYER_EMBEDDING:
+        vocab = ls->vocab_size;
+        snprintf(pn, sizeof pn, "%s.weight", nm);
+        x = token_embed(bd, pn, x, ls->vocab_size, ls->out, std);
+        break;
+      case PW_LAYER_POS_EMBEDDING:
+        snprintf(pn, sizeof pn, "%s.weight", nm);
+        x = pos_embed(bd, pn, x, std);
+        break;
+      case PW_LAYER_LINEAR:
+        x = linear(bd, nm, x, ls->out, ls->bias, tokens ? std : 1.0f / sqrtf((float)xv->width));
+        break;
+      case PW_LAYER_LAYERNORM: x = norm(bd, nm, x, 0); break;
+      case PW_LAYER_RMSNORM: x = norm(bd, nm, x, 1); break;
+      case PW_LAYER_GELU: x = unary(bd, PW_OP_GELU, x); break;
+      case PW_LAYER_RELU: x = unary(bd, PW_OP_RELU, x); break;
+      case PW_LAYER_SILU: x = unary(bd, PW_OP_SILU, x); break;
+      case PW_LAYER_GPT_BLOCK:
+        x = gpt_block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks);
+        break;
+      case PW_LAYER_LLAMA_BLOCK:
+        x = llama_block(bd, nm, x, ls->n_heads,
+                        ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std, n_blocks);
+        break;
+      case PW_LAYER_CROSS_ENTROPY:
+        if (i != s->n_layer_specs - 1)
+          return pw_err_set(err, PW_ESPEC, path, "a loss must be the last layer");
+        m->target_value = add_value(bd, xv->rows, 1, PW_DT_I32, PW_VAL_TARGET);
+        if (tokens && vocab && xv->width != vocab)
+          return pw_err_set(err, PW_ESPEC, path, "cross_entropy over %d classes, but the vocabulary has %d tokens", xv->width, vocab);
+        m->loss_value = loss_node(bd, PW_OP_XENT, x);
+        m->layers[bd->layer].is_loss = 1;
+        n_out = xv->width;
+        break;
+      case PW_LAYER_MSE:
+        if (i != s->n_layer_specs - 1)
+          return pw_err_set(err, PW_ESPEC, path, "a loss must be the last layer");
+        if (tokens) return pw_err_set(err, PW_ESPEC, path, "mse needs a feature model (input kind features)");
+        m->target_value = add_value(bd, 1, xv->width, PW_DT_F32, PW_VAL_TARGET);
+        m->loss_value = loss_node(bd, PW_OP_MSE, x);
+        m->layers[bd->layer].is_loss = 1;
+        n_out = xv->width;
+        break;
+      case PW_LAYER_STAGE_BOUNDARY: break;
+    }
+    end_layer(bd);
+  }
+  if (bd->oom) return pw_err_set(err, PW_ENOMEM, "model", "out of memory");
+  if (m->target_value < 0)
+    return pw_err_set(err, PW_ESPEC, "model.layers", "the last layer must be a loss (cross_entropy or mse)");
+  for (int k = 0; k < m->n_markers; k++)
+    if (m->markers[k] == 0 || m->markers[k] >= m->n_layers || m->layers[m->markers[k]].is_loss ||
+        (k > 0 && m->markers[k] == m->markers[k - 1]))
+      return pw_err_set(err, PW_ESPEC, "model.layers",
+                        "stage_boundary %d makes an empty stage or cuts before the loss", k);
+  m->data = (pw_data_shape){.vocab_size = vocab, .seq_len = T, .in_dim = tokens ? 0 : s->input_dim,
+                            .out_dim = n_out, .tokens = tokens};
+  return 0;
+}
+
+/* ---- accounting ------------------------------------------------------ */
+
+static void count_node(pw_model *m, pw_node *n) {
+  pw_layer *l = &m->layers[n->layer];
+  const pw_value *in = &m->values[n->in[0]], *out = &m->values[n->out];
+  double rows = in->rows, C = n->C, OC = n->OC;
+  switch ((pw_op)n->op) {
+    case PW_OP_LINEAR:
+      l->flops_f += 2 * rows * C * OC;
+      l->flops_i += 2 * rows * C * OC;
+      l->flops_w += 2 * rows * C * OC;
+      break;
+    case PW_OP_ATTENTION: {
+      double T = n->T, Cq = OC; /* out width = C */
+      l->flops_f += 4 * T * T * Cq;
+      l->flops_i += 8 * T * T * Cq;
+      break;
+    }
+    case PW_OP_EMBED: l->flops_w += rows * OC; break;
+    default:
+      l->flops_f += 5 * rows * C;
+      l->flops_i += 8 * rows * C;
+      if (n->w >= 0) l->flops_w += 3 * rows * C;
+      break;
+  }
+  size_t aux = 0;
+  switch ((pw_op)n->op) {
+    case PW_OP_LAYERNORM: aux = 2 * (size_t)in->rows; break;
+    case PW_OP_RMSNORM: aux = (size_t)in->rows; break;
+    case PW_OP_ATTENTION: aux = (size_t)n->NH * (size_t)n->T * (size_t)n->T; break;
+    case PW_OP_XENT: aux = (size_t)in->rows * (size_t)in->width; break;
+    default: break;
+  }
+  n->aux = aux;
+  l->act_bytes += aux * 4 + (out->role == PW_VAL_LOSS ? 0 : pw_value_bytes(out, 1));
+}
+
+int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
+  memset(m, 0, sizeof *m);
+  builder bd = {.m = m, .spec = spec};
+  int rc = 0;
+  switch (spec->tmpl) {
+    case PW_TEMPLATE_GPT: build_transformer(&bd, 0); break;
+    case PW_TEMPLATE_LLAMA: build_transformer(&bd, 1); break;
+    case PW_TEMPLATE_MLP: build_mlp(&bd); break;
+    case PW_TEMPLATE_LAYERS: rc = build_layers(&bd, err); break;
+  }
+  if (!rc && bd.oom) rc = pw_err_set(err, PW_ENOMEM, "model", "out of memory");
+  if (rc) {
+    pw_model_free(m);
+    return rc;
+  }
+  m->seq_len = m->data.seq_len;
+  for (int i = 0; i < m->n_nodes; i++) count_node(m, &m->nodes[i]);
+  /* out_bytes: what a layer hands on = the values it produces that a later
+   * layer reads. */
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    for (int k = 0; k < 2; k++) {
+      int v = n->in[k];
+      if (v < 0 || m->values[v].producer < 0) continue;
+      int pl = m->nodes[m->values[v].producer].layer;
+      if (pl != n->layer) {
+        /* count each value once per consumer layer boundary */
+        int first = 1;
+        for (int j = m->layers[n->layer].node_lo; j < i; j++)
+          if (m->nodes[j].in[0] == v || m->nodes[j].in[1] == v) first = 0;
+        if (first) m->layers[pl].out_bytes += pw_value_bytes(&m->values[v], 1);
+      }
+    }
+  }
+  return 0;
+}
+
+void pw_model_free(pw_model *m) {
+  free(m->values);
+  free(m->nodes);
+  free(m->params);
+  free(m->layers);
+  free(m->markers);
+  memset(m, 0, sizeof *m);
+}

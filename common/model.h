@@ -1,0 +1,122 @@
+/* model: the model IR — an SSA graph of ops over value slots — built from a
+ * model spec, with shapes, parameter counts, FLOPs and activation bytes.
+ *
+ * A model is a list of nodes (one op each) that read and write values by
+ * id; residuals and multi-input ops need no special cases. Nodes are grouped
+ * into layers (the units a pipeline partition cuts between: "embed",
+ * "blocks.3", "head", or one entry of an explicit layers list); stage
+ * boundary markers from the spec are kept as cut positions. Parameters are
+ * named as in DESIGN.md's checkpoint contract and referenced by id, so a
+ * parameter used by two nodes (tied embeddings) is one entry.
+ *
+ * Every value has a per-sequence shape (rows, width): rows = T for
+ * token-shaped values and 1 for feature-shaped ones; a microbatch of b
+ * sequences holds b*rows*width elements. The loss is a scalar.
+ * This module never allocates activations or runs anything: prog.c does. */
+#ifndef PW_MODEL_H
+#define PW_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data.h"
+#include "errors.h"
+#include "spec.h"
+
+typedef enum {
+  PW_OP_EMBED,      /* in: tokens (T,1,i32)      out (T,C)   params: w (V,C) */
+  PW_OP_POSEMBED,   /* in: (T,C)                 out (T,C)   params: w (T,C) */
+  PW_OP_LINEAR,     /* in: (r,C)                 out (r,OC)  params: w (OC,C), b (OC)? */
+  PW_OP_LAYERNORM,  /* in: (r,C)                 out (r,C)   params: w, b (C); aux mean,rstd */
+  PW_OP_RMSNORM,    /* in: (r,C)                 out (r,C)   params: w (C); aux rstd */
+  PW_OP_GELU,
+  PW_OP_RELU,
+  PW_OP_SILU,
+  PW_OP_SWIGLU,     /* in: gate (r,H), up (r,H)  out (r,H) */
+  PW_OP_ADD,        /* in: a, b                  out: same shape */
+  PW_OP_ROPE,       /* in: qkv (T,3C)            out (T,3C) */
+  PW_OP_ATTENTION,  /* in: qkv (T,3C)            out (T,C); aux att (NH,T,T) */
+  PW_OP_XENT,       /* in: logits (r,V), targets (r,1,i32)  out: loss; aux probs (r,V) */
+  PW_OP_MSE,        /* in: pred (r,O), targets (r,O)        out: loss */
+  PW_OP__COUNT
+} pw_op;
+
+const char *pw_op_name(pw_op op);
+
+typedef enum { PW_DT_F32 = 0, PW_DT_I32 = 1 } pw_dtype;
+typedef enum { PW_VAL_ACT, PW_VAL_INPUT, PW_VAL_TARGET, PW_VAL_LOSS } pw_val_role;
+
+typedef struct {
+  int rows;         /* per sequence: T or 1; 0 for the loss */
+  int width;        /* channels */
+  uint8_t dtype;    /* pw_dtype */
+  uint8_t role;     /* pw_val_role */
+  int producer;     /* node id, or -1 for the model's input and target */
+} pw_value;
+
+typedef struct {
+  uint8_t op;       /* pw_op */
+  int layer;        /* layer id */
+  int in[2];        /* value ids; in[1] = -1 when unary */
+  int out;          /* value id */
+  int w, b;         /* parameter ids, -1 when absent */
+  int C, OC, NH;    /* input width, output width, heads (as the op needs) */
+  int T;            /* rows per sequence of the input */
+  float eps;        /* norms */
+  float base;       /* rope */
+  size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, att, probs) */
+} pw_node;
+
+#define PW_PARAM_NAME_MAX 96
+
+typedef enum { PW_INIT_NORMAL, PW_INIT_ZEROS, PW_INIT_ONES } pw_init_kind;
+
+typedef struct {
+  char name[PW_PARAM_NAME_MAX]; /* "blocks.3.attn.qkv.weight" */
+  int ndim;
+  int shape[2];
+  size_t numel;
+  int decay;           /* weight decay applies: 2+ dims */
+  uint8_t init;        /* pw_init_kind */
+  float init_std;
+} pw_param;
+
+typedef struct {
+  char name[48];       /* "embed", "blocks.3", "head", "layers.5" */
+  int node_lo, node_hi;/* nodes [lo, hi) */
+  int spec_index;      /* position in the spec's layers list, or -1 for templates */
+  int is_block;        /* member of the homogeneous blocks stack ("even" splits these) */
+  int is_loss;         /* holds only the loss (a layers list's cross_entropy/mse):
+                          never the first layer of a stage */
+  size_t params;       /* parameters owned (first use) by this layer */
+  double flops_f;      /* per sequence: forward */
+  double flops_i;      /* per sequence: backward w.r.t. inputs */
+  double flops_w;      /* per sequence: backward w.r.t. weights */
+  size_t act_bytes;    /* per sequence: activations saved for backward */
+  size_t out_bytes;    /* per sequence: bytes of the value(s) it hands the next layer */
+} pw_layer;
+
+typedef struct {
+  int seq_len;         /* T (1 for feature models) */
+  pw_value *values;  int n_values;
+  pw_node *nodes;    int n_nodes;
+  pw_param *params;  int n_params;
+  pw_layer *layers;  int n_layers;
+  int *markers;      int n_markers; /* stage cut before layer markers[i] */
+  int input_value, target_value, loss_value;
+  pw_data_shape data;  /* what the data must supply */
+} pw_model;
+
+/* Expand a spec into the graph and infer every shape. Errors name the JSON
+ * path ("model.layers[4].in: expected 64 (the previous layer's output), got 32"). */
+int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err);
+void pw_model_free(pw_model *m);
+
+/* Parameters in the whole model (a tied parameter counts once). */
+size_t pw_model_param_count(const pw_model *m);
+/* Llama's default MLP width: round_up(8*d/3, 32). */
+int pw_llama_ffn_default(int d);
+/* Bytes of one value for b sequences. */
+size_t pw_value_bytes(const pw_value *v, int b);
+
+#endif

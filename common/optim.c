@@ -1,0 +1,76 @@
+/* optim: the arithmetic of optim.h, written to match torch.optim.AdamW and
+ * torch.optim.SGD (single-tensor path) operation for operation. */
+#include "optim.h"
+
+#include <math.h>
+
+double pw_lr_at(const pw_optim_spec *o, int steps, int k) {
+  if (k < o->warmup_steps) return o->lr * (double)(k + 1) / (double)o->warmup_steps;
+  int span = steps - o->warmup_steps;
+  if (span < 1) span = 1;
+  double prog = (double)(k - o->warmup_steps) / (double)span;
+  return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * prog));
+}
+
+double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
+  double s = 0;
+  for (int i = 0; i < pw_prog_n_params(p); i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    int skipped = 0;
+    for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
+    if (skipped) continue;
+    const float *g = pp->grad;
+    double t = 0;
+    for (size_t j = 0; j < pp->meta->numel; j++) t += (double)g[j] * g[j];
+    s += t;
+  }
+  return s;
+}
+
+float pw_clip_coef(double norm, double clip) {
+  if (clip <= 0) return 1.0f;
+  double c = clip / (norm + 1e-6);
+  return c < 1.0 ? (float)c : 1.0f;
+}
+
+static void adamw(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
+  float *w = pp->data, *g = pp->grad, *m = pp->m, *v = pp->v;
+  size_t n = pp->meta->numel;
+  float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
+  float decay = pp->meta->decay ? (float)(1.0 - lr * o->weight_decay) : 1.0f;
+  double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
+  float step = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gs;
+    w[i] *= decay;
+    m[i] = m[i] * b1 + gi * (1.0f - b1);
+    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
+    float denom = sqrtf(v[i]) / bc2s + eps;
+    w[i] -= step * (m[i] / denom);
+  }
+}
+
+static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
+  float *w = pp->data, *g = pp->grad, *buf = pp->m;
+  size_t n = pp->meta->numel;
+  float wd = pp->meta->decay ? (float)o->weight_decay : 0.0f, mom = (float)o->momentum;
+  float flr = (float)lr;
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gs + wd * w[i];
+    if (mom != 0.0f) {
+      buf[i] = t == 1 ? gi : buf[i] * mom + gi;
+      gi = buf[i];
+    }
+    w[i] -= flr * gi;
+  }
+}
+
+void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale) {
+  for (int i = 0; i < pw_prog_n_params(p); i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    if (o->kind == PW_OPT_SGD)
+      sgd(pp, o, t, lr, grad_scale);
+    else
+      adamw(pp, o, t, lr, grad_scale);
+  }
+}

@@ -1,0 +1,30 @@
+/* optim: learning-rate schedule, gradient clipping and the optimizers,
+ * with torch.optim semantics so a run reproduces in PyTorch (DESIGN.md,
+ * "Training arithmetic"). They act on a program's parameter arenas; in a
+ * pipeline each rank steps its own program after the ranks agreed on the
+ * global gradient norm. */
+#ifndef PW_OPTIM_H
+#define PW_OPTIM_H
+
+#include "prog.h"
+#include "spec.h"
+
+/* Learning rate at step k (0-based): linear warmup, then cosine to min_lr. */
+double pw_lr_at(const pw_optim_spec *o, int steps, int k);
+
+/* Sum of squares of the program's gradients (double accumulation). A
+ * parameter listed in `skip` (model parameter ids, n_skip of them) is left
+ * out: with tied parameters only one holder counts them. */
+double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip);
+
+/* torch.nn.utils.clip_grad_norm_: min(1, clip / (norm + 1e-6)); 1 when clip <= 0. */
+float pw_clip_coef(double norm, double clip);
+
+/* One optimizer step at 1-based step t with learning rate lr. Gradients are
+ * first multiplied by grad_scale (the clip coefficient), in float as torch
+ * does. AdamW: decoupled decay (p *= 1 - lr*wd) on tensors with 2+ dims,
+ * bias-corrected moments. SGD: coupled decay (g += wd*p) on the same
+ * tensors, momentum buffer in m (dampening 0, as torch). */
+void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale);
+
+#endif

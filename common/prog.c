@@ -1,0 +1,398 @@
+/* prog: runs a stage program's nodes forward and backward over flat arenas.
+ *
+ * Layout of a slot (all 4-byte elements): for each value the stage holds,
+ * its data; then for each float activation value, its gradient; then each
+ * node's auxiliaries. Offsets are computed once at create; the per-step
+ * path is pointer arithmetic and kernel calls, nothing else. */
+#include "prog.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "rng.h"
+
+struct pw_prog {
+  const pw_model *m;
+  pw_prog_config cfg;
+  int node_lo, node_hi;          /* nodes [lo, hi) */
+  /* parameters */
+  pw_prog_param *params;
+  int n_params;
+  int *param_local;              /* model param id -> local index, or -1 */
+  size_t numel;
+  float *arena_p, *arena_g, *arena_m, *arena_v;
+  /* slots */
+  size_t *val_off;               /* per model value: element offset in a slot, or SIZE_MAX */
+  size_t *grad_off;              /* per model value: gradient offset, or SIZE_MAX */
+  size_t *aux_off;               /* per local node */
+  size_t slot_elems;
+  size_t grad_lo, grad_hi;       /* gradient region of a slot */
+  float *slots;                  /* n_slots * slot_elems */
+  float *scratch;                /* attention: T*T */
+  /* ports */
+  pw_prog_port *inputs, *outputs;
+  int n_inputs, n_outputs;
+  int has_loss;
+  float loss_scale;
+};
+
+#define NONE ((size_t)-1)
+
+static int value_in_stage(const pw_prog *p, int v) {
+  int prod = p->m->values[v].producer;
+  return prod >= p->node_lo && prod < p->node_hi;
+}
+
+static int add_port(pw_prog_port **arr, int *n, const pw_model *m, int v, int mb) {
+  for (int i = 0; i < *n; i++)
+    if ((*arr)[i].value == v) return 0;
+  pw_prog_port *a = realloc(*arr, sizeof **arr * (size_t)(*n + 1));
+  if (!a) return PW_ENOMEM;
+  *arr = a;
+  a[*n] = (pw_prog_port){.value = v, .role = m->values[v].role,
+                         .bytes = pw_value_bytes(&m->values[v], mb)};
+  (*n)++;
+  return 0;
+}
+
+int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err) {
+  *out = NULL;
+  if (cfg->layer_lo < 0 || cfg->layer_hi > m->n_layers || cfg->layer_lo >= cfg->layer_hi)
+    return pw_err_set(err, PW_EINVAL, "layers", "bad layer range [%d, %d) of %d", cfg->layer_lo,
+                      cfg->layer_hi, m->n_layers);
+  if (cfg->mb_size < 1 || cfg->n_slots < 1 || cfg->batch_size < cfg->mb_size)
+    return pw_err_set(err, PW_EINVAL, "prog", "bad microbatch size %d, batch %d or slots %d",
+                      cfg->mb_size, cfg->batch_size, cfg->n_slots);
+  pw_prog *p = calloc(1, sizeof *p);
+  if (!p) return pw_err_set(err, PW_ENOMEM, "prog", "out of memory");
+  p->m = m;
+  p->cfg = *cfg;
+  p->node_lo = m->layers[cfg->layer_lo].node_lo;
+  p->node_hi = m->layers[cfg->layer_hi - 1].node_hi;
+  int nn = p->node_hi - p->node_lo, mb = cfg->mb_size;
+  p->param_local = malloc(sizeof(int) * (size_t)(m->n_params ? m->n_params : 1));
+  p->val_off = malloc(sizeof(size_t) * (size_t)m->n_values);
+  p->grad_off = malloc(sizeof(size_t) * (size_t)m->n_values);
+  p->aux_off = malloc(sizeof(size_t) * (size_t)(nn ? nn : 1));
+  if (!p->param_local || !p->val_off || !p->grad_off || !p->aux_off) goto oom;
+  for (int i = 0; i < m->n_params; i++) p->param_local[i] = -1;
+  for (int i = 0; i < m->n_values; i++) p->val_off[i] = p->grad_off[i] = NONE;
+
+  /* Parameters used by the stage's nodes, in model order. */
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    int ids[2] = {m->nodes[i].w, m->nodes[i].b};
+    for (int k = 0; k < 2; k++)
+      if (ids[k] >= 0) p->param_local[ids[k]] = 0;
+  }
+  for (int i = 0; i < m->n_params; i++)
+    if (p->param_local[i] == 0) p->n_params++;
+  p->params = calloc((size_t)(p->n_params ? p->n_params : 1), sizeof *p->params);
+  if (!p->params) goto oom;
+  int np = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    if (p->param_local[i] < 0) continue;
+    p->param_local[i] = np;
+    p->params[np].meta = &m->params[i];
+    p->params[np].model_index = i;
+    p->numel += m->params[i].numel;
+    np++;
+  }
+  size_t pn = p->numel ? p->numel : 1;
+  p->arena_p = calloc(pn, sizeof(float));
+  p->arena_g = calloc(pn, sizeof(float));
+  p->arena_m = calloc(pn, sizeof(float));
+  p->arena_v = calloc(pn, sizeof(float));
+  if (!p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
+  for (int i = 0, off = 0; i < p->n_params; i++) {
+    p->params[i].data = p->arena_p + off;
+    p->params[i].grad = p->arena_g + off;
+    p->params[i].m = p->arena_m + off;
+    p->params[i].v = p->arena_v + off;
+    off += (int)p->params[i].meta->numel;
+  }
+
+  /* Ports and values. */
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    for (int k = 0; k < 2; k++)
+      if (n->in[k] >= 0 && !value_in_stage(p, n->in[k]) &&
+          add_port(&p->inputs, &p->n_inputs, m, n->in[k], mb))
+        goto oom;
+    if (n->out == m->loss_value) p->has_loss = 1;
+  }
+  for (int i = 0; i < m->n_nodes; i++) {
+    if (i >= p->node_lo && i < p->node_hi) continue;
+    const pw_node *n = &m->nodes[i];
+    for (int k = 0; k < 2; k++)
+      if (n->in[k] >= 0 && value_in_stage(p, n->in[k]) &&
+          add_port(&p->outputs, &p->n_outputs, m, n->in[k], mb))
+        goto oom;
+  }
+  size_t off = 0;
+  for (int i = 0; i < p->n_inputs; i++) {
+    const pw_value *v = &m->values[p->inputs[i].value];
+    p->val_off[p->inputs[i].value] = off;
+    off += (size_t)mb * (size_t)v->rows * (size_t)v->width;
+  }
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    const pw_value *v = &m->values[m->nodes[i].out];
+    p->val_off[m->nodes[i].out] = off;
+    off += v->role == PW_VAL_LOSS ? 1 : (size_t)mb * (size_t)v->rows * (size_t)v->width;
+  }
+  p->grad_lo = off;
+  for (int i = 0; i < p->n_inputs; i++) {
+    const pw_value *v = &m->values[p->inputs[i].value];
+    if (v->role != PW_VAL_ACT) continue; /* data: no gradient */
+    p->grad_off[p->inputs[i].value] = off;
+    off += (size_t)mb * (size_t)v->rows * (size_t)v->width;
+  }
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    const pw_value *v = &m->values[m->nodes[i].out];
+    if (v->role != PW_VAL_ACT) continue;
+    p->grad_off[m->nodes[i].out] = off;
+    off += (size_t)mb * (size_t)v->rows * (size_t)v->width;
+  }
+  p->grad_hi = off;
+  size_t tt = 1;
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    p->aux_off[i - p->node_lo] = off;
+    off += (size_t)mb * n->aux;
+    if (n->op == PW_OP_ATTENTION && (size_t)n->T * (size_t)n->T > tt) tt = (size_t)n->T * (size_t)n->T;
+  }
+  p->slot_elems = (off + 15) & ~(size_t)15; /* keep slots 64-byte apart */
+  /* calloc touches nothing; the first step would pay the page faults, so
+   * memset here once and never again. */
+  p->slots = malloc(p->slot_elems * (size_t)cfg->n_slots * sizeof(float));
+  p->scratch = malloc(tt * sizeof(float));
+  if (!p->slots || !p->scratch) goto oom;
+  memset(p->slots, 0, p->slot_elems * (size_t)cfg->n_slots * sizeof(float));
+  memset(p->scratch, 0, tt * sizeof(float));
+
+  /* Loss scale: microbatch losses sum to the mean over the whole batch. */
+  if (p->has_loss) {
+    const pw_node *ln = &m->nodes[m->values[m->loss_value].producer];
+    const pw_value *pred = &m->values[ln->in[0]];
+    double per_seq = ln->op == PW_OP_MSE ? (double)pred->rows * pred->width : (double)pred->rows;
+    p->loss_scale = (float)(1.0 / ((double)cfg->batch_size * per_seq));
+  }
+  *out = p;
+  return 0;
+oom:
+  pw_prog_free(p);
+  return pw_err_set(err, PW_ENOMEM, "prog", "out of memory");
+}
+
+void pw_prog_free(pw_prog *p) {
+  if (!p) return;
+  free(p->params);
+  free(p->param_local);
+  free(p->arena_p);
+  free(p->arena_g);
+  free(p->arena_m);
+  free(p->arena_v);
+  free(p->val_off);
+  free(p->grad_off);
+  free(p->aux_off);
+  free(p->slots);
+  free(p->scratch);
+  free(p->inputs);
+  free(p->outputs);
+  free(p);
+}
+
+const pw_model *pw_prog_model(const pw_prog *p) { return p->m; }
+const pw_prog_config *pw_prog_config_of(const pw_prog *p) { return &p->cfg; }
+int pw_prog_n_params(const pw_prog *p) { return p->n_params; }
+pw_prog_param *pw_prog_param_at(pw_prog *p, int i) { return &p->params[i]; }
+size_t pw_prog_numel(const pw_prog *p) { return p->numel; }
+float *pw_prog_params(pw_prog *p) { return p->arena_p; }
+float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
+size_t pw_prog_slot_bytes(const pw_prog *p) { return p->slot_elems * sizeof(float); }
+int pw_prog_n_inputs(const pw_prog *p) { return p->n_inputs; }
+const pw_prog_port *pw_prog_input(const pw_prog *p, int i) { return &p->inputs[i]; }
+int pw_prog_n_outputs(const pw_prog *p) { return p->n_outputs; }
+const pw_prog_port *pw_prog_output(const pw_prog *p, int i) { return &p->outputs[i]; }
+int pw_prog_has_loss(const pw_prog *p) { return p->has_loss; }
+
+void *pw_prog_value(pw_prog *p, int slot, int value) {
+  if (value < 0 || value >= p->m->n_values || p->val_off[value] == NONE) return NULL;
+  return p->slots + (size_t)slot * p->slot_elems + p->val_off[value];
+}
+
+float *pw_prog_grad(pw_prog *p, int slot, int value) {
+  if (value < 0 || value >= p->m->n_values || p->grad_off[value] == NONE) return NULL;
+  return p->slots + (size_t)slot * p->slot_elems + p->grad_off[value];
+}
+
+void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
+  for (int i = 0; i < p->n_params; i++) {
+    const pw_param *pm = p->params[i].meta;
+    float *d = p->params[i].data;
+    switch ((pw_init_kind)pm->init) {
+      case PW_INIT_ZEROS: memset(d, 0, pm->numel * sizeof(float)); break;
+      case PW_INIT_ONES:
+        for (size_t k = 0; k < pm->numel; k++) d[k] = 1.0f;
+        break;
+      case PW_INIT_NORMAL: {
+        pw_rng r;
+        pw_rng_seed(&r, pw_hash64(seed, pw_hash_str(pm->name)));
+        for (size_t k = 0; k < pm->numel; k++) d[k] = (float)(pw_rng_normal(&r) * pm->init_std);
+        break;
+      }
+    }
+  }
+}
+
+void pw_prog_zero_grad(pw_prog *p) { memset(p->arena_g, 0, p->numel * sizeof(float)); }
+
+/* ---- per node -------------------------------------------------------- */
+
+typedef struct {
+  float *in0, *in1, *out;       /* data */
+  float *din0, *din1, *dout;    /* gradients (NULL where none) */
+  float *aux;
+  float *w, *b, *dw, *db;
+  int rows;                     /* mb * rows per sequence of the input */
+} node_io;
+
+static void node_bind(pw_prog *p, int slot, int i, node_io *io) {
+  const pw_node *n = &p->m->nodes[i];
+  memset(io, 0, sizeof *io);
+  io->in0 = pw_prog_value(p, slot, n->in[0]);
+  io->din0 = pw_prog_grad(p, slot, n->in[0]);
+  if (n->in[1] >= 0) {
+    io->in1 = pw_prog_value(p, slot, n->in[1]);
+    io->din1 = pw_prog_grad(p, slot, n->in[1]);
+  }
+  io->out = pw_prog_value(p, slot, n->out);
+  io->dout = pw_prog_grad(p, slot, n->out);
+  io->aux = p->slots + (size_t)slot * p->slot_elems + p->aux_off[i - p->node_lo];
+  if (n->w >= 0) {
+    pw_prog_param *pp = &p->params[p->param_local[n->w]];
+    io->w = pp->data;
+    io->dw = pp->grad;
+  }
+  if (n->b >= 0) {
+    pw_prog_param *pp = &p->params[p->param_local[n->b]];
+    io->b = pp->data;
+    io->db = pp->grad;
+  }
+  io->rows = p->cfg.mb_size * p->m->values[n->in[0]].rows;
+}
+
+static void node_forward(pw_prog *p, int slot, int i) {
+  const pw_node *n = &p->m->nodes[i];
+  node_io io;
+  node_bind(p, slot, i, &io);
+  int N = io.rows, C = n->C, B = p->cfg.mb_size;
+  switch ((pw_op)n->op) {
+    case PW_OP_EMBED: pw_embed_forward(io.out, (const int32_t *)io.in0, io.w, N, n->OC); break;
+    case PW_OP_POSEMBED: pw_posembed_forward(io.out, io.in0, io.w, B, n->T, C); break;
+    case PW_OP_LINEAR: pw_linear_forward(io.out, io.in0, io.w, io.b, N, C, n->OC); break;
+    case PW_OP_LAYERNORM:
+      pw_layernorm_forward(io.out, io.aux, io.aux + N, io.in0, io.w, io.b, N, C, n->eps);
+      break;
+    case PW_OP_RMSNORM: pw_rmsnorm_forward(io.out, io.aux, io.in0, io.w, N, C, n->eps); break;
+    case PW_OP_GELU: pw_gelu_forward(io.out, io.in0, N * C); break;
+    case PW_OP_RELU: pw_relu_forward(io.out, io.in0, N * C); break;
+    case PW_OP_SILU: pw_silu_forward(io.out, io.in0, N * C); break;
+    case PW_OP_SWIGLU: pw_swiglu_forward(io.out, io.in0, io.in1, N * C); break;
+    case PW_OP_ADD: pw_add_forward(io.out, io.in0, io.in1, N * C); break;
+    case PW_OP_ROPE: pw_rope_forward(io.out, io.in0, B, n->T, C / 3, n->NH, n->base); break;
+    case PW_OP_ATTENTION: pw_attention_forward(io.out, io.aux, io.in0, B, n->T, C / 3, n->NH); break;
+    case PW_OP_XENT:
+      io.out[0] = pw_crossentropy_forward(io.aux, io.in0, (const int32_t *)io.in1, N, C, p->loss_scale);
+      break;
+    case PW_OP_MSE: io.out[0] = pw_mse_forward(io.in0, io.in1, N * C, p->loss_scale); break;
+    case PW_OP__COUNT: break;
+  }
+}
+
+static void node_backward_input(pw_prog *p, int slot, int i) {
+  const pw_node *n = &p->m->nodes[i];
+  node_io io;
+  node_bind(p, slot, i, &io);
+  int N = io.rows, C = n->C, B = p->cfg.mb_size;
+  if (!io.din0 && !io.din1) return; /* nothing upstream wants a gradient */
+  switch ((pw_op)n->op) {
+    case PW_OP_EMBED: break;
+    case PW_OP_POSEMBED: pw_posembed_backward_input(io.din0, io.dout, B, n->T, C); break;
+    case PW_OP_LINEAR: pw_linear_backward_input(io.din0, io.dout, io.w, N, C, n->OC); break;
+    case PW_OP_LAYERNORM:
+      pw_layernorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, io.aux + N, N, C);
+      break;
+    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, N, C); break;
+    case PW_OP_GELU: pw_gelu_backward_input(io.din0, io.dout, io.in0, N * C); break;
+    case PW_OP_RELU: pw_relu_backward_input(io.din0, io.dout, io.in0, N * C); break;
+    case PW_OP_SILU: pw_silu_backward_input(io.din0, io.dout, io.in0, N * C); break;
+    case PW_OP_SWIGLU: pw_swiglu_backward_input(io.din0, io.din1, io.dout, io.in0, io.in1, N * C); break;
+    case PW_OP_ADD: pw_add_backward_input(io.din0, io.din1, io.dout, N * C); break;
+    case PW_OP_ROPE: pw_rope_backward_input(io.din0, io.dout, B, n->T, C / 3, n->NH, n->base); break;
+    case PW_OP_ATTENTION:
+      pw_attention_backward_input(io.din0, p->scratch, io.dout, io.in0, io.aux, B, n->T, C / 3, n->NH);
+      break;
+    case PW_OP_XENT:
+      pw_crossentropy_backward_input(io.din0, io.aux, (const int32_t *)io.in1, N, C, p->loss_scale);
+      break;
+    case PW_OP_MSE: pw_mse_backward_input(io.din0, io.in0, io.in1, N * C, p->loss_scale); break;
+    case PW_OP__COUNT: break;
+  }
+}
+
+static void node_backward_weight(pw_prog *p, int slot, int i) {
+  const pw_node *n = &p->m->nodes[i];
+  if (n->w < 0) return;
+  node_io io;
+  node_bind(p, slot, i, &io);
+  int N = io.rows, C = n->C, B = p->cfg.mb_size;
+  switch ((pw_op)n->op) {
+    case PW_OP_EMBED: pw_embed_backward_weight(io.dw, io.dout, (const int32_t *)io.in0, N, n->OC); break;
+    case PW_OP_POSEMBED: pw_posembed_backward_weight(io.dw, io.dout, B, n->T, C); break;
+    case PW_OP_LINEAR: pw_linear_backward_weight(io.dw, io.db, io.dout, io.in0, N, C, n->OC); break;
+    case PW_OP_LAYERNORM:
+      pw_layernorm_backward_weight(io.dw, io.db, io.dout, io.in0, io.aux, io.aux + N, N, C);
+      break;
+    case PW_OP_RMSNORM: pw_rmsnorm_backward_weight(io.dw, io.dout, io.in0, io.aux, N, C); break;
+    default: break;
+  }
+}
+
+void pw_prog_forward(pw_prog *p, int slot, float *loss) {
+  for (int i = p->node_lo; i < p->node_hi; i++) node_forward(p, slot, i);
+  if (loss) *loss = p->has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
+}
+
+/* Zero every value gradient of the slot except the output ports', which
+ * the caller filled with what the next stage sent back. */
+static void zero_value_grads(pw_prog *p, int slot) {
+  float *base = p->slots + (size_t)slot * p->slot_elems;
+  if (p->n_outputs == 0) {
+    memset(base + p->grad_lo, 0, (p->grad_hi - p->grad_lo) * sizeof(float));
+    return;
+  }
+  for (int v = 0; v < p->m->n_values; v++) {
+    if (p->grad_off[v] == NONE) continue;
+    int is_out = 0;
+    for (int k = 0; k < p->n_outputs; k++) is_out |= p->outputs[k].value == v;
+    if (!is_out) memset(base + p->grad_off[v], 0, pw_value_bytes(&p->m->values[v], p->cfg.mb_size));
+  }
+}
+
+void pw_prog_backward_input(pw_prog *p, int slot) {
+  zero_value_grads(p, slot);
+  for (int i = p->node_hi - 1; i >= p->node_lo; i--) node_backward_input(p, slot, i);
+}
+
+void pw_prog_backward_weight(pw_prog *p, int slot) {
+  for (int i = p->node_hi - 1; i >= p->node_lo; i--) node_backward_weight(p, slot, i);
+}
+
+void pw_prog_backward(pw_prog *p, int slot) {
+  zero_value_grads(p, slot);
+  for (int i = p->node_hi - 1; i >= p->node_lo; i--) {
+    node_backward_weight(p, slot, i);
+    node_backward_input(p, slot, i);
+  }
+}

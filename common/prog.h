@@ -1,0 +1,95 @@
+/* prog: a stage program — the layers [lo, hi) of a model, made runnable.
+ *
+ * A program owns four flat arenas for its parameters (params, grads, AdamW
+ * m and v, llm.c style: one allocation each, tensors wired into it) and
+ * n_slots activation slots. A slot holds everything one microbatch needs
+ * between its forward and its backward: every value the stage produces or
+ * receives, the gradients of those values, and the ops' saved auxiliaries.
+ * The caller decides which microbatch lives in which slot; the single-
+ * process trainer uses one slot, a pipeline rank as many as its schedule
+ * keeps in flight. Nothing is allocated after create: steps only reuse.
+ *
+ * Ports connect a program to the rest of the model: an input port is a
+ * value the stage reads but does not produce (the model's tokens/features,
+ * its targets, or another stage's output), an output port one it produces
+ * that a later stage reads. The caller fills input ports before forward
+ * (and the gradients of output ports before backward) through
+ * pw_prog_value / pw_prog_grad, and reads the rest back from them.
+ *
+ * The model must outlive the program. */
+#ifndef PW_PROG_H
+#define PW_PROG_H
+
+#include <stddef.h>
+
+#include "errors.h"
+#include "model.h"
+
+typedef struct {
+  int layer_lo, layer_hi; /* layers [lo, hi) of the model */
+  int mb_size;            /* sequences per microbatch */
+  int batch_size;         /* sequences per optimizer step in all (loss scale) */
+  int n_slots;            /* microbatches held at once */
+} pw_prog_config;
+
+typedef struct {
+  const pw_param *meta;   /* name, shape, decay */
+  int model_index;        /* id in the model's parameter table */
+  float *data, *grad, *m, *v;
+} pw_prog_param;
+
+typedef struct {
+  int value;              /* model value id */
+  int role;               /* pw_val_role of the value */
+  size_t bytes;           /* per microbatch */
+} pw_prog_port;
+
+typedef struct pw_prog pw_prog;
+
+int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err);
+void pw_prog_free(pw_prog *p);
+
+const pw_model *pw_prog_model(const pw_prog *p);
+const pw_prog_config *pw_prog_config_of(const pw_prog *p);
+
+int pw_prog_n_params(const pw_prog *p);
+pw_prog_param *pw_prog_param_at(pw_prog *p, int i);
+size_t pw_prog_numel(const pw_prog *p);  /* floats in the parameter arena */
+/* The arenas themselves (numel floats each): for norms, all-reduce, I/O. */
+float *pw_prog_params(pw_prog *p);
+float *pw_prog_grads(pw_prog *p);
+/* Bytes of one slot (values, value gradients, auxiliaries). */
+size_t pw_prog_slot_bytes(const pw_prog *p);
+
+int pw_prog_n_inputs(const pw_prog *p);
+const pw_prog_port *pw_prog_input(const pw_prog *p, int i);
+int pw_prog_n_outputs(const pw_prog *p);
+const pw_prog_port *pw_prog_output(const pw_prog *p, int i);
+int pw_prog_has_loss(const pw_prog *p);
+
+/* Buffer of value `value` in `slot` (float or int32 data, per its dtype),
+ * or NULL if the value is not held by this program. */
+void *pw_prog_value(pw_prog *p, int slot, int value);
+/* Gradient buffer of a float value in `slot`, or NULL if it has none. */
+float *pw_prog_grad(pw_prog *p, int slot, int value);
+
+/* Each parameter drawn from a stream keyed by (seed, its name), so any
+ * program holding a parameter initialises it identically. */
+void pw_prog_init_params(pw_prog *p, unsigned long long seed);
+void pw_prog_zero_grad(pw_prog *p);
+
+/* Runs the stage's nodes for the microbatch in `slot`. Input ports must be
+ * filled. If the stage holds the loss, *loss receives this microbatch's
+ * share of the batch-mean loss (loss may be NULL). */
+void pw_prog_forward(pw_prog *p, int slot, float *loss);
+/* Gradients w.r.t. the stage's values and input ports (ZeroBubble's I).
+ * The gradients of output ports must be filled; all other value gradients
+ * of the slot are zeroed first. */
+void pw_prog_backward_input(pw_prog *p, int slot);
+/* Gradients w.r.t. the parameters, accumulated (ZeroBubble's W). Needs the
+ * slot's value gradients from backward_input. */
+void pw_prog_backward_weight(pw_prog *p, int slot);
+/* Both halves (a full B), node by node. */
+void pw_prog_backward(pw_prog *p, int slot);
+
+#endif

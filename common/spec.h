@@ -1,0 +1,152 @@
+/* spec: the job spec — JSON in, a validated C struct out.
+ *
+ * A job spec is {name, mode, model, mesh, schedule, partition, train, data}
+ * (DESIGN.md, "Contracts that outside tools rely on"). Parsing is strict and
+ * complete: unknown fields, wrong types, out-of-range values and broken
+ * cross-field rules are all errors, and every error names the JSON path and
+ * the rule, e.g. "model.n_heads: must divide d_model (768 % 5 != 0)".
+ * Nothing here builds the model graph (model.c does, from pw_model_spec) or
+ * checks schedule constraints that depend on the plan (schedule.c does). */
+#ifndef PW_SPEC_H
+#define PW_SPEC_H
+
+#include <jansson.h>
+
+#include "errors.h"
+
+typedef enum { PW_TEMPLATE_GPT, PW_TEMPLATE_LLAMA, PW_TEMPLATE_MLP, PW_TEMPLATE_LAYERS } pw_template;
+
+/* Layer types of an explicit "layers" list. Composite blocks expand to the
+ * same ops as the templates' blocks. */
+typedef enum {
+  PW_LAYER_EMBEDDING,      /* {"type":"embedding","vocab_size":V,"out":C}          tokens -> (T,C) */
+  PW_LAYER_POS_EMBEDDING,  /* {"type":"pos_embedding"}  learned positions, size from seq_len  */
+  PW_LAYER_LINEAR,         /* {"type":"linear","in":C?,"out":OC,"bias":true}                    */
+  PW_LAYER_LAYERNORM,      /* {"type":"layernorm"}                                               */
+  PW_LAYER_RMSNORM,        /* {"type":"rmsnorm"}                                                 */
+  PW_LAYER_GELU,
+  PW_LAYER_RELU,
+  PW_LAYER_SILU,
+  PW_LAYER_GPT_BLOCK,      /* {"type":"gpt_block","n_heads":H,"hidden":4C?}  pre-LN block      */
+  PW_LAYER_LLAMA_BLOCK,    /* {"type":"llama_block","n_heads":H,"hidden":F?}                    */
+  PW_LAYER_CROSS_ENTROPY,  /* {"type":"cross_entropy"}  last layer: logits -> loss             */
+  PW_LAYER_MSE,            /* {"type":"mse"}            last layer: prediction -> loss         */
+  PW_LAYER_STAGE_BOUNDARY  /* {"stage_boundary": {}}    a pipeline cut, kept for the partitioner */
+} pw_layer_type;
+
+typedef struct {
+  pw_layer_type type;
+  int in;        /* input width; 0 = infer from the previous layer */
+  int out;       /* output width (linear, embedding) */
+  int bias;      /* linear: has bias (default 1) */
+  int vocab_size;/* embedding */
+  int n_heads;   /* blocks */
+  int hidden;    /* blocks: MLP hidden width; 0 = default (gpt 4C, llama ffn_default(C)) */
+} pw_layer_spec;
+
+typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
+typedef enum { PW_LOSS_CROSS_ENTROPY, PW_LOSS_MSE } pw_loss_kind;
+typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
+
+typedef struct {
+  pw_template tmpl;
+  /* gpt, llama */
+  int vocab_size;      /* default 256 */
+  int seq_len;         /* T; 1 for mlp */
+  int d_model;
+  int n_layers;        /* blocks (gpt, llama) or hidden layers (mlp) */
+  int n_heads;
+  int ffn_hidden;      /* 0 = default: gpt 4*d_model; llama round_up(8*d_model/3, 32) */
+  int tie_embeddings;  /* gpt, llama: lm_head shares embed.tok.weight */
+  float rope_base;     /* llama, default 10000 */
+  float norm_eps;      /* default 1e-5 */
+  float init_std;      /* default 0.02 */
+  /* mlp */
+  int in_dim, hidden_dim, out_dim;
+  pw_act_kind activation; /* mlp, default relu */
+  pw_loss_kind loss;      /* mlp: mse (default) or cross_entropy; others cross_entropy */
+  /* layers */
+  pw_input_kind input;    /* layers: "input": {"kind": "tokens"|"features", "dim": D} */
+  int input_dim;          /* features width for layers with features input */
+  pw_layer_spec *layers;  /* template == LAYERS; stage_boundary entries included */
+  int n_layer_specs;
+} pw_model_spec;
+
+typedef struct {
+  int pp, dp, virtual_stages; /* defaults 1, 1, 1 */
+} pw_mesh_spec;
+
+typedef struct {
+  char name[32];     /* one of the nine schedule names; default "1f1b" */
+  int microbatches;  /* default 1 */
+} pw_schedule_spec;
+
+typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED } pw_partition_mode;
+typedef struct {
+  pw_partition_mode mode;  /* default even (markers when the layers list has boundaries) */
+  double *layer_times;     /* optional measured per-layer costs for balanced; NULL if absent */
+  int n_layer_times;
+  double byte_cost;        /* balanced: cost per activation byte sent across a cut; default 0 */
+} pw_partition_spec;
+
+typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
+typedef struct {
+  pw_opt_kind kind;      /* default adamw */
+  double lr;             /* default 3e-4 */
+  double min_lr;         /* default lr/10 */
+  int warmup_steps;      /* default 0 */
+  double beta1, beta2;   /* default 0.9, 0.999 ("betas": [b1, b2]) */
+  double eps;            /* default 1e-8 */
+  double weight_decay;   /* default 0.01 (adamw), 0 (sgd) */
+  double momentum;       /* sgd, default 0 */
+} pw_optim_spec;
+
+typedef struct {
+  int steps;             /* default 100; 0 allowed (write initial params) */
+  int batch_size;        /* sequences per step; default 8; divisible by microbatches*dp */
+  unsigned long long seed; /* default 1 */
+  double grad_clip;      /* 0 = off; default 1.0 */
+  int checkpoint_every;  /* 0 = only at the end; default 0 */
+  int eval_batches;      /* batches for `pipewright eval`; default 8 */
+  pw_optim_spec optim;
+} pw_train_spec;
+
+typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY } pw_data_kind;
+typedef enum { PW_SAMPLER_SEQUENTIAL, PW_SAMPLER_RANDOM } pw_sampler_kind;
+typedef struct {
+  pw_data_kind kind;
+  char path[512];        /* text: a file of bytes; resolved against the job file's folder if relative and not found */
+  pw_sampler_kind sampler; /* text: default random */
+  double eval_fraction;  /* text: trailing fraction held out for eval; default 0.1 */
+} pw_data_spec;
+
+typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD } pw_mode;
+
+typedef struct {
+  char name[128];
+  pw_mode mode;
+  pw_model_spec model;
+  pw_mesh_spec mesh;
+  pw_schedule_spec schedule;
+  pw_partition_spec partition;
+  pw_train_spec train;
+  pw_data_spec data;
+} pw_job;
+
+/* Parse and validate a job spec. On error returns PW_ESPEC (or PW_EJSON)
+ * with err->path the JSON path ("train.optimizer.betas[1]") and err->msg the
+ * rule. On success the job owns its allocations: release with pw_job_free.
+ * `base_dir` (may be NULL) resolves a relative data.path. */
+int pw_job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err);
+/* Read a JSON file and parse it; JSON syntax errors give PW_EJSON with the
+ * line and column in the message. */
+int pw_job_load_file(const char *path, pw_job *job, pw_err *err);
+void pw_job_free(pw_job *job);
+/* The job with every default filled in, as JSON (new reference). */
+json_t *pw_job_to_json(const pw_job *job);
+
+/* The nine schedule names, in the order SCHEDULES.md gives them. */
+extern const char *const pw_schedule_names[];
+extern const int pw_n_schedule_names;
+
+#endif

@@ -1,0 +1,112 @@
+/* train: the single-process training loop of train.h. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ckpt.h"
+#include "optim.h"
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
+  memset(t, 0, sizeof *t);
+  t->job = job;
+  int rc = pw_model_build(&job->model, &t->model, err);
+  if (rc) return rc;
+  t->n_mb = job->schedule.microbatches > 0 ? job->schedule.microbatches : 1;
+  if (job->train.batch_size % t->n_mb) {
+    pw_model_free(&t->model);
+    return pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by schedule.microbatches (%d %% %d != 0)",
+                      job->train.batch_size, t->n_mb);
+  }
+  t->mb_size = job->train.batch_size / t->n_mb;
+  pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
+                        .batch_size = job->train.batch_size, .n_slots = 1};
+  rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
+  if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);
+  if (rc) {
+    pw_trainer_free(t);
+    return rc;
+  }
+  pw_prog_init_params(t->prog, job->train.seed);
+  return 0;
+}
+
+int pw_trainer_resume(pw_trainer *t, const char *path, pw_err *err) {
+  int step = 0;
+  int rc = pw_ckpt_load(t->prog, path, 1, &step, err);
+  if (!rc) t->step = step;
+  return rc;
+}
+
+int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
+  return pw_ckpt_load(t->prog, path, 0, NULL, err);
+}
+
+/* Forward (and backward) over the microbatches of one batch; returns the
+ * batch-mean loss, the microbatch shares summed in double. */
+static double run_batch(pw_trainer *t, pw_split split, long step, int backward) {
+  const pw_model *m = &t->model;
+  void *inp = pw_prog_value(t->prog, 0, m->input_value);
+  void *tgt = pw_prog_value(t->prog, 0, m->target_value);
+  double loss = 0;
+  for (int j = 0; j < t->n_mb; j++) {
+    float l;
+    pw_dataset_batch(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, inp, tgt);
+    pw_prog_forward(t->prog, 0, &l);
+    if (backward) pw_prog_backward(t->prog, 0);
+    loss += l;
+  }
+  return loss;
+}
+
+void pw_trainer_step(pw_trainer *t, pw_step_stats *st) {
+  const pw_train_spec *tr = &t->job->train;
+  double t0 = now();
+  pw_prog_zero_grad(t->prog);
+  double loss = run_batch(t, PW_SPLIT_TRAIN, t->step, 1);
+  double norm = sqrt(pw_grad_sqnorm(t->prog, NULL, 0));
+  float coef = pw_clip_coef(norm, tr->grad_clip);
+  double lr = pw_lr_at(&tr->optim, tr->steps, t->step);
+  pw_optim_step(t->prog, &tr->optim, t->step + 1, lr, coef);
+  memset(st, 0, sizeof *st);
+  st->step = t->step;
+  st->loss = loss;
+  st->lr = lr;
+  st->grad_norm = norm;
+  st->seconds = now() - t0;
+  st->tokens = (double)tr->batch_size * t->model.seq_len;
+  t->step++;
+}
+
+double pw_trainer_eval(pw_trainer *t) {
+  int n = t->job->train.eval_batches > 0 ? t->job->train.eval_batches : 1;
+  double s = 0;
+  for (int k = 0; k < n; k++) s += run_batch(t, PW_SPLIT_EVAL, k, 0);
+  return s / n;
+}
+
+double pw_trainer_forward(pw_trainer *t, int step) { return run_batch(t, PW_SPLIT_TRAIN, step, 0); }
+
+int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err) {
+  json_t *j = pw_job_to_json(t->job);
+  char *s = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+  int rc = pw_ckpt_save(t->prog, path, t->step, s, err);
+  free(s);
+  json_decref(j);
+  return rc;
+}
+
+void pw_trainer_free(pw_trainer *t) {
+  pw_dataset_close(t->ds);
+  pw_prog_free(t->prog);
+  pw_model_free(&t->model);
+  memset(t, 0, sizeof *t);
+}

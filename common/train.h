@@ -1,0 +1,52 @@
+/* train: the single-process trainer — every layer in one program, the
+ * microbatches of a step run one after another in one slot.
+ *
+ * It is the embedded default (`pipewright train`) and the oracle that every
+ * pipelined run must equal: same data (data.c), same microbatch sums, same
+ * clipping and optimizer (optim.c). It ignores the job's mesh and schedule
+ * except for the microbatch count. Deterministic: one thread of control,
+ * fixed reduction orders. */
+#ifndef PW_TRAIN_H
+#define PW_TRAIN_H
+
+#include "data.h"
+#include "model.h"
+#include "prog.h"
+#include "spec.h"
+
+typedef struct {
+  const pw_job *job;
+  pw_model model;
+  pw_prog *prog;
+  pw_dataset *ds;
+  int step;            /* next step to run (0-based) */
+  int mb_size, n_mb;
+} pw_trainer;
+
+typedef struct {
+  int step;            /* the step just run */
+  double loss;         /* mean loss over the batch, before the update */
+  double lr;
+  double grad_norm;    /* before clipping */
+  double seconds;      /* wall time of the step */
+  double tokens;       /* tokens (or samples) processed */
+} pw_step_stats;
+
+/* Builds the model, the program and the dataset; initialises parameters
+ * from train.seed. */
+int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err);
+/* Resume from a checkpoint written by pw_ckpt_save (parameters, optimizer
+ * state and step). */
+int pw_trainer_resume(pw_trainer *t, const char *path, pw_err *err);
+/* Loads parameters only (e.g. for eval). */
+int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err);
+/* One optimizer step (forward+backward over every microbatch, clip, update). */
+void pw_trainer_step(pw_trainer *t, pw_step_stats *st);
+/* Mean loss over train.eval_batches batches of the eval split. */
+double pw_trainer_eval(pw_trainer *t);
+/* Mean loss of the batch of `step` (train split), no update: forward mode. */
+double pw_trainer_forward(pw_trainer *t, int step);
+int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err);
+void pw_trainer_free(pw_trainer *t);
+
+#endif

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# install-deps.sh: every Debian package pipewright needs to build, test and
+# run. Safe to re-run: apt-get skips what is installed.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git curl ca-certificates
+  libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
+  libcmocka-dev
+  python3 python3-numpy python3-torch   # the independent PyTorch reference
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: run as root or install sudo" >&2; exit 1; }
+  SUDO="sudo"
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,418 @@
+/* test_model: the model graph and stage programs, end to end.
+ *
+ * - every parameter tensor's gradient through the whole graph agrees with a
+ *   central finite difference of the loss along a random direction (gpt,
+ *   gpt tied, llama, mlp, a layers list);
+ * - I then W equals a full B, bit for bit;
+ * - the model cut into stage programs, with activations and gradients
+ *   passed by hand between them, gives the single program's loss and
+ *   gradients (the arithmetic a pipeline relies on);
+ * - shape inference and the errors of layers lists. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model.h"
+#include "prog.h"
+#include "rng.h"
+
+static pw_model_spec gpt_spec(int tied) {
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = PW_TEMPLATE_GPT;
+  s.vocab_size = 23;
+  s.seq_len = 6;
+  s.d_model = 8;
+  s.n_layers = 2;
+  s.n_heads = 2;
+  s.tie_embeddings = tied;
+  s.init_std = 0.3f; /* large enough that every path carries gradient */
+  return s;
+}
+
+static pw_model_spec llama_spec(void) {
+  pw_model_spec s = gpt_spec(0);
+  s.tmpl = PW_TEMPLATE_LLAMA;
+  s.ffn_hidden = 12;
+  return s;
+}
+
+static pw_model_spec mlp_spec(void) {
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = PW_TEMPLATE_MLP;
+  s.in_dim = 5;
+  s.hidden_dim = 7;
+  s.out_dim = 3;
+  s.n_layers = 2;
+  s.activation = PW_ACT_GELU;
+  s.loss = PW_LOSS_MSE;
+  return s;
+}
+
+/* Random inputs and targets for microbatch `mb` into slot `slot`. */
+static void fill_data(pw_prog *p, const pw_model *m, int slot, int b, int mb) {
+  pw_rng r, rt;
+  pw_rng_seed(&r, 1000 + 2 * (uint64_t)mb);
+  pw_rng_seed(&rt, 1001 + 2 * (uint64_t)mb);
+  void *in = pw_prog_value(p, slot, m->input_value);
+  void *tg = pw_prog_value(p, slot, m->target_value);
+  const pw_value *iv = &m->values[m->input_value], *tv = &m->values[m->target_value];
+  size_t ni = (size_t)b * iv->rows * iv->width, nt = (size_t)b * tv->rows * tv->width;
+  int V = m->data.tokens ? m->data.vocab_size : m->data.out_dim;
+  if (in) {
+    for (size_t i = 0; i < ni; i++) {
+      if (iv->dtype == PW_DT_I32)
+        ((int32_t *)in)[i] = (int32_t)pw_rng_below(&r, (uint64_t)V);
+      else
+        ((float *)in)[i] = (float)pw_rng_normal(&r);
+    }
+  }
+  if (tg) {
+    for (size_t i = 0; i < nt; i++) {
+      if (tv->dtype == PW_DT_I32)
+        ((int32_t *)tg)[i] = (int32_t)pw_rng_below(&rt, (uint64_t)V);
+      else
+        ((float *)tg)[i] = (float)pw_rng_normal(&rt);
+    }
+  }
+}
+
+static double loss_of(pw_prog *p, const pw_model *m, int b, int n_mb) {
+  double s = 0;
+  for (int j = 0; j < n_mb; j++) {
+    float l;
+    fill_data(p, m, 0, b, j);
+    pw_prog_forward(p, 0, &l);
+    s += l;
+  }
+  return s;
+}
+
+static void gradcheck(pw_model_spec spec) {
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  const int b = 2, n_mb = 2;
+  pw_prog *p;
+  pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1};
+  assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
+  pw_prog_init_params(p, 42);
+  pw_prog_zero_grad(p);
+  for (int j = 0; j < n_mb; j++) {
+    float l;
+    fill_data(p, &m, 0, b, j);
+    pw_prog_forward(p, 0, &l);
+    pw_prog_backward(p, 0);
+  }
+  pw_rng r;
+  pw_rng_seed(&r, 7);
+  for (int i = 0; i < pw_prog_n_params(p); i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    size_t n = pp->meta->numel;
+    float *dir = malloc(n * sizeof(float)), *saved = malloc(n * sizeof(float));
+    memcpy(saved, pp->data, n * sizeof(float));
+    double gd = 0, dn = 0;
+    for (size_t k = 0; k < n; k++) {
+      dir[k] = (float)pw_rng_normal(&r);
+      gd += (double)dir[k] * pp->grad[k];
+      dn += (double)dir[k] * dir[k];
+    }
+    double eps = 1e-2 / sqrt(dn);
+    for (size_t k = 0; k < n; k++) pp->data[k] = saved[k] + (float)(eps * dir[k]);
+    double lp = loss_of(p, &m, b, n_mb);
+    for (size_t k = 0; k < n; k++) pp->data[k] = saved[k] - (float)(eps * dir[k]);
+    double lm = loss_of(p, &m, b, n_mb);
+    memcpy(pp->data, saved, n * sizeof(float));
+    double fd = (lp - lm) / (2 * eps);
+    double tol = 2e-2 * fabs(fd) + 2e-3;
+    if (fabs(fd - gd) > tol)
+      fail_msg("%s: directional derivative %.6g (finite difference) vs %.6g (backward)", pp->meta->name, fd, gd);
+    /* The tolerance is tight enough that a gradient off by 5% fails. */
+    if (fabs(fd) > 0.1) assert_true(fabs(fd - 1.05 * gd) > tol);
+    free(dir);
+    free(saved);
+  }
+  pw_prog_free(p);
+  pw_model_free(&m);
+}
+
+static void test_gradcheck_gpt(void **st) { gradcheck(gpt_spec(0)); }
+static void test_gradcheck_gpt_tied(void **st) { gradcheck(gpt_spec(1)); }
+static void test_gradcheck_llama(void **st) { gradcheck(llama_spec()); }
+static void test_gradcheck_mlp(void **st) { gradcheck(mlp_spec()); }
+static void test_gradcheck_mlp_xent(void **st) {
+  pw_model_spec s = mlp_spec();
+  s.loss = PW_LOSS_CROSS_ENTROPY;
+  s.activation = PW_ACT_SILU;
+  gradcheck(s);
+}
+
+/* I then W must equal a full B exactly: the same kernels, the same sums. */
+static void test_split_backward_equals_full(void **st) {
+  pw_model_spec spec = llama_spec();
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  pw_prog_config cfg = {0, m.n_layers, 2, 4, 1};
+  pw_prog *a, *b;
+  assert_int_equal(pw_prog_create(&m, &cfg, &a, &err), 0);
+  assert_int_equal(pw_prog_create(&m, &cfg, &b, &err), 0);
+  pw_prog_init_params(a, 3);
+  pw_prog_init_params(b, 3);
+  pw_prog_zero_grad(a);
+  pw_prog_zero_grad(b);
+  for (int j = 0; j < 2; j++) {
+    fill_data(a, &m, 0, 2, j);
+    fill_data(b, &m, 0, 2, j);
+    pw_prog_forward(a, 0, NULL);
+    pw_prog_forward(b, 0, NULL);
+    pw_prog_backward(a, 0);
+    pw_prog_backward_input(b, 0);
+    pw_prog_backward_weight(b, 0);
+  }
+  assert_memory_equal(pw_prog_grads(a), pw_prog_grads(b), pw_prog_numel(a) * sizeof(float));
+  pw_prog_free(a);
+  pw_prog_free(b);
+  pw_model_free(&m);
+}
+
+/* Cut the model into stages and move activations/gradients between them by
+ * hand: the loss and every parameter gradient equal the single program's. */
+static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stages) {
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  const int b = 2, n_mb = 3;
+  pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1};
+  pw_prog *whole, *stage[8];
+  assert_int_equal(pw_prog_create(&m, &whole_cfg, &whole, &err), 0);
+  pw_prog_init_params(whole, 11);
+  pw_prog_zero_grad(whole);
+  for (int s = 0; s < n_stages; s++) {
+    pw_prog_config c = {cuts[s], cuts[s + 1], b, b * n_mb, n_mb};
+    assert_int_equal(pw_prog_create(&m, &c, &stage[s], &err), 0);
+    pw_prog_init_params(stage[s], 11);
+    pw_prog_zero_grad(stage[s]);
+  }
+  double lw = 0, ls = 0;
+  for (int j = 0; j < n_mb; j++) {
+    float l;
+    fill_data(whole, &m, 0, b, j);
+    pw_prog_forward(whole, 0, &l);
+    pw_prog_backward(whole, 0);
+    lw += l;
+  }
+  /* GPipe order by hand: all forwards, then all backwards. */
+  for (int j = 0; j < n_mb; j++)
+    for (int s = 0; s < n_stages; s++) {
+      fill_data(stage[s], &m, j, b, j); /* only the ports this stage has are filled */
+      for (int k = 0; k < pw_prog_n_inputs(stage[s]); k++) {
+        const pw_prog_port *pt = pw_prog_input(stage[s], k);
+        if (pt->role != PW_VAL_ACT) continue;
+        void *src = NULL;
+        for (int q = 0; q < s && !src; q++) src = pw_prog_value(stage[q], j, pt->value);
+        assert_non_null(src);
+        memcpy(pw_prog_value(stage[s], j, pt->value), src, pt->bytes);
+      }
+      float l;
+      pw_prog_forward(stage[s], j, &l);
+      ls += l;
+    }
+  for (int j = n_mb - 1; j >= 0; j--)
+    for (int s = n_stages - 1; s >= 0; s--) {
+      for (int k = 0; k < pw_prog_n_outputs(stage[s]); k++) {
+        const pw_prog_port *pt = pw_prog_output(stage[s], k);
+        float *dst = pw_prog_grad(stage[s], j, pt->value);
+        memset(dst, 0, pt->bytes);
+        for (int q = s + 1; q < n_stages; q++) {
+          float *g = pw_prog_grad(stage[q], j, pt->value);
+          if (g)
+            for (size_t e = 0; e < pt->bytes / 4; e++) dst[e] += g[e];
+        }
+      }
+      if (j % 2) {
+        pw_prog_backward(stage[s], j);
+      } else {
+        pw_prog_backward_input(stage[s], j);
+        pw_prog_backward_weight(stage[s], j);
+      }
+    }
+  assert_true(fabs(lw - ls) <= 1e-6 * fabs(lw));
+  /* every parameter of every stage equals the whole program's gradient
+   * (a tied parameter: the sum over the stages holding it) */
+  for (int i = 0; i < pw_prog_n_params(whole); i++) {
+    pw_prog_param *wp = pw_prog_param_at(whole, i);
+    size_t n = wp->meta->numel;
+    double *sum = calloc(n, sizeof(double));
+    int holders = 0;
+    for (int s = 0; s < n_stages; s++)
+      for (int k = 0; k < pw_prog_n_params(stage[s]); k++) {
+        pw_prog_param *sp = pw_prog_param_at(stage[s], k);
+        if (sp->model_index != wp->model_index) continue;
+        holders++;
+        assert_memory_equal(sp->data, wp->data, n * sizeof(float));
+        for (size_t e = 0; e < n; e++) sum[e] += sp->grad[e];
+      }
+    assert_true(holders >= 1);
+    for (size_t e = 0; e < n; e++)
+      if (fabs(sum[e] - wp->grad[e]) > 1e-5 * (fabs(wp->grad[e]) + 1e-3))
+        fail_msg("%s[%zu]: staged %.9g vs whole %.9g", wp->meta->name, e, sum[e], wp->grad[e]);
+    free(sum);
+  }
+  for (int s = 0; s < n_stages; s++) pw_prog_free(stage[s]);
+  pw_prog_free(whole);
+  pw_model_free(&m);
+}
+
+static void test_staged_gpt(void **st) {
+  int cuts[] = {0, 2, 3, 4}; /* embed+block0 | block1 | head */
+  staged_equals_whole(gpt_spec(0), cuts, 3);
+}
+static void test_staged_gpt_tied(void **st) {
+  int cuts[] = {0, 2, 4};
+  staged_equals_whole(gpt_spec(1), cuts, 2);
+}
+static void test_staged_llama(void **st) {
+  int cuts[] = {0, 1, 2, 3, 4};
+  staged_equals_whole(llama_spec(), cuts, 4);
+}
+static void test_staged_mlp(void **st) {
+  int cuts[] = {0, 1, 3};
+  staged_equals_whole(mlp_spec(), cuts, 2);
+}
+
+static void test_shapes_and_counts(void **st) {
+  pw_model_spec s = gpt_spec(0);
+  s.vocab_size = 256;
+  s.seq_len = 64;
+  s.d_model = 64;
+  s.n_layers = 4;
+  s.n_heads = 4;
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  assert_int_equal(m.n_layers, 6); /* embed, 4 blocks, head */
+  size_t d = 64, V = 256, T = 64;
+  size_t block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
+  size_t want = V * d + T * d + 4 * block + 2 * d + V * d;
+  assert_int_equal(pw_model_param_count(&m), want);
+  assert_int_equal(m.layers[1].params, block);
+  assert_true(m.layers[1].is_block && !m.layers[0].is_block && !m.layers[5].is_loss);
+  /* forward FLOPs of a block: 2*T*(3d^2 + d^2 + 8d^2) matmuls + attention 4*T^2*d */
+  double mm = 2.0 * T * (12.0 * d * d);
+  assert_true(m.layers[1].flops_f >= mm + 4.0 * T * T * d);
+  assert_true(m.layers[1].flops_w >= mm && m.layers[1].flops_w < 1.01 * mm); /* + norm weights */
+  assert_int_equal(m.layers[0].out_bytes, T * d * 4);
+  /* the head's lm_head is [V, d] and the qkv rows are [3d, d] */
+  int found = 0;
+  for (int i = 0; i < m.n_params; i++) {
+    if (!strcmp(m.params[i].name, "lm_head.weight"))
+      found += m.params[i].shape[0] == 256 && m.params[i].shape[1] == 64;
+    if (!strcmp(m.params[i].name, "blocks.3.attn.qkv.weight"))
+      found += m.params[i].shape[0] == 192 && m.params[i].shape[1] == 64;
+  }
+  assert_int_equal(found, 2);
+  pw_model_free(&m);
+  s.tie_embeddings = 1;
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  assert_int_equal(pw_model_param_count(&m), want - V * d);
+  pw_model_free(&m);
+}
+
+static void test_layers_list(void **st) {
+  pw_layer_spec L[] = {
+      {.type = PW_LAYER_LINEAR, .out = 16, .bias = 1},
+      {.type = PW_LAYER_RELU},
+      {.type = PW_LAYER_STAGE_BOUNDARY},
+      {.type = PW_LAYER_LINEAR, .out = 4, .bias = 1}, /* in inferred: 16 */
+      {.type = PW_LAYER_MSE},
+  };
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = PW_TEMPLATE_LAYERS;
+  s.input = PW_INPUT_FEATURES;
+  s.input_dim = 10;
+  s.layers = L;
+  s.n_layer_specs = 5;
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  assert_int_equal(m.n_layers, 4);
+  assert_int_equal(m.n_markers, 1);
+  assert_int_equal(m.markers[0], 2);
+  assert_string_equal(m.params[2].name, "layers.3.weight");
+  assert_int_equal(m.params[2].shape[1], 16);
+  assert_int_equal(m.data.out_dim, 4);
+  pw_model_free(&m);
+
+  L[3].in = 12; /* disagrees with the 16 coming in */
+  assert_int_equal(pw_model_build(&s, &m, &err), PW_ESPEC);
+  assert_string_equal(err.path, "model.layers[3]");
+  assert_non_null(strstr(err.msg, "expected 16"));
+  L[3].in = 0;
+  L[0].type = PW_LAYER_EMBEDDING; /* on features */
+  assert_int_equal(pw_model_build(&s, &m, &err), PW_ESPEC);
+  assert_non_null(strstr(err.msg, "embedding needs token input"));
+  L[0].type = PW_LAYER_LINEAR;
+  s.n_layer_specs = 4; /* no loss at the end */
+  assert_int_equal(pw_model_build(&s, &m, &err), PW_ESPEC);
+  assert_non_null(strstr(err.msg, "must be a loss"));
+}
+
+/* Same seed, same parameters, whatever the stage: init is keyed by name. */
+static void test_init_by_name(void **st) {
+  pw_model_spec s = gpt_spec(0);
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  pw_prog *a, *b;
+  pw_prog_config ca = {0, m.n_layers, 1, 1, 1}, cb = {2, m.n_layers, 1, 1, 1};
+  assert_int_equal(pw_prog_create(&m, &ca, &a, &err), 0);
+  assert_int_equal(pw_prog_create(&m, &cb, &b, &err), 0);
+  pw_prog_init_params(a, 5);
+  pw_prog_init_params(b, 5);
+  int matched = 0;
+  for (int i = 0; i < pw_prog_n_params(b); i++)
+    for (int k = 0; k < pw_prog_n_params(a); k++)
+      if (pw_prog_param_at(a, k)->model_index == pw_prog_param_at(b, i)->model_index) {
+        assert_memory_equal(pw_prog_param_at(a, k)->data, pw_prog_param_at(b, i)->data,
+                            pw_prog_param_at(b, i)->meta->numel * 4);
+        matched++;
+      }
+  assert_int_equal(matched, pw_prog_n_params(b));
+  /* a weight is normal(0, std); a layernorm weight ones, a bias zeros */
+  pw_prog_param *w = pw_prog_param_at(a, 0);
+  double s2 = 0;
+  for (size_t k = 0; k < w->meta->numel; k++) s2 += (double)w->data[k] * w->data[k];
+  double sd = sqrt(s2 / (double)w->meta->numel);
+  assert_true(sd > 0.2 && sd < 0.4);
+  pw_prog_free(a);
+  pw_prog_free(b);
+  pw_model_free(&m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shapes_and_counts),
+      cmocka_unit_test(test_layers_list),
+      cmocka_unit_test(test_init_by_name),
+      cmocka_unit_test(test_gradcheck_gpt),
+      cmocka_unit_test(test_gradcheck_gpt_tied),
+      cmocka_unit_test(test_gradcheck_llama),
+      cmocka_unit_test(test_gradcheck_mlp),
+      cmocka_unit_test(test_gradcheck_mlp_xent),
+      cmocka_unit_test(test_split_backward_equals_full),
+      cmocka_unit_test(test_staged_gpt),
+      cmocka_unit_test(test_staged_gpt_tied),
+      cmocka_unit_test(test_staged_llama),
+      cmocka_unit_test(test_staged_mlp),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
