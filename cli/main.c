@@ -25,7 +25,10 @@ int pw_cli_load_job(const char *path, pw_job *job) {
   int rc = pw_job_load_file(path, job, &err);
   if (rc) {
     char buf[600];
-    fprintf(stderr, "error: %s: %s\n", path, pw_err_str(&err, buf, sizeof buf));
+    if (strcmp(err.path, path) == 0) /* the error is about the file itself */
+      fprintf(stderr, "error: %s\n", pw_err_str(&err, buf, sizeof buf));
+    else
+      fprintf(stderr, "error: %s: %s\n", path, pw_err_str(&err, buf, sizeof buf));
   }
   return rc;
 }

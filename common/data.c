@@ -1,0 +1,321 @@
+/* data: batches as a pure function of (dataset, seed, split, step, index).
+ *
+ * Nothing here keeps a cursor: pw_dataset_batch draws any sequence of any
+ * step on demand, so the first pipeline stage and the last can each draw
+ * their half of the same microbatch. All randomness comes from rng.h.
+ *
+ * Keys. split_tag = pw_hash_str("train") or pw_hash_str("eval"), and
+ *   key(split, k, i) = hash64(hash64(hash64(seed, split_tag), k), i)
+ * for sequence i (0-based within the batch) of step k (both as uint64).
+ *
+ * text (vocab 256): the file is read whole (at most 1 GiB). With L bytes,
+ *   E = floor(L * eval_fraction) trailing bytes are the eval split and the
+ *   first N = L - E the train split. Each split needs at least T + 2 bytes.
+ *   For a split of length S, M = S - T - 1, a sequence starts at
+ *     sequential: o = ((k * batch_size + i) * T) mod M   (exact: no overflow)
+ *     random:     o = key(train, k, i) mod M
+ *   inputs are bytes o .. o+T-1 of the split, targets o+1 .. o+T, as int32.
+ *   Eval batches always use the sequential rule over the eval split.
+ *
+ * copy / reverse: a sequence is T+1 tokens s[0..T] drawn from
+ *   pw_rng seeded with key(split, k, i). With h = T / 2 (T >= 2):
+ *     s[0 .. h-1]     h symbols, each 1 + pw_rng_below(vocab - 1)
+ *     s[h]            0, the separator
+ *     s[h+1 .. 2h]    copy:    s[h+1+j] = s[j]
+ *                     reverse: s[h+1+j] = s[h-1-j]
+ *     s[2h+1]         0 (only when T is odd: padding)
+ *   inputs = s[0 .. T-1], targets = s[1 .. T].
+ *
+ * regression / classify: a teacher matrix A (out_dim, in_dim), row-major
+ *   doubles, drawn once at open: pw_rng seeded with
+ *   hash64(seed, pw_hash_str("teacher")), A[o][j] = normal() / sqrt(in_dim),
+ *   in row order. For sequence (k, i): pw_rng seeded with key(split, k, i),
+ *   x[j] = (float)normal() for j < in_dim. y = A x in double from those floats.
+ *     regression target: (float)tanh(y[o]), (n, out_dim)
+ *     classify target:   int32 argmax_o y[o] (first on ties), (n)
+ *
+ * The eval stream of synthetic kinds differs from the train stream only by
+ * split_tag, so the two never share a sequence key. */
+#include "data.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "log.h"
+#include "rng.h"
+
+#define PW__DATA_MAX_FILE (1ull << 30)
+
+struct pw_dataset {
+  pw_data_kind kind;
+  pw_sampler_kind sampler;
+  pw_data_shape shape;
+  uint64_t seed;
+  uint64_t tag[2];     /* split tags: [PW_SPLIT_TRAIN], [PW_SPLIT_EVAL] */
+  /* text */
+  unsigned char *bytes; /* the whole file */
+  size_t len;          /* L */
+  size_t train_len;    /* N; the eval split is bytes[N .. L) */
+  /* regression, classify */
+  double *teacher;     /* (out_dim, in_dim) */
+};
+
+static const char *kind_name(pw_data_kind k) {
+  switch (k) {
+    case PW_DATA_TEXT: return "text";
+    case PW_DATA_COPY: return "copy";
+    case PW_DATA_REVERSE: return "reverse";
+    case PW_DATA_REGRESSION: return "regression";
+    case PW_DATA_CLASSIFY: return "classify";
+  }
+  return "?";
+}
+
+static uint64_t seq_key(const pw_dataset *ds, pw_split split, long step, int i) {
+  return pw_hash64(pw_hash64(pw_hash64(ds->seed, ds->tag[split]), (uint64_t)step), (uint64_t)i);
+}
+
+/* Reads path whole; errors name data.path. */
+static int read_text(const char *path, unsigned char **out, size_t *out_len, pw_err *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp)
+    return pw_err_set(err, errno == ENOENT ? PW_ENOENT : PW_EIO, "data.path", "cannot open %s: %s",
+                      path, strerror(errno));
+  struct stat st;
+  if (fstat(fileno(fp), &st) < 0 || !S_ISREG(st.st_mode)) {
+    fclose(fp);
+    return pw_err_set(err, PW_EIO, "data.path", "%s is not a regular file", path);
+  }
+  if ((unsigned long long)st.st_size > PW__DATA_MAX_FILE) {
+    fclose(fp);
+    return pw_err_set(err, PW_ETOOBIG, "data.path", "%s has %lld bytes; the limit is 1 GiB", path,
+                      (long long)st.st_size);
+  }
+  size_t len = (size_t)st.st_size;
+  unsigned char *buf = malloc(len ? len : 1);
+  if (!buf) {
+    fclose(fp);
+    return pw_err_set(err, PW_ENOMEM, "data.path", "out of memory reading %s", path);
+  }
+  size_t got = fread(buf, 1, len, fp);
+  int bad = ferror(fp);
+  fclose(fp);
+  if (got != len || bad) {
+    free(buf);
+    return pw_err_set(err, PW_EIO, "data.path", "cannot read %s%s", path,
+                      bad ? "" : ": file shrank while reading");
+  }
+  *out = buf;
+  *out_len = len;
+  return 0;
+}
+
+static int open_text(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
+  int T = ds->shape.seq_len;
+  if (ds->shape.vocab_size < 256)
+    return pw_err_set(err, PW_ESPEC, "model.vocab_size",
+                      "text data uses byte tokens and needs vocab_size >= 256 (model has %d)",
+                      ds->shape.vocab_size);
+  if (!(spec->eval_fraction >= 0.0 && spec->eval_fraction < 1.0))
+    return pw_err_set(err, PW_ESPEC, "data.eval_fraction", "must be in [0, 1) (got %g)",
+                      spec->eval_fraction);
+  int rc = read_text(spec->path, &ds->bytes, &ds->len, err);
+  if (rc) return rc;
+  size_t need = (size_t)T + 2;
+  size_t eval_len = (size_t)floor((double)ds->len * spec->eval_fraction);
+  if (eval_len > ds->len) eval_len = ds->len;
+  ds->train_len = ds->len - eval_len;
+  if (ds->train_len < need)
+    return pw_err_set(err, PW_ESPEC, "data.path",
+                      "%s has only %zu bytes (%zu in the train split); seq_len %d needs at least "
+                      "%zu in each split",
+                      spec->path, ds->len, ds->train_len, T, need);
+  if (eval_len < need)
+    return pw_err_set(err, PW_ESPEC, "data.eval_fraction",
+                      "the eval split of %s (%g of %zu bytes) has only %zu bytes; seq_len %d "
+                      "needs at least %zu",
+                      spec->path, spec->eval_fraction, ds->len, eval_len, T, need);
+  return 0;
+}
+
+static int open_teacher(pw_dataset *ds) {
+  int I = ds->shape.in_dim, O = ds->shape.out_dim;
+  ds->teacher = malloc(sizeof(double) * (size_t)I * (size_t)O);
+  if (!ds->teacher) return -1;
+  pw_rng r;
+  pw_rng_seed(&r, pw_hash64(ds->seed, pw_hash_str("teacher")));
+  double scale = 1.0 / sqrt((double)I);
+  for (size_t k = 0; k < (size_t)I * (size_t)O; k++) ds->teacher[k] = pw_rng_normal(&r) * scale;
+  return 0;
+}
+
+int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
+                    pw_dataset **out, pw_err *err) {
+  *out = NULL;
+  int token_kind = spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_COPY ||
+                   spec->kind == PW_DATA_REVERSE;
+  if (token_kind && !shape->tokens)
+    return pw_err_set(err, PW_ESPEC, "data.kind",
+                      "'%s' gives token sequences but the model takes float features",
+                      kind_name(spec->kind));
+  if (!token_kind && shape->tokens)
+    return pw_err_set(err, PW_ESPEC, "data.kind",
+                      "'%s' gives float features but the model takes tokens", kind_name(spec->kind));
+  if (token_kind && shape->seq_len < 1)
+    return pw_err_set(err, PW_ESPEC, "model.seq_len", "must be >= 1 for '%s' data (got %d)",
+                      kind_name(spec->kind), shape->seq_len);
+  if ((spec->kind == PW_DATA_COPY || spec->kind == PW_DATA_REVERSE) && shape->seq_len < 2)
+    return pw_err_set(err, PW_ESPEC, "model.seq_len", "'%s' data needs seq_len >= 2 (got %d)",
+                      kind_name(spec->kind), shape->seq_len);
+  if ((spec->kind == PW_DATA_COPY || spec->kind == PW_DATA_REVERSE) && shape->vocab_size < 2)
+    return pw_err_set(err, PW_ESPEC, "model.vocab_size",
+                      "'%s' data needs vocab_size >= 2 (0 separates, 1.. are symbols; got %d)",
+                      kind_name(spec->kind), shape->vocab_size);
+  if (!token_kind && (shape->in_dim < 1 || shape->out_dim < 1))
+    return pw_err_set(err, PW_ESPEC, "model", "'%s' data needs in_dim and out_dim >= 1 (got %d, %d)",
+                      kind_name(spec->kind), shape->in_dim, shape->out_dim);
+  if (spec->kind == PW_DATA_CLASSIFY && shape->out_dim < 2)
+    return pw_err_set(err, PW_ESPEC, "model.out_dim",
+                      "'classify' data needs at least 2 classes (out_dim %d)", shape->out_dim);
+
+  pw_dataset *ds = calloc(1, sizeof *ds);
+  if (!ds) return pw_err_set(err, PW_ENOMEM, "data", "out of memory");
+  ds->kind = spec->kind;
+  ds->sampler = spec->sampler;
+  ds->shape = *shape;
+  ds->seed = seed;
+  ds->tag[PW_SPLIT_TRAIN] = pw_hash_str("train");
+  ds->tag[PW_SPLIT_EVAL] = pw_hash_str("eval");
+  int rc = 0;
+  if (spec->kind == PW_DATA_TEXT)
+    rc = open_text(ds, spec, err);
+  else if ((spec->kind == PW_DATA_REGRESSION || spec->kind == PW_DATA_CLASSIFY) && open_teacher(ds))
+    rc = pw_err_set(err, PW_ENOMEM, "data", "out of memory for the teacher matrix");
+  if (rc) {
+    pw_dataset_close(ds);
+    return rc;
+  }
+  *out = ds;
+  return 0;
+}
+
+void pw_dataset_close(pw_dataset *ds) {
+  if (!ds) return;
+  free(ds->bytes);
+  free(ds->teacher);
+  free(ds);
+}
+
+size_t pw_dataset_train_len(const pw_dataset *ds) {
+  return ds->kind == PW_DATA_TEXT ? ds->train_len : 0;
+}
+
+/* ((k*B + i) * T) mod M without overflow: every factor is reduced mod M
+ * first, and M < 2^30 (files are at most 1 GiB), so products fit in 64 bits. */
+static uint64_t sequential_offset(uint64_t k, uint64_t B, uint64_t i, uint64_t T, uint64_t M) {
+  uint64_t s = ((k % M) * (B % M) % M + i % M) % M;
+  return s * (T % M) % M;
+}
+
+static void text_sequence(const pw_dataset *ds, pw_split split, long step, int i, int batch_size,
+                          int32_t *in, int32_t *tg) {
+  int T = ds->shape.seq_len;
+  const unsigned char *base = ds->bytes + (split == PW_SPLIT_EVAL ? ds->train_len : 0);
+  size_t S = split == PW_SPLIT_EVAL ? ds->len - ds->train_len : ds->train_len;
+  uint64_t M = (uint64_t)S - (uint64_t)T - 1;
+  uint64_t o;
+  if (split == PW_SPLIT_TRAIN && ds->sampler == PW_SAMPLER_RANDOM)
+    o = seq_key(ds, split, step, i) % M;
+  else
+    o = sequential_offset((uint64_t)step, (uint64_t)batch_size, (uint64_t)i, (uint64_t)T, M);
+  for (int t = 0; t < T; t++) {
+    if (in) in[t] = base[o + (uint64_t)t];
+    if (tg) tg[t] = base[o + (uint64_t)t + 1];
+  }
+}
+
+static void copy_sequence(const pw_dataset *ds, pw_split split, long step, int i, int32_t *in,
+                          int32_t *tg) {
+  int T = ds->shape.seq_len, h = T / 2;
+  int32_t stack[1024];
+  int32_t *s = T + 1 <= 1024 ? stack : malloc(sizeof(int32_t) * ((size_t)T + 1));
+  PW_ASSERT(s);
+  pw_rng r;
+  pw_rng_seed(&r, seq_key(ds, split, step, i));
+  for (int j = 0; j < h; j++) s[j] = 1 + (int32_t)pw_rng_below(&r, (uint64_t)ds->shape.vocab_size - 1);
+  s[h] = 0;
+  for (int j = 0; j < h; j++) s[h + 1 + j] = ds->kind == PW_DATA_COPY ? s[j] : s[h - 1 - j];
+  if (2 * h + 1 <= T) s[2 * h + 1] = 0;
+  if (in) memcpy(in, s, sizeof(int32_t) * (size_t)T);
+  if (tg) memcpy(tg, s + 1, sizeof(int32_t) * (size_t)T);
+  if (s != stack) free(s);
+}
+
+static void feature_target(const pw_dataset *ds, const float *xbuf, void *target);
+
+static void feature_sequence(const pw_dataset *ds, pw_split split, long step, int i, float *x,
+                             void *target) {
+  int I = ds->shape.in_dim;
+  float stack[1024];
+  float *xbuf = x ? x : I <= 1024 ? stack : malloc(sizeof(float) * (size_t)I);
+  PW_ASSERT(xbuf);
+  pw_rng r;
+  pw_rng_seed(&r, seq_key(ds, split, step, i));
+  for (int j = 0; j < I; j++) xbuf[j] = (float)pw_rng_normal(&r);
+  if (target) feature_target(ds, xbuf, target);
+  if (xbuf != x && xbuf != stack) free(xbuf);
+}
+
+/* The teacher's answer for features x. */
+static void feature_target(const pw_dataset *ds, const float *xbuf, void *target) {
+  int I = ds->shape.in_dim, O = ds->shape.out_dim;
+  int best = 0;
+  double best_y = -INFINITY;
+  for (int o = 0; o < O; o++) {
+    const double *a = ds->teacher + (size_t)o * (size_t)I;
+    double y = 0.0;
+    for (int j = 0; j < I; j++) y += a[j] * (double)xbuf[j];
+    if (ds->kind == PW_DATA_REGRESSION) {
+      ((float *)target)[o] = (float)tanh(y);
+    } else if (y > best_y) {
+      best_y = y;
+      best = o;
+    }
+  }
+  if (ds->kind == PW_DATA_CLASSIFY) *(int32_t *)target = best;
+}
+
+void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first, int n,
+                      int batch_size, void *inputs, void *targets) {
+  PW_ASSERT(step >= 0 && first >= 0 && n >= 0 && first + n <= batch_size);
+  PW_ASSERT(split == PW_SPLIT_TRAIN || split == PW_SPLIT_EVAL);
+  int T = ds->shape.seq_len, I = ds->shape.in_dim, O = ds->shape.out_dim;
+  for (int j = 0; j < n; j++) {
+    int i = first + j;
+    switch (ds->kind) {
+      case PW_DATA_TEXT:
+        text_sequence(ds, split, step, i, batch_size,
+                      inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
+                      targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);
+        break;
+      case PW_DATA_COPY:
+      case PW_DATA_REVERSE:
+        copy_sequence(ds, split, step, i,
+                      inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
+                      targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);
+        break;
+      case PW_DATA_REGRESSION:
+        feature_sequence(ds, split, step, i, inputs ? (float *)inputs + (size_t)j * (size_t)I : NULL,
+                         targets ? (void *)((float *)targets + (size_t)j * (size_t)O) : NULL);
+        break;
+      case PW_DATA_CLASSIFY:
+        feature_sequence(ds, split, step, i, inputs ? (float *)inputs + (size_t)j * (size_t)I : NULL,
+                         targets ? (void *)((int32_t *)targets + j) : NULL);
+        break;
+    }
+  }
+}

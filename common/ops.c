@@ -1,0 +1,324 @@
+/* ops: dense, normalisation, activation, embedding and loss kernels
+ * (attention and rotary embeddings live in ops_attn.c).
+ *
+ * Contracts are in ops.h: forwards overwrite, backwards accumulate (+=),
+ * every matmul is one cblas_sgemm, and nothing here ever allocates.
+ * Where it costs nothing, the float arithmetic follows PyTorch's CPU
+ * kernels operation by operation (GELU, SiLU, LayerNorm, RMSNorm, softmax),
+ * so whole-model losses agree with a PyTorch reference to ~1e-6. */
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- embeddings ---------------------------------------------------------- */
+
+void pw_embed_forward(float *out, const int32_t *tok, const float *wte, int N, int C) {
+  for (int n = 0; n < N; n++)
+    memcpy(out + (size_t)n * C, wte + (size_t)tok[n] * C, (size_t)C * sizeof(float));
+}
+
+void pw_embed_backward_weight(float *dwte, const float *dout, const int32_t *tok, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    float *dw = dwte + (size_t)tok[n] * C;
+    const float *d = dout + (size_t)n * C;
+    for (int c = 0; c < C; c++) dw[c] += d[c];
+  }
+}
+
+void pw_posembed_forward(float *out, const float *inp, const float *wpe, int B, int T, int C) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      size_t o = ((size_t)b * T + t) * C;
+      const float *p = wpe + (size_t)t * C;
+      for (int c = 0; c < C; c++) out[o + c] = inp[o + c] + p[c];
+    }
+}
+
+void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C) {
+  size_t n = (size_t)B * T * C;
+  for (size_t i = 0; i < n; i++) dinp[i] += dout[i];
+}
+
+void pw_posembed_backward_weight(float *dwpe, const float *dout, int B, int T, int C) {
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const float *d = dout + ((size_t)b * T + t) * C;
+      float *dw = dwpe + (size_t)t * C;
+      for (int c = 0; c < C; c++) dw[c] += d[c];
+    }
+}
+
+/* ---- linear -------------------------------------------------------------- */
+
+void pw_linear_forward(float *out, const float *inp, const float *w, const float *bias,
+                       int N, int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  float beta = 0.0f;
+  if (bias) {
+    /* Like torch.addmm: out starts as the broadcast bias, sgemm adds to it. */
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+    beta = 1.0f;
+  }
+  if (C <= 0) {
+    if (!bias) memset(out, 0, (size_t)N * OC * sizeof(float));
+    return;
+  }
+  /* out (N,OC) = inp (N,C) @ w^T, w (OC,C). */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out,
+              OC);
+}
+
+void pw_linear_backward_input(float *dinp, const float *dout, const float *w, int N, int C,
+                              int OC) {
+  if (N <= 0 || C <= 0 || OC <= 0) return;
+  /* dinp (N,C) += dout (N,OC) @ w (OC,C). */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f,
+              dinp, C);
+}
+
+void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const float *inp,
+                               int N, int C, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  /* dw (OC,C) += dout^T (OC,N) @ inp (N,C). */
+  if (C > 0)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dw, C);
+  if (dbias)
+    for (int n = 0; n < N; n++) {
+      const float *d = dout + (size_t)n * OC;
+      for (int o = 0; o < OC; o++) dbias[o] += d[o];
+    }
+}
+
+/* ---- layernorm ----------------------------------------------------------- */
+
+void pw_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    /* Statistics accumulated in double, rounded once: within an ulp of
+     * PyTorch's (Welford, float) and independent of summation order. */
+    double s = 0.0;
+    for (int c = 0; c < C; c++) s += x[c];
+    double m = s / C;
+    double v = 0.0;
+    for (int c = 0; c < C; c++) {
+      double d = x[c] - m;
+      v += d * d;
+    }
+    float mf = (float)m;
+    float rs = 1.0f / sqrtf((float)(v / C) + eps);
+    /* PyTorch: y = (x * rstd + (-mean * rstd)) * w + b. */
+    float shift = -mf * rs;
+    for (int c = 0; c < C; c++) y[c] = (x[c] * rs + shift) * w[c] + b[c];
+    mean[n] = mf;
+    rstd[n] = rs;
+  }
+}
+
+void pw_layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
+                                 const float *mean, const float *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    const float *dy = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float m = mean[n], rs = rstd[n];
+    /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
+    double sg = 0.0, sgx = 0.0;
+    for (int c = 0; c < C; c++) {
+      float g = dy[c] * w[c];
+      float xh = (x[c] - m) * rs;
+      sg += g;
+      sgx += (double)g * xh;
+    }
+    float mg = (float)(sg / C), mgx = (float)(sgx / C);
+    for (int c = 0; c < C; c++) {
+      float g = dy[c] * w[c];
+      float xh = (x[c] - m) * rs;
+      dx[c] += rs * (g - mg - xh * mgx);
+    }
+  }
+}
+
+void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const float *inp,
+                                  const float *mean, const float *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    const float *dy = dout + (size_t)n * C;
+    float m = mean[n], rs = rstd[n];
+    for (int c = 0; c < C; c++) {
+      dw[c] += dy[c] * ((x[c] - m) * rs);
+      db[c] += dy[c];
+    }
+  }
+}
+
+/* ---- rmsnorm ------------------------------------------------------------- */
+
+void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                        float eps) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    double ss = 0.0;
+    for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+    float rs = 1.0f / sqrtf((float)(ss / C) + eps);
+    /* Hugging Face LlamaRMSNorm: w * (x * rstd). */
+    for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * rs);
+    rstd[n] = rs;
+  }
+}
+
+void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
+                               const float *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    const float *dy = dout + (size_t)n * C;
+    float *dx = dinp + (size_t)n * C;
+    float rs = rstd[n];
+    /* dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd. */
+    double sgx = 0.0;
+    for (int c = 0; c < C; c++) sgx += (double)(dy[c] * w[c]) * (x[c] * rs);
+    float mgx = (float)(sgx / C);
+    for (int c = 0; c < C; c++) dx[c] += rs * (dy[c] * w[c] - (x[c] * rs) * mgx);
+  }
+}
+
+void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, const float *rstd,
+                                int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    const float *dy = dout + (size_t)n * C;
+    float rs = rstd[n];
+    for (int c = 0; c < C; c++) dw[c] += dy[c] * (x[c] * rs);
+  }
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* sqrt(2/pi) and 0.044715 exactly as PyTorch spells them. */
+#define GELU_BETA ((float)(M_SQRT2 * M_2_SQRTPI * 0.5))
+#define GELU_KAPPA 0.044715f
+
+void pw_gelu_forward(float *out, const float *inp, int n) {
+  for (int i = 0; i < n; i++) {
+    float x = inp[i];
+    float inner = GELU_BETA * (x + GELU_KAPPA * (x * x * x));
+    out[i] = 0.5f * x * (1.0f + tanhf(inner));
+  }
+}
+
+void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
+  for (int i = 0; i < n; i++) {
+    float x = inp[i];
+    float x2 = x * x;
+    float inner = GELU_BETA * (x + GELU_KAPPA * (x2 * x));
+    float th = tanhf(inner);
+    float left = 0.5f * x;
+    float right = 1.0f + th;
+    float dleft = 0.5f * right;
+    float dtanh = 1.0f - th * th;
+    float dinner = GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * x2);
+    dinp[i] += dout[i] * (dleft + left * dtanh * dinner);
+  }
+}
+
+void pw_relu_forward(float *out, const float *inp, int n) {
+  for (int i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
+  for (int i = 0; i < n; i++)
+    if (inp[i] > 0.0f) dinp[i] += dout[i];
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void pw_silu_forward(float *out, const float *inp, int n) {
+  /* PyTorch: x / (1 + exp(-x)). */
+  for (int i = 0; i < n; i++) out[i] = inp[i] / (1.0f + expf(-inp[i]));
+}
+
+void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
+  for (int i = 0; i < n; i++) {
+    float x = inp[i], s = sigmoidf(x);
+    dinp[i] += dout[i] * (s * (1.0f + x * (1.0f - s)));
+  }
+}
+
+void pw_swiglu_forward(float *out, const float *gate, const float *up, int n) {
+  for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
+                              const float *up, int n) {
+  for (int i = 0; i < n; i++) {
+    float g = gate[i], s = sigmoidf(g);
+    float silu = g / (1.0f + expf(-g));
+    dgate[i] += dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] += dout[i] * silu;
+  }
+}
+
+void pw_add_forward(float *out, const float *a, const float *b, int n) {
+  for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* da and db may be the same buffer (x + x): both simply accumulate. */
+void pw_add_backward_input(float *da, float *db, const float *dout, int n) {
+  for (int i = 0; i < n; i++) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+/* ---- losses -------------------------------------------------------------- */
+
+float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int N,
+                              int V, float scale) {
+  double total = 0.0;
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (size_t)n * V;
+    float *p = probs + (size_t)n * V;
+    float mx = -INFINITY;
+    for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
+    double sum = 0.0;
+    for (int v = 0; v < V; v++) {
+      p[v] = expf(x[v] - mx);
+      sum += p[v];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int v = 0; v < V; v++) p[v] *= inv;
+    /* -log softmax = log(sum) - (x_t - max), in double: no log(0) for tiny p. */
+    total += log(sum) - ((double)x[targets[n]] - mx);
+  }
+  return (float)(total * scale);
+}
+
+void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
+                                    int N, int V, float scale) {
+  for (int n = 0; n < N; n++) {
+    const float *p = probs + (size_t)n * V;
+    float *d = dlogits + (size_t)n * V;
+    for (int v = 0; v < V; v++) d[v] += scale * p[v];
+    d[targets[n]] -= scale;
+  }
+}
+
+float pw_mse_forward(const float *pred, const float *target, int n, float scale) {
+  double s = 0.0;
+  for (int i = 0; i < n; i++) {
+    double d = (double)pred[i] - target[i];
+    s += d * d;
+  }
+  return (float)(s * scale);
+}
+
+void pw_mse_backward_input(float *dpred, const float *pred, const float *target, int n,
+                           float scale) {
+  float s2 = 2.0f * scale;
+  for (int i = 0; i < n; i++) dpred[i] += s2 * (pred[i] - target[i]);
+}

@@ -1,0 +1,176 @@
+/* ops_attn: rotary position embeddings and causal multi-head self-attention
+ * on a packed qkv tensor (B,T,3C). Contracts are in ops.h.
+ *
+ * Attention works per (batch, head) directly on the packed tensor through
+ * sgemm leading dimensions (3C for q/k/v, C for out): q, k and v are never
+ * copied. The causal structure is exploited by walking the T rows in blocks
+ * of ATTN_BLOCK: row block [r0,r1) only ever needs key columns [0,r1), which
+ * halves the work for long sequences. Never allocates: the forward uses
+ * `att` itself as the score buffer, the backward a T*T scratch. */
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Rows per causal block: big enough for efficient sgemm, small enough that
+ * skipping the blocks above the diagonal pays off. */
+#define ATTN_BLOCK 64
+
+/* ---- rope ---------------------------------------------------------------- */
+
+/* cos/sin computed per call in chunks on the stack, the way Hugging Face
+ * Llama does it in float32: inv_freq = 1 / base^(2i/HD), angle = t * inv_freq. */
+#define ROPE_CHUNK 64
+
+static void rope_apply(float *out, const float *inp, int B, int T, int C, int NH, float base,
+                       int backward) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  int HD = C / NH;
+  PW_ASSERT(HD % 2 == 0);
+  int half = HD / 2;
+  size_t C3 = 3 * (size_t)C;
+  float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+  for (int t = 0; t < T; t++) {
+    for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+      int i1 = i0 + ROPE_CHUNK < half ? i0 + ROPE_CHUNK : half;
+      for (int i = i0; i < i1; i++) {
+        float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)HD);
+        float ang = (float)t * inv_freq;
+        cs[i - i0] = cosf(ang);
+        sn[i - i0] = sinf(ang);
+      }
+      for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * T + t) * C3;
+        float *y = out + ((size_t)b * T + t) * C3;
+        /* q and k heads are 2*NH consecutive HD-blocks. */
+        for (int h = 0; h < 2 * NH; h++) {
+          const float *xh = x + (size_t)h * HD;
+          float *yh = y + (size_t)h * HD;
+          for (int i = i0; i < i1; i++) {
+            float c = cs[i - i0], s = sn[i - i0];
+            float x1 = xh[i], x2 = xh[i + half];
+            if (!backward) {
+              yh[i] = x1 * c - x2 * s;
+              yh[i + half] = x2 * c + x1 * s;
+            } else { /* the transpose rotation, accumulated */
+              yh[i] += x1 * c + x2 * s;
+              yh[i + half] += x2 * c - x1 * s;
+            }
+          }
+        }
+      }
+    }
+    for (int b = 0; b < B; b++) {
+      const float *xv = inp + ((size_t)b * T + t) * C3 + 2 * (size_t)C;
+      float *yv = out + ((size_t)b * T + t) * C3 + 2 * (size_t)C;
+      if (!backward)
+        memcpy(yv, xv, (size_t)C * sizeof(float));
+      else
+        for (int c = 0; c < C; c++) yv[c] += xv[c];
+    }
+  }
+}
+
+void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base) {
+  rope_apply(out, inp, B, T, C, NH, base, 0);
+}
+
+void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH,
+                            float base) {
+  rope_apply(dinp, dout, B, T, C, NH, base, 1);
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  int HD = C / NH;
+  int C3 = 3 * C;
+  float scale = 1.0f / sqrtf((float)HD);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
+      const float *k = q + C;
+      const float *v = q + 2 * (size_t)C;
+      float *o = out + (size_t)b * T * C + (size_t)h * HD;
+      float *P = att + ((size_t)b * NH + h) * T * T;
+      for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
+        int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
+        int rows = r1 - r0;
+        /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, scale,
+                    q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
+        for (int i = r0; i < r1; i++) {
+          float *p = P + (size_t)i * T;
+          float mx = -INFINITY;
+          for (int j = 0; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
+          float sum = 0.0f;
+          for (int j = 0; j <= i; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+          }
+          float inv = 1.0f / sum;
+          for (int j = 0; j <= i; j++) p[j] *= inv;
+          memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+        }
+        /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, 1.0f,
+                    P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+      }
+    }
+}
+
+void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                 const float *att, int B, int T, int C, int NH) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  int HD = C / NH;
+  int C3 = 3 * C;
+  float scale = 1.0f / sqrtf((float)HD);
+  float *dS = scratch; /* (T,T): dP, then turned into dS in place */
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
+      const float *k = q + C;
+      const float *v = q + 2 * (size_t)C;
+      float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
+      float *dk = dq + C;
+      float *dv = dq + 2 * (size_t)C;
+      const float *dO = dout + (size_t)b * T * C + (size_t)h * HD;
+      const float *P = att + ((size_t)b * NH + h) * T * T;
+      for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
+        int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
+        int rows = r1 - r0;
+        /* dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, 1.0f,
+                    dO + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
+        /* dS = P * (dP - rowsum(dP * P)); zero above the diagonal. */
+        for (int i = r0; i < r1; i++) {
+          float *d = dS + (size_t)i * T;
+          const float *p = P + (size_t)i * T;
+          float dot = 0.0f;
+          for (int j = 0; j <= i; j++) dot += d[j] * p[j];
+          for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
+          for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
+        }
+        /* dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, scale,
+                    dS + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
+      }
+      for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
+        int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
+        int cols = c1 - c0;
+        /* Key block [c0,c1) is attended to only by queries i >= c0. */
+        /* dK[c0:c1] += scale * dS[c0:T, c0:c1]^T Q[c0:T] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, scale,
+                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 1.0f,
+                    dk + (size_t)c0 * C3, C3);
+        /* dV[c0:c1] += P[c0:T, c0:c1]^T dO[c0:T] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, 1.0f,
+                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 1.0f,
+                    dv + (size_t)c0 * C3, C3);
+      }
+    }
+}

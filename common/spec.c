@@ -1,0 +1,614 @@
+/* spec: parse and validate a job spec (spec.h), and write it back as
+ * canonical JSON with every default filled in.
+ *
+ * Each object's fields are a table (spec_field.h) walked by one parser and
+ * one emitter; the rules that tie sections together (batch divisible by
+ * microbatches * dp, data kind vs model, partition markers vs mesh) are
+ * checked once every section has parsed. This file never builds the model
+ * graph or judges a schedule against a plan: model.c and schedule.c do. */
+#include "spec.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spec_field.h"
+
+#define MAX_SPEC_FILE (16u << 20)
+#define MAX_MESH 4096
+#define MAX_MICROBATCHES (1 << 20)
+#define MAX_BATCH (1 << 24)
+#define MAX_LAYER_TIMES 100000
+#define INT_MAXD 2147483647.0
+
+const char *const pw_schedule_names[] = {"gpipe",
+                                         "1f1b",
+                                         "eager1f1b",
+                                         "zb-h1",
+                                         "interleaved-1f1b",
+                                         "interleaved-gpipe",
+                                         "interleaved-1f1b-plus-one",
+                                         "kimi-k2",
+                                         "dualpipev"};
+const int pw_n_schedule_names = (int)(sizeof pw_schedule_names / sizeof pw_schedule_names[0]);
+
+/* ---- field tables: the generic parser and emitter ------------------- */
+
+void pw__path(char *buf, size_t cap, const char *pre, const char *key) {
+  if (pre && pre[0])
+    snprintf(buf, cap, "%s.%s", pre, key);
+  else
+    snprintf(buf, cap, "%s", key);
+}
+
+/* "a, b, c" into buf, cut short if it does not fit. */
+static void names_list(char *buf, size_t cap, const char *const *names, int n) {
+  size_t len = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", names[i]);
+}
+
+static int enum_parse(const json_t *v, const char *path, const char *const *names, int n, int *out,
+                      pw_err *err) {
+  if (!json_is_string(v)) return pw_err_set(err, PW_ESPEC, path, "must be a string");
+  const char *s = json_string_value(v);
+  for (int i = 0; i < n; i++)
+    if (strcmp(s, names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  char list[320];
+  names_list(list, sizeof list, names, n);
+  return pw_err_set(err, PW_ESPEC, path, "must be one of %s (got \"%.40s\")", list, s);
+}
+
+int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
+                 int def, int *out, pw_err *err) {
+  char path[128];
+  pw__path(path, sizeof path, pre, key);
+  const json_t *v = o ? json_object_get(o, key) : NULL;
+  if (!v) {
+    if (def < 0) return pw_err_set(err, PW_ESPEC, path, "required");
+    *out = def;
+    return 0;
+  }
+  return enum_parse(v, path, names, n, out, err);
+}
+
+int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err) {
+  *out = o ? json_object_get(o, key) : NULL;
+  if (*out && !json_is_object(*out)) {
+    char path[128];
+    pw__path(path, sizeof path, pre, key);
+    return pw_err_set(err, PW_ESPEC, path, "must be an object");
+  }
+  return 0;
+}
+
+/* lo/hi of a field against v; is_int chooses the number format. */
+static int range_check(const pw__field *f, const char *path, double v, long long iv, int is_int,
+                       pw_err *err) {
+  int lo_open = f->flags & PW__LO_OPEN, hi_open = f->flags & PW__HI_OPEN;
+  if (lo_open ? v <= f->lo : v < f->lo) {
+    if (is_int) return pw_err_set(err, PW_ESPEC, path, "must be >= %.0f (got %lld)", f->lo, iv);
+    return pw_err_set(err, PW_ESPEC, path, "must be %s %g (got %g)", lo_open ? ">" : ">=", f->lo, v);
+  }
+  if (hi_open ? v >= f->hi : v > f->hi) {
+    if (is_int) return pw_err_set(err, PW_ESPEC, path, "must be <= %.0f (got %lld)", f->hi, iv);
+    return pw_err_set(err, PW_ESPEC, path, "must be %s %g (got %g)", hi_open ? "<" : "<=", f->hi, v);
+  }
+  return 0;
+}
+
+static int field_parse(const pw__field *f, const json_t *v, const char *path, void *dst, pw_err *err) {
+  char *p = (char *)dst + f->off;
+  int rc;
+  switch ((pw__ftype)f->type) {
+    case PW__F_SKIP: return 0;
+    case PW__F_INT:
+    case PW__F_U64: {
+      if (!json_is_integer(v)) return pw_err_set(err, PW_ESPEC, path, "must be an integer");
+      long long iv = json_integer_value(v);
+      if ((rc = range_check(f, path, (double)iv, iv, 1, err))) return rc;
+      if (f->type == PW__F_INT)
+        *(int *)p = (int)iv;
+      else
+        *(unsigned long long *)p = (unsigned long long)iv;
+      return 0;
+    }
+    case PW__F_NUM:
+    case PW__F_FLOAT: {
+      if (!json_is_number(v)) return pw_err_set(err, PW_ESPEC, path, "must be a number");
+      double d = json_number_value(v);
+      if (!isfinite(d)) return pw_err_set(err, PW_ESPEC, path, "must be finite");
+      if ((rc = range_check(f, path, d, 0, 0, err))) return rc;
+      if (f->type == PW__F_NUM)
+        *(double *)p = d;
+      else
+        *(float *)p = (float)d;
+      return 0;
+    }
+    case PW__F_BOOL:
+      if (!json_is_boolean(v)) return pw_err_set(err, PW_ESPEC, path, "must be a boolean");
+      *(int *)p = json_is_true(v);
+      return 0;
+    case PW__F_ENUM: return enum_parse(v, path, f->names, f->n_names, (int *)p, err);
+    case PW__F_STR: {
+      if (!json_is_string(v)) return pw_err_set(err, PW_ESPEC, path, "must be a string");
+      size_t len = json_string_length(v);
+      if (len == 0) return pw_err_set(err, PW_ESPEC, path, "must not be empty");
+      if (strlen(json_string_value(v)) != len)
+        return pw_err_set(err, PW_ESPEC, path, "must not contain NUL bytes");
+      if (len >= f->cap)
+        return pw_err_set(err, PW_ESPEC, path, "too long (%zu bytes, at most %zu)", len, f->cap - 1);
+      memcpy(p, json_string_value(v), len + 1);
+      return 0;
+    }
+  }
+  return pw_err_set(err, PW_EINTERNAL, path, "bad field type");
+}
+
+static void field_default(const pw__field *f, void *dst) {
+  char *p = (char *)dst + f->off;
+  switch ((pw__ftype)f->type) {
+    case PW__F_INT:
+    case PW__F_BOOL:
+    case PW__F_ENUM: *(int *)p = (int)f->def; break;
+    case PW__F_U64: *(unsigned long long *)p = (unsigned long long)f->def; break;
+    case PW__F_NUM: *(double *)p = f->def; break;
+    case PW__F_FLOAT: *(float *)p = (float)f->def; break;
+    case PW__F_SKIP:
+    case PW__F_STR: break;
+  }
+}
+
+int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
+                     const char *ctx, void *dst, pw_err *err) {
+  char path[128];
+  if (o) {
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)o, key, v) {
+      int known = 0, here = 0;
+      for (int i = 0; i < n; i++)
+        if (strcmp(tab[i].key, key) == 0) {
+          known = 1;
+          here |= (tab[i].mask & mask) != 0;
+        }
+      pw__path(path, sizeof path, pre, key);
+      if (!known) return pw_err_set(err, PW_ESPEC, path, "unknown field");
+      if (!here) return pw_err_set(err, PW_ESPEC, path, "not used with %s", ctx);
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    const pw__field *f = &tab[i];
+    if (!(f->mask & mask)) continue;
+    const json_t *v = o ? json_object_get(o, f->key) : NULL;
+    pw__path(path, sizeof path, pre, f->key);
+    if (!v) {
+      if (f->flags & PW__REQ) return pw_err_set(err, PW_ESPEC, path, "required");
+      if (!(f->flags & PW__NODEF)) field_default(f, dst);
+      continue;
+    }
+    int rc = field_parse(f, v, path, dst, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const void *src) {
+  for (int i = 0; i < n; i++) {
+    const pw__field *f = &tab[i];
+    if (!(f->mask & mask)) continue;
+    const char *p = (const char *)src + f->off;
+    json_t *v = NULL;
+    switch ((pw__ftype)f->type) {
+      case PW__F_SKIP: continue;
+      case PW__F_INT:
+        if ((f->flags & PW__OMIT0) && *(const int *)p == 0) continue;
+        v = json_integer(*(const int *)p);
+        break;
+      case PW__F_U64: v = json_integer((json_int_t) * (const unsigned long long *)p); break;
+      case PW__F_NUM: v = json_real(*(const double *)p); break;
+      case PW__F_FLOAT: v = json_real((double)*(const float *)p); break;
+      case PW__F_BOOL: v = json_boolean(*(const int *)p); break;
+      case PW__F_ENUM: {
+        int e = *(const int *)p;
+        if (e < 0 || e >= f->n_names) return -1;
+        v = json_string(f->names[e]);
+        break;
+      }
+      case PW__F_STR: v = json_string(p); break;
+    }
+    if (json_object_set_new(o, f->key, v)) return -1;
+  }
+  return 0;
+}
+
+/* ---- the sections ---------------------------------------------------- */
+
+static const char *const mode_names[] = {"train", "forward"};       /* pw_mode */
+static const char *const part_names[] = {"even", "markers", "balanced"}; /* pw_partition_mode */
+static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
+static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify"};
+static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
+
+_Static_assert(sizeof(pw_mode) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(pw_data_kind) == sizeof(int), "enums are stored as int");
+
+static const pw__field job_fields[] = {
+    PW__SKIP("name", 0, PW__ALL),
+    PW__ENUM("mode", 0, PW__ALL, pw_job, mode, PW_MODE_TRAIN, mode_names),
+    PW__SKIP("model", PW__REQ, PW__ALL),
+    PW__SKIP("mesh", 0, PW__ALL),
+    PW__SKIP("schedule", 0, PW__ALL),
+    PW__SKIP("partition", 0, PW__ALL),
+    PW__SKIP("train", 0, PW__ALL),
+    PW__SKIP("data", PW__REQ, PW__ALL),
+};
+
+static const pw__field mesh_fields[] = {
+    PW__INT("pp", 0, PW__ALL, pw_mesh_spec, pp, 1, 1, MAX_MESH),
+    PW__INT("dp", 0, PW__ALL, pw_mesh_spec, dp, 1, 1, MAX_MESH),
+    PW__INT("virtual_stages", 0, PW__ALL, pw_mesh_spec, virtual_stages, 1, 1, MAX_MESH),
+};
+
+/* The schedule's name is a string in pw_schedule_spec; it parses as an
+ * index into pw_schedule_names. */
+typedef struct {
+  int name;
+  int microbatches;
+} sched_tmp;
+static const pw__field sched_fields[] = {
+    {"name", PW__F_ENUM, 0, PW__ALL, offsetof(sched_tmp, name), 0, 1, 0, 0, pw_schedule_names,
+     sizeof pw_schedule_names / sizeof pw_schedule_names[0]},
+    PW__INT("microbatches", 0, PW__ALL, sched_tmp, microbatches, 1, 1, MAX_MICROBATCHES),
+};
+
+#define P_BAL (1u << PW_PARTITION_BALANCED)
+static const pw__field part_fields[] = {
+    PW__ENUM("mode", PW__NODEF, PW__ALL, pw_partition_spec, mode, 0, part_names),
+    PW__SKIP("layer_times", 0, P_BAL),
+    PW__NUM("byte_cost", 0, P_BAL, pw_partition_spec, byte_cost, 0, 0, PW__NOLIM),
+};
+
+static const pw__field train_fields[] = {
+    PW__INT("steps", 0, PW__ALL, pw_train_spec, steps, 100, 0, INT_MAXD),
+    PW__INT("batch_size", 0, PW__ALL, pw_train_spec, batch_size, 8, 1, MAX_BATCH),
+    PW__U64("seed", 0, PW__ALL, pw_train_spec, seed, 1),
+    PW__NUM("grad_clip", 0, PW__ALL, pw_train_spec, grad_clip, 1.0, 0, PW__NOLIM),
+    PW__INT("checkpoint_every", 0, PW__ALL, pw_train_spec, checkpoint_every, 0, 0, INT_MAXD),
+    PW__INT("eval_batches", 0, PW__ALL, pw_train_spec, eval_batches, 8, 1, MAX_BATCH),
+    PW__SKIP("optimizer", 0, PW__ALL),
+};
+
+#define O_ADAMW (1u << PW_OPT_ADAMW)
+#define O_SGD (1u << PW_OPT_SGD)
+static const pw__field opt_fields[] = {
+    PW__ENUM("name", 0, PW__ALL, pw_optim_spec, kind, PW_OPT_ADAMW, opt_names),
+    PW__NUM("lr", PW__LO_OPEN, PW__ALL, pw_optim_spec, lr, 3e-4, 0, PW__NOLIM),
+    PW__NUM("min_lr", PW__NODEF, PW__ALL, pw_optim_spec, min_lr, 0, 0, PW__NOLIM),
+    PW__INT("warmup_steps", 0, PW__ALL, pw_optim_spec, warmup_steps, 0, 0, INT_MAXD),
+    PW__SKIP("betas", 0, O_ADAMW),
+    PW__NUM("eps", PW__LO_OPEN, O_ADAMW, pw_optim_spec, eps, 1e-8, 0, PW__NOLIM),
+    PW__NUM("weight_decay", PW__NODEF, PW__ALL, pw_optim_spec, weight_decay, 0, 0, PW__NOLIM),
+    PW__NUM("momentum", PW__HI_OPEN, O_SGD, pw_optim_spec, momentum, 0, 0, 1),
+};
+
+#define D_TEXT (1u << PW_DATA_TEXT)
+static const pw__field data_fields[] = {
+    PW__ENUM("kind", PW__REQ, PW__ALL, pw_data_spec, kind, 0, data_names),
+    PW__STR("path", PW__REQ, D_TEXT, pw_data_spec, path),
+    PW__ENUM("sampler", 0, D_TEXT, pw_data_spec, sampler, PW_SAMPLER_RANDOM, sampler_names),
+    PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
+            1),
+};
+
+static int name_parse(const json_t *root, pw_job *job, pw_err *err) {
+  const json_t *v = json_object_get(root, "name");
+  if (!v) {
+    snprintf(job->name, sizeof job->name, "job");
+    return 0;
+  }
+  if (!json_is_string(v)) return pw_err_set(err, PW_ESPEC, "name", "must be a string");
+  const char *s = json_string_value(v);
+  size_t len = json_string_length(v);
+  if (len == 0) return pw_err_set(err, PW_ESPEC, "name", "must not be empty");
+  if (len >= sizeof job->name)
+    return pw_err_set(err, PW_ESPEC, "name", "too long (%zu bytes, at most %zu)", len,
+                      sizeof job->name - 1);
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x20 || c == 0x7f)
+      return pw_err_set(err, PW_ESPEC, "name", "must not contain control characters (0x%02x at byte %zu)",
+                        c, i);
+  }
+  memcpy(job->name, s, len + 1);
+  return 0;
+}
+
+/* One number of an array ("betas", "layer_times") goes through the same
+ * checks as a field. */
+typedef struct {
+  double v;
+} num_box;
+static const pw__field beta_field = PW__NUM("", PW__HI_OPEN, PW__ALL, num_box, v, 0, 0, 1);
+static const pw__field time_field = PW__NUM("", PW__LO_OPEN, PW__ALL, num_box, v, 0, 0, PW__NOLIM);
+
+static int optim_parse(const json_t *o, pw_optim_spec *op, pw_err *err) {
+  const char *pre = "train.optimizer";
+  int kind, rc;
+  if ((rc = pw__enum_get(o, pre, "name", opt_names, 2, PW_OPT_ADAMW, &kind, err))) return rc;
+  if ((rc = pw__fields_parse(o, pre, opt_fields, PW__N(opt_fields), 1u << kind,
+                             kind == PW_OPT_ADAMW ? "optimizer adamw" : "optimizer sgd", op, err)))
+    return rc;
+  op->beta1 = 0.9;
+  op->beta2 = 0.999;
+  const json_t *b = o ? json_object_get(o, "betas") : NULL;
+  if (b) {
+    if (!json_is_array(b) || json_array_size(b) != 2)
+      return pw_err_set(err, PW_ESPEC, "train.optimizer.betas", "must be an array of 2 numbers [b1, b2]");
+    num_box box[2];
+    for (int i = 0; i < 2; i++) {
+      char path[64];
+      snprintf(path, sizeof path, "train.optimizer.betas[%d]", i);
+      if ((rc = field_parse(&beta_field, json_array_get(b, (size_t)i), path, &box[i], err))) return rc;
+    }
+    op->beta1 = box[0].v;
+    op->beta2 = box[1].v;
+  }
+  if (!o || !json_object_get(o, "min_lr")) op->min_lr = op->lr / 10;
+  if (op->min_lr > op->lr)
+    return pw_err_set(err, PW_ESPEC, "train.optimizer.min_lr", "must be <= lr (%g > %g)", op->min_lr,
+                      op->lr);
+  if (!o || !json_object_get(o, "weight_decay")) op->weight_decay = kind == PW_OPT_ADAMW ? 0.01 : 0;
+  return 0;
+}
+
+static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
+  const json_t *opt;
+  int rc = pw__fields_parse(o, "train", train_fields, PW__N(train_fields), PW__ALL, "", t, err);
+  if (!rc) rc = pw__obj_get(o, "train", "optimizer", &opt, err);
+  if (!rc) rc = optim_parse(opt, &t->optim, err);
+  return rc;
+}
+
+static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
+  sched_tmp tmp;
+  int rc = pw__fields_parse(o, "schedule", sched_fields, PW__N(sched_fields), PW__ALL, "", &tmp, err);
+  if (rc) return rc;
+  snprintf(s->name, sizeof s->name, "%s", pw_schedule_names[tmp.name]);
+  s->microbatches = tmp.microbatches;
+  return 0;
+}
+
+/* The partition's default mode depends on the model: markers when the
+ * layers list carries stage_boundary entries. */
+static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition_spec *p, pw_err *err) {
+  int n_bound = 0, mode, rc;
+  for (int i = 0; i < m->n_layer_specs; i++) n_bound += m->layers[i].type == PW_LAYER_STAGE_BOUNDARY;
+  int def = n_bound ? PW_PARTITION_MARKERS : PW_PARTITION_EVEN;
+  if ((rc = pw__enum_get(o, "partition", "mode", part_names, 3, def, &mode, err))) return rc;
+  char ctx[32];
+  snprintf(ctx, sizeof ctx, "mode %s", part_names[mode]);
+  if ((rc = pw__fields_parse(o, "partition", part_fields, PW__N(part_fields), 1u << mode, ctx, p, err)))
+    return rc;
+  p->mode = (pw_partition_mode)mode;
+  if (mode == PW_PARTITION_MARKERS && n_bound == 0)
+    return pw_err_set(err, PW_ESPEC, "partition.mode",
+                      "markers needs stage_boundary entries in model.layers (there are none)");
+  const json_t *a = o ? json_object_get(o, "layer_times") : NULL;
+  if (!a) return 0;
+  const char *path0 = "partition.layer_times";
+  if (!json_is_array(a)) return pw_err_set(err, PW_ESPEC, path0, "must be an array of numbers");
+  size_t n = json_array_size(a);
+  if (n == 0) return pw_err_set(err, PW_ESPEC, path0, "must not be empty");
+  if (n > MAX_LAYER_TIMES)
+    return pw_err_set(err, PW_ESPEC, path0, "too many entries (%zu > %d)", n, MAX_LAYER_TIMES);
+  p->layer_times = malloc(n * sizeof *p->layer_times);
+  if (!p->layer_times) return pw_err_set(err, PW_ENOMEM, path0, "out of memory");
+  p->n_layer_times = (int)n;
+  for (size_t i = 0; i < n; i++) {
+    char path[64];
+    num_box box;
+    snprintf(path, sizeof path, "%s[%zu]", path0, i);
+    if ((rc = field_parse(&time_field, json_array_get(a, i), path, &box, err))) return rc;
+    p->layer_times[i] = box.v;
+  }
+  return 0;
+}
+
+/* data.path as given if it exists from here; else base_dir/path if that
+ * exists; else as given (the dataset opener reports it missing). */
+static void data_path_resolve(pw_data_spec *d, const char *base_dir) {
+  if (d->path[0] == '/' || access(d->path, F_OK) == 0 || !base_dir || !base_dir[0]) return;
+  char joined[sizeof d->path];
+  int n = snprintf(joined, sizeof joined, "%s/%s", base_dir, d->path);
+  if (n > 0 && (size_t)n < sizeof joined && access(joined, F_OK) == 0) memcpy(d->path, joined, (size_t)n + 1);
+}
+
+static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_err *err) {
+  int kind, rc;
+  if ((rc = pw__enum_get(o, "data", "kind", data_names, 5, -1, &kind, err))) return rc;
+  char ctx[32];
+  snprintf(ctx, sizeof ctx, "kind %s", data_names[kind]);
+  if ((rc = pw__fields_parse(o, "data", data_fields, PW__N(data_fields), 1u << kind, ctx, d, err)))
+    return rc;
+  if (kind == PW_DATA_TEXT) data_path_resolve(d, base_dir);
+  return 0;
+}
+
+/* ---- rules across sections ------------------------------------------- */
+
+static int cross_check(const pw_job *job, pw_err *err) {
+  const pw_model_spec *m = &job->model;
+  const pw_data_spec *d = &job->data;
+  int tokens = m->input == PW_INPUT_TOKENS;
+  int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_COPY || d->kind == PW_DATA_REVERSE;
+  if (tokens && !token_data)
+    return pw_err_set(err, PW_ESPEC, "data.kind",
+                      "a token model needs kind text, copy or reverse (got %s)", data_names[d->kind]);
+  if (!tokens && token_data)
+    return pw_err_set(err, PW_ESPEC, "data.kind",
+                      "a features model (%s) needs kind regression or classify (got %s)",
+                      m->tmpl == PW_TEMPLATE_MLP ? "mlp" : "features input", data_names[d->kind]);
+  if (!tokens) {
+    int want = m->loss == PW_LOSS_MSE ? PW_DATA_REGRESSION : PW_DATA_CLASSIFY;
+    if ((int)d->kind != want)
+      return pw_err_set(err, PW_ESPEC, "data.kind", "%s with loss %s needs kind %s (got %s)",
+                        m->tmpl == PW_TEMPLATE_MLP ? "mlp" : "a layers list",
+                        m->loss == PW_LOSS_MSE ? "mse" : "cross_entropy", data_names[want],
+                        data_names[d->kind]);
+  }
+  if (d->kind == PW_DATA_TEXT && m->vocab_size < 256)
+    return pw_err_set(err, PW_ESPEC,
+                      m->tmpl == PW_TEMPLATE_LAYERS ? "model.layers[0].vocab_size" : "model.vocab_size",
+                      "byte-level text needs vocab_size >= 256 (got %d)", m->vocab_size);
+
+  long long per = (long long)job->schedule.microbatches * job->mesh.dp;
+  if (job->train.batch_size % per)
+    return pw_err_set(err, PW_ESPEC, "train.batch_size",
+                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %lld != 0)",
+                      job->train.batch_size, per);
+
+  if (job->partition.mode == PW_PARTITION_MARKERS) {
+    int stages = 1;
+    for (int i = 0; i < m->n_layer_specs; i++) stages += m->layers[i].type == PW_LAYER_STAGE_BOUNDARY;
+    long long want = (long long)job->mesh.pp * job->mesh.virtual_stages;
+    if (stages != want)
+      return pw_err_set(err, PW_ESPEC, "partition.mode",
+                        "the stage_boundary markers make %d stages, but mesh.pp * mesh.virtual_stages = %lld",
+                        stages, want);
+  }
+  return 0;
+}
+
+/* ---- public ---------------------------------------------------------- */
+
+static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err) {
+  const json_t *model, *mesh, *sched, *part, *train, *data;
+  int rc;
+  if (!json_is_object(root)) return pw_err_set(err, PW_ESPEC, "", "a job spec must be a JSON object");
+  if ((rc = pw__fields_parse(root, "", job_fields, PW__N(job_fields), PW__ALL, "", job, err))) return rc;
+  if ((rc = name_parse(root, job, err))) return rc;
+  if ((rc = pw__obj_get(root, "", "model", &model, err)) || (rc = pw__obj_get(root, "", "mesh", &mesh, err)) ||
+      (rc = pw__obj_get(root, "", "schedule", &sched, err)) ||
+      (rc = pw__obj_get(root, "", "partition", &part, err)) ||
+      (rc = pw__obj_get(root, "", "train", &train, err)) || (rc = pw__obj_get(root, "", "data", &data, err)))
+    return rc;
+  if ((rc = pw__model_parse(model, &job->model, err))) return rc;
+  if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)))
+    return rc;
+  if ((rc = schedule_parse(sched, &job->schedule, err))) return rc;
+  if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
+  if ((rc = train_parse(train, &job->train, err))) return rc;
+  if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
+  return cross_check(job, err);
+}
+
+int pw_job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err) {
+  if (!job) return pw_err_set(err, PW_EINVAL, "", "no job");
+  memset(job, 0, sizeof *job);
+  int rc = job_parse(root, base_dir, job, err);
+  if (rc) {
+    pw_job_free(job);
+    memset(job, 0, sizeof *job);
+  }
+  return rc;
+}
+
+int pw_job_load_file(const char *path, pw_job *job, pw_err *err) {
+  if (job) memset(job, 0, sizeof *job);
+  if (!path || !job) return pw_err_set(err, PW_EINVAL, "", "no file or job");
+  FILE *f = fopen(path, "rb");
+  if (!f) return pw_err_set(err, errno == ENOENT ? PW_ENOENT : PW_EIO, path, "%s", strerror(errno));
+  char *buf = malloc(MAX_SPEC_FILE + 1);
+  if (!buf) {
+    fclose(f);
+    return pw_err_set(err, PW_ENOMEM, path, "out of memory");
+  }
+  size_t len = fread(buf, 1, MAX_SPEC_FILE + 1, f);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) {
+    free(buf);
+    return pw_err_set(err, PW_EIO, path, "read failed");
+  }
+  if (len > MAX_SPEC_FILE) {
+    free(buf);
+    return pw_err_set(err, PW_ETOOBIG, path, "larger than %u MiB", MAX_SPEC_FILE >> 20);
+  }
+  json_error_t jerr;
+  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+  free(buf);
+  if (!root)
+    return pw_err_set(err, PW_EJSON, path, "line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+
+  char dir[512];
+  const char *slash = strrchr(path, '/');
+  const char *base = NULL;
+  if (slash && (size_t)(slash - path) < sizeof dir) {
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    base = dir;
+  }
+  int rc = pw_job_parse(root, base, job, err);
+  json_decref(root);
+  return rc;
+}
+
+void pw_job_free(pw_job *job) {
+  if (!job) return;
+  pw__model_free(&job->model);
+  free(job->partition.layer_times);
+  job->partition.layer_times = NULL;
+  job->partition.n_layer_times = 0;
+}
+
+json_t *pw_job_to_json(const pw_job *job) {
+  json_t *o = json_object(), *v;
+  if (!o) return NULL;
+  int bad = json_object_set_new(o, "name", json_string(job->name));
+  bad |= pw__fields_emit(o, job_fields, PW__N(job_fields), PW__ALL, job);
+  bad |= json_object_set_new(o, "model", pw__model_emit(&job->model));
+
+  bad |= json_object_set_new(o, "mesh", v = json_object());
+  bad |= pw__fields_emit(v, mesh_fields, PW__N(mesh_fields), PW__ALL, &job->mesh);
+
+  sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches};
+  for (int i = 0; i < pw_n_schedule_names; i++)
+    if (strcmp(job->schedule.name, pw_schedule_names[i]) == 0) st.name = i;
+  bad |= json_object_set_new(o, "schedule", v = json_object());
+  bad |= pw__fields_emit(v, sched_fields, PW__N(sched_fields), PW__ALL, &st);
+
+  const pw_partition_spec *p = &job->partition;
+  bad |= json_object_set_new(o, "partition", v = json_object());
+  bad |= pw__fields_emit(v, part_fields, PW__N(part_fields), 1u << p->mode, p);
+  if (p->layer_times) {
+    json_t *a = json_array();
+    bad |= json_object_set_new(v, "layer_times", a);
+    for (int i = 0; i < p->n_layer_times; i++) bad |= json_array_append_new(a, json_real(p->layer_times[i]));
+  }
+
+  const pw_optim_spec *op = &job->train.optim;
+  bad |= json_object_set_new(o, "train", v = json_object());
+  bad |= pw__fields_emit(v, train_fields, PW__N(train_fields), PW__ALL, &job->train);
+  json_t *ov = json_object();
+  bad |= json_object_set_new(v, "optimizer", ov);
+  bad |= pw__fields_emit(ov, opt_fields, PW__N(opt_fields), 1u << op->kind, op);
+  if (op->kind == PW_OPT_ADAMW)
+    bad |= json_object_set_new(ov, "betas", json_pack("[ff]", op->beta1, op->beta2));
+
+  bad |= json_object_set_new(o, "data", v = json_object());
+  bad |= pw__fields_emit(v, data_fields, PW__N(data_fields), 1u << job->data.kind, &job->data);
+  if (bad) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}

@@ -1,0 +1,98 @@
+/* spec_field: the field tables behind spec.c and spec_model.c (private).
+ *
+ * Every object of a job spec is described by a table of fields: its JSON
+ * key, type, range, default, where in the C struct it lands, and a mask of
+ * the variants (template, layer type, optimizer, data kind ...) it belongs
+ * to. One parser and one emitter walk these tables, so pw_job_parse and
+ * pw_job_to_json cannot drift apart, and each rule is written once.
+ * Nothing outside spec*.c includes this file. */
+#ifndef PW_SPEC_FIELD_H
+#define PW_SPEC_FIELD_H
+
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "errors.h"
+#include "spec.h"
+
+typedef enum {
+  PW__F_SKIP,  /* allowed key, parsed by the caller (objects, arrays) */
+  PW__F_INT,   /* int; JSON integer only */
+  PW__F_U64,   /* unsigned long long; JSON integer >= 0 */
+  PW__F_NUM,   /* double; any JSON number */
+  PW__F_FLOAT, /* float; any JSON number */
+  PW__F_BOOL,  /* int 0/1; JSON true/false */
+  PW__F_ENUM,  /* int index into names; JSON string */
+  PW__F_STR    /* char[cap]; JSON string, non-empty */
+} pw__ftype;
+
+enum {
+  PW__REQ = 1,      /* absent is an error */
+  PW__NODEF = 2,    /* absent: leave the struct alone (the caller fills it) */
+  PW__LO_OPEN = 4,  /* value > lo rather than >= lo */
+  PW__HI_OPEN = 8,  /* value < hi rather than <= hi */
+  PW__OMIT0 = 16    /* emitter: leave out when the value is 0 */
+};
+
+#define PW__ALL 0xffffffffu
+
+typedef struct {
+  const char *key;
+  unsigned char type;       /* pw__ftype */
+  unsigned char flags;
+  unsigned mask;            /* variants this field belongs to */
+  size_t off;               /* offset in the destination struct */
+  size_t cap;               /* PW__F_STR: buffer size */
+  double def, lo, hi;       /* default and inclusive range (see flags) */
+  const char *const *names; /* PW__F_ENUM: names, index = value */
+  int n_names;
+} pw__field;
+
+#define PW__NOLIM 1e300
+#define PW__FLT_MAX 3.4e38
+
+/* Table entries: key, flags, variant mask, struct type and member, then
+ * default and range where they apply. */
+#define PW__SKIP(k, fl, m) {(k), PW__F_SKIP, (fl), (m), 0, 0, 0, 0, 0, NULL, 0}
+#define PW__INT(k, fl, m, T, mem, d, lo, hi) \
+  {(k), PW__F_INT, (fl), (m), offsetof(T, mem), 0, (d), (lo), (hi), NULL, 0}
+#define PW__U64(k, fl, m, T, mem, d) \
+  {(k), PW__F_U64, (fl), (m), offsetof(T, mem), 0, (d), 0, PW__NOLIM, NULL, 0}
+#define PW__NUM(k, fl, m, T, mem, d, lo, hi) \
+  {(k), PW__F_NUM, (fl), (m), offsetof(T, mem), 0, (d), (lo), (hi), NULL, 0}
+#define PW__FLOAT(k, fl, m, T, mem, d, lo, hi) \
+  {(k), PW__F_FLOAT, (fl), (m), offsetof(T, mem), 0, (d), (lo), (hi), NULL, 0}
+#define PW__BOOL(k, fl, m, T, mem, d) \
+  {(k), PW__F_BOOL, (fl), (m), offsetof(T, mem), 0, (d), 0, 1, NULL, 0}
+#define PW__ENUM(k, fl, m, T, mem, d, names) \
+  {(k), PW__F_ENUM, (fl), (m), offsetof(T, mem), 0, (d), 0, 0, (names), \
+   (int)(sizeof(names) / sizeof((names)[0]))}
+#define PW__STR(k, fl, m, T, mem) \
+  {(k), PW__F_STR, (fl), (m), offsetof(T, mem), sizeof(((T *)0)->mem), 0, 0, 0, NULL, 0}
+#define PW__N(tab) ((int)(sizeof(tab) / sizeof((tab)[0])))
+
+/* Join a JSON path: "" + "model" -> "model", "model" + "n_heads" -> "model.n_heads". */
+void pw__path(char *buf, size_t cap, const char *pre, const char *key);
+/* Parse the fields of `o` (NULL = an empty object) that belong to `mask`
+ * into dst. A key of another variant is "not used with <ctx>"; a key in no
+ * entry is "unknown field". Absent fields get their default. */
+int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
+                     const char *ctx, void *dst, pw_err *err);
+/* Write the fields of `mask` from src into the object o. */
+int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const void *src);
+/* Read an enum-valued key early (it decides the mask for the rest):
+ * def < 0 means required. */
+int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
+                 int def, int *out, pw_err *err);
+/* The member `key` of o as an object (NULL when absent); an error if it is
+ * present and not an object. */
+int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err);
+
+/* The model section (spec_model.c): parse (the path prefix is "model"),
+ * the canonical JSON, and release. */
+int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err);
+json_t *pw__model_emit(const pw_model_spec *m);
+void pw__model_free(pw_model_spec *m);
+
+#endif

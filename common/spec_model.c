@@ -1,0 +1,284 @@
+/* spec_model: the "model" section of a job spec — templates (gpt, llama,
+ * mlp) and explicit layers lists — parsed into pw_model_spec and written
+ * back as canonical JSON.
+ *
+ * Checks here are those a spec can be judged by on its own: fields, types,
+ * ranges, divisibility of the template's own numbers, the order of layer
+ * kinds in a list. Shapes of a layers list (an explicit "in" that disagrees
+ * with the previous layer, heads that do not divide an inferred width) are
+ * model.c's: it infers them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec_field.h"
+
+#define MAX_DIM (1 << 20)
+#define MAX_VOCAB (1 << 20)
+#define MAX_SEQ 65536
+#define MAX_BLOCKS 4096
+#define MAX_LAYER_SPECS 10000
+
+#define T_GPT (1u << PW_TEMPLATE_GPT)
+#define T_LLAMA (1u << PW_TEMPLATE_LLAMA)
+#define T_MLP (1u << PW_TEMPLATE_MLP)
+#define T_LAYERS (1u << PW_TEMPLATE_LAYERS)
+#define T_TF (T_GPT | T_LLAMA)
+
+_Static_assert(sizeof(pw_template) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(pw_layer_type) == sizeof(int), "enums are stored as int");
+
+static const char *const tmpl_names[] = {"gpt", "llama", "mlp"};
+static const char *const tmpl_ctx[] = {"template gpt", "template llama", "template mlp",
+                                       "a layers list"};
+static const char *const act_names[] = {"relu", "gelu", "silu"};     /* pw_act_kind */
+static const char *const loss_names[] = {"cross_entropy", "mse"};    /* pw_loss_kind */
+static const char *const input_names[] = {"tokens", "features"};     /* pw_input_kind */
+/* pw_layer_type order; stage_boundary is not a "type" but its own key. */
+static const char *const layer_names[] = {"embedding", "pos_embedding", "linear",  "layernorm",
+                                          "rmsnorm",   "gelu",          "relu",    "silu",
+                                          "gpt_block", "llama_block",   "cross_entropy", "mse"};
+#define N_LAYER_TYPES ((int)(sizeof layer_names / sizeof layer_names[0]))
+
+static const pw__field model_fields[] = {
+    PW__ENUM("template", 0, T_TF | T_MLP, pw_model_spec, tmpl, 0, tmpl_names),
+    PW__INT("vocab_size", 0, T_TF, pw_model_spec, vocab_size, 256, 2, MAX_VOCAB),
+    PW__INT("seq_len", PW__REQ, T_TF, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
+    PW__INT("seq_len", PW__NODEF, T_LAYERS, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
+    PW__INT("d_model", PW__REQ, T_TF, pw_model_spec, d_model, 0, 1, MAX_DIM),
+    PW__INT("n_layers", PW__REQ, T_TF, pw_model_spec, n_layers, 0, 1, MAX_BLOCKS),
+    PW__INT("n_layers", 0, T_MLP, pw_model_spec, n_layers, 1, 0, MAX_BLOCKS),
+    PW__INT("n_heads", PW__REQ, T_TF, pw_model_spec, n_heads, 0, 1, MAX_DIM),
+    PW__INT("ffn_hidden", PW__NODEF, T_TF, pw_model_spec, ffn_hidden, 0, 1, MAX_DIM),
+    PW__BOOL("tie_embeddings", 0, T_TF, pw_model_spec, tie_embeddings, 0),
+    PW__FLOAT("rope_base", PW__LO_OPEN, T_LLAMA | T_LAYERS, pw_model_spec, rope_base, 10000, 0,
+              PW__FLT_MAX),
+    PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LAYERS, pw_model_spec, norm_eps, 1e-5, 0, 1),
+    PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LAYERS, pw_model_spec, init_std, 0.02, 0,
+              PW__FLT_MAX),
+    PW__INT("in_dim", PW__REQ, T_MLP, pw_model_spec, in_dim, 0, 1, MAX_DIM),
+    PW__INT("hidden_dim", PW__NODEF | PW__OMIT0, T_MLP, pw_model_spec, hidden_dim, 0, 1, MAX_DIM),
+    PW__INT("out_dim", PW__REQ, T_MLP, pw_model_spec, out_dim, 0, 1, MAX_DIM),
+    PW__ENUM("activation", 0, T_MLP, pw_model_spec, activation, PW_ACT_RELU, act_names),
+    PW__ENUM("loss", 0, T_MLP, pw_model_spec, loss, PW_LOSS_MSE, loss_names),
+    PW__SKIP("input", PW__REQ, T_LAYERS),
+    PW__SKIP("layers", PW__REQ, T_LAYERS),
+};
+
+#define I_TOKENS (1u << PW_INPUT_TOKENS)
+#define I_FEATURES (1u << PW_INPUT_FEATURES)
+static const pw__field input_fields[] = {
+    PW__ENUM("kind", PW__REQ, PW__ALL, pw_model_spec, input, 0, input_names),
+    PW__INT("dim", PW__REQ, I_FEATURES, pw_model_spec, input_dim, 0, 1, MAX_DIM),
+};
+
+#define L(t) (1u << PW_LAYER_##t)
+#define L_BLOCKS (L(GPT_BLOCK) | L(LLAMA_BLOCK))
+#define L_ANY_BUT_EMBED (PW__ALL & ~(L(EMBEDDING) | L(POS_EMBEDDING) | L(STAGE_BOUNDARY)))
+static const pw__field layer_fields[] = {
+    PW__ENUM("type", PW__REQ, PW__ALL, pw_layer_spec, type, 0, layer_names),
+    PW__INT("in", PW__NODEF | PW__OMIT0, L_ANY_BUT_EMBED, pw_layer_spec, in, 0, 1, MAX_DIM),
+    PW__INT("vocab_size", 0, L(EMBEDDING), pw_layer_spec, vocab_size, 256, 2, MAX_VOCAB),
+    PW__INT("out", PW__REQ, L(LINEAR) | L(EMBEDDING), pw_layer_spec, out, 0, 1, MAX_DIM),
+    PW__BOOL("bias", 0, L(LINEAR), pw_layer_spec, bias, 1),
+    PW__INT("n_heads", PW__REQ, L_BLOCKS, pw_layer_spec, n_heads, 0, 1, MAX_DIM),
+    PW__INT("hidden", PW__NODEF | PW__OMIT0, L_BLOCKS, pw_layer_spec, hidden, 0, 1, MAX_DIM),
+};
+
+static int is_loss(pw_layer_type t) { return t == PW_LAYER_CROSS_ENTROPY || t == PW_LAYER_MSE; }
+
+/* One entry of a layers list: {"type": ..., fields} or {"stage_boundary": {}}. */
+static int layer_parse(const json_t *e, const char *pre, pw_layer_spec *ls, pw_err *err) {
+  char path[128];
+  if (!json_is_object(e)) return pw_err_set(err, PW_ESPEC, pre, "must be an object");
+  const json_t *sb = json_object_get(e, "stage_boundary");
+  if (sb) {
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)e, key, v) {
+      if (strcmp(key, "stage_boundary") == 0) continue;
+      pw__path(path, sizeof path, pre, key);
+      return pw_err_set(err, PW_ESPEC, path, "a stage_boundary entry takes no other fields");
+    }
+    pw__path(path, sizeof path, pre, "stage_boundary");
+    if (!json_is_object(sb) || json_object_size(sb) != 0)
+      return pw_err_set(err, PW_ESPEC, path, "must be {}");
+    ls->type = PW_LAYER_STAGE_BOUNDARY;
+    return 0;
+  }
+  int t;
+  int rc = pw__enum_get(e, pre, "type", layer_names, N_LAYER_TYPES, -1, &t, err);
+  if (rc) return rc;
+  char ctx[48];
+  snprintf(ctx, sizeof ctx, "type %s", layer_names[t]);
+  return pw__fields_parse(e, pre, layer_fields, PW__N(layer_fields), 1u << t, ctx, ls, err);
+}
+
+/* The order rules of a layers list, checked after every entry parsed. */
+static int layers_check(pw_model_spec *m, pw_err *err) {
+  char path[128];
+  int n = m->n_layer_specs;
+  const pw_layer_spec *ls = m->layers;
+  int tokens = m->input == PW_INPUT_TOKENS;
+  for (int i = 0; i < n - 1; i++)
+    if (is_loss(ls[i].type)) {
+      snprintf(path, sizeof path, "model.layers[%d].type", i);
+      return pw_err_set(err, PW_ESPEC, path, "a loss (%s) may only be the last layer",
+                        layer_names[ls[i].type]);
+    }
+  if (!is_loss(ls[n - 1].type)) {
+    snprintf(path, sizeof path, "model.layers[%d]", n - 1);
+    return pw_err_set(err, PW_ESPEC, path, "the last layer must be a loss (cross_entropy or mse)");
+  }
+  for (int i = 0; i < n; i++) {
+    if (ls[i].type != PW_LAYER_STAGE_BOUNDARY) continue;
+    snprintf(path, sizeof path, "model.layers[%d]", i);
+    if (i == 0 || ls[i - 1].type == PW_LAYER_STAGE_BOUNDARY)
+      return pw_err_set(err, PW_ESPEC, path, "stage_boundary makes an empty stage");
+    if (i == n - 2)
+      return pw_err_set(err, PW_ESPEC, path,
+                        "stage_boundary cuts right before the loss (a stage needs a layer besides its loss)");
+  }
+  for (int i = 0; i < n; i++) {
+    pw_layer_type t = ls[i].type;
+    snprintf(path, sizeof path, "model.layers[%d].type", i);
+    if (i == 0 && tokens && t != PW_LAYER_EMBEDDING)
+      return pw_err_set(err, PW_ESPEC, path, "tokens input needs an embedding first (got %s)",
+                        layer_names[t]);
+    if (t == PW_LAYER_EMBEDDING && !tokens)
+      return pw_err_set(err, PW_ESPEC, path, "embedding needs tokens input (model.input.kind is features)");
+    if (t == PW_LAYER_EMBEDDING && i > 0)
+      return pw_err_set(err, PW_ESPEC, path, "embedding may only be the first layer");
+    if (t == PW_LAYER_POS_EMBEDDING && !tokens)
+      return pw_err_set(err, PW_ESPEC, path, "pos_embedding needs tokens input (model.input.kind is features)");
+  }
+  if (tokens && ls[n - 1].type != PW_LAYER_CROSS_ENTROPY) {
+    snprintf(path, sizeof path, "model.layers[%d].type", n - 1);
+    return pw_err_set(err, PW_ESPEC, path, "a tokens model must end with cross_entropy (got %s)",
+                      layer_names[ls[n - 1].type]);
+  }
+  return 0;
+}
+
+static int layers_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
+  const json_t *in;
+  int rc = pw__obj_get(o, "model", "input", &in, err);
+  if (rc) return rc;
+  int kind;
+  if ((rc = pw__enum_get(in, "model.input", "kind", input_names, 2, -1, &kind, err))) return rc;
+  rc = pw__fields_parse(in, "model.input", input_fields, PW__N(input_fields), 1u << kind,
+                        kind == PW_INPUT_TOKENS ? "kind tokens" : "kind features", m, err);
+  if (rc) return rc;
+
+  const json_t *arr = json_object_get(o, "layers");
+  if (!json_is_array(arr)) return pw_err_set(err, PW_ESPEC, "model.layers", "must be an array");
+  size_t n = json_array_size(arr);
+  if (n == 0) return pw_err_set(err, PW_ESPEC, "model.layers", "must not be empty");
+  if (n > MAX_LAYER_SPECS)
+    return pw_err_set(err, PW_ESPEC, "model.layers", "too many entries (%zu > %d)", n, MAX_LAYER_SPECS);
+  m->layers = calloc(n, sizeof *m->layers);
+  if (!m->layers) return pw_err_set(err, PW_ENOMEM, "model.layers", "out of memory");
+  m->n_layer_specs = (int)n;
+  for (size_t i = 0; i < n; i++) {
+    char pre[64];
+    snprintf(pre, sizeof pre, "model.layers[%zu]", i);
+    if ((rc = layer_parse(json_array_get(arr, i), pre, &m->layers[i], err))) return rc;
+  }
+  if ((rc = layers_check(m, err))) return rc;
+
+  m->loss = m->layers[n - 1].type == PW_LAYER_MSE ? PW_LOSS_MSE : PW_LOSS_CROSS_ENTROPY;
+  if (m->input == PW_INPUT_TOKENS) {
+    if (!json_object_get(o, "seq_len"))
+      return pw_err_set(err, PW_ESPEC, "model.seq_len", "required (tokens input)");
+    m->vocab_size = m->layers[0].vocab_size;
+  } else {
+    if (json_object_get(o, "seq_len"))
+      return pw_err_set(err, PW_ESPEC, "model.seq_len", "not used with features input");
+    m->seq_len = 1;
+  }
+  return 0;
+}
+
+int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
+  int rc, t;
+  if (json_object_get(o, "template") || !json_object_get(o, "layers")) {
+    if (!json_object_get(o, "template"))
+      return pw_err_set(err, PW_ESPEC, "model.template",
+                        "required: gpt, llama or mlp (or give a \"layers\" list instead)");
+    if ((rc = pw__enum_get(o, "model", "template", tmpl_names, 3, -1, &t, err))) return rc;
+  } else {
+    t = PW_TEMPLATE_LAYERS;
+  }
+  /* Defaults the builder reads whatever the template. */
+  m->rope_base = 10000.0f;
+  m->norm_eps = 1e-5f;
+  m->init_std = 0.02f;
+  if ((rc = pw__fields_parse(o, "model", model_fields, PW__N(model_fields), 1u << t, tmpl_ctx[t], m,
+                             err)))
+    return rc;
+  m->tmpl = (pw_template)t;
+
+  switch (m->tmpl) {
+    case PW_TEMPLATE_GPT:
+    case PW_TEMPLATE_LLAMA:
+      if (m->d_model % m->n_heads)
+        return pw_err_set(err, PW_ESPEC, "model.n_heads", "must divide d_model (%d %% %d != 0)",
+                          m->d_model, m->n_heads);
+      if (m->tmpl == PW_TEMPLATE_LLAMA && (m->d_model / m->n_heads) % 2)
+        return pw_err_set(err, PW_ESPEC, "model.n_heads",
+                          "head_dim must be even for rotary embeddings (d_model/n_heads = %d)",
+                          m->d_model / m->n_heads);
+      if (m->ffn_hidden == 0)
+        m->ffn_hidden = m->tmpl == PW_TEMPLATE_GPT ? 4 * m->d_model
+                                                   : (8 * m->d_model / 3 + 31) / 32 * 32;
+      m->input = PW_INPUT_TOKENS;
+      m->loss = PW_LOSS_CROSS_ENTROPY;
+      return 0;
+    case PW_TEMPLATE_MLP:
+      if (m->n_layers > 0 && m->hidden_dim == 0)
+        return pw_err_set(err, PW_ESPEC, "model.hidden_dim", "required when n_layers > 0 (n_layers = %d)",
+                          m->n_layers);
+      m->seq_len = 1;
+      m->input = PW_INPUT_FEATURES;
+      m->input_dim = m->in_dim;
+      return 0;
+    case PW_TEMPLATE_LAYERS:
+      return layers_parse(o, m, err);
+  }
+  return pw_err_set(err, PW_EINTERNAL, "model", "bad template");
+}
+
+json_t *pw__model_emit(const pw_model_spec *m) {
+  json_t *o = json_object();
+  if (!o) return NULL;
+  unsigned mask = 1u << m->tmpl;
+  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m)) goto fail;
+  if (m->tmpl != PW_TEMPLATE_LAYERS) return o;
+
+  json_t *in = json_object();
+  if (json_object_set_new(o, "input", in) ||
+      pw__fields_emit(in, input_fields, PW__N(input_fields), 1u << m->input, m))
+    goto fail;
+  if (m->input == PW_INPUT_FEATURES) json_object_del(o, "seq_len");
+  json_t *arr = json_array();
+  if (json_object_set_new(o, "layers", arr)) goto fail;
+  for (int i = 0; i < m->n_layer_specs; i++) {
+    const pw_layer_spec *ls = &m->layers[i];
+    json_t *e = json_object();
+    if (json_array_append_new(arr, e)) goto fail;
+    if (ls->type == PW_LAYER_STAGE_BOUNDARY) {
+      if (json_object_set_new(e, "stage_boundary", json_object())) goto fail;
+    } else if (pw__fields_emit(e, layer_fields, PW__N(layer_fields), 1u << ls->type, ls)) {
+      goto fail;
+    }
+  }
+  return o;
+fail:
+  json_decref(o);
+  return NULL;
+}
+
+void pw__model_free(pw_model_spec *m) {
+  free(m->layers);
+  m->layers = NULL;
+  m->n_layer_specs = 0;
+}

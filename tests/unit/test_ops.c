@@ -1,0 +1,377 @@
+/* test_ops: the dense, norm, activation, embedding and loss kernels of
+ * ops.c against double-precision references and finite differences (the
+ * harness is opcheck.h), plus contract details: accumulation, tokens that
+ * repeat, saved statistics, PyTorch's GELU values, loss stability, and a
+ * meta-test proving the gradient check rejects a slightly wrong gradient. */
+#include "opcheck.h"
+
+/* ---- linear --------------------------------------------------------------- */
+/* d = {N, C, OC, has_bias}; inputs inp, w, [b]. */
+
+static void linear_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_linear_forward(out, in[0], in[1], c->d[3] ? in[2] : NULL, c->d[0], c->d[1], c->d[2]);
+}
+static void linear_bwd(const opcase *c, int which, float *const *in, float *saved,
+                       const float *dout, float *const *g) {
+  if (which == IN_DATA)
+    pw_linear_backward_input(g[0], dout, in[1], c->d[0], c->d[1], c->d[2]);
+  else
+    pw_linear_backward_weight(g[1], c->d[3] ? g[2] : NULL, dout, in[0], c->d[0], c->d[1],
+                              c->d[2]);
+}
+static void linear_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], C = c->d[1], OC = c->d[2];
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      double s = c->d[3] ? in[2][o] : 0.0;
+      for (int i = 0; i < C; i++) s += in[0][n * C + i] * in[1][o * C + i];
+      out[n * OC + o] = s;
+    }
+}
+static opcase linear_case(int N, int C, int OC, int bias) {
+  opcase c = {.n_in = bias ? 3 : 2,
+              .in_name = {"inp", "w", "bias"},
+              .in_kind = {IN_DATA, IN_PARAM, IN_PARAM},
+              .in_n = {(size_t)N * C, (size_t)OC * C, (size_t)OC},
+              .out_n = (size_t)N * OC,
+              .d = {N, C, OC, bias},
+              .fwd = linear_fwd, .bwd = linear_bwd, .ref = linear_ref};
+  snprintf(c.name, sizeof c.name, "linear N=%d C=%d OC=%d%s", N, C, OC, bias ? " +bias" : "");
+  return c;
+}
+
+static void test_linear(void **state) {
+  opcase c = linear_case(10, 8, 6, 1);
+  check_op(&c);
+  c = linear_case(7, 5, 3, 0);
+  check_op(&c);
+  c = linear_case(33, 17, 13, 1); /* odd sizes: sgemm edge tiles */
+  check_op(&c);
+}
+
+/* The tolerance must bite: a gradient 1% off, or a forward 0.01% off, fails. */
+static void test_gradcheck_meta(void **state) {
+  opcase c = linear_case(10, 8, 6, 1);
+  printf("  (meta: the next lines are expected failures)\n");
+  opresult r = check_op_scaled(&c, 1.0, 1.01);
+  assert_int_equal(r.fwd_fail, 0);
+  assert_true(r.grad_fail > 0);
+  r = check_op_scaled(&c, 1.0001, 1.0);
+  assert_true(r.fwd_fail > 0);
+  assert_int_equal(r.grad_fail, 0);
+  /* A single element wrong by 0.5% of the largest gradient also fails. */
+  double e[4] = {1.0, -0.5, 0.25, 0.0};
+  float got[4] = {1.0f, -0.5f, 0.25f, 0.005f};
+  assert_true(oc_compare("meta", "one element", got, e, 4, GRAD_RTOL, GRAD_ATOL, NULL, NULL) == 1);
+  got[3] = 0.0f;
+  assert_int_equal(oc_compare("meta", "exact", got, e, 4, GRAD_RTOL, GRAD_ATOL, NULL, NULL), 0);
+}
+
+/* ---- embeddings ----------------------------------------------------------- */
+/* d = {N, C, V}; input wte; tokens in c->tok (with repeats). */
+
+static void embed_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_embed_forward(out, c->tok, in[0], c->d[0], c->d[1]);
+}
+static void embed_bwd(const opcase *c, int which, float *const *in, float *saved,
+                      const float *dout, float *const *g) {
+  if (which == IN_PARAM) pw_embed_backward_weight(g[0], dout, c->tok, c->d[0], c->d[1]);
+}
+static void embed_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], C = c->d[1];
+  for (int n = 0; n < N; n++)
+    for (int i = 0; i < C; i++) out[n * C + i] = in[0][c->tok[n] * C + i];
+}
+
+static void test_embed(void **state) {
+  static const int32_t tok[] = {3, 0, 6, 3, 3, 1, 6, 2, 0}; /* V=7, 4 and 5 unused */
+  opcase c = {.n_in = 1, .in_name = {"wte"}, .in_kind = {IN_PARAM}, .in_n = {7 * 5},
+              .out_n = 9 * 5, .d = {9, 5, 7}, .tok = tok,
+              .fwd = embed_fwd, .bwd = embed_bwd, .ref = embed_ref};
+  snprintf(c.name, sizeof c.name, "embed N=9 C=5 V=7");
+  check_op(&c);
+}
+
+/* d = {B, T, C, Tmax}; inputs inp, wpe (Tmax > T: rows past T get no gradient). */
+static void posembed_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_posembed_forward(out, in[0], in[1], c->d[0], c->d[1], c->d[2]);
+}
+static void posembed_bwd(const opcase *c, int which, float *const *in, float *saved,
+                         const float *dout, float *const *g) {
+  if (which == IN_DATA)
+    pw_posembed_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2]);
+  else
+    pw_posembed_backward_weight(g[1], dout, c->d[0], c->d[1], c->d[2]);
+}
+static void posembed_ref(const opcase *c, double *const *in, double *out) {
+  int B = c->d[0], T = c->d[1], C = c->d[2];
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int i = 0; i < C; i++)
+        out[(b * T + t) * C + i] = in[0][(b * T + t) * C + i] + in[1][t * C + i];
+}
+
+static void test_posembed(void **state) {
+  int B = 3, T = 5, C = 4, Tmax = 8;
+  opcase c = {.n_in = 2, .in_name = {"inp", "wpe"}, .in_kind = {IN_DATA, IN_PARAM},
+              .in_n = {(size_t)B * T * C, (size_t)Tmax * C}, .out_n = (size_t)B * T * C,
+              .d = {B, T, C, Tmax}, .fwd = posembed_fwd, .bwd = posembed_bwd,
+              .ref = posembed_ref};
+  snprintf(c.name, sizeof c.name, "posembed B=3 T=5 C=4 Tmax=8");
+  check_op(&c);
+}
+
+/* ---- norms ---------------------------------------------------------------- */
+/* layernorm: d = {N, C}; inputs inp, w, b; saved mean (N), rstd (N). */
+
+static void layernorm_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  int N = c->d[0];
+  pw_layernorm_forward(out, saved, saved + N, in[0], in[1], in[2], N, c->d[1], c->fp);
+}
+static void layernorm_bwd(const opcase *c, int which, float *const *in, float *saved,
+                          const float *dout, float *const *g) {
+  int N = c->d[0], C = c->d[1];
+  if (which == IN_DATA)
+    pw_layernorm_backward_input(g[0], dout, in[0], in[1], saved, saved + N, N, C);
+  else
+    pw_layernorm_backward_weight(g[1], g[2], dout, in[0], saved, saved + N, N, C);
+}
+static void layernorm_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], C = c->d[1];
+  for (int n = 0; n < N; n++) {
+    const double *x = in[0] + n * C;
+    double m = 0, v = 0;
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= C; /* biased, as PyTorch */
+    double rs = 1.0 / sqrt(v + (double)c->fp);
+    for (int i = 0; i < C; i++) out[n * C + i] = (x[i] - m) * rs * in[1][i] + in[2][i];
+  }
+}
+
+static opcase layernorm_case(int N, int C) {
+  opcase c = {.n_in = 3, .in_name = {"inp", "w", "b"},
+              .in_kind = {IN_DATA, IN_PARAM, IN_PARAM},
+              .in_n = {(size_t)N * C, (size_t)C, (size_t)C}, .out_n = (size_t)N * C,
+              .saved_n = 2 * (size_t)N, .d = {N, C}, .fp = 1e-5f, .init_shift = 0.7,
+              .fwd = layernorm_fwd, .bwd = layernorm_bwd, .ref = layernorm_ref};
+  snprintf(c.name, sizeof c.name, "layernorm N=%d C=%d", N, C);
+  return c;
+}
+
+static void test_layernorm(void **state) {
+  opcase c = layernorm_case(10, 8);
+  check_op(&c);
+  c = layernorm_case(5, 13);
+  check_op(&c);
+
+  /* Saved statistics are the biased mean and 1/sqrt(var + eps). */
+  float x[6] = {1, 2, 3, 4, 5, 7}, w[3] = {1, 1, 1}, b[3] = {0, 0, 0}, y[6], mean[2], rstd[2];
+  pw_layernorm_forward(y, mean, rstd, x, w, b, 2, 3, 1e-5f);
+  assert_float_equal(mean[0], 2.0f, 1e-7);
+  assert_float_equal(mean[1], 16.0f / 3.0f, 1e-6);
+  assert_float_equal(rstd[0], 1.0 / sqrt(2.0 / 3.0 + 1e-5), 1e-6);
+  assert_float_equal(rstd[1], 1.0 / sqrt(14.0 / 9.0 + 1e-5), 1e-6);
+}
+
+/* rmsnorm: d = {N, C}; inputs inp, w; saved rstd (N). */
+static void rmsnorm_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_rmsnorm_forward(out, saved, in[0], in[1], c->d[0], c->d[1], c->fp);
+}
+static void rmsnorm_bwd(const opcase *c, int which, float *const *in, float *saved,
+                        const float *dout, float *const *g) {
+  if (which == IN_DATA)
+    pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1]);
+  else
+    pw_rmsnorm_backward_weight(g[1], dout, in[0], saved, c->d[0], c->d[1]);
+}
+static void rmsnorm_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], C = c->d[1];
+  for (int n = 0; n < N; n++) {
+    const double *x = in[0] + n * C;
+    double ss = 0;
+    for (int i = 0; i < C; i++) ss += x[i] * x[i];
+    double rs = 1.0 / sqrt(ss / C + (double)c->fp);
+    for (int i = 0; i < C; i++) out[n * C + i] = x[i] * rs * in[1][i];
+  }
+}
+
+static void test_rmsnorm(void **state) {
+  int dims[2][2] = {{10, 8}, {3, 11}};
+  for (int k = 0; k < 2; k++) {
+    int N = dims[k][0], C = dims[k][1];
+    opcase c = {.n_in = 2, .in_name = {"inp", "w"}, .in_kind = {IN_DATA, IN_PARAM},
+                .in_n = {(size_t)N * C, (size_t)C}, .out_n = (size_t)N * C,
+                .saved_n = (size_t)N, .d = {N, C}, .fp = 1e-6f,
+                .fwd = rmsnorm_fwd, .bwd = rmsnorm_bwd, .ref = rmsnorm_ref};
+    snprintf(c.name, sizeof c.name, "rmsnorm N=%d C=%d", N, C);
+    check_op(&c);
+  }
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+/* d = {n, kind}; one data input (two for swiglu and add). */
+
+enum { EW_GELU, EW_RELU, EW_SILU, EW_SWIGLU, EW_ADD };
+
+static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+
+static void ew_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  int n = c->d[0];
+  switch (c->d[1]) {
+  case EW_GELU: pw_gelu_forward(out, in[0], n); break;
+  case EW_RELU: pw_relu_forward(out, in[0], n); break;
+  case EW_SILU: pw_silu_forward(out, in[0], n); break;
+  case EW_SWIGLU: pw_swiglu_forward(out, in[0], in[1], n); break;
+  case EW_ADD: pw_add_forward(out, in[0], in[1], n); break;
+  }
+}
+static void ew_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
+                   float *const *g) {
+  int n = c->d[0];
+  if (which != IN_DATA) return;
+  switch (c->d[1]) {
+  case EW_GELU: pw_gelu_backward_input(g[0], dout, in[0], n); break;
+  case EW_RELU: pw_relu_backward_input(g[0], dout, in[0], n); break;
+  case EW_SILU: pw_silu_backward_input(g[0], dout, in[0], n); break;
+  case EW_SWIGLU: pw_swiglu_backward_input(g[0], g[1], dout, in[0], in[1], n); break;
+  case EW_ADD: pw_add_backward_input(g[0], g[1], dout, n); break;
+  }
+}
+static void ew_ref(const opcase *c, double *const *in, double *out) {
+  for (int i = 0; i < c->d[0]; i++) {
+    double x = in[0][i];
+    switch (c->d[1]) {
+    case EW_GELU:
+      out[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+      break;
+    case EW_RELU: out[i] = x > 0 ? x : 0; break;
+    case EW_SILU: out[i] = ref_silu(x); break;
+    case EW_SWIGLU: out[i] = ref_silu(x) * in[1][i]; break;
+    case EW_ADD: out[i] = x + in[1][i]; break;
+    }
+  }
+}
+
+static void test_elementwise(void **state) {
+  static const char *names[] = {"gelu", "relu", "silu", "swiglu", "add"};
+  for (int kind = EW_GELU; kind <= EW_ADD; kind++) {
+    int n = 37, two = kind >= EW_SWIGLU;
+    opcase c = {.n_in = two ? 2 : 1,
+                .in_name = {kind == EW_SWIGLU ? "gate" : "a", kind == EW_SWIGLU ? "up" : "b"},
+                .in_kind = {IN_DATA, IN_DATA}, .in_n = {(size_t)n, (size_t)n},
+                .out_n = (size_t)n, .d = {n, kind},
+                .init_scale = kind == EW_RELU ? 1.0 : 4.0, /* reach GELU/SiLU tails */
+                .init_gap = kind == EW_RELU ? 0.05 : 0.0,  /* FD never straddles the kink */
+                .fwd = ew_fwd, .bwd = ew_bwd, .ref = ew_ref};
+    snprintf(c.name, sizeof c.name, "%s n=%d", names[kind], n);
+    check_op(&c);
+  }
+  /* add(x, x): both gradients may be the same buffer. */
+  float d[3] = {1, 2, 3}, g[3] = {1, 1, 1};
+  pw_add_backward_input(g, g, d, 3);
+  assert_float_equal(g[0], 3.0f, 0);
+  assert_float_equal(g[2], 7.0f, 0);
+}
+
+/* PyTorch 1.13 gelu(x, approximate='tanh') in float32 for these inputs. */
+static void test_gelu_matches_pytorch(void **state) {
+  const float x[7] = {-3.0f, -1.0f, -0.5f, 0.0f, 0.3f, 1.0f, 2.5f};
+  const double torch[7] = {-0.0036374330520629883, -0.15880799293518066, -0.1542859971523285,
+                           0.0, 0.18537093698978424, 0.8411920070648193, 2.4849157333374023};
+  float y[7];
+  pw_gelu_forward(y, x, 7);
+  for (int i = 0; i < 7; i++) {
+    if (fabs(y[i] - torch[i]) > 2.5e-7 * fabs(torch[i]) + 1e-9)
+      printf("FAIL gelu vs PyTorch: x=%g expected %.9g got %.9g\n", x[i], torch[i], y[i]);
+    assert_true(fabs(y[i] - torch[i]) <= 2.5e-7 * fabs(torch[i]) + 1e-9);
+  }
+}
+
+/* ---- losses ----------------------------------------------------------------- */
+/* cross-entropy: d = {N, V}; input logits; targets in tok; saved probs;
+ * out[0] = loss. Backward of L = R[0]*loss is backward with scale*R[0]. */
+
+static void ce_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  out[0] = pw_crossentropy_forward(saved, in[0], c->tok, c->d[0], c->d[1], c->fp);
+}
+static void ce_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
+                   float *const *g) {
+  if (which == IN_DATA)
+    pw_crossentropy_backward_input(g[0], saved, c->tok, c->d[0], c->d[1], c->fp * dout[0]);
+}
+static void ce_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], V = c->d[1];
+  double s = 0;
+  for (int n = 0; n < N; n++) {
+    const double *x = in[0] + n * V;
+    double z = 0;
+    for (int v = 0; v < V; v++) z += exp(x[v]);
+    s += log(z) - x[c->tok[n]];
+  }
+  out[0] = s * (double)c->fp;
+}
+
+static void test_crossentropy(void **state) {
+  static const int32_t tgt[] = {0, 6, 3, 3, 2, 5, 1, 6, 4, 0};
+  opcase c = {.n_in = 1, .in_name = {"logits"}, .in_kind = {IN_DATA}, .in_n = {10 * 7},
+              .out_n = 1, .saved_n = 10 * 7, .d = {10, 7}, .tok = tgt, .fp = 1.0f / 20,
+              .init_scale = 3.0, .fwd = ce_fwd, .bwd = ce_bwd, .ref = ce_ref};
+  snprintf(c.name, sizeof c.name, "crossentropy N=10 V=7 scale=1/20");
+  check_op(&c);
+
+  /* Uniform logits: loss log(V) per token; probs saved and normalised. */
+  float logits[2 * 5] = {0}, probs[2 * 5];
+  int32_t t2[2] = {1, 4};
+  float loss = pw_crossentropy_forward(probs, logits, t2, 2, 5, 0.5f);
+  assert_float_equal(loss, log(5.0), 1e-6);
+  for (int i = 0; i < 10; i++) assert_float_equal(probs[i], 0.2f, 1e-7);
+
+  /* Huge logits stay finite (stable softmax): loss = log(1 + e^-1) here. */
+  float big[3] = {1000.0f, 999.0f, -1000.0f}, pb[3];
+  int32_t t0 = 0;
+  loss = pw_crossentropy_forward(pb, big, &t0, 1, 3, 1.0f);
+  assert_true(isfinite(loss));
+  assert_float_equal(loss, log1p(exp(-1.0)), 1e-6);
+  assert_float_equal(pb[0] + pb[1] + pb[2], 1.0f, 1e-6);
+  /* A wrong target's loss is large but finite, not inf. */
+  int32_t t2b = 2;
+  loss = pw_crossentropy_forward(pb, big, &t2b, 1, 3, 1.0f);
+  assert_true(isfinite(loss) && loss > 1999.0f);
+}
+
+/* mse: d = {n}; inputs pred (data), target (const); out[0] = loss. */
+static void mse_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  out[0] = pw_mse_forward(in[0], in[1], c->d[0], c->fp);
+}
+static void mse_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
+                    float *const *g) {
+  if (which == IN_DATA) pw_mse_backward_input(g[0], in[0], in[1], c->d[0], c->fp * dout[0]);
+}
+static void mse_ref(const opcase *c, double *const *in, double *out) {
+  double s = 0;
+  for (int i = 0; i < c->d[0]; i++) s += (in[0][i] - in[1][i]) * (in[0][i] - in[1][i]);
+  out[0] = s * (double)c->fp;
+}
+
+static void test_mse(void **state) {
+  opcase c = {.n_in = 2, .in_name = {"pred", "target"}, .in_kind = {IN_DATA, IN_CONST},
+              .in_n = {23, 23}, .out_n = 1, .d = {23}, .fp = 1.0f / 46,
+              .fwd = mse_fwd, .bwd = mse_bwd, .ref = mse_ref};
+  snprintf(c.name, sizeof c.name, "mse n=23 scale=1/46");
+  check_op(&c);
+  float p[2] = {1, 2}, t[2] = {0, 0};
+  assert_float_equal(pw_mse_forward(p, t, 2, 0.5f), 2.5f, 1e-7);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gradcheck_meta), cmocka_unit_test(test_linear),
+      cmocka_unit_test(test_embed),          cmocka_unit_test(test_posembed),
+      cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_rmsnorm),
+      cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_gelu_matches_pytorch),
+      cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_mse),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

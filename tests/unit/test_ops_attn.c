@@ -1,0 +1,213 @@
+/* test_ops_attn: rotary embeddings and causal attention (ops_attn.c)
+ * against double-precision references and finite differences (opcheck.h),
+ * plus the causal mask, the saved probabilities, rope's identity at t=0 and
+ * sequences longer than the kernel's causal row block (64). */
+#include "opcheck.h"
+
+/* ---- rope ------------------------------------------------------------------- */
+/* d = {B, T, C, NH}; input qkv (B,T,3C); fp = base. */
+
+static void rope_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_rope_forward(out, in[0], c->d[0], c->d[1], c->d[2], c->d[3], c->fp);
+}
+static void rope_bwd(const opcase *c, int which, float *const *in, float *saved,
+                     const float *dout, float *const *g) {
+  if (which == IN_DATA)
+    pw_rope_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2], c->d[3], c->fp);
+}
+/* Hugging Face Llama: x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1). */
+static void rope_ref(const opcase *c, double *const *in, double *out) {
+  int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3], HD = C / NH, half = HD / 2;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      const double *x = in[0] + (size_t)(b * T + t) * 3 * C;
+      double *y = out + (size_t)(b * T + t) * 3 * C;
+      for (int j = 0; j < 3 * C; j++) y[j] = x[j];
+      for (int h = 0; h < 2 * NH; h++) /* q heads, then k heads */
+        for (int i = 0; i < half; i++) {
+          double ang = t * pow((double)c->fp, -2.0 * i / HD);
+          double x1 = x[h * HD + i], x2 = x[h * HD + i + half];
+          y[h * HD + i] = x1 * cos(ang) - x2 * sin(ang);
+          y[h * HD + i + half] = x2 * cos(ang) + x1 * sin(ang);
+        }
+    }
+}
+static opcase rope_case(int B, int T, int C, int NH, float base) {
+  opcase c = {.n_in = 1, .in_name = {"qkv"}, .in_kind = {IN_DATA},
+              .in_n = {(size_t)B * T * 3 * C}, .out_n = (size_t)B * T * 3 * C,
+              .d = {B, T, C, NH}, .fp = base,
+              .fwd = rope_fwd, .bwd = rope_bwd, .ref = rope_ref};
+  snprintf(c.name, sizeof c.name, "rope B=%d T=%d C=%d NH=%d base=%g", B, T, C, NH, base);
+  return c;
+}
+
+static void test_rope(void **state) {
+  opcase c = rope_case(2, 5, 8, 2, 10000.0f);
+  check_op(&c);
+  c = rope_case(1, 9, 12, 3, 500.0f); /* HD=4 */
+  check_op(&c);
+  c = rope_case(1, 3, 260, 2, 10000.0f); /* half=65 > the kernel's 64-wide cos/sin chunk */
+  check_op(&c);
+}
+
+static void test_rope_properties(void **state) {
+  int B = 2, T = 6, C = 12, NH = 2, n = B * T * 3 * C;
+  float *x = oc_alloc(n, sizeof(float)), *y = oc_alloc(n, sizeof(float));
+  float *back = oc_alloc(n, sizeof(float));
+  oc_seed(42);
+  oc_fill(x, n, 1.0);
+  pw_rope_forward(y, x, B, T, C, NH, 10000.0f);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int j = 0; j < 3 * C; j++) {
+        int i = (b * T + t) * 3 * C + j;
+        if (t == 0 || j >= 2 * C) { /* t=0 is the identity; v passes through untouched */
+          if (y[i] != x[i])
+            printf("FAIL rope identity: b=%d t=%d col=%d: %g != %g\n", b, t, j, y[i], x[i]);
+          assert_true(y[i] == x[i]);
+        }
+      }
+  /* A rotation: each (i, i+half) pair keeps its length; t>0 really rotates. */
+  int HD = C / NH, half = HD / 2, moved = 0;
+  for (int r = 0; r < B * T; r++)
+    for (int h = 0; h < 2 * NH; h++)
+      for (int i = 0; i < half; i++) {
+        int p = r * 3 * C + h * HD + i;
+        double n0 = hypot(x[p], x[p + half]), n1 = hypot(y[p], y[p + half]);
+        assert_true(fabs(n0 - n1) <= 1e-6 * (1 + n0));
+        moved += fabs(y[p] - x[p]) > 1e-3;
+      }
+  assert_true(moved > 0);
+  /* backward is the transpose = the inverse rotation. */
+  pw_rope_backward_input(back, y, B, T, C, NH, 10000.0f);
+  for (int i = 0; i < n; i++) assert_true(fabs(back[i] - x[i]) <= 2e-6);
+  free(x); free(y); free(back);
+}
+
+/* ---- attention -------------------------------------------------------------- */
+/* d = {B, T, C, NH}; input qkv; saved att (B,NH,T,T) then scratch (T,T). */
+
+static void attn_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_attention_forward(out, saved, in[0], c->d[0], c->d[1], c->d[2], c->d[3]);
+}
+static void attn_bwd(const opcase *c, int which, float *const *in, float *saved,
+                     const float *dout, float *const *g) {
+  int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
+  if (which == IN_DATA)
+    pw_attention_backward_input(g[0], saved + (size_t)B * NH * T * T, dout, in[0], saved, B, T,
+                                C, NH);
+}
+static void attn_ref(const opcase *c, double *const *in, double *out) {
+  int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3], HD = C / NH;
+  double p[256];
+  assert_true(T <= 256);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const double *q = in[0] + (size_t)(b * T + i) * 3 * C + h * HD;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j <= i; j++) {
+          const double *k = in[0] + (size_t)(b * T + j) * 3 * C + C + h * HD;
+          double s = 0;
+          for (int e = 0; e < HD; e++) s += q[e] * k[e];
+          p[j] = s / sqrt((double)HD);
+          mx = p[j] > mx ? p[j] : mx;
+        }
+        for (int j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
+        double *o = out + (size_t)(b * T + i) * C + h * HD;
+        for (int e = 0; e < HD; e++) {
+          double s = 0;
+          for (int j = 0; j <= i; j++)
+            s += p[j] / sum * in[0][(size_t)(b * T + j) * 3 * C + 2 * C + h * HD + e];
+          o[e] = s;
+        }
+      }
+}
+static opcase attn_case(int B, int T, int C, int NH) {
+  opcase c = {.n_in = 1, .in_name = {"qkv"}, .in_kind = {IN_DATA},
+              .in_n = {(size_t)B * T * 3 * C}, .out_n = (size_t)B * T * C,
+              .saved_n = (size_t)B * NH * T * T + (size_t)T * T, .d = {B, T, C, NH},
+              .init_scale = 2.0, /* peaky enough softmax to matter */
+              .fwd = attn_fwd, .bwd = attn_bwd, .ref = attn_ref};
+  snprintf(c.name, sizeof c.name, "attention B=%d T=%d C=%d NH=%d", B, T, C, NH);
+  return c;
+}
+
+static void test_attention(void **state) {
+  opcase c = attn_case(2, 5, 8, 2);
+  check_op(&c);
+  c = attn_case(1, 7, 6, 2); /* odd: HD=3 */
+  check_op(&c);
+  c = attn_case(3, 1, 4, 1); /* T=1: attends to itself only */
+  check_op(&c);
+}
+
+/* Longer than one causal row block: 70 = 64 + 6, 130 = 2*64 + 2. */
+static void test_attention_blocked(void **state) {
+  opcase c = attn_case(1, 70, 6, 2);
+  check_op(&c);
+  c = attn_case(1, 130, 2, 1);
+  check_op(&c);
+}
+
+/* Changing tokens at t >= t0 leaves every output before t0 unchanged; the
+ * probabilities are a causal distribution per row. */
+static void check_causal(int B, int T, int C, int NH, int t0) {
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+  float *qkv = oc_alloc(nq, sizeof(float)), *o1 = oc_alloc(no, sizeof(float));
+  float *o2 = oc_alloc(no, sizeof(float)), *att = oc_alloc(na, sizeof(float));
+  oc_seed((uint64_t)T);
+  oc_fill(qkv, nq, 2.0);
+  for (size_t i = 0; i < na; i++) att[i] = NAN;
+  pw_attention_forward(o1, att, qkv, B, T, C, NH);
+  for (int bh = 0; bh < B * NH; bh++)
+    for (int i = 0; i < T; i++) {
+      const float *p = att + ((size_t)bh * T + i) * T;
+      double s = 0;
+      for (int j = 0; j < T; j++) {
+        if (j > i && p[j] != 0.0f)
+          printf("FAIL attention att: bh=%d row %d col %d above the diagonal is %g\n", bh, i, j,
+                 p[j]);
+        assert_true(j <= i ? p[j] >= 0.0f : p[j] == 0.0f);
+        s += p[j];
+      }
+      if (fabs(s - 1.0) > 1e-5) printf("FAIL attention att: bh=%d row %d sums to %.9g\n", bh, i, s);
+      assert_true(fabs(s - 1.0) <= 1e-5);
+    }
+  /* Perturb the future of batch 0 (q, k and v). */
+  for (int t = t0; t < T; t++)
+    for (int j = 0; j < 3 * C; j++) qkv[(size_t)t * 3 * C + j] += 5.0f;
+  pw_attention_forward(o2, att, qkv, B, T, C, NH);
+  int changed_future = 0;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int e = 0; e < C; e++) {
+        size_t i = ((size_t)b * T + t) * C + e;
+        if (b > 0 || t < t0) {
+          if (fabs(o1[i] - o2[i]) > 1e-6 * (1 + fabs(o1[i])))
+            printf("FAIL attention causal: b=%d t=%d e=%d changed %.9g -> %.9g\n", b, t, e,
+                   o1[i], o2[i]);
+          assert_true(fabs(o1[i] - o2[i]) <= 1e-6 * (1 + fabs(o1[i])));
+        } else {
+          changed_future += o1[i] != o2[i];
+        }
+      }
+  assert_true(changed_future > 0);
+  free(qkv); free(o1); free(o2); free(att);
+}
+
+static void test_attention_causal(void **state) {
+  check_causal(2, 9, 8, 2, 4);
+  check_causal(2, 150, 4, 2, 100); /* spans causal row blocks */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rope),
+      cmocka_unit_test(test_rope_properties),
+      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_blocked),
+      cmocka_unit_test(test_attention_causal),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
