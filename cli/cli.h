@@ -16,6 +16,7 @@ typedef struct {
 int pw_cmd_train(int argc, char **argv);
 int pw_cmd_eval(int argc, char **argv);
 int pw_cmd_inspect(int argc, char **argv);
+int pw_cmd_plan(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
 int pw_cli_load_job(const char *path, pw_job *job);

@@ -14,7 +14,8 @@ static void train_usage(FILE *f) {
   fprintf(f,
           "usage: pipewright train --job FILE [options]\n"
           "  --job FILE        job spec (JSON)\n"
-          "  --steps N         run N steps (overrides train.steps; 0 writes the initial parameters)\n"
+          "  --steps N         stop after N steps in all (default train.steps; 0 writes the initial\n"
+          "                    parameters); the learning-rate schedule still spans train.steps\n"
           "  --out CKPT        write the final checkpoint (safetensors; optimizer state alongside)\n"
           "  --resume CKPT     continue from a checkpoint (parameters, optimizer state, step)\n"
           "  --log-json FILE   one JSON line per step: step, loss, lr, grad_norm, ms, tokens_per_s\n"
@@ -62,7 +63,7 @@ int pw_cmd_train(int argc, char **argv) {
   openblas_set_num_threads(threads);
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
-  if (steps >= 0) job.train.steps = steps;
+  int stop = steps >= 0 ? steps : job.train.steps;
   pw_trainer t;
   pw_err err = {0};
   int rc = pw_trainer_init(&t, &job, &err);
@@ -82,16 +83,15 @@ int pw_cmd_train(int argc, char **argv) {
   char pbuf[32];
   if (!quiet)
     printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches), from step %d\n", job.name,
-           pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), job.train.steps,
+           pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), stop,
            job.train.batch_size, t.n_mb, t.step);
   int tty = isatty(2) && !quiet;
   pw_step_stats st = {0};
   if (job.mode == PW_MODE_FORWARD) {
-    for (int k = t.step; k < job.train.steps; k++)
-      printf("step %d  loss %.6f\n", k, pw_trainer_forward(&t, k));
-    job.train.steps = t.step; /* nothing trained */
+    for (int k = t.step; k < stop; k++) printf("step %d  loss %.6f\n", k, pw_trainer_forward(&t, k));
+    stop = t.step; /* nothing trained */
   }
-  while (t.step < job.train.steps) {
+  while (t.step < stop) {
     pw_trainer_step(&t, &st);
     if (log) {
       fprintf(log, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
@@ -103,10 +103,10 @@ int pw_cmd_train(int argc, char **argv) {
       printf("step %5d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s  %.1f ms\n", st.step, st.loss, st.lr,
              st.grad_norm, st.tokens / st.seconds, st.seconds * 1e3);
       fflush(stdout);
-      if (tty) progress(t.step, job.train.steps, st.loss);
+      if (tty) progress(t.step, stop, st.loss);
     }
     if (out && job.train.checkpoint_every > 0 && t.step % job.train.checkpoint_every == 0 &&
-        t.step < job.train.steps && (rc = pw_trainer_save(&t, out, &err)))
+        t.step < stop && (rc = pw_trainer_save(&t, out, &err)))
       break;
   }
   if (!rc && out) {

@@ -11,6 +11,7 @@ static const pw_cli_cmd commands[] = {
     {"train", "train a job in this process (the reference every pipelined run equals)", pw_cmd_train},
     {"eval", "loss of a checkpoint on the job's eval split", pw_cmd_eval},
     {"inspect", "table of a job's layers: shapes, parameters, FLOPs, activations", pw_cmd_inspect},
+    {"plan", "partition, per-rank schedule and simulated analytics; --compare for all schedules", pw_cmd_plan},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

@@ -9,6 +9,7 @@ double pw_lr_at(const pw_optim_spec *o, int steps, int k) {
   int span = steps - o->warmup_steps;
   if (span < 1) span = 1;
   double prog = (double)(k - o->warmup_steps) / (double)span;
+  if (prog > 1) prog = 1; /* past the horizon (a resumed run going on): stay at min_lr */
   return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * prog));
 }
 

@@ -9,7 +9,8 @@
 #include "prog.h"
 #include "spec.h"
 
-/* Learning rate at step k (0-based): linear warmup, then cosine to min_lr. */
+/* Learning rate at step k (0-based): linear warmup, then cosine to min_lr
+ * at k = steps, and min_lr after. */
 double pw_lr_at(const pw_optim_spec *o, int steps, int k);
 
 /* Sum of squares of the program's gradients (double accumulation). A

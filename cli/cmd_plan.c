@@ -1,0 +1,165 @@
+/* cmd_plan: `pipewright plan` — the partition, the per-rank action grid and
+ * the simulator's analytics of a job, or all schedules side by side. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "plan.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright plan --job FILE [options]\n"
+          "  --schedule NAME   plan with this schedule instead of the job's\n"
+          "  --compare         every schedule that fits the job, side by side\n"
+          "  --json            the same as JSON (what POST /v1/plans returns)\n"
+          "  --trace FILE      the simulated timeline as Chrome trace-event JSON (Perfetto)\n"
+          "  --help\n");
+}
+
+static int print_json(json_t *j) {
+  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (!s) return 1;
+  puts(s);
+  free(s);
+  return 0;
+}
+
+static void print_compare(const json_t *cmp) {
+  printf("%-26s %3s %6s %12s %8s %9s %9s %8s\n", "schedule", "V", "stages", "makespan ms", "bubble", "peak act",
+         "pending W", "actions");
+  size_t i;
+  json_t *row;
+  json_array_foreach(json_object_get(cmp, "rows"), i, row) {
+    const char *name = json_string_value(json_object_get(row, "schedule"));
+    if (!json_is_true(json_object_get(row, "ok"))) {
+      printf("%-26s %3d  -- %s\n", name, (int)json_integer_value(json_object_get(row, "virtual_stages")),
+             json_string_value(json_object_get(row, "error")));
+      continue;
+    }
+    printf("%-26s %3d %6d %12.3f %8.3f %9d %9d %8d\n", name,
+           (int)json_integer_value(json_object_get(row, "virtual_stages")),
+           (int)json_integer_value(json_object_get(row, "stages")),
+           json_real_value(json_object_get(row, "makespan")) * 1e3,
+           json_real_value(json_object_get(row, "bubble_ratio")),
+           (int)json_integer_value(json_object_get(row, "peak_activations")),
+           (int)json_integer_value(json_object_get(row, "peak_pending_w")),
+           (int)json_integer_value(json_object_get(row, "actions")));
+  }
+}
+
+static void print_plan(const pw_job *job, const pw_plan *p) {
+  char a[32], b[32], c[32], d[32], e[32];
+  printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
+         job->name, p->sched->name, p->pp, p->dp, p->S, p->S == 1 ? "" : "s", p->V, p->m, p->mb_size);
+  printf("%-5s %-4s %-28s %9s %9s %9s %9s %9s\n", "stage", "rank", "layers", "params", "F FLOPs", "B FLOPs",
+         "act bytes", "sends");
+  for (int s = 0; s < p->S; s++) {
+    const pw_stage *st = &p->part.stages[s];
+    char layers[112];
+    const pw_model *m = &p->model;
+    if (st->layer_hi - st->layer_lo == 1)
+      snprintf(layers, sizeof layers, "%s", m->layers[st->layer_lo].name);
+    else
+      snprintf(layers, sizeof layers, "%s .. %s", m->layers[st->layer_lo].name, m->layers[st->layer_hi - 1].name);
+    printf("%-5d %-4d %-28s %9s %9s %9s %9s %9s\n", s, p->sched->stage_to_rank[s], layers,
+           pw_cli_si((double)st->params, a, 32), pw_cli_si(st->flops_f * p->mb_size, b, 32),
+           pw_cli_si((st->flops_i + st->flops_w) * p->mb_size, c, 32),
+           pw_cli_si((double)st->act_bytes * p->mb_size, d, 32), pw_cli_si((double)st->out_bytes * p->mb_size, e, 32));
+  }
+  for (int i = 0; i < p->part.n_shared; i++) {
+    const pw_shared_param *sp = &p->part.shared[i];
+    printf("shared: %s on stages", p->model.params[sp->param].name);
+    for (int h = 0; h < sp->n_holders; h++)
+      printf(" %d (rank %d)", sp->holders[h], p->sched->stage_to_rank[sp->holders[h]]);
+    printf(": gradients summed before the step\n");
+  }
+  int len = pw_sched_grid(p->sched, p->sim, NULL, 0);
+  if (len > 0) {
+    char *g = malloc((size_t)len + 1);
+    if (g) {
+      pw_sched_grid(p->sched, p->sim, g, (size_t)len + 1);
+      printf("\nper-rank actions (time flows right):\n%s", g);
+      if (len && g[len - 1] != '\n') putchar('\n');
+      free(g);
+    }
+  }
+  const pw_sim_result *r = p->sim;
+  printf("\nsimulated step: %.3f ms, bubble %.3f (idle time / rank time)\n", r->makespan * 1e3, r->bubble_ratio);
+  printf("%-5s %10s %10s %9s %9s %9s\n", "rank", "busy ms", "idle ms", "peak act", "pending W", "peak held");
+  for (int k = 0; k < r->pp; k++)
+    printf("%-5d %10.3f %10.3f %9d %9d %9d\n", k, r->busy[k] * 1e3, r->idle[k] * 1e3, r->peak_act[k],
+           r->peak_pending_w[k], r->peak_held[k]);
+  for (int s = 0; s < r->pp; s++)
+    for (int t = 0; t < r->pp; t++)
+      if (r->link_transfers[s * r->pp + t])
+        printf("link %d -> %d: %s bytes in %d transfers\n", s, t, pw_cli_si(r->link_bytes[s * r->pp + t], a, 32),
+               r->link_transfers[s * r->pp + t]);
+}
+
+int pw_cmd_plan(int argc, char **argv) {
+  static const struct option opts[] = {{"job", required_argument, 0, 'j'},   {"schedule", required_argument, 0, 's'},
+                                       {"compare", no_argument, 0, 'c'},     {"json", no_argument, 0, 'J'},
+                                       {"trace", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  const char *job_path = NULL, *sched = NULL, *trace = NULL;
+  int compare = 0, as_json = 0, c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "j:s:cJt:h", opts, NULL)) != -1) {
+    switch (c) {
+      case 'j': job_path = optarg; break;
+      case 's': sched = optarg; break;
+      case 'c': compare = 1; break;
+      case 'J': as_json = 1; break;
+      case 't': trace = optarg; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (!job_path) {
+    usage(stderr);
+    return 2;
+  }
+  pw_job job;
+  if (pw_cli_load_job(job_path, &job)) return 1;
+  int rc = 0;
+  if (compare) {
+    json_t *cmp = pw_plan_compare_json(&job);
+    if (as_json)
+      rc = print_json(cmp);
+    else {
+      printf("job %s: pp %d x dp %d, %d microbatches; simulated with the FLOP cost model\n\n", job.name, job.mesh.pp,
+             job.mesh.dp, job.schedule.microbatches);
+      print_compare(cmp);
+    }
+    json_decref(cmp);
+    pw_job_free(&job);
+    return rc;
+  }
+  pw_plan p;
+  pw_err err = {0};
+  if (pw_plan_build(&job, sched, &p, &err)) {
+    pw_cli_report(&err);
+    pw_job_free(&job);
+    return 1;
+  }
+  if (as_json) {
+    json_t *j = pw_plan_json(&job, &p);
+    rc = print_json(j);
+    json_decref(j);
+  } else {
+    print_plan(&job, &p);
+  }
+  if (trace) {
+    json_t *t = pw_sim_trace_json(p.sim);
+    if (json_dump_file(t, trace, JSON_COMPACT)) {
+      fprintf(stderr, "error: cannot write %s\n", trace);
+      rc = 1;
+    }
+    json_decref(t);
+  }
+  pw_plan_free(&p);
+  pw_job_free(&job);
+  return rc;
+}
