@@ -27,8 +27,10 @@ struct pw_prog {
   size_t *grad_off;              /* per model value: gradient offset, or SIZE_MAX */
   size_t *aux_off;               /* per local node */
   size_t slot_elems;
-  size_t grad_lo, grad_hi;       /* gradient region of a slot */
-  float *slots;                  /* n_slots * slot_elems */
+  size_t (*zero)[2];             /* gradient regions zeroed before a backward: {offset, count} */
+  int n_zero;
+  float **slots;                 /* [max_slots], NULL until made */
+  int max_slots;
   float *scratch;                /* attention: T*T */
   /* ports */
   pw_prog_port *inputs, *outputs;
@@ -61,7 +63,8 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   if (cfg->layer_lo < 0 || cfg->layer_hi > m->n_layers || cfg->layer_lo >= cfg->layer_hi)
     return pw_err_set(err, PW_EINVAL, "layers", "bad layer range [%d, %d) of %d", cfg->layer_lo,
                       cfg->layer_hi, m->n_layers);
-  if (cfg->mb_size < 1 || cfg->n_slots < 1 || cfg->batch_size < cfg->mb_size)
+  if (cfg->mb_size < 1 || cfg->n_slots < 0 || cfg->batch_size < cfg->mb_size ||
+      (cfg->max_slots && cfg->max_slots < cfg->n_slots) || (!cfg->max_slots && !cfg->n_slots))
     return pw_err_set(err, PW_EINVAL, "prog", "bad microbatch size %d, batch %d or slots %d",
                       cfg->mb_size, cfg->batch_size, cfg->n_slots);
   pw_prog *p = calloc(1, sizeof *p);
@@ -140,7 +143,6 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     p->val_off[m->nodes[i].out] = off;
     off += v->role == PW_VAL_LOSS ? 1 : (size_t)mb * (size_t)v->rows * (size_t)v->width;
   }
-  p->grad_lo = off;
   for (int i = 0; i < p->n_inputs; i++) {
     const pw_value *v = &m->values[p->inputs[i].value];
     if (v->role != PW_VAL_ACT) continue; /* data: no gradient */
@@ -153,7 +155,24 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     p->grad_off[m->nodes[i].out] = off;
     off += (size_t)mb * (size_t)v->rows * (size_t)v->width;
   }
-  p->grad_hi = off;
+  /* Every value gradient but the output ports' (the caller fills those
+   * with what the next stage sent), merged into runs. */
+  p->zero = malloc(sizeof *p->zero * (size_t)(m->n_values ? m->n_values : 1));
+  if (!p->zero) goto oom;
+  for (int v = 0; v < m->n_values; v++) {
+    if (p->grad_off[v] == NONE) continue;
+    int is_out = 0;
+    for (int k = 0; k < p->n_outputs; k++) is_out |= p->outputs[k].value == v;
+    if (is_out) continue;
+    size_t o = p->grad_off[v], n = pw_value_bytes(&m->values[v], mb) / sizeof(float);
+    if (p->n_zero && p->zero[p->n_zero - 1][0] + p->zero[p->n_zero - 1][1] == o)
+      p->zero[p->n_zero - 1][1] += n;
+    else {
+      p->zero[p->n_zero][0] = o;
+      p->zero[p->n_zero][1] = n;
+      p->n_zero++;
+    }
+  }
   size_t tt = 1;
   for (int i = p->node_lo; i < p->node_hi; i++) {
     const pw_node *n = &m->nodes[i];
@@ -161,14 +180,14 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     off += (size_t)mb * n->aux;
     if (n->op == PW_OP_ATTENTION && (size_t)n->T * (size_t)n->T > tt) tt = (size_t)n->T * (size_t)n->T;
   }
-  p->slot_elems = (off + 15) & ~(size_t)15; /* keep slots 64-byte apart */
-  /* calloc touches nothing; the first step would pay the page faults, so
-   * memset here once and never again. */
-  p->slots = malloc(p->slot_elems * (size_t)cfg->n_slots * sizeof(float));
+  p->slot_elems = off ? off : 1;
+  p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
+  p->slots = calloc((size_t)p->max_slots, sizeof *p->slots);
   p->scratch = malloc(tt * sizeof(float));
   if (!p->slots || !p->scratch) goto oom;
-  memset(p->slots, 0, p->slot_elems * (size_t)cfg->n_slots * sizeof(float));
   memset(p->scratch, 0, tt * sizeof(float));
+  for (int k = 0; k < cfg->n_slots; k++)
+    if (pw_prog_slot_ensure(p, k)) goto oom;
 
   /* Loss scale: microbatch losses sum to the mean over the whole batch. */
   if (p->has_loss) {
@@ -195,6 +214,9 @@ void pw_prog_free(pw_prog *p) {
   free(p->val_off);
   free(p->grad_off);
   free(p->aux_off);
+  free(p->zero);
+  if (p->slots)
+    for (int k = 0; k < p->max_slots; k++) free(p->slots[k]);
   free(p->slots);
   free(p->scratch);
   free(p->inputs);
@@ -210,6 +232,19 @@ size_t pw_prog_numel(const pw_prog *p) { return p->numel; }
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
 float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
 size_t pw_prog_slot_bytes(const pw_prog *p) { return p->slot_elems * sizeof(float); }
+int pw_prog_max_slots(const pw_prog *p) { return p->max_slots; }
+
+int pw_prog_slot_ensure(pw_prog *p, int slot) {
+  if (slot < 0 || slot >= p->max_slots) return PW_EINVAL;
+  if (p->slots[slot]) return 0;
+  /* malloc touches nothing; the first use would pay the page faults in
+   * the middle of a step, so touch it here, once. */
+  float *s = malloc(p->slot_elems * sizeof(float));
+  if (!s) return PW_ENOMEM;
+  memset(s, 0, p->slot_elems * sizeof(float));
+  p->slots[slot] = s;
+  return 0;
+}
 int pw_prog_n_inputs(const pw_prog *p) { return p->n_inputs; }
 const pw_prog_port *pw_prog_input(const pw_prog *p, int i) { return &p->inputs[i]; }
 int pw_prog_n_outputs(const pw_prog *p) { return p->n_outputs; }
@@ -217,13 +252,13 @@ const pw_prog_port *pw_prog_output(const pw_prog *p, int i) { return &p->outputs
 int pw_prog_has_loss(const pw_prog *p) { return p->has_loss; }
 
 void *pw_prog_value(pw_prog *p, int slot, int value) {
-  if (value < 0 || value >= p->m->n_values || p->val_off[value] == NONE) return NULL;
-  return p->slots + (size_t)slot * p->slot_elems + p->val_off[value];
+  if (value < 0 || value >= p->m->n_values || p->val_off[value] == NONE || !p->slots[slot]) return NULL;
+  return p->slots[slot] + p->val_off[value];
 }
 
 float *pw_prog_grad(pw_prog *p, int slot, int value) {
-  if (value < 0 || value >= p->m->n_values || p->grad_off[value] == NONE) return NULL;
-  return p->slots + (size_t)slot * p->slot_elems + p->grad_off[value];
+  if (value < 0 || value >= p->m->n_values || p->grad_off[value] == NONE || !p->slots[slot]) return NULL;
+  return p->slots[slot] + p->grad_off[value];
 }
 
 void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
@@ -268,7 +303,7 @@ static void node_bind(pw_prog *p, int slot, int i, node_io *io) {
   }
   io->out = pw_prog_value(p, slot, n->out);
   io->dout = pw_prog_grad(p, slot, n->out);
-  io->aux = p->slots + (size_t)slot * p->slot_elems + p->aux_off[i - p->node_lo];
+  io->aux = p->slots[slot] + p->aux_off[i - p->node_lo];
   if (n->w >= 0) {
     pw_prog_param *pp = &p->params[p->param_local[n->w]];
     io->w = pp->data;
@@ -364,20 +399,9 @@ void pw_prog_forward(pw_prog *p, int slot, float *loss) {
   if (loss) *loss = p->has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
 }
 
-/* Zero every value gradient of the slot except the output ports', which
- * the caller filled with what the next stage sent back. */
 static void zero_value_grads(pw_prog *p, int slot) {
-  float *base = p->slots + (size_t)slot * p->slot_elems;
-  if (p->n_outputs == 0) {
-    memset(base + p->grad_lo, 0, (p->grad_hi - p->grad_lo) * sizeof(float));
-    return;
-  }
-  for (int v = 0; v < p->m->n_values; v++) {
-    if (p->grad_off[v] == NONE) continue;
-    int is_out = 0;
-    for (int k = 0; k < p->n_outputs; k++) is_out |= p->outputs[k].value == v;
-    if (!is_out) memset(base + p->grad_off[v], 0, pw_value_bytes(&p->m->values[v], p->cfg.mb_size));
-  }
+  float *base = p->slots[slot];
+  for (int i = 0; i < p->n_zero; i++) memset(base + p->zero[i][0], 0, p->zero[i][1] * sizeof(float));
 }
 
 void pw_prog_backward_input(pw_prog *p, int slot) {

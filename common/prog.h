@@ -7,7 +7,9 @@
  * receives, the gradients of those values, and the ops' saved auxiliaries.
  * The caller decides which microbatch lives in which slot; the single-
  * process trainer uses one slot, a pipeline rank as many as its schedule
- * keeps in flight. Nothing is allocated after create: steps only reuse.
+ * keeps in flight. A slot is allocated (and touched) once, at create or the
+ * first time pw_prog_slot_ensure asks for it, and reused after: a
+ * pipeline's slots grow during its first step and never again.
  *
  * Ports connect a program to the rest of the model: an input port is a
  * value the stage reads but does not produce (the model's tokens/features,
@@ -29,7 +31,9 @@ typedef struct {
   int layer_lo, layer_hi; /* layers [lo, hi) of the model */
   int mb_size;            /* sequences per microbatch */
   int batch_size;         /* sequences per optimizer step in all (loss scale) */
-  int n_slots;            /* microbatches held at once */
+  int n_slots;            /* slots made at create */
+  int max_slots;          /* slots that may exist (0 = n_slots); more are made by
+                             pw_prog_slot_ensure as a pipeline needs them */
 } pw_prog_config;
 
 typedef struct {
@@ -60,6 +64,10 @@ float *pw_prog_params(pw_prog *p);
 float *pw_prog_grads(pw_prog *p);
 /* Bytes of one slot (values, value gradients, auxiliaries). */
 size_t pw_prog_slot_bytes(const pw_prog *p);
+/* Make slot `slot` (< max_slots) exist. PW_EINVAL past max_slots, PW_ENOMEM.
+ * Not thread-safe against itself; safe while other slots are computed on. */
+int pw_prog_slot_ensure(pw_prog *p, int slot);
+int pw_prog_max_slots(const pw_prog *p);
 
 int pw_prog_n_inputs(const pw_prog *p);
 const pw_prog_port *pw_prog_input(const pw_prog *p, int i);
