@@ -22,6 +22,15 @@ struct pw_prog {
   int *param_local;              /* model param id -> local index, or -1 */
   size_t numel;
   float *arena_p, *arena_g, *arena_m, *arena_v;
+  /* A parameter read by several nodes of this program (tied embeddings)
+   * accumulates each further use in a shadow gradient after the numel
+   * main ones, added to the main gradient by pw_prog_grads_finalize: the
+   * sum is then use 1 + use 2 + ..., each over all microbatches — the
+   * same association as when the uses sit on different stages. */
+  size_t grad_numel;             /* numel + shadows */
+  size_t *node_dw, *node_db;     /* per local node: gradient offset of w and b */
+  size_t (*shadow)[3];           /* {main offset, shadow offset, count} */
+  int n_shadow;
   /* slots */
   size_t *val_off;               /* per model value: element offset in a slot, or SIZE_MAX */
   size_t *grad_off;              /* per model value: gradient offset, or SIZE_MAX */
@@ -102,8 +111,46 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     np++;
   }
   size_t pn = p->numel ? p->numel : 1;
+  /* Gradient offsets per node use; second and later uses get shadows. */
+  p->node_dw = malloc(sizeof(size_t) * (size_t)(nn ? nn : 1));
+  p->node_db = malloc(sizeof(size_t) * (size_t)(nn ? nn : 1));
+  p->shadow = malloc(sizeof *p->shadow * (size_t)(2 * nn + 1));
+  int *uses = calloc((size_t)(p->n_params ? p->n_params : 1), sizeof(int));
+  size_t *poff = malloc(sizeof(size_t) * (size_t)(p->n_params ? p->n_params : 1));
+  if (!p->node_dw || !p->node_db || !p->shadow || !uses || !poff) {
+    free(uses);
+    free(poff);
+    goto oom;
+  }
+  for (int i = 0, o = 0; i < p->n_params; i++) {
+    poff[i] = (size_t)o;
+    o += (int)p->params[i].meta->numel;
+  }
+  p->grad_numel = p->numel;
+  for (int i = p->node_lo; i < p->node_hi; i++) {
+    int ids[2] = {m->nodes[i].w, m->nodes[i].b};
+    size_t *dst[2] = {&p->node_dw[i - p->node_lo], &p->node_db[i - p->node_lo]};
+    for (int k = 0; k < 2; k++) {
+      *dst[k] = NONE;
+      if (ids[k] < 0) continue;
+      int lp = p->param_local[ids[k]];
+      if (uses[lp]++ == 0) {
+        *dst[k] = poff[lp];
+        continue;
+      }
+      size_t n = m->params[ids[k]].numel;
+      p->shadow[p->n_shadow][0] = poff[lp];
+      p->shadow[p->n_shadow][1] = p->grad_numel;
+      p->shadow[p->n_shadow][2] = n;
+      p->n_shadow++;
+      *dst[k] = p->grad_numel;
+      p->grad_numel += n;
+    }
+  }
+  free(uses);
+  free(poff);
   p->arena_p = calloc(pn, sizeof(float));
-  p->arena_g = calloc(pn, sizeof(float));
+  p->arena_g = calloc(p->grad_numel ? p->grad_numel : 1, sizeof(float));
   p->arena_m = calloc(pn, sizeof(float));
   p->arena_v = calloc(pn, sizeof(float));
   if (!p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
@@ -209,6 +256,9 @@ void pw_prog_free(pw_prog *p) {
   free(p->param_local);
   free(p->arena_p);
   free(p->arena_g);
+  free(p->node_dw);
+  free(p->node_db);
+  free(p->shadow);
   free(p->arena_m);
   free(p->arena_v);
   free(p->val_off);
@@ -229,6 +279,15 @@ const pw_prog_config *pw_prog_config_of(const pw_prog *p) { return &p->cfg; }
 int pw_prog_n_params(const pw_prog *p) { return p->n_params; }
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i) { return &p->params[i]; }
 size_t pw_prog_numel(const pw_prog *p) { return p->numel; }
+size_t pw_prog_grad_numel(const pw_prog *p) { return p->grad_numel; }
+
+void pw_prog_grads_finalize(pw_prog *p) {
+  for (int i = 0; i < p->n_shadow; i++) {
+    float *dst = p->arena_g + p->shadow[i][0];
+    const float *src = p->arena_g + p->shadow[i][1];
+    for (size_t k = 0; k < p->shadow[i][2]; k++) dst[k] += src[k];
+  }
+}
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
 float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
 size_t pw_prog_slot_bytes(const pw_prog *p) { return p->slot_elems * sizeof(float); }
@@ -280,7 +339,7 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
   }
 }
 
-void pw_prog_zero_grad(pw_prog *p) { memset(p->arena_g, 0, p->numel * sizeof(float)); }
+void pw_prog_zero_grad(pw_prog *p) { memset(p->arena_g, 0, p->grad_numel * sizeof(float)); }
 
 /* ---- per node -------------------------------------------------------- */
 
@@ -305,14 +364,12 @@ static void node_bind(pw_prog *p, int slot, int i, node_io *io) {
   io->dout = pw_prog_grad(p, slot, n->out);
   io->aux = p->slots[slot] + p->aux_off[i - p->node_lo];
   if (n->w >= 0) {
-    pw_prog_param *pp = &p->params[p->param_local[n->w]];
-    io->w = pp->data;
-    io->dw = pp->grad;
+    io->w = p->params[p->param_local[n->w]].data;
+    io->dw = p->arena_g + p->node_dw[i - p->node_lo];
   }
   if (n->b >= 0) {
-    pw_prog_param *pp = &p->params[p->param_local[n->b]];
-    io->b = pp->data;
-    io->db = pp->grad;
+    io->b = p->params[p->param_local[n->b]].data;
+    io->db = p->arena_g + p->node_db[i - p->node_lo];
   }
   io->rows = p->cfg.mb_size * p->m->values[n->in[0]].rows;
 }

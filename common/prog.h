@@ -59,9 +59,17 @@ const pw_prog_config *pw_prog_config_of(const pw_prog *p);
 int pw_prog_n_params(const pw_prog *p);
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i);
 size_t pw_prog_numel(const pw_prog *p);  /* floats in the parameter arena */
-/* The arenas themselves (numel floats each): for norms, all-reduce, I/O. */
+/* The arenas themselves: parameters (numel floats) and gradients
+ * (grad_numel floats: the numel main gradients, then shadow gradients of
+ * second and later uses of a parameter inside this program). */
 float *pw_prog_params(pw_prog *p);
 float *pw_prog_grads(pw_prog *p);
+size_t pw_prog_grad_numel(const pw_prog *p);
+/* Adds each shadow gradient into its parameter's main gradient, in node
+ * order (use 1 + use 2 + ...). Once per step, after all microbatches (and
+ * after any data-parallel reduction of the whole gradient arena), before
+ * norms and the optimizer. */
+void pw_prog_grads_finalize(pw_prog *p);
 /* Bytes of one slot (values, value gradients, auxiliaries). */
 size_t pw_prog_slot_bytes(const pw_prog *p);
 /* Make slot `slot` (< max_slots) exist. PW_EINVAL past max_slots, PW_ENOMEM.

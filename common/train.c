@@ -20,17 +20,25 @@ int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   t->job = job;
   int rc = pw_model_build(&job->model, &t->model, err);
   if (rc) return rc;
-  t->n_mb = job->schedule.microbatches > 0 ? job->schedule.microbatches : 1;
+  /* The microbatches of every data-parallel replica, one after another:
+   * the same microbatch size, and (below) the same order of gradient sums
+   * as the pipelined run, so the two agree to the last bit. */
+  t->groups = job->mesh.dp > 0 ? job->mesh.dp : 1;
+  t->n_mb = (job->schedule.microbatches > 0 ? job->schedule.microbatches : 1) * t->groups;
   if (job->train.batch_size % t->n_mb) {
     pw_model_free(&t->model);
-    return pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by schedule.microbatches (%d %% %d != 0)",
-                      job->train.batch_size, t->n_mb);
+    return pw_err_set(err, PW_ESPEC, "train.batch_size",
+                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %d != 0)", job->train.batch_size,
+                      t->n_mb);
   }
   t->mb_size = job->train.batch_size / t->n_mb;
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
                         .batch_size = job->train.batch_size, .n_slots = 1};
   rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
   if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);
+  if (!rc && t->groups > 1 &&
+      !(t->group_grads = calloc((size_t)t->groups * pw_prog_grad_numel(t->prog), sizeof(float))))
+    rc = pw_err_set(err, PW_ENOMEM, "train", "out of memory");
   if (rc) {
     pw_trainer_free(t);
     return rc;
@@ -51,11 +59,16 @@ int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
 }
 
 /* Forward (and backward) over the microbatches of one batch; returns the
- * batch-mean loss, the microbatch shares summed in double. */
+ * batch-mean loss, the microbatch shares summed in double. With data-
+ * parallel groups, each group's gradients are kept apart and summed in
+ * group order at the end, as the replicas' all-reduce does. */
 static double run_batch(pw_trainer *t, pw_split split, long step, int backward) {
   const pw_model *m = &t->model;
   void *inp = pw_prog_value(t->prog, 0, m->input_value);
   void *tgt = pw_prog_value(t->prog, 0, m->target_value);
+  size_t gn = pw_prog_grad_numel(t->prog);
+  float *g = pw_prog_grads(t->prog);
+  int per_group = t->n_mb / t->groups;
   double loss = 0;
   for (int j = 0; j < t->n_mb; j++) {
     float l;
@@ -63,7 +76,18 @@ static double run_batch(pw_trainer *t, pw_split split, long step, int backward) 
     pw_prog_forward(t->prog, 0, &l);
     if (backward) pw_prog_backward(t->prog, 0);
     loss += l;
+    if (backward && t->groups > 1 && (j + 1) % per_group == 0) {
+      memcpy(t->group_grads + (size_t)(j / per_group) * gn, g, gn * sizeof(float));
+      memset(g, 0, gn * sizeof(float));
+    }
   }
+  if (backward && t->groups > 1)
+    for (size_t i = 0; i < gn; i++) {
+      float acc = 0;
+      for (int d = 0; d < t->groups; d++) acc += t->group_grads[(size_t)d * gn + i];
+      g[i] = acc;
+    }
+  if (backward) pw_prog_grads_finalize(t->prog);
   return loss;
 }
 
@@ -105,6 +129,7 @@ int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err) {
 }
 
 void pw_trainer_free(pw_trainer *t) {
+  free(t->group_grads);
   pw_dataset_close(t->ds);
   pw_prog_free(t->prog);
   pw_model_free(&t->model);

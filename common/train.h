@@ -3,9 +3,11 @@
  *
  * It is the embedded default (`pipewright train`) and the oracle that every
  * pipelined run must equal: same data (data.c), same microbatch sums, same
- * clipping and optimizer (optim.c). It ignores the job's mesh and schedule
- * except for the microbatch count. Deterministic: one thread of control,
- * fixed reduction orders. */
+ * clipping and optimizer (optim.c). Of the mesh and schedule it uses only
+ * the microbatch count and dp, and only to sum gradients in the order a
+ * pipelined run does (microbatches of batch/(microbatches*dp) sequences,
+ * replica groups summed last), so the two agree bit for bit.
+ * Deterministic: fixed reduction orders. */
 #ifndef PW_TRAIN_H
 #define PW_TRAIN_H
 
@@ -20,7 +22,9 @@ typedef struct {
   pw_prog *prog;
   pw_dataset *ds;
   int step;            /* next step to run (0-based) */
-  int mb_size, n_mb;
+  int mb_size, n_mb;   /* n_mb = schedule.microbatches * mesh.dp */
+  int groups;          /* mesh.dp: gradient sums grouped as the replicas' */
+  float *group_grads;  /* [groups][grad_numel] when groups > 1 */
 } pw_trainer;
 
 typedef struct {

@@ -111,6 +111,7 @@ static void gradcheck(pw_model_spec spec) {
     pw_prog_forward(p, 0, &l);
     pw_prog_backward(p, 0);
   }
+  pw_prog_grads_finalize(p); /* a tied parameter's two uses */
   pw_rng r;
   pw_rng_seed(&r, 7);
   for (int i = 0; i < pw_prog_n_params(p); i++) {
@@ -209,6 +210,7 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
     pw_prog_backward(whole, 0);
     lw += l;
   }
+  pw_prog_grads_finalize(whole);
   /* GPipe order by hand: all forwards, then all backwards. */
   for (int j = 0; j < n_mb; j++)
     for (int s = 0; s < n_stages; s++) {

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""driver: plays the coordinator's side of the control protocol, so the
+worker runtime is tested with real worker processes on loopback before (and
+independently of) the coordinator daemon.
+
+It listens on 127.0.0.1 (ephemeral port), starts N pipewright-worker
+processes pointed at it, welcomes them, plans the job with
+`pipewright plan --json`, assigns rank r to worker r (its stages, the plan,
+the peers' data addresses), and records what comes back: step reports,
+checkpoints, done, errors. Optional chaos: kill one worker at a step, send
+garbage control messages and data-plane bytes before the job.
+
+Writes OUT/result.json and, when the run finished, OUT/merged.safetensors
+(every stage's final checkpoint merged into one file, tied parameters taken
+from their lowest stage)."""
+import argparse, json, os, random, selectors, signal, socket, struct, subprocess, sys, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+import st  # noqa: E402  (tests/ref/st.py: safetensors in pure Python)
+
+
+def send_msg(sock, obj):
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+class Conn:
+    def __init__(self, sock):
+        self.sock, self.buf, self.info, self.rank = sock, b"", None, None
+
+    def messages(self):
+        out = []
+        while len(self.buf) >= 4:
+            n = struct.unpack(">I", self.buf[:4])[0]
+            if len(self.buf) < 4 + n:
+                break
+            out.append(json.loads(self.buf[4:4 + n]))
+            self.buf = self.buf[4 + n:]
+        return out
+
+
+def fuzz_data_plane(addr, seed):
+    """Random, truncated and lying frames at a worker's data port."""
+    rnd = random.Random(seed)
+    host, port = addr.rsplit(":", 1)
+    good_hdr = bytearray(64)
+    good_hdr[0:4] = b"PWF1"
+    cases = []
+    for i in range(40):
+        kind = i % 5
+        if kind == 0:
+            cases.append(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 300))))
+        elif kind == 1:
+            cases.append(bytes(good_hdr[: rnd.randint(1, 63)]))           # truncated header
+        elif kind == 2:
+            h = bytearray(good_hdr); h[4:6] = struct.pack("<H", 1); h[6:8] = struct.pack("<H", 2)
+            h[52:56] = struct.pack("<I", 0xFFFFFFF0)                       # lying length, bad crc
+            cases.append(bytes(h) + b"x" * 100)
+        elif kind == 3:
+            cases.append(b"PWF1" + bytes(rnd.getrandbits(8) for _ in range(200)))
+        else:
+            cases.append(b"")                                                 # connect and hang up
+    for data in cases:
+        try:
+            s = socket.create_connection((host, int(port)), timeout=2)
+            if data:
+                s.sendall(data)
+            s.close()
+        except OSError:
+            pass
+
+
+def fuzz_control(conn, seed):
+    """Malformed control messages on a registered worker's link: it must drop
+    the link (and reconnect on its own), not crash."""
+    rnd = random.Random(seed)
+    choice = rnd.randint(0, 3)
+    try:
+        if choice == 0:
+            conn.sock.sendall(struct.pack(">I", 0))
+        elif choice == 1:
+            conn.sock.sendall(struct.pack(">I", 1 << 30) + b"{")
+        elif choice == 2:
+            body = b"{not json"
+            conn.sock.sendall(struct.pack(">I", len(body)) + body)
+        else:
+            send_msg(conn.sock, {"type": "assign", "job": "seven"})
+    except OSError:
+        pass
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--src", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--schedule")
+    ap.add_argument("--trace-every", type=int, default=1)
+    ap.add_argument("--kill-rank", type=int, default=-1)
+    ap.add_argument("--kill-at-step", type=int, default=-1)
+    ap.add_argument("--fuzz", action="store_true")
+    ap.add_argument("--timeout", type=float, default=300)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    job = json.load(open(a.job))
+    if job.get("data", {}).get("path") and not os.path.isabs(job["data"]["path"]):
+        job["data"]["path"] = os.path.join(a.src, job["data"]["path"])
+    if a.schedule:
+        job["schedule"]["name"] = a.schedule
+    spec_path = os.path.join(a.out, "job.json")
+    json.dump(job, open(spec_path, "w"), indent=1)
+    mesh = job.get("mesh", {})
+    pp, dp = mesh.get("pp", 1), mesh.get("dp", 1)
+    n = pp * dp
+    plan = json.loads(subprocess.run([os.path.join(a.build, "pipewright"), "plan", "--job", spec_path, "--json"],
+                                     check=True, capture_output=True, text=True).stdout)
+    json.dump(plan, open(os.path.join(a.out, "plan.json"), "w"), indent=1)
+
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    port = lsock.getsockname()[1]
+    procs = []
+    for i in range(n):
+        log = open(os.path.join(a.out, f"w{i}.log"), "w")
+        procs.append(subprocess.Popen(
+            [os.path.join(a.build, "pipewright-worker"), "--coordinator", f"127.0.0.1:{port}",
+             "--listen", "127.0.0.1:0", "--name", f"w{i}", "--state-dir", os.path.join(a.out, f"w{i}"),
+             "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT))
+
+    sel = selectors.DefaultSelector()
+    sel.register(lsock, selectors.EVENT_READ, None)
+    conns, registered = [], {}
+    result = {"losses": {}, "grad_norms": {}, "tokens": {}, "checkpoints": {}, "errors": [], "done": [],
+              "peak_act": {}, "step_reports": 0, "actions": {}, "registrations": 0}
+    deadline = time.time() + a.timeout
+    assigned = fuzzed = killed = False
+    last_step = job["train"]["steps"] - 1
+
+    def assign_all():
+        peers = [{"rank": r, "addr": registered[f"w{r}"].info["data_addr"]} for r in range(n)]
+        s2r = plan["stage_to_rank"]
+        for r in range(n):
+            c = registered[f"w{r}"]
+            c.rank = r
+            stages = [s for s, pr in enumerate(s2r) if pr == r % pp]
+            send_msg(c.sock, {"type": "assign", "job": 1, "run": 1, "rank": r, "spec": job, "stages": stages,
+                              "plan": plan["plan"], "peers": peers, "steps": job["train"]["steps"],
+                              "start_step": 0, "checkpoint_dir": os.path.join(a.out, "ckpt"),
+                              "trace_every": a.trace_every})
+
+    def finished():
+        if a.kill_rank >= 0 and killed:
+            return len(result["errors"]) >= n - 1
+        return len(result["done"]) == n or (result["errors"] and time.time() > err_deadline[0])
+
+    err_deadline = [float("inf")]
+    while time.time() < deadline and not (assigned and finished()):
+        for key, _ in sel.select(timeout=0.2):
+            if key.data is None:
+                s, _ = lsock.accept()
+                c = Conn(s)
+                conns.append(c)
+                sel.register(s, selectors.EVENT_READ, c)
+                continue
+            c = key.data
+            try:
+                data = c.sock.recv(1 << 20)
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(c.sock)
+                c.sock.close()
+                continue
+            c.buf += data
+            for m in c.messages():
+                t = m.get("type")
+                if t == "register":
+                    result["registrations"] += 1
+                    c.info = m
+                    registered[m["name"]] = c
+                    send_msg(c.sock, {"type": "welcome", "version": 1, "worker_id": len(registered),
+                                      "heartbeat_interval": 0.5})
+                elif t == "step":
+                    result["step_reports"] += 1
+                    k, r = str(m["step"]), m["rank"]
+                    if "loss" in m:
+                        result["losses"][k] = result["losses"].get(k, 0.0) + m["loss"]
+                        result["tokens"][k] = result["tokens"].get(k, 0.0) + m.get("tokens", 0)
+                    if "grad_norm" in m:
+                        result["grad_norms"][k] = m["grad_norm"]
+                    result["peak_act"][str(r)] = max(result["peak_act"].get(str(r), 0), m.get("peak_act", 0))
+                    if "actions" in m and m["step"] == 1:
+                        result["actions"][str(r)] = m["actions"]
+                    if a.kill_rank >= 0 and not killed and m["step"] >= a.kill_at_step:
+                        procs[a.kill_rank].send_signal(signal.SIGKILL)
+                        killed = True
+                elif t == "checkpoint":
+                    if m["step"] == job["train"]["steps"]:
+                        result["checkpoints"][str(m["stage"])] = m["path"]
+                elif t == "done":
+                    result["done"].append(m["rank"])
+                elif t == "error":
+                    result["errors"].append(m)
+                    if err_deadline[0] == float("inf"):
+                        err_deadline[0] = time.time() + 10
+        if not assigned and len(registered) == n:
+            if a.fuzz and not fuzzed:
+                fuzzed = True
+                for i, (name, c) in enumerate(sorted(registered.items())):
+                    fuzz_data_plane(c.info["data_addr"], i)
+                fuzz_control(registered["w0"], 7)
+                registered.pop("w0")      # it drops the link and registers again
+                continue
+            assign_all()
+            assigned = True
+
+    result["timed_out"] = not (assigned and finished())
+    for c in list(registered.values()):
+        try:
+            send_msg(c.sock, {"type": "shutdown"})
+        except OSError:
+            pass
+    codes = []
+    for i, p in enumerate(procs):
+        if i == a.kill_rank and killed:
+            p.wait()
+            codes.append(None)
+            continue
+        try:
+            codes.append(p.wait(timeout=30))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append("hung")
+    result["exit_codes"] = codes
+    if len(result["done"]) == n and result["checkpoints"]:
+        merged, seen = {}, set()
+        for s in sorted(result["checkpoints"], key=int):
+            for name, arr in st.load(result["checkpoints"][s])[0].items():
+                if name not in seen:
+                    seen.add(name)
+                    merged[name] = arr
+        st.save(os.path.join(a.out, "merged.safetensors"), merged)
+        result["merged"] = os.path.join(a.out, "merged.safetensors")
+    json.dump(result, open(os.path.join(a.out, "result.json"), "w"), indent=1)
+    ok = not result["timed_out"] and (a.kill_rank >= 0 or (len(result["done"]) == n and not result["errors"]))
+    print(f"driver: {'ok' if ok else 'FAILED'}: done {sorted(result['done'])}, errors {len(result['errors'])}, "
+          f"exit codes {codes}, timed out {result['timed_out']}")
+    for e in result["errors"]:
+        print("  error from rank", e.get("rank"), ":", e.get("message"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

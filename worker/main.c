@@ -1,0 +1,137 @@
+/* main: pipewright-worker — options, the loop, signals.
+ *
+ * A worker connects to its coordinator, registers, sends heartbeats, and
+ * runs whatever rank of whatever job it is assigned, talking to its peers
+ * directly. It keeps serving after a bad message, a bad frame or a failed
+ * run: only SIGINT/SIGTERM stop it. */
+#include <cblas.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "worker.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright-worker --coordinator HOST:PORT [options]\n"
+          "  --coordinator HOST:PORT  control link (default 127.0.0.1:7070)\n"
+          "  --listen ADDR:PORT       data plane for peer workers (default 127.0.0.1:0 = ephemeral)\n"
+          "  --name NAME              worker name (default: hostname-pid)\n"
+          "  --threads N              OpenBLAS threads for compute (default 1)\n"
+          "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
+          "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
+          "  --log-level LEVEL        debug | info | warn | error (default info)\n"
+          "  --help, --version\n");
+}
+
+static int split_hostport(const char *s, char *host, size_t cap, int *port) {
+  const char *c = strrchr(s, ':');
+  if (!c || c == s || (size_t)(c - s) >= cap) return -1;
+  char *end;
+  long p = strtol(c + 1, &end, 10);
+  if (*end || p < 0 || p > 65535) return -1;
+  memcpy(host, s, (size_t)(c - s));
+  host[c - s] = 0;
+  *port = (int)p;
+  return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  pw_worker *w = h->data;
+  if (w->stopping) return;
+  pw_info("signal %d: shutting down", signum);
+  w->stopping = 1;
+  if (w->run) pw_run_cancel(w->run, "worker shutting down");
+  pw_ctl_stop(w);
+  pw_net_stop(w);
+  uv_close((uv_handle_t *)&w->sigint, NULL);
+  uv_close((uv_handle_t *)&w->sigterm, NULL);
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
+                                       {"listen", required_argument, 0, 'l'},
+                                       {"name", required_argument, 0, 'n'},
+                                       {"threads", required_argument, 0, 't'},
+                                       {"state-dir", required_argument, 0, 's'},
+                                       {"token-file", required_argument, 0, 'k'},
+                                       {"log-level", required_argument, 0, 'L'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {"version", no_argument, 0, 'V'},
+                                       {0, 0, 0, 0}};
+  static pw_worker w;
+  const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL;
+  w.threads = 1;
+  snprintf(w.state_dir, sizeof w.state_dir, "pipewright-worker");
+  int c;
+  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:hV", opts, NULL)) != -1) {
+    switch (c) {
+      case 'c': coord = optarg; break;
+      case 'l': listen = optarg; break;
+      case 'n': snprintf(w.name, sizeof w.name, "%s", optarg); break;
+      case 't': w.threads = atoi(optarg); break;
+      case 's': snprintf(w.state_dir, sizeof w.state_dir, "%s", optarg); break;
+      case 'k': token_file = optarg; break;
+      case 'L':
+        if (pw_log_parse_level(optarg) < 0) {
+          fprintf(stderr, "pipewright-worker: unknown log level '%s'\n", optarg);
+          return 2;
+        }
+        pw_log_set_level((pw_log_level)pw_log_parse_level(optarg));
+        break;
+      case 'h': usage(stdout); return 0;
+      case 'V': printf("pipewright-worker %s\n", PW_VERSION); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc || w.threads < 1 || w.threads > 256) {
+    usage(stderr);
+    return 2;
+  }
+  if (split_hostport(coord, w.coord_host, sizeof w.coord_host, &w.coord_port) || w.coord_port == 0) {
+    fprintf(stderr, "pipewright-worker: --coordinator must be HOST:PORT, got '%s'\n", coord);
+    return 2;
+  }
+  if (split_hostport(listen, w.listen_host, sizeof w.listen_host, &w.listen_port)) {
+    fprintf(stderr, "pipewright-worker: --listen must be ADDR:PORT, got '%s'\n", listen);
+    return 2;
+  }
+  if (!w.name[0]) {
+    char host[64] = "worker";
+    gethostname(host, sizeof host - 1);
+    snprintf(w.name, sizeof w.name, "%.40s-%d", host, (int)getpid());
+  }
+  if (token_file) {
+    pw_err err = {0};
+    if (pw_control_read_token_file(token_file, w.token, sizeof w.token, &err) < 0) {
+      char buf[512];
+      fprintf(stderr, "pipewright-worker: %s\n", pw_err_str(&err, buf, sizeof buf));
+      return 1;
+    }
+  }
+  pw_log_set_tag(w.name);
+  openblas_set_num_threads(w.threads);
+  signal(SIGPIPE, SIG_IGN);
+
+  w.loop = uv_default_loop();
+  if (pw_net_listen(&w)) return 1;
+  if (pw_ctl_start(&w)) return 1;
+  uv_signal_init(w.loop, &w.sigint);
+  uv_signal_init(w.loop, &w.sigterm);
+  w.sigint.data = w.sigterm.data = &w;
+  uv_signal_start(&w.sigint, on_signal, SIGINT);
+  uv_signal_start(&w.sigterm, on_signal, SIGTERM);
+  pw_info("worker %s: data plane on %s:%d, coordinator %s:%d, %d thread%s", w.name, w.listen_host, w.listen_port,
+          w.coord_host, w.coord_port, w.threads, w.threads == 1 ? "" : "s");
+  uv_run(w.loop, UV_RUN_DEFAULT);
+  if (w.run) pw_run_free(w.run);
+  pw_control_reader_free(&w.ctl_reader);
+  int rc = uv_loop_close(w.loop);
+  if (rc) pw_warn("loop close: %s", uv_strerror(rc));
+  pw_info("stopped");
+  return 0;
+}

@@ -1,0 +1,297 @@
+/* net: the data plane — a listener for peers' inbound links, outbound
+ * links to peers, and frame I/O over both.
+ *
+ * Inbound bytes go through a pw_frame_reader straight into the run's
+ * program slots (the reader asks the run where each payload belongs), so
+ * an activation is never copied on receipt. Every frame is validated; a bad
+ * one closes its link with the reason logged, and the worker goes on. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "crc32c.h"
+#include "log.h"
+#include "worker.h"
+
+/* Until HELLO: a HELLO's size. After: the run's largest frame (checked per
+ * frame against the port it targets anyway). */
+#define MAX_PAYLOAD_AFTER_HELLO ((size_t)1 << 31)
+
+static void link_unlist(pw_link *l) {
+  for (pw_link **p = &l->w->links; *p; p = &(*p)->next)
+    if (*p == l) {
+      *p = l->next;
+      return;
+    }
+}
+
+static void on_link_closed(uv_handle_t *h) {
+  pw_link *l = h->data;
+  pw_frame_reader_free(&l->reader);
+  free(l);
+}
+
+void pw_link_close(pw_link *l) {
+  if (l->closing) return;
+  l->closing = 1;
+  link_unlist(l);
+  uv_close((uv_handle_t *)&l->tcp, on_link_closed);
+}
+
+/* A link failed or sent garbage: log, tell the run, close. */
+static void link_fail(pw_link *l, const char *why) {
+  if (l->closing) return;
+  pw_warn("%s link %s (rank %d): %s", l->outbound ? "outbound" : "inbound", l->addr, l->peer_rank, why);
+  pw_run *r = l->w->run;
+  if (r && l->peer_rank >= 0) pw_run_on_link_down(r, l, why);
+  pw_link_close(l);
+}
+
+/* ---- inbound ------------------------------------------------------------ */
+
+static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
+  uint64_t job;
+  uint32_t rank;
+  char token[PW_CONTROL_TOKEN_MAX + 1];
+  int rc = pw_frame_hello_parse(payload, len, &job, &rank, token, sizeof token, err);
+  if (rc) return rc;
+  if (!pw_control_token_equal(token, l->w->token))
+    return pw_err_set(err, PW_EAUTH, "hello", "wrong cluster token from peer claiming rank %u", rank);
+  pw_run *r = l->w->run;
+  if (!r || r->job != job || (int)rank >= r->n_ranks || (int)rank == r->rank)
+    return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %u, which is not a peer of ours",
+                      (unsigned long long)job, rank);
+  l->peer_rank = (int)rank;
+  pw_frame_reader_set_max(&l->reader, MAX_PAYLOAD_AFTER_HELLO);
+  pw_debug("inbound link from rank %u (%s)", rank, l->addr);
+  return 0;
+}
+
+static void on_in_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  pw_link *l = h->data;
+  void *base;
+  size_t len;
+  pw_frame_reader_next_buf(&l->reader, &base, &len);
+  if (len > (1u << 30)) len = 1u << 30;
+  *buf = uv_buf_init(base, (unsigned)len);
+}
+
+static void on_in_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  pw_link *l = s->data;
+  if (n == 0) return;
+  if (n < 0) {
+    link_fail(l, n == UV_EOF ? "peer closed the link" : uv_strerror((int)n));
+    return;
+  }
+  pw_frame_event ev;
+  pw_err err = {0};
+  char b[512];
+  int rc = pw_frame_reader_advance(&l->reader, (size_t)n, &ev, &err);
+  if (rc == PW_FRAME_HEADER) {
+    if (l->peer_rank < 0 && ev.hdr.kind != PW_FRAME_HELLO) {
+      link_fail(l, "first frame is not HELLO");
+      return;
+    }
+    if (ev.hdr.kind == PW_FRAME_HELLO || ev.hdr.kind == PW_FRAME_BYE) return;
+    void *dst = NULL;
+    pw_run *r = l->w->run;
+    if (!r) {
+      link_fail(l, "frame for a run that is gone");
+      return;
+    }
+    if (pw_run_frame_dest(r, l->peer_rank, &ev.hdr, &dst, &err)) {
+      link_fail(l, pw_err_str(&err, b, sizeof b));
+      return;
+    }
+    pw_frame_reader_set_dest(&l->reader, dst);
+  } else if (rc == PW_FRAME_DONE) {
+    if (ev.hdr.kind == PW_FRAME_HELLO) {
+      if (l->peer_rank >= 0) {
+        link_fail(l, "second HELLO");
+        return;
+      }
+      if (on_hello(l, ev.payload, ev.len, &err)) link_fail(l, pw_err_str(&err, b, sizeof b));
+      return;
+    }
+    if (ev.hdr.kind == PW_FRAME_BYE) {
+      pw_debug("rank %d said goodbye", l->peer_rank);
+      l->peer_rank = -1; /* its close is not a failure */
+      pw_link_close(l);
+      return;
+    }
+    pw_run *r = l->w->run;
+    if (!r || pw_run_frame_done(r, l->peer_rank, &ev.hdr, ev.payload, &err))
+      link_fail(l, r ? pw_err_str(&err, b, sizeof b) : "frame for a run that is gone");
+  } else if (rc < 0) {
+    link_fail(l, pw_err_str(&err, b, sizeof b));
+  }
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  pw_worker *w = server->data;
+  if (status < 0) {
+    pw_warn("accept: %s", uv_strerror(status));
+    return;
+  }
+  pw_link *l = calloc(1, sizeof *l);
+  if (!l) return;
+  l->w = w;
+  l->peer_rank = -1;
+  uv_tcp_init(w->loop, &l->tcp);
+  l->tcp.data = l;
+  pw_frame_reader_init(&l->reader, PW_FRAME_HELLO_MAX);
+  if (uv_accept(server, (uv_stream_t *)&l->tcp)) {
+    uv_close((uv_handle_t *)&l->tcp, on_link_closed);
+    return;
+  }
+  struct sockaddr_storage sa;
+  int len = sizeof sa;
+  if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) == 0) {
+    char ip[48] = "?";
+    if (sa.ss_family == AF_INET) {
+      uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip);
+      snprintf(l->addr, sizeof l->addr, "%s:%d", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
+    } else {
+      uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
+      snprintf(l->addr, sizeof l->addr, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
+    }
+  }
+  uv_tcp_nodelay(&l->tcp, 1);
+  l->connected = 1;
+  l->next = w->links;
+  w->links = l;
+  uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read);
+}
+
+int pw_net_listen(pw_worker *w) {
+  struct sockaddr_storage sa;
+  if (uv_ip4_addr(w->listen_host, w->listen_port, (struct sockaddr_in *)&sa) &&
+      uv_ip6_addr(w->listen_host, w->listen_port, (struct sockaddr_in6 *)&sa)) {
+    pw_error("--listen: '%s' is not an IP address", w->listen_host);
+    return -1;
+  }
+  uv_tcp_init(w->loop, &w->listener);
+  w->listener.data = w;
+  int rc = uv_tcp_bind(&w->listener, (struct sockaddr *)&sa, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)&w->listener, 128, on_connection);
+  if (rc) {
+    pw_error("cannot listen on %s:%d: %s", w->listen_host, w->listen_port, uv_strerror(rc));
+    return -1;
+  }
+  int len = sizeof sa;
+  uv_tcp_getsockname(&w->listener, (struct sockaddr *)&sa, &len);
+  w->listen_port = sa.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
+                                           : ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+  return 0;
+}
+
+void pw_net_stop(pw_worker *w) {
+  uv_close((uv_handle_t *)&w->listener, NULL);
+  while (w->links) pw_link_close(w->links);
+}
+
+/* ---- outbound ----------------------------------------------------------- */
+
+static void on_send_done(uv_write_t *req, int status) {
+  pw_send *s = (pw_send *)req;
+  pw_link *l = req->handle->data;
+  if (status < 0 && status != UV_ECANCELED && !l->closing) link_fail(l, uv_strerror(status));
+  if (s->run) pw_run_send_done(s->run, s->li, s->slot);
+  free(s->owned);
+  free(s);
+}
+
+int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
+                void *owned) {
+  pw_send *s = malloc(sizeof *s);
+  if (!s) {
+    free(owned);
+    return PW_ENOMEM;
+  }
+  s->run = run;
+  s->li = li;
+  s->slot = slot;
+  s->owned = owned;
+  pw_frame_hdr_encode(h, payload, s->hdr);
+  uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, PW_FRAME_HDR_SIZE),
+                      uv_buf_init((char *)payload, (unsigned)h->payload_len)};
+  int rc = uv_write(&s->req, (uv_stream_t *)&l->tcp, bufs, h->payload_len ? 2 : 1, on_send_done);
+  if (rc) {
+    free(s->owned);
+    free(s);
+    return rc;
+  }
+  if (run) run->sends_inflight++;
+  return 0;
+}
+
+/* Peers never send on our outbound links; reading them tells us at once
+ * when the peer goes away. */
+static void on_out_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  static char sink[64];
+  *buf = uv_buf_init(sink, sizeof sink);
+}
+
+static void on_out_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  pw_link *l = s->data;
+  if (n == 0) return;
+  link_fail(l, n == UV_EOF ? "peer closed the link" : n < 0 ? uv_strerror((int)n) : "peer sent data on our outbound link");
+}
+
+static void on_out_connect(uv_connect_t *req, int status) {
+  pw_link *l = req->data;
+  if (l->closing) return;
+  if (status < 0) {
+    link_fail(l, uv_strerror(status));
+    return;
+  }
+  l->connected = 1;
+  uv_tcp_nodelay(&l->tcp, 1);
+  uv_read_start((uv_stream_t *)&l->tcp, on_out_alloc, on_out_read);
+  pw_run *r = l->w->run;
+  if (!r) {
+    pw_link_close(l);
+    return;
+  }
+  pw_frame_hdr h;
+  uint8_t *hello = NULL;
+  if (pw_frame_hello_make(r->job, (uint32_t)r->rank, l->w->token, &h, &hello) ||
+      pw_net_send(l, NULL, &h, hello, -1, -1, hello)) {
+    link_fail(l, "cannot send HELLO");
+    return;
+  }
+  pw_run_on_link_up(r, l);
+}
+
+pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank) {
+  char host[64];
+  const char *c = strrchr(addr, ':');
+  if (!c || c == addr || (size_t)(c - addr) >= sizeof host) return NULL;
+  memcpy(host, addr, (size_t)(c - addr));
+  host[c - addr] = 0;
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [v6]:port */
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = 0;
+  }
+  int port = atoi(c + 1);
+  struct sockaddr_storage sa;
+  if (port <= 0 || port > 65535 ||
+      (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) && uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa)))
+    return NULL;
+  pw_link *l = calloc(1, sizeof *l);
+  if (!l) return NULL;
+  l->w = w;
+  l->outbound = 1;
+  l->peer_rank = peer_rank;
+  snprintf(l->addr, sizeof l->addr, "%s", addr);
+  pw_frame_reader_init(&l->reader, 0);
+  uv_tcp_init(w->loop, &l->tcp);
+  l->tcp.data = l;
+  l->connect_req.data = l;
+  l->next = w->links;
+  w->links = l;
+  if (uv_tcp_connect(&l->connect_req, &l->tcp, (struct sockaddr *)&sa, on_out_connect)) {
+    pw_link_close(l);
+    return NULL;
+  }
+  return l;
+}

@@ -1,0 +1,630 @@
+/* run: one assignment — a rank of a job — from the assign message to done.
+ *
+ * The worker rebuilds what it needs from the job spec (model, partition,
+ * its own stage programs, the data source) and takes the action list from
+ * the plan. The executor walks the list in order: an action starts when its
+ * inputs are here (activations for F, gradients for B/I), runs in the
+ * thread pool, and on completion its outputs go to the stages that need
+ * them — a memcpy when that stage is on this rank, a frame otherwise.
+ *
+ * Slots: microbatch mb of local stage li lives in slot mb_slot[mb] from the
+ * moment its first input arrives (or its F starts) until its backward is
+ * complete (B, or W after I) and every send reading the slot has finished.
+ * Frames of the next step may arrive before this rank finishes the current
+ * one (a neighbour that stepped its optimizer first); arrival counters are
+ * tagged with their step for that reason. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt.h"
+#include "log.h"
+#include "sim.h"
+#include "worker.h"
+
+static void try_advance(pw_run *r);
+static void finish(pw_run *r, int ok);
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int port_index(const pw_prog_port *(*get)(const pw_prog *, int), int n, const pw_prog *p, int value) {
+  for (int i = 0; i < n; i++)
+    if (get(p, i)->value == value) return i;
+  return -1;
+}
+
+/* The stage that produces / consumes value v (chain models: one each). */
+static int producer_stage(const pw_run *r, int v) {
+  for (int e = 0; e < r->part.n_edges; e++)
+    if (r->part.edges[e].value == v) return r->part.edges[e].src;
+  return -1;
+}
+
+static int consumer_stage(const pw_run *r, int v) {
+  for (int e = 0; e < r->part.n_edges; e++)
+    if (r->part.edges[e].value == v) return r->part.edges[e].dst;
+  return -1;
+}
+
+static int global_rank(const pw_run *r, int stage) { return r->replica * r->pp + r->rank_of_stage[stage]; }
+
+/* A free slot of local stage li for microbatch mb (made on first use). */
+static int slot_for(pw_run *r, int li, int mb, pw_err *err) {
+  pw_lstage *ls = &r->ls[li];
+  if (ls->mb_slot[mb] >= 0) return ls->mb_slot[mb];
+  int max = pw_prog_max_slots(ls->prog);
+  for (int s = 0; s < max; s++) {
+    if (ls->slot_busy[s]) continue;
+    if (pw_prog_slot_ensure(ls->prog, s))
+      return pw_err_set(err, PW_ENOMEM, "slots", "out of memory for an activation slot");
+    ls->slot_busy[s] = 1;
+    ls->mb_slot[mb] = s;
+    return s;
+  }
+  return pw_err_set(err, PW_EINTERNAL, "slots", "stage %d: all %d slots in use", ls->stage, max);
+}
+
+static void slot_release(pw_run *r, int li, int mb) {
+  pw_lstage *ls = &r->ls[li];
+  int s = ls->mb_slot[mb];
+  if (s < 0) return;
+  ls->mb_slot[mb] = -1;
+  if (ls->slot_sends[s])
+    ls->slot_free_pending[s] = 1;
+  else
+    ls->slot_busy[s] = 0;
+}
+
+void pw_run_send_done(pw_run *r, int li, int slot) {
+  r->sends_inflight--;
+  if (li >= 0 && slot >= 0 && li < r->n_ls) {
+    pw_lstage *ls = &r->ls[li];
+    if (--ls->slot_sends[slot] == 0 && ls->slot_free_pending[slot]) {
+      ls->slot_free_pending[slot] = 0;
+      ls->slot_busy[slot] = 0;
+    }
+  }
+  if (r->closing && r->sends_inflight == 0 && !r->busy) pw_run_free(r);
+}
+
+static void frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
+  uint32_t dims[1] = {(uint32_t)(bytes / 4)};
+  pw_frame_hdr_init(h, kind, r->job, (uint32_t)r->step, (uint32_t)mb, (uint32_t)stage, (uint32_t)value,
+                    PW_DTYPE_F32, 1, dims);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int jint(const json_t *o, const char *k, int dflt) {
+  json_t *v = json_object_get(o, k);
+  return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
+}
+
+static int setup_stages(pw_run *r, pw_err *err) {
+  int cap = r->m * 2 + 2; /* this step's microbatches + early arrivals of the next */
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_lstage *ls = &r->ls[li];
+    const pw_stage *st = &r->part.stages[ls->stage];
+    pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
+                          .batch_size = r->spec.train.batch_size, .n_slots = 0, .max_slots = cap};
+    int rc = pw_prog_create(&r->model, &cfg, &ls->prog, err);
+    if (rc) return rc;
+    ls->mb_slot = malloc(sizeof(int) * (size_t)r->m);
+    ls->act_step = calloc((size_t)r->m, sizeof(int));
+    ls->act_got = calloc((size_t)r->m, sizeof(int));
+    ls->grad_step = calloc((size_t)r->m, sizeof(int));
+    ls->grad_got = calloc((size_t)r->m, sizeof(int));
+    ls->slot_busy = calloc((size_t)cap, sizeof(int));
+    ls->slot_sends = calloc((size_t)cap, sizeof(int));
+    ls->slot_free_pending = calloc((size_t)cap, sizeof(int));
+    if (!ls->mb_slot || !ls->act_step || !ls->act_got || !ls->grad_step || !ls->grad_got || !ls->slot_busy ||
+        !ls->slot_sends || !ls->slot_free_pending)
+      return pw_err_set(err, PW_ENOMEM, "run", "out of memory");
+    for (int k = 0; k < r->m; k++) ls->mb_slot[k] = -1, ls->act_step[k] = ls->grad_step[k] = -1;
+    pw_prog *p = ls->prog;
+    for (int i = 0; i < pw_prog_n_inputs(p); i++) {
+      const pw_prog_port *pt = pw_prog_input(p, i);
+      if (pt->role == PW_VAL_INPUT) ls->first_input = 1;
+      else if (pt->role == PW_VAL_TARGET) ls->has_target = 1;
+      else ls->n_act_in++;
+    }
+    for (int i = 0; i < pw_prog_n_outputs(p); i++) {
+      int v = pw_prog_output(p, i)->value, consumers = 0;
+      for (int e = 0; e < r->part.n_edges; e++) consumers += r->part.edges[e].value == v;
+      if (consumers != 1)
+        return pw_err_set(err, PW_ENOTSUP, "partition",
+                          "stage %d's output value %d feeds %d stages; only chains of stages are supported yet",
+                          ls->stage, v, consumers);
+      ls->n_grad_in++;
+    }
+    pw_prog_zero_grad(p);
+  }
+  return 0;
+}
+
+static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_lstage *ls = &r->ls[li];
+    if (!resume) {
+      pw_prog_init_params(ls->prog, r->spec.train.seed);
+      continue;
+    }
+    char path[1024];
+    struct stat sb;
+    if (stat(resume, &sb) == 0 && S_ISDIR(sb.st_mode))
+      snprintf(path, sizeof path, "%s/stage-%d.safetensors", resume, ls->stage);
+    else
+      snprintf(path, sizeof path, "%s", resume);
+    int step = 0, rc = pw_ckpt_load(ls->prog, path, 1, &step, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
+  pw_run *r = calloc(1, sizeof *r);
+  if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+  r->w = w;
+  r->assign = json_incref(as);
+  r->job = (uint64_t)json_integer_value(json_object_get(as, "job"));
+  r->run_id = jint(as, "run", 0);
+  r->rank = jint(as, "rank", -1);
+  r->steps = jint(as, "steps", 0);
+  r->start_step = jint(as, "start_step", 0);
+  r->trace_every = jint(as, "trace_every", 0);
+  const char *ck = json_string_value(json_object_get(as, "checkpoint_dir"));
+  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", ck ? ck : w->state_dir);
+  const char *resume = json_string_value(json_object_get(as, "resume"));
+  int rc = pw_job_parse(json_object_get(as, "spec"), NULL, &r->spec, err);
+  if (rc) goto fail;
+  r->pp = r->spec.mesh.pp;
+  r->dp = r->spec.mesh.dp;
+  r->n_ranks = r->pp * r->dp;
+  r->m = r->spec.schedule.microbatches;
+  if (r->rank < 0 || r->rank >= r->n_ranks) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.rank", "%d is not a rank of a %d x %d mesh", r->rank, r->pp, r->dp);
+    goto fail;
+  }
+  if (r->start_step < 0 || r->steps < r->start_step) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.steps", "steps %d before start_step %d", r->steps, r->start_step);
+    goto fail;
+  }
+  r->prank = r->rank % r->pp;
+  r->replica = r->rank / r->pp;
+  r->mb_size = r->spec.train.batch_size / (r->m * r->dp);
+  if (r->mb_size < 1 || r->spec.train.batch_size % (r->m * r->dp)) {
+    rc = pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by microbatches * dp");
+    goto fail;
+  }
+  if ((rc = pw_model_build(&r->spec.model, &r->model, err))) goto fail;
+  if ((rc = pw_sched_from_json(json_object_get(as, "plan"), &r->sched, err))) goto fail;
+  if (r->sched->pp != r->pp || r->sched->m != r->m) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.plan", "plan is for pp %d, m %d; the spec says pp %d, m %d",
+                    r->sched->pp, r->sched->m, r->pp, r->m);
+    goto fail;
+  }
+  if ((rc = pw_sim_check(r->sched, err))) goto fail;
+  r->S = r->sched->S;
+  if ((rc = pw_partition_build(&r->model, &r->spec.partition, r->S, &r->part, err))) goto fail;
+  r->rank_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  r->lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  r->ls = calloc((size_t)r->S, sizeof *r->ls);
+  r->out = calloc((size_t)r->n_ranks, sizeof *r->out);
+  r->peer_addr = calloc((size_t)r->n_ranks, sizeof *r->peer_addr);
+  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr) {
+    rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+    goto fail;
+  }
+  for (int s = 0; s < r->S; s++) {
+    r->rank_of_stage[s] = r->sched->stage_to_rank[s];
+    r->lidx_of_stage[s] = -1;
+    if (r->rank_of_stage[s] == r->prank) {
+      r->lidx_of_stage[s] = r->n_ls;
+      r->ls[r->n_ls++].stage = s;
+    }
+  }
+  /* The coordinator says which stages we run; it must agree with the plan. */
+  json_t *stages = json_object_get(as, "stages");
+  int agree = (int)json_array_size(stages) == r->n_ls;
+  for (int i = 0; agree && i < r->n_ls; i++) agree = json_integer_value(json_array_get(stages, (size_t)i)) == r->ls[i].stage;
+  if (!agree) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.stages", "do not match the plan's stages of pipeline rank %d", r->prank);
+    goto fail;
+  }
+  json_t *peers = json_object_get(as, "peers"), *pe;
+  size_t i;
+  json_array_foreach(peers, i, pe) {
+    int pr = jint(pe, "rank", -1);
+    if (pr < 0 || pr >= r->n_ranks) {
+      rc = pw_err_set(err, PW_EPROTO, "assign.peers", "peer rank %d outside the mesh", pr);
+      goto fail;
+    }
+    snprintf(r->peer_addr[pr], sizeof r->peer_addr[pr], "%s", json_string_value(json_object_get(pe, "addr")));
+  }
+  for (int k = 0; k < r->n_ranks; k++)
+    if (k != r->rank && !r->peer_addr[k][0]) {
+      rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no address for rank %d", k);
+      goto fail;
+    }
+  if ((rc = setup_stages(r, err))) goto fail;
+  int needs_data = 0;
+  for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
+  if (needs_data && (rc = pw_dataset_open(&r->spec.data, &r->model.data, r->spec.train.seed, &r->ds, err))) goto fail;
+  if ((rc = load_or_init(r, resume, err))) goto fail;
+  r->acts = r->sched->actions[r->prank];
+  r->n_acts = r->sched->n_actions[r->prank];
+  r->timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->timings);
+  r->norm_parts = calloc((size_t)r->pp, sizeof(double));
+  r->norm_parts_step = malloc(sizeof(int) * (size_t)r->pp);
+  if (!r->timings || !r->norm_parts || !r->norm_parts_step) {
+    rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+    goto fail;
+  }
+  for (int k = 0; k < r->pp; k++) r->norm_parts_step[k] = -1;
+  r->norm_total_step = -1;
+  r->work.data = r;
+  w->run = r;
+  r->phase = PW_RUN_CONNECTING;
+  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step",
+          (unsigned long long)r->job, r->run_id, r->rank, r->prank, r->replica, r->n_ranks, r->ls[0].stage,
+          r->ls[r->n_ls - 1].stage, r->n_acts);
+  for (int k = 0; k < r->n_ranks; k++) {
+    if (k == r->rank) continue;
+    r->n_out_needed++;
+    r->out[k] = pw_net_connect(w, r->peer_addr[k], k);
+    if (!r->out[k]) {
+      pw_run_fail(r, "bad address '%s' for rank %d", r->peer_addr[k], k);
+      return 0;
+    }
+  }
+  if (r->n_out_needed == 0) pw_run_on_link_up(r, NULL);
+  return 0;
+fail:
+  pw_run_free(r);
+  return rc;
+}
+
+void pw_run_free(pw_run *r) {
+  if (!r) return;
+  if (r->w && r->w->run == r) r->w->run = NULL;
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_lstage *ls = &r->ls[li];
+    pw_prog_free(ls->prog);
+    free(ls->mb_slot);
+    free(ls->act_step);
+    free(ls->act_got);
+    free(ls->grad_step);
+    free(ls->grad_got);
+    free(ls->slot_busy);
+    free(ls->slot_sends);
+    free(ls->slot_free_pending);
+    if (ls->dp_buf)
+      for (int d = 0; d < 2 * r->dp; d++) free(ls->dp_buf[d]);
+    free(ls->dp_buf);
+    free(ls->dp_step);
+  }
+  if (r->tied_buf)
+    for (int k = 0; k < r->part.n_shared * 8; k++) free(r->tied_buf[k]);
+  free(r->tied_buf);
+  free(r->ls);
+  free(r->rank_of_stage);
+  free(r->lidx_of_stage);
+  free(r->out);
+  free(r->peer_addr);
+  free(r->timings);
+  free(r->norm_parts);
+  free(r->norm_parts_step);
+  pw_dataset_close(r->ds);
+  pw_sched_free(r->sched);
+  pw_partition_free(&r->part);
+  pw_model_free(&r->model);
+  pw_job_free(&r->spec);
+  json_decref(r->assign);
+  free(r);
+}
+
+/* Ends the run: links to peers closed (with BYE when it succeeded, so they
+ * do not take it for a failure), the worker free for the next assignment,
+ * the memory released once the last write callback has run. */
+static void finish(pw_run *r, int ok) {
+  if (r->closing) return;
+  r->closing = 1;
+  r->phase = ok ? PW_RUN_DONE : PW_RUN_FAILED;
+  if (r->w->run == r) r->w->run = NULL;
+  for (int k = 0; k < r->n_ranks; k++) {
+    pw_link *l = r->out ? r->out[k] : NULL;
+    if (!l) continue;
+    if (ok && l->connected) {
+      pw_frame_hdr h;
+      uint32_t dims[1] = {0};
+      pw_frame_hdr_init(&h, PW_FRAME_BYE, r->job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
+      pw_net_send(l, NULL, &h, NULL, -1, -1, NULL);
+    }
+    l->peer_rank = -1; /* its close is ours, not a failure to report */
+    pw_link_close(l);
+    r->out[k] = NULL;
+  }
+  if (!r->busy && r->sends_inflight == 0) pw_run_free(r);
+}
+
+void pw_run_fail(pw_run *r, const char *fmt, ...) {
+  if (r->closing) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->error, sizeof r->error, fmt, ap);
+  va_end(ap);
+  pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->step,
+           r->error);
+  pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "error", "job", (json_int_t)r->job, "run",
+                              r->run_id, "rank", r->rank, "message", r->error));
+  finish(r, 0);
+}
+
+void pw_run_cancel(pw_run *r, const char *reason) {
+  if (r->closing) return;
+  pw_info("job %llu run %d cancelled: %s", (unsigned long long)r->job, r->run_id, reason ? reason : "");
+  finish(r, 0);
+}
+
+/* ---- links ---------------------------------------------------------------- */
+
+static void begin_step(pw_run *r);
+
+void pw_run_on_link_up(pw_run *r, pw_link *l) {
+  if (l) r->n_out_connected++;
+  if (r->phase == PW_RUN_CONNECTING && r->n_out_connected == r->n_out_needed) {
+    r->step = r->start_step;
+    if (r->step >= r->steps) {
+      pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run",
+                                  r->run_id, "rank", r->rank));
+      finish(r, 1);
+      return;
+    }
+    begin_step(r);
+  }
+}
+
+void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
+  if (r->closing || l->peer_rank < 0) return;
+  int k = l->peer_rank;
+  if (l->outbound && r->out[k] == l) r->out[k] = NULL;
+  pw_run_fail(r, "lost peer rank %d (%s): %s", k, r->peer_addr[k][0] ? r->peer_addr[k] : l->addr, why);
+}
+
+/* ---- the executor --------------------------------------------------------- */
+
+static void begin_step(pw_run *r) {
+  r->phase = PW_RUN_ACTIONS;
+  r->pc = 0;
+  r->loss_sum = 0;
+  r->t_step0 = pw_now();
+  try_advance(r);
+}
+
+static int action_ready(pw_run *r, const pw_action *a) {
+  pw_lstage *ls = &r->ls[r->lidx_of_stage[a->stage]];
+  switch (a->kind) {
+    case PW_ACT_F:
+      return ls->n_act_in == 0 || (ls->act_step[a->mb] == r->step && ls->act_got[a->mb] == ls->n_act_in);
+    case PW_ACT_B:
+    case PW_ACT_I:
+      return ls->n_grad_in == 0 || (ls->grad_step[a->mb] == r->step && ls->grad_got[a->mb] == ls->n_grad_in);
+    default: return 1;
+  }
+}
+
+static void after_work(uv_work_t *req, int status);
+
+static void try_advance(pw_run *r) {
+  if (r->busy || r->closing || r->phase != PW_RUN_ACTIONS) return;
+  if (r->pc == r->n_acts) {
+    pw_stepend_begin(r);
+    return;
+  }
+  int n = (r->acts[r->pc].flags & PW_ACTION_FUSED) && r->pc + 1 < r->n_acts ? 2 : 1;
+  for (int k = 0; k < n; k++)
+    if (!action_ready(r, &r->acts[r->pc + k])) return;
+  pw_err err = {0};
+  for (int k = 0; k < n; k++) {
+    const pw_action *a = &r->acts[r->pc + k];
+    if (a->kind == PW_ACT_F && slot_for(r, r->lidx_of_stage[a->stage], a->mb, &err) < 0) {
+      char b[512];
+      pw_run_fail(r, "%s", pw_err_str(&err, b, sizeof b));
+      return;
+    }
+  }
+  r->work_pc = r->pc;
+  r->work_n = n;
+  r->busy = 1;
+  int rc = uv_queue_work(r->w->loop, &r->work, pw_exec_work, after_work);
+  if (rc) {
+    r->busy = 0;
+    pw_run_fail(r, "cannot queue compute: %s", uv_strerror(rc));
+  }
+}
+
+/* Hand an F's outputs to the stages that read them. */
+static int route_outputs(pw_run *r, const pw_action *a, pw_err *err) {
+  int li = r->lidx_of_stage[a->stage];
+  pw_lstage *ls = &r->ls[li];
+  int slot = ls->mb_slot[a->mb];
+  for (int i = 0; i < pw_prog_n_outputs(ls->prog); i++) {
+    const pw_prog_port *pt = pw_prog_output(ls->prog, i);
+    int dst = consumer_stage(r, pt->value);
+    const void *src = pw_prog_value(ls->prog, slot, pt->value);
+    int dli = r->lidx_of_stage[dst];
+    if (dli >= 0) { /* on this rank: copy into the consumer's slot */
+      int ds = slot_for(r, dli, a->mb, err);
+      if (ds < 0) return ds;
+      memcpy(pw_prog_value(r->ls[dli].prog, ds, pt->value), src, pt->bytes);
+      pw_lstage *d = &r->ls[dli];
+      if (d->act_step[a->mb] != r->step) d->act_step[a->mb] = r->step, d->act_got[a->mb] = 0;
+      d->act_got[a->mb]++;
+      continue;
+    }
+    pw_link *l = r->out[global_rank(r, dst)];
+    if (!l) return pw_err_set(err, PW_EPEER, "send", "no link to rank %d", global_rank(r, dst));
+    pw_frame_hdr h;
+    frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes);
+    int rc = pw_net_send(l, r, &h, src, li, slot, NULL);
+    if (rc) return pw_err_set(err, PW_EPEER, "send", "to rank %d: %s", global_rank(r, dst), uv_strerror(rc));
+    ls->slot_sends[slot]++;
+  }
+  return 0;
+}
+
+/* Hand a B/I's input gradients back to the stages that produced them. */
+static int route_grads(pw_run *r, const pw_action *a, pw_err *err) {
+  int li = r->lidx_of_stage[a->stage];
+  pw_lstage *ls = &r->ls[li];
+  int slot = ls->mb_slot[a->mb];
+  for (int i = 0; i < pw_prog_n_inputs(ls->prog); i++) {
+    const pw_prog_port *pt = pw_prog_input(ls->prog, i);
+    if (pt->role != PW_VAL_ACT) continue;
+    int src_stage = producer_stage(r, pt->value);
+    const float *g = pw_prog_grad(ls->prog, slot, pt->value);
+    int dli = r->lidx_of_stage[src_stage];
+    if (dli >= 0) {
+      pw_lstage *d = &r->ls[dli];
+      int ds = d->mb_slot[a->mb];
+      if (ds < 0) return pw_err_set(err, PW_EINTERNAL, "route", "stage %d holds no microbatch %d", src_stage, a->mb);
+      memcpy(pw_prog_grad(d->prog, ds, pt->value), g, pt->bytes);
+      if (d->grad_step[a->mb] != r->step) d->grad_step[a->mb] = r->step, d->grad_got[a->mb] = 0;
+      d->grad_got[a->mb]++;
+      continue;
+    }
+    pw_link *l = r->out[global_rank(r, src_stage)];
+    if (!l) return pw_err_set(err, PW_EPEER, "send", "no link to rank %d", global_rank(r, src_stage));
+    pw_frame_hdr h;
+    frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src_stage, pt->value, pt->bytes);
+    int rc = pw_net_send(l, r, &h, g, li, slot, NULL);
+    if (rc) return pw_err_set(err, PW_EPEER, "send", "to rank %d: %s", global_rank(r, src_stage), uv_strerror(rc));
+    ls->slot_sends[slot]++;
+  }
+  return 0;
+}
+
+static void after_work(uv_work_t *req, int status) {
+  pw_run *r = req->data;
+  r->busy = 0;
+  if (r->closing) {
+    if (r->sends_inflight == 0) pw_run_free(r);
+    return;
+  }
+  pw_err err = {0};
+  int rc = 0;
+  for (int k = 0; k < r->work_n && !rc; k++) {
+    const pw_action *a = &r->acts[r->work_pc + k];
+    int li = r->lidx_of_stage[a->stage];
+    switch (a->kind) {
+      case PW_ACT_F:
+        if (++r->act_held > r->peak_act) r->peak_act = r->act_held;
+        rc = route_outputs(r, a, &err);
+        if (r->sched->forward_only) { /* nothing will come back for it */
+          r->act_held--;
+          slot_release(r, li, a->mb);
+        }
+        break;
+      case PW_ACT_B:
+        r->act_held--;
+        rc = route_grads(r, a, &err);
+        slot_release(r, li, a->mb);
+        break;
+      case PW_ACT_I:
+        r->act_held--;
+        rc = route_grads(r, a, &err);
+        break;
+      case PW_ACT_W: slot_release(r, li, a->mb); break;
+    }
+  }
+  r->loss_sum += r->work_loss;
+  if (rc) {
+    char b[512];
+    pw_run_fail(r, "%s", pw_err_str(&err, b, sizeof b));
+    return;
+  }
+  r->pc += r->work_n;
+  try_advance(r);
+}
+
+/* ---- frames from peers -------------------------------------------------- */
+
+int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
+  *dst = NULL;
+  if (r->closing) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
+  if (h->job != r->job) return pw_err_set(err, PW_EPROTO, "frame", "job %llu is not ours", (unsigned long long)h->job);
+  if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_dest(r, from, h, dst, err);
+  if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
+    return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
+  int act = h->kind == PW_FRAME_ACT;
+  if ((int)h->step != r->step && !(act && (int)h->step == r->step + 1))
+    return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
+                      r->step);
+  if (h->stage >= (uint32_t)r->S || r->lidx_of_stage[h->stage] < 0)
+    return pw_err_set(err, PW_EPROTO, "frame", "stage %u is not on this rank", h->stage);
+  if (h->microbatch >= (uint32_t)r->m)
+    return pw_err_set(err, PW_EPROTO, "frame", "microbatch %u of %d", h->microbatch, r->m);
+  int li = r->lidx_of_stage[h->stage], mb = (int)h->microbatch;
+  pw_lstage *ls = &r->ls[li];
+  pw_prog *p = ls->prog;
+  int v = (int)h->value;
+  int idx = act ? port_index(pw_prog_input, pw_prog_n_inputs(p), p, v)
+                : port_index(pw_prog_output, pw_prog_n_outputs(p), p, v);
+  if (idx < 0 || (act && pw_prog_input(p, idx)->role != PW_VAL_ACT))
+    return pw_err_set(err, PW_EPROTO, "frame", "value %d is not a %s port of stage %u", v, act ? "input" : "output",
+                      h->stage);
+  const pw_prog_port *pt = act ? pw_prog_input(p, idx) : pw_prog_output(p, idx);
+  int peer_stage = act ? producer_stage(r, v) : consumer_stage(r, v);
+  if (from != global_rank(r, peer_stage))
+    return pw_err_set(err, PW_EPROTO, "frame", "value %d comes from rank %d, not %d", v, global_rank(r, peer_stage),
+                      from);
+  if (h->dtype != PW_DTYPE_F32 || h->payload_len != pt->bytes)
+    return pw_err_set(err, PW_EPROTO, "frame", "value %d: %llu bytes of %s, expected %zu bytes of f32", v,
+                      (unsigned long long)h->payload_len, pw_frame_dtype_name(h->dtype), pt->bytes);
+  if (act) {
+    if ((ls->act_step[mb] == (int)h->step && ls->act_got[mb] >= ls->n_act_in))
+      return pw_err_set(err, PW_EPROTO, "frame", "activation for microbatch %d of stage %u sent twice", mb, h->stage);
+    int slot = slot_for(r, li, mb, err);
+    if (slot < 0) return slot;
+    *dst = pw_prog_value(p, slot, v);
+  } else {
+    int slot = ls->mb_slot[mb];
+    if (slot < 0) return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d before its forward", mb);
+    if (ls->grad_step[mb] == r->step && ls->grad_got[mb] >= ls->n_grad_in)
+      return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d of stage %u sent twice", mb, h->stage);
+    *dst = pw_prog_grad(p, slot, v);
+  }
+  return 0;
+}
+
+int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
+  if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_frame(r, from, h, payload, err);
+  pw_lstage *ls = &r->ls[r->lidx_of_stage[h->stage]];
+  int mb = (int)h->microbatch, step = (int)h->step;
+  if (h->kind == PW_FRAME_ACT) {
+    if (ls->act_step[mb] != step) ls->act_step[mb] = step, ls->act_got[mb] = 0;
+    ls->act_got[mb]++;
+  } else {
+    if (ls->grad_step[mb] != step) ls->grad_step[mb] = step, ls->grad_got[mb] = 0;
+    ls->grad_got[mb]++;
+  }
+  try_advance(r);
+  return 0;
+}
+
+void pw_run_step_complete(pw_run *r) {
+  if (r->closing) return;
+  r->step++;
+  if (r->step >= r->steps) {
+    pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
+            r->run_id, r->rank, r->steps, r->peak_act);
+    pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run", r->run_id,
+                                "rank", r->rank));
+    finish(r, 1);
+    return;
+  }
+  begin_step(r);
+}
