@@ -15,6 +15,7 @@
 #define BACKOFF_MAX_MS 5000
 
 static void ctl_connect(pw_worker *w);
+static void on_reconnect_timer(uv_timer_t *t) { ctl_connect(t->data); }
 
 typedef struct {
   uv_write_t req;
@@ -60,7 +61,7 @@ static void on_ctl_closed(uv_handle_t *h) {
   pw_control_reader_free(&w->ctl_reader);
   if (w->stopping) return;
   pw_info("control link down; reconnecting in %d ms", w->backoff_ms);
-  uv_timer_start(&w->reconnect, (uv_timer_cb)ctl_connect, (uint64_t)w->backoff_ms, 0);
+  uv_timer_start(&w->reconnect, on_reconnect_timer, (uint64_t)w->backoff_ms, 0);
   w->backoff_ms = w->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : w->backoff_ms * 2;
 }
 
@@ -194,7 +195,7 @@ static void ctl_connect(pw_worker *w) {
   struct sockaddr_storage sa;
   if (resolve(w->coord_host, w->coord_port, &sa)) {
     pw_warn("cannot resolve coordinator host '%s'", w->coord_host);
-    uv_timer_start(&w->reconnect, (uv_timer_cb)ctl_connect, (uint64_t)BACKOFF_MAX_MS, 0);
+    uv_timer_start(&w->reconnect, on_reconnect_timer, (uint64_t)BACKOFF_MAX_MS, 0);
     return;
   }
   uv_tcp_init(w->loop, &w->ctl);

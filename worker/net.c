@@ -37,6 +37,30 @@ void pw_link_close(pw_link *l) {
   uv_close((uv_handle_t *)&l->tcp, on_link_closed);
 }
 
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  pw_link *l = req->data;
+  pw_link_close(l);
+}
+
+void pw_link_bye(pw_link *l, uint64_t job, const char *reason) {
+  if (l->closing) return;
+  if (!l->connected) {
+    pw_link_close(l);
+    return;
+  }
+  size_t n = reason ? strlen(reason) : 0;
+  if (n > PW_FRAME_HELLO_MAX) n = PW_FRAME_HELLO_MAX;
+  char *copy = n ? malloc(n) : NULL;
+  if (copy) memcpy(copy, reason, n);
+  else n = 0;
+  pw_frame_hdr h;
+  uint32_t dims[1] = {(uint32_t)n};
+  pw_frame_hdr_init(&h, PW_FRAME_BYE, job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
+  pw_net_send(l, NULL, &h, copy, -1, -1, copy);
+  l->shutdown_req.data = l;
+  if (uv_shutdown(&l->shutdown_req, (uv_stream_t *)&l->tcp, on_shutdown)) pw_link_close(l);
+}
+
 /* A link failed or sent garbage: log, tell the run, close. */
 static void link_fail(pw_link *l, const char *why) {
   if (l->closing) return;
@@ -113,6 +137,15 @@ static void on_in_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
       return;
     }
     if (ev.hdr.kind == PW_FRAME_BYE) {
+      pw_run *r = l->w->run;
+      if (ev.len && r && r->job == ev.hdr.job) { /* the peer is aborting: say why */
+        char why[PW_FRAME_HELLO_MAX + 1];
+        memcpy(why, ev.payload, ev.len);
+        why[ev.len] = 0;
+        for (size_t i = 0; i < ev.len; i++)
+          if ((unsigned char)why[i] < 32) why[i] = ' ';
+        pw_run_fail(r, "peer rank %d aborted: %s", l->peer_rank, why);
+      }
       pw_debug("rank %d said goodbye", l->peer_rank);
       l->peer_rank = -1; /* its close is not a failure */
       pw_link_close(l);

@@ -337,14 +337,8 @@ static void finish(pw_run *r, int ok) {
   for (int k = 0; k < r->n_ranks; k++) {
     pw_link *l = r->out ? r->out[k] : NULL;
     if (!l) continue;
-    if (ok && l->connected) {
-      pw_frame_hdr h;
-      uint32_t dims[1] = {0};
-      pw_frame_hdr_init(&h, PW_FRAME_BYE, r->job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
-      pw_net_send(l, NULL, &h, NULL, -1, -1, NULL);
-    }
     l->peer_rank = -1; /* its close is ours, not a failure to report */
-    pw_link_close(l);
+    pw_link_bye(l, r->job, ok ? NULL : r->error[0] ? r->error : "cancelled");
     r->out[k] = NULL;
   }
   if (!r->busy && r->sends_inflight == 0) pw_run_free(r);
@@ -366,6 +360,7 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
 void pw_run_cancel(pw_run *r, const char *reason) {
   if (r->closing) return;
   pw_info("job %llu run %d cancelled: %s", (unsigned long long)r->job, r->run_id, reason ? reason : "");
+  snprintf(r->error, sizeof r->error, "cancelled: %s", reason ? reason : "");
   finish(r, 0);
 }
 

@@ -43,6 +43,7 @@ typedef struct pw_link {
   char addr[64];
   pw_frame_reader reader;  /* inbound */
   uv_connect_t connect_req;
+  uv_shutdown_t shutdown_req;
   struct pw_link *next;    /* worker's list of links */
 } pw_link;
 
@@ -197,6 +198,9 @@ int pw_net_listen(pw_worker *w);
 void pw_net_stop(pw_worker *w);
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank);
 void pw_link_close(pw_link *l);
+/* Send BYE (with `reason` when aborting, NULL for an orderly end), let
+ * queued frames drain, then close. */
+void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
 /* Queue one frame on an outbound link. payload points into slot (li, slot)
  * of the run (or is owned and freed after the write when `owned`). */
 int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li,

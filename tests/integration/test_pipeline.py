@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""test_pipeline: true MPMD runs across real pipewright-worker processes on
+127.0.0.1, driven by driver.py, against the single-process trainer.
+
+  - every schedule at pp 2 and 4 (V = 2 for the interleaved ones and
+    DualPipeV): 10 steps of a GPT; per-step losses and final parameters
+    equal `pipewright train`'s (tolerance 1e-5 relative; in practice equal
+    to the last bit);
+  - pp 2 x dp 2, and tied embeddings across the first and last stage
+    (1f1b, and DualPipeV where both sit on rank 0);
+  - the measured peak of saved activations per rank equals the planner's
+    simulated peak (1f1b, gpipe);
+  - killing one worker mid-run: the others stop with an error naming the
+    lost peer, no hang, clean exits;
+  - random and truncated frames and control messages at live workers:
+    they stay up and then run a valid job to the same result.
+Usage: test_pipeline.py BUILD_DIR SOURCE_DIR [--quick]"""
+import json, os, subprocess, sys, tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+
+FLAT = ["gpipe", "1f1b", "eager1f1b", "zb-h1"]
+VIRTUAL = ["interleaved-1f1b", "interleaved-gpipe", "interleaved-1f1b-plus-one", "kimi-k2", "dualpipev"]
+
+
+def job(name, pp, V, m, dp=1, tied=False, steps=10, layers=8):
+    return {"name": f"pipe-{name}",
+            "model": {"template": "gpt", "vocab_size": 256, "seq_len": 16, "d_model": 32, "n_layers": layers,
+                      "n_heads": 2, "tie_embeddings": tied},
+            "mesh": {"pp": pp, "dp": dp, "virtual_stages": V},
+            "schedule": {"name": name, "microbatches": m},
+            "train": {"steps": steps, "batch_size": m * dp * 2, "seed": 3, "grad_clip": 1.0,
+                      "optimizer": {"name": "adamw", "lr": 3e-3, "warmup_steps": 3, "weight_decay": 0.1}},
+            "data": {"kind": "text", "path": "examples/data/corpus.txt", "sampler": "sequential"}}
+
+
+class Suite:
+    def __init__(self, build, src, tmp):
+        self.build, self.src, self.tmp = build, src, tmp
+        self.passed, self.failed, self.refs = 0, 0, {}
+
+    def check(self, label, ok, detail=""):
+        print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + detail) if detail else ''}", flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+    def drive(self, label, spec, *extra):
+        d = os.path.join(self.tmp, label)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "in.json")
+        json.dump(spec, open(path, "w"))
+        p = subprocess.run([PY, os.path.join(HERE, "driver.py"), "--job", path, "--build", self.build,
+                            "--src", self.src, "--out", os.path.join(d, "out"), *extra],
+                           capture_output=True, text=True, timeout=600)
+        res_path = os.path.join(d, "out", "result.json")
+        res = json.load(open(res_path)) if os.path.exists(res_path) else None
+        return p, res, d
+
+    def reference(self, spec):
+        """`pipewright train` on the same job (shared by runs it cannot tell apart)."""
+        key = json.dumps([spec["schedule"]["microbatches"], spec["mesh"]["dp"], spec["model"]["tie_embeddings"],
+                          spec["train"]["steps"]])
+        if key not in self.refs:
+            d = os.path.join(self.tmp, f"ref{len(self.refs)}")
+            os.makedirs(d)
+            path = os.path.join(d, "job.json")
+            json.dump(spec, open(path, "w"))
+            subprocess.run([os.path.join(self.build, "pipewright"), "train", "--job", path, "--quiet",
+                            "--log-json", os.path.join(d, "ref.jsonl"), "--out", os.path.join(d, "ref.safetensors")],
+                           check=True, cwd=self.src)
+            self.refs[key] = d
+        return self.refs[key]
+
+    def equal_run(self, label, spec, *extra):
+        p, res, d = self.drive(label, spec, *extra)
+        if not self.check(f"{label}: run completes", p.returncode == 0 and res is not None,
+                          (p.stdout + p.stderr)[-600:]):
+            return None
+        ref = self.reference(spec)
+        c = subprocess.run([PY, os.path.join(HERE, "compare_run.py"), os.path.join(d, "out", "result.json"),
+                            os.path.join(ref, "ref.jsonl"), os.path.join(ref, "ref.safetensors"), "1e-5"],
+                           capture_output=True, text=True)
+        self.check(f"{label}: equals the single-process run", c.returncode == 0, (c.stdout + c.stderr).strip())
+        self.check(f"{label}: workers exit cleanly", res["exit_codes"] == [0] * len(res["exit_codes"]),
+                   str(res["exit_codes"]))
+        return res, d
+
+
+def main():
+    build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    quick = "--quick" in sys.argv
+    with tempfile.TemporaryDirectory(prefix="pw-pipe-") as tmp:
+        t = Suite(build, src, tmp)
+        for pp in (2, 4):
+            for name in FLAT + VIRTUAL:
+                if quick and pp == 4 and name not in ("1f1b", "dualpipev"):
+                    continue
+                V = 2 if name in VIRTUAL else 1
+                out = t.equal_run(f"{name}-pp{pp}-V{V}", job(name, pp, V, 8))
+                if out and name in ("1f1b", "gpipe"):
+                    res, d = out
+                    plan = json.load(open(os.path.join(d, "out", "plan.json")))
+                    want = {str(r["rank"]): r["peak_activations"] for r in plan["analytics"]["ranks"]}
+                    t.check(f"{name}-pp{pp}: measured peak activations = simulated", res["peak_act"] == want,
+                            f"measured {res['peak_act']}, planned {want}")
+        t.equal_run("1f1b-pp2-dp2", job("1f1b", 2, 1, 4, dp=2))
+        t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
+        t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
+        t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
+
+        # A worker killed mid-run: the others stop, naming it.
+        p, res, d = t.drive("kill", job("1f1b", 4, 1, 8, steps=200), "--kill-rank", "2", "--kill-at-step", "3")
+        if t.check("kill: driver finished", res is not None and not res["timed_out"], (p.stdout + p.stderr)[-600:]):
+            msgs = [e["message"] for e in res["errors"]]
+            t.check("kill: every other rank reports the lost peer",
+                    len(msgs) == 3 and all("lost peer rank 2" in m for m in msgs), str(msgs))
+            t.check("kill: no run reported done", res["done"] == [], str(res["done"]))
+            t.check("kill: survivors exit cleanly", [c for i, c in enumerate(res["exit_codes"]) if i != 2] == [0, 0, 0],
+                    str(res["exit_codes"]))
+
+        # Garbage at live workers, then a valid job.
+        out = t.equal_run("fuzz-then-1f1b", job("1f1b", 2, 1, 4), "--fuzz")
+        if out:
+            res, d = out
+            logs = "".join(open(os.path.join(d, "out", f"w{i}.log")).read() for i in range(2))
+            t.check("fuzz: bad frames were refused with a reason", "is not \"PWF1\"" in logs and "header_crc" in logs)
+            t.check("fuzz: the worker fed bad control messages registered again", res["registrations"] >= 3,
+                    f"{res['registrations']} registrations")
+        print(f"{t.passed} passed, {t.failed} failed")
+        return 1 if t.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

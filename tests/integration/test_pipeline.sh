@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# test_pipeline: MPMD runs across real worker processes (see test_pipeline.py).
+# Under the sanitizer build the schedule sweep is shortened (--quick): the
+# plain build runs all of it.
+set -euo pipefail
+BUILD=$1; SRC=$2
+[ -x "$BUILD/pipewright-worker" ] || { echo "no $BUILD/pipewright-worker"; exit 1; }
+args=()
+[ "${PW_SANITIZE:-OFF}" = "ON" ] && args+=(--quick)
+exec /usr/bin/python3 "$(dirname "$0")/test_pipeline.py" "$BUILD" "$SRC" "${args[@]}"
