@@ -13,8 +13,9 @@ import st  # noqa: E402
 def main():
     result, ref_log, ref_ckpt = sys.argv[1], sys.argv[2], sys.argv[3]
     tol = float(sys.argv[4]) if len(sys.argv) > 4 else 1e-5
+    start = int(sys.argv[5]) if len(sys.argv) > 5 else 0   # a resumed run's first step
     r = json.load(open(result))
-    ref = [json.loads(l) for l in open(ref_log)]
+    ref = [json.loads(l) for l in open(ref_log)][start:]
     bad = []
     for e in ref:
         k = str(e["step"])
@@ -35,8 +36,8 @@ def main():
         worst = max(worst, (err, name))
         if err > tol:
             bad.append(f"{name}: relative error {err:.3g} > {tol}")
-    print(f"compare: {len(ref)} steps, {len(b)} tensors, worst tensor {worst[1]} {worst[0]:.3g}, "
-          f"last loss {r['losses'].get(str(len(ref) - 1))} vs {ref[-1]['loss']}")
+    print(f"compare: {len(ref)} steps from {start}, {len(b)} tensors, worst tensor {worst[1]} {worst[0]:.3g}, "
+          f"last loss {r['losses'].get(str(ref[-1]['step']))} vs {ref[-1]['loss']}")
     for m in bad[:20]:
         print("  MISMATCH", m)
     return 1 if bad else 0

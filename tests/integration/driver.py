@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--kill-rank", type=int, default=-1)
     ap.add_argument("--kill-at-step", type=int, default=-1)
     ap.add_argument("--fuzz", action="store_true")
+    ap.add_argument("--resume", help="checkpoint directory (stage-<s>.safetensors) to start from")
+    ap.add_argument("--start-step", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -148,8 +150,8 @@ def main():
             stages = [s for s, pr in enumerate(s2r) if pr == r % pp]
             send_msg(c.sock, {"type": "assign", "job": 1, "run": 1, "rank": r, "spec": job, "stages": stages,
                               "plan": plan["plan"], "peers": peers, "steps": job["train"]["steps"],
-                              "start_step": 0, "checkpoint_dir": os.path.join(a.out, "ckpt"),
-                              "trace_every": a.trace_every})
+                              "start_step": a.start_step, "checkpoint_dir": os.path.join(a.out, "ckpt"),
+                              "trace_every": a.trace_every, **({"resume": a.resume} if a.resume else {})})
 
     def finished():
         if a.kill_rank >= 0 and killed:

@@ -75,14 +75,14 @@ class Suite:
             self.refs[key] = d
         return self.refs[key]
 
-    def equal_run(self, label, spec, *extra):
+    def equal_run(self, label, spec, *extra, start=0):
         p, res, d = self.drive(label, spec, *extra)
         if not self.check(f"{label}: run completes", p.returncode == 0 and res is not None,
                           (p.stdout + p.stderr)[-600:]):
             return None
         ref = self.reference(spec)
         c = subprocess.run([PY, os.path.join(HERE, "compare_run.py"), os.path.join(d, "out", "result.json"),
-                            os.path.join(ref, "ref.jsonl"), os.path.join(ref, "ref.safetensors"), "1e-5"],
+                            os.path.join(ref, "ref.jsonl"), os.path.join(ref, "ref.safetensors"), "1e-5", str(start)],
                            capture_output=True, text=True)
         self.check(f"{label}: equals the single-process run", c.returncode == 0, (c.stdout + c.stderr).strip())
         self.check(f"{label}: workers exit cleanly", res["exit_codes"] == [0] * len(res["exit_codes"]),
@@ -111,6 +111,20 @@ def main():
         t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
         t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
+
+        # Checkpoints every 5 steps; a second run resumes from step 5 and ends
+        # where the straight run ends.
+        spec = job("interleaved-1f1b", 2, 2, 4)
+        spec["train"]["checkpoint_every"] = 5
+        out = t.equal_run("ckpt-every-5", spec)
+        if out:
+            res, d = out
+            mid = os.path.join(d, "out", "ckpt", "job-1", "step-5")
+            t.check("checkpoint at step 5 of every stage",
+                    sorted(os.listdir(mid)) == sorted([f"stage-{s}.safetensors" for s in range(4)] +
+                                                      [f"stage-{s}.optim.safetensors" for s in range(4)]),
+                    str(os.listdir(mid)))
+            t.equal_run("resume-from-5", spec, "--resume", mid, "--start-step", "5", start=5)
 
         # A worker killed mid-run: the others stop, naming it.
         p, res, d = t.drive("kill", job("1f1b", 4, 1, 8, steps=200), "--kill-rank", "2", "--kill-at-step", "3")
