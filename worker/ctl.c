@@ -118,8 +118,8 @@ static void handle(pw_worker *w, json_t *msg) {
     }
   } else if (!strcmp(type, "cancel")) {
     pw_run *r = w->run;
-    if (r && (json_int_t)r->job == json_integer_value(json_object_get(msg, "job")) &&
-        r->run_id == (int)json_integer_value(json_object_get(msg, "run")))
+    int run = (int)json_integer_value(json_object_get(msg, "run")); /* 0: any run of the job */
+    if (r && (json_int_t)r->job == json_integer_value(json_object_get(msg, "job")) && (run == 0 || r->run_id == run))
       pw_run_cancel(r, json_string_value(json_object_get(msg, "reason")));
   } else if (!strcmp(type, "shutdown")) {
     pw_info("coordinator asked us to shut down");

@@ -1,0 +1,183 @@
+/* coord: the shared model of coord.h — per-thread store connections, the
+ * worker registry snapshot, counters, and the Prometheus exposition. */
+#include "coord.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+static _Thread_local pw_store *tls_store;
+static _Thread_local pw_coord *tls_owner;
+
+pw_store *pw_coord_store(pw_coord *c) {
+  if (tls_store && tls_owner == c) return tls_store;
+  pw_store *s = NULL;
+  pw_err err = {0};
+  if (pw_store_open(c->db_path, &s, &err)) {
+    char b[512];
+    pw_error("cannot open the store %s: %s", c->db_path, pw_err_str(&err, b, sizeof b));
+    return NULL;
+  }
+  pthread_mutex_lock(&c->mu);
+  pw_store **ns = realloc(c->stores, sizeof *ns * (size_t)(c->n_stores + 1));
+  if (ns) {
+    c->stores = ns;
+    c->stores[c->n_stores++] = s;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (!ns) {
+    pw_store_close(s);
+    return NULL;
+  }
+  tls_store = s;
+  tls_owner = c;
+  return s;
+}
+
+void pw_coord_wake(pw_coord *c) {
+  if (c->loop) uv_async_send(&c->wake);
+}
+
+static const char *worker_state(const pw_worker_info *w) {
+  return !w->connected ? "lost" : w->job ? "busy" : "idle";
+}
+
+json_t *pw_coord_workers_json(pw_coord *c) {
+  json_t *arr = json_array();
+  double now = pw_store_now();
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < c->n_workers; i++) {
+    const pw_worker_info *w = &c->workers[i];
+    json_t *o = json_pack("{s:I, s:s, s:s, s:s, s:f, s:i, s:i, s:s}", "id", (json_int_t)w->id, "name", w->name, "addr",
+                          w->addr, "state", worker_state(w), "heartbeat_age", now - w->last_heartbeat, "cores",
+                          w->cores, "threads", w->threads, "software", w->software);
+    json_object_set_new(o, "job", w->job ? json_integer((json_int_t)w->job) : json_null());
+    json_object_set_new(o, "rank", w->job ? json_integer(w->rank) : json_null());
+    json_array_append_new(arr, o);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return json_pack("{s:o}", "workers", arr);
+}
+
+void pw_coord_worker_counts(pw_coord *c, int *idle, int *busy, int *lost) {
+  int i0 = 0, b0 = 0, l0 = 0;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < c->n_workers; i++) {
+    const pw_worker_info *w = &c->workers[i];
+    if (!w->connected) l0++;
+    else if (w->job) b0++;
+    else i0++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (idle) *idle = i0;
+  if (busy) *busy = b0;
+  if (lost) *lost = l0;
+}
+
+void pw_coord_count_http(pw_coord *c, int status) {
+  int k = status / 100;
+  if (k < 1 || k > 5) return;
+  pthread_mutex_lock(&c->mu);
+  c->http_requests[k]++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void pw_coord_count_step(pw_coord *c, double seconds) {
+  pthread_mutex_lock(&c->mu);
+  int b = 0;
+  double le = 0.001;
+  while (b < PW_HIST_BUCKETS && seconds > le) {
+    le *= 2;
+    b++;
+  }
+  c->step_hist[b]++;
+  c->step_time_sum += seconds;
+  c->step_count++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* A growing string for the exposition. */
+typedef struct {
+  char *s;
+  size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+  va_list ap;
+  for (;;) {
+    va_start(ap, fmt);
+    int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    if (k < 0) return;
+    if (b->s && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t nc = b->cap ? b->cap * 2 : 4096;
+    while (nc < b->n + (size_t)k + 1) nc *= 2;
+    char *ns = realloc(b->s, nc);
+    if (!ns) return;
+    b->s = ns;
+    b->cap = nc;
+  }
+}
+
+char *pw_coord_metrics_text(pw_coord *c) {
+  sbuf b = {0};
+  int64_t counts[PW_JOB__N] = {0}, steps = 0;
+  double tokens = 0;
+  pw_store *s = pw_coord_store(c);
+  if (s) pw_store_totals(s, counts, &steps, &tokens, NULL);
+  sb_printf(&b, "# HELP pipewright_jobs Jobs by state.\n# TYPE pipewright_jobs gauge\n");
+  for (int st = 0; st < PW_JOB__N; st++)
+    sb_printf(&b, "pipewright_jobs{state=\"%s\"} %lld\n", pw_job_state_name(st), (long long)counts[st]);
+  int idle, busy, lost;
+  pw_coord_worker_counts(c, &idle, &busy, &lost);
+  sb_printf(&b, "# HELP pipewright_workers Workers by state.\n# TYPE pipewright_workers gauge\n");
+  sb_printf(&b, "pipewright_workers{state=\"idle\"} %d\npipewright_workers{state=\"busy\"} %d\n"
+                "pipewright_workers{state=\"lost\"} %d\n", idle, busy, lost);
+  sb_printf(&b, "# HELP pipewright_steps_total Training steps recorded.\n# TYPE pipewright_steps_total counter\n"
+                "pipewright_steps_total %lld\n", (long long)steps);
+  sb_printf(&b, "# HELP pipewright_tokens_total Tokens trained on.\n# TYPE pipewright_tokens_total counter\n"
+                "pipewright_tokens_total %.0f\n", tokens);
+  pthread_mutex_lock(&c->mu);
+  uint64_t hist[PW_HIST_BUCKETS + 1], req[6], count = c->step_count;
+  double sum = c->step_time_sum;
+  memcpy(hist, c->step_hist, sizeof hist);
+  memcpy(req, c->http_requests, sizeof req);
+  pthread_mutex_unlock(&c->mu);
+  sb_printf(&b, "# HELP pipewright_step_seconds Wall time of a training step.\n"
+                "# TYPE pipewright_step_seconds histogram\n");
+  uint64_t cum = 0;
+  double le = 0.001;
+  for (int i = 0; i < PW_HIST_BUCKETS; i++, le *= 2) {
+    cum += hist[i];
+    sb_printf(&b, "pipewright_step_seconds_bucket{le=\"%g\"} %llu\n", le, (unsigned long long)cum);
+  }
+  cum += hist[PW_HIST_BUCKETS];
+  sb_printf(&b, "pipewright_step_seconds_bucket{le=\"+Inf\"} %llu\npipewright_step_seconds_sum %.6f\n"
+                "pipewright_step_seconds_count %llu\n", (unsigned long long)cum, sum, (unsigned long long)count);
+  sb_printf(&b, "# HELP pipewright_http_requests_total HTTP requests answered, by status class.\n"
+                "# TYPE pipewright_http_requests_total counter\n");
+  for (int k = 1; k <= 5; k++)
+    sb_printf(&b, "pipewright_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)req[k]);
+  return b.s;
+}
+
+int pw_coord_cancel(pw_coord *c, int64_t job, pw_err *err) {
+  pw_store *s = pw_coord_store(c);
+  if (!s) return pw_err_set(err, PW_EIO, "store", "the store is not available");
+  pw_job_brief jb;
+  int rc = pw_store_job_brief(s, job, &jb, err);
+  if (rc) return rc;
+  free(jb.spec);
+  if (pw_job_state_terminal(jb.state))
+    return pw_err_set(err, PW_ECONFLICT, "job", "job %lld is already %s", (long long)job, pw_job_state_name(jb.state));
+  rc = pw_store_job_set_state(s, job, PW_JOB_CANCELLED, "cancelled by request", NULL, err);
+  if (!rc) pw_coord_wake(c); /* the loop stops its workers */
+  return rc;
+}

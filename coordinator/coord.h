@@ -1,0 +1,107 @@
+/* coord: the coordinator's shared model — where the HTTP threads
+ * (libmicrohttpd) and the control loop (libuv, worker links, scheduling)
+ * meet.
+ *
+ * The store is the source of truth for jobs and everything recorded about
+ * them; each thread uses its own connection (pw_coord_store). What lives
+ * only in memory — the registry of connected workers, counters for
+ * /metrics — sits behind one mutex, held briefly and never across I/O.
+ * The HTTP side changes jobs through the store and then wakes the loop
+ * (pw_coord_wake), which does everything that talks to workers. */
+#ifndef PW_COORD_H
+#define PW_COORD_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "control.h"
+#include "store.h"
+
+#define PW_HIST_BUCKETS 12
+
+typedef struct pw_coord pw_coord;
+
+/* A connected worker, as the API shows it. */
+typedef struct {
+  int64_t id;
+  char name[64];
+  char addr[96];          /* data-plane address */
+  char software[64];
+  int cores, threads;
+  int connected;
+  double last_heartbeat;  /* epoch seconds */
+  int64_t job;            /* job it runs, 0 if idle */
+  int rank;               /* its rank in that job */
+} pw_worker_info;
+
+struct pw_coord {
+  /* configuration (read-only after start) */
+  char http_host[64];
+  int http_port;          /* actual port after bind */
+  char ctl_host[64];
+  int ctl_port;           /* actual port after bind */
+  char db_path[512];
+  char web_dir[512];
+  char state_dir[512];
+  char api_token[PW_CONTROL_TOKEN_MAX + 1];     /* empty: no auth */
+  char cluster_token[PW_CONTROL_TOKEN_MAX + 1]; /* empty: none */
+  double heartbeat_interval, heartbeat_timeout;
+  size_t max_body;        /* request body bound (bytes) */
+
+  /* the control loop */
+  uv_loop_t *loop;
+  uv_async_t wake;
+
+  /* guarded by mu */
+  pthread_mutex_t mu;
+  pw_worker_info *workers;
+  int n_workers, cap_workers;
+  /* counters for /metrics */
+  uint64_t http_requests[6];        /* by status class: 1xx..5xx, index 0 unused */
+  uint64_t step_hist[PW_HIST_BUCKETS + 1]; /* step times: le 0.001 * 2^i s, then +Inf */
+  double step_time_sum;
+  uint64_t step_count;
+
+  /* per-thread store connections, closed at shutdown (guarded by mu) */
+  pw_store **stores;
+  int n_stores;
+
+  void *ctl;              /* ctlsrv.c's state (loop thread only) */
+  void *http;             /* http.c's state: the libmicrohttpd daemon */
+  int stopping;
+};
+
+/* The calling thread's store connection (opened on first use); NULL if the
+ * database cannot be opened (logged). */
+pw_store *pw_coord_store(pw_coord *c);
+/* Tell the loop to look at the jobs again (thread-safe). */
+void pw_coord_wake(pw_coord *c);
+/* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",
+ *   "heartbeat_age","job","rank","cores","threads","software"}]} (new ref). */
+json_t *pw_coord_workers_json(pw_coord *c);
+/* Counts of connected workers: idle and busy. */
+void pw_coord_worker_counts(pw_coord *c, int *idle, int *busy, int *lost);
+/* Record one HTTP answer's status for /metrics. */
+void pw_coord_count_http(pw_coord *c, int status);
+/* Record one step's time for the histogram. */
+void pw_coord_count_step(pw_coord *c, double seconds);
+/* Prometheus text exposition of everything above plus the store's totals
+ * (malloc'd string). */
+char *pw_coord_metrics_text(pw_coord *c);
+
+/* Cancel a job: queued -> cancelled at once; a running one is marked
+ * cancelled and the loop stops its workers. PW_ENOENT, PW_ECONFLICT when
+ * already finished. */
+int pw_coord_cancel(pw_coord *c, int64_t job, pw_err *err);
+
+/* http.c: the REST API server (libmicrohttpd, its own threads). */
+int pw_http_start(pw_coord *c, pw_err *err);
+void pw_http_stop(pw_coord *c);
+
+/* ctlsrv.c: the control plane on the loop (worker links, scheduling). */
+int pw_ctl_server_start(pw_coord *c, pw_err *err);
+void pw_ctl_server_stop(pw_coord *c);
+
+#endif

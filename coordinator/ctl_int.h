@@ -1,0 +1,67 @@
+/* ctl_int: the control loop's private state, shared by ctlsrv.c (worker
+ * links) and sched.c (jobs: dispatch, following runs, cancel). Loop
+ * thread only. */
+#ifndef PW_CTL_INT_H
+#define PW_CTL_INT_H
+
+#include "coord.h"
+
+typedef struct pw_wconn pw_wconn;
+typedef struct pw_jobrt pw_jobrt;
+
+/* A worker's control link. */
+struct pw_wconn {
+  uv_tcp_t tcp;
+  pw_coord *c;
+  pw_control_reader reader;
+  int registered;
+  int closing;
+  int64_t id;              /* store id once registered */
+  char name[64];
+  char addr[96];
+  double last_seen;        /* monotonic seconds */
+  pw_jobrt *job;           /* the run it serves, or NULL */
+  int rank;
+  pw_wconn *next;
+};
+
+#define PW_STEP_RING 8
+
+/* A step's reports being collected from every rank. */
+typedef struct {
+  int step;                /* -1: free */
+  int reports;
+  double loss, tokens, step_time, grad_norm, lr;
+  int has_loss;
+} pw_step_acc;
+
+/* A job running on workers. */
+struct pw_jobrt {
+  int64_t job, run;
+  int n_ranks, n_stages, steps, start_step;
+  pw_wconn **ranks;        /* [n_ranks] */
+  int done;
+  pw_step_acc acc[PW_STEP_RING];
+  pw_jobrt *next;
+};
+
+typedef struct {
+  uv_tcp_t listener;
+  uv_timer_t tick;
+  pw_wconn *conns;
+  pw_jobrt *jobs;
+  double last_store_seen;  /* throttles worker heartbeats to the store */
+} pw_ctl;
+
+double pw_mono(void);
+/* ctlsrv.c */
+void pw_ctl_send_msg(pw_wconn *w, json_t *msg);  /* steals msg */
+void pw_ctl_drop(pw_wconn *w, const char *why);
+void pw_registry_update(pw_coord *c, pw_wconn *w);
+/* sched.c */
+void pw_sched_tick(pw_coord *c);
+void pw_sched_on_message(pw_coord *c, pw_wconn *w, json_t *msg);
+void pw_sched_on_lost(pw_coord *c, pw_wconn *w, const char *why);
+void pw_sched_shutdown(pw_coord *c);
+
+#endif

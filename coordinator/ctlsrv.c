@@ -1,0 +1,308 @@
+/* ctlsrv: the coordinator's control plane — accepts worker links,
+ * registers workers (protocol version and cluster token checked, a refusal
+ * says why), follows their heartbeats, and hands everything about jobs to
+ * sched.c. A malformed message closes that worker's link with the reason
+ * logged; the daemon goes on. Loop thread only. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_int.h"
+#include "log.h"
+
+double pw_mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
+
+/* ---- the registry the API shows ----------------------------------------- */
+
+static pw_worker_info *registry_find(pw_coord *c, const char *name) {
+  for (int i = 0; i < c->n_workers; i++)
+    if (!strcmp(c->workers[i].name, name)) return &c->workers[i];
+  return NULL;
+}
+
+void pw_registry_update(pw_coord *c, pw_wconn *w) {
+  pthread_mutex_lock(&c->mu);
+  pw_worker_info *wi = registry_find(c, w->name);
+  if (wi) {
+    wi->connected = w->registered && !w->closing;
+    wi->job = w->job ? w->job->job : 0;
+    wi->rank = w->rank;
+    wi->last_heartbeat = pw_store_now() - (pw_mono() - w->last_seen);
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void registry_add(pw_coord *c, pw_wconn *w, json_t *reg) {
+  pthread_mutex_lock(&c->mu);
+  pw_worker_info *wi = registry_find(c, w->name);
+  if (!wi) {
+    if (c->n_workers == c->cap_workers) {
+      int nc = c->cap_workers ? c->cap_workers * 2 : 16;
+      pw_worker_info *nw = realloc(c->workers, sizeof *nw * (size_t)nc);
+      if (!nw) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+      }
+      c->workers = nw;
+      c->cap_workers = nc;
+    }
+    wi = &c->workers[c->n_workers++];
+    memset(wi, 0, sizeof *wi);
+    snprintf(wi->name, sizeof wi->name, "%s", w->name);
+  }
+  wi->id = w->id;
+  snprintf(wi->addr, sizeof wi->addr, "%s", w->addr);
+  snprintf(wi->software, sizeof wi->software, "%s", json_string_value(json_object_get(reg, "software")));
+  wi->cores = (int)json_integer_value(json_object_get(reg, "cores"));
+  wi->threads = (int)json_integer_value(json_object_get(reg, "threads"));
+  wi->connected = 1;
+  wi->job = 0;
+  wi->last_heartbeat = pw_store_now();
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- links -------------------------------------------------------------- */
+
+typedef struct {
+  uv_write_t req;
+  uint8_t *data;
+} wmsg;
+
+static void on_written(uv_write_t *req, int status) {
+  wmsg *m = (wmsg *)req;
+  free(m->data);
+  free(m);
+}
+
+void pw_ctl_send_msg(pw_wconn *w, json_t *msg) {
+  if (!msg) return;
+  if (w->closing) {
+    json_decref(msg);
+    return;
+  }
+  wmsg *m = calloc(1, sizeof *m);
+  size_t len = 0;
+  if (!m || pw_control_encode(msg, &m->data, &len)) {
+    pw_error("cannot encode a %s message for %s", pw_control_type(msg), w->name);
+    free(m);
+    json_decref(msg);
+    return;
+  }
+  json_decref(msg);
+  uv_buf_t b = uv_buf_init((char *)m->data, (unsigned)len);
+  if (uv_write(&m->req, (uv_stream_t *)&w->tcp, &b, 1, on_written)) {
+    free(m->data);
+    free(m);
+  }
+}
+
+static void on_closed(uv_handle_t *h) {
+  pw_wconn *w = h->data;
+  pw_control_reader_free(&w->reader);
+  free(w);
+}
+
+void pw_ctl_drop(pw_wconn *w, const char *why) {
+  if (w->closing) return;
+  pw_coord *c = w->c;
+  pw_ctl *ctl = ctl_of(c);
+  if (why) pw_warn("worker %s: dropping its link: %s", w->name[0] ? w->name : "(unregistered)", why);
+  w->closing = 1;
+  for (pw_wconn **p = &ctl->conns; *p; p = &(*p)->next)
+    if (*p == w) {
+      *p = w->next;
+      break;
+    }
+  if (w->registered) {
+    if (w->job) pw_sched_on_lost(c, w, why ? why : "link closed");
+    pw_registry_update(c, w);
+    pw_store *s = pw_coord_store(c);
+    if (s) pw_store_worker_seen(s, w->id, "lost", NULL);
+  }
+  uv_close((uv_handle_t *)&w->tcp, on_closed);
+}
+
+static void on_register(pw_wconn *w, json_t *msg) {
+  pw_coord *c = w->c;
+  char reason[256] = "";
+  int version = (int)json_integer_value(json_object_get(msg, "version"));
+  const char *token = json_string_value(json_object_get(msg, "token"));
+  const char *name = json_string_value(json_object_get(msg, "name"));
+  if (version != PW_PROTO_VERSION)
+    snprintf(reason, sizeof reason, "protocol version %d is not supported (this coordinator speaks %d)", version,
+             PW_PROTO_VERSION);
+  else if (c->cluster_token[0] && !pw_control_token_equal(token, c->cluster_token))
+    snprintf(reason, sizeof reason, "wrong cluster token");
+  else if (!name[0] || strlen(name) >= sizeof w->name)
+    snprintf(reason, sizeof reason, "worker name must be 1..%zu bytes", sizeof w->name - 1);
+  if (reason[0]) {
+    pw_warn("refusing worker '%s': %s", name, reason);
+    pw_ctl_send_msg(w, json_pack("{s:s, s:s}", "type", "refused", "reason", reason));
+    pw_ctl_drop(w, NULL);
+    return;
+  }
+  /* The same worker back after a restart or a dropped link we had not
+   * noticed yet: the new link replaces the old one. */
+  pw_wconn *next;
+  for (pw_wconn *o = ctl_of(c)->conns; o; o = next) {
+    next = o->next;
+    if (o != w && o->registered && !strcmp(o->name, name)) pw_ctl_drop(o, "replaced by a new connection of the same worker");
+  }
+  snprintf(w->name, sizeof w->name, "%s", name);
+  snprintf(w->addr, sizeof w->addr, "%s", json_string_value(json_object_get(msg, "data_addr")));
+  pw_store *s = pw_coord_store(c);
+  pw_err err = {0};
+  if (!s || pw_store_worker_register(s, w->name, w->addr, (int)json_integer_value(json_object_get(msg, "cores")),
+                                     (int)json_integer_value(json_object_get(msg, "threads")),
+                                     json_string_value(json_object_get(msg, "software")), &w->id, &err)) {
+    pw_ctl_send_msg(w, json_pack("{s:s, s:s}", "type", "refused", "reason", "coordinator store unavailable"));
+    pw_ctl_drop(w, "store unavailable");
+    return;
+  }
+  w->registered = 1;
+  w->last_seen = pw_mono();
+  registry_add(c, w, msg);
+  pw_info("worker %s registered (id %lld, data plane %s)", w->name, (long long)w->id, w->addr);
+  pw_ctl_send_msg(w, json_pack("{s:s, s:i, s:I, s:f}", "type", "welcome", "version", PW_PROTO_VERSION, "worker_id",
+                               (json_int_t)w->id, "heartbeat_interval", c->heartbeat_interval));
+  pw_sched_tick(c);
+}
+
+static void on_message(pw_wconn *w, json_t *msg) {
+  const char *type = pw_control_type(msg);
+  if (pw_control_msg_dir(type) != PW_CONTROL_TO_COORD) {
+    pw_ctl_drop(w, "a worker sent a coordinator-to-worker message");
+    return;
+  }
+  if (!w->registered) {
+    if (strcmp(type, "register")) pw_ctl_drop(w, "first message is not register");
+    else on_register(w, msg);
+    return;
+  }
+  w->last_seen = pw_mono();
+  if (!strcmp(type, "register")) {
+    pw_ctl_drop(w, "registered twice");
+    return;
+  }
+  if (!strcmp(type, "heartbeat")) {
+    pw_registry_update(w->c, w);
+    /* A worker still busy with a job we are not running here (say, from
+     * before a coordinator restart) is told to stop it. */
+    json_t *job = json_object_get(msg, "job");
+    if (json_is_integer(job) && (!w->job || w->job->job != json_integer_value(job)))
+      pw_ctl_send_msg(w, json_pack("{s:s, s:O, s:i, s:s}", "type", "cancel", "job", job, "run", 0, "reason",
+                                   "not a run of this coordinator"));
+    return;
+  }
+  pw_sched_on_message(w->c, w, msg);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  pw_wconn *w = h->data;
+  void *base;
+  size_t len;
+  pw_control_reader_next_buf(&w->reader, &base, &len);
+  *buf = uv_buf_init(base, (unsigned)len);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+  pw_wconn *w = st->data;
+  if (n == 0 || w->closing) return;
+  if (n < 0) {
+    pw_ctl_drop(w, n == UV_EOF ? "worker closed the link" : uv_strerror((int)n));
+    return;
+  }
+  json_t *msg = NULL;
+  pw_err err = {0};
+  int rc = pw_control_reader_advance(&w->reader, (size_t)n, &msg, &err);
+  if (rc < 0) {
+    char b[512];
+    pw_ctl_drop(w, pw_err_str(&err, b, sizeof b));
+  } else if (rc == 1) {
+    on_message(w, msg);
+    json_decref(msg);
+  }
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  pw_coord *c = server->data;
+  if (status < 0) return;
+  pw_wconn *w = calloc(1, sizeof *w);
+  if (!w) return;
+  w->c = c;
+  w->rank = -1;
+  uv_tcp_init(c->loop, &w->tcp);
+  w->tcp.data = w;
+  pw_control_reader_init(&w->reader, 1 << 20); /* workers send small messages */
+  if (uv_accept(server, (uv_stream_t *)&w->tcp)) {
+    uv_close((uv_handle_t *)&w->tcp, on_closed);
+    return;
+  }
+  w->last_seen = pw_mono();
+  w->next = ctl_of(c)->conns;
+  ctl_of(c)->conns = w;
+  uv_read_start((uv_stream_t *)&w->tcp, on_alloc, on_read);
+}
+
+/* Every second: heartbeat timeouts (unregistered links get the same time
+ * to register), then a scheduling pass. */
+static void on_tick(uv_timer_t *t) {
+  pw_coord *c = t->data;
+  double now = pw_mono();
+  pw_wconn *next;
+  for (pw_wconn *w = ctl_of(c)->conns; w; w = next) {
+    next = w->next;
+    if (now - w->last_seen > c->heartbeat_timeout) {
+      char why[96];
+      snprintf(why, sizeof why, "no heartbeat for %.1f s", now - w->last_seen);
+      pw_ctl_drop(w, why);
+    }
+  }
+  pw_sched_tick(c);
+}
+
+static void on_wake(uv_async_t *a) { pw_sched_tick(a->data); }
+
+int pw_ctl_server_start(pw_coord *c, pw_err *err) {
+  pw_ctl *ctl = calloc(1, sizeof *ctl);
+  if (!ctl) return pw_err_set(err, PW_ENOMEM, "control", "out of memory");
+  c->ctl = ctl;
+  struct sockaddr_storage sa;
+  if (uv_ip4_addr(c->ctl_host, c->ctl_port, (struct sockaddr_in *)&sa) &&
+      uv_ip6_addr(c->ctl_host, c->ctl_port, (struct sockaddr_in6 *)&sa))
+    return pw_err_set(err, PW_EINVAL, "--control", "'%s' is not an IP address", c->ctl_host);
+  uv_tcp_init(c->loop, &ctl->listener);
+  ctl->listener.data = c;
+  int rc = uv_tcp_bind(&ctl->listener, (struct sockaddr *)&sa, 0);
+  if (!rc) rc = uv_listen((uv_stream_t *)&ctl->listener, 128, on_connection);
+  if (rc) return pw_err_set(err, PW_EIO, "--control", "cannot listen on %s:%d: %s", c->ctl_host, c->ctl_port, uv_strerror(rc));
+  int len = sizeof sa;
+  uv_tcp_getsockname(&ctl->listener, (struct sockaddr *)&sa, &len);
+  c->ctl_port = sa.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&sa)->sin_port)
+                                        : ntohs(((struct sockaddr_in6 *)&sa)->sin6_port);
+  uv_async_init(c->loop, &c->wake, on_wake);
+  c->wake.data = c;
+  uv_timer_init(c->loop, &ctl->tick);
+  ctl->tick.data = c;
+  uv_timer_start(&ctl->tick, on_tick, 1000, 1000);
+  return 0;
+}
+
+void pw_ctl_server_stop(pw_coord *c) {
+  pw_ctl *ctl = ctl_of(c);
+  if (!ctl) return;
+  pw_sched_shutdown(c);
+  uv_timer_stop(&ctl->tick);
+  uv_close((uv_handle_t *)&ctl->tick, NULL);
+  uv_close((uv_handle_t *)&ctl->listener, NULL);
+  uv_close((uv_handle_t *)&c->wake, NULL);
+  while (ctl->conns) {
+    pw_ctl_drop(ctl->conns, NULL);
+  }
+}

@@ -1,0 +1,197 @@
+/* main: pipewright-coordinator — options, the store, the control loop
+ * (libuv) on this thread, the REST API (libmicrohttpd) on its own threads,
+ * signals. SIGTERM/SIGINT stop it cleanly: running jobs go back to the
+ * queue with an event saying why, workers are told to stop, nothing the
+ * API accepted is lost (and a kill -9 loses nothing committed either: at
+ * start, jobs caught mid-flight are queued again). */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "coord.h"
+#include "log.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright-coordinator [options]\n"
+          "  --http ADDR:PORT          REST API and dashboard (default 127.0.0.1:8080)\n"
+          "  --control ADDR:PORT       worker control links (default 127.0.0.1:7070)\n"
+          "  --state-dir DIR           database and scratch (default ./pipewright-coordinator)\n"
+          "  --db FILE                 SQLite database (default STATE_DIR/pipewright.db)\n"
+          "  --web DIR                 dashboard files to serve at /\n"
+          "  --token-file FILE         bearer token required by the API\n"
+          "  --cluster-token-file FILE token workers must present\n"
+          "  --heartbeat-timeout SECS  a worker silent this long is lost (default 10)\n"
+          "  --ready-file FILE         write {\"http\": PORT, \"control\": PORT} once serving\n"
+          "  --log-level LEVEL         debug | info | warn | error (default info)\n"
+          "  --help, --version\n"
+          "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
+}
+
+static int split_hostport(const char *s, char *host, size_t cap, int *port) {
+  const char *c = strrchr(s, ':');
+  if (!c || c == s || (size_t)(c - s) >= cap) return -1;
+  char *end;
+  long p = strtol(c + 1, &end, 10);
+  if (*end || p < 0 || p > 65535) return -1;
+  memcpy(host, s, (size_t)(c - s));
+  host[c - s] = 0;
+  *port = (int)p;
+  return 0;
+}
+
+static int is_loopback(const char *host) {
+  return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
+}
+
+static int read_token(const char *path, char *buf, size_t cap) {
+  pw_err err = {0};
+  if (pw_control_read_token_file(path, buf, cap, &err) < 0) {
+    char b[512];
+    fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
+    return -1;
+  }
+  return 0;
+}
+
+static pw_coord coord;
+static uv_signal_t sigint_h, sigterm_h;
+
+static void on_signal(uv_signal_t *h, int signum) {
+  pw_coord *c = h->data;
+  if (c->stopping) return;
+  pw_info("signal %d: shutting down", signum);
+  pw_ctl_server_stop(c); /* running jobs back to the queue, workers told */
+  c->stopping = 1;
+  pw_http_stop(c);
+  uv_close((uv_handle_t *)&sigint_h, NULL);
+  uv_close((uv_handle_t *)&sigterm_h, NULL);
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {{"http", required_argument, 0, 'H'},
+                                       {"control", required_argument, 0, 'C'},
+                                       {"state-dir", required_argument, 0, 's'},
+                                       {"db", required_argument, 0, 'd'},
+                                       {"web", required_argument, 0, 'w'},
+                                       {"token-file", required_argument, 0, 't'},
+                                       {"cluster-token-file", required_argument, 0, 'k'},
+                                       {"heartbeat-timeout", required_argument, 0, 'T'},
+                                       {"ready-file", required_argument, 0, 'r'},
+                                       {"log-level", required_argument, 0, 'L'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {"version", no_argument, 0, 'V'},
+                                       {0, 0, 0, 0}};
+  pw_coord *c = &coord;
+  const char *http = "127.0.0.1:8080", *ctl = "127.0.0.1:7070", *db = NULL, *ready = NULL;
+  const char *token_file = NULL, *cluster_file = NULL;
+  snprintf(c->state_dir, sizeof c->state_dir, "pipewright-coordinator");
+  c->heartbeat_timeout = 10;
+  c->heartbeat_interval = 1;
+  c->max_body = (size_t)8 << 20;
+  int o;
+  while ((o = getopt_long(argc, argv, "H:C:s:d:w:t:k:T:r:L:hV", opts, NULL)) != -1) {
+    switch (o) {
+      case 'H': http = optarg; break;
+      case 'C': ctl = optarg; break;
+      case 's': snprintf(c->state_dir, sizeof c->state_dir, "%s", optarg); break;
+      case 'd': db = optarg; break;
+      case 'w': snprintf(c->web_dir, sizeof c->web_dir, "%s", optarg); break;
+      case 't': token_file = optarg; break;
+      case 'k': cluster_file = optarg; break;
+      case 'T': c->heartbeat_timeout = atof(optarg); break;
+      case 'r': ready = optarg; break;
+      case 'L':
+        if (pw_log_parse_level(optarg) < 0) {
+          fprintf(stderr, "pipewright-coordinator: unknown log level '%s'\n", optarg);
+          return 2;
+        }
+        pw_log_set_level((pw_log_level)pw_log_parse_level(optarg));
+        break;
+      case 'h': usage(stdout); return 0;
+      case 'V': printf("pipewright-coordinator %s\n", PW_VERSION); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc || c->heartbeat_timeout <= 0) {
+    usage(stderr);
+    return 2;
+  }
+  if (split_hostport(http, c->http_host, sizeof c->http_host, &c->http_port)) {
+    fprintf(stderr, "pipewright-coordinator: --http must be ADDR:PORT, got '%s'\n", http);
+    return 2;
+  }
+  if (split_hostport(ctl, c->ctl_host, sizeof c->ctl_host, &c->ctl_port)) {
+    fprintf(stderr, "pipewright-coordinator: --control must be ADDR:PORT, got '%s'\n", ctl);
+    return 2;
+  }
+  if (token_file && read_token(token_file, c->api_token, sizeof c->api_token)) return 1;
+  if (cluster_file && read_token(cluster_file, c->cluster_token, sizeof c->cluster_token)) return 1;
+  if (!is_loopback(c->http_host) && !c->api_token[0]) {
+    fprintf(stderr, "pipewright-coordinator: --http %s is beyond loopback: give --token-file\n", http);
+    return 2;
+  }
+  if (!is_loopback(c->ctl_host) && !c->cluster_token[0]) {
+    fprintf(stderr, "pipewright-coordinator: --control %s is beyond loopback: give --cluster-token-file\n", ctl);
+    return 2;
+  }
+  c->heartbeat_interval = c->heartbeat_timeout / 5 < 1 ? c->heartbeat_timeout / 5 : 1;
+  if (mkdir(c->state_dir, 0700) && errno != EEXIST) {
+    fprintf(stderr, "pipewright-coordinator: cannot create %s: %s\n", c->state_dir, strerror(errno));
+    return 1;
+  }
+  if (db)
+    snprintf(c->db_path, sizeof c->db_path, "%s", db);
+  else
+    snprintf(c->db_path, sizeof c->db_path, "%.480s/pipewright.db", c->state_dir);
+  pthread_mutex_init(&c->mu, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  pw_store *s = pw_coord_store(c);
+  if (!s) return 1;
+  pw_err err = {0};
+  char b[600];
+  int n = pw_store_recover(s, "coordinator restarted while the job was in flight", &err);
+  if (n < 0) {
+    fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
+    return 1;
+  }
+  if (n > 0) pw_info("%d job%s caught mid-flight queued again", n, n == 1 ? "" : "s");
+
+  c->loop = uv_default_loop();
+  if (pw_ctl_server_start(c, &err) || pw_http_start(c, &err)) {
+    fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
+    return 1;
+  }
+  uv_signal_init(c->loop, &sigint_h);
+  uv_signal_init(c->loop, &sigterm_h);
+  sigint_h.data = sigterm_h.data = c;
+  uv_signal_start(&sigint_h, on_signal, SIGINT);
+  uv_signal_start(&sigterm_h, on_signal, SIGTERM);
+  pw_info("coordinator: API on http://%s:%d/, control on %s:%d, store %s", c->http_host, c->http_port, c->ctl_host,
+          c->ctl_port, c->db_path);
+  if (ready) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", ready);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+      fprintf(f, "{\"http\": %d, \"control\": %d}\n", c->http_port, c->ctl_port);
+      fclose(f);
+      rename(tmp, ready);
+    }
+  }
+  pw_coord_wake(c); /* first scheduling pass */
+  uv_run(c->loop, UV_RUN_DEFAULT);
+  free(c->ctl);
+  for (int i = 0; i < c->n_stores; i++) pw_store_close(c->stores[i]);
+  free(c->stores);
+  free(c->workers);
+  uv_loop_close(c->loop);
+  pthread_mutex_destroy(&c->mu);
+  pw_info("stopped");
+  return 0;
+}

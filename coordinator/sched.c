@@ -1,0 +1,346 @@
+/* sched: the job lifecycle on the control loop.
+ *
+ *   queued -> planning -> dispatching -> running -> succeeded | failed | cancelled
+ *
+ * A queued job waits, and says so in its status, until enough idle workers
+ * are connected; then it is planned (the same pw_plan_build as
+ * `pipewright plan`), its run, partition, action lists and rank ->
+ * worker assignments are recorded, and each worker gets only its own
+ * rank's stages and action list. Step reports are collected from every
+ * rank and recorded as one metrics row per step. A worker that errs or is
+ * lost fails the run with a reason naming it, and the others are told to
+ * stop; a cancelled job's workers are stopped and freed. A run interrupted
+ * by a coordinator shutdown or crash goes back to the queue and resumes
+ * from the last complete checkpoint. Loop thread only. */
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl_int.h"
+#include "log.h"
+#include "plan.h"
+
+static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
+
+static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason) {
+  for (int r = 0; r < jr->n_ranks; r++) {
+    pw_wconn *w = jr->ranks[r];
+    if (!w) continue;
+    if (cancel_reason)
+      pw_ctl_send_msg(w, json_pack("{s:s, s:I, s:I, s:s}", "type", "cancel", "job", (json_int_t)jr->job, "run",
+                                   (json_int_t)jr->run, "reason", cancel_reason));
+    w->job = NULL;
+    w->rank = -1;
+    pw_registry_update(c, w);
+    jr->ranks[r] = NULL;
+  }
+}
+
+static void jobrt_remove(pw_coord *c, pw_jobrt *jr) {
+  for (pw_jobrt **p = &ctl_of(c)->jobs; *p; p = &(*p)->next)
+    if (*p == jr) {
+      *p = jr->next;
+      break;
+    }
+  free(jr->ranks);
+  free(jr);
+}
+
+/* The run ends: workers told (unless they finished) and freed, the run and
+ * the job recorded. job_state < 0 leaves the job's state alone. */
+static void end_run(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_state, const char *reason,
+                    const char *cancel_reason) {
+  pw_store *s = pw_coord_store(c);
+  release_workers(c, jr, cancel_reason);
+  if (s) {
+    pw_store_run_finish(s, jr->run, run_state, strcmp(run_state, "succeeded") ? reason : NULL, NULL);
+    if (job_state >= 0)
+      pw_store_job_set_state(s, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL, NULL);
+  }
+  pw_info("job %lld run %lld %s: %s", (long long)jr->job, (long long)jr->run, run_state, reason);
+  jobrt_remove(c, jr);
+}
+
+/* ---- dispatch ----------------------------------------------------------- */
+
+static int cmp_conn(const void *a, const void *b) {
+  const pw_wconn *x = *(pw_wconn *const *)a, *y = *(pw_wconn *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int idle_workers(pw_coord *c, pw_wconn **out, int cap) {
+  int n = 0;
+  for (pw_wconn *w = ctl_of(c)->conns; w; w = w->next)
+    if (w->registered && !w->closing && !w->job && n < cap) out[n++] = w;
+  qsort(out, (size_t)n, sizeof *out, cmp_conn);
+  return n;
+}
+
+static char *actions_text(const pw_sched *sc, int r) {
+  int len = pw_actions_format(sc->actions[r], sc->n_actions[r], NULL, 0);
+  char *t = malloc((size_t)len + 1);
+  if (t) pw_actions_format(sc->actions[r], sc->n_actions[r], t, (size_t)len + 1);
+  return t;
+}
+
+static void record_plan(pw_store *s, int64_t run, const pw_plan *p) {
+  for (int st = 0; st < p->S; st++) {
+    const pw_stage *sg = &p->part.stages[st];
+    json_t *names = json_array();
+    for (int l = sg->layer_lo; l < sg->layer_hi; l++) json_array_append_new(names, json_string(p->model.layers[l].name));
+    char *js = json_dumps(names, JSON_COMPACT);
+    pw_store_stage_insert(s, run, st, p->sched->stage_to_rank[st], js ? js : "[]", (int64_t)sg->params,
+                          (sg->flops_f + sg->flops_i + sg->flops_w) * p->mb_size, NULL);
+    free(js);
+    json_decref(names);
+  }
+  for (int r = 0; r < p->pp; r++) {
+    char *t = actions_text(p->sched, r);
+    if (t) pw_store_actions_insert(s, run, r, t, NULL);
+    free(t);
+  }
+}
+
+/* Where to resume: the last step every stage checkpointed (previous runs). */
+static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_t cap) {
+  json_t *ck = NULL;
+  if (pw_store_checkpoint_latest_json(s, job, n_stages, &ck, NULL)) return 0;
+  int step = (int)json_integer_value(json_object_get(ck, "step"));
+  const char *p0 = json_string_value(json_object_get(json_array_get(json_object_get(ck, "stages"), 0), "path"));
+  int ok = p0 && step > 0 && strlen(p0) < cap;
+  if (ok) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", p0);
+    snprintf(dir, cap, "%s", dirname(tmp));
+  }
+  json_decref(ck);
+  return ok ? step : 0;
+}
+
+static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, json_t *spec, pw_wconn **ws) {
+  pw_err err = {0};
+  char b[600];
+  int n = job->mesh.pp * job->mesh.dp;
+  pw_store_job_set_state(s, id, PW_JOB_PLANNING, "enough idle workers", NULL, NULL);
+  pw_plan p;
+  if (pw_plan_build(job, NULL, &p, &err)) {
+    pw_store_job_set_state(s, id, PW_JOB_FAILED, "planning failed", pw_err_str(&err, b, sizeof b), NULL);
+    return;
+  }
+  json_t *pj = pw_plan_json(job, &p);
+  char *pjs = json_dumps(pj, JSON_COMPACT);
+  int64_t run = 0;
+  int rc = pw_store_run_insert(s, id, pjs ? pjs : "{}", &run, &err);
+  free(pjs);
+  json_decref(pj);
+  if (rc) {
+    pw_store_job_set_state(s, id, PW_JOB_FAILED, "cannot record the run", pw_err_str(&err, b, sizeof b), NULL);
+    pw_plan_free(&p);
+    return;
+  }
+  record_plan(s, run, &p);
+  pw_store_job_set_state(s, id, PW_JOB_DISPATCHING, "plan recorded", NULL, NULL);
+  char resume[1024] = "";
+  int start = resume_point(s, id, p.S, resume, sizeof resume);
+  if (start >= job->train.steps) start = 0, resume[0] = 0;
+  pw_jobrt *jr = calloc(1, sizeof *jr);
+  if (jr) jr->ranks = calloc((size_t)n, sizeof *jr->ranks);
+  if (!jr || !jr->ranks) {
+    free(jr);
+    pw_store_job_set_state(s, id, PW_JOB_FAILED, "out of memory", "out of memory", NULL);
+    pw_plan_free(&p);
+    return;
+  }
+  jr->job = id;
+  jr->run = run;
+  jr->n_ranks = n;
+  jr->n_stages = p.S;
+  jr->steps = job->train.steps;
+  jr->start_step = start;
+  for (int k = 0; k < PW_STEP_RING; k++) jr->acc[k].step = -1;
+  json_t *peers = json_array(), *sched = pw_sched_to_json(p.sched);
+  for (int r = 0; r < n; r++) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", ws[r]->addr));
+  int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
+  char names[512] = "";
+  for (int r = 0; r < n; r++) {
+    pw_wconn *w = ws[r];
+    int stages[64], ns = pw_plan_rank_stages(&p, r % p.pp, stages, 64);
+    json_t *st = json_array();
+    for (int k = 0; k < ns && k < 64; k++) json_array_append_new(st, json_integer(stages[k]));
+    json_t *as = json_pack("{s:s, s:I, s:I, s:i, s:O, s:o, s:O, s:O, s:i, s:i, s:i}", "type", "assign", "job",
+                           (json_int_t)id, "run", (json_int_t)run, "rank", r, "spec", spec, "stages", st, "plan",
+                           sched, "peers", peers, "steps", job->train.steps, "start_step", start, "trace_every",
+                           trace_every);
+    if (resume[0]) json_object_set_new(as, "resume", json_string(resume));
+    w->job = jr;
+    w->rank = r;
+    jr->ranks[r] = w;
+    pw_registry_update(c, w);
+    pw_store_assignment_insert(s, run, r, w->id, w->name, NULL);
+    pw_ctl_send_msg(w, as);
+    size_t l = strlen(names);
+    snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
+  }
+  json_decref(peers);
+  json_decref(sched);
+  jr->next = ctl_of(c)->jobs;
+  ctl_of(c)->jobs = jr;
+  snprintf(b, sizeof b, "dispatched %d ranks to %s%s", n, names, start ? " (resuming)" : "");
+  if (start) {
+    size_t l = strlen(b);
+    snprintf(b + l, sizeof b - l, " from the checkpoint of step %d", start);
+  }
+  pw_store_job_set_state(s, id, PW_JOB_RUNNING, b, NULL, NULL);
+  pw_store_job_set_status(s, id, "", NULL);
+  pw_plan_free(&p);
+}
+
+/* ---- the periodic pass -------------------------------------------------- */
+
+void pw_sched_tick(pw_coord *c) {
+  pw_ctl *ctl = ctl_of(c);
+  if (!ctl || c->stopping) return;
+  pw_store *s = pw_coord_store(c);
+  if (!s) return;
+  /* Runs whose job was cancelled (or otherwise ended) through the API. */
+  pw_jobrt *next;
+  for (pw_jobrt *jr = ctl->jobs; jr; jr = next) {
+    next = jr->next;
+    pw_job_brief jb;
+    if (pw_store_job_brief(s, jr->job, &jb, NULL)) continue;
+    free(jb.spec);
+    if (jb.state == PW_JOB_CANCELLED) end_run(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
+  }
+  /* Queued jobs, oldest first; a job that does not fit does not hold back
+   * a later one that does. */
+  int64_t *ids = NULL;
+  int nq = 0;
+  if (pw_store_jobs_in_state(s, PW_JOB_QUEUED, &ids, &nq, NULL)) return;
+  for (int i = 0; i < nq; i++) {
+    pw_job_brief jb;
+    if (pw_store_job_brief(s, ids[i], &jb, NULL)) continue;
+    json_error_t je;
+    json_t *spec = json_loads(jb.spec, 0, &je);
+    free(jb.spec);
+    pw_job job;
+    pw_err err = {0};
+    char b[600];
+    if (!spec || pw_job_parse(spec, NULL, &job, &err)) {
+      pw_store_job_set_state(s, ids[i], PW_JOB_FAILED, "stored spec is invalid",
+                             spec ? pw_err_str(&err, b, sizeof b) : je.text, NULL);
+      json_decref(spec);
+      continue;
+    }
+    int need = job.mesh.pp * job.mesh.dp, idle_n, busy, lost;
+    pw_wconn *ws[1024];
+    idle_n = idle_workers(c, ws, 1024);
+    if (idle_n >= need) {
+      dispatch(c, s, ids[i], &job, spec, ws);
+    } else {
+      pw_coord_worker_counts(c, NULL, &busy, &lost);
+      snprintf(b, sizeof b, "waiting for %d idle worker%s (%d idle, %d busy connected)", need, need == 1 ? "" : "s",
+               idle_n, busy);
+      pw_store_job_set_status(s, ids[i], b, NULL);
+    }
+    pw_job_free(&job);
+    json_decref(spec);
+  }
+  free(ids);
+}
+
+/* ---- what workers report ------------------------------------------------- */
+
+static pw_step_acc *acc_for(pw_jobrt *jr, int step) {
+  pw_step_acc *free_slot = NULL;
+  for (int k = 0; k < PW_STEP_RING; k++) {
+    if (jr->acc[k].step == step) return &jr->acc[k];
+    if (jr->acc[k].step < 0 && !free_slot) free_slot = &jr->acc[k];
+  }
+  if (free_slot) {
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->step = step;
+  }
+  return free_slot;
+}
+
+static void on_step(pw_coord *c, pw_store *s, pw_jobrt *jr, int rank, json_t *msg) {
+  int step = (int)json_integer_value(json_object_get(msg, "step"));
+  json_t *acts = json_object_get(msg, "actions");
+  if (json_is_array(acts)) {
+    char *t = json_dumps(acts, JSON_COMPACT);
+    if (t) pw_store_timing_insert(s, jr->job, jr->run, step, rank, t, NULL);
+    free(t);
+  }
+  pw_step_acc *a = acc_for(jr, step);
+  if (!a) return;
+  a->reports++;
+  json_t *v;
+  if ((v = json_object_get(msg, "loss")) && json_is_number(v)) a->loss += json_number_value(v), a->has_loss = 1;
+  if ((v = json_object_get(msg, "tokens")) && json_is_number(v)) a->tokens += json_number_value(v);
+  if ((v = json_object_get(msg, "grad_norm")) && json_is_number(v)) a->grad_norm = json_number_value(v);
+  if ((v = json_object_get(msg, "lr")) && json_is_number(v)) a->lr = json_number_value(v);
+  double st = json_number_value(json_object_get(msg, "step_time"));
+  if (st > a->step_time) a->step_time = st;
+  if (a->reports < jr->n_ranks) return;
+  pw_metric m = {.step = step, .loss = a->loss, .step_time = a->step_time, .tokens = a->tokens,
+                 .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0, .grad_norm = a->grad_norm,
+                 .lr = a->lr};
+  pw_store_metric_insert(s, jr->job, jr->run, &m, NULL);
+  pw_store_job_progress(s, jr->job, step + 1, m.loss, m.tokens_per_s, NULL);
+  pw_coord_count_step(c, m.step_time);
+  a->step = -1;
+}
+
+void pw_sched_on_message(pw_coord *c, pw_wconn *w, json_t *msg) {
+  const char *type = pw_control_type(msg);
+  pw_jobrt *jr = w->job;
+  pw_store *s = pw_coord_store(c);
+  if (!s) return;
+  int64_t job = json_integer_value(json_object_get(msg, "job"));
+  int64_t run = json_integer_value(json_object_get(msg, "run"));
+  if (!jr || jr->job != job || (json_object_get(msg, "run") && jr->run != run)) {
+    /* late news of a run that ended (e.g. its error after we cancelled it) */
+    pw_debug("worker %s: %s for job %lld run %lld, not its current run", w->name, type, (long long)job,
+             (long long)run);
+    return;
+  }
+  if (!strcmp(type, "step")) {
+    on_step(c, s, jr, w->rank, msg);
+  } else if (!strcmp(type, "checkpoint")) {
+    json_t *stage = json_object_get(msg, "stage");
+    pw_store_checkpoint_insert(s, job, jr->run, (int)json_integer_value(json_object_get(msg, "step")),
+                               json_is_integer(stage) ? (int)json_integer_value(stage) : -1, w->rank,
+                               json_string_value(json_object_get(msg, "path")),
+                               json_integer_value(json_object_get(msg, "bytes")), NULL);
+  } else if (!strcmp(type, "done")) {
+    if (++jr->done == jr->n_ranks) end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+  } else if (!strcmp(type, "error")) {
+    char why[700];
+    snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name,
+             json_string_value(json_object_get(msg, "message")));
+    end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
+  }
+  pw_sched_tick(c);
+}
+
+void pw_sched_on_lost(pw_coord *c, pw_wconn *w, const char *why) {
+  pw_jobrt *jr = w->job;
+  if (!jr) return;
+  char reason[512];
+  snprintf(reason, sizeof reason, "worker %s (rank %d) lost: %s", w->name, w->rank, why);
+  jr->ranks[w->rank] = NULL;
+  w->job = NULL;
+  end_run(c, jr, "failed", PW_JOB_FAILED, reason, "a worker of this run was lost");
+}
+
+/* SIGTERM: running jobs go back to the queue (they resume from their last
+ * checkpoint when the coordinator is back); their workers stop. */
+void pw_sched_shutdown(pw_coord *c) {
+  pw_ctl *ctl = ctl_of(c);
+  while (ctl && ctl->jobs) {
+    pw_jobrt *jr = ctl->jobs;
+    end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down; the job will run again",
+            "coordinator shutting down");
+  }
+}

@@ -1,0 +1,711 @@
+/* store: the coordinator's SQLite store — opening a connection (pragmas,
+ * versioned migrations), the statement cache, and every write: workers,
+ * jobs and their state machine, runs, partitions, schedules, metrics,
+ * timings, checkpoints, events. The JSON views live in store_query.c.
+ *
+ * Each write that belongs together is one BEGIN IMMEDIATE transaction, so
+ * a kill -9 leaves either all of it or none. This file must never hold a
+ * transaction open across a return: every error path rolls back. */
+#include "store_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+/* ---- schema -------------------------------------------------------------- */
+
+/* migrations[k] takes the schema from version k to k + 1. Append only:
+ * never edit a migration that has shipped. */
+static const char *const migrations[] = {
+    /* 0 -> 1: everything */
+    "CREATE TABLE workers("
+    "  id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, addr TEXT, cores INTEGER,"
+    "  threads INTEGER, software TEXT, state TEXT, first_seen REAL, last_seen REAL);"
+    "CREATE TABLE jobs("
+    "  id INTEGER PRIMARY KEY, name TEXT, spec TEXT NOT NULL, state TEXT NOT NULL, status TEXT,"
+    "  error TEXT, created REAL, started REAL, finished REAL, steps INTEGER,"
+    "  steps_done INTEGER DEFAULT 0, loss REAL, tokens_per_s REAL, pp INTEGER, dp INTEGER,"
+    "  vstages INTEGER, microbatches INTEGER, schedule TEXT, model TEXT, run INTEGER DEFAULT 0);"
+    "CREATE INDEX jobs_state ON jobs(state);"
+    "CREATE TABLE runs("
+    "  id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id), attempt INTEGER,"
+    "  state TEXT, started REAL, finished REAL, error TEXT, plan TEXT);"
+    "CREATE INDEX runs_job ON runs(job_id);"
+    "CREATE TABLE stages("
+    "  run_id INTEGER NOT NULL REFERENCES runs(id), stage INTEGER NOT NULL, rank INTEGER,"
+    "  layers TEXT, params INTEGER, flops REAL, PRIMARY KEY(run_id, stage));"
+    "CREATE TABLE assignments("
+    "  run_id INTEGER NOT NULL REFERENCES runs(id), rank INTEGER NOT NULL, worker_id INTEGER,"
+    "  worker_name TEXT, PRIMARY KEY(run_id, rank));"
+    "CREATE TABLE actions("
+    "  run_id INTEGER NOT NULL REFERENCES runs(id), rank INTEGER NOT NULL, actions TEXT,"
+    "  PRIMARY KEY(run_id, rank));"
+    "CREATE TABLE metrics("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), run_id INTEGER REFERENCES runs(id),"
+    "  step INTEGER NOT NULL, loss REAL, step_time REAL, tokens REAL, tokens_per_s REAL,"
+    "  grad_norm REAL, lr REAL, time REAL, PRIMARY KEY(job_id, step));"
+    "CREATE TABLE timings("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), run_id INTEGER REFERENCES runs(id),"
+    "  step INTEGER NOT NULL, rank INTEGER NOT NULL, actions TEXT,"
+    "  PRIMARY KEY(job_id, step, rank));"
+    "CREATE TABLE checkpoints("
+    "  id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL REFERENCES jobs(id),"
+    "  run_id INTEGER REFERENCES runs(id), step INTEGER, stage INTEGER, rank INTEGER, path TEXT,"
+    "  bytes INTEGER, time REAL);"
+    "CREATE INDEX checkpoints_job ON checkpoints(job_id, run_id, step);"
+    "CREATE TABLE events("
+    "  id INTEGER PRIMARY KEY, job_id INTEGER REFERENCES jobs(id), time REAL, kind TEXT,"
+    "  message TEXT);"
+    "CREATE INDEX events_job ON events(job_id, id);",
+};
+#define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
+
+static const char *const stmt_sql[PW_ST__N] = {
+#define PW__ST_SQL(name, sql) sql,
+    PW_STORE_STMTS(PW__ST_SQL)
+#undef PW__ST_SQL
+};
+
+/* ---- job states ---------------------------------------------------------- */
+
+static const char *const state_names[PW_JOB__N] = {"queued",    "planning", "dispatching", "running",
+                                                   "succeeded", "failed",   "cancelled"};
+
+const char *pw_job_state_name(int state) {
+  return state >= 0 && state < PW_JOB__N ? state_names[state] : "unknown";
+}
+
+int pw_job_state_parse(const char *s) {
+  for (int i = 0; s && i < PW_JOB__N; i++)
+    if (!strcmp(s, state_names[i])) return i;
+  return -1;
+}
+
+int pw_job_state_terminal(int state) {
+  return state == PW_JOB_SUCCEEDED || state == PW_JOB_FAILED || state == PW_JOB_CANCELLED;
+}
+
+/* The lifecycle, one step forward at a time; any live state may fail or
+ * be cancelled; planning/dispatching/running may go back to queued (a
+ * retry, or recovery after a crash). Terminal states are final. */
+static int transition_allowed(int from, int to) {
+  if (pw_job_state_terminal(from)) return 0;
+  if (to == PW_JOB_CANCELLED || to == PW_JOB_FAILED) return 1;
+  if (to == from + 1) return 1; /* queued -> planning -> dispatching -> running -> succeeded */
+  return to == PW_JOB_QUEUED && from >= PW_JOB_PLANNING && from <= PW_JOB_RUNNING;
+}
+
+double pw_store_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- helpers shared with store_query.c ----------------------------------- */
+
+int pw__store_fail(pw_store *s, int rc, pw_err *err, const char *what) {
+  const char *msg = s && s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc);
+  const char *path = s ? s->path : "";
+  switch (rc) {
+  case SQLITE_CONSTRAINT_FOREIGNKEY:
+    return pw_err_set(err, PW_ENOENT, path, "%s: a referenced job or run does not exist", what);
+  case SQLITE_CONSTRAINT_PRIMARYKEY:
+  case SQLITE_CONSTRAINT_UNIQUE:
+    return pw_err_set(err, PW_ECONFLICT, path, "%s: already recorded (%s)", what, msg);
+  case SQLITE_NOTADB:
+    return pw_err_set(err, PW_EFORMAT, path, "%s: not a SQLite database (%s)", what, msg);
+  case SQLITE_NOMEM:
+    return pw_err_set(err, PW_ENOMEM, path, "%s: %s", what, msg);
+  default:
+    return pw_err_set(err, PW_EIO, path, "%s: %s (sqlite %d)", what, msg, rc);
+  }
+}
+
+sqlite3_stmt *pw__store_stmt(pw_store *s, int id, pw_err *err) {
+  sqlite3_stmt *st = s->st[id];
+  if (!st) {
+    int rc = sqlite3_prepare_v3(s->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &s->st[id], NULL);
+    if (rc != SQLITE_OK) {
+      pw__store_fail(s, rc, err, "prepare");
+      return NULL;
+    }
+    return s->st[id];
+  }
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  return st;
+}
+
+/* Runs a statement that returns no rows; resets it. */
+static int exec_done(pw_store *s, sqlite3_stmt *st, pw_err *err, const char *what) {
+  int rc = sqlite3_step(st);
+  int ret = rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : pw__store_fail(s, rc, err, what);
+  sqlite3_reset(st);
+  return ret;
+}
+
+int pw__store_begin(pw_store *s, int write, pw_err *err) {
+  if (!sqlite3_get_autocommit(s->db)) pw__store_rollback(s); /* never nest into a stray one */
+  sqlite3_stmt *st = pw__store_stmt(s, write ? PW_ST_BEGIN_W : PW_ST_BEGIN_R, err);
+  return st ? exec_done(s, st, err, "begin") : (err ? err->code : PW_EIO);
+}
+
+int pw__store_commit(pw_store *s, pw_err *err) {
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_COMMIT, err);
+  int rc = st ? exec_done(s, st, err, "commit") : (err ? err->code : PW_EIO);
+  if (rc) pw__store_rollback(s);
+  return rc;
+}
+
+void pw__store_rollback(pw_store *s) {
+  if (sqlite3_get_autocommit(s->db)) return;
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_ROLLBACK, NULL);
+  if (st) exec_done(s, st, NULL, "rollback");
+}
+
+int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err) {
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_JOB_EXISTS, err);
+  if (!st) return err ? err->code : PW_EIO;
+  sqlite3_bind_int64(st, 1, id);
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  if (rc == SQLITE_ROW) return 0;
+  if (rc == SQLITE_DONE) return pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)id);
+  return pw__store_fail(s, rc, err, "job lookup");
+}
+
+/* The prepare-or-fail preamble of every function. */
+#define STMT(var, id)                           \
+  sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
+  if (!var) return err ? err->code : PW_EIO
+
+/* ---- open / close -------------------------------------------------------- */
+
+/* A one-row, one-column pragma or query as an integer or text. */
+static int query_int(pw_store *s, const char *sql, int64_t *out, pw_err *err) {
+  sqlite3_stmt *st;
+  int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+  if (rc != SQLITE_OK) return pw__store_fail(s, rc, err, sql);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *out = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  return rc == SQLITE_ROW ? 0 : pw__store_fail(s, rc, err, sql);
+}
+
+static int query_text(pw_store *s, const char *sql, char *out, size_t cap, pw_err *err) {
+  sqlite3_stmt *st;
+  int rc = sqlite3_prepare_v2(s->db, sql, -1, &st, NULL);
+  if (rc != SQLITE_OK) return pw__store_fail(s, rc, err, sql);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) snprintf(out, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  return rc == SQLITE_ROW ? 0 : pw__store_fail(s, rc, err, sql);
+}
+
+static int exec_sql(pw_store *s, const char *sql, pw_err *err) {
+  int rc = sqlite3_exec(s->db, sql, NULL, NULL, NULL);
+  return rc == SQLITE_OK ? 0 : pw__store_fail(s, rc, err, "schema");
+}
+
+static int refuse_newer(pw_store *s, int64_t v, pw_err *err) {
+  return pw_err_set(err, PW_ENOTSUP, s->path,
+                    "database schema version %lld is newer than this coordinator supports (%d): "
+                    "upgrade pipewright",
+                    (long long)v, N_MIGRATIONS);
+}
+
+/* Applies the missing migrations in one transaction. The version is read
+ * again under the write lock, as another connection may have migrated the
+ * file meanwhile. */
+static int migrate(pw_store *s, pw_err *err) {
+  int64_t v = 0;
+  int rc = query_int(s, "PRAGMA user_version", &v, err);
+  if (rc) return rc;
+  if (v > N_MIGRATIONS) return refuse_newer(s, v, err);
+  if (v == N_MIGRATIONS) return 0;
+  if ((rc = exec_sql(s, "BEGIN IMMEDIATE", err))) return rc;
+  if ((rc = query_int(s, "PRAGMA user_version", &v, err))) goto fail;
+  if (v > N_MIGRATIONS) {
+    rc = refuse_newer(s, v, err);
+    goto fail;
+  }
+  for (int64_t k = v; k < N_MIGRATIONS; k++) {
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA user_version = %lld", (long long)(k + 1));
+    if ((rc = exec_sql(s, migrations[k], err)) || (rc = exec_sql(s, sql, err))) goto fail;
+    pw_info("store %s: migrated schema to version %lld", s->path, (long long)(k + 1));
+  }
+  if ((rc = exec_sql(s, "COMMIT", err))) goto fail;
+  return 0;
+fail:
+  sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+  return rc;
+}
+
+/* WAL is a property of the file: set it once. Switching needs an
+ * exclusive lock, which a second connection opening a fresh file at the
+ * same moment may not get at once, so retry for a while. */
+static int set_wal(pw_store *s, pw_err *err) {
+  char mode[32] = "";
+  int rc = 0;
+  for (int tries = 0; tries < 500; tries++) {
+    pw_err e = {0};
+    if (!(rc = query_text(s, "PRAGMA journal_mode", mode, sizeof mode, &e)) && !strcmp(mode, "wal")) return 0;
+    if (!rc && !strcmp(mode, "memory")) return 0; /* ":memory:" has no journal file */
+    if (!rc && !(rc = query_text(s, "PRAGMA journal_mode = WAL", mode, sizeof mode, &e)) && !strcmp(mode, "wal"))
+      return 0;
+    if (rc && rc != PW_EIO) return err ? (*err = e, rc) : rc;
+    usleep(10000);
+  }
+  if (rc) return pw_err_set(err, rc, s->path, "cannot switch to WAL mode");
+  return pw_err_set(err, PW_EIO, s->path, "cannot switch to WAL mode (journal mode stays %s)", mode);
+}
+
+int pw_store_open(const char *path, pw_store **out, pw_err *err) {
+  *out = NULL;
+  if (!path || !*path) return pw_err_set(err, PW_EINVAL, "db", "no database path");
+  pw_store *s = calloc(1, sizeof *s);
+  if (!s) return pw_err_set(err, PW_ENOMEM, path, "store");
+  snprintf(s->path, sizeof s->path, "%s", path);
+  int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc != SQLITE_OK) {
+    rc = pw_err_set(err, rc == SQLITE_NOMEM ? PW_ENOMEM : PW_EIO, s->path, "cannot open the database: %s",
+                    s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(rc));
+    goto fail;
+  }
+  sqlite3_extended_result_codes(s->db, 1);
+  sqlite3_busy_timeout(s->db, 5000);
+  int64_t v = 0;
+  /* the first read of the file: a file that is not a database fails here */
+  if ((rc = query_int(s, "PRAGMA user_version", &v, err))) goto fail;
+  if (v > N_MIGRATIONS) {
+    rc = refuse_newer(s, v, err);
+    goto fail;
+  }
+  if ((rc = set_wal(s, err)) || (rc = exec_sql(s, "PRAGMA synchronous = NORMAL", err)) ||
+      (rc = exec_sql(s, "PRAGMA foreign_keys = ON", err)) || (rc = migrate(s, err)))
+    goto fail;
+  *out = s;
+  return 0;
+fail:
+  pw_store_close(s);
+  return rc;
+}
+
+void pw_store_close(pw_store *s) {
+  if (!s) return;
+  for (int i = 0; i < PW_ST__N; i++) sqlite3_finalize(s->st[i]);
+  if (s->db) sqlite3_close_v2(s->db);
+  free(s);
+}
+
+int pw_store_schema_version(pw_store *s) {
+  int64_t v = 0;
+  int rc = query_int(s, "PRAGMA user_version", &v, NULL);
+  return rc ? rc : (int)v;
+}
+
+/* ---- workers ------------------------------------------------------------- */
+
+int pw_store_worker_register(pw_store *s, const char *name, const char *addr, int cores, int threads,
+                             const char *software, int64_t *id, pw_err *err) {
+  if (!name || !*name) return pw_err_set(err, PW_EINVAL, "name", "a worker needs a name");
+  STMT(st, PW_ST_WORKER_UPSERT);
+  sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 2, addr, -1, SQLITE_STATIC);
+  sqlite3_bind_int(st, 3, cores);
+  sqlite3_bind_int(st, 4, threads);
+  sqlite3_bind_text(st, 5, software, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 6, pw_store_now());
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    if (id) *id = sqlite3_column_int64(st, 0);
+    rc = sqlite3_step(st); /* finish the statement: RETURNING rows come before DONE */
+  }
+  int ret = rc == SQLITE_DONE ? 0 : pw__store_fail(s, rc, err, "register worker");
+  sqlite3_reset(st);
+  return ret;
+}
+
+/* An UPDATE by id: PW_ENOENT when it touched nothing. */
+static int update_one(pw_store *s, sqlite3_stmt *st, const char *what, int64_t id, pw_err *err) {
+  int rc = exec_done(s, st, err, what);
+  if (rc) return rc;
+  if (sqlite3_changes(s->db) == 0) return pw_err_set(err, PW_ENOENT, what, "%s %lld not found", what, (long long)id);
+  return 0;
+}
+
+int pw_store_worker_seen(pw_store *s, int64_t id, const char *state, pw_err *err) {
+  STMT(st, PW_ST_WORKER_SEEN);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_double(st, 2, pw_store_now());
+  sqlite3_bind_text(st, 3, state, -1, SQLITE_STATIC);
+  return update_one(s, st, "worker", id, err);
+}
+
+/* ---- jobs ---------------------------------------------------------------- */
+
+static int add_event(pw_store *s, int64_t job_id, double t, const char *kind, const char *message, pw_err *err) {
+  STMT(st, PW_ST_EVENT_INSERT);
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_double(st, 2, t);
+  sqlite3_bind_text(st, 3, kind, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 4, message, -1, SQLITE_STATIC);
+  return exec_done(s, st, err, "event");
+}
+
+int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err) {
+  if (!j || !j->spec) return pw_err_set(err, PW_EINVAL, "spec", "a job needs a spec");
+  json_t *spec = json_loads(j->spec, 0, NULL);
+  int is_obj = json_is_object(spec);
+  json_decref(spec);
+  if (!is_obj) return pw_err_set(err, PW_EINVAL, "spec", "the job spec is not a JSON object");
+  double now = pw_store_now();
+  int rc = pw__store_begin(s, 1, err);
+  if (rc) return rc;
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_JOB_INSERT, err);
+  if (!st) {
+    rc = err ? err->code : PW_EIO;
+    goto fail;
+  }
+  sqlite3_bind_text(st, 1, j->name, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 2, j->spec, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 3, now);
+  sqlite3_bind_int(st, 4, j->steps);
+  sqlite3_bind_int(st, 5, j->pp);
+  sqlite3_bind_int(st, 6, j->dp);
+  sqlite3_bind_int(st, 7, j->virtual_stages);
+  sqlite3_bind_int(st, 8, j->microbatches);
+  sqlite3_bind_text(st, 9, j->schedule, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 10, j->model, -1, SQLITE_STATIC);
+  if ((rc = exec_done(s, st, err, "insert job"))) goto fail;
+  int64_t job = sqlite3_last_insert_rowid(s->db);
+  if ((rc = add_event(s, job, now, "state", "queued", err)) || (rc = pw__store_commit(s, err))) goto fail;
+  if (id) *id = job;
+  return 0;
+fail:
+  pw__store_rollback(s);
+  return rc;
+}
+
+/* The job's state (PW_ENOENT if missing). */
+static int job_state(pw_store *s, int64_t id, int *state, pw_err *err) {
+  STMT(st, PW_ST_JOB_STATE);
+  sqlite3_bind_int64(st, 1, id);
+  int rc = sqlite3_step(st);
+  int ret = 0;
+  if (rc == SQLITE_ROW) {
+    const char *name = (const char *)sqlite3_column_text(st, 0);
+    *state = pw_job_state_parse(name);
+    if (*state < 0) ret = pw_err_set(err, PW_EFORMAT, "job", "job %lld has an unknown state '%s'", (long long)id, name);
+  } else if (rc == SQLITE_DONE) {
+    ret = pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)id);
+  } else {
+    ret = pw__store_fail(s, rc, err, "job state");
+  }
+  sqlite3_reset(st);
+  return ret;
+}
+
+/* Inside a transaction: the state change, its stamps and its event. */
+static int transition(pw_store *s, int64_t id, int from, int to, const char *reason, const char *error, double now,
+                      pw_err *err) {
+  STMT(st, PW_ST_JOB_SET_STATE);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_text(st, 2, state_names[to], -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 3, error, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 4, now);
+  sqlite3_bind_int(st, 5, pw_job_state_terminal(to));
+  int rc = exec_done(s, st, err, "job state");
+  if (rc) return rc;
+  char *msg = reason && *reason ? sqlite3_mprintf("%s -> %s: %s", state_names[from], state_names[to], reason)
+                                 : sqlite3_mprintf("%s -> %s", state_names[from], state_names[to]);
+  if (!msg) return pw_err_set(err, PW_ENOMEM, "event", "out of memory");
+  rc = add_event(s, id, now, "state", msg, err);
+  sqlite3_free(msg);
+  return rc;
+}
+
+int pw_store_job_set_state(pw_store *s, int64_t id, int state, const char *reason, const char *error, pw_err *err) {
+  if (state < 0 || state >= PW_JOB__N) return pw_err_set(err, PW_EINVAL, "state", "unknown job state %d", state);
+  int rc = pw__store_begin(s, 1, err);
+  if (rc) return rc;
+  int from = 0;
+  if ((rc = job_state(s, id, &from, err))) goto fail;
+  if (!transition_allowed(from, state)) {
+    rc = pw_err_set(err, PW_ECONFLICT, "state", "job %lld cannot go from %s to %s", (long long)id, state_names[from],
+                    state_names[state]);
+    goto fail;
+  }
+  if ((rc = transition(s, id, from, state, reason, error, pw_store_now(), err)) || (rc = pw__store_commit(s, err)))
+    goto fail;
+  return 0;
+fail:
+  pw__store_rollback(s);
+  return rc;
+}
+
+int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err *err) {
+  STMT(st, PW_ST_JOB_SET_STATUS);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC);
+  return update_one(s, st, "job", id, err);
+}
+
+int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s, pw_err *err) {
+  STMT(st, PW_ST_JOB_PROGRESS);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int(st, 2, steps_done);
+  sqlite3_bind_double(st, 3, loss); /* NaN binds as NULL */
+  sqlite3_bind_double(st, 4, tokens_per_s);
+  return update_one(s, st, "job", id, err);
+}
+
+int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err) {
+  memset(out, 0, sizeof *out);
+  STMT(st, PW_ST_JOB_BRIEF);
+  sqlite3_bind_int64(st, 1, id);
+  int rc = sqlite3_step(st), ret = 0;
+  if (rc == SQLITE_ROW) {
+    out->id = sqlite3_column_int64(st, 0);
+    out->state = pw_job_state_parse((const char *)sqlite3_column_text(st, 1));
+    out->steps = sqlite3_column_int(st, 2);
+    out->steps_done = sqlite3_column_int(st, 3);
+    const char *spec = (const char *)sqlite3_column_text(st, 4);
+    out->run = sqlite3_column_int(st, 5);
+    if (spec && !(out->spec = strdup(spec))) ret = pw_err_set(err, PW_ENOMEM, "job", "out of memory");
+  } else if (rc == SQLITE_DONE) {
+    ret = pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)id);
+  } else {
+    ret = pw__store_fail(s, rc, err, "job");
+  }
+  sqlite3_reset(st);
+  return ret;
+}
+
+int pw_store_jobs_in_state(pw_store *s, int state, int64_t **ids, int *n, pw_err *err) {
+  *ids = NULL;
+  *n = 0;
+  if (state < 0 || state >= PW_JOB__N) return pw_err_set(err, PW_EINVAL, "state", "unknown job state %d", state);
+  STMT(st, PW_ST_JOBS_IN_STATE);
+  sqlite3_bind_text(st, 1, state_names[state], -1, SQLITE_STATIC);
+  int64_t *v = NULL;
+  int len = 0, cap = 0, rc, ret = 0;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (len == cap) {
+      int64_t *nv = realloc(v, sizeof *v * (size_t)(cap = cap ? 2 * cap : 16));
+      if (!nv) {
+        ret = pw_err_set(err, PW_ENOMEM, "jobs", "out of memory");
+        break;
+      }
+      v = nv;
+    }
+    v[len++] = sqlite3_column_int64(st, 0);
+  }
+  if (!ret && rc != SQLITE_DONE) ret = pw__store_fail(s, rc, err, "jobs in state");
+  sqlite3_reset(st);
+  if (ret) {
+    free(v);
+    return ret;
+  }
+  *ids = v;
+  *n = len;
+  return 0;
+}
+
+int pw_store_recover(pw_store *s, const char *reason, pw_err *err) {
+  int rc = pw__store_begin(s, 1, err);
+  if (rc) return rc;
+  int64_t *ids = NULL;
+  int *from = NULL, n = 0, cap = 0;
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_JOBS_MIDFLIGHT, err);
+  if (!st) {
+    rc = err ? err->code : PW_EIO;
+    goto fail;
+  }
+  /* collect first: the updates below change the rows being scanned */
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    if (n == cap) {
+      cap = cap ? 2 * cap : 8;
+      int64_t *ni = realloc(ids, sizeof *ids * (size_t)cap);
+      if (ni) ids = ni;
+      int *nf = realloc(from, sizeof *from * (size_t)cap);
+      if (nf) from = nf;
+      if (!ni || !nf) {
+        sqlite3_reset(st);
+        rc = pw_err_set(err, PW_ENOMEM, "recover", "out of memory");
+        goto fail;
+      }
+    }
+    ids[n] = sqlite3_column_int64(st, 0);
+    from[n++] = pw_job_state_parse((const char *)sqlite3_column_text(st, 1));
+  }
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) {
+    rc = pw__store_fail(s, rc, err, "recover");
+    goto fail;
+  }
+  double now = pw_store_now();
+  for (int i = 0; i < n; i++) {
+    if (!(st = pw__store_stmt(s, PW_ST_RUNS_FAIL_OPEN, err))) {
+      rc = err ? err->code : PW_EIO;
+      goto fail;
+    }
+    sqlite3_bind_int64(st, 1, ids[i]);
+    sqlite3_bind_text(st, 2, reason, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 3, now);
+    if ((rc = exec_done(s, st, err, "recover runs")) ||
+        (rc = transition(s, ids[i], from[i], PW_JOB_QUEUED, reason, NULL, now, err)))
+      goto fail;
+  }
+  if ((rc = pw__store_commit(s, err))) goto fail;
+  free(ids);
+  free(from);
+  return n;
+fail:
+  pw__store_rollback(s);
+  free(ids);
+  free(from);
+  return rc;
+}
+
+/* ---- runs, partition, schedule ------------------------------------------- */
+
+int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err) {
+  int rc = pw__store_begin(s, 1, err);
+  if (rc) return rc;
+  sqlite3_stmt *st;
+  int64_t attempt = 1, run = 0;
+  if ((rc = pw__store_job_exists(s, job_id, err))) goto fail;
+  if (!(st = pw__store_stmt(s, PW_ST_RUN_NEXT_ATTEMPT, err))) goto fail_stmt;
+  sqlite3_bind_int64(st, 1, job_id);
+  if ((rc = sqlite3_step(st)) == SQLITE_ROW) attempt = sqlite3_column_int64(st, 0);
+  sqlite3_reset(st);
+  if (rc != SQLITE_ROW) {
+    rc = pw__store_fail(s, rc, err, "run attempt");
+    goto fail;
+  }
+  if (!(st = pw__store_stmt(s, PW_ST_RUN_INSERT, err))) goto fail_stmt;
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int64(st, 2, attempt);
+  sqlite3_bind_double(st, 3, pw_store_now());
+  sqlite3_bind_text(st, 4, plan_json, -1, SQLITE_STATIC);
+  if ((rc = exec_done(s, st, err, "insert run"))) goto fail;
+  run = sqlite3_last_insert_rowid(s->db);
+  if (!(st = pw__store_stmt(s, PW_ST_JOB_SET_RUN, err))) goto fail_stmt;
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int64(st, 2, run);
+  if ((rc = exec_done(s, st, err, "job run")) || (rc = pw__store_commit(s, err))) goto fail;
+  if (run_id) *run_id = run;
+  return 0;
+fail_stmt:
+  rc = err ? err->code : PW_EIO;
+fail:
+  pw__store_rollback(s);
+  return rc;
+}
+
+int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err) {
+  if (!state || !*state) return pw_err_set(err, PW_EINVAL, "state", "a finished run needs a state");
+  STMT(st, PW_ST_RUN_FINISH);
+  sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 3, error, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 4, pw_store_now());
+  return update_one(s, st, "run", run_id, err);
+}
+
+/* A text argument that must hold JSON of the given type (array, object). */
+static int check_json(const char *text, json_type type, const char *what, pw_err *err) {
+  json_t *v = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+  int ok = v && json_typeof(v) == type;
+  json_decref(v);
+  return ok ? 0 : pw_err_set(err, PW_EINVAL, what, "%s must be a JSON %s", what, type == JSON_ARRAY ? "array" : "object");
+}
+
+int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json, int64_t params,
+                          double flops, pw_err *err) {
+  int rc = check_json(layers_json, JSON_ARRAY, "layers", err);
+  if (rc) return rc;
+  STMT(st, PW_ST_STAGE_INSERT);
+  sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_int(st, 2, stage);
+  sqlite3_bind_int(st, 3, rank);
+  sqlite3_bind_text(st, 4, layers_json, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 5, params);
+  sqlite3_bind_double(st, 6, flops);
+  return exec_done(s, st, err, "stage");
+}
+
+int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t worker_id, const char *worker_name,
+                               pw_err *err) {
+  STMT(st, PW_ST_ASSIGN_INSERT);
+  sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_int(st, 2, rank);
+  sqlite3_bind_int64(st, 3, worker_id);
+  sqlite3_bind_text(st, 4, worker_name, -1, SQLITE_STATIC);
+  return exec_done(s, st, err, "assignment");
+}
+
+int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *actions, pw_err *err) {
+  if (!actions) return pw_err_set(err, PW_EINVAL, "actions", "no action list");
+  STMT(st, PW_ST_ACTIONS_INSERT);
+  sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_int(st, 2, rank);
+  sqlite3_bind_text(st, 3, actions, -1, SQLITE_STATIC);
+  return exec_done(s, st, err, "actions");
+}
+
+/* ---- metrics, timings, checkpoints, events ------------------------------- */
+
+int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err) {
+  STMT(st, PW_ST_METRIC_UPSERT);
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int64(st, 2, run_id);
+  sqlite3_bind_int(st, 3, m->step);
+  sqlite3_bind_double(st, 4, m->loss);
+  sqlite3_bind_double(st, 5, m->step_time);
+  sqlite3_bind_double(st, 6, m->tokens);
+  sqlite3_bind_double(st, 7, m->tokens_per_s);
+  sqlite3_bind_double(st, 8, m->grad_norm);
+  sqlite3_bind_double(st, 9, m->lr);
+  sqlite3_bind_double(st, 10, pw_store_now());
+  return exec_done(s, st, err, "metric");
+}
+
+int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank, const char *actions_json,
+                           pw_err *err) {
+  int rc = check_json(actions_json, JSON_ARRAY, "actions", err);
+  if (rc) return rc;
+  STMT(st, PW_ST_TIMING_UPSERT);
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int64(st, 2, run_id);
+  sqlite3_bind_int(st, 3, step);
+  sqlite3_bind_int(st, 4, rank);
+  sqlite3_bind_text(st, 5, actions_json, -1, SQLITE_STATIC);
+  return exec_done(s, st, err, "timing");
+}
+
+int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int rank,
+                               const char *path, int64_t bytes, pw_err *err) {
+  if (!path || !*path) return pw_err_set(err, PW_EINVAL, "path", "a checkpoint needs a path");
+  STMT(st, PW_ST_CKPT_INSERT);
+  sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int64(st, 2, run_id);
+  sqlite3_bind_int(st, 3, step);
+  sqlite3_bind_int(st, 4, stage);
+  sqlite3_bind_int(st, 5, rank);
+  sqlite3_bind_text(st, 6, path, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 7, bytes);
+  sqlite3_bind_double(st, 8, pw_store_now());
+  return exec_done(s, st, err, "checkpoint");
+}
+
+int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err) {
+  if (!kind || !*kind) return pw_err_set(err, PW_EINVAL, "kind", "an event needs a kind");
+  return add_event(s, job_id, pw_store_now(), kind, message, err);
+}

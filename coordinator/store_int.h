@@ -1,0 +1,140 @@
+/* store_int: what store.c (connection, migrations, writes) and
+ * store_query.c (the API's JSON views) share — the connection struct and
+ * the table of prepared statements. Not for use outside the store. */
+#ifndef PW_STORE_INT_H
+#define PW_STORE_INT_H
+
+#include <sqlite3.h>
+
+#include "store.h"
+
+/* The job row as both job views read it: same columns, same order
+ * (the list selects NULL for spec). */
+#define PW__JOB_COLS                                                                          \
+  "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
+  "steps, loss, tokens_per_s, created, started, finished, run"
+
+/* Every statement the store runs, prepared once per connection on first
+ * use and kept (SQLITE_PREPARE_PERSISTENT). Writes that belong together
+ * run between BEGIN_W and COMMIT: BEGIN IMMEDIATE takes the write lock up
+ * front, so a transaction never has to upgrade a read lock (which in WAL
+ * mode fails at once with SQLITE_BUSY instead of waiting). */
+#define PW_STORE_STMTS(X)                                                                          \
+  X(BEGIN_W, "BEGIN IMMEDIATE")                                                                    \
+  X(BEGIN_R, "BEGIN")                                                                              \
+  X(COMMIT, "COMMIT")                                                                              \
+  X(ROLLBACK, "ROLLBACK")                                                                          \
+  X(WORKER_UPSERT,                                                                                 \
+    "INSERT INTO workers(name, addr, cores, threads, software, state, first_seen, last_seen) "     \
+    "VALUES(?1, ?2, ?3, ?4, ?5, 'idle', ?6, ?6) ON CONFLICT(name) DO UPDATE SET "                  \
+    "addr = excluded.addr, cores = excluded.cores, threads = excluded.threads, "                   \
+    "software = excluded.software, state = 'idle', last_seen = excluded.last_seen RETURNING id")   \
+  X(WORKER_SEEN, "UPDATE workers SET last_seen = ?2, state = COALESCE(?3, state) WHERE id = ?1")   \
+  X(JOB_INSERT,                                                                                    \
+    "INSERT INTO jobs(name, spec, state, created, steps, pp, dp, vstages, microbatches, "          \
+    "schedule, model) VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                  \
+  X(EVENT_INSERT, "INSERT INTO events(job_id, time, kind, message) VALUES(?1, ?2, ?3, ?4)")        \
+  X(JOB_STATE, "SELECT state FROM jobs WHERE id = ?1")                                             \
+  X(JOB_SET_STATE,                                                                                 \
+    "UPDATE jobs SET state = ?2, error = COALESCE(?3, error), "                                    \
+    "started = CASE WHEN ?2 = 'running' THEN COALESCE(started, ?4) ELSE started END, "             \
+    "finished = CASE WHEN ?5 THEN ?4 ELSE finished END WHERE id = ?1")                             \
+  X(JOB_SET_STATUS, "UPDATE jobs SET status = ?2 WHERE id = ?1")                                   \
+  X(JOB_PROGRESS, "UPDATE jobs SET steps_done = ?2, loss = ?3, tokens_per_s = ?4 WHERE id = ?1")   \
+  X(JOB_BRIEF, "SELECT id, state, steps, steps_done, spec, run FROM jobs WHERE id = ?1")           \
+  X(JOB_EXISTS, "SELECT 1 FROM jobs WHERE id = ?1")                                                \
+  X(JOBS_IN_STATE, "SELECT id FROM jobs WHERE state = ?1 ORDER BY id")                             \
+  X(JOBS_MIDFLIGHT,                                                                                \
+    "SELECT id, state FROM jobs WHERE state IN ('planning', 'dispatching', 'running') ORDER BY id") \
+  X(RUNS_FAIL_OPEN,                                                                                \
+    "UPDATE runs SET state = 'failed', error = ?2, finished = ?3 "                                 \
+    "WHERE job_id = ?1 AND finished IS NULL")                                                      \
+  X(JOB_GET, "SELECT " PW__JOB_COLS ", spec FROM jobs WHERE id = ?1")                              \
+  X(JOBS_COUNT_ALL, "SELECT count(*) FROM jobs")                                                   \
+  X(JOBS_COUNT_STATE, "SELECT count(*) FROM jobs WHERE state = ?3")                                \
+  X(JOBS_PAGE_ALL, "SELECT " PW__JOB_COLS ", NULL FROM jobs ORDER BY id DESC LIMIT ?1 OFFSET ?2")  \
+  X(JOBS_PAGE_STATE,                                                                               \
+    "SELECT " PW__JOB_COLS ", NULL FROM jobs WHERE state = ?3 ORDER BY id DESC LIMIT ?1 OFFSET ?2") \
+  X(RUN_NEXT_ATTEMPT, "SELECT COALESCE(MAX(attempt), 0) + 1 FROM runs WHERE job_id = ?1")          \
+  X(RUN_INSERT,                                                                                    \
+    "INSERT INTO runs(job_id, attempt, state, started, plan) VALUES(?1, ?2, 'running', ?3, ?4)")   \
+  X(JOB_SET_RUN, "UPDATE jobs SET run = ?2 WHERE id = ?1")                                         \
+  X(RUN_FINISH, "UPDATE runs SET state = ?2, error = ?3, finished = ?4 WHERE id = ?1")             \
+  X(STAGE_INSERT,                                                                                  \
+    "INSERT INTO stages(run_id, stage, rank, layers, params, flops) VALUES(?1, ?2, ?3, ?4, ?5, ?6)") \
+  X(ASSIGN_INSERT,                                                                                 \
+    "INSERT INTO assignments(run_id, rank, worker_id, worker_name) VALUES(?1, ?2, ?3, ?4)")        \
+  X(ACTIONS_INSERT, "INSERT INTO actions(run_id, rank, actions) VALUES(?1, ?2, ?3)")               \
+  X(RUN_OF_JOB,                                                                                    \
+    "SELECT j.run, r.attempt, r.state FROM jobs j LEFT JOIN runs r ON r.id = j.run "               \
+    "WHERE j.id = ?1")                                                                             \
+  X(RUN_STAGES,                                                                                    \
+    "SELECT stage, rank, layers, params, flops FROM stages WHERE run_id = ?1 ORDER BY stage")      \
+  X(RUN_RANKS,                                                                                     \
+    "SELECT k.rank, a.worker_name, x.actions FROM "                                                \
+    "(SELECT rank FROM assignments WHERE run_id = ?1 UNION SELECT rank FROM actions "              \
+    "WHERE run_id = ?1) k "                                                                        \
+    "LEFT JOIN assignments a ON a.run_id = ?1 AND a.rank = k.rank "                                \
+    "LEFT JOIN actions x ON x.run_id = ?1 AND x.rank = k.rank ORDER BY k.rank")                    \
+  X(METRIC_UPSERT,                                                                                 \
+    "INSERT OR REPLACE INTO metrics(job_id, run_id, step, loss, step_time, tokens, tokens_per_s, " \
+    "grad_norm, lr, time) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                        \
+  X(METRICS_SINCE,                                                                                 \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time FROM metrics "        \
+    "WHERE job_id = ?1 AND step >= ?2 ORDER BY step")                                              \
+  X(TIMING_UPSERT,                                                                                 \
+    "INSERT OR REPLACE INTO timings(job_id, run_id, step, rank, actions) "                         \
+    "VALUES(?1, ?2, ?3, ?4, ?5)")                                                                  \
+  X(TIMING_LATEST, "SELECT MAX(step) FROM timings WHERE job_id = ?1")                              \
+  X(TIMING_STEPS, "SELECT DISTINCT step FROM timings WHERE job_id = ?1 ORDER BY step")             \
+  X(TIMING_AT,                                                                                     \
+    "SELECT rank, actions FROM timings WHERE job_id = ?1 AND step = ?2 ORDER BY rank")             \
+  X(CKPT_INSERT,                                                                                   \
+    "INSERT INTO checkpoints(job_id, run_id, step, stage, rank, path, bytes, time) "               \
+    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")                                                      \
+  X(CKPT_LATEST_STEP,                                                                              \
+    "SELECT run_id, step FROM checkpoints WHERE job_id = ?1 GROUP BY run_id, step "                \
+    "HAVING count(DISTINCT stage) = ?2 AND min(stage) = 0 AND max(stage) = ?2 - 1 "                \
+    "ORDER BY step DESC, run_id DESC LIMIT 1")                                                     \
+  X(CKPT_AT,                                                                                       \
+    "SELECT stage, rank, path, bytes FROM checkpoints WHERE id IN (SELECT max(id) FROM checkpoints " \
+    "WHERE job_id = ?1 AND run_id = ?2 AND step = ?3 GROUP BY stage) ORDER BY stage")              \
+  X(EVENTS_SINCE,                                                                                  \
+    "SELECT id, time, kind, message FROM events WHERE job_id = ?1 AND id > ?2 ORDER BY id")        \
+  X(TOTALS_STATES, "SELECT state, count(*) FROM jobs GROUP BY state")                              \
+  X(TOTALS_METRICS, "SELECT count(*), total(tokens) FROM metrics")
+
+enum {
+#define PW__ST_ENUM(name, sql) PW_ST_##name,
+  PW_STORE_STMTS(PW__ST_ENUM)
+#undef PW__ST_ENUM
+  PW_ST__N
+};
+
+struct pw_store {
+  sqlite3 *db;
+  sqlite3_stmt *st[PW_ST__N]; /* prepared on first use */
+  char path[256];             /* for error messages */
+};
+
+/* The statement, prepared if needed, reset, bindings cleared; NULL on
+ * failure (err filled). */
+sqlite3_stmt *pw__store_stmt(pw_store *s, int id, pw_err *err);
+/* Maps a SQLite result code to a PW_E* code and fills err with what
+ * failed and SQLite's message. Constraint failures: a foreign key names a
+ * missing row (PW_ENOENT), a duplicate key is PW_ECONFLICT. */
+int pw__store_fail(pw_store *s, int rc, pw_err *err, const char *what);
+/* Transactions: write (BEGIN IMMEDIATE) or read (deferred). */
+int pw__store_begin(pw_store *s, int write, pw_err *err);
+int pw__store_commit(pw_store *s, pw_err *err);
+void pw__store_rollback(pw_store *s);
+/* PW_ENOENT naming the job when it does not exist. */
+int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
+/* A column as JSON: NULL -> null, integers, finite reals (else null),
+ * text (invalid UTF-8 bytes become '?'). */
+json_t *pw__store_col(sqlite3_stmt *st, int i);
+/* A text column holding JSON, parsed (any value); the raw string if it
+ * does not parse; null if NULL. */
+json_t *pw__store_col_parsed(sqlite3_stmt *st, int i);
+
+#endif
