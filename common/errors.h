@@ -23,6 +23,7 @@
   X(ETOOBIG,   "too large",                     413, "too_large")          \
   X(EAUTH,     "unauthorized",                  401, "unauthorized")       \
   X(ECONFLICT, "conflict",                      409, "conflict")           \
+  X(EMETHOD,   "method not allowed",            405, "method_not_allowed") \
   X(ENOTSUP,   "not supported",                 422, "not_supported")      \
   X(EDEADLOCK, "schedule deadlocks",            422, "deadlock")           \
   X(ESCHEDULE, "schedule invalid",              422, "invalid_schedule")   \

@@ -14,6 +14,7 @@
 
 #include "coord.h"
 #include "log.h"
+#include "sdnotify.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -61,10 +62,33 @@ static int read_token(const char *path, char *buf, size_t cap) {
 static pw_coord coord;
 static uv_signal_t sigint_h, sigterm_h;
 
+/* systemd (Type=notify): READY=1 once the API and the control plane
+ * listen, STATUS= when the worker counts change, STOPPING=1 at shutdown.
+ * No-ops without NOTIFY_SOCKET (the timer then never starts). */
+static uv_timer_t status_timer;
+static int status_on;
+
+static void on_status_timer(uv_timer_t *t) {
+  pw_coord *c = t->data;
+  static char last[256];
+  char now[256];
+  int idle = 0, busy = 0, lost = 0;
+  pw_coord_worker_counts(c, &idle, &busy, &lost);
+  snprintf(now, sizeof now, "STATUS=serving on port %d (control %d); workers: %d idle, %d busy, %d lost",
+           c->http_port, c->ctl_port, idle, busy, lost);
+  if (strcmp(now, last)) {
+    pw_sd_notify(now);
+    snprintf(last, sizeof last, "%s", now);
+  }
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   pw_coord *c = h->data;
   if (c->stopping) return;
   pw_info("signal %d: shutting down", signum);
+  pw_sd_notify("STOPPING=1\nSTATUS=shutting down: running jobs go back to the queue");
+  if (status_on) uv_close((uv_handle_t *)&status_timer, NULL);
+  status_on = 0;
   pw_ctl_server_stop(c); /* running jobs back to the queue, workers told */
   c->stopping = 1;
   pw_http_stop(c);
@@ -183,6 +207,15 @@ int main(int argc, char **argv) {
       fclose(f);
       rename(tmp, ready);
     }
+  }
+  pw_sd_notifyf("READY=1\nSTATUS=serving API on %s:%d, control on %s:%d", c->http_host, c->http_port, c->ctl_host,
+                c->ctl_port);
+  const char *ns = getenv("NOTIFY_SOCKET");
+  if (ns && ns[0]) {
+    uv_timer_init(c->loop, &status_timer);
+    status_timer.data = c;
+    uv_timer_start(&status_timer, on_status_timer, 1000, 1000);
+    status_on = 1;
   }
   pw_coord_wake(c); /* first scheduling pass */
   uv_run(c->loop, UV_RUN_DEFAULT);

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git curl ca-certificates
   libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
   libcmocka-dev
-  python3 python3-numpy python3-torch python3-jsonschema   # PyTorch reference, schema checks
+  python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
 )
 
 SUDO=""

@@ -1,0 +1,116 @@
+/* api: the interface between the HTTP server (http.c) and the REST API's
+ * handlers (api.c, api_jobs.c, api_timeline.c). Private to coordinator/.
+ *
+ * The server owns everything HTTP: it bounds the URL and the body, checks
+ * the bearer token, finds the route, reads and parses the body once, and
+ * queues the reply the handler leaves in the request. A handler never
+ * touches libmicrohttpd's connection itself; it reads its inputs from the
+ * request (path id, parsed body, query arguments) and answers through the
+ * pw_reply_* helpers, so every reply — errors above all — has one shape:
+ *   {"error": {"code": "<api code>", "message": "...", "path": "..."}}
+ * with the status and code from common/errors.h's table. */
+#ifndef PW_API_H
+#define PW_API_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <stdint.h>
+
+#include "coord.h"
+#include "spec.h"
+
+#define PW_HTTP_MAX_URL 2048               /* bytes of the request target, query included */
+#define PW_HTTP_DEFAULT_MAX_BODY (1 << 20) /* when c->max_body is 0 */
+
+typedef struct pw_req pw_req;
+typedef void (*pw_handler)(pw_req *r);
+
+/* Route flags. */
+enum {
+  PW_ROUTE_BODY = 1, /* takes a JSON body: parsed before the handler runs */
+  PW_ROUTE_OPEN = 2  /* answers without the API token (health checks) */
+};
+
+/* One route: method, path pattern ("{id}" matches a positive decimal job
+ * id, any other segment matches itself), handler, flags. */
+typedef struct {
+  const char *method;
+  const char *pattern;
+  pw_handler fn;
+  int flags;
+} pw_route;
+
+/* The table, in api.c. tests/integration/test_openapi.py reads it from the
+ * source to check it against api/openapi.yaml: keep one route per line,
+ * written as {"METHOD", "/pattern", handler, flags}. */
+extern const pw_route pw_api_routes[];
+extern const int pw_api_n_routes;
+
+struct pw_req {
+  pw_coord *c;
+  struct MHD_Connection *conn;
+  const char *method; /* "GET", "POST", ... (HEAD is routed as GET) */
+  const char *path;   /* decoded, without the query */
+  int64_t id;         /* the {id} of the pattern, 0 when it has none */
+  json_t *body;       /* PW_ROUTE_BODY routes: the parsed body (borrowed) */
+  /* the reply, set by the pw_reply_* helpers */
+  int status;
+  struct MHD_Response *resp;
+};
+
+/* ---- replies (http.c); a later reply replaces an earlier one ------------- */
+
+/* JSON reply; steals j (NULL gives a 500). */
+void pw_reply_json(pw_req *r, int status, json_t *j);
+/* THE error reply: every error the API gives is built here. path may be
+ * NULL (then ""). */
+void pw_reply_error(pw_req *r, int status, const char *code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* An error from a pw_err: status and code from errors.h's table. */
+void pw_reply_err(pw_req *r, const pw_err *e);
+/* A malloc'd text body (stolen; NULL gives a 500) with its content type. */
+void pw_reply_text(pw_req *r, int status, const char *content_type, char *text);
+/* A file body from an open fd (the response closes it), size bytes. */
+void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size);
+/* Adds a header to the reply set last (no-op without one). */
+void pw_reply_header(pw_req *r, const char *name, const char *value);
+
+/* ---- query arguments ------------------------------------------------------ */
+
+/* The query argument's value, NULL when absent. */
+const char *pw_req_arg(pw_req *r, const char *name);
+/* An integer query argument in [lo, hi]; def when absent. On a bad value
+ * replies 400 (invalid_argument, path = the argument's name) and returns -1. */
+int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+/* A boolean query argument ("1"/"true"/"0"/"false"); def when absent; -1
+ * after replying 400 on anything else. */
+int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out);
+
+/* ---- handlers --------------------------------------------------------------- */
+
+/* api.c */
+void pw_api_healthz(pw_req *r);
+void pw_api_metrics(pw_req *r);
+void pw_api_workers(pw_req *r);
+void pw_api_schedules(pw_req *r);
+void pw_api_plans(pw_req *r);
+/* api_jobs.c */
+void pw_api_job_submit(pw_req *r);
+void pw_api_job_list(pw_req *r);
+void pw_api_job_get(pw_req *r);
+void pw_api_job_cancel(pw_req *r);
+void pw_api_job_metrics(pw_req *r);
+void pw_api_job_events(pw_req *r);
+/* api_timeline.c */
+void pw_api_job_timeline(pw_req *r);
+void pw_api_job_checkpoint(pw_req *r);
+
+/* Shared by the job handlers: the store of this thread, or a 500 reply and
+ * NULL. */
+pw_store *pw_api_store(pw_req *r);
+/* The job's stored spec parsed back (its plan can be rebuilt); replies and
+ * returns nonzero on failure. 404 when the job does not exist. *state gets
+ * the job's state when not NULL. */
+int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state);
+
+#endif

@@ -1,0 +1,241 @@
+/* api_jobs: the job handlers of the REST API — submit, list, status,
+ * cancel, metrics and events. Timelines and checkpoints are in
+ * api_timeline.c.
+ *
+ * A submitted spec is validated completely (parsed, then planned as a dry
+ * run) before anything is stored, so a job the planner cannot run is
+ * refused with the JSON path to change and never reaches the queue. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "log.h"
+#include "plan.h"
+
+/* 0 when job r->id exists; else replies (404) and returns nonzero. */
+static int job_exists(pw_req *r, pw_store *s) {
+  pw_job_brief b;
+  pw_err err = {0};
+  int rc = pw_store_job_brief(s, r->id, &b, &err);
+  if (!rc) {
+    free(b.spec);
+    return 0;
+  }
+  if (rc == PW_ENOENT)
+    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+  else
+    pw_reply_err(r, &err);
+  return rc;
+}
+
+/* "gpt d=64 L=4 H=4": the model in a few words, for lists. */
+static void describe_model(const pw_model_spec *m, char *buf, size_t cap) {
+  switch (m->tmpl) {
+    case PW_TEMPLATE_GPT:
+    case PW_TEMPLATE_LLAMA:
+      snprintf(buf, cap, "%s d=%d L=%d H=%d", m->tmpl == PW_TEMPLATE_GPT ? "gpt" : "llama", m->d_model, m->n_layers,
+               m->n_heads);
+      break;
+    case PW_TEMPLATE_MLP:
+      snprintf(buf, cap, "mlp in=%d h=%d out=%d L=%d", m->in_dim, m->hidden_dim, m->out_dim, m->n_layers);
+      break;
+    default: {
+      int n = 0;
+      for (int i = 0; i < m->n_layer_specs; i++) n += m->layers[i].type != PW_LAYER_STAGE_BOUNDARY;
+      snprintf(buf, cap, "layers n=%d", n);
+    }
+  }
+}
+
+/* A relative data.path that exists from the coordinator's working
+ * directory becomes absolute: workers may run elsewhere. */
+static void resolve_data_path(pw_data_spec *d) {
+  if (d->kind != PW_DATA_TEXT || !d->path[0] || d->path[0] == '/') return;
+  char abs[PATH_MAX];
+  if (!realpath(d->path, abs)) return;
+  if (strlen(abs) < sizeof d->path) snprintf(d->path, sizeof d->path, "%s", abs);
+}
+
+void pw_api_job_submit(pw_req *r) {
+  pw_store *s = pw_api_store(r);
+  if (!s) return;
+  pw_job job;
+  pw_err err = {0};
+  if (pw_job_parse(r->body, NULL, &job, &err)) {
+    pw_reply_err(r, &err);
+    return;
+  }
+  resolve_data_path(&job.data);
+  pw_plan p; /* dry run: a job that cannot be planned is refused now */
+  if (pw_plan_build(&job, NULL, &p, &err)) {
+    pw_reply_err(r, &err);
+    pw_job_free(&job);
+    return;
+  }
+  pw_plan_free(&p);
+  json_t *canon = pw_job_to_json(&job);
+  char *spec = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
+  json_decref(canon);
+  char model[96];
+  describe_model(&job.model, model, sizeof model);
+  pw_job_new jn = {.name = job.name,
+                   .spec = spec,
+                   .steps = job.train.steps,
+                   .pp = job.mesh.pp,
+                   .dp = job.mesh.dp,
+                   .virtual_stages = job.mesh.virtual_stages,
+                   .microbatches = job.schedule.microbatches,
+                   .schedule = job.schedule.name,
+                   .model = model};
+  int64_t id = 0;
+  int rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
+  free(spec);
+  if (rc) {
+    pw_reply_err(r, &err);
+    pw_job_free(&job);
+    return;
+  }
+  pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d)", (long long)id, job.name, model, job.schedule.name,
+          job.mesh.pp, job.mesh.dp);
+  pw_job_free(&job);
+  pw_coord_wake(r->c);
+  char loc[64];
+  snprintf(loc, sizeof loc, "/v1/jobs/%lld", (long long)id);
+  pw_reply_json(r, MHD_HTTP_CREATED,
+                json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "state", "queued", "location", loc));
+  pw_reply_header(r, MHD_HTTP_HEADER_LOCATION, loc);
+}
+
+void pw_api_job_list(pw_req *r) {
+  int64_t limit, offset;
+  if (pw_req_int_arg(r, "limit", 50, 1, 500, &limit) || pw_req_int_arg(r, "offset", 0, 0, INT_MAX, &offset)) return;
+  int state = -1;
+  const char *st = pw_req_arg(r, "state");
+  if (st && (state = pw_job_state_parse(st)) < 0) {
+    char names[160] = "";
+    for (int k = 0; k < PW_JOB__N; k++) {
+      size_t n = strlen(names);
+      snprintf(names + n, sizeof names - n, "%s%s", k ? ", " : "", pw_job_state_name(k));
+    }
+    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "state",
+                   "unknown state \"%.32s\" (one of %s)", st, names);
+    return;
+  }
+  pw_store *s = pw_api_store(r);
+  if (!s) return;
+  json_t *out = NULL;
+  pw_err err = {0};
+  if (pw_store_jobs_json(s, state, (int)limit, (int)offset, &out, &err))
+    pw_reply_err(r, &err);
+  else
+    pw_reply_json(r, MHD_HTTP_OK, out);
+}
+
+/* [{"rank", "worker", "stages": [...]}] of the latest run; [] before any. */
+static json_t *ranks_json(pw_store *s, int64_t id) {
+  json_t *run = NULL, *out = json_array();
+  if (pw_store_run_json(s, id, &run, NULL)) return out;
+  json_t *stages = json_object_get(run, "stages"), *rk;
+  size_t i, k;
+  json_array_foreach(json_object_get(run, "ranks"), i, rk) {
+    json_int_t rank = json_integer_value(json_object_get(rk, "rank"));
+    json_t *ss = json_array(), *st;
+    json_array_foreach(stages, k, st) {
+      if (json_integer_value(json_object_get(st, "rank")) == rank)
+        json_array_append(ss, json_object_get(st, "stage"));
+    }
+    json_t *w = json_object_get(rk, "worker");
+    json_array_append_new(out, json_pack("{s:I, s:O, s:o}", "rank", rank, "worker", w ? w : json_null(), "stages", ss));
+  }
+  json_decref(run);
+  return out;
+}
+
+/* Seconds left from the mean step time of the last few steps; null when
+ * that cannot be known (not running, no steps yet). */
+static json_t *eta_json(pw_store *s, int64_t id, json_t *job) {
+  const char *state = json_string_value(json_object_get(job, "state"));
+  json_t *prog = json_object_get(job, "progress");
+  json_int_t step = json_integer_value(json_object_get(prog, "step"));
+  json_int_t total = json_integer_value(json_object_get(prog, "total"));
+  if (state && !strcmp(state, "succeeded")) return json_real(0);
+  if (!state || strcmp(state, "running")) return json_null();
+  enum { WINDOW = 20 };
+  json_t *m = NULL;
+  if (pw_store_metrics_json(s, id, step > WINDOW ? (int)(step - WINDOW) : 0, &m, NULL)) return json_null();
+  double sum = 0;
+  int n = 0;
+  size_t i;
+  json_t *row;
+  json_array_foreach(json_object_get(m, "metrics"), i, row) {
+    double t = json_number_value(json_object_get(row, "step_time"));
+    if (t > 0) {
+      sum += t;
+      n++;
+    }
+  }
+  json_decref(m);
+  if (!n) return json_null();
+  json_int_t left = total > step ? total - step : 0;
+  return json_real(sum / n * (double)left);
+}
+
+void pw_api_job_get(pw_req *r) {
+  pw_store *s = pw_api_store(r);
+  if (!s) return;
+  json_t *j = NULL;
+  pw_err err = {0};
+  int rc = pw_store_job_json(s, r->id, 1, &j, &err);
+  if (rc == PW_ENOENT) {
+    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    return;
+  }
+  if (rc) {
+    pw_reply_err(r, &err);
+    return;
+  }
+  json_object_set_new(j, "ranks", ranks_json(s, r->id));
+  json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
+  pw_reply_json(r, MHD_HTTP_OK, j);
+}
+
+void pw_api_job_cancel(pw_req *r) {
+  pw_err err = {0};
+  int rc = pw_coord_cancel(r->c, r->id, &err);
+  if (rc == PW_ENOENT) {
+    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+  } else if (rc) {
+    pw_reply_err(r, &err);
+  } else {
+    pw_info("job %lld cancelled by request", (long long)r->id);
+    pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
+  }
+}
+
+void pw_api_job_metrics(pw_req *r) {
+  int64_t since;
+  if (pw_req_int_arg(r, "since", 0, 0, INT_MAX, &since)) return;
+  pw_store *s = pw_api_store(r);
+  if (!s || job_exists(r, s)) return;
+  json_t *out = NULL;
+  pw_err err = {0};
+  if (pw_store_metrics_json(s, r->id, (int)since, &out, &err))
+    pw_reply_err(r, &err);
+  else
+    pw_reply_json(r, MHD_HTTP_OK, out);
+}
+
+void pw_api_job_events(pw_req *r) {
+  int64_t since;
+  if (pw_req_int_arg(r, "since", 0, 0, 999999999999999999LL, &since)) return;
+  pw_store *s = pw_api_store(r);
+  if (!s || job_exists(r, s)) return;
+  json_t *out = NULL;
+  pw_err err = {0};
+  if (pw_store_events_json(s, r->id, since, &out, &err))
+    pw_reply_err(r, &err);
+  else
+    pw_reply_json(r, MHD_HTTP_OK, out);
+}

@@ -1,0 +1,750 @@
+/* test_coord_http: the coordinator's REST API over real HTTP.
+ *
+ * Starts the server (http.c) on 127.0.0.1, port 0, with a real pw_coord
+ * whose store is a temporary SQLite file, and talks to it through a tiny
+ * blocking HTTP/1.1 client. No control loop runs: jobs stay queued, and
+ * the test plays the loop's part by writing runs, metrics, timings and
+ * checkpoints through the store API. Checks every route's answer, and a
+ * table of malformed and hostile requests (status, error code, path,
+ * message), with the server still answering after each. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "coord.h"
+#include "plan.h"
+#include "safetensors.h"
+#include "spec.h"
+
+#ifndef PW_SOURCE_DIR
+#define PW_SOURCE_DIR "."
+#endif
+
+static pw_coord C;
+static pw_store *S; /* the test's own connection: it plays the control loop */
+static char tmpdir[64];
+
+static const char *SPEC =
+    "{\"name\": \"tiny\", \"model\": {\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 8, \"d_model\": 16,"
+    " \"n_layers\": 2, \"n_heads\": 2}, \"mesh\": {\"pp\": 2}, \"schedule\": {\"name\": \"1f1b\", \"microbatches\": 2},"
+    " \"train\": {\"steps\": 10, \"batch_size\": 4}, \"data\": {\"kind\": \"text\", \"path\": \"examples/data/corpus.txt\"}}";
+
+/* ---- a tiny blocking HTTP client ---------------------------------------- */
+
+typedef struct {
+  int status;
+  char *head; /* status line and headers */
+  char *body;
+  size_t len;
+} resp;
+
+static void resp_free(resp *r) {
+  free(r->head);
+  free(r->body);
+  memset(r, 0, sizeof *r);
+}
+
+static int dial(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+/* Send what there is (the server may stop reading), then read to EOF. */
+static void exchange(int fd, const char *req, size_t n, resp *out) {
+  for (size_t off = 0; off < n;) {
+    ssize_t k = send(fd, req + off, n - off, MSG_NOSIGNAL);
+    if (k <= 0) break;
+    off += (size_t)k;
+  }
+  size_t cap = 65536, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
+    ssize_t k = recv(fd, buf + len, cap - len - 1, 0);
+    if (k <= 0) break;
+    len += (size_t)k;
+  }
+  close(fd);
+  buf[len] = 0;
+  memset(out, 0, sizeof *out);
+  char *eoh = strstr(buf, "\r\n\r\n");
+  assert_non_null(eoh);
+  assert_int_equal(sscanf(buf, "HTTP/1.%*d %d", &out->status), 1);
+  size_t hl = (size_t)(eoh - buf) + 2;
+  out->head = strndup(buf, hl);
+  out->len = len - hl - 2;
+  out->body = malloc(out->len + 1);
+  memcpy(out->body, eoh + 4, out->len);
+  out->body[out->len] = 0;
+  free(buf);
+}
+
+/* One request; headers is extra header lines ("Name: v\r\n"), body may be NULL. */
+static void req_port(int port, const char *method, const char *target, const char *headers, const char *body,
+                     resp *out) {
+  size_t bl = body ? strlen(body) : 0, cap = strlen(target) + (headers ? strlen(headers) : 0) + bl + 256;
+  char *r = malloc(cap);
+  int n = snprintf(r, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, target,
+                   headers ? headers : "");
+  if (body) n += snprintf(r + n, cap - (size_t)n, "Content-Length: %zu\r\n", bl);
+  n += snprintf(r + n, cap - (size_t)n, "\r\n");
+  if (body) memcpy(r + n, body, bl);
+  exchange(dial(port), r, (size_t)n + bl, out);
+  free(r);
+}
+
+static void req(const char *method, const char *target, const char *body, resp *out) {
+  req_port(C.http_port, method, target, NULL, body, out);
+}
+
+/* A response header's value (static buffer), NULL if absent. */
+static const char *header(const resp *r, const char *name) {
+  static char v[512];
+  size_t nl = strlen(name);
+  for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
+    if (!strncasecmp(p + 2, name, nl) && p[2 + nl] == ':') {
+      const char *s = p + 3 + nl, *e = strstr(s, "\r\n");
+      while (*s == ' ') s++;
+      snprintf(v, sizeof v, "%.*s", (int)(e - s), s);
+      return v;
+    }
+  }
+  return NULL;
+}
+
+static json_t *body_json(const resp *r) {
+  json_error_t e;
+  json_t *j = json_loadb(r->body, r->len, 0, &e);
+  if (!j) fprintf(stderr, "not JSON (%s): %.300s\n", e.text, r->body);
+  assert_non_null(j);
+  return j;
+}
+
+/* GET target, expect 200 and JSON. */
+static json_t *get_json(const char *target) {
+  resp r;
+  req("GET", target, NULL, &r);
+  if (r.status != 200) fprintf(stderr, "GET %s: %d %s\n", target, r.status, r.body);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(header(&r, "Content-Type"), "application/json"));
+  json_t *j = body_json(&r);
+  resp_free(&r);
+  return j;
+}
+
+/* The error shape: status, code, path (NULL: any), message substring. */
+static void check_error(const resp *r, int status, const char *code, const char *path, const char *msg) {
+  if (r->status != status) fprintf(stderr, "expected %d, got %d: %s\n", status, r->status, r->body);
+  assert_int_equal(r->status, status);
+  assert_non_null(header(r, "Content-Type"));
+  assert_non_null(strstr(header(r, "Content-Type"), "application/json"));
+  json_t *j = body_json(r), *e = json_object_get(j, "error");
+  assert_true(json_is_object(e));
+  assert_int_equal(json_object_size(e), 3);
+  const char *c = json_string_value(json_object_get(e, "code")), *p = json_string_value(json_object_get(e, "path"));
+  const char *m = json_string_value(json_object_get(e, "message"));
+  assert_non_null(c);
+  assert_non_null(p);
+  assert_non_null(m);
+  assert_string_equal(c, code);
+  if (path) assert_string_equal(p, path);
+  if (!strstr(m, msg)) fprintf(stderr, "message \"%s\" lacks \"%s\"\n", m, msg);
+  assert_non_null(strstr(m, msg));
+  json_decref(j);
+}
+
+static void assert_alive(void) {
+  resp r;
+  req("GET", "/healthz", NULL, &r);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+}
+
+static int64_t submit(const char *spec) {
+  resp r;
+  req("POST", "/v1/jobs", spec, &r);
+  if (r.status != 201) fprintf(stderr, "submit: %d %s\n", r.status, r.body);
+  assert_int_equal(r.status, 201);
+  json_t *j = body_json(&r);
+  int64_t id = json_integer_value(json_object_get(j, "id"));
+  assert_true(id > 0);
+  char loc[64];
+  snprintf(loc, sizeof loc, "/v1/jobs/%lld", (long long)id);
+  assert_string_equal(header(&r, "Location"), loc);
+  assert_string_equal(json_string_value(json_object_get(j, "location")), loc);
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "queued");
+  json_decref(j);
+  resp_free(&r);
+  return id;
+}
+
+static int64_t jobs_total(void) {
+  json_t *j = get_json("/v1/jobs");
+  int64_t n = json_integer_value(json_object_get(j, "total"));
+  json_decref(j);
+  return n;
+}
+
+/* text with the first `from` replaced by `to`, into out. */
+static void replace(const char *text, const char *from, const char *to, char *out, size_t cap) {
+  const char *k = strstr(text, from);
+  assert_non_null(k);
+  snprintf(out, cap, "%.*s%s%s", (int)(k - text), text, to, k + strlen(from));
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+static void coord_init(pw_coord *c, const char *token) {
+  memset(c, 0, sizeof *c);
+  pthread_mutex_init(&c->mu, NULL);
+  snprintf(c->http_host, sizeof c->http_host, "127.0.0.1");
+  snprintf(c->db_path, sizeof c->db_path, "%s/coord.db", tmpdir);
+  snprintf(c->web_dir, sizeof c->web_dir, "%s/web", tmpdir);
+  snprintf(c->state_dir, sizeof c->state_dir, "%s", tmpdir);
+  snprintf(c->api_token, sizeof c->api_token, "%s", token);
+  c->max_body = 64 * 1024;
+  pw_err err = {0};
+  int rc = pw_http_start(c, &err);
+  if (rc) fprintf(stderr, "pw_http_start: %s\n", err.msg);
+  assert_int_equal(rc, 0);
+  assert_true(c->http_port > 0);
+}
+
+static void coord_fini(pw_coord *c) {
+  pw_http_stop(c);
+  for (int i = 0; i < c->n_stores; i++) pw_store_close(c->stores[i]);
+  free(c->stores);
+  free(c->workers);
+  pthread_mutex_destroy(&c->mu);
+}
+
+static int setup(void **state) {
+  /* relative data paths in specs resolve from the coordinator's cwd */
+  if (chdir(PW_SOURCE_DIR)) return -1;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/pw-http-XXXXXX");
+  if (!mkdtemp(tmpdir)) return -1;
+  char p[256];
+  snprintf(p, sizeof p, "%s/web", tmpdir);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/web/index.html", tmpdir);
+  write_file(p, "<!doctype html><title>pipewright</title>\n");
+  snprintf(p, sizeof p, "%s/web/app.js", tmpdir);
+  write_file(p, "console.log('hi');\n");
+  snprintf(p, sizeof p, "%s/secret.txt", tmpdir);
+  write_file(p, "secret\n");
+  coord_init(&C, "");
+  pw_err err = {0};
+  return pw_store_open(C.db_path, &S, &err);
+}
+
+static int teardown(void **state) {
+  coord_fini(&C);
+  pw_store_close(S);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  return system(cmd);
+}
+
+/* ---- the happy paths ------------------------------------------------------ */
+
+static void test_health_metrics_workers_schedules(void **state) {
+  json_t *j = get_json("/healthz");
+  assert_string_equal(json_string_value(json_object_get(j, "status")), "ok");
+  assert_non_null(json_string_value(json_object_get(j, "version")));
+  json_decref(j);
+
+  resp r;
+  req("HEAD", "/healthz", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_int_equal(r.len, 0);
+  resp_free(&r);
+
+  req("GET", "/metrics", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(header(&r, "Content-Type"), "text/plain"));
+  assert_non_null(strstr(r.body, "pipewright_http_requests_total{code=\"2xx\"}"));
+  assert_non_null(strstr(r.body, "pipewright_jobs{state=\"queued\"}"));
+  resp_free(&r);
+
+  j = get_json("/v1/workers");
+  assert_true(json_is_array(json_object_get(j, "workers")));
+  assert_int_equal(json_array_size(json_object_get(j, "workers")), 0);
+  json_decref(j);
+
+  j = get_json("/v1/schedules");
+  json_t *arr = json_object_get(j, "schedules");
+  int n = 0;
+  pw_sched_infos(&n);
+  assert_int_equal(json_array_size(arr), n);
+  assert_int_equal(n, 9);
+  int seen = 0;
+  size_t i;
+  json_t *s;
+  json_array_foreach(arr, i, s) seen += !strcmp(json_string_value(json_object_get(s, "name")), "zb-h1");
+  assert_int_equal(seen, 1);
+  json_decref(j);
+}
+
+/* POST /v1/plans answers exactly what the planner gives in-process. */
+static void test_plans_equal_cli(void **state) {
+  json_t *spec = json_loads(SPEC, 0, NULL);
+  pw_job job;
+  pw_plan p;
+  assert_int_equal(pw_job_parse(spec, NULL, &job, NULL), 0);
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  json_t *want = pw_plan_json(&job, &p), *want_cmp = pw_plan_compare_json(&job);
+  pw_plan_free(&p);
+  assert_int_equal(pw_plan_build(&job, "gpipe", &p, NULL), 0);
+  json_t *want_gpipe = pw_plan_json(&job, &p);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+
+  resp r;
+  req("POST", "/v1/plans", SPEC, &r);
+  assert_int_equal(r.status, 200);
+  json_t *got = body_json(&r);
+  assert_true(json_equal(got, want));
+  json_decref(got);
+  resp_free(&r);
+
+  req("POST", "/v1/plans?compare=1", SPEC, &r);
+  assert_int_equal(r.status, 200);
+  got = body_json(&r);
+  assert_true(json_equal(got, want_cmp));
+  assert_false(json_equal(got, want));
+  json_decref(got);
+  resp_free(&r);
+
+  req("POST", "/v1/plans?schedule=gpipe", SPEC, &r);
+  assert_int_equal(r.status, 200);
+  got = body_json(&r);
+  assert_true(json_equal(got, want_gpipe));
+  json_decref(got);
+  resp_free(&r);
+
+  json_decref(want);
+  json_decref(want_cmp);
+  json_decref(want_gpipe);
+  json_decref(spec);
+}
+
+static void test_submit_list_get(void **state) {
+  int64_t before = jobs_total();
+  int64_t id = submit(SPEC);
+  assert_int_equal(jobs_total(), before + 1);
+
+  char t[128];
+  snprintf(t, sizeof t, "/v1/jobs/%lld", (long long)id);
+  json_t *j = get_json(t);
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "queued");
+  assert_string_equal(json_string_value(json_object_get(j, "name")), "tiny");
+  assert_string_equal(json_string_value(json_object_get(j, "model")), "gpt d=16 L=2 H=2");
+  assert_string_equal(json_string_value(json_object_get(j, "schedule")), "1f1b");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "progress"), "total")), 10);
+  assert_true(json_is_null(json_object_get(j, "eta_seconds")));
+  assert_int_equal(json_array_size(json_object_get(j, "ranks")), 0);
+  /* the relative data path is stored absolute, with every default filled */
+  json_t *spec = json_object_get(j, "spec");
+  const char *dp = json_string_value(json_object_get(json_object_get(spec, "data"), "path"));
+  char want[4096];
+  assert_non_null(realpath("examples/data/corpus.txt", want));
+  assert_string_equal(dp, want);
+  assert_true(json_is_object(json_object_get(spec, "train")));
+  json_decref(j);
+
+  j = get_json("/v1/jobs?state=queued&limit=1");
+  assert_int_equal(json_integer_value(json_object_get(j, "limit")), 1);
+  assert_int_equal(json_array_size(json_object_get(j, "jobs")), 1);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(j, "jobs"), 0), "id")), id);
+  json_decref(j);
+  j = get_json("/v1/jobs?state=running");
+  assert_int_equal(json_integer_value(json_object_get(j, "total")), 0);
+  json_decref(j);
+  j = get_json("/v1/jobs?offset=1000");
+  assert_int_equal(json_array_size(json_object_get(j, "jobs")), 0);
+  json_decref(j);
+}
+
+/* The loop's part played by hand: a run with two ranks, three steps of
+ * metrics, a sampled step, a checkpoint of both stages. */
+static void test_run_views(void **state) {
+  int64_t id = submit(SPEC), run = 0;
+  pw_err err = {0};
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_PLANNING, "t", NULL, &err), 0);
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_DISPATCHING, "t", NULL, &err), 0);
+  assert_int_equal(pw_store_run_insert(S, id, "{}", &run, &err), 0);
+  for (int k = 0; k < 2; k++) {
+    char nm[8];
+    snprintf(nm, sizeof nm, "w%d", k);
+    assert_int_equal(pw_store_stage_insert(S, run, k, k, "[]", 100, 1e6, &err), 0);
+    assert_int_equal(pw_store_assignment_insert(S, run, k, 0, nm, &err), 0);
+    assert_int_equal(pw_store_actions_insert(S, run, k, "F0@s0 B0@s0", &err), 0);
+  }
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_RUNNING, "t", NULL, &err), 0);
+  for (int k = 0; k < 3; k++) {
+    pw_metric m = {.step = k, .loss = 4.0 - k, .step_time = 0.5, .tokens = 32, .tokens_per_s = 64, .lr = 1e-3};
+    assert_int_equal(pw_store_metric_insert(S, id, run, &m, &err), 0);
+  }
+  assert_int_equal(pw_store_job_progress(S, id, 3, 2.0, 64, &err), 0);
+  /* rank 0 busy 4 of 7, rank 1 busy 4 of 7: bubble 6/14 */
+  assert_int_equal(pw_store_timing_insert(S, id, run, 2, 0, "[[\"F\",0,0,0,1],[\"F\",1,0,1,2],[\"B\",0,0,4,6]]", &err), 0);
+  assert_int_equal(pw_store_timing_insert(S, id, run, 2, 1, "[[\"F\",0,1,1,2],[\"B\",0,1,2,4],[\"B\",1,1,6,7]]", &err), 0);
+
+  char t[128];
+  snprintf(t, sizeof t, "/v1/jobs/%lld", (long long)id);
+  json_t *j = get_json(t);
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "running");
+  assert_true(json_is_number(json_object_get(j, "eta_seconds")));
+  assert_float_equal(json_number_value(json_object_get(j, "eta_seconds")), 0.5 * 7, 1e-9);
+  json_t *ranks = json_object_get(j, "ranks");
+  assert_int_equal(json_array_size(ranks), 2);
+  json_t *r1 = json_array_get(ranks, 1);
+  assert_int_equal(json_integer_value(json_object_get(r1, "rank")), 1);
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(r1, "stages"), 0)), 1);
+  assert_non_null(json_object_get(r1, "worker"));
+  json_decref(j);
+
+  snprintf(t, sizeof t, "/v1/jobs/%lld/metrics?since=1", (long long)id);
+  j = get_json(t);
+  json_t *ms = json_object_get(j, "metrics");
+  assert_int_equal(json_array_size(ms), 2);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(ms, 0), "step")), 1);
+  json_decref(j);
+
+  snprintf(t, sizeof t, "/v1/jobs/%lld/events", (long long)id);
+  j = get_json(t);
+  json_t *ev = json_object_get(j, "events");
+  assert_true(json_array_size(ev) >= 4); /* queued + three transitions */
+  json_int_t last = json_integer_value(json_object_get(json_array_get(ev, json_array_size(ev) - 1), "id"));
+  json_decref(j);
+  snprintf(t, sizeof t, "/v1/jobs/%lld/events?since=%lld", (long long)id, (long long)last);
+  j = get_json(t);
+  assert_int_equal(json_array_size(json_object_get(j, "events")), 0);
+  json_decref(j);
+
+  snprintf(t, sizeof t, "/v1/jobs/%lld/timeline?step=2", (long long)id);
+  j = get_json(t);
+  assert_int_equal(json_array_size(json_object_get(j, "ranks")), 2);
+  json_t *bub = json_object_get(j, "bubble");
+  assert_float_equal(json_number_value(json_object_get(bub, "measured")), 6.0 / 14.0, 1e-9);
+  json_t *planned = json_object_get(j, "planned");
+  assert_int_equal(json_array_size(json_object_get(planned, "timeline")), 2);
+  assert_float_equal(json_number_value(json_object_get(bub, "planned")),
+                     json_number_value(json_object_get(planned, "bubble_ratio")), 0);
+  json_decref(j);
+
+  resp r;
+  snprintf(t, sizeof t, "/v1/jobs/%lld/timeline?step=2&format=chrome", (long long)id);
+  req("GET", t, NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(header(&r, "Content-Disposition"), "attachment"));
+  j = body_json(&r);
+  json_t *tev = json_object_get(j, "traceEvents"), *e;
+  size_t i;
+  int xs = 0;
+  json_array_foreach(tev, i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "ph")), "X")) continue;
+    xs++;
+    if (!strcmp(json_string_value(json_object_get(e, "name")), "B0@s1")) {
+      assert_int_equal(json_integer_value(json_object_get(e, "tid")), 1);
+      assert_float_equal(json_number_value(json_object_get(e, "ts")), 2e6, 1e-3);
+      assert_float_equal(json_number_value(json_object_get(e, "dur")), 2e6, 1e-3);
+    }
+  }
+  assert_int_equal(xs, 6);
+  json_decref(j);
+  resp_free(&r);
+
+  snprintf(t, sizeof t, "/v1/jobs/%lld/timeline?step=7", (long long)id);
+  req("GET", t, NULL, &r);
+  check_error(&r, 404, "not_found", "step", "step 7");
+  resp_free(&r);
+
+  /* checkpoint: none yet, then both stages at step 2 */
+  snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoint", (long long)id);
+  req("GET", t, NULL, &r);
+  check_error(&r, 404, "not_found", NULL, "no complete checkpoint");
+  resp_free(&r);
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {6, 5, 4, 3, 2, 1}, s0[2] = {7, 8}, s1[2] = {-1, -1};
+  pw_st_tensor st0[2] = {{"embed.tok.weight", PW_ST_F32, 2, {2, 3}, a}, {"shared.weight", PW_ST_F32, 1, {2}, s0}};
+  pw_st_tensor st1[2] = {{"lm_head.weight", PW_ST_F32, 2, {2, 3}, b}, {"shared.weight", PW_ST_F32, 1, {2}, s1}};
+  char f0[128], f1[128];
+  snprintf(f0, sizeof f0, "%s/s0.safetensors", tmpdir);
+  snprintf(f1, sizeof f1, "%s/s1.safetensors", tmpdir);
+  assert_int_equal(pw_st_write(f0, st0, 2, NULL, 0, &err), 0);
+  assert_int_equal(pw_st_write(f1, st1, 2, NULL, 0, &err), 0);
+  assert_int_equal(pw_store_checkpoint_insert(S, id, run, 2, 0, 0, f0, 100, &err), 0);
+  req("GET", t, NULL, &r); /* one stage is not a whole model */
+  check_error(&r, 404, "not_found", NULL, "no complete checkpoint");
+  resp_free(&r);
+  assert_int_equal(pw_store_checkpoint_insert(S, id, run, 2, 1, 1, f1, 100, &err), 0);
+  req("GET", t, NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(header(&r, "Content-Type"), "application/octet-stream");
+  char cd[128];
+  snprintf(cd, sizeof cd, "attachment; filename=\"job-%lld-step-2.safetensors\"", (long long)id);
+  assert_string_equal(header(&r, "Content-Disposition"), cd);
+  char out[128];
+  snprintf(out, sizeof out, "%s/merged.safetensors", tmpdir);
+  FILE *f = fopen(out, "wb");
+  fwrite(r.body, 1, r.len, f);
+  fclose(f);
+  resp_free(&r);
+  pw_st_file *m;
+  assert_int_equal(pw_st_open(out, &m, &err), 0);
+  assert_int_equal(pw_st_count(m), 3);
+  float got[6];
+  int64_t sh2[1] = {2}, sh23[2] = {2, 3};
+  assert_int_equal(pw_st_copy(m, "shared.weight", PW_ST_F32, 1, sh2, got, &err), 0);
+  assert_true(got[0] == 7 && got[1] == 8); /* from the lowest stage */
+  assert_int_equal(pw_st_copy(m, "lm_head.weight", PW_ST_F32, 2, sh23, got, &err), 0);
+  assert_true(got[0] == 6 && got[5] == 1);
+  assert_string_equal(pw_st_meta_get(m, "step"), "2");
+  pw_st_close(m);
+  /* the temporary merged file is gone from the state dir */
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "ls -a %s | grep -q '^\\.checkpoint'", tmpdir);
+  assert_int_not_equal(system(cmd), 0);
+
+  /* cancel: once, then 409 */
+  snprintf(t, sizeof t, "/v1/jobs/%lld", (long long)id);
+  req("DELETE", t, NULL, &r);
+  assert_int_equal(r.status, 200);
+  j = body_json(&r);
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "cancelled");
+  assert_int_equal(json_integer_value(json_object_get(j, "id")), id);
+  json_decref(j);
+  resp_free(&r);
+  req("DELETE", t, NULL, &r);
+  check_error(&r, 409, "conflict", NULL, "already");
+  resp_free(&r);
+  j = get_json(t);
+  assert_string_equal(json_string_value(json_object_get(j, "state")), "cancelled");
+  json_decref(j);
+}
+
+static void test_static_files(void **state) {
+  resp r;
+  req("GET", "/", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(header(&r, "Content-Type"), "text/html; charset=utf-8");
+  assert_non_null(strstr(r.body, "<title>pipewright</title>"));
+  resp_free(&r);
+  req("GET", "/app.js", NULL, &r);
+  assert_int_equal(r.status, 200);
+  assert_string_equal(header(&r, "Content-Type"), "text/javascript; charset=utf-8");
+  assert_string_equal(r.body, "console.log('hi');\n");
+  resp_free(&r);
+}
+
+/* ---- malformed and hostile requests -------------------------------------- */
+
+typedef struct {
+  const char *method, *target, *body, *headers;
+  int status;
+  const char *code, *path, *msg;
+  const char *allow; /* expected Allow header (405) */
+} hostile;
+
+static void test_hostile_table(void **state) {
+  char long_url[3100];
+  snprintf(long_url, sizeof long_url, "/v1/jobs?x=");
+  memset(long_url + 11, 'a', 3000);
+  long_url[3011] = 0;
+  static char bad_type[1024], bad_plan[1024], not_object[] = "[1, 2]";
+  replace(SPEC, "\"d_model\": 16", "\"d_model\": \"big\"", bad_type, sizeof bad_type);
+  /* valid as a spec, refused by the planner: dualpipev needs two stages per rank */
+  replace(SPEC, "\"1f1b\"", "\"dualpipev\"", bad_plan, sizeof bad_plan);
+  const hostile cases[] = {
+      {"POST", "/v1/jobs", "{\"name\": ", NULL, 400, "malformed_json", "", "line 1", NULL},
+      {"POST", "/v1/jobs", "", NULL, 400, "malformed_json", "", "empty", NULL},
+      {"POST", "/v1/jobs", "{\"a\": 1, \"a\": 2}", NULL, 400, "malformed_json", "", "duplicate", NULL},
+      {"POST", "/v1/plans", "{\"x\": 1} trailing", NULL, 400, "malformed_json", "", "column", NULL},
+      {"POST", "/v1/jobs", not_object, NULL, 422, "invalid_spec", "", "object", NULL},
+      {"POST", "/v1/jobs", bad_type, NULL, 422, "invalid_spec", "model.d_model", "", NULL},
+      {"POST", "/v1/plans", bad_type, NULL, 422, "invalid_spec", "model.d_model", "", NULL},
+      {"POST", "/v1/jobs", bad_plan, NULL, 422, "invalid_spec", "mesh.virtual_stages", "dualpipev", NULL},
+      {"POST", "/v1/jobs", "{\"model\": {\"template\": \"gpt\"}, \"data\": {\"kind\": \"copy\"}, \"bogus\": 1}", NULL,
+       422, "invalid_spec", "bogus", "", NULL},
+      {"POST", "/v1/plans?compare=maybe", SPEC, NULL, 400, "invalid_argument", "compare", "maybe", NULL},
+      {"POST", "/v1/plans?schedule=nope", SPEC, NULL, 400, "invalid_argument", "schedule", "nope", NULL},
+      {"GET", "/v1/nope", NULL, NULL, 404, "not_found", "", "no route for GET /v1/nope", NULL},
+      {"GET", "/v1", NULL, NULL, 404, "not_found", "", "no route", NULL},
+      {"GET", "/v1/jobs/abc", NULL, NULL, 404, "not_found", "", "no route", NULL},
+      {"GET", "/v1/jobs/0", NULL, NULL, 404, "not_found", "", "no route", NULL},
+      {"GET", "/v1/jobs/99999", NULL, NULL, 404, "not_found", "id", "no job 99999", NULL},
+      {"DELETE", "/v1/jobs/99999", NULL, NULL, 404, "not_found", "id", "no job 99999", NULL},
+      {"GET", "/v1/jobs/99999/metrics", NULL, NULL, 404, "not_found", "id", "no job", NULL},
+      {"GET", "/v1/jobs/99999/events", NULL, NULL, 404, "not_found", "id", "no job", NULL},
+      {"GET", "/v1/jobs/99999/timeline", NULL, NULL, 404, "not_found", "id", "no job", NULL},
+      {"GET", "/v1/jobs/99999/checkpoint", NULL, NULL, 404, "not_found", "id", "no job", NULL},
+      {"PUT", "/v1/jobs", "{}", NULL, 405, "method_not_allowed", "", "PUT", "POST, GET, HEAD"},
+      {"DELETE", "/v1/workers", NULL, NULL, 405, "method_not_allowed", "", "DELETE", "GET, HEAD"},
+      {"POST", "/v1/jobs/1", "{}", NULL, 405, "method_not_allowed", "", "POST", "GET, HEAD, DELETE"},
+      {"POST", "/index.html", "{}", NULL, 405, "method_not_allowed", "", "static", "GET, HEAD"},
+      {"GET", "/v1/jobs?limit=0", NULL, NULL, 400, "invalid_argument", "limit", "[1, 500]", NULL},
+      {"GET", "/v1/jobs?limit=501", NULL, NULL, 400, "invalid_argument", "limit", "501", NULL},
+      {"GET", "/v1/jobs?limit=abc", NULL, NULL, 400, "invalid_argument", "limit", "abc", NULL},
+      {"GET", "/v1/jobs?offset=-1", NULL, NULL, 400, "invalid_argument", "offset", "-1", NULL},
+      {"GET", "/v1/jobs?state=bogus", NULL, NULL, 400, "invalid_argument", "state", "queued", NULL},
+      {"GET", "/v1/jobs/1/metrics?since=x", NULL, NULL, 400, "invalid_argument", "since", "since", NULL},
+      {"GET", "/v1/jobs/1/timeline?format=xml", NULL, NULL, 400, "invalid_argument", "format", "chrome", NULL},
+      {"GET", "/v1/jobs?state=a%00b", NULL, NULL, 400, "invalid_argument", "url", "NUL", NULL},
+      {"GET", long_url, NULL, NULL, 414, "too_large", "url", "limit is 2048", NULL},
+      {"GET", "/../secret.txt", NULL, NULL, 404, "not_found", "", "no such file", NULL},
+      {"GET", "/%2e%2e/secret.txt", NULL, NULL, 404, "not_found", "", "no such file", NULL},
+      {"GET", "/app.js%00.html", NULL, NULL, 404, "not_found", "url", "NUL", NULL},
+      {"GET", "/nope.html", NULL, NULL, 404, "not_found", "", "no such file", NULL},
+      {"POST", "/v1/jobs", NULL, "Content-Length: 10000000\r\n", 413, "too_large", "body", "limit is 65536", NULL},
+  };
+  int64_t before = jobs_total();
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const hostile *h = &cases[i];
+    resp r;
+    fprintf(stderr, "  case %zu: %s %.60s\n", i, h->method, h->target);
+    req_port(C.http_port, h->method, h->target, h->headers, h->body, &r);
+    check_error(&r, h->status, h->code, h->path, h->msg);
+    if (h->allow) assert_string_equal(header(&r, "Allow"), h->allow);
+    resp_free(&r);
+    assert_alive();
+  }
+  assert_int_equal(jobs_total(), before); /* nothing refused was stored */
+}
+
+/* Bodies over the bound: declared (answered before reading), sent whole,
+ * and chunked (read, dropped, answered at the end). */
+static void test_huge_bodies(void **state) {
+  size_t n = 200 * 1024;
+  char *big = malloc(n + 1);
+  memset(big, ' ', n);
+  big[0] = '{';
+  big[n - 1] = '}';
+  big[n] = 0;
+  resp r;
+  req("POST", "/v1/jobs", big, &r);
+  check_error(&r, 413, "too_large", "body", "limit is 65536");
+  resp_free(&r);
+  assert_alive();
+
+  /* chunked: 4 chunks of 32 KiB */
+  size_t cap = n + 1024, len = 0;
+  char *q = malloc(cap);
+  len += (size_t)snprintf(q, cap, "POST /v1/plans HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                  "Transfer-Encoding: chunked\r\n\r\n");
+  for (int c = 0; c < 4; c++) {
+    len += (size_t)snprintf(q + len, cap - len, "%x\r\n", 32768);
+    memset(q + len, ' ', 32768);
+    len += 32768;
+    len += (size_t)snprintf(q + len, cap - len, "\r\n");
+  }
+  len += (size_t)snprintf(q + len, cap - len, "0\r\n\r\n");
+  exchange(dial(C.http_port), q, len, &r);
+  check_error(&r, 413, "too_large", "body", "over the limit");
+  resp_free(&r);
+  free(q);
+  free(big);
+  assert_alive();
+
+  /* a body just under the bound is read and parsed */
+  char *ok = malloc(60 * 1024);
+  snprintf(ok, 60 * 1024, "%s", SPEC);
+  size_t l = strlen(ok);
+  memset(ok + l, ' ', 60 * 1024 - l - 1);
+  ok[60 * 1024 - 1] = 0;
+  req("POST", "/v1/plans", ok, &r);
+  assert_int_equal(r.status, 200);
+  resp_free(&r);
+  free(ok);
+}
+
+static void test_token(void **state) {
+  static pw_coord T; /* a second server over the same store, with a token */
+  coord_init(&T, "s3cret-token");
+  const struct {
+    const char *target, *headers;
+    int status;
+    const char *msg;
+  } cases[] = {
+      {"/v1/jobs", NULL, 401, "needs a bearer token"},
+      {"/v1/jobs", "Authorization: Bearer wrong\r\n", 401, "wrong"},
+      {"/v1/jobs", "Authorization: Bearer s3cret-token-and-more\r\n", 401, "wrong"},
+      {"/v1/jobs", "Authorization: Basic czNjcmV0LXRva2Vu\r\n", 401, "wrong"},
+      {"/v1/jobs", "Authorization: Bearer \r\n", 401, "wrong"},
+      {"/metrics", NULL, 401, "bearer"},
+      {"/v1/nope", NULL, 401, "bearer"}, /* routes are not revealed without the token */
+      {"/v1/jobs", "Authorization: Bearer s3cret-token\r\n", 200, NULL},
+      {"/v1/jobs", "Authorization: bearer s3cret-token\r\n", 200, NULL},
+      {"/healthz", NULL, 200, NULL},
+      {"/", NULL, 200, NULL}, /* the dashboard asks for the token itself */
+      {"/v1/nope", "Authorization: Bearer s3cret-token\r\n", 404, "no route"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    resp r;
+    req_port(T.http_port, "GET", cases[i].target, cases[i].headers, NULL, &r);
+    if (cases[i].status == 401) {
+      check_error(&r, 401, "unauthorized", "Authorization", cases[i].msg);
+      assert_non_null(header(&r, "WWW-Authenticate"));
+      assert_int_equal(strncmp(header(&r, "WWW-Authenticate"), "Bearer", 6), 0);
+    } else if (cases[i].msg) {
+      check_error(&r, cases[i].status, "not_found", "", cases[i].msg);
+    } else {
+      assert_int_equal(r.status, cases[i].status);
+    }
+    resp_free(&r);
+  }
+  coord_fini(&T);
+}
+
+/* Every answer above was counted by status class. */
+static void test_counted(void **state) {
+  resp r;
+  req("GET", "/metrics", NULL, &r);
+  assert_int_equal(r.status, 200);
+  unsigned long long n4 = 0, n2 = 0;
+  const char *p = strstr(r.body, "pipewright_http_requests_total{code=\"4xx\"} ");
+  assert_non_null(p);
+  sscanf(p + strlen("pipewright_http_requests_total{code=\"4xx\"} "), "%llu", &n4);
+  p = strstr(r.body, "pipewright_http_requests_total{code=\"2xx\"} ");
+  sscanf(p + strlen("pipewright_http_requests_total{code=\"2xx\"} "), "%llu", &n2);
+  assert_true(n4 >= 40);
+  assert_true(n2 >= 40);
+  resp_free(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_health_metrics_workers_schedules),
+      cmocka_unit_test(test_plans_equal_cli),
+      cmocka_unit_test(test_submit_list_get),
+      cmocka_unit_test(test_run_views),
+      cmocka_unit_test(test_static_files),
+      cmocka_unit_test(test_hostile_table),
+      cmocka_unit_test(test_huge_bodies),
+      cmocka_unit_test(test_token),
+      cmocka_unit_test(test_counted),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
