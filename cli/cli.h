@@ -17,6 +17,12 @@ int pw_cmd_train(int argc, char **argv);
 int pw_cmd_eval(int argc, char **argv);
 int pw_cmd_inspect(int argc, char **argv);
 int pw_cmd_plan(int argc, char **argv);
+/* cmd_remote.c: the coordinator's REST API */
+int pw_cmd_submit(int argc, char **argv);
+int pw_cmd_status(int argc, char **argv);
+int pw_cmd_watch(int argc, char **argv);
+int pw_cmd_cancel(int argc, char **argv);
+int pw_cmd_workers(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
 int pw_cli_load_job(const char *path, pw_job *job);

@@ -22,12 +22,13 @@ struct pw_wconn {
   double last_seen;        /* monotonic seconds */
   pw_jobrt *job;           /* the run it serves, or NULL */
   int rank;
+  int draining;            /* still busy with a run we do not know: not idle */
   pw_wconn *next;
 };
 
-#define PW_STEP_RING 8
-
-/* A step's reports being collected from every rank. */
+/* A step's reports being collected from every rank. Ranks report a step
+ * after the step's barrier, so at most a few steps are open at once, but
+ * nothing bounds how late the coordinator reads one link: the table grows. */
 typedef struct {
   int step;                /* -1: free */
   int reports;
@@ -41,7 +42,8 @@ struct pw_jobrt {
   int n_ranks, n_stages, steps, start_step;
   pw_wconn **ranks;        /* [n_ranks] */
   int done;
-  pw_step_acc acc[PW_STEP_RING];
+  pw_step_acc *acc;        /* open steps */
+  int n_acc;
   pw_jobrt *next;
 };
 

@@ -168,6 +168,12 @@ static void on_register(pw_wconn *w, json_t *msg) {
   w->registered = 1;
   w->last_seen = pw_mono();
   registry_add(c, w, msg);
+  json_t *busy = json_object_get(msg, "job");
+  if (json_is_integer(busy)) { /* busy with a run from before: stop it first */
+    w->draining = 1;
+    pw_ctl_send_msg(w, json_pack("{s:s, s:O, s:i, s:s}", "type", "cancel", "job", busy, "run", 0, "reason",
+                                 "not a run of this coordinator"));
+  }
   pw_info("worker %s registered (id %lld, data plane %s)", w->name, (long long)w->id, w->addr);
   pw_ctl_send_msg(w, json_pack("{s:s, s:i, s:I, s:f}", "type", "welcome", "version", PW_PROTO_VERSION, "worker_id",
                                (json_int_t)w->id, "heartbeat_interval", c->heartbeat_interval));
@@ -195,9 +201,14 @@ static void on_message(pw_wconn *w, json_t *msg) {
     /* A worker still busy with a job we are not running here (say, from
      * before a coordinator restart) is told to stop it. */
     json_t *job = json_object_get(msg, "job");
-    if (json_is_integer(job) && (!w->job || w->job->job != json_integer_value(job)))
+    if (json_is_integer(job) && (!w->job || w->job->job != json_integer_value(job))) {
+      w->draining = 1;
       pw_ctl_send_msg(w, json_pack("{s:s, s:O, s:i, s:s}", "type", "cancel", "job", job, "run", 0, "reason",
                                    "not a run of this coordinator"));
+    } else if (!json_is_integer(job) && w->draining) {
+      w->draining = 0; /* idle now */
+      pw_sched_tick(w->c);
+    }
     return;
   }
   pw_sched_on_message(w->c, w, msg);
@@ -245,6 +256,7 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   w->last_seen = pw_mono();
+  uv_tcp_nodelay(&w->tcp, 1); /* small messages: no Nagle delay */
   w->next = ctl_of(c)->conns;
   ctl_of(c)->conns = w;
   uv_read_start((uv_stream_t *)&w->tcp, on_alloc, on_read);

@@ -44,6 +44,7 @@ static void jobrt_remove(pw_coord *c, pw_jobrt *jr) {
       break;
     }
   free(jr->ranks);
+  free(jr->acc);
   free(jr);
 }
 
@@ -72,7 +73,7 @@ static int cmp_conn(const void *a, const void *b) {
 static int idle_workers(pw_coord *c, pw_wconn **out, int cap) {
   int n = 0;
   for (pw_wconn *w = ctl_of(c)->conns; w; w = w->next)
-    if (w->registered && !w->closing && !w->job && n < cap) out[n++] = w;
+    if (w->registered && !w->closing && !w->job && !w->draining && n < cap) out[n++] = w;
   qsort(out, (size_t)n, sizeof *out, cmp_conn);
   return n;
 }
@@ -158,7 +159,6 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
   jr->n_stages = p.S;
   jr->steps = job->train.steps;
   jr->start_step = start;
-  for (int k = 0; k < PW_STEP_RING; k++) jr->acc[k].step = -1;
   json_t *peers = json_array(), *sched = pw_sched_to_json(p.sched);
   for (int r = 0; r < n; r++) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", ws[r]->addr));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
@@ -253,14 +253,20 @@ void pw_sched_tick(pw_coord *c) {
 
 static pw_step_acc *acc_for(pw_jobrt *jr, int step) {
   pw_step_acc *free_slot = NULL;
-  for (int k = 0; k < PW_STEP_RING; k++) {
+  for (int k = 0; k < jr->n_acc; k++) {
     if (jr->acc[k].step == step) return &jr->acc[k];
     if (jr->acc[k].step < 0 && !free_slot) free_slot = &jr->acc[k];
   }
-  if (free_slot) {
-    memset(free_slot, 0, sizeof *free_slot);
-    free_slot->step = step;
+  if (!free_slot) {
+    pw_step_acc *na = realloc(jr->acc, sizeof *na * (size_t)(jr->n_acc + 8));
+    if (!na) return NULL;
+    jr->acc = na;
+    for (int k = jr->n_acc; k < jr->n_acc + 8; k++) jr->acc[k].step = -1;
+    free_slot = &jr->acc[jr->n_acc];
+    jr->n_acc += 8;
   }
+  memset(free_slot, 0, sizeof *free_slot);
+  free_slot->step = step;
   return free_slot;
 }
 
@@ -273,7 +279,10 @@ static void on_step(pw_coord *c, pw_store *s, pw_jobrt *jr, int rank, json_t *ms
     free(t);
   }
   pw_step_acc *a = acc_for(jr, step);
-  if (!a) return;
+  if (!a) {
+    pw_error("job %lld: out of memory for step %d's reports", (long long)jr->job, step);
+    return;
+  }
   a->reports++;
   json_t *v;
   if ((v = json_object_get(msg, "loss")) && json_is_number(v)) a->loss += json_number_value(v), a->has_loss = 1;

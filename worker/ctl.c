@@ -105,11 +105,9 @@ static void handle(pw_worker *w, json_t *msg) {
     w->backoff_ms = BACKOFF_MAX_MS;
     ctl_close(w, NULL);
   } else if (!strcmp(type, "assign")) {
-    if (w->run) {
-      pw_ctl_send(w, json_pack("{s:s, s:O, s:O, s:s}", "type", "error", "job", json_object_get(msg, "job"), "run",
-                               json_object_get(msg, "run"), "message", "worker is busy with another run"));
-      return;
-    }
+    /* The coordinator is the authority: a run it no longer knows about
+     * (say, from before it restarted) gives way to the new assignment. */
+    if (w->run) pw_run_cancel(w->run, "superseded by a new assignment");
     if (pw_run_start(w, msg, &err)) {
       pw_error("assignment refused: %s", pw_err_str(&err, buf, sizeof buf));
       pw_ctl_send(w, json_pack("{s:s, s:O, s:O, s:O, s:s}", "type", "error", "job", json_object_get(msg, "job"),
@@ -165,15 +163,18 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
     return;
   }
   w->ctl_state = 1;
+  uv_tcp_nodelay(&w->ctl, 1); /* small messages: no Nagle delay */
   pw_control_reader_init(&w->ctl_reader, 0);
   uv_read_start((uv_stream_t *)&w->ctl, on_ctl_alloc, on_ctl_read);
   char addr[96];
   snprintf(addr, sizeof addr, "%s:%d", w->listen_host, w->listen_port);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  pw_ctl_send(w, json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "type", "register", "version",
+  json_t *reg = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "type", "register", "version",
                            PW_PROTO_VERSION, "name", w->name, "token", w->token, "data_addr", addr, "cores",
                            (int)(cores > 0 ? cores : 1), "threads", w->threads, "software",
-                           "pipewright-worker " PW_VERSION));
+                           "pipewright-worker " PW_VERSION);
+  if (w->run) json_object_set_new(reg, "job", json_integer((json_int_t)w->run->job)); /* still busy */
+  pw_ctl_send(w, reg);
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sdnotify.h"
 #include "worker.h"
 
 static void usage(FILE *f) {
@@ -40,10 +41,38 @@ static int split_hostport(const char *s, char *host, size_t cap, int *port) {
   return 0;
 }
 
+/* systemd (Type=notify): READY=1 once the data plane listens and the
+ * control link is being made — not after registering, so a worker started
+ * before its coordinator still comes up and keeps retrying; then a STATUS=
+ * line whenever the link or the run changes. A no-op without NOTIFY_SOCKET. */
+static uv_timer_t status_timer;
+static int status_on;
+
+static void on_status_timer(uv_timer_t *t) {
+  pw_worker *w = t->data;
+  static char last[512];
+  char now[512];
+  if (w->run)
+    snprintf(now, sizeof now, "STATUS=job %llu rank %d, step %d of %d", (unsigned long long)w->run->job,
+             w->run->rank, w->run->step, w->run->steps);
+  else if (w->ctl_state == 2)
+    snprintf(now, sizeof now, "STATUS=idle, registered with %.200s:%d as worker %d", w->coord_host, w->coord_port,
+             w->worker_id);
+  else
+    snprintf(now, sizeof now, "STATUS=connecting to coordinator %.200s:%d", w->coord_host, w->coord_port);
+  if (strcmp(now, last)) {
+    pw_sd_notify(now);
+    snprintf(last, sizeof last, "%s", now);
+  }
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
   pw_worker *w = h->data;
   if (w->stopping) return;
   pw_info("signal %d: shutting down", signum);
+  pw_sd_notify("STOPPING=1\nSTATUS=shutting down");
+  if (status_on) uv_close((uv_handle_t *)&status_timer, NULL);
+  status_on = 0;
   w->stopping = 1;
   if (w->run) pw_run_cancel(w->run, "worker shutting down");
   pw_ctl_stop(w);
@@ -127,6 +156,15 @@ int main(int argc, char **argv) {
   uv_signal_start(&w.sigterm, on_signal, SIGTERM);
   pw_info("worker %s: data plane on %s:%d, coordinator %s:%d, %d thread%s", w.name, w.listen_host, w.listen_port,
           w.coord_host, w.coord_port, w.threads, w.threads == 1 ? "" : "s");
+  pw_sd_notifyf("READY=1\nSTATUS=data plane on %s:%d, connecting to coordinator %s:%d", w.listen_host,
+                w.listen_port, w.coord_host, w.coord_port);
+  const char *ns = getenv("NOTIFY_SOCKET");
+  if (ns && ns[0]) {
+    uv_timer_init(w.loop, &status_timer);
+    status_timer.data = &w;
+    uv_timer_start(&status_timer, on_status_timer, 1000, 1000);
+    status_on = 1;
+  }
   uv_run(w.loop, UV_RUN_DEFAULT);
   if (w.run) pw_run_free(w.run);
   pw_control_reader_free(&w.ctl_reader);

@@ -80,13 +80,28 @@ static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
   if (rc) return rc;
   if (!pw_control_token_equal(token, l->w->token))
     return pw_err_set(err, PW_EAUTH, "hello", "wrong cluster token from peer claiming rank %u", rank);
+  l->hello_job = job;
+  l->hello_rank = (int)rank;
   pw_run *r = l->w->run;
-  if (!r || r->job != job || (int)rank >= r->n_ranks || (int)rank == r->rank)
-    return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %u, which is not a peer of ours",
-                      (unsigned long long)job, rank);
-  l->peer_rank = (int)rank;
+  if (!r || r->job != job) {
+    /* Our assignment for that job has not arrived yet (the coordinator's
+     * messages reach workers at different times): stop reading — its
+     * frames wait in the socket — until the run starts. */
+    l->paused = 1;
+    uv_read_stop((uv_stream_t *)&l->tcp);
+    pw_debug("inbound link from rank %u of job %llu held until that run starts", rank, (unsigned long long)job);
+    return 0;
+  }
+  return pw_net_admit(l, r, err);
+}
+
+int pw_net_admit(pw_link *l, pw_run *r, pw_err *err) {
+  if (l->hello_rank >= r->n_ranks || l->hello_rank == r->rank)
+    return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %d, which is not a peer of ours",
+                      (unsigned long long)l->hello_job, l->hello_rank);
+  l->peer_rank = l->hello_rank;
   pw_frame_reader_set_max(&l->reader, MAX_PAYLOAD_AFTER_HELLO);
-  pw_debug("inbound link from rank %u (%s)", rank, l->addr);
+  pw_debug("inbound link from rank %d (%s)", l->peer_rank, l->addr);
   return 0;
 }
 
@@ -129,7 +144,7 @@ static void on_in_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     pw_frame_reader_set_dest(&l->reader, dst);
   } else if (rc == PW_FRAME_DONE) {
     if (ev.hdr.kind == PW_FRAME_HELLO) {
-      if (l->peer_rank >= 0) {
+      if (l->peer_rank >= 0 || l->hello_rank >= 0) {
         link_fail(l, "second HELLO");
         return;
       }
@@ -168,7 +183,7 @@ static void on_connection(uv_stream_t *server, int status) {
   pw_link *l = calloc(1, sizeof *l);
   if (!l) return;
   l->w = w;
-  l->peer_rank = -1;
+  l->peer_rank = l->hello_rank = -1;
   uv_tcp_init(w->loop, &l->tcp);
   l->tcp.data = l;
   pw_frame_reader_init(&l->reader, PW_FRAME_HELLO_MAX);
@@ -193,6 +208,23 @@ static void on_connection(uv_stream_t *server, int status) {
   l->next = w->links;
   w->links = l;
   uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read);
+}
+
+/* A run started: admit the links that were held for it. */
+void pw_net_run_started(pw_worker *w, pw_run *r) {
+  pw_link *next;
+  for (pw_link *l = w->links; l; l = next) {
+    next = l->next;
+    if (l->outbound || !l->paused || l->hello_job != r->job) continue;
+    l->paused = 0;
+    pw_err err = {0};
+    char b[512];
+    if (pw_net_admit(l, r, &err)) {
+      link_fail(l, pw_err_str(&err, b, sizeof b));
+      continue;
+    }
+    uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read);
+  }
 }
 
 int pw_net_listen(pw_worker *w) {

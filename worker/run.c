@@ -268,6 +268,7 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->work.data = r;
   w->run = r;
   r->phase = PW_RUN_CONNECTING;
+  pw_net_run_started(w, r);
   pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step",
           (unsigned long long)r->job, r->run_id, r->rank, r->prank, r->replica, r->n_ranks, r->ls[0].stage,
           r->ls[r->n_ls - 1].stage, r->n_acts);

@@ -37,7 +37,10 @@ typedef struct pw_link {
   uv_tcp_t tcp;
   pw_worker *w;
   int outbound;            /* 1: we connected (we send); 0: accepted (we read) */
-  int peer_rank;           /* -1 until HELLO (inbound) */
+  int peer_rank;           /* -1 until HELLO admitted (inbound) */
+  uint64_t hello_job;      /* what the HELLO claimed (inbound) */
+  int hello_rank;
+  int paused;              /* HELLO for a run not started yet: not reading */
   int connected;
   int closing;
   char addr[64];
@@ -197,6 +200,9 @@ void pw_ctl_send(pw_worker *w, json_t *msg);
 int pw_net_listen(pw_worker *w);
 void pw_net_stop(pw_worker *w);
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank);
+/* Inbound links held for run r's job are admitted and read from. */
+void pw_net_run_started(pw_worker *w, pw_run *r);
+int pw_net_admit(pw_link *l, pw_run *r, pw_err *err);
 void pw_link_close(pw_link *l);
 /* Send BYE (with `reason` when aborting, NULL for an orderly end), let
  * queued frames drain, then close. */

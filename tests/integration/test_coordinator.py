@@ -187,6 +187,20 @@ def main():
                 sp["schedule"]["name"] = name
                 run_and_check(s, tmp, sp, f"{name}-pp2")
 
+            # jobs submitted back to back: each dispatched the moment the last
+            # one frees its workers, every step of every one recorded
+            tiny = {"name": "tiny", "model": {"template": "gpt", "seq_len": 16, "d_model": 32, "n_layers": 2,
+                                              "n_heads": 2},
+                    "mesh": {"pp": 2}, "schedule": {"name": "1f1b", "microbatches": 2},
+                    "train": {"steps": 6, "batch_size": 4, "optimizer": {"name": "adamw", "lr": 1e-3}},
+                    "data": {"kind": "text", "path": os.path.join(SRC, "examples/data/corpus.txt")}}
+            ids = [submit(s, tiny)["id"] for _ in range(8)]
+            finals = [s.wait_job(i) for i in ids]
+            check("8 jobs back to back all succeed", all(j["state"] == "succeeded" for j in finals),
+                  [(j["id"], j["state"], j.get("error")) for j in finals])
+            check("... with every step recorded", all(j["progress"]["step"] == 6 and
+                  len(api(s.base, f"/v1/jobs/{j['id']}/metrics?since=0")["metrics"]) == 6 for j in finals))
+
             # more ranks than workers: waits, says why, and can be cancelled
             big = json.loads(json.dumps(spec))
             big["name"] = "too-big"

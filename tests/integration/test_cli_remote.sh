@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# test_cli_remote: `pipewright submit | status | watch | cancel | workers`
+# against a real coordinator and two real workers on loopback: a tiny
+# 2-stage GPT job submitted and watched to success, its status and the
+# worker table, cancelling a finished job, a broken spec; then a
+# token-protected coordinator without workers (a job waits there, is
+# cancelled, and watch says so), and that coordinator stopped (unreachable).
+# Every process started here is killed on exit.
+set -uo pipefail
+BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd)
+PW="$BUILD/pipewright"
+for b in pipewright pipewright-coordinator pipewright-worker; do
+  [ -x "$BUILD/$b" ] || { echo "FAIL: no $BUILD/$b"; echo "0 passed, 1 failed"; exit 1; }
+done
+T=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null
+  done
+  wait 2>/dev/null
+  [ -n "${PW_KEEP_TMP:-}" ] && echo "kept $T" || rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+passed=0; failed=0
+ok() { passed=$((passed + 1)); echo "ok: $*"; }
+bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
+show() { sed 's/^/    | /' "$@"; }
+# Slow under the sanitizers; generous bounds, never timing assertions.
+WAIT=${PW_TEST_WAIT:-60}
+
+# start_coordinator DIR [options...]: sets HTTP and CTL to its ports.
+start_coordinator() {
+  local dir=$1; shift
+  mkdir -p "$dir"
+  "$BUILD/pipewright-coordinator" --http 127.0.0.1:0 --control 127.0.0.1:0 --state-dir "$dir" \
+    --ready-file "$dir/ready.json" "$@" > "$dir/log" 2>&1 &
+  PIDS+=($!)
+  local pid=$! i
+  HTTP=; CTL=
+  for i in $(seq $((WAIT * 10))); do
+    if [ -s "$dir/ready.json" ]; then
+      HTTP=$(sed -n 's/.*"http" *: *\([0-9][0-9]*\).*/\1/p' "$dir/ready.json")
+      CTL=$(sed -n 's/.*"control" *: *\([0-9][0-9]*\).*/\1/p' "$dir/ready.json")
+      [ -n "$HTTP" ] && [ -n "$CTL" ] && return 0
+    fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "coordinator in $dir did not get ready:"; show "$dir/log"
+  return 1
+}
+
+start_worker() { # name control-port
+  mkdir -p "$T/$1"
+  "$BUILD/pipewright-worker" --coordinator "127.0.0.1:$2" --listen 127.0.0.1:0 --name "$1" \
+    --state-dir "$T/$1" > "$T/$1/log" 2>&1 &
+  PIDS+=($!)
+}
+
+# ---- a coordinator, two workers -----------------------------------------------
+if ! start_coordinator "$T/coord"; then
+  bad "coordinator start"; echo "$passed passed, $failed failed"; exit 1
+fi
+URL="http://127.0.0.1:$HTTP"
+R=(--coordinator "$URL")
+start_worker w1 "$CTL"
+start_worker w2 "$CTL"
+
+# both registered (and `workers` shows them: name, address, state)
+for _ in $(seq $((WAIT * 5))); do
+  "$PW" workers "${R[@]}" > "$T/workers.txt" 2> "$T/workers.err" || true
+  grep -q '^w1 ' "$T/workers.txt" && grep -q '^w2 ' "$T/workers.txt" && break
+  sleep 0.2
+done
+if grep -q '^NAME ' "$T/workers.txt" && grep -Eq '^w1 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt" &&
+  grep -Eq '^w2 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt"; then
+  ok "workers lists w1 and w2, idle, with their addresses"
+else
+  bad "workers does not list both workers"; show "$T/workers.txt" "$T/workers.err"
+fi
+
+# ---- submit and watch a tiny 2-stage GPT ----------------------------------------
+cat > "$T/job.json" <<EOF
+{"name": "cli-remote",
+ "model": {"template": "gpt", "vocab_size": 256, "seq_len": 16, "d_model": 32, "n_layers": 2,
+           "n_heads": 4},
+ "mesh": {"pp": 2, "dp": 1, "virtual_stages": 1},
+ "schedule": {"name": "1f1b", "microbatches": 2},
+ "train": {"steps": 10, "batch_size": 4, "seed": 1,
+           "optimizer": {"name": "adamw", "lr": 0.003}},
+ "data": {"kind": "text", "path": "$SRC/examples/data/corpus.txt", "sampler": "random"}}
+EOF
+ID=$("$PW" submit --job "$T/job.json" --quiet "${R[@]}" 2> "$T/submit.err")
+if [[ "$ID" =~ ^[0-9]+$ ]]; then ok "submit --quiet prints the id ($ID)"; else
+  bad "submit --quiet: '$ID'"; show "$T/submit.err"; ID=0; fi
+
+timeout $((WAIT * 3)) "$PW" watch "$ID" --interval 0.2 "${R[@]}" > "$T/watch.txt" 2> "$T/watch.err"
+rc=$?
+if [ $rc -eq 0 ] && grep -q '^step 1/10 loss [0-9]' "$T/watch.txt" && grep -q '^step 10/10 loss [0-9]' "$T/watch.txt" &&
+  grep -q "^job $ID succeeded: 10/10 steps" "$T/watch.txt"; then
+  ok "watch follows the job to success (exit 0, a line per step)"
+else
+  bad "watch exit $rc"; show "$T/watch.txt" "$T/watch.err"
+fi
+# one line per step, each step once, in order
+if [ "$(grep -c '^step ' "$T/watch.txt")" = 10 ] &&
+  [ "$(sed -n 's#^step \([0-9]*\)/10 .*#\1#p' "$T/watch.txt" | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 9 10 " ]; then
+  ok "watch shows each step exactly once, in order"
+else
+  bad "watch steps"; show "$T/watch.txt"
+fi
+
+"$PW" status "$ID" "${R[@]}" > "$T/status.txt" 2>&1
+if grep -q "^job $ID (cli-remote): succeeded" "$T/status.txt" && grep -Eq '^ +progress +10/10 ' "$T/status.txt" &&
+  grep -Eq '^ +loss +[0-9]+\.[0-9]{4}$' "$T/status.txt" && grep -Eq '^ +ranks +0 -> w[12], 1 -> w[12]$' "$T/status.txt"; then
+  ok "status ID: succeeded, 10/10, loss, ranks -> workers"
+else
+  bad "status ID"; show "$T/status.txt"
+fi
+
+"$PW" status "$ID" --json "${R[@]}" > "$T/status.json" 2>&1
+if /usr/bin/python3 - "$T/status.json" "$ID" <<'P'; then ok "status ID --json is the API's job"; else bad "status --json"; show "$T/status.json"; fi
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["id"] == int(sys.argv[2]) and j["state"] == "succeeded", j
+assert j["progress"] == {"step": 10, "total": 10}, j["progress"]
+P
+
+"$PW" status "${R[@]}" > "$T/list.txt" 2>&1
+if grep -q '^ID ' "$T/list.txt" && grep -Eq "^$ID +cli-remote +succeeded +10/10 +[0-9.]+ .* 1f1b +pp2 x dp1$" "$T/list.txt"; then
+  ok "status lists the job (id, name, state, progress, loss, schedule, mesh)"
+else
+  bad "status table"; show "$T/list.txt"
+fi
+
+# ---- cancel, unknown jobs -----------------------------------------------------------
+"$PW" cancel "$ID" "${R[@]}" > "$T/cancel2.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^error: job $ID is already succeeded" "$T/cancel2.txt"; then
+  ok "cancel of a finished job reports the conflict"
+else
+  bad "cancel of a finished job: exit $rc"; show "$T/cancel2.txt"
+fi
+"$PW" status 999999 "${R[@]}" > "$T/nojob.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^error: .*999999' "$T/nojob.txt"; then ok "status of an unknown job"; else
+  bad "status 999999: exit $rc"; show "$T/nojob.txt"; fi
+
+# ---- a broken spec: the coordinator's message with the JSON path -------------------
+sed 's/"n_heads": 4/"n_heads": 5/' "$T/job.json" > "$T/broken.json"
+"$PW" submit --job "$T/broken.json" "${R[@]}" > "$T/broken.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^error: model.n_heads: .*divide' "$T/broken.txt"; then
+  ok "a broken spec is refused with its path"
+else
+  bad "broken spec: exit $rc"; show "$T/broken.txt"
+fi
+printf '{"name": ' > "$T/trunc.json"
+"$PW" submit --job "$T/trunc.json" "${R[@]}" > "$T/trunc.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^error: ' "$T/trunc.txt"; then ok "malformed JSON is refused"; else
+  bad "malformed JSON: exit $rc"; show "$T/trunc.txt"; fi
+
+# the default coordinator from the environment
+if PIPEWRIGHT_COORDINATOR="$URL" "$PW" workers > "$T/env.txt" 2>&1 && grep -q '^w1 ' "$T/env.txt"; then
+  ok "PIPEWRIGHT_COORDINATOR"
+else
+  bad "PIPEWRIGHT_COORDINATOR"; show "$T/env.txt"
+fi
+
+# ---- a token-protected coordinator -----------------------------------------------------
+printf 's3cret-token-%s\n' "$RANDOM$RANDOM" > "$T/token"
+printf 'wrong-token\n' > "$T/wrong"
+chmod 600 "$T/token" "$T/wrong"
+if start_coordinator "$T/coord2" --token-file "$T/token"; then
+  R2=(--coordinator "http://127.0.0.1:$HTTP")
+  "$PW" workers "${R2[@]}" > "$T/tok1.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q '^error: ' "$T/tok1.txt" && grep -q -- '--token-file' "$T/tok1.txt"; then
+    ok "a token-protected coordinator refuses without --token-file"
+  else
+    bad "no token: exit $rc"; show "$T/tok1.txt"
+  fi
+  "$PW" status "${R2[@]}" --token-file "$T/wrong" > "$T/tok2.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q '^error: ' "$T/tok2.txt"; then ok "a wrong token is refused"; else
+    bad "wrong token: exit $rc"; show "$T/tok2.txt"; fi
+  if "$PW" workers "${R2[@]}" --token-file "$T/token" > "$T/tok3.txt" 2>&1 && grep -q '^NAME ' "$T/tok3.txt" &&
+    PIPEWRIGHT_TOKEN_FILE="$T/token" "$PW" status "${R2[@]}" > "$T/tok4.txt" 2>&1 && grep -q '^(no jobs)' "$T/tok4.txt"; then
+    ok "the token is accepted (--token-file and PIPEWRIGHT_TOKEN_FILE)"
+  else
+    bad "with the token"; show "$T/tok3.txt" "$T/tok4.txt"
+  fi
+  # a job waits here (no workers): submit, its status, cancel, watch
+  R2+=(--token-file "$T/token")
+  "$PW" submit --job "$T/job.json" "${R2[@]}" > "$T/submit2.txt" 2>&1
+  QID=$(sed -n 's/^job \([0-9][0-9]*\) queued$/\1/p' "$T/submit2.txt")
+  if [ -n "$QID" ]; then ok "submit prints 'job $QID queued'"; else
+    bad "submit output"; show "$T/submit2.txt"; QID=0; fi
+  for _ in $(seq $((WAIT * 5))); do # the scheduler writes why it waits
+    "$PW" status "$QID" "${R2[@]}" > "$T/queued.txt" 2>&1
+    grep -Eq '^ +status +waiting for 2 idle workers' "$T/queued.txt" && break
+    sleep 0.2
+  done
+  if grep -q "^job $QID (cli-remote): queued$" "$T/queued.txt" &&
+    grep -Eq '^ +status +waiting for 2 idle workers' "$T/queued.txt" && grep -Eq '^ +progress +0/10 ' "$T/queued.txt"; then
+    ok "status ID of a waiting job: queued, and why"
+  else
+    bad "status of a queued job"; show "$T/queued.txt"
+  fi
+  "$PW" status --state queued "${R2[@]}" > "$T/list2.txt" 2>&1
+  if grep -Eq "^$QID +cli-remote +queued +0/10 " "$T/list2.txt"; then ok "status --state queued lists it"; else
+    bad "status --state queued"; show "$T/list2.txt"; fi
+  if "$PW" cancel "$QID" "${R2[@]}" > "$T/cancel.txt" 2>&1 && grep -q "^job $QID cancelled$" "$T/cancel.txt"; then
+    ok "cancel of a queued job"
+  else
+    bad "cancel $QID"; show "$T/cancel.txt"
+  fi
+  timeout $((WAIT * 2)) "$PW" watch "$QID" --interval 0.2 "${R2[@]}" > "$T/watch2.txt" 2> "$T/watch2.err"
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "^error: job $QID cancelled" "$T/watch2.err"; then
+    ok "watch of a cancelled job exits 1 and says so"
+  else
+    bad "watch of a cancelled job: exit $rc"; show "$T/watch2.txt" "$T/watch2.err"
+  fi
+  # ---- an unreachable coordinator: this one, stopped ----------------------------------
+  kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null
+  "$PW" status "${R2[@]}" > "$T/down.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: cannot reach the coordinator at http://127.0.0.1:$HTTP: connection refused" "$T/down.txt"; then
+    ok "an unreachable coordinator is named, with the reason"
+  else
+    bad "unreachable: exit $rc"; show "$T/down.txt"
+  fi
+else
+  bad "token-protected coordinator start"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
