@@ -129,6 +129,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "pipewright-worker: --listen must be ADDR:PORT, got '%s'\n", listen);
     return 2;
   }
+  if (strncmp(w.listen_host, "127.", 4) && strcmp(w.listen_host, "::1") && !token_file) {
+    fprintf(stderr, "pipewright-worker: --listen %s is beyond loopback: give --token-file (the cluster token)\n",
+            listen);
+    return 2;
+  }
   if (!w.name[0]) {
     char host[64] = "worker";
     gethostname(host, sizeof host - 1);
