@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
   libcmocka-dev
   python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
+  chromium fonts-dejavu-core nodejs npm   # the dashboard's browser test
 )
 
 SUDO=""

@@ -1,0 +1,273 @@
+/* plan: the dry-run page — paste a job spec (or pick an example or an
+ * existing job's), compare every schedule side by side (POST
+ * /v1/plans?compare=1: bubble, peak activations, makespan), then look at one
+ * schedule in detail (POST /v1/plans?schedule=NAME with the mesh's virtual
+ * stages set as the comparison ran it): partition, per-rank analytics, the
+ * simulated timeline and the text grid. The spec can be submitted from
+ * here (POST /v1/jobs). */
+"use strict";
+var PW = window.PW || (window.PW = {});
+PW.views = PW.views || {};
+
+PW.EXAMPLE_SPECS = [
+  {label: "gpt, 8 layers, pp 4, 8 microbatches", spec: {
+    name: "gpt-pp4-example",
+    model: {template: "gpt", vocab_size: 256, seq_len: 64, d_model: 64, n_layers: 8, n_heads: 4, tie_embeddings: false},
+    mesh: {pp: 4, dp: 1, virtual_stages: 1},
+    schedule: {name: "1f1b", microbatches: 8},
+    partition: {mode: "even"},
+    train: {steps: 100, batch_size: 16, seed: 1, grad_clip: 1.0, checkpoint_every: 50,
+            optimizer: {name: "adamw", lr: 3e-3, min_lr: 3e-4, warmup_steps: 10, betas: [0.9, 0.95], eps: 1e-8,
+                        weight_decay: 0.1}},
+    data: {kind: "text", path: "examples/data/corpus.txt", sampler: "sequential"}}},
+  {label: "gpt-tiny, pp 2, 4 microbatches", spec: {
+    name: "gpt-tiny",
+    model: {template: "gpt", vocab_size: 256, seq_len: 64, d_model: 64, n_layers: 4, n_heads: 4, tie_embeddings: false},
+    mesh: {pp: 2, dp: 1, virtual_stages: 1},
+    schedule: {name: "1f1b", microbatches: 4},
+    partition: {mode: "even"},
+    train: {steps: 300, batch_size: 16, seed: 1, grad_clip: 1.0, checkpoint_every: 100,
+            optimizer: {name: "adamw", lr: 3e-3, min_lr: 3e-4, warmup_steps: 20, betas: [0.9, 0.95], eps: 1e-8,
+                        weight_decay: 0.1}},
+    data: {kind: "text", path: "examples/data/corpus.txt", sampler: "random"}}}
+];
+
+PW.views.plan = function (root, params) {
+  var d = PW.dom, h = d.h;
+  var stopped = false, lastSpec = null, rows = [], chosen = null;
+
+  var pick = h("select", {id: "plan-pick", "aria-label": "pick a spec", on: {change: onPick}},
+    h("option", {value: ""}, "pick a spec\u2026"),
+    h("optgroup", {label: "examples"}, PW.EXAMPLE_SPECS.map(function (e, i) {
+      return h("option", {value: "ex:" + i}, e.label);
+    })));
+  var jobsGroup = h("optgroup", {label: "jobs"});
+  pick.appendChild(jobsGroup);
+
+  var text = h("textarea", {id: "plan-spec", spellcheck: "false", rows: 22, "aria-label": "job spec (JSON)"});
+  var errBox = h("div", {class: "banner error", id: "plan-error", hidden: true, role: "alert"});
+  var msg = h("span", {class: "muted small", id: "plan-msg"});
+  var compareBtn = h("button", {type: "button", id: "plan-compare", class: "primary", on: {click: compare}},
+                     "Compare schedules");
+  var submitBtn = h("button", {type: "button", id: "plan-submit", on: {click: submit}}, "Submit as job");
+  var cmpBody = h("tbody");
+  var cmpHead = h("p", {class: "muted small", id: "plan-compare-note"});
+  var detail = h("div", {id: "plan-detail"});
+
+  d.fill(root,
+    h("div", {class: "page-head"}, h("h1", null, "Plan"),
+      h("p", {class: "muted"}, "Dry-run a job spec: the partition, every schedule's simulated bubble, memory and " +
+        "makespan under the FLOP cost model, and the per-rank schedule. Nothing runs.")),
+    errBox,
+    h("div", {class: "plan-layout"},
+      h("section", {class: "card spec-card"},
+        h("div", {class: "card-head"}, h("h2", null, "Job spec"), pick),
+        text,
+        h("div", {class: "actions"}, compareBtn, submitBtn, msg)),
+      h("section", {class: "card"},
+        h("div", {class: "card-head"}, h("h2", null, "Schedules side by side")),
+        cmpHead,
+        h("div", {class: "table-wrap"}, h("table", {class: "grid", id: "plan-compare-table"},
+          h("thead", null, h("tr", null,
+            h("th", null, "schedule"), h("th", {class: "num"}, "V"), h("th", {class: "num"}, "stages"),
+            h("th", {class: "num"}, "makespan"), h("th", null, "bubble"),
+            h("th", {class: "num"}, "peak act."), h("th", {class: "num"}, "pending W"),
+            h("th", {class: "num"}, "actions"))),
+          cmpBody)))),
+    detail);
+
+  function showError(e) {
+    errBox.hidden = !e;
+    errBox.textContent = e ? (e instanceof SyntaxError ? "The spec is not valid JSON: " + e.message : e.toString()) : "";
+  }
+
+  function parseSpec() {
+    return JSON.parse(text.value);
+  }
+
+  async function onPick() {
+    var v = pick.value;
+    if (!v) return;
+    showError(null);
+    try {
+      if (v.indexOf("ex:") === 0) {
+        text.value = JSON.stringify(PW.EXAMPLE_SPECS[+v.slice(3)].spec, null, 2);
+      } else if (v.indexOf("job:") === 0) {
+        var j = await PW.api.get("/v1/jobs/" + encodeURIComponent(v.slice(4)));
+        text.value = JSON.stringify(j.spec || {}, null, 2);
+      }
+      compare();
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  async function loadJobs() {
+    try {
+      var res = await PW.api.get("/v1/jobs?limit=30");
+      d.fill(jobsGroup, (res.jobs || []).map(function (j) {
+        return h("option", {value: "job:" + j.id}, "#" + j.id + " " + (j.name || "") + " (" + j.state + ")");
+      }));
+    } catch (e) { /* the examples still work */ }
+  }
+
+  function bar(v, best) {
+    var b = h("span", {class: "bar"});
+    b.style.width = d.isNum(v) ? (100 * Math.min(1, v)).toFixed(1) + "%" : "0";
+    return h("span", {class: "bubble-cell" + (best ? " best" : "")}, h("span", {class: "track"}, b),
+             h("span", {class: "label"}, d.pct(v)));
+  }
+
+  function minOf(key) {
+    var m = Infinity;
+    rows.forEach(function (r) { if (r.ok && d.isNum(r[key]) && r[key] < m) m = r[key]; });
+    return m;
+  }
+
+  function renderRows() {
+    var bestB = minOf("bubble_ratio"), bestM = minOf("makespan"), bestA = minOf("peak_activations");
+    var near = function (a, b) { return Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(b)); };
+    d.fill(cmpBody, rows.map(function (r) {
+      var tr;
+      if (!r.ok) {
+        tr = h("tr", {class: "not-ok", data: {schedule: r.schedule}},
+          h("td", {class: "strong nowrap"}, r.schedule), h("td", {class: "num"}, r.virtual_stages),
+          h("td", {colspan: 6, class: "muted small"}, "cannot run: " + (r.error || "unknown reason")));
+      } else {
+        tr = h("tr", {data: {schedule: r.schedule}, class: chosen === r.schedule ? "chosen" : null},
+          h("td", {class: "nowrap"}, h("button", {type: "button", class: "linklike", title: "show this schedule's plan",
+            on: {click: function () { show(r); }}}, r.schedule)),
+          h("td", {class: "num"}, r.virtual_stages), h("td", {class: "num"}, r.stages),
+          h("td", {class: "num" + (near(r.makespan, bestM) ? " best" : "")}, d.secs(r.makespan)),
+          h("td", null, bar(r.bubble_ratio, near(r.bubble_ratio, bestB))),
+          h("td", {class: "num" + (r.peak_activations === bestA ? " best" : "")}, r.peak_activations),
+          h("td", {class: "num"}, r.peak_pending_w), h("td", {class: "num"}, r.actions));
+      }
+      return tr;
+    }));
+  }
+
+  async function compare() {
+    showError(null);
+    var spec;
+    try { spec = parseSpec(); } catch (e) { showError(e); return; }
+    compareBtn.disabled = true;
+    msg.textContent = "planning\u2026";
+    try {
+      var res = await PW.api.post("/v1/plans?compare=1", spec);
+      if (stopped) return;
+      lastSpec = spec;
+      rows = res.rows || [];
+      var okRows = rows.filter(function (r) { return r.ok; }).length;
+      cmpHead.textContent = "Job \u201c" + (res.job || spec.name || "") + "\u201d: " + okRows + " of " + rows.length +
+        " schedules can run it (pp " + ((spec.mesh && spec.mesh.pp) || "?") + ", " +
+        ((spec.schedule && spec.schedule.microbatches) || "?") + " microbatches). Best values in green; click a schedule for its per-rank plan.";
+      var own = rows.filter(function (r) { return r.ok && spec.schedule && r.schedule === spec.schedule.name; })[0] ||
+                rows.filter(function (r) { return r.ok; })[0];
+      chosen = own ? own.schedule : null;
+      renderRows();
+      msg.textContent = "";
+      if (own) await show(own);
+      else d.clear(detail);
+    } catch (e) {
+      msg.textContent = "";
+      showError(e);
+    } finally {
+      compareBtn.disabled = false;
+    }
+  }
+
+  async function show(row) {
+    if (!lastSpec) return;
+    chosen = row.schedule;
+    renderRows();
+    var spec = JSON.parse(JSON.stringify(lastSpec));
+    spec.mesh = spec.mesh || {};
+    spec.mesh.virtual_stages = row.virtual_stages;
+    spec.schedule = spec.schedule || {};
+    spec.schedule.name = row.schedule;
+    try {
+      var p = await PW.api.post("/v1/plans?schedule=" + encodeURIComponent(row.schedule), spec);
+      if (stopped) return;
+      renderDetail(p);
+    } catch (e) {
+      d.fill(detail, h("section", {class: "card"}, h("p", {class: "banner error"}, "Could not plan " + row.schedule + ": " +
+        e.toString())));
+    }
+  }
+
+  function renderDetail(p) {
+    var an = p.analytics || {}, part = p.partition || {};
+    var tl = h("div", {class: "timeline", id: "plan-timeline"});
+    var grid = h("pre", {class: "code grid-text"}, p.grid || "");
+    d.fill(detail, h("section", {class: "card", data: {schedule: p.schedule}},
+      h("div", {class: "card-head"}, h("h2", null, "Schedule " + p.schedule),
+        h("span", {class: "muted"}, "pp " + (p.mesh && p.mesh.pp) + " \u00b7 " + p.stages + " stages \u00b7 " +
+          p.microbatches + " microbatches of " + p.microbatch_size + " sequences \u00b7 makespan " + d.secs(an.makespan) +
+          " \u00b7 bubble " + d.pct(an.bubble_ratio))),
+      PW.timeline.legend(), tl,
+      h("div", {class: "cols"},
+        h("div", null, h("h3", null, "Per rank"),
+          h("table", {class: "grid", id: "plan-ranks"},
+            h("thead", null, h("tr", null, h("th", {class: "num"}, "rank"), h("th", null, "stages"),
+              h("th", {class: "num"}, "busy"), h("th", {class: "num"}, "idle"), h("th", {class: "num"}, "peak act."),
+              h("th", {class: "num"}, "pending W"), h("th", {class: "num"}, "actions"))),
+            h("tbody", null, (an.ranks || []).map(function (r) {
+              var stages = (part.stages || []).filter(function (s) { return s.rank === r.rank; })
+                .map(function (s) { return "s" + s.stage; }).join(" ");
+              return h("tr", null, h("td", {class: "num"}, r.rank), h("td", null, stages),
+                h("td", {class: "num"}, d.secs(r.busy)), h("td", {class: "num"}, d.secs(r.idle)),
+                h("td", {class: "num"}, r.peak_activations), h("td", {class: "num"}, r.peak_pending_w),
+                h("td", {class: "num"}, r.actions));
+            })))),
+        h("div", null, h("h3", null, "Partition"),
+          h("table", {class: "grid", id: "plan-partition"},
+            h("thead", null, h("tr", null, h("th", {class: "num"}, "stage"), h("th", {class: "num"}, "rank"),
+              h("th", null, "layers"), h("th", {class: "num"}, "params"), h("th", {class: "num"}, "act. out"))),
+            h("tbody", null, (part.stages || []).map(function (s) {
+              return h("tr", null, h("td", {class: "num"}, s.stage), h("td", {class: "num"}, s.rank),
+                h("td", {class: "layers"}, (s.layers || []).join(", ")), h("td", {class: "num"}, d.int(s.params)),
+                h("td", {class: "num"}, d.bytes(s.output_bytes)));
+            }))))),
+      h("details", null, h("summary", null, "action grid (text)"), grid)));
+    PW.timeline.render(tl, PW.timeline.fromSim(an.timeline || []), {id: "tlplan", title: "planned " + p.schedule});
+  }
+
+  async function submit() {
+    showError(null);
+    var spec;
+    try { spec = parseSpec(); } catch (e) { showError(e); return; }
+    if (!window.confirm("Submit \u201c" + (spec.name || "unnamed") + "\u201d as a new training job?")) return;
+    submitBtn.disabled = true;
+    try {
+      var res = await PW.api.post("/v1/jobs", spec);
+      location.hash = "#/jobs/" + encodeURIComponent(res.id);
+    } catch (e) {
+      showError(e);
+    } finally {
+      submitBtn.disabled = false;
+    }
+  }
+
+  /* start: the job's spec when #/plan?job=ID, else the first example */
+  (async function () {
+    await loadJobs();
+    if (params.job) {
+      pick.value = "job:" + params.job;
+      if (pick.value === "job:" + params.job) { onPick(); return; }
+      try {
+        var j = await PW.api.get("/v1/jobs/" + encodeURIComponent(params.job));
+        text.value = JSON.stringify(j.spec || {}, null, 2);
+        compare();
+        return;
+      } catch (e) { showError(e); }
+    }
+    if (!text.value) {
+      text.value = JSON.stringify(PW.EXAMPLE_SPECS[0].spec, null, 2);
+      pick.value = "ex:0";
+      compare();
+    }
+  })();
+
+  return function () { stopped = true; };
+};
