@@ -143,11 +143,11 @@ static int linear(builder *bd, const char *prefix, int x, int oc, int bias, floa
   char nm[PW_PARAM_NAME_MAX];
   const pw_value *v = &bd->m->values[x];
   int C = v->width, rows = v->rows;
-  snprintf(nm, sizeof nm, "%s.weight", prefix);
+  snprintf(nm, sizeof nm, "%.80s.weight", prefix);
   int w = add_param(bd, nm, oc, C, PW_INIT_NORMAL, std);
   int b = -1;
   if (bias) {
-    snprintf(nm, sizeof nm, "%s.bias", prefix);
+    snprintf(nm, sizeof nm, "%.80s.bias", prefix);
     b = add_param(bd, nm, oc, 0, PW_INIT_ZEROS, 0);
   }
   return add_node(bd, PW_OP_LINEAR, x, -1, w, b, rows, oc, PW_DT_F32);
@@ -157,11 +157,11 @@ static int norm(builder *bd, const char *prefix, int x, int rms) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_value *v = &bd->m->values[x];
   int C = v->width, rows = v->rows;
-  snprintf(nm, sizeof nm, "%s.weight", prefix);
+  snprintf(nm, sizeof nm, "%.80s.weight", prefix);
   int w = add_param(bd, nm, C, 0, PW_INIT_ONES, 0);
   int b = -1;
   if (!rms) {
-    snprintf(nm, sizeof nm, "%s.bias", prefix);
+    snprintf(nm, sizeof nm, "%.80s.bias", prefix);
     b = add_param(bd, nm, C, 0, PW_INIT_ZEROS, 0);
   }
   return add_node(bd, rms ? PW_OP_RMSNORM : PW_OP_LAYERNORM, x, -1, w, b, rows, C, PW_DT_F32);

@@ -263,7 +263,7 @@ static int get_int(const json_t *j, const char *key, int min, int *out, pw_err *
 int pw_sched_from_json(const json_t *j, pw_sched **out, pw_err *err) {
   *out = NULL;
   if (!json_is_object(j)) return pw_err_set(err, PW_ESPEC, "", "a plan must be an object");
-  int pp, V, S, m, rc;
+  int pp = 0, V = 0, S = 0, m = 0, rc;
   if ((rc = get_int(j, "pp", 1, &pp, err)) < 0) return rc;
   if ((rc = get_int(j, "virtual_stages", 1, &V, err)) < 0) return rc;
   if ((rc = get_int(j, "stages", 1, &S, err)) < 0) return rc;

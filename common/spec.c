@@ -341,7 +341,7 @@ static const pw__field time_field = PW__NUM("", PW__LO_OPEN, PW__ALL, num_box, v
 
 static int optim_parse(const json_t *o, pw_optim_spec *op, pw_err *err) {
   const char *pre = "train.optimizer";
-  int kind, rc;
+  int kind = 0, rc;
   if ((rc = pw__enum_get(o, pre, "name", opt_names, 2, PW_OPT_ADAMW, &kind, err))) return rc;
   if ((rc = pw__fields_parse(o, pre, opt_fields, PW__N(opt_fields), 1u << kind,
                              kind == PW_OPT_ADAMW ? "optimizer adamw" : "optimizer sgd", op, err)))
@@ -389,7 +389,7 @@ static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
 /* The partition's default mode depends on the model: markers when the
  * layers list carries stage_boundary entries. */
 static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition_spec *p, pw_err *err) {
-  int n_bound = 0, mode, rc;
+  int n_bound = 0, mode = 0, rc;
   for (int i = 0; i < m->n_layer_specs; i++) n_bound += m->layers[i].type == PW_LAYER_STAGE_BOUNDARY;
   int def = n_bound ? PW_PARTITION_MARKERS : PW_PARTITION_EVEN;
   if ((rc = pw__enum_get(o, "partition", "mode", part_names, 3, def, &mode, err))) return rc;
@@ -432,7 +432,7 @@ static void data_path_resolve(pw_data_spec *d, const char *base_dir) {
 }
 
 static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_err *err) {
-  int kind, rc;
+  int kind = 0, rc;
   if ((rc = pw__enum_get(o, "data", "kind", data_names, 5, -1, &kind, err))) return rc;
   char ctx[32];
   snprintf(ctx, sizeof ctx, "kind %s", data_names[kind]);

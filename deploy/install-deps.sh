@@ -8,8 +8,14 @@ PACKAGES=(
   libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
   libcmocka-dev
   python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
-  chromium fonts-dejavu-core nodejs npm   # the dashboard's browser test
+  chromium fonts-dejavu-core              # the dashboard's browser test
+  iproute2 systemd                        # multi-host (netns) and unit tests
 )
+# Node.js for the browser test: Debian's, unless a node and npm are already
+# installed (Debian's npm conflicts with a newer Node.js from elsewhere).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  PACKAGES+=(nodejs npm)
+fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then

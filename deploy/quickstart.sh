@@ -1,16 +1,167 @@
 #!/usr/bin/env bash
-# quickstart.sh: the main job from a clean checkout — install dependencies,
-# build, and train the example GPT on the bundled corpus, then report its
-# eval loss. (Until the coordinator lands this trains in one process; it
-# will start the full coordinator + workers system.)
+# quickstart.sh: the main job from a clean checkout — install the Debian
+# packages, build, start a coordinator and two workers on loopback, train
+# the example GPT on them (pipeline-parallel, one rank per worker), follow
+# it with a progress bar, print the final loss and the dashboard's URL.
+# The daemons keep running afterwards so the dashboard stays up.
+#
+#   deploy/quickstart.sh [JOB]     default examples/jobs/gpt-tiny.json
+#   deploy/quickstart.sh --stop    stop the daemons a previous run started
+#   deploy/quickstart.sh --status  are they running, and where
+#
+# Everything lives in runs/quickstart/: the coordinator's database, each
+# worker's checkpoints, logs, pids, the trained model. Re-running is safe:
+# it stops the previous daemons first and starts fresh ones (the job
+# history in the database is kept). Ports: 8080 (API + dashboard) and 7070
+# (control) when free, else free ones the kernel picks; PW_HTTP_PORT and
+# PW_CONTROL_PORT choose others; PW_SKIP_DEPS=1 skips the apt-get step. No
+# root needed except for apt-get, and no systemd: for services, see
+# deploy/pipewright-*.service.in and the README.
 set -euo pipefail
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
-bash deploy/install-deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target pipewright
-mkdir -p runs
+ROOT=$(pwd)
+RUN=$ROOT/runs/quickstart
+BUILD=${PW_BUILD_DIR:-$ROOT/build-release}  # the Release build deploy/test.sh also makes
+PIDS=$RUN/pids
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
+
+# A pid from our pid file that is still one of our daemons (not a reused pid,
+# not a zombie).
+ours() {
+  local pid=$1 state
+  [ -r "/proc/$pid/cmdline" ] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [ "$state" != Z ] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q 'pipewright-\(coordinator\|worker\) ' &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$RUN/"
+}
+
+stop_all() {
+  [ -f "$PIDS" ] || return 0
+  local pid left=()
+  while read -r pid _; do
+    if ours "$pid"; then kill -TERM "$pid" 2>/dev/null || true; left+=("$pid"); fi
+  done <"$PIDS"
+  for _ in $(seq 50); do # up to 10 s for a clean shutdown
+    local alive=()
+    for pid in "${left[@]}"; do ours "$pid" && alive+=("$pid"); done
+    left=("${alive[@]}")
+    [ ${#left[@]} -eq 0 ] && break
+    sleep 0.2
+  done
+  for pid in "${left[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  [ ${#left[@]} -eq 0 ] || echo "quickstart: killed ${left[*]} (did not stop in 10 s)" >&2
+  rm -f "$PIDS" "$RUN/ready"
+}
+
+status() {
+  local any=0 pid what
+  if [ -f "$PIDS" ]; then
+    while read -r pid what; do
+      if ours "$pid"; then echo "running: $what (pid $pid)"; any=1; fi
+    done <"$PIDS"
+  fi
+  if [ $any = 1 ] && [ -f "$RUN/ready" ]; then
+    echo "dashboard: http://127.0.0.1:$(json_field "$RUN/ready" http)/"
+  elif [ $any = 0 ]; then
+    echo "not running"
+  fi
+}
+
+json_field() { sed -n "s/.*\"$2\": *\([0-9][0-9]*\).*/\1/p" "$1"; }
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+case "${1:-}" in
+  --stop) stop_all; echo "quickstart: stopped"; exit 0 ;;
+  --status) status; exit 0 ;;
+  -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$SELF"; exit 0 ;;
+esac
 JOB=${1:-examples/jobs/gpt-tiny.json}
-./build/pipewright inspect --job "$JOB"
-./build/pipewright train --job "$JOB" --out runs/quickstart.safetensors
-./build/pipewright eval --job "$JOB" --checkpoint runs/quickstart.safetensors
-echo "checkpoint: runs/quickstart.safetensors (optimizer state in runs/quickstart.optim.safetensors)"
+[ -f "$JOB" ] || die "no job file $JOB"
+
+if [ "${PW_SKIP_DEPS:-0}" != 1 ]; then
+  say "dependencies"
+  bash deploy/install-deps.sh
+fi
+
+say "build (Release)"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
+cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target pipewright pipewright-worker pipewright-coordinator
+
+say "start a coordinator and two workers on loopback"
+stop_all
+mkdir -p "$RUN"
+http=${PW_HTTP_PORT:-8080}
+ctl=${PW_CONTROL_PORT:-7070}
+port_free "$http" || { echo "port $http is taken: the kernel picks one"; http=0; }
+port_free "$ctl" || { echo "port $ctl is taken: the kernel picks one"; ctl=0; }
+: >"$PIDS"
+# setsid + nohup: the daemons outlive this script and its terminal.
+# The coordinator runs from the checkout, so the job's relative data path
+# (examples/data/corpus.txt) resolves here.
+setsid nohup "$BUILD/pipewright-coordinator" --http "127.0.0.1:$http" --control "127.0.0.1:$ctl" \
+  --state-dir "$RUN/coordinator" --web "$ROOT/web" --ready-file "$RUN/ready" \
+  >"$RUN/coordinator.log" 2>&1 </dev/null &
+echo "$! coordinator" >>"$PIDS"
+for _ in $(seq 100); do [ -s "$RUN/ready" ] && break; sleep 0.1; done
+[ -s "$RUN/ready" ] || { tail -n 20 "$RUN/coordinator.log" >&2; die "the coordinator did not start (log: $RUN/coordinator.log)"; }
+http=$(json_field "$RUN/ready" http)
+ctl=$(json_field "$RUN/ready" control)
+API=http://127.0.0.1:$http
+for i in 1 2; do
+  setsid nohup "$BUILD/pipewright-worker" --coordinator "127.0.0.1:$ctl" --listen 127.0.0.1:0 \
+    --name "quickstart-w$i" --threads 1 --state-dir "$RUN/worker$i" \
+    >"$RUN/worker$i.log" 2>&1 </dev/null &
+  echo "$! worker$i" >>"$PIDS"
+done
+idle=0
+for _ in $(seq 100); do
+  idle=$(curl -sf "$API/v1/workers" | grep -o '"state":"idle"' | wc -l || true)
+  [ "$idle" -ge 2 ] && break
+  sleep 0.1
+done
+[ "$idle" -ge 2 ] || die "the workers did not register (logs: $RUN/worker1.log, $RUN/worker2.log)"
+echo "coordinator $API (control 127.0.0.1:$ctl), workers quickstart-w1, quickstart-w2"
+
+say "submit $JOB"
+reply=$(curl -sS -X POST -H 'Content-Type: application/json' --data-binary "@$JOB" "$API/v1/jobs") ||
+  die "cannot reach $API"
+id=$(printf '%s' "$reply" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("id", ""))' 2>/dev/null || true)
+[ -n "$id" ] || die "the coordinator refused the job: $reply"
+echo "job $id: $API/v1/jobs/$id"
+
+say "train (job $id)"
+# `pipewright watch` draws a progress bar on a terminal, a line per step otherwise.
+"$BUILD/pipewright" watch "$id" --coordinator "$API" || true
+job=$(curl -sf "$API/v1/jobs/$id") || die "cannot reach $API"
+# field KEY[.KEY...]: one value of the job's JSON ("" when absent or null).
+field() {
+  printf '%s' "$job" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+for k in sys.argv[1].split("."):
+    v = v.get(k) if isinstance(v, dict) else None
+print("" if v is None else v)' "$1"
+}
+state=$(field state)
+if [ "$state" != succeeded ]; then
+  echo "job $id ended ${state:-in an unknown state}: $(field error)" >&2
+  echo "logs: $RUN/*.log; the daemons are still running (deploy/quickstart.sh --stop)" >&2
+  exit 1
+fi
+
+say "result"
+model=$RUN/model-job$id.safetensors
+curl -sf -o "$model" "$API/v1/jobs/$id/checkpoint" || die "cannot download the model"
+printf 'final training loss: %.4f after %s steps\n' "$(field loss)" "$(field progress.step)"
+"$BUILD/pipewright" eval --job "$JOB" --checkpoint "$model" | sed 's/^/held-out /'
+echo "model:       $model (safetensors; PyTorch names as in the README)"
+echo
+echo "dashboard:   $API/"
+echo "the coordinator and both workers are still running (pids $(awk '{printf "%s ", $1}' "$PIDS")) so you can"
+echo "open the dashboard and submit more jobs:  $BUILD/pipewright submit --job JOB --coordinator $API"
+echo "stop everything:  deploy/quickstart.sh --stop"

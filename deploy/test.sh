@@ -22,6 +22,11 @@ run_suite() {
 }
 
 export OPENBLAS_NUM_THREADS=1
+# The Release flags (-O3 -march=native) warn about other things than -O2:
+# build them too, so quickstart and the benchmarks always compile.
+echo "== build build-release (Release, no tests)"
+cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
+cmake --build "$ROOT/build-release" -j "$JOBS"
 run_suite build
 if [ "${1:-}" != "--plain" ]; then
   # detect_leaks: every allocation must be freed by shutdown.
