@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "coord.h"
+#include "addr.h"
 #include "log.h"
 #include "sdnotify.h"
 
@@ -33,21 +34,7 @@ static void usage(FILE *f) {
           "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
 }
 
-static int split_hostport(const char *s, char *host, size_t cap, int *port) {
-  const char *c = strrchr(s, ':');
-  if (!c || c == s || (size_t)(c - s) >= cap) return -1;
-  char *end;
-  long p = strtol(c + 1, &end, 10);
-  if (*end || p < 0 || p > 65535) return -1;
-  memcpy(host, s, (size_t)(c - s));
-  host[c - s] = 0;
-  *port = (int)p;
-  return 0;
-}
 
-static int is_loopback(const char *host) {
-  return !strncmp(host, "127.", 4) || !strcmp(host, "::1") || !strcmp(host, "localhost");
-}
 
 static int read_token(const char *path, char *buf, size_t cap) {
   pw_err err = {0};
@@ -145,21 +132,21 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (split_hostport(http, c->http_host, sizeof c->http_host, &c->http_port)) {
+  if (pw_addr_split(http, c->http_host, sizeof c->http_host, &c->http_port)) {
     fprintf(stderr, "pipewright-coordinator: --http must be ADDR:PORT, got '%s'\n", http);
     return 2;
   }
-  if (split_hostport(ctl, c->ctl_host, sizeof c->ctl_host, &c->ctl_port)) {
+  if (pw_addr_split(ctl, c->ctl_host, sizeof c->ctl_host, &c->ctl_port)) {
     fprintf(stderr, "pipewright-coordinator: --control must be ADDR:PORT, got '%s'\n", ctl);
     return 2;
   }
   if (token_file && read_token(token_file, c->api_token, sizeof c->api_token)) return 1;
   if (cluster_file && read_token(cluster_file, c->cluster_token, sizeof c->cluster_token)) return 1;
-  if (!is_loopback(c->http_host) && !c->api_token[0]) {
+  if (!pw_addr_is_loopback(c->http_host) && !c->api_token[0]) {
     fprintf(stderr, "pipewright-coordinator: --http %s is beyond loopback: give --token-file\n", http);
     return 2;
   }
-  if (!is_loopback(c->ctl_host) && !c->cluster_token[0]) {
+  if (!pw_addr_is_loopback(c->ctl_host) && !c->cluster_token[0]) {
     fprintf(stderr, "pipewright-coordinator: --control %s is beyond loopback: give --cluster-token-file\n", ctl);
     return 2;
   }

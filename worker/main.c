@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "log.h"
 #include "sdnotify.h"
 #include "worker.h"
@@ -29,17 +30,6 @@ static void usage(FILE *f) {
           "  --help, --version\n");
 }
 
-static int split_hostport(const char *s, char *host, size_t cap, int *port) {
-  const char *c = strrchr(s, ':');
-  if (!c || c == s || (size_t)(c - s) >= cap) return -1;
-  char *end;
-  long p = strtol(c + 1, &end, 10);
-  if (*end || p < 0 || p > 65535) return -1;
-  memcpy(host, s, (size_t)(c - s));
-  host[c - s] = 0;
-  *port = (int)p;
-  return 0;
-}
 
 /* systemd (Type=notify): READY=1 once the data plane listens and the
  * control link is being made — not after registering, so a worker started
@@ -121,15 +111,15 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (split_hostport(coord, w.coord_host, sizeof w.coord_host, &w.coord_port) || w.coord_port == 0) {
+  if (pw_addr_split(coord, w.coord_host, sizeof w.coord_host, &w.coord_port) || w.coord_port == 0) {
     fprintf(stderr, "pipewright-worker: --coordinator must be HOST:PORT, got '%s'\n", coord);
     return 2;
   }
-  if (split_hostport(listen, w.listen_host, sizeof w.listen_host, &w.listen_port)) {
+  if (pw_addr_split(listen, w.listen_host, sizeof w.listen_host, &w.listen_port)) {
     fprintf(stderr, "pipewright-worker: --listen must be ADDR:PORT, got '%s'\n", listen);
     return 2;
   }
-  if (strncmp(w.listen_host, "127.", 4) && strcmp(w.listen_host, "::1") && !token_file) {
+  if (!pw_addr_is_loopback(w.listen_host) && !token_file) {
     fprintf(stderr, "pipewright-worker: --listen %s is beyond loopback: give --token-file (the cluster token)\n",
             listen);
     return 2;
