@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "crc32c.h"
 #include "log.h"
 #include "worker.h"
@@ -329,17 +330,9 @@ static void on_out_connect(uv_connect_t *req, int status) {
 
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank) {
   char host[64];
-  const char *c = strrchr(addr, ':');
-  if (!c || c == addr || (size_t)(c - addr) >= sizeof host) return NULL;
-  memcpy(host, addr, (size_t)(c - addr));
-  host[c - addr] = 0;
-  if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [v6]:port */
-    memmove(host, host + 1, strlen(host));
-    host[strlen(host) - 1] = 0;
-  }
-  int port = atoi(c + 1);
+  int port = 0;
   struct sockaddr_storage sa;
-  if (port <= 0 || port > 65535 ||
+  if (pw_addr_split(addr, host, sizeof host, &port) || port == 0 ||
       (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) && uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa)))
     return NULL;
   pw_link *l = calloc(1, sizeof *l);
