@@ -6,7 +6,8 @@
  * copied. The causal structure is exploited by walking the T rows in blocks
  * of ATTN_BLOCK: row block [r0,r1) only ever needs key columns [0,r1), which
  * halves the work for long sequences. Never allocates: the forward uses
- * `att` itself as the score buffer, the backward a T*T scratch. */
+ * `att` itself as the score buffer, the backward a T*T scratch. Softmax
+ * rows use ops_math.h (vectorized exact exp, lane-wise max and sums). */
 #include "ops.h"
 
 #include <cblas.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "ops_math.h"
 
 /* Rows per causal block: big enough for efficient sgemm, small enough that
  * skipping the blocks above the diagonal pays off. */
@@ -105,13 +107,9 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
         for (int i = r0; i < r1; i++) {
           float *p = P + (size_t)i * T;
-          float mx = -INFINITY;
-          for (int j = 0; j <= i; j++) mx = p[j] > mx ? p[j] : mx;
-          float sum = 0.0f;
-          for (int j = 0; j <= i; j++) {
-            p[j] = expf(p[j] - mx);
-            sum += p[j];
-          }
+          float mx = pw__max(p, i + 1);
+          for (int j = 0; j <= i; j++) p[j] = pw__exp(p[j] - mx);
+          float sum = pw__sum(p, i + 1);
           float inv = 1.0f / sum;
           for (int j = 0; j <= i; j++) p[j] *= inv;
           memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
@@ -150,8 +148,7 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         for (int i = r0; i < r1; i++) {
           float *d = dS + (size_t)i * T;
           const float *p = P + (size_t)i * T;
-          float dot = 0.0f;
-          for (int j = 0; j <= i; j++) dot += d[j] * p[j];
+          float dot = pw__dot(d, p, i + 1);
           for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
           for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
         }

@@ -20,9 +20,14 @@ double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
     int skipped = 0;
     for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
     if (skipped) continue;
+    /* 16 partial sums: the loop vectorises, and the order is fixed. */
     const float *g = pp->grad;
-    double t = 0;
-    for (size_t j = 0; j < pp->meta->numel; j++) t += (double)g[j] * g[j];
+    size_t n = pp->meta->numel, j = 0;
+    double l[16] = {0}, t = 0;
+    for (; j + 16 <= n; j += 16)
+      for (int k = 0; k < 16; k++) l[k] += (double)g[j + k] * g[j + k];
+    for (; j < n; j++) t += (double)g[j] * g[j];
+    for (int k = 0; k < 16; k++) t += l[k];
     s += t;
   }
   return s;

@@ -50,6 +50,12 @@ struct pw_prog {
 
 #define NONE ((size_t)-1)
 
+/* Write one float per 4 KiB page so the kernel maps it now. */
+static void first_touch(float *a, size_t n) {
+  volatile float *v = a;
+  for (size_t i = 0; i < n; i += 1024) v[i] = 0.0f;
+}
+
 static int value_in_stage(const pw_prog *p, int v) {
   int prod = p->m->values[v].producer;
   return prod >= p->node_lo && prod < p->node_hi;
@@ -154,6 +160,9 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->arena_m = calloc(pn, sizeof(float));
   p->arena_v = calloc(pn, sizeof(float));
   if (!p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
+  first_touch(p->arena_g, p->grad_numel);
+  first_touch(p->arena_m, pn);
+  first_touch(p->arena_v, pn);
   for (int i = 0, off = 0; i < p->n_params; i++) {
     p->params[i].data = p->arena_p + off;
     p->params[i].grad = p->arena_g + off;
@@ -296,11 +305,12 @@ int pw_prog_max_slots(const pw_prog *p) { return p->max_slots; }
 int pw_prog_slot_ensure(pw_prog *p, int slot) {
   if (slot < 0 || slot >= p->max_slots) return PW_EINVAL;
   if (p->slots[slot]) return 0;
-  /* malloc touches nothing; the first use would pay the page faults in
-   * the middle of a step, so touch it here, once. */
-  float *s = malloc(p->slot_elems * sizeof(float));
+  /* The first use would pay the page faults in the middle of a step, so
+   * touch every page here, once. (A plain malloc + memset(0) becomes a
+   * calloc, which touches nothing.) */
+  float *s = calloc(p->slot_elems, sizeof(float));
   if (!s) return PW_ENOMEM;
-  memset(s, 0, p->slot_elems * sizeof(float));
+  first_touch(s, p->slot_elems);
   p->slots[slot] = s;
   return 0;
 }
