@@ -214,7 +214,20 @@ int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const
         break;
       case PW__F_U64: v = json_integer((json_int_t) * (const unsigned long long *)p); break;
       case PW__F_NUM: v = json_real(*(const double *)p); break;
-      case PW__F_FLOAT: v = json_real((double)*(const float *)p); break;
+      case PW__F_FLOAT: { /* the shortest decimal that is the same float: 1e-05, not 9.9999997e-06 */
+        char b[32];
+        snprintf(b, sizeof b, "%.9g", (double)*(const float *)p);
+        for (int prec = 6; prec < 9; prec++) {
+          char t[32];
+          snprintf(t, sizeof t, "%.*g", prec, (double)*(const float *)p);
+          if (strtof(t, NULL) == *(const float *)p) {
+            memcpy(b, t, sizeof t);
+            break;
+          }
+        }
+        v = json_real(strtod(b, NULL));
+        break;
+      }
       case PW__F_BOOL: v = json_boolean(*(const int *)p); break;
       case PW__F_ENUM: {
         int e = *(const int *)p;
