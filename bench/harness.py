@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cases_rt  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = "/usr/bin/python3"
@@ -210,23 +213,215 @@ def case_step(a, kernels):
     return rows
 
 
-# ---------------------------------------------------------------------------
-# Placeholders for the parts that do not exist yet.
 
-PENDING = [
-    ("2", "Training step, pp = 2 pipeline of two 1-thread workers",
-     "needs the worker daemon (pipewright-worker), which the harness does not drive yet"),
-    ("3", "Pipeline efficiency (pp = 2, 4; 1f1b, zb-h1, interleaved-1f1b, dualpipev)",
-     "needs the worker daemon and the coordinator, which the harness does not drive yet"),
-    ("4", "Runtime overhead per step and per action (2-layer, d = 64, batch 2)",
-     "needs the worker daemon, which the harness does not drive yet"),
-    ("5", "Transport: activation transfer vs raw socket stream (64 KiB, 1 MiB, 16 MiB)",
-     "needs the worker daemon's transport, which the harness does not drive yet"),
-    ("6", "Steady-state memory: page faults and heap growth per step, peak RSS vs plan",
-     "needs the worker daemon, which the harness does not drive yet"),
-    ("7", "Control plane: wrk against GET /v1/jobs/{id} and GET /metrics",
-     "needs the coordinator's HTTP API, which the harness does not drive yet"),
-]
+
+# ---------------------------------------------------------------------------
+# Cases 2 (pp = 2) to 7: the worker runtime, transport, coordinator (bench/cases_rt.py).
+
+def run_rt_cases(a, res, cases):
+    import tempfile
+    a.scratch = tempfile.mkdtemp(prefix="pw-bench-")
+    env = env_for(1, a.coretype)
+
+    def guard(key, fn, *args):
+        la0 = loadavg()
+        try:
+            res[key] = fn(*args)
+        except Exception as e:  # a failed case is reported, the run goes on
+            res[key] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        if isinstance(res[key], dict):
+            res[key]["loadavg"] = [la0, loadavg()]
+
+    if "2" in cases:
+        log("case 2: d256 GPT as a pp = 2 pipeline of two 1-thread workers")
+        guard("pp2_step", cases_rt.case_pp2_step, a, env)
+    if "3" in cases or "6" in cases:
+        log("case 3/6: pipeline efficiency and memory, pp = 2, 4, four schedules")
+        guard("pipeline", cases_rt.case_pipeline, a, env)
+    wake = None
+    if "4" in cases or "5" in cases:
+        try:
+            wake = cases_rt.case_wake(a)
+        except Exception as e:
+            log(f"wake-up bench failed: {e}")
+        res["wake_us"] = wake
+    if "4" in cases:
+        log("case 4: runtime overhead (2 layers, d = 64, batch 2)")
+        guard("overhead", cases_rt.case_overhead, a, env, wake or {"hot_us": 0.0, "idle_us": 0.0})
+    if "5" in cases:
+        log("case 5: transport vs raw socket stream")
+        guard("transport", cases_rt.case_transport, a)
+    if "7" in cases:
+        log("case 7: control plane (wrk)")
+        guard("control", cases_rt.case_control, a)
+    import shutil
+    shutil.rmtree(a.scratch, ignore_errors=True)
+
+
+def yn(ok):
+    return "met" if ok else "**missed**"
+
+
+def targets_md(res):
+    """One line per target of issue 8: met / missed, with the figure."""
+    T = []
+    for r in res.get("step", []):
+        if r["threads"] == 1:
+            T.append((f"step ≥ 1.25× PyTorch, 1 thread, {r['name']}", f"{r['ratio']:.2f}×", r["ratio"] >= 1.25))
+    p = res.get("pipeline")
+    for r in (p or {}).get("rows", []) if p and "error" not in p else []:
+        if r["pp"] == 2 and r["schedule"] in ("1f1b", "zb-h1") and "error" not in r:
+            T.append((f"pipeline efficiency ≥ 0.9, pp = 2, m = 8, {r['schedule']}", f"{r['efficiency']:.2f}",
+                      r["efficiency"] >= 0.9))
+    o = res.get("overhead")
+    if o and "error" not in o:
+        T.append(("overhead ≤ 20 µs/step at pp = 1", f"{o['pp1']['overhead_us_per_step']:.0f} µs",
+                  o["pp1"]["overhead_us_per_step"] <= 20))
+        for pp in (1, 2):
+            x = o[f"pp{pp}"]
+            T.append((f"overhead ≤ 5 µs/action above the wake-up cost, pp = {pp}",
+                      f"{x['over_wake_us_per_action']:.0f} µs", x["over_wake_us_per_action"] <= 5))
+    runs = ([res["pp2_step"]] if res.get("pp2_step") and "error" not in res["pp2_step"] else []) + \
+        ([r for r in p["rows"] if "error" not in r] if p and "error" not in p else [])
+    if runs:
+        bad = [(r, m) for r in runs for m in r["memory"]
+               if not (m["minflt_per_step"] == 0 and m["rss_growth_per_step"] <= 0 and m["vmdata_growth_per_step"] <= 0)]
+        T.append(("no page faults / heap growth per step in steady state",
+                  f"{len(bad)} of {sum(len(r['memory']) for r in runs)} ranks with any", not bad))
+    tr = res.get("transport")
+    if tr and "error" not in tr:
+        worst = min(tr["rows"], key=lambda r: r["ratio"])
+        T.append(("transport ≥ 0.8 of the raw socket stream (worst size/mode)",
+                  f"{worst['ratio']:.2f} ({worst['size'] >> 10} KiB {worst['mode']})", worst["ratio"] >= 0.8))
+    c = res.get("control")
+    if c and "error" not in c:
+        w = c["jobs"]
+        T.append(("GET /v1/jobs/{id} ≥ 5000 req/s, p99 < 5 ms, 0 errors",
+                  f"{fmt(w['rps'], 0)} req/s, p99 {fmt(w['p99_ms'], 2)} ms, {w['errors']} errors",
+                  (w["rps"] or 0) >= 5000 and (w["p99_ms"] or 1e9) < 5 and w["errors"] == 0))
+    L = ["## Targets (issue 8)\n", "| target | measured | |", "|---|---|---|"]
+    L += [f"| {t} | {v} | {yn(ok)} |" for t, v, ok in T]
+    L.append("\nWhere targets are missed, bench/README.md (Notes) says where the time goes.\n")
+    return L
+
+
+def cases_rt_md(res):
+    L = []
+    p = res.get("pipeline")
+    if p:
+        L.append("## Case 3: pipeline efficiency (GPT d=128, 8 layers, T=64, B=16, m = 8; 1-thread workers sharing "
+                 f"{res['machine']['cores']} cores)\n")
+        if "error" in p:
+            L.append(f"failed: {p['error']}\n")
+        else:
+            L.append(f"Single rank (pp = 1, same job, through the worker): {p['single_rank_period_s'] * 1e3:.1f} ms/step "
+                     f"(median of {p.get('rounds', 1)} rounds; each configuration's row is its round with the median "
+                     "efficiency, the rounds' efficiencies in the last column). "
+                     "Ideal = single-rank tokens/s × min(pp, cores) × (1 − bubble of the plan replayed with the "
+                     "measured per-action costs, zero transfer cost); efficiency = measured ÷ ideal. Measured bubble: "
+                     "1 − Σ action time ÷ (pp × last action end) on the traced steps. Planned: the planner's FLOP-model "
+                     "bubble. At pp = 4 four workers share two cores, so per-action costs are inflated by sharing and "
+                     "the ideal is not tight.\n")
+            L.append("| pp | schedule | V | ms/step | tok/s | ideal tok/s | efficiency | target | bubble: measured "
+                     "| replayed (measured costs) | planned | efficiency of each round |")
+            L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            for r in p["rows"]:
+                if "error" in r:
+                    L.append(f"| {r['pp']} | {r['schedule']} | {r['V']} | failed: {r['error']} | | | | | | | | |")
+                    continue
+                tgt = "≥ 0.9: " + yn(r["efficiency"] >= 0.9) if r["pp"] == 2 and r["schedule"] in ("1f1b", "zb-h1") else "-"
+                L.append(f"| {r['pp']} | {r['schedule']} | {r['V']} | {r['step_period_s'] * 1e3:.1f} | {r['tokens_per_s']:.0f} "
+                         f"| {r['ideal_tokens_per_s']:.0f} | {r['efficiency']:.2f} | {tgt} | {r['measured_bubble']:.3f} "
+                         f"| {r['replay_bubble']:.3f} | {r['planned_bubble']:.3f} | "
+                         + " ".join(f"{e:.2f}" for e in r.get("efficiency_rounds", [])) + " |")
+            L.append("")
+    o = res.get("overhead")
+    if o:
+        L.append("## Case 4: runtime overhead (GPT 2 layers, d=64, T=64, batch 2, m = 1)\n")
+        if "error" in o:
+            L.append(f"failed: {o['error']}\n")
+        else:
+            L.append(f"In-process step (`pipewright train`, median): {o['inproc_step_s'] * 1e6:.0f} µs. Blocking "
+                     f"wake-up between processes: {o['wake_us']:.1f} µs for a process blocked 1 ms (its CPU idle, "
+                     f"as a worker's threads are between actions; `bench_transport wakeidle`), "
+                     f"{o['wake_hot_us']:.1f} µs in a hot pipe ping-pong; the first is the wake-up cost used below. "
+                     "Overhead = worker step time (median, from the workers' own step reports) − in-process step. "
+                     "SpectraX reports ≈ 150 µs per step on this case.\n")
+            L.append("| pp | worker µs/step | overhead µs/step | actions | µs/action | µs/action above one wake-up | target |")
+            L.append("|---|---|---|---|---|---|---|")
+            for pp in (1, 2):
+                x = o[f"pp{pp}"]
+                tgt = (f"≤ 20 µs/step: {yn(x['overhead_us_per_step'] <= 20)}; " if pp == 1 else "") + \
+                    f"≤ 5 µs/action above wake-up: {yn(x['over_wake_us_per_action'] <= 5)}"
+                L.append(f"| {pp} | {x['worker_step_s'] * 1e6:.0f} | {x['overhead_us_per_step']:.0f} | {x['actions']} "
+                         f"| {x['overhead_us_per_action']:.1f} | {x['over_wake_us_per_action']:.1f} | {tgt} |")
+            t = o.get("pp1_traced")
+            if t:
+                L.append(f"\nWhere the pp = 1 worker step goes (traced run): step {t['step_s'] * 1e6:.0f} µs, of which its "
+                         f"actions' own compute {t['actions_s'] * 1e6:.0f} µs; first action starts at "
+                         f"{t['first_action_start_s'] * 1e6:.0f} µs, last ends at {t['last_action_end_s'] * 1e6:.0f} µs "
+                         f"(gap between the F and the B: {t['gap_between_actions_s'] * 1e6:.0f} µs); "
+                         "the rest of the step (after the last action) is the optimizer update, gradient zeroing and the "
+                         "step report.")
+            L.append("")
+    tr = res.get("transport")
+    if tr:
+        L.append("## Case 5: transport, pipewright frames vs a raw socket stream (loopback TCP, two processes)\n")
+        if "error" in tr:
+            L.append(f"failed: {tr['error']}\n")
+        else:
+            L.append("`bench_transport` (C): pw = what a worker does (libuv, PWF1 header with the payload's crc32c, "
+                     "header + payload in one uv_write; receiver: libuv reads through pw_frame_reader straight into a "
+                     "destination buffer, CRC checked); raw = blocking write()/read() of the same bytes, no checks. "
+                     "pingpong: a 1-byte answer after every message (time = one hop + a tiny return); stream: back to "
+                     "back. Interleaved A B B A, medians. "
+                     f"Latency per hop (0-byte payload, half round trip): pw {tr['hop_latency_us_pw']:.1f} µs, "
+                     f"raw {tr['hop_latency_us_raw']:.1f} µs.\n")
+            L.append("| size | mode | pw µs/msg | raw µs/msg | pw GB/s | raw GB/s | ratio (target ≥ 0.8) |")
+            L.append("|---|---|---|---|---|---|---|")
+            for r in tr["rows"]:
+                sz = f"{r['size'] >> 10} KiB" if r["size"] < (1 << 20) else f"{r['size'] >> 20} MiB"
+                L.append(f"| {sz} | {r['mode']} | {r['pw_us']:.0f} | {r['raw_us']:.0f} | {r['pw_gbytes_per_s']:.2f} "
+                         f"| {r['raw_gbytes_per_s']:.2f} | {r['ratio']:.2f} {yn(r['ratio'] >= 0.8)} |")
+            L.append("")
+    if p and "error" not in p or res.get("pp2_step"):
+        L.append("## Case 6: steady-state memory per rank (after 2 warm-up steps)\n")
+        L.append("Sampled from /proc/PID/stat (minor faults) and /proc/PID/status (VmRSS, VmData, VmHWM) of each "
+                 "worker when its step report arrives; per step = difference over the timed steps ÷ their number. "
+                 "Heap growth is seen as VmData / VmRSS growth (a malloc'd and touched byte shows up there). Plan "
+                 "estimate = activation bytes × planned peak in-flight + parameters × 4 B × 4 arenas (param, grad, "
+                 "Adam m, v).\n")
+        L.append("| run | rank | minor faults/step | RSS growth B/step | VmData growth B/step | target (none) "
+                 "| peak RSS MiB | plan estimate MiB | peak in-flight act. (measured / plan) |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        runs = ([res["pp2_step"]] if res.get("pp2_step") and "error" not in res["pp2_step"] else []) + \
+            ([r for r in p["rows"] if "error" not in r] if p and "error" not in p else [])
+        for r in runs:
+            for m in r["memory"]:
+                ok = m["minflt_per_step"] == 0 and m["rss_growth_per_step"] <= 0 and m["vmdata_growth_per_step"] <= 0
+                L.append(f"| {r['job']} pp={r['pp']} {r['schedule']} | {m['rank']} | {m['minflt_per_step']:.1f} "
+                         f"| {m['rss_growth_per_step']:.0f} | {m['vmdata_growth_per_step']:.0f} | {yn(ok)} "
+                         f"| {(m['peak_rss'] or 0) / 2**20:.1f} | {m['plan_estimate'] / 2**20:.1f} "
+                         f"| {m['peak_act_measured']} / {m['peak_activations_plan']} |")
+        L.append("")
+    c = res.get("control")
+    if c:
+        L.append("## Case 7: control plane (wrk, 1 thread, 4 connections, coordinator on loopback)\n")
+        if "error" in c:
+            L.append(f"failed: {c['error']}\n")
+        else:
+            L.append(f"{c['seconds']} s per endpoint; the job (examples/jobs/gpt-tiny.json) is queued (no workers).\n")
+            L.append("| endpoint | requests/s | p50 ms | p90 ms | p99 ms | errors (non-2xx + socket) | target |")
+            L.append("|---|---|---|---|---|---|---|")
+            for k, path in (("jobs", f"GET /v1/jobs/{c['job_id']}"), ("metrics", "GET /metrics")):
+                w = c[k]
+                tgt = (f"≥ 5000 req/s, p99 < 5 ms, 0 errors: "
+                       f"{yn((w['rps'] or 0) >= 5000 and (w['p99_ms'] or 1e9) < 5 and w['errors'] == 0)}"
+                       if k == "jobs" else f"0 errors: {yn(w['errors'] == 0)}")
+                L.append(f"| {path} | {fmt(w['rps'], 0)} | {fmt(w['p50_ms'], 3)} | {fmt(w['p90_ms'], 3)} "
+                         f"| {fmt(w['p99_ms'], 3)} | {w['errors']} | {tgt} |")
+            L.append("")
+    return L
 
 
 # ---------------------------------------------------------------------------
@@ -251,6 +446,7 @@ def markdown(res):
              " (other processes share the machine: every comparison below is interleaved A B A B"
              " and reported as a median)\n")
 
+    L.extend(targets_md(res))
     if "step" in res:
         L.append("## Case 2: training step vs PyTorch (float32, AdamW, clipping)\n")
         L.append("| model | threads | pipewright ms/step | PyTorch ms/step | pipewright tok/s | PyTorch tok/s "
@@ -268,8 +464,16 @@ def markdown(res):
                      f"| {r['ratio']:.2f}× " + (ok if r["threads"] == 1 else "") +
                      f" | {r['ratio_best']:.2f}× | {r['ratio_paired']:.2f}× | {pk_s} | {'-' if tp is None else f'{100 * tp:.1f}'} "
                      f"| {r['loadavg'][0]:.1f}–{r['loadavg'][1]:.1f} |")
-        L.append("| gpt d256, d512 | 2 | not yet measured: needs the worker daemon (pp = 2 pipeline of two "
-                 "1-thread workers), which the harness does not drive yet | | | | | | | | | |")
+        pp2 = res.get("pp2_step")
+        if pp2 and "error" not in pp2:
+            th2 = next((r for r in res["step"] if r["name"] == pp2["name"] and r["threads"] == 2), None)
+            tt = th2["torch_tokens_per_s"] if th2 else None
+            L.append(f"| {pp2['name']} | 2 (pp = 2 {pp2['schedule']}, m = {pp2['m']}, two 1-thread workers) "
+                     f"| {pp2['step_period_s'] * 1e3:.1f} | {th2['torch_ms'] if th2 else float('nan'):.1f} "
+                     f"| {pp2['tokens_per_s']:.0f} | {fmt(tt, 0)} | {pp2['tokens_per_s'] / tt if tt else float('nan'):.2f}× "
+                     "| - | - | - | - | - |")
+        elif pp2:
+            L.append(f"| bench-gpt-d256 | 2 (pp = 2) | failed: {pp2['error']} | | | | | | | | | |")
         L.append("")
         L.append("Both trainers stay resident and alternate single steps (A B B A ..., each idle while the "
                  "other computes); ms/step is the median over the timed steps, after warm-up steps. Ratio = pipewright "
@@ -280,7 +484,11 @@ def markdown(res):
                  "run (its median). Two-thread rows: "
                  "pipewright as one process with OpenBLAS on 2 threads (its other kernels run on one), PyTorch "
                  "with 2 threads and OMP_WAIT_POLICY=PASSIVE; the 2 cores are shared with other processes, so "
-                 "these are the noisiest figures.\n")
+                 "these are the noisiest figures. The pp = 2 row: the d256 GPT as a pipeline of two 1-thread "
+                 "pipewright-worker processes (bench/pipe.py plays the coordinator), ms/step = median wall time "
+                 "between consecutive steps; it is compared with the PyTorch 2-thread figure of the same run "
+                 "(measured earlier in the run, not interleaved with the pipeline).\n")
+    L.extend(cases_rt_md(res))
 
     if k:
         L.append("## Case 1: kernels vs raw cblas_sgemm on the same shapes (1 thread)\n")
@@ -331,12 +539,6 @@ def markdown(res):
                          f"{meas['pipewright_ms'] - tot:.2f} | |")
             L.append("")
 
-    L.append("## Not yet measured\n")
-    L.append("| case | what | why |")
-    L.append("|---|---|---|")
-    for c, what, why in PENDING:
-        L.append(f"| {c} | {what} | not yet measured: {why} |")
-    L.append("")
     return "\n".join(L)
 
 
@@ -349,7 +551,7 @@ def main():
     ap.add_argument("--coretype", default="",
                     help="OPENBLAS_CORETYPE for both sides: a core name, or auto (unset: OpenBLAS detects "
                          "the CPU); default: as the environment has it")
-    ap.add_argument("--cases", default="1,2", help="1 (kernels) always runs: case 2 needs its figures")
+    ap.add_argument("--cases", default="1,2,3,4,5,6,7", help="1 (kernels) always runs: case 2 needs its figures")
     ap.add_argument("--rewrite", metavar="JSON", help="only render JSON (a result file) to markdown again")
     a = ap.parse_args()
     if a.rewrite:
@@ -370,7 +572,7 @@ def main():
     res["kernels"] = case_kernels(a)  # case 2 needs its FLOP counts and sgemm peak
     if "2" in cases:
         res["step"] = case_step(a, res["kernels"])
-    res["pending"] = [{"case": c, "what": w, "status": "not yet measured: " + why} for c, w, why in PENDING]
+    run_rt_cases(a, res, cases)
     res["loadavg_end"] = loadavg()
     res["seconds"] = time.time() - t0
     os.makedirs(a.out, exist_ok=True)

@@ -8,6 +8,7 @@
 # $PW_BENCH_BUILD), runs every case through bench/harness.py, writes
 # bench/results/latest.json and bench/results/latest.md and prints the
 # markdown. --quick (a few minutes on 2 cores) uses fewer repetitions.
+# Case 7 needs wrk (Debian package wrk); without it that case reports an error.
 # Single-thread cases use one core; only the two-thread rows use both.
 set -eu
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,7 +20,7 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   exit 1
 fi
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
-if ! cmake --build "$BUILD" -j2 --target bench_kernels bench_step >"$BUILD/bench-build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j2 --target bench_kernels bench_step bench_transport pipewright pipewright-worker pipewright-coordinator >"$BUILD/bench-build.log" 2>&1; then
   cat "$BUILD/bench-build.log" >&2
   exit 1
 fi

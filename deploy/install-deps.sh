@@ -10,6 +10,7 @@ PACKAGES=(
   python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
   chromium fonts-dejavu-core              # the dashboard's browser test
   iproute2 systemd                        # multi-host (netns) and unit tests
+  wrk                                     # control-plane benchmark
 )
 # Node.js for the browser test: Debian's, unless a node and npm are already
 # installed (Debian's npm conflicts with a newer Node.js from elsewhere).
