@@ -126,6 +126,20 @@ def main():
                     str(os.listdir(mid)))
             t.equal_run("resume-from-5", spec, "--resume", mid, "--start-step", "5", start=5)
 
+        # Forward-only (inference) plans: the same losses as `pipewright train`
+        # on a forward-mode job, no update.
+        fspec = job("interleaved-1f1b", 2, 2, 4, steps=4)
+        fspec["mode"] = "forward"
+        p, res, d = t.drive("forward-only", fspec)
+        if t.check("forward-only: run completes", p.returncode == 0 and res is not None, (p.stdout + p.stderr)[-600:]):
+            out = subprocess.run([os.path.join(build, "pipewright"), "train", "--job", os.path.join(d, "out", "job.json")],
+                                 capture_output=True, text=True, cwd=src).stdout
+            want = {ln.split()[1]: float(ln.split()[3]) for ln in out.splitlines() if ln.startswith("step ")}
+            got = res["losses"]
+            t.check("forward-only: losses equal the single-process forward",
+                    len(want) == 4 and all(abs(got.get(k, 1e9) - v) <= 1e-6 * abs(v) for k, v in want.items()),
+                    f"{got} vs {want}")
+
         # A worker killed mid-run: the others stop, naming it.
         p, res, d = t.drive("kill", job("1f1b", 4, 1, 8, steps=200), "--kill-rank", "2", "--kill-at-step", "3")
         if t.check("kill: driver finished", res is not None and not res["timed_out"], (p.stdout + p.stderr)[-600:]):
