@@ -71,6 +71,23 @@ static int common_opt(common_opts *o, int c, const char *arg) {
   }
 }
 
+/* Parses a command that takes only the common options: -1 to go on, else
+ * the exit code (0 after --help, 2 on bad usage). */
+static int parse_common_only(int argc, char **argv, void (*usage)(FILE *), common_opts *co) {
+  static const struct option opts[] = {REMOTE_LONG_OPTS, {0, 0, 0, 0}};
+  int c, k;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    if ((k = common_opt(co, c, optarg))) {
+      if (k < 0) return 2;
+      continue;
+    }
+    usage(c == 'h' ? stdout : stderr);
+    return c == 'h' ? 0 : 2;
+  }
+  return -1;
+}
+
 /* Resolves the URL and reads the token; prints and returns nonzero on error. */
 static int remote_init(remote *r, const common_opts *o) {
   memset(r, 0, sizeof *r);
@@ -617,19 +634,9 @@ static void cancel_usage(FILE *f) {
 }
 
 int pw_cmd_cancel(int argc, char **argv) {
-  static const struct option opts[] = {REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   common_opts co = {0};
-  int c, k;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((k = common_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
-    if (c == 'h') return cancel_usage(stdout), 0;
-    cancel_usage(stderr);
-    return 2;
-  }
+  int rc = parse_common_only(argc, argv, cancel_usage, &co);
+  if (rc >= 0) return rc;
   if (argc - optind != 1) {
     cancel_usage(stderr);
     return 2;
@@ -659,19 +666,9 @@ static void workers_usage(FILE *f) {
 }
 
 int pw_cmd_workers(int argc, char **argv) {
-  static const struct option opts[] = {REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   common_opts co = {0};
-  int c, k;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((k = common_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
-    if (c == 'h') return workers_usage(stdout), 0;
-    workers_usage(stderr);
-    return 2;
-  }
+  int rc = parse_common_only(argc, argv, workers_usage, &co);
+  if (rc >= 0) return rc;
   if (optind != argc) {
     workers_usage(stderr);
     return 2;
