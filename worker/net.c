@@ -266,8 +266,8 @@ static void on_send_done(uv_write_t *req, int status) {
   free(s);
 }
 
-int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
-                void *owned) {
+int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
+                        uint64_t len, int li, int slot, void *owned) {
   pw_send *s = malloc(sizeof *s);
   if (!s) {
     free(owned);
@@ -277,10 +277,9 @@ int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payl
   s->li = li;
   s->slot = slot;
   s->owned = owned;
-  pw_frame_hdr_encode(h, payload, s->hdr);
-  uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, PW_FRAME_HDR_SIZE),
-                      uv_buf_init((char *)payload, (unsigned)h->payload_len)};
-  int rc = uv_write(&s->req, (uv_stream_t *)&l->tcp, bufs, h->payload_len ? 2 : 1, on_send_done);
+  memcpy(s->hdr, hdr, PW_FRAME_HDR_SIZE);
+  uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, PW_FRAME_HDR_SIZE), uv_buf_init((char *)payload, (unsigned)len)};
+  int rc = uv_write(&s->req, (uv_stream_t *)&l->tcp, bufs, len ? 2 : 1, on_send_done);
   if (rc) {
     free(s->owned);
     free(s);
@@ -288,6 +287,13 @@ int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payl
   }
   if (run) run->sends_inflight++;
   return 0;
+}
+
+int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
+                void *owned) {
+  uint8_t hdr[PW_FRAME_HDR_SIZE];
+  pw_frame_hdr_encode(h, payload, hdr);
+  return pw_net_send_encoded(l, run, hdr, payload, h->payload_len, li, slot, owned);
 }
 
 /* Peers never send on our outbound links; reading them tells us at once

@@ -2,10 +2,11 @@
  *
  * The worker rebuilds what it needs from the job spec (model, partition,
  * its own stage programs, the data source) and takes the action list from
- * the plan. The executor walks the list in order: an action starts when its
- * inputs are here (activations for F, gradients for B/I), runs in the
- * thread pool, and on completion its outputs go to the stages that need
- * them — a memcpy when that stage is on this rank, a frame otherwise.
+ * the plan. Once the links to its peers are up, the run's compute thread
+ * (exec.c) walks the list step after step; this file is the loop
+ * thread's side: the lifecycle, frames from peers (validated, received
+ * straight into slots, counted in under r->mu), and the events the
+ * compute thread queues (frames to write, step reports, done, failed).
  *
  * Slots: microbatch mb of local stage li lives in slot mb_slot[mb] from the
  * moment its first input arrives (or its F starts) until its backward is
@@ -25,8 +26,8 @@
 #include "sim.h"
 #include "worker.h"
 
-static void try_advance(pw_run *r);
 static void finish(pw_run *r, int ok);
+static void on_events(uv_async_t *h);
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -37,22 +38,21 @@ static int port_index(const pw_prog_port *(*get)(const pw_prog *, int), int n, c
 }
 
 /* The stage that produces / consumes value v (chain models: one each). */
-static int producer_stage(const pw_run *r, int v) {
+int pw_run_producer(const pw_run *r, int v) {
   for (int e = 0; e < r->part.n_edges; e++)
     if (r->part.edges[e].value == v) return r->part.edges[e].src;
   return -1;
 }
 
-static int consumer_stage(const pw_run *r, int v) {
+int pw_run_consumer(const pw_run *r, int v) {
   for (int e = 0; e < r->part.n_edges; e++)
     if (r->part.edges[e].value == v) return r->part.edges[e].dst;
   return -1;
 }
 
-static int global_rank(const pw_run *r, int stage) { return r->replica * r->pp + r->rank_of_stage[stage]; }
+int pw_run_global_rank(const pw_run *r, int stage) { return r->replica * r->pp + r->rank_of_stage[stage]; }
 
-/* A free slot of local stage li for microbatch mb (made on first use). */
-static int slot_for(pw_run *r, int li, int mb, pw_err *err) {
+int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err) {
   pw_lstage *ls = &r->ls[li];
   if (ls->mb_slot[mb] >= 0) return ls->mb_slot[mb];
   int max = pw_prog_max_slots(ls->prog);
@@ -67,7 +67,7 @@ static int slot_for(pw_run *r, int li, int mb, pw_err *err) {
   return pw_err_set(err, PW_EINTERNAL, "slots", "stage %d: all %d slots in use", ls->stage, max);
 }
 
-static void slot_release(pw_run *r, int li, int mb) {
+void pw_run_slot_release(pw_run *r, int li, int mb) {
   pw_lstage *ls = &r->ls[li];
   int s = ls->mb_slot[mb];
   if (s < 0) return;
@@ -78,22 +78,29 @@ static void slot_release(pw_run *r, int li, int mb) {
     ls->slot_busy[s] = 0;
 }
 
+static void maybe_free(pw_run *r) {
+  if (r->closing && !r->thread_running && r->sends_inflight == 0) pw_run_free(r);
+}
+
 void pw_run_send_done(pw_run *r, int li, int slot) {
   r->sends_inflight--;
   if (li >= 0 && slot >= 0 && li < r->n_ls) {
     pw_lstage *ls = &r->ls[li];
+    uv_mutex_lock(&r->mu);
     if (--ls->slot_sends[slot] == 0 && ls->slot_free_pending[slot]) {
       ls->slot_free_pending[slot] = 0;
       ls->slot_busy[slot] = 0;
     }
+    uv_mutex_unlock(&r->mu);
   }
-  if (r->closing && r->sends_inflight == 0 && !r->busy) pw_run_free(r);
+  maybe_free(r);
 }
 
-static void frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
-  uint32_t dims[1] = {(uint32_t)(bytes / 4)};
-  pw_frame_hdr_init(h, kind, r->job, (uint32_t)r->step, (uint32_t)mb, (uint32_t)stage, (uint32_t)value,
-                    PW_DTYPE_F32, 1, dims);
+int pw_run_step(pw_run *r) {
+  uv_mutex_lock(&r->mu);
+  int step = r->step;
+  uv_mutex_unlock(&r->mu);
+  return step;
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -167,6 +174,10 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
 int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+  if (uv_mutex_init(&r->mu) || uv_cond_init(&r->cond)) { /* (both only fail on exhausted resources) */
+    free(r);
+    return pw_err_set(err, PW_ENOMEM, "assign", "cannot create a mutex");
+  }
   r->w = w;
   r->assign = json_incref(as);
   r->job = (uint64_t)json_integer_value(json_object_get(as, "job"));
@@ -259,15 +270,22 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->timings);
   r->norm_parts = calloc((size_t)r->pp, sizeof(double));
   r->norm_parts_step = malloc(sizeof(int) * (size_t)r->pp);
-  if (!r->timings || !r->norm_parts || !r->norm_parts_step) {
+  r->evq_cap = 64;
+  r->evq = malloc(sizeof *r->evq * (size_t)r->evq_cap);
+  if (!r->timings || !r->norm_parts || !r->norm_parts_step || !r->evq || pw_stepend_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
   for (int k = 0; k < r->pp; k++) r->norm_parts_step[k] = -1;
-  r->norm_total_step = -1;
-  r->work.data = r;
+  r->norm_total_step = r->tied_step = -1;
+  r->step = r->start_step; /* peers' frames may come before our links are up */
+  if ((rc = uv_async_init(w->loop, &r->async, on_events))) {
+    rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
+    goto fail;
+  }
+  r->async.data = r;
+  r->async_init = 1;
   w->run = r;
-  r->phase = PW_RUN_CONNECTING;
   pw_net_run_started(w, r);
   pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step",
           (unsigned long long)r->job, r->run_id, r->rank, r->prank, r->replica, r->n_ranks, r->ls[0].stage,
@@ -288,9 +306,7 @@ fail:
   return rc;
 }
 
-void pw_run_free(pw_run *r) {
-  if (!r) return;
-  if (r->w && r->w->run == r) r->w->run = NULL;
+static void run_destroy(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     pw_prog_free(ls->prog);
@@ -324,7 +340,25 @@ void pw_run_free(pw_run *r) {
   pw_model_free(&r->model);
   pw_job_free(&r->spec);
   json_decref(r->assign);
+  for (int i = 0; i < r->evq_len; i++) free(r->evq[(r->evq_head + i) % r->evq_cap].timings);
+  free(r->evq);
+  uv_cond_destroy(&r->cond);
+  uv_mutex_destroy(&r->mu);
   free(r);
+}
+
+static void on_async_closed(uv_handle_t *h) { run_destroy(h->data); }
+
+/* Only once the compute thread has been joined (or never started). */
+void pw_run_free(pw_run *r) {
+  if (!r) return;
+  if (r->w && r->w->run == r) r->w->run = NULL;
+  if (r->async_init) {
+    r->async_init = 0;
+    uv_close((uv_handle_t *)&r->async, on_async_closed);
+  } else {
+    run_destroy(r);
+  }
 }
 
 /* Ends the run: links to peers closed (with BYE when it succeeded, so they
@@ -333,7 +367,6 @@ void pw_run_free(pw_run *r) {
 static void finish(pw_run *r, int ok) {
   if (r->closing) return;
   r->closing = 1;
-  r->phase = ok ? PW_RUN_DONE : PW_RUN_FAILED;
   if (r->w->run == r) r->w->run = NULL;
   for (int k = 0; k < r->n_ranks; k++) {
     pw_link *l = r->out ? r->out[k] : NULL;
@@ -342,7 +375,12 @@ static void finish(pw_run *r, int ok) {
     pw_link_bye(l, r->job, ok ? NULL : r->error[0] ? r->error : "cancelled");
     r->out[k] = NULL;
   }
-  if (!r->busy && r->sends_inflight == 0) pw_run_free(r);
+  uv_mutex_lock(&r->mu);
+  r->abort = 1;
+  pw_exec_notify(r);
+  uv_cond_broadcast(&r->cond);
+  uv_mutex_unlock(&r->mu);
+  maybe_free(r);
 }
 
 void pw_run_fail(pw_run *r, const char *fmt, ...) {
@@ -367,20 +405,16 @@ void pw_run_cancel(pw_run *r, const char *reason) {
 
 /* ---- links ---------------------------------------------------------------- */
 
-static void begin_step(pw_run *r);
-
 void pw_run_on_link_up(pw_run *r, pw_link *l) {
   if (l) r->n_out_connected++;
-  if (r->phase == PW_RUN_CONNECTING && r->n_out_connected == r->n_out_needed) {
-    r->step = r->start_step;
-    if (r->step >= r->steps) {
-      pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run",
-                                  r->run_id, "rank", r->rank));
-      finish(r, 1);
-      return;
-    }
-    begin_step(r);
+  if (r->started || r->closing || r->n_out_connected < r->n_out_needed) return;
+  r->started = 1;
+  int rc = uv_thread_create(&r->thread, pw_exec_main, r);
+  if (rc) {
+    pw_run_fail(r, "cannot start the compute thread: %s", uv_strerror(rc));
+    return;
   }
+  r->thread_running = 1;
 }
 
 void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
@@ -390,167 +424,66 @@ void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
   pw_run_fail(r, "lost peer rank %d (%s): %s", k, r->peer_addr[k][0] ? r->peer_addr[k] : l->addr, why);
 }
 
-/* ---- the executor --------------------------------------------------------- */
+/* ---- events from the compute thread ------------------------------------- */
 
-static void begin_step(pw_run *r) {
-  r->phase = PW_RUN_ACTIONS;
-  r->pc = 0;
-  r->loss_sum = 0;
-  r->t_step0 = pw_now();
-  try_advance(r);
-}
-
-static int action_ready(pw_run *r, const pw_action *a) {
-  pw_lstage *ls = &r->ls[r->lidx_of_stage[a->stage]];
-  switch (a->kind) {
-    case PW_ACT_F:
-      return ls->n_act_in == 0 || (ls->act_step[a->mb] == r->step && ls->act_got[a->mb] == ls->n_act_in);
-    case PW_ACT_B:
-    case PW_ACT_I:
-      return ls->n_grad_in == 0 || (ls->grad_step[a->mb] == r->step && ls->grad_got[a->mb] == ls->n_grad_in);
-    default: return 1;
-  }
-}
-
-static void after_work(uv_work_t *req, int status);
-
-static void try_advance(pw_run *r) {
-  if (r->busy || r->closing || r->phase != PW_RUN_ACTIONS) return;
-  if (r->pc == r->n_acts) {
-    pw_stepend_begin(r);
-    return;
-  }
-  int n = (r->acts[r->pc].flags & PW_ACTION_FUSED) && r->pc + 1 < r->n_acts ? 2 : 1;
-  for (int k = 0; k < n; k++)
-    if (!action_ready(r, &r->acts[r->pc + k])) return;
-  pw_err err = {0};
-  for (int k = 0; k < n; k++) {
-    const pw_action *a = &r->acts[r->pc + k];
-    if (a->kind == PW_ACT_F && slot_for(r, r->lidx_of_stage[a->stage], a->mb, &err) < 0) {
-      char b[512];
-      pw_run_fail(r, "%s", pw_err_str(&err, b, sizeof b));
+static void on_event(pw_run *r, pw_event *ev) {
+  switch (ev->kind) {
+    case PW_EV_SEND: {
+      if (r->closing) return;
+      pw_link *l = r->out[ev->to];
+      int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->li, ev->slot, NULL) : PW_EPEER;
+      if (rc) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
       return;
     }
-  }
-  r->work_pc = r->pc;
-  r->work_n = n;
-  r->busy = 1;
-  int rc = uv_queue_work(r->w->loop, &r->work, pw_exec_work, after_work);
-  if (rc) {
-    r->busy = 0;
-    pw_run_fail(r, "cannot queue compute: %s", uv_strerror(rc));
+    case PW_EV_STEP:
+      if (!r->closing) pw_stepend_report(r, ev);
+      free(ev->timings);
+      return;
+    case PW_EV_DONE:
+      if (r->closing) return;
+      pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
+              r->run_id, r->rank, r->steps, r->peak_act);
+      pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run",
+                                  r->run_id, "rank", r->rank));
+      finish(r, 1);
+      return;
+    case PW_EV_FAIL: {
+      char why[sizeof r->error];
+      uv_mutex_lock(&r->mu);
+      snprintf(why, sizeof why, "%s", r->error[0] ? r->error : "compute failed");
+      uv_mutex_unlock(&r->mu);
+      pw_run_fail(r, "%s", why);
+      return;
+    }
+    case PW_EV_EXIT:
+      uv_thread_join(&r->thread);
+      r->thread_running = 0;
+      if (!r->closing) pw_run_fail(r, "the compute thread stopped");
+      maybe_free(r);
+      return;
   }
 }
 
-/* Hand an F's outputs to the stages that read them. */
-static int route_outputs(pw_run *r, const pw_action *a, pw_err *err) {
-  int li = r->lidx_of_stage[a->stage];
-  pw_lstage *ls = &r->ls[li];
-  int slot = ls->mb_slot[a->mb];
-  for (int i = 0; i < pw_prog_n_outputs(ls->prog); i++) {
-    const pw_prog_port *pt = pw_prog_output(ls->prog, i);
-    int dst = consumer_stage(r, pt->value);
-    const void *src = pw_prog_value(ls->prog, slot, pt->value);
-    int dli = r->lidx_of_stage[dst];
-    if (dli >= 0) { /* on this rank: copy into the consumer's slot */
-      int ds = slot_for(r, dli, a->mb, err);
-      if (ds < 0) return ds;
-      memcpy(pw_prog_value(r->ls[dli].prog, ds, pt->value), src, pt->bytes);
-      pw_lstage *d = &r->ls[dli];
-      if (d->act_step[a->mb] != r->step) d->act_step[a->mb] = r->step, d->act_got[a->mb] = 0;
-      d->act_got[a->mb]++;
-      continue;
+static void on_events(uv_async_t *h) {
+  pw_run *r = h->data;
+  for (int exited = 0; !exited;) {
+    uv_mutex_lock(&r->mu);
+    if (r->evq_len == 0) {
+      uv_mutex_unlock(&r->mu);
+      return;
     }
-    pw_link *l = r->out[global_rank(r, dst)];
-    if (!l) return pw_err_set(err, PW_EPEER, "send", "no link to rank %d", global_rank(r, dst));
-    pw_frame_hdr h;
-    frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes);
-    int rc = pw_net_send(l, r, &h, src, li, slot, NULL);
-    if (rc) return pw_err_set(err, PW_EPEER, "send", "to rank %d: %s", global_rank(r, dst), uv_strerror(rc));
-    ls->slot_sends[slot]++;
+    pw_event ev = r->evq[r->evq_head];
+    r->evq_head = (r->evq_head + 1) % r->evq_cap;
+    r->evq_len--;
+    uv_mutex_unlock(&r->mu);
+    exited = ev.kind == PW_EV_EXIT;
+    on_event(r, &ev);
   }
-  return 0;
-}
-
-/* Hand a B/I's input gradients back to the stages that produced them. */
-static int route_grads(pw_run *r, const pw_action *a, pw_err *err) {
-  int li = r->lidx_of_stage[a->stage];
-  pw_lstage *ls = &r->ls[li];
-  int slot = ls->mb_slot[a->mb];
-  for (int i = 0; i < pw_prog_n_inputs(ls->prog); i++) {
-    const pw_prog_port *pt = pw_prog_input(ls->prog, i);
-    if (pt->role != PW_VAL_ACT) continue;
-    int src_stage = producer_stage(r, pt->value);
-    const float *g = pw_prog_grad(ls->prog, slot, pt->value);
-    int dli = r->lidx_of_stage[src_stage];
-    if (dli >= 0) {
-      pw_lstage *d = &r->ls[dli];
-      int ds = d->mb_slot[a->mb];
-      if (ds < 0) return pw_err_set(err, PW_EINTERNAL, "route", "stage %d holds no microbatch %d", src_stage, a->mb);
-      memcpy(pw_prog_grad(d->prog, ds, pt->value), g, pt->bytes);
-      if (d->grad_step[a->mb] != r->step) d->grad_step[a->mb] = r->step, d->grad_got[a->mb] = 0;
-      d->grad_got[a->mb]++;
-      continue;
-    }
-    pw_link *l = r->out[global_rank(r, src_stage)];
-    if (!l) return pw_err_set(err, PW_EPEER, "send", "no link to rank %d", global_rank(r, src_stage));
-    pw_frame_hdr h;
-    frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src_stage, pt->value, pt->bytes);
-    int rc = pw_net_send(l, r, &h, g, li, slot, NULL);
-    if (rc) return pw_err_set(err, PW_EPEER, "send", "to rank %d: %s", global_rank(r, src_stage), uv_strerror(rc));
-    ls->slot_sends[slot]++;
-  }
-  return 0;
-}
-
-static void after_work(uv_work_t *req, int status) {
-  pw_run *r = req->data;
-  r->busy = 0;
-  if (r->closing) {
-    if (r->sends_inflight == 0) pw_run_free(r);
-    return;
-  }
-  pw_err err = {0};
-  int rc = 0;
-  for (int k = 0; k < r->work_n && !rc; k++) {
-    const pw_action *a = &r->acts[r->work_pc + k];
-    int li = r->lidx_of_stage[a->stage];
-    switch (a->kind) {
-      case PW_ACT_F:
-        if (++r->act_held > r->peak_act) r->peak_act = r->act_held;
-        rc = route_outputs(r, a, &err);
-        if (r->sched->forward_only) { /* nothing will come back for it */
-          r->act_held--;
-          slot_release(r, li, a->mb);
-        }
-        break;
-      case PW_ACT_B:
-        r->act_held--;
-        rc = route_grads(r, a, &err);
-        slot_release(r, li, a->mb);
-        break;
-      case PW_ACT_I:
-        r->act_held--;
-        rc = route_grads(r, a, &err);
-        break;
-      case PW_ACT_W: slot_release(r, li, a->mb); break;
-    }
-  }
-  r->loss_sum += r->work_loss;
-  if (rc) {
-    char b[512];
-    pw_run_fail(r, "%s", pw_err_str(&err, b, sizeof b));
-    return;
-  }
-  r->pc += r->work_n;
-  try_advance(r);
 }
 
 /* ---- frames from peers -------------------------------------------------- */
 
-int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
-  *dst = NULL;
-  if (r->closing) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
+static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   if (h->job != r->job) return pw_err_set(err, PW_EPROTO, "frame", "job %llu is not ours", (unsigned long long)h->job);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_dest(r, from, h, dst, err);
   if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
@@ -573,9 +506,9 @@ int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
     return pw_err_set(err, PW_EPROTO, "frame", "value %d is not a %s port of stage %u", v, act ? "input" : "output",
                       h->stage);
   const pw_prog_port *pt = act ? pw_prog_input(p, idx) : pw_prog_output(p, idx);
-  int peer_stage = act ? producer_stage(r, v) : consumer_stage(r, v);
-  if (from != global_rank(r, peer_stage))
-    return pw_err_set(err, PW_EPROTO, "frame", "value %d comes from rank %d, not %d", v, global_rank(r, peer_stage),
+  int peer_stage = act ? pw_run_producer(r, v) : pw_run_consumer(r, v);
+  if (from != pw_run_global_rank(r, peer_stage))
+    return pw_err_set(err, PW_EPROTO, "frame", "value %d comes from rank %d, not %d", v, pw_run_global_rank(r, peer_stage),
                       from);
   if (h->dtype != PW_DTYPE_F32 || h->payload_len != pt->bytes)
     return pw_err_set(err, PW_EPROTO, "frame", "value %d: %llu bytes of %s, expected %zu bytes of f32", v,
@@ -583,7 +516,7 @@ int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   if (act) {
     if ((ls->act_step[mb] == (int)h->step && ls->act_got[mb] >= ls->n_act_in))
       return pw_err_set(err, PW_EPROTO, "frame", "activation for microbatch %d of stage %u sent twice", mb, h->stage);
-    int slot = slot_for(r, li, mb, err);
+    int slot = pw_run_slot_for(r, li, mb, err);
     if (slot < 0) return slot;
     *dst = pw_prog_value(p, slot, v);
   } else {
@@ -596,8 +529,16 @@ int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   return 0;
 }
 
-int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
-  if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_frame(r, from, h, payload, err);
+int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
+  *dst = NULL;
+  if (r->closing) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
+  uv_mutex_lock(&r->mu);
+  int rc = frame_dest(r, from, h, dst, err);
+  uv_mutex_unlock(&r->mu);
+  return rc;
+}
+
+static void frame_done(pw_run *r, const pw_frame_hdr *h) {
   pw_lstage *ls = &r->ls[r->lidx_of_stage[h->stage]];
   int mb = (int)h->microbatch, step = (int)h->step;
   if (h->kind == PW_FRAME_ACT) {
@@ -607,20 +548,16 @@ int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
     if (ls->grad_step[mb] != step) ls->grad_step[mb] = step, ls->grad_got[mb] = 0;
     ls->grad_got[mb]++;
   }
-  try_advance(r);
-  return 0;
 }
 
-void pw_run_step_complete(pw_run *r) {
-  if (r->closing) return;
-  r->step++;
-  if (r->step >= r->steps) {
-    pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
-            r->run_id, r->rank, r->steps, r->peak_act);
-    pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run", r->run_id,
-                                "rank", r->rank));
-    finish(r, 1);
-    return;
-  }
-  begin_step(r);
+int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
+  int rc = 0;
+  uv_mutex_lock(&r->mu);
+  if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
+    rc = pw_stepend_frame(r, from, h, payload, err);
+  else
+    frame_done(r, h);
+  pw_exec_notify(r);
+  uv_mutex_unlock(&r->mu);
+  return rc;
 }

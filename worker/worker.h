@@ -1,18 +1,22 @@
 /* worker: the pipewright-worker daemon's shared types.
  *
- * One libuv loop owns everything: the control link to the coordinator
- * (ctl.c), the data-plane listener and the links to peer workers (net.c),
- * and at most one run — an assignment of one job's rank — whose executor
- * (run.c) walks the rank's action list, handing each action's compute to
- * the thread pool (exec.c) so that receiving the next activation and
- * sending the last result overlap compute. Step ends (gradient all-reduce,
- * tied gradients, the global norm, the optimizer step, checkpoints) are in
- * stepend.c. Only the executor's work callbacks run off the loop thread,
- * and they touch only the program slots and parameters they were given. */
+ * Two threads. The libuv loop thread owns all I/O: the control link to the
+ * coordinator (ctl.c), the data-plane listener and the links to peer
+ * workers (net.c), and the run's side of frames — it receives payloads
+ * straight into program slots and counts arrivals (run.c). The run's
+ * compute thread (exec.c) walks the rank's action list step after step,
+ * computes each action the moment its inputs are counted in, hands outputs
+ * on (a memcpy to a local stage, a frame queued for the loop to write
+ * otherwise) and does the step end (stepend.c: all-reduce, tied gradients,
+ * global norm, optimizer, checkpoints). So consecutive actions never wait
+ * for a thread hand-off, and at pp = 1 a step never leaves the compute
+ * thread. What both threads touch is under pw_run.mu; the compute thread
+ * tells the loop what to do through an event queue and a uv_async_t. */
 #ifndef PW_WORKER_H
 #define PW_WORKER_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -80,22 +84,34 @@ typedef struct {
   int *dp_step;            /* [dp] step of the arena received */
 } pw_lstage;
 
-typedef enum {
-  PW_RUN_CONNECTING,       /* outbound links being made */
-  PW_RUN_ACTIONS,          /* walking the action list */
-  PW_RUN_DP,               /* waiting for replicas' gradients */
-  PW_RUN_TIED,             /* waiting for tied-parameter gradients */
-  PW_RUN_NORM,             /* waiting for the global gradient norm */
-  PW_RUN_UPDATE,           /* optimizer / checkpoint in the pool */
-  PW_RUN_FAILED,
-  PW_RUN_DONE
-} pw_run_phase;
-
 /* A sampled action timing, for the step report's timeline. */
 typedef struct {
   pw_action a;
   double start, end;       /* seconds from the step's start */
 } pw_timing;
+
+/* What the compute thread asks of the loop thread, in order. */
+typedef enum {
+  PW_EV_SEND,              /* write a frame (header encoded, CRC included) */
+  PW_EV_STEP,              /* a step is complete: report it */
+  PW_EV_DONE,              /* the last step is complete */
+  PW_EV_FAIL,              /* failed with r->error */
+  PW_EV_EXIT               /* the compute thread has returned */
+} pw_event_kind;
+
+typedef struct {
+  pw_event_kind kind;
+  /* SEND */
+  int to;                  /* global rank */
+  int li, slot;            /* slot the payload points into, or -1 */
+  const void *payload;
+  uint64_t len;
+  uint8_t hdr[PW_FRAME_HDR_SIZE];
+  /* STEP */
+  int step, peak_act, has_loss, ckpt;
+  double step_time, loss, grad_norm, lr;
+  pw_timing *timings;      /* [n_acts] on traced steps (owned), else NULL */
+} pw_event;
 
 struct pw_run {
   pw_worker *w;
@@ -119,38 +135,45 @@ struct pw_run {
   int n_ls;
   const pw_action *acts;   /* this rank's list */
   int n_acts;
-  /* peers: global rank -> outbound link and address */
+  /* peers: global rank -> outbound link and address (loop thread) */
   pw_link **out;           /* [n_ranks] */
   char (*peer_addr)[64];   /* [n_ranks] */
   int n_out_needed, n_out_connected;
-  /* executor */
-  pw_run_phase phase;
-  int step;                /* current step */
-  int pc;                  /* next action index */
-  int busy;                /* a work item is in the pool */
-  uv_work_t work;
-  int work_pc;             /* first action of the unit in flight */
-  int work_n;              /* actions in the unit (2 for a fused pair) */
-  int work_rc;
-  float work_loss;
-  double t_step0;          /* monotonic time the step began */
-  double loss_sum;         /* this replica's share of the step loss */
-  int act_held, peak_act;  /* saved activations now / peak this run */
-  pw_timing *timings;      /* [n_acts] */
-  /* step end */
-  int tied_got;            /* tied gradients received this step */
-  int tied_needed;
-  float **tied_buf;        /* [n_shared * n_ranks_of_holders] received copies */
-  double norm_partial_sum; /* root: sum of partial squared norms so far */
-  int norm_partials;
+  int started;             /* all links up, compute thread running */
+
+  /* ---- shared by both threads, under mu ---- */
+  uv_mutex_t mu;
+  uv_cond_t cond;          /* signalled on arrivals and on abort */
+  int waiting;             /* the compute thread sleeps on cond */
+  atomic_uint arrivals;    /* bumped on every arrival (read unlocked while spinning) */
+  int abort;               /* loop -> compute: stop at the next wait */
+  int step;                /* current step (written by compute) */
+  pw_event *evq;           /* compute -> loop events, a ring */
+  int evq_head, evq_len, evq_cap;
+  /* step end arrivals (see stepend.c) */
+  int tied_step, tied_got; /* tied gradients received for tied_step */
   double *norm_parts;      /* [pp] root: partial from each pipeline rank */
   int *norm_parts_step;
   double norm_total;
   int norm_total_step;
-  int norm_have_total;
+  char error[512];         /* why the compute thread failed */
+
+  /* ---- compute thread only ---- */
+  uv_thread_t thread;
+  double t_step0;          /* monotonic time the step began */
+  double loss_sum;         /* this replica's share of the step loss */
+  int act_held, peak_act;  /* saved activations now / peak this run */
+  pw_timing *timings;      /* [n_acts] */
+  float **tied_buf;        /* [n_shared * 8] received copies and own copies */
+  int tied_needed;         /* remote holders' copies to wait for per step */
+  double norm_out[2];      /* partial or total being sent, by step parity */
   float clip_coef;
   double lr;
-  char error[512];
+
+  /* ---- loop thread only ---- */
+  uv_async_t async;        /* compute -> loop: events queued */
+  int async_init;
+  int thread_running;      /* created and not yet joined */
   int closing;             /* being torn down */
   int sends_inflight;
 };
@@ -209,10 +232,13 @@ void pw_link_close(pw_link *l);
 void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
 /* Queue one frame on an outbound link. payload points into slot (li, slot)
  * of the run (or is owned and freed after the write when `owned`). */
-int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li,
-                int slot, void *owned);
+int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
+                void *owned);
+/* The same with the 64 header bytes already encoded. */
+int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
+                        uint64_t len, int li, int slot, void *owned);
 
-/* run.c */
+/* run.c (loop thread unless said otherwise) */
 int pw_run_start(pw_worker *w, json_t *assign, pw_err *err);
 void pw_run_cancel(pw_run *r, const char *reason);
 void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -225,16 +251,40 @@ int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
 /* The frame's payload is complete (at the dest given, or in payload). */
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 void pw_run_send_done(pw_run *r, int li, int slot);
-/* The step's update is done: report, then the next step or done. */
-void pw_run_step_complete(pw_run *r);
+/* The step the run is at (for status lines). */
+int pw_run_step(pw_run *r);
 void pw_run_free(pw_run *r);
+/* Either thread, r->mu held: the slot of local stage li that holds
+ * microbatch mb, claimed (and made) on first use; a negative code when
+ * none is free. Release returns it once the sends reading it are done. */
+int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err);
+void pw_run_slot_release(pw_run *r, int li, int mb);
+/* Tables of the partition (immutable during the run). */
+int pw_run_producer(const pw_run *r, int value);
+int pw_run_consumer(const pw_run *r, int value);
+int pw_run_global_rank(const pw_run *r, int stage);
 
-/* exec.c: compute of one unit (an action, or a fused pair) in the pool. */
-void pw_exec_work(uv_work_t *req);
+/* exec.c: the compute thread. */
+void pw_exec_main(void *arg);
+/* r->mu held: sleeps (after a short spin) until ready(r, arg) holds or the
+ * run is aborted (PW_ECANCELED). */
+int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
+/* Loop thread, r->mu held: something arrived; wake the compute thread. */
+void pw_exec_notify(pw_run *r);
+/* Queue a frame to rank `to` (CRC computed here, on the compute thread).
+ * payload stays valid until the write is done: it points into slot
+ * (li, slot), which is kept until then, or into a run-owned buffer (li -1). */
+int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot);
+/* Queue an event for the loop thread. */
+int pw_exec_post(pw_run *r, const pw_event *ev);
+/* Record why the run failed (err may be NULL) and return rc. */
+int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 double pw_now(void);
 
 /* stepend.c */
-void pw_stepend_begin(pw_run *r);
+int pw_stepend_alloc(pw_run *r);     /* at run start: DP and tied buffers */
+int pw_stepend_run(pw_run *r);       /* compute thread: the step end, ends with step++ */
+void pw_stepend_report(pw_run *r, const pw_event *ev); /* loop thread */
 int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 
