@@ -261,25 +261,34 @@ static void on_send_done(uv_write_t *req, int status) {
   pw_send *s = (pw_send *)req;
   pw_link *l = req->handle->data;
   if (status < 0 && status != UV_ECANCELED && !l->closing) link_fail(l, uv_strerror(status));
-  if (s->run) pw_run_send_done(s->run, s->li, s->slot);
+  if (s->run && s->hello && status == 0 && !l->closing) pw_run_on_link_up(s->run, l);
+  if (s->run) pw_run_send_done(s->run, s->to, s->li, s->slot);
   free(s->owned);
   free(s);
 }
 
-int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
-                        uint64_t len, int li, int slot, void *owned) {
-  pw_send *s = malloc(sizeof *s);
+/* Queues hdr + payload from byte `off` on l; hello: the run's link is up
+ * once it is written. */
+static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
+                      uint64_t len, uint64_t off, int to, int li, int slot, int hello, void *owned) {
+  pw_send *s = calloc(1, sizeof *s);
   if (!s) {
     free(owned);
     return PW_ENOMEM;
   }
   s->run = run;
+  s->to = to;
   s->li = li;
   s->slot = slot;
+  s->hello = hello;
   s->owned = owned;
   memcpy(s->hdr, hdr, PW_FRAME_HDR_SIZE);
-  uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, PW_FRAME_HDR_SIZE), uv_buf_init((char *)payload, (unsigned)len)};
-  int rc = uv_write(&s->req, (uv_stream_t *)&l->tcp, bufs, len ? 2 : 1, on_send_done);
+  uv_buf_t bufs[2];
+  int n = 0;
+  if (off < PW_FRAME_HDR_SIZE) bufs[n++] = uv_buf_init((char *)s->hdr + off, (unsigned)(PW_FRAME_HDR_SIZE - off));
+  uint64_t poff = off > PW_FRAME_HDR_SIZE ? off - PW_FRAME_HDR_SIZE : 0;
+  if (len > poff) bufs[n++] = uv_buf_init((char *)payload + poff, (unsigned)(len - poff));
+  int rc = uv_write(&s->req, (uv_stream_t *)&l->tcp, bufs, (unsigned)n, on_send_done);
   if (rc) {
     free(s->owned);
     free(s);
@@ -289,11 +298,16 @@ int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_
   return 0;
 }
 
+int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
+                        uint64_t len, uint64_t off, int to, int li, int slot, void *owned) {
+  return send_queue(l, run, hdr, payload, len, off, to, li, slot, 0, owned);
+}
+
 int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
                 void *owned) {
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   pw_frame_hdr_encode(h, payload, hdr);
-  return pw_net_send_encoded(l, run, hdr, payload, h->payload_len, li, slot, owned);
+  return pw_net_send_encoded(l, run, hdr, payload, h->payload_len, 0, -1, li, slot, owned);
 }
 
 /* Peers never send on our outbound links; reading them tells us at once
@@ -325,13 +339,15 @@ static void on_out_connect(uv_connect_t *req, int status) {
     return;
   }
   pw_frame_hdr h;
-  uint8_t *hello = NULL;
-  if (pw_frame_hello_make(r->job, (uint32_t)r->rank, l->w->token, &h, &hello) ||
-      pw_net_send(l, NULL, &h, hello, -1, -1, hello)) {
+  uint8_t *hello = NULL, hdr[PW_FRAME_HDR_SIZE];
+  if (pw_frame_hello_make(r->job, (uint32_t)r->rank, l->w->token, &h, &hello)) {
     link_fail(l, "cannot send HELLO");
     return;
   }
-  pw_run_on_link_up(r, l);
+  /* The link counts as up once HELLO is written: from then on the run's
+   * compute thread may write to the socket itself. */
+  pw_frame_hdr_encode(&h, hello, hdr);
+  if (send_queue(l, r, hdr, hello, h.payload_len, 0, -1, -1, -1, 1, hello)) link_fail(l, "cannot send HELLO");
 }
 
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank) {

@@ -82,8 +82,13 @@ static void maybe_free(pw_run *r) {
   if (r->closing && !r->thread_running && r->sends_inflight == 0) pw_run_free(r);
 }
 
-void pw_run_send_done(pw_run *r, int li, int slot) {
+void pw_run_send_done(pw_run *r, int to, int li, int slot) {
   r->sends_inflight--;
+  if (to >= 0) {
+    uv_mutex_lock(&r->wmu);
+    r->wl[to].queued--;
+    uv_mutex_unlock(&r->wmu);
+  }
   if (li >= 0 && slot >= 0 && li < r->n_ls) {
     pw_lstage *ls = &r->ls[li];
     uv_mutex_lock(&r->mu);
@@ -174,7 +179,7 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
 int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
-  if (uv_mutex_init(&r->mu) || uv_cond_init(&r->cond)) { /* (both only fail on exhausted resources) */
+  if (uv_mutex_init(&r->mu) || uv_mutex_init(&r->wmu) || uv_cond_init(&r->cond)) { /* (only on exhausted resources) */
     free(r);
     return pw_err_set(err, PW_ENOMEM, "assign", "cannot create a mutex");
   }
@@ -225,10 +230,12 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->ls = calloc((size_t)r->S, sizeof *r->ls);
   r->out = calloc((size_t)r->n_ranks, sizeof *r->out);
   r->peer_addr = calloc((size_t)r->n_ranks, sizeof *r->peer_addr);
-  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr) {
+  r->wl = calloc((size_t)r->n_ranks, sizeof *r->wl);
+  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr || !r->wl) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
+  for (int k = 0; k < r->n_ranks; k++) r->wl[k].fd = -1;
   for (int s = 0; s < r->S; s++) {
     r->rank_of_stage[s] = r->sched->stage_to_rank[s];
     r->lidx_of_stage[s] = -1;
@@ -342,7 +349,9 @@ static void run_destroy(pw_run *r) {
   json_decref(r->assign);
   for (int i = 0; i < r->evq_len; i++) free(r->evq[(r->evq_head + i) % r->evq_cap].timings);
   free(r->evq);
+  free(r->wl);
   uv_cond_destroy(&r->cond);
+  uv_mutex_destroy(&r->wmu);
   uv_mutex_destroy(&r->mu);
   free(r);
 }
@@ -368,6 +377,11 @@ static void finish(pw_run *r, int ok) {
   if (r->closing) return;
   r->closing = 1;
   if (r->w->run == r) r->w->run = NULL;
+  /* The links are the loop's alone from here (waits for a direct write
+   * in progress), so BYE cannot interleave with a frame. */
+  uv_mutex_lock(&r->wmu);
+  for (int k = 0; k < r->n_ranks && r->wl; k++) r->wl[k].fd = -1;
+  uv_mutex_unlock(&r->wmu);
   for (int k = 0; k < r->n_ranks; k++) {
     pw_link *l = r->out ? r->out[k] : NULL;
     if (!l) continue;
@@ -406,7 +420,17 @@ void pw_run_cancel(pw_run *r, const char *reason) {
 /* ---- links ---------------------------------------------------------------- */
 
 void pw_run_on_link_up(pw_run *r, pw_link *l) {
-  if (l) r->n_out_connected++;
+  if (l) {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&l->tcp, &fd)) {
+      pw_run_fail(r, "link to rank %d has no socket", l->peer_rank);
+      return;
+    }
+    uv_mutex_lock(&r->wmu);
+    r->wl[l->peer_rank].fd = fd;
+    uv_mutex_unlock(&r->wmu);
+    r->n_out_connected++;
+  }
   if (r->started || r->closing || r->n_out_connected < r->n_out_needed) return;
   r->started = 1;
   int rc = uv_thread_create(&r->thread, pw_exec_main, r);
@@ -431,7 +455,8 @@ static void on_event(pw_run *r, pw_event *ev) {
     case PW_EV_SEND: {
       if (r->closing) return;
       pw_link *l = r->out[ev->to];
-      int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->li, ev->slot, NULL) : PW_EPEER;
+      int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->off, ev->to, ev->li, ev->slot, NULL)
+                 : PW_EPEER;
       if (rc) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
       return;
     }

@@ -54,12 +54,16 @@ typedef struct pw_link {
   struct pw_link *next;    /* worker's list of links */
 } pw_link;
 
-/* One frame being written: header bytes, then the payload in place. */
+/* One frame being written by the loop: header bytes, then the payload in
+ * place (from byte `off` of the two: the compute thread may have written
+ * the start itself). */
 typedef struct {
   uv_write_t req;
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   pw_run *run;             /* NULL when the run is gone */
+  int to;                  /* the run's rank whose link it is, or -1 (HELLO, BYE) */
   int li, slot;            /* slot whose memory the payload points into, or -1 */
+  int hello;               /* the run's link is up once this is written */
   void *owned;             /* payload copy freed after the write, or NULL */
 } pw_send;
 
@@ -105,7 +109,8 @@ typedef struct {
   int to;                  /* global rank */
   int li, slot;            /* slot the payload points into, or -1 */
   const void *payload;
-  uint64_t len;
+  uint64_t len;            /* payload bytes */
+  uint64_t off;            /* bytes of header + payload already written */
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   /* STEP */
   int step, peak_act, has_loss, ckpt;
@@ -157,6 +162,15 @@ struct pw_run {
   double norm_total;
   int norm_total_step;
   char error[512];         /* why the compute thread failed */
+
+  /* Outbound links as the compute thread writes them, under wmu: it
+   * writes a frame straight to the socket when the loop has nothing queued
+   * on that link; what the socket does not take goes to the loop. */
+  uv_mutex_t wmu;
+  struct {
+    int fd;                /* -1 until the link is up, and once it closes */
+    int queued;            /* frames the loop is still writing */
+  } *wl;                   /* [n_ranks] */
 
   /* ---- compute thread only ---- */
   uv_thread_t thread;
@@ -236,7 +250,7 @@ int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payl
                 void *owned);
 /* The same with the 64 header bytes already encoded. */
 int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
-                        uint64_t len, int li, int slot, void *owned);
+                        uint64_t len, uint64_t off, int to, int li, int slot, void *owned);
 
 /* run.c (loop thread unless said otherwise) */
 int pw_run_start(pw_worker *w, json_t *assign, pw_err *err);
@@ -250,7 +264,7 @@ void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why);
 int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 /* The frame's payload is complete (at the dest given, or in payload). */
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
-void pw_run_send_done(pw_run *r, int li, int slot);
+void pw_run_send_done(pw_run *r, int to, int li, int slot);
 /* The step the run is at (for status lines). */
 int pw_run_step(pw_run *r);
 void pw_run_free(pw_run *r);
