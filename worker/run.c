@@ -275,16 +275,16 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->acts = r->sched->actions[r->prank];
   r->n_acts = r->sched->n_actions[r->prank];
   r->timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->timings);
-  r->norm_parts = calloc((size_t)r->pp, sizeof(double));
-  r->norm_parts_step = malloc(sizeof(int) * (size_t)r->pp);
+  r->norm_parts = calloc((size_t)(2 * r->pp), sizeof(double));
+  r->norm_parts_step = malloc(sizeof(int) * (size_t)(2 * r->pp));
   r->evq_cap = 64;
   r->evq = malloc(sizeof *r->evq * (size_t)r->evq_cap);
   if (!r->timings || !r->norm_parts || !r->norm_parts_step || !r->evq || pw_stepend_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
-  for (int k = 0; k < r->pp; k++) r->norm_parts_step[k] = -1;
-  r->norm_total_step = r->tied_step = -1;
+  for (int k = 0; k < 2 * r->pp; k++) r->norm_parts_step[k] = -1;
+  r->tied_step = -1;
   r->step = r->start_step; /* peers' frames may come before our links are up */
   if ((rc = uv_async_init(w->loop, &r->async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));

@@ -6,8 +6,8 @@
  *   2. TIED: holders of a shared parameter (tied embeddings) exchange its
  *      gradient and each sums the copies in stage order;
  *   3. NORM: every pipeline rank sends its partial squared gradient norm to
- *      its replica's pipeline rank 0, which sums them in rank order and
- *      sends the total back (this is also the step's barrier);
+ *      the other pipeline ranks of its replica, and each sums them in rank
+ *      order (the same bits everywhere; one hop, and the step's barrier);
  *   4. UPDATE: clip coefficient and learning rate, each rank's own
  *      optimizer step, checkpoints, the step report.
  * The phases run on the compute thread, which waits (exec.c) for what the
@@ -29,7 +29,7 @@
 #include "optim.h"
 #include "worker.h"
 
-enum { RV_DP = 0, RV_NORM_PART = 1, RV_NORM_TOTAL = 2 };
+enum { RV_DP = 0, RV_NORM_PART = 1 };
 
 static int holder_index(const pw_shared_param *sp, int stage) {
   for (int j = 0; j < sp->n_holders; j++)
@@ -209,51 +209,41 @@ static double local_sqnorm(pw_run *r, pw_lstage *ls) {
   return pw_grad_sqnorm(ls->prog, skip, ns);
 }
 
+/* Partials alternate by step parity: a rank that finished the barrier may
+ * send the next step's partial before we have read this one (forward-only
+ * runs, where rank 0 waits for nobody's activations). */
 static int parts_ready(pw_run *r, const void *arg) {
+  const int *st = r->norm_parts_step + (r->step & 1) * r->pp;
   for (int k = 0; k < r->pp; k++)
-    if (r->norm_parts_step[k] != r->step) return 0;
+    if (st[k] != r->step) return 0;
   return 1;
 }
 
-static int total_ready(pw_run *r, const void *arg) { return r->norm_total_step == r->step; }
-
-static int send_norm(pw_run *r, int to, int value, int from_prank, double v) {
-  double *payload = &r->norm_out[r->step & 1];
-  *payload = v;
-  pw_frame_hdr h;
-  uint32_t dims[1] = {8};
-  pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)from_prank, 0, (uint32_t)value,
-                    PW_DTYPE_U8, 1, dims);
-  return pw_exec_send(r, to, &h, payload, -1, -1);
-}
-
-/* Pipeline rank 0 of each replica sums the partial squared norms in rank
- * order and sends the total back: the step's barrier too. */
 static int global_norm(pw_run *r, double *total) {
   double part = 0;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
-  int rc;
-  if (r->prank != 0) {
-    if ((rc = send_norm(r, r->replica * r->pp, RV_NORM_PART, r->prank, part)) || (rc = wait_for(r, total_ready)))
-      return rc;
-    uv_mutex_lock(&r->mu);
-    *total = r->norm_total;
-    uv_mutex_unlock(&r->mu);
-    return 0;
+  int par = r->step & 1, rc;
+  uv_mutex_lock(&r->mu);
+  r->norm_parts[par * r->pp + r->prank] = part;
+  r->norm_parts_step[par * r->pp + r->prank] = r->step;
+  uv_mutex_unlock(&r->mu);
+  r->norm_out[par] = part;
+  for (int k = 0; k < r->pp; k++) {
+    if (k == r->prank) continue;
+    pw_frame_hdr h;
+    uint32_t dims[1] = {8};
+    pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->prank, 0, RV_NORM_PART,
+                      PW_DTYPE_U8, 1, dims);
+    if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->norm_out[par], -1, -1))) return rc;
   }
   uv_mutex_lock(&r->mu);
-  r->norm_parts[0] = part;
-  r->norm_parts_step[0] = r->step;
   rc = pw_exec_wait(r, parts_ready, NULL);
   double sum = 0;
-  for (int k = 0; k < r->pp; k++) sum += r->norm_parts[k];
+  for (int k = 0; k < r->pp; k++) sum += r->norm_parts[par * r->pp + k];
   uv_mutex_unlock(&r->mu);
-  if (rc) return rc;
   *total = sum;
-  for (int k = 1; k < r->pp; k++)
-    if ((rc = send_norm(r, r->replica * r->pp + k, RV_NORM_TOTAL, 0, sum))) return rc;
-  return 0;
+  return rc;
 }
 
 /* ---- 4. update -------------------------------------------------------------- */
@@ -397,14 +387,11 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
       return 0;
     }
     case RV_NORM_PART:
-    case RV_NORM_TOTAL:
-      if (h->payload_len != 8 || h->dtype != PW_DTYPE_U8 || (int)h->step != r->step)
+      if (h->payload_len != 8 || h->dtype != PW_DTYPE_U8)
         return pw_err_set(err, PW_EPROTO, "frame", "bad norm reduction frame");
-      if (h->value == RV_NORM_PART && (r->prank != 0 || h->microbatch >= (uint32_t)r->pp ||
-                                       from != r->replica * r->pp + (int)h->microbatch))
+      if (h->microbatch >= (uint32_t)r->pp || (int)h->microbatch == r->prank ||
+          from != r->replica * r->pp + (int)h->microbatch)
         return pw_err_set(err, PW_EPROTO, "frame", "norm partial from rank %d does not fit", from);
-      if (h->value == RV_NORM_TOTAL && from != r->replica * r->pp)
-        return pw_err_set(err, PW_EPROTO, "frame", "norm total from rank %d, not our replica's rank 0", from);
       return 0; /* the reader's buffer */
     default: return pw_err_set(err, PW_EPROTO, "frame", "unknown reduction %u", h->value);
   }
@@ -421,13 +408,8 @@ int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *pay
     case RV_DP: r->ls[r->lidx_of_stage[h->stage]].dp_step[(h->step & 1) * r->dp + (int)h->microbatch] = (int)h->step; return 0;
     case RV_NORM_PART:
       memcpy(&v, payload, 8);
-      r->norm_parts[h->microbatch] = v;
-      r->norm_parts_step[h->microbatch] = (int)h->step;
-      return 0;
-    case RV_NORM_TOTAL:
-      memcpy(&v, payload, 8);
-      r->norm_total = v;
-      r->norm_total_step = (int)h->step;
+      r->norm_parts[(h->step & 1) * r->pp + h->microbatch] = v;
+      r->norm_parts_step[(h->step & 1) * r->pp + h->microbatch] = (int)h->step;
       return 0;
   }
   return pw_err_set(err, PW_EPROTO, "frame", "unknown reduction %u", h->value);

@@ -157,10 +157,8 @@ struct pw_run {
   int evq_head, evq_len, evq_cap;
   /* step end arrivals (see stepend.c) */
   int tied_step, tied_got; /* tied gradients received for tied_step */
-  double *norm_parts;      /* [pp] root: partial from each pipeline rank */
+  double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
   int *norm_parts_step;
-  double norm_total;
-  int norm_total_step;
   char error[512];         /* why the compute thread failed */
 
   /* Outbound links as the compute thread writes them, under wmu: it
