@@ -115,13 +115,33 @@ static int jint(const json_t *o, const char *k, int dflt) {
   return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
 }
 
+/* Microbatches of stage `stage` live at once when the rank runs its list in
+ * order: from F to B (or to W after I). Those slots are made at setup, so
+ * the steps do not fault them in (early arrivals may add a few more). */
+static int peak_live(const pw_run *r, int stage) {
+  int live = 0, peak = 0;
+  for (int i = 0; i < r->sched->n_actions[r->prank]; i++) {
+    const pw_action *a = &r->sched->actions[r->prank][i];
+    if (a->stage != stage) continue;
+    if (a->kind == PW_ACT_F) {
+      if (++live > peak) peak = live;
+      live -= r->sched->forward_only; /* nothing comes back for it */
+    } else if (a->kind == PW_ACT_B || a->kind == PW_ACT_W) {
+      live--;
+    }
+  }
+  return peak;
+}
+
 static int setup_stages(pw_run *r, pw_err *err) {
   int cap = r->m * 2 + 2; /* this step's microbatches + early arrivals of the next */
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     const pw_stage *st = &r->part.stages[ls->stage];
+    int peak = peak_live(r, ls->stage);
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
-                          .batch_size = r->spec.train.batch_size, .n_slots = 0, .max_slots = cap};
+                          .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
+                          .max_slots = cap};
     int rc = pw_prog_create(&r->model, &cfg, &ls->prog, err);
     if (rc) return rc;
     ls->mb_slot = malloc(sizeof(int) * (size_t)r->m);
