@@ -389,8 +389,12 @@ def cases_rt_md(res):
         L.append("Sampled from /proc/PID/stat (minor faults) and /proc/PID/status (VmRSS, VmData, VmHWM) of each "
                  "worker when its step report arrives; per step = difference over the timed steps ÷ their number. "
                  "Heap growth is seen as VmData / VmRSS growth (a malloc'd and touched byte shows up there). Plan "
-                 "estimate = activation bytes × planned peak in-flight + parameters × 4 B × 4 arenas (param, grad, "
-                 "Adam m, v).\n")
+                 "estimate = the planner's `memory_bytes` for the rank (`pipewright plan --json`, analytics.ranks): "
+                 "parameter, gradient and AdamW m, v arenas, activation slots (each holds a stage's values and "
+                 "their gradients) × the slots the schedule makes the rank keep, counting early arrivals and "
+                 "pending W's, the data set, all-reduce and tied-parameter buffers. It leaves out the process "
+                 "baseline (code, libraries, OpenBLAS workspace, thread stacks): peak RSS should exceed it by "
+                 "about 6 MiB.\n")
         L.append("| run | rank | minor faults/step | RSS growth B/step | VmData growth B/step | target (none) "
                  "| peak RSS MiB | plan estimate MiB | peak in-flight act. (measured / plan) |")
         L.append("|---|---|---|---|---|---|---|---|---|")

@@ -27,8 +27,8 @@ static int print_json(json_t *j) {
 }
 
 static void print_compare(const json_t *cmp) {
-  printf("%-26s %3s %6s %12s %8s %9s %9s %8s\n", "schedule", "V", "stages", "makespan ms", "bubble", "peak act",
-         "pending W", "actions");
+  printf("%-26s %3s %6s %12s %8s %9s %9s %9s %8s\n", "schedule", "V", "stages", "makespan ms", "bubble", "peak act",
+         "pending W", "peak MiB", "actions");
   size_t i;
   json_t *row;
   json_array_foreach(json_object_get(cmp, "rows"), i, row) {
@@ -38,13 +38,14 @@ static void print_compare(const json_t *cmp) {
              json_string_value(json_object_get(row, "error")));
       continue;
     }
-    printf("%-26s %3d %6d %12.3f %8.3f %9d %9d %8d\n", name,
+    printf("%-26s %3d %6d %12.3f %8.3f %9d %9d %9.1f %8d\n", name,
            (int)json_integer_value(json_object_get(row, "virtual_stages")),
            (int)json_integer_value(json_object_get(row, "stages")),
            json_real_value(json_object_get(row, "makespan")) * 1e3,
            json_real_value(json_object_get(row, "bubble_ratio")),
            (int)json_integer_value(json_object_get(row, "peak_activations")),
            (int)json_integer_value(json_object_get(row, "peak_pending_w")),
+           (double)json_integer_value(json_object_get(row, "peak_memory_bytes")) / (1 << 20),
            (int)json_integer_value(json_object_get(row, "actions")));
   }
 }
@@ -87,10 +88,14 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
   }
   const pw_sim_result *r = p->sim;
   printf("\nsimulated step: %.3f ms, bubble %.3f (idle time / rank time)\n", r->makespan * 1e3, r->bubble_ratio);
-  printf("%-5s %10s %10s %9s %9s %9s\n", "rank", "busy ms", "idle ms", "peak act", "pending W", "peak held");
+  printf("%-5s %10s %10s %9s %9s %9s %6s %9s\n", "rank", "busy ms", "idle ms", "peak act", "pending W", "peak held",
+         "slots", "peak MiB");
   for (int k = 0; k < r->pp; k++)
-    printf("%-5d %10.3f %10.3f %9d %9d %9d\n", k, r->busy[k] * 1e3, r->idle[k] * 1e3, r->peak_act[k],
-           r->peak_pending_w[k], r->peak_held[k]);
+    printf("%-5d %10.3f %10.3f %9d %9d %9d %6d %9.1f\n", k, r->busy[k] * 1e3, r->idle[k] * 1e3, r->peak_act[k],
+           r->peak_pending_w[k], r->peak_held[k], p->mem[k].n_slots, (double)p->mem[k].total / (1 << 20));
+  printf("peak MiB: what a worker allocates for the rank (parameters, gradients, AdamW m and v, activation "
+         "slots, data set%s%s); process baseline excluded\n",
+         p->dp > 1 ? ", all-reduce arenas" : "", p->part.n_shared ? ", tied-parameter copies" : "");
   for (int s = 0; s < r->pp; s++)
     for (int t = 0; t < r->pp; t++)
       if (r->link_transfers[s * r->pp + t])

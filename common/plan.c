@@ -1,8 +1,222 @@
-/* plan: model -> schedule -> partition -> simulation, and the plan's JSON. */
+/* plan: model -> schedule -> partition -> simulation, the memory each rank
+ * will allocate, and the plan's JSON. */
 #include "plan.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+/* ---- memory ---------------------------------------------------------------- */
+
+/* Mirrors pw_prog_create (common/prog.c), which offers no way to get these
+ * sizes without allocating the arenas: keep the two in step. */
+int pw_stage_mem_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_stage_mem *out) {
+  memset(out, 0, sizeof *out);
+  int lo = m->layers[layer_lo].node_lo, hi = m->layers[layer_hi - 1].node_hi;
+  int *uses = calloc((size_t)(m->n_params ? m->n_params : 1), sizeof(int));
+  uint8_t *input = calloc((size_t)(m->n_values ? m->n_values : 1), 1);
+  if (!uses || !input) {
+    free(uses);
+    free(input);
+    return PW_ENOMEM;
+  }
+  size_t tt = 1, vals = 0, grads = 0, aux = 0;
+  for (int i = lo; i < hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    int ids[2] = {n->w, n->b};
+    for (int k = 0; k < 2; k++) {
+      if (ids[k] < 0) continue;
+      size_t ne = m->params[ids[k]].numel;
+      if (uses[ids[k]]++ == 0) out->numel += ne;
+      out->grad_numel += ne; /* a later use gets a shadow */
+    }
+    /* input ports: values read here but produced elsewhere, once each */
+    for (int k = 0; k < 2; k++) {
+      int v = n->in[k];
+      if (v < 0 || input[v]) continue;
+      int prod = m->values[v].producer;
+      if (prod >= lo && prod < hi) continue;
+      input[v] = 1;
+      size_t e = (size_t)mb * (size_t)m->values[v].rows * (size_t)m->values[v].width;
+      vals += e;
+      if (m->values[v].role == PW_VAL_ACT) grads += e;
+      else out->draws_data = 1;
+    }
+    const pw_value *o = &m->values[n->out];
+    size_t e = (size_t)mb * (size_t)o->rows * (size_t)o->width;
+    vals += o->role == PW_VAL_LOSS ? 1 : e;
+    if (o->role == PW_VAL_ACT) grads += e;
+    aux += (size_t)mb * n->aux;
+    if (n->op == PW_OP_ATTENTION && (size_t)n->T * (size_t)n->T > tt) tt = (size_t)n->T * (size_t)n->T;
+  }
+  size_t elems = vals + grads + aux;
+  out->slot_bytes = (elems ? elems : 1) * sizeof(float);
+  out->scratch_bytes = tt * sizeof(float);
+  free(uses);
+  free(input);
+  return 0;
+}
+
+/* The walk of pw_plan_peak_slots for one rank r. done[kind][st*m+k]: the
+ * action has completed; got[st*m+k]: microbatch k holds a slot of st. */
+typedef struct {
+  const pw_sched *s;
+  uint8_t *done[4], *got;
+  int *held, *pos, *stack, n_stack;
+} slot_walk;
+
+static int done_at(const slot_walk *w, int kind, int k, int st) { return w->done[kind][st * w->s->m + k]; }
+
+static void take(slot_walk *w, int k, int st) {
+  if (w->got[st * w->s->m + k]) return;
+  w->got[st * w->s->m + k] = 1;
+  w->held[st]++;
+}
+
+/* Inputs of a (as in sim.h) all done, or supplied by `first`, the F a fused
+ * B runs with. */
+static int deps_done(const slot_walk *w, const pw_action *a, const pw_action *first) {
+  int k = a->mb, st = a->stage;
+  switch (a->kind) {
+    case PW_ACT_F: return st == 0 || done_at(w, PW_ACT_F, k, st - 1);
+    case PW_ACT_W: return done_at(w, PW_ACT_I, k, st);
+    default:
+      if (!done_at(w, PW_ACT_F, k, st) && !(first && first->kind == PW_ACT_F && first->mb == k && first->stage == st))
+        return 0;
+      return st == w->s->S - 1 || done_at(w, PW_ACT_B, k, st + 1) || done_at(w, PW_ACT_I, k, st + 1);
+  }
+}
+
+static void push_rank_of(slot_walk *w, int st) {
+  if (st >= 0 && st < w->s->S) w->stack[w->n_stack++] = w->s->stage_to_rank[st];
+}
+
+/* Action a has completed on some rank: what rank r's slots see of it, and
+ * which ranks may now move. */
+static void complete(slot_walk *w, int r, const pw_action *a) {
+  const pw_sched *s = w->s;
+  int k = a->mb, st = a->stage;
+  w->done[a->kind][st * s->m + k] = 1;
+  if (a->kind == PW_ACT_F && st + 1 < s->S && s->stage_to_rank[st + 1] == r) take(w, k, st + 1); /* arrived */
+  if (s->stage_to_rank[st] == r &&
+      (a->kind == PW_ACT_B || a->kind == PW_ACT_W || (a->kind == PW_ACT_F && s->forward_only)))
+    w->held[st]--;
+  push_rank_of(w, st + 1);
+  push_rank_of(w, st - 1);
+}
+
+/* Every rank but r as far as its list and the completed actions allow. */
+static void advance_others(slot_walk *w, int r) {
+  const pw_sched *s = w->s;
+  while (w->n_stack > 0) {
+    int q = w->stack[--w->n_stack];
+    if (q == r) continue;
+    while (w->pos[q] < s->n_actions[q]) {
+      const pw_action *a = &s->actions[q][w->pos[q]];
+      int n = (a->flags & PW_ACTION_FUSED) && w->pos[q] + 1 < s->n_actions[q] ? 2 : 1;
+      if (!deps_done(w, a, NULL) || (n == 2 && !deps_done(w, a + 1, a))) break;
+      for (int u = 0; u < n; u++) complete(w, r, &a[u]);
+      w->pos[q] += n;
+    }
+  }
+}
+
+int pw_plan_peak_slots(const pw_sched *s, int *peak) {
+  int S = s->S, m = s->m, pp = s->pp, total = 0;
+  for (int q = 0; q < pp; q++) total += s->n_actions[q];
+  size_t cells = (size_t)S * (size_t)m;
+  slot_walk w = {.s = s};
+  uint8_t *flags = malloc(5 * cells);
+  w.held = malloc(sizeof(int) * (size_t)S);
+  w.pos = malloc(sizeof(int) * (size_t)pp);
+  /* each completion pushes two ranks; plus every rank once per walk */
+  w.stack = malloc(sizeof(int) * (2 * (size_t)total + (size_t)pp + 1));
+  int rc = flags && w.held && w.pos && w.stack ? 0 : PW_ENOMEM;
+  for (int st = 0; st < S; st++) peak[st] = 0;
+  for (int r = 0; r < pp && !rc; r++) {
+    memset(flags, 0, 5 * cells);
+    for (int k = 0; k < 4; k++) w.done[k] = flags + (size_t)k * cells;
+    w.got = flags + 4 * cells;
+    memset(w.held, 0, sizeof(int) * (size_t)S);
+    memset(w.pos, 0, sizeof(int) * (size_t)pp);
+    w.n_stack = 0;
+    for (int q = 0; q < pp; q++) w.stack[w.n_stack++] = q;
+    const pw_action *acts = s->actions[r];
+    for (int i = 0;;) {
+      advance_others(&w, r);
+      for (int st = 0; st < S; st++)
+        if (s->stage_to_rank[st] == r && w.held[st] > peak[st]) peak[st] = w.held[st];
+      if (i == s->n_actions[r]) break;
+      int n = (acts[i].flags & PW_ACTION_FUSED) && i + 1 < s->n_actions[r] ? 2 : 1;
+      for (int u = 0; u < n; u++)
+        if (acts[i + u].kind == PW_ACT_F) take(&w, acts[i + u].mb, acts[i + u].stage); /* F starts */
+      for (int st = 0; st < S; st++)
+        if (s->stage_to_rank[st] == r && w.held[st] > peak[st]) peak[st] = w.held[st];
+      for (int u = 0; u < n; u++) complete(&w, r, &acts[i + u]);
+      i += n;
+    }
+  }
+  free(flags);
+  free(w.held);
+  free(w.pos);
+  free(w.stack);
+  return rc;
+}
+
+/* What pw_dataset_open keeps in memory (common/data.c). */
+static size_t data_bytes(const pw_job *job, const pw_model *m) {
+  struct stat st;
+  switch (job->data.kind) {
+    case PW_DATA_TEXT: return stat(job->data.path, &st) == 0 ? (size_t)st.st_size : 0;
+    case PW_DATA_REGRESSION:
+    case PW_DATA_CLASSIFY: return (size_t)m->data.in_dim * (size_t)m->data.out_dim * sizeof(double);
+    default: return 0;
+  }
+}
+
+/* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
+static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
+  p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
+  p->peak_slots = calloc((size_t)p->S, sizeof(int));
+  p->mem = calloc((size_t)p->pp, sizeof *p->mem);
+  if (!p->stage_mem || !p->peak_slots || !p->mem || pw_plan_peak_slots(p->sched, p->peak_slots))
+    return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+  int train = !p->sched->forward_only;
+  for (int s = 0; s < p->S; s++) {
+    const pw_stage *st = &p->part.stages[s];
+    const pw_stage_mem *sm = &p->stage_mem[s];
+    if (pw_stage_mem_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s]))
+      return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+    pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
+    r->params += sm->numel * sizeof(float);
+    r->grads += sm->grad_numel * sizeof(float);
+    r->adam += 2 * sm->numel * sizeof(float);
+    r->slots += (size_t)p->peak_slots[s] * sm->slot_bytes;
+    r->n_slots += p->peak_slots[s];
+    r->scratch += sm->scratch_bytes;
+    if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
+    if (train && p->dp > 1) r->dp += 2 * (size_t)p->dp * sm->grad_numel * sizeof(float);
+  }
+  /* worker/stepend.c: per shared parameter, a rank holding a copy touches
+   * the sum, its own holders' outgoing copies and the remote ones received */
+  for (int i = 0; i < p->part.n_shared && train; i++) {
+    const pw_shared_param *sp = &p->part.shared[i];
+    size_t bytes = (size_t)(1 + sp->n_holders) * p->model.params[sp->param].numel * sizeof(float);
+    for (int r = 0; r < p->pp; r++) {
+      int here = 0;
+      for (int h = 0; h < sp->n_holders; h++) here |= p->sched->stage_to_rank[sp->holders[h]] == r;
+      if (here) p->mem[r].tied += bytes;
+    }
+  }
+  for (int r = 0; r < p->pp; r++) {
+    pw_plan_mem *m = &p->mem[r];
+    m->total = m->params + m->grads + m->adam + m->slots + m->scratch + m->dp + m->tied + m->data;
+  }
+  return 0;
+}
+
+/* ---- the plan -------------------------------------------------------------- */
 
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
   memset(p, 0, sizeof *p);
@@ -53,6 +267,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
                     .bandwidth = PW_PLAN_LINK_BW};
   rc = pw_sim_run(p->sched, &c, &p->sim, err);
   if (rc) goto fail;
+  rc = plan_memory(job, p, err);
+  if (rc) goto fail;
   return 0;
 fail:
   pw_plan_free(p);
@@ -69,6 +285,9 @@ void pw_plan_free(pw_plan *p) {
   free(p->cost_w);
   free(p->cost_b);
   free(p->act_bytes);
+  free(p->stage_mem);
+  free(p->peak_slots);
+  free(p->mem);
   memset(p, 0, sizeof *p);
 }
 
@@ -88,8 +307,24 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
   json_t *part = pw_partition_json(&p->model, &p->part, p->mb_size);
   /* annotate each stage with its rank */
   json_t *stages = json_object_get(part, "stages");
-  for (size_t i = 0; i < json_array_size(stages); i++)
-    json_object_set_new(json_array_get(stages, i), "rank", json_integer(p->sched->stage_to_rank[i]));
+  for (size_t i = 0; i < json_array_size(stages); i++) {
+    json_t *st = json_array_get(stages, i);
+    json_object_set_new(st, "rank", json_integer(p->sched->stage_to_rank[i]));
+    json_object_set_new(st, "slot_bytes", json_integer((json_int_t)p->stage_mem[i].slot_bytes));
+    json_object_set_new(st, "peak_slots", json_integer(p->peak_slots[i]));
+  }
+  json_t *analytics = pw_sim_result_json(p->sim);
+  json_t *ranks = json_object_get(analytics, "ranks");
+  for (int r = 0; r < p->pp && r < (int)json_array_size(ranks); r++) {
+    const pw_plan_mem *m = &p->mem[r];
+    json_t *o = json_array_get(ranks, (size_t)r);
+    json_object_set_new(o, "memory_bytes", json_integer((json_int_t)m->total));
+    json_object_set_new(o, "memory",
+                        json_pack("{s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params,
+                                  "grads", (json_int_t)m->grads, "adam", (json_int_t)m->adam, "slots",
+                                  (json_int_t)m->slots, "n_slots", m->n_slots, "scratch", (json_int_t)m->scratch,
+                                  "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data", (json_int_t)m->data));
+  }
   json_t *costs = json_array();
   for (int s = 0; s < p->S; s++)
     json_array_append_new(costs, json_pack("{s:i, s:f, s:f, s:f, s:f}", "stage", s, "f", p->cost_f[s], "b",
@@ -101,7 +336,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
       "{s:s, s:s, s:{s:i, s:i, s:i}, s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:s}", "job", job->name, "schedule",
       p->sched->name, "mesh", "pp", p->pp, "dp", p->dp, "virtual_stages", p->V, "stages", p->S, "microbatches", p->m,
       "microbatch_size", p->mb_size, "partition", part, "stage_to_rank", s2r, "costs", costs, "plan",
-      pw_sched_to_json(p->sched), "analytics", pw_sim_result_json(p->sim), "grid", grid ? grid : "");
+      pw_sched_to_json(p->sched), "analytics", analytics, "grid", grid ? grid : "");
   free(grid);
   return out;
 }
@@ -120,14 +355,17 @@ json_t *pw_plan_compare_json(const pw_job *job) {
     json_t *row;
     if (pw_plan_build(&j, infos[i].name, &p, &err) == 0) {
       int peak = 0, pend = 0, acts = 0;
+      size_t mem = 0;
       for (int r = 0; r < p.pp; r++) {
+        if (p.mem[r].total > mem) mem = p.mem[r].total;
         if (p.sim->peak_act[r] > peak) peak = p.sim->peak_act[r];
         if (p.sim->peak_pending_w[r] > pend) pend = p.sim->peak_pending_w[r];
         acts += p.sched->n_actions[r];
       }
-      row = json_pack("{s:s, s:b, s:i, s:i, s:f, s:f, s:i, s:i, s:i}", "schedule", infos[i].name, "ok", 1,
+      row = json_pack("{s:s, s:b, s:i, s:i, s:f, s:f, s:i, s:i, s:I, s:i}", "schedule", infos[i].name, "ok", 1,
                       "virtual_stages", p.V, "stages", p.S, "makespan", p.sim->makespan, "bubble_ratio",
-                      p.sim->bubble_ratio, "peak_activations", peak, "peak_pending_w", pend, "actions", acts);
+                      p.sim->bubble_ratio, "peak_activations", peak, "peak_pending_w", pend, "peak_memory_bytes",
+                      (json_int_t)mem, "actions", acts);
       pw_plan_free(&p);
     } else {
       char buf[600];

@@ -6,7 +6,11 @@
  * Costs for the simulator come from the cost model: each stage's F, I and
  * W FLOPs for one microbatch over an assumed compute rate, and each cut's
  * activation bytes over an assumed link (defaults below; measured per-layer
- * times from partition.layer_times replace FLOPs when given). */
+ * times from partition.layer_times replace FLOPs when given).
+ *
+ * Memory per rank (pw_plan_mem) is what the worker will allocate for the
+ * plan, counted from the model and the action lists alone, so a plan that
+ * does not fit is seen before any worker starts. */
 #ifndef PW_PLAN_H
 #define PW_PLAN_H
 
@@ -23,6 +27,39 @@
 #define PW_PLAN_LINK_LATENCY 50e-6  /* seconds per transfer */
 #define PW_PLAN_LINK_BW 3e9         /* bytes per second */
 
+/* Memory one stage's program (prog.c) lays out, computed from the model
+ * alone: pw_prog_create allocates and touches the arenas, so the planner
+ * repeats its layout arithmetic here (tests/unit/test_plan.c checks the two
+ * agree). */
+typedef struct {
+  size_t numel;         /* floats in the parameter arena (and in AdamW m, v) */
+  size_t grad_numel;    /* floats in the gradient arena: numel + shadow gradients
+                           of second and later uses of a parameter in the stage */
+  size_t slot_bytes;    /* one activation slot: values, value gradients, auxiliaries */
+  size_t scratch_bytes; /* attention scratch (T x T floats), one per program */
+  int draws_data;       /* reads the model's input or targets: its rank opens the data set */
+} pw_stage_mem;
+
+/* Bytes one pipeline rank allocates and touches for the plan: its stage
+ * programs, the data set it draws from, and the worker's step-end buffers
+ * (worker/stepend.c). The process baseline (code, libraries, thread
+ * stacks, OpenBLAS's workspace: about 6 MiB here) is excluded. */
+typedef struct {
+  size_t params;   /* parameter arenas */
+  size_t grads;    /* gradient arenas (shadows included) */
+  size_t adam;     /* AdamW m and v */
+  size_t slots;    /* activation slots: per stage, slot bytes x peak slots */
+  int n_slots;     /* peak slots over the rank's stages */
+  size_t scratch;  /* attention scratch */
+  size_t dp;       /* dp > 1: 2 x dp copies of each gradient arena (all-reduce,
+                      alternating by step parity) */
+  size_t tied;     /* tied parameters held here: 1 + holders copies of each */
+  size_t data;     /* ranks drawing inputs or targets: a text file whole (its
+                      size where the planner can stat it, else 0), the
+                      regression / classify teacher matrix */
+  size_t total;    /* the sum */
+} pw_plan_mem;
+
 typedef struct {
   int pp, dp, V, S, m;     /* mesh and schedule shape */
   int mb_size;             /* sequences per microbatch (per replica) */
@@ -32,6 +69,9 @@ typedef struct {
   pw_sim_result *sim;
   double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
+  pw_stage_mem *stage_mem; /* [S] */
+  int *peak_slots;         /* [S] activation slots stage s's program grows to */
+  pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
 } pw_plan;
 
 /* Build and prove the plan. `schedule` overrides job->schedule.name when not
@@ -39,21 +79,39 @@ typedef struct {
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
 void pw_plan_free(pw_plan *p);
 
+/* The layout arithmetic of pw_prog_create for layers [lo, hi) of m with
+ * mb sequences per microbatch, without allocating it. 0 or PW_ENOMEM. */
+int pw_stage_mem_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_stage_mem *out);
+
+/* Activation slots each stage's program grows to under the worker's slot
+ * rule (worker/run.c): microbatch k holds a slot of stage s from when its
+ * input activation arrives (or its F starts, when it has none from another
+ * stage) until its B ends, or its W after an I; slots are reused, never
+ * freed. Worst case over timings: for every point of rank r's list, every
+ * other rank is assumed as far ahead as the dependencies allow, so early
+ * arrivals count (a rank slow next to the others reaches it). Not counted:
+ * the worker frees a B's slot only once the gradient it sends has been
+ * written, which on an oversubscribed machine can cost one more slot now
+ * and then. peak[S]. Returns 0 or PW_ENOMEM. */
+int pw_plan_peak_slots(const pw_sched *s, int *peak);
+
 /* Stages run by pipeline rank r, ascending; returns the count. */
 int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
 
 /* The document `pipewright plan --json` prints and POST /v1/plans returns:
  * {"job", "schedule", "mesh", "microbatches", "microbatch_size",
  *  "partition": {...}, "stage_to_rank", "plan": (schedule JSON),
- *  "analytics": (simulator JSON), "grid": "text"} (new reference). */
+ *  "analytics": (simulator JSON), "grid": "text"} (new reference).
+ * Memory: each partition stage gains "slot_bytes" and "peak_slots", each
+ * analytics rank "memory_bytes" (pw_plan_mem.total) and "memory" {"params",
+ * "grads", "adam", "slots", "n_slots", "scratch", "dp", "tied", "data"}. */
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
-
-
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
  * with virtual_stages set to 1 for flat schedules and to max(2, V) for the
  * others. {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
  * "stages", "makespan", "bubble_ratio", "peak_activations", "peak_pending_w",
- * "actions"}]} (new reference). */
+ * "peak_memory_bytes" (largest rank's pw_plan_mem.total), "actions"}]}
+ * (new reference). */
 json_t *pw_plan_compare_json(const pw_job *job);
 #endif

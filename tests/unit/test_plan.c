@@ -1,0 +1,320 @@
+/* test_plan: the planner's per-rank memory estimate against what the
+ * programs really lay out and allocate, and its slot counts against the
+ * simulator's timelines under the worker's slot rule. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+#include "prog.h"
+
+/* A job around `model` (a JSON object's body) with the given mesh. */
+static void job_of(const char *model, const char *sched, int pp, int dp, int V, int m, int batch, pw_job *job) {
+  char buf[2048];
+  snprintf(buf, sizeof buf,
+           "{\"name\": \"t\", \"model\": {%s}, \"mesh\": {\"pp\": %d, \"dp\": %d, \"virtual_stages\": %d},"
+           " \"schedule\": {\"name\": \"%s\", \"microbatches\": %d}, \"partition\": {\"mode\": \"even\"},"
+           " \"train\": {\"steps\": 1, \"batch_size\": %d, \"optimizer\": {\"name\": \"adamw\", \"lr\": 1e-3}},"
+           " \"data\": {\"kind\": \"%s\"%s}}",
+           model, pp, dp, V, sched, m, batch, strstr(model, "mlp") ? "regression" : "text",
+           strstr(model, "mlp") ? "" : ", \"path\": \"examples/data/corpus.txt\"");
+  json_error_t je;
+  json_t *j = json_loads(buf, 0, &je);
+  if (!j) print_error("bad test JSON: %s\n%s\n", je.text, buf);
+  assert_non_null(j);
+  pw_err err = {0};
+  char eb[600];
+  int rc = pw_job_parse(j, NULL, job, &err);
+  if (rc) print_error("%s\n", pw_err_str(&err, eb, sizeof eb));
+  assert_int_equal(rc, 0);
+  json_decref(j);
+}
+
+static const char *GPT_TIED = "\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 16, \"d_model\": 32,"
+                              " \"n_layers\": 3, \"n_heads\": 2, \"tie_embeddings\": true";
+static const char *GPT = "\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 16, \"d_model\": 32,"
+                         " \"n_layers\": 4, \"n_heads\": 2, \"tie_embeddings\": false";
+static const char *LLAMA = "\"template\": \"llama\", \"vocab_size\": 256, \"seq_len\": 16, \"d_model\": 32,"
+                           " \"n_layers\": 2, \"n_heads\": 2, \"ffn_hidden\": 48";
+static const char *MLP = "\"template\": \"mlp\", \"in_dim\": 12, \"hidden_dim\": 40, \"n_layers\": 3,"
+                         " \"out_dim\": 5, \"activation\": \"gelu\", \"loss\": \"mse\"";
+
+/* For every layer range of each model: the planner's layout arithmetic is
+ * exactly what pw_prog_create lays out (parameter and gradient arenas,
+ * slot bytes). */
+static void test_stage_mem_equals_prog(void **state) {
+  (void)state;
+  const char *models[] = {GPT_TIED, GPT, LLAMA, MLP};
+  for (int mi = 0; mi < 4; mi++) {
+    pw_job job;
+    job_of(models[mi], "1f1b", 1, 1, 1, 1, 3, &job);
+    pw_model m;
+    assert_int_equal(pw_model_build(&job.model, &m, NULL), 0);
+    int shadows = 0;
+    for (int lo = 0; lo < m.n_layers; lo++)
+      for (int hi = lo + 1; hi <= m.n_layers; hi++) {
+        for (int mb = 1; mb <= 3; mb += 2) {
+          pw_stage_mem sm;
+          assert_int_equal(pw_stage_mem_of(&m, lo, hi, mb, &sm), 0);
+          pw_prog_config cfg = {.layer_lo = lo, .layer_hi = hi, .mb_size = mb, .batch_size = 3, .n_slots = 1};
+          pw_prog *p = NULL;
+          assert_int_equal(pw_prog_create(&m, &cfg, &p, NULL), 0);
+          if (sm.slot_bytes != pw_prog_slot_bytes(p) || sm.numel != pw_prog_numel(p) ||
+              sm.grad_numel != pw_prog_grad_numel(p))
+            print_error("model %d layers [%d, %d) mb %d: slot %zu vs prog %zu, numel %zu vs %zu, grads %zu vs %zu\n",
+                        mi, lo, hi, mb, sm.slot_bytes, pw_prog_slot_bytes(p), sm.numel, pw_prog_numel(p),
+                        sm.grad_numel, pw_prog_grad_numel(p));
+          assert_int_equal(sm.slot_bytes, pw_prog_slot_bytes(p));
+          assert_int_equal(sm.numel, pw_prog_numel(p));
+          assert_int_equal(sm.grad_numel, pw_prog_grad_numel(p));
+          shadows += sm.grad_numel > sm.numel;
+          /* a slot is more than the values: their gradients are in it too */
+          assert_true(sm.slot_bytes > 0);
+          pw_prog_free(p);
+        }
+      }
+    if (mi == 0) assert_true(shadows > 0); /* the tied model exercises shadow gradients */
+    pw_model_free(&m);
+    pw_job_free(&job);
+  }
+}
+
+/* A rank's estimate is exactly the arenas of its stage programs grown to
+ * the planned slot counts (summed through prog.h's accessors), plus the
+ * step-end buffers. */
+static void check_rank_totals(const char *model, const char *sched, int pp, int dp, int V, int m, int batch) {
+  pw_job job;
+  job_of(model, sched, pp, dp, V, m, batch, &job);
+  pw_plan p;
+  pw_err err = {0};
+  char eb[600];
+  int rc = pw_plan_build(&job, NULL, &p, &err);
+  if (rc) print_error("%s: %s\n", sched, pw_err_str(&err, eb, sizeof eb));
+  assert_int_equal(rc, 0);
+  for (int r = 0; r < pp; r++) {
+    int stages[16];
+    int n = pw_plan_rank_stages(&p, r, stages, 16);
+    size_t arenas = 0, grads = 0, slots = 0, dp_bytes = 0;
+    int n_slots = 0;
+    for (int i = 0; i < n; i++) {
+      const pw_stage *st = &p.part.stages[stages[i]];
+      int k = p.peak_slots[stages[i]];
+      assert_true(k >= 1 && k <= m);
+      pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = p.mb_size,
+                            .batch_size = batch, .n_slots = 0, .max_slots = 2 * m + 2};
+      pw_prog *pg = NULL;
+      assert_int_equal(pw_prog_create(&p.model, &cfg, &pg, NULL), 0);
+      for (int s = 0; s < k; s++) assert_int_equal(pw_prog_slot_ensure(pg, s), 0);
+      arenas += 3 * pw_prog_numel(pg) * sizeof(float);
+      grads += pw_prog_grad_numel(pg) * sizeof(float);
+      slots += (size_t)k * pw_prog_slot_bytes(pg);
+      n_slots += k;
+      if (dp > 1) dp_bytes += 2 * (size_t)dp * pw_prog_grad_numel(pg) * sizeof(float);
+      pw_prog_free(pg);
+    }
+    const pw_plan_mem *mm = &p.mem[r];
+    assert_int_equal(mm->params + mm->adam, arenas);
+    assert_int_equal(mm->grads, grads);
+    assert_int_equal(mm->slots, slots);
+    assert_int_equal(mm->n_slots, n_slots);
+    assert_int_equal(mm->dp, dp_bytes);
+    assert_int_equal(mm->total,
+                     mm->params + mm->grads + mm->adam + mm->slots + mm->scratch + mm->dp + mm->tied + mm->data);
+  }
+  /* the JSON says the same */
+  json_t *j = pw_plan_json(&job, &p);
+  json_t *ranks = json_object_get(json_object_get(j, "analytics"), "ranks");
+  assert_int_equal(json_array_size(ranks), pp);
+  for (int r = 0; r < pp; r++) {
+    json_t *o = json_array_get(ranks, (size_t)r);
+    assert_int_equal(json_integer_value(json_object_get(o, "memory_bytes")), p.mem[r].total);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "memory"), "slots")), p.mem[r].slots);
+  }
+  json_t *st0 = json_array_get(json_object_get(json_object_get(j, "partition"), "stages"), 0);
+  assert_int_equal(json_integer_value(json_object_get(st0, "slot_bytes")), p.stage_mem[0].slot_bytes);
+  assert_int_equal(json_integer_value(json_object_get(st0, "peak_slots")), p.peak_slots[0]);
+  json_decref(j);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
+static void test_rank_totals(void **state) {
+  (void)state;
+  check_rank_totals(GPT, "1f1b", 2, 1, 1, 4, 8);
+  check_rank_totals(GPT, "zb-h1", 2, 1, 1, 4, 8);
+  check_rank_totals(GPT, "interleaved-1f1b", 2, 1, 2, 4, 8);
+  check_rank_totals(GPT, "dualpipev", 2, 1, 2, 4, 8);
+  check_rank_totals(LLAMA, "gpipe", 2, 2, 1, 2, 8);
+  check_rank_totals(MLP, "1f1b", 2, 1, 1, 4, 16);
+}
+
+/* Tied embeddings split over two ranks: each holder touches the sum and
+ * one copy per holder of the shared matrix (worker/stepend.c). */
+static void test_tied_bytes(void **state) {
+  (void)state;
+  pw_job job;
+  job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 4, &job);
+  pw_plan p;
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  assert_int_equal(p.part.n_shared, 1);
+  size_t want = 3 * p.model.params[p.part.shared[0].param].numel * sizeof(float); /* 256 x 32, 1 + 2 holders */
+  assert_int_equal(want, 3 * 256 * 32 * 4);
+  assert_int_equal(p.mem[0].tied, want);
+  assert_int_equal(p.mem[1].tied, want);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
+/* The data set is counted on the ranks that draw from it: the first
+ * (inputs) and the last (targets), never a middle one. */
+static void test_data_bytes(void **state) {
+  (void)state;
+  pw_job job;
+  job_of(MLP, "1f1b", 2, 1, 1, 4, 16, &job);
+  pw_plan p;
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  assert_int_equal(p.mem[0].data, 12 * 5 * sizeof(double)); /* the teacher matrix, in_dim x out_dim */
+  assert_int_equal(p.mem[1].data, 12 * 5 * sizeof(double));
+  pw_plan_free(&p);
+  pw_job_free(&job);
+  job_of(GPT, "1f1b", 4, 1, 1, 4, 8, &job);
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  assert_true(p.stage_mem[0].draws_data && p.stage_mem[3].draws_data);
+  assert_false(p.stage_mem[1].draws_data || p.stage_mem[2].draws_data);
+  assert_int_equal(p.mem[1].data, 0);
+  assert_int_equal(p.mem[2].data, 0);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
+/* Slot counts worked out by hand from the worker's rule. 1f1b, pp 4, m 8:
+ * rank 0 runs F0..F3 before B0; rank 1 receives F0..F3 of rank 0 before
+ * its own B0 frees anything (one more than its 3 in-flight
+ * activations); the last rank holds the microbatch in its backward plus
+ * the next one arrived. gpipe keeps all m. */
+static void test_peak_slots_by_hand(void **state) {
+  (void)state;
+  struct {
+    const char *name;
+    int pp, V, m;
+    int want[8];
+  } cases[] = {
+      {"1f1b", 4, 1, 8, {4, 4, 3, 2}},
+      {"1f1b", 2, 1, 8, {2, 2}},
+      {"gpipe", 2, 1, 4, {4, 4}},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    pw_sched *s = NULL;
+    assert_int_equal(pw_sched_build(cases[c].name, cases[c].pp, cases[c].V, cases[c].m, 0, &s, NULL), 0);
+    int peak[8];
+    assert_int_equal(pw_plan_peak_slots(s, peak), 0);
+    for (int st = 0; st < s->S; st++) assert_int_equal(peak[st], cases[c].want[st]);
+    pw_sched_free(s);
+  }
+}
+
+/* Slots of stage st held at once in a simulated timeline under the worker's
+ * rule: microbatch k from min(its F's start, its input's arrival) until its
+ * B (or W, or F when forward only) ends; a release at t comes before an
+ * acquisition at t. */
+static int timeline_slots(const pw_sched *s, const pw_sim_result *r, int st) {
+  int m = s->m, best = 0;
+  double *acq = malloc(sizeof(double) * (size_t)m), *rel = malloc(sizeof(double) * (size_t)m);
+  assert_non_null(acq);
+  assert_non_null(rel);
+  for (int k = 0; k < m; k++) acq[k] = rel[k] = -1;
+  for (int e = 0; e < r->n_events; e++) {
+    const pw_sim_event *ev = &r->events[e];
+    const pw_action *a = &ev->act;
+    if (a->stage == st && a->kind == PW_ACT_F && (acq[a->mb] < 0 || ev->start < acq[a->mb])) acq[a->mb] = ev->start;
+    if (a->stage == st - 1 && a->kind == PW_ACT_F && (acq[a->mb] < 0 || ev->end < acq[a->mb])) acq[a->mb] = ev->end;
+    if (a->stage == st && (a->kind == PW_ACT_B || a->kind == PW_ACT_W || (s->forward_only && a->kind == PW_ACT_F)))
+      rel[a->mb] = ev->end;
+  }
+  for (int k = 0; k < m; k++) {
+    int n = 0;
+    for (int j = 0; j < m; j++) n += acq[j] <= acq[k] && acq[k] < rel[j];
+    if (n > best) best = n;
+  }
+  free(acq);
+  free(rel);
+  return best;
+}
+
+/* Over every schedule: no timing holds more slots than planned (random
+ * costs), and the planned count is reached when the rank is slow next to
+ * the others (the worst case the planner assumes). */
+static void test_peak_slots_vs_timelines(void **state) {
+  (void)state;
+  int n_infos = 0;
+  const pw_sched_info *infos = pw_sched_infos(&n_infos);
+  unsigned seed = 12345;
+  int checked = 0;
+  for (int i = 0; i < n_infos; i++)
+    for (int pp = 2; pp <= 4; pp++)
+      for (int V = infos[i].min_v; (infos[i].max_v == 0 || V <= infos[i].max_v) && V <= 2; V++)
+        for (int m = 2; m <= 8; m += 2) {
+          pw_sched *s = NULL;
+          if (pw_sched_build(infos[i].name, pp, V, m, 0, &s, NULL)) continue; /* shape not allowed */
+          int *peak = malloc(sizeof(int) * (size_t)s->S);
+          double *f = malloc(sizeof(double) * (size_t)s->S), *b = malloc(sizeof(double) * (size_t)s->S);
+          assert_non_null(peak);
+          assert_non_null(f);
+          assert_non_null(b);
+          assert_int_equal(pw_plan_peak_slots(s, peak), 0);
+          for (int trial = 0; trial < 3; trial++) {
+            for (int st = 0; st < s->S; st++) {
+              seed = seed * 1103515245u + 12345u;
+              f[st] = 0.5 + (seed >> 16) % 100 / 50.0;
+              b[st] = 2 * f[st];
+            }
+            pw_sim_costs c = {.f = f, .b = b};
+            pw_sim_result *res = NULL;
+            assert_int_equal(pw_sim_run(s, &c, &res, NULL), 0);
+            for (int st = 0; st < s->S; st++) assert_true(timeline_slots(s, res, st) <= peak[st]);
+            pw_sim_result_free(res);
+          }
+          for (int r = 0; r < pp; r++) {
+            for (int st = 0; st < s->S; st++) {
+              f[st] = s->stage_to_rank[st] == r ? 1e4 : 1;
+              b[st] = 2 * f[st];
+            }
+            pw_sim_costs c = {.f = f, .b = b};
+            pw_sim_result *res = NULL;
+            assert_int_equal(pw_sim_run(s, &c, &res, NULL), 0);
+            for (int st = 0; st < s->S; st++) {
+              if (s->stage_to_rank[st] != r) continue;
+              int got = timeline_slots(s, res, st);
+              if (got != peak[st])
+                print_error("%s pp %d V %d m %d stage %d: slow rank holds %d, planned %d\n", s->name, pp, V, m, st,
+                            got, peak[st]);
+              assert_int_equal(got, peak[st]);
+            }
+            pw_sim_result_free(res);
+          }
+          checked++;
+          free(peak);
+          free(f);
+          free(b);
+          pw_sched_free(s);
+        }
+  assert_true(checked > 30);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stage_mem_equals_prog),
+      cmocka_unit_test(test_rank_totals),
+      cmocka_unit_test(test_tied_bytes),
+      cmocka_unit_test(test_data_bytes),
+      cmocka_unit_test(test_peak_slots_by_hand),
+      cmocka_unit_test(test_peak_slots_vs_timelines),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
