@@ -23,6 +23,7 @@
 
 #include "ckpt.h"
 #include "log.h"
+#include "plan.h"
 #include "sim.h"
 #include "worker.h"
 
@@ -115,35 +116,24 @@ static int jint(const json_t *o, const char *k, int dflt) {
   return json_is_integer(v) ? (int)json_integer_value(v) : dflt;
 }
 
-/* Microbatches of stage `stage` live at once when the rank runs its list in
- * order: from F to B (or to W after I). Those slots are made at setup, so
- * the steps do not fault them in (early arrivals may add a few more). */
-static int peak_live(const pw_run *r, int stage) {
-  int live = 0, peak = 0;
-  for (int i = 0; i < r->sched->n_actions[r->prank]; i++) {
-    const pw_action *a = &r->sched->actions[r->prank][i];
-    if (a->stage != stage) continue;
-    if (a->kind == PW_ACT_F) {
-      if (++live > peak) peak = live;
-      live -= r->sched->forward_only; /* nothing comes back for it */
-    } else if (a->kind == PW_ACT_B || a->kind == PW_ACT_W) {
-      live--;
-    }
-  }
-  return peak;
-}
-
+/* Every slot the plan says a stage may need (early arrivals included) is
+ * made and first-touched here, so the steps never fault memory in; more
+ * are made on demand, up to cap, only if a send holds a slot longer. */
 static int setup_stages(pw_run *r, pw_err *err) {
   int cap = r->m * 2 + 2; /* this step's microbatches + early arrivals of the next */
-  for (int li = 0; li < r->n_ls; li++) {
+  int rc = 0, *peaks = calloc((size_t)r->S, sizeof(int));
+  if (!peaks || pw_plan_peak_slots(r->sched, peaks)) {
+    free(peaks);
+    return pw_err_set(err, PW_ENOMEM, "run", "out of memory");
+  }
+  for (int li = 0; li < r->n_ls && !rc; li++) {
     pw_lstage *ls = &r->ls[li];
     const pw_stage *st = &r->part.stages[ls->stage];
-    int peak = peak_live(r, ls->stage);
+    int peak = peaks[ls->stage];
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap};
-    int rc = pw_prog_create(&r->model, &cfg, &ls->prog, err);
-    if (rc) return rc;
+    if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
     ls->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     ls->act_step = calloc((size_t)r->m, sizeof(int));
     ls->act_got = calloc((size_t)r->m, sizeof(int));
@@ -153,8 +143,10 @@ static int setup_stages(pw_run *r, pw_err *err) {
     ls->slot_sends = calloc((size_t)cap, sizeof(int));
     ls->slot_free_pending = calloc((size_t)cap, sizeof(int));
     if (!ls->mb_slot || !ls->act_step || !ls->act_got || !ls->grad_step || !ls->grad_got || !ls->slot_busy ||
-        !ls->slot_sends || !ls->slot_free_pending)
-      return pw_err_set(err, PW_ENOMEM, "run", "out of memory");
+        !ls->slot_sends || !ls->slot_free_pending) {
+      rc = pw_err_set(err, PW_ENOMEM, "run", "out of memory");
+      break;
+    }
     for (int k = 0; k < r->m; k++) ls->mb_slot[k] = -1, ls->act_step[k] = ls->grad_step[k] = -1;
     pw_prog *p = ls->prog;
     for (int i = 0; i < pw_prog_n_inputs(p); i++) {
@@ -163,18 +155,19 @@ static int setup_stages(pw_run *r, pw_err *err) {
       else if (pt->role == PW_VAL_TARGET) ls->has_target = 1;
       else ls->n_act_in++;
     }
-    for (int i = 0; i < pw_prog_n_outputs(p); i++) {
+    for (int i = 0; i < pw_prog_n_outputs(p) && !rc; i++) {
       int v = pw_prog_output(p, i)->value, consumers = 0;
       for (int e = 0; e < r->part.n_edges; e++) consumers += r->part.edges[e].value == v;
       if (consumers != 1)
-        return pw_err_set(err, PW_ENOTSUP, "partition",
-                          "stage %d's output value %d feeds %d stages; only chains of stages are supported yet",
-                          ls->stage, v, consumers);
+        rc = pw_err_set(err, PW_ENOTSUP, "partition",
+                        "stage %d's output value %d feeds %d stages; only chains of stages are supported yet",
+                        ls->stage, v, consumers);
       ls->n_grad_in++;
     }
     pw_prog_zero_grad(p);
   }
-  return 0;
+  free(peaks);
+  return rc;
 }
 
 static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
