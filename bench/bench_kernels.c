@@ -65,7 +65,7 @@ static void lin_run(void *p, int which) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, c->inp, C, c->w, C, 0.0f,
                 c->out, OC);
     break;
-  case 2: pw_linear_backward_input(c->dinp, c->dout, c->w, N, C, OC); break;
+  case 2: pw_linear_backward_input(c->dinp, c->dout, c->w, N, C, OC, 1); break;
   case 3:
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, c->dout, OC, c->w, C,
                 1.0f, c->dinp, C);
@@ -158,7 +158,7 @@ static void att_run(void *p, int which) {
   case 1: att_raw(c, 0); break;
   case 2:
     pw_attention_backward_input(c->dqkv, c->scratch, c->dout, c->qkv, c->att, c->B, c->T, c->C,
-                                c->NH);
+                                c->NH, 1);
     break;
   case 3: att_raw(c, 1); break;
   }
@@ -227,23 +227,23 @@ static void node_run(void *p, int which) {
   } else if (which == 1) {
     switch ((pw_op)n->op) {
     case PW_OP_EMBED: break;
-    case PW_OP_POSEMBED: pw_posembed_backward_input(c->din0, c->dout, B, n->T, C); break;
-    case PW_OP_LINEAR: pw_linear_backward_input(c->din0, c->dout, c->w, N, C, OC); break;
+    case PW_OP_POSEMBED: pw_posembed_backward_input(c->din0, c->dout, B, n->T, C, 1); break;
+    case PW_OP_LINEAR: pw_linear_backward_input(c->din0, c->dout, c->w, N, C, OC, 1); break;
     case PW_OP_LAYERNORM:
-      pw_layernorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, c->aux + N, N, C);
+      pw_layernorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, c->aux + N, N, C, 1);
       break;
-    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, N, C); break;
-    case PW_OP_GELU: pw_gelu_backward_input(c->din0, c->dout, c->in0, N * C); break;
-    case PW_OP_RELU: pw_relu_backward_input(c->din0, c->dout, c->in0, N * C); break;
-    case PW_OP_SILU: pw_silu_backward_input(c->din0, c->dout, c->in0, N * C); break;
-    case PW_OP_SWIGLU: pw_swiglu_backward_input(c->din0, c->din1, c->dout, c->in0, c->in1, N * C); break;
-    case PW_OP_ADD: pw_add_backward_input(c->din0, c->din1, c->dout, N * C); break;
-    case PW_OP_ROPE: pw_rope_backward_input(c->din0, c->dout, B, n->T, C / 3, n->NH, n->base); break;
+    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, N, C, 1); break;
+    case PW_OP_GELU: pw_gelu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
+    case PW_OP_RELU: pw_relu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
+    case PW_OP_SILU: pw_silu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
+    case PW_OP_SWIGLU: pw_swiglu_backward_input(c->din0, c->din1, c->dout, c->in0, c->in1, N * C, 1, 1); break;
+    case PW_OP_ADD: pw_add_backward_input(c->din0, c->din1, c->dout, N * C, 1, 1); break;
+    case PW_OP_ROPE: pw_rope_backward_input(c->din0, c->dout, B, n->T, C / 3, n->NH, n->base, 1); break;
     case PW_OP_ATTENTION:
-      pw_attention_backward_input(c->din0, c->scratch, c->dout, c->in0, c->aux, B, n->T, C / 3, n->NH);
+      pw_attention_backward_input(c->din0, c->scratch, c->dout, c->in0, c->aux, B, n->T, C / 3, n->NH, 1);
       break;
-    case PW_OP_XENT: pw_crossentropy_backward_input(c->din0, c->aux, c->tgt, N, C, c->loss_scale); break;
-    case PW_OP_MSE: pw_mse_backward_input(c->din0, c->in0, c->in1, N * C, c->loss_scale); break;
+    case PW_OP_XENT: pw_crossentropy_backward_input(c->din0, c->aux, c->tgt, N, C, c->loss_scale, 1); break;
+    case PW_OP_MSE: pw_mse_backward_input(c->din0, c->in0, c->in1, N * C, c->loss_scale, 1); break;
     case PW_OP__COUNT: break;
     }
   } else {

@@ -1,7 +1,8 @@
 /* ops: dense, normalisation, activation, embedding and loss kernels
  * (attention and rotary embeddings live in ops_attn.c).
  *
- * Contracts are in ops.h: forwards overwrite, backwards accumulate (+=),
+ * Contracts are in ops.h: forwards overwrite, backward_weight accumulates
+ * (+=), backward_input accumulates or overwrites as its `acc` flag says,
  * every matmul is one cblas_sgemm, and nothing here ever allocates.
  * Where it costs nothing, the float arithmetic follows PyTorch's CPU
  * kernels operation by operation (GELU, SiLU, LayerNorm, RMSNorm, softmax),
@@ -43,9 +44,9 @@ void pw_posembed_forward(float *out, const float *inp, const float *wpe, int B, 
     }
 }
 
-void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C) {
+void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C, int acc) {
   size_t n = (size_t)B * T * C;
-  for (size_t i = 0; i < n; i++) dinp[i] += dout[i];
+  for (size_t i = 0; i < n; i++) dinp[i] = pw__acc(acc, dinp[i], dout[i]);
 }
 
 void pw_posembed_backward_weight(float *dwpe, const float *dout, int B, int T, int C) {
@@ -78,11 +79,16 @@ void pw_linear_forward(float *out, const float *inp, const float *w, const float
 }
 
 void pw_linear_backward_input(float *dinp, const float *dout, const float *w, int N, int C,
-                              int OC) {
-  if (N <= 0 || C <= 0 || OC <= 0) return;
-  /* dinp (N,C) += dout (N,OC) @ w (OC,C). */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f,
-              dinp, C);
+                              int OC, int acc) {
+  if (N <= 0 || C <= 0) return;
+  if (OC <= 0) {
+    if (!acc) memset(dinp, 0, (size_t)N * C * sizeof(float));
+    return;
+  }
+  /* dinp (N,C) (+)= dout (N,OC) @ w (OC,C). OpenBLAS does beta = 0 as a
+   * zeroing pass and then the same kernel as beta = 1: the same bits. */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
+              acc ? 1.0f : 0.0f, dinp, C);
 }
 
 void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const float *inp,
@@ -123,7 +129,7 @@ void pw_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 }
 
 void pw_layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                                 const float *mean, const float *rstd, int N, int C) {
+                                 const float *mean, const float *rstd, int N, int C, int acc) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -147,7 +153,7 @@ void pw_layernorm_backward_input(float *dinp, const float *dout, const float *in
     for (int c = 0; c < C; c++) {
       float g = dy[c] * w[c];
       float xh = (x[c] - m) * rs;
-      dx[c] += rs * (g - mg - xh * mgx);
+      dx[c] = pw__acc(acc, dx[c], rs * (g - mg - xh * mgx));
     }
   }
 }
@@ -181,7 +187,7 @@ void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *
 }
 
 void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                               const float *rstd, int N, int C) {
+                               const float *rstd, int N, int C, int acc) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -199,7 +205,7 @@ void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp,
       sgx += pw__dot_d(gb, xb, len);
     }
     float mgx = (float)(sgx / C);
-    for (int c = 0; c < C; c++) dx[c] += rs * (dy[c] * w[c] - (x[c] * rs) * mgx);
+    for (int c = 0; c < C; c++) dx[c] = pw__acc(acc, dx[c], rs * (dy[c] * w[c] - (x[c] * rs) * mgx));
   }
 }
 
@@ -227,7 +233,7 @@ void pw_gelu_forward(float *out, const float *inp, int n) {
   }
 }
 
-void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
+void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc) {
   for (int i = 0; i < n; i++) {
     float x = inp[i];
     float x2 = x * x;
@@ -238,7 +244,7 @@ void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, in
     float dleft = 0.5f * right;
     float dtanh = 1.0f - th * th;
     float dinner = GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * x2);
-    dinp[i] += dout[i] * (dleft + left * dtanh * dinner);
+    dinp[i] = pw__acc(acc, dinp[i], dout[i] * (dleft + left * dtanh * dinner));
   }
 }
 
@@ -246,9 +252,11 @@ void pw_relu_forward(float *out, const float *inp, int n) {
   for (int i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 
-void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
-  for (int i = 0; i < n; i++)
-    if (inp[i] > 0.0f) dinp[i] += dout[i];
+void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc) {
+  for (int i = 0; i < n; i++) {
+    float base = acc ? dinp[i] : 0.0f; /* where inp <= 0, the old value (or 0) stays */
+    dinp[i] = inp[i] > 0.0f ? base + dout[i] : base;
+  }
 }
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + pw__exp(-x)); }
@@ -258,10 +266,10 @@ void pw_silu_forward(float *out, const float *inp, int n) {
   for (int i = 0; i < n; i++) out[i] = inp[i] / (1.0f + pw__exp(-inp[i]));
 }
 
-void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n) {
+void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc) {
   for (int i = 0; i < n; i++) {
     float x = inp[i], s = sigmoidf(x);
-    dinp[i] += dout[i] * (s * (1.0f + x * (1.0f - s)));
+    dinp[i] = pw__acc(acc, dinp[i], dout[i] * (s * (1.0f + x * (1.0f - s))));
   }
 }
 
@@ -270,12 +278,12 @@ void pw_swiglu_forward(float *out, const float *gate, const float *up, int n) {
 }
 
 void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
-                              const float *up, int n) {
+                              const float *up, int n, int acc_gate, int acc_up) {
   for (int i = 0; i < n; i++) {
     float g = gate[i], e = pw__exp(-g), s = 1.0f / (1.0f + e);
     float silu = g / (1.0f + e);
-    dgate[i] += dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
-    dup[i] += dout[i] * silu;
+    dgate[i] = pw__acc(acc_gate, dgate[i], dout[i] * up[i] * (s * (1.0f + g * (1.0f - s))));
+    dup[i] = pw__acc(acc_up, dup[i], dout[i] * silu);
   }
 }
 
@@ -283,11 +291,11 @@ void pw_add_forward(float *out, const float *a, const float *b, int n) {
   for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-/* da and db may be the same buffer (x + x): both simply accumulate. */
-void pw_add_backward_input(float *da, float *db, const float *dout, int n) {
+/* da and db may be the same buffer (x + x): da's store comes first. */
+void pw_add_backward_input(float *da, float *db, const float *dout, int n, int acc_a, int acc_b) {
   for (int i = 0; i < n; i++) {
-    da[i] += dout[i];
-    db[i] += dout[i];
+    da[i] = pw__acc(acc_a, da[i], dout[i]);
+    db[i] = pw__acc(acc_b, db[i], dout[i]);
   }
 }
 
@@ -311,11 +319,11 @@ float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *
 }
 
 void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
-                                    int N, int V, float scale) {
+                                    int N, int V, float scale, int acc) {
   for (int n = 0; n < N; n++) {
     const float *p = probs + (size_t)n * V;
     float *d = dlogits + (size_t)n * V;
-    for (int v = 0; v < V; v++) d[v] += scale * p[v];
+    for (int v = 0; v < V; v++) d[v] = pw__acc(acc, d[v], scale * p[v]);
     d[targets[n]] -= scale;
   }
 }
@@ -330,7 +338,7 @@ float pw_mse_forward(const float *pred, const float *target, int n, float scale)
 }
 
 void pw_mse_backward_input(float *dpred, const float *pred, const float *target, int n,
-                           float scale) {
+                           float scale, int acc) {
   float s2 = 2.0f * scale;
-  for (int i = 0; i < n; i++) dpred[i] += s2 * (pred[i] - target[i]);
+  for (int i = 0; i < n; i++) dpred[i] = pw__acc(acc, dpred[i], s2 * (pred[i] - target[i]));
 }

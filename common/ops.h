@@ -11,10 +11,15 @@
  * forward saved plus the output gradient: ZeroBubble schedules run them at
  * different times.
  *
- * Backward functions ACCUMULATE (+=) into their gradient outputs, as llm.c
- * does: gradients of a value used twice, and parameter gradients over
- * microbatches, sum without special cases. Forwards overwrite `out`.
- * Outputs never alias inputs.
+ * backward_weight functions ACCUMULATE (+=) into their gradient outputs, as
+ * llm.c does: parameter gradients sum over microbatches (and over two uses
+ * of a parameter) without special cases. backward_input functions take an
+ * `acc` flag per input gradient: acc != 0 adds into it (+=); acc == 0
+ * overwrites it without reading it, storing exactly what adding into a
+ * zeroed buffer would (0 + g, so -0 becomes +0, and sgemm beta = 0): a
+ * value's first gradient writer overwrites, later ones (a value used twice)
+ * accumulate, and nobody has to zero the buffers. Forwards overwrite
+ * `out`. Outputs never alias inputs.
  *
  * These kernels must never allocate: scratch buffers are passed in. */
 #ifndef PW_OPS_H
@@ -30,14 +35,15 @@ void pw_embed_backward_weight(float *dwte, const float *dout, const int32_t *tok
 /* Learned position embedding added to its input:
  * out[b,t,:] = inp[b,t,:] + wpe[t,:].  inp/out (B,T,C), wpe (Tmax>=T, C). */
 void pw_posembed_forward(float *out, const float *inp, const float *wpe, int B, int T, int C);
-void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C);
+void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C, int acc);
 void pw_posembed_backward_weight(float *dwpe, const float *dout, int B, int T, int C);
 
 /* Linear: out = inp @ w^T + bias.  inp (N,C), w (OC,C) as PyTorch lays it
  * out, bias (OC) or NULL, out (N,OC). */
 void pw_linear_forward(float *out, const float *inp, const float *w, const float *bias,
                        int N, int C, int OC);
-void pw_linear_backward_input(float *dinp, const float *dout, const float *w, int N, int C, int OC);
+void pw_linear_backward_input(float *dinp, const float *dout, const float *w, int N, int C, int OC,
+                              int acc);
 /* dbias may be NULL (no bias). */
 void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const float *inp,
                                int N, int C, int OC);
@@ -47,7 +53,7 @@ void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const
 void pw_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                           const float *w, const float *b, int N, int C, float eps);
 void pw_layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                                 const float *mean, const float *rstd, int N, int C);
+                                 const float *mean, const float *rstd, int N, int C, int acc);
 void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const float *inp,
                                   const float *mean, const float *rstd, int N, int C);
 
@@ -56,34 +62,37 @@ void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const
 void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
                         float eps);
 void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                               const float *rstd, int N, int C);
+                               const float *rstd, int N, int C, int acc);
 void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, const float *rstd,
                                 int N, int C);
 
 /* Elementwise activations over n floats. GELU is the tanh approximation
  * (PyTorch's gelu(approximate='tanh')). */
 void pw_gelu_forward(float *out, const float *inp, int n);
-void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n);
+void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc);
 void pw_relu_forward(float *out, const float *inp, int n);
-void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n);
+void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc);
 void pw_silu_forward(float *out, const float *inp, int n);
-void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n);
+void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc);
 
 /* SwiGLU gate: out = silu(gate) * up, all (n). */
 void pw_swiglu_forward(float *out, const float *gate, const float *up, int n);
+/* dgate and dup may be the same buffer (gate == up): acc_up then must be 1. */
 void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
-                              const float *up, int n);
+                              const float *up, int n, int acc_gate, int acc_up);
 
 /* Residual add: out = a + b, all (n). */
 void pw_add_forward(float *out, const float *a, const float *b, int n);
-void pw_add_backward_input(float *da, float *db, const float *dout, int n);
+/* da and db may be the same buffer (a + a): acc_b then must be 1. */
+void pw_add_backward_input(float *da, float *db, const float *dout, int n, int acc_a, int acc_b);
 
 /* Rotary position embedding on a packed qkv tensor (B,T,3C): q (columns
  * 0..C-1) and k (C..2C-1) are rotated per head in the rotate-half
  * convention of Hugging Face Llama (pairs (i, i+HD/2) of each head, angle
  * t * base^(-2i/HD)); v (2C..3C-1) is copied through. */
 void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base);
-void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, float base);
+void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, float base,
+                            int acc);
 
 /* Causal multi-head self-attention on packed qkv (B,T,3C) -> out (B,T,C).
  * q rows of head h are columns h*HD..(h+1)*HD-1 of the first C columns, k
@@ -92,7 +101,7 @@ void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C,
  * scratch holds at least T*T floats. No parameters, so no backward_weight. */
 void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH);
+                                 const float *att, int B, int T, int C, int NH, int acc);
 
 /* Softmax cross-entropy. logits (N,V), targets (N) in [0,V). probs (N,V)
  * saves the softmax. Returns scale * sum_n -log softmax(logits)[n, t_n]
@@ -101,11 +110,12 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
 float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int N,
                               int V, float scale);
 void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
-                                    int N, int V, float scale);
+                                    int N, int V, float scale, int acc);
 
 /* Mean-squared error: returns scale * sum_i (pred_i - target_i)^2 over n
  * elements (scale = 1/(elements in the whole batch)). */
 float pw_mse_forward(const float *pred, const float *target, int n, float scale);
-void pw_mse_backward_input(float *dpred, const float *pred, const float *target, int n, float scale);
+void pw_mse_backward_input(float *dpred, const float *pred, const float *target, int n, float scale,
+                           int acc);
 
 #endif

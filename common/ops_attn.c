@@ -27,8 +27,9 @@
  * Llama does it in float32: inv_freq = 1 / base^(2i/HD), angle = t * inv_freq. */
 #define ROPE_CHUNK 64
 
+/* backward: out = the transpose rotation of inp, accumulated (acc) or not. */
 static void rope_apply(float *out, const float *inp, int B, int T, int C, int NH, float base,
-                       int backward) {
+                       int backward, int acc) {
   PW_ASSERT(NH > 0 && C % NH == 0);
   int HD = C / NH;
   PW_ASSERT(HD % 2 == 0);
@@ -57,9 +58,9 @@ static void rope_apply(float *out, const float *inp, int B, int T, int C, int NH
             if (!backward) {
               yh[i] = x1 * c - x2 * s;
               yh[i + half] = x2 * c + x1 * s;
-            } else { /* the transpose rotation, accumulated */
-              yh[i] += x1 * c + x2 * s;
-              yh[i + half] += x2 * c - x1 * s;
+            } else { /* the transpose rotation */
+              yh[i] = pw__acc(acc, yh[i], x1 * c + x2 * s);
+              yh[i + half] = pw__acc(acc, yh[i + half], x2 * c - x1 * s);
             }
           }
         }
@@ -71,18 +72,18 @@ static void rope_apply(float *out, const float *inp, int B, int T, int C, int NH
       if (!backward)
         memcpy(yv, xv, (size_t)C * sizeof(float));
       else
-        for (int c = 0; c < C; c++) yv[c] += xv[c];
+        for (int c = 0; c < C; c++) yv[c] = pw__acc(acc, yv[c], xv[c]);
     }
   }
 }
 
 void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base) {
-  rope_apply(out, inp, B, T, C, NH, base, 0);
+  rope_apply(out, inp, B, T, C, NH, base, 0, 0);
 }
 
 void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH,
-                            float base) {
-  rope_apply(dinp, dout, B, T, C, NH, base, 1);
+                            float base, int acc) {
+  rope_apply(dinp, dout, B, T, C, NH, base, 1, acc);
 }
 
 /* ---- attention ----------------------------------------------------------- */
@@ -107,11 +108,16 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
         for (int i = r0; i < r1; i++) {
           float *p = P + (size_t)i * T;
+          /* exp and scale run on to a whole number of PW_LANES (within r1:
+           * scores there too, zeroed below) rather than end in a scalar
+           * tail of up to 15 exps, which cost more than the whole vectors. */
+          int n = (i + PW_LANES) / PW_LANES * PW_LANES;
+          n = n < r1 ? n : r1;
           float mx = pw__max(p, i + 1);
-          for (int j = 0; j <= i; j++) p[j] = pw__exp(p[j] - mx);
+          for (int j = 0; j < n; j++) p[j] = pw__exp(p[j] - mx);
           float sum = pw__sum(p, i + 1);
           float inv = 1.0f / sum;
-          for (int j = 0; j <= i; j++) p[j] *= inv;
+          for (int j = 0; j < n; j++) p[j] *= inv;
           memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
         }
         /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
@@ -122,11 +128,14 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
 }
 
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH) {
+                                 const float *att, int B, int T, int C, int NH, int acc) {
   PW_ASSERT(NH > 0 && C % NH == 0);
   int HD = C / NH;
   int C3 = 3 * C;
   float scale = 1.0f / sqrtf((float)HD);
+  /* Each element of dqkv is written by exactly one sgemm below, so beta
+   * = 0 overwrites it (OpenBLAS: a zeroing pass, then the beta = 1 kernel). */
+  float beta = acc ? 1.0f : 0.0f;
   float *dS = scratch; /* (T,T): dP, then turned into dS in place */
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
@@ -152,21 +161,21 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
           for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
           for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
         }
-        /* dQ[r0:r1] += scale * dS[r0:r1, 0:r1] K[0:r1] */
+        /* dQ[r0:r1] (+)= scale * dS[r0:r1, 0:r1] K[0:r1] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, scale,
-                    dS + (size_t)r0 * T, T, k, C3, 1.0f, dq + (size_t)r0 * C3, C3);
+                    dS + (size_t)r0 * T, T, k, C3, beta, dq + (size_t)r0 * C3, C3);
       }
       for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
         int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
         int cols = c1 - c0;
         /* Key block [c0,c1) is attended to only by queries i >= c0. */
-        /* dK[c0:c1] += scale * dS[c0:T, c0:c1]^T Q[c0:T] */
+        /* dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T] */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, scale,
-                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, 1.0f,
+                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, beta,
                     dk + (size_t)c0 * C3, C3);
-        /* dV[c0:c1] += P[c0:T, c0:c1]^T dO[c0:T] */
+        /* dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T] */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, 1.0f,
-                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, 1.0f,
+                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta,
                     dv + (size_t)c0 * C3, C3);
       }
     }

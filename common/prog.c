@@ -3,7 +3,15 @@
  * Layout of a slot (all 4-byte elements): for each value the stage holds,
  * its data; then for each float activation value, its gradient; then each
  * node's auxiliaries. Offsets are computed once at create; the per-step
- * path is pointer arithmetic and kernel calls, nothing else. */
+ * path is pointer arithmetic and kernel calls, nothing else.
+ *
+ * Value gradients are not zeroed before a backward: create decides, per
+ * (node, input), whether that node's backward_input is the first writer of
+ * the input's gradient in backward order (nodes last to first, input 0
+ * before input 1), which overwrites, or a later one (a value used twice:
+ * the residual stream), which accumulates. Same kernels, same order of
+ * additions, 0 + g stored by the first: the bits of a zeroed buffer, without
+ * a pass over ~all the slot's gradient memory per microbatch. */
 #include "prog.h"
 
 #include <stdlib.h>
@@ -36,7 +44,9 @@ struct pw_prog {
   size_t *grad_off;              /* per model value: gradient offset, or SIZE_MAX */
   size_t *aux_off;               /* per local node */
   size_t slot_elems;
-  size_t (*zero)[2];             /* gradient regions zeroed before a backward: {offset, count} */
+  unsigned char *bwd_acc;        /* per local node: bit k set = input k's gradient accumulates */
+  size_t (*zero)[2];             /* gradients nobody in the stage writes, zeroed before a
+                                    backward: {offset, count} (usually none) */
   int n_zero;
   float **slots;                 /* [max_slots], NULL until made */
   int max_slots;
@@ -59,6 +69,16 @@ static void first_touch(float *a, size_t n) {
 static int value_in_stage(const pw_prog *p, int v) {
   int prod = p->m->values[v].producer;
   return prod >= p->node_lo && prod < p->node_hi;
+}
+
+/* Bit k set: the op's backward_input writes the gradient of input k. */
+static int grad_inputs(int op) {
+  switch ((pw_op)op) {
+    case PW_OP_EMBED: return 0; /* tokens */
+    case PW_OP_ADD:
+    case PW_OP_SWIGLU: return 3;
+    default: return 1; /* the second input, if any, is a target or data */
+  }
 }
 
 static int add_port(pw_prog_port **arr, int *n, const pw_model *m, int v, int mb) {
@@ -211,15 +231,29 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     p->grad_off[m->nodes[i].out] = off;
     off += (size_t)mb * (size_t)v->rows * (size_t)v->width;
   }
-  /* Every value gradient but the output ports' (the caller fills those
-   * with what the next stage sent), merged into runs. */
+  /* The first writer of each value gradient in backward order overwrites,
+   * later ones accumulate. Output ports' gradients arrive filled by the
+   * caller (what the next stage sent): every writer adds to them. A
+   * gradient nobody writes is zeroed before each backward, merged into runs. */
+  p->bwd_acc = calloc((size_t)(nn ? nn : 1), 1);
   p->zero = malloc(sizeof *p->zero * (size_t)(m->n_values ? m->n_values : 1));
-  if (!p->zero) goto oom;
+  unsigned char *written = calloc((size_t)(m->n_values ? m->n_values : 1), 1);
+  if (!p->bwd_acc || !p->zero || !written) {
+    free(written);
+    goto oom;
+  }
+  for (int k = 0; k < p->n_outputs; k++) written[p->outputs[k].value] = 1;
+  for (int i = p->node_hi - 1; i >= p->node_lo; i--) {
+    const pw_node *n = &m->nodes[i];
+    for (int k = 0; k < 2; k++) {
+      int v = n->in[k];
+      if (!(grad_inputs(n->op) >> k & 1) || v < 0 || p->grad_off[v] == NONE) continue;
+      if (written[v]) p->bwd_acc[i - p->node_lo] |= (unsigned char)(1u << k);
+      written[v] = 1;
+    }
+  }
   for (int v = 0; v < m->n_values; v++) {
-    if (p->grad_off[v] == NONE) continue;
-    int is_out = 0;
-    for (int k = 0; k < p->n_outputs; k++) is_out |= p->outputs[k].value == v;
-    if (is_out) continue;
+    if (p->grad_off[v] == NONE || written[v]) continue;
     size_t o = p->grad_off[v], n = pw_value_bytes(&m->values[v], mb) / sizeof(float);
     if (p->n_zero && p->zero[p->n_zero - 1][0] + p->zero[p->n_zero - 1][1] == o)
       p->zero[p->n_zero - 1][1] += n;
@@ -229,6 +263,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
       p->n_zero++;
     }
   }
+  free(written);
   size_t tt = 1;
   for (int i = p->node_lo; i < p->node_hi; i++) {
     const pw_node *n = &m->nodes[i];
@@ -273,6 +308,7 @@ void pw_prog_free(pw_prog *p) {
   free(p->val_off);
   free(p->grad_off);
   free(p->aux_off);
+  free(p->bwd_acc);
   free(p->zero);
   if (p->slots)
     for (int k = 0; k < p->max_slots; k++) free(p->slots[k]);
@@ -418,27 +454,28 @@ static void node_backward_input(pw_prog *p, int slot, int i) {
   node_bind(p, slot, i, &io);
   int N = io.rows, C = n->C, B = p->cfg.mb_size;
   if (!io.din0 && !io.din1) return; /* nothing upstream wants a gradient */
+  int a0 = p->bwd_acc[i - p->node_lo] & 1, a1 = p->bwd_acc[i - p->node_lo] >> 1 & 1;
   switch ((pw_op)n->op) {
     case PW_OP_EMBED: break;
-    case PW_OP_POSEMBED: pw_posembed_backward_input(io.din0, io.dout, B, n->T, C); break;
-    case PW_OP_LINEAR: pw_linear_backward_input(io.din0, io.dout, io.w, N, C, n->OC); break;
+    case PW_OP_POSEMBED: pw_posembed_backward_input(io.din0, io.dout, B, n->T, C, a0); break;
+    case PW_OP_LINEAR: pw_linear_backward_input(io.din0, io.dout, io.w, N, C, n->OC, a0); break;
     case PW_OP_LAYERNORM:
-      pw_layernorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, io.aux + N, N, C);
+      pw_layernorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, io.aux + N, N, C, a0);
       break;
-    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, N, C); break;
-    case PW_OP_GELU: pw_gelu_backward_input(io.din0, io.dout, io.in0, N * C); break;
-    case PW_OP_RELU: pw_relu_backward_input(io.din0, io.dout, io.in0, N * C); break;
-    case PW_OP_SILU: pw_silu_backward_input(io.din0, io.dout, io.in0, N * C); break;
-    case PW_OP_SWIGLU: pw_swiglu_backward_input(io.din0, io.din1, io.dout, io.in0, io.in1, N * C); break;
-    case PW_OP_ADD: pw_add_backward_input(io.din0, io.din1, io.dout, N * C); break;
-    case PW_OP_ROPE: pw_rope_backward_input(io.din0, io.dout, B, n->T, C / 3, n->NH, n->base); break;
+    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(io.din0, io.dout, io.in0, io.w, io.aux, N, C, a0); break;
+    case PW_OP_GELU: pw_gelu_backward_input(io.din0, io.dout, io.in0, N * C, a0); break;
+    case PW_OP_RELU: pw_relu_backward_input(io.din0, io.dout, io.in0, N * C, a0); break;
+    case PW_OP_SILU: pw_silu_backward_input(io.din0, io.dout, io.in0, N * C, a0); break;
+    case PW_OP_SWIGLU: pw_swiglu_backward_input(io.din0, io.din1, io.dout, io.in0, io.in1, N * C, a0, a1); break;
+    case PW_OP_ADD: pw_add_backward_input(io.din0, io.din1, io.dout, N * C, a0, a1); break;
+    case PW_OP_ROPE: pw_rope_backward_input(io.din0, io.dout, B, n->T, C / 3, n->NH, n->base, a0); break;
     case PW_OP_ATTENTION:
-      pw_attention_backward_input(io.din0, p->scratch, io.dout, io.in0, io.aux, B, n->T, C / 3, n->NH);
+      pw_attention_backward_input(io.din0, p->scratch, io.dout, io.in0, io.aux, B, n->T, C / 3, n->NH, a0);
       break;
     case PW_OP_XENT:
-      pw_crossentropy_backward_input(io.din0, io.aux, (const int32_t *)io.in1, N, C, p->loss_scale);
+      pw_crossentropy_backward_input(io.din0, io.aux, (const int32_t *)io.in1, N, C, p->loss_scale, a0);
       break;
-    case PW_OP_MSE: pw_mse_backward_input(io.din0, io.in0, io.in1, N * C, p->loss_scale); break;
+    case PW_OP_MSE: pw_mse_backward_input(io.din0, io.in0, io.in1, N * C, p->loss_scale, a0); break;
     case PW_OP__COUNT: break;
   }
 }

@@ -100,7 +100,8 @@ void pw_prog_zero_grad(pw_prog *p);
 void pw_prog_forward(pw_prog *p, int slot, float *loss);
 /* Gradients w.r.t. the stage's values and input ports (ZeroBubble's I).
  * The gradients of output ports must be filled; all other value gradients
- * of the slot are zeroed first. */
+ * of the slot are overwritten (what they held before does not matter; the
+ * result is bit for bit that of zeroing them and accumulating). */
 void pw_prog_backward_input(pw_prog *p, int slot);
 /* Gradients w.r.t. the parameters, accumulated (ZeroBubble's W). Needs the
  * slot's value gradients from backward_input. */

@@ -14,7 +14,7 @@ static void linear_fwd(const opcase *c, float *const *in, float *out, float *sav
 static void linear_bwd(const opcase *c, int which, float *const *in, float *saved,
                        const float *dout, float *const *g) {
   if (which == IN_DATA)
-    pw_linear_backward_input(g[0], dout, in[1], c->d[0], c->d[1], c->d[2]);
+    pw_linear_backward_input(g[0], dout, in[1], c->d[0], c->d[1], c->d[2], 1);
   else
     pw_linear_backward_weight(g[1], c->d[3] ? g[2] : NULL, dout, in[0], c->d[0], c->d[1],
                               c->d[2]);
@@ -99,7 +99,7 @@ static void posembed_fwd(const opcase *c, float *const *in, float *out, float *s
 static void posembed_bwd(const opcase *c, int which, float *const *in, float *saved,
                          const float *dout, float *const *g) {
   if (which == IN_DATA)
-    pw_posembed_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2]);
+    pw_posembed_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2], 1);
   else
     pw_posembed_backward_weight(g[1], dout, c->d[0], c->d[1], c->d[2]);
 }
@@ -132,7 +132,7 @@ static void layernorm_bwd(const opcase *c, int which, float *const *in, float *s
                           const float *dout, float *const *g) {
   int N = c->d[0], C = c->d[1];
   if (which == IN_DATA)
-    pw_layernorm_backward_input(g[0], dout, in[0], in[1], saved, saved + N, N, C);
+    pw_layernorm_backward_input(g[0], dout, in[0], in[1], saved, saved + N, N, C, 1);
   else
     pw_layernorm_backward_weight(g[1], g[2], dout, in[0], saved, saved + N, N, C);
 }
@@ -182,7 +182,7 @@ static void rmsnorm_fwd(const opcase *c, float *const *in, float *out, float *sa
 static void rmsnorm_bwd(const opcase *c, int which, float *const *in, float *saved,
                         const float *dout, float *const *g) {
   if (which == IN_DATA)
-    pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1]);
+    pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1], 1);
   else
     pw_rmsnorm_backward_weight(g[1], dout, in[0], saved, c->d[0], c->d[1]);
 }
@@ -232,11 +232,11 @@ static void ew_bwd(const opcase *c, int which, float *const *in, float *saved, c
   int n = c->d[0];
   if (which != IN_DATA) return;
   switch (c->d[1]) {
-  case EW_GELU: pw_gelu_backward_input(g[0], dout, in[0], n); break;
-  case EW_RELU: pw_relu_backward_input(g[0], dout, in[0], n); break;
-  case EW_SILU: pw_silu_backward_input(g[0], dout, in[0], n); break;
-  case EW_SWIGLU: pw_swiglu_backward_input(g[0], g[1], dout, in[0], in[1], n); break;
-  case EW_ADD: pw_add_backward_input(g[0], g[1], dout, n); break;
+  case EW_GELU: pw_gelu_backward_input(g[0], dout, in[0], n, 1); break;
+  case EW_RELU: pw_relu_backward_input(g[0], dout, in[0], n, 1); break;
+  case EW_SILU: pw_silu_backward_input(g[0], dout, in[0], n, 1); break;
+  case EW_SWIGLU: pw_swiglu_backward_input(g[0], g[1], dout, in[0], in[1], n, 1, 1); break;
+  case EW_ADD: pw_add_backward_input(g[0], g[1], dout, n, 1, 1); break;
   }
 }
 static void ew_ref(const opcase *c, double *const *in, double *out) {
@@ -270,9 +270,15 @@ static void test_elementwise(void **state) {
   }
   /* add(x, x): both gradients may be the same buffer. */
   float d[3] = {1, 2, 3}, g[3] = {1, 1, 1};
-  pw_add_backward_input(g, g, d, 3);
+  pw_add_backward_input(g, g, d, 3, 1, 1);
   assert_float_equal(g[0], 3.0f, 0);
   assert_float_equal(g[2], 7.0f, 0);
+  /* ... and the first store may overwrite: garbage in g does not matter. */
+  g[0] = NAN, g[1] = 1e30f, g[2] = -5.0f;
+  pw_add_backward_input(g, g, d, 3, 0, 1);
+  assert_float_equal(g[0], 2.0f, 0);
+  assert_float_equal(g[1], 4.0f, 0);
+  assert_float_equal(g[2], 6.0f, 0);
 }
 
 /* PyTorch 1.13 gelu(x, approximate='tanh') in float32 for these inputs. */
@@ -299,7 +305,7 @@ static void ce_fwd(const opcase *c, float *const *in, float *out, float *saved) 
 static void ce_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
                    float *const *g) {
   if (which == IN_DATA)
-    pw_crossentropy_backward_input(g[0], saved, c->tok, c->d[0], c->d[1], c->fp * dout[0]);
+    pw_crossentropy_backward_input(g[0], saved, c->tok, c->d[0], c->d[1], c->fp * dout[0], 1);
 }
 static void ce_ref(const opcase *c, double *const *in, double *out) {
   int N = c->d[0], V = c->d[1];
@@ -347,7 +353,7 @@ static void mse_fwd(const opcase *c, float *const *in, float *out, float *saved)
 }
 static void mse_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
                     float *const *g) {
-  if (which == IN_DATA) pw_mse_backward_input(g[0], in[0], in[1], c->d[0], c->fp * dout[0]);
+  if (which == IN_DATA) pw_mse_backward_input(g[0], in[0], in[1], c->d[0], c->fp * dout[0], 1);
 }
 static void mse_ref(const opcase *c, double *const *in, double *out) {
   double s = 0;

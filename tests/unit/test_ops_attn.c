@@ -13,7 +13,7 @@ static void rope_fwd(const opcase *c, float *const *in, float *out, float *saved
 static void rope_bwd(const opcase *c, int which, float *const *in, float *saved,
                      const float *dout, float *const *g) {
   if (which == IN_DATA)
-    pw_rope_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2], c->d[3], c->fp);
+    pw_rope_backward_input(g[0], dout, c->d[0], c->d[1], c->d[2], c->d[3], c->fp, 1);
 }
 /* Hugging Face Llama: x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1). */
 static void rope_ref(const opcase *c, double *const *in, double *out) {
@@ -79,7 +79,7 @@ static void test_rope_properties(void **state) {
       }
   assert_true(moved > 0);
   /* backward is the transpose = the inverse rotation. */
-  pw_rope_backward_input(back, y, B, T, C, NH, 10000.0f);
+  pw_rope_backward_input(back, y, B, T, C, NH, 10000.0f, 1);
   for (int i = 0; i < n; i++) assert_true(fabs(back[i] - x[i]) <= 2e-6);
   free(x); free(y); free(back);
 }
@@ -95,7 +95,7 @@ static void attn_bwd(const opcase *c, int which, float *const *in, float *saved,
   int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
   if (which == IN_DATA)
     pw_attention_backward_input(g[0], saved + (size_t)B * NH * T * T, dout, in[0], saved, B, T,
-                                C, NH);
+                                C, NH, 1);
 }
 static void attn_ref(const opcase *c, double *const *in, double *out) {
   int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3], HD = C / NH;

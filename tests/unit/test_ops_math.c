@@ -85,7 +85,7 @@ static void test_gelu_float_formula(void **state) {
     g[i] = 0.25f;
   }
   pw_gelu_forward(y, x, n);
-  pw_gelu_backward_input(g, d, x, n);
+  pw_gelu_backward_input(g, d, x, n, 1);
   for (int i = 0; i < n; i++) {
     float xi = x[i], x2 = xi * xi;
     float inner = beta * (xi + kappa * (xi * xi * xi));
@@ -110,7 +110,7 @@ static void ln_bwd(const opcase *c, int which, float *const *in, float *saved, c
                    float *const *g) {
   int N = c->d[0], C = c->d[1];
   if (which == IN_DATA)
-    pw_layernorm_backward_input(g[0], dout, in[0], in[1], saved, saved + N, N, C);
+    pw_layernorm_backward_input(g[0], dout, in[0], in[1], saved, saved + N, N, C, 1);
   else
     pw_layernorm_backward_weight(g[1], g[2], dout, in[0], saved, saved + N, N, C);
 }
@@ -132,7 +132,7 @@ static void rms_fwd(const opcase *c, float *const *in, float *out, float *saved)
 static void rms_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
                     float *const *g) {
   if (which == IN_DATA)
-    pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1]);
+    pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1], 1);
   else
     pw_rmsnorm_backward_weight(g[1], dout, in[0], saved, c->d[0], c->d[1]);
 }

@@ -1,0 +1,250 @@
+/* test_prog: how a stage program writes value gradients.
+ *
+ * A backward does not zero the slot's value gradients: the first writer of
+ * each (in backward order) overwrites, later ones accumulate. So
+ * - a backward into gradient buffers full of garbage (NaN) gives, bit for
+ *   bit, the value and parameter gradients of a backward into zeroed ones:
+ *   whole models, stage programs (output-port gradients filled by the
+ *   caller, which every writer must add to), B and I+W alike, and values
+ *   read twice by one node (add(x, x), swiglu(g, g)) or by nobody;
+ * - the gradient of a stage's input port (the residual stream, read by a
+ *   layernorm and by a residual add) agrees with a finite difference: a
+ *   second reader that overwrote instead of adding would fail. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model.h"
+#include "prog.h"
+#include "rng.h"
+
+enum { MB = 2 }; /* sequences per microbatch */
+
+static pw_model_spec spec_of(int tmpl) {
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = tmpl;
+  if (tmpl == PW_TEMPLATE_MLP) {
+    s.in_dim = 5, s.hidden_dim = 7, s.out_dim = 3, s.n_layers = 2;
+    s.activation = PW_ACT_GELU, s.loss = PW_LOSS_MSE;
+    return s;
+  }
+  s.vocab_size = 19, s.seq_len = 5, s.d_model = 8, s.n_layers = 2, s.n_heads = 2;
+  s.ffn_hidden = 12;
+  s.init_std = 0.3f; /* every path carries gradient */
+  return s;
+}
+
+/* Makes the first node of op `op` read its first input twice (x + x,
+ * swiglu(g, g)); the value it read second is then read by nobody. */
+static void read_twice(pw_model *m, int op) {
+  for (int i = 0; i < m->n_nodes; i++)
+    if (m->nodes[i].op == op) {
+      m->nodes[i].in[1] = m->nodes[i].in[0];
+      return;
+    }
+  fail_msg("no node of op %d", op);
+}
+
+/* Every input port of the program: tokens, features, targets, or (another
+ * stage's output) activations, drawn from a stream keyed by `key`. */
+static void fill_inputs(pw_prog *p, const pw_model *m, int slot, uint64_t key) {
+  pw_rng r;
+  pw_rng_seed(&r, key);
+  int V = m->data.tokens ? m->data.vocab_size : m->data.out_dim;
+  for (int i = 0; i < pw_prog_n_inputs(p); i++) {
+    const pw_prog_port *pt = pw_prog_input(p, i);
+    const pw_value *v = &m->values[pt->value];
+    void *d = pw_prog_value(p, slot, pt->value);
+    for (size_t k = 0; k < pt->bytes / 4; k++) {
+      if (v->dtype == PW_DT_I32)
+        ((int32_t *)d)[k] = (int32_t)pw_rng_below(&r, (uint64_t)V);
+      else
+        ((float *)d)[k] = (float)pw_rng_normal(&r);
+    }
+  }
+}
+
+static int is_output(pw_prog *p, int v) {
+  for (int k = 0; k < pw_prog_n_outputs(p); k++)
+    if (pw_prog_output(p, k)->value == v) return 1;
+  return 0;
+}
+
+static size_t value_floats(const pw_model *m, int v) { return pw_value_bytes(&m->values[v], MB) / 4; }
+
+/* Sets every value gradient of the slot: output ports from a fixed stream
+ * (what a next stage would send), all others to `fill`. */
+static void set_grads(pw_prog *p, const pw_model *m, int slot, float fill) {
+  pw_rng r;
+  pw_rng_seed(&r, 99);
+  for (int v = 0; v < m->n_values; v++) {
+    float *g = pw_prog_grad(p, slot, v);
+    if (!g) continue;
+    int out = is_output(p, v);
+    for (size_t k = 0; k < value_floats(m, v); k++) g[k] = out ? (float)pw_rng_normal(&r) : fill;
+  }
+}
+
+/* Parameter gradients, then every value gradient of the slot, into one
+ * malloc'd array (*n floats). */
+static float *snapshot(pw_prog *p, const pw_model *m, int slot, size_t *n) {
+  size_t total = pw_prog_grad_numel(p);
+  for (int v = 0; v < m->n_values; v++)
+    if (pw_prog_grad(p, slot, v)) total += value_floats(m, v);
+  float *s = malloc(total * sizeof(float)), *o = s;
+  assert_non_null(s);
+  memcpy(o, pw_prog_grads(p), pw_prog_grad_numel(p) * sizeof(float));
+  o += pw_prog_grad_numel(p);
+  for (int v = 0; v < m->n_values; v++) {
+    const float *g = pw_prog_grad(p, slot, v);
+    if (!g) continue;
+    memcpy(o, g, value_floats(m, v) * sizeof(float));
+    o += value_floats(m, v);
+  }
+  *n = total;
+  return s;
+}
+
+/* One forward and backward of layers [lo, hi) with the value gradients
+ * first set to `fill`; split = I then W instead of B. */
+static float *run(pw_prog *p, const pw_model *m, float fill, int split, size_t *n) {
+  pw_prog_zero_grad(p);
+  fill_inputs(p, m, 0, 5);
+  pw_prog_forward(p, 0, NULL);
+  set_grads(p, m, 0, fill);
+  if (split) {
+    pw_prog_backward_input(p, 0);
+    pw_prog_backward_weight(p, 0);
+  } else {
+    pw_prog_backward(p, 0);
+  }
+  return snapshot(p, m, 0, n);
+}
+
+static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
+  pw_err err = {0};
+  pw_prog_config cfg = {lo, hi, MB, 2 * MB, 1, 0};
+  pw_prog *p;
+  assert_int_equal(pw_prog_create(m, &cfg, &p, &err), 0);
+  pw_prog_init_params(p, 17);
+  for (int split = 0; split < 2; split++) {
+    size_t nz, ng;
+    float *z = run(p, m, 0.0f, split, &nz);
+    float *g = run(p, m, NAN, split, &ng);
+    assert_int_equal(nz, ng);
+    size_t nonzero = 0;
+    for (size_t k = 0; k < nz; k++) {
+      nonzero += z[k] != 0.0f;
+      if (memcmp(&z[k], &g[k], sizeof(float)))
+        fail_msg("layers [%d, %d) %s: gradient element %zu: %.9g from zeroed buffers, %.9g from garbage",
+                 lo, hi, split ? "I+W" : "B", k, (double)z[k], (double)g[k]);
+    }
+    assert_true(nonzero > nz / 2); /* gradients really flowed */
+    free(z);
+    free(g);
+  }
+  pw_prog_free(p);
+}
+
+/* Whole model, and each cut of it into two stages. */
+static void check_model(int tmpl, int twice_op) {
+  pw_model_spec s = spec_of(tmpl);
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  if (twice_op >= 0) read_twice(&m, twice_op);
+  garbage_equals_zeroed(&m, 0, m.n_layers);
+  for (int cut = 1; cut < m.n_layers; cut++) {
+    if (m.layers[cut].is_loss) continue;
+    garbage_equals_zeroed(&m, 0, cut);
+    garbage_equals_zeroed(&m, cut, m.n_layers);
+  }
+  pw_model_free(&m);
+}
+
+static void test_gpt(void **st) { check_model(PW_TEMPLATE_GPT, -1); }
+static void test_llama(void **st) { check_model(PW_TEMPLATE_LLAMA, -1); }
+static void test_mlp(void **st) { check_model(PW_TEMPLATE_MLP, -1); }
+static void test_gpt_tied(void **st) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_GPT);
+  s.tie_embeddings = 1; /* a parameter used twice: shadow gradients */
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  garbage_equals_zeroed(&m, 0, m.n_layers);
+  pw_model_free(&m);
+}
+static void test_add_x_x(void **st) { check_model(PW_TEMPLATE_GPT, PW_OP_ADD); }
+static void test_swiglu_g_g(void **st) { check_model(PW_TEMPLATE_LLAMA, PW_OP_SWIGLU); }
+
+/* The last stage of a GPT starts at a block: its input port (the residual
+ * stream) is read by the block's first layernorm and by its residual add.
+ * Its gradient against a central difference of the loss along a random
+ * direction, with the gradient buffers full of garbage before backward. */
+static void test_input_port_gradient(void **st) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_GPT);
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  pw_prog_config cfg = {1, m.n_layers, MB, MB, 1, 0}; /* blocks and head */
+  pw_prog *p;
+  assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
+  pw_prog_init_params(p, 23);
+  int x = -1;
+  for (int i = 0; i < pw_prog_n_inputs(p); i++)
+    if (pw_prog_input(p, i)->role == PW_VAL_ACT) x = pw_prog_input(p, i)->value;
+  assert_true(x >= 0);
+  fill_inputs(p, &m, 0, 8);
+  pw_prog_forward(p, 0, NULL);
+  set_grads(p, &m, 0, NAN);
+  pw_prog_backward(p, 0);
+  size_t n = value_floats(&m, x);
+  float *xv = pw_prog_value(p, 0, x), *gx = pw_prog_grad(p, 0, x);
+  float *saved = malloc(n * sizeof(float)), *dir = malloc(n * sizeof(float));
+  assert_non_null(saved);
+  assert_non_null(dir);
+  memcpy(saved, xv, n * sizeof(float));
+  pw_rng r;
+  pw_rng_seed(&r, 4);
+  double gd = 0, dn = 0;
+  for (size_t k = 0; k < n; k++) {
+    dir[k] = (float)pw_rng_normal(&r);
+    gd += (double)dir[k] * gx[k];
+    dn += (double)dir[k] * dir[k];
+  }
+  double eps = 1e-2 / sqrt(dn), l[2];
+  for (int side = 0; side < 2; side++) {
+    float loss;
+    for (size_t k = 0; k < n; k++) xv[k] = saved[k] + (float)((side ? -eps : eps) * dir[k]);
+    pw_prog_forward(p, 0, &loss);
+    l[side] = loss;
+  }
+  double fd = (l[0] - l[1]) / (2 * eps), tol = 2e-2 * fabs(fd) + 2e-3;
+  if (fabs(fd - gd) > tol) fail_msg("d loss / d input port: %.6g (finite difference) vs %.6g (backward)", fd, gd);
+  assert_true(fabs(fd) > 0.1); /* big enough that a lost term would show */
+  free(saved);
+  free(dir);
+  pw_prog_free(p);
+  pw_model_free(&m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpt),
+      cmocka_unit_test(test_llama),
+      cmocka_unit_test(test_mlp),
+      cmocka_unit_test(test_gpt_tied),
+      cmocka_unit_test(test_add_x_x),
+      cmocka_unit_test(test_swiglu_g_g),
+      cmocka_unit_test(test_input_port_gradient),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
