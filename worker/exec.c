@@ -1,14 +1,11 @@
 /* exec: the run's compute thread. It walks the rank's action list step
  * after step — wait for an action's inputs, compute it, hand its outputs
  * on — then does the step end (stepend.c). The loop thread only receives
- * frames into slots and counts them (run.c), and writes the frames this
- * thread queues; so an action whose inputs are here starts the moment the
- * previous one ends, with no hand-off between threads, and the payload's
- * CRC is computed here, while the data is hot in this core's cache.
- *
- * Waiting spins briefly before it sleeps: an input often lands within
- * microseconds, while waking a sleeping thread costs tens of microseconds
- * (on the VMs we measure, ~80 µs when its core has gone idle). */
+ * HELLOs, the control link and whatever a socket would not take at once;
+ * so an action whose inputs are here starts the moment the previous one
+ * ends, with no hand-off between threads, and a frame's CRC is computed
+ * here, while the data is hot in this core's cache.
+ * It also reads its inbound links itself while it waits (recv.c). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,15 +17,6 @@
 #include "log.h"
 #include "worker.h"
 
-#define SPIN_SECONDS 50e-6
-
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ volatile("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
 
 double pw_now(void) {
   struct timespec ts;
@@ -112,30 +100,6 @@ int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, 
   }
   int rc = pw_exec_post(r, &ev);
   return rc ? pw_exec_fail(r, rc, NULL, "out of memory queueing a frame") : 0;
-}
-
-int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
-  double spin_until = 0;
-  while (!r->abort && !ready(r, arg)) {
-    unsigned seen = atomic_load(&r->arrivals);
-    if (spin_until == 0) spin_until = pw_now() + SPIN_SECONDS;
-    if (pw_now() < spin_until) {
-      uv_mutex_unlock(&r->mu);
-      while (atomic_load_explicit(&r->arrivals, memory_order_acquire) == seen && pw_now() < spin_until)
-        cpu_relax();
-      uv_mutex_lock(&r->mu);
-      continue;
-    }
-    r->waiting = 1;
-    uv_cond_wait(&r->cond, &r->mu);
-    r->waiting = 0;
-  }
-  return r->abort ? PW_ECANCELED : 0;
-}
-
-void pw_exec_notify(pw_run *r) {
-  atomic_fetch_add_explicit(&r->arrivals, 1, memory_order_release);
-  if (r->waiting) uv_cond_signal(&r->cond);
 }
 
 /* ---- one action ----------------------------------------------------------- */
@@ -303,8 +267,9 @@ static int run_actions(pw_run *r) {
   for (int pc = 0; pc < r->n_acts;) {
     unit u = {pc, (r->acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < r->n_acts ? 2 : 1};
     pw_err err = {0};
-    uv_mutex_lock(&r->mu);
     int rc = pw_exec_wait(r, unit_ready, &u);
+    if (rc) return rc;
+    uv_mutex_lock(&r->mu);
     for (int k = 0; k < u.n && !rc; k++) {
       const pw_action *a = &r->acts[pc + k];
       int slot = a->kind == PW_ACT_F ? pw_run_slot_for(r, r->lidx_of_stage[a->stage], a->mb, &err) : 0;
@@ -328,7 +293,7 @@ void pw_exec_main(void *arg) {
     if (!rc) rc = pw_stepend_run(r);
   }
   pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL};
-  if (rc != PW_ECANCELED) pw_exec_post(r, &ev);
+  if (rc != PW_ECANCELED || !atomic_load(&r->abort)) pw_exec_post(r, &ev);
   ev.kind = PW_EV_EXIT;
   pw_exec_post(r, &ev);
 }

@@ -1,10 +1,11 @@
 /* net: the data plane — a listener for peers' inbound links, outbound
  * links to peers, and frame I/O over both.
  *
- * Inbound bytes go through a pw_frame_reader straight into the run's
- * program slots (the reader asks the run where each payload belongs), so
- * an activation is never copied on receipt. Every frame is validated; a bad
- * one closes its link with the reason logged, and the worker goes on. */
+ * The loop reads an inbound link only up to its HELLO: once admitted, the
+ * socket is the run's compute thread's, which reads frames straight into
+ * program slots (recv.c), so an activation is never copied on receipt.
+ * A bad HELLO closes its link with the reason logged, and the worker goes
+ * on; a bad frame after it fails the run. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,9 +14,6 @@
 #include "log.h"
 #include "worker.h"
 
-/* Until HELLO: a HELLO's size. After: the run's largest frame (checked per
- * frame against the port it targets anyway). */
-#define MAX_PAYLOAD_AFTER_HELLO ((size_t)1 << 31)
 
 static void link_unlist(pw_link *l) {
   for (pw_link **p = &l->w->links; *p; p = &(*p)->next)
@@ -101,7 +99,10 @@ int pw_net_admit(pw_link *l, pw_run *r, pw_err *err) {
     return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %d, which is not a peer of ours",
                       (unsigned long long)l->hello_job, l->hello_rank);
   l->peer_rank = l->hello_rank;
-  pw_frame_reader_set_max(&l->reader, MAX_PAYLOAD_AFTER_HELLO);
+  /* From here the run's compute thread reads the socket (recv.c); HELLO
+   * was read to its last byte, so nothing is left in our reader. */
+  uv_read_stop((uv_stream_t *)&l->tcp);
+  pw_run_link_in(r, l);
   pw_debug("inbound link from rank %d (%s)", l->peer_rank, l->addr);
   return 0;
 }
@@ -127,49 +128,13 @@ static void on_in_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   char b[512];
   int rc = pw_frame_reader_advance(&l->reader, (size_t)n, &ev, &err);
   if (rc == PW_FRAME_HEADER) {
-    if (l->peer_rank < 0 && ev.hdr.kind != PW_FRAME_HELLO) {
+    if (ev.hdr.kind != PW_FRAME_HELLO) link_fail(l, "first frame is not HELLO");
+  } else if (rc == PW_FRAME_DONE) {
+    if (ev.hdr.kind != PW_FRAME_HELLO || l->hello_rank >= 0) {
       link_fail(l, "first frame is not HELLO");
       return;
     }
-    if (ev.hdr.kind == PW_FRAME_HELLO || ev.hdr.kind == PW_FRAME_BYE) return;
-    void *dst = NULL;
-    pw_run *r = l->w->run;
-    if (!r) {
-      link_fail(l, "frame for a run that is gone");
-      return;
-    }
-    if (pw_run_frame_dest(r, l->peer_rank, &ev.hdr, &dst, &err)) {
-      link_fail(l, pw_err_str(&err, b, sizeof b));
-      return;
-    }
-    pw_frame_reader_set_dest(&l->reader, dst);
-  } else if (rc == PW_FRAME_DONE) {
-    if (ev.hdr.kind == PW_FRAME_HELLO) {
-      if (l->peer_rank >= 0 || l->hello_rank >= 0) {
-        link_fail(l, "second HELLO");
-        return;
-      }
-      if (on_hello(l, ev.payload, ev.len, &err)) link_fail(l, pw_err_str(&err, b, sizeof b));
-      return;
-    }
-    if (ev.hdr.kind == PW_FRAME_BYE) {
-      pw_run *r = l->w->run;
-      if (ev.len && r && r->job == ev.hdr.job) { /* the peer is aborting: say why */
-        char why[PW_FRAME_HELLO_MAX + 1];
-        memcpy(why, ev.payload, ev.len);
-        why[ev.len] = 0;
-        for (size_t i = 0; i < ev.len; i++)
-          if ((unsigned char)why[i] < 32) why[i] = ' ';
-        pw_run_fail(r, "peer rank %d aborted: %s", l->peer_rank, why);
-      }
-      pw_debug("rank %d said goodbye", l->peer_rank);
-      l->peer_rank = -1; /* its close is not a failure */
-      pw_link_close(l);
-      return;
-    }
-    pw_run *r = l->w->run;
-    if (!r || pw_run_frame_done(r, l->peer_rank, &ev.hdr, ev.payload, &err))
-      link_fail(l, r ? pw_err_str(&err, b, sizeof b) : "frame for a run that is gone");
+    if (on_hello(l, ev.payload, ev.len, &err)) link_fail(l, pw_err_str(&err, b, sizeof b));
   } else if (rc < 0) {
     link_fail(l, pw_err_str(&err, b, sizeof b));
   }
@@ -220,11 +185,7 @@ void pw_net_run_started(pw_worker *w, pw_run *r) {
     l->paused = 0;
     pw_err err = {0};
     char b[512];
-    if (pw_net_admit(l, r, &err)) {
-      link_fail(l, pw_err_str(&err, b, sizeof b));
-      continue;
-    }
-    uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read);
+    if (pw_net_admit(l, r, &err)) link_fail(l, pw_err_str(&err, b, sizeof b));
   }
 }
 
@@ -321,6 +282,15 @@ static void on_out_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   pw_link *l = s->data;
   if (n == 0) return;
   link_fail(l, n == UV_EOF ? "peer closed the link" : n < 0 ? uv_strerror((int)n) : "peer sent data on our outbound link");
+}
+
+static void on_drain_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  if (n < 0) pw_link_close(s->data);
+}
+
+void pw_link_drain(pw_link *l) {
+  l->peer_rank = -1; /* its end is not a failure */
+  if (!l->closing && uv_read_start((uv_stream_t *)&l->tcp, on_out_alloc, on_drain_read)) pw_link_close(l);
 }
 
 static void on_out_connect(uv_connect_t *req, int status) {

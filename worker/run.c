@@ -4,9 +4,10 @@
  * its own stage programs, the data source) and takes the action list from
  * the plan. Once the links to its peers are up, the run's compute thread
  * (exec.c) walks the list step after step; this file is the loop
- * thread's side: the lifecycle, frames from peers (validated, received
- * straight into slots, counted in under r->mu), and the events the
- * compute thread queues (frames to write, step reports, done, failed).
+ * thread's side: the lifecycle, the links, and the events the
+ * compute thread queues (frames to write, step reports, done, failed);
+ * and the frame checks and counters the compute thread calls as it reads
+ * its inbound links (recv.c).
  *
  * Slots: microbatch mb of local stage li lives in slot mb_slot[mb] from the
  * moment its first input arrives (or its F starts) until its backward is
@@ -19,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "log.h"
@@ -100,6 +103,15 @@ void pw_run_send_done(pw_run *r, int to, int li, int slot) {
     uv_mutex_unlock(&r->mu);
   }
   maybe_free(r);
+}
+
+void pw_run_link_in(pw_run *r, pw_link *l) {
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&l->tcp, &fd) || l->peer_rank < 0 || l->peer_rank >= r->n_ranks) return;
+  uv_mutex_lock(&r->mu);
+  r->in_fd[l->peer_rank] = fd;
+  uv_mutex_unlock(&r->mu);
+  pw_exec_wake(r);
 }
 
 int pw_run_step(pw_run *r) {
@@ -192,9 +204,11 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
 int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
-  if (uv_mutex_init(&r->mu) || uv_mutex_init(&r->wmu) || uv_cond_init(&r->cond)) { /* (only on exhausted resources) */
+  r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (r->wake_fd < 0 || uv_mutex_init(&r->mu) || uv_mutex_init(&r->wmu)) { /* (only on exhausted resources) */
+    if (r->wake_fd >= 0) close(r->wake_fd);
     free(r);
-    return pw_err_set(err, PW_ENOMEM, "assign", "cannot create a mutex");
+    return pw_err_set(err, PW_ENOMEM, "assign", "cannot create an eventfd or a mutex");
   }
   r->w = w;
   r->assign = json_incref(as);
@@ -244,11 +258,17 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->out = calloc((size_t)r->n_ranks, sizeof *r->out);
   r->peer_addr = calloc((size_t)r->n_ranks, sizeof *r->peer_addr);
   r->wl = calloc((size_t)r->n_ranks, sizeof *r->wl);
-  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr || !r->wl) {
+  r->in_fd = malloc(sizeof(int) * (size_t)r->n_ranks);
+  r->in = calloc((size_t)r->n_ranks, sizeof *r->in);
+  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr || !r->wl || !r->in_fd ||
+      !r->in) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
-  for (int k = 0; k < r->n_ranks; k++) r->wl[k].fd = -1;
+  for (int k = 0; k < r->n_ranks; k++) {
+    r->wl[k].fd = r->in_fd[k] = r->in[k].fd = -1;
+    pw_frame_reader_init(&r->in[k].rd, 0);
+  }
   for (int s = 0; s < r->S; s++) {
     r->rank_of_stage[s] = r->sched->stage_to_rank[s];
     r->lidx_of_stage[s] = -1;
@@ -363,7 +383,10 @@ static void run_destroy(pw_run *r) {
   for (int i = 0; i < r->evq_len; i++) free(r->evq[(r->evq_head + i) % r->evq_cap].timings);
   free(r->evq);
   free(r->wl);
-  uv_cond_destroy(&r->cond);
+  for (int k = 0; r->in && k < r->n_ranks; k++) pw_frame_reader_free(&r->in[k].rd);
+  free(r->in);
+  free(r->in_fd);
+  close(r->wake_fd);
   uv_mutex_destroy(&r->wmu);
   uv_mutex_destroy(&r->mu);
   free(r);
@@ -381,6 +404,15 @@ void pw_run_free(pw_run *r) {
   } else {
     run_destroy(r);
   }
+}
+
+/* Inbound links are the compute thread's until it has returned; then the
+ * loop reads them to their end (the peer's BYE and close), not closing
+ * them first: a peer still finishing its last step, or reading our BYE's
+ * reason, must not see its link drop before. */
+static void close_links_in(pw_run *r) {
+  for (pw_link *l = r->w->links; l; l = l->next)
+    if (!l->outbound && l->hello_job == r->job && l->peer_rank >= 0) pw_link_drain(l);
 }
 
 /* Ends the run: links to peers closed (with BYE when it succeeded, so they
@@ -402,11 +434,9 @@ static void finish(pw_run *r, int ok) {
     pw_link_bye(l, r->job, ok ? NULL : r->error[0] ? r->error : "cancelled");
     r->out[k] = NULL;
   }
-  uv_mutex_lock(&r->mu);
-  r->abort = 1;
-  pw_exec_notify(r);
-  uv_cond_broadcast(&r->cond);
-  uv_mutex_unlock(&r->mu);
+  atomic_store(&r->abort, 1);
+  pw_exec_wake(r);
+  if (!r->thread_running) close_links_in(r);
   maybe_free(r);
 }
 
@@ -496,6 +526,7 @@ static void on_event(pw_run *r, pw_event *ev) {
     case PW_EV_EXIT:
       uv_thread_join(&r->thread);
       r->thread_running = 0;
+      if (r->closing) close_links_in(r);
       if (!r->closing) pw_run_fail(r, "the compute thread stopped");
       maybe_free(r);
       return;
@@ -569,7 +600,7 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
 
 int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
-  if (r->closing) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
+  if (atomic_load(&r->abort)) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
   uv_mutex_lock(&r->mu);
   int rc = frame_dest(r, from, h, dst, err);
   uv_mutex_unlock(&r->mu);
@@ -595,7 +626,6 @@ int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
     rc = pw_stepend_frame(r, from, h, payload, err);
   else
     frame_done(r, h);
-  pw_exec_notify(r);
   uv_mutex_unlock(&r->mu);
   return rc;
 }

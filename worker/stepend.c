@@ -10,9 +10,9 @@
  *      order (the same bits everywhere; one hop, and the step's barrier);
  *   4. UPDATE: clip coefficient and learning rate, each rank's own
  *      optimizer step, checkpoints, the step report.
- * The phases run on the compute thread, which waits (exec.c) for what the
- * peers send; the loop thread receives those frames into the buffers here
- * and tags them with their step, under r->mu (pw_stepend_dest/_frame).
+ * The phases run on the compute thread, which reads what the peers send
+ * into the buffers here while it waits (recv.c), tagging each with its
+ * step (pw_stepend_dest/_frame).
  * A peer may be one step ahead of us, never more, and its early frames
  * never overwrite one still to be used: DP arenas alternate by step
  * parity, and a tied or norm frame of the next step can only be sent after
@@ -49,12 +49,7 @@ static pw_prog_param *find_param(pw_prog *p, int model_index) {
   return NULL;
 }
 
-static int wait_for(pw_run *r, int (*ready)(pw_run *, const void *)) {
-  uv_mutex_lock(&r->mu);
-  int rc = pw_exec_wait(r, ready, NULL);
-  uv_mutex_unlock(&r->mu);
-  return rc;
-}
+static int wait_for(pw_run *r, int (*ready)(pw_run *, const void *)) { return pw_exec_wait(r, ready, NULL); }
 
 /* ---- buffers -------------------------------------------------------------- */
 
@@ -224,10 +219,8 @@ static int global_norm(pw_run *r, double *total) {
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
   int par = r->step & 1, rc;
-  uv_mutex_lock(&r->mu);
   r->norm_parts[par * r->pp + r->prank] = part;
   r->norm_parts_step[par * r->pp + r->prank] = r->step;
-  uv_mutex_unlock(&r->mu);
   r->norm_out[par] = part;
   for (int k = 0; k < r->pp; k++) {
     if (k == r->prank) continue;
@@ -237,13 +230,11 @@ static int global_norm(pw_run *r, double *total) {
                       PW_DTYPE_U8, 1, dims);
     if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->norm_out[par], -1, -1))) return rc;
   }
-  uv_mutex_lock(&r->mu);
-  rc = pw_exec_wait(r, parts_ready, NULL);
+  if ((rc = wait_for(r, parts_ready))) return rc;
   double sum = 0;
   for (int k = 0; k < r->pp; k++) sum += r->norm_parts[par * r->pp + k];
-  uv_mutex_unlock(&r->mu);
   *total = sum;
-  return rc;
+  return 0;
 }
 
 /* ---- 4. update -------------------------------------------------------------- */
@@ -350,7 +341,7 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
   }
 }
 
-/* ---- frames (loop thread, r->mu held) ------------------------------------ */
+/* ---- frames (compute thread, r->mu held) ------------------------------------ */
 
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;

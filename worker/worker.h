@@ -94,6 +94,13 @@ typedef struct {
   double start, end;       /* seconds from the step's start */
 } pw_timing;
 
+/* An inbound link as the compute thread reads it (recv.c). */
+typedef struct {
+  int fd;                  /* -1 until admitted, and after the peer's orderly end */
+  int bye;                 /* the peer said goodbye */
+  pw_frame_reader rd;
+} pw_inlink;
+
 /* What the compute thread asks of the loop thread, in order. */
 typedef enum {
   PW_EV_SEND,              /* write a frame (header encoded, CRC included) */
@@ -148,10 +155,9 @@ struct pw_run {
 
   /* ---- shared by both threads, under mu ---- */
   uv_mutex_t mu;
-  uv_cond_t cond;          /* signalled on arrivals and on abort */
-  int waiting;             /* the compute thread sleeps on cond */
-  atomic_uint arrivals;    /* bumped on every arrival (read unlocked while spinning) */
-  int abort;               /* loop -> compute: stop at the next wait */
+  int wake_fd;             /* eventfd: the loop wakes the compute thread from poll() */
+  int *in_fd;              /* [n_ranks] sockets of admitted inbound links, or -1 */
+  atomic_int abort;        /* loop -> compute: stop at the next wait */
   int step;                /* current step (written by compute) */
   pw_event *evq;           /* compute -> loop events, a ring */
   int evq_head, evq_len, evq_cap;
@@ -172,6 +178,7 @@ struct pw_run {
 
   /* ---- compute thread only ---- */
   uv_thread_t thread;
+  pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
   double loss_sum;         /* this replica's share of the step loss */
   int act_held, peak_act;  /* saved activations now / peak this run */
@@ -239,6 +246,8 @@ pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank);
 void pw_net_run_started(pw_worker *w, pw_run *r);
 int pw_net_admit(pw_link *l, pw_run *r, pw_err *err);
 void pw_link_close(pw_link *l);
+/* Read inbound link l to its end, discarding, then close it. */
+void pw_link_drain(pw_link *l);
 /* Send BYE (with `reason` when aborting, NULL for an orderly end), let
  * queued frames drain, then close. */
 void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
@@ -256,9 +265,9 @@ void pw_run_cancel(pw_run *r, const char *reason);
 void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void pw_run_on_link_up(pw_run *r, pw_link *l);
 void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why);
-/* A frame header from peer `from` arrived: where should its payload go?
- * Returns 0 and sets *dst (NULL = reader's own buffer), or a negative code
- * with err filled (the link is then closed). */
+/* Compute thread (recv.c): a frame header from peer `from` arrived: where
+ * should its payload go? Returns 0 and sets *dst (NULL = reader's own
+ * buffer), or a negative code with err filled (the run then fails). */
 int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 /* The frame's payload is complete (at the dest given, or in payload). */
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
@@ -278,11 +287,15 @@ int pw_run_global_rank(const pw_run *r, int stage);
 
 /* exec.c: the compute thread. */
 void pw_exec_main(void *arg);
-/* r->mu held: sleeps (after a short spin) until ready(r, arg) holds or the
- * run is aborted (PW_ECANCELED). */
+/* recv.c, compute thread: reads the inbound links until ready(r, arg)
+ * holds (spinning a little, then sleeping in poll), or the run is aborted
+ * (PW_ECANCELED) or a link fails (r->error set). */
 int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
-/* Loop thread, r->mu held: something arrived; wake the compute thread. */
-void pw_exec_notify(pw_run *r);
+/* Any thread: wake the compute thread from poll(). */
+void pw_exec_wake(pw_run *r);
+/* Loop thread: inbound link l's HELLO was admitted; its socket is now the
+ * compute thread's. */
+void pw_run_link_in(pw_run *r, pw_link *l);
 /* Queue a frame to rank `to` (CRC computed here, on the compute thread).
  * payload stays valid until the write is done: it points into slot
  * (li, slot), which is kept until then, or into a run-owned buffer (li -1). */

@@ -1,0 +1,141 @@
+/* recv: the compute thread reads its inbound links itself.
+ *
+ * Once a peer's HELLO is admitted (net.c, on the loop thread), the socket
+ * belongs to the run's compute thread: whenever it waits for an input it
+ * reads every link without blocking, each frame straight into the slot its
+ * header names (run.c decides where), so a frame reaches the action that
+ * needs it without waking another thread. It spins a little on the sockets
+ * before it sleeps in poll(). While it computes, the kernel's socket
+ * buffers hold what arrives, and a sender whose socket is full lets its
+ * loop thread write the rest. */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "worker.h"
+
+/* How long a waiting compute thread polls its sockets before it sleeps. A
+ * sleeping thread's wake-up costs 50-80 us on the VMs we measure (its core
+ * goes idle); polling costs nothing that another thread wants, since it
+ * yields the core between polls. */
+#define SPIN_SECONDS 1e-3
+#define MAX_PAYLOAD ((size_t)1 << 31) /* checked per frame against its port anyway */
+
+static int lost(pw_run *r, int k, const char *why) {
+  return pw_exec_fail(r, PW_EPEER, NULL, "lost peer rank %d (%s): %s", k, r->peer_addr[k], why);
+}
+
+/* Reads what link k has, without blocking. Returns the frames completed
+ * (>= 0) or a negative code with r->error set. */
+static int drain(pw_run *r, int k) {
+  pw_inlink *in = &r->in[k];
+  int done = 0;
+  char b[512];
+  while (in->fd >= 0) {
+    void *buf;
+    size_t len;
+    pw_frame_reader_next_buf(&in->rd, &buf, &len);
+    if (!len) return lost(r, k, "out of memory for a frame");
+    ssize_t n = recv(in->fd, buf, len, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return done;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0 && in->bye) { /* an orderly end after its BYE */
+        in->fd = -1;
+        return done;
+      }
+      return lost(r, k, n == 0 ? "peer closed the link" : strerror(errno));
+    }
+    pw_frame_event ev;
+    pw_err err = {0};
+    int rc = pw_frame_reader_advance(&in->rd, (size_t)n, &ev, &err);
+    if (rc < 0) return lost(r, k, pw_err_str(&err, b, sizeof b));
+    if (rc == PW_FRAME_HEADER) {
+      if (ev.hdr.kind == PW_FRAME_HELLO) return lost(r, k, "second HELLO");
+      if (ev.hdr.kind == PW_FRAME_BYE) continue; /* its reason goes to the reader's buffer */
+      void *dst = NULL;
+      if (pw_run_frame_dest(r, k, &ev.hdr, &dst, &err)) return lost(r, k, pw_err_str(&err, b, sizeof b));
+      pw_frame_reader_set_dest(&in->rd, dst);
+    } else if (rc == PW_FRAME_DONE) {
+      if (ev.hdr.kind == PW_FRAME_HELLO) return lost(r, k, "second HELLO");
+      if (ev.hdr.kind == PW_FRAME_BYE) {
+        if (ev.len) { /* the peer is aborting: say why */
+          char why[PW_FRAME_HELLO_MAX + 1];
+          memcpy(why, ev.payload, ev.len);
+          why[ev.len] = 0;
+          for (size_t i = 0; i < ev.len; i++)
+            if ((unsigned char)why[i] < 32) why[i] = ' ';
+          return pw_exec_fail(r, PW_EPEER, NULL, "peer rank %d aborted: %s", k, why);
+        }
+        in->bye = 1;
+        continue;
+      }
+      if (pw_run_frame_done(r, k, &ev.hdr, ev.payload, &err)) return lost(r, k, pw_err_str(&err, b, sizeof b));
+      done++;
+    }
+  }
+  return done;
+}
+
+/* Links the loop admitted since we last looked. */
+static void refresh(pw_run *r) {
+  uv_mutex_lock(&r->mu);
+  for (int k = 0; k < r->n_ranks; k++)
+    if (r->in_fd[k] >= 0 && r->in[k].fd < 0 && !r->in[k].bye) {
+      r->in[k].fd = r->in_fd[k];
+      pw_frame_reader_free(&r->in[k].rd);
+      pw_frame_reader_init(&r->in[k].rd, MAX_PAYLOAD);
+    }
+  uv_mutex_unlock(&r->mu);
+}
+
+static int drain_all(pw_run *r) {
+  int done = 0;
+  for (int k = 0; k < r->n_ranks; k++) {
+    int rc = drain(r, k);
+    if (rc < 0) return rc;
+    done += rc;
+  }
+  return done;
+}
+
+int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
+  double spin_until = 0;
+  for (;;) {
+    if (atomic_load(&r->abort)) return PW_ECANCELED;
+    if (ready(r, arg)) return 0;
+    refresh(r);
+    int rc = drain_all(r);
+    if (rc < 0) return rc;
+    if (rc > 0) {
+      spin_until = 0;
+      continue;
+    }
+    double now = pw_now();
+    if (spin_until == 0) spin_until = now + SPIN_SECONDS;
+    if (now < spin_until) {
+      sched_yield(); /* a thread that needs this core (a peer's, our loop) goes first */
+      continue;
+    }
+    struct pollfd fds[65];
+    nfds_t n = 0;
+    fds[n++] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
+    for (int k = 0; k < r->n_ranks && n < 65; k++)
+      if (r->in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->in[k].fd, .events = POLLIN};
+    if (poll(fds, n, -1) > 0 && fds[0].revents & POLLIN) {
+      uint64_t drained;
+      if (read(r->wake_fd, &drained, sizeof drained) < 0) drained = 0;
+    }
+    spin_until = 0;
+  }
+}
+
+void pw_exec_wake(pw_run *r) {
+  uint64_t one = 1;
+  if (write(r->wake_fd, &one, sizeof one) < 0) { /* the counter is full: it is awake anyway */
+  }
+}
