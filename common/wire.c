@@ -357,6 +357,15 @@ int pw_frame_reader_idle(const pw_frame_reader *r) {
   return r->state == PW_FR_HEADER && r->hdr_got == 0;
 }
 
+size_t pw_frame_reader_missing(const pw_frame_reader *r) {
+  switch (r->state) {
+    case PW_FR_HEADER: return PW_FRAME_HDR_SIZE - r->hdr_got;
+    case PW_FR_HDR_READY: return (size_t)r->hdr.payload_len; /* pay_got is reset by next_buf */
+    case PW_FR_PAYLOAD: return (size_t)r->hdr.payload_len - r->pay_got;
+    default: return 0;
+  }
+}
+
 static int finish(pw_frame_reader *r, pw_frame_event *ev, pw_err *err) {
   if (r->crc != r->hdr.payload_crc) {
     char hs[160];

@@ -206,6 +206,11 @@ int pw_frame_reader_set_dest(pw_frame_reader *r, void *dst);
 /* 1 at a frame boundary (no partial frame buffered): an EOF there is an
  * orderly close, elsewhere a truncated frame. */
 int pw_frame_reader_idle(const pw_frame_reader *r);
+/* Bytes the reader still needs before its next event: the rest of the
+ * header, or, once a header is in, the rest of that frame's payload; 0 when
+ * dead. A socket reader can wait for that many (SO_RCVLOWAT) instead of
+ * waking for every segment of a large payload. */
+size_t pw_frame_reader_missing(const pw_frame_reader *r);
 
 /* Copies data through next_buf/advance, calling cb for every event
  * (HEADER events too: cb may call set_dest). cb returns 0 to go on or a

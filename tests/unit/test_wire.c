@@ -1,9 +1,10 @@
-/* test_wire: CRC-32C, the data-plane frame header (frozen byte layout,
+/* test_wire: the data-plane frame header (frozen byte layout,
  * every field validated), HELLO payloads, and the stream reader fed whole,
  * byte by byte, in random chunks and by partial reads, with zero-copy
  * destinations; then fuzzing with random bytes and mutated valid streams
  * (the reader must return frames or errors, never crash, never hold more
- * than max_payload). Deterministic: a fixed seed, PW_FUZZ_SEED overrides. */
+ * than max_payload). Deterministic: a fixed seed, PW_FUZZ_SEED overrides.
+ * CRC-32C itself is tested in test_crc32c.c. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -51,52 +52,6 @@ static uint32_t crc_ref(const uint8_t *p, size_t n) {
     for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1)));
   }
   return ~c;
-}
-
-/* ---- CRC-32C ---------------------------------------------------------------- */
-
-static void test_crc_check_value(void **state) {
-  const char *s = "123456789";
-  assert_int_equal(pw_crc32c_sw(0, s, 9), 0xE3069283u);
-  assert_int_equal(pw_crc32c(0, s, 9), 0xE3069283u);
-  assert_int_equal(crc_ref((const uint8_t *)s, 9), 0xE3069283u);
-  if (pw_crc32c_hw_available()) assert_int_equal(pw_crc32c_hw(0, s, 9), 0xE3069283u);
-  assert_int_equal(pw_crc32c(0, "", 0), 0);
-  /* RFC 3720 B.4: 32 bytes of zeros, of 0xff. */
-  uint8_t z[32] = {0}, f[32];
-  memset(f, 0xff, sizeof f);
-  assert_int_equal(pw_crc32c(0, z, 32), 0x8A9136AAu);
-  assert_int_equal(pw_crc32c(0, f, 32), 0x62A8AB43u);
-  /* Incremental: every split point gives the whole-buffer value. */
-  uint8_t b[1000];
-  for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)rnd();
-  uint32_t whole = pw_crc32c(0, b, sizeof b);
-  assert_int_equal(whole, crc_ref(b, sizeof b));
-  for (size_t k = 0; k <= sizeof b; k++) {
-    assert_int_equal(pw_crc32c(pw_crc32c(0, b, k), b + k, sizeof b - k), whole);
-    assert_int_equal(pw_crc32c_sw(pw_crc32c_sw(0, b, k), b + k, sizeof b - k), whole);
-  }
-}
-
-static void test_crc_hw_equals_sw(void **state) {
-  size_t cap = 3 * 8192 * 3 + 4096;
-  uint8_t *b = malloc(cap + 16);
-  for (size_t i = 0; i < cap + 16; i++) b[i] = (uint8_t)rnd();
-  /* Lengths around the 3-stream block edges (3*256, 3*8192) and random. */
-  size_t lens[] = {0, 1, 7, 8, 9, 63, 64, 255, 767, 768, 769, 1536, 2303, 24575, 24576, 24577,
-                   49152, 49153, 3 * 8192 * 3, cap};
-  int nhw = pw_crc32c_hw_available();
-  for (size_t li = 0; li < sizeof lens / sizeof *lens + 200; li++) {
-    size_t n = li < sizeof lens / sizeof *lens ? lens[li] : below(cap);
-    for (size_t off = 0; off < 9; off++) {
-      uint32_t seed = off & 1 ? (uint32_t)rnd() : 0;
-      uint32_t s = pw_crc32c_sw(seed, b + off, n);
-      if (nhw) assert_int_equal(pw_crc32c_hw(seed, b + off, n), s);
-      assert_int_equal(pw_crc32c(seed, b + off, n), s);
-      if (li < 12 && seed == 0) assert_int_equal(s, crc_ref(b + off, n));
-    }
-  }
-  free(b);
 }
 
 /* ---- header ----------------------------------------------------------------- */
@@ -478,6 +433,59 @@ static void test_reader_chunkings(void **state) {
   free(buf);
 }
 
+/* missing(): what the reader still needs before its next event, through
+ * every state, with and without a destination, and 0 once dead. */
+static void test_reader_missing(void **state) {
+  uint32_t d = 100;
+  pw_frame_hdr h;
+  pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 2, 3, 4, 5, PW_DTYPE_F32, 1, &d);
+  float pay[100];
+  for (int i = 0; i < 100; i++) pay[i] = (float)i;
+  uint8_t hb[PW_FRAME_HDR_SIZE];
+  pw_frame_hdr_encode(&h, pay, hb);
+  float mine[100];
+  pw_frame_reader r;
+  pw_frame_reader_init(&r, 4096);
+  pw_err err = {0};
+  pw_frame_event ev;
+  void *p;
+  size_t room;
+  for (int with_dest = 0; with_dest < 2; with_dest++) {
+    assert_int_equal(pw_frame_reader_missing(&r), PW_FRAME_HDR_SIZE);
+    pw_frame_reader_next_buf(&r, &p, &room);
+    memcpy(p, hb, 10);
+    assert_int_equal(pw_frame_reader_advance(&r, 10, &ev, &err), PW_FRAME_NEED_MORE);
+    assert_int_equal(pw_frame_reader_missing(&r), PW_FRAME_HDR_SIZE - 10);
+    pw_frame_reader_next_buf(&r, &p, &room);
+    memcpy(p, hb + 10, room);
+    assert_int_equal(pw_frame_reader_advance(&r, room, &ev, &err), PW_FRAME_HEADER);
+    assert_int_equal(pw_frame_reader_missing(&r), 400); /* before next_buf too */
+    if (with_dest) assert_int_equal(pw_frame_reader_set_dest(&r, mine), 0);
+    size_t got = 0;
+    while (got < 400) {
+      pw_frame_reader_next_buf(&r, &p, &room);
+      size_t k = room < 150 ? room : 150;
+      memcpy(p, (uint8_t *)pay + got, k);
+      got += k;
+      int rc = pw_frame_reader_advance(&r, k, &ev, &err);
+      assert_int_equal(rc, got < 400 ? PW_FRAME_NEED_MORE : PW_FRAME_DONE);
+      assert_int_equal(pw_frame_reader_missing(&r), got < 400 ? 400 - got : PW_FRAME_HDR_SIZE);
+    }
+    assert_memory_equal(ev.payload, pay, 400);
+  }
+  /* An empty payload completes with the header: a new header is missing. */
+  uint32_t zero = 0;
+  pw_frame_hdr_init(&h, PW_FRAME_BYE, 1, 0, 0, 0, 0, PW_DTYPE_U8, 1, &zero);
+  pw_frame_hdr_encode(&h, NULL, hb);
+  assert_int_equal(pw_frame_reader_feed(&r, hb, sizeof hb, NULL, NULL, &err), 1);
+  assert_int_equal(pw_frame_reader_missing(&r), PW_FRAME_HDR_SIZE);
+  /* Dead: nothing more is wanted. */
+  hb[0] ^= 1;
+  assert_true(pw_frame_reader_feed(&r, hb, sizeof hb, NULL, NULL, &err) < 0);
+  assert_int_equal(pw_frame_reader_missing(&r), 0);
+  pw_frame_reader_free(&r);
+}
+
 static void test_reader_zero_copy(void **state) {
   uint8_t *buf = NULL;
   size_t len = 0, cap = 0;
@@ -783,14 +791,13 @@ int main(void) {
   const char *seed = getenv("PW_FUZZ_SEED");
   if (seed) g_rng = strtoull(seed, NULL, 0);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_crc_check_value),
-      cmocka_unit_test(test_crc_hw_equals_sw),
       cmocka_unit_test(test_hdr_layout),
       cmocka_unit_test(test_hdr_init),
       cmocka_unit_test(test_hdr_corrupt_each_field),
       cmocka_unit_test(test_hello),
       cmocka_unit_test(test_reader_chunkings),
       cmocka_unit_test(test_reader_zero_copy),
+      cmocka_unit_test(test_reader_missing),
       cmocka_unit_test(test_reader_truncated),
       cmocka_unit_test(test_reader_errors),
       cmocka_unit_test(test_reader_large),
