@@ -2,7 +2,7 @@
  * stream between two processes on loopback (issue 8, case 5), and the
  * blocking wake-up cost between processes (the floor under case 4).
  *
- *   bench_transport pw   SIZE ITERS [stream]   libuv + PWF1 frames (wire.h)
+ *   bench_transport pw   SIZE ITERS [stream]   PWF1 frames, as a worker sends them
  *   bench_transport raw  SIZE ITERS [stream]   blocking send/recv, same bytes
  *   bench_transport wake ITERS                 pipe ping-pong between processes
  *   bench_transport wakeidle ITERS             wake-up of a process blocked for 1 ms
@@ -12,26 +12,29 @@
  * header plus SIZE payload bytes. Ping-pong (default): the receiver answers
  * every message with one byte and the sender waits for it, so a message's
  * time is one hop plus a 1-byte return. stream: messages back to back, one
- * answer after the last. pw does what a worker does: the sender encodes a
- * PWF1 header with the payload's crc32c and writes header + payload with one
- * uv_try_write, queuing a uv_write only for what the socket did not take
- * (send_bufs, as worker/net.c's pw_net_send_encoded); the receiver reads
- * with libuv through pw_frame_reader straight into a destination buffer
- * (set_dest), CRC checked as bytes arrive, waiting for large payloads in
- * big pieces (rx_lowat: SO_RCVLOWAT), and answers the same way. raw copies
- * the same bytes with blocking write()/read() on default sockets and checks
- * nothing.
+ * answer after the last. pw does what a worker's compute thread does: the
+ * sender encodes a PWF1 header with the payload's crc32c and writes header
+ * + payload with one non-blocking sendmsg, waiting for the socket only for
+ * what it did not take (worker/exec.c pw_exec_send; the worker's loop
+ * thread writes that rest); the receiver reads without blocking through
+ * pw_frame_reader straight into a destination buffer, CRC checked as bytes
+ * arrive, yielding the core while nothing comes for up to 1 ms, then
+ * sleeping in poll() (worker/recv.c). raw copies the same bytes with
+ * blocking write()/read() on default sockets and checks nothing.
  *
  * Prints one JSON line: {"mode", "size", "iters", "seconds", "us_per_msg",
  * "gbytes_per_s"}. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -125,204 +128,98 @@ static double raw_send(int port) {
   return dt;
 }
 
-/* ---- pw: libuv + wire.h, as the worker ---------------------------------- */
+/* ---- pw: what a worker's compute thread does (worker/exec.c, recv.c) ---- */
 
-typedef struct {
-  uv_loop_t loop;
-  uv_tcp_t server, conn;
-  pw_frame_reader rd;
-  float *dest;
-  int got;
-  uint8_t hdr[PW_FRAME_HDR_SIZE];
-  int acks;
-  float *payload;
-  int sent;
-  double t0, t1;
-  char ackbuf[16];
-  int lowat; /* the receiver's SO_RCVLOWAT now */
-} pw_side;
+#define SPIN_SECONDS 1e-3 /* recv.c: poll the socket, yielding, before sleeping */
 
-static void on_close(uv_handle_t *h) { (void)h; }
-
-static void rx_alloc(uv_handle_t *h, size_t sug, uv_buf_t *b) {
-  pw_side *s = h->data;
-  void *base;
-  size_t len;
-  pw_frame_reader_next_buf(&s->rd, &base, &len);
-  if (len > (1u << 30)) len = 1u << 30;
-  *b = uv_buf_init(base, (unsigned)len);
-}
-
-static void ack_done(uv_write_t *w, int st) { free(w); }
-
-/* Writes bufs as a worker sends a frame (worker/net.c): uv_try_write first,
- * and a uv_write (w, cb) only for what the socket did not take. A frame
- * that fits the send buffer then costs one writev: no request, no pass
- * through libuv's pending queue and no epoll_ctl for the POLLOUT interest
- * libuv arms and drops around every queued write. Returns 0 when all was
- * written (cb will not run), 1 when the rest is queued (cb will run). */
-static int send_bufs(uv_stream_t *st, uv_buf_t *bufs, unsigned nbufs, uv_write_t *w, uv_write_cb cb) {
-  int k = uv_try_write(st, bufs, nbufs);
-  if (k < 0 && k != UV_EAGAIN) die("uv_try_write");
-  size_t done = k > 0 ? (size_t)k : 0;
-  while (nbufs && done >= bufs->len) {
-    done -= bufs->len;
-    bufs++;
-    nbufs--;
-  }
-  if (!nbufs) return 0;
-  bufs->base += done;
-  bufs->len -= done;
-  if (uv_write(w, st, bufs, nbufs, cb)) die("uv_write");
-  return 1;
-}
-
-/* The receiver waits for a large payload in big pieces, as a worker's
- * inbound link does: SO_RCVLOWAT = LOWAT while at least LOWAT bytes of the
- * frame are missing, else the default 1. The loop then wakes and reads once
- * per LOWAT bytes instead of once per 64 KiB segment, and a sender on the
- * same CPU is not preempted by a wake-up for every segment: ~1.2-1.4x the
- * raw stream at 16 MiB on the CI machines, instead of ~0.8. Never more than
- * the frame still needs, or its last bytes would not wake us. Smaller
- * marks (256 KiB, 1 MiB, or a whole 1 MiB frame) and a fixed SO_RCVBUF were
- * measured too: up to 2x slower at 1 MiB when both processes share a CPU
- * (the whole frame in flight no longer fits the cache), and setting a mark
- * clamps the window to it on an autotuned buffer. */
-#define LOWAT (4 << 20)
-
-static void rx_lowat(pw_side *s, uv_stream_t *st) {
-  int v = pw_frame_reader_missing(&s->rd) >= LOWAT ? LOWAT : 1;
-  uv_os_fd_t fd;
-  if (v == s->lowat || uv_fileno((uv_handle_t *)st, &fd)) return;
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v)) die("SO_RCVLOWAT");
-  s->lowat = v;
-}
-
-static void rx_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
-  pw_side *s = st->data;
-  if (n == 0) return;
-  if (n < 0) {
-    uv_close((uv_handle_t *)st, on_close);
-    uv_close((uv_handle_t *)&s->server, on_close);
-    return;
-  }
-  pw_frame_event ev;
-  pw_err err = {0};
-  int rc = pw_frame_reader_advance(&s->rd, (size_t)n, &ev, &err);
-  if (rc == PW_FRAME_HEADER) {
-    pw_frame_reader_set_dest(&s->rd, s->dest);
-  } else if (rc == PW_FRAME_DONE) {
-    s->got++;
-    if (!g_stream || s->got == g_iters) {
-      uv_write_t *w = malloc(sizeof *w);
-      uv_buf_t ab = uv_buf_init("k", 1);
-      if (!send_bufs(st, &ab, 1, w, ack_done)) free(w);
+/* recv.c's wait: a non-blocking read; while nothing comes, yield the core
+ * for up to SPIN_SECONDS, then sleep in poll(). Returns bytes read (> 0). */
+static size_t recv_wait(int fd, void *buf, size_t len) {
+  double spin_until = 0;
+  for (;;) {
+    ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
+    if (n > 0) return (size_t)n;
+    if (n == 0) die("peer closed");
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("recv");
+    double t = now();
+    if (spin_until == 0) spin_until = t + SPIN_SECONDS;
+    if (t < spin_until) {
+      sched_yield();
+      continue;
     }
-  } else if (rc < 0) {
-    char m[256];
-    fprintf(stderr, "bench_transport: %s\n", pw_err_str(&err, m, sizeof m));
-    exit(1);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    poll(&p, 1, -1);
+    spin_until = 0;
   }
-  rx_lowat(s, st);
 }
 
-static void on_conn(uv_stream_t *srv, int status) {
-  pw_side *s = srv->data;
-  uv_tcp_init(&s->loop, &s->conn);
-  s->conn.data = s;
-  if (uv_accept(srv, (uv_stream_t *)&s->conn)) die("uv_accept");
-  uv_tcp_nodelay(&s->conn, 1);
-  s->lowat = 1;
-  uv_read_start((uv_stream_t *)&s->conn, rx_alloc, rx_read);
+/* exec.c's send: header (payload CRC computed here) + payload in one
+ * non-blocking sendmsg; what the socket does not take, the worker's loop
+ * writes when the socket is writable again: here, poll + sendmsg. */
+static void pw_send_frame(int fd, const uint8_t *hdr, const void *payload, size_t len) {
+  size_t total = PW_FRAME_HDR_SIZE + len, off = 0;
+  while (off < total) {
+    struct iovec iov[2];
+    int n_iov = 0;
+    if (off < PW_FRAME_HDR_SIZE) iov[n_iov++] = (struct iovec){(void *)(hdr + off), PW_FRAME_HDR_SIZE - off};
+    size_t poff = off > PW_FRAME_HDR_SIZE ? off - PW_FRAME_HDR_SIZE : 0;
+    if (len > poff) iov[n_iov++] = (struct iovec){(char *)payload + poff, len - poff};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n_iov};
+    ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      off += (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("sendmsg");
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    poll(&p, 1, -1);
+  }
 }
 
 static void pw_recv(int lfd) {
-  pw_side s = {0};
-  uv_loop_init(&s.loop);
-  pw_frame_reader_init(&s.rd, g_size + 1);
-  s.dest = malloc(g_size ? g_size : 1);
-  uv_tcp_init(&s.loop, &s.server);
-  s.server.data = &s;
-  if (uv_tcp_open(&s.server, lfd) || uv_listen((uv_stream_t *)&s.server, 4, on_conn)) die("uv_listen");
-  uv_run(&s.loop, UV_RUN_DEFAULT);
-  if (s.got != g_iters) {
-    fprintf(stderr, "bench_transport: receiver got %d of %d frames\n", s.got, g_iters);
-    exit(1);
+  int fd = accept(lfd, NULL, NULL), one = 1;
+  if (fd < 0) die("accept");
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  pw_frame_reader rd;
+  pw_frame_reader_init(&rd, g_size + 1);
+  float *dest = malloc(g_size ? g_size : 1);
+  for (int got = 0; got < g_iters;) {
+    void *buf;
+    size_t len;
+    pw_frame_reader_next_buf(&rd, &buf, &len);
+    if (!len) die("frame reader");
+    size_t n = recv_wait(fd, buf, len);
+    pw_frame_event ev;
+    pw_err err = {0};
+    int rc = pw_frame_reader_advance(&rd, n, &ev, &err);
+    if (rc < 0) die(err.msg);
+    if (rc == PW_FRAME_HEADER) pw_frame_reader_set_dest(&rd, dest);
+    if (rc == PW_FRAME_DONE && (++got, !g_stream || got == g_iters)) write_all(fd, "k", 1);
   }
-  pw_frame_reader_free(&s.rd);
-  free(s.dest);
-  uv_loop_close(&s.loop);
-}
-
-static void tx_next(pw_side *s);
-
-static void tx_written(uv_write_t *w, int st) {
-  pw_side *s = w->data;
-  free(w);
-  if (st < 0) die("uv_write");
-  if (g_stream && s->sent < g_iters) tx_next(s);
-}
-
-static void tx_alloc(uv_handle_t *h, size_t sug, uv_buf_t *b) {
-  pw_side *s = h->data;
-  *b = uv_buf_init(s->ackbuf, sizeof s->ackbuf);
-}
-
-static void tx_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
-  pw_side *s = st->data;
-  if (n <= 0) return;
-  s->acks += (int)n;
-  if (g_stream || s->acks >= g_iters) {
-    s->t1 = now();
-    uv_close((uv_handle_t *)st, on_close);
-    return;
-  }
-  tx_next(s);
-}
-
-/* Sends the next frame; in stream mode goes on while the socket takes
- * frames whole, else tx_written continues. */
-static void tx_next(pw_side *s) {
-  do {
-    pw_frame_hdr h;
-    uint32_t dims[1] = {(uint32_t)(g_size / 4)};
-    pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, (uint32_t)s->sent, 1, 0, PW_DTYPE_F32, 1, dims);
-    pw_frame_hdr_encode(&h, s->payload, s->hdr);
-    s->sent++;
-    uv_write_t *w = malloc(sizeof *w);
-    uv_buf_t bufs[2] = {uv_buf_init((char *)s->hdr, PW_FRAME_HDR_SIZE),
-                        uv_buf_init((char *)s->payload, (unsigned)g_size)};
-    w->data = s;
-    if (send_bufs((uv_stream_t *)&s->conn, bufs, g_size ? 2 : 1, w, tx_written)) return;
-    free(w);
-  } while (g_stream && s->sent < g_iters);
-}
-
-static void on_connected(uv_connect_t *c, int status) {
-  pw_side *s = c->data;
-  if (status < 0) die("uv_connect");
-  uv_tcp_nodelay(&s->conn, 1);
-  uv_read_start((uv_stream_t *)&s->conn, tx_alloc, tx_read);
-  s->t0 = now();
-  tx_next(s);
+  pw_frame_reader_free(&rd);
+  free(dest);
+  close(fd);
 }
 
 static double pw_send(int port) {
-  pw_side s = {0};
-  uv_connect_t creq;
-  struct sockaddr_in sa;
-  uv_loop_init(&s.loop);
-  s.payload = malloc(g_size ? g_size : 1);
-  for (size_t i = 0; i < g_size / 4; i++) s.payload[i] = (float)i;
-  uv_tcp_init(&s.loop, &s.conn);
-  s.conn.data = &s;
-  creq.data = &s;
-  uv_ip4_addr("127.0.0.1", port, &sa);
-  uv_tcp_connect(&creq, &s.conn, (struct sockaddr *)&sa, on_connected);
-  uv_run(&s.loop, UV_RUN_DEFAULT);
-  free(s.payload);
-  uv_loop_close(&s.loop);
-  return s.t1 - s.t0;
+  int fd = connect_to(port);
+  float *payload = malloc(g_size ? g_size : 1);
+  for (size_t i = 0; i < g_size / 4; i++) payload[i] = (float)i;
+  uint8_t hdr[PW_FRAME_HDR_SIZE];
+  char ack;
+  double t0 = now();
+  for (int i = 0; i < g_iters; i++) {
+    pw_frame_hdr h;
+    uint32_t dims[1] = {(uint32_t)(g_size / 4)};
+    pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, (uint32_t)i, 1, 0, PW_DTYPE_F32, 1, dims);
+    pw_frame_hdr_encode(&h, payload, hdr);
+    pw_send_frame(fd, hdr, payload, g_size);
+    if (!g_stream || i == g_iters - 1) recv_wait(fd, &ack, 1);
+  }
+  double dt = now() - t0;
+  free(payload);
+  close(fd);
+  return dt;
 }
 
 /* ---- wake-up: pipe ping-pong between two processes ---------------------- */
