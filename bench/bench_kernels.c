@@ -213,7 +213,7 @@ static void node_run(void *p, int which) {
       pw_layernorm_forward(c->out, c->aux, c->aux + N, c->in0, c->w, c->b, N, C, n->eps);
       break;
     case PW_OP_RMSNORM: pw_rmsnorm_forward(c->out, c->aux, c->in0, c->w, N, C, n->eps); break;
-    case PW_OP_GELU: pw_gelu_forward(c->out, c->in0, N * C); break;
+    case PW_OP_GELU: pw_gelu_forward(c->out, c->aux, c->in0, N * C); break;
     case PW_OP_RELU: pw_relu_forward(c->out, c->in0, N * C); break;
     case PW_OP_SILU: pw_silu_forward(c->out, c->in0, N * C); break;
     case PW_OP_SWIGLU: pw_swiglu_forward(c->out, c->in0, c->in1, N * C); break;
@@ -233,7 +233,7 @@ static void node_run(void *p, int which) {
       pw_layernorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, c->aux + N, N, C, 1);
       break;
     case PW_OP_RMSNORM: pw_rmsnorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, N, C, 1); break;
-    case PW_OP_GELU: pw_gelu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
+    case PW_OP_GELU: pw_gelu_backward_input(c->din0, c->dout, c->aux, N * C, 1); break;
     case PW_OP_RELU: pw_relu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
     case PW_OP_SILU: pw_silu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
     case PW_OP_SWIGLU: pw_swiglu_backward_input(c->din0, c->din1, c->dout, c->in0, c->in1, N * C, 1, 1); break;

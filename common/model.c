@@ -449,6 +449,7 @@ static void count_node(pw_model *m, pw_node *n) {
   switch ((pw_op)n->op) {
     case PW_OP_LAYERNORM: aux = 2 * (size_t)in->rows; break;
     case PW_OP_RMSNORM: aux = (size_t)in->rows; break;
+    case PW_OP_GELU: aux = (size_t)in->rows * (size_t)in->width; break; /* gelu' */
     case PW_OP_ATTENTION: aux = (size_t)n->NH * (size_t)n->T * (size_t)n->T; break;
     case PW_OP_XENT: aux = (size_t)in->rows * (size_t)in->width; break;
     default: break;

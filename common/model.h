@@ -29,7 +29,7 @@ typedef enum {
   PW_OP_LINEAR,     /* in: (r,C)                 out (r,OC)  params: w (OC,C), b (OC)? */
   PW_OP_LAYERNORM,  /* in: (r,C)                 out (r,C)   params: w, b (C); aux mean,rstd */
   PW_OP_RMSNORM,    /* in: (r,C)                 out (r,C)   params: w (C); aux rstd */
-  PW_OP_GELU,
+  PW_OP_GELU,       /* in: (r,C)                 out (r,C); aux gelu'(in) (r,C) */
   PW_OP_RELU,
   PW_OP_SILU,
   PW_OP_SWIGLU,     /* in: gate (r,H), up (r,H)  out (r,H) */
@@ -64,7 +64,7 @@ typedef struct {
   int T;            /* rows per sequence of the input */
   float eps;        /* norms */
   float base;       /* rope */
-  size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, att, probs) */
+  size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, gelu', att, probs) */
 } pw_node;
 
 #define PW_PARAM_NAME_MAX 96

@@ -56,6 +56,11 @@ void pw_layernorm_backward_input(float *dinp, const float *dout, const float *in
                                  const float *mean, const float *rstd, int N, int C, int acc);
 void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const float *inp,
                                   const float *mean, const float *rstd, int N, int C);
+/* Both halves in one pass over the rows: the same bits as backward_weight
+ * followed by backward_input (a full backward, when nothing splits them). */
+void pw_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int N, int C,
+                           int acc);
 
 /* RMSNorm (no bias): out = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps).
  * Saves rstd (N). */
@@ -67,9 +72,10 @@ void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, 
                                 int N, int C);
 
 /* Elementwise activations over n floats. GELU is the tanh approximation
- * (PyTorch's gelu(approximate='tanh')). */
-void pw_gelu_forward(float *out, const float *inp, int n);
-void pw_gelu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc);
+ * (PyTorch's gelu(approximate='tanh')); its forward also saves the
+ * derivative gelu'(inp) in dgelu (n), which is all its backward needs. */
+void pw_gelu_forward(float *out, float *dgelu, const float *inp, int n);
+void pw_gelu_backward_input(float *dinp, const float *dout, const float *dgelu, int n, int acc);
 void pw_relu_forward(float *out, const float *inp, int n);
 void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc);
 void pw_silu_forward(float *out, const float *inp, int n);

@@ -106,17 +106,25 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
         /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, scale,
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
+        /* Softmax of each row over its causal part [0, i], one phase at a
+         * time over the block's rows (max, exp, sum, scale): the serial
+         * chains that combine a row's lanes then overlap across rows. exp
+         * and scale run on to a whole number of PW_LANES (within r1:
+         * scores there too, zeroed at the end) rather than end in a scalar
+         * tail of up to 15 exps, which cost more than the whole vectors. */
+        float rv[ATTN_BLOCK]; /* per row: its max, then 1 / its sum */
+        for (int i = r0; i < r1; i++) rv[i - r0] = pw__max(P + (size_t)i * T, i + 1);
         for (int i = r0; i < r1; i++) {
-          float *p = P + (size_t)i * T;
-          /* exp and scale run on to a whole number of PW_LANES (within r1:
-           * scores there too, zeroed below) rather than end in a scalar
-           * tail of up to 15 exps, which cost more than the whole vectors. */
+          float *p = P + (size_t)i * T, mx = rv[i - r0];
           int n = (i + PW_LANES) / PW_LANES * PW_LANES;
           n = n < r1 ? n : r1;
-          float mx = pw__max(p, i + 1);
           for (int j = 0; j < n; j++) p[j] = pw__exp(p[j] - mx);
-          float sum = pw__sum(p, i + 1);
-          float inv = 1.0f / sum;
+        }
+        for (int i = r0; i < r1; i++) rv[i - r0] = 1.0f / pw__sum(P + (size_t)i * T, i + 1);
+        for (int i = r0; i < r1; i++) {
+          float *p = P + (size_t)i * T, inv = rv[i - r0];
+          int n = (i + PW_LANES) / PW_LANES * PW_LANES;
+          n = n < r1 ? n : r1;
           for (int j = 0; j < n; j++) p[j] *= inv;
           memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
         }

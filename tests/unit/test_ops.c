@@ -175,6 +175,41 @@ static void test_layernorm(void **state) {
   assert_float_equal(rstd[1], 1.0 / sqrt(14.0 / 9.0 + 1e-5), 1e-6);
 }
 
+/* The fused backward (one pass) stores exactly what backward_weight then
+ * backward_input store: narrow rows, rows of several LN_CHUNKs kept on the
+ * stack, rows wider than LN_ROW (recomputed), overwriting and accumulating. */
+static void test_layernorm_fused(void **state) {
+  const int Cs[3] = {13, 300, 1100}, N = 3;
+  for (int k = 0; k < 3; k++)
+    for (int acc = 0; acc < 2; acc++) {
+      int C = Cs[k];
+      size_t n = (size_t)N * C;
+      float *x = malloc(n * 4), *dy = malloc(n * 4), *y = malloc(n * 4), *dx1 = malloc(n * 4),
+            *dx2 = malloc(n * 4), *w = malloc(C * 4u), *b = malloc(C * 4u), *dw1 = malloc(C * 4u),
+            *dw2 = malloc(C * 4u), *db1 = malloc(C * 4u), *db2 = malloc(C * 4u), st[6];
+      assert_true(x && dy && y && dx1 && dx2 && w && b && dw1 && dw2 && db1 && db2);
+      for (size_t i = 0; i < n; i++) {
+        x[i] = (float)sin(0.37 * (double)i) * 3.0f + 0.5f;
+        dy[i] = (float)cos(0.91 * (double)i);
+        dx1[i] = dx2[i] = acc ? (float)i * 1e-3f : NAN; /* overwritten unread */
+      }
+      for (int c = 0; c < C; c++) {
+        w[c] = 1.0f + 0.01f * (float)(c % 17), b[c] = 0.1f;
+        dw1[c] = dw2[c] = 0.25f, db1[c] = db2[c] = -0.5f;
+      }
+      pw_layernorm_forward(y, st, st + N, x, w, b, N, C, 1e-5f);
+      pw_layernorm_backward_weight(dw1, db1, dy, x, st, st + N, N, C);
+      pw_layernorm_backward_input(dx1, dy, x, w, st, st + N, N, C, acc);
+      pw_layernorm_backward(dx2, dw2, db2, dy, x, w, st, st + N, N, C, acc);
+      assert_memory_equal(dx1, dx2, n * 4);
+      assert_memory_equal(dw1, dw2, C * 4u);
+      assert_memory_equal(db1, db2, C * 4u);
+      assert_true(dw1[0] != 0.25f && db1[0] != -0.5f); /* both really accumulated */
+      free(x), free(dy), free(y), free(dx1), free(dx2), free(w), free(b);
+      free(dw1), free(dw2), free(db1), free(db2);
+    }
+}
+
 /* rmsnorm: d = {N, C}; inputs inp, w; saved rstd (N). */
 static void rmsnorm_fwd(const opcase *c, float *const *in, float *out, float *saved) {
   pw_rmsnorm_forward(out, saved, in[0], in[1], c->d[0], c->d[1], c->fp);
@@ -220,7 +255,7 @@ static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
 static void ew_fwd(const opcase *c, float *const *in, float *out, float *saved) {
   int n = c->d[0];
   switch (c->d[1]) {
-  case EW_GELU: pw_gelu_forward(out, in[0], n); break;
+  case EW_GELU: pw_gelu_forward(out, saved, in[0], n); break;
   case EW_RELU: pw_relu_forward(out, in[0], n); break;
   case EW_SILU: pw_silu_forward(out, in[0], n); break;
   case EW_SWIGLU: pw_swiglu_forward(out, in[0], in[1], n); break;
@@ -232,7 +267,7 @@ static void ew_bwd(const opcase *c, int which, float *const *in, float *saved, c
   int n = c->d[0];
   if (which != IN_DATA) return;
   switch (c->d[1]) {
-  case EW_GELU: pw_gelu_backward_input(g[0], dout, in[0], n, 1); break;
+  case EW_GELU: pw_gelu_backward_input(g[0], dout, saved, n, 1); break;
   case EW_RELU: pw_relu_backward_input(g[0], dout, in[0], n, 1); break;
   case EW_SILU: pw_silu_backward_input(g[0], dout, in[0], n, 1); break;
   case EW_SWIGLU: pw_swiglu_backward_input(g[0], g[1], dout, in[0], in[1], n, 1, 1); break;
@@ -261,7 +296,7 @@ static void test_elementwise(void **state) {
     opcase c = {.n_in = two ? 2 : 1,
                 .in_name = {kind == EW_SWIGLU ? "gate" : "a", kind == EW_SWIGLU ? "up" : "b"},
                 .in_kind = {IN_DATA, IN_DATA}, .in_n = {(size_t)n, (size_t)n},
-                .out_n = (size_t)n, .d = {n, kind},
+                .out_n = (size_t)n, .saved_n = kind == EW_GELU ? (size_t)n : 0, .d = {n, kind},
                 .init_scale = kind == EW_RELU ? 1.0 : 4.0, /* reach GELU/SiLU tails */
                 .init_gap = kind == EW_RELU ? 0.05 : 0.0,  /* FD never straddles the kink */
                 .fwd = ew_fwd, .bwd = ew_bwd, .ref = ew_ref};
@@ -286,8 +321,8 @@ static void test_gelu_matches_pytorch(void **state) {
   const float x[7] = {-3.0f, -1.0f, -0.5f, 0.0f, 0.3f, 1.0f, 2.5f};
   const double torch[7] = {-0.0036374330520629883, -0.15880799293518066, -0.1542859971523285,
                            0.0, 0.18537093698978424, 0.8411920070648193, 2.4849157333374023};
-  float y[7];
-  pw_gelu_forward(y, x, 7);
+  float y[7], dy[7];
+  pw_gelu_forward(y, dy, x, 7);
   for (int i = 0; i < 7; i++) {
     if (fabs(y[i] - torch[i]) > 2.5e-7 * fabs(torch[i]) + 1e-9)
       printf("FAIL gelu vs PyTorch: x=%g expected %.9g got %.9g\n", x[i], torch[i], y[i]);
@@ -375,7 +410,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gradcheck_meta), cmocka_unit_test(test_linear),
       cmocka_unit_test(test_embed),          cmocka_unit_test(test_posembed),
-      cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_rmsnorm),
+      cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_layernorm_fused),
+      cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_gelu_matches_pytorch),
       cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_mse),
   };

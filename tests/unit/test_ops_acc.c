@@ -50,7 +50,7 @@ static void k_layernorm(float *g, float *u, int a, int b) {
   pw_layernorm_backward_input(g, dout, in0, w, aux, aux + N, N, C, a);
 }
 static void k_rmsnorm(float *g, float *u, int a, int b) { pw_rmsnorm_backward_input(g, dout, in0, w, aux + N, N, C, a); }
-static void k_gelu(float *g, float *u, int a, int b) { pw_gelu_backward_input(g, dout, in0, N * C, a); }
+static void k_gelu(float *g, float *u, int a, int b) { pw_gelu_backward_input(g, dout, in0, N * C, a); } /* in0 as gelu' */
 static void k_relu(float *g, float *u, int a, int b) { pw_relu_backward_input(g, dout, in0, N * C, a); }
 static void k_silu(float *g, float *u, int a, int b) { pw_silu_backward_input(g, dout, in0, N * C, a); }
 static void k_swiglu(float *g, float *u, int a, int b) { pw_swiglu_backward_input(g, u, dout, in0, in1, N * C, a, b); }
@@ -131,8 +131,8 @@ static void test_overwrite_equals_zeroed_accumulate(void **st) {
 
 /* A gradient of -0 is stored as +0 when overwriting, as adding to +0 does. */
 static void test_negative_zero(void **st) {
-  float d[2] = {-0.0f, 1.0f}, x[2] = {1.0f, 1.0f}, g[2] = {NAN, NAN};
-  pw_gelu_backward_input(g, d, x, 2, 0);
+  float d[2] = {-0.0f, 1.0f}, dgelu[2] = {1.0f, 1.0f}, g[2] = {NAN, NAN};
+  pw_gelu_backward_input(g, d, dgelu, 2, 0);
   assert_false(signbit(g[0]));
   float d0[2] = {-0.0f, -0.0f}, a[2] = {NAN, NAN};
   pw_add_backward_input(a, a + 1, d0, 1, 0, 0);

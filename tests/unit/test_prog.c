@@ -7,6 +7,8 @@
  *   whole models, stage programs (output-port gradients filled by the
  *   caller, which every writer must add to), B and I+W alike, and values
  *   read twice by one node (add(x, x), swiglu(g, g)) or by nobody;
+ * - B (which runs a layernorm's two halves as one pass) and I+W give the
+ *   same gradients bit for bit;
  * - the gradient of a stage's input port (the residual stream, read by a
  *   layernorm and by a residual add) agrees with a finite difference: a
  *   second reader that overwrote instead of adding would fail. */
@@ -135,6 +137,8 @@ static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
   pw_prog *p;
   assert_int_equal(pw_prog_create(m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 17);
+  float *b = NULL; /* B's gradients, which I+W must equal (B fuses some nodes' halves) */
+  size_t nb = 0;
   for (int split = 0; split < 2; split++) {
     size_t nz, ng;
     float *z = run(p, m, 0.0f, split, &nz);
@@ -146,11 +150,19 @@ static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
       if (memcmp(&z[k], &g[k], sizeof(float)))
         fail_msg("layers [%d, %d) %s: gradient element %zu: %.9g from zeroed buffers, %.9g from garbage",
                  lo, hi, split ? "I+W" : "B", k, (double)z[k], (double)g[k]);
+      if (split && memcmp(&z[k], &b[k], sizeof(float)))
+        fail_msg("layers [%d, %d): gradient element %zu: %.9g from B, %.9g from I+W", lo, hi, k,
+                 (double)b[k], (double)z[k]);
     }
     assert_true(nonzero > nz / 2); /* gradients really flowed */
-    free(z);
+    if (split) assert_int_equal(nz, nb);
     free(g);
+    if (split)
+      free(z);
+    else
+      b = z, nb = nz;
   }
+  free(b);
   pw_prog_free(p);
 }
 
