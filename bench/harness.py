@@ -370,9 +370,11 @@ def cases_rt_md(res):
         if "error" in tr:
             L.append(f"failed: {tr['error']}\n")
         else:
-            L.append("`bench_transport` (C): pw = what a worker does (libuv, PWF1 header with the payload's crc32c, "
-                     "header + payload in one uv_write; receiver: libuv reads through pw_frame_reader straight into a "
-                     "destination buffer, CRC checked); raw = blocking write()/read() of the same bytes, no checks. "
+            L.append("`bench_transport` (C): pw = what a worker's compute thread does (PWF1 header with the payload's "
+                     "crc32c, header + payload in one non-blocking sendmsg, waiting for the socket only for the rest; "
+                     "receiver: non-blocking reads through pw_frame_reader straight into a destination buffer, CRC "
+                     "checked, yielding the core for up to 1 ms while nothing comes, then poll()); raw = blocking "
+                     "write()/read() of the same bytes, no checks. "
                      "pingpong: a 1-byte answer after every message (time = one hop + a tiny return); stream: back to "
                      "back. Interleaved A B B A, medians. "
                      f"Latency per hop (0-byte payload, half round trip): pw {tr['hop_latency_us_pw']:.1f} µs, "
