@@ -55,7 +55,8 @@ static void resolve_data_path(pw_data_spec *d) {
   if (d->kind != PW_DATA_TEXT || !d->path[0] || d->path[0] == '/') return;
   char abs[PATH_MAX];
   if (!realpath(d->path, abs)) return;
-  if (strlen(abs) < sizeof d->path) snprintf(d->path, sizeof d->path, "%s", abs);
+  size_t n = strlen(abs);
+  if (n < sizeof d->path) memcpy(d->path, abs, n + 1);
 }
 
 void pw_api_job_submit(pw_req *r) {
