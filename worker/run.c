@@ -308,11 +308,12 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->acts = r->sched->actions[r->prank];
   r->n_acts = r->sched->n_actions[r->prank];
   r->timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->timings);
+  r->trace_buf = calloc((size_t)PW_TRACE_BUFS * (size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->trace_buf);
   r->norm_parts = calloc((size_t)(2 * r->pp), sizeof(double));
   r->norm_parts_step = malloc(sizeof(int) * (size_t)(2 * r->pp));
   r->evq_cap = 64;
   r->evq = malloc(sizeof *r->evq * (size_t)r->evq_cap);
-  if (!r->timings || !r->norm_parts || !r->norm_parts_step || !r->evq || pw_stepend_alloc(r)) {
+  if (!r->timings || !r->trace_buf || !r->norm_parts || !r->norm_parts_step || !r->evq || pw_stepend_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
@@ -372,6 +373,7 @@ static void run_destroy(pw_run *r) {
   free(r->out);
   free(r->peer_addr);
   free(r->timings);
+  free(r->trace_buf);
   free(r->norm_parts);
   free(r->norm_parts_step);
   pw_dataset_close(r->ds);
@@ -380,7 +382,6 @@ static void run_destroy(pw_run *r) {
   pw_model_free(&r->model);
   pw_job_free(&r->spec);
   json_decref(r->assign);
-  for (int i = 0; i < r->evq_len; i++) free(r->evq[(r->evq_head + i) % r->evq_cap].timings);
   free(r->evq);
   free(r->wl);
   for (int k = 0; r->in && k < r->n_ranks; k++) pw_frame_reader_free(&r->in[k].rd);
@@ -505,7 +506,11 @@ static void on_event(pw_run *r, pw_event *ev) {
     }
     case PW_EV_STEP:
       if (!r->closing) pw_stepend_report(r, ev);
-      free(ev->timings);
+      if (ev->timings) {
+        uv_mutex_lock(&r->mu);
+        r->trace_busy[(ev->timings - r->trace_buf) / r->n_acts] = 0;
+        uv_mutex_unlock(&r->mu);
+      }
       return;
     case PW_EV_DONE:
       if (r->closing) return;

@@ -293,13 +293,17 @@ int pw_stepend_run(pw_run *r) {
   pw_event ev = {.kind = PW_EV_STEP, .step = r->step, .step_time = pw_now() - r->t_step0, .loss = r->loss_sum,
                  .grad_norm = sqrt(sqnorm), .lr = r->lr, .peak_act = r->peak_act, .ckpt = ckpt_due(r, r->step)};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
-  if (r->trace_every > 0 && r->step % r->trace_every == 0 &&
-      (ev.timings = malloc(sizeof *ev.timings * (size_t)r->n_acts)))
-    memcpy(ev.timings, r->timings, sizeof *ev.timings * (size_t)r->n_acts);
-  if ((rc = pw_exec_post(r, &ev))) {
-    free(ev.timings);
-    return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
+  if (r->trace_every > 0 && r->step % r->trace_every == 0) {
+    uv_mutex_lock(&r->mu);
+    for (int b = 0; b < PW_TRACE_BUFS && !ev.timings; b++)
+      if (!r->trace_busy[b]) {
+        r->trace_busy[b] = 1;
+        ev.timings = r->trace_buf + (size_t)b * (size_t)r->n_acts;
+      }
+    uv_mutex_unlock(&r->mu);
+    if (ev.timings) memcpy(ev.timings, r->timings, sizeof *ev.timings * (size_t)r->n_acts);
   }
+  if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
   uv_mutex_lock(&r->mu);
   r->step++;
   uv_mutex_unlock(&r->mu);

@@ -101,6 +101,12 @@ typedef struct {
   pw_frame_reader rd;
 } pw_inlink;
 
+/* Traced steps' timings travel to the loop in a few buffers made at start
+ * (a malloc per step on the compute thread, freed on the loop thread,
+ * would creep its heap a page at a time); a step finding none free goes
+ * untraced. */
+#define PW_TRACE_BUFS 4
+
 /* What the compute thread asks of the loop thread, in order. */
 typedef enum {
   PW_EV_SEND,              /* write a frame (header encoded, CRC included) */
@@ -122,7 +128,7 @@ typedef struct {
   /* STEP */
   int step, peak_act, has_loss, ckpt;
   double step_time, loss, grad_norm, lr;
-  pw_timing *timings;      /* [n_acts] on traced steps (owned), else NULL */
+  pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
 } pw_event;
 
 struct pw_run {
@@ -166,6 +172,8 @@ struct pw_run {
   double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
   int *norm_parts_step;
   char error[512];         /* why the compute thread failed */
+  pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
+  int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
 
   /* Outbound links as the compute thread writes them, under wmu: it
    * writes a frame straight to the socket when the loop has nothing queued
