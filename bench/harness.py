@@ -387,7 +387,7 @@ def cases_rt_md(res):
                          f"| {r['raw_gbytes_per_s']:.2f} | {r['ratio']:.2f} {yn(r['ratio'] >= 0.8)} |")
             L.append("")
     if p and "error" not in p or res.get("pp2_step"):
-        L.append("## Case 6: steady-state memory per rank (after 2 warm-up steps)\n")
+        L.append("## Case 6: steady-state memory per rank (after a third of the steps, at least 2, as warm-up)\n")
         L.append("Sampled from /proc/PID/stat (minor faults) and /proc/PID/status (VmRSS, VmData, VmHWM) of each "
                  "worker when its step report arrives; per step = difference over the timed steps ÷ their number. "
                  "Heap growth is seen as VmData / VmRSS growth (a malloc'd and touched byte shows up there). Plan "
