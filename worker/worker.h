@@ -1,17 +1,19 @@
 /* worker: the pipewright-worker daemon's shared types.
  *
- * Two threads. The libuv loop thread owns all I/O: the control link to the
- * coordinator (ctl.c), the data-plane listener and the links to peer
- * workers (net.c), and the run's side of frames — it receives payloads
- * straight into program slots and counts arrivals (run.c). The run's
- * compute thread (exec.c) walks the rank's action list step after step,
- * computes each action the moment its inputs are counted in, hands outputs
- * on (a memcpy to a local stage, a frame queued for the loop to write
- * otherwise) and does the step end (stepend.c: all-reduce, tied gradients,
- * global norm, optimizer, checkpoints). So consecutive actions never wait
- * for a thread hand-off, and at pp = 1 a step never leaves the compute
- * thread. What both threads touch is under pw_run.mu; the compute thread
- * tells the loop what to do through an event queue and a uv_async_t. */
+ * Two threads. The libuv loop thread keeps the control link to the
+ * coordinator (ctl.c), the data-plane listener, link setup and HELLOs
+ * (net.c), and whatever a full socket would not take at once. The run's
+ * compute thread (exec.c) walks the rank's action list step after step:
+ * it reads its inbound links itself while it waits for an input (recv.c),
+ * straight into program slots; computes each action the moment its inputs
+ * are in; hands outputs on (a memcpy to a local stage, or a frame it
+ * writes to the socket itself); and does the step end (stepend.c:
+ * all-reduce, tied gradients, global norm, optimizer, checkpoints). So
+ * consecutive actions never wait for a thread hand-off, and a frame
+ * reaches the action that needs it without waking another thread. What
+ * both threads touch is under pw_run.mu (slots) or wmu (outbound sockets);
+ * the compute thread tells the loop what to do through an event queue and
+ * a uv_async_t, the loop wakes it through an eventfd. */
 #ifndef PW_WORKER_H
 #define PW_WORKER_H
 
@@ -167,7 +169,7 @@ struct pw_run {
   int step;                /* current step (written by compute) */
   pw_event *evq;           /* compute -> loop events, a ring */
   int evq_head, evq_len, evq_cap;
-  /* step end arrivals (see stepend.c) */
+  /* step end arrivals (compute thread; see stepend.c) */
   int tied_step, tied_got; /* tied gradients received for tied_step */
   double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
   int *norm_parts_step;
