@@ -39,7 +39,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <uv.h>
 
 #include "wire.h"
 

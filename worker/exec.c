@@ -17,7 +17,6 @@
 #include "log.h"
 #include "worker.h"
 
-
 double pw_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

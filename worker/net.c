@@ -53,9 +53,11 @@ void pw_link_bye(pw_link *l, uint64_t job, const char *reason) {
   if (copy) memcpy(copy, reason, n);
   else n = 0;
   pw_frame_hdr h;
+  uint8_t hdr[PW_FRAME_HDR_SIZE];
   uint32_t dims[1] = {(uint32_t)n};
   pw_frame_hdr_init(&h, PW_FRAME_BYE, job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
-  pw_net_send(l, NULL, &h, copy, -1, -1, copy);
+  pw_frame_hdr_encode(&h, copy, hdr);
+  pw_net_send_encoded(l, NULL, hdr, copy, n, 0, -1, -1, -1, copy);
   l->shutdown_req.data = l;
   if (uv_shutdown(&l->shutdown_req, (uv_stream_t *)&l->tcp, on_shutdown)) pw_link_close(l);
 }
@@ -264,12 +266,6 @@ int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_
   return send_queue(l, run, hdr, payload, len, off, to, li, slot, 0, owned);
 }
 
-int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
-                void *owned) {
-  uint8_t hdr[PW_FRAME_HDR_SIZE];
-  pw_frame_hdr_encode(h, payload, hdr);
-  return pw_net_send_encoded(l, run, hdr, payload, h->payload_len, 0, -1, li, slot, owned);
-}
 
 /* Peers never send on our outbound links; reading them tells us at once
  * when the peer goes away. */

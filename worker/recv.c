@@ -23,6 +23,7 @@
  * goes idle); polling costs nothing that another thread wants, since it
  * yields the core between polls. */
 #define SPIN_SECONDS 1e-3
+#define MAX_POLL 64 /* links polled at once; beyond, the eventfd and the spin still catch arrivals */
 #define MAX_PAYLOAD ((size_t)1 << 31) /* checked per frame against its port anyway */
 
 static int lost(pw_run *r, int k, const char *why) {
@@ -121,10 +122,10 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
       sched_yield(); /* a thread that needs this core (a peer's, our loop) goes first */
       continue;
     }
-    struct pollfd fds[65];
+    struct pollfd fds[MAX_POLL + 1];
     nfds_t n = 0;
     fds[n++] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
-    for (int k = 0; k < r->n_ranks && n < 65; k++)
+    for (int k = 0; k < r->n_ranks && n <= MAX_POLL; k++)
       if (r->in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->in[k].fd, .events = POLLIN};
     if (poll(fds, n, -1) > 0 && fds[0].revents & POLLIN) {
       uint64_t drained;

@@ -49,7 +49,6 @@ static pw_prog_param *find_param(pw_prog *p, int model_index) {
   return NULL;
 }
 
-static int wait_for(pw_run *r, int (*ready)(pw_run *, const void *)) { return pw_exec_wait(r, ready, NULL); }
 
 /* ---- buffers -------------------------------------------------------------- */
 
@@ -109,7 +108,7 @@ static int dp_allreduce(pw_run *r) {
       if (rc) return rc;
     }
   }
-  int rc = wait_for(r, dp_ready);
+  int rc = pw_exec_wait(r, dp_ready, NULL);
   if (rc) return rc;
   /* every replica sums in replica order, so all get the same bits */
   for (int li = 0; li < r->n_ls; li++) {
@@ -185,7 +184,7 @@ static int tied_exchange(pw_run *r) {
       }
     }
   }
-  int rc = r->tied_needed ? wait_for(r, tied_ready) : 0;
+  int rc = r->tied_needed ? pw_exec_wait(r, tied_ready, NULL) : 0;
   if (!rc) tied_reduce(r);
   return rc;
 }
@@ -230,7 +229,7 @@ static int global_norm(pw_run *r, double *total) {
                       PW_DTYPE_U8, 1, dims);
     if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->norm_out[par], -1, -1))) return rc;
   }
-  if ((rc = wait_for(r, parts_ready))) return rc;
+  if ((rc = pw_exec_wait(r, parts_ready, NULL))) return rc;
   double sum = 0;
   for (int k = 0; k < r->pp; k++) sum += r->norm_parts[par * r->pp + k];
   *total = sum;
@@ -262,11 +261,11 @@ static int mkdirs(const char *path) {
 }
 
 static int update(pw_run *r, double sqnorm) {
-  r->clip_coef = pw_clip_coef(sqrt(sqnorm), r->spec.train.grad_clip);
+  float clip_coef = pw_clip_coef(sqrt(sqnorm), r->spec.train.grad_clip);
   r->lr = pw_lr_at(&r->spec.train.optim, r->spec.train.steps, r->step);
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) {
-      pw_optim_step(r->ls[li].prog, &r->spec.train.optim, r->step + 1, r->lr, r->clip_coef);
+      pw_optim_step(r->ls[li].prog, &r->spec.train.optim, r->step + 1, r->lr, clip_coef);
       pw_prog_zero_grad(r->ls[li].prog);
     }
   if (!ckpt_due(r, r->step)) return 0;

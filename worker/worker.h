@@ -161,18 +161,14 @@ struct pw_run {
   int n_out_needed, n_out_connected;
   int started;             /* all links up, compute thread running */
 
-  /* ---- shared by both threads, under mu ---- */
+  /* ---- shared by both threads: under mu, but for wake_fd and abort ---- */
   uv_mutex_t mu;
   int wake_fd;             /* eventfd: the loop wakes the compute thread from poll() */
-  int *in_fd;              /* [n_ranks] sockets of admitted inbound links, or -1 */
   atomic_int abort;        /* loop -> compute: stop at the next wait */
+  int *in_fd;              /* [n_ranks] sockets of admitted inbound links, or -1 */
   int step;                /* current step (written by compute) */
   pw_event *evq;           /* compute -> loop events, a ring */
   int evq_head, evq_len, evq_cap;
-  /* step end arrivals (compute thread; see stepend.c) */
-  int tied_step, tied_got; /* tied gradients received for tied_step */
-  double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
-  int *norm_parts_step;
   char error[512];         /* why the compute thread failed */
   pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
   int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
@@ -195,9 +191,11 @@ struct pw_run {
   pw_timing *timings;      /* [n_acts] */
   float **tied_buf;        /* [n_shared * 8] received copies and own copies */
   int tied_needed;         /* remote holders' copies to wait for per step */
-  double norm_out[2];      /* partial or total being sent, by step parity */
-  float clip_coef;
-  double lr;
+  int tied_step, tied_got; /* tied gradients received for tied_step */
+  double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
+  int *norm_parts_step;
+  double norm_out[2];      /* our partial being sent, by step parity */
+  double lr;               /* of the step being ended */
 
   /* ---- loop thread only ---- */
   uv_async_t async;        /* compute -> loop: events queued */
@@ -261,11 +259,10 @@ void pw_link_drain(pw_link *l);
 /* Send BYE (with `reason` when aborting, NULL for an orderly end), let
  * queued frames drain, then close. */
 void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
-/* Queue one frame on an outbound link. payload points into slot (li, slot)
- * of the run (or is owned and freed after the write when `owned`). */
-int pw_net_send(pw_link *l, pw_run *run, const pw_frame_hdr *h, const void *payload, int li, int slot,
-                void *owned);
-/* The same with the 64 header bytes already encoded. */
+/* Queue one frame (its 64 header bytes encoded) on an outbound link, from
+ * byte `off` of header + payload (the compute thread may have written the
+ * start). payload points into slot (li, slot) of the run, whose link to
+ * rank `to` it is (-1: none), or is owned and freed after the write. */
 int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
                         uint64_t len, uint64_t off, int to, int li, int slot, void *owned);
 
@@ -282,6 +279,9 @@ int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
 /* The frame's payload is complete (at the dest given, or in payload). */
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 void pw_run_send_done(pw_run *r, int to, int li, int slot);
+/* Inbound link l's HELLO was admitted; its socket is now the compute
+ * thread's. */
+void pw_run_link_in(pw_run *r, pw_link *l);
 /* The step the run is at (for status lines). */
 int pw_run_step(pw_run *r);
 void pw_run_free(pw_run *r);
@@ -303,9 +303,6 @@ void pw_exec_main(void *arg);
 int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
 /* Any thread: wake the compute thread from poll(). */
 void pw_exec_wake(pw_run *r);
-/* Loop thread: inbound link l's HELLO was admitted; its socket is now the
- * compute thread's. */
-void pw_run_link_in(pw_run *r, pw_link *l);
 /* Queue a frame to rank `to` (CRC computed here, on the compute thread).
  * payload stays valid until the write is done: it points into slot
  * (li, slot), which is kept until then, or into a run-owned buffer (li -1). */
