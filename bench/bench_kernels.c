@@ -31,7 +31,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "prog.h"
-#include "spec.h"
+#include "spec_json.h"
 
 char *openblas_get_config(void);
 char *openblas_get_corename(void);

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "bench_util.h"
-#include "spec.h"
+#include "spec_json.h"
 #include "train.h"
 
 /* The bare sgemms of every linear node of one step, on scratch buffers

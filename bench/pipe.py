@@ -5,7 +5,7 @@ tests/integration/driver.py (which it follows), but keeps every step report
 (step_time, peak_act, the traced actions), the wall-clock time each step's
 last report arrived, and, at each report, the reporting worker's minor page
 faults, RSS and data-segment size from /proc/PID/{stat,status}; VmHWM (peak
-RSS) is read before shutdown. Also: replay(), a Python copy of common/sim.h's
+RSS) is read before shutdown. Also: replay(), a Python copy of lib/plan/sim.h's
 execution model, to replay a plan with measured per-action costs."""
 import json, os, selectors, socket, struct, subprocess, time
 
@@ -138,7 +138,7 @@ def _parse(tok):
 
 
 def replay(plan_obj, cost):
-    """common/sim.h's model with zero transfer cost: rank lists run in order,
+    """lib/plan/sim.h's model with zero transfer cost: rank lists run in order,
     a fused pair (A+B) as one unit; F k@s needs F k@s-1; B/I k@s needs F k@s
     and B/I k@s+1 (the last stage: its F); W needs I. cost(kind, mb, stage)
     gives seconds. Returns makespan, bubble ratio, per-rank busy and end."""

@@ -5,7 +5,7 @@
 
 #include "cli.h"
 #include "errors.h"
-#include "spec.h"
+#include "spec_json.h"
 
 static const pw_cli_cmd commands[] = {
     {"train", "train a job in this process (the reference every pipelined run equals)", pw_cmd_train},

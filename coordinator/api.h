@@ -8,7 +8,7 @@
  * request (path id, parsed body, query arguments) and answers through the
  * pw_reply_* helpers, so every reply — errors above all — has one shape:
  *   {"error": {"code": "<api code>", "message": "...", "path": "..."}}
- * with the status and code from common/errors.h's table. */
+ * with the status and code from lib/base/errors.h's table. */
 #ifndef PW_API_H
 #define PW_API_H
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec_json.h"
 #include "api.h"
 #include "log.h"
 #include "plan.h"

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec_json.h"
 #include "ctl_int.h"
 #include "log.h"
 #include "plan.h"

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "spec_json.h"
 #include "ckpt.h"
 #include "log.h"
 #include "plan.h"

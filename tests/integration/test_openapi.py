@@ -23,7 +23,7 @@ try:
     import jsonschema
     import yaml
 except ImportError as e:  # pragma: no cover
-    print(f"skip: {e} (Debian: python3-jsonschema, python3-yaml)")
+    print(f"SKIP test_openapi: {e} (Debian: python3-jsonschema, python3-yaml)")
     sys.exit(77)
 
 METHODS = ("get", "post", "put", "delete", "patch")
@@ -375,7 +375,7 @@ def main():
     static_checks(c, src)
     exe = os.path.join(build, "pipewright-coordinator")
     if not os.access(exe, os.X_OK):
-        print(f"skip: no {exe}")
+        print(f"SKIP test_openapi: no {exe}")
         sys.exit(77)
     tmp = tempfile.mkdtemp(prefix="pw-openapi-")
     tok = os.path.join(tmp, "token")

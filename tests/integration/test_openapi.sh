@@ -8,7 +8,7 @@ BUILD="${1:?usage: test_openapi.sh BUILD_DIR SOURCE_DIR}"
 SRC="${2:?usage: test_openapi.sh BUILD_DIR SOURCE_DIR}"
 PY=/usr/bin/python3
 if ! "$PY" -c 'import jsonschema, yaml; jsonschema.Draft202012Validator' 2>/dev/null; then
-  echo "skip: python3-jsonschema or python3-yaml not installed"
+  echo "SKIP test_openapi: python3-jsonschema or python3-yaml not installed"
   exit 77
 fi
 exec "$PY" "$SRC/tests/integration/test_openapi.py" "$BUILD" "$SRC"

@@ -11,7 +11,7 @@ set -euo pipefail
 build="$1"
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-"$py" -c 'import numpy' 2>/dev/null || { echo "numpy missing: skip"; exit 77; }
+"$py" -c 'import numpy' 2>/dev/null || { echo "SKIP test_safetensors_py: python3-numpy is missing"; exit 77; }
 bin="$build/tests/test_safetensors"
 [ -x "$bin" ] || bin="$(find "$build" -name test_safetensors -type f -perm -u+x | head -1)"
 [ -x "$bin" ] || { echo "test_safetensors not built"; exit 1; }

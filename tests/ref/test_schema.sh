@@ -8,7 +8,7 @@ set -euo pipefail
 SRC="${2:-$(cd "$(dirname "$0")/../.." && pwd)}"
 PY=/usr/bin/python3
 if ! "$PY" -c 'import jsonschema; jsonschema.Draft202012Validator' 2>/dev/null; then
-  echo "skip: python3-jsonschema (draft 2020-12) not installed"
+  echo "SKIP test_schema: python3-jsonschema (draft 2020-12) not installed"
   exit 77
 fi
 exec "$PY" - "$SRC" <<'EOF'

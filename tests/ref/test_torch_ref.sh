@@ -27,11 +27,11 @@ PW=$BUILD/pipewright
 CORPUS=$SRC/examples/data/corpus.txt
 
 if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-  echo "SKIP: $PY cannot import torch and numpy (install python3-torch: deploy/install-deps.sh)"
+  echo "SKIP test_torch_ref: $PY cannot import torch and numpy (install python3-torch: deploy/install-deps.sh)"
   exit 77
 fi
 if [ ! -f "$CORPUS" ]; then
-  echo "SKIP: $CORPUS is missing"
+  echo "SKIP test_torch_ref: $CORPUS is missing"
   exit 77
 fi
 

@@ -26,7 +26,7 @@
 #include "coord.h"
 #include "plan.h"
 #include "safetensors.h"
-#include "spec.h"
+#include "spec_json.h"
 
 #ifndef PW_SOURCE_DIR
 #define PW_SOURCE_DIR "."

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec_json.h"
 #include "plan.h"
 #include "prog.h"
 

@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spec.h"
+#include "spec_json.h"
 
 #ifndef PW_SOURCE_DIR
 #define PW_SOURCE_DIR "."

@@ -30,14 +30,6 @@
 #include "errors.h"
 #include "spec.h"
 
-/* What the model expects of the data. */
-typedef struct {
-  int vocab_size;  /* token models */
-  int seq_len;     /* T (1 for feature models) */
-  int in_dim;      /* feature models: input width */
-  int out_dim;     /* feature models: regression width or number of classes */
-  int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
-} pw_data_shape;
 
 typedef enum { PW_SPLIT_TRAIN, PW_SPLIT_EVAL } pw_split;
 

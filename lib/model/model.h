@@ -19,7 +19,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "data.h"
 #include "errors.h"
 #include "spec.h"
 

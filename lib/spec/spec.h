@@ -6,11 +6,11 @@
  * cross-field rules are all errors, and every error names the JSON path and
  * the rule, e.g. "model.n_heads: must divide d_model (768 % 5 != 0)".
  * Nothing here builds the model graph (model.c does, from pw_model_spec) or
- * checks schedule constraints that depend on the plan (schedule.c does). */
+ * checks schedule constraints that depend on the plan (schedule.c does).
+ * This header is plain C structs; the JSON side is spec_json.h, so the
+ * compute layers that read a pw_job never see jansson. */
 #ifndef PW_SPEC_H
 #define PW_SPEC_H
-
-#include <jansson.h>
 
 #include "errors.h"
 
@@ -133,17 +133,17 @@ typedef struct {
   pw_data_spec data;
 } pw_job;
 
-/* Parse and validate a job spec. On error returns PW_ESPEC (or PW_EJSON)
- * with err->path the JSON path ("train.optimizer.betas[1]") and err->msg the
- * rule. On success the job owns its allocations: release with pw_job_free.
- * `base_dir` (may be NULL) resolves a relative data.path. */
-int pw_job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err);
-/* Read a JSON file and parse it; JSON syntax errors give PW_EJSON with the
- * line and column in the message. */
-int pw_job_load_file(const char *path, pw_job *job, pw_err *err);
+/* Releases what pw_job_parse (spec_json.h) allocated. */
 void pw_job_free(pw_job *job);
-/* The job with every default filled in, as JSON (new reference). */
-json_t *pw_job_to_json(const pw_job *job);
+
+/* What the model expects of the data. */
+typedef struct {
+  int vocab_size;  /* token models */
+  int seq_len;     /* T (1 for feature models) */
+  int in_dim;      /* feature models: input width */
+  int out_dim;     /* feature models: regression width or number of classes */
+  int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
+} pw_data_shape;
 
 /* The nine schedule names, in the order SCHEDULES.md gives them. */
 extern const char *const pw_schedule_names[];

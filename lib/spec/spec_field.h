@@ -14,7 +14,7 @@
 #include <jansson.h>
 
 #include "errors.h"
-#include "spec.h"
+#include "spec_json.h"
 
 typedef enum {
   PW__F_SKIP,  /* allowed key, parsed by the caller (objects, arrays) */

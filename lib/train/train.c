@@ -8,6 +8,7 @@
 
 #include "ckpt.h"
 #include "optim.h"
+#include "spec_json.h"
 
 static double now(void) {
   struct timespec ts;

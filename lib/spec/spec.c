@@ -6,7 +6,7 @@
  * microbatches * dp, data kind vs model, partition markers vs mesh) are
  * checked once every section has parsed. This file never builds the model
  * graph or judges a schedule against a plan: model.c and schedule.c do. */
-#include "spec.h"
+#include "spec_json.h"
 
 #include <errno.h>
 #include <math.h>

@@ -9,7 +9,7 @@
 
 /* ---- memory ---------------------------------------------------------------- */
 
-/* Mirrors pw_prog_create (common/prog.c), which offers no way to get these
+/* Mirrors pw_prog_create (lib/compute/prog.c), which offers no way to get these
  * sizes without allocating the arenas: keep the two in step. */
 int pw_stage_mem_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_stage_mem *out) {
   memset(out, 0, sizeof *out);
@@ -164,7 +164,7 @@ int pw_plan_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
-/* What pw_dataset_open keeps in memory (common/data.c). */
+/* What pw_dataset_open keeps in memory (lib/io/data.c). */
 static size_t data_bytes(const pw_job *job, const pw_model *m) {
   struct stat st;
   switch (job->data.kind) {

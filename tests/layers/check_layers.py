@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""check_layers: the layering that lib/CMakeLists.txt declares holds in the code.
+
+  check_layers.py SOURCE_DIR [BUILD_DIR]
+
+1. Every quoted #include in lib/LAYER/ names a header of LAYER itself or of a
+   layer in its DEPS (direct, as declared: a layer says what it uses).
+2. An outside library's header (<jansson.h>, <cblas.h>, ...) appears only in
+   a layer whose SYSTEM names that library, and never in a public header of
+   a layer that must stay free of it (compute and model headers: no jansson).
+3. The layer graph has no cycle, and no header includes itself through others.
+4. With BUILD_DIR: no two object files of the coordinator need symbols
+   from each other, directly or around a longer circle (read from `nm` of
+   the built objects).
+Exit 0 when all hold; otherwise each violation on a line, exit 1."""
+import glob, os, re, subprocess, sys
+
+SYSTEM_HEADERS = {  # header -> the CMake target that provides it
+    "jansson.h": "PkgConfig::JANSSON", "cblas.h": "PkgConfig::OPENBLAS",
+    "uv.h": "PkgConfig::LIBUV", "microhttpd.h": "PkgConfig::MHD",
+    "sqlite3.h": "PkgConfig::SQLITE", "curl/curl.h": "PkgConfig::CURL",
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+
+
+def layers(src):
+    text = open(os.path.join(src, "lib/CMakeLists.txt")).read()
+    out = {}
+    for m in re.finditer(r"^pw_layer\((\w+)([^)]*)\)", text, re.M):
+        deps, system, cur = [], [], None
+        for w in m.group(2).split():
+            if w in ("DEPS", "SYSTEM"):
+                cur = w
+            elif cur == "DEPS":
+                deps.append(w)
+            elif cur == "SYSTEM":
+                system.append(w)
+        out[m.group(1)] = (deps, system)
+    return out
+
+
+def find_cycle(graph):
+    """A cycle in {node: [node]} as a list, or None."""
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                c = visit(m)
+                if c:
+                    return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            c = visit(n)
+            if c:
+                return c
+    return None
+
+
+def check_sources(src):
+    errs = []
+    decl = layers(src)
+    if not decl:
+        return ["lib/CMakeLists.txt declares no pw_layer"]
+    owner = {}  # header file name -> layer
+    for layer in decl:
+        for h in glob.glob(os.path.join(src, "lib", layer, "*.h")):
+            name = os.path.basename(h)
+            if name in owner:
+                errs.append(f"header {name} is in both lib/{owner[name]} and lib/{layer}")
+            owner[name] = layer
+    for layer, (deps, system) in decl.items():
+        for d in deps:
+            if d not in decl:
+                errs.append(f"lib/CMakeLists.txt: {layer} depends on unknown layer {d}")
+    cyc = find_cycle({l: d for l, (d, _) in decl.items()})
+    if cyc:
+        errs.append("layer cycle: " + " -> ".join(cyc))
+    header_graph = {}
+    for layer, (deps, system) in decl.items():
+        files = sorted(glob.glob(os.path.join(src, "lib", layer, "*.[ch]")))
+        if not files:
+            errs.append(f"lib/{layer}/ has no source")
+        for f in files:
+            rel = os.path.relpath(f, src)
+            text = open(f).read()
+            for kind, inc in INCLUDE.findall(text):
+                if kind == '"':
+                    to = owner.get(os.path.basename(inc))
+                    if to is None:
+                        errs.append(f"{rel}: includes \"{inc}\", which no layer of lib/ has")
+                    elif to != layer and to not in deps:
+                        errs.append(f"{rel}: includes \"{inc}\" of layer {to}, "
+                                    f"which {layer} does not list in DEPS")
+                    if f.endswith(".h"):
+                        header_graph.setdefault(os.path.basename(f), []).append(os.path.basename(inc))
+                elif inc in SYSTEM_HEADERS and SYSTEM_HEADERS[inc] not in system:
+                    errs.append(f"{rel}: includes <{inc}>, but {layer} does not list "
+                                f"{SYSTEM_HEADERS[inc]} in SYSTEM")
+    # The public headers of the layers below the JSON and BLAS boundary.
+    for layer in ("base", "model", "compute"):
+        for h in glob.glob(os.path.join(src, "lib", layer, "*.h")):
+            seen, todo = set(), [os.path.basename(h)]
+            while todo:
+                n = todo.pop()
+                if n in seen:
+                    continue
+                seen.add(n)
+                lay = owner.get(n)
+                if lay is None:
+                    continue
+                text = open(os.path.join(src, "lib", lay, n)).read()
+                for kind, inc in INCLUDE.findall(text):
+                    if kind == '"':
+                        todo.append(os.path.basename(inc))
+                    elif inc == "jansson.h":
+                        errs.append(f"lib/{layer}/{os.path.basename(h)} pulls in <jansson.h> (through {n})")
+    cyc = find_cycle(header_graph)
+    if cyc:
+        errs.append("include cycle: " + " -> ".join(cyc))
+    return errs
+
+
+def symbols(obj):
+    out = subprocess.run(["nm", "--defined-only", "-g", obj], capture_output=True, text=True).stdout
+    defined = {l.split()[-1] for l in out.splitlines() if len(l.split()) >= 3}
+    out = subprocess.run(["nm", "-u", obj], capture_output=True, text=True).stdout
+    undefined = {l.split()[-1] for l in out.splitlines() if l.strip()}
+    return defined, undefined
+
+
+def check_objects(build, target):
+    objs = sorted(glob.glob(os.path.join(build, "CMakeFiles", target + ".dir", "*", "*.o")) +
+                  glob.glob(os.path.join(build, "CMakeFiles", target + ".dir", "*.o")))
+    if not objs:
+        return [f"{build}: no object files of {target} (build it first)"]
+    defs, undef = {}, {}
+    for o in objs:
+        name = os.path.basename(o)[:-len(".c.o")]
+        defs[name], undef[name] = symbols(o)
+    graph = {}
+    for a in defs:
+        for b in defs:
+            if a != b and undef[a] & defs[b]:
+                graph.setdefault(a, []).append(b)
+    cyc = find_cycle(graph)
+    if not cyc:
+        return []
+    why = []
+    for a, b in zip(cyc, cyc[1:]):
+        why.append(f"{a}.c uses {', '.join(sorted(undef[a] & defs[b])[:3])} of {b}.c")
+    return [f"{target}: files call each other in a circle: " + " -> ".join(cyc) + " (" + "; ".join(why) + ")"]
+
+
+def main():
+    if len(sys.argv) < 2:
+        print(__doc__)
+        return 2
+    src = sys.argv[1]
+    errs = check_sources(src)
+    if len(sys.argv) > 2:
+        errs += check_objects(sys.argv[2], "pwcoord")
+    for e in errs:
+        print("check_layers:", e)
+    print(f"check_layers: {len(layers(src))} layers, {'ok' if not errs else f'{len(errs)} violations'}")
+    return 1 if errs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
