@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""make_seeds: write the seed corpora of fuzz_frame, fuzz_control and
+fuzz_safetensors into corpus/ (fuzz_spec's seeds are the example jobs).
+The frame seeds leave the checksums zero: their first byte asks the
+harness to fix them up. Run from anywhere; rerun when a format changes."""
+import json, os, struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(name, i, data):
+    d = os.path.join(HERE, "corpus", name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"seed-{i:02d}"), "wb") as f:
+        f.write(data)
+
+
+def frame(kind, dtype, dims, payload, job=7, step=3, mb=1, stage=1, value=5, flags=0):
+    dd = list(dims) + [0] * (4 - len(dims))
+    return struct.pack("<4sHHQIIIIBBH4IIII", b"PWF1", 1, kind, job, step, mb, stage, value,
+                       dtype, len(dims), flags, *dd, len(payload), 0, 0) + payload
+
+
+hello = json.dumps({"job": 7, "rank": 1, "token": "t"}).encode()
+acts = struct.pack("<6f", *[0.5 * i for i in range(6)])
+seeds = [
+    frame(1, 2, [len(hello)], hello),
+    frame(1, 2, [len(hello)], hello) + frame(2, 0, [2, 3], acts),
+    frame(3, 0, [2, 3], acts) + frame(6, 2, [0], b""),
+    frame(4, 0, [], struct.pack("<f", 2.0), flags=1),
+    frame(5, 1, [3], struct.pack("<3i", 1, 2, 3)),
+    frame(6, 2, [5], b"abort"),
+]
+for i, s in enumerate(seeds):
+    for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads
+        put("fuzz_frame", 3 * i + [2, 3, 2 | (7 << 2)].index(mode), bytes([mode]) + s)
+
+msgs = [
+    {"type": "register", "version": 1, "name": "w1", "token": "x", "data_addr": "127.0.0.1:9",
+     "cores": 2, "threads": 1, "software": "pipewright 0.1.0"},
+    {"type": "heartbeat", "time": 1.5, "state": "idle"},
+    {"type": "step", "job": 1, "run": 1, "rank": 0, "step": 3, "loss": 2.5, "step_time": 0.1,
+     "tokens": 512, "actions": [["F", 0, 0, 0.0, 0.1], ["B", 0, 0, 0.1, 0.2]]},
+    {"type": "checkpoint", "job": 1, "run": 1, "rank": 0, "step": 10, "path": "a/b", "bytes": 9},
+    {"type": "done", "job": 1, "run": 1, "rank": 0},
+    {"type": "error", "message": "boom"},
+    {"type": "welcome", "version": 1, "worker_id": 2, "heartbeat_interval": 1.0},
+    {"type": "refused", "reason": "token"},
+    {"type": "cancel", "job": 1, "run": 1, "reason": "user"},
+    {"type": "shutdown"},
+]
+for i, m in enumerate(msgs):
+    body = json.dumps(m).encode()
+    put("fuzz_control", i, bytes([255]) + struct.pack(">I", len(body)) + body)
+put("fuzz_control", len(msgs), bytes([3]) + b"".join(
+    struct.pack(">I", len(json.dumps(m))) + json.dumps(m).encode() for m in msgs[:3]))
+
+# safetensors: a small valid file with two tensors and metadata.
+tensors = {"a.weight": ("F32", [2, 3], struct.pack("<6f", *range(6))),
+           "b": ("I32", [2], struct.pack("<2i", 4, 5)),
+           "c": ("I64", [1], struct.pack("<q", 9)),
+           "d": ("F64", [1], struct.pack("<d", 1.5))}
+hdr, data = {"__metadata__": {"format": "pt", "step": "3"}}, b""
+for k, (dt, shape, raw) in tensors.items():
+    hdr[k] = {"dtype": dt, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+    data += raw
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+put("fuzz_safetensors", 0, struct.pack("<Q", len(h)) + h + data)
+h0 = json.dumps({"__metadata__": {}}).encode()
+h0 += b" " * (-len(h0) % 8)
+put("fuzz_safetensors", 1, struct.pack("<Q", len(h0)) + h0)
