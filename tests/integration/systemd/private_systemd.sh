@@ -31,7 +31,18 @@ psd_child() {
     /proc/[0-9]*/stat 2>/dev/null
 }
 
-psd_cgroup2() { findmnt -n -t cgroup2 -o TARGET 2>/dev/null | head -n 1; }
+# A cgroup2 hierarchy: the host's, or, on a cgroup-v1 host (v2 is always
+# mountable beside v1, with the controllers v1 does not hold), one mounted
+# here at PSD_CG2 and left for later runs to reuse.
+PSD_CG2=/run/pw-test-cgroup2
+psd_cgroup2() {
+  local cg
+  cg=$(findmnt -n -t cgroup2 -o TARGET 2>/dev/null | head -n 1)
+  if [ -z "$cg" ] && [ "$(id -u)" -eq 0 ]; then
+    mkdir -p "$PSD_CG2" && mount -t cgroup2 cgroup2 "$PSD_CG2" 2>/dev/null && cg=$PSD_CG2
+  fi
+  echo "$cg"
+}
 
 psd_check() {
   [ "$(id -u)" -eq 0 ] || { echo "needs root"; return 1; }
@@ -40,7 +51,7 @@ psd_check() {
     { echo "unshare, nsenter or findmnt missing (util-linux)"; return 1; }
   local cg
   cg=$(psd_cgroup2)
-  [ -n "$cg" ] || { echo "no cgroup2 hierarchy mounted"; return 1; }
+  [ -n "$cg" ] || { echo "no cgroup2 hierarchy mounted, and mounting one failed"; return 1; }
   local probe="$cg/pw-probe-$$"
   mkdir "$probe" 2>/dev/null && rmdir "$probe" || { echo "cannot make cgroups under $cg"; return 1; }
   unshare --pid --fork --mount --net --cgroup true 2>/dev/null || { echo "unshare of pid/mount/net/cgroup namespaces is not permitted"; return 1; }
