@@ -27,6 +27,7 @@ typedef struct {
   char token[PW_CONTROL_TOKEN_MAX + 1];
   int json;        /* --json: print the raw responses */
   double timeout;  /* per request */
+  const char *cacert, *proxy; /* see pw_http_opts */
   char net_err[600]; /* the last transport error, as printed */
 } remote;
 
@@ -37,17 +38,22 @@ enum { CALL_QUIET_NET = 1 };
 
 #define REMOTE_LONG_OPTS                                                                             \
   {"coordinator", required_argument, 0, 'C'}, {"token-file", required_argument, 0, 'T'},             \
-      {"json", no_argument, 0, 'J'}, {"timeout", required_argument, 0, 'O'}, {"help", no_argument, 0, 'h'}
+      {"json", no_argument, 0, 'J'}, {"timeout", required_argument, 0, 'O'},                        \
+      {"cacert", required_argument, 0, 'A'}, {"proxy", required_argument, 0, 'P'}, {"help", no_argument, 0, 'h'}
 
 #define REMOTE_USAGE                                                                                 \
   "  --coordinator URL   the coordinator's API (default $PIPEWRIGHT_COORDINATOR or " DEFAULT_COORDINATOR ")\n" \
   "  --token-file FILE   bearer token for the API (default $PIPEWRIGHT_TOKEN_FILE)\n"                \
   "  --json              print the coordinator's JSON answer as it is\n"                             \
   "  --timeout SECS      bound on each request (default 30)\n"                                        \
+  "  --cacert FILE       CA certificates (PEM) for an https coordinator (default $CURL_CA_BUNDLE,\n" \
+  "                      else the system's)\n"                                                        \
+  "  --proxy URL         proxy for every host, loopback included ('' for none; default\n"           \
+  "                      $https_proxy / $http_proxy / $no_proxy, never for loopback)\n"              \
   "  --help\n"
 
 typedef struct {
-  const char *coordinator, *token_file;
+  const char *coordinator, *token_file, *cacert, *proxy;
   int json;
   double timeout;
 } common_opts;
@@ -58,6 +64,8 @@ static int common_opt(common_opts *o, int c, const char *arg) {
     case 'C': o->coordinator = arg; return 1;
     case 'T': o->token_file = arg; return 1;
     case 'J': o->json = 1; return 1;
+    case 'A': o->cacert = arg; return 1;
+    case 'P': o->proxy = arg; return 1;
     case 'O': {
       char *end;
       o->timeout = strtod(arg, &end);
@@ -95,6 +103,10 @@ static int remote_init(remote *r, const common_opts *o) {
   if (!r->url_text || !*r->url_text) r->url_text = DEFAULT_COORDINATOR;
   r->json = o->json;
   r->timeout = o->timeout > 0 ? o->timeout : PW_HTTP_DEFAULT_TIMEOUT;
+  /* as the curl command does: libcurl itself does not read it */
+  r->cacert = o->cacert ? o->cacert : getenv("CURL_CA_BUNDLE");
+  if (r->cacert && !*r->cacert) r->cacert = NULL;
+  r->proxy = o->proxy;
   pw_err err = {0};
   if (pw_http_url_parse(r->url_text, &r->url, &err)) {
     fprintf(stderr, "error: bad coordinator URL '%s': %s\n", r->url_text, err.msg);
@@ -138,7 +150,7 @@ static void print_api_error(const remote *r, const pw_http_resp *resp) {
  * kept in r->net_err either way). */
 static int call(remote *r, const char *method, const char *target, const char *body, size_t len, int flags,
                 pw_http_resp *resp, json_t **out) {
-  pw_http_opts ho = {.token = r->token, .timeout = r->timeout};
+  pw_http_opts ho = {.token = r->token, .timeout = r->timeout, .cacert = r->cacert, .proxy = r->proxy};
   pw_err err = {0};
   if (out) *out = NULL;
   int rc = pw_http_request(&r->url, method, target, body, len, &ho, resp, &err);
@@ -147,7 +159,13 @@ static int call(remote *r, const char *method, const char *target, const char *b
       snprintf(r->net_err, sizeof r->net_err, "cannot reach the coordinator at %s: %s", r->url_text, err.msg);
     else
       snprintf(r->net_err, sizeof r->net_err, "coordinator at %s: %s", r->url_text, err.msg);
-    if (!(flags & CALL_QUIET_NET)) fprintf(stderr, "error: %s\n", r->net_err);
+    if (!(flags & CALL_QUIET_NET)) {
+      fprintf(stderr, "error: %s\n", r->net_err);
+      if (rc == PW_EPEER && !strcmp(err.msg, "connection refused"))
+        fprintf(stderr, "hint: is pipewright-coordinator running there?\n");
+      else if (rc == PW_EAUTH)
+        fprintf(stderr, "hint: for a private CA, --cacert FILE or $CURL_CA_BUNDLE\n");
+    }
     return CALL_NET;
   }
   if (resp->status < 200 || resp->status > 299) {

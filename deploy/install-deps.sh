@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config git curl ca-certificates
   libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
+  libcurl4-openssl-dev openssl            # the CLI's HTTP(S) client; test certificates
   libcmocka-dev
   python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
   chromium fonts-dejavu-core              # the dashboard's browser test

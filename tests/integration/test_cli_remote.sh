@@ -2,10 +2,14 @@
 # test_cli_remote: `pipewright submit | status | watch | cancel | workers`
 # against a real coordinator and two real workers on loopback: a tiny
 # 2-stage GPT job submitted and watched to success, its status and the
-# worker table, cancelling a finished job, a broken spec; then a
-# token-protected coordinator without workers (a job waits there, is
-# cancelled, and watch says so), and that coordinator stopped (unreachable).
-# Every process started here is killed on exit.
+# worker table, cancelling a finished job, a broken spec; the same over
+# https (a TLS terminator with a certificate made here), through forward
+# proxies (http_proxy, https_proxy, --proxy; never for loopback unless
+# asked), and against a server that answers badly (huge or endless bodies,
+# silence, not HTTP); then a token-protected coordinator without workers (a
+# job waits there, is cancelled, and watch says so), and that coordinator
+# stopped (unreachable). The helper servers are cli_remote_servers.py, all
+# on 127.0.0.1. Every process started here is killed on exit.
 set -uo pipefail
 BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd)
 PW="$BUILD/pipewright"
@@ -52,6 +56,25 @@ start_coordinator() {
     sleep 0.1
   done
   echo "coordinator in $dir did not get ready:"; show "$dir/log"
+  return 1
+}
+
+# start_helper NAME MODE [options...]: one of cli_remote_servers.py's
+# servers; sets PORT. Its log is $T/NAME.log.
+start_helper() {
+  local name=$1 i; shift
+  python3 "$SRC/tests/integration/cli_remote_servers.py" "$@" --ready "$T/$name.port" --log "$T/$name.log" \
+    --lifetime $((WAIT * 20)) > "$T/$name.out" 2>&1 &
+  PIDS+=($!)
+  local pid=$!
+  touch "$T/$name.log"
+  PORT=
+  for i in $(seq $((WAIT * 10))); do
+    [ -s "$T/$name.port" ] && { PORT=$(cat "$T/$name.port"); return 0; }
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$name did not start:"; show "$T/$name.out"
   return 1
 }
 
@@ -173,6 +196,218 @@ else
   bad "PIPEWRIGHT_COORDINATOR"; show "$T/env.txt"
 fi
 
+HTTP1=$HTTP
+# No proxy from the environment anywhere below unless a test sets one.
+unset http_proxy https_proxy HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY
+
+# ---- coordinator URLs ------------------------------------------------------------------
+for bad_url in "ftp://127.0.0.1:$HTTP1|unsupported URL scheme" "http://127.0.0.1:$HTTP1/x?y=1|must not hold a query" \
+  "http://127.0.0.1:0|bad port" "http://u:p@127.0.0.1:$HTTP1|credentials"; do
+  "$PW" workers --coordinator "${bad_url%%|*}" > "$T/url.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "^error: bad coordinator URL '${bad_url%%|*}': .*${bad_url#*|}" "$T/url.txt"; then
+    ok "URL ${bad_url%%|*} refused: ${bad_url#*|}"
+  else
+    bad "URL ${bad_url%%|*}: exit $rc"; show "$T/url.txt"
+  fi
+done
+# a bare host:port is http; a path prefix is kept (the coordinator has none: 404 under it)
+if "$PW" workers --coordinator "127.0.0.1:$HTTP1" > "$T/url2.txt" 2>&1 && grep -q '^w1 ' "$T/url2.txt"; then
+  ok "a bare host:port is taken as http://"
+else
+  bad "bare host:port"; show "$T/url2.txt"
+fi
+"$PW" workers --coordinator "http://127.0.0.1:$HTTP1/prefix/" > "$T/url3.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^error: .*/prefix/v1/workers' "$T/url3.txt"; then
+  ok "a path prefix is put before the API's paths"
+else
+  bad "path prefix: exit $rc"; show "$T/url3.txt"
+fi
+
+# ---- https: a TLS terminator in front of the coordinator --------------------------------
+# A self-signed certificate for 127.0.0.1 and the name the proxy tests use.
+if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -keyout "$T/tls.key" -out "$T/tls.crt" -subj "/CN=pipewright test" \
+    -addext "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:pw-coordinator.test" > "$T/openssl.log" 2>&1 &&
+  start_helper tls tls --cert "$T/tls.crt" --key "$T/tls.key" --upstream "$HTTP1"; then
+  TLS=$PORT
+  S=(--coordinator "https://127.0.0.1:$TLS")
+  # not trusted: the system's CAs only (CURL_CA_BUNDLE may name them)
+  env -u CURL_CA_BUNDLE "$PW" workers "${S[@]}" > "$T/tls1.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "^error: coordinator at https://127.0.0.1:$TLS: TLS certificate not trusted: " "$T/tls1.txt" &&
+    grep -q -- '^hint: .*--cacert FILE or \$CURL_CA_BUNDLE' "$T/tls1.txt" && grep -q '^handshake failed' "$T/tls.log"; then
+    ok "https with an unknown CA: TLS is attempted and the certificate refused, with a hint"
+  else
+    bad "https, unknown CA: exit $rc"; show "$T/tls1.txt" "$T/tls.log"
+  fi
+  "$PW" workers "${S[@]}" --cacert "$T/tls.crt" > "$T/tls2.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^w1 ' "$T/tls2.txt" && grep -q '^w2 ' "$T/tls2.txt" && grep -q '^tls connection' "$T/tls.log"; then
+    ok "https with --cacert: workers through TLS"
+  else
+    bad "https --cacert: exit $rc"; show "$T/tls2.txt" "$T/tls.log"
+  fi
+  CURL_CA_BUNDLE="$T/tls.crt" "$PW" status "$ID" "${S[@]}" > "$T/tls3.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "^job $ID (cli-remote): succeeded" "$T/tls3.txt"; then
+    ok "https with \$CURL_CA_BUNDLE: status ID"
+  else
+    bad "https CURL_CA_BUNDLE: exit $rc"; show "$T/tls3.txt"
+  fi
+  # several requests on one run, on one kept connection (one TLS handshake)
+  n0=$(grep -c '^tls connection' "$T/tls.log")
+  "$PW" watch "$ID" --interval 0.2 "${S[@]}" --cacert "$T/tls.crt" > "$T/tls4.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && [ "$(grep -c '^step ' "$T/tls4.txt")" = 10 ] && grep -q "^job $ID succeeded: 10/10 steps" "$T/tls4.txt" &&
+    [ "$(grep -c '^tls connection' "$T/tls.log")" = $((n0 + 1)) ]; then
+    ok "https: watch of the finished job, its requests on one connection"
+  else
+    bad "https watch: exit $rc"; show "$T/tls4.txt"
+  fi
+  "$PW" submit --job "$T/broken.json" "${S[@]}" --cacert "$T/tls.crt" > "$T/tls5.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q '^error: model.n_heads: .*divide' "$T/tls5.txt"; then
+    ok "https: submit's body goes through, the API error comes back with its path"
+  else
+    bad "https submit: exit $rc"; show "$T/tls5.txt"
+  fi
+  # the wrong scheme either way
+  "$PW" workers --coordinator "https://127.0.0.1:$HTTP1" > "$T/tls6.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "^error: coordinator at https://127.0.0.1:$HTTP1: TLS handshake failed" "$T/tls6.txt"; then
+    ok "https:// to a plain-HTTP coordinator: the TLS handshake fails, said so"
+  else
+    bad "https to plain: exit $rc"; show "$T/tls6.txt"
+  fi
+  "$PW" workers --coordinator "http://127.0.0.1:$TLS" > "$T/tls7.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -Eq "^error: coordinator at http://127.0.0.1:$TLS: (not an HTTP answer|the server closed the connection|recv failure)" "$T/tls7.txt"; then
+    ok "http:// to a TLS port: refused (not HTTP, or the TLS server hung up)"
+  else
+    bad "http to TLS: exit $rc"; show "$T/tls7.txt"
+  fi
+else
+  bad "TLS terminator start"; show "$T/openssl.log"; TLS=
+fi
+
+# ---- proxies ---------------------------------------------------------------------------
+# The proxy sends the name pw-coordinator.test to 127.0.0.1; nothing else
+# resolves it, so an answer under that name came through the proxy.
+if start_helper proxy proxy --map pw-coordinator.test; then
+  PX=http://127.0.0.1:$PORT
+  http_proxy=$PX "$PW" workers --coordinator "http://pw-coordinator.test:$HTTP1" > "$T/px1.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^w1 ' "$T/px1.txt" && grep -qx "GET http://pw-coordinator.test:$HTTP1/v1/workers" "$T/proxy.log"; then
+    ok "http_proxy carries an http:// request (the proxy saw it)"
+  else
+    bad "http_proxy: exit $rc"; show "$T/px1.txt" "$T/proxy.log"
+  fi
+  if [ -n "$TLS" ]; then
+    https_proxy=$PX "$PW" status "$ID" --coordinator "https://pw-coordinator.test:$TLS" --cacert "$T/tls.crt" > "$T/px2.txt" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "^job $ID (cli-remote): succeeded" "$T/px2.txt" &&
+      grep -qx "CONNECT pw-coordinator.test:$TLS" "$T/proxy.log"; then
+      ok "https_proxy tunnels an https:// request (CONNECT, certificate checked for the name)"
+    else
+      bad "https_proxy: exit $rc"; show "$T/px2.txt" "$T/proxy.log"
+    fi
+  fi
+  # loopback: never through the environment's proxy...
+  n0=$(wc -l < "$T/proxy.log")
+  http_proxy=$PX https_proxy=$PX all_proxy=$PX "$PW" workers --coordinator "$URL" > "$T/px3.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^w1 ' "$T/px3.txt" && [ "$(wc -l < "$T/proxy.log")" = "$n0" ]; then
+    ok "a loopback coordinator bypasses http_proxy/https_proxy/all_proxy"
+  else
+    bad "loopback bypass: exit $rc"; show "$T/px3.txt" "$T/proxy.log"
+  fi
+  # ...but through one given with --proxy, and no_proxy still counts
+  "$PW" workers --coordinator "$URL" --proxy "$PX" > "$T/px4.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^w1 ' "$T/px4.txt" && grep -qx "GET $URL/v1/workers" "$T/proxy.log"; then
+    ok "--proxy sends even a loopback coordinator through the proxy"
+  else
+    bad "--proxy: exit $rc"; show "$T/px4.txt" "$T/proxy.log"
+  fi
+  n0=$(wc -l < "$T/proxy.log")
+  no_proxy=127.0.0.1 "$PW" workers --coordinator "$URL" --proxy "$PX" > "$T/px5.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q '^w1 ' "$T/px5.txt" && [ "$(wc -l < "$T/proxy.log")" = "$n0" ]; then
+    ok "no_proxy is honoured"
+  else
+    bad "no_proxy: exit $rc"; show "$T/px5.txt" "$T/proxy.log"
+  fi
+  https_proxy=$PX "$PW" workers --coordinator "https://elsewhere.test" > "$T/px6.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: cannot reach the coordinator at https://elsewhere.test: the proxy refused the tunnel (HTTP 403)" "$T/px6.txt"; then
+    ok "a proxy refusing the tunnel is named"
+  else
+    bad "proxy 403: exit $rc"; show "$T/px6.txt"
+  fi
+else
+  bad "proxy start"
+fi
+# a proxy that is not there (port 1 on loopback: nothing listens)
+http_proxy=http://127.0.0.1:1 "$PW" workers --coordinator "http://pw-coordinator.test:$HTTP1" > "$T/px7.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -qx "error: cannot reach the coordinator at http://pw-coordinator.test:$HTTP1: connection refused by the proxy at 127.0.0.1:1" "$T/px7.txt"; then
+  ok "an unreachable proxy is named as the proxy"
+else
+  bad "proxy down: exit $rc"; show "$T/px7.txt"
+fi
+
+# ---- a server that answers badly ---------------------------------------------------------
+if start_helper odd odd; then
+  O=(--coordinator "http://127.0.0.1:$PORT")
+  OU="http://127.0.0.1:$PORT"
+  "$PW" status 1 "${O[@]}" > "$T/odd1.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: coordinator at $OU: response body of 107374182400 bytes over the bound of 67108864" "$T/odd1.txt"; then
+    ok "a 100 GiB Content-Length is refused at once"
+  else
+    bad "huge Content-Length: exit $rc"; show "$T/odd1.txt"
+  fi
+  "$PW" status 2 "${O[@]}" > "$T/odd2.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: coordinator at $OU: response body over the bound of 67108864 bytes" "$T/odd2.txt"; then
+    ok "an endless chunked body is cut at the bound"
+  else
+    bad "endless body: exit $rc"; show "$T/odd2.txt"
+  fi
+  "$PW" status 3 "${O[@]}" --timeout 1 > "$T/odd3.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: coordinator at $OU: timed out after 1 s waiting for the response" "$T/odd3.txt"; then
+    ok "a silent server: --timeout bounds the wait"
+  else
+    bad "silent server: exit $rc"; show "$T/odd3.txt"
+  fi
+  "$PW" status 4 "${O[@]}" > "$T/odd4.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: HTTP 502 from $OU: upstream gone" "$T/odd4.txt"; then
+    ok "a non-JSON error answer: its status and first line"
+  else
+    bad "502: exit $rc"; show "$T/odd4.txt"
+  fi
+  "$PW" submit --job "$T/job.json" "${O[@]}" > "$T/odd5.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx "error: model.seq_len: must be at most 4096 (odd server)" "$T/odd5.txt"; then
+    ok "an API error body: path and message as sent"
+  else
+    bad "API error body: exit $rc"; show "$T/odd5.txt"
+  fi
+  "$PW" workers "${O[@]}" > "$T/odd6.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -q "^error: coordinator at $OU: not an HTTP answer" "$T/odd6.txt"; then
+    ok "a server that does not speak HTTP"
+  else
+    bad "not HTTP: exit $rc"; show "$T/odd6.txt"
+  fi
+else
+  bad "odd server start"
+fi
+
 # ---- a token-protected coordinator -----------------------------------------------------
 printf 's3cret-token-%s\n' "$RANDOM$RANDOM" > "$T/token"
 printf 'wrong-token\n' > "$T/wrong"
@@ -232,7 +467,8 @@ if start_coordinator "$T/coord2" --token-file "$T/token"; then
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null
   "$PW" status "${R2[@]}" > "$T/down.txt" 2>&1
   rc=$?
-  if [ $rc -eq 1 ] && grep -qx "error: cannot reach the coordinator at http://127.0.0.1:$HTTP: connection refused" "$T/down.txt"; then
+  if [ $rc -eq 1 ] && grep -qx "error: cannot reach the coordinator at http://127.0.0.1:$HTTP: connection refused" "$T/down.txt" &&
+    grep -qx "hint: is pipewright-coordinator running there?" "$T/down.txt"; then
     ok "an unreachable coordinator is named, with the reason"
   else
     bad "unreachable: exit $rc"; show "$T/down.txt"
