@@ -15,7 +15,8 @@
  *     8  4   job          job id (below 2^32; see below)
  *    12  4   chunk        index of this frame in a chunked transfer, else 0
  *    16  4   step         training step
- *    20  4   microbatch   microbatch index (REDUCE, TIED: the sender's index)
+ *    20  4   microbatch   microbatch index (REDUCE: the sending replica or
+ *                         pipeline rank; TIED: the holder stage)
  *    24  4   stage        the stage the tensor is FOR (the receiver's stage)
  *    28  4   value        model value id: which tensor
  *    32  1   dtype        pw_frame_dtype
@@ -36,10 +37,11 @@
  *
  * Chunks. A sender splits a tensor of more than its chunk limit (at most
  * PW_FRAME_MAX_PAYLOAD bytes; PW_FRAME_CHUNK_DEFAULT unless lowered for
- * tests) into consecutive frames on one link, nothing between them: each
- * repeats the tensor's header (dims describe the whole tensor) with flag
- * CHUNK, chunk 0, 1, 2, ... and payload_len its share (the limit, less for
- * the last), and the last also has flag LAST. pw_frame_chunk makes those
+ * tests: the worker reads PW_WIRE_CHUNK=bytes) into consecutive frames on
+ * one link, nothing between them: each repeats the tensor's header (dims
+ * describe the whole tensor) with flag CHUNK, chunk 0, 1, 2, ... and
+ * payload_len its share (the limit, less for the last), and the last also
+ * has flag LAST. pw_frame_chunk makes those
  * headers. The reader below puts the chunks back together: the caller sees
  * one transfer as if it were one frame.
  *
