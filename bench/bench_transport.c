@@ -192,7 +192,7 @@ static void pw_recv(int lfd) {
     pw_err err = {0};
     int rc = pw_frame_reader_advance(&rd, n, &ev, &err);
     if (rc < 0) die(err.msg);
-    if (rc == PW_FRAME_HEADER) pw_frame_reader_set_dest(&rd, dest);
+    if (rc == PW_FRAME_HEADER && pw_frame_reader_set_dest(&rd, dest)) die("set_dest");
     if (rc == PW_FRAME_DONE && (++got, !g_stream || got == g_iters)) write_all(fd, "k", 1);
   }
   pw_frame_reader_free(&rd);
@@ -210,7 +210,11 @@ static double pw_send(int port) {
   for (int i = 0; i < g_iters; i++) {
     pw_frame_hdr h;
     uint32_t dims[1] = {(uint32_t)(g_size / 4)};
-    pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, (uint32_t)i, 1, 0, PW_DTYPE_F32, 1, dims);
+    int rc = pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, (uint32_t)i, 1, 0, PW_DTYPE_F32, 1, dims);
+    if (rc) {
+      fprintf(stderr, "bench_transport: frame header for %zu bytes: %s\n", g_size, pw_strerror(rc));
+      exit(1);
+    }
     pw_frame_hdr_encode(&h, payload, hdr);
     pw_send_frame(fd, hdr, payload, g_size);
     if (!g_stream || i == g_iters - 1) recv_wait(fd, &ack, 1);
@@ -300,6 +304,10 @@ int main(int argc, char **argv) {
   }
   int pw = !strcmp(argv[1], "pw");
   g_size = (size_t)atol(argv[2]) & ~(size_t)3;
+  if (g_size > PW_FRAME_MAX_PAYLOAD) { /* one frame each, as measured: no chunks here */
+    fprintf(stderr, "bench_transport: SIZE must be at most %u\n", PW_FRAME_MAX_PAYLOAD);
+    return 2;
+  }
   g_iters = atoi(argv[3]);
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);

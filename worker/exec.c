@@ -61,11 +61,11 @@ int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) {
   return rc ? rc : PW_EINTERNAL;
 }
 
-/* Straight to the socket when the loop has nothing queued on the link (so
- * frames stay in order), without blocking; the rest, if the socket does
- * not take it all, goes to the loop, and then the slot is held until that
- * write is done. */
-int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
+/* One frame: straight to the socket when the loop has nothing queued on
+ * the link (so frames stay in order), without blocking; the rest, if the
+ * socket does not take it all, goes to the loop, and then the slot is held
+ * until that write is done. */
+static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
   pw_event ev = {.kind = PW_EV_SEND, .to = to, .li = li, .slot = slot, .payload = payload, .len = h->payload_len};
   pw_frame_hdr_encode(h, payload, ev.hdr);
   uint64_t total = PW_FRAME_HDR_SIZE + h->payload_len;
@@ -99,6 +99,27 @@ int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, 
   }
   int rc = pw_exec_post(r, &ev);
   return rc ? pw_exec_fail(r, rc, NULL, "out of memory queueing a frame") : 0;
+}
+
+/* A tensor over the chunk limit goes as consecutive chunk frames, each
+ * sent as a frame is: once one is left to the loop, the later ones queue
+ * behind it, so they reach the link in order with nothing between them
+ * (only this thread sends on a run's link). */
+int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
+  if (h->payload_len <= r->chunk_limit) return send_frame(r, to, h, payload, li, slot);
+  pw_frame_hdr c;
+  for (uint64_t off = 0; off < h->payload_len; off += c.payload_len) {
+    int rc = pw_frame_chunk(h, r->chunk_limit, off, &c);
+    if (rc) {
+      char hs[200];
+      return pw_exec_fail(r, rc, NULL, "cannot send %s to rank %d in chunks of %zu bytes: %s",
+                          pw_frame_hdr_str(h, hs, sizeof hs), to, r->chunk_limit, pw_strerror(rc));
+    }
+    if ((rc = send_frame(r, to, &c, (const uint8_t *)payload + off, li, slot))) return rc;
+    r->chunks++;
+  }
+  r->chunked++;
+  return 0;
 }
 
 /* ---- one action ----------------------------------------------------------- */
@@ -138,10 +159,15 @@ static void draw_data(pw_run *r, pw_lstage *ls, int slot, int mb) {
     pw_dataset_batch(r->ds, PW_SPLIT_TRAIN, r->step, first, r->mb_size, r->spec.train.batch_size, inp, tgt);
 }
 
-static void frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
-  uint32_t dims[1] = {(uint32_t)(bytes / 4)};
-  pw_frame_hdr_init(h, kind, r->job, (uint32_t)r->step, (uint32_t)mb, (uint32_t)stage, (uint32_t)value,
-                    PW_DTYPE_F32, 1, dims);
+/* The header of a tensor of `bytes` of f32 sent to stage `stage`; fails the
+ * run when it cannot have one. */
+static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
+  int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->step, (uint32_t)mb, (uint32_t)stage,
+                                 (uint32_t)value, PW_DTYPE_F32, bytes / 4);
+  if (rc)
+    return pw_exec_fail(r, rc, NULL, "no %s frame header for value %d of %zu bytes to stage %d (job %llu): %s",
+                        pw_frame_kind_name(kind), value, bytes, stage, (unsigned long long)r->job, pw_strerror(rc));
+  return 0;
 }
 
 /* Copy a tensor to local stage dli's microbatch mb and count it in. The
@@ -177,8 +203,8 @@ static int route_outputs(pw_run *r, const pw_action *a) {
       rc = route_local(r, r->lidx_of_stage[dst], a->mb, pt->value, src, pt->bytes, 0);
     } else {
       pw_frame_hdr h;
-      frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes);
-      rc = pw_exec_send(r, pw_run_global_rank(r, dst), &h, src, li, slot);
+      rc = frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes);
+      if (!rc) rc = pw_exec_send(r, pw_run_global_rank(r, dst), &h, src, li, slot);
     }
     if (rc) return rc;
   }
@@ -199,8 +225,8 @@ static int route_grads(pw_run *r, const pw_action *a) {
       rc = route_local(r, r->lidx_of_stage[src], a->mb, pt->value, g, pt->bytes, 1);
     } else {
       pw_frame_hdr h;
-      frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src, pt->value, pt->bytes);
-      rc = pw_exec_send(r, pw_run_global_rank(r, src), &h, g, li, slot);
+      rc = frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src, pt->value, pt->bytes);
+      if (!rc) rc = pw_exec_send(r, pw_run_global_rank(r, src), &h, g, li, slot);
     }
     if (rc) return rc;
   }
@@ -284,15 +310,36 @@ static int run_actions(pw_run *r) {
   return 0;
 }
 
+/* The chunk limit: PW_FRAME_CHUNK_DEFAULT, or PW_WIRE_CHUNK bytes. That
+ * variable is for tests: a small limit sends every larger tensor through
+ * the chunked path, so a run can prove it equal to an unchunked one. */
+static int chunk_limit(pw_run *r) {
+  const char *s = getenv("PW_WIRE_CHUNK");
+  r->chunk_limit = PW_FRAME_CHUNK_DEFAULT;
+  if (!s || !*s) return 0;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end || v == 0 || v > PW_FRAME_MAX_PAYLOAD || s[0] == '-')
+    return pw_exec_fail(r, PW_EINVAL, NULL, "PW_WIRE_CHUNK '%s' is not a byte count in 1..%u", s,
+                        PW_FRAME_MAX_PAYLOAD);
+  r->chunk_limit = (size_t)v;
+  return 0;
+}
+
 void pw_exec_main(void *arg) {
   pw_run *r = arg;
-  int rc = 0;
+  int rc = chunk_limit(r);
   while (!rc && r->step < r->steps) {
     rc = run_actions(r);
     if (!rc) rc = pw_stepend_run(r);
   }
+  if (r->chunked)
+    pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
+            r->run_id, r->rank, (unsigned long long)r->chunked, r->chunk_limit, (unsigned long long)r->chunks);
+  /* The ring always has room for these two (pw_exec_post), so they cannot fail. */
   pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL};
-  if (rc != PW_ECANCELED || !atomic_load(&r->abort)) pw_exec_post(r, &ev);
+  if ((rc != PW_ECANCELED || !atomic_load(&r->abort)) && pw_exec_post(r, &ev)) pw_error("cannot report the run's end");
   ev.kind = PW_EV_EXIT;
-  pw_exec_post(r, &ev);
+  if (pw_exec_post(r, &ev)) pw_error("cannot report the compute thread's exit");
 }

@@ -55,9 +55,22 @@ void pw_link_bye(pw_link *l, uint64_t job, const char *reason) {
   pw_frame_hdr h;
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   uint32_t dims[1] = {(uint32_t)n};
-  pw_frame_hdr_init(&h, PW_FRAME_BYE, job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
+  /* Without its BYE the link still closes: the peer then reads an abrupt
+   * end instead of our reason. */
+  int rc = pw_frame_hdr_init(&h, PW_FRAME_BYE, job, 0, 0, 0, 0, PW_DTYPE_U8, 1, dims);
+  if (rc) {
+    pw_warn("link %s (rank %d): no BYE header for job %llu: %s", l->addr, l->peer_rank, (unsigned long long)job,
+            pw_strerror(rc));
+    free(copy);
+    pw_link_close(l);
+    return;
+  }
   pw_frame_hdr_encode(&h, copy, hdr);
-  pw_net_send_encoded(l, NULL, hdr, copy, n, 0, -1, -1, -1, copy);
+  if ((rc = pw_net_send_encoded(l, NULL, hdr, copy, n, 0, -1, -1, -1, copy))) {
+    pw_warn("link %s (rank %d): cannot send BYE: %s", l->addr, l->peer_rank, uv_strerror(rc));
+    pw_link_close(l);
+    return;
+  }
   l->shutdown_req.data = l;
   if (uv_shutdown(&l->shutdown_req, (uv_stream_t *)&l->tcp, on_shutdown)) pw_link_close(l);
 }

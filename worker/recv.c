@@ -24,7 +24,11 @@
  * yields the core between polls. */
 #define SPIN_SECONDS 1e-3
 #define MAX_POLL 64 /* links polled at once; beyond, the eventfd and the spin still catch arrivals */
-#define MAX_PAYLOAD ((size_t)1 << 31) /* checked per frame against its port anyway */
+/* No bound of its own: frame_dest (run.c) checks every frame's size, a
+ * chunked tensor's whole size too, against where it goes before a byte of
+ * payload is read; the frames it leaves to the reader's buffer are a norm
+ * partial (8 bytes) and BYE (at most PW_FRAME_HELLO_MAX). */
+#define MAX_PAYLOAD SIZE_MAX
 
 static int lost(pw_run *r, int k, const char *why) {
   return pw_exec_fail(r, PW_EPEER, NULL, "lost peer rank %d (%s): %s", k, r->peer_addr[k], why);
@@ -60,7 +64,7 @@ static int drain(pw_run *r, int k) {
       if (ev.hdr.kind == PW_FRAME_BYE) continue; /* its reason goes to the reader's buffer */
       void *dst = NULL;
       if (pw_run_frame_dest(r, k, &ev.hdr, &dst, &err)) return lost(r, k, pw_err_str(&err, b, sizeof b));
-      pw_frame_reader_set_dest(&in->rd, dst);
+      if (pw_frame_reader_set_dest(&in->rd, dst)) return lost(r, k, "frame reader refused its destination");
     } else if (rc == PW_FRAME_DONE) {
       if (ev.hdr.kind == PW_FRAME_HELLO) return lost(r, k, "second HELLO");
       if (ev.hdr.kind == PW_FRAME_BYE) {

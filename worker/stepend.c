@@ -101,10 +101,12 @@ static int dp_allreduce(pw_run *r) {
     for (int d = 0; d < r->dp; d++) {
       if (d == r->replica) continue;
       pw_frame_hdr h;
-      uint32_t dims[1] = {(uint32_t)n};
-      pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->replica, (uint32_t)ls->stage,
-                        RV_DP, PW_DTYPE_F32, 1, dims);
-      int rc = pw_exec_send(r, d * r->pp + r->prank, &h, copy, -1, -1);
+      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->replica,
+                                     (uint32_t)ls->stage, RV_DP, PW_DTYPE_F32, n);
+      if (rc)
+        return pw_exec_fail(r, rc, NULL, "no frame header for the %zu-float gradient arena of stage %d: %s", n,
+                            ls->stage, pw_strerror(rc));
+      rc = pw_exec_send(r, d * r->pp + r->prank, &h, copy, -1, -1);
       if (rc) return rc;
     }
   }
@@ -176,10 +178,12 @@ static int tied_exchange(pw_run *r) {
         if (dup) continue;
         sent_to[ns++] = dst;
         pw_frame_hdr h;
-        uint32_t dims[1] = {(uint32_t)n};
-        pw_frame_hdr_init(&h, PW_FRAME_TIED, r->job, (uint32_t)r->step, (uint32_t)sp->holders[j], (uint32_t)hs,
-                          (uint32_t)sp->param, PW_DTYPE_F32, 1, dims);
-        int rc = pw_exec_send(r, dst, &h, copy, -1, -1);
+        int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_TIED, r->job, (uint32_t)r->step, (uint32_t)sp->holders[j],
+                                       (uint32_t)hs, (uint32_t)sp->param, PW_DTYPE_F32, n);
+        if (rc)
+          return pw_exec_fail(r, rc, NULL, "no frame header for tied parameter %d (%zu floats): %s", sp->param, n,
+                              pw_strerror(rc));
+        rc = pw_exec_send(r, dst, &h, copy, -1, -1);
         if (rc) return rc;
       }
     }
@@ -225,8 +229,9 @@ static int global_norm(pw_run *r, double *total) {
     if (k == r->prank) continue;
     pw_frame_hdr h;
     uint32_t dims[1] = {8};
-    pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->prank, 0, RV_NORM_PART,
-                      PW_DTYPE_U8, 1, dims);
+    if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->prank, 0, RV_NORM_PART,
+                                PW_DTYPE_U8, 1, dims)))
+      return pw_exec_fail(r, rc, NULL, "no frame header for the norm partial: %s", pw_strerror(rc));
     if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->norm_out[par], -1, -1))) return rc;
   }
   if ((rc = pw_exec_wait(r, parts_ready, NULL))) return rc;
@@ -273,7 +278,11 @@ static int update(pw_run *r, double sqnorm) {
     char path[1024];
     pw_err err = {0};
     ckpt_path(r, r->step, r->ls[li].stage, path, sizeof path);
-    mkdirs(path);
+    if (mkdirs(path)) {
+      int e = errno;
+      return pw_exec_fail(r, PW_EIO, NULL, "checkpoint: cannot make the directories of %s: %s (errno %d)", path,
+                          strerror(e), e);
+    }
     int rc = pw_ckpt_save(r->ls[li].prog, path, r->step + 1, NULL, &err);
     if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
   }

@@ -184,6 +184,8 @@ struct pw_run {
 
   /* ---- compute thread only ---- */
   uv_thread_t thread;
+  size_t chunk_limit;      /* frames over this many payload bytes go in chunks (wire.h; PW_WIRE_CHUNK) */
+  uint64_t chunked, chunks; /* tensors sent in chunks, and their chunks */
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
   double loss_sum;         /* this replica's share of the step loss */
@@ -247,12 +249,12 @@ void pw_ctl_stop(pw_worker *w);
 void pw_ctl_send(pw_worker *w, json_t *msg);
 
 /* net.c */
-int pw_net_listen(pw_worker *w);
+PW_MUST_CHECK int pw_net_listen(pw_worker *w);
 void pw_net_stop(pw_worker *w);
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank);
 /* Inbound links held for run r's job are admitted and read from. */
 void pw_net_run_started(pw_worker *w, pw_run *r);
-int pw_net_admit(pw_link *l, pw_run *r, pw_err *err);
+PW_MUST_CHECK int pw_net_admit(pw_link *l, pw_run *r, pw_err *err);
 void pw_link_close(pw_link *l);
 /* Read inbound link l to its end, discarding, then close it. */
 void pw_link_drain(pw_link *l);
@@ -263,8 +265,9 @@ void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
  * byte `off` of header + payload (the compute thread may have written the
  * start). payload points into slot (li, slot) of the run, whose link to
  * rank `to` it is (-1: none), or is owned and freed after the write. */
-int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
-                        uint64_t len, uint64_t off, int to, int li, int slot, void *owned);
+PW_MUST_CHECK int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE],
+                                      const void *payload, uint64_t len, uint64_t off, int to, int li, int slot,
+                                      void *owned);
 
 /* run.c (loop thread unless said otherwise) */
 int pw_run_start(pw_worker *w, json_t *assign, pw_err *err);
@@ -300,17 +303,19 @@ void pw_exec_main(void *arg);
 /* recv.c, compute thread: reads the inbound links until ready(r, arg)
  * holds (spinning a little, then sleeping in poll), or the run is aborted
  * (PW_ECANCELED) or a link fails (r->error set). */
-int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
+PW_MUST_CHECK int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
 /* Any thread: wake the compute thread from poll(). */
 void pw_exec_wake(pw_run *r);
-/* Queue a frame to rank `to` (CRC computed here, on the compute thread).
- * payload stays valid until the write is done: it points into slot
- * (li, slot), which is kept until then, or into a run-owned buffer (li -1). */
-int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot);
+/* Queue a frame to rank `to` (CRC computed here, on the compute thread);
+ * a payload over r->chunk_limit goes as consecutive chunk frames. payload
+ * stays valid until the write is done: it points into slot (li, slot),
+ * which is kept until then, or into a run-owned buffer (li -1). */
+PW_MUST_CHECK int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot);
 /* Queue an event for the loop thread. */
-int pw_exec_post(pw_run *r, const pw_event *ev);
+PW_MUST_CHECK int pw_exec_post(pw_run *r, const pw_event *ev);
 /* Record why the run failed (err may be NULL) and return rc. */
-int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+PW_MUST_CHECK int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 double pw_now(void);
 
 /* stepend.c */

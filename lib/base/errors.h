@@ -10,6 +10,11 @@
 
 #include <stdarg.h>
 
+/* On a function whose int result reports failure: ignoring it is a
+ * compile error (-Werror), so an error cannot be dropped by accident. A
+ * (void) cast does not silence it: handle the result. */
+#define PW_MUST_CHECK __attribute__((warn_unused_result))
+
 /*  name        message                         http  api code */
 #define PW_ERRNO_MAP(X)                                                    \
   X(EINVAL,    "invalid argument",              400, "invalid_argument")   \

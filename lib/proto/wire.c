@@ -26,14 +26,10 @@ static void put16(uint8_t *p, uint16_t v) {
 static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
 static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t get32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 /* ---- names ---------------------------------------------------------------- */
 
@@ -85,7 +81,7 @@ int pw_frame_hdr_init(pw_frame_hdr *h, int kind, uint64_t job, uint32_t step, ui
                       uint32_t stage, uint32_t value, int dtype, int ndim, const uint32_t *dims) {
   memset(h, 0, sizeof *h);
   if (kind <= 0 || kind >= N_KINDS || !pw_frame_dtype_size(dtype) || ndim < 0 ||
-      ndim > PW_FRAME_MAX_DIMS || (ndim > 0 && !dims))
+      ndim > PW_FRAME_MAX_DIMS || (ndim > 0 && !dims) || job > PW_FRAME_MAX_JOB)
     return PW_EINVAL;
   h->version = PW_FRAME_VERSION;
   h->kind = (uint16_t)kind;
@@ -98,8 +94,31 @@ int pw_frame_hdr_init(pw_frame_hdr *h, int kind, uint64_t job, uint32_t step, ui
   h->ndim = (uint8_t)ndim;
   for (int i = 0; i < ndim; i++) h->dims[i] = dims[i];
   uint64_t b = shape_bytes(h->dims, ndim, pw_frame_dtype_size(dtype));
-  if (b > PW_FRAME_MAX_PAYLOAD) return PW_ETOOBIG;
+  if (b == UINT64_MAX) return PW_ETOOBIG;
   h->payload_len = b;
+  return 0;
+}
+
+int pw_frame_hdr_init_vec(pw_frame_hdr *h, int kind, uint64_t job, uint32_t step, uint32_t mb,
+                          uint32_t stage, uint32_t value, int dtype, size_t n) {
+  if (n > UINT32_MAX) {
+    memset(h, 0, sizeof *h);
+    return PW_ETOOBIG;
+  }
+  uint32_t dims[1] = {(uint32_t)n};
+  return pw_frame_hdr_init(h, kind, job, step, mb, stage, value, dtype, 1, dims);
+}
+
+int pw_frame_chunk(const pw_frame_hdr *h, size_t limit, uint64_t off, pw_frame_hdr *c) {
+  if (limit == 0 || limit > PW_FRAME_MAX_PAYLOAD || off >= h->payload_len || off % limit ||
+      (h->flags & PW_FRAME_FLAG_CHUNK))
+    return PW_EINVAL;
+  if ((h->payload_len - 1) / limit > UINT32_MAX) return PW_ETOOBIG; /* the last index must fit */
+  uint64_t rest = h->payload_len - off;
+  *c = *h;
+  c->chunk = (uint32_t)(off / limit);
+  c->payload_len = rest < limit ? rest : limit;
+  c->flags = (uint16_t)(h->flags | PW_FRAME_FLAG_CHUNK | (rest <= limit ? PW_FRAME_FLAG_LAST : 0));
   return 0;
 }
 
@@ -108,7 +127,8 @@ void pw_frame_hdr_encode_crc(const pw_frame_hdr *h, uint32_t payload_crc,
   put32(out + 0, PW_FRAME_MAGIC);
   put16(out + 4, h->version);
   put16(out + 6, h->kind);
-  put64(out + 8, h->job);
+  put32(out + 8, (uint32_t)h->job);
+  put32(out + 12, h->chunk);
   put32(out + 16, h->step);
   put32(out + 20, h->microbatch);
   put32(out + 24, h->stage);
@@ -144,7 +164,8 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
     return pw_err_set(err, PW_EPROTO, "frame", "header_crc 0x%08x does not match the header (0x%08x)",
                       h->header_crc, crc);
   h->kind = get16(in + 6);
-  h->job = get64(in + 8);
+  h->job = get32(in + 8);
+  h->chunk = get32(in + 12);
   h->step = get32(in + 16);
   h->microbatch = get32(in + 20);
   h->stage = get32(in + 24);
@@ -161,6 +182,13 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
   if (h->flags & ~PW_FRAME_FLAGS_KNOWN)
     return pw_err_set(err, PW_EPROTO, "frame", "flags 0x%04x has unknown bits 0x%04x", h->flags,
                       h->flags & ~PW_FRAME_FLAGS_KNOWN);
+  int chunked = (h->flags & PW_FRAME_FLAG_CHUNK) != 0;
+  if (!chunked && (h->flags & PW_FRAME_FLAG_LAST))
+    return pw_err_set(err, PW_EPROTO, "frame", "flag LAST without flag CHUNK");
+  if (!chunked && h->chunk)
+    return pw_err_set(err, PW_EPROTO, "frame", "chunk %u without flag CHUNK", h->chunk);
+  if (chunked && (h->kind == PW_FRAME_HELLO || h->kind == PW_FRAME_BYE))
+    return pw_err_set(err, PW_EPROTO, "frame", "kind %s cannot be chunked", pw_frame_kind_name(h->kind));
   size_t esize = pw_frame_dtype_size(h->dtype);
   if (!esize) return pw_err_set(err, PW_EFORMAT, "frame", "dtype %u is unknown", h->dtype);
   if (h->ndim > PW_FRAME_MAX_DIMS)
@@ -170,7 +198,18 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
       return pw_err_set(err, PW_EFORMAT, "frame", "dims[%d] is %u but ndim is %u (must be 0)", i,
                         h->dims[i], h->ndim);
   uint64_t want = shape_bytes(h->dims, h->ndim, esize);
-  if (want != h->payload_len) {
+  if (chunked && want != UINT64_MAX) {
+    if (h->payload_len == 0 || h->payload_len > want) {
+      char ds[64];
+      dims_str(h->dims, h->ndim, ds, sizeof ds);
+      return pw_err_set(err, PW_EFORMAT, "frame", "chunk %u: payload_len %llu is not in 1..%llu (dims %s of %s)",
+                        h->chunk, (unsigned long long)h->payload_len, (unsigned long long)want, ds,
+                        pw_frame_dtype_name(h->dtype));
+    }
+    if (want > max_payload)
+      return pw_err_set(err, PW_ETOOBIG, "frame", "chunked tensor of %llu bytes is over the limit %zu",
+                        (unsigned long long)want, max_payload);
+  } else if (want != h->payload_len) {
     char ds[64];
     dims_str(h->dims, h->ndim, ds, sizeof ds);
     if (want == UINT64_MAX)
@@ -202,10 +241,19 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
 
 const char *pw_frame_hdr_str(const pw_frame_hdr *h, char *buf, size_t cap) {
   char ds[64];
-  snprintf(buf, cap, "%s job %llu step %u mb %u stage %u value %u %s %s %llu bytes",
-           pw_frame_kind_name(h->kind), (unsigned long long)h->job, h->step, h->microbatch, h->stage,
-           h->value, pw_frame_dtype_name(h->dtype), dims_str(h->dims, h->ndim > 4 ? 4 : h->ndim, ds, sizeof ds),
-           (unsigned long long)h->payload_len);
+  int ndim = h->ndim > 4 ? 4 : h->ndim;
+  dims_str(h->dims, ndim, ds, sizeof ds);
+  if (!(h->flags & PW_FRAME_FLAG_CHUNK)) {
+    snprintf(buf, cap, "%s job %llu step %u mb %u stage %u value %u %s %s %llu bytes",
+             pw_frame_kind_name(h->kind), (unsigned long long)h->job, h->step, h->microbatch, h->stage,
+             h->value, pw_frame_dtype_name(h->dtype), ds, (unsigned long long)h->payload_len);
+    return buf;
+  }
+  snprintf(buf, cap, "%s job %llu step %u mb %u stage %u value %u %s %s %llu bytes, chunk %u: %llu bytes%s",
+           pw_frame_kind_name(h->kind), (unsigned long long)h->job, h->step, h->microbatch, h->stage, h->value,
+           pw_frame_dtype_name(h->dtype), ds,
+           (unsigned long long)shape_bytes(h->dims, ndim, pw_frame_dtype_size(h->dtype)), h->chunk,
+           (unsigned long long)h->payload_len, h->flags & PW_FRAME_FLAG_LAST ? ", last" : "");
   return buf;
 }
 
@@ -265,7 +313,7 @@ int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_
 
 void pw_frame_reader_init(pw_frame_reader *r, size_t max_payload) {
   memset(r, 0, sizeof *r);
-  r->max_payload = max_payload > PW_FRAME_MAX_PAYLOAD ? PW_FRAME_MAX_PAYLOAD : max_payload;
+  r->max_payload = max_payload;
   r->state = PW_FR_HEADER;
 }
 
@@ -276,11 +324,13 @@ void pw_frame_reader_free(pw_frame_reader *r) {
   r->dest = NULL;
   r->state = PW_FR_DEAD;
   r->dead_code = PW_EINVAL;
+  r->xfer_on = 0;
+  r->xfer_got = 0;
 }
 
 void pw_frame_reader_set_max(pw_frame_reader *r, size_t max_payload) {
-  r->max_payload = max_payload > PW_FRAME_MAX_PAYLOAD ? PW_FRAME_MAX_PAYLOAD : max_payload;
-  if (r->state == PW_FR_HEADER && r->buf_cap > r->max_payload) { /* keep the bound true */
+  r->max_payload = max_payload;
+  if (r->state == PW_FR_HEADER && !r->xfer_on && r->buf_cap > r->max_payload) { /* keep the bound true */
     free(r->buf);
     r->buf = NULL;
     r->buf_cap = 0;
@@ -301,11 +351,16 @@ static void begin_payload(pw_frame_reader *r) {
   r->crc = 0;
 }
 
-/* Makes the internal buffer hold at least pay_got + 1 bytes (growing
- * geometrically toward payload_len). 0 or PW_ENOMEM. */
+/* Bytes of the whole payload: the frame's, or the chunked transfer's. */
+static size_t total_len(const pw_frame_reader *r) {
+  return (size_t)(r->xfer_on ? r->xfer.payload_len : r->hdr.payload_len);
+}
+
+/* Makes the internal buffer hold at least xfer_got + pay_got + 1 bytes
+ * (growing geometrically toward the whole payload). 0 or PW_ENOMEM. */
 static int grow(pw_frame_reader *r) {
-  size_t len = (size_t)r->hdr.payload_len;
-  if (r->buf_cap > r->pay_got) return 0;
+  size_t len = total_len(r), at = r->xfer_got + r->pay_got;
+  if (r->buf_cap > at) return 0;
   size_t cap = r->buf_cap ? r->buf_cap * 2 : GROW_FIRST;
   if (cap < r->buf_cap || cap > len) cap = len;
   uint8_t *p = realloc(r->buf, cap);
@@ -327,19 +382,20 @@ void pw_frame_reader_next_buf(pw_frame_reader *r, void **buf, size_t *len) {
       begin_payload(r);
       /* fallthrough */
     case PW_FR_PAYLOAD: {
-      size_t len_all = (size_t)r->hdr.payload_len;
+      /* this frame's payload is bytes [xfer_got, end) of the destination */
+      size_t at = r->xfer_got + r->pay_got, end = r->xfer_got + (size_t)r->hdr.payload_len;
       if (r->dest) {
-        *buf = r->dest + r->pay_got;
-        *len = len_all - r->pay_got;
+        *buf = r->dest + at;
+        *len = end - at;
         return;
       }
       if (grow(r) < 0) {
         die(r, PW_ENOMEM);
         return;
       }
-      size_t end = r->buf_cap < len_all ? r->buf_cap : len_all;
-      *buf = r->buf + r->pay_got;
-      *len = end - r->pay_got;
+      if (r->buf_cap < end) end = r->buf_cap;
+      *buf = r->buf + at;
+      *len = end - at;
       return;
     }
     default:
@@ -354,7 +410,7 @@ int pw_frame_reader_set_dest(pw_frame_reader *r, void *dst) {
 }
 
 int pw_frame_reader_idle(const pw_frame_reader *r) {
-  return r->state == PW_FR_HEADER && r->hdr_got == 0;
+  return r->state == PW_FR_HEADER && r->hdr_got == 0 && !r->xfer_on;
 }
 
 size_t pw_frame_reader_missing(const pw_frame_reader *r) {
@@ -368,28 +424,92 @@ size_t pw_frame_reader_missing(const pw_frame_reader *r) {
 
 static int finish(pw_frame_reader *r, pw_frame_event *ev, pw_err *err) {
   if (r->crc != r->hdr.payload_crc) {
-    char hs[160];
+    char hs[200];
     pw_err_set(err, PW_EPROTO, "frame", "payload_crc 0x%08x does not match the payload (0x%08x) of %s",
                r->hdr.payload_crc, r->crc, pw_frame_hdr_str(&r->hdr, hs, sizeof hs));
     return die(r, PW_EPROTO);
+  }
+  r->state = PW_FR_HEADER;
+  r->hdr_got = 0;
+  if (r->xfer_on) {
+    r->xfer_got += (size_t)r->hdr.payload_len;
+    r->xfer_next++;
+    if (r->xfer_got < (size_t)r->xfer.payload_len) return PW_FRAME_NEED_MORE; /* the next chunk's header */
+    ev->type = PW_FRAME_DONE;
+    ev->hdr = r->xfer;
+    ev->len = r->xfer_got;
+    ev->payload = r->dest ? r->dest : r->buf;
+    r->xfer_on = 0;
+    r->xfer_got = 0;
+    r->dest = NULL;
+    r->frames++;
+    return PW_FRAME_DONE;
   }
   ev->type = PW_FRAME_DONE;
   ev->hdr = r->hdr;
   ev->len = (size_t)r->hdr.payload_len;
   ev->payload = ev->len ? (r->dest ? r->dest : r->buf) : NULL;
-  r->state = PW_FR_HEADER;
-  r->hdr_got = 0;
   r->dest = NULL;
   r->frames++;
   return PW_FRAME_DONE;
+}
+
+static int same_tensor(const pw_frame_hdr *a, const pw_frame_hdr *b) {
+  return a->kind == b->kind && a->job == b->job && a->step == b->step && a->microbatch == b->microbatch &&
+         a->stage == b->stage && a->value == b->value && a->dtype == b->dtype && a->ndim == b->ndim &&
+         !memcmp(a->dims, b->dims, sizeof a->dims);
+}
+
+/* A chunk's header is in (r->hdr, decoded): check it against the transfer
+ * and make its payload the next bytes of the tensor. Chunk 0 starts the
+ * transfer (returns PW_FRAME_HEADER: the caller reports the tensor's
+ * header); a later chunk goes straight to PAYLOAD (PW_FRAME_NEED_MORE).
+ * Negative, with err set, when the chunk does not fit. */
+static int chunk_begin(pw_frame_reader *r, pw_err *err) {
+  const pw_frame_hdr *h = &r->hdr;
+  char hs[200], xs[200];
+  if (!r->xfer_on) {
+    if (h->chunk != 0)
+      return pw_err_set(err, PW_EPROTO, "frame", "chunk %u came first; a transfer starts with chunk 0 (%s)", h->chunk,
+                        pw_frame_hdr_str(h, hs, sizeof hs));
+    r->xfer = *h;
+    r->xfer.flags = 0;
+    r->xfer.payload_len = shape_bytes(h->dims, h->ndim, pw_frame_dtype_size(h->dtype)); /* decode bounded it */
+    r->xfer.payload_crc = r->xfer.header_crc = 0;
+    r->xfer_got = 0;
+    r->xfer_next = 0;
+  } else if (!(h->flags & PW_FRAME_FLAG_CHUNK) || !same_tensor(h, &r->xfer)) {
+    return pw_err_set(err, PW_EPROTO, "frame", "%s came inside the chunked transfer of %s (chunk %u due)",
+                      pw_frame_hdr_str(h, hs, sizeof hs), pw_frame_hdr_str(&r->xfer, xs, sizeof xs), r->xfer_next);
+  } else if (h->chunk != r->xfer_next) {
+    return pw_err_set(err, PW_EPROTO, "frame", "chunk %u came where chunk %u was due, in %s", h->chunk,
+                      r->xfer_next, pw_frame_hdr_str(&r->xfer, xs, sizeof xs));
+  }
+  size_t left = (size_t)r->xfer.payload_len - r->xfer_got;
+  if (h->payload_len > left)
+    return pw_err_set(err, PW_EPROTO, "frame", "chunk %u of %llu bytes overflows %s: %zu bytes are left", h->chunk,
+                      (unsigned long long)h->payload_len, pw_frame_hdr_str(&r->xfer, xs, sizeof xs), left);
+  int ends = h->payload_len == left, last = (h->flags & PW_FRAME_FLAG_LAST) != 0;
+  if (ends != last)
+    return pw_err_set(err, PW_EPROTO, "frame", "chunk %u %s, in %s", h->chunk,
+                      last ? "is marked LAST but bytes are still missing after it"
+                           : "ends the tensor but is not marked LAST",
+                      pw_frame_hdr_str(&r->xfer, xs, sizeof xs));
+  if (r->xfer_on) {
+    begin_payload(r);
+    return PW_FRAME_NEED_MORE;
+  }
+  r->xfer_on = 1;
+  r->dest = NULL;
+  r->state = PW_FR_HDR_READY;
+  return PW_FRAME_HEADER;
 }
 
 int pw_frame_reader_advance(pw_frame_reader *r, size_t n, pw_frame_event *ev, pw_err *err) {
   switch (r->state) {
     case PW_FR_DEAD:
       if (r->dead_code == PW_ENOMEM)
-        pw_err_set(err, PW_ENOMEM, "frame", "out of memory for a %llu-byte payload",
-                   (unsigned long long)r->hdr.payload_len);
+        pw_err_set(err, PW_ENOMEM, "frame", "out of memory for a %zu-byte payload", total_len(r));
       else
         pw_err_set(err, r->dead_code, "frame", "stream is dead after an earlier error");
       return r->dead_code;
@@ -400,6 +520,19 @@ int pw_frame_reader_advance(pw_frame_reader *r, size_t n, pw_frame_event *ev, pw
       if (r->hdr_got < PW_FRAME_HDR_SIZE) return PW_FRAME_NEED_MORE;
       int rc = pw_frame_hdr_decode(r->hdr_buf, r->max_payload, &r->hdr, err);
       if (rc < 0) return die(r, rc);
+      if (r->xfer_on && r->hdr.kind == PW_FRAME_BYE) { /* the sender gave up mid-tensor: hear why */
+        r->xfer_on = 0;
+        r->xfer_got = 0;
+      }
+      if (r->xfer_on || (r->hdr.flags & PW_FRAME_FLAG_CHUNK)) {
+        if ((rc = chunk_begin(r, err)) < 0) return die(r, rc);
+        if (rc == PW_FRAME_NEED_MORE) return rc; /* a later chunk: no event */
+        ev->type = PW_FRAME_HEADER;
+        ev->hdr = r->xfer;
+        ev->payload = NULL;
+        ev->len = 0;
+        return PW_FRAME_HEADER;
+      }
       r->dest = NULL;
       if (r->hdr.payload_len == 0) {
         begin_payload(r);
@@ -416,13 +549,14 @@ int pw_frame_reader_advance(pw_frame_reader *r, size_t n, pw_frame_event *ev, pw
       if (n) return pw_err_set(err, PW_EINVAL, "frame", "advance(%zu) without next_buf", n);
       return PW_FRAME_NEED_MORE;
     case PW_FR_PAYLOAD: {
-      size_t len = (size_t)r->hdr.payload_len;
+      size_t len = (size_t)r->hdr.payload_len, at = r->xfer_got + r->pay_got;
       uint8_t *base = r->dest ? r->dest : r->buf;
-      size_t end = r->dest || r->buf_cap > len ? len : r->buf_cap; /* pay_got <= end */
-      size_t room = end - r->pay_got;
+      size_t end = r->xfer_got + len; /* at <= end */
+      if (!r->dest && r->buf_cap < end) end = r->buf_cap;
+      size_t room = end - at;
       if (n > room)
         return pw_err_set(err, PW_EINVAL, "frame", "advance(%zu) past the %zu bytes given", n, room);
-      if (n) r->crc = pw_crc32c(r->crc, base + r->pay_got, n);
+      if (n) r->crc = pw_crc32c(r->crc, base + at, n);
       r->pay_got += n;
       if (r->pay_got < len) return PW_FRAME_NEED_MORE;
       return finish(r, ev, err);

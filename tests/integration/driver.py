@@ -53,7 +53,7 @@ def fuzz_data_plane(addr, seed):
         elif kind == 1:
             cases.append(bytes(good_hdr[: rnd.randint(1, 63)]))           # truncated header
         elif kind == 2:
-            h = bytearray(good_hdr); h[4:6] = struct.pack("<H", 1); h[6:8] = struct.pack("<H", 2)
+            h = bytearray(good_hdr); h[4:6] = struct.pack("<H", 2); h[6:8] = struct.pack("<H", 2)
             h[52:56] = struct.pack("<I", 0xFFFFFFF0)                       # lying length, bad crc
             cases.append(bytes(h) + b"x" * 100)
         elif kind == 3:

@@ -8,14 +8,20 @@
     to the last bit);
   - pp 2 x dp 2, and tied embeddings across the first and last stage
     (1f1b, and DualPipeV where both sit on rank 0);
+  - pp 2 x dp 2 with tied embeddings and the wire's chunk limit forced down
+    to 999 bytes (PW_WIRE_CHUNK, honoured by the worker for tests only):
+    every activation, gradient, all-reduce arena and tied gradient crosses
+    the links in chunks, and the result is still the same bits; a
+    PW_WIRE_CHUNK that is not a byte count fails the run with a message;
   - the measured peak of saved activations per rank equals the planner's
     simulated peak (1f1b, gpipe);
+  - a checkpoint directory that cannot be made fails the run, naming it;
   - killing one worker mid-run: the others stop with an error naming the
     lost peer, no hang, clean exits;
   - random and truncated frames and control messages at live workers:
     they stay up and then run a valid job to the same result.
 Usage: test_pipeline.py BUILD_DIR SOURCE_DIR [--quick]"""
-import json, os, subprocess, sys, tempfile
+import json, os, re, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
@@ -48,14 +54,15 @@ class Suite:
             self.failed += 1
         return ok
 
-    def drive(self, label, spec, *extra):
+    def drive(self, label, spec, *extra, env=None):
         d = os.path.join(self.tmp, label)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "in.json")
         json.dump(spec, open(path, "w"))
         p = subprocess.run([PY, os.path.join(HERE, "driver.py"), "--job", path, "--build", self.build,
                             "--src", self.src, "--out", os.path.join(d, "out"), *extra],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, **env) if env else None)
         res_path = os.path.join(d, "out", "result.json")
         res = json.load(open(res_path)) if os.path.exists(res_path) else None
         return p, res, d
@@ -75,8 +82,8 @@ class Suite:
             self.refs[key] = d
         return self.refs[key]
 
-    def equal_run(self, label, spec, *extra, start=0):
-        p, res, d = self.drive(label, spec, *extra)
+    def equal_run(self, label, spec, *extra, start=0, env=None):
+        p, res, d = self.drive(label, spec, *extra, env=env)
         if not self.check(f"{label}: run completes", p.returncode == 0 and res is not None,
                           (p.stdout + p.stderr)[-600:]):
             return None
@@ -112,6 +119,21 @@ def main():
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
         t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
 
+        # Chunked transfers: an odd limit, so chunks split floats too.
+        out = t.equal_run("zb-h1-pp2-dp2-tied-chunked", job("zb-h1", 2, 1, 4, dp=2, tied=True),
+                          env={"PW_WIRE_CHUNK": "999"})
+        if out:
+            res, d = out
+            sent = [re.findall(r"sent (\d+) tensors over 999 bytes as (\d+) chunks",
+                               open(os.path.join(d, "out", f"w{i}.log")).read()) for i in range(4)]
+            t.check("chunked: every rank sent its tensors in chunks",
+                    all(s and int(s[0][1]) > int(s[0][0]) > 0 for s in sent), str(sent))
+        p, res, d = t.drive("chunk-env-bad", job("1f1b", 2, 1, 4, steps=2), env={"PW_WIRE_CHUNK": "0"})
+        msgs = [e["message"] for e in res["errors"]] if res else []
+        t.check("chunked: PW_WIRE_CHUNK=0 fails the run, saying why",
+                len(msgs) == 2 and all("PW_WIRE_CHUNK '0' is not a byte count" in m for m in msgs) and not res["done"],
+                str(msgs) + (p.stdout + p.stderr)[-300:])
+
         # Checkpoints every 5 steps; a second run resumes from step 5 and ends
         # where the straight run ends.
         spec = job("interleaved-1f1b", 2, 2, 4)
@@ -125,6 +147,18 @@ def main():
                                                       [f"stage-{s}.optim.safetensors" for s in range(4)]),
                     str(os.listdir(mid)))
             t.equal_run("resume-from-5", spec, "--resume", mid, "--start-step", "5", start=5)
+
+        # A file where the checkpoint directory should go: the run fails, saying where and why.
+        spec = job("1f1b", 2, 1, 4, steps=2)
+        spec["train"]["checkpoint_every"] = 1
+        os.makedirs(os.path.join(tmp, "ckpt-blocked", "out"))
+        open(os.path.join(tmp, "ckpt-blocked", "out", "ckpt"), "w").close()
+        p, res, d = t.drive("ckpt-blocked", spec)
+        msgs = [e["message"] for e in res["errors"]] if res else []
+        want = os.path.join(d, "out", "ckpt", "job-1")
+        t.check("checkpoint dir that cannot be made fails the run with its path and errno",
+                msgs and all(f"cannot make the directories of {want}" in m and "Not a directory (errno 20)" in m
+                             for m in msgs) and not res["done"], str(msgs) + (p.stdout + p.stderr)[-300:])
 
         # Forward-only (inference) plans: the same losses as `pipewright train`
         # on a forward-mode job, no update.

@@ -60,15 +60,16 @@ static void test_hdr_layout(void **state) {
   pw_frame_hdr h, d;
   uint32_t dims[2] = {2, 3};
   float pay[6] = {1, 2, 3, 4, 5, 6};
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 0x0102030405060708ull, 0x11223344, 5, 6,
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 0x05060708u, 0x11223344, 5, 6,
                                      7, PW_DTYPE_F32, 2, dims), 0);
   assert_int_equal(h.payload_len, 24);
-  h.flags = PW_FRAME_FLAG_LAST;
+  h.flags = PW_FRAME_FLAG_CHUNK | PW_FRAME_FLAG_LAST; /* a one-chunk transfer: every field set */
+  h.chunk = 0x01020304;
   uint8_t b[PW_FRAME_HDR_SIZE];
   pw_frame_hdr_encode(&h, pay, b);
-  const uint8_t want[52] = {'P', 'W', 'F', '1', 1, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
+  const uint8_t want[52] = {'P', 'W', 'F', '1', 2, 0, 2, 0, 8, 7, 6, 5, 4, 3, 2, 1,
                             0x44, 0x33, 0x22, 0x11, 5, 0, 0, 0, 6, 0, 0, 0, 7, 0, 0, 0,
-                            0, 2, 1, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                            0, 2, 3, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
   assert_memory_equal(b, want, sizeof want);
   assert_int_equal(get32(b + 52), 24);
   assert_int_equal(get32(b + 56), crc_ref((const uint8_t *)pay, 24));
@@ -76,24 +77,28 @@ static void test_hdr_layout(void **state) {
 
   pw_err err = {0};
   assert_int_equal(pw_frame_hdr_decode(b, 1 << 20, &d, &err), 0);
-  assert_int_equal(d.version, 1);
+  assert_int_equal(d.version, 2);
   assert_int_equal(d.kind, PW_FRAME_ACT);
-  assert_true(d.job == 0x0102030405060708ull);
+  assert_true(d.job == 0x05060708u);
+  assert_int_equal(d.chunk, 0x01020304);
   assert_int_equal(d.step, 0x11223344);
   assert_int_equal(d.microbatch, 5);
   assert_int_equal(d.stage, 6);
   assert_int_equal(d.value, 7);
   assert_int_equal(d.dtype, PW_DTYPE_F32);
   assert_int_equal(d.ndim, 2);
-  assert_int_equal(d.flags, PW_FRAME_FLAG_LAST);
+  assert_int_equal(d.flags, PW_FRAME_FLAG_CHUNK | PW_FRAME_FLAG_LAST);
   assert_int_equal(d.dims[0], 2);
   assert_int_equal(d.dims[1], 3);
   assert_int_equal(d.dims[2], 0);
   assert_int_equal(d.payload_len, 24);
   assert_int_equal(d.payload_crc, get32(b + 56));
   char s[200];
+  assert_string_equal(pw_frame_hdr_str(&d, s, sizeof s), "ACT job 84281096 step 287454020 mb 5 stage 6 value 7 "
+                                                       "f32 [2,3] 24 bytes, chunk 16909060: 24 bytes, last");
+  d.flags = 0;
   assert_string_equal(pw_frame_hdr_str(&d, s, sizeof s),
-                      "ACT job 72623859790382856 step 287454020 mb 5 stage 6 value 7 f32 [2,3] 24 bytes");
+                      "ACT job 84281096 step 287454020 mb 5 stage 6 value 7 f32 [2,3] 24 bytes");
   /* encode_crc with the same CRC gives the same bytes */
   uint8_t b2[PW_FRAME_HDR_SIZE];
   pw_frame_hdr_encode_crc(&h, pw_crc32c(pw_crc32c(0, pay, 10), (uint8_t *)pay + 10, 14), b2);
@@ -102,17 +107,14 @@ static void test_hdr_layout(void **state) {
 
 static void test_hdr_init(void **state) {
   pw_frame_hdr h;
-  uint32_t d4[4] = {2, 3, 4, 5}, big[4] = {65536, 65536, 2, 0}, edge[2] = {65536, 65535};
+  uint32_t d4[4] = {2, 3, 4, 5}, edge[2] = {65536, 65535};
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_GRAD, 1, 0, 0, 0, 0, PW_DTYPE_I32, 4, d4), 0);
   assert_int_equal(h.payload_len, 2 * 3 * 4 * 5 * 4);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_REDUCE, 1, 0, 0, 0, 0, PW_DTYPE_F32, 0, NULL), 0);
   assert_int_equal(h.payload_len, 4); /* scalar */
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_U8, 2, edge), 0);
   assert_true(h.payload_len == 65536ull * 65535); /* just under 4 GiB */
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_U8, 3, big),
-                   PW_ETOOBIG); /* 2^33 bytes */
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_F32, 2, big),
-                   PW_ETOOBIG); /* 2^34 bytes */
+  /* sizes over one frame, the job's width: test_wire_chunk.c */
   assert_int_equal(pw_frame_hdr_init(&h, 0, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, 7, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 3, 1, d4), PW_EINVAL);
@@ -135,13 +137,15 @@ typedef struct {
 
 static const corruption corruptions[] = {
     {"magic", 0, 4, 0x31465751, 1, PW_EPROTO, "magic 0x31465751 is not \"PWF1\""},
-    {"version", 4, 2, 2, 1, PW_EPROTO, "version 2 is not supported"},
+    {"version", 4, 2, 1, 1, PW_EPROTO, "version 1 is not supported (want 2)"},
     {"header crc", 60, 4, 0xdeadbeef, 0, PW_EPROTO, "header_crc 0xdeadbeef does not match"},
     {"unfixed step", 16, 4, 99, 0, PW_EPROTO, "header_crc"},
     {"kind 0", 6, 2, 0, 1, PW_EPROTO, "kind 0 is unknown"},
     {"kind 7", 6, 2, 7, 1, PW_EPROTO, "kind 7 is unknown"},
     {"kind huge", 6, 2, 0xffff, 1, PW_EPROTO, "kind 65535 is unknown"},
     {"flags", 34, 2, 0x8001, 1, PW_EPROTO, "flags 0x8001 has unknown bits 0x8000"},
+    {"last alone", 34, 2, PW_FRAME_FLAG_LAST, 1, PW_EPROTO, "flag LAST without flag CHUNK"},
+    {"chunk alone", 12, 4, 3, 1, PW_EPROTO, "chunk 3 without flag CHUNK"}, /* chunk frames: test_wire_chunk.c */
     {"dtype", 32, 1, 3, 1, PW_EFORMAT, "dtype 3 is unknown"},
     {"ndim", 33, 1, 5, 1, PW_EFORMAT, "ndim 5 is over 4"},
     {"unused dim", 36 + 12, 4, 1, 1, PW_EFORMAT, "dims[3] is 1 but ndim is 2 (must be 0)"},
@@ -160,7 +164,7 @@ static void test_hdr_corrupt_each_field(void **state) {
   pw_frame_hdr h, d;
   uint32_t dims[2] = {2, 3};
   float pay[6] = {0};
-  pw_frame_hdr_init(&h, PW_FRAME_ACT, 9, 1, 2, 3, 4, PW_DTYPE_F32, 2, dims);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 9, 1, 2, 3, 4, PW_DTYPE_F32, 2, dims), 0);
   uint8_t good[PW_FRAME_HDR_SIZE];
   pw_frame_hdr_encode(&h, pay, good);
   pw_err err = {0};
@@ -285,9 +289,13 @@ static int on_event(void *ctx, pw_frame_reader *r, const pw_frame_event *ev) {
   assert_int_equal(ev->type, PW_FRAME_DONE);
   assert_int_equal(ev->len, ev->hdr.payload_len);
   if (s->dest && ev->len) assert_ptr_equal(ev->payload, s->dest);
-  uint8_t b[PW_FRAME_HDR_SIZE];
-  pw_frame_hdr_encode(&ev->hdr, ev->payload, b);
-  assert_memory_equal(b, r->hdr_buf, PW_FRAME_HDR_SIZE);
+  if (r->hdr.flags & PW_FRAME_FLAG_CHUNK) { /* reassembled (a fuzzed header can be a valid chunk) */
+    assert_true(ev->hdr.flags == 0 && ev->hdr.chunk == 0 && ev->hdr.kind == r->hdr.kind);
+  } else {
+    uint8_t b[PW_FRAME_HDR_SIZE];
+    pw_frame_hdr_encode(&ev->hdr, ev->payload, b);
+    assert_memory_equal(b, r->hdr_buf, PW_FRAME_HDR_SIZE);
+  }
   if (s->n == s->cap) {
     s->cap = s->cap ? 2 * s->cap : 16;
     s->f = realloc(s->f, (size_t)s->cap * sizeof *s->f);
@@ -319,9 +327,8 @@ static void add_frame(uint8_t **buf, size_t *len, size_t *cap, tframe *out, size
       if (n * (dims[i] ? dims[i] : 1) > max_bytes) dims[i] = 1;
       n *= dims[i];
     }
-    assert_int_equal(pw_frame_hdr_init(&h, kind, rnd() >> 1, (uint32_t)rnd(), (uint32_t)below(64),
+    assert_int_equal(pw_frame_hdr_init(&h, kind, rnd() & PW_FRAME_MAX_JOB, (uint32_t)rnd(), (uint32_t)below(64),
                                        (uint32_t)below(8), (uint32_t)below(1000), dtype, ndim, dims), 0);
-    h.flags = (uint16_t)(rnd() & PW_FRAME_FLAG_LAST);
     payload = malloc(h.payload_len + 1);
     for (size_t i = 0; i < h.payload_len; i++) payload[i] = (uint8_t)rnd();
   }
@@ -438,7 +445,7 @@ static void test_reader_chunkings(void **state) {
 static void test_reader_missing(void **state) {
   uint32_t d = 100;
   pw_frame_hdr h;
-  pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 2, 3, 4, 5, PW_DTYPE_F32, 1, &d);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 2, 3, 4, 5, PW_DTYPE_F32, 1, &d), 0);
   float pay[100];
   for (int i = 0; i < 100; i++) pay[i] = (float)i;
   uint8_t hb[PW_FRAME_HDR_SIZE];
@@ -475,7 +482,7 @@ static void test_reader_missing(void **state) {
   }
   /* An empty payload completes with the header: a new header is missing. */
   uint32_t zero = 0;
-  pw_frame_hdr_init(&h, PW_FRAME_BYE, 1, 0, 0, 0, 0, PW_DTYPE_U8, 1, &zero);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_BYE, 1, 0, 0, 0, 0, PW_DTYPE_U8, 1, &zero), 0);
   pw_frame_hdr_encode(&h, NULL, hb);
   assert_int_equal(pw_frame_reader_feed(&r, hb, sizeof hb, NULL, NULL, &err), 1);
   assert_int_equal(pw_frame_reader_missing(&r), PW_FRAME_HDR_SIZE);
@@ -508,7 +515,7 @@ static void test_reader_zero_copy(void **state) {
   assert_int_equal(pw_frame_reader_set_dest(&r, slot), PW_EINVAL);
   uint32_t d = 8;
   pw_frame_hdr h;
-  pw_frame_hdr_init(&h, PW_FRAME_GRAD, 1, 2, 3, 4, 5, PW_DTYPE_F32, 1, &d);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_GRAD, 1, 2, 3, 4, 5, PW_DTYPE_F32, 1, &d), 0);
   float pay[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   uint8_t hb[PW_FRAME_HDR_SIZE];
   pw_frame_hdr_encode(&h, pay, hb);
@@ -568,7 +575,7 @@ static void test_reader_truncated(void **state) {
 static void test_reader_errors(void **state) {
   uint32_t d = 16;
   pw_frame_hdr h;
-  pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &d);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &d), 0);
   uint8_t frame[PW_FRAME_HDR_SIZE + 64];
   for (int i = 0; i < 64; i++) frame[PW_FRAME_HDR_SIZE + i] = (uint8_t)i;
   pw_frame_hdr_encode(&h, frame + PW_FRAME_HDR_SIZE, frame);
@@ -602,7 +609,7 @@ static void test_reader_errors(void **state) {
   /* a lying header (1 MiB promised, 100 bytes sent) costs at most the first
    * growth step, not the promised size */
   uint32_t big = 1 << 18;
-  pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &big);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &big), 0);
   pw_frame_hdr_encode_crc(&h, 0, frame);
   pw_frame_reader_init(&r, 1 << 20);
   assert_int_equal(pw_frame_reader_feed(&r, frame, sizeof frame, NULL, NULL, &err), 0);
@@ -616,7 +623,7 @@ static void test_reader_errors(void **state) {
   uint8_t *sbuf = NULL;
   size_t slen = 0, scap = 0;
   d = 1000;
-  pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &d);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 1, 2, PW_DTYPE_F32, 1, &d), 0);
   slen = PW_FRAME_HDR_SIZE + 4000;
   scap = slen;
   sbuf = calloc(1, scap);
@@ -712,7 +719,7 @@ static void test_fuzz_random(void **state) {
     size_t n = below(sizeof b);
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rnd();
     /* a plausible start reaches deeper checks */
-    if (it % 2 && n >= 8) memcpy(b, "PWF1\x01\x00", 6);
+    if (it % 2 && n >= 8) memcpy(b, "PWF1\x02\x00", 6);
     if (it % 4 == 3 && n >= PW_FRAME_HDR_SIZE) {
       b[33] = (uint8_t)below(6);
       refresh_hdr_crc(b);
