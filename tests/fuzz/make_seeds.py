@@ -15,9 +15,9 @@ def put(name, i, data):
         f.write(data)
 
 
-def frame(kind, dtype, dims, payload, job=7, step=3, mb=1, stage=1, value=5, flags=0):
+def frame(kind, dtype, dims, payload, job=7, chunk=0, step=3, mb=1, stage=1, value=5, flags=0):
     dd = list(dims) + [0] * (4 - len(dims))
-    return struct.pack("<4sHHQIIIIBBH4IIII", b"PWF1", 1, kind, job, step, mb, stage, value,
+    return struct.pack("<4sHHIIIIIIBBH4IIII", b"PWF1", 2, kind, job, chunk, step, mb, stage, value,
                        dtype, len(dims), flags, *dd, len(payload), 0, 0) + payload
 
 
@@ -30,6 +30,8 @@ seeds = [
     frame(4, 0, [], struct.pack("<f", 2.0), flags=1),
     frame(5, 1, [3], struct.pack("<3i", 1, 2, 3)),
     frame(6, 2, [5], b"abort"),
+    # one tensor in two chunks: the header describes the whole tensor
+    frame(2, 0, [2, 3], acts[:12], flags=2) + frame(2, 0, [2, 3], acts[12:], chunk=1, flags=3),
 ]
 for i, s in enumerate(seeds):
     for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads
