@@ -4,9 +4,10 @@
  *
  * A queued job waits, and says so in its status, until enough idle workers
  * are connected; then it is planned (the same pw_plan_build as
- * `pipewright plan`), its run, partition, action lists and rank ->
- * worker assignments are recorded, and each worker gets only its own
- * rank's stages and action list. Step reports are collected from every
+ * `pipewright plan`) once per run: the plan's canonical text is stored
+ * (runs.plan) and hashed, its partition, action lists and rank -> worker
+ * assignments are recorded, and each worker gets only its own slice of it
+ * (lib/plan/slice.h), which carries the plan's hash. Step reports are collected from every
  * rank and recorded as one metrics row per step. A worker that errs or is
  * lost fails the run with a reason naming it, and the others are told to
  * stop; a cancelled job's workers are stopped and freed. A run interrupted
@@ -21,6 +22,7 @@
 #include "ctl_int.h"
 #include "log.h"
 #include "plan.h"
+#include "slice.h"
 
 static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
 
@@ -120,7 +122,7 @@ static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_
   return ok ? step : 0;
 }
 
-static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, json_t *spec, pw_wconn **ws) {
+static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, pw_wconn **ws) {
   pw_err err = {0};
   char b[600];
   int n = job->mesh.pp * job->mesh.dp;
@@ -130,12 +132,16 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
     pw_store_job_set_state(s, id, PW_JOB_FAILED, "planning failed", pw_err_str(&err, b, sizeof b), NULL);
     return;
   }
+  /* The plan is built here, once per run: its canonical text is what
+   * runs.plan stores and what its hash names; every worker gets a slice. */
   json_t *pj = pw_plan_json(job, &p);
-  char *pjs = json_dumps(pj, JSON_COMPACT);
+  char *pjs = NULL, plan_sha[PW_SHA256_HEX_LEN + 1];
   int64_t run = 0;
-  int rc = pw_store_run_insert(s, id, pjs ? pjs : "{}", &run, &err);
-  free(pjs);
+  int rc = pw_slice_plan_text(pj, &pjs, plan_sha);
   json_decref(pj);
+  if (rc) pw_err_set(&err, rc, "plan", "out of memory");
+  else rc = pw_store_run_insert(s, id, pjs, &run, &err);
+  free(pjs);
   if (rc) {
     pw_store_job_set_state(s, id, PW_JOB_FAILED, "cannot record the run", pw_err_str(&err, b, sizeof b), NULL);
     pw_plan_free(&p);
@@ -160,19 +166,27 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
   jr->n_stages = p.S;
   jr->steps = job->train.steps;
   jr->start_step = start;
-  json_t *peers = json_array(), *sched = pw_sched_to_json(p.sched);
+  json_t *peers = json_array();
   for (int r = 0; r < n; r++) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", ws[r]->addr));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
   char names[512] = "";
   for (int r = 0; r < n; r++) {
     pw_wconn *w = ws[r];
-    int stages[64], ns = pw_plan_rank_stages(&p, r % p.pp, stages, 64);
-    json_t *st = json_array();
-    for (int k = 0; k < ns && k < 64; k++) json_array_append_new(st, json_integer(stages[k]));
-    json_t *as = json_pack("{s:s, s:I, s:I, s:i, s:O, s:o, s:O, s:O, s:i, s:i, s:i}", "type", "assign", "job",
-                           (json_int_t)id, "run", (json_int_t)run, "rank", r, "spec", spec, "stages", st, "plan",
-                           sched, "peers", peers, "steps", job->train.steps, "start_step", start, "trace_every",
+    char *slice = NULL, slice_sha[PW_SHA256_HEX_LEN + 1];
+    if (pw_slice_build(job, &p, r, plan_sha, &slice, slice_sha, &err)) {
+      /* Only out of memory: the ranks sent so far are stopped by end_run. */
+      jr->next = ctl_of(c)->jobs;
+      ctl_of(c)->jobs = jr;
+      json_decref(peers);
+      pw_plan_free(&p);
+      end_run(c, jr, "failed", PW_JOB_FAILED, pw_err_str(&err, b, sizeof b), "dispatch failed");
+      return;
+    }
+    json_t *as = json_pack("{s:s, s:I, s:I, s:i, s:s, s:s, s:O, s:i, s:i, s:i}", "type", "assign", "job",
+                           (json_int_t)id, "run", (json_int_t)run, "rank", r, "slice", slice, "slice_sha256",
+                           slice_sha, "peers", peers, "steps", job->train.steps, "start_step", start, "trace_every",
                            trace_every);
+    free(slice);
     if (resume[0]) json_object_set_new(as, "resume", json_string(resume));
     w->job = jr;
     w->rank = r;
@@ -184,7 +198,6 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
     snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
   }
   json_decref(peers);
-  json_decref(sched);
   jr->next = ctl_of(c)->jobs;
   ctl_of(c)->jobs = jr;
   snprintf(b, sizeof b, "dispatched %d ranks to %s%s", n, names, start ? " (resuming)" : "");
@@ -237,7 +250,7 @@ void pw_sched_tick(pw_coord *c) {
     pw_wconn *ws[1024];
     idle_n = idle_workers(c, ws, 1024);
     if (idle_n >= need) {
-      dispatch(c, s, ids[i], &job, spec, ws);
+      dispatch(c, s, ids[i], &job, ws);
     } else {
       pw_coord_worker_counts(c, NULL, &busy, &lost);
       snprintf(b, sizeof b, "waiting for %d idle worker%s (%d idle, %d busy connected)", need, need == 1 ? "" : "s",

@@ -1,10 +1,12 @@
 /* run: one assignment — a rank of a job — from the assign message to done.
  *
- * The worker rebuilds what it needs from the job spec (model, partition,
- * its own stage programs, the data source) and takes the action list from
- * the plan. Once the links to its peers are up, the run's compute thread
- * (exec.c) walks the list step after step; this file is the loop
- * thread's side: the lifecycle, the links, and the events the
+ * Everything the rank runs comes from the assignment's slice of the plan
+ * (lib/plan/slice.h: the compiled graph, its stages and their slots, its
+ * action list, the tied table, the training config), checked against its
+ * SHA-256 first; the worker builds its stage programs from it and never
+ * re-partitions, re-plans or reads the model spec. Once the links to its
+ * peers are up, the run's compute thread (exec.c) walks the list step
+ * after step; this file is the loop thread's side: the lifecycle, the links, and the events the
  * compute thread queues (frames to write, step reports, done, failed);
  * and the frame checks and counters the compute thread calls as it reads
  * its inbound links (recv.c).
@@ -24,11 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spec_json.h"
 #include "ckpt.h"
 #include "log.h"
-#include "plan.h"
-#include "sim.h"
+#include "slice.h"
 #include "worker.h"
 
 static void finish(pw_run *r, int ok);
@@ -134,15 +134,11 @@ static int jint(const json_t *o, const char *k, int dflt) {
  * are made on demand, up to cap, only if a send holds a slot longer. */
 static int setup_stages(pw_run *r, pw_err *err) {
   int cap = r->m * 2 + 2; /* this step's microbatches + early arrivals of the next */
-  int rc = 0, *peaks = calloc((size_t)r->S, sizeof(int));
-  if (!peaks || pw_plan_peak_slots(r->sched, peaks)) {
-    free(peaks);
-    return pw_err_set(err, PW_ENOMEM, "run", "out of memory");
-  }
+  int rc = 0;
   for (int li = 0; li < r->n_ls && !rc; li++) {
     pw_lstage *ls = &r->ls[li];
     const pw_stage *st = &r->part.stages[ls->stage];
-    int peak = peaks[ls->stage];
+    int peak = r->peak_slots[li]; /* the slice lists our stages in the order ls holds them */
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap};
@@ -179,7 +175,6 @@ static int setup_stages(pw_run *r, pw_err *err) {
     }
     pw_prog_zero_grad(p);
   }
-  free(peaks);
   return rc;
 }
 
@@ -222,14 +217,31 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   const char *ck = json_string_value(json_object_get(as, "checkpoint_dir"));
   snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", ck ? ck : w->state_dir);
   const char *resume = json_string_value(json_object_get(as, "resume"));
-  int rc = pw_job_parse(json_object_get(as, "spec"), NULL, &r->spec, err);
+  json_t *sj = json_object_get(as, "slice");
+  pw_slice sl;
+  int rc = pw_slice_decode(json_string_value(sj), json_string_length(sj),
+                           json_string_value(json_object_get(as, "slice_sha256")), &sl, err);
   if (rc) goto fail;
-  r->pp = r->spec.mesh.pp;
-  r->dp = r->spec.mesh.dp;
+  /* The slice's tables become the run's; what stays in sl is freed below. */
+  r->model = sl.model;
+  r->part = sl.part;
+  r->sched = sl.sched;
+  r->peak_slots = sl.peak_slots;
+  r->spec.mode = sl.mode;
+  r->spec.train = sl.train;
+  r->spec.data = sl.data;
+  r->mem_budget = sl.mem_budget;
+  snprintf(r->plan_sha256, sizeof r->plan_sha256, "%s", sl.plan_sha256);
+  r->pp = sl.pp;
+  r->dp = sl.dp;
   r->n_ranks = r->pp * r->dp;
-  r->m = r->spec.schedule.microbatches;
-  if (r->rank < 0 || r->rank >= r->n_ranks) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.rank", "%d is not a rank of a %d x %d mesh", r->rank, r->pp, r->dp);
+  r->m = sl.m;
+  r->S = sl.S;
+  r->mb_size = sl.mb_size;
+  int slice_rank = sl.rank;
+  free(sl.local_stage);
+  if (r->rank != slice_rank) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.rank", "%d, but the slice is rank %d's", r->rank, slice_rank);
     goto fail;
   }
   if (r->start_step < 0 || r->steps < r->start_step) {
@@ -238,21 +250,6 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   }
   r->prank = r->rank % r->pp;
   r->replica = r->rank / r->pp;
-  r->mb_size = r->spec.train.batch_size / (r->m * r->dp);
-  if (r->mb_size < 1 || r->spec.train.batch_size % (r->m * r->dp)) {
-    rc = pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by microbatches * dp");
-    goto fail;
-  }
-  if ((rc = pw_model_build(&r->spec.model, &r->model, err))) goto fail;
-  if ((rc = pw_sched_from_json(json_object_get(as, "plan"), &r->sched, err))) goto fail;
-  if (r->sched->pp != r->pp || r->sched->m != r->m) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.plan", "plan is for pp %d, m %d; the spec says pp %d, m %d",
-                    r->sched->pp, r->sched->m, r->pp, r->m);
-    goto fail;
-  }
-  if ((rc = pw_sim_check(r->sched, err))) goto fail;
-  r->S = r->sched->S;
-  if ((rc = pw_partition_build(&r->model, &r->spec.partition, r->S, &r->part, err))) goto fail;
   r->rank_of_stage = malloc(sizeof(int) * (size_t)r->S);
   r->lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
   r->ls = calloc((size_t)r->S, sizeof *r->ls);
@@ -277,14 +274,6 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
       r->lidx_of_stage[s] = r->n_ls;
       r->ls[r->n_ls++].stage = s;
     }
-  }
-  /* The coordinator says which stages we run; it must agree with the plan. */
-  json_t *stages = json_object_get(as, "stages");
-  int agree = (int)json_array_size(stages) == r->n_ls;
-  for (int i = 0; agree && i < r->n_ls; i++) agree = json_integer_value(json_array_get(stages, (size_t)i)) == r->ls[i].stage;
-  if (!agree) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.stages", "do not match the plan's stages of pipeline rank %d", r->prank);
-    goto fail;
   }
   json_t *peers = json_object_get(as, "peers"), *pe;
   size_t i;
@@ -329,9 +318,10 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->async_init = 1;
   w->run = r;
   pw_net_run_started(w, r);
-  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step",
+  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
+          "budget %.1f MiB, plan %.12s",
           (unsigned long long)r->job, r->run_id, r->rank, r->prank, r->replica, r->n_ranks, r->ls[0].stage,
-          r->ls[r->n_ls - 1].stage, r->n_acts);
+          r->ls[r->n_ls - 1].stage, r->n_acts, (double)r->mem_budget / (1 << 20), r->plan_sha256);
   for (int k = 0; k < r->n_ranks; k++) {
     if (k == r->rank) continue;
     r->n_out_needed++;
@@ -381,7 +371,7 @@ static void run_destroy(pw_run *r) {
   pw_sched_free(r->sched);
   pw_partition_free(&r->part);
   pw_model_free(&r->model);
-  pw_job_free(&r->spec);
+  free(r->peak_slots);
   json_decref(r->assign);
   free(r->evq);
   free(r->wl);

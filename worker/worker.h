@@ -143,10 +143,17 @@ struct pw_run {
   int pp, dp, n_ranks;
   int steps, start_step, trace_every;
   char ckpt_dir[512];
+  /* From the assignment's slice (lib/plan/slice.h), never rebuilt here:
+   * spec holds only mode, train and data (the worker never sees the model
+   * spec); model is the compiled graph; part the partition as far as this
+   * rank uses it; sched stage -> rank and only this rank's action list. */
   pw_job spec;
   pw_model model;
   pw_partition part;
   pw_sched *sched;
+  int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
+  size_t mem_budget;       /* bytes the plan gives this pipeline rank */
+  char plan_sha256[65];    /* the plan the slice was cut from */
   pw_dataset *ds;
   int m, mb_size, S;
   int *rank_of_stage;      /* [S] pipeline rank */

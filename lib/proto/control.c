@@ -60,7 +60,7 @@ static const field f_welcome[] = {REQ_MIN("version", F_INT, 1), REQ_MIN("worker_
 static const field f_refused[] = {REQ("reason", F_STR), END};
 static const field f_assign[] = {
     REQ_MIN("job", F_INT, 0),        REQ_MIN("run", F_INT, 0),         REQ_MIN("rank", F_INT, 0),
-    REQ("spec", F_OBJ),              REQ_MIN("stages", F_INTS, 0),     REQ("plan", F_OBJ),
+    REQ("slice", F_STR),             REQ("slice_sha256", F_STR),
     REQ("peers", F_PEERS),           REQ_MIN("steps", F_INT, 0),       REQ_MIN("start_step", F_INT, 0),
     OPT("checkpoint_dir", F_STR),    OPT("resume", F_STR),             OPT_MIN("trace_every", F_INT, 0),
     END};

@@ -32,9 +32,10 @@
  * coordinator -> worker
  *   welcome     version:int>=1, worker_id:int, heartbeat_interval:number>0
  *   refused     reason:str
- *   assign      job:int, run:int, rank:int, spec:object (the job spec),
- *               stages:[int, ...] (the stages this rank runs), plan:object
- *               (schedule JSON), peers:[{rank:int, addr:str}, ...],
+ *   assign      job:int, run:int, rank:int, slice:str (the rank's slice
+ *               of the plan: canonical JSON text, lib/plan/slice.h),
+ *               slice_sha256:str (SHA-256 hex of slice's bytes),
+ *               peers:[{rank:int, addr:str}, ...],
  *               steps:int, start_step:int, checkpoint_dir?:str,
  *               resume?:str, trace_every?:int
  *   cancel      job:int, run:int, reason:str
@@ -52,7 +53,7 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 1
+#define PW_PROTO_VERSION 2 /* 2: assign carries the plan slice, not the spec */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 
