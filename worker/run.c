@@ -197,7 +197,7 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
   return 0;
 }
 
-int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
+int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
   r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -207,20 +207,17 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
     return pw_err_set(err, PW_ENOMEM, "assign", "cannot create an eventfd or a mutex");
   }
   r->w = w;
-  r->assign = json_incref(as);
-  r->job = (uint64_t)json_integer_value(json_object_get(as, "job"));
-  r->run_id = jint(as, "run", 0);
-  r->rank = jint(as, "rank", -1);
-  r->steps = jint(as, "steps", 0);
-  r->start_step = jint(as, "start_step", 0);
-  r->trace_every = jint(as, "trace_every", 0);
-  const char *ck = json_string_value(json_object_get(as, "checkpoint_dir"));
-  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", ck ? ck : w->state_dir);
-  const char *resume = json_string_value(json_object_get(as, "resume"));
-  json_t *sj = json_object_get(as, "slice");
+  r->assign = json_incref((json_t *)as); /* keeps a's strings alive */
+  r->job = (uint64_t)a->job;
+  r->run_id = (int)a->run;
+  r->rank = (int)a->rank;
+  r->steps = (int)a->steps;
+  r->start_step = (int)a->start_step;
+  r->trace_every = a->trace_every > 0 ? (int)a->trace_every : 0;
+  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", a->checkpoint_dir ? a->checkpoint_dir : w->state_dir);
+  const char *resume = a->resume;
   pw_slice sl;
-  int rc = pw_slice_decode(json_string_value(sj), json_string_length(sj),
-                           json_string_value(json_object_get(as, "slice_sha256")), &sl, err);
+  int rc = pw_slice_decode(a->slice, strlen(a->slice), a->slice_sha256, &sl, err);
   if (rc) goto fail;
   /* The slice's tables become the run's; what stays in sl is freed below. */
   r->model = sl.model;
@@ -275,9 +272,9 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
       r->ls[r->n_ls++].stage = s;
     }
   }
-  json_t *peers = json_object_get(as, "peers"), *pe;
+  json_t *pe;
   size_t i;
-  json_array_foreach(peers, i, pe) {
+  json_array_foreach(a->peers, i, pe) {
     int pr = jint(pe, "rank", -1);
     if (pr < 0 || pr >= r->n_ranks) {
       rc = pw_err_set(err, PW_EPROTO, "assign.peers", "peer rank %d outside the mesh", pr);
@@ -440,8 +437,8 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   va_end(ap);
   pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->step,
            r->error);
-  pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "error", "job", (json_int_t)r->job, "run",
-                              r->run_id, "rank", r->rank, "message", r->error));
+  pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
+                                     .rank = r->rank, .message = r->error));
   finish(r, 0);
 }
 
@@ -507,8 +504,8 @@ static void on_event(pw_run *r, pw_event *ev) {
       if (r->closing) return;
       pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
               r->run_id, r->rank, r->steps, r->peak_act);
-      pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run",
-                                  r->run_id, "rank", r->rank));
+      pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, NULL, .job = (int64_t)r->job, .run = r->run_id,
+                                         .rank = r->rank));
       finish(r, 1);
       return;
     case PW_EV_FAIL: {

@@ -274,7 +274,9 @@ int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_
                         uint64_t len, uint64_t off, int to, int li, int slot, void *owned);
 
 /* run.c (loop thread unless said otherwise) */
-int pw_run_start(pw_worker *w, json_t *assign, pw_err *err);
+/* a: the assign message read (control.h), as: the message itself (kept for
+ * the run's life: a's strings point into it). */
+int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err);
 void pw_run_cancel(pw_run *r, const char *reason);
 void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void pw_run_on_link_up(pw_run *r, pw_link *l);

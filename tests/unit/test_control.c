@@ -59,17 +59,19 @@ typedef struct {
 static const example examples[] = {
     {"register", PW_CONTROL_TO_COORD,
      "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"127.0.0.1:7000\","
-     "\"cores\":2,\"threads\":1,\"software\":\"pipewright 0.1.0\"}",
-     "version:i name:s token:s data_addr:s cores:i threads:i software:s", ""},
+     "\"cores\":2,\"threads\":1,\"software\":\"pipewright 0.1.0\",\"job\":4}",
+     "version:i name:s token:s data_addr:s cores:i threads:i software:s", "job:i"},
     {"heartbeat", PW_CONTROL_TO_COORD, "{\"type\":\"heartbeat\",\"time\":1700000000.25,\"state\":\"idle\",\"job\":3}",
      "time:n state:s", "job:i"},
     {"step", PW_CONTROL_TO_COORD,
      "{\"type\":\"step\",\"job\":1,\"run\":0,\"rank\":2,\"step\":7,\"loss\":2.5,\"step_time\":0.125,"
-     "\"tokens\":4096,\"peak_act\":1048576,\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]]}",
-     "job:i run:i rank:i step:i step_time:n", "loss:n tokens:n peak_act:i actions:A"},
+     "\"tokens\":4096,\"peak_act\":1048576,\"grad_norm\":0.75,\"lr\":0.001,"
+     "\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]]}",
+     "job:i run:i rank:i step:i step_time:n", "loss:n tokens:n peak_act:i grad_norm:n lr:n actions:A"},
     {"checkpoint", PW_CONTROL_TO_COORD,
-     "{\"type\":\"checkpoint\",\"job\":1,\"run\":0,\"rank\":0,\"step\":10,\"path\":\"/x/r0.safetensors\",\"bytes\":123}",
-     "job:i run:i rank:i step:i path:s bytes:i", ""},
+     "{\"type\":\"checkpoint\",\"job\":1,\"run\":0,\"rank\":0,\"step\":10,\"path\":\"/x/r0.safetensors\",\"bytes\":123,"
+     "\"stage\":3}",
+     "job:i run:i rank:i step:i path:s bytes:i", "stage:i"},
     {"done", PW_CONTROL_TO_COORD, "{\"type\":\"done\",\"job\":1,\"run\":0,\"rank\":1}", "job:i run:i rank:i", ""},
     {"error", PW_CONTROL_TO_COORD, "{\"type\":\"error\",\"job\":1,\"run\":0,\"rank\":1,\"message\":\"peer 2 lost\"}",
      "message:s", "job:i run:i rank:i"},
