@@ -221,7 +221,8 @@ static int decode_partition(json_t *j, int S, pw_partition *pt, int n_layers, in
       (rc = array_of(err, "slice.partition.shared", shared, sizeof *pt->shared, (void **)&pt->shared,
                      &pt->n_shared)))
     return rc;
-  if (pt->n_stages != S) return pw_err_set(err, PW_EPROTO, "slice.partition.stage_layers", "%d ranges for %d stages", pt->n_stages, S);
+  if (pt->n_stages != S)
+    return pw_err_set(err, PW_EPROTO, "slice.partition.stage_layers", "%d ranges for %d stages", pt->n_stages, S);
   for (int s = 0; s < S; s++) {
     pw_stage *st = &pt->stages[s];
     if ((rc = unpack(err, "slice.partition.stage_layers", json_array_get(ranges, (size_t)s), "[ii]", &st->layer_lo,

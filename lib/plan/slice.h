@@ -23,6 +23,10 @@
  *   - plan_sha256: SHA-256 of the plan's canonical text (pw_slice_plan_text:
  *     what the coordinator stores in runs.plan), naming the plan it is cut
  *     from.
+ * What belongs to one dispatch rather than to the plan — the peers' data
+ * addresses, steps and start step, the checkpoint to resume from, tracing
+ * — travels next to the slice in the assign message (control.h), so the
+ * same plan keeps the same hash whichever workers run it.
  *
  * Integrity. The body is canonical JSON text (compact, keys sorted) and
  * travels as a JSON *string* in the assign message ("slice"), next to
