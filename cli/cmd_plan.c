@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "plan.h"
+#include "slice.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -15,6 +16,8 @@ static void usage(FILE *f) {
           "  --compare         every schedule that fits the job, side by side\n"
           "  --json            the same as JSON (what POST /v1/plans returns)\n"
           "  --trace FILE      the simulated timeline as Chrome trace-event JSON (Perfetto)\n"
+          "  --slices          JSON: what each rank's assign message carries (slice, slice_sha256)\n"
+          "                    and the plan's hash, as the coordinator would send them\n"
           "  --help\n");
 }
 
@@ -103,21 +106,43 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
                r->link_transfers[s * r->pp + t]);
 }
 
+/* {"plan_sha256", "slices": [{"rank", "slice", "slice_sha256"}]}: for a
+ * driver playing the coordinator (tests/integration/driver.py). */
+static int print_slices(const pw_job *job, const pw_plan *p) {
+  json_t *pj = pw_plan_json(job, p), *arr = json_array();
+  char *text = NULL, plan_sha[PW_SHA256_HEX_LEN + 1], sha[PW_SHA256_HEX_LEN + 1];
+  pw_err err = {0};
+  int rc = pw_slice_plan_text(pj, &text, plan_sha);
+  json_decref(pj);
+  free(text);
+  for (int r = 0; !rc && r < p->pp * p->dp; r++) {
+    if ((rc = pw_slice_build(job, p, r, plan_sha, &text, sha, &err))) break;
+    json_array_append_new(arr, json_pack("{s:i, s:s, s:s}", "rank", r, "slice", text, "slice_sha256", sha));
+    free(text);
+  }
+  json_t *out = json_pack("{s:s, s:o}", "plan_sha256", plan_sha, "slices", arr);
+  if (!rc) rc = print_json(out);
+  else pw_cli_report(&err);
+  json_decref(out);
+  return rc ? 1 : 0;
+}
+
 int pw_cmd_plan(int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, 0, 'j'},   {"schedule", required_argument, 0, 's'},
                                        {"compare", no_argument, 0, 'c'},     {"json", no_argument, 0, 'J'},
                                        {"trace", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                       {0, 0, 0, 0}};
+                                       {"slices", no_argument, 0, 'S'},      {0, 0, 0, 0}};
   const char *job_path = NULL, *sched = NULL, *trace = NULL;
-  int compare = 0, as_json = 0, c;
+  int compare = 0, as_json = 0, slices = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:s:cJt:h", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "j:s:cJt:hS", opts, NULL)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': sched = optarg; break;
       case 'c': compare = 1; break;
       case 'J': as_json = 1; break;
       case 't': trace = optarg; break;
+      case 'S': slices = 1; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -149,7 +174,9 @@ int pw_cmd_plan(int argc, char **argv) {
     pw_job_free(&job);
     return 1;
   }
-  if (as_json) {
+  if (slices) {
+    rc = print_slices(&job, &p);
+  } else if (as_json) {
     json_t *j = pw_plan_json(&job, &p);
     rc = print_json(j);
     json_decref(j);

@@ -40,7 +40,7 @@ typedef struct {
   int flags;
 } pw_route;
 
-/* The table, in api.c. tests/integration/test_openapi.py reads it from the
+/* The table, in api.c (alone there). tests/integration/test_openapi.py reads it from the
  * source to check it against api/openapi.yaml: keep one route per line,
  * written as {"METHOD", "/pattern", handler, flags}. */
 extern const pw_route pw_api_routes[];
@@ -58,7 +58,7 @@ struct pw_req {
   struct MHD_Response *resp;
 };
 
-/* ---- replies (http.c); a later reply replaces an earlier one ------------- */
+/* ---- replies (api_req.c); a later reply replaces an earlier one --------- */
 
 /* JSON reply; steals j (NULL gives a 500). */
 void pw_reply_json(pw_req *r, int status, json_t *j);
@@ -72,10 +72,12 @@ void pw_reply_err(pw_req *r, const pw_err *e);
 void pw_reply_text(pw_req *r, int status, const char *content_type, char *text);
 /* A file body from an open fd (the response closes it), size bytes. */
 void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size);
+/* The fixed out-of-memory error, for when even building a reply failed. */
+void pw_reply_oom(pw_req *r);
 /* Adds a header to the reply set last (no-op without one). */
 void pw_reply_header(pw_req *r, const char *name, const char *value);
 
-/* ---- query arguments ------------------------------------------------------ */
+/* ---- query arguments (api_req.c) ----------------------------------------- */
 
 /* The query argument's value, NULL when absent. */
 const char *pw_req_arg(pw_req *r, const char *name);
@@ -88,7 +90,7 @@ int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out);
 
 /* ---- handlers --------------------------------------------------------------- */
 
-/* api.c */
+/* api_info.c */
 void pw_api_healthz(pw_req *r);
 void pw_api_metrics(pw_req *r);
 void pw_api_workers(pw_req *r);
@@ -105,7 +107,7 @@ void pw_api_job_events(pw_req *r);
 void pw_api_job_timeline(pw_req *r);
 void pw_api_job_checkpoint(pw_req *r);
 
-/* Shared by the job handlers: the store of this thread, or a 500 reply and
+/* api_req.c, shared by the job handlers: the store of this thread, or a 500 reply and
  * NULL. */
 pw_store *pw_api_store(pw_req *r);
 /* The job's stored spec parsed back (its plan can be rebuilt); replies and

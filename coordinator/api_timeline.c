@@ -3,8 +3,9 @@
  * simulated one (or as Chrome trace-event JSON for Perfetto), and the
  * whole model gathered from the ranks' checkpoints as ONE safetensors file.
  *
- * Everything here is read-only: it reads the store and the checkpoint
- * files the workers wrote, and rebuilds the plan from the stored spec. */
+ * Everything here is read-only: it reads the store (the plan each run was
+ * dispatched with is there, in runs.plan: it is never rebuilt for a run)
+ * and the checkpoint files the workers wrote. */
 #include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -88,19 +89,28 @@ static json_t *chrome_trace(const json_t *tl) {
 }
 
 /* The planner's simulated step for the job: {"schedule", "makespan",
- * "bubble_ratio", "timeline"}; NULL when the plan cannot be rebuilt. */
-static json_t *planned_json(pw_req *r, const pw_job *job) {
-  pw_plan p;
+ * "bubble_ratio", "timeline"}, from the plan its latest run was dispatched
+ * with (runs.plan). A job never dispatched has no plan yet: it gets a
+ * preview, planned from its spec as POST /v1/plans would. NULL when
+ * neither is to be had. */
+static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
+  json_t *doc = NULL, *sim = NULL;
   pw_err err = {0};
-  if (pw_plan_build(job, NULL, &p, &err)) {
-    char b[600];
-    pw_warn("job %lld: cannot rebuild its plan: %s", (long long)r->id, pw_err_str(&err, b, sizeof b));
-    return NULL;
+  if (pw_store_run_plan_json(s, r->id, &doc, &err) == 0) {
+    sim = json_incref(json_object_get(doc, "analytics"));
+    json_decref(doc);
+  } else {
+    pw_plan p;
+    if (pw_plan_build(job, NULL, &p, &err)) {
+      char b[600];
+      pw_warn("job %lld: no plan to show: %s", (long long)r->id, pw_err_str(&err, b, sizeof b));
+      return NULL;
+    }
+    sim = pw_sim_result_json(p.sim);
+    pw_plan_free(&p);
   }
-  json_t *sim = pw_sim_result_json(p.sim);
-  pw_plan_free(&p);
   if (!sim) return NULL;
-  json_t *out = json_pack("{s:O, s:O, s:O, s:O}", "schedule", json_object_get(sim, "schedule"), "makespan",
+  json_t *out = json_pack("{s:O*, s:O*, s:O*, s:O*}", "schedule", json_object_get(sim, "schedule"), "makespan",
                           json_object_get(sim, "makespan"), "bubble_ratio", json_object_get(sim, "bubble_ratio"),
                           "timeline", json_object_get(sim, "timeline"));
   json_decref(sim);
@@ -151,7 +161,7 @@ void pw_api_job_timeline(pw_req *r) {
     pw_job_free(&job);
     return;
   }
-  json_t *planned = planned_json(r, &job);
+  json_t *planned = planned_json(r, s, &job);
   pw_job_free(&job);
   json_t *pb = planned ? json_object_get(planned, "bubble_ratio") : NULL;
   json_object_set_new(tl, "bubble",

@@ -100,8 +100,12 @@ int pw_coord_cancel(pw_coord *c, int64_t job, pw_err *err);
 int pw_http_start(pw_coord *c, pw_err *err);
 void pw_http_stop(pw_coord *c);
 
-/* ctlsrv.c: the control plane on the loop (worker links, scheduling). */
-int pw_ctl_server_start(pw_coord *c, pw_err *err);
+/* ctlsrv.c: the control plane on the loop (worker links); the job side
+ * (sched.c) plugs in through hooks (ctl_int.h). */
+typedef struct pw_ctl_hooks pw_ctl_hooks;
+int pw_ctl_server_start(pw_coord *c, const pw_ctl_hooks *hooks, pw_err *err);
+/* sched.c: dispatch, following runs, cancel. */
+const pw_ctl_hooks *pw_sched_hooks(void);
 void pw_ctl_server_stop(pw_coord *c);
 
 #endif

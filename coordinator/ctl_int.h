@@ -47,23 +47,33 @@ struct pw_jobrt {
   pw_jobrt *next;
 };
 
+/* The job side of the control plane, as the transport (ctlsrv.c) sees
+ * it: sched.c fills one (pw_sched_hooks) and main.c hands it to
+ * pw_ctl_server_start, so ctlsrv.c never names a function of sched.c.
+ * Handlers get ctx = the pw_coord, conn = the pw_wconn. */
+struct pw_ctl_hooks {
+  pw_control_handlers msgs;  /* messages of registered workers beyond register
+                                and heartbeat (the transport's own) */
+  void (*tick)(pw_coord *c); /* a scheduling pass: every second, on wake, and
+                                when a worker registers or becomes idle */
+  void (*lost)(pw_coord *c, pw_wconn *w, const char *why); /* a busy worker's link is gone */
+  void (*shutdown)(pw_coord *c); /* the server stops: runs back to the queue */
+};
+
 typedef struct {
   uv_tcp_t listener;
   uv_timer_t tick;
   pw_wconn *conns;
   pw_jobrt *jobs;
   double last_store_seen;  /* throttles worker heartbeats to the store */
+  const pw_ctl_hooks *hooks;
+  pw_control_handlers handlers; /* the transport's own and the hooks' messages */
 } pw_ctl;
 
 double pw_mono(void);
 /* ctlsrv.c */
-void pw_ctl_send_msg(pw_wconn *w, json_t *msg);  /* steals msg */
+void pw_ctl_send_msg(pw_wconn *w, json_t *msg);  /* steals msg; NULL (a build that failed) is logged */
 void pw_ctl_drop(pw_wconn *w, const char *why);
 void pw_registry_update(pw_coord *c, pw_wconn *w);
-/* sched.c */
-void pw_sched_tick(pw_coord *c);
-void pw_sched_on_message(pw_coord *c, pw_wconn *w, json_t *msg);
-void pw_sched_on_lost(pw_coord *c, pw_wconn *w, const char *why);
-void pw_sched_shutdown(pw_coord *c);
 
 #endif

@@ -1,8 +1,10 @@
 /* ctlsrv: the coordinator's control plane — accepts worker links,
  * registers workers (protocol version and cluster token checked, a refusal
  * says why), follows their heartbeats, and hands everything about jobs to
- * sched.c. A malformed message closes that worker's link with the reason
- * logged; the daemon goes on. Loop thread only. */
+ * the hooks it is given (sched.c's; it never calls sched.c by name).
+ * Messages are dispatched from a table by type (control.h). A malformed
+ * message closes that worker's link with the reason logged; the daemon
+ * goes on. Loop thread only. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,7 +40,7 @@ void pw_registry_update(pw_coord *c, pw_wconn *w) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static void registry_add(pw_coord *c, pw_wconn *w, json_t *reg) {
+static void registry_add(pw_coord *c, pw_wconn *w, const pw_msg_register *reg) {
   pthread_mutex_lock(&c->mu);
   pw_worker_info *wi = registry_find(c, w->name);
   if (!wi) {
@@ -58,9 +60,9 @@ static void registry_add(pw_coord *c, pw_wconn *w, json_t *reg) {
   }
   wi->id = w->id;
   snprintf(wi->addr, sizeof wi->addr, "%s", w->addr);
-  snprintf(wi->software, sizeof wi->software, "%s", json_string_value(json_object_get(reg, "software")));
-  wi->cores = (int)json_integer_value(json_object_get(reg, "cores"));
-  wi->threads = (int)json_integer_value(json_object_get(reg, "threads"));
+  snprintf(wi->software, sizeof wi->software, "%s", reg->software);
+  wi->cores = (int)reg->cores;
+  wi->threads = (int)reg->threads;
   wi->connected = 1;
   wi->job = 0;
   wi->last_heartbeat = pw_store_now();
@@ -81,7 +83,10 @@ static void on_written(uv_write_t *req, int status) {
 }
 
 void pw_ctl_send_msg(pw_wconn *w, json_t *msg) {
-  if (!msg) return;
+  if (!msg) {
+    pw_error("a message for %s could not be built", w->name);
+    return;
+  }
   if (w->closing) {
     json_decref(msg);
     return;
@@ -120,7 +125,7 @@ void pw_ctl_drop(pw_wconn *w, const char *why) {
       break;
     }
   if (w->registered) {
-    if (w->job) pw_sched_on_lost(c, w, why ? why : "link closed");
+    if (w->job) ctl->hooks->lost(c, w, why ? why : "link closed");
     pw_registry_update(c, w);
     pw_store *s = pw_coord_store(c);
     if (s) pw_store_worker_seen(s, w->id, "lost", NULL);
@@ -128,90 +133,91 @@ void pw_ctl_drop(pw_wconn *w, const char *why) {
   uv_close((uv_handle_t *)&w->tcp, on_closed);
 }
 
-static void on_register(pw_wconn *w, json_t *msg) {
-  pw_coord *c = w->c;
+static void cancel_foreign(pw_wconn *w, int64_t job) {
+  w->draining = 1;
+  pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_CANCEL, pw_msg_cancel, NULL, .job = job, .run = 0,
+                                      .reason = "not a run of this coordinator"));
+}
+
+static void refuse(pw_wconn *w, const char *reason) {
+  pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_REFUSED, pw_msg_refused, NULL, .reason = reason));
+}
+
+static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_wconn *w = conn;
+  const pw_msg_register *reg = &m->REGISTER;
+  if (w->registered) return pw_err_set(err, PW_EPROTO, "register", "registered twice");
   char reason[256] = "";
-  int version = (int)json_integer_value(json_object_get(msg, "version"));
-  const char *token = json_string_value(json_object_get(msg, "token"));
-  const char *name = json_string_value(json_object_get(msg, "name"));
-  if (version != PW_PROTO_VERSION)
-    snprintf(reason, sizeof reason, "protocol version %d is not supported (this coordinator speaks %d)", version,
-             PW_PROTO_VERSION);
-  else if (c->cluster_token[0] && !pw_control_token_equal(token, c->cluster_token))
+  if (reg->version != PW_PROTO_VERSION)
+    snprintf(reason, sizeof reason, "protocol version %lld is not supported (this coordinator speaks %d)",
+             (long long)reg->version, PW_PROTO_VERSION);
+  else if (c->cluster_token[0] && !pw_control_token_equal(reg->token, c->cluster_token))
     snprintf(reason, sizeof reason, "wrong cluster token");
-  else if (!name[0] || strlen(name) >= sizeof w->name)
+  else if (!reg->name[0] || strlen(reg->name) >= sizeof w->name)
     snprintf(reason, sizeof reason, "worker name must be 1..%zu bytes", sizeof w->name - 1);
   if (reason[0]) {
-    pw_warn("refusing worker '%s': %s", name, reason);
-    pw_ctl_send_msg(w, json_pack("{s:s, s:s}", "type", "refused", "reason", reason));
+    pw_warn("refusing worker '%s': %s", reg->name, reason);
+    refuse(w, reason);
     pw_ctl_drop(w, NULL);
-    return;
+    return 0;
   }
   /* The same worker back after a restart or a dropped link we had not
    * noticed yet: the new link replaces the old one. */
   pw_wconn *next;
   for (pw_wconn *o = ctl_of(c)->conns; o; o = next) {
     next = o->next;
-    if (o != w && o->registered && !strcmp(o->name, name)) pw_ctl_drop(o, "replaced by a new connection of the same worker");
+    if (o != w && o->registered && !strcmp(o->name, reg->name))
+      pw_ctl_drop(o, "replaced by a new connection of the same worker");
   }
-  snprintf(w->name, sizeof w->name, "%s", name);
-  snprintf(w->addr, sizeof w->addr, "%s", json_string_value(json_object_get(msg, "data_addr")));
+  snprintf(w->name, sizeof w->name, "%s", reg->name);
+  snprintf(w->addr, sizeof w->addr, "%s", reg->data_addr);
   pw_store *s = pw_coord_store(c);
-  pw_err err = {0};
-  if (!s || pw_store_worker_register(s, w->name, w->addr, (int)json_integer_value(json_object_get(msg, "cores")),
-                                     (int)json_integer_value(json_object_get(msg, "threads")),
-                                     json_string_value(json_object_get(msg, "software")), &w->id, &err)) {
-    pw_ctl_send_msg(w, json_pack("{s:s, s:s}", "type", "refused", "reason", "coordinator store unavailable"));
+  pw_err serr = {0};
+  if (!s || pw_store_worker_register(s, w->name, w->addr, (int)reg->cores, (int)reg->threads, reg->software, &w->id,
+                                     &serr)) {
+    refuse(w, "coordinator store unavailable");
     pw_ctl_drop(w, "store unavailable");
-    return;
+    return 0;
   }
   w->registered = 1;
   w->last_seen = pw_mono();
-  registry_add(c, w, msg);
-  json_t *busy = json_object_get(msg, "job");
-  if (json_is_integer(busy)) { /* busy with a run from before: stop it first */
-    w->draining = 1;
-    pw_ctl_send_msg(w, json_pack("{s:s, s:O, s:i, s:s}", "type", "cancel", "job", busy, "run", 0, "reason",
-                                 "not a run of this coordinator"));
-  }
+  registry_add(c, w, reg);
+  if (reg->job >= 0) cancel_foreign(w, reg->job); /* busy with a run from before: stop it first */
   pw_info("worker %s registered (id %lld, data plane %s)", w->name, (long long)w->id, w->addr);
-  pw_ctl_send_msg(w, json_pack("{s:s, s:i, s:I, s:f}", "type", "welcome", "version", PW_PROTO_VERSION, "worker_id",
-                               (json_int_t)w->id, "heartbeat_interval", c->heartbeat_interval));
-  pw_sched_tick(c);
+  pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_WELCOME, pw_msg_welcome, NULL, .version = PW_PROTO_VERSION,
+                                      .worker_id = w->id, .heartbeat_interval = c->heartbeat_interval));
+  ctl_of(c)->hooks->tick(c);
+  return 0;
+}
+
+static int on_heartbeat(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_wconn *w = conn;
+  pw_registry_update(c, w);
+  /* A worker still busy with a job we are not running here (say, from
+   * before a coordinator restart) is told to stop it. */
+  int64_t job = m->HEARTBEAT.job;
+  if (job >= 0 && (!w->job || w->job->job != job)) {
+    cancel_foreign(w, job);
+  } else if (job < 0 && w->draining) {
+    w->draining = 0; /* idle now */
+    ctl_of(c)->hooks->tick(c);
+  }
+  return 0;
 }
 
 static void on_message(pw_wconn *w, json_t *msg) {
-  const char *type = pw_control_type(msg);
-  if (pw_control_msg_dir(type) != PW_CONTROL_TO_COORD) {
-    pw_ctl_drop(w, "a worker sent a coordinator-to-worker message");
+  pw_coord *c = w->c;
+  pw_err err = {0};
+  char b[512];
+  if (!w->registered && pw_control_msg_of(pw_control_type(msg)) != PW_MSG_REGISTER) {
+    pw_ctl_drop(w, "first message is not register");
     return;
   }
-  if (!w->registered) {
-    if (strcmp(type, "register")) pw_ctl_drop(w, "first message is not register");
-    else on_register(w, msg);
-    return;
-  }
-  w->last_seen = pw_mono();
-  if (!strcmp(type, "register")) {
-    pw_ctl_drop(w, "registered twice");
-    return;
-  }
-  if (!strcmp(type, "heartbeat")) {
-    pw_registry_update(w->c, w);
-    /* A worker still busy with a job we are not running here (say, from
-     * before a coordinator restart) is told to stop it. */
-    json_t *job = json_object_get(msg, "job");
-    if (json_is_integer(job) && (!w->job || w->job->job != json_integer_value(job))) {
-      w->draining = 1;
-      pw_ctl_send_msg(w, json_pack("{s:s, s:O, s:i, s:s}", "type", "cancel", "job", job, "run", 0, "reason",
-                                   "not a run of this coordinator"));
-    } else if (!json_is_integer(job) && w->draining) {
-      w->draining = 0; /* idle now */
-      pw_sched_tick(w->c);
-    }
-    return;
-  }
-  pw_sched_on_message(w->c, w, msg);
+  if (w->registered) w->last_seen = pw_mono();
+  if (pw_control_dispatch(&ctl_of(c)->handlers, PW_CONTROL_TO_COORD, c, w, msg, &err))
+    pw_ctl_drop(w, pw_err_str(&err, b, sizeof b));
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -276,15 +282,22 @@ static void on_tick(uv_timer_t *t) {
       pw_ctl_drop(w, why);
     }
   }
-  pw_sched_tick(c);
+  ctl_of(c)->hooks->tick(c);
 }
 
-static void on_wake(uv_async_t *a) { pw_sched_tick(a->data); }
+static void on_wake(uv_async_t *a) {
+  pw_coord *c = a->data;
+  ctl_of(c)->hooks->tick(c);
+}
 
-int pw_ctl_server_start(pw_coord *c, pw_err *err) {
+int pw_ctl_server_start(pw_coord *c, const pw_ctl_hooks *hooks, pw_err *err) {
   pw_ctl *ctl = calloc(1, sizeof *ctl);
   if (!ctl) return pw_err_set(err, PW_ENOMEM, "control", "out of memory");
   c->ctl = ctl;
+  ctl->hooks = hooks;
+  ctl->handlers = hooks->msgs;
+  ctl->handlers.on[PW_MSG_REGISTER] = on_register;
+  ctl->handlers.on[PW_MSG_HEARTBEAT] = on_heartbeat;
   struct sockaddr_storage sa;
   if (uv_ip4_addr(c->ctl_host, c->ctl_port, (struct sockaddr_in *)&sa) &&
       uv_ip6_addr(c->ctl_host, c->ctl_port, (struct sockaddr_in6 *)&sa))
@@ -309,7 +322,7 @@ int pw_ctl_server_start(pw_coord *c, pw_err *err) {
 void pw_ctl_server_stop(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   if (!ctl) return;
-  pw_sched_shutdown(c);
+  ctl->hooks->shutdown(c);
   uv_timer_stop(&ctl->tick);
   uv_close((uv_handle_t *)&ctl->tick, NULL);
   uv_close((uv_handle_t *)&ctl->listener, NULL);

@@ -1,8 +1,9 @@
 /* http: the REST API server — libmicrohttpd on its own threads, the route
  * table of api.c, and everything every request goes through: URL and body
  * bounds, the bearer token, routing (404 / 405 with Allow), reading and
- * parsing the body once, the one error shape, counting and logging each
- * answer, and the dashboard's static files.
+ * parsing the body once, counting and logging each answer, and the
+ * dashboard's static files. Replies are built by api_req.c's helpers (one
+ * error shape for all).
  *
  * It never decides what a route answers (api*.c does) and never touches
  * the control loop: handlers change jobs through the store and wake the
@@ -53,115 +54,6 @@ static double mono(void) {
 }
 
 static size_t max_body(const pw_coord *c) { return c->max_body ? c->max_body : PW_HTTP_DEFAULT_MAX_BODY; }
-
-/* ---- replies ------------------------------------------------------------ */
-
-static void set_resp(pw_req *r, int status, struct MHD_Response *resp) {
-  if (r->resp) MHD_destroy_response(r->resp);
-  r->resp = resp;
-  r->status = status;
-}
-
-/* Last resort when even building a reply failed. */
-static void reply_oom(pw_req *r) {
-  static const char body[] = "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\",\"path\":\"\"}}";
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(sizeof body - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
-  if (resp) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-  set_resp(r, MHD_HTTP_INTERNAL_SERVER_ERROR, resp);
-}
-
-void pw_reply_text(pw_req *r, int status, const char *content_type, char *text) {
-  if (!text) {
-    reply_oom(r);
-    return;
-  }
-  struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-  if (!resp) {
-    free(text);
-    reply_oom(r);
-    return;
-  }
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-  set_resp(r, status, resp);
-}
-
-void pw_reply_json(pw_req *r, int status, json_t *j) {
-  char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-  json_decref(j);
-  pw_reply_text(r, status, "application/json", text);
-}
-
-void pw_reply_error(pw_req *r, int status, const char *code, const char *path, const char *fmt, ...) {
-  char msg[768];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", code, "message", msg, "path", path ? path : "");
-  pw_reply_json(r, status, e);
-}
-
-void pw_reply_err(pw_req *r, const pw_err *e) {
-  int code = e->code ? e->code : PW_EINTERNAL;
-  pw_reply_error(r, pw_err_http_status(code), pw_err_api_code(code), e->path, "%s",
-                 e->msg[0] ? e->msg : pw_strerror(code));
-}
-
-void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size) {
-  struct MHD_Response *resp = MHD_create_response_from_fd64(size, fd);
-  if (!resp) {
-    close(fd);
-    reply_oom(r);
-    return;
-  }
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-  set_resp(r, status, resp);
-}
-
-void pw_reply_header(pw_req *r, const char *name, const char *value) {
-  if (r->resp) MHD_add_response_header(r->resp, name, value);
-}
-
-/* ---- query arguments ------------------------------------------------------ */
-
-const char *pw_req_arg(pw_req *r, const char *name) {
-  return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
-}
-
-int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
-  const char *v = pw_req_arg(r, name);
-  if (!v) {
-    *out = def;
-    return 0;
-  }
-  int64_t x = 0;
-  int ok = v[0] != 0 && strlen(v) <= 18;
-  for (const char *p = v; ok && *p; p++) {
-    if (*p < '0' || *p > '9') ok = 0;
-    else x = x * 10 + (*p - '0');
-  }
-  if (!ok || x < lo || x > hi) {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
-                   "%s must be an integer in [%lld, %lld] (got \"%.64s\")", name, (long long)lo, (long long)hi, v);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-
-int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out) {
-  const char *v = pw_req_arg(r, name);
-  if (!v) *out = def;
-  else if (!strcmp(v, "1") || !strcmp(v, "true")) *out = 1;
-  else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = 0;
-  else {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
-                   "%s must be 1, true, 0 or false (got \"%.64s\")", name, v);
-    return -1;
-  }
-  return 0;
-}
 
 /* ---- routing ---------------------------------------------------------------- */
 
@@ -346,7 +238,7 @@ static void dispatch(http_req *h) {
 
 static enum MHD_Result send_reply(http_req *h) {
   pw_req *r = &h->r;
-  if (!r->resp) reply_oom(r);
+  if (!r->resp) pw_reply_oom(r);
   if (!r->resp) return MHD_NO; /* cannot even say so: drop the connection */
   MHD_add_response_header(r->resp, "Cache-Control", "no-store");
   MHD_add_response_header(r->resp, "X-Content-Type-Options", "nosniff");

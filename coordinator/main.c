@@ -174,7 +174,7 @@ int main(int argc, char **argv) {
   if (n > 0) pw_info("%d job%s caught mid-flight queued again", n, n == 1 ? "" : "s");
 
   c->loop = uv_default_loop();
-  if (pw_ctl_server_start(c, &err) || pw_http_start(c, &err)) {
+  if (pw_ctl_server_start(c, pw_sched_hooks(), &err) || pw_http_start(c, &err)) {
     fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
     return 1;
   }

@@ -4,15 +4,17 @@
  *
  * A queued job waits, and says so in its status, until enough idle workers
  * are connected; then it is planned (the same pw_plan_build as
- * `pipewright plan`), its run, partition, action lists and rank ->
- * worker assignments are recorded, and each worker gets only its own
- * rank's stages and action list. Step reports are collected from every
+ * `pipewright plan`) once per run: the plan's canonical text is stored
+ * (runs.plan) and hashed, its partition, action lists and rank -> worker
+ * assignments are recorded, and each worker gets only its own slice of it
+ * (lib/plan/slice.h), which carries the plan's hash. Step reports are collected from every
  * rank and recorded as one metrics row per step. A worker that errs or is
  * lost fails the run with a reason naming it, and the others are told to
  * stop; a cancelled job's workers are stopped and freed. A run interrupted
  * by a coordinator shutdown or crash goes back to the queue and resumes
  * from the last complete checkpoint. Loop thread only. */
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include "ctl_int.h"
 #include "log.h"
 #include "plan.h"
+#include "slice.h"
 
 static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
 
@@ -29,8 +32,8 @@ static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason
     pw_wconn *w = jr->ranks[r];
     if (!w) continue;
     if (cancel_reason)
-      pw_ctl_send_msg(w, json_pack("{s:s, s:I, s:I, s:s}", "type", "cancel", "job", (json_int_t)jr->job, "run",
-                                   (json_int_t)jr->run, "reason", cancel_reason));
+      pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_CANCEL, pw_msg_cancel, NULL, .job = jr->job, .run = jr->run,
+                                          .reason = cancel_reason));
     w->job = NULL;
     w->rank = -1;
     pw_registry_update(c, w);
@@ -120,7 +123,7 @@ static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_
   return ok ? step : 0;
 }
 
-static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, json_t *spec, pw_wconn **ws) {
+static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, pw_wconn **ws) {
   pw_err err = {0};
   char b[600];
   int n = job->mesh.pp * job->mesh.dp;
@@ -130,12 +133,16 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
     pw_store_job_set_state(s, id, PW_JOB_FAILED, "planning failed", pw_err_str(&err, b, sizeof b), NULL);
     return;
   }
+  /* The plan is built here, once per run: its canonical text is what
+   * runs.plan stores and what its hash names; every worker gets a slice. */
   json_t *pj = pw_plan_json(job, &p);
-  char *pjs = json_dumps(pj, JSON_COMPACT);
+  char *pjs = NULL, plan_sha[PW_SHA256_HEX_LEN + 1];
   int64_t run = 0;
-  int rc = pw_store_run_insert(s, id, pjs ? pjs : "{}", &run, &err);
-  free(pjs);
+  int rc = pw_slice_plan_text(pj, &pjs, plan_sha);
   json_decref(pj);
+  if (rc) pw_err_set(&err, rc, "plan", "out of memory");
+  else rc = pw_store_run_insert(s, id, pjs, &run, &err);
+  free(pjs);
   if (rc) {
     pw_store_job_set_state(s, id, PW_JOB_FAILED, "cannot record the run", pw_err_str(&err, b, sizeof b), NULL);
     pw_plan_free(&p);
@@ -160,20 +167,27 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
   jr->n_stages = p.S;
   jr->steps = job->train.steps;
   jr->start_step = start;
-  json_t *peers = json_array(), *sched = pw_sched_to_json(p.sched);
+  json_t *peers = json_array();
   for (int r = 0; r < n; r++) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", ws[r]->addr));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
   char names[512] = "";
   for (int r = 0; r < n; r++) {
     pw_wconn *w = ws[r];
-    int stages[64], ns = pw_plan_rank_stages(&p, r % p.pp, stages, 64);
-    json_t *st = json_array();
-    for (int k = 0; k < ns && k < 64; k++) json_array_append_new(st, json_integer(stages[k]));
-    json_t *as = json_pack("{s:s, s:I, s:I, s:i, s:O, s:o, s:O, s:O, s:i, s:i, s:i}", "type", "assign", "job",
-                           (json_int_t)id, "run", (json_int_t)run, "rank", r, "spec", spec, "stages", st, "plan",
-                           sched, "peers", peers, "steps", job->train.steps, "start_step", start, "trace_every",
-                           trace_every);
-    if (resume[0]) json_object_set_new(as, "resume", json_string(resume));
+    char *slice = NULL, slice_sha[PW_SHA256_HEX_LEN + 1];
+    if (pw_slice_build(job, &p, r, plan_sha, &slice, slice_sha, &err)) {
+      /* Only out of memory: the ranks sent so far are stopped by end_run. */
+      jr->next = ctl_of(c)->jobs;
+      ctl_of(c)->jobs = jr;
+      json_decref(peers);
+      pw_plan_free(&p);
+      end_run(c, jr, "failed", PW_JOB_FAILED, pw_err_str(&err, b, sizeof b), "dispatch failed");
+      return;
+    }
+    json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = id, .run = run, .rank = r,
+                                  .slice = slice, .slice_sha256 = slice_sha, .peers = peers,
+                                  .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
+                                  .resume = resume[0] ? resume : NULL, .trace_every = trace_every);
+    free(slice);
     w->job = jr;
     w->rank = r;
     jr->ranks[r] = w;
@@ -184,7 +198,6 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
     snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
   }
   json_decref(peers);
-  json_decref(sched);
   jr->next = ctl_of(c)->jobs;
   ctl_of(c)->jobs = jr;
   snprintf(b, sizeof b, "dispatched %d ranks to %s%s", n, names, start ? " (resuming)" : "");
@@ -199,7 +212,7 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, js
 
 /* ---- the periodic pass -------------------------------------------------- */
 
-void pw_sched_tick(pw_coord *c) {
+static void sched_tick(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   if (!ctl || c->stopping) return;
   pw_store *s = pw_coord_store(c);
@@ -237,7 +250,7 @@ void pw_sched_tick(pw_coord *c) {
     pw_wconn *ws[1024];
     idle_n = idle_workers(c, ws, 1024);
     if (idle_n >= need) {
-      dispatch(c, s, ids[i], &job, spec, ws);
+      dispatch(c, s, ids[i], &job, ws);
     } else {
       pw_coord_worker_counts(c, NULL, &busy, &lost);
       snprintf(b, sizeof b, "waiting for %d idle worker%s (%d idle, %d busy connected)", need, need == 1 ? "" : "s",
@@ -271,70 +284,88 @@ static pw_step_acc *acc_for(pw_jobrt *jr, int step) {
   return free_slot;
 }
 
-static void on_step(pw_coord *c, pw_store *s, pw_jobrt *jr, int rank, json_t *msg) {
-  int step = (int)json_integer_value(json_object_get(msg, "step"));
-  json_t *acts = json_object_get(msg, "actions");
-  if (json_is_array(acts)) {
-    char *t = json_dumps(acts, JSON_COMPACT);
-    if (t) pw_store_timing_insert(s, jr->job, jr->run, step, rank, t, NULL);
+/* The run a worker's message is about, or NULL: late news of a run that
+ * ended (e.g. its error after we cancelled it) is dropped. run < 0: the
+ * message names no run. */
+static pw_jobrt *current_run(pw_wconn *w, const json_t *raw, int64_t job, int64_t run) {
+  pw_jobrt *jr = w->job;
+  if (!jr || jr->job != job || (run >= 0 && jr->run != run)) {
+    pw_debug("worker %s: %s for job %lld run %lld, not its current run", w->name, pw_control_type(raw),
+             (long long)job, (long long)run);
+    return NULL;
+  }
+  return jr;
+}
+
+static int on_step(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_wconn *w = conn;
+  const pw_msg_step *m = &msg->STEP;
+  pw_store *s = pw_coord_store(c);
+  pw_jobrt *jr = current_run(w, raw, m->job, m->run);
+  if (!s || !jr) return 0;
+  int step = (int)m->step;
+  if (m->actions) {
+    char *t = json_dumps(m->actions, JSON_COMPACT);
+    if (t) pw_store_timing_insert(s, jr->job, jr->run, step, w->rank, t, NULL);
     free(t);
   }
   pw_step_acc *a = acc_for(jr, step);
   if (!a) {
     pw_error("job %lld: out of memory for step %d's reports", (long long)jr->job, step);
-    return;
+    return 0;
   }
   a->reports++;
-  json_t *v;
-  if ((v = json_object_get(msg, "loss")) && json_is_number(v)) a->loss += json_number_value(v), a->has_loss = 1;
-  if ((v = json_object_get(msg, "tokens")) && json_is_number(v)) a->tokens += json_number_value(v);
-  if ((v = json_object_get(msg, "grad_norm")) && json_is_number(v)) a->grad_norm = json_number_value(v);
-  if ((v = json_object_get(msg, "lr")) && json_is_number(v)) a->lr = json_number_value(v);
-  double st = json_number_value(json_object_get(msg, "step_time"));
-  if (st > a->step_time) a->step_time = st;
-  if (a->reports < jr->n_ranks) return;
-  pw_metric m = {.step = step, .loss = a->loss, .step_time = a->step_time, .tokens = a->tokens,
-                 .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0, .grad_norm = a->grad_norm,
-                 .lr = a->lr};
-  pw_store_metric_insert(s, jr->job, jr->run, &m, NULL);
-  pw_store_job_progress(s, jr->job, step + 1, m.loss, m.tokens_per_s, NULL);
-  pw_coord_count_step(c, m.step_time);
+  if (!isnan(m->loss)) a->loss += m->loss, a->has_loss = 1;
+  if (!isnan(m->tokens)) a->tokens += m->tokens;
+  if (!isnan(m->grad_norm)) a->grad_norm = m->grad_norm;
+  if (!isnan(m->lr)) a->lr = m->lr;
+  if (m->step_time > a->step_time) a->step_time = m->step_time;
+  if (a->reports < jr->n_ranks) return 0;
+  pw_metric mt = {.step = step, .loss = a->loss, .step_time = a->step_time, .tokens = a->tokens,
+                  .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0, .grad_norm = a->grad_norm,
+                  .lr = a->lr};
+  pw_store_metric_insert(s, jr->job, jr->run, &mt, NULL);
+  pw_store_job_progress(s, jr->job, step + 1, mt.loss, mt.tokens_per_s, NULL);
+  pw_coord_count_step(c, mt.step_time);
   a->step = -1;
+  return 0;
 }
 
-void pw_sched_on_message(pw_coord *c, pw_wconn *w, json_t *msg) {
-  const char *type = pw_control_type(msg);
-  pw_jobrt *jr = w->job;
+static int on_checkpoint(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_wconn *w = conn;
+  const pw_msg_checkpoint *m = &msg->CHECKPOINT;
   pw_store *s = pw_coord_store(c);
-  if (!s) return;
-  int64_t job = json_integer_value(json_object_get(msg, "job"));
-  int64_t run = json_integer_value(json_object_get(msg, "run"));
-  if (!jr || jr->job != job || (json_object_get(msg, "run") && jr->run != run)) {
-    /* late news of a run that ended (e.g. its error after we cancelled it) */
-    pw_debug("worker %s: %s for job %lld run %lld, not its current run", w->name, type, (long long)job,
-             (long long)run);
-    return;
-  }
-  if (!strcmp(type, "step")) {
-    on_step(c, s, jr, w->rank, msg);
-  } else if (!strcmp(type, "checkpoint")) {
-    json_t *stage = json_object_get(msg, "stage");
-    pw_store_checkpoint_insert(s, job, jr->run, (int)json_integer_value(json_object_get(msg, "step")),
-                               json_is_integer(stage) ? (int)json_integer_value(stage) : -1, w->rank,
-                               json_string_value(json_object_get(msg, "path")),
-                               json_integer_value(json_object_get(msg, "bytes")), NULL);
-  } else if (!strcmp(type, "done")) {
-    if (++jr->done == jr->n_ranks) end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
-  } else if (!strcmp(type, "error")) {
-    char why[700];
-    snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name,
-             json_string_value(json_object_get(msg, "message")));
-    end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
-  }
-  pw_sched_tick(c);
+  pw_jobrt *jr = current_run(w, raw, m->job, m->run);
+  if (s && jr)
+    pw_store_checkpoint_insert(s, jr->job, jr->run, (int)m->step, (int)m->stage, w->rank, m->path, m->bytes, NULL);
+  return 0;
 }
 
-void pw_sched_on_lost(pw_coord *c, pw_wconn *w, const char *why) {
+static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_jobrt *jr = current_run(conn, raw, msg->DONE.job, msg->DONE.run);
+  if (!pw_coord_store(c) || !jr) return 0;
+  if (++jr->done == jr->n_ranks) end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+  sched_tick(c);
+  return 0;
+}
+
+static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
+  pw_coord *c = ctx;
+  pw_wconn *w = conn;
+  const pw_msg_error *m = &msg->ERROR;
+  pw_jobrt *jr = current_run(w, raw, m->job, m->run);
+  if (!pw_coord_store(c) || !jr) return 0;
+  char why[700];
+  snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name, m->message);
+  end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
+  sched_tick(c);
+  return 0;
+}
+
+static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
   pw_jobrt *jr = w->job;
   if (!jr) return;
   char reason[512];
@@ -346,7 +377,7 @@ void pw_sched_on_lost(pw_coord *c, pw_wconn *w, const char *why) {
 
 /* SIGTERM: running jobs go back to the queue (they resume from their last
  * checkpoint when the coordinator is back); their workers stop. */
-void pw_sched_shutdown(pw_coord *c) {
+static void on_shutdown(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   while (ctl && ctl->jobs) {
     pw_jobrt *jr = ctl->jobs;
@@ -354,3 +385,13 @@ void pw_sched_shutdown(pw_coord *c) {
             "coordinator shutting down");
   }
 }
+
+static const pw_ctl_hooks hooks = {
+    .msgs = {.on = {[PW_MSG_STEP] = on_step, [PW_MSG_CHECKPOINT] = on_checkpoint, [PW_MSG_DONE] = on_done,
+                    [PW_MSG_ERROR] = on_error}},
+    .tick = sched_tick,
+    .lost = on_lost,
+    .shutdown = on_shutdown,
+};
+
+const pw_ctl_hooks *pw_sched_hooks(void) { return &hooks; }

@@ -120,6 +120,10 @@ int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *a
 /* {"run", "attempt", "state", "stages": [{"stage","rank","layers","params","flops"}],
  *  "ranks": [{"rank","worker","actions"}]} of the job's latest run. */
 int pw_store_run_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
+/* The plan document the latest run was dispatched with (runs.plan, parsed):
+ * pw_plan_json's shape. PW_ENOENT when the job has no run (or its plan is
+ * not an object). */
+int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
 
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 

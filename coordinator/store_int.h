@@ -68,6 +68,7 @@
   X(RUN_OF_JOB,                                                                                    \
     "SELECT j.run, r.attempt, r.state FROM jobs j LEFT JOIN runs r ON r.id = j.run "               \
     "WHERE j.id = ?1")                                                                             \
+  X(RUN_PLAN, "SELECT r.plan FROM jobs j JOIN runs r ON r.id = j.run WHERE j.id = ?1")              \
   X(RUN_STAGES,                                                                                    \
     "SELECT stage, rank, layers, params, flops FROM stages WHERE run_id = ?1 ORDER BY stage")      \
   X(RUN_RANKS,                                                                                     \

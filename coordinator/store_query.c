@@ -225,6 +225,21 @@ fail:
 
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 
+int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err) {
+  *out = NULL;
+  STMT(st, PW_ST_RUN_PLAN);
+  sqlite3_bind_int64(st, 1, job_id);
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) *out = pw__store_col_parsed(st, 0);
+  sqlite3_reset(st);
+  if (rc == SQLITE_ROW && json_is_object(*out)) return 0;
+  json_decref(*out);
+  *out = NULL;
+  if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+    return pw_err_set(err, PW_ENOENT, "run", "job %lld has no recorded plan", (long long)job_id);
+  return pw_err_set(err, PW_EIO, "run", "reading the plan: %s", sqlite3_errstr(rc));
+}
+
 int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err) {
   static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s", "grad_norm", "lr", "time"};
   *out = NULL;

@@ -1,7 +1,7 @@
 /* ctl: the worker's control link to the coordinator — connect, register,
  * heartbeat, take assignments, reconnect with backoff when the link drops.
- * A malformed message closes the link (and we reconnect); it never stops
- * the worker. */
+ * Messages are dispatched from a table by type (control.h). A malformed
+ * message closes the link (and we reconnect); it never stops the worker. */
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +30,19 @@ static void on_ctl_write(uv_write_t *req, int status) {
 }
 
 void pw_ctl_send(pw_worker *w, json_t *msg) {
-  if (!msg) return;
+  pw_err err = {0};
+  char b[512];
+  if (!msg) {
+    pw_error("a control message could not be built");
+    return;
+  }
+  /* What the coordinator would refuse (and drop the link for) is caught here. */
+  if (pw_control_validate(msg, &err)) {
+    pw_error("not sending an invalid %s message: %s", pw_control_type(msg) ? pw_control_type(msg) : "?",
+             pw_err_str(&err, b, sizeof b));
+    json_decref(msg);
+    return;
+  }
   if (w->ctl_state == 0 || w->ctl_closing) {
     pw_debug("control link down: dropping %s", pw_control_type(msg) ? pw_control_type(msg) : "?");
     json_decref(msg);
@@ -77,53 +89,67 @@ static void send_heartbeat(uv_timer_t *t) {
   pw_worker *w = t->data;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  json_t *hb = json_pack("{s:s, s:f, s:s}", "type", "heartbeat", "time", (double)ts.tv_sec + ts.tv_nsec * 1e-9,
-                         "state", w->run ? "busy" : "idle");
-  if (w->run) json_object_set_new(hb, "job", json_integer((json_int_t)w->run->job));
-  pw_ctl_send(w, hb);
+  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_HEARTBEAT, pw_msg_heartbeat, NULL,
+                                  .time = (double)ts.tv_sec + ts.tv_nsec * 1e-9, .state = w->run ? "busy" : "idle",
+                                  .job = w->run ? (int64_t)w->run->job : -1));
 }
 
-static void handle(pw_worker *w, json_t *msg) {
-  const char *type = pw_control_type(msg);
-  pw_err err = {0};
-  char buf[512];
-  if (pw_control_msg_dir(type) != PW_CONTROL_TO_WORKER) {
-    ctl_close(w, "coordinator sent a worker-to-coordinator message");
-    return;
-  }
-  if (!strcmp(type, "welcome")) {
-    w->ctl_state = 2;
-    w->backoff_ms = BACKOFF_MIN_MS;
-    w->worker_id = (int)json_integer_value(json_object_get(msg, "worker_id"));
-    double hb = json_number_value(json_object_get(msg, "heartbeat_interval"));
-    w->heartbeat_interval = hb > 0.05 ? hb : 0.05;
-    pw_info("registered as worker %d (heartbeat every %.2fs)", w->worker_id, w->heartbeat_interval);
-    uint64_t ms = (uint64_t)(w->heartbeat_interval * 1000);
-    uv_timer_start(&w->heartbeat, send_heartbeat, ms, ms);
-  } else if (!strcmp(type, "refused")) {
-    pw_error("coordinator refused registration: %s", json_string_value(json_object_get(msg, "reason")));
-    w->backoff_ms = BACKOFF_MAX_MS;
-    ctl_close(w, NULL);
-  } else if (!strcmp(type, "assign")) {
-    /* The coordinator is the authority: a run it no longer knows about
-     * (say, from before it restarted) gives way to the new assignment. */
-    if (w->run) pw_run_cancel(w->run, "superseded by a new assignment");
-    if (pw_run_start(w, msg, &err)) {
-      pw_error("assignment refused: %s", pw_err_str(&err, buf, sizeof buf));
-      pw_ctl_send(w, json_pack("{s:s, s:O, s:O, s:O, s:s}", "type", "error", "job", json_object_get(msg, "job"),
-                               "run", json_object_get(msg, "run"), "rank", json_object_get(msg, "rank"),
-                               "message", pw_err_str(&err, buf, sizeof buf)));
-    }
-  } else if (!strcmp(type, "cancel")) {
-    pw_run *r = w->run;
-    int run = (int)json_integer_value(json_object_get(msg, "run")); /* 0: any run of the job */
-    if (r && (json_int_t)r->job == json_integer_value(json_object_get(msg, "job")) && (run == 0 || r->run_id == run))
-      pw_run_cancel(r, json_string_value(json_object_get(msg, "reason")));
-  } else if (!strcmp(type, "shutdown")) {
-    pw_info("coordinator asked us to shut down");
-    raise(SIGTERM);
-  }
+static int on_welcome(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  w->ctl_state = 2;
+  w->backoff_ms = BACKOFF_MIN_MS;
+  w->worker_id = (int)m->WELCOME.worker_id;
+  double hb = m->WELCOME.heartbeat_interval;
+  w->heartbeat_interval = hb > 0.05 ? hb : 0.05;
+  pw_info("registered as worker %d (heartbeat every %.2fs)", w->worker_id, w->heartbeat_interval);
+  uint64_t ms = (uint64_t)(w->heartbeat_interval * 1000);
+  uv_timer_start(&w->heartbeat, send_heartbeat, ms, ms);
+  return 0;
 }
+
+static int on_refused(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  pw_error("coordinator refused registration: %s", m->REFUSED.reason);
+  w->backoff_ms = BACKOFF_MAX_MS;
+  ctl_close(w, NULL);
+  return 0;
+}
+
+static int on_assign(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  const pw_msg_assign *a = &m->ASSIGN;
+  pw_err aerr = {0};
+  char buf[512];
+  /* The coordinator is the authority: a run it no longer knows about
+   * (say, from before it restarted) gives way to the new assignment. */
+  if (w->run) pw_run_cancel(w->run, "superseded by a new assignment");
+  if (pw_run_start(w, a, raw, &aerr)) {
+    pw_error("assignment refused: %s", pw_err_str(&aerr, buf, sizeof buf));
+    pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = a->job, .run = a->run, .rank = a->rank,
+                                    .message = buf));
+  }
+  return 0;
+}
+
+static int on_cancel(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  pw_run *r = w->run;
+  const pw_msg_cancel *c = &m->CANCEL;
+  if (r && (int64_t)r->job == c->job && (c->run == 0 || r->run_id == c->run)) pw_run_cancel(r, c->reason);
+  return 0;
+}
+
+static int on_shutdown(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_info("coordinator asked us to shut down");
+  raise(SIGTERM);
+  return 0;
+}
+
+static const pw_control_handlers handlers = {.on = {[PW_MSG_WELCOME] = on_welcome,
+                                                    [PW_MSG_REFUSED] = on_refused,
+                                                    [PW_MSG_ASSIGN] = on_assign,
+                                                    [PW_MSG_CANCEL] = on_cancel,
+                                                    [PW_MSG_SHUTDOWN] = on_shutdown}};
 
 static void on_ctl_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   pw_worker *w = h->data;
@@ -149,7 +175,9 @@ static void on_ctl_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     return;
   }
   if (rc == 1) {
-    handle(w, msg);
+    char b[512];
+    if (pw_control_dispatch(&handlers, PW_CONTROL_TO_WORKER, w, NULL, msg, &err))
+      ctl_close(w, pw_err_str(&err, b, sizeof b));
     json_decref(msg);
   }
 }
@@ -169,12 +197,11 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
   char addr[96];
   snprintf(addr, sizeof addr, "%s:%d", w->listen_host, w->listen_port);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  json_t *reg = json_pack("{s:s, s:i, s:s, s:s, s:s, s:i, s:i, s:s}", "type", "register", "version",
-                           PW_PROTO_VERSION, "name", w->name, "token", w->token, "data_addr", addr, "cores",
-                           (int)(cores > 0 ? cores : 1), "threads", w->threads, "software",
-                           "pipewright-worker " PW_VERSION);
-  if (w->run) json_object_set_new(reg, "job", json_integer((json_int_t)w->run->job)); /* still busy */
-  pw_ctl_send(w, reg);
+  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_REGISTER, pw_msg_register, NULL, .version = PW_PROTO_VERSION,
+                                  .name = w->name, .token = w->token, .data_addr = addr,
+                                  .cores = cores > 0 ? cores : 1, .threads = w->threads,
+                                  .software = "pipewright-worker " PW_VERSION,
+                                  .job = w->run ? (int64_t)w->run->job : -1)); /* still busy with it */
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

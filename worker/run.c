@@ -1,10 +1,12 @@
 /* run: one assignment — a rank of a job — from the assign message to done.
  *
- * The worker rebuilds what it needs from the job spec (model, partition,
- * its own stage programs, the data source) and takes the action list from
- * the plan. Once the links to its peers are up, the run's compute thread
- * (exec.c) walks the list step after step; this file is the loop
- * thread's side: the lifecycle, the links, and the events the
+ * Everything the rank runs comes from the assignment's slice of the plan
+ * (lib/plan/slice.h: the compiled graph, its stages and their slots, its
+ * action list, the tied table, the training config), checked against its
+ * SHA-256 first; the worker builds its stage programs from it and never
+ * re-partitions, re-plans or reads the model spec. Once the links to its
+ * peers are up, the run's compute thread (exec.c) walks the list step
+ * after step; this file is the loop thread's side: the lifecycle, the links, and the events the
  * compute thread queues (frames to write, step reports, done, failed);
  * and the frame checks and counters the compute thread calls as it reads
  * its inbound links (recv.c).
@@ -24,11 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spec_json.h"
 #include "ckpt.h"
 #include "log.h"
-#include "plan.h"
-#include "sim.h"
+#include "slice.h"
 #include "worker.h"
 
 static void finish(pw_run *r, int ok);
@@ -134,15 +134,11 @@ static int jint(const json_t *o, const char *k, int dflt) {
  * are made on demand, up to cap, only if a send holds a slot longer. */
 static int setup_stages(pw_run *r, pw_err *err) {
   int cap = r->m * 2 + 2; /* this step's microbatches + early arrivals of the next */
-  int rc = 0, *peaks = calloc((size_t)r->S, sizeof(int));
-  if (!peaks || pw_plan_peak_slots(r->sched, peaks)) {
-    free(peaks);
-    return pw_err_set(err, PW_ENOMEM, "run", "out of memory");
-  }
+  int rc = 0;
   for (int li = 0; li < r->n_ls && !rc; li++) {
     pw_lstage *ls = &r->ls[li];
     const pw_stage *st = &r->part.stages[ls->stage];
-    int peak = peaks[ls->stage];
+    int peak = r->peak_slots[li]; /* the slice lists our stages in the order ls holds them */
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap};
@@ -179,7 +175,6 @@ static int setup_stages(pw_run *r, pw_err *err) {
     }
     pw_prog_zero_grad(p);
   }
-  free(peaks);
   return rc;
 }
 
@@ -202,7 +197,7 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
   return 0;
 }
 
-int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
+int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
   r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -212,24 +207,38 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
     return pw_err_set(err, PW_ENOMEM, "assign", "cannot create an eventfd or a mutex");
   }
   r->w = w;
-  r->assign = json_incref(as);
-  r->job = (uint64_t)json_integer_value(json_object_get(as, "job"));
-  r->run_id = jint(as, "run", 0);
-  r->rank = jint(as, "rank", -1);
-  r->steps = jint(as, "steps", 0);
-  r->start_step = jint(as, "start_step", 0);
-  r->trace_every = jint(as, "trace_every", 0);
-  const char *ck = json_string_value(json_object_get(as, "checkpoint_dir"));
-  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", ck ? ck : w->state_dir);
-  const char *resume = json_string_value(json_object_get(as, "resume"));
-  int rc = pw_job_parse(json_object_get(as, "spec"), NULL, &r->spec, err);
+  r->assign = json_incref((json_t *)as); /* keeps a's strings alive */
+  r->job = (uint64_t)a->job;
+  r->run_id = (int)a->run;
+  r->rank = (int)a->rank;
+  r->steps = (int)a->steps;
+  r->start_step = (int)a->start_step;
+  r->trace_every = a->trace_every > 0 ? (int)a->trace_every : 0;
+  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", a->checkpoint_dir ? a->checkpoint_dir : w->state_dir);
+  const char *resume = a->resume;
+  pw_slice sl;
+  int rc = pw_slice_decode(a->slice, strlen(a->slice), a->slice_sha256, &sl, err);
   if (rc) goto fail;
-  r->pp = r->spec.mesh.pp;
-  r->dp = r->spec.mesh.dp;
+  /* The slice's tables become the run's; what stays in sl is freed below. */
+  r->model = sl.model;
+  r->part = sl.part;
+  r->sched = sl.sched;
+  r->peak_slots = sl.peak_slots;
+  r->spec.mode = sl.mode;
+  r->spec.train = sl.train;
+  r->spec.data = sl.data;
+  r->mem_budget = sl.mem_budget;
+  snprintf(r->plan_sha256, sizeof r->plan_sha256, "%s", sl.plan_sha256);
+  r->pp = sl.pp;
+  r->dp = sl.dp;
   r->n_ranks = r->pp * r->dp;
-  r->m = r->spec.schedule.microbatches;
-  if (r->rank < 0 || r->rank >= r->n_ranks) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.rank", "%d is not a rank of a %d x %d mesh", r->rank, r->pp, r->dp);
+  r->m = sl.m;
+  r->S = sl.S;
+  r->mb_size = sl.mb_size;
+  int slice_rank = sl.rank;
+  free(sl.local_stage);
+  if (r->rank != slice_rank) {
+    rc = pw_err_set(err, PW_EPROTO, "assign.rank", "%d, but the slice is rank %d's", r->rank, slice_rank);
     goto fail;
   }
   if (r->start_step < 0 || r->steps < r->start_step) {
@@ -238,21 +247,6 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   }
   r->prank = r->rank % r->pp;
   r->replica = r->rank / r->pp;
-  r->mb_size = r->spec.train.batch_size / (r->m * r->dp);
-  if (r->mb_size < 1 || r->spec.train.batch_size % (r->m * r->dp)) {
-    rc = pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by microbatches * dp");
-    goto fail;
-  }
-  if ((rc = pw_model_build(&r->spec.model, &r->model, err))) goto fail;
-  if ((rc = pw_sched_from_json(json_object_get(as, "plan"), &r->sched, err))) goto fail;
-  if (r->sched->pp != r->pp || r->sched->m != r->m) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.plan", "plan is for pp %d, m %d; the spec says pp %d, m %d",
-                    r->sched->pp, r->sched->m, r->pp, r->m);
-    goto fail;
-  }
-  if ((rc = pw_sim_check(r->sched, err))) goto fail;
-  r->S = r->sched->S;
-  if ((rc = pw_partition_build(&r->model, &r->spec.partition, r->S, &r->part, err))) goto fail;
   r->rank_of_stage = malloc(sizeof(int) * (size_t)r->S);
   r->lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
   r->ls = calloc((size_t)r->S, sizeof *r->ls);
@@ -278,17 +272,9 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
       r->ls[r->n_ls++].stage = s;
     }
   }
-  /* The coordinator says which stages we run; it must agree with the plan. */
-  json_t *stages = json_object_get(as, "stages");
-  int agree = (int)json_array_size(stages) == r->n_ls;
-  for (int i = 0; agree && i < r->n_ls; i++) agree = json_integer_value(json_array_get(stages, (size_t)i)) == r->ls[i].stage;
-  if (!agree) {
-    rc = pw_err_set(err, PW_EPROTO, "assign.stages", "do not match the plan's stages of pipeline rank %d", r->prank);
-    goto fail;
-  }
-  json_t *peers = json_object_get(as, "peers"), *pe;
+  json_t *pe;
   size_t i;
-  json_array_foreach(peers, i, pe) {
+  json_array_foreach(a->peers, i, pe) {
     int pr = jint(pe, "rank", -1);
     if (pr < 0 || pr >= r->n_ranks) {
       rc = pw_err_set(err, PW_EPROTO, "assign.peers", "peer rank %d outside the mesh", pr);
@@ -329,9 +315,10 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   r->async_init = 1;
   w->run = r;
   pw_net_run_started(w, r);
-  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step",
+  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
+          "budget %.1f MiB, plan %.12s",
           (unsigned long long)r->job, r->run_id, r->rank, r->prank, r->replica, r->n_ranks, r->ls[0].stage,
-          r->ls[r->n_ls - 1].stage, r->n_acts);
+          r->ls[r->n_ls - 1].stage, r->n_acts, (double)r->mem_budget / (1 << 20), r->plan_sha256);
   for (int k = 0; k < r->n_ranks; k++) {
     if (k == r->rank) continue;
     r->n_out_needed++;
@@ -381,7 +368,7 @@ static void run_destroy(pw_run *r) {
   pw_sched_free(r->sched);
   pw_partition_free(&r->part);
   pw_model_free(&r->model);
-  pw_job_free(&r->spec);
+  free(r->peak_slots);
   json_decref(r->assign);
   free(r->evq);
   free(r->wl);
@@ -450,8 +437,8 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   va_end(ap);
   pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->step,
            r->error);
-  pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:s}", "type", "error", "job", (json_int_t)r->job, "run",
-                              r->run_id, "rank", r->rank, "message", r->error));
+  pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
+                                     .rank = r->rank, .message = r->error));
   finish(r, 0);
 }
 
@@ -517,8 +504,8 @@ static void on_event(pw_run *r, pw_event *ev) {
       if (r->closing) return;
       pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
               r->run_id, r->rank, r->steps, r->peak_act);
-      pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i}", "type", "done", "job", (json_int_t)r->job, "run",
-                                  r->run_id, "rank", r->rank));
+      pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, NULL, .job = (int64_t)r->job, .run = r->run_id,
+                                         .rank = r->rank));
       finish(r, 1);
       return;
     case PW_EV_FAIL: {

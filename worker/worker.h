@@ -143,10 +143,17 @@ struct pw_run {
   int pp, dp, n_ranks;
   int steps, start_step, trace_every;
   char ckpt_dir[512];
+  /* From the assignment's slice (lib/plan/slice.h), never rebuilt here:
+   * spec holds only mode, train and data (the worker never sees the model
+   * spec); model is the compiled graph; part the partition as far as this
+   * rank uses it; sched stage -> rank and only this rank's action list. */
   pw_job spec;
   pw_model model;
   pw_partition part;
   pw_sched *sched;
+  int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
+  size_t mem_budget;       /* bytes the plan gives this pipeline rank */
+  char plan_sha256[65];    /* the plan the slice was cut from */
   pw_dataset *ds;
   int m, mb_size, S;
   int *rank_of_stage;      /* [S] pipeline rank */
@@ -270,7 +277,9 @@ PW_MUST_CHECK int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr
                                       void *owned);
 
 /* run.c (loop thread unless said otherwise) */
-int pw_run_start(pw_worker *w, json_t *assign, pw_err *err);
+/* a: the assign message read (control.h), as: the message itself (kept for
+ * the run's life: a's strings point into it). */
+int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err);
 void pw_run_cancel(pw_run *r, const char *reason);
 void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void pw_run_on_link_up(pw_run *r, pw_link *l);

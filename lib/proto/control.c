@@ -1,11 +1,13 @@
-/* control: control-message validation (a table of message types and their
- * fields), the length-prefixed encoder, the stream reader and the cluster
- * token helpers. See control.h for the protocol. */
+/* control: the control messages as one table (types and their fields),
+ * which drives validation, typed build/read and dispatch; the
+ * length-prefixed encoder, the stream reader and the cluster token
+ * helpers. See control.h for the protocol. */
 #include "control.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,83 +21,99 @@
 
 /* ---- the message table ----------------------------------------------------- */
 
-typedef enum { F_INT, F_NUM, F_STR, F_OBJ, F_INTS, F_ACTIONS, F_PEERS } ftype;
+typedef enum { F_INT, F_NUM, F_STR, F_ACTIONS, F_PEERS } ftype;
 
+/* One field: its name is the struct member's (one spelling for both). */
 typedef struct {
   const char *name;
   ftype type;
   int optional;
-  int min;      /* F_INT, F_INTS, F_NUM: smallest allowed value ... */
+  int min;      /* F_INT, F_NUM: smallest allowed value ... */
   int has_min;  /* ... when set */
   int excl;     /* F_NUM: min is exclusive */
+  size_t off;   /* where in the message's struct */
 } field;
 
-#define REQ(n, t) {n, t, 0, 0, 0, 0}
-#define OPT(n, t) {n, t, 1, 0, 0, 0}
-#define REQ_MIN(n, t, m) {n, t, 0, m, 1, 0}
-#define OPT_MIN(n, t, m) {n, t, 1, m, 1, 0}
-#define END {NULL, F_INT, 0, 0, 0, 0}
+#define FLD(S, m, t, opt, mn, hm, ex) {#m, t, opt, mn, hm, ex, offsetof(S, m)}
+#define REQ(S, m, t) FLD(S, m, t, 0, 0, 0, 0)
+#define OPT(S, m, t) FLD(S, m, t, 1, 0, 0, 0)
+#define REQ_MIN(S, m, t, mn) FLD(S, m, t, 0, mn, 1, 0)
+#define OPT_MIN(S, m, t, mn) FLD(S, m, t, 1, mn, 1, 0)
+#define END {NULL, F_INT, 0, 0, 0, 0, 0}
 
-static const field f_register[] = {
-    REQ_MIN("version", F_INT, 1), REQ("name", F_STR),         REQ("token", F_STR),
-    REQ("data_addr", F_STR),      REQ_MIN("cores", F_INT, 1), REQ_MIN("threads", F_INT, 1),
-    REQ("software", F_STR),       END};
-static const field f_heartbeat[] = {REQ_MIN("time", F_NUM, 0), REQ("state", F_STR),
-                                    OPT_MIN("job", F_INT, 0), END};
-static const field f_step[] = {
-    REQ_MIN("job", F_INT, 0),       REQ_MIN("run", F_INT, 0),    REQ_MIN("rank", F_INT, 0),
-    REQ_MIN("step", F_INT, 0),      OPT("loss", F_NUM),          REQ_MIN("step_time", F_NUM, 0),
-    OPT_MIN("tokens", F_NUM, 0),    OPT_MIN("peak_act", F_INT, 0), OPT("actions", F_ACTIONS),
-    END};
-static const field f_checkpoint[] = {REQ_MIN("job", F_INT, 0),  REQ_MIN("run", F_INT, 0),
-                                     REQ_MIN("rank", F_INT, 0), REQ_MIN("step", F_INT, 0),
-                                     REQ("path", F_STR),        REQ_MIN("bytes", F_INT, 0),
-                                     END};
-static const field f_done[] = {REQ_MIN("job", F_INT, 0), REQ_MIN("run", F_INT, 0),
-                               REQ_MIN("rank", F_INT, 0), END};
-static const field f_error[] = {OPT_MIN("job", F_INT, 0), OPT_MIN("run", F_INT, 0),
-                                OPT_MIN("rank", F_INT, 0), REQ("message", F_STR), END};
-static const field f_welcome[] = {REQ_MIN("version", F_INT, 1), REQ_MIN("worker_id", F_INT, 0),
-                                  {"heartbeat_interval", F_NUM, 0, 0, 1, 1}, END};
-static const field f_refused[] = {REQ("reason", F_STR), END};
-static const field f_assign[] = {
-    REQ_MIN("job", F_INT, 0),        REQ_MIN("run", F_INT, 0),         REQ_MIN("rank", F_INT, 0),
-    REQ("spec", F_OBJ),              REQ_MIN("stages", F_INTS, 0),     REQ("plan", F_OBJ),
-    REQ("peers", F_PEERS),           REQ_MIN("steps", F_INT, 0),       REQ_MIN("start_step", F_INT, 0),
-    OPT("checkpoint_dir", F_STR),    OPT("resume", F_STR),             OPT_MIN("trace_every", F_INT, 0),
-    END};
-static const field f_cancel[] = {REQ_MIN("job", F_INT, 0), REQ_MIN("run", F_INT, 0),
-                                 REQ("reason", F_STR), END};
-static const field f_shutdown[] = {END};
+#define S pw_msg_register
+static const field f_pw_msg_register[] = {
+    REQ_MIN(S, version, F_INT, 1), REQ(S, name, F_STR),         REQ(S, token, F_STR),
+    REQ(S, data_addr, F_STR),      REQ_MIN(S, cores, F_INT, 1), REQ_MIN(S, threads, F_INT, 1),
+    REQ(S, software, F_STR),       OPT_MIN(S, job, F_INT, 0),   END};
+#undef S
+#define S pw_msg_heartbeat
+static const field f_pw_msg_heartbeat[] = {REQ_MIN(S, time, F_NUM, 0), REQ(S, state, F_STR), OPT_MIN(S, job, F_INT, 0),
+                                           END};
+#undef S
+#define S pw_msg_step
+static const field f_pw_msg_step[] = {
+    REQ_MIN(S, job, F_INT, 0),      REQ_MIN(S, run, F_INT, 0),      REQ_MIN(S, rank, F_INT, 0),
+    REQ_MIN(S, step, F_INT, 0),     OPT(S, loss, F_NUM),            REQ_MIN(S, step_time, F_NUM, 0),
+    OPT_MIN(S, tokens, F_NUM, 0),   OPT_MIN(S, peak_act, F_INT, 0), OPT(S, grad_norm, F_NUM),
+    OPT(S, lr, F_NUM),              OPT(S, actions, F_ACTIONS),     END};
+#undef S
+#define S pw_msg_checkpoint
+static const field f_pw_msg_checkpoint[] = {REQ_MIN(S, job, F_INT, 0),  REQ_MIN(S, run, F_INT, 0),
+                                            REQ_MIN(S, rank, F_INT, 0), REQ_MIN(S, step, F_INT, 0),
+                                            REQ(S, path, F_STR),        REQ_MIN(S, bytes, F_INT, 0),
+                                            OPT_MIN(S, stage, F_INT, 0), END};
+#undef S
+#define S pw_msg_done
+static const field f_pw_msg_done[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ_MIN(S, rank, F_INT, 0),
+                                      END};
+#undef S
+#define S pw_msg_error
+static const field f_pw_msg_error[] = {OPT_MIN(S, job, F_INT, 0), OPT_MIN(S, run, F_INT, 0),
+                                       OPT_MIN(S, rank, F_INT, 0), REQ(S, message, F_STR), END};
+#undef S
+#define S pw_msg_welcome
+static const field f_pw_msg_welcome[] = {REQ_MIN(S, version, F_INT, 1), REQ_MIN(S, worker_id, F_INT, 0),
+                                         FLD(S, heartbeat_interval, F_NUM, 0, 0, 1, 1), END};
+#undef S
+#define S pw_msg_refused
+static const field f_pw_msg_refused[] = {REQ(S, reason, F_STR), END};
+#undef S
+#define S pw_msg_assign
+static const field f_pw_msg_assign[] = {
+    REQ_MIN(S, job, F_INT, 0),        REQ_MIN(S, run, F_INT, 0),         REQ_MIN(S, rank, F_INT, 0),
+    REQ(S, slice, F_STR),             REQ(S, slice_sha256, F_STR),       REQ(S, peers, F_PEERS),
+    REQ_MIN(S, steps, F_INT, 0),      REQ_MIN(S, start_step, F_INT, 0),  OPT(S, checkpoint_dir, F_STR),
+    OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), END};
+#undef S
+#define S pw_msg_cancel
+static const field f_pw_msg_cancel[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ(S, reason, F_STR),
+                                        END};
+#undef S
+static const field f_pw_msg_shutdown[] = {END};
 
 static const struct {
-  const char *type;
+  const char *name;
   int dir;
+  size_t size;
   const field *fields;
-} msg_table[] = {
-    {"register", PW_CONTROL_TO_COORD, f_register},
-    {"heartbeat", PW_CONTROL_TO_COORD, f_heartbeat},
-    {"step", PW_CONTROL_TO_COORD, f_step},
-    {"checkpoint", PW_CONTROL_TO_COORD, f_checkpoint},
-    {"done", PW_CONTROL_TO_COORD, f_done},
-    {"error", PW_CONTROL_TO_COORD, f_error},
-    {"welcome", PW_CONTROL_TO_WORKER, f_welcome},
-    {"refused", PW_CONTROL_TO_WORKER, f_refused},
-    {"assign", PW_CONTROL_TO_WORKER, f_assign},
-    {"cancel", PW_CONTROL_TO_WORKER, f_cancel},
-    {"shutdown", PW_CONTROL_TO_WORKER, f_shutdown},
+} msg_table[PW_MSG__COUNT] = {
+#define ROW(id, nm, dir, type) [PW_MSG_##id] = {nm, dir, sizeof(type), f_##type},
+    PW_CONTROL_MSGS(ROW)
+#undef ROW
 };
-#define N_MSGS (sizeof msg_table / sizeof msg_table[0])
 
-static int find_msg(const char *type) {
-  for (size_t i = 0; i < N_MSGS; i++)
-    if (type && strcmp(msg_table[i].type, type) == 0) return (int)i;
-  return -1;
+pw_msg_type pw_control_msg_of(const char *name) {
+  for (int i = 0; i < PW_MSG__COUNT; i++)
+    if (name && strcmp(msg_table[i].name, name) == 0) return (pw_msg_type)i;
+  return PW_MSG_UNKNOWN;
 }
 
+const char *pw_control_msg_name(pw_msg_type t) { return t >= 0 && t < PW_MSG__COUNT ? msg_table[t].name : NULL; }
+
 int pw_control_msg_dir(const char *type) {
-  int i = find_msg(type);
-  return i < 0 ? 0 : msg_table[i].dir;
+  pw_msg_type t = pw_control_msg_of(type);
+  return t == PW_MSG_UNKNOWN ? 0 : msg_table[t].dir;
 }
 
 const char *pw_control_type(const json_t *msg) {
@@ -169,14 +187,6 @@ static int check_field(const json_t *v, const field *f, const char *path, pw_err
     case F_INT: return check_int(v, path, f->has_min, f->min, err);
     case F_NUM: return check_num(v, path, f, err);
     case F_STR: return json_is_string(v) ? 0 : bad(err, path, "must be a string");
-    case F_OBJ: return json_is_object(v) ? 0 : bad(err, path, "must be an object");
-    case F_INTS:
-      if (!json_is_array(v)) return bad(err, path, "must be an array of integers");
-      json_array_foreach(v, i, x) {
-        snprintf(p, sizeof p, "%.100s[%zu]", path, i);
-        if ((rc = check_int(x, p, f->has_min, f->min, err))) return rc;
-      }
-      return 0;
     case F_ACTIONS:
       if (!json_is_array(v)) return bad(err, path, "must be an array");
       json_array_foreach(v, i, x) {
@@ -200,12 +210,12 @@ int pw_control_validate(const json_t *msg, pw_err *err) {
   json_t *t = json_object_get(msg, "type");
   if (!t) return bad(err, "type", "is required");
   if (!json_is_string(t)) return bad(err, "type", "must be a string");
-  int m = find_msg(json_string_value(t));
-  if (m < 0)
+  pw_msg_type m = pw_control_msg_of(json_string_value(t));
+  if (m == PW_MSG_UNKNOWN)
     return pw_err_set(err, PW_EPROTO, "type", "unknown message type \"%.64s\"", json_string_value(t));
   for (const field *f = msg_table[m].fields; f->name; f++) {
     char path[96];
-    snprintf(path, sizeof path, "%.40s.%.40s", msg_table[m].type, f->name);
+    snprintf(path, sizeof path, "%.40s.%.40s", msg_table[m].name, f->name);
     json_t *v = json_object_get(msg, f->name);
     if (!v) {
       if (f->optional) continue;
@@ -215,6 +225,86 @@ int pw_control_validate(const json_t *msg, pw_err *err) {
     if (rc) return rc;
   }
   return 0;
+}
+
+/* ---- typed messages --------------------------------------------------------- */
+
+json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *err) {
+  if (t < 0 || t >= PW_MSG__COUNT || size != msg_table[t].size) {
+    pw_err_set(err, PW_EINVAL, "type", "message type %d with a %zu-byte struct", (int)t, size);
+    return NULL;
+  }
+  json_t *o = json_pack("{s:s}", "type", msg_table[t].name);
+  if (!o) {
+    pw_err_set(err, PW_ENOMEM, "", "out of memory");
+    return NULL;
+  }
+  const char *b = body;
+  for (const field *f = msg_table[t].fields; f->name; f++) {
+    const void *p = b + f->off;
+    json_t *v = NULL;
+    switch (f->type) {
+      case F_INT: {
+        int64_t x = *(const int64_t *)p;
+        if (!(f->optional && x == -1)) v = json_integer((json_int_t)x);
+        break;
+      }
+      case F_NUM: {
+        double x = *(const double *)p;
+        if (!(f->optional && isnan(x))) v = json_real(x);
+        break;
+      }
+      case F_STR: {
+        const char *x = *(const char *const *)p;
+        if (x) v = json_string(x);
+        break;
+      }
+      case F_ACTIONS:
+      case F_PEERS: v = json_incref(*(json_t *const *)p); break;
+    }
+    if (v) json_object_set_new(o, f->name, v);
+  }
+  if (pw_control_validate(o, err)) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
+int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err) {
+  memset(out, 0, sizeof *out);
+  *t = PW_MSG_UNKNOWN;
+  int rc = pw_control_validate(msg, err);
+  if (rc) return rc;
+  *t = pw_control_msg_of(pw_control_type(msg));
+  char *b = (char *)out;
+  for (const field *f = msg_table[*t].fields; f->name; f++) {
+    void *p = b + f->off;
+    json_t *v = json_object_get(msg, f->name);
+    switch (f->type) {
+      case F_INT: *(int64_t *)p = v ? (int64_t)json_integer_value(v) : -1; break;
+      case F_NUM: *(double *)p = v ? json_number_value(v) : NAN; break;
+      case F_STR: *(const char **)p = json_string_value(v); break;
+      case F_ACTIONS:
+      case F_PEERS: *(json_t **)p = v; break;
+    }
+  }
+  return 0;
+}
+
+int pw_control_dispatch(const pw_control_handlers *h, int dir, void *ctx, void *conn, const json_t *msg,
+                        pw_err *err) {
+  pw_msg_type t;
+  pw_msg_any m;
+  int rc = pw_control_read(msg, &t, &m, err);
+  if (rc) return rc;
+  if (msg_table[t].dir != dir)
+    return pw_err_set(err, PW_EPROTO, "type", "\"%s\" is a %s message; this side receives %s messages",
+                      msg_table[t].name, msg_table[t].dir == PW_CONTROL_TO_COORD ? "worker-to-coordinator"
+                                                                                : "coordinator-to-worker",
+                      dir == PW_CONTROL_TO_COORD ? "worker-to-coordinator" : "coordinator-to-worker");
+  if (!h->on[t]) return pw_err_set(err, PW_EPROTO, "type", "\"%s\" is not expected here", msg_table[t].name);
+  return h->on[t](ctx, conn, &m, msg, err);
 }
 
 /* ---- encoding ---------------------------------------------------------------- */

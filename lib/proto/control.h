@@ -16,28 +16,38 @@
  * fields do not need a version bump); "?" marks optional fields. Ids and
  * counts are integers >= 0.
  *
+ * Every message type is declared once, in PW_CONTROL_MSGS below: its
+ * enum id, its name on the wire, who sends it, and its C struct; the
+ * fields of each (name, type, required or optional, lower bound, where in
+ * the struct) are one table in control.c that drives validation, encoding
+ * and decoding alike. Daemons dispatch through a pw_control_handlers table
+ * indexed by the enum (pw_control_dispatch), never by comparing names.
+ *
  * worker -> coordinator
  *   register    version:int>=1, name:str, token:str, data_addr:str
  *               ("host:port" of the data-plane listener), cores:int>=1,
- *               threads:int>=1, software:str
+ *               threads:int>=1, software:str, job?:int (still busy with it)
  *   heartbeat   time:number>=0, state:str, job?:int
  *   step        job:int, run:int, rank:int, step:int, loss?:number,
  *               step_time:number>=0, tokens?:number>=0, peak_act?:int,
+ *               grad_norm?:number, lr?:number,
  *               actions?:[[kind:str, mb:int, stage:int, start:number,
  *               end:number], ...]   (loss omitted when not finite)
- *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int
+ *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int,
+ *               stage?:int
  *   done        job:int, run:int, rank:int
  *   error       job?:int, run?:int, rank?:int, message:str
  *
  * coordinator -> worker
  *   welcome     version:int>=1, worker_id:int, heartbeat_interval:number>0
  *   refused     reason:str
- *   assign      job:int, run:int, rank:int, spec:object (the job spec),
- *               stages:[int, ...] (the stages this rank runs), plan:object
- *               (schedule JSON), peers:[{rank:int, addr:str}, ...],
+ *   assign      job:int, run:int, rank:int, slice:str (the rank's slice
+ *               of the plan: canonical JSON text, lib/plan/slice.h),
+ *               slice_sha256:str (SHA-256 hex of slice's bytes),
+ *               peers:[{rank:int, addr:str}, ...],
  *               steps:int, start_step:int, checkpoint_dir?:str,
  *               resume?:str, trace_every?:int
- *   cancel      job:int, run:int, reason:str
+ *   cancel      job:int, run:int (0: any run of the job), reason:str
  *   shutdown    (no fields)
  *
  * Validation errors are PW_EPROTO with the JSON path of the field, e.g.
@@ -52,12 +62,97 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 1
+#define PW_PROTO_VERSION 2 /* 2: assign carries the plan slice, not the spec */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 
 /* Who sends a message type. */
 enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
+
+/* ---- the messages ---------------------------------------------------------
+ *
+ * Each type's C struct. Integers are int64_t, numbers double, strings
+ * const char * (on decode, borrowed from the message: valid while it is),
+ * arrays json_t * (borrowed likewise; on encode, the caller's reference is
+ * not taken). An absent optional field is -1 (integers: every id and count
+ * is >= 0), NAN (numbers), NULL (strings, arrays). */
+typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
+                 const char *software; int64_t job; } pw_msg_register;
+typedef struct { double time; const char *state; int64_t job; } pw_msg_heartbeat;
+typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
+                 double grad_norm, lr; json_t *actions; } pw_msg_step;
+typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
+typedef struct { int64_t job, run, rank; } pw_msg_done;
+typedef struct { int64_t job, run, rank; const char *message; } pw_msg_error;
+typedef struct { int64_t version, worker_id; double heartbeat_interval; } pw_msg_welcome;
+typedef struct { const char *reason; } pw_msg_refused;
+typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
+                 const char *checkpoint_dir, *resume; int64_t trace_every; } pw_msg_assign;
+typedef struct { int64_t job, run; const char *reason; } pw_msg_cancel;
+typedef struct { char unused; } pw_msg_shutdown;
+
+/*  ENUM        wire name     sender                struct */
+#define PW_CONTROL_MSGS(X)                                                   \
+  X(REGISTER,   "register",   PW_CONTROL_TO_COORD,  pw_msg_register)         \
+  X(HEARTBEAT,  "heartbeat",  PW_CONTROL_TO_COORD,  pw_msg_heartbeat)        \
+  X(STEP,       "step",       PW_CONTROL_TO_COORD,  pw_msg_step)             \
+  X(CHECKPOINT, "checkpoint", PW_CONTROL_TO_COORD,  pw_msg_checkpoint)       \
+  X(DONE,       "done",       PW_CONTROL_TO_COORD,  pw_msg_done)             \
+  X(ERROR,      "error",      PW_CONTROL_TO_COORD,  pw_msg_error)            \
+  X(WELCOME,    "welcome",    PW_CONTROL_TO_WORKER, pw_msg_welcome)          \
+  X(REFUSED,    "refused",    PW_CONTROL_TO_WORKER, pw_msg_refused)          \
+  X(ASSIGN,     "assign",     PW_CONTROL_TO_WORKER, pw_msg_assign)           \
+  X(CANCEL,     "cancel",     PW_CONTROL_TO_WORKER, pw_msg_cancel)           \
+  X(SHUTDOWN,   "shutdown",   PW_CONTROL_TO_WORKER, pw_msg_shutdown)
+
+typedef enum {
+  PW_MSG_UNKNOWN = -1,
+#define PW__MSG_ENUM(id, name, dir, type) PW_MSG_##id,
+  PW_CONTROL_MSGS(PW__MSG_ENUM)
+#undef PW__MSG_ENUM
+  PW_MSG__COUNT
+} pw_msg_type;
+
+/* Any message's struct, for handlers. */
+typedef union {
+#define PW__MSG_UNION(id, name, dir, type) type id;
+  PW_CONTROL_MSGS(PW__MSG_UNION)
+#undef PW__MSG_UNION
+} pw_msg_any;
+
+/* The type named `name`, or PW_MSG_UNKNOWN. */
+pw_msg_type pw_control_msg_of(const char *name);
+/* The wire name of t ("step"), or NULL. */
+const char *pw_control_msg_name(pw_msg_type t);
+
+/* A new message of type t from its struct (sizeof the struct as `size`, a
+ * check that the right one is passed), validated as the reader would: NULL
+ * with err filled (PW_EPROTO naming the field, PW_EINVAL for a wrong
+ * type or size, PW_ENOMEM) when it would not pass. */
+json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *err);
+/* pw_control_build with the struct written in place:
+ *   PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, &err, .job = 1, .run = 2, .rank = 0)
+ * Optional fields left out of the list are 0, NOT absent: set -1 / NAN /
+ * NULL for an absent one. */
+#define PW_CONTROL_BUILD(t, type, err, ...) pw_control_build((t), &(type){__VA_ARGS__}, sizeof(type), (err))
+/* msg validated and read into the struct of its type; *t gets the type.
+ * 0, or PW_EPROTO naming the field. */
+int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err);
+
+/* A side's handlers, indexed by message type (NULL: not accepted here). A
+ * handler gets the daemon's ctx and the link's conn as given to dispatch,
+ * the decoded message and the message itself; it returns 0, or negative
+ * to have the link closed (with err filled). */
+typedef int (*pw_control_handler)(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err);
+typedef struct {
+  pw_control_handler on[PW_MSG__COUNT];
+} pw_control_handlers;
+
+/* Reads msg (pw_control_read) and calls its handler. PW_EPROTO when it
+ * travels the wrong way for a side receiving `dir`, or the side has no
+ * handler for it; otherwise the handler's result. */
+int pw_control_dispatch(const pw_control_handlers *h, int dir, void *ctx, void *conn, const json_t *msg,
+                        pw_err *err);
 
 /* The direction of a known message type, or 0 when unknown. */
 int pw_control_msg_dir(const char *type);

@@ -5,8 +5,8 @@ independently of) the coordinator daemon.
 
 It listens on 127.0.0.1 (ephemeral port), starts N pipewright-worker
 processes pointed at it, welcomes them, plans the job with
-`pipewright plan --json`, assigns rank r to worker r (its stages, the plan,
-the peers' data addresses), and records what comes back: step reports,
+`pipewright plan --json`, assigns rank r to worker r (its slice of the plan
+from `pipewright plan --slices`, the peers' data addresses), and records what comes back: step reports,
 checkpoints, done, errors. Optional chaos: kill one worker at a step, send
 garbage control messages and data-plane bytes before the job.
 
@@ -118,6 +118,8 @@ def main():
     plan = json.loads(subprocess.run([os.path.join(a.build, "pipewright"), "plan", "--job", spec_path, "--json"],
                                      check=True, capture_output=True, text=True).stdout)
     json.dump(plan, open(os.path.join(a.out, "plan.json"), "w"), indent=1)
+    slices = json.loads(subprocess.run([os.path.join(a.build, "pipewright"), "plan", "--job", spec_path, "--slices"],
+                                       check=True, capture_output=True, text=True).stdout)["slices"]
 
     lsock = socket.socket()
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -143,13 +145,12 @@ def main():
 
     def assign_all():
         peers = [{"rank": r, "addr": registered[f"w{r}"].info["data_addr"]} for r in range(n)]
-        s2r = plan["stage_to_rank"]
         for r in range(n):
             c = registered[f"w{r}"]
             c.rank = r
-            stages = [s for s, pr in enumerate(s2r) if pr == r % pp]
-            send_msg(c.sock, {"type": "assign", "job": 1, "run": 1, "rank": r, "spec": job, "stages": stages,
-                              "plan": plan["plan"], "peers": peers, "steps": job["train"]["steps"],
+            send_msg(c.sock, {"type": "assign", "job": 1, "run": 1, "rank": r, "slice": slices[r]["slice"],
+                              "slice_sha256": slices[r]["slice_sha256"], "peers": peers,
+                              "steps": job["train"]["steps"],
                               "start_step": a.start_step, "checkpoint_dir": os.path.join(a.out, "ckpt"),
                               "trace_every": a.trace_every, **({"resume": a.resume} if a.resume else {})})
 
@@ -183,7 +184,7 @@ def main():
                     result["registrations"] += 1
                     c.info = m
                     registered[m["name"]] = c
-                    send_msg(c.sock, {"type": "welcome", "version": 1, "worker_id": len(registered),
+                    send_msg(c.sock, {"type": "welcome", "version": 2, "worker_id": len(registered),
                                       "heartbeat_interval": 0.5})
                 elif t == "step":
                     result["step_reports"] += 1

@@ -12,8 +12,11 @@ single-process trainer and against what SQLite recorded.
   3. A job needing more workers than are idle waits and says so; cancel.
   4. kill -9 of the coordinator with a queued and a finished job; restarted
      on the same database both are intact and the workers re-register.
+  5. A slice changed on the way (a proxy on the control link flips one byte
+     of the assign's slice): the worker refuses it, the job fails naming the
+     hash mismatch; the same worker then runs the job sent intact.
 Usage: test_coordinator.py BUILD_DIR SOURCE_DIR"""
-import json, os, signal, sqlite3, subprocess, sys, tempfile, time
+import json, os, signal, socket, sqlite3, struct, subprocess, sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ref"))
@@ -170,6 +173,107 @@ def run_and_check(sys_, tmp, spec, tag):
     return jid
 
 
+class SliceCorrupter:
+    """A proxy on one worker's control link: worker -> coordinator bytes pass
+    as they are; coordinator -> worker messages are read whole, and while
+    `corrupt` is set an assign's slice has one byte changed (its hash left
+    as the coordinator computed it)."""
+
+    def __init__(self, coord_port):
+        self.coord_port, self.corrupt, self.corrupted = coord_port, True, 0
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(4)
+        self.port = self.lsock.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                w, _ = self.lsock.accept()
+            except OSError:
+                return
+            c = socket.create_connection(("127.0.0.1", self.coord_port))
+            threading.Thread(target=self.pipe, args=(w, c), daemon=True).start()
+            threading.Thread(target=self.to_worker, args=(c, w), daemon=True).start()
+
+    @staticmethod
+    def pipe(src, dst):
+        try:
+            while True:
+                b = src.recv(65536)
+                if not b:
+                    break
+                dst.sendall(b)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def to_worker(self, c, w):
+        buf = b""
+        try:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                buf += b
+                while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                    n = struct.unpack(">I", buf[:4])[0]
+                    body, buf = buf[4:4 + n], buf[4 + n:]
+                    m = json.loads(body)
+                    if m.get("type") == "assign" and self.corrupt:
+                        t = m["slice"]
+                        i = t.index('"seed":"') + 8  # a digit of the seed: still valid JSON
+                        m["slice"] = t[:i] + ("7" if t[i] != "7" else "8") + t[i + 1:]
+                        body = json.dumps(m, separators=(",", ":")).encode()
+                        self.corrupted += 1
+                    w.sendall(struct.pack(">I", len(body)) + body)
+        except OSError:
+            pass
+        for s in (c, w):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def corrupted_slice_checks(tmp):
+    s = System(os.path.join(tmp, "slice"))
+    os.makedirs(s.tmp)
+    try:
+        s.start_coordinator()
+        proxy = SliceCorrupter(s.ctl_port)
+        log = open(os.path.join(s.tmp, "w-proxied.log"), "a")
+        s.procs.append(subprocess.Popen(
+            [os.path.join(BUILD, "pipewright-worker"), "--coordinator", f"127.0.0.1:{proxy.port}",
+             "--listen", "127.0.0.1:0", "--name", "w-proxied", "--state-dir", os.path.join(s.tmp, "w")],
+            stdout=log, stderr=subprocess.STDOUT))
+        check("slice: the proxied worker registered", s.wait_workers(1))
+        one = {"name": "one-rank", "model": {"template": "gpt", "seq_len": 16, "d_model": 32, "n_layers": 2,
+                                             "n_heads": 2},
+               "mesh": {"pp": 1}, "schedule": {"name": "1f1b", "microbatches": 2},
+               "train": {"steps": 3, "batch_size": 4, "optimizer": {"name": "adamw", "lr": 1e-3}},
+               "data": {"kind": "copy"}}
+        j = s.wait_job(submit(s, one)["id"], timeout=60)
+        err = (j or {}).get("error") or ""
+        check("slice: a changed slice fails the job", j and j["state"] == "failed" and proxy.corrupted == 1, j)
+        check("slice: ... with a message naming the hash mismatch",
+              "slice_sha256" in err and "hash mismatch" in err and "rank 0" in err, err)
+        proxy.corrupt = False
+        check("slice: the worker is idle again", s.wait_workers(1))
+        j = s.wait_job(submit(s, one)["id"], timeout=120)
+        check("slice: the same worker runs the job sent intact", j and j["state"] == "succeeded", j)
+    finally:
+        s.stop()
+        check("slice: daemons exit cleanly", all(p.returncode == 0 for p in s.procs + [s.coord]),
+              [p.returncode for p in s.procs + [s.coord]])
+
+
 def main():
     spec = json.load(open(os.path.join(SRC, "examples/jobs/gpt-pp4.json")))
     with tempfile.TemporaryDirectory(prefix="pw-coord-") as tmp:
@@ -230,6 +334,7 @@ def main():
             check("cancelled job stays cancelled", j["state"] == "cancelled", j)
             r = api(s.base, f"/v1/jobs/{bid}", method="DELETE")
             check("cancel twice is a conflict", r and r.get("error", {}).get("code") == "conflict", r)
+            corrupted_slice_checks(tmp)
         finally:
             s.stop()
             codes = [p.returncode for p in s.procs]

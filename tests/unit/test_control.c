@@ -1,6 +1,6 @@
 /* test_control: control messages. Every message type's valid example
  * passes; every required field, removed or given the wrong type, fails with
- * a message naming it; nested paths (peers, stages, actions); the
+ * a message naming it; nested paths (peers, actions); the
  * length-prefixed encoder and the stream reader (whole, byte by byte,
  * random chunks, partial reads, truncation, every kind of bad stream); the
  * token helpers; then fuzzing the reader with random bytes and mutated
@@ -58,29 +58,31 @@ typedef struct {
 
 static const example examples[] = {
     {"register", PW_CONTROL_TO_COORD,
-     "{\"type\":\"register\",\"version\":1,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"127.0.0.1:7000\","
-     "\"cores\":2,\"threads\":1,\"software\":\"pipewright 0.1.0\"}",
-     "version:i name:s token:s data_addr:s cores:i threads:i software:s", ""},
+     "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"127.0.0.1:7000\","
+     "\"cores\":2,\"threads\":1,\"software\":\"pipewright 0.1.0\",\"job\":4}",
+     "version:i name:s token:s data_addr:s cores:i threads:i software:s", "job:i"},
     {"heartbeat", PW_CONTROL_TO_COORD, "{\"type\":\"heartbeat\",\"time\":1700000000.25,\"state\":\"idle\",\"job\":3}",
      "time:n state:s", "job:i"},
     {"step", PW_CONTROL_TO_COORD,
      "{\"type\":\"step\",\"job\":1,\"run\":0,\"rank\":2,\"step\":7,\"loss\":2.5,\"step_time\":0.125,"
-     "\"tokens\":4096,\"peak_act\":1048576,\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]]}",
-     "job:i run:i rank:i step:i step_time:n", "loss:n tokens:n peak_act:i actions:A"},
+     "\"tokens\":4096,\"peak_act\":1048576,\"grad_norm\":0.75,\"lr\":0.001,"
+     "\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]]}",
+     "job:i run:i rank:i step:i step_time:n", "loss:n tokens:n peak_act:i grad_norm:n lr:n actions:A"},
     {"checkpoint", PW_CONTROL_TO_COORD,
-     "{\"type\":\"checkpoint\",\"job\":1,\"run\":0,\"rank\":0,\"step\":10,\"path\":\"/x/r0.safetensors\",\"bytes\":123}",
-     "job:i run:i rank:i step:i path:s bytes:i", ""},
+     "{\"type\":\"checkpoint\",\"job\":1,\"run\":0,\"rank\":0,\"step\":10,\"path\":\"/x/r0.safetensors\",\"bytes\":123,"
+     "\"stage\":3}",
+     "job:i run:i rank:i step:i path:s bytes:i", "stage:i"},
     {"done", PW_CONTROL_TO_COORD, "{\"type\":\"done\",\"job\":1,\"run\":0,\"rank\":1}", "job:i run:i rank:i", ""},
     {"error", PW_CONTROL_TO_COORD, "{\"type\":\"error\",\"job\":1,\"run\":0,\"rank\":1,\"message\":\"peer 2 lost\"}",
      "message:s", "job:i run:i rank:i"},
-    {"welcome", PW_CONTROL_TO_WORKER, "{\"type\":\"welcome\",\"version\":1,\"worker_id\":4,\"heartbeat_interval\":2}",
+    {"welcome", PW_CONTROL_TO_WORKER, "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":2}",
      "version:i worker_id:i heartbeat_interval:n", ""},
     {"refused", PW_CONTROL_TO_WORKER, "{\"type\":\"refused\",\"reason\":\"wrong token\"}", "reason:s", ""},
     {"assign", PW_CONTROL_TO_WORKER,
-     "{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{\"name\":\"j\"},\"stages\":[1,3],"
-     "\"plan\":{\"actions\":[]},\"peers\":[{\"rank\":0,\"addr\":\"127.0.0.1:7000\"},{\"rank\":1,\"addr\":\"127.0.0.1:7001\"}],"
+     "{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{\\\"version\\\":1}\","
+     "\"slice_sha256\":\"9b1f\",\"peers\":[{\"rank\":0,\"addr\":\"127.0.0.1:7000\"},{\"rank\":1,\"addr\":\"127.0.0.1:7001\"}],"
      "\"steps\":10,\"start_step\":0,\"checkpoint_dir\":\"/ck\",\"resume\":\"/ck/5\",\"trace_every\":5}",
-     "job:i run:i rank:i spec:o stages:a plan:o peers:P steps:i start_step:i",
+     "job:i run:i rank:i slice:s slice_sha256:s peers:P steps:i start_step:i",
      "checkpoint_dir:s resume:s trace_every:i"},
     {"cancel", PW_CONTROL_TO_WORKER, "{\"type\":\"cancel\",\"job\":1,\"run\":0,\"reason\":\"user\"}",
      "job:i run:i reason:s", ""},
@@ -170,28 +172,22 @@ static void test_validate_details(void **state) {
       {"{\"type\":\"launch\"}", "type: unknown message type \"launch\""},
       {"{\"type\":\"\"}", "type: unknown message type \"\""},
       /* assign: nested */
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[{\"rank\":0,\"addr\":\"a:1\"},{\"rank\":1,\"addr\":7}],\"steps\":1,\"start_step\":0}",
        "assign.peers[1].addr: must be a string"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[{\"addr\":\"a:1\"}],\"steps\":1,\"start_step\":0}",
        "assign.peers[0].rank: is required"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[{\"rank\":0}],\"steps\":1,\"start_step\":0}",
        "assign.peers[0].addr: is required"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[{\"rank\":-1,\"addr\":\"a:1\"}],\"steps\":1,\"start_step\":0}",
        "assign.peers[0].rank: must be >= 0 (got -1)"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[\"a:1\"],\"steps\":1,\"start_step\":0}",
        "assign.peers[0]: must be an object"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1,2,\"3\"],\"plan\":{},"
-       "\"peers\":[],\"steps\":1,\"start_step\":0}",
-       "assign.stages[2]: must be an integer"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[-2],\"plan\":{},"
-       "\"peers\":[],\"steps\":1,\"start_step\":0}",
-       "assign.stages[0]: must be >= 0"},
-      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"spec\":{},\"stages\":[1],\"plan\":{},"
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[],\"steps\":1,\"start_step\":0,\"trace_every\":\"5\"}",
        "assign.trace_every: must be an integer"},
       /* step: actions */
@@ -215,11 +211,11 @@ static void test_validate_details(void **state) {
       {"{\"type\":\"step\",\"job\":1,\"run\":0,\"rank\":0,\"step\":0,\"step_time\":-0.5}",
        "step.step_time: must be >= 0 (got -0.5)"},
       /* ranges */
-      {"{\"type\":\"welcome\",\"version\":1,\"worker_id\":1,\"heartbeat_interval\":0}",
+      {"{\"type\":\"welcome\",\"version\":2,\"worker_id\":1,\"heartbeat_interval\":0}",
        "welcome.heartbeat_interval: must be > 0 (got 0)"},
       {"{\"type\":\"welcome\",\"version\":0,\"worker_id\":1,\"heartbeat_interval\":1}",
        "welcome.version: must be >= 1 (got 0)"},
-      {"{\"type\":\"register\",\"version\":1,\"name\":\"w\",\"token\":\"\",\"data_addr\":\"h:1\",\"cores\":0,"
+      {"{\"type\":\"register\",\"version\":2,\"name\":\"w\",\"token\":\"\",\"data_addr\":\"h:1\",\"cores\":0,"
        "\"threads\":1,\"software\":\"x\"}",
        "register.cores: must be >= 1 (got 0)"},
       {"{\"type\":\"heartbeat\",\"time\":1,\"state\":\"idle\",\"job\":\"3\"}", "heartbeat.job: must be an integer"},

@@ -395,7 +395,13 @@ static void test_run_views(void **state) {
   pw_err err = {0};
   assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_PLANNING, "t", NULL, &err), 0);
   assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_DISPATCHING, "t", NULL, &err), 0);
-  assert_int_equal(pw_store_run_insert(S, id, "{}", &run, &err), 0);
+  /* A stored plan no planner would make (bubble 0.25 exactly): the
+   * timeline must show this one, not one rebuilt from the spec. */
+  assert_int_equal(pw_store_run_insert(S, id,
+                                       "{\"analytics\":{\"schedule\":\"1f1b\",\"makespan\":1.5,"
+                                       "\"bubble_ratio\":0.25,\"timeline\":[[],[]]}}",
+                                       &run, &err),
+                   0);
   for (int k = 0; k < 2; k++) {
     char nm[8];
     snprintf(nm, sizeof nm, "w%d", k);
@@ -452,8 +458,9 @@ static void test_run_views(void **state) {
   assert_float_equal(json_number_value(json_object_get(bub, "measured")), 6.0 / 14.0, 1e-9);
   json_t *planned = json_object_get(j, "planned");
   assert_int_equal(json_array_size(json_object_get(planned, "timeline")), 2);
-  assert_float_equal(json_number_value(json_object_get(bub, "planned")),
-                     json_number_value(json_object_get(planned, "bubble_ratio")), 0);
+  assert_float_equal(json_number_value(json_object_get(planned, "bubble_ratio")), 0.25, 0);
+  assert_float_equal(json_number_value(json_object_get(planned, "makespan")), 1.5, 0);
+  assert_float_equal(json_number_value(json_object_get(bub, "planned")), 0.25, 0);
   json_decref(j);
 
   resp r;

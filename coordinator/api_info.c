@@ -1,0 +1,67 @@
+/* api_info: the REST API's small handlers — health, the Prometheus
+ * exposition, workers, the schedule catalogue and dry-run plans. The job
+ * handlers live in api_jobs.c and api_timeline.c.
+ *
+ * Handlers answer only through the pw_reply_* helpers (api.h) and never
+ * talk to workers: the control loop does, after pw_coord_wake. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec_json.h"
+#include "api.h"
+#include "plan.h"
+#include "schedule.h"
+
+#ifndef PW_VERSION
+#define PW_VERSION "0.0.0"
+#endif
+
+void pw_api_healthz(pw_req *r) {
+  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "version", PW_VERSION));
+}
+
+void pw_api_metrics(pw_req *r) {
+  pw_reply_text(r, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", pw_coord_metrics_text(r->c));
+}
+
+void pw_api_workers(pw_req *r) { pw_reply_json(r, MHD_HTTP_OK, pw_coord_workers_json(r->c)); }
+
+void pw_api_schedules(pw_req *r) {
+  int n = 0;
+  const pw_sched_info *infos = pw_sched_infos(&n);
+  json_t *arr = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(arr, pw_sched_info_json(&infos[i]));
+  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:o}", "schedules", arr));
+}
+
+/* POST /v1/plans[?compare=1][&schedule=NAME]: what `pipewright plan --json`
+ * (or --compare --json) prints for the same spec. */
+void pw_api_plans(pw_req *r) {
+  int compare;
+  if (pw_req_bool_arg(r, "compare", 0, &compare)) return;
+  const char *sched = pw_req_arg(r, "schedule");
+  if (sched && !pw_sched_info_find(sched)) {
+    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "schedule", "unknown schedule \"%.64s\"",
+                   sched);
+    return;
+  }
+  pw_job job;
+  pw_err err = {0};
+  if (pw_job_parse(r->body, NULL, &job, &err)) {
+    pw_reply_err(r, &err);
+    return;
+  }
+  if (compare) {
+    pw_reply_json(r, MHD_HTTP_OK, pw_plan_compare_json(&job));
+    pw_job_free(&job);
+    return;
+  }
+  pw_plan p;
+  if (pw_plan_build(&job, sched, &p, &err)) {
+    pw_reply_err(r, &err);
+  } else {
+    pw_reply_json(r, MHD_HTTP_OK, pw_plan_json(&job, &p));
+    pw_plan_free(&p);
+  }
+  pw_job_free(&job);
+}

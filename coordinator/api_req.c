@@ -1,0 +1,160 @@
+/* api_req: what every REST handler shares — the reply helpers (THE error
+ * reply among them), query arguments, this thread's store, a stored job
+ * read back. Nothing here routes or reads the body (http.c does) or
+ * decides what a route answers (the handlers do). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spec_json.h"
+#include "api.h"
+#include "log.h"
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void set_resp(pw_req *r, int status, struct MHD_Response *resp) {
+  if (r->resp) MHD_destroy_response(r->resp);
+  r->resp = resp;
+  r->status = status;
+}
+
+/* Last resort when even building a reply failed. */
+void pw_reply_oom(pw_req *r) {
+  static const char body[] = "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\",\"path\":\"\"}}";
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(sizeof body - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
+  if (resp) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  set_resp(r, MHD_HTTP_INTERNAL_SERVER_ERROR, resp);
+}
+
+void pw_reply_text(pw_req *r, int status, const char *content_type, char *text) {
+  if (!text) {
+    pw_reply_oom(r);
+    return;
+  }
+  struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(text);
+    pw_reply_oom(r);
+    return;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  set_resp(r, status, resp);
+}
+
+void pw_reply_json(pw_req *r, int status, json_t *j) {
+  char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  pw_reply_text(r, status, "application/json", text);
+}
+
+void pw_reply_error(pw_req *r, int status, const char *code, const char *path, const char *fmt, ...) {
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", code, "message", msg, "path", path ? path : "");
+  pw_reply_json(r, status, e);
+}
+
+void pw_reply_err(pw_req *r, const pw_err *e) {
+  int code = e->code ? e->code : PW_EINTERNAL;
+  pw_reply_error(r, pw_err_http_status(code), pw_err_api_code(code), e->path, "%s",
+                 e->msg[0] ? e->msg : pw_strerror(code));
+}
+
+void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size) {
+  struct MHD_Response *resp = MHD_create_response_from_fd64(size, fd);
+  if (!resp) {
+    close(fd);
+    pw_reply_oom(r);
+    return;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  set_resp(r, status, resp);
+}
+
+void pw_reply_header(pw_req *r, const char *name, const char *value) {
+  if (r->resp) MHD_add_response_header(r->resp, name, value);
+}
+
+/* ---- query arguments ------------------------------------------------------ */
+
+const char *pw_req_arg(pw_req *r, const char *name) {
+  return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, name);
+}
+
+int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+  const char *v = pw_req_arg(r, name);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  int64_t x = 0;
+  int ok = v[0] != 0 && strlen(v) <= 18;
+  for (const char *p = v; ok && *p; p++) {
+    if (*p < '0' || *p > '9') ok = 0;
+    else x = x * 10 + (*p - '0');
+  }
+  if (!ok || x < lo || x > hi) {
+    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
+                   "%s must be an integer in [%lld, %lld] (got \"%.64s\")", name, (long long)lo, (long long)hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out) {
+  const char *v = pw_req_arg(r, name);
+  if (!v) *out = def;
+  else if (!strcmp(v, "1") || !strcmp(v, "true")) *out = 1;
+  else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = 0;
+  else {
+    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
+                   "%s must be 1, true, 0 or false (got \"%.64s\")", name, v);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- the store and stored jobs ------------------------------------------ */
+
+pw_store *pw_api_store(pw_req *r) {
+  pw_store *s = pw_coord_store(r->c);
+  if (!s)
+    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EIO), "", "the store is not available");
+  return s;
+}
+
+int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state) {
+  pw_job_brief b;
+  pw_err err = {0};
+  int rc = pw_store_job_brief(s, r->id, &b, &err);
+  if (rc == PW_ENOENT) {
+    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    return rc;
+  }
+  if (rc) {
+    pw_reply_err(r, &err);
+    return rc;
+  }
+  if (state) *state = b.state;
+  json_error_t jerr;
+  json_t *spec = b.spec ? json_loads(b.spec, 0, &jerr) : NULL;
+  free(b.spec);
+  rc = spec ? pw_job_parse(spec, NULL, job, &err) : pw_err_set(&err, PW_EINTERNAL, "spec", "stored spec is unreadable");
+  json_decref(spec);
+  if (rc) {
+    /* It was valid when accepted: only a change of the rules can get here. */
+    char b2[600];
+    pw_error("job %lld: stored spec no longer parses: %s", (long long)r->id, pw_err_str(&err, b2, sizeof b2));
+    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EINTERNAL), err.path,
+                   "the stored spec no longer parses: %s", err.msg);
+  }
+  return rc;
+}
+

@@ -1,0 +1,221 @@
+/* test_control_msgs: the typed side of the control table (control.h).
+ * Names and enum ids map both ways for every type; every field of every
+ * type survives read -> build (so each table row points at the right
+ * struct member: a swapped offset changes a value); absent optional fields
+ * stay absent; build refuses what validation would (missing, below its
+ * bound, the wrong struct size); dispatch calls exactly the handler of the
+ * type with the decoded struct, refuses a message travelling the wrong
+ * way or one the side has no handler for, and passes a handler's error on. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "control.h"
+
+/* One message of each type with every field set (distinct values, so a
+ * field read into another's slot shows). */
+static const char *const full[] = {
+    "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\",\"cores\":3,"
+    "\"threads\":5,\"software\":\"s\",\"job\":11}",
+    "{\"type\":\"heartbeat\",\"time\":12.5,\"state\":\"busy\",\"job\":13}",
+    "{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"loss\":5.5,\"step_time\":6.5,\"tokens\":7.5,"
+    "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]]}",
+    "{\"type\":\"checkpoint\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"path\":\"/p\",\"bytes\":5,\"stage\":6}",
+    "{\"type\":\"done\",\"job\":1,\"run\":2,\"rank\":3}",
+    "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\"}",
+    "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":0.5}",
+    "{\"type\":\"refused\",\"reason\":\"r\"}",
+    "{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
+    "\"peers\":[{\"rank\":0,\"addr\":\"h:1\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
+    "\"resume\":\"/r\",\"trace_every\":6}",
+    "{\"type\":\"cancel\",\"job\":1,\"run\":2,\"reason\":\"r\"}",
+    "{\"type\":\"shutdown\"}",
+};
+#define N_FULL ((int)(sizeof full / sizeof full[0]))
+
+static json_t *parse(const char *s) {
+  json_t *j = json_loads(s, 0, NULL);
+  if (!j) fail_msg("bad test JSON: %s", s);
+  return j;
+}
+
+/* Same keys; numbers equal as numbers (an integer may come back a real). */
+static void expect_same(const json_t *want, const json_t *got, const char *what) {
+  const char *k;
+  json_t *v;
+  assert_int_equal(json_object_size(want), json_object_size(got));
+  json_object_foreach((json_t *)want, k, v) {
+    json_t *g = json_object_get(got, k);
+    if (!g) fail_msg("%s: %s lost", what, k);
+    if (json_is_number(v) ? !json_is_number(g) || json_number_value(v) != json_number_value(g) : !json_equal(v, g))
+      fail_msg("%s: %s differs", what, k);
+  }
+}
+
+static size_t struct_size(pw_msg_type t) {
+  switch (t) {
+#define SZ(id, name, dir, type) \
+  case PW_MSG_##id: return sizeof(type);
+    PW_CONTROL_MSGS(SZ)
+#undef SZ
+    default: return 0;
+  }
+}
+
+static void test_names(void **state) {
+  assert_int_equal(N_FULL, PW_MSG__COUNT); /* one full example per type */
+  for (int t = 0; t < PW_MSG__COUNT; t++) {
+    const char *n = pw_control_msg_name((pw_msg_type)t);
+    assert_non_null(n);
+    assert_int_equal(pw_control_msg_of(n), t);
+  }
+  assert_int_equal(pw_control_msg_of("launch"), PW_MSG_UNKNOWN);
+  assert_int_equal(pw_control_msg_of(NULL), PW_MSG_UNKNOWN);
+  assert_null(pw_control_msg_name(PW_MSG__COUNT));
+  assert_int_equal(pw_control_msg_dir("assign"), PW_CONTROL_TO_WORKER);
+  assert_int_equal(pw_control_msg_dir("step"), PW_CONTROL_TO_COORD);
+}
+
+static void test_read_build_round_trip(void **state) {
+  for (int i = 0; i < N_FULL; i++) {
+    json_t *m = parse(full[i]);
+    pw_msg_type t;
+    pw_msg_any body;
+    pw_err err = {0};
+    assert_int_equal(pw_control_read(m, &t, &body, &err), 0);
+    assert_string_equal(pw_control_msg_name(t), pw_control_type(m));
+    json_t *again = pw_control_build(t, &body, struct_size(t), &err);
+    if (!again) fail_msg("%s: %s", full[i], err.msg);
+    expect_same(m, again, full[i]);
+    json_decref(again);
+    json_decref(m);
+  }
+}
+
+static void test_read_values_and_absent(void **state) {
+  pw_msg_type t;
+  pw_msg_any b;
+  pw_err err = {0};
+  json_t *m = parse(full[2]);
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_int_equal(t, PW_MSG_STEP);
+  assert_true(b.STEP.job == 1 && b.STEP.run == 2 && b.STEP.rank == 3 && b.STEP.step == 4 && b.STEP.peak_act == 8);
+  assert_true(b.STEP.loss == 5.5 && b.STEP.step_time == 6.5 && b.STEP.tokens == 7.5 && b.STEP.grad_norm == 9.5 &&
+              b.STEP.lr == 10.5);
+  assert_ptr_equal(b.STEP.actions, json_object_get(m, "actions")); /* borrowed */
+  json_decref(m);
+  /* absent optional fields: -1, NAN, NULL; and build leaves them out */
+  m = parse("{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"step_time\":0}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_true(b.STEP.peak_act == -1 && isnan(b.STEP.loss) && isnan(b.STEP.lr) && !b.STEP.actions);
+  json_t *again = pw_control_build(t, &b, sizeof b.STEP, &err);
+  expect_same(m, again, "sparse step");
+  json_decref(again);
+  json_decref(m);
+  m = parse("{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
+            "\"peers\":[],\"steps\":4,\"start_step\":0}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_true(!b.ASSIGN.resume && !b.ASSIGN.checkpoint_dir && b.ASSIGN.trace_every == -1);
+  assert_string_equal(b.ASSIGN.slice_sha256, "ab");
+  json_decref(m);
+  /* read validates */
+  m = parse("{\"type\":\"done\",\"job\":1,\"run\":-2,\"rank\":3}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "done.run");
+  json_decref(m);
+}
+
+static void test_build_refuses(void **state) {
+  pw_err err = {0};
+  json_t *m = PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, &err, .job = 7, .run = 0, .rank = 1);
+  assert_non_null(m);
+  assert_string_equal(pw_control_type(m), "done");
+  assert_int_equal(json_integer_value(json_object_get(m, "job")), 7);
+  json_decref(m);
+  assert_null(PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, &err, .job = -1, .run = -1, .rank = -1, .message = NULL));
+  assert_int_equal(err.code, PW_EPROTO);
+  assert_string_equal(err.path, "error.message");
+  assert_null(PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, &err, .job = -5, .run = 0, .rank = 1));
+  assert_string_equal(err.path, "done.job");
+  assert_null(PW_CONTROL_BUILD(PW_MSG_WELCOME, pw_msg_welcome, &err, .version = 2, .worker_id = 1,
+                               .heartbeat_interval = 0));
+  assert_string_equal(err.path, "welcome.heartbeat_interval");
+  pw_msg_done d = {1, 2, 3};
+  assert_null(pw_control_build(PW_MSG_STEP, &d, sizeof d, &err)); /* the wrong struct */
+  assert_int_equal(err.code, PW_EINVAL);
+  assert_null(pw_control_build(PW_MSG__COUNT, &d, sizeof d, &err));
+  assert_int_equal(err.code, PW_EINVAL);
+}
+
+typedef struct {
+  int calls[PW_MSG__COUNT];
+  int64_t job;
+  void *conn;
+  int fail;
+} rec;
+
+static int h_any(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  rec *r = ctx;
+  pw_msg_type t = pw_control_msg_of(pw_control_type(raw));
+  r->calls[t]++;
+  r->conn = conn;
+  if (t == PW_MSG_DONE) r->job = m->DONE.job;
+  if (t == PW_MSG_CHECKPOINT) r->job = m->CHECKPOINT.stage;
+  return r->fail ? pw_err_set(err, PW_EINVAL, "handler", "said no") : 0;
+}
+
+static void test_dispatch(void **state) {
+  pw_control_handlers h = {.on = {[PW_MSG_DONE] = h_any, [PW_MSG_CHECKPOINT] = h_any}};
+  rec r = {0};
+  pw_err err = {0};
+  int conn;
+  json_t *m = parse(full[4]); /* done, job 1 */
+  assert_int_equal(pw_control_dispatch(&h, PW_CONTROL_TO_COORD, &r, &conn, m, &err), 0);
+  assert_int_equal(r.calls[PW_MSG_DONE], 1);
+  assert_int_equal(r.job, 1);
+  assert_ptr_equal(r.conn, &conn);
+  /* a coordinator's message arriving at the coordinator */
+  json_decref(m);
+  m = parse(full[8]);
+  assert_int_equal(pw_control_dispatch(&h, PW_CONTROL_TO_COORD, &r, &conn, m, &err), PW_EPROTO);
+  assert_string_equal(err.path, "type");
+  json_decref(m);
+  /* no handler for it on this side */
+  m = parse(full[5]);
+  assert_int_equal(pw_control_dispatch(&h, PW_CONTROL_TO_COORD, &r, &conn, m, &err), PW_EPROTO);
+  assert_non_null(strstr(err.msg, "not expected"));
+  json_decref(m);
+  /* invalid: never reaches the handler */
+  m = parse("{\"type\":\"done\",\"job\":1}");
+  assert_int_equal(pw_control_dispatch(&h, PW_CONTROL_TO_COORD, &r, &conn, m, &err), PW_EPROTO);
+  assert_string_equal(err.path, "done.run");
+  json_decref(m);
+  /* the handler's error comes back */
+  r.fail = 1;
+  m = parse(full[3]);
+  assert_int_equal(pw_control_dispatch(&h, PW_CONTROL_TO_COORD, &r, &conn, m, &err), PW_EINVAL);
+  assert_int_equal(r.job, 6); /* checkpoint's stage */
+  json_decref(m);
+  for (int t = 0; t < PW_MSG__COUNT; t++)
+    if (t != PW_MSG_DONE && t != PW_MSG_CHECKPOINT) assert_int_equal(r.calls[t], 0);
+  assert_int_equal(r.calls[PW_MSG_DONE], 1);
+  assert_int_equal(r.calls[PW_MSG_CHECKPOINT], 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_names),
+      cmocka_unit_test(test_read_build_round_trip),
+      cmocka_unit_test(test_read_values_and_absent),
+      cmocka_unit_test(test_build_refuses),
+      cmocka_unit_test(test_dispatch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
