@@ -62,10 +62,11 @@ struct pw_req {
 
 /* JSON reply; steals j (NULL gives a 500). */
 void pw_reply_json(pw_req *r, int status, json_t *j);
-/* THE error reply: every error the API gives is built here. path may be
- * NULL (then ""). */
-void pw_reply_error(pw_req *r, int status, const char *code, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+/* THE error reply: every error the API gives is built here, its HTTP
+ * status and API code taken from errors.h's table for code (a PW_E*), so
+ * a handler never writes a status of its own. path may be NULL (then ""). */
+void pw_reply_error(pw_req *r, int code, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* An error from a pw_err: status and code from errors.h's table. */
 void pw_reply_err(pw_req *r, const pw_err *e);
 /* A malloc'd text body (stolen; NULL gives a 500) with its content type. */

@@ -41,7 +41,7 @@ void pw_api_plans(pw_req *r) {
   if (pw_req_bool_arg(r, "compare", 0, &compare)) return;
   const char *sched = pw_req_arg(r, "schedule");
   if (sched && !pw_sched_info_find(sched)) {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "schedule", "unknown schedule \"%.64s\"",
+    pw_reply_error(r, PW_EINVAL, "schedule", "unknown schedule \"%.64s\"",
                    sched);
     return;
   }

@@ -25,7 +25,7 @@ static int job_exists(pw_req *r, pw_store *s) {
     return 0;
   }
   if (rc == PW_ENOENT)
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
   else
     pw_reply_err(r, &err);
   return rc;
@@ -121,7 +121,7 @@ void pw_api_job_list(pw_req *r) {
       size_t n = strlen(names);
       snprintf(names + n, sizeof names - n, "%s%s", k ? ", " : "", pw_job_state_name(k));
     }
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "state",
+    pw_reply_error(r, PW_EINVAL, "state",
                    "unknown state \"%.32s\" (one of %s)", st, names);
     return;
   }
@@ -191,7 +191,7 @@ void pw_api_job_get(pw_req *r) {
   pw_err err = {0};
   int rc = pw_store_job_json(s, r->id, 1, &j, &err);
   if (rc == PW_ENOENT) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
     return;
   }
   if (rc) {
@@ -207,7 +207,7 @@ void pw_api_job_cancel(pw_req *r) {
   pw_err err = {0};
   int rc = pw_coord_cancel(r->c, r->id, &err);
   if (rc == PW_ENOENT) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
   } else if (rc) {
     pw_reply_err(r, &err);
   } else {

@@ -22,11 +22,12 @@ static void set_resp(pw_req *r, int status, struct MHD_Response *resp) {
 
 /* Last resort when even building a reply failed. */
 void pw_reply_oom(pw_req *r) {
+  /* PW_ENOMEM's row of errors.h, written out: nothing can be built now */
   static const char body[] = "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\",\"path\":\"\"}}";
   struct MHD_Response *resp =
       MHD_create_response_from_buffer(sizeof body - 1, (void *)body, MHD_RESPMEM_PERSISTENT);
   if (resp) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-  set_resp(r, MHD_HTTP_INTERNAL_SERVER_ERROR, resp);
+  set_resp(r, pw_err_http_status(PW_ENOMEM), resp);
 }
 
 void pw_reply_text(pw_req *r, int status, const char *content_type, char *text) {
@@ -50,20 +51,20 @@ void pw_reply_json(pw_req *r, int status, json_t *j) {
   pw_reply_text(r, status, "application/json", text);
 }
 
-void pw_reply_error(pw_req *r, int status, const char *code, const char *path, const char *fmt, ...) {
+void pw_reply_error(pw_req *r, int code, const char *path, const char *fmt, ...) {
   char msg[768];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", code, "message", msg, "path", path ? path : "");
-  pw_reply_json(r, status, e);
+  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", pw_err_api_code(code), "message", msg, "path",
+                        path ? path : "");
+  pw_reply_json(r, pw_err_http_status(code), e);
 }
 
 void pw_reply_err(pw_req *r, const pw_err *e) {
   int code = e->code ? e->code : PW_EINTERNAL;
-  pw_reply_error(r, pw_err_http_status(code), pw_err_api_code(code), e->path, "%s",
-                 e->msg[0] ? e->msg : pw_strerror(code));
+  pw_reply_error(r, code, e->path, "%s", e->msg[0] ? e->msg : pw_strerror(code));
 }
 
 void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size) {
@@ -100,7 +101,7 @@ int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t
     else x = x * 10 + (*p - '0');
   }
   if (!ok || x < lo || x > hi) {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
+    pw_reply_error(r, PW_EINVAL, name,
                    "%s must be an integer in [%lld, %lld] (got \"%.64s\")", name, (long long)lo, (long long)hi, v);
     return -1;
   }
@@ -114,7 +115,7 @@ int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out) {
   else if (!strcmp(v, "1") || !strcmp(v, "true")) *out = 1;
   else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = 0;
   else {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), name,
+    pw_reply_error(r, PW_EINVAL, name,
                    "%s must be 1, true, 0 or false (got \"%.64s\")", name, v);
     return -1;
   }
@@ -126,7 +127,7 @@ int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out) {
 pw_store *pw_api_store(pw_req *r) {
   pw_store *s = pw_coord_store(r->c);
   if (!s)
-    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EIO), "", "the store is not available");
+    pw_reply_error(r, PW_EIO, "", "the store is not available");
   return s;
 }
 
@@ -135,7 +136,7 @@ int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state) {
   pw_err err = {0};
   int rc = pw_store_job_brief(s, r->id, &b, &err);
   if (rc == PW_ENOENT) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
     return rc;
   }
   if (rc) {
@@ -152,7 +153,7 @@ int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state) {
     /* It was valid when accepted: only a change of the rules can get here. */
     char b2[600];
     pw_error("job %lld: stored spec no longer parses: %s", (long long)r->id, pw_err_str(&err, b2, sizeof b2));
-    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EINTERNAL), err.path,
+    pw_reply_error(r, PW_EINTERNAL, err.path,
                    "the stored spec no longer parses: %s", err.msg);
   }
   return rc;

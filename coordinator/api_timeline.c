@@ -124,7 +124,7 @@ void pw_api_job_timeline(pw_req *r) {
   const char *fmt = pw_req_arg(r, "format");
   int chrome = fmt && !strcmp(fmt, "chrome");
   if (fmt && !chrome && strcmp(fmt, "json")) {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "format",
+    pw_reply_error(r, PW_EINVAL, "format",
                    "format must be json or chrome (got \"%.32s\")", fmt);
     return;
   }
@@ -136,10 +136,10 @@ void pw_api_job_timeline(pw_req *r) {
   int rc = pw_store_timeline_json(s, r->id, (int)step, &tl, &err);
   if (rc == PW_ENOENT && (step >= 0 || chrome)) {
     if (step >= 0)
-      pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "step",
+      pw_reply_error(r, PW_ENOENT, "step",
                      "job %lld has no sampled timings for step %lld", (long long)r->id, (long long)step);
     else
-      pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "step",
+      pw_reply_error(r, PW_ENOENT, "step",
                      "job %lld has no sampled timings yet", (long long)r->id);
     pw_job_free(&job);
     return;
@@ -247,7 +247,7 @@ void pw_api_job_checkpoint(pw_req *r) {
   int rc = pw_store_job_brief(s, r->id, &b, &err);
   if (rc) {
     if (rc == PW_ENOENT)
-      pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "id", "no job %lld", (long long)r->id);
+      pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
     else
       pw_reply_err(r, &err);
     return;
@@ -257,7 +257,7 @@ void pw_api_job_checkpoint(pw_req *r) {
   if (!pw_store_run_json(s, r->id, &run, NULL)) n_stages = json_array_size(json_object_get(run, "stages"));
   json_decref(run);
   if (!n_stages || (rc = pw_store_checkpoint_latest_json(s, r->id, (int)n_stages, &ck, &err)) == PW_ENOENT) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "", "job %lld has no complete checkpoint yet",
+    pw_reply_error(r, PW_ENOENT, "", "job %lld has no complete checkpoint yet",
                    (long long)r->id);
     free(b.spec);
     return;
@@ -278,9 +278,9 @@ void pw_api_job_checkpoint(pw_req *r) {
     char eb[600];
     pw_warn("job %lld: cannot gather the checkpoint: %s", (long long)r->id, pw_err_str(&err, eb, sizeof eb));
     if (rc == PW_ENOENT)
-      pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "", "%s", err.msg);
+      pw_reply_error(r, PW_ENOENT, "", "%s", err.msg);
     else
-      pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EIO), "", "%s", err.msg);
+      pw_reply_error(r, PW_EIO, "", "%s", err.msg);
     return;
   }
   /* Unlinked at once: the open fd keeps the data until the reply is sent. */
@@ -289,7 +289,7 @@ void pw_api_job_checkpoint(pw_req *r) {
   struct stat st;
   if (fd < 0 || fstat(fd, &st)) {
     if (fd >= 0) close(fd);
-    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EIO), "", "cannot read the merged checkpoint");
+    pw_reply_error(r, PW_EIO, "", "cannot read the merged checkpoint");
     return;
   }
   char cd[128];

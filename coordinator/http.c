@@ -90,7 +90,7 @@ static int check_token(http_req *h) {
   if (!c->api_token[0]) return 0;
   const char *a = MHD_lookup_connection_value(h->r.conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
   if (!a) {
-    pw_reply_error(&h->r, MHD_HTTP_UNAUTHORIZED, pw_err_api_code(PW_EAUTH), "Authorization",
+    pw_reply_error(&h->r, PW_EAUTH, "Authorization",
                    "this API needs a bearer token: send \"Authorization: Bearer <token>\"");
     pw_reply_header(&h->r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"pipewright\"");
     return -1;
@@ -100,7 +100,7 @@ static int check_token(http_req *h) {
   if (bearer) a += 7;
   while (*a == ' ') a++;
   if (!bearer || !pw_control_token_equal(a, c->api_token)) {
-    pw_reply_error(&h->r, MHD_HTTP_UNAUTHORIZED, pw_err_api_code(PW_EAUTH), "Authorization",
+    pw_reply_error(&h->r, PW_EAUTH, "Authorization",
                    "the bearer token is wrong");
     pw_reply_header(&h->r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"pipewright\", error=\"invalid_token\"");
     return -1;
@@ -116,16 +116,16 @@ static int first_checks(http_req *h) {
   pw_req *r = &h->r;
   pw_coord *c = r->c;
   if (h->url_len > PW_HTTP_MAX_URL) {
-    pw_reply_error(r, MHD_HTTP_URI_TOO_LONG, pw_err_api_code(PW_ETOOBIG), "url",
+    pw_reply_error(r, PW_ETOOLONG, "url",
                    "the request target is %zu bytes; the limit is %d", h->url_len, PW_HTTP_MAX_URL);
     return 1;
   }
   if (h->nul_path) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "url", "no such path (it holds a NUL byte)");
+    pw_reply_error(r, PW_ENOENT, "url", "no such path (it holds a NUL byte)");
     return 1;
   }
   if (h->nul_query) {
-    pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EINVAL), "url", "the query holds a NUL byte");
+    pw_reply_error(r, PW_EINVAL, "url", "the query holds a NUL byte");
     return 1;
   }
   const char *m = !strcmp(r->method, "HEAD") ? "GET" : r->method;
@@ -147,7 +147,7 @@ static int first_checks(http_req *h) {
   }
   if (!matched && !api_path(r->path) && c->web_dir[0]) {
     if (strcmp(m, "GET")) {
-      pw_reply_error(r, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "",
+      pw_reply_error(r, PW_EMETHOD, "",
                      "%s is not allowed on static files", r->method);
       pw_reply_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
       return 1;
@@ -158,11 +158,11 @@ static int first_checks(http_req *h) {
   int open_route = h->route ? (h->route->flags & PW_ROUTE_OPEN) : (matched && all_open);
   if (!open_route && check_token(h)) return 1;
   if (!matched) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "", "no route for %s %s", r->method, r->path);
+    pw_reply_error(r, PW_ENOENT, "", "no route for %s %s", r->method, r->path);
     return 1;
   }
   if (!h->route) {
-    pw_reply_error(r, MHD_HTTP_METHOD_NOT_ALLOWED, "method_not_allowed", "", "%s is not allowed on %s (allowed: %s)",
+    pw_reply_error(r, PW_EMETHOD, "", "%s is not allowed on %s (allowed: %s)",
                    r->method, r->path, allow);
     pw_reply_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     return 1;
@@ -173,7 +173,7 @@ static int first_checks(http_req *h) {
     errno = 0;
     unsigned long long n = strtoull(cl, &end, 10);
     if (errno == ERANGE || n > max_body(c)) {
-      pw_reply_error(r, MHD_HTTP_CONTENT_TOO_LARGE, pw_err_api_code(PW_ETOOBIG), "body",
+      pw_reply_error(r, PW_ETOOBIG, "body",
                      "the request body is %s bytes; the limit is %zu", cl, max_body(c));
       return 1;
     }
@@ -211,20 +211,20 @@ static void take_body(http_req *h, const char *data, size_t n) {
 static void dispatch(http_req *h) {
   pw_req *r = &h->r;
   if (h->too_big) {
-    pw_reply_error(r, MHD_HTTP_CONTENT_TOO_LARGE, pw_err_api_code(PW_ETOOBIG), "body",
+    pw_reply_error(r, PW_ETOOBIG, "body",
                    "the request body is over the limit of %zu bytes", max_body(r->c));
     return;
   }
   if (h->route->flags & PW_ROUTE_BODY) {
     if (h->n == 0) {
-      pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EJSON), "",
+      pw_reply_error(r, PW_EJSON, "",
                      "the request body is empty: send a JSON object");
       return;
     }
     json_error_t jerr;
     r->body = json_loadb(h->buf, h->n, JSON_REJECT_DUPLICATES, &jerr);
     if (!r->body) {
-      pw_reply_error(r, MHD_HTTP_BAD_REQUEST, pw_err_api_code(PW_EJSON), "", "line %d column %d: %s", jerr.line,
+      pw_reply_error(r, PW_EJSON, "", "line %d column %d: %s", jerr.line,
                      jerr.column, jerr.text);
       return;
     }
@@ -232,7 +232,7 @@ static void dispatch(http_req *h) {
   h->route->fn(r);
   if (!r->resp) {
     pw_error("http: %s %s: the handler left no reply", h->method, h->path);
-    pw_reply_error(r, MHD_HTTP_INTERNAL_SERVER_ERROR, pw_err_api_code(PW_EINTERNAL), "", "no reply");
+    pw_reply_error(r, PW_EINTERNAL, "", "no reply");
   }
 }
 
@@ -350,7 +350,7 @@ static void serve_static(pw_req *r) {
     fd = -1;
   }
   if (fd < 0) {
-    pw_reply_error(r, MHD_HTTP_NOT_FOUND, pw_err_api_code(PW_ENOENT), "", "no such file: %.200s", p);
+    pw_reply_error(r, PW_ENOENT, "", "no such file: %.200s", p);
     return;
   }
   pw_reply_fd(r, MHD_HTTP_OK, content_type(file), fd, (uint64_t)st.st_size);

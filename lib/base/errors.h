@@ -26,6 +26,7 @@
   X(EFORMAT,   "malformed data",                400, "malformed_data")     \
   X(EPROTO,    "protocol error",                400, "protocol_error")     \
   X(ETOOBIG,   "too large",                     413, "too_large")          \
+  X(ETOOLONG,  "request target too long",       414, "too_large")          \
   X(EAUTH,     "unauthorized",                  401, "unauthorized")       \
   X(ECONFLICT, "conflict",                      409, "conflict")           \
   X(EMETHOD,   "method not allowed",            405, "method_not_allowed") \

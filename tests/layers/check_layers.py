@@ -12,6 +12,9 @@
 4. With BUILD_DIR: no two object files of the coordinator need symbols
    from each other, directly or around a longer circle (read from `nm` of
    the built objects).
+5. No coordinator file writes an HTTP error status of its own: every error
+   reply goes through pw_reply_error(code), whose status and API code come
+   from lib/base/errors.h's table.
 Exit 0 when all hold; otherwise each violation on a line, exit 1."""
 import glob, os, re, subprocess, sys
 
@@ -129,6 +132,22 @@ def check_sources(src):
     return errs
 
 
+ERROR_STATUS = re.compile(r"MHD_HTTP_(BAD_REQUEST|UNAUTHORIZED|FORBIDDEN|NOT_FOUND|METHOD_NOT_ALLOWED|CONFLICT|"
+                          r"CONTENT_TOO_LARGE|PAYLOAD_TOO_LARGE|URI_TOO_LONG|UNPROCESSABLE_ENTITY|"
+                          r"UNPROCESSABLE_CONTENT|TOO_MANY_REQUESTS|INTERNAL_SERVER_ERROR|SERVICE_UNAVAILABLE)")
+
+
+def check_error_statuses(src):
+    errs = []
+    for f in sorted(glob.glob(os.path.join(src, "coordinator", "*.c"))):
+        for n, line in enumerate(open(f), 1):
+            m = ERROR_STATUS.search(line)
+            if m:
+                errs.append(f"{os.path.relpath(f, src)}:{n}: {m.group(0)} written by hand "
+                            "(reply with pw_reply_error(PW_E...): the status comes from errors.h)")
+    return errs
+
+
 def symbols(obj):
     out = subprocess.run(["nm", "--defined-only", "-g", obj], capture_output=True, text=True).stdout
     defined = {l.split()[-1] for l in out.splitlines() if len(l.split()) >= 3}
@@ -165,7 +184,7 @@ def main():
         print(__doc__)
         return 2
     src = sys.argv[1]
-    errs = check_sources(src)
+    errs = check_sources(src) + check_error_statuses(src)
     if len(sys.argv) > 2:
         errs += check_objects(sys.argv[2], "pwcoord")
     for e in errs:
