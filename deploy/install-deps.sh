@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
   libcurl4-openssl-dev openssl            # the CLI's HTTP(S) client; test certificates
   libcmocka-dev
+  clang libclang-rt-14-dev                # libFuzzer harnesses (tests/fuzz/)
   python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
   chromium fonts-dejavu-core              # the dashboard's browser test
   iproute2 systemd                        # multi-host (netns) and unit tests

@@ -4,6 +4,8 @@
 # with AddressSanitizer + UndefinedBehaviorSanitizer.
 #   deploy/test.sh            both builds
 #   deploy/test.sh --plain    only the plain build (quicker, while developing)
+# After the sanitizer build, the libFuzzer harnesses (tests/fuzz/run.sh) run
+# FUZZ_SECONDS (default 20) each.
 # A test that cannot run here exits 77 (ctest's skip) and prints
 # "SKIP name: why"; the run ends with the list of skips and their reasons.
 # With CI=true a skip fails the run unless its name is in PW_EXPECTED_SKIPS
@@ -67,6 +69,9 @@ if [ "${1:-}" != "--plain" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run_suite build-asan -DPW_SANITIZE=ON
+  # The fuzz harnesses, FUZZ_SECONDS (default 20) each, under ASan + UBSan.
+  echo "== fuzz (tests/fuzz/run.sh, ${FUZZ_SECONDS:-20} s per harness)"
+  bash tests/fuzz/run.sh || { report_skips; echo "== FAILED: a fuzz harness found something"; exit 1; }
 fi
 report_skips
 check_skips || { echo "== FAILED: unexpected skips (set PW_EXPECTED_SKIPS to allow them by name)"; exit 1; }
