@@ -1,7 +1,8 @@
 /* prog: a stage program — the layers [lo, hi) of a model, made runnable.
  *
  * A program owns four flat arenas for its parameters (params, grads, AdamW
- * m and v, llm.c style: one allocation each, tensors wired into it) and
+ * m and v, llm.c style: one allocation each, tensors wired into it, laid
+ * out by lib/model/layout.h, which the planner reads too) and
  * n_slots activation slots. A slot holds everything one microbatch needs
  * between its forward and its backward: every value the stage produces or
  * receives, the gradients of those values, and the ops' saved auxiliaries.
@@ -25,6 +26,7 @@
 #include <stddef.h>
 
 #include "errors.h"
+#include "layout.h"
 #include "model.h"
 
 typedef struct {
@@ -42,12 +44,6 @@ typedef struct {
   float *data, *grad, *m, *v;
 } pw_prog_param;
 
-typedef struct {
-  int value;              /* model value id */
-  int role;               /* pw_val_role of the value */
-  size_t bytes;           /* per microbatch */
-} pw_prog_port;
-
 typedef struct pw_prog pw_prog;
 
 int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err);
@@ -55,6 +51,8 @@ void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
 const pw_prog_config *pw_prog_config_of(const pw_prog *p);
+/* Where everything lives (the layout the planner counts). */
+const pw_prog_layout *pw_prog_layout_of(const pw_prog *p);
 
 int pw_prog_n_params(const pw_prog *p);
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i);
