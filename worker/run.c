@@ -238,11 +238,7 @@ int pw_run_start(pw_worker *w, json_t *as, pw_err *err) {
   }
   r->prank = r->rank % r->pp;
   r->replica = r->rank / r->pp;
-  r->mb_size = r->spec.train.batch_size / (r->m * r->dp);
-  if (r->mb_size < 1 || r->spec.train.batch_size % (r->m * r->dp)) {
-    rc = pw_err_set(err, PW_ESPEC, "train.batch_size", "must be divisible by microbatches * dp");
-    goto fail;
-  }
+  if ((rc = r->mb_size = pw_job_mb_size(&r->spec, err)) < 0) goto fail;
   if ((rc = pw_model_build(&r->spec.model, &r->model, err))) goto fail;
   if ((rc = pw_sched_from_json(json_object_get(as, "plan"), &r->sched, err))) goto fail;
   if (r->sched->pp != r->pp || r->sched->m != r->m) {
@@ -349,6 +345,7 @@ fail:
 }
 
 static void run_destroy(pw_run *r) {
+  pw_stepend_free(r);
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     pw_prog_free(ls->prog);
@@ -360,14 +357,7 @@ static void run_destroy(pw_run *r) {
     free(ls->slot_busy);
     free(ls->slot_sends);
     free(ls->slot_free_pending);
-    if (ls->dp_buf)
-      for (int d = 0; d < 2 * r->dp; d++) free(ls->dp_buf[d]);
-    free(ls->dp_buf);
-    free(ls->dp_step);
   }
-  if (r->tied_buf)
-    for (int k = 0; k < r->part.n_shared * 8; k++) free(r->tied_buf[k]);
-  free(r->tied_buf);
   free(r->ls);
   free(r->rank_of_stage);
   free(r->lidx_of_stage);

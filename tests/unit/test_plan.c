@@ -239,6 +239,42 @@ static void test_tied_bytes(void **state) {
   pw_job_free(&job);
 }
 
+/* The step-end buffers as plan.h describes them for the worker: each DP
+ * arena index (step parity, replica) is its own and within the count; a
+ * tied block is the holders' buffers then the sum, disjoint, filling it. */
+static void test_stepend_bufs(void **state) {
+  (void)state;
+  assert_int_equal(pw_dp_arenas(1), 0);
+  for (int dp = 2; dp <= 4; dp++) {
+    int seen[8] = {0};
+    assert_int_equal(pw_dp_arenas(dp), 2 * dp);
+    for (int step = 4; step < 6; step++)
+      for (int d = 0; d < dp; d++) {
+        int k = pw_dp_arena(dp, step, d);
+        assert_true(k >= 0 && k < pw_dp_arenas(dp));
+        assert_int_equal(seen[k]++, 0);
+        assert_int_equal(pw_dp_arena(dp, step + 2, d), k); /* alternates by parity */
+      }
+  }
+  pw_job job;
+  job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 4, &job);
+  pw_plan p;
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  const pw_shared_param *sp = &p.part.shared[0];
+  size_t n = p.model.params[sp->param].numel, total = pw_tied_floats(&p.model, sp);
+  assert_int_equal(total, (size_t)(1 + sp->n_holders) * n);
+  float *block = calloc(total, sizeof(float));
+  assert_non_null(block);
+  pw_tied_bufs t;
+  pw_tied_wire(&t, block, &p.model, sp);
+  assert_ptr_equal(t.block, block);
+  for (int j = 0; j < sp->n_holders; j++) assert_ptr_equal(t.holder[j], block + (size_t)j * n);
+  assert_ptr_equal(t.sum, block + total - n);
+  free(block);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
 /* The data set is counted on the ranks that draw from it: the first
  * (inputs) and the last (targets), never a middle one. */
 static void test_data_bytes(void **state) {
@@ -381,6 +417,7 @@ int main(void) {
       cmocka_unit_test(test_layout_by_hand),
       cmocka_unit_test(test_rank_totals),
       cmocka_unit_test(test_tied_bytes),
+      cmocka_unit_test(test_stepend_bufs),
       cmocka_unit_test(test_data_bytes),
       cmocka_unit_test(test_peak_slots_by_hand),
       cmocka_unit_test(test_peak_slots_vs_timelines),
