@@ -51,12 +51,12 @@ typedef struct {
   int *param_model;       /* [n_params] model parameter id, ascending */
   size_t *param_off;      /* [n_params] float offset in the parameter arena */
   int *param_local;       /* [model n_params] local index, or -1 */
-  size_t *node_dw, *node_db; /* [nodes] gradient offset of the node's w, b; NONE when absent */
+  size_t *node_dw, *node_db; /* [nodes] gradient offset of the node's w, b; PW_LAYOUT_NONE when absent */
   size_t (*shadow)[3];    /* [n_shadow] {main offset, shadow offset, count} */
   int n_shadow;
   /* slots */
-  size_t *val_off;        /* [model n_values] float offset in a slot, or NONE */
-  size_t *grad_off;       /* [model n_values] gradient offset, or NONE */
+  size_t *val_off;        /* [model n_values] float offset in a slot, or PW_LAYOUT_NONE */
+  size_t *grad_off;       /* [model n_values] gradient offset, or PW_LAYOUT_NONE */
   size_t *aux_off;        /* [nodes] */
   pw_prog_port *inputs, *outputs;
   int n_inputs, n_outputs;

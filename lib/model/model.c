@@ -172,15 +172,14 @@ static int binary(builder *bd, pw_op op, int a, int b) {
   return add_node(bd, op, a, b, -1, -1, v->rows, v->width, PW_DT_F32);
 }
 
-/* Residual projections get std/sqrt(2L), as GPT-2 does. */
-static float resid_std(float std, int n_layers) { return std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1)); }
-
-/* The attention half of a block, x + proj(attention(qkv(norm(x)))):
- * GPT-2's (layernorm "ln1", biases) or Llama's (RMSNorm "norm1", rotary
- * qkv, no biases). */
-static int attn_half(builder *bd, const char *p, int x, int nh, float std, float rstd, int llama) {
+/* A transformer block: x + attn(norm1(x)), then + mlp(norm2(x)).
+ * nanoGPT's: layernorms "ln1"/"ln2", biases, a GELU MLP "fc"/"proj".
+ * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
+ * "gate"/"up"/"down". */
+static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
   int C = bd->m->values[x].width, T = bd->m->values[x].rows;
+  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1)); /* residual projections, as GPT-2 */
   snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm1" : "ln1");
   int h = norm(bd, nm, x, llama);
   snprintf(nm, sizeof nm, "%s.attn.qkv", p);
@@ -193,40 +192,22 @@ static int attn_half(builder *bd, const char *p, int x, int nh, float std, float
   bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
   h = linear(bd, nm, h, C, !llama, rstd);
-  return binary(bd, PW_OP_ADD, x, h);
-}
-
-/* nanoGPT block: x + attn(ln1(x)), then + mlp(ln2(x)). */
-static int gpt_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
-  char nm[PW_PARAM_NAME_MAX];
-  int C = bd->m->values[x].width;
-  float rstd = resid_std(std, n_layers);
-  x = attn_half(bd, p, x, nh, std, rstd, 0);
-  snprintf(nm, sizeof nm, "%s.ln2", p);
-  int h = norm(bd, nm, x, 0);
-  snprintf(nm, sizeof nm, "%s.mlp.fc", p);
-  h = linear(bd, nm, h, hidden, 1, std);
-  h = unary(bd, PW_OP_GELU, h);
-  snprintf(nm, sizeof nm, "%s.mlp.proj", p);
-  h = linear(bd, nm, h, C, 1, rstd);
-  return binary(bd, PW_OP_ADD, x, h);
-}
-
-/* Llama block: RMSNorm, rotary qkv attention, SwiGLU MLP, no biases. */
-static int llama_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
-  char nm[PW_PARAM_NAME_MAX];
-  int C = bd->m->values[x].width;
-  float rstd = resid_std(std, n_layers);
-  x = attn_half(bd, p, x, nh, std, rstd, 1);
-  snprintf(nm, sizeof nm, "%s.norm2", p);
-  int h = norm(bd, nm, x, 1);
-  snprintf(nm, sizeof nm, "%s.mlp.gate", p);
-  int g = linear(bd, nm, h, hidden, 0, std);
-  snprintf(nm, sizeof nm, "%s.mlp.up", p);
-  int u = linear(bd, nm, h, hidden, 0, std);
-  h = binary(bd, PW_OP_SWIGLU, g, u);
-  snprintf(nm, sizeof nm, "%s.mlp.down", p);
-  h = linear(bd, nm, h, C, 0, rstd);
+  x = binary(bd, PW_OP_ADD, x, h);
+  snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm2" : "ln2");
+  h = norm(bd, nm, x, llama);
+  if (llama) {
+    snprintf(nm, sizeof nm, "%s.mlp.gate", p);
+    int g = linear(bd, nm, h, hidden, 0, std);
+    snprintf(nm, sizeof nm, "%s.mlp.up", p);
+    int u = linear(bd, nm, h, hidden, 0, std);
+    h = binary(bd, PW_OP_SWIGLU, g, u);
+  } else {
+    snprintf(nm, sizeof nm, "%s.mlp.fc", p);
+    h = linear(bd, nm, h, hidden, 1, std);
+    h = unary(bd, PW_OP_GELU, h);
+  }
+  snprintf(nm, sizeof nm, "%s.mlp.%s", p, llama ? "down" : "proj");
+  h = linear(bd, nm, h, C, !llama, rstd);
   return binary(bd, PW_OP_ADD, x, h);
 }
 
@@ -266,8 +247,7 @@ static void build_transformer(builder *bd, int llama) {
   for (int i = 0; i < s->n_layers && !bd->oom; i++) {
     snprintf(nm, sizeof nm, "blocks.%d", i);
     begin_layer(bd, nm, -1, 1);
-    x = llama ? llama_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers)
-              : gpt_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers);
+    x = block(bd, nm, x, s->n_heads, hidden, std, s->n_layers, llama);
     end_layer(bd);
   }
   begin_layer(bd, "head", -1, 0);
@@ -378,11 +358,11 @@ static int build_layers(builder *bd, pw_err *err) {
       case PW_LAYER_RELU: x = unary(bd, PW_OP_RELU, x); break;
       case PW_LAYER_SILU: x = unary(bd, PW_OP_SILU, x); break;
       case PW_LAYER_GPT_BLOCK:
-        x = gpt_block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks);
+        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks, 0);
         break;
       case PW_LAYER_LLAMA_BLOCK:
-        x = llama_block(bd, nm, x, ls->n_heads,
-                        ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std, n_blocks);
+        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std,
+                  n_blocks, 1);
         break;
       case PW_LAYER_CROSS_ENTROPY:
         if (i != s->n_layer_specs - 1)
