@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "kernels.h"
 #include "model.h"
 #include "ops.h"
 #include "optim.h"
@@ -189,75 +190,17 @@ static json_t *bench_attention(int B, int T, int C, int NH, double *pw_s, double
 
 /* ---- op-by-op breakdown ------------------------------------------------ */
 
-typedef struct {
-  const pw_model *m;
-  const pw_node *n;
-  int B, N;            /* sequences and rows of the microbatch */
-  float loss_scale;
-  float *in0, *in1, *out, *dout, *din0, *din1, *aux, *w, *b, *dw, *db, *scratch;
-  int32_t *tok, *tgt;
-} node_ctx;
+/* One call of a node in direction which (0 forward, 1 backward_input,
+ * 2 backward_weight) through its row of the kernel table, as prog.c runs
+ * it (accumulating into its gradients). NULL: the op has no such half. */
+static pw_kernel_fn node_fn(const pw_node *n, int which) {
+  const pw_kernel *k = pw_kernel_of(n->op);
+  return which == 0 ? k->forward : which == 1 ? k->backward_input : k->backward_weight;
+}
 
-/* One call of node c->n in direction which (0 forward, 1 backward_input,
- * 2 backward_weight), as prog.c runs it. */
 static void node_run(void *p, int which) {
-  node_ctx *c = p;
-  const pw_node *n = c->n;
-  int N = c->N, C = n->C, B = c->B, OC = n->OC;
-  if (which == 0) {
-    switch ((pw_op)n->op) {
-    case PW_OP_EMBED: pw_embed_forward(c->out, c->tok, c->w, N, OC); break;
-    case PW_OP_POSEMBED: pw_posembed_forward(c->out, c->in0, c->w, B, n->T, C); break;
-    case PW_OP_LINEAR: pw_linear_forward(c->out, c->in0, c->w, c->b, N, C, OC); break;
-    case PW_OP_LAYERNORM:
-      pw_layernorm_forward(c->out, c->aux, c->aux + N, c->in0, c->w, c->b, N, C, n->eps);
-      break;
-    case PW_OP_RMSNORM: pw_rmsnorm_forward(c->out, c->aux, c->in0, c->w, N, C, n->eps); break;
-    case PW_OP_GELU: pw_gelu_forward(c->out, c->aux, c->in0, N * C); break;
-    case PW_OP_RELU: pw_relu_forward(c->out, c->in0, N * C); break;
-    case PW_OP_SILU: pw_silu_forward(c->out, c->in0, N * C); break;
-    case PW_OP_SWIGLU: pw_swiglu_forward(c->out, c->in0, c->in1, N * C); break;
-    case PW_OP_ADD: pw_add_forward(c->out, c->in0, c->in1, N * C); break;
-    case PW_OP_ROPE: pw_rope_forward(c->out, c->in0, B, n->T, C / 3, n->NH, n->base); break;
-    case PW_OP_ATTENTION: pw_attention_forward(c->out, c->aux, c->in0, B, n->T, C / 3, n->NH); break;
-    case PW_OP_XENT: c->out[0] = pw_crossentropy_forward(c->aux, c->in0, c->tgt, N, C, c->loss_scale); break;
-    case PW_OP_MSE: c->out[0] = pw_mse_forward(c->in0, c->in1, N * C, c->loss_scale); break;
-    case PW_OP__COUNT: break;
-    }
-  } else if (which == 1) {
-    switch ((pw_op)n->op) {
-    case PW_OP_EMBED: break;
-    case PW_OP_POSEMBED: pw_posembed_backward_input(c->din0, c->dout, B, n->T, C, 1); break;
-    case PW_OP_LINEAR: pw_linear_backward_input(c->din0, c->dout, c->w, N, C, OC, 1); break;
-    case PW_OP_LAYERNORM:
-      pw_layernorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, c->aux + N, N, C, 1);
-      break;
-    case PW_OP_RMSNORM: pw_rmsnorm_backward_input(c->din0, c->dout, c->in0, c->w, c->aux, N, C, 1); break;
-    case PW_OP_GELU: pw_gelu_backward_input(c->din0, c->dout, c->aux, N * C, 1); break;
-    case PW_OP_RELU: pw_relu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
-    case PW_OP_SILU: pw_silu_backward_input(c->din0, c->dout, c->in0, N * C, 1); break;
-    case PW_OP_SWIGLU: pw_swiglu_backward_input(c->din0, c->din1, c->dout, c->in0, c->in1, N * C, 1, 1); break;
-    case PW_OP_ADD: pw_add_backward_input(c->din0, c->din1, c->dout, N * C, 1, 1); break;
-    case PW_OP_ROPE: pw_rope_backward_input(c->din0, c->dout, B, n->T, C / 3, n->NH, n->base, 1); break;
-    case PW_OP_ATTENTION:
-      pw_attention_backward_input(c->din0, c->scratch, c->dout, c->in0, c->aux, B, n->T, C / 3, n->NH, 1);
-      break;
-    case PW_OP_XENT: pw_crossentropy_backward_input(c->din0, c->aux, c->tgt, N, C, c->loss_scale, 1); break;
-    case PW_OP_MSE: pw_mse_backward_input(c->din0, c->in0, c->in1, N * C, c->loss_scale, 1); break;
-    case PW_OP__COUNT: break;
-    }
-  } else {
-    switch ((pw_op)n->op) {
-    case PW_OP_EMBED: pw_embed_backward_weight(c->dw, c->dout, c->tok, N, OC); break;
-    case PW_OP_POSEMBED: pw_posembed_backward_weight(c->dw, c->dout, B, n->T, C); break;
-    case PW_OP_LINEAR: pw_linear_backward_weight(c->dw, c->db, c->dout, c->in0, N, C, OC); break;
-    case PW_OP_LAYERNORM:
-      pw_layernorm_backward_weight(c->dw, c->db, c->dout, c->in0, c->aux, c->aux + N, N, C);
-      break;
-    case PW_OP_RMSNORM: pw_rmsnorm_backward_weight(c->dw, c->dout, c->in0, c->aux, N, C); break;
-    default: break;
-    }
-  }
+  const pw_kernel_io *io = p;
+  node_fn(io->n, which)(io);
 }
 
 typedef struct {
@@ -311,7 +254,7 @@ static json_t *breakdown(const pw_job *job, const pw_model *m, int mb, int n_mb)
     int N = mb * vin->rows;
     size_t nin = (size_t)N * vin->width, nout = vout->role == PW_VAL_LOSS ? 1 : (size_t)N * vout->width;
     size_t nin1 = n->in[1] >= 0 ? (size_t)N * m->values[n->in[1]].width : 1;
-    node_ctx c = {.m = m, .n = n, .B = mb, .N = N};
+    pw_kernel_io c = {.n = n, .B = mb, .rows = N, .acc0 = 1, .acc1 = 1};
     c.loss_scale = 1.0f / (float)((double)job->train.batch_size * vin->rows);
     c.in0 = fbuf(nin, 21, 1.0f);
     c.in1 = fbuf(nin1, 22, 1.0f);
@@ -327,31 +270,24 @@ static json_t *breakdown(const pw_job *job, const pw_model *m, int mb, int n_mb)
     c.db = n->b >= 0 ? fbuf(nb, 31, 0.0f) : NULL;
     c.scratch = fbuf((size_t)n->T * n->T + 1, 32, 0.0f);
     int V = n->w >= 0 ? m->params[n->w].shape[0] : 1;
-    c.tok = malloc(sizeof(int32_t) * (size_t)N);
-    c.tgt = malloc(sizeof(int32_t) * (size_t)N);
+    /* int32 data where the model has it: the tokens an embedding reads,
+     * the class targets of a cross entropy */
+    const pw_value *v1 = n->in[1] >= 0 ? &m->values[n->in[1]] : NULL;
+    int32_t *ints[2] = {vin->dtype == PW_DT_I32 ? (int32_t *)c.in0 : NULL,
+                        v1 && v1->dtype == PW_DT_I32 ? (int32_t *)c.in1 : NULL};
     for (int k = 0; k < N; k++) {
-      c.tok[k] = (int32_t)((k * 131u + 7u) % (unsigned)(V > 0 ? V : 1));
-      c.tgt[k] = (int32_t)((k * 97u + 3u) % (unsigned)(vin->width > 0 ? vin->width : 1));
-    }
-    if (n->op == PW_OP_EMBED) { /* its input is the tokens */
-      free(c.in0);
-      c.in0 = NULL;
-    }
-    if (n->op == PW_OP_XENT) {
-      free(c.in1);
-      c.in1 = NULL;
+      if (ints[0]) ints[0][k] = (int32_t)((k * 131u + 7u) % (unsigned)(V > 0 ? V : 1));
+      if (ints[1]) ints[1][k] = (int32_t)((k * 97u + 3u) % (unsigned)(vin->width > 0 ? vin->width : 1));
     }
     node_run(&c, 0); /* forward once: aux (mean/rstd, att, probs) for the backward */
-    int dirs = n->op == PW_OP_XENT || n->op == PW_OP_MSE || n->op == PW_OP_ATTENTION ? 2 : 3;
-    for (int d = 0; d < dirs; d++) {
-      if (d == 1 && n->op == PW_OP_EMBED) continue;
-      if (d == 2 && n->w < 0) continue;
+    for (int d = 0; d < 3; d++) {
+      if (!node_fn(n, d) || (d == 2 && n->w < 0)) continue;
       double s;
       bench_interleave(node_run, &c, &d, 1, g_reps, g_target / 3, &s);
       add_row(rows, &n_rows, pw_op_name((pw_op)n->op), d, s * count * n_mb, count * n_mb);
     }
     free(c.in0), free(c.in1), free(c.out), free(c.dout), free(c.din0), free(c.din1), free(c.aux), free(c.w),
-        free(c.b), free(c.dw), free(c.db), free(c.scratch), free(c.tok), free(c.tgt);
+        free(c.b), free(c.dw), free(c.db), free(c.scratch);
   }
   free(done);
   /* The optimizer on a real program: zero_grad, grad norm, AdamW. */

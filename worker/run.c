@@ -336,6 +336,7 @@ fail:
 }
 
 static void run_destroy(pw_run *r) {
+  pw_stepend_free(r);
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     pw_prog_free(ls->prog);
@@ -347,14 +348,7 @@ static void run_destroy(pw_run *r) {
     free(ls->slot_busy);
     free(ls->slot_sends);
     free(ls->slot_free_pending);
-    if (ls->dp_buf)
-      for (int d = 0; d < 2 * r->dp; d++) free(ls->dp_buf[d]);
-    free(ls->dp_buf);
-    free(ls->dp_step);
   }
-  if (r->tied_buf)
-    for (int k = 0; k < r->part.n_shared * 8; k++) free(r->tied_buf[k]);
-  free(r->tied_buf);
   free(r->ls);
   free(r->rank_of_stage);
   free(r->lidx_of_stage);

@@ -52,51 +52,66 @@ static pw_prog_param *find_param(pw_prog *p, int model_index) {
 
 /* ---- buffers -------------------------------------------------------------- */
 
-/* DP arenas: [parity * dp + d] receives replica d's gradients (our own
- * index holds the copy we send). Tied buffers: [k*8 + j] receives holder
- * j's gradient of shared param k; [k*8 + 4 + j] is the copy local holder j
- * sends; [k*8 + 7] is scratch. */
+/* What plan.h describes (and the planner counts): per local stage
+ * pw_dp_arenas(dp) gradient arenas; per shared parameter with a local
+ * holder one block, wired into holder j's gradient and the sum. */
 int pw_stepend_alloc(pw_run *r) {
-  for (int li = 0; li < r->n_ls && r->dp > 1; li++) {
+  int train = r->spec.mode != PW_MODE_FORWARD, na = pw_dp_arenas(r->dp);
+  for (int li = 0; li < r->n_ls && train && na; li++) {
     pw_lstage *ls = &r->ls[li];
     size_t n = pw_prog_grad_numel(ls->prog);
-    ls->dp_buf = calloc((size_t)(2 * r->dp), sizeof(float *));
-    ls->dp_step = malloc(sizeof(int) * (size_t)(2 * r->dp));
+    ls->dp_buf = calloc((size_t)na, sizeof(float *));
+    ls->dp_step = malloc(sizeof(int) * (size_t)na);
     if (!ls->dp_buf || !ls->dp_step) return PW_ENOMEM;
-    for (int k = 0; k < 2 * r->dp; k++) {
+    for (int k = 0; k < na; k++) {
       ls->dp_step[k] = -1;
       if (!(ls->dp_buf[k] = calloc(n ? n : 1, sizeof(float)))) return PW_ENOMEM;
     }
   }
-  if (r->part.n_shared == 0) return 0;
-  r->tied_buf = calloc((size_t)r->part.n_shared * 8, sizeof(float *));
-  if (!r->tied_buf) return PW_ENOMEM;
+  if (r->part.n_shared == 0 || !train) return 0;
+  r->tied = calloc((size_t)r->part.n_shared, sizeof *r->tied);
+  if (!r->tied) return PW_ENOMEM;
   for (int k = 0; k < r->part.n_shared; k++) {
     const pw_shared_param *sp = &r->part.shared[k];
     if (!local_holders(r, sp)) continue;
-    for (int j = 0; j < 8; j++)
-      if (!(r->tied_buf[k * 8 + j] = calloc(r->model.params[sp->param].numel, sizeof(float)))) return PW_ENOMEM;
+    float *block = calloc(pw_tied_floats(&r->model, sp), sizeof(float));
+    if (!block) return PW_ENOMEM;
+    pw_tied_wire(&r->tied[k], block, &r->model, sp);
     for (int j = 0; j < sp->n_holders; j++) r->tied_needed += r->lidx_of_stage[sp->holders[j]] < 0;
   }
   return 0;
 }
 
+void pw_stepend_free(pw_run *r) {
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_lstage *ls = &r->ls[li];
+    if (ls->dp_buf)
+      for (int k = 0; k < pw_dp_arenas(r->dp); k++) free(ls->dp_buf[k]);
+    free(ls->dp_buf);
+    free(ls->dp_step);
+    ls->dp_buf = NULL;
+    ls->dp_step = NULL;
+  }
+  if (r->tied)
+    for (int k = 0; k < r->part.n_shared; k++) free(r->tied[k].block);
+  free(r->tied);
+  r->tied = NULL;
+}
+
 /* ---- 1. data-parallel all-reduce ----------------------------------------- */
 
 static int dp_ready(pw_run *r, const void *arg) {
-  int par = r->step & 1;
   for (int li = 0; li < r->n_ls; li++)
     for (int d = 0; d < r->dp; d++)
-      if (d != r->replica && r->ls[li].dp_step[par * r->dp + d] != r->step) return 0;
+      if (d != r->replica && r->ls[li].dp_step[pw_dp_arena(r->dp, r->step, d)] != r->step) return 0;
   return 1;
 }
 
 static int dp_allreduce(pw_run *r) {
-  int par = r->step & 1;
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     size_t n = pw_prog_grad_numel(ls->prog);
-    float *copy = ls->dp_buf[par * r->dp + r->replica];
+    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->step, r->replica)];
     memcpy(copy, pw_prog_grads(ls->prog), n * sizeof(float));
     for (int d = 0; d < r->dp; d++) {
       if (d == r->replica) continue;
@@ -116,10 +131,11 @@ static int dp_allreduce(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     float *g = pw_prog_grads(ls->prog);
+    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->step, 0);
     size_t n = pw_prog_grad_numel(ls->prog);
     for (size_t i = 0; i < n; i++) {
       float acc = 0;
-      for (int d = 0; d < r->dp; d++) acc += d == r->replica ? g[i] : ls->dp_buf[par * r->dp + d][i];
+      for (int d = 0; d < r->dp; d++) acc += d == r->replica ? g[i] : arena[d][i];
       g[i] = acc;
     }
   }
@@ -133,7 +149,7 @@ static void tied_reduce(pw_run *r) {
     const pw_shared_param *sp = &r->part.shared[k];
     if (!local_holders(r, sp)) continue;
     size_t n = r->model.params[sp->param].numel;
-    float *sum = r->tied_buf[k * 8 + 7];
+    float *sum = r->tied[k].sum;
     memset(sum, 0, n * sizeof(float));
     /* holders in ascending stage order */
     int order[4], no = sp->n_holders;
@@ -147,7 +163,7 @@ static void tied_reduce(pw_run *r) {
         }
     for (int o = 0; o < no; o++) {
       int j = order[o], li = r->lidx_of_stage[sp->holders[j]];
-      const float *g = li >= 0 ? find_param(r->ls[li].prog, sp->param)->grad : r->tied_buf[k * 8 + j];
+      const float *g = li >= 0 ? find_param(r->ls[li].prog, sp->param)->grad : r->tied[k].holder[j];
       for (size_t i = 0; i < n; i++) sum[i] += g[i];
     }
     for (int j = 0; j < no; j++) {
@@ -168,7 +184,7 @@ static int tied_exchange(pw_run *r) {
     for (int j = 0; j < sp->n_holders; j++) {
       int li = r->lidx_of_stage[sp->holders[j]];
       if (li < 0) continue;
-      float *copy = r->tied_buf[k * 8 + 4 + j];
+      float *copy = r->tied[k].holder[j];
       memcpy(copy, find_param(r->ls[li].prog, sp->param)->grad, n * sizeof(float));
       int sent_to[4], ns = 0;
       for (int j2 = 0; j2 < sp->n_holders; j2++) {
@@ -266,11 +282,11 @@ static int mkdirs(const char *path) {
 }
 
 static int update(pw_run *r, double sqnorm) {
-  float clip_coef = pw_clip_coef(sqrt(sqnorm), r->spec.train.grad_clip);
-  r->lr = pw_lr_at(&r->spec.train.optim, r->spec.train.steps, r->step);
+  pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->step, sqnorm);
+  r->lr = sc.lr;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) {
-      pw_optim_step(r->ls[li].prog, &r->spec.train.optim, r->step + 1, r->lr, clip_coef);
+      pw_optim_update(r->ls[li].prog, &r->spec.train, &sc);
       pw_prog_zero_grad(r->ls[li].prog);
     }
   if (!ckpt_due(r, r->step)) return 0;
@@ -365,7 +381,7 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)
       if (r->part.shared[i].param == (int)h->value) k = i;
-    if (k < 0 || !local_holders(r, &r->part.shared[k]))
+    if (k < 0 || !r->tied || !local_holders(r, &r->part.shared[k]))
       return pw_err_set(err, PW_EPROTO, "frame", "unexpected TIED for value %u", h->value);
     const pw_shared_param *sp = &r->part.shared[k];
     int j = holder_index(sp, (int)h->microbatch);
@@ -373,20 +389,20 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
     if (j < 0 || from != pw_run_global_rank(r, sp->holders[j]) || h->payload_len != n * 4 ||
         h->dtype != PW_DTYPE_F32)
       return pw_err_set(err, PW_EPROTO, "frame", "TIED for parameter %u from rank %d does not fit", h->value, from);
-    *dst = r->tied_buf[k * 8 + j];
+    *dst = r->tied[k].holder[j];
     return 0;
   }
   switch (h->value) {
     case RV_DP: {
       int li = h->stage < (uint32_t)r->S ? r->lidx_of_stage[h->stage] : -1;
       int d = (int)h->microbatch;
-      if (li < 0 || r->dp < 2 || d >= r->dp || d == r->replica || from != d * r->pp + r->prank)
+      if (li < 0 || !r->ls[li].dp_buf || d >= r->dp || d == r->replica || from != d * r->pp + r->prank)
         return pw_err_set(err, PW_EPROTO, "frame", "gradient all-reduce frame for stage %u from rank %d does not fit",
                           h->stage, from);
       if (h->dtype != PW_DTYPE_F32 || h->payload_len != pw_prog_grad_numel(r->ls[li].prog) * 4)
         return pw_err_set(err, PW_EPROTO, "frame", "gradient arena of %llu bytes, expected %zu",
                           (unsigned long long)h->payload_len, pw_prog_grad_numel(r->ls[li].prog) * 4);
-      *dst = r->ls[li].dp_buf[(h->step & 1) * r->dp + d];
+      *dst = r->ls[li].dp_buf[pw_dp_arena(r->dp, (int)h->step, d)];
       return 0;
     }
     case RV_NORM_PART:
@@ -408,7 +424,9 @@ int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *pay
   }
   double v;
   switch (h->value) {
-    case RV_DP: r->ls[r->lidx_of_stage[h->stage]].dp_step[(h->step & 1) * r->dp + (int)h->microbatch] = (int)h->step; return 0;
+    case RV_DP:
+      r->ls[r->lidx_of_stage[h->stage]].dp_step[pw_dp_arena(r->dp, (int)h->step, (int)h->microbatch)] = (int)h->step;
+      return 0;
     case RV_NORM_PART:
       memcpy(&v, payload, 8);
       r->norm_parts[(h->step & 1) * r->pp + h->microbatch] = v;

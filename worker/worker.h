@@ -26,6 +26,7 @@
 #include "data.h"
 #include "model.h"
 #include "partition.h"
+#include "plan.h"
 #include "prog.h"
 #include "schedule.h"
 #include "spec.h"
@@ -85,9 +86,10 @@ typedef struct {
   int n_grad_in;           /* output ports (their gradients come back) */
   int first_input;         /* holds the model's input (draws inputs) */
   int has_target;          /* holds the targets (draws targets) */
-  /* data-parallel replicas' gradient arenas, [dp] (own replica NULL) */
+  /* data-parallel gradient arenas, [pw_dp_arenas(dp)] indexed by
+   * pw_dp_arena (plan.h) */
   float **dp_buf;
-  int *dp_step;            /* [dp] step of the arena received */
+  int *dp_step;            /* step of the arena received, same index */
 } pw_lstage;
 
 /* A sampled action timing, for the step report's timeline. */
@@ -198,7 +200,7 @@ struct pw_run {
   double loss_sum;         /* this replica's share of the step loss */
   int act_held, peak_act;  /* saved activations now / peak this run */
   pw_timing *timings;      /* [n_acts] */
-  float **tied_buf;        /* [n_shared * 8] received copies and own copies */
+  pw_tied_bufs *tied;      /* [n_shared] step-end buffers of the shared parameters held here (plan.h) */
   int tied_needed;         /* remote holders' copies to wait for per step */
   int tied_step, tied_got; /* tied gradients received for tied_step */
   double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
@@ -329,6 +331,7 @@ double pw_now(void);
 
 /* stepend.c */
 int pw_stepend_alloc(pw_run *r);     /* at run start: DP and tied buffers */
+void pw_stepend_free(pw_run *r);     /* what pw_stepend_alloc made (the stages still exist) */
 int pw_stepend_run(pw_run *r);       /* compute thread: the step end, ends with step++ */
 void pw_stepend_report(pw_run *r, const pw_event *ev); /* loop thread */
 int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);

@@ -80,3 +80,14 @@ void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float g
       adamw(pp, o, t, lr, grad_scale);
   }
 }
+
+pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm) {
+  pw_step_sched s = {.step = step, .grad_norm = sqrt(sqnorm)};
+  s.clip_coef = pw_clip_coef(s.grad_norm, tr->grad_clip);
+  s.lr = pw_lr_at(&tr->optim, tr->steps, step);
+  return s;
+}
+
+void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s) {
+  pw_optim_step(p, &tr->optim, s->step + 1, s->lr, s->clip_coef);
+}

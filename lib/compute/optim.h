@@ -28,4 +28,19 @@ float pw_clip_coef(double norm, double clip);
  * tensors, momentum buffer in m (dampening 0, as torch). */
 void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale);
 
+/* What a training step's update needs, the same on every rank once the
+ * global squared gradient norm is agreed. Computed here, once, for the
+ * single-process trainer and the pipeline ranks (worker/stepend.c) alike. */
+typedef struct {
+  int step;           /* 0-based */
+  double lr;          /* pw_lr_at(optimizer, train.steps, step) */
+  double grad_norm;   /* sqrt(sqnorm): the global norm before clipping */
+  float clip_coef;    /* pw_clip_coef(grad_norm, train.grad_clip) */
+} pw_step_sched;
+
+pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm);
+/* The optimizer step of one program for it (pw_optim_step at t = step + 1,
+ * gradients scaled by the clip coefficient). */
+void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s);
+
 #endif

@@ -1,7 +1,8 @@
 /* prog: a stage program — the layers [lo, hi) of a model, made runnable.
  *
  * A program owns four flat arenas for its parameters (params, grads, AdamW
- * m and v, llm.c style: one allocation each, tensors wired into it) and
+ * m and v, llm.c style: one allocation each, tensors wired into it, laid
+ * out by lib/model/layout.h, which the planner reads too) and
  * n_slots activation slots. A slot holds everything one microbatch needs
  * between its forward and its backward: every value the stage produces or
  * receives, the gradients of those values, and the ops' saved auxiliaries.
@@ -25,6 +26,7 @@
 #include <stddef.h>
 
 #include "errors.h"
+#include "layout.h"
 #include "model.h"
 
 typedef struct {
@@ -41,12 +43,6 @@ typedef struct {
   int model_index;        /* id in the model's parameter table */
   float *data, *grad, *m, *v;
 } pw_prog_param;
-
-typedef struct {
-  int value;              /* model value id */
-  int role;               /* pw_val_role of the value */
-  size_t bytes;           /* per microbatch */
-} pw_prog_port;
 
 typedef struct pw_prog pw_prog;
 

@@ -13,12 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *pw_op_name(pw_op op) {
-  static const char *const names[PW_OP__COUNT] = {
-      "embed", "posembed", "linear", "layernorm", "rmsnorm", "gelu", "relu",
-      "silu",  "swiglu",   "add",    "rope",      "attention", "cross_entropy", "mse"};
-  return op < PW_OP__COUNT ? names[op] : "?";
-}
+#include "optable.h"
 
 size_t pw_value_bytes(const pw_value *v, int b) {
   if (v->role == PW_VAL_LOSS) return sizeof(float);
@@ -96,7 +91,7 @@ static int param_find(const pw_model *m, const char *name) {
 static int add_node(builder *bd, pw_op op, int in0, int in1, int w, int b, int out_rows,
                     int out_width, pw_dtype out_dt) {
   pw_model *m = bd->m;
-  int out = op == PW_OP_XENT || op == PW_OP_MSE ? add_value(bd, 0, 1, PW_DT_F32, PW_VAL_LOSS)
+  int out = pw_op_info_of(op)->is_loss ? add_value(bd, 0, 1, PW_DT_F32, PW_VAL_LOSS)
                                                 : add_value(bd, out_rows, out_width, out_dt, PW_VAL_ACT);
   m->nodes = grow(m->nodes, &bd->cap_nodes, m->n_nodes + 1, sizeof *m->nodes, &bd->oom);
   if (bd->oom) return 0;
@@ -177,56 +172,42 @@ static int binary(builder *bd, pw_op op, int a, int b) {
   return add_node(bd, op, a, b, -1, -1, v->rows, v->width, PW_DT_F32);
 }
 
-/* nanoGPT block: x + attn(ln1(x)), then + mlp(ln2(x)). Residual
- * projections get std/sqrt(2L) as GPT-2 does. */
-static int gpt_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
+/* A transformer block: x + attn(norm1(x)), then + mlp(norm2(x)).
+ * nanoGPT's: layernorms "ln1"/"ln2", biases, a GELU MLP "fc"/"proj".
+ * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
+ * "gate"/"up"/"down". */
+static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
   int C = bd->m->values[x].width, T = bd->m->values[x].rows;
-  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1));
-  snprintf(nm, sizeof nm, "%s.ln1", p);
-  int h = norm(bd, nm, x, 0);
+  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1)); /* residual projections, as GPT-2 */
+  snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm1" : "ln1");
+  int h = norm(bd, nm, x, llama);
   snprintf(nm, sizeof nm, "%s.attn.qkv", p);
-  h = linear(bd, nm, h, 3 * C, 1, std);
+  h = linear(bd, nm, h, 3 * C, !llama, std);
+  if (llama) {
+    h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, 3 * C, PW_DT_F32);
+    bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+  }
   h = add_node(bd, PW_OP_ATTENTION, h, -1, -1, -1, T, C, PW_DT_F32);
   bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
-  h = linear(bd, nm, h, C, 1, rstd);
+  h = linear(bd, nm, h, C, !llama, rstd);
   x = binary(bd, PW_OP_ADD, x, h);
-  snprintf(nm, sizeof nm, "%s.ln2", p);
-  h = norm(bd, nm, x, 0);
-  snprintf(nm, sizeof nm, "%s.mlp.fc", p);
-  h = linear(bd, nm, h, hidden, 1, std);
-  h = unary(bd, PW_OP_GELU, h);
-  snprintf(nm, sizeof nm, "%s.mlp.proj", p);
-  h = linear(bd, nm, h, C, 1, rstd);
-  return binary(bd, PW_OP_ADD, x, h);
-}
-
-/* Llama block: RMSNorm, rotary qkv attention, SwiGLU MLP, no biases. */
-static int llama_block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers) {
-  char nm[PW_PARAM_NAME_MAX];
-  int C = bd->m->values[x].width, T = bd->m->values[x].rows;
-  float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1));
-  snprintf(nm, sizeof nm, "%s.norm1", p);
-  int h = norm(bd, nm, x, 1);
-  snprintf(nm, sizeof nm, "%s.attn.qkv", p);
-  h = linear(bd, nm, h, 3 * C, 0, std);
-  h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, 3 * C, PW_DT_F32);
-  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
-  h = add_node(bd, PW_OP_ATTENTION, h, -1, -1, -1, T, C, PW_DT_F32);
-  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
-  snprintf(nm, sizeof nm, "%s.attn.proj", p);
-  h = linear(bd, nm, h, C, 0, rstd);
-  x = binary(bd, PW_OP_ADD, x, h);
-  snprintf(nm, sizeof nm, "%s.norm2", p);
-  h = norm(bd, nm, x, 1);
-  snprintf(nm, sizeof nm, "%s.mlp.gate", p);
-  int g = linear(bd, nm, h, hidden, 0, std);
-  snprintf(nm, sizeof nm, "%s.mlp.up", p);
-  int u = linear(bd, nm, h, hidden, 0, std);
-  h = binary(bd, PW_OP_SWIGLU, g, u);
-  snprintf(nm, sizeof nm, "%s.mlp.down", p);
-  h = linear(bd, nm, h, C, 0, rstd);
+  snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm2" : "ln2");
+  h = norm(bd, nm, x, llama);
+  if (llama) {
+    snprintf(nm, sizeof nm, "%s.mlp.gate", p);
+    int g = linear(bd, nm, h, hidden, 0, std);
+    snprintf(nm, sizeof nm, "%s.mlp.up", p);
+    int u = linear(bd, nm, h, hidden, 0, std);
+    h = binary(bd, PW_OP_SWIGLU, g, u);
+  } else {
+    snprintf(nm, sizeof nm, "%s.mlp.fc", p);
+    h = linear(bd, nm, h, hidden, 1, std);
+    h = unary(bd, PW_OP_GELU, h);
+  }
+  snprintf(nm, sizeof nm, "%s.mlp.%s", p, llama ? "down" : "proj");
+  h = linear(bd, nm, h, C, !llama, rstd);
   return binary(bd, PW_OP_ADD, x, h);
 }
 
@@ -266,8 +247,7 @@ static void build_transformer(builder *bd, int llama) {
   for (int i = 0; i < s->n_layers && !bd->oom; i++) {
     snprintf(nm, sizeof nm, "blocks.%d", i);
     begin_layer(bd, nm, -1, 1);
-    x = llama ? llama_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers)
-              : gpt_block(bd, nm, x, s->n_heads, hidden, std, s->n_layers);
+    x = block(bd, nm, x, s->n_heads, hidden, std, s->n_layers, llama);
     end_layer(bd);
   }
   begin_layer(bd, "head", -1, 0);
@@ -378,11 +358,11 @@ static int build_layers(builder *bd, pw_err *err) {
       case PW_LAYER_RELU: x = unary(bd, PW_OP_RELU, x); break;
       case PW_LAYER_SILU: x = unary(bd, PW_OP_SILU, x); break;
       case PW_LAYER_GPT_BLOCK:
-        x = gpt_block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks);
+        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks, 0);
         break;
       case PW_LAYER_LLAMA_BLOCK:
-        x = llama_block(bd, nm, x, ls->n_heads,
-                        ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std, n_blocks);
+        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std,
+                  n_blocks, 1);
         break;
       case PW_LAYER_CROSS_ENTROPY:
         if (i != s->n_layer_specs - 1)
@@ -422,40 +402,17 @@ static int build_layers(builder *bd, pw_err *err) {
 
 /* ---- accounting ------------------------------------------------------ */
 
+/* FLOPs and auxiliaries from the op table (optable.c). */
 static void count_node(pw_model *m, pw_node *n) {
   pw_layer *l = &m->layers[n->layer];
   const pw_value *in = &m->values[n->in[0]], *out = &m->values[n->out];
-  double rows = in->rows, C = n->C, OC = n->OC;
-  switch ((pw_op)n->op) {
-    case PW_OP_LINEAR:
-      l->flops_f += 2 * rows * C * OC;
-      l->flops_i += 2 * rows * C * OC;
-      l->flops_w += 2 * rows * C * OC;
-      break;
-    case PW_OP_ATTENTION: {
-      double T = n->T, Cq = OC; /* out width = C */
-      l->flops_f += 4 * T * T * Cq;
-      l->flops_i += 8 * T * T * Cq;
-      break;
-    }
-    case PW_OP_EMBED: l->flops_w += rows * OC; break;
-    default:
-      l->flops_f += 5 * rows * C;
-      l->flops_i += 8 * rows * C;
-      if (n->w >= 0) l->flops_w += 3 * rows * C;
-      break;
-  }
-  size_t aux = 0;
-  switch ((pw_op)n->op) {
-    case PW_OP_LAYERNORM: aux = 2 * (size_t)in->rows; break;
-    case PW_OP_RMSNORM: aux = (size_t)in->rows; break;
-    case PW_OP_GELU: aux = (size_t)in->rows * (size_t)in->width; break; /* gelu' */
-    case PW_OP_ATTENTION: aux = (size_t)n->NH * (size_t)n->T * (size_t)n->T; break;
-    case PW_OP_XENT: aux = (size_t)in->rows * (size_t)in->width; break;
-    default: break;
-  }
-  n->aux = aux;
-  l->act_bytes += aux * 4 + (out->role == PW_VAL_LOSS ? 0 : pw_value_bytes(out, 1));
+  double fl[3];
+  pw_op_flops(n, in, fl);
+  l->flops_f += fl[0];
+  l->flops_i += fl[1];
+  l->flops_w += fl[2];
+  n->aux = pw_op_aux(n, in);
+  l->act_bytes += n->aux * 4 + (out->role == PW_VAL_LOSS ? 0 : pw_value_bytes(out, 1));
 }
 
 int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {

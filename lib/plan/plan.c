@@ -9,53 +9,16 @@
 
 /* ---- memory ---------------------------------------------------------------- */
 
-/* Mirrors pw_prog_create (lib/compute/prog.c), which offers no way to get these
- * sizes without allocating the arenas: keep the two in step. */
-int pw_stage_mem_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_stage_mem *out) {
-  memset(out, 0, sizeof *out);
-  int lo = m->layers[layer_lo].node_lo, hi = m->layers[layer_hi - 1].node_hi;
-  int *uses = calloc((size_t)(m->n_params ? m->n_params : 1), sizeof(int));
-  uint8_t *input = calloc((size_t)(m->n_values ? m->n_values : 1), 1);
-  if (!uses || !input) {
-    free(uses);
-    free(input);
-    return PW_ENOMEM;
-  }
-  size_t tt = 1, vals = 0, grads = 0, aux = 0;
-  for (int i = lo; i < hi; i++) {
-    const pw_node *n = &m->nodes[i];
-    int ids[2] = {n->w, n->b};
-    for (int k = 0; k < 2; k++) {
-      if (ids[k] < 0) continue;
-      size_t ne = m->params[ids[k]].numel;
-      if (uses[ids[k]]++ == 0) out->numel += ne;
-      out->grad_numel += ne; /* a later use gets a shadow */
-    }
-    /* input ports: values read here but produced elsewhere, once each */
-    for (int k = 0; k < 2; k++) {
-      int v = n->in[k];
-      if (v < 0 || input[v]) continue;
-      int prod = m->values[v].producer;
-      if (prod >= lo && prod < hi) continue;
-      input[v] = 1;
-      size_t e = (size_t)mb * (size_t)m->values[v].rows * (size_t)m->values[v].width;
-      vals += e;
-      if (m->values[v].role == PW_VAL_ACT) grads += e;
-      else out->draws_data = 1;
-    }
-    const pw_value *o = &m->values[n->out];
-    size_t e = (size_t)mb * (size_t)o->rows * (size_t)o->width;
-    vals += o->role == PW_VAL_LOSS ? 1 : e;
-    if (o->role == PW_VAL_ACT) grads += e;
-    aux += (size_t)mb * n->aux;
-    if (n->op == PW_OP_ATTENTION && (size_t)n->T * (size_t)n->T > tt) tt = (size_t)n->T * (size_t)n->T;
-  }
-  size_t elems = vals + grads + aux;
-  out->slot_bytes = (elems ? elems : 1) * sizeof(float);
-  out->scratch_bytes = tt * sizeof(float);
-  free(uses);
-  free(input);
-  return 0;
+size_t pw_tied_floats(const pw_model *m, const pw_shared_param *sp) {
+  return (size_t)(1 + sp->n_holders) * m->params[sp->param].numel;
+}
+
+void pw_tied_wire(pw_tied_bufs *t, float *block, const pw_model *m, const pw_shared_param *sp) {
+  size_t n = m->params[sp->param].numel;
+  memset(t, 0, sizeof *t);
+  t->block = block;
+  for (int j = 0; j < sp->n_holders; j++) t->holder[j] = block + (size_t)j * n;
+  t->sum = block + (size_t)sp->n_holders * n;
 }
 
 /* The walk of pw_plan_peak_slots for one rank r. done[kind][st*m+k]: the
@@ -185,24 +148,23 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   int train = !p->sched->forward_only;
   for (int s = 0; s < p->S; s++) {
     const pw_stage *st = &p->part.stages[s];
-    const pw_stage_mem *sm = &p->stage_mem[s];
-    if (pw_stage_mem_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s]))
+    const pw_prog_sizes *sm = &p->stage_mem[s];
+    if (pw_prog_sizes_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s]))
       return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
     r->adam += 2 * sm->numel * sizeof(float);
-    r->slots += (size_t)p->peak_slots[s] * sm->slot_bytes;
+    r->slots += (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     r->n_slots += p->peak_slots[s];
-    r->scratch += sm->scratch_bytes;
+    r->scratch += sm->scratch_floats * sizeof(float);
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
-    if (train && p->dp > 1) r->dp += 2 * (size_t)p->dp * sm->grad_numel * sizeof(float);
+    if (train) r->dp += (size_t)pw_dp_arenas(p->dp) * sm->grad_numel * sizeof(float);
   }
-  /* worker/stepend.c: per shared parameter, a rank holding a copy touches
-   * the sum, its own holders' outgoing copies and the remote ones received */
+  /* a rank holding a copy of a shared parameter keeps its block */
   for (int i = 0; i < p->part.n_shared && train; i++) {
     const pw_shared_param *sp = &p->part.shared[i];
-    size_t bytes = (size_t)(1 + sp->n_holders) * p->model.params[sp->param].numel * sizeof(float);
+    size_t bytes = pw_tied_floats(&p->model, sp) * sizeof(float);
     for (int r = 0; r < p->pp; r++) {
       int here = 0;
       for (int h = 0; h < sp->n_holders; h++) here |= p->sched->stage_to_rank[sp->holders[h]] == r;
@@ -225,12 +187,9 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   p->dp = job->mesh.dp;
   p->V = job->mesh.virtual_stages;
   p->m = job->schedule.microbatches;
-  if (job->train.batch_size % (p->m * p->dp))
-    return pw_err_set(err, PW_ESPEC, "train.batch_size",
-                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %d != 0)",
-                      job->train.batch_size, p->m * p->dp);
-  p->mb_size = job->train.batch_size / (p->m * p->dp);
-  int rc = pw_model_build(&job->model, &p->model, err);
+  int rc = p->mb_size = pw_job_mb_size(job, err);
+  if (rc < 0) return rc;
+  rc = pw_model_build(&job->model, &p->model, err);
   if (rc) return rc;
   rc = pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err);
   if (rc) goto fail;
@@ -310,7 +269,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
   for (size_t i = 0; i < json_array_size(stages); i++) {
     json_t *st = json_array_get(stages, i);
     json_object_set_new(st, "rank", json_integer(p->sched->stage_to_rank[i]));
-    json_object_set_new(st, "slot_bytes", json_integer((json_int_t)p->stage_mem[i].slot_bytes));
+    json_object_set_new(st, "slot_bytes", json_integer((json_int_t)(p->stage_mem[i].slot_floats * sizeof(float))));
     json_object_set_new(st, "peak_slots", json_integer(p->peak_slots[i]));
   }
   json_t *analytics = pw_sim_result_json(p->sim);

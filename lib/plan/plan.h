@@ -9,14 +9,17 @@
  * times from partition.layer_times replace FLOPs when given).
  *
  * Memory per rank (pw_plan_mem) is what the worker will allocate for the
- * plan, counted from the model and the action lists alone, so a plan that
- * does not fit is seen before any worker starts. */
+ * plan, counted from the model and the action lists alone — the programs'
+ * layout (lib/model/layout.h) and the step-end buffers below, the same
+ * descriptions the worker allocates from — so a plan that does not fit is
+ * seen before any worker starts. */
 #ifndef PW_PLAN_H
 #define PW_PLAN_H
 
 #include <jansson.h>
 
 #include "errors.h"
+#include "layout.h"
 #include "model.h"
 #include "partition.h"
 #include "schedule.h"
@@ -27,18 +30,34 @@
 #define PW_PLAN_LINK_LATENCY 50e-6  /* seconds per transfer */
 #define PW_PLAN_LINK_BW 3e9         /* bytes per second */
 
-/* Memory one stage's program (prog.c) lays out, computed from the model
- * alone: pw_prog_create allocates and touches the arenas, so the planner
- * repeats its layout arithmetic here (tests/unit/test_plan.c checks the two
- * agree). */
+/* ---- step-end buffers ---------------------------------------------------
+ * What a pipeline rank keeps for the step end (worker/stepend.c), described
+ * once for the worker that allocates it and the planner that counts it:
+ *  - per stage it runs, when training with dp > 1: pw_dp_arenas(dp)
+ *    gradient arenas of the stage's grad_numel floats, one per replica for
+ *    each step parity (a replica may be one step ahead; our own index holds
+ *    the copy we send): replica d's of step t is pw_dp_arena(dp, t, d);
+ *  - per shared parameter it holds a copy of: one block of
+ *    pw_tied_floats() floats, wired by pw_tied_wire into holder j's
+ *    gradient (received from a remote holder, or the copy a local holder
+ *    sends) and the sum. */
+#define PW_TIED_MAX_HOLDERS 4
+_Static_assert(sizeof ((pw_shared_param *)0)->holders == PW_TIED_MAX_HOLDERS * sizeof(int),
+               "pw_tied_bufs has one buffer per possible holder");
+
+static inline int pw_dp_arenas(int dp) { return dp > 1 ? 2 * dp : 0; }
+static inline int pw_dp_arena(int dp, int step, int replica) { return (step & 1) * dp + replica; }
+
 typedef struct {
-  size_t numel;         /* floats in the parameter arena (and in AdamW m, v) */
-  size_t grad_numel;    /* floats in the gradient arena: numel + shadow gradients
-                           of second and later uses of a parameter in the stage */
-  size_t slot_bytes;    /* one activation slot: values, value gradients, auxiliaries */
-  size_t scratch_bytes; /* attention scratch (T x T floats), one per program */
-  int draws_data;       /* reads the model's input or targets: its rank opens the data set */
-} pw_stage_mem;
+  float *block;                          /* the one allocation */
+  float *holder[PW_TIED_MAX_HOLDERS];    /* [n_holders] holder j's gradient */
+  float *sum;                            /* the holders' gradients summed in stage order */
+} pw_tied_bufs;
+
+/* Floats of one shared parameter's block: (1 + n_holders) x numel. */
+size_t pw_tied_floats(const pw_model *m, const pw_shared_param *sp);
+/* Points t's buffers into block (pw_tied_floats floats). */
+void pw_tied_wire(pw_tied_bufs *t, float *block, const pw_model *m, const pw_shared_param *sp);
 
 /* Bytes one pipeline rank allocates and touches for the plan: its stage
  * programs, the data set it draws from, and the worker's step-end buffers
@@ -51,9 +70,8 @@ typedef struct {
   size_t slots;    /* activation slots: per stage, slot bytes x peak slots */
   int n_slots;     /* peak slots over the rank's stages */
   size_t scratch;  /* attention scratch */
-  size_t dp;       /* dp > 1: 2 x dp copies of each gradient arena (all-reduce,
-                      alternating by step parity) */
-  size_t tied;     /* tied parameters held here: 1 + holders copies of each */
+  size_t dp;       /* dp > 1: pw_dp_arenas copies of each gradient arena */
+  size_t tied;     /* tied parameters held here: pw_tied_floats of each */
   size_t data;     /* ranks drawing inputs or targets: a text file whole (its
                       size where the planner can stat it, else 0), the
                       regression / classify teacher matrix */
@@ -69,7 +87,7 @@ typedef struct {
   pw_sim_result *sim;
   double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
-  pw_stage_mem *stage_mem; /* [S] */
+  pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
 } pw_plan;
@@ -78,10 +96,6 @@ typedef struct {
  * NULL. Errors carry the JSON path of what to change. */
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
 void pw_plan_free(pw_plan *p);
-
-/* The layout arithmetic of pw_prog_create for layers [lo, hi) of m with
- * mb sequences per microbatch, without allocating it. 0 or PW_ENOMEM. */
-int pw_stage_mem_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_stage_mem *out);
 
 /* Activation slots each stage's program grows to under the worker's slot
  * rule (worker/run.c): microbatch k holds a slot of stage s from when its

@@ -457,6 +457,15 @@ static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw
 
 /* ---- rules across sections ------------------------------------------- */
 
+int pw_job_mb_size(const pw_job *job, pw_err *err) {
+  long long per = (long long)job->schedule.microbatches * job->mesh.dp;
+  if (per < 1 || job->train.batch_size % per)
+    return pw_err_set(err, PW_ESPEC, "train.batch_size",
+                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %lld != 0)",
+                      job->train.batch_size, per);
+  return (int)(job->train.batch_size / per);
+}
+
 static int cross_check(const pw_job *job, pw_err *err) {
   const pw_model_spec *m = &job->model;
   const pw_data_spec *d = &job->data;
@@ -482,11 +491,8 @@ static int cross_check(const pw_job *job, pw_err *err) {
                       m->tmpl == PW_TEMPLATE_LAYERS ? "model.layers[0].vocab_size" : "model.vocab_size",
                       "byte-level text needs vocab_size >= 256 (got %d)", m->vocab_size);
 
-  long long per = (long long)job->schedule.microbatches * job->mesh.dp;
-  if (job->train.batch_size % per)
-    return pw_err_set(err, PW_ESPEC, "train.batch_size",
-                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %lld != 0)",
-                      job->train.batch_size, per);
+  int rc = pw_job_mb_size(job, err);
+  if (rc < 0) return rc;
 
   if (job->partition.mode == PW_PARTITION_MARKERS) {
     int stages = 1;

@@ -136,6 +136,13 @@ typedef struct {
 /* Releases what pw_job_parse (spec_json.h) allocated. */
 void pw_job_free(pw_job *job);
 
+/* Sequences per microbatch of one replica: train.batch_size /
+ * (schedule.microbatches * mesh.dp), or PW_ESPEC naming train.batch_size
+ * when that does not divide evenly. The one statement of the rule:
+ * pw_job_parse applies it, and the planner, the trainer and the workers
+ * take their microbatch size from it. */
+int pw_job_mb_size(const pw_job *job, pw_err *err);
+
 /* What the model expects of the data. */
 typedef struct {
   int vocab_size;  /* token models */

@@ -1,7 +1,6 @@
 /* train: the single-process training loop of train.h. */
 #include "train.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,20 +18,14 @@ static double now(void) {
 int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   memset(t, 0, sizeof *t);
   t->job = job;
-  int rc = pw_model_build(&job->model, &t->model, err);
-  if (rc) return rc;
   /* The microbatches of every data-parallel replica, one after another:
    * the same microbatch size, and (below) the same order of gradient sums
    * as the pipelined run, so the two agree to the last bit. */
-  t->groups = job->mesh.dp > 0 ? job->mesh.dp : 1;
-  t->n_mb = (job->schedule.microbatches > 0 ? job->schedule.microbatches : 1) * t->groups;
-  if (job->train.batch_size % t->n_mb) {
-    pw_model_free(&t->model);
-    return pw_err_set(err, PW_ESPEC, "train.batch_size",
-                      "must be divisible by schedule.microbatches * mesh.dp (%d %% %d != 0)", job->train.batch_size,
-                      t->n_mb);
-  }
-  t->mb_size = job->train.batch_size / t->n_mb;
+  int rc = t->mb_size = pw_job_mb_size(job, err);
+  if (rc < 0) return rc;
+  t->groups = job->mesh.dp;
+  t->n_mb = job->schedule.microbatches * t->groups;
+  if ((rc = pw_model_build(&job->model, &t->model, err))) return rc;
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
                         .batch_size = job->train.batch_size, .n_slots = 1};
   rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
@@ -97,15 +90,13 @@ void pw_trainer_step(pw_trainer *t, pw_step_stats *st) {
   double t0 = now();
   pw_prog_zero_grad(t->prog);
   double loss = run_batch(t, PW_SPLIT_TRAIN, t->step, 1);
-  double norm = sqrt(pw_grad_sqnorm(t->prog, NULL, 0));
-  float coef = pw_clip_coef(norm, tr->grad_clip);
-  double lr = pw_lr_at(&tr->optim, tr->steps, t->step);
-  pw_optim_step(t->prog, &tr->optim, t->step + 1, lr, coef);
+  pw_step_sched sc = pw_step_sched_of(tr, t->step, pw_grad_sqnorm(t->prog, NULL, 0));
+  pw_optim_update(t->prog, tr, &sc);
   memset(st, 0, sizeof *st);
   st->step = t->step;
   st->loss = loss;
-  st->lr = lr;
-  st->grad_norm = norm;
+  st->lr = sc.lr;
+  st->grad_norm = sc.grad_norm;
   st->seconds = now() - t0;
   st->tokens = (double)tr->batch_size * t->model.seq_len;
   t->step++;

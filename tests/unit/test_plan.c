@@ -46,10 +46,34 @@ static const char *LLAMA = "\"template\": \"llama\", \"vocab_size\": 256, \"seq_
 static const char *MLP = "\"template\": \"mlp\", \"in_dim\": 12, \"hidden_dim\": 40, \"n_layers\": 3,"
                          " \"out_dim\": 5, \"activation\": \"gelu\", \"loss\": \"mse\"";
 
-/* For every layer range of each model: the planner's layout arithmetic is
- * exactly what pw_prog_create lays out (parameter and gradient arenas,
- * slot bytes). */
-static void test_stage_mem_equals_prog(void **state) {
+/* Intervals [off, off + len) must tile [lo, hi) exactly: no overlap, no gap. */
+typedef struct {
+  size_t off, len;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+  const span *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static void assert_tiles(span *sp, int n, size_t lo, size_t hi, const char *what) {
+  qsort(sp, (size_t)n, sizeof *sp, span_cmp);
+  size_t at = lo;
+  for (int i = 0; i < n; i++) {
+    if (sp[i].len == 0) continue;
+    if (sp[i].off != at) print_error("%s: region at %zu, expected %zu\n", what, sp[i].off, at);
+    assert_int_equal(sp[i].off, at);
+    at += sp[i].len;
+  }
+  assert_int_equal(at, hi);
+}
+
+/* For every layer range of each model, the one layout (lib/model/layout.h)
+ * the planner counts and the program allocates: the slot is exactly the
+ * values, their gradients and the auxiliaries, each once; the parameter
+ * arena exactly the stage's parameters; the gradient arena those plus one
+ * shadow per further use; and the program reports these sizes. */
+static void test_layout_tiles(void **state) {
   (void)state;
   const char *models[] = {GPT_TIED, GPT, LLAMA, MLP};
   for (int mi = 0; mi < 4; mi++) {
@@ -59,31 +83,74 @@ static void test_stage_mem_equals_prog(void **state) {
     assert_int_equal(pw_model_build(&job.model, &m, NULL), 0);
     int shadows = 0;
     for (int lo = 0; lo < m.n_layers; lo++)
-      for (int hi = lo + 1; hi <= m.n_layers; hi++) {
+      for (int hi = lo + 1; hi <= m.n_layers; hi++)
         for (int mb = 1; mb <= 3; mb += 2) {
-          pw_stage_mem sm;
-          assert_int_equal(pw_stage_mem_of(&m, lo, hi, mb, &sm), 0);
+          pw_prog_layout L;
+          assert_int_equal(pw_prog_layout_build(&m, lo, hi, mb, &L), 0);
+          int cap = 2 * m.n_values + m.n_nodes + 2 * L.n_params + 2;
+          span *sp = calloc((size_t)cap, sizeof *sp);
+          assert_non_null(sp);
+          int n = 0;
+          for (int v = 0; v < m.n_values; v++) {
+            size_t len = pw_value_bytes(&m.values[v], mb) / 4;
+            if (L.val_off[v] != PW_LAYOUT_NONE) sp[n++] = (span){L.val_off[v], len};
+            if (L.grad_off[v] != PW_LAYOUT_NONE) {
+              assert_int_equal(m.values[v].role, PW_VAL_ACT); /* data and the loss have no gradient */
+              sp[n++] = (span){L.grad_off[v], len};
+            }
+          }
+          for (int i = L.node_lo; i < L.node_hi; i++) {
+            assert_true(L.val_off[m.nodes[i].out] != PW_LAYOUT_NONE);
+            sp[n++] = (span){L.aux_off[i - L.node_lo], (size_t)mb * m.nodes[i].aux};
+          }
+          assert_tiles(sp, n, 0, L.sz.slot_floats, "slot");
+          n = 0;
+          for (int i = 0; i < L.n_params; i++) sp[n++] = (span){L.param_off[i], m.params[L.param_model[i]].numel};
+          assert_tiles(sp, n, 0, L.sz.numel, "parameter arena");
+          for (int i = 0; i < L.n_shadow; i++) {
+            sp[n++] = (span){L.shadow[i][1], L.shadow[i][2]};
+            assert_int_equal(L.shadow[i][2], m.params[L.param_model[0]].numel); /* tied: the embedding */
+          }
+          assert_tiles(sp, n, 0, L.sz.grad_numel, "gradient arena");
+          shadows += L.n_shadow;
+          free(sp);
           pw_prog_config cfg = {.layer_lo = lo, .layer_hi = hi, .mb_size = mb, .batch_size = 3, .n_slots = 1};
           pw_prog *p = NULL;
           assert_int_equal(pw_prog_create(&m, &cfg, &p, NULL), 0);
-          if (sm.slot_bytes != pw_prog_slot_bytes(p) || sm.numel != pw_prog_numel(p) ||
-              sm.grad_numel != pw_prog_grad_numel(p))
-            print_error("model %d layers [%d, %d) mb %d: slot %zu vs prog %zu, numel %zu vs %zu, grads %zu vs %zu\n",
-                        mi, lo, hi, mb, sm.slot_bytes, pw_prog_slot_bytes(p), sm.numel, pw_prog_numel(p),
-                        sm.grad_numel, pw_prog_grad_numel(p));
-          assert_int_equal(sm.slot_bytes, pw_prog_slot_bytes(p));
-          assert_int_equal(sm.numel, pw_prog_numel(p));
-          assert_int_equal(sm.grad_numel, pw_prog_grad_numel(p));
-          shadows += sm.grad_numel > sm.numel;
-          /* a slot is more than the values: their gradients are in it too */
-          assert_true(sm.slot_bytes > 0);
+          assert_int_equal(pw_prog_slot_bytes(p), L.sz.slot_floats * sizeof(float));
+          assert_int_equal(pw_prog_numel(p), L.sz.numel);
+          assert_int_equal(pw_prog_grad_numel(p), L.sz.grad_numel);
           pw_prog_free(p);
+          pw_prog_layout_free(&L);
         }
-      }
     if (mi == 0) assert_true(shadows > 0); /* the tied model exercises shadow gradients */
     pw_model_free(&m);
     pw_job_free(&job);
   }
+}
+
+/* The whole MLP at mb 1, counted by hand: values 12 + 5 (input, target)
+ * + 6 x 40 + 5 + 1 (loss); gradients 6 x 40 + 5; gelu' 3 x 40. Parameters
+ * 12*40+40 + 2 x (40*40+40) + 40*5+5. */
+static void test_layout_by_hand(void **state) {
+  (void)state;
+  pw_job job;
+  job_of(MLP, "1f1b", 1, 1, 1, 1, 3, &job);
+  pw_model m;
+  assert_int_equal(pw_model_build(&job.model, &m, NULL), 0);
+  pw_prog_sizes sz;
+  assert_int_equal(pw_prog_sizes_of(&m, 0, m.n_layers, 1, &sz), 0);
+  assert_int_equal(sz.slot_floats, (12 + 5 + 6 * 40 + 5 + 1) + (6 * 40 + 5) + 3 * 40);
+  assert_int_equal(sz.numel, 12 * 40 + 40 + 2 * (40 * 40 + 40) + 40 * 5 + 5);
+  assert_int_equal(sz.grad_numel, sz.numel);
+  assert_int_equal(sz.scratch_floats, 1);
+  assert_true(sz.draws_data);
+  assert_int_equal(pw_prog_sizes_of(&m, 1, 2, 1, &sz), 0); /* a middle block: activations only */
+  assert_false(sz.draws_data);
+  assert_int_equal(sz.slot_floats, (40 + 2 * 40) + (40 + 2 * 40) + 40); /* in, fc, gelu; their grads; gelu' */
+  assert_int_equal(pw_prog_sizes_of(&m, 1, 1, 1, &sz), PW_EINVAL);
+  pw_model_free(&m);
+  pw_job_free(&job);
 }
 
 /* A rank's estimate is exactly the arenas of its stage programs grown to
@@ -138,7 +205,7 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
     assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "memory"), "slots")), p.mem[r].slots);
   }
   json_t *st0 = json_array_get(json_object_get(json_object_get(j, "partition"), "stages"), 0);
-  assert_int_equal(json_integer_value(json_object_get(st0, "slot_bytes")), p.stage_mem[0].slot_bytes);
+  assert_int_equal(json_integer_value(json_object_get(st0, "slot_bytes")), p.stage_mem[0].slot_floats * sizeof(float));
   assert_int_equal(json_integer_value(json_object_get(st0, "peak_slots")), p.peak_slots[0]);
   json_decref(j);
   pw_plan_free(&p);
@@ -168,6 +235,42 @@ static void test_tied_bytes(void **state) {
   assert_int_equal(want, 3 * 256 * 32 * 4);
   assert_int_equal(p.mem[0].tied, want);
   assert_int_equal(p.mem[1].tied, want);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
+/* The step-end buffers as plan.h describes them for the worker: each DP
+ * arena index (step parity, replica) is its own and within the count; a
+ * tied block is the holders' buffers then the sum, disjoint, filling it. */
+static void test_stepend_bufs(void **state) {
+  (void)state;
+  assert_int_equal(pw_dp_arenas(1), 0);
+  for (int dp = 2; dp <= 4; dp++) {
+    int seen[8] = {0};
+    assert_int_equal(pw_dp_arenas(dp), 2 * dp);
+    for (int step = 4; step < 6; step++)
+      for (int d = 0; d < dp; d++) {
+        int k = pw_dp_arena(dp, step, d);
+        assert_true(k >= 0 && k < pw_dp_arenas(dp));
+        assert_int_equal(seen[k]++, 0);
+        assert_int_equal(pw_dp_arena(dp, step + 2, d), k); /* alternates by parity */
+      }
+  }
+  pw_job job;
+  job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 4, &job);
+  pw_plan p;
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  const pw_shared_param *sp = &p.part.shared[0];
+  size_t n = p.model.params[sp->param].numel, total = pw_tied_floats(&p.model, sp);
+  assert_int_equal(total, (size_t)(1 + sp->n_holders) * n);
+  float *block = calloc(total, sizeof(float));
+  assert_non_null(block);
+  pw_tied_bufs t;
+  pw_tied_wire(&t, block, &p.model, sp);
+  assert_ptr_equal(t.block, block);
+  for (int j = 0; j < sp->n_holders; j++) assert_ptr_equal(t.holder[j], block + (size_t)j * n);
+  assert_ptr_equal(t.sum, block + total - n);
+  free(block);
   pw_plan_free(&p);
   pw_job_free(&job);
 }
@@ -310,9 +413,11 @@ static void test_peak_slots_vs_timelines(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_stage_mem_equals_prog),
+      cmocka_unit_test(test_layout_tiles),
+      cmocka_unit_test(test_layout_by_hand),
       cmocka_unit_test(test_rank_totals),
       cmocka_unit_test(test_tied_bytes),
+      cmocka_unit_test(test_stepend_bufs),
       cmocka_unit_test(test_data_bytes),
       cmocka_unit_test(test_peak_slots_by_hand),
       cmocka_unit_test(test_peak_slots_vs_timelines),

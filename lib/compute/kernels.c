@@ -1,0 +1,116 @@
+/* kernels: the rows of kernels.h — each adapter unpacks the argument block
+ * into one ops.h call, with the shapes the node records. */
+#include "kernels.h"
+
+#include <stdint.h>
+
+#include "ops.h"
+
+#define TOK(p) ((const int32_t *)(p))
+
+static void embed_f(const pw_kernel_io *io) { pw_embed_forward(io->out, TOK(io->in0), io->w, io->rows, io->n->OC); }
+static void embed_w(const pw_kernel_io *io) {
+  pw_embed_backward_weight(io->dw, io->dout, TOK(io->in0), io->rows, io->n->OC);
+}
+
+static void posembed_f(const pw_kernel_io *io) { pw_posembed_forward(io->out, io->in0, io->w, io->B, io->n->T, io->n->C); }
+static void posembed_i(const pw_kernel_io *io) {
+  pw_posembed_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C, io->acc0);
+}
+static void posembed_w(const pw_kernel_io *io) { pw_posembed_backward_weight(io->dw, io->dout, io->B, io->n->T, io->n->C); }
+
+static void linear_f(const pw_kernel_io *io) {
+  pw_linear_forward(io->out, io->in0, io->w, io->b, io->rows, io->n->C, io->n->OC);
+}
+static void linear_i(const pw_kernel_io *io) {
+  pw_linear_backward_input(io->din0, io->dout, io->w, io->rows, io->n->C, io->n->OC, io->acc0);
+}
+static void linear_w(const pw_kernel_io *io) {
+  pw_linear_backward_weight(io->dw, io->db, io->dout, io->in0, io->rows, io->n->C, io->n->OC);
+}
+
+/* aux: mean (rows), then rstd (rows) */
+static void layernorm_f(const pw_kernel_io *io) {
+  pw_layernorm_forward(io->out, io->aux, io->aux + io->rows, io->in0, io->w, io->b, io->rows, io->n->C, io->n->eps);
+}
+static void layernorm_i(const pw_kernel_io *io) {
+  pw_layernorm_backward_input(io->din0, io->dout, io->in0, io->w, io->aux, io->aux + io->rows, io->rows, io->n->C,
+                              io->acc0);
+}
+static void layernorm_w(const pw_kernel_io *io) {
+  pw_layernorm_backward_weight(io->dw, io->db, io->dout, io->in0, io->aux, io->aux + io->rows, io->rows, io->n->C);
+}
+static void layernorm_b(const pw_kernel_io *io) {
+  pw_layernorm_backward(io->din0, io->dw, io->db, io->dout, io->in0, io->w, io->aux, io->aux + io->rows, io->rows,
+                        io->n->C, io->acc0);
+}
+
+static void rmsnorm_f(const pw_kernel_io *io) {
+  pw_rmsnorm_forward(io->out, io->aux, io->in0, io->w, io->rows, io->n->C, io->n->eps);
+}
+static void rmsnorm_i(const pw_kernel_io *io) {
+  pw_rmsnorm_backward_input(io->din0, io->dout, io->in0, io->w, io->aux, io->rows, io->n->C, io->acc0);
+}
+static void rmsnorm_w(const pw_kernel_io *io) {
+  pw_rmsnorm_backward_weight(io->dw, io->dout, io->in0, io->aux, io->rows, io->n->C);
+}
+
+/* Elementwise ops run over N*C elements. */
+#define NC(io) ((io)->rows * (io)->n->C)
+static void gelu_f(const pw_kernel_io *io) { pw_gelu_forward(io->out, io->aux, io->in0, NC(io)); }
+static void gelu_i(const pw_kernel_io *io) { pw_gelu_backward_input(io->din0, io->dout, io->aux, NC(io), io->acc0); }
+static void relu_f(const pw_kernel_io *io) { pw_relu_forward(io->out, io->in0, NC(io)); }
+static void relu_i(const pw_kernel_io *io) { pw_relu_backward_input(io->din0, io->dout, io->in0, NC(io), io->acc0); }
+static void silu_f(const pw_kernel_io *io) { pw_silu_forward(io->out, io->in0, NC(io)); }
+static void silu_i(const pw_kernel_io *io) { pw_silu_backward_input(io->din0, io->dout, io->in0, NC(io), io->acc0); }
+static void swiglu_f(const pw_kernel_io *io) { pw_swiglu_forward(io->out, io->in0, io->in1, NC(io)); }
+static void swiglu_i(const pw_kernel_io *io) {
+  pw_swiglu_backward_input(io->din0, io->din1, io->dout, io->in0, io->in1, NC(io), io->acc0, io->acc1);
+}
+static void add_f(const pw_kernel_io *io) { pw_add_forward(io->out, io->in0, io->in1, NC(io)); }
+static void add_i(const pw_kernel_io *io) { pw_add_backward_input(io->din0, io->din1, io->dout, NC(io), io->acc0, io->acc1); }
+
+/* qkv input: C = 3 x the model width */
+static void rope_f(const pw_kernel_io *io) {
+  pw_rope_forward(io->out, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH, io->n->base);
+}
+static void rope_i(const pw_kernel_io *io) {
+  pw_rope_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C / 3, io->n->NH, io->n->base, io->acc0);
+}
+static void attention_f(const pw_kernel_io *io) {
+  pw_attention_forward(io->out, io->aux, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH);
+}
+static void attention_i(const pw_kernel_io *io) {
+  pw_attention_backward_input(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, io->n->T, io->n->C / 3,
+                              io->n->NH, io->acc0);
+}
+
+static void xent_f(const pw_kernel_io *io) {
+  io->out[0] = pw_crossentropy_forward(io->aux, io->in0, TOK(io->in1), io->rows, io->n->C, io->loss_scale);
+}
+static void xent_i(const pw_kernel_io *io) {
+  pw_crossentropy_backward_input(io->din0, io->aux, TOK(io->in1), io->rows, io->n->C, io->loss_scale, io->acc0);
+}
+static void mse_f(const pw_kernel_io *io) { io->out[0] = pw_mse_forward(io->in0, io->in1, NC(io), io->loss_scale); }
+static void mse_i(const pw_kernel_io *io) {
+  pw_mse_backward_input(io->din0, io->in0, io->in1, NC(io), io->loss_scale, io->acc0);
+}
+
+static const pw_kernel table[PW_OP__COUNT] = {
+    [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
+    [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
+    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, NULL},
+    [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b},
+    [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL},
+    [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL},
+    [PW_OP_RELU] = {relu_f, relu_i, NULL, NULL},
+    [PW_OP_SILU] = {silu_f, silu_i, NULL, NULL},
+    [PW_OP_SWIGLU] = {swiglu_f, swiglu_i, NULL, NULL},
+    [PW_OP_ADD] = {add_f, add_i, NULL, NULL},
+    [PW_OP_ROPE] = {rope_f, rope_i, NULL, NULL},
+    [PW_OP_ATTENTION] = {attention_f, attention_i, NULL, NULL},
+    [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL},
+    [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL},
+};
+
+const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

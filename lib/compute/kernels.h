@@ -1,0 +1,37 @@
+/* kernels: the compute layer's half of the op table (lib/model/optable.h
+ * is the other): for each pw_op, the kernels (ops.h) that run it forward
+ * and backward, one row per op, called through one argument block.
+ * A NULL entry: the op has no such half (no weights, or no input that
+ * takes a gradient). */
+#ifndef PW_KERNELS_H
+#define PW_KERNELS_H
+
+#include "model.h"
+
+/* One node's buffers for one microbatch (prog.c binds them). */
+typedef struct {
+  const pw_node *n;
+  float *in0, *in1, *out;      /* data (int32 tokens/targets cast) */
+  float *din0, *din1, *dout;   /* gradients (NULL where none) */
+  float *aux;                  /* saved auxiliaries */
+  float *w, *b, *dw, *db;      /* parameters and where their gradients accumulate */
+  float *scratch;              /* the program's scratch */
+  int rows;                    /* N: microbatch sequences x rows per sequence of input 0 */
+  int B;                       /* microbatch sequences */
+  int acc0, acc1;              /* the input gradient accumulates (1) or is overwritten (0) */
+  float loss_scale;            /* microbatch losses sum to the batch mean */
+} pw_kernel_io;
+
+typedef void (*pw_kernel_fn)(const pw_kernel_io *io);
+
+typedef struct {
+  pw_kernel_fn forward;
+  pw_kernel_fn backward_input;   /* ZeroBubble's I */
+  pw_kernel_fn backward_weight;  /* ZeroBubble's W, accumulating */
+  pw_kernel_fn backward;         /* both in one pass (weight-then-input bits), or NULL */
+} pw_kernel;
+
+/* The row of op kind `op` (a valid pw_op). */
+const pw_kernel *pw_kernel_of(int op);
+
+#endif

@@ -1,0 +1,75 @@
+/* layout: where everything of a stage program lives, computed from the
+ * model alone — written once, for the program that allocates it
+ * (lib/compute/prog.c) and the planner that counts it before any worker
+ * starts (lib/plan/plan.c), which links no compute layer.
+ *
+ * A program over layers [lo, hi) with mb sequences per microbatch has:
+ *   - a parameter arena of `numel` floats (the parameters its nodes use, in
+ *     model order), and AdamW m and v of the same layout;
+ *   - a gradient arena of `grad_numel` floats: the numel main gradients, then
+ *     a shadow gradient for each second and later use of a parameter inside
+ *     the stage (tied embeddings), added to the main one once per step;
+ *   - slots of `slot_floats` floats, one per microbatch in flight: each
+ *     value it holds (input ports, then node outputs), the gradients of the
+ *     float activations among them (same order), then each node's saved
+ *     auxiliaries;
+ *   - `scratch_floats` of scratch (attention's T x T), one per program.
+ * Never allocates an arena; the tables below are the only memory it takes. */
+#ifndef PW_LAYOUT_H
+#define PW_LAYOUT_H
+
+#include <stddef.h>
+
+#include "model.h"
+
+#define PW_LAYOUT_NONE ((size_t)-1)
+
+/* A value crossing the stage boundary: an input port is read but produced
+ * elsewhere (data, targets or another stage's output), an output port
+ * produced here and read by a later stage. */
+typedef struct {
+  int value;              /* model value id */
+  int role;               /* pw_val_role of the value */
+  size_t bytes;           /* per microbatch */
+} pw_prog_port;
+
+/* The sizes, in floats, that memory accounting needs. */
+typedef struct {
+  size_t numel;           /* parameter arena (and AdamW m, v each) */
+  size_t grad_numel;      /* gradient arena: numel + shadows */
+  size_t slot_floats;     /* one activation slot */
+  size_t scratch_floats;  /* per program */
+  int draws_data;         /* reads the model's input or targets */
+} pw_prog_sizes;
+
+typedef struct {
+  int node_lo, node_hi;   /* nodes [lo, hi) */
+  int mb;                 /* sequences per microbatch */
+  pw_prog_sizes sz;
+  /* parameters */
+  int n_params;           /* used by the stage's nodes */
+  int *param_model;       /* [n_params] model parameter id, ascending */
+  size_t *param_off;      /* [n_params] float offset in the parameter arena */
+  int *param_local;       /* [model n_params] local index, or -1 */
+  size_t *node_dw, *node_db; /* [nodes] gradient offset of the node's w, b; PW_LAYOUT_NONE when absent */
+  size_t (*shadow)[3];    /* [n_shadow] {main offset, shadow offset, count} */
+  int n_shadow;
+  /* slots */
+  size_t *val_off;        /* [model n_values] float offset in a slot, or PW_LAYOUT_NONE */
+  size_t *grad_off;       /* [model n_values] gradient offset, or PW_LAYOUT_NONE */
+  size_t *aux_off;        /* [nodes] */
+  pw_prog_port *inputs, *outputs;
+  int n_inputs, n_outputs;
+  int has_loss;           /* the stage computes the model's loss */
+  void *tables;           /* the one allocation the tables above live in */
+} pw_prog_layout;
+
+/* Lays out layers [layer_lo, layer_hi) of m for mb sequences per
+ * microbatch. 0, PW_EINVAL for a bad range or mb < 1, or PW_ENOMEM;
+ * on error *out needs no free. The model must outlive the layout. */
+int pw_prog_layout_build(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_layout *out);
+void pw_prog_layout_free(pw_prog_layout *l);
+/* Just the sizes (builds the layout and frees it). */
+int pw_prog_sizes_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_sizes *out);
+
+#endif
