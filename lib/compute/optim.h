@@ -1,5 +1,5 @@
 /* optim: learning-rate schedule, gradient clipping and the optimizers,
- * with torch.optim semantics so a run reproduces in PyTorch (DESIGN.md,
+ * with torch.optim semantics so a run reproduces in PyTorch (docs/contracts.md,
  * "Training arithmetic"). They act on a program's parameter arenas; in a
  * pipeline each rank steps its own program after the ranks agreed on the
  * global gradient norm. */

@@ -9,7 +9,7 @@
  * Kinds:
  *  text        bytes of a file (vocab 256). The last eval_fraction of the
  *              file is the eval split; the rest, of length N, is the train
- *              split. Samplers: `sequential` (DESIGN.md: sequence i of step
+ *              split. Samplers: `sequential` (docs/contracts.md: sequence i of step
  *              k starts at ((k*batch_size + i)*T) mod (N - T - 1); inputs
  *              bytes o..o+T-1, targets o+1..o+T) and `random` (start drawn
  *              from a hash of (seed, k, i)). Eval batches always use the

@@ -6,7 +6,7 @@
  * into layers (the units a pipeline partition cuts between: "embed",
  * "blocks.3", "head", or one entry of an explicit layers list); stage
  * boundary markers from the spec are kept as cut positions. Parameters are
- * named as in DESIGN.md's checkpoint contract and referenced by id, so a
+ * named as in docs/contracts.md's checkpoint contract and referenced by id, so a
  * parameter used by two nodes (tied embeddings) is one entry.
  *
  * Every value has a per-sequence shape (rows, width): rows = T for

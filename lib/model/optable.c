@@ -1,5 +1,5 @@
 /* optable: the rows of optable.h. FLOP counts are the model's cost model
- * (DESIGN.md): a linear 2*rows*C*OC each way, attention 4 T^2 C forward and
+ * (docs/contracts.md): a linear 2*rows*C*OC each way, attention 4 T^2 C forward and
  * twice that back, other ops ~5 (forward), 8 (input) and 3 (weight, where
  * they have one) per element. */
 #include "optable.h"

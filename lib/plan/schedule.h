@@ -4,7 +4,7 @@
  * pipeline rank, the ordered list of compute actions it runs. Sends and
  * receives are implied by stage adjacency (stage s feeds s+1 forward, s+1
  * feeds s backward), so the lists hold compute only. The definitions follow
- * /work/shared/SCHEDULES.md (Megatron, PyTorch, DeepSeek DualPipe,
+ * docs/schedules.md (Megatron, PyTorch, DeepSeek DualPipe,
  * ZeroBubble); every deviation is stated next to the generator.
  *
  * This file never looks at the model: stage costs, shapes and the partition
@@ -126,7 +126,7 @@ typedef struct {
   const char *description; /* one paragraph */
 } pw_sched_info;
 
-/* The table of the nine schedules, in SCHEDULES.md's order (the canonical
+/* The table of the nine schedules, in docs/schedules.md's order (the canonical
  * name list, pw_schedule_names, lives in spec.c). */
 const pw_sched_info *pw_sched_infos(int *n);
 const pw_sched_info *pw_sched_info_find(const char *name); /* NULL if unknown */

@@ -1,5 +1,5 @@
 /* schedule_flat: the flat schedules (V = 1, stage s on rank s): gpipe, 1f1b,
- * eager1f1b and zb-h1. Definitions in SCHEDULES.md; this file only emits
+ * eager1f1b and zb-h1. Definitions in docs/schedules.md; this file only emits
  * per-rank action lists (schedule.h), it never times them except for the
  * unit-cost placement of zb-h1's W's, which is part of that schedule's
  * definition. */

@@ -1,7 +1,7 @@
 /* spec: the job spec — JSON in, a validated C struct out.
  *
  * A job spec is {name, mode, model, mesh, schedule, partition, train, data}
- * (DESIGN.md, "Contracts that outside tools rely on"). Parsing is strict and
+ * (docs/contracts.md, "The job spec"). Parsing is strict and
  * complete: unknown fields, wrong types, out-of-range values and broken
  * cross-field rules are all errors, and every error names the JSON path and
  * the rule, e.g. "model.n_heads: must divide d_model (768 % 5 != 0)".
@@ -152,7 +152,7 @@ typedef struct {
   int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
 } pw_data_shape;
 
-/* The nine schedule names, in the order SCHEDULES.md gives them. */
+/* The nine schedule names, in the order docs/schedules.md gives them. */
 extern const char *const pw_schedule_names[];
 extern const int pw_n_schedule_names;
 

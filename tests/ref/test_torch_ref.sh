@@ -6,7 +6,7 @@
 # For gpt and llama (tests/ref/jobs/*-ref.json): pipewright writes its initial
 # parameters (train --steps 0) and trains 20 AdamW steps with warmup, cosine
 # decay and clipping (--log-json); tests/ref/torch_ref.py, an independent
-# PyTorch implementation of DESIGN.md's contracts, loads the same initial
+# PyTorch implementation of docs/contracts.md's contracts, loads the same initial
 # safetensors and trains on the same sequential batches; compare.py requires
 # per-step losses within 1e-4 relative and every final tensor within 1e-3
 # (max|a-b| / max|b| per tensor). Before that the reference checks itself

@@ -1,7 +1,7 @@
 """torch_ref: an independent PyTorch reimplementation of a pipewright run.
 
 pipewright's single-process trainer is checked against this file. It is
-written from DESIGN.md's "Contracts that outside tools rely on" only (tensor
+written from docs/contracts.md only (tensor
 names and layouts, the sequential sampler, the learning-rate schedule,
 clipping, AdamW), the way an outside user would reproduce a run, and shares
 no code with pipewright: models are plain functional PyTorch over a dict of

@@ -317,7 +317,7 @@ static void test_peaks(void **st) {
   pw_sim_result_free(r);
 }
 
-/* SCHEDULES.md's reference table counts cells (every action one unit):
+/* docs/schedules.md's reference table counts cells (every action one unit):
  * p = 4, m = 8, V = 2 (V = 1 for the flat ones). Where our definitions
  * agree the numbers match; where they differ the reason is given. */
 static void test_reference_cells(void **st) {

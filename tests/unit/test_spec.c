@@ -380,7 +380,7 @@ static void test_gpt_defaults(void **st) {
   pw_job_free(&job);
 }
 
-/* DESIGN.md's job example, as written there. */
+/* docs/contracts.md's job example ("The job spec"), as written there. */
 static const char *design_example =
     "{'name':'gpt-tiny','model':{'template':'gpt','vocab_size':256,'seq_len':64,'d_model':64,"
     "'n_layers':4,'n_heads':4,'tie_embeddings':false},'mesh':{'pp':2,'dp':1,'virtual_stages':1},"
