@@ -47,7 +47,10 @@ pw_cpu_isa pw_cpu_force(pw_cpu_isa level);
  * call runs the variant for pw_cpu_level(). args names the parameters in
  * order. Put `static` before it for a file-local function. The body must
  * not use `return` with a value (the function returns void); a result goes
- * out through a pointer. Example:
+ * out through a pointer. What the body calls runs the variant's code only
+ * if it is inlined: static inline helpers usually are, but mark a big or
+ * twice-used one always_inline, or it is compiled once, for the baseline.
+ * Example:
  *   PW_CPU_DISPATCH(pw_add, (float *o, const float *a, int n), (o, a, n)) {
  *     for (int i = 0; i < n; i++) o[i] += a[i];
  *   } */

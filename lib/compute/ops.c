@@ -147,8 +147,10 @@ PW_CPU_DISPATCH(pw_layernorm_forward, (float *out, float *mean, float *rstd, con
  * += dy * xhat and db += dy, the same float operations as
  * pw_layernorm_backward_weight (one pass over the row instead of two). g
  * and xhat go through arrays so that both the elementwise part and the
- * double sums vectorize; a row wider than LN_ROW recomputes them. */
-static inline void ln_backward_row(float *dx, float *dw, float *db, const float *dy,
+ * double sums vectorize; a row wider than LN_ROW recomputes them.
+ * always_inline: a copy of its own would be compiled for the baseline, not
+ * for the PW_CPU_DISPATCH variant that calls it. */
+static inline __attribute__((always_inline)) void ln_backward_row(float *dx, float *dw, float *db, const float *dy,
                                    const float *x, const float *w, float m, float rs, int C,
                                    int acc) {
   float gb[LN_ROW], xb[LN_ROW];
