@@ -14,6 +14,9 @@
  *   PW_CPU=sse     the baseline code only
  * Anything else warns on stderr and runs the baseline (never more than
  * what was asked for). A level above what the CPU has is lowered to it.
+ * In a -DPW_NATIVE=ON build every variant may use all the build host has
+ * (target attributes only add): PW_CPU then picks among the variants but
+ * cannot take instructions away.
  *
  * The variants compute the same float operations in the same order (no
  * -ffast-math, no FMA contraction: -std=c11; fma() where the source says
