@@ -1,7 +1,7 @@
 /* cpu: which vector instructions the hot loops may use, decided once per
  * process from the CPU and the PW_CPU environment variable.
  *
- * Release builds target x86-64-v2 (SSE4.2) so that one binary runs on every
+ * Builds target x86-64-v2 (SSE4.2) so that one binary runs on every
  * host of a mixed cluster (-DPW_NATIVE=ON ties a build to its host
  * instead). The loops that vectorize are compiled three times, for this
  * baseline, for AVX2 + FMA and for AVX-512 (F, VL, BW, DQ), by putting
