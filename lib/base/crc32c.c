@@ -9,13 +9,17 @@
  * 256 bytes per step in sixteen 128-bit lanes (the classic PCLMUL folding,
  * four zmm registers wide) while three crc32 streams run alongside on the
  * integer unit: ~70 GB/s there. It takes over from 256 bytes on CPUs that
- * have it; every frame payload goes through here once at each end, on the
- * critical path of a transfer. Tables and fold constants are built once,
+ * have it and when PW_CPU allows AVX-512 (cpu.h: PW_CPU=avx2 or sse
+ * turns it off; SSE4.2 is part of the x86-64-v2 baseline and stays); every
+ * frame payload goes through here once at each end, on the critical path
+ * of a transfer. Tables and fold constants are built once,
  * under pthread_once, from the polynomial: no magic numbers. */
 #include "crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
+
+#include "cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -29,7 +33,7 @@
 static uint32_t sw_table[8][256];
 static uint32_t zeros_long[4][256];  /* appends LONG_BLK zero bytes */
 static uint32_t zeros_short[4][256]; /* appends SHORT_BLK zero bytes */
-static int hw_ok, vec_ok;
+static int hw_ok, vec_ok; /* what the CPU has; vec also needs pw_cpu_level() */
 /* Fold constants: k[d] = {x^(D+31) mod P, x^(D-33) mod P} (bit-reflected)
  * moves a 128-bit lane D = 128 * (d + 1) bits further down the message;
  * d = 0, 1, 2 (the last lanes of a zmm), 3 (one zmm), 15 (four zmm). */
@@ -130,7 +134,7 @@ static void init_once(void) {
 
 int pw_crc32c_vec_available(void) {
   pthread_once(&once, init_once);
-  return vec_ok;
+  return vec_ok && pw_cpu_level() >= PW_CPU_AVX512;
 }
 
 int pw_crc32c_hw_available(void) {
@@ -334,6 +338,6 @@ uint32_t pw_crc32c_vec(uint32_t crc, const void *buf, size_t n) { return pw_crc3
 
 uint32_t pw_crc32c(uint32_t crc, const void *buf, size_t n) {
   pthread_once(&once, init_once);
-  if (n >= 256 && vec_ok) return pw_crc32c_vec(crc, buf, n);
+  if (n >= 256 && vec_ok && pw_cpu_level() >= PW_CPU_AVX512) return pw_crc32c_vec(crc, buf, n);
   return hw_ok ? pw_crc32c_hw(crc, buf, n) : pw_crc32c_sw(crc, buf, n);
 }

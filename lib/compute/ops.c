@@ -11,13 +11,17 @@
  * Speed: every loop here is written to vectorize at -O3 (Release): exp and
  * tanh come from ops_math.h (no libm calls in loops; correctly rounded),
  * and row reductions keep PW_LANES partial sums instead of one, since a
- * single float accumulator cannot be vectorized without reassociation. */
+ * single float accumulator cannot be vectorized without reassociation.
+ * The kernels with such loops are PW_CPU_DISPATCH functions (cpu.h):
+ * compiled for the portable baseline, AVX2 and AVX-512, the variant picked
+ * per call; all give the same bits. */
 #include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "ops_math.h"
 
 /* ---- embeddings ---------------------------------------------------------- */
@@ -27,7 +31,9 @@ void pw_embed_forward(float *out, const int32_t *tok, const float *wte, int N, i
     memcpy(out + (size_t)n * C, wte + (size_t)tok[n] * C, (size_t)C * sizeof(float));
 }
 
-void pw_embed_backward_weight(float *dwte, const float *dout, const int32_t *tok, int N, int C) {
+PW_CPU_DISPATCH(pw_embed_backward_weight, (float *dwte, const float *dout, const int32_t *tok,
+                                           int N, int C),
+                (dwte, dout, tok, N, C)) {
   for (int n = 0; n < N; n++) {
     float *dw = dwte + (size_t)tok[n] * C;
     const float *d = dout + (size_t)n * C;
@@ -35,7 +41,9 @@ void pw_embed_backward_weight(float *dwte, const float *dout, const int32_t *tok
   }
 }
 
-void pw_posembed_forward(float *out, const float *inp, const float *wpe, int B, int T, int C) {
+PW_CPU_DISPATCH(pw_posembed_forward, (float *out, const float *inp, const float *wpe, int B, int T,
+                                      int C),
+                (out, inp, wpe, B, T, C)) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       size_t o = ((size_t)b * T + t) * C;
@@ -44,12 +52,15 @@ void pw_posembed_forward(float *out, const float *inp, const float *wpe, int B, 
     }
 }
 
-void pw_posembed_backward_input(float *dinp, const float *dout, int B, int T, int C, int acc) {
+PW_CPU_DISPATCH(pw_posembed_backward_input, (float *dinp, const float *dout, int B, int T, int C,
+                                             int acc),
+                (dinp, dout, B, T, C, acc)) {
   size_t n = (size_t)B * T * C;
   for (size_t i = 0; i < n; i++) dinp[i] = pw__acc(acc, dinp[i], dout[i]);
 }
 
-void pw_posembed_backward_weight(float *dwpe, const float *dout, int B, int T, int C) {
+PW_CPU_DISPATCH(pw_posembed_backward_weight, (float *dwpe, const float *dout, int B, int T, int C),
+                (dwpe, dout, B, T, C)) {
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
       const float *d = dout + ((size_t)b * T + t) * C;
@@ -91,8 +102,9 @@ void pw_linear_backward_input(float *dinp, const float *dout, const float *w, in
               acc ? 1.0f : 0.0f, dinp, C);
 }
 
-void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const float *inp,
-                               int N, int C, int OC) {
+PW_CPU_DISPATCH(pw_linear_backward_weight, (float *dw, float *dbias, const float *dout,
+                                            const float *inp, int N, int C, int OC),
+                (dw, dbias, dout, inp, N, C, OC)) {
   if (N <= 0 || OC <= 0) return;
   /* dw (OC,C) += dout^T (OC,N) @ inp (N,C). */
   if (C > 0)
@@ -110,8 +122,9 @@ void pw_linear_backward_weight(float *dw, float *dbias, const float *dout, const
 #define LN_CHUNK 256 /* the backward's double sums run over chunks of this many floats */
 #define LN_ROW 1024  /* rows up to this wide keep g and xhat on the stack between passes */
 
-void pw_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int N, int C, float eps) {
+PW_CPU_DISPATCH(pw_layernorm_forward, (float *out, float *mean, float *rstd, const float *inp,
+                                       const float *w, const float *b, int N, int C, float eps),
+                (out, mean, rstd, inp, w, b, N, C, eps)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     float *y = out + (size_t)n * C;
@@ -134,8 +147,10 @@ void pw_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
  * += dy * xhat and db += dy, the same float operations as
  * pw_layernorm_backward_weight (one pass over the row instead of two). g
  * and xhat go through arrays so that both the elementwise part and the
- * double sums vectorize; a row wider than LN_ROW recomputes them. */
-static inline void ln_backward_row(float *dx, float *dw, float *db, const float *dy,
+ * double sums vectorize; a row wider than LN_ROW recomputes them.
+ * always_inline: a copy of its own would be compiled for the baseline, not
+ * for the PW_CPU_DISPATCH variant that calls it. */
+static inline __attribute__((always_inline)) void ln_backward_row(float *dx, float *dw, float *db, const float *dy,
                                    const float *x, const float *w, float m, float rs, int C,
                                    int acc) {
   float gb[LN_ROW], xb[LN_ROW];
@@ -170,25 +185,30 @@ static inline void ln_backward_row(float *dx, float *dw, float *db, const float 
   }
 }
 
-void pw_layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                                 const float *mean, const float *rstd, int N, int C, int acc) {
+PW_CPU_DISPATCH(pw_layernorm_backward_input, (float *dinp, const float *dout, const float *inp,
+                                              const float *w, const float *mean, const float *rstd,
+                                              int N, int C, int acc),
+                (dinp, dout, inp, w, mean, rstd, N, C, acc)) {
   for (int n = 0; n < N; n++) {
     size_t o = (size_t)n * C;
     ln_backward_row(dinp + o, NULL, NULL, dout + o, inp + o, w, mean[n], rstd[n], C, acc);
   }
 }
 
-void pw_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                           const float *w, const float *mean, const float *rstd, int N, int C,
-                           int acc) {
+PW_CPU_DISPATCH(pw_layernorm_backward, (float *dinp, float *dw, float *db, const float *dout,
+                                        const float *inp, const float *w, const float *mean,
+                                        const float *rstd, int N, int C, int acc),
+                (dinp, dw, db, dout, inp, w, mean, rstd, N, C, acc)) {
   for (int n = 0; n < N; n++) {
     size_t o = (size_t)n * C;
     ln_backward_row(dinp + o, dw, db, dout + o, inp + o, w, mean[n], rstd[n], C, acc);
   }
 }
 
-void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const float *inp,
-                                  const float *mean, const float *rstd, int N, int C) {
+PW_CPU_DISPATCH(pw_layernorm_backward_weight, (float *dw, float *db, const float *dout,
+                                               const float *inp, const float *mean,
+                                               const float *rstd, int N, int C),
+                (dw, db, dout, inp, mean, rstd, N, C)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -202,8 +222,9 @@ void pw_layernorm_backward_weight(float *dw, float *db, const float *dout, const
 
 /* ---- rmsnorm ------------------------------------------------------------- */
 
-void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
-                        float eps) {
+PW_CPU_DISPATCH(pw_rmsnorm_forward, (float *out, float *rstd, const float *inp, const float *w,
+                                     int N, int C, float eps),
+                (out, rstd, inp, w, N, C, eps)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     float *y = out + (size_t)n * C;
@@ -215,8 +236,10 @@ void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *
   }
 }
 
-void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w,
-                               const float *rstd, int N, int C, int acc) {
+PW_CPU_DISPATCH(pw_rmsnorm_backward_input, (float *dinp, const float *dout, const float *inp,
+                                            const float *w, const float *rstd, int N, int C,
+                                            int acc),
+                (dinp, dout, inp, w, rstd, N, C, acc)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -238,8 +261,9 @@ void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp,
   }
 }
 
-void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, const float *rstd,
-                                int N, int C) {
+PW_CPU_DISPATCH(pw_rmsnorm_backward_weight, (float *dw, const float *dout, const float *inp,
+                                             const float *rstd, int N, int C),
+                (dw, dout, inp, rstd, N, C)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
@@ -261,7 +285,8 @@ void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, 
  * bits), so that the backward is one multiply per element instead of a
  * second tanh. Two passes per chunk of GELU_CHUNK: one loop doing both
  * took 17 % longer than the tanh loop alone. */
-void pw_gelu_forward(float *out, float *dgelu, const float *inp, int n) {
+PW_CPU_DISPATCH(pw_gelu_forward, (float *out, float *dgelu, const float *inp, int n),
+                (out, dgelu, inp, n)) {
   float tb[GELU_CHUNK];
   for (int i0 = 0; i0 < n; i0 += GELU_CHUNK) {
     int len = n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK;
@@ -283,15 +308,20 @@ void pw_gelu_forward(float *out, float *dgelu, const float *inp, int n) {
   }
 }
 
-void pw_gelu_backward_input(float *dinp, const float *dout, const float *dgelu, int n, int acc) {
+PW_CPU_DISPATCH(pw_gelu_backward_input, (float *dinp, const float *dout, const float *dgelu, int n,
+                                         int acc),
+                (dinp, dout, dgelu, n, acc)) {
   for (int i = 0; i < n; i++) dinp[i] = pw__acc(acc, dinp[i], dout[i] * dgelu[i]);
 }
 
-void pw_relu_forward(float *out, const float *inp, int n) {
+PW_CPU_DISPATCH(pw_relu_forward, (float *out, const float *inp, int n),
+                (out, inp, n)) {
   for (int i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 
-void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc) {
+PW_CPU_DISPATCH(pw_relu_backward_input, (float *dinp, const float *dout, const float *inp, int n,
+                                         int acc),
+                (dinp, dout, inp, n, acc)) {
   for (int i = 0; i < n; i++) {
     float base = acc ? dinp[i] : 0.0f; /* where inp <= 0, the old value (or 0) stays */
     dinp[i] = inp[i] > 0.0f ? base + dout[i] : base;
@@ -300,24 +330,30 @@ void pw_relu_backward_input(float *dinp, const float *dout, const float *inp, in
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + pw__exp(-x)); }
 
-void pw_silu_forward(float *out, const float *inp, int n) {
+PW_CPU_DISPATCH(pw_silu_forward, (float *out, const float *inp, int n),
+                (out, inp, n)) {
   /* PyTorch: x / (1 + exp(-x)). */
   for (int i = 0; i < n; i++) out[i] = inp[i] / (1.0f + pw__exp(-inp[i]));
 }
 
-void pw_silu_backward_input(float *dinp, const float *dout, const float *inp, int n, int acc) {
+PW_CPU_DISPATCH(pw_silu_backward_input, (float *dinp, const float *dout, const float *inp, int n,
+                                         int acc),
+                (dinp, dout, inp, n, acc)) {
   for (int i = 0; i < n; i++) {
     float x = inp[i], s = sigmoidf(x);
     dinp[i] = pw__acc(acc, dinp[i], dout[i] * (s * (1.0f + x * (1.0f - s))));
   }
 }
 
-void pw_swiglu_forward(float *out, const float *gate, const float *up, int n) {
+PW_CPU_DISPATCH(pw_swiglu_forward, (float *out, const float *gate, const float *up, int n),
+                (out, gate, up, n)) {
   for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + pw__exp(-gate[i])) * up[i];
 }
 
-void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
-                              const float *up, int n, int acc_gate, int acc_up) {
+PW_CPU_DISPATCH(pw_swiglu_backward_input, (float *dgate, float *dup, const float *dout,
+                                           const float *gate, const float *up, int n, int acc_gate,
+                                           int acc_up),
+                (dgate, dup, dout, gate, up, n, acc_gate, acc_up)) {
   for (int i = 0; i < n; i++) {
     float g = gate[i], e = pw__exp(-g), s = 1.0f / (1.0f + e);
     float silu = g / (1.0f + e);
@@ -326,12 +362,15 @@ void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const
   }
 }
 
-void pw_add_forward(float *out, const float *a, const float *b, int n) {
+PW_CPU_DISPATCH(pw_add_forward, (float *out, const float *a, const float *b, int n),
+                (out, a, b, n)) {
   for (int i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 /* da and db may be the same buffer (x + x): da's store comes first. */
-void pw_add_backward_input(float *da, float *db, const float *dout, int n, int acc_a, int acc_b) {
+PW_CPU_DISPATCH(pw_add_backward_input, (float *da, float *db, const float *dout, int n, int acc_a,
+                                        int acc_b),
+                (da, db, dout, n, acc_a, acc_b)) {
   for (int i = 0; i < n; i++) {
     da[i] = pw__acc(acc_a, da[i], dout[i]);
     db[i] = pw__acc(acc_b, db[i], dout[i]);
@@ -340,9 +379,11 @@ void pw_add_backward_input(float *da, float *db, const float *dout, int n, int a
 
 /* ---- losses -------------------------------------------------------------- */
 
-float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int N,
-                              int V, float scale) {
-  double total = 0.0;
+/* The rows of the forward; *total gets sum_n -log softmax(logits)[n, t_n]. */
+static PW_CPU_DISPATCH(crossentropy_rows, (double *total, float *probs, const float *logits,
+                                           const int32_t *targets, int N, int V),
+                       (total, probs, logits, targets, N, V)) {
+  double tot = 0.0;
   for (int n = 0; n < N; n++) {
     const float *x = logits + (size_t)n * V;
     float *p = probs + (size_t)n * V;
@@ -352,13 +393,22 @@ float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *
     float inv = (float)(1.0 / sum);
     for (int v = 0; v < V; v++) p[v] *= inv;
     /* -log softmax = log(sum) - (x_t - max), in double: no log(0) for tiny p. */
-    total += log(sum) - ((double)x[targets[n]] - mx);
+    tot += log(sum) - ((double)x[targets[n]] - mx);
   }
+  *total = tot;
+}
+
+float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *targets, int N,
+                              int V, float scale) {
+  double total;
+  crossentropy_rows(&total, probs, logits, targets, N, V);
   return (float)(total * scale);
 }
 
-void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
-                                    int N, int V, float scale, int acc) {
+PW_CPU_DISPATCH(pw_crossentropy_backward_input, (float *dlogits, const float *probs,
+                                                 const int32_t *targets, int N, int V, float scale,
+                                                 int acc),
+                (dlogits, probs, targets, N, V, scale, acc)) {
   for (int n = 0; n < N; n++) {
     const float *p = probs + (size_t)n * V;
     float *d = dlogits + (size_t)n * V;
@@ -376,8 +426,9 @@ float pw_mse_forward(const float *pred, const float *target, int n, float scale)
   return (float)(s * scale);
 }
 
-void pw_mse_backward_input(float *dpred, const float *pred, const float *target, int n,
-                           float scale, int acc) {
+PW_CPU_DISPATCH(pw_mse_backward_input, (float *dpred, const float *pred, const float *target, int n,
+                                        float scale, int acc),
+                (dpred, pred, target, n, scale, acc)) {
   float s2 = 2.0f * scale;
   for (int i = 0; i < n; i++) dpred[i] = pw__acc(acc, dpred[i], s2 * (pred[i] - target[i]));
 }

@@ -7,13 +7,15 @@
  * of ATTN_BLOCK: row block [r0,r1) only ever needs key columns [0,r1), which
  * halves the work for long sequences. Never allocates: the forward uses
  * `att` itself as the score buffer, the backward a T*T scratch. Softmax
- * rows use ops_math.h (vectorized exact exp, lane-wise max and sums). */
+ * rows use ops_math.h (vectorized exact exp, lane-wise max and sums). The
+ * loops around the sgemms are PW_CPU_DISPATCH functions (cpu.h). */
 #include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "log.h"
 #include "ops_math.h"
 
@@ -28,8 +30,9 @@
 #define ROPE_CHUNK 64
 
 /* backward: out = the transpose rotation of inp, accumulated (acc) or not. */
-static void rope_apply(float *out, const float *inp, int B, int T, int C, int NH, float base,
-                       int backward, int acc) {
+static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, int C, int NH,
+                                    float base, int backward, int acc),
+                       (out, inp, B, T, C, NH, base, backward, acc)) {
   PW_ASSERT(NH > 0 && C % NH == 0);
   int HD = C / NH;
   PW_ASSERT(HD % 2 == 0);
@@ -88,6 +91,31 @@ void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C,
 
 /* ---- attention ----------------------------------------------------------- */
 
+/* Softmax of each row i of P[r0:r1] (row length T) over its causal part
+ * [0, i], one phase at a time over the block's rows (max, exp, sum, scale):
+ * the serial chains that combine a row's lanes then overlap across rows.
+ * exp and scale run on to a whole number of PW_LANES (within r1: scores
+ * there too, zeroed at the end) rather than end in a scalar tail of up to
+ * 15 exps, which cost more than the whole vectors. */
+static PW_CPU_DISPATCH(softmax_block, (float *P, int T, int r0, int r1), (P, T, r0, r1)) {
+  float rv[ATTN_BLOCK]; /* per row: its max, then 1 / its sum */
+  for (int i = r0; i < r1; i++) rv[i - r0] = pw__max(P + (size_t)i * T, i + 1);
+  for (int i = r0; i < r1; i++) {
+    float *p = P + (size_t)i * T, mx = rv[i - r0];
+    int n = (i + PW_LANES) / PW_LANES * PW_LANES;
+    n = n < r1 ? n : r1;
+    for (int j = 0; j < n; j++) p[j] = pw__exp(p[j] - mx);
+  }
+  for (int i = r0; i < r1; i++) rv[i - r0] = 1.0f / pw__sum(P + (size_t)i * T, i + 1);
+  for (int i = r0; i < r1; i++) {
+    float *p = P + (size_t)i * T, inv = rv[i - r0];
+    int n = (i + PW_LANES) / PW_LANES * PW_LANES;
+    n = n < r1 ? n : r1;
+    for (int j = 0; j < n; j++) p[j] *= inv;
+    memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+  }
+}
+
 void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
   PW_ASSERT(NH > 0 && C % NH == 0);
   int HD = C / NH;
@@ -106,33 +134,25 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
         /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, scale,
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
-        /* Softmax of each row over its causal part [0, i], one phase at a
-         * time over the block's rows (max, exp, sum, scale): the serial
-         * chains that combine a row's lanes then overlap across rows. exp
-         * and scale run on to a whole number of PW_LANES (within r1:
-         * scores there too, zeroed at the end) rather than end in a scalar
-         * tail of up to 15 exps, which cost more than the whole vectors. */
-        float rv[ATTN_BLOCK]; /* per row: its max, then 1 / its sum */
-        for (int i = r0; i < r1; i++) rv[i - r0] = pw__max(P + (size_t)i * T, i + 1);
-        for (int i = r0; i < r1; i++) {
-          float *p = P + (size_t)i * T, mx = rv[i - r0];
-          int n = (i + PW_LANES) / PW_LANES * PW_LANES;
-          n = n < r1 ? n : r1;
-          for (int j = 0; j < n; j++) p[j] = pw__exp(p[j] - mx);
-        }
-        for (int i = r0; i < r1; i++) rv[i - r0] = 1.0f / pw__sum(P + (size_t)i * T, i + 1);
-        for (int i = r0; i < r1; i++) {
-          float *p = P + (size_t)i * T, inv = rv[i - r0];
-          int n = (i + PW_LANES) / PW_LANES * PW_LANES;
-          n = n < r1 ? n : r1;
-          for (int j = 0; j < n; j++) p[j] *= inv;
-          memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
-        }
+        softmax_block(P, T, r0, r1);
         /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, 1.0f,
                     P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
       }
     }
+}
+
+/* dS = P * (dP - rowsum(dP * P)) in place on rows [r0, r1) of dS (row
+ * length T), zero above the diagonal up to column r1. */
+static PW_CPU_DISPATCH(softmax_grad_block, (float *dS, const float *P, int T, int r0, int r1),
+                       (dS, P, T, r0, r1)) {
+  for (int i = r0; i < r1; i++) {
+    float *d = dS + (size_t)i * T;
+    const float *p = P + (size_t)i * T;
+    float dot = pw__dot(d, p, i + 1);
+    for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
+    for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
+  }
 }
 
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -162,13 +182,7 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, 1.0f,
                     dO + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
         /* dS = P * (dP - rowsum(dP * P)); zero above the diagonal. */
-        for (int i = r0; i < r1; i++) {
-          float *d = dS + (size_t)i * T;
-          const float *p = P + (size_t)i * T;
-          float dot = pw__dot(d, p, i + 1);
-          for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
-          for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
-        }
+        softmax_grad_block(dS, P, T, r0, r1);
         /* dQ[r0:r1] (+)= scale * dS[r0:r1, 0:r1] K[0:r1] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, scale,
                     dS + (size_t)r0 * T, T, k, C3, beta, dq + (size_t)r0 * C3, C3);

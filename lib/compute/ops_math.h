@@ -12,8 +12,10 @@
  * off by an ulp on 3 % of them). PyTorch's own vectorized exp/tanh are
  * 1-ulp functions, so the kernels stay what PyTorch's float formulas give,
  * operation by operation. Cost: about 1.0 ns per GELU element vectorized
- * (Release, -O3 -march=native) against 18 ns for tanhf; -O2 builds do not
- * vectorize these loops and take about 13 ns. (Written with fma(), exp and
+ * (Release -O3, the AVX-512 variant of a PW_CPU_DISPATCH kernel) against
+ * 18 ns for tanhf; -O2 builds do not vectorize these loops and take about
+ * 13 ns, and the baseline (x86-64-v2) variant has no FMA instruction: each
+ * fma() is a library call there. (Written with fma(), exp and
  * tanh return the same bits as with separate multiplies and adds for every
  * one of the 2^32 floats: checked exhaustively when fma() went in.)
  *
@@ -25,8 +27,9 @@
  *
  * Must never allocate, branch on data in the elementwise helpers, or call
  * a libm function that is not expanded inline (copysign and isless /
- * isgreater are; fma is one instruction where the target has FMA, as
- * Release builds do, and an exact library call elsewhere: same bits). */
+ * isgreater are; fma is one instruction where the target has FMA, as the
+ * AVX2 and AVX-512 variants do, and an exact library call elsewhere: same
+ * bits). */
 #ifndef PW_OPS_MATH_H
 #define PW_OPS_MATH_H
 
@@ -43,7 +46,8 @@ static inline double pw__exp_core(double y, double *scale) {
                ln2_lo = 1.90821492927058770002e-10;
   const double shift = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
   /* fma(): one rounding instead of two, and half the instructions where
-   * the CPU has FMA (Release: -march=native); the same bits either way. */
+   * the target has FMA (the AVX2 and AVX-512 variants); the same bits
+   * either way. */
   double kd = fma(y, log2e, shift);
   int64_t kb;
   memcpy(&kb, &kd, sizeof kb); /* low bits: k, offset by shift's bit pattern */

@@ -2,7 +2,10 @@
  * ops.c against double-precision references and finite differences (the
  * harness is opcheck.h), plus contract details: accumulation, tokens that
  * repeat, saved statistics, PyTorch's GELU values, loss stability, and a
- * meta-test proving the gradient check rejects a slightly wrong gradient. */
+ * meta-test proving the gradient check rejects a slightly wrong gradient.
+ * Everything runs once per vector level the CPU has (cpu.h), as PW_CPU
+ * allows. */
+#include "cpu.h"
 #include "opcheck.h"
 
 /* ---- linear --------------------------------------------------------------- */
@@ -415,5 +418,11 @@ int main(void) {
       cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_gelu_matches_pytorch),
       cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_mse),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  /* Once per vector level (cpu.h), from the one PW_CPU allows down. */
+  int rc = 0;
+  for (int l = pw_cpu_level(); l >= PW_CPU_SSE; l--) {
+    pw_cpu_force((pw_cpu_isa)l);
+    rc |= cmocka_run_group_tests_name(pw_cpu_name((pw_cpu_isa)l), tests, NULL, NULL);
+  }
+  return rc;
 }

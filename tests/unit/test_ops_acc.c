@@ -4,7 +4,8 @@
  * out +0): here into buffers full of NaN, with output gradients that hold
  * zeros and negative zeros. Two-input kernels whose inputs are one value
  * (x + x) overwrite with the first and accumulate with the second. (That
- * acc = 1 adds, and the gradients themselves, are test_ops' business.) */
+ * acc = 1 adds, and the gradients themselves, are test_ops' business.)
+ * Once per vector level (cpu.h). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "cpu.h"
 #include "ops.h"
 
 enum { B = 2, T = 5, C = 12, NH = 2, N = B * T, OC = 7, V = 9, BIG = 4096 };
@@ -161,5 +163,11 @@ int main(void) {
       cmocka_unit_test(test_negative_zero),
       cmocka_unit_test(test_same_buffer),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  /* Once per vector level (cpu.h), from the one PW_CPU allows down. */
+  int rc = 0;
+  for (int l = pw_cpu_level(); l >= PW_CPU_SSE; l--) {
+    pw_cpu_force((pw_cpu_isa)l);
+    rc |= cmocka_run_group_tests_name(pw_cpu_name((pw_cpu_isa)l), tests, NULL, NULL);
+  }
+  return rc;
 }

@@ -1,7 +1,9 @@
 /* test_ops_attn: rotary embeddings and causal attention (ops_attn.c)
  * against double-precision references and finite differences (opcheck.h),
  * plus the causal mask, the saved probabilities, rope's identity at t=0 and
- * sequences longer than the kernel's causal row block (64). */
+ * sequences longer than the kernel's causal row block (64). Once per vector
+ * level (cpu.h). */
+#include "cpu.h"
 #include "opcheck.h"
 
 /* ---- rope ------------------------------------------------------------------- */
@@ -209,5 +211,11 @@ int main(void) {
       cmocka_unit_test(test_attention_blocked),
       cmocka_unit_test(test_attention_causal),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  /* Once per vector level (cpu.h), from the one PW_CPU allows down. */
+  int rc = 0;
+  for (int l = pw_cpu_level(); l >= PW_CPU_SSE; l--) {
+    pw_cpu_force((pw_cpu_isa)l);
+    rc |= cmocka_run_group_tests_name(pw_cpu_name((pw_cpu_isa)l), tests, NULL, NULL);
+  }
+  return rc;
 }

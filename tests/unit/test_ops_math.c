@@ -9,7 +9,10 @@
  *  - GELU equals PyTorch's float formula bit for bit given a correctly
  *    rounded tanh, and its gradient the float derivative formula;
  *  - LayerNorm and RMSNorm rows wider than the backward's stack chunk and
- *    not a multiple of the lane width pass the finite-difference check. */
+ *    not a multiple of the lane width pass the finite-difference check.
+ * Once per vector level (cpu.h): the kernels' variants; the helpers called
+ * here directly are the baseline build of the same code. */
+#include "cpu.h"
 #include "opcheck.h"
 #include "ops_math.h"
 
@@ -170,5 +173,11 @@ int main(void) {
       cmocka_unit_test(test_gelu_float_formula),
       cmocka_unit_test(test_wide_norms),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  /* Once per vector level (cpu.h), from the one PW_CPU allows down. */
+  int rc = 0;
+  for (int l = pw_cpu_level(); l >= PW_CPU_SSE; l--) {
+    pw_cpu_force((pw_cpu_isa)l);
+    rc |= cmocka_run_group_tests_name(pw_cpu_name((pw_cpu_isa)l), tests, NULL, NULL);
+  }
+  return rc;
 }

@@ -1,0 +1,74 @@
+/* cpu: the implementation of cpu.h. The level lives in one atomic int,
+ * set at first use from PW_CPU and the CPU (each read once, under
+ * pthread_once) or by pw_cpu_force(). */
+#include "cpu.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+static atomic_int level = -1;
+static pw_cpu_isa detected;
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT, level_once = PTHREAD_ONCE_INIT;
+
+/* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512
+ * registers (XCR0), not only the CPUID bits. */
+static void detect(void) {
+  detected = PW_CPU_SSE;
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    detected = PW_CPU_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+      detected = PW_CPU_AVX512;
+  }
+#endif
+}
+
+static void init_level(void) {
+  const char *s = getenv("PW_CPU");
+  int l = pw_cpu_parse(s);
+  if (l < 0) {
+    pw_warn("PW_CPU=%s: expected native, avx512, avx2 or sse; using sse", s);
+    l = PW_CPU_SSE;
+  }
+  int unset = -1;
+  atomic_compare_exchange_strong(&level, &unset, l); /* pw_cpu_force() may have won */
+}
+
+pw_cpu_isa pw_cpu_level(void) {
+  int l = atomic_load_explicit(&level, memory_order_relaxed);
+  if (l >= 0) return (pw_cpu_isa)l;
+  pthread_once(&level_once, init_level);
+  return (pw_cpu_isa)atomic_load(&level);
+}
+
+pw_cpu_isa pw_cpu_detected(void) {
+  pthread_once(&detect_once, detect);
+  return detected;
+}
+
+const char *pw_cpu_name(pw_cpu_isa l) {
+  static const char *const names[] = {"sse", "avx2", "avx512"};
+  return l >= PW_CPU_SSE && l <= PW_CPU_AVX512 ? names[l] : "?";
+}
+
+int pw_cpu_parse(const char *s) {
+  pw_cpu_isa best = pw_cpu_detected();
+  if (!s || !*s || strcmp(s, "native") == 0) return best;
+  for (int l = PW_CPU_SSE; l <= PW_CPU_AVX512; l++)
+    if (strcmp(s, pw_cpu_name(l)) == 0) return l < (int)best ? l : (int)best;
+  return -1;
+}
+
+pw_cpu_isa pw_cpu_force(pw_cpu_isa l) {
+  pw_cpu_isa best = pw_cpu_detected();
+  if (l > best) l = best;
+  if (l < PW_CPU_SSE) l = PW_CPU_SSE;
+  atomic_store(&level, (int)l);
+  return l;
+}
