@@ -4,6 +4,35 @@
 
 #include <math.h>
 
+#include "cpu.h"
+
+/* The two loops over whole arenas, compiled per vector level (cpu.h): the
+ * same operations in the same order at every level, so the same bits. */
+static PW_CPU_DISPATCH(sqnorm16, (const float *g, size_t n, double *out), (g, n, out)) {
+  /* 16 partial sums: the loop vectorises, and the order is fixed. */
+  size_t j = 0;
+  double l[16] = {0}, t = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; k++) l[k] += (double)g[j + k] * g[j + k];
+  for (; j < n; j++) t += (double)g[j] * g[j];
+  for (int k = 0; k < 16; k++) t += l[k];
+  *out = t;
+}
+
+static PW_CPU_DISPATCH(adamw_loop,
+                       (float *w, const float *g, float *m, float *v, size_t n, float gs, float decay, float b1,
+                        float b2, float eps, float step, float bc2s),
+                       (w, g, m, v, n, gs, decay, b1, b2, eps, step, bc2s)) {
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gs;
+    w[i] *= decay;
+    m[i] = m[i] * b1 + gi * (1.0f - b1);
+    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
+    float denom = sqrtf(v[i]) / bc2s + eps;
+    w[i] -= step * (m[i] / denom);
+  }
+}
+
 double pw_lr_at(const pw_optim_spec *o, int steps, int k) {
   if (k < o->warmup_steps) return o->lr * (double)(k + 1) / (double)o->warmup_steps;
   int span = steps - o->warmup_steps;
@@ -20,14 +49,8 @@ double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
     int skipped = 0;
     for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
     if (skipped) continue;
-    /* 16 partial sums: the loop vectorises, and the order is fixed. */
-    const float *g = pp->grad;
-    size_t n = pp->meta->numel, j = 0;
-    double l[16] = {0}, t = 0;
-    for (; j + 16 <= n; j += 16)
-      for (int k = 0; k < 16; k++) l[k] += (double)g[j + k] * g[j + k];
-    for (; j < n; j++) t += (double)g[j] * g[j];
-    for (int k = 0; k < 16; k++) t += l[k];
+    double t;
+    sqnorm16(pp->grad, pp->meta->numel, &t);
     s += t;
   }
   return s;
@@ -40,20 +63,10 @@ float pw_clip_coef(double norm, double clip) {
 }
 
 static void adamw(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
-  float *w = pp->data, *g = pp->grad, *m = pp->m, *v = pp->v;
-  size_t n = pp->meta->numel;
-  float b1 = (float)o->beta1, b2 = (float)o->beta2, eps = (float)o->eps;
   float decay = pp->meta->decay ? (float)(1.0 - lr * o->weight_decay) : 1.0f;
   double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-  float step = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
-  for (size_t i = 0; i < n; i++) {
-    float gi = g[i] * gs;
-    w[i] *= decay;
-    m[i] = m[i] * b1 + gi * (1.0f - b1);
-    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
-    float denom = sqrtf(v[i]) / bc2s + eps;
-    w[i] -= step * (m[i] / denom);
-  }
+  adamw_loop(pp->data, pp->grad, pp->m, pp->v, pp->meta->numel, gs, decay, (float)o->beta1, (float)o->beta2,
+             (float)o->eps, (float)(lr / bc1), (float)sqrt(bc2));
 }
 
 static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
