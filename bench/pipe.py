@@ -39,6 +39,8 @@ def run(build, job, out, trace_every=1, env=None, timeout=300):
     with open(spec_path, "w") as f:
         json.dump(job, f, indent=1)
     pl = plan(build, spec_path)
+    slices = json.loads(subprocess.run([os.path.join(build, "pipewright"), "plan", "--job", spec_path, "--slices"],
+                                       check=True, capture_output=True, text=True).stdout)["slices"]
     pp = job["mesh"].get("pp", 1) * job["mesh"].get("dp", 1)
     lsock = socket.socket()
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -82,7 +84,8 @@ def run(build, job, out, trace_every=1, env=None, timeout=300):
                     t = m.get("type")
                     if t == "register":
                         reg[m["name"]] = (s, m)
-                        _send(s, {"type": "welcome", "version": 1, "worker_id": len(reg), "heartbeat_interval": 0.5})
+                        _send(s, {"type": "welcome", "version": m["version"], "worker_id": len(reg),
+                                  "heartbeat_interval": 0.5})
                     elif t == "step":
                         r = m["rank"]
                         flt, st = _proc(procs[r].pid)
@@ -97,11 +100,10 @@ def run(build, job, out, trace_every=1, env=None, timeout=300):
                         res["errors"].append(m.get("message"))
             if not assigned and len(reg) == pp:
                 peers = [{"rank": r, "addr": reg[f"w{r}"][1]["data_addr"]} for r in range(pp)]
-                s2r = pl["stage_to_rank"]
                 for r in range(pp):
                     _send(reg[f"w{r}"][0], {
-                        "type": "assign", "job": 1, "run": 1, "rank": r, "spec": job,
-                        "stages": [s for s, x in enumerate(s2r) if x == r], "plan": pl["plan"], "peers": peers,
+                        "type": "assign", "job": 1, "run": 1, "rank": r, "slice": slices[r]["slice"],
+                        "slice_sha256": slices[r]["slice_sha256"], "peers": peers,
                         "steps": steps, "start_step": 0, "checkpoint_dir": os.path.join(out, "ckpt"),
                         "trace_every": trace_every})
                 assigned = True
