@@ -14,6 +14,7 @@
 void pw_budget_init(pw_budget *b) {
   memset(b, 0, sizeof *b);
   b->max_actions = PW_BUDGET_MAX_ACTIONS;
+  b->max_stages = PW_BUDGET_MAX_STAGES;
   b->max_plan_bytes = PW_BUDGET_MAX_PLAN_BYTES;
 }
 
@@ -77,6 +78,10 @@ int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, c
   int V, per;
   bound_of(job, schedule, compare, &V, &per);
   int64_t n = (int64_t)job->schedule.microbatches * job->mesh.pp * V * per;
+  if (b->max_stages > 0 && (int64_t)job->mesh.pp * V > b->max_stages)
+    return pw_err_set(err, PW_EBUDGET, "mesh.pp", "%d ranks x %d virtual stages give %lld stages%s; the limit is %d",
+                      job->mesh.pp, V, (long long)job->mesh.pp * V, compare ? " for the largest schedule compared" : "",
+                      b->max_stages);
   if (b->max_actions > 0 && n > b->max_actions)
     return pw_err_set(err, PW_EBUDGET, "schedule.microbatches",
                       "%d microbatches x %d stages (mesh.pp %d x %d virtual) x %d give %lld actions%s; the limit "
@@ -121,23 +126,20 @@ int pw_plan_check_fit(const pw_job *job, const pw_plan *p, const pw_budget *b, p
                       "the plan is %s; the limit is %s: fewer microbatches, stages or layers",
                       human((double)plan_len, h1, sizeof h1), human((double)b->max_plan_bytes, h2, sizeof h2));
   if (!b->max_slice_bytes) return 0;
-  /* Replicas' slices are their pipeline rank's with other numbers; every
-   * slice holds the whole graph, so the largest is the one with the most
-   * actions, or an end rank (it holds the embedding or the head edges). */
-  int busiest = 0;
-  for (int r = 1; r < p->pp; r++)
-    if (p->sched->n_actions[r] > p->sched->n_actions[busiest]) busiest = r;
-  int ranks[3] = {0, p->pp - 1, busiest};
-  for (int k = 0; k < 3; k++) {
+  /* A replica's slice is its pipeline rank's with other numbers in it
+   * (rank, replica): the last replica's, with the largest numbers, are the
+   * longest, one per pipeline rank. */
+  for (int k = 0; k < p->pp; k++) {
     char hex[PW_SHA256_HEX_LEN + 1];
-    if ((rc = pw_slice_build(job, p, ranks[k], sha, &text, hex, err))) return rc;
+    int rank = (p->dp - 1) * p->pp + k;
+    if ((rc = pw_slice_build(job, p, rank, sha, &text, hex, err))) return rc;
     size_t len = escaped_len(text);
     free(text);
     if (len > b->max_slice_bytes)
       return pw_err_set(err, PW_EBUDGET, len > plan_len / 2 ? "model" : "schedule.microbatches",
                         "rank %d's slice of the plan is %s; one assign message holds at most %s: fewer "
                         "microbatches or a smaller model graph",
-                        ranks[k], human((double)len, h1, sizeof h1), human((double)b->max_slice_bytes, h2, sizeof h2));
+                        rank, human((double)len, h1, sizeof h1), human((double)b->max_slice_bytes, h2, sizeof h2));
   }
   return 0;
 }

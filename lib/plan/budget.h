@@ -9,8 +9,8 @@
  *   pw_plan_check_budget  the spec alone, in microseconds: the spec reads
  *                         back from its canonical form (what the store
  *                         keeps and dispatch parses again, derived fields
- *                         included) and the plan's action count stays
- *                         under the bound. Run it BEFORE pw_plan_build:
+ *                         included) and the plan's action and stage
+ *                         counts stay under their bounds. Run it BEFORE pw_plan_build:
  *                         the action bound is what keeps planning short.
  *   pw_plan_check_fit     the built plan: its canonical text (runs.plan),
  *                         the largest slices (one per assign message) and
@@ -29,10 +29,12 @@
 #include "spec.h"
 
 #define PW_BUDGET_MAX_ACTIONS (1 << 15)                /* ~0.5 s of planning, a ~5 MiB plan */
+#define PW_BUDGET_MAX_STAGES 1024                      /* the simulator's link tables grow as ranks^2 */
 #define PW_BUDGET_MAX_PLAN_BYTES ((size_t)32 << 20)    /* runs.plan in the store */
 
 typedef struct {
   int64_t max_actions;    /* actions over every pipeline rank's list; 0: no bound */
+  int max_stages;         /* pipeline stages (mesh.pp x virtual stages); 0: no bound */
   size_t max_plan_bytes;  /* the plan's canonical text; 0: no bound */
   size_t max_slice_bytes; /* one rank's slice (it travels in one assign
                              message: the coordinator passes its message
@@ -62,7 +64,7 @@ int64_t pw_plan_actions_bound(const pw_job *job, const char *schedule, int compa
 /* The spec-only checks (see above). 0, PW_ESPEC from reading the canonical
  * spec back (path of the derived field, the message saying it is derived
  * when the caller's JSON lacks it is the caller's business), PW_EBUDGET
- * ("schedule.microbatches" for the action bound), PW_ENOMEM. */
+ * ("schedule.microbatches" for the action bound, "mesh.pp" for the stages), PW_ENOMEM. */
 int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, const pw_budget *b, pw_err *err);
 
 /* The built plan's checks (see above). 0, PW_EBUDGET naming the field to
