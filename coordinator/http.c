@@ -462,12 +462,23 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t
   (void)len;
   unsigned char key[16];
   addr_key(sa, key);
+  /* The place is taken here, not when the connection starts: accepts run
+   * on several threads, and a count taken later would let two through for
+   * the last place. libmicrohttpd checks its own (higher) bound before
+   * asking us, so a connection admitted here starts, and is given back
+   * when it closes (on_connection). */
   pthread_mutex_lock(&srv->c->mu);
-  const ip_count *e = ip_find(srv, key, 0);
-  int over_total = srv->c->http_adm.open >= srv->max_conns;
-  int over_ip = !over_total && srv->max_per_ip && e && e->n >= srv->max_per_ip;
+  ip_count *e = ip_find(srv, key, 1);
+  int over_total = !e || srv->c->http_adm.open >= srv->max_conns;
+  int over_ip = !over_total && srv->max_per_ip && e->n >= srv->max_per_ip;
   uint64_t n = over_total ? ++srv->c->http_adm.refused_total : over_ip ? ++srv->c->http_adm.refused_per_ip : 0;
   int limit = over_total ? srv->max_conns : srv->max_per_ip;
+  if (!n) {
+    srv->c->http_adm.open++;
+    e->n++;
+  } else if (e && e->n == 0) {
+    *e = srv->ips[--srv->n_ips]; /* keep the table to live addresses */
+  }
   pthread_mutex_unlock(&srv->c->mu);
   if (!n) return MHD_YES;
   char who[INET6_ADDRSTRLEN] = "?";
@@ -482,18 +493,14 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                           enum MHD_ConnectionNotificationCode toe) {
   http_srv *srv = cls;
   (void)socket_context;
+  if (toe != MHD_CONNECTION_NOTIFY_CLOSED) return; /* its place was taken at accept */
   const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
   unsigned char key[16];
   addr_key(ci ? ci->client_addr : NULL, key);
   pthread_mutex_lock(&srv->c->mu);
-  ip_count *e = ip_find(srv, key, toe == MHD_CONNECTION_NOTIFY_STARTED);
-  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-    srv->c->http_adm.open++;
-    if (e) e->n++;
-  } else {
-    srv->c->http_adm.open--;
-    if (e && --e->n <= 0) *e = srv->ips[--srv->n_ips]; /* keep the table to live addresses */
-  }
+  ip_count *e = ip_find(srv, key, 0);
+  srv->c->http_adm.open--;
+  if (e && --e->n <= 0) *e = srv->ips[--srv->n_ips]; /* keep the table to live addresses */
   pthread_mutex_unlock(&srv->c->mu);
 }
 
