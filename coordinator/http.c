@@ -465,8 +465,9 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t
   /* The place is taken here, not when the connection starts: accepts run
    * on several threads, and a count taken later would let two through for
    * the last place. libmicrohttpd checks its own (higher) bound before
-   * asking us, so a connection admitted here starts, and is given back
-   * when it closes (on_connection). */
+   * asking us, so a connection admitted here starts (short of running out
+   * of memory setting it up) and is given back when it closes
+   * (on_connection). */
   pthread_mutex_lock(&srv->c->mu);
   ip_count *e = ip_find(srv, key, 1);
   int over_total = !e || srv->c->http_adm.open >= srv->max_conns;
