@@ -36,6 +36,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,8 +87,8 @@ typedef struct {
 } http_srv; /* mutable fields guarded by c->mu (held briefly, never across a
                libmicrohttpd call); the counts /metrics shows are c->http_adm */
 
-static pw_http_pool_hook pool_hook;
-void pw_http_set_pool_hook(pw_http_pool_hook fn) { pool_hook = fn; }
+static _Atomic(pw_http_pool_hook) pool_hook; /* set by tests while the pool runs */
+void pw_http_set_pool_hook(pw_http_pool_hook fn) { atomic_store(&pool_hook, fn); }
 
 static double mono(void) {
   struct timespec ts;
@@ -313,7 +314,8 @@ static void *pool_main(void *arg) {
     srv->c->http_adm.queued--;
     srv->c->http_adm.running++;
     pthread_mutex_unlock(&srv->c->mu);
-    if (pool_hook) pool_hook(h->path);
+    pw_http_pool_hook hook = atomic_load(&pool_hook);
+    if (hook) hook(h->path);
     dispatch(h);
     pthread_mutex_lock(&srv->c->mu);
     srv->c->http_adm.running--;
