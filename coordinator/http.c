@@ -338,7 +338,7 @@ static void pool_admit(http_srv *srv, http_req *h) {
   pthread_mutex_lock(&srv->c->mu);
   int n = srv->c->http_adm.queued + srv->c->http_adm.running;
   int full = n >= srv->n_threads + srv->queue_max, stopping = srv->stopping;
-  if (full && !stopping) srv->c->http_adm.busy++;
+  uint64_t busy = full && !stopping ? ++srv->c->http_adm.busy : 0;
   if (!full && !stopping) {
     h->next = NULL;
     if (srv->tail) srv->tail->next = h;
@@ -356,6 +356,9 @@ static void pool_admit(http_srv *srv, http_req *h) {
                    "%d expensive requests (plans, submissions, timelines, checkpoints) are running or queued, "
                    "the most admitted: try again shortly", n);
     pw_reply_header(&h->r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (busy == 1 || busy % 100 == 0) /* the first, then every 100th: a flood does not flood the log */
+      pw_warn("http: %s %s answered 429: %d expensive requests running or queued (%llu so far)", h->method, h->path,
+              n, (unsigned long long)busy);
   }
   MHD_resume_connection(h->r.conn);
 }
