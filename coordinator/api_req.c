@@ -1,6 +1,6 @@
 /* api_req: what every REST handler shares — the reply helpers (THE error
  * reply among them), query arguments, this thread's store, a stored job
- * read back. Nothing here routes or reads the body (http.c does) or
+ * read back, a submitted spec read and held to the budget. Nothing here routes or reads the body (http.c does) or
  * decides what a route answers (the handlers do). */
 #include <stdarg.h>
 #include <stdio.h>
@@ -160,7 +160,6 @@ int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state) {
   return rc;
 }
 
-
 /* ---- admission: the budget ---------------------------------------------- */
 
 void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b) {
@@ -194,9 +193,9 @@ int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, p
   pw_api_budget(r, job, for_run, b);
   if ((rc = pw_plan_check_budget(job, schedule, compare, b, &err))) {
     /* A field the request did not write was derived: say from what. */
-    const char *key = err.path + 6; /* after "model." */
-    if (err.code == PW_ESPEC && !strncmp(err.path, "model.", 6) && !strpbrk(key, ".[") &&
-        !json_object_get(json_object_get(r->body, "model"), key)) {
+    int in_model = err.code == PW_ESPEC && !strncmp(err.path, "model.", 6);
+    const char *key = in_model ? err.path + 6 : ""; /* after "model." */
+    if (in_model && !strpbrk(key, ".[") && !json_object_get(json_object_get(r->body, "model"), key)) {
       size_t n = strlen(err.msg);
       snprintf(err.msg + n, sizeof err.msg - n, " (derived from the model's other fields: the spec as stored must "
                                                 "pass its checks too)");
