@@ -84,7 +84,7 @@ struct pw_coord {
   int n_stores;
 
   void *ctl;              /* ctlsrv.c's state (loop thread only) */
-  void *http;             /* http.c's state: the libmicrohttpd daemon */
+  void *http;             /* http.c's state: the libmicrohttpd daemon and the pool */
   int stopping;
 };
 
