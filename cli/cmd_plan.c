@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "budget.h"
 #include "cli.h"
+#include "control.h"
 #include "plan.h"
 #include "slice.h"
 
@@ -154,6 +156,17 @@ int pw_cmd_plan(int argc, char **argv) {
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   int rc = 0;
+  /* The coordinator's bounds, cheap ones before planning: a spec it would
+   * refuse is refused here too, in milliseconds. */
+  pw_budget budget;
+  pw_budget_init(&budget);
+  budget.max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job.mesh.pp * job.mesh.dp);
+  pw_err err = {0};
+  if (pw_plan_check_budget(&job, sched, compare, &budget, &err)) {
+    pw_cli_report(&err);
+    pw_job_free(&job);
+    return 1;
+  }
   if (compare) {
     json_t *cmp = pw_plan_compare_json(&job);
     if (as_json)
@@ -168,9 +181,14 @@ int pw_cmd_plan(int argc, char **argv) {
     return rc;
   }
   pw_plan p;
-  pw_err err = {0};
   if (pw_plan_build(&job, sched, &p, &err)) {
     pw_cli_report(&err);
+    pw_job_free(&job);
+    return 1;
+  }
+  if (pw_plan_check_fit(&job, &p, &budget, &err)) {
+    pw_cli_report(&err);
+    pw_plan_free(&p);
     pw_job_free(&job);
     return 1;
   }

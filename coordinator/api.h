@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 #include <stdint.h>
 
+#include "budget.h"
 #include "coord.h"
 #include "spec.h"
 
@@ -89,6 +90,14 @@ int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t
  * after replying 400 on anything else. */
 int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out);
 
+/* ---- the server (http.c) -------------------------------------------------- */
+
+/* Called on a pool worker with the request's path before each pooled
+ * (expensive) handler runs. For tests: a hook that blocks holds the worker,
+ * so a test can fill the pool and its queue deterministically. NULL: none. */
+typedef void (*pw_http_pool_hook)(const char *path);
+void pw_http_set_pool_hook(pw_http_pool_hook fn);
+
 /* ---- handlers --------------------------------------------------------------- */
 
 /* api_info.c */
@@ -107,6 +116,17 @@ void pw_api_job_events(pw_req *r);
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
 void pw_api_job_checkpoint(pw_req *r);
+
+/* api_req.c: the budget this coordinator holds a spec to (lib/plan/budget.h):
+ * its options (--max-plan-actions, --max-rank-memory), the assign message's
+ * bound for the job's ranks, and — for a job to run (for_run), not a dry-run
+ * plan — the smallest memory a connected worker reported. */
+void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b);
+/* Parse the body as a job spec and run the budget's spec-only checks for
+ * the schedule (NULL: the job's) or all of them (compare): replies (422
+ * naming the field) and returns nonzero on failure; else *job is the
+ * caller's to free. */
+int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, pw_job *job, pw_budget *b);
 
 /* api_req.c, shared by the job handlers: the store of this thread, or a 500 reply and
  * NULL. */

@@ -45,22 +45,23 @@ void pw_api_plans(pw_req *r) {
                    sched);
     return;
   }
+  /* The budget's cheap bounds first: planning is what they bound. A dry
+   * run is not held to the workers' memory (it may plan for others). */
   pw_job job;
-  pw_err err = {0};
-  if (pw_job_parse(r->body, NULL, &job, &err)) {
-    pw_reply_err(r, &err);
-    return;
-  }
+  pw_budget budget;
+  if (pw_api_job_read(r, sched, compare, 0, &job, &budget)) return;
   if (compare) {
     pw_reply_json(r, MHD_HTTP_OK, pw_plan_compare_json(&job));
     pw_job_free(&job);
     return;
   }
   pw_plan p;
+  pw_err err = {0};
   if (pw_plan_build(&job, sched, &p, &err)) {
     pw_reply_err(r, &err);
   } else {
-    pw_reply_json(r, MHD_HTTP_OK, pw_plan_json(&job, &p));
+    if (pw_plan_check_fit(&job, &p, &budget, &err)) pw_reply_err(r, &err);
+    else pw_reply_json(r, MHD_HTTP_OK, pw_plan_json(&job, &p));
     pw_plan_free(&p);
   }
   pw_job_free(&job);

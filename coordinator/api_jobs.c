@@ -2,8 +2,11 @@
  * cancel, metrics and events. Timelines and checkpoints are in
  * api_timeline.c.
  *
- * A submitted spec is validated completely (parsed, then planned as a dry
- * run) before anything is stored, so a job the planner cannot run is
+ * A submitted spec is validated completely (parsed, read back as it will
+ * be stored, held to the budget's cheap bounds, then planned as a dry run
+ * and held to the plan's bounds: plan and slice sizes, each rank's memory
+ * against --max-rank-memory and the smallest connected worker) before
+ * anything is stored, so a job the planner or the cluster cannot run is
  * refused with the JSON path to change and never reaches the queue. */
 #include <limits.h>
 #include <stdio.h>
@@ -64,19 +67,21 @@ void pw_api_job_submit(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
   pw_job job;
+  pw_budget budget;
   pw_err err = {0};
-  if (pw_job_parse(r->body, NULL, &job, &err)) {
-    pw_reply_err(r, &err);
-    return;
-  }
+  if (pw_api_job_read(r, NULL, 0, 1, &job, &budget)) return; /* the cheap bounds, before planning */
   resolve_data_path(&job.data);
-  pw_plan p; /* dry run: a job that cannot be planned is refused now */
-  if (pw_plan_build(&job, NULL, &p, &err)) {
+  pw_plan p; /* dry run: a job that cannot be planned, or would not fit, is refused now */
+  int rc = pw_plan_build(&job, NULL, &p, &err);
+  if (!rc) {
+    rc = pw_plan_check_fit(&job, &p, &budget, &err);
+    pw_plan_free(&p);
+  }
+  if (rc) {
     pw_reply_err(r, &err);
     pw_job_free(&job);
     return;
   }
-  pw_plan_free(&p);
   json_t *canon = pw_job_to_json(&job);
   char *spec = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
   json_decref(canon);
@@ -92,7 +97,7 @@ void pw_api_job_submit(pw_req *r) {
                    .schedule = job.schedule.name,
                    .model = model};
   int64_t id = 0;
-  int rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
+  rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);
   if (rc) {
     pw_reply_err(r, &err);

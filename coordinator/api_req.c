@@ -1,6 +1,6 @@
 /* api_req: what every REST handler shares — the reply helpers (THE error
  * reply among them), query arguments, this thread's store, a stored job
- * read back. Nothing here routes or reads the body (http.c does) or
+ * read back, a submitted spec read and held to the budget. Nothing here routes or reads the body (http.c does) or
  * decides what a route answers (the handlers do). */
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +10,7 @@
 
 #include "spec_json.h"
 #include "api.h"
+#include "control.h"
 #include "log.h"
 
 /* ---- replies ------------------------------------------------------------ */
@@ -159,3 +160,48 @@ int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state) {
   return rc;
 }
 
+/* ---- admission: the budget ---------------------------------------------- */
+
+void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b) {
+  pw_coord *c = r->c;
+  pw_budget_init(b);
+  if (c->max_plan_actions > 0) b->max_actions = c->max_plan_actions;
+  b->max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job->mesh.pp * job->mesh.dp);
+  if (c->max_rank_memory) {
+    b->max_rank_memory = c->max_rank_memory;
+    snprintf(b->memory_from, sizeof b->memory_from, "--max-rank-memory");
+  }
+  if (!for_run) return;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < c->n_workers; i++) {
+    const pw_worker_info *w = &c->workers[i];
+    if (!w->connected || w->memory <= 0) continue;
+    if (b->max_rank_memory && (size_t)w->memory >= b->max_rank_memory) continue;
+    b->max_rank_memory = (size_t)w->memory;
+    snprintf(b->memory_from, sizeof b->memory_from, "the memory of worker %.40s, the smallest connected", w->name);
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
+int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, pw_job *job, pw_budget *b) {
+  pw_err err = {0};
+  int rc = pw_job_parse(r->body, NULL, job, &err);
+  if (rc) {
+    pw_reply_err(r, &err);
+    return rc;
+  }
+  pw_api_budget(r, job, for_run, b);
+  if ((rc = pw_plan_check_budget(job, schedule, compare, b, &err))) {
+    /* A field the request did not write was derived: say from what. */
+    int in_model = err.code == PW_ESPEC && !strncmp(err.path, "model.", 6);
+    const char *key = in_model ? err.path + 6 : ""; /* after "model." */
+    if (in_model && !strpbrk(key, ".[") && !json_object_get(json_object_get(r->body, "model"), key)) {
+      size_t n = strlen(err.msg);
+      snprintf(err.msg + n, sizeof err.msg - n, " (derived from the model's other fields: the spec as stored must "
+                                                "pass its checks too)");
+    }
+    pw_reply_err(r, &err);
+    pw_job_free(job);
+  }
+  return rc;
+}

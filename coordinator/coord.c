@@ -165,6 +165,30 @@ char *pw_coord_metrics_text(pw_coord *c) {
                 "# TYPE pipewright_http_requests_total counter\n");
   for (int k = 1; k <= 5; k++)
     sb_printf(&b, "pipewright_http_requests_total{code=\"%dxx\"} %llu\n", k, (unsigned long long)req[k]);
+  pthread_mutex_lock(&c->mu);
+  pw_http_adm a = c->http_adm; /* http.c's admission counts */
+  pthread_mutex_unlock(&c->mu);
+  sb_printf(&b, "# HELP pipewright_http_connections Open HTTP connections.\n"
+                "# TYPE pipewright_http_connections gauge\npipewright_http_connections %d\n"
+                "# HELP pipewright_http_connection_limit Bounds on open HTTP connections.\n"
+                "# TYPE pipewright_http_connection_limit gauge\n"
+                "pipewright_http_connection_limit{scope=\"total\"} %d\n"
+                "pipewright_http_connection_limit{scope=\"per_address\"} %d\n"
+                "# HELP pipewright_http_connections_refused_total Connections refused at accept, by bound.\n"
+                "# TYPE pipewright_http_connections_refused_total counter\n"
+                "pipewright_http_connections_refused_total{limit=\"total\"} %llu\n"
+                "pipewright_http_connections_refused_total{limit=\"per_address\"} %llu\n",
+            a.open, a.max_conns, a.max_per_ip, (unsigned long long)a.refused_total,
+            (unsigned long long)a.refused_per_ip);
+  sb_printf(&b, "# HELP pipewright_http_pool Expensive requests (plans, submissions, timelines, checkpoints).\n"
+                "# TYPE pipewright_http_pool gauge\npipewright_http_pool{state=\"running\"} %d\n"
+                "pipewright_http_pool{state=\"queued\"} %d\n"
+                "# HELP pipewright_http_pool_capacity Pool workers and queue places.\n"
+                "# TYPE pipewright_http_pool_capacity gauge\npipewright_http_pool_capacity{kind=\"workers\"} %d\n"
+                "pipewright_http_pool_capacity{kind=\"queue\"} %d\n"
+                "# HELP pipewright_http_busy_total Requests answered 429: the pool and its queue were full.\n"
+                "# TYPE pipewright_http_busy_total counter\npipewright_http_busy_total %llu\n",
+            a.running, a.queued, a.workers, a.queue, (unsigned long long)a.busy);
   return b.s;
 }
 

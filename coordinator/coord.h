@@ -30,11 +30,20 @@ typedef struct {
   char addr[96];          /* data-plane address */
   char software[64];
   int cores, threads;
+  int64_t memory;         /* bytes the worker reported at register, 0: unknown */
   int connected;
   double last_heartbeat;  /* epoch seconds */
   int64_t job;            /* job it runs, 0 if idle */
   int rank;               /* its rank in that job */
 } pw_worker_info;
+
+/* HTTP admission as it stands, kept by http.c for /metrics. */
+typedef struct {
+  int workers, queue, running, queued;    /* the pool for expensive requests */
+  int max_conns, max_per_ip, open;        /* connection bounds and open connections */
+  uint64_t busy;                          /* 429s: pool and queue full */
+  uint64_t refused_total, refused_per_ip; /* connections refused at accept, by bound */
+} pw_http_adm;
 
 struct pw_coord {
   /* configuration (read-only after start) */
@@ -49,6 +58,11 @@ struct pw_coord {
   char cluster_token[PW_CONTROL_TOKEN_MAX + 1]; /* empty: none */
   double heartbeat_interval, heartbeat_timeout;
   size_t max_body;        /* request body bound (bytes) */
+  /* admission (http.c, lib/plan/budget.h); 0 takes the default */
+  size_t max_rank_memory; /* bytes any pipeline rank may need (with the workers' memory) */
+  int64_t max_plan_actions;
+  int http_workers, http_queue;      /* the pool for expensive requests and its queue */
+  int http_max_conns, http_max_conns_per_ip, http_idle_timeout; /* seconds */
 
   /* the control loop */
   uv_loop_t *loop;
@@ -60,6 +74,7 @@ struct pw_coord {
   int n_workers, cap_workers;
   /* counters for /metrics */
   uint64_t http_requests[6];        /* by status class: 1xx..5xx, index 0 unused */
+  pw_http_adm http_adm;
   uint64_t step_hist[PW_HIST_BUCKETS + 1]; /* step times: le 0.001 * 2^i s, then +Inf */
   double step_time_sum;
   uint64_t step_count;
@@ -69,7 +84,7 @@ struct pw_coord {
   int n_stores;
 
   void *ctl;              /* ctlsrv.c's state (loop thread only) */
-  void *http;             /* http.c's state: the libmicrohttpd daemon */
+  void *http;             /* http.c's state: the libmicrohttpd daemon and the pool */
   int stopping;
 };
 

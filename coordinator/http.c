@@ -14,16 +14,34 @@
  * route, Content-Length; an early error answers at once, without reading
  * the body) -> body pieces (kept up to the bound, dropped beyond it) ->
  * last access call (413 if the body overflowed, else parse and run the
- * handler) -> completed callback (state freed, one log line). */
+ * handler) -> completed callback (state freed, one log line).
+ *
+ * Admission. libmicrohttpd's own threads (a pool of 2) only ever run cheap
+ * handlers, so /healthz, /metrics and job status never wait behind a plan.
+ * A handler that plans, merges checkpoints or renders a timeline (pooled
+ * below) runs on our own worker threads: the last access call suspends the
+ * connection and queues the request; a worker runs the handler and resumes
+ * the connection, whose next access call sends the reply. At most
+ * workers + queue such requests are admitted at once; the next gets 429
+ * with Retry-After. Connections are bounded in total and per client
+ * address (refused at accept, logged, counted in /metrics), and an idle
+ * connection is closed after the idle timeout. The total bound is kept
+ * well above any client's share (and under the process's file limit), so
+ * one address holding idle connections cannot lock the others out. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -33,8 +51,10 @@
 #include "log.h"
 
 /* A request's whole state; handlers see only r. */
-typedef struct {
+typedef struct http_req {
   pw_req r;
+  struct http_req *next;   /* the pool's queue */
+  int pooled;              /* handed to the pool: the reply is set when resumed */
   size_t url_len;          /* raw request target, query included */
   int nul_path, nul_query; /* "%00" in the raw path / query */
   int started;             /* the first access call has run */
@@ -46,6 +66,29 @@ typedef struct {
   char method[16];
   char path[256];          /* for the log line */
 } http_req;
+
+/* One client address and its open connections. */
+typedef struct {
+  unsigned char addr[16];
+  int n;
+} ip_count;
+
+/* The server: the daemon, the pool for expensive handlers, the counts. */
+typedef struct {
+  pw_coord *c;
+  struct MHD_Daemon *d;
+  pthread_cond_t cv;        /* with c->mu: the pool's queue */
+  pthread_t *threads;
+  int n_threads, queue_max, stopping;
+  http_req *head, *tail;   /* admitted, waiting for a worker */
+  int max_conns, max_per_ip;
+  ip_count *ips;           /* addresses with open connections */
+  int n_ips;
+} http_srv; /* mutable fields guarded by c->mu (held briefly, never across a
+               libmicrohttpd call); the counts /metrics shows are c->http_adm */
+
+static _Atomic(pw_http_pool_hook) pool_hook; /* set by tests while the pool runs */
+void pw_http_set_pool_hook(pw_http_pool_hook fn) { atomic_store(&pool_hook, fn); }
 
 static double mono(void) {
   struct timespec ts;
@@ -249,6 +292,77 @@ static enum MHD_Result send_reply(http_req *h) {
   return ret;
 }
 
+/* ---- the pool for expensive handlers --------------------------------------- */
+
+/* Handlers that plan, merge or render: seconds of CPU for a big job. */
+static int pooled_route(const pw_route *rt) {
+  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint};
+  for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
+    if (rt->fn == heavy[i]) return 1;
+  return 0;
+}
+
+static void *pool_main(void *arg) {
+  http_srv *srv = arg;
+  pthread_mutex_lock(&srv->c->mu);
+  for (;;) {
+    while (!srv->head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->c->mu);
+    http_req *h = srv->head;
+    if (!h) break; /* stopping, nothing left */
+    srv->head = h->next;
+    if (!srv->head) srv->tail = NULL;
+    srv->c->http_adm.queued--;
+    srv->c->http_adm.running++;
+    pthread_mutex_unlock(&srv->c->mu);
+    pw_http_pool_hook hook = atomic_load(&pool_hook);
+    if (hook) hook(h->path);
+    dispatch(h);
+    pthread_mutex_lock(&srv->c->mu);
+    srv->c->http_adm.running--;
+    pthread_mutex_unlock(&srv->c->mu);
+    MHD_resume_connection(h->r.conn); /* its next access call sends the reply */
+    pthread_mutex_lock(&srv->c->mu);
+  }
+  pthread_mutex_unlock(&srv->c->mu);
+  return NULL;
+}
+
+/* Admit h to the pool, or set its reply: 429 when workers and queue are
+ * full, 503 when stopping. Either way the connection is suspended here and
+ * resumed once the reply is set (by a worker, or at once), and its next
+ * access call sends it. Suspended first, outside c->mu (no libmicrohttpd
+ * call is made under our lock): a resume must follow its suspend. */
+static void pool_admit(http_srv *srv, http_req *h) {
+  h->pooled = 1;
+  MHD_suspend_connection(h->r.conn);
+  pthread_mutex_lock(&srv->c->mu);
+  int n = srv->c->http_adm.queued + srv->c->http_adm.running;
+  int full = n >= srv->n_threads + srv->queue_max, stopping = srv->stopping;
+  uint64_t busy = full && !stopping ? ++srv->c->http_adm.busy : 0;
+  if (!full && !stopping) {
+    h->next = NULL;
+    if (srv->tail) srv->tail->next = h;
+    else srv->head = h;
+    srv->tail = h;
+    srv->c->http_adm.queued++;
+    pthread_cond_signal(&srv->cv);
+  }
+  pthread_mutex_unlock(&srv->c->mu);
+  if (!full && !stopping) return;
+  if (stopping) {
+    pw_reply_error(&h->r, PW_EUNAVAIL, "", "the server is stopping");
+  } else {
+    pw_reply_error(&h->r, PW_EBUSY, "",
+                   "%d expensive requests (plans, submissions, timelines, checkpoints) are running or queued, "
+                   "the most admitted: try again shortly", n);
+    pw_reply_header(&h->r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (busy == 1 || busy % 100 == 0) /* the first, then every 100th: a flood does not flood the log */
+      pw_warn("http: %s %s answered 429: %d expensive requests running or queued (%llu so far)", h->method, h->path,
+              n, (unsigned long long)busy);
+  }
+  MHD_resume_connection(h->r.conn);
+}
+
 /* ---- libmicrohttpd callbacks --------------------------------------------- */
 
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
@@ -291,6 +405,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *upload_data_size = 0;
     return MHD_YES;
   }
+  if (h->pooled) return send_reply(h); /* resumed: the pool ran the handler */
+  if (!h->too_big && pooled_route(h->route)) {
+    pool_admit(r->c->http, h);
+    return MHD_YES;
+  }
   dispatch(h);
   return send_reply(h);
 }
@@ -306,6 +425,89 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   json_decref(h->r.body);
   free(h->buf);
   free(h);
+}
+
+/* ---- connection limits ---------------------------------------------------- */
+
+/* The address bytes of sa (v4 as v4-mapped v6), for the per-address counts. */
+static void addr_key(const struct sockaddr *sa, unsigned char key[16]) {
+  memset(key, 0, 16);
+  if (sa && sa->sa_family == AF_INET) {
+    key[10] = key[11] = 0xff;
+    memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+  } else if (sa && sa->sa_family == AF_INET6) {
+    memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+  }
+}
+
+/* The count of key (added when missing and add is set); NULL if none. */
+static ip_count *ip_find(http_srv *srv, const unsigned char key[16], int add) {
+  for (int i = 0; i < srv->n_ips; i++)
+    if (!memcmp(srv->ips[i].addr, key, 16)) return &srv->ips[i];
+  if (!add) return NULL;
+  ip_count *n = realloc(srv->ips, sizeof *n * (size_t)(srv->n_ips + 1));
+  if (!n) return NULL;
+  srv->ips = n;
+  ip_count *e = &srv->ips[srv->n_ips++];
+  memcpy(e->addr, key, 16);
+  e->n = 0;
+  return e;
+}
+
+/* Refusals are logged on the first and then every 100th, so a flood of
+ * connections cannot flood the log. */
+static void log_refusal(const char *what, uint64_t n, const char *who, int limit) {
+  if (n == 1 || n % 100 == 0)
+    pw_warn("http: refused a connection from %s: %d open, the %s limit (%llu refused so far)", who, limit, what,
+            (unsigned long long)n);
+}
+
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t len) {
+  http_srv *srv = cls;
+  (void)len;
+  unsigned char key[16];
+  addr_key(sa, key);
+  /* The place is taken here, not when the connection starts: accepts run
+   * on several threads, and a count taken later would let two through for
+   * the last place. libmicrohttpd checks its own (higher) bound before
+   * asking us, so a connection admitted here starts (short of running out
+   * of memory setting it up) and is given back when it closes
+   * (on_connection). */
+  pthread_mutex_lock(&srv->c->mu);
+  ip_count *e = ip_find(srv, key, 1);
+  int over_total = !e || srv->c->http_adm.open >= srv->max_conns;
+  int over_ip = !over_total && srv->max_per_ip && e->n >= srv->max_per_ip;
+  uint64_t n = over_total ? ++srv->c->http_adm.refused_total : over_ip ? ++srv->c->http_adm.refused_per_ip : 0;
+  int limit = over_total ? srv->max_conns : srv->max_per_ip;
+  if (!n) {
+    srv->c->http_adm.open++;
+    e->n++;
+  } else if (e && e->n == 0) {
+    *e = srv->ips[--srv->n_ips]; /* keep the table to live addresses */
+  }
+  pthread_mutex_unlock(&srv->c->mu);
+  if (!n) return MHD_YES;
+  char who[INET6_ADDRSTRLEN] = "?";
+  if (sa && sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, who, sizeof who);
+  if (sa && sa->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, who, sizeof who);
+  log_refusal(over_total ? "total" : "per-address", n, who, limit);
+  return MHD_NO;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+  http_srv *srv = cls;
+  (void)socket_context;
+  if (toe != MHD_CONNECTION_NOTIFY_CLOSED) return; /* its place was taken at accept */
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  unsigned char key[16];
+  addr_key(ci ? ci->client_addr : NULL, key);
+  pthread_mutex_lock(&srv->c->mu);
+  ip_count *e = ip_find(srv, key, 0);
+  srv->c->http_adm.open--;
+  if (e && --e->n <= 0) *e = srv->ips[--srv->n_ips]; /* keep the table to live addresses */
+  pthread_mutex_unlock(&srv->c->mu);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -358,6 +560,48 @@ static void serve_static(pw_req *r) {
 
 /* ---- start and stop ---------------------------------------------------------- */
 
+/* The connection bound: the option, else 2048, kept under the process's
+ * file limit less room for the store, the worker links and the pool. */
+static int conn_limit(const pw_coord *c) {
+  int want = c->http_max_conns > 0 ? c->http_max_conns : 2048;
+  struct rlimit rl;
+  if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY) {
+    long room = (long)rl.rlim_cur - 256;
+    if (room < 16) room = 16;
+    if (want > room) {
+      pw_warn("http: %d connections asked, the file limit (%ld) allows %ld", want, (long)rl.rlim_cur, room);
+      want = (int)room;
+    }
+  }
+  return want;
+}
+
+static void srv_free(http_srv *srv) {
+  pthread_cond_destroy(&srv->cv);
+  free(srv->threads);
+  free(srv->ips);
+  free(srv);
+}
+
+/* Stops the pool: queued requests answer 503, running ones finish. */
+static void pool_stop(http_srv *srv) {
+  pthread_mutex_lock(&srv->c->mu);
+  srv->stopping = 1;
+  http_req *h = srv->head;
+  srv->head = srv->tail = NULL;
+  srv->c->http_adm.queued = 0;
+  pthread_cond_broadcast(&srv->cv);
+  pthread_mutex_unlock(&srv->c->mu);
+  while (h) {
+    http_req *next = h->next;
+    pw_reply_error(&h->r, PW_EUNAVAIL, "", "the server is stopping");
+    MHD_resume_connection(h->r.conn);
+    h = next;
+  }
+  for (int i = 0; i < srv->n_threads; i++) pthread_join(srv->threads[i], NULL);
+  srv->n_threads = 0;
+}
+
 int pw_http_start(pw_coord *c, pw_err *err) {
   char host[sizeof c->http_host];
   snprintf(host, sizeof host, "%s", c->http_host[0] ? c->http_host : "127.0.0.1");
@@ -383,24 +627,62 @@ int pw_http_start(pw_coord *c, pw_err *err) {
       a = x;
       break;
     }
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+  http_srv *srv = calloc(1, sizeof *srv);
+  int nt = c->http_workers > 0 ? c->http_workers : 2;
+  if (srv) srv->threads = calloc((size_t)nt, sizeof *srv->threads);
+  if (!srv || !srv->threads) {
+    if (srv) free(srv);
+    freeaddrinfo(ai);
+    return pw_err_set(err, PW_ENOMEM, "http", "out of memory");
+  }
+  srv->c = c;
+  pthread_cond_init(&srv->cv, NULL);
+  srv->queue_max = c->http_queue > 0 ? c->http_queue : 8;
+  srv->max_conns = conn_limit(c);
+  srv->max_per_ip = c->http_max_conns_per_ip > 0 ? c->http_max_conns_per_ip : 256;
+  if (srv->max_per_ip > srv->max_conns) srv->max_per_ip = srv->max_conns;
+  unsigned idle = c->http_idle_timeout > 0 ? (unsigned)c->http_idle_timeout : 30;
+  for (; srv->n_threads < nt; srv->n_threads++)
+    if (pthread_create(&srv->threads[srv->n_threads], NULL, pool_main, srv)) break;
+  pthread_mutex_lock(&c->mu);
+  c->http_adm.workers = srv->n_threads;
+  c->http_adm.queue = srv->queue_max;
+  c->http_adm.max_conns = srv->max_conns;
+  c->http_adm.max_per_ip = srv->max_per_ip;
+  pthread_mutex_unlock(&c->mu);
+  c->http = srv; /* the handlers reach the pool through c */
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
   if (a->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-  struct MHD_Daemon *d = MHD_start_daemon(
-      flags, (uint16_t)c->http_port, NULL, NULL, on_request, c, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, c,
+  /* libmicrohttpd's own bound sits above ours (on_accept refuses first,
+   * logged and counted); it splits it over its threads. */
+  struct MHD_Daemon *d = srv->n_threads < nt ? NULL : MHD_start_daemon(
+      flags, (uint16_t)c->http_port, on_accept, srv, on_request, c, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, c,
       MHD_OPTION_SOCK_ADDR, a->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2, MHD_OPTION_URI_LOG_CALLBACK,
-      on_uri, c, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+      on_uri, c, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+      MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(srv->max_conns + 64),
       MHD_OPTION_END);
   freeaddrinfo(ai);
-  if (!d) return pw_err_set(err, PW_EIO, "http", "cannot listen on %s:%d (in use?)", host, c->http_port);
+  if (!d) {
+    pool_stop(srv);
+    srv_free(srv);
+    c->http = NULL;
+    return pw_err_set(err, PW_EIO, "http", "cannot listen on %s:%d (in use?)", host, c->http_port);
+  }
+  srv->d = d;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   if (info && info->port) c->http_port = info->port;
-  c->http = d;
-  pw_info("http: listening on %s:%d%s", host, c->http_port, c->api_token[0] ? " (bearer token required)" : "");
+  pw_info("http: listening on %s:%d%s; %d workers + %d queued for expensive requests; at most %d connections, %d "
+          "per address, idle ones closed after %u s",
+          host, c->http_port, c->api_token[0] ? " (bearer token required)" : "", srv->n_threads, srv->queue_max,
+          srv->max_conns, srv->max_per_ip, idle);
   return 0;
 }
 
 void pw_http_stop(pw_coord *c) {
-  if (!c->http) return;
-  MHD_stop_daemon(c->http);
+  http_srv *srv = c->http;
+  if (!srv) return;
+  pool_stop(srv);
+  MHD_stop_daemon(srv->d);
   c->http = NULL;
+  srv_free(srv);
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "coord.h"
@@ -30,6 +31,14 @@ static void usage(FILE *f) {
           "  --heartbeat-timeout SECS  a worker silent this long is lost (default 10)\n"
           "  --ready-file FILE         write {\"http\": PORT, \"control\": PORT} once serving\n"
           "  --log-level LEVEL         debug | info | warn | error (default info)\n"
+          "  --max-rank-memory BYTES   refuse a job a pipeline rank of which needs more (default: only\n"
+          "                            the smallest connected worker's memory bounds it)\n"
+          "  --max-plan-actions N      refuse a spec whose plan holds more actions (default 32768)\n"
+          "  --http-workers N          threads for expensive requests: plans, submissions (default 2)\n"
+          "  --http-queue N            expensive requests waiting beyond those; more get 429 (default 8)\n"
+          "  --http-max-connections N  open HTTP connections (default 2048, under the file limit)\n"
+          "  --http-max-per-address N  open HTTP connections per client address (default 256)\n"
+          "  --http-idle-timeout SECS  close an idle HTTP connection (default 30)\n"
           "  --help, --version\n"
           "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
 }
@@ -94,6 +103,13 @@ int main(int argc, char **argv) {
                                        {"heartbeat-timeout", required_argument, 0, 'T'},
                                        {"ready-file", required_argument, 0, 'r'},
                                        {"log-level", required_argument, 0, 'L'},
+                                       {"max-rank-memory", required_argument, 0, 1000},
+                                       {"max-plan-actions", required_argument, 0, 1001},
+                                       {"http-workers", required_argument, 0, 1002},
+                                       {"http-queue", required_argument, 0, 1003},
+                                       {"http-max-connections", required_argument, 0, 1004},
+                                       {"http-max-per-address", required_argument, 0, 1005},
+                                       {"http-idle-timeout", required_argument, 0, 1006},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
@@ -123,6 +139,26 @@ int main(int argc, char **argv) {
         }
         pw_log_set_level((pw_log_level)pw_log_parse_level(optarg));
         break;
+      case 1000: case 1001: case 1002: case 1003: case 1004: case 1005: case 1006: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(optarg, &end, 10);
+        if (errno || end == optarg || *end || v < 1 || (o != 1000 && o != 1001 && v > 1000000)) {
+          const char *name = "";
+          for (const struct option *op = opts; op->name; op++)
+            if (op->val == o) name = op->name;
+          fprintf(stderr, "pipewright-coordinator: --%s must be a positive integer, got '%s'\n", name, optarg);
+          return 2;
+        }
+        if (o == 1000) c->max_rank_memory = (size_t)v;
+        else if (o == 1001) c->max_plan_actions = v;
+        else if (o == 1002) c->http_workers = (int)v;
+        else if (o == 1003) c->http_queue = (int)v;
+        else if (o == 1004) c->http_max_conns = (int)v;
+        else if (o == 1005) c->http_max_conns_per_ip = (int)v;
+        else c->http_idle_timeout = (int)v;
+        break;
+      }
       case 'h': usage(stdout); return 0;
       case 'V': printf("pipewright-coordinator %s\n", PW_VERSION); return 0;
       default: usage(stderr); return 2;
@@ -174,6 +210,11 @@ int main(int argc, char **argv) {
   if (n > 0) pw_info("%d job%s caught mid-flight queued again", n, n == 1 ? "" : "s");
 
   c->loop = uv_default_loop();
+  struct rlimit rl; /* the soft file limit up to the hard one: room for the HTTP connection bound */
+  if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl)) pw_warn("cannot raise the open-file limit: %s", strerror(errno));
+  }
   if (pw_ctl_server_start(c, pw_sched_hooks(), &err) || pw_http_start(c, &err)) {
     fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
     return 1;

@@ -197,11 +197,13 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
   char addr[96];
   snprintf(addr, sizeof addr, "%s:%d", w->listen_host, w->listen_port);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); /* the coordinator's memory budget */
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_REGISTER, pw_msg_register, NULL, .version = PW_PROTO_VERSION,
                                   .name = w->name, .token = w->token, .data_addr = addr,
                                   .cores = cores > 0 ? cores : 1, .threads = w->threads,
                                   .software = "pipewright-worker " PW_VERSION,
-                                  .job = w->run ? (int64_t)w->run->job : -1)); /* still busy with it */
+                                  .job = w->run ? (int64_t)w->run->job : -1, /* still busy with it */
+                                  .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0));
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

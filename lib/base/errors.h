@@ -35,7 +35,10 @@
   X(ESCHEDULE, "schedule invalid",              422, "invalid_schedule")   \
   X(ECANCELED, "cancelled",                     409, "cancelled")          \
   X(EPEER,     "peer lost",                     500, "peer_lost")          \
-  X(EINTERNAL, "internal error",                500, "internal")
+  X(EINTERNAL, "internal error",                500, "internal")           \
+  X(EBUDGET,   "over the resource budget",      422, "over_budget")        \
+  X(EBUSY,     "too many requests",             429, "busy")               \
+  X(EUNAVAIL,  "service unavailable",           503, "unavailable")
 
 typedef enum {
   PW_OK = 0,
