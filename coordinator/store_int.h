@@ -81,8 +81,12 @@
     "INSERT OR REPLACE INTO metrics(job_id, run_id, step, loss, step_time, tokens, tokens_per_s, " \
     "grad_norm, lr, time) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                        \
   X(METRICS_SINCE,                                                                                 \
-    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time FROM metrics "        \
-    "WHERE job_id = ?1 AND step >= ?2 ORDER BY step")                                              \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics m " \
+    "WHERE job_id = ?1 AND step >= ?2 AND run_id IS (SELECT max(run_id) FROM metrics WHERE "      \
+    "job_id = ?1 AND step = m.step) ORDER BY step")                                                \
+  X(METRICS_SINCE_ALL,                                                                             \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics " \
+    "WHERE job_id = ?1 AND step >= ?2 ORDER BY step, run_id")                                      \
   X(TIMING_UPSERT,                                                                                 \
     "INSERT OR REPLACE INTO timings(job_id, run_id, step, rank, actions) "                         \
     "VALUES(?1, ?2, ?3, ?4, ?5)")                                                                  \

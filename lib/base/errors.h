@@ -29,6 +29,7 @@
   X(ETOOLONG,  "request target too long",       414, "too_large")          \
   X(EAUTH,     "unauthorized",                  401, "unauthorized")       \
   X(ECONFLICT, "conflict",                      409, "conflict")           \
+  X(EUNAVAIL,  "service unavailable",           503, "unavailable")        \
   X(EMETHOD,   "method not allowed",            405, "method_not_allowed") \
   X(ENOTSUP,   "not supported",                 422, "not_supported")      \
   X(EDEADLOCK, "schedule deadlocks",            422, "deadlock")           \
