@@ -242,6 +242,7 @@ static void plan_done(uv_work_t *req, int status) {
   const pw_job *job = &pw->job;
   jr->planning = 0;
   if (jr->ended || c->stopping) { /* cancelled, a worker lost, or shutting down meanwhile */
+    pw_info("job %lld: its plan is ready but the job ended meanwhile: dropped", (long long)jr->job);
     if (!jr->ended) end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down", NULL);
     else jobrt_free(jr);
     planwork_free(pw);
