@@ -177,6 +177,9 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   pw_err serr = {0};
   if (!s || pw_store_worker_register(s, w->name, w->addr, (int)reg->cores, (int)reg->threads, reg->software, &w->id,
                                      &serr)) {
+    char b[600];
+    pw_error("worker %s: cannot record its registration: %s", reg->name,
+             s ? pw_err_str(&serr, b, sizeof b) : "the store cannot be opened");
     refuse(w, "coordinator store unavailable");
     pw_ctl_drop(w, "store unavailable");
     return 0;
