@@ -189,22 +189,25 @@ def injected_outage(tmp):
 def tmpfs_outage(tmp):
     mnt = os.path.join(tmp, "small")
     os.makedirs(mnt)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt], capture_output=True).returncode:
         print("skip: a real full disk (mount -t tmpfs is not permitted here)")
         return
     filler = os.path.join(mnt, "filler")
 
     def fill():
-        with open(filler, "wb") as f:
-            try:
+        used = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(mnt) for f in fs)
+        print(f"     (the state dir holds {used} bytes; filling the rest)", flush=True)
+        try:  # a disk already full is full
+            with open(filler, "wb") as f:
                 while True:
                     f.write(b"\0" * 65536)
                     f.flush()
-            except OSError:
-                pass
+        except OSError:
+            pass
 
     try:
-        store_outage(tmp, "tmpfs", fill, lambda: os.unlink(filler), state=os.path.join(mnt, "coord"))
+        store_outage(tmp, "tmpfs", fill, lambda: os.path.exists(filler) and os.unlink(filler),
+                     state=os.path.join(mnt, "coord"))
     finally:
         subprocess.run(["umount", "-l", mnt])
 
