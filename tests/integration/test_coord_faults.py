@@ -120,6 +120,9 @@ class System:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        # a clean exit: under the sanitizers a leak or a bad access is not
+        check(f"{self.tag}: the coordinator exits cleanly on SIGTERM", self.coord.returncode == 0,
+              self.coord.returncode)
 
 
 def medium(steps):
