@@ -135,6 +135,10 @@ int pw__store_commit(pw_store *s, pw_err *err);
 void pw__store_rollback(pw_store *s);
 /* PW_ENOENT naming the job when it does not exist. */
 int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
+/* store_fault.c: PW_EIO as SQLITE_FULL would give when this write is to
+ * fail (fault injection), else 0; and reading PW_STORE_FAIL_* once. */
+int pw__store_fault(pw_store *s, pw_err *err, const char *what);
+void pw__store_fault_from_env(void);
 /* A column as JSON: NULL -> null, integers, finite reals (else null),
  * text (invalid UTF-8 bytes become '?'). */
 json_t *pw__store_col(sqlite3_stmt *st, int i);
