@@ -252,8 +252,9 @@ static void plan_done(uv_work_t *req, int status) {
   char b[600];
   pw_store *s = pw_coord_store(c);
   if (status || pw->rc) {
+    char e[600];
     if (status) pw_err_set(&pw->err, PW_EINTERNAL, "plan", "planning was cancelled: %s", uv_strerror(status));
-    pw_err_str(&pw->err, b, sizeof b);
+    snprintf(b, sizeof b, "planning failed: %s", pw_err_str(&pw->err, e, sizeof e));
     end_run(c, jr, "failed", PW_JOB_FAILED, b, NULL);
     planwork_free(pw);
     return;
@@ -261,7 +262,8 @@ static void plan_done(uv_work_t *req, int status) {
   int rc = s ? pw_store_run_insert(s, jr->job, pw->plan_text, &jr->run, &err)
              : pw_err_set(&err, PW_EIO, "store", "the store cannot be opened");
   if (rc) {
-    snprintf(b, sizeof b, "cannot record the run: %s", pw_err_str(&err, (char[600]){0}, 600));
+    char e[600];
+    snprintf(b, sizeof b, "cannot record the run: %s", pw_err_str(&err, e, sizeof e));
     pw_error("job %lld: %s", (long long)jr->job, b);
     end_run(c, jr, "failed", rc == PW_EIO || rc == PW_ENOMEM ? PW_JOB_QUEUED : PW_JOB_FAILED, b, NULL);
     planwork_free(pw);
