@@ -16,8 +16,18 @@
 #define PW_VERSION "0.0.0"
 #endif
 
+/* 200 {"status": "ok"} while the control loop's store writes work; 503
+ * (unavailable, path "store") with the store's last error while they fail
+ * or some are kept for a retry: a load balancer or a probe sees at once
+ * that what workers report is not being recorded. */
 void pw_api_healthz(pw_req *r) {
-  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "version", PW_VERSION));
+  char err[256];
+  int pending = 0;
+  if (pw_coord_store_health(r->c, err, sizeof err, &pending))
+    pw_reply_error(r, PW_EUNAVAIL, "store", "degraded: store writes are failing (%d pending): %s", pending,
+                   err[0] ? err : "writes pending");
+  else
+    pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:s, s:s}", "status", "ok", "version", PW_VERSION));
 }
 
 void pw_api_metrics(pw_req *r) {

@@ -221,14 +221,17 @@ void pw_api_job_cancel(pw_req *r) {
   }
 }
 
+/* GET /v1/jobs/{id}/metrics[?since=N][&all=1]: one row per step, the
+ * latest run's; with all=1 every run's row (a resumed run repeats steps). */
 void pw_api_job_metrics(pw_req *r) {
   int64_t since;
-  if (pw_req_int_arg(r, "since", 0, 0, INT_MAX, &since)) return;
+  int all;
+  if (pw_req_int_arg(r, "since", 0, 0, INT_MAX, &since) || pw_req_bool_arg(r, "all", 0, &all)) return;
   pw_store *s = pw_api_store(r);
   if (!s || job_exists(r, s)) return;
   json_t *out = NULL;
   pw_err err = {0};
-  if (pw_store_metrics_json(s, r->id, (int)since, &out, &err))
+  if ((all ? pw_store_metrics_all_json : pw_store_metrics_json)(s, r->id, (int)since, &out, &err))
     pw_reply_err(r, &err);
   else
     pw_reply_json(r, MHD_HTTP_OK, out);

@@ -62,6 +62,33 @@ json_t *pw_coord_workers_json(pw_coord *c) {
   return json_pack("{s:o}", "workers", arr);
 }
 
+int pw_coord_store_health(pw_coord *c, char *error, size_t cap, int *pending) {
+  pthread_mutex_lock(&c->mu);
+  int bad = c->store_error[0] || c->store_pending;
+  snprintf(error, cap, "%s", c->store_error);
+  *pending = c->store_pending;
+  pthread_mutex_unlock(&c->mu);
+  return bad;
+}
+
+int pw_coord_workers_expire(pw_coord *c, double now) {
+  if (c->worker_expiry <= 0) return 0;
+  int gone = 0;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < c->n_workers;) {
+    pw_worker_info *w = &c->workers[i];
+    if (!w->connected && now - w->last_heartbeat > c->worker_expiry) {
+      pw_info("worker %s lost for %.0f s: removed from the registry", w->name, now - w->last_heartbeat);
+      c->workers[i] = c->workers[--c->n_workers];
+      gone++;
+    } else {
+      i++;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return gone;
+}
+
 void pw_coord_worker_counts(pw_coord *c, int *idle, int *busy, int *lost) {
   int i0 = 0, b0 = 0, l0 = 0;
   pthread_mutex_lock(&c->mu);
@@ -131,7 +158,11 @@ char *pw_coord_metrics_text(pw_coord *c) {
   int64_t counts[PW_JOB__N] = {0}, steps = 0;
   double tokens = 0;
   pw_store *s = pw_coord_store(c);
-  if (s) pw_store_totals(s, counts, &steps, &tokens, NULL);
+  pw_err err = {0};
+  char eb[600];
+  if (!s) pw_warn("metrics: the store is not available");
+  else if (pw_store_totals(s, counts, &steps, &tokens, &err))
+    pw_warn("metrics: cannot read the store's totals: %s", pw_err_str(&err, eb, sizeof eb));
   sb_printf(&b, "# HELP pipewright_jobs Jobs by state.\n# TYPE pipewright_jobs gauge\n");
   for (int st = 0; st < PW_JOB__N; st++)
     sb_printf(&b, "pipewright_jobs{state=\"%s\"} %lld\n", pw_job_state_name(st), (long long)counts[st]);
@@ -149,7 +180,17 @@ char *pw_coord_metrics_text(pw_coord *c) {
   double sum = c->step_time_sum;
   memcpy(hist, c->step_hist, sizeof hist);
   memcpy(req, c->http_requests, sizeof req);
+  uint64_t st_failed = c->store_failures, st_dropped = c->store_dropped;
+  int st_pending = c->store_pending;
   pthread_mutex_unlock(&c->mu);
+  sb_printf(&b, "# HELP pipewright_store_write_failures_total Store writes that failed (kept for a retry or lost).\n"
+                "# TYPE pipewright_store_write_failures_total counter\npipewright_store_write_failures_total %llu\n",
+            (unsigned long long)st_failed);
+  sb_printf(&b, "# HELP pipewright_store_writes_lost_total Store writes given up (too many pending).\n"
+                "# TYPE pipewright_store_writes_lost_total counter\npipewright_store_writes_lost_total %llu\n",
+            (unsigned long long)st_dropped);
+  sb_printf(&b, "# HELP pipewright_store_writes_pending Store writes kept in memory until the store works.\n"
+                "# TYPE pipewright_store_writes_pending gauge\npipewright_store_writes_pending %d\n", st_pending);
   sb_printf(&b, "# HELP pipewright_step_seconds Wall time of a training step.\n"
                 "# TYPE pipewright_step_seconds histogram\n");
   uint64_t cum = 0;

@@ -57,6 +57,7 @@ struct pw_coord {
   char api_token[PW_CONTROL_TOKEN_MAX + 1];     /* empty: no auth */
   char cluster_token[PW_CONTROL_TOKEN_MAX + 1]; /* empty: none */
   double heartbeat_interval, heartbeat_timeout;
+  double worker_expiry;   /* a lost worker leaves the registry after this long (0: never) */
   size_t max_body;        /* request body bound (bytes) */
   /* admission (http.c, lib/plan/budget.h); 0 takes the default */
   size_t max_rank_memory; /* bytes any pipeline rank may need (with the workers' memory) */
@@ -79,11 +80,18 @@ struct pw_coord {
   double step_time_sum;
   uint64_t step_count;
 
+  /* the store as the loop's writes find it (store_retry.h) */
+  uint64_t store_failures;          /* writes that failed */
+  uint64_t store_dropped;           /* writes given up (the queue was full) */
+  int store_pending;                /* writes kept for a retry */
+  char store_error[256];            /* the last failure; "" once writes work */
+
   /* per-thread store connections, closed at shutdown (guarded by mu) */
   pw_store **stores;
   int n_stores;
 
   void *ctl;              /* ctlsrv.c's state (loop thread only) */
+  void *writeq;           /* store_retry.c's pending writes (loop thread only) */
   void *http;             /* http.c's state: the libmicrohttpd daemon and the pool */
   int stopping;
 };
@@ -96,6 +104,12 @@ void pw_coord_wake(pw_coord *c);
 /* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",
  *   "heartbeat_age","job","rank","cores","threads","software"}]} (new ref). */
 json_t *pw_coord_workers_json(pw_coord *c);
+/* The store's health for /healthz: 0 when the loop's writes work (and
+ * none is pending), else 1 with the last error and the pending count. */
+int pw_coord_store_health(pw_coord *c, char *error, size_t cap, int *pending);
+/* Drops lost workers whose last heartbeat is older than worker_expiry
+ * (loop; a no-op when worker_expiry is 0). Returns how many. */
+int pw_coord_workers_expire(pw_coord *c, double now);
 /* Counts of connected workers: idle and busy. */
 void pw_coord_worker_counts(pw_coord *c, int *idle, int *busy, int *lost);
 /* Record one HTTP answer's status for /metrics. */

@@ -33,14 +33,18 @@ typedef struct {
   int step;                /* -1: free */
   int reports;
   double loss, tokens, step_time, grad_norm, lr;
-  int has_loss;
+  int has_loss, has_grad, has_lr;
+  int nonfinite;           /* bits of the ranks' step.nonfinite: 1 loss, 2 grad norm */
 } pw_step_acc;
 
 /* A job running on workers. */
 struct pw_jobrt {
-  int64_t job, run;
+  int64_t job, run;        /* run is 0 until the plan is recorded */
   int n_ranks, n_stages, steps, start_step;
-  pw_wconn **ranks;        /* [n_ranks] */
+  pw_wconn **ranks;        /* [n_ranks]: reserved while planning, then assigned */
+  int planning;            /* its plan is being built on a worker thread */
+  int ended;               /* ended while planning: freed when the plan is back */
+  int on_nonfinite;        /* pw_nonfinite of the spec */
   int done;
   pw_step_acc *acc;        /* open steps */
   int n_acc;

@@ -11,6 +11,7 @@
 
 #include "ctl_int.h"
 #include "log.h"
+#include "store_retry.h"
 
 double pw_mono(void) {
   struct timespec ts;
@@ -128,8 +129,8 @@ void pw_ctl_drop(pw_wconn *w, const char *why) {
   if (w->registered) {
     if (w->job) ctl->hooks->lost(c, w, why ? why : "link closed");
     pw_registry_update(c, w);
-    pw_store *s = pw_coord_store(c);
-    if (s) pw_store_worker_seen(s, w->id, "lost", NULL);
+    pw_write seen = {.kind = PW_W_WORKER_SEEN, .worker = w->id, .text = "lost"};
+    pw_write_do(c, &seen, NULL); /* checked and logged there */
   }
   uv_close((uv_handle_t *)&w->tcp, on_closed);
 }
@@ -177,6 +178,9 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   pw_err serr = {0};
   if (!s || pw_store_worker_register(s, w->name, w->addr, (int)reg->cores, (int)reg->threads, reg->software, &w->id,
                                      &serr)) {
+    char b[600];
+    pw_error("worker %s: cannot record its registration: %s", reg->name,
+             s ? pw_err_str(&serr, b, sizeof b) : "the store cannot be opened");
     refuse(w, "coordinator store unavailable");
     pw_ctl_drop(w, "store unavailable");
     return 0;
@@ -270,7 +274,8 @@ static void on_connection(uv_stream_t *server, int status) {
 }
 
 /* Every second: heartbeat timeouts (unregistered links get the same time
- * to register), then a scheduling pass. */
+ * to register), lost workers leave the registry after --worker-expiry,
+ * then a scheduling pass. */
 static void on_tick(uv_timer_t *t) {
   pw_coord *c = t->data;
   double now = pw_mono();
@@ -283,6 +288,7 @@ static void on_tick(uv_timer_t *t) {
       pw_ctl_drop(w, why);
     }
   }
+  pw_coord_workers_expire(c, pw_store_now());
   ctl_of(c)->hooks->tick(c);
 }
 

@@ -17,6 +17,7 @@
 #include "addr.h"
 #include "log.h"
 #include "sdnotify.h"
+#include "store_retry.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -29,6 +30,8 @@ static void usage(FILE *f) {
           "  --token-file FILE         bearer token required by the API\n"
           "  --cluster-token-file FILE token workers must present\n"
           "  --heartbeat-timeout SECS  a worker silent this long is lost (default 10)\n"
+          "  --worker-expiry SECS      a lost worker leaves /v1/workers after this long\n"
+          "                            (default 600; 0 keeps it forever)\n"
           "  --ready-file FILE         write {\"http\": PORT, \"control\": PORT} once serving\n"
           "  --log-level LEVEL         debug | info | warn | error (default info)\n"
           "  --max-rank-memory BYTES   refuse a job a pipeline rank of which needs more (default: only\n"
@@ -101,6 +104,7 @@ int main(int argc, char **argv) {
                                        {"token-file", required_argument, 0, 't'},
                                        {"cluster-token-file", required_argument, 0, 'k'},
                                        {"heartbeat-timeout", required_argument, 0, 'T'},
+                                       {"worker-expiry", required_argument, 0, 'E'},
                                        {"ready-file", required_argument, 0, 'r'},
                                        {"log-level", required_argument, 0, 'L'},
                                        {"max-rank-memory", required_argument, 0, 1000},
@@ -118,10 +122,11 @@ int main(int argc, char **argv) {
   const char *token_file = NULL, *cluster_file = NULL;
   snprintf(c->state_dir, sizeof c->state_dir, "pipewright-coordinator");
   c->heartbeat_timeout = 10;
+  c->worker_expiry = 600;
   c->heartbeat_interval = 1;
   c->max_body = (size_t)8 << 20;
   int o;
-  while ((o = getopt_long(argc, argv, "H:C:s:d:w:t:k:T:r:L:hV", opts, NULL)) != -1) {
+  while ((o = getopt_long(argc, argv, "H:C:s:d:w:t:k:T:E:r:L:hV", opts, NULL)) != -1) {
     switch (o) {
       case 'H': http = optarg; break;
       case 'C': ctl = optarg; break;
@@ -131,6 +136,15 @@ int main(int argc, char **argv) {
       case 't': token_file = optarg; break;
       case 'k': cluster_file = optarg; break;
       case 'T': c->heartbeat_timeout = atof(optarg); break;
+      case 'E': {
+        char *end;
+        c->worker_expiry = strtod(optarg, &end);
+        if (end == optarg || *end || !(c->worker_expiry >= 0)) {
+          fprintf(stderr, "pipewright-coordinator: --worker-expiry must be seconds >= 0, got '%s'\n", optarg);
+          return 2;
+        }
+        break;
+      }
       case 'r': ready = optarg; break;
       case 'L':
         if (pw_log_parse_level(optarg) < 0) {
@@ -247,6 +261,7 @@ int main(int argc, char **argv) {
   }
   pw_coord_wake(c); /* first scheduling pass */
   uv_run(c->loop, UV_RUN_DEFAULT);
+  pw_write_shutdown(c); /* a last try; what is still pending is logged */
   free(c->ctl);
   for (int i = 0; i < c->n_stores; i++) pw_store_close(c->stores[i]);
   free(c->stores);

@@ -12,7 +12,17 @@
  * lost fails the run with a reason naming it, and the others are told to
  * stop; a cancelled job's workers are stopped and freed. A run interrupted
  * by a coordinator shutdown or crash goes back to the queue and resumes
- * from the last complete checkpoint. Loop thread only. */
+ * from the last complete checkpoint.
+ *
+ * Planning runs on a worker thread (uv_queue_work): a large spec plans
+ * for seconds, and the loop must keep answering heartbeats. The job shows
+ * as planning meanwhile, its workers reserved; cancelling it, losing one
+ * of them or shutting down ends it, and the plan is dropped when it
+ * comes back. Every store write goes through store_retry.h: checked,
+ * logged when it fails, kept in memory until the store takes it; no new
+ * run starts while writes are pending. A step whose loss or gradient norm
+ * is not finite is recorded as such and fails the job ("diverged at step
+ * N") unless the spec's train.on_nonfinite is "skip". Loop thread only. */
 #include <libgen.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,14 +34,29 @@
 #include "log.h"
 #include "plan.h"
 #include "slice.h"
+#include "store_retry.h"
 
 static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
+
+/* ---- writes -------------------------------------------------------------- */
+
+/* Every write of a running job goes through store_retry: checked, logged
+ * when it fails and kept until the store takes it. */
+static int write_state(pw_coord *c, int64_t job, int state, const char *reason, const char *error) {
+  pw_write w = {.kind = PW_W_JOB_STATE, .job = job, .state = state, .text = reason, .text2 = error};
+  return pw_write_do(c, &w, NULL);
+}
+
+static void write_status(pw_coord *c, int64_t job, const char *status) {
+  pw_write w = {.kind = PW_W_JOB_STATUS, .job = job, .text = status};
+  pw_write_do(c, &w, NULL); /* logged there; the next pass writes it again */
+}
 
 static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason) {
   for (int r = 0; r < jr->n_ranks; r++) {
     pw_wconn *w = jr->ranks[r];
     if (!w) continue;
-    if (cancel_reason)
+    if (cancel_reason && !jr->planning) /* a reserved worker was sent nothing */
       pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_CANCEL, pw_msg_cancel, NULL, .job = jr->job, .run = jr->run,
                                           .reason = cancel_reason));
     w->job = NULL;
@@ -41,30 +66,44 @@ static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason
   }
 }
 
+static void jobrt_free(pw_jobrt *jr) {
+  free(jr->ranks);
+  free(jr->acc);
+  free(jr);
+}
+
+/* Out of the list; freed now, or when its plan comes back. */
 static void jobrt_remove(pw_coord *c, pw_jobrt *jr) {
   for (pw_jobrt **p = &ctl_of(c)->jobs; *p; p = &(*p)->next)
     if (*p == jr) {
       *p = jr->next;
       break;
     }
-  free(jr->ranks);
-  free(jr->acc);
-  free(jr);
+  if (jr->planning) jr->ended = 1;
+  else jobrt_free(jr);
 }
 
 /* The run ends: workers told (unless they finished) and freed, the run and
  * the job recorded. job_state < 0 leaves the job's state alone. */
 static void end_run(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_state, const char *reason,
                     const char *cancel_reason) {
-  pw_store *s = pw_coord_store(c);
   release_workers(c, jr, cancel_reason);
-  if (s) {
-    pw_store_run_finish(s, jr->run, run_state, strcmp(run_state, "succeeded") ? reason : NULL, NULL);
-    if (job_state >= 0)
-      pw_store_job_set_state(s, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL, NULL);
+  if (jr->run) {
+    pw_write w = {.kind = PW_W_RUN_FINISH, .run = jr->run, .job = jr->job, .text = run_state,
+                  .text2 = strcmp(run_state, "succeeded") ? reason : NULL};
+    pw_write_do(c, &w, NULL);
   }
+  if (job_state >= 0) write_state(c, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL);
   pw_info("job %lld run %lld %s: %s", (long long)jr->job, (long long)jr->run, run_state, reason);
   jobrt_remove(c, jr);
+}
+
+/* A write of this run was given up (too many pending): the job cannot be
+ * recorded as it ran, so it fails saying so. */
+static void lost_write(pw_coord *c, pw_jobrt *jr, const char *what) {
+  char why[300];
+  snprintf(why, sizeof why, "the store could not record %s (the store is failing: see the coordinator's log)", what);
+  end_run(c, jr, "failed", PW_JOB_FAILED, why, "the coordinator's store is failing");
 }
 
 /* ---- dispatch ----------------------------------------------------------- */
@@ -82,6 +121,45 @@ static int idle_workers(pw_coord *c, pw_wconn **out, int cap) {
   return n;
 }
 
+/* Everything dispatch needs from the plan, built on a worker thread
+ * (uv_queue_work): planning a large spec takes seconds, and the loop must
+ * keep answering heartbeats meanwhile. The thread touches only this. */
+typedef struct {
+  uv_work_t req;
+  pw_coord *c;
+  pw_jobrt *jr;
+  pw_job job;
+  /* results */
+  int rc;
+  pw_err err;
+  int S, pp, n;              /* stages, pipeline ranks, ranks */
+  char *plan_text;           /* canonical plan (runs.plan) */
+  char plan_sha[PW_SHA256_HEX_LEN + 1];
+  char **slices;             /* [n] */
+  char (*slice_sha)[PW_SHA256_HEX_LEN + 1];
+  char **actions;            /* [pp] action lists, text form */
+  char **layers;             /* [S] layer names, JSON */
+  int *stage_rank;           /* [S] */
+  int64_t *params;           /* [S] */
+  double *flops;             /* [S] */
+} planwork;
+
+static void planwork_free(planwork *pw) {
+  for (int r = 0; pw->slices && r < pw->n; r++) free(pw->slices[r]);
+  for (int r = 0; pw->actions && r < pw->pp; r++) free(pw->actions[r]);
+  for (int s = 0; pw->layers && s < pw->S; s++) free(pw->layers[s]);
+  free(pw->slices);
+  free(pw->slice_sha);
+  free(pw->actions);
+  free(pw->layers);
+  free(pw->stage_rank);
+  free(pw->params);
+  free(pw->flops);
+  free(pw->plan_text);
+  pw_job_free(&pw->job);
+  free(pw);
+}
+
 static char *actions_text(const pw_sched *sc, int r) {
   int len = pw_actions_format(sc->actions[r], sc->n_actions[r], NULL, 0);
   char *t = malloc((size_t)len + 1);
@@ -89,28 +167,59 @@ static char *actions_text(const pw_sched *sc, int r) {
   return t;
 }
 
-static void record_plan(pw_store *s, int64_t run, const pw_plan *p) {
-  for (int st = 0; st < p->S; st++) {
-    const pw_stage *sg = &p->part.stages[st];
+/* Worker thread: the plan (once per run), its canonical text and hash,
+ * every rank's slice, and what the store records of it. */
+static void plan_work(uv_work_t *req) {
+  planwork *pw = req->data;
+  pw_plan p;
+  if ((pw->rc = pw_plan_build(&pw->job, NULL, &p, &pw->err))) return;
+  pw->S = p.S;
+  pw->pp = p.pp;
+  json_t *pj = pw_plan_json(&pw->job, &p);
+  pw->rc = pw_slice_plan_text(pj, &pw->plan_text, pw->plan_sha);
+  json_decref(pj);
+  pw->slices = calloc((size_t)pw->n, sizeof *pw->slices);
+  pw->slice_sha = calloc((size_t)pw->n, sizeof *pw->slice_sha);
+  pw->actions = calloc((size_t)p.pp, sizeof *pw->actions);
+  pw->layers = calloc((size_t)p.S, sizeof *pw->layers);
+  pw->stage_rank = calloc((size_t)p.S, sizeof *pw->stage_rank);
+  pw->params = calloc((size_t)p.S, sizeof *pw->params);
+  pw->flops = calloc((size_t)p.S, sizeof *pw->flops);
+  if (pw->rc || !pw->slices || !pw->slice_sha || !pw->actions || !pw->layers || !pw->stage_rank || !pw->params ||
+      !pw->flops) {
+    pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
+    goto out;
+  }
+  for (int r = 0; r < pw->n && !pw->rc; r++)
+    pw->rc = pw_slice_build(&pw->job, &p, r, pw->plan_sha, &pw->slices[r], pw->slice_sha[r], &pw->err);
+  for (int r = 0; r < p.pp && !pw->rc; r++)
+    if (!(pw->actions[r] = actions_text(p.sched, r))) pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
+  for (int st = 0; st < p.S && !pw->rc; st++) {
+    const pw_stage *sg = &p.part.stages[st];
     json_t *names = json_array();
-    for (int l = sg->layer_lo; l < sg->layer_hi; l++) json_array_append_new(names, json_string(p->model.layers[l].name));
-    char *js = json_dumps(names, JSON_COMPACT);
-    pw_store_stage_insert(s, run, st, p->sched->stage_to_rank[st], js ? js : "[]", (int64_t)sg->params,
-                          (sg->flops_f + sg->flops_i + sg->flops_w) * p->mb_size, NULL);
-    free(js);
+    for (int l = sg->layer_lo; l < sg->layer_hi; l++) json_array_append_new(names, json_string(p.model.layers[l].name));
+    pw->layers[st] = json_dumps(names, JSON_COMPACT);
     json_decref(names);
+    if (!pw->layers[st]) pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
+    pw->stage_rank[st] = p.sched->stage_to_rank[st];
+    pw->params[st] = (int64_t)sg->params;
+    pw->flops[st] = (sg->flops_f + sg->flops_i + sg->flops_w) * p.mb_size;
   }
-  for (int r = 0; r < p->pp; r++) {
-    char *t = actions_text(p->sched, r);
-    if (t) pw_store_actions_insert(s, run, r, t, NULL);
-    free(t);
-  }
+out:
+  pw_plan_free(&p);
 }
 
 /* Where to resume: the last step every stage checkpointed (previous runs). */
 static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_t cap) {
   json_t *ck = NULL;
-  if (pw_store_checkpoint_latest_json(s, job, n_stages, &ck, NULL)) return 0;
+  pw_err err = {0};
+  char b[600];
+  int rc = pw_store_checkpoint_latest_json(s, job, n_stages, &ck, &err);
+  if (rc) {
+    if (rc != PW_ENOENT) pw_warn("job %lld: cannot read its checkpoints (%s): starting from step 0", (long long)job,
+                                 pw_err_str(&err, b, sizeof b));
+    return 0;
+  }
   int step = (int)json_integer_value(json_object_get(ck, "step"));
   const char *p0 = json_string_value(json_object_get(json_array_get(json_object_get(ck, "stages"), 0), "path"));
   int ok = p0 && step > 0 && strlen(p0) < cap;
@@ -123,91 +232,139 @@ static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_
   return ok ? step : 0;
 }
 
-static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, pw_wconn **ws) {
+/* Loop: the run recorded, each rank sent its slice. Store writes that
+ * fail before the first assign put the job back in the queue (nothing ran
+ * yet); after it, they are kept for a retry like any run's. */
+static void plan_done(uv_work_t *req, int status) {
+  planwork *pw = req->data;
+  pw_coord *c = pw->c;
+  pw_jobrt *jr = pw->jr;
+  const pw_job *job = &pw->job;
+  jr->planning = 0;
+  if (jr->ended || c->stopping) { /* cancelled, a worker lost, or shutting down meanwhile */
+    pw_info("job %lld: its plan is ready but the job ended meanwhile: dropped", (long long)jr->job);
+    if (!jr->ended) end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down", NULL);
+    else jobrt_free(jr);
+    planwork_free(pw);
+    return;
+  }
   pw_err err = {0};
   char b[600];
-  int n = job->mesh.pp * job->mesh.dp;
-  pw_store_job_set_state(s, id, PW_JOB_PLANNING, "enough idle workers", NULL, NULL);
-  pw_plan p;
-  if (pw_plan_build(job, NULL, &p, &err)) {
-    pw_store_job_set_state(s, id, PW_JOB_FAILED, "planning failed", pw_err_str(&err, b, sizeof b), NULL);
+  pw_store *s = pw_coord_store(c);
+  if (status || pw->rc) {
+    char e[600];
+    if (status) pw_err_set(&pw->err, PW_EINTERNAL, "plan", "planning was cancelled: %s", uv_strerror(status));
+    snprintf(b, sizeof b, "planning failed: %s", pw_err_str(&pw->err, e, sizeof e));
+    end_run(c, jr, "failed", PW_JOB_FAILED, b, NULL);
+    planwork_free(pw);
     return;
   }
-  /* The plan is built here, once per run: its canonical text is what
-   * runs.plan stores and what its hash names; every worker gets a slice. */
-  json_t *pj = pw_plan_json(job, &p);
-  char *pjs = NULL, plan_sha[PW_SHA256_HEX_LEN + 1];
-  int64_t run = 0;
-  int rc = pw_slice_plan_text(pj, &pjs, plan_sha);
-  json_decref(pj);
-  if (rc) pw_err_set(&err, rc, "plan", "out of memory");
-  else rc = pw_store_run_insert(s, id, pjs, &run, &err);
-  free(pjs);
+  int rc = s ? pw_store_run_insert(s, jr->job, pw->plan_text, &jr->run, &err)
+             : pw_err_set(&err, PW_EIO, "store", "the store cannot be opened");
   if (rc) {
-    pw_store_job_set_state(s, id, PW_JOB_FAILED, "cannot record the run", pw_err_str(&err, b, sizeof b), NULL);
-    pw_plan_free(&p);
+    char e[600];
+    snprintf(b, sizeof b, "cannot record the run: %s", pw_err_str(&err, e, sizeof e));
+    pw_error("job %lld: %s", (long long)jr->job, b);
+    end_run(c, jr, "failed", rc == PW_EIO || rc == PW_ENOMEM ? PW_JOB_QUEUED : PW_JOB_FAILED, b, NULL);
+    planwork_free(pw);
     return;
   }
-  record_plan(s, run, &p);
-  pw_store_job_set_state(s, id, PW_JOB_DISPATCHING, "plan recorded", NULL, NULL);
+  for (int st = 0; st < pw->S; st++) {
+    pw_write w = {.kind = PW_W_STAGE, .job = jr->job, .run = jr->run, .stage = st, .rank = pw->stage_rank[st],
+                  .text = pw->layers[st], .bytes = pw->params[st], .flops = pw->flops[st]};
+    pw_write_do(c, &w, NULL);
+  }
+  for (int r = 0; r < pw->pp; r++) {
+    pw_write w = {.kind = PW_W_ACTIONS, .job = jr->job, .run = jr->run, .rank = r, .text = pw->actions[r]};
+    pw_write_do(c, &w, NULL);
+  }
+  if (write_state(c, jr->job, PW_JOB_DISPATCHING, "plan recorded", NULL) < 0) {
+    end_run(c, jr, "failed", -1, "the job changed state while it was planned", NULL);
+    planwork_free(pw);
+    return;
+  }
   char resume[1024] = "";
-  int start = resume_point(s, id, p.S, resume, sizeof resume);
+  int start = resume_point(s, jr->job, pw->S, resume, sizeof resume);
   if (start >= job->train.steps) start = 0, resume[0] = 0;
-  pw_jobrt *jr = calloc(1, sizeof *jr);
-  if (jr) jr->ranks = calloc((size_t)n, sizeof *jr->ranks);
-  if (!jr || !jr->ranks) {
-    free(jr);
-    pw_store_job_set_state(s, id, PW_JOB_FAILED, "out of memory", "out of memory", NULL);
-    pw_plan_free(&p);
-    return;
-  }
-  jr->job = id;
-  jr->run = run;
-  jr->n_ranks = n;
-  jr->n_stages = p.S;
-  jr->steps = job->train.steps;
+  jr->n_stages = pw->S;
   jr->start_step = start;
   json_t *peers = json_array();
-  for (int r = 0; r < n; r++) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", ws[r]->addr));
+  for (int r = 0; r < jr->n_ranks; r++)
+    json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", jr->ranks[r]->addr));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
   char names[512] = "";
-  for (int r = 0; r < n; r++) {
-    pw_wconn *w = ws[r];
-    char *slice = NULL, slice_sha[PW_SHA256_HEX_LEN + 1];
-    if (pw_slice_build(job, &p, r, plan_sha, &slice, slice_sha, &err)) {
-      /* Only out of memory: the ranks sent so far are stopped by end_run. */
-      jr->next = ctl_of(c)->jobs;
-      ctl_of(c)->jobs = jr;
-      json_decref(peers);
-      pw_plan_free(&p);
-      end_run(c, jr, "failed", PW_JOB_FAILED, pw_err_str(&err, b, sizeof b), "dispatch failed");
-      return;
-    }
-    json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = id, .run = run, .rank = r,
-                                  .slice = slice, .slice_sha256 = slice_sha, .peers = peers,
+  for (int r = 0; r < jr->n_ranks; r++) {
+    pw_wconn *w = jr->ranks[r];
+    json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = jr->job, .run = jr->run, .rank = r,
+                                  .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
                                   .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
                                   .resume = resume[0] ? resume : NULL, .trace_every = trace_every);
-    free(slice);
-    w->job = jr;
-    w->rank = r;
-    jr->ranks[r] = w;
     pw_registry_update(c, w);
-    pw_store_assignment_insert(s, run, r, w->id, w->name, NULL);
+    pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};
+    pw_write_do(c, &aw, NULL);
     pw_ctl_send_msg(w, as);
     size_t l = strlen(names);
     snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
   }
   json_decref(peers);
-  jr->next = ctl_of(c)->jobs;
-  ctl_of(c)->jobs = jr;
-  snprintf(b, sizeof b, "dispatched %d ranks to %s%s", n, names, start ? " (resuming)" : "");
+  snprintf(b, sizeof b, "dispatched %d ranks to %s%s", jr->n_ranks, names, start ? " (resuming)" : "");
   if (start) {
     size_t l = strlen(b);
     snprintf(b + l, sizeof b - l, " from the checkpoint of step %d", start);
   }
-  pw_store_job_set_state(s, id, PW_JOB_RUNNING, b, NULL, NULL);
-  pw_store_job_set_status(s, id, "", NULL);
-  pw_plan_free(&p);
+  write_state(c, jr->job, PW_JOB_RUNNING, b, NULL);
+  write_status(c, jr->job, "");
+  planwork_free(pw);
+}
+
+/* Reserves the workers, marks the job planning and hands the plan to a
+ * worker thread; takes job (freed with the work). */
+static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn **ws) {
+  pw_err err = {0};
+  char b[600];
+  int n = job->mesh.pp * job->mesh.dp;
+  int rc = pw_store_job_set_state(s, id, PW_JOB_PLANNING, "enough idle workers", NULL, &err);
+  if (rc) { /* stays queued: the next pass tries again */
+    pw_error("job %lld: cannot start planning: %s", (long long)id, pw_err_str(&err, b, sizeof b));
+    pw_job_free(job);
+    return;
+  }
+  planwork *pw = calloc(1, sizeof *pw);
+  pw_jobrt *jr = calloc(1, sizeof *jr);
+  if (jr) jr->ranks = calloc((size_t)n, sizeof *jr->ranks);
+  if (!pw || !jr || !jr->ranks) {
+    free(pw);
+    if (jr) free(jr->ranks);
+    free(jr);
+    pw_job_free(job);
+    write_state(c, id, PW_JOB_FAILED, "out of memory", "out of memory");
+    return;
+  }
+  jr->job = id;
+  jr->n_ranks = n;
+  jr->steps = job->train.steps;
+  jr->on_nonfinite = job->train.on_nonfinite;
+  jr->planning = 1;
+  for (int r = 0; r < n; r++) { /* reserved: no other job takes them meanwhile */
+    jr->ranks[r] = ws[r];
+    ws[r]->job = jr;
+    ws[r]->rank = r;
+    pw_registry_update(c, ws[r]);
+  }
+  jr->next = ctl_of(c)->jobs;
+  ctl_of(c)->jobs = jr;
+  pw->c = c;
+  pw->jr = jr;
+  pw->job = *job; /* moved */
+  pw->n = n;
+  pw->req.data = pw;
+  write_status(c, id, "planning");
+  if ((rc = uv_queue_work(c->loop, &pw->req, plan_work, plan_done))) {
+    jr->planning = 0;
+    snprintf(b, sizeof b, "cannot start planning: %s", uv_strerror(rc));
+    end_run(c, jr, "failed", PW_JOB_FAILED, b, NULL);
+    planwork_free(pw);
+  }
 }
 
 /* ---- the periodic pass -------------------------------------------------- */
@@ -215,14 +372,22 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, const pw_job *job, pw
 static void sched_tick(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   if (!ctl || c->stopping) return;
+  /* Writes kept while the store failed go first; no new run starts while
+   * some are pending (its own writes would only join the queue). */
+  int pending = pw_write_flush(c);
   pw_store *s = pw_coord_store(c);
   if (!s) return;
+  pw_err err = {0};
+  char b[600];
   /* Runs whose job was cancelled (or otherwise ended) through the API. */
   pw_jobrt *next;
   for (pw_jobrt *jr = ctl->jobs; jr; jr = next) {
     next = jr->next;
     pw_job_brief jb;
-    if (pw_store_job_brief(s, jr->job, &jb, NULL)) continue;
+    if (pw_store_job_brief(s, jr->job, &jb, &err)) {
+      pw_warn("job %lld: cannot read its state: %s", (long long)jr->job, pw_err_str(&err, b, sizeof b));
+      continue;
+    }
     free(jb.spec);
     if (jb.state == PW_JOB_CANCELLED) end_run(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
   }
@@ -230,35 +395,42 @@ static void sched_tick(pw_coord *c) {
    * a later one that does. */
   int64_t *ids = NULL;
   int nq = 0;
-  if (pw_store_jobs_in_state(s, PW_JOB_QUEUED, &ids, &nq, NULL)) return;
+  if (pw_store_jobs_in_state(s, PW_JOB_QUEUED, &ids, &nq, &err)) {
+    pw_warn("cannot list the queued jobs: %s", pw_err_str(&err, b, sizeof b));
+    return;
+  }
   for (int i = 0; i < nq; i++) {
     pw_job_brief jb;
-    if (pw_store_job_brief(s, ids[i], &jb, NULL)) continue;
+    if (pw_store_job_brief(s, ids[i], &jb, &err)) {
+      pw_warn("job %lld: cannot read it: %s", (long long)ids[i], pw_err_str(&err, b, sizeof b));
+      continue;
+    }
     json_error_t je;
     json_t *spec = json_loads(jb.spec, 0, &je);
     free(jb.spec);
     pw_job job;
-    pw_err err = {0};
-    char b[600];
     if (!spec || pw_job_parse(spec, NULL, &job, &err)) {
-      pw_store_job_set_state(s, ids[i], PW_JOB_FAILED, "stored spec is invalid",
-                             spec ? pw_err_str(&err, b, sizeof b) : je.text, NULL);
+      write_state(c, ids[i], PW_JOB_FAILED, "stored spec is invalid", spec ? pw_err_str(&err, b, sizeof b) : je.text);
       json_decref(spec);
       continue;
     }
+    json_decref(spec);
     int need = job.mesh.pp * job.mesh.dp, idle_n, busy, lost;
     pw_wconn *ws[1024];
     idle_n = idle_workers(c, ws, 1024);
-    if (idle_n >= need) {
-      dispatch(c, s, ids[i], &job, ws);
+    if (pending) {
+      snprintf(b, sizeof b, "waiting for the store: %d write%s pending", pending, pending == 1 ? "" : "s");
+      write_status(c, ids[i], b);
+    } else if (idle_n >= need) {
+      dispatch(c, s, ids[i], &job, ws); /* takes job */
+      continue;
     } else {
       pw_coord_worker_counts(c, NULL, &busy, &lost);
       snprintf(b, sizeof b, "waiting for %d idle worker%s (%d idle, %d busy connected)", need, need == 1 ? "" : "s",
                idle_n, busy);
-      pw_store_job_set_status(s, ids[i], b, NULL);
+      write_status(c, ids[i], b);
     }
     pw_job_free(&job);
-    json_decref(spec);
   }
   free(ids);
 }
@@ -297,38 +469,73 @@ static pw_jobrt *current_run(pw_wconn *w, const json_t *raw, int64_t job, int64_
   return jr;
 }
 
+/* The step's metrics row once every rank reported. A NaN or inf is
+ * recorded as such (null), never as 0; unless the spec says
+ * train.on_nonfinite "skip", the job fails: "diverged at step N". */
+static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
+  int step = a->step;
+  pw_metric mt = {.step = step,
+                  .loss = a->has_loss && !(a->nonfinite & 1) ? a->loss : NAN,
+                  .step_time = a->step_time,
+                  .tokens = a->tokens,
+                  .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0,
+                  .grad_norm = a->has_grad && !(a->nonfinite & 2) ? a->grad_norm : NAN,
+                  .lr = a->has_lr ? a->lr : NAN};
+  int nonfinite = a->nonfinite;
+  a->step = -1;
+  pw_write w = {.kind = PW_W_METRIC, .job = jr->job, .run = jr->run, .m = mt};
+  if (pw_write_do(c, &w, NULL) == PW_ETOOBIG) {
+    char what[64];
+    snprintf(what, sizeof what, "step %d's metrics", step);
+    lost_write(c, jr, what);
+    return;
+  }
+  pw_write pg = {.kind = PW_W_PROGRESS, .job = jr->job, .step = step + 1, .m = mt};
+  pw_write_do(c, &pg, NULL); /* kept when it fails; a lost one is the next step's to fix */
+  pw_coord_count_step(c, mt.step_time);
+  if (!nonfinite) return;
+  char why[160];
+  snprintf(why, sizeof why, "diverged at step %d: %s not finite", step,
+           nonfinite == 3 ? "the loss and the gradient norm are" : nonfinite & 1 ? "the loss is" : "the gradient norm is");
+  if (jr->on_nonfinite == PW_NONFINITE_SKIP) {
+    char msg[240];
+    snprintf(msg, sizeof msg, "%s (train.on_nonfinite: skip)", why);
+    pw_write ev = {.kind = PW_W_EVENT, .job = jr->job, .text = "nonfinite", .text2 = msg};
+    pw_write_do(c, &ev, NULL);
+    pw_warn("job %lld: %s", (long long)jr->job, msg);
+    return;
+  }
+  end_run(c, jr, "failed", PW_JOB_FAILED, why, "the job diverged");
+}
+
 static int on_step(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
   pw_coord *c = ctx;
   pw_wconn *w = conn;
   const pw_msg_step *m = &msg->STEP;
-  pw_store *s = pw_coord_store(c);
   pw_jobrt *jr = current_run(w, raw, m->job, m->run);
-  if (!s || !jr) return 0;
+  if (!jr) return 0;
   int step = (int)m->step;
   if (m->actions) {
     char *t = json_dumps(m->actions, JSON_COMPACT);
-    if (t) pw_store_timing_insert(s, jr->job, jr->run, step, w->rank, t, NULL);
+    pw_write tw = {.kind = PW_W_TIMING, .job = jr->job, .run = jr->run, .step = step, .rank = w->rank, .text = t};
+    if (!t) pw_error("job %lld step %d rank %d: out of memory for its timings", (long long)jr->job, step, w->rank);
+    else pw_write_do(c, &tw, NULL); /* a sample: a lost one is logged and counted there */
     free(t);
   }
   pw_step_acc *a = acc_for(jr, step);
   if (!a) {
     pw_error("job %lld: out of memory for step %d's reports", (long long)jr->job, step);
+    lost_write(c, jr, "a step report (out of memory)");
     return 0;
   }
   a->reports++;
   if (!isnan(m->loss)) a->loss += m->loss, a->has_loss = 1;
   if (!isnan(m->tokens)) a->tokens += m->tokens;
-  if (!isnan(m->grad_norm)) a->grad_norm = m->grad_norm;
-  if (!isnan(m->lr)) a->lr = m->lr;
+  if (!isnan(m->grad_norm)) a->grad_norm = m->grad_norm, a->has_grad = 1;
+  if (!isnan(m->lr)) a->lr = m->lr, a->has_lr = 1;
+  if (m->nonfinite > 0) a->nonfinite |= (int)(m->nonfinite & 3);
   if (m->step_time > a->step_time) a->step_time = m->step_time;
-  if (a->reports < jr->n_ranks) return 0;
-  pw_metric mt = {.step = step, .loss = a->loss, .step_time = a->step_time, .tokens = a->tokens,
-                  .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0, .grad_norm = a->grad_norm,
-                  .lr = a->lr};
-  pw_store_metric_insert(s, jr->job, jr->run, &mt, NULL);
-  pw_store_job_progress(s, jr->job, step + 1, mt.loss, mt.tokens_per_s, NULL);
-  pw_coord_count_step(c, mt.step_time);
-  a->step = -1;
+  if (a->reports == jr->n_ranks) step_complete(c, jr, a);
   return 0;
 }
 
@@ -336,17 +543,18 @@ static int on_checkpoint(void *ctx, void *conn, const pw_msg_any *msg, const jso
   pw_coord *c = ctx;
   pw_wconn *w = conn;
   const pw_msg_checkpoint *m = &msg->CHECKPOINT;
-  pw_store *s = pw_coord_store(c);
   pw_jobrt *jr = current_run(w, raw, m->job, m->run);
-  if (s && jr)
-    pw_store_checkpoint_insert(s, jr->job, jr->run, (int)m->step, (int)m->stage, w->rank, m->path, m->bytes, NULL);
+  if (!jr) return 0;
+  pw_write cw = {.kind = PW_W_CHECKPOINT, .job = jr->job, .run = jr->run, .step = (int)m->step,
+                 .stage = (int)m->stage, .rank = w->rank, .text = m->path, .bytes = m->bytes};
+  if (pw_write_do(c, &cw, NULL) == PW_ETOOBIG) lost_write(c, jr, "a checkpoint");
   return 0;
 }
 
 static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
   pw_coord *c = ctx;
   pw_jobrt *jr = current_run(conn, raw, msg->DONE.job, msg->DONE.run);
-  if (!pw_coord_store(c) || !jr) return 0;
+  if (!jr) return 0;
   if (++jr->done == jr->n_ranks) end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
   sched_tick(c);
   return 0;
@@ -357,7 +565,7 @@ static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *
   pw_wconn *w = conn;
   const pw_msg_error *m = &msg->ERROR;
   pw_jobrt *jr = current_run(w, raw, m->job, m->run);
-  if (!pw_coord_store(c) || !jr) return 0;
+  if (!jr) return 0;
   char why[700];
   snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name, m->message);
   end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
@@ -369,10 +577,13 @@ static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
   pw_jobrt *jr = w->job;
   if (!jr) return;
   char reason[512];
-  snprintf(reason, sizeof reason, "worker %s (rank %d) lost: %s", w->name, w->rank, why);
+  int planning = jr->planning;
+  snprintf(reason, sizeof reason, "worker %s (rank %d) lost%s: %s", w->name, w->rank,
+           planning ? " while the job was planned; queued again" : "", why);
   jr->ranks[w->rank] = NULL;
   w->job = NULL;
-  end_run(c, jr, "failed", PW_JOB_FAILED, reason, "a worker of this run was lost");
+  /* nothing ran yet while planning: the job waits for workers again */
+  end_run(c, jr, "failed", planning ? PW_JOB_QUEUED : PW_JOB_FAILED, reason, "a worker of this run was lost");
 }
 
 /* SIGTERM: running jobs go back to the queue (they resume from their last

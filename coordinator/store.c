@@ -61,6 +61,17 @@ static const char *const migrations[] = {
     "  id INTEGER PRIMARY KEY, job_id INTEGER REFERENCES jobs(id), time REAL, kind TEXT,"
     "  message TEXT);"
     "CREATE INDEX events_job ON events(job_id, id);",
+    /* 1 -> 2: metrics keep one row per attempt (run) of a step: a resumed
+     * run repeating steps no longer overwrites its predecessor's rows. */
+    "CREATE TABLE metrics_v2("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), run_id INTEGER REFERENCES runs(id),"
+    "  step INTEGER NOT NULL, loss REAL, step_time REAL, tokens REAL, tokens_per_s REAL,"
+    "  grad_norm REAL, lr REAL, time REAL, PRIMARY KEY(job_id, run_id, step));"
+    "INSERT INTO metrics_v2 SELECT job_id, run_id, step, loss, step_time, tokens, tokens_per_s,"
+    "  grad_norm, lr, time FROM metrics;"
+    "DROP TABLE metrics;"
+    "ALTER TABLE metrics_v2 RENAME TO metrics;"
+    "CREATE INDEX metrics_step ON metrics(job_id, step, run_id);",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -178,6 +189,12 @@ int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err) {
   return pw__store_fail(s, rc, err, "job lookup");
 }
 
+#define FAULT(what)                          \
+  do {                                       \
+    int frc_ = pw__store_fault(s, err, (what)); \
+    if (frc_) return frc_;                   \
+  } while (0)
+
 /* The prepare-or-fail preamble of every function. */
 #define STMT(var, id)                           \
   sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
@@ -267,6 +284,7 @@ static int set_wal(pw_store *s, pw_err *err) {
 
 int pw_store_open(const char *path, pw_store **out, pw_err *err) {
   *out = NULL;
+  pw__store_fault_from_env();
   if (!path || !*path) return pw_err_set(err, PW_EINVAL, "db", "no database path");
   pw_store *s = calloc(1, sizeof *s);
   if (!s) return pw_err_set(err, PW_ENOMEM, path, "store");
@@ -313,6 +331,7 @@ int pw_store_schema_version(pw_store *s) {
 
 int pw_store_worker_register(pw_store *s, const char *name, const char *addr, int cores, int threads,
                              const char *software, int64_t *id, pw_err *err) {
+  FAULT("register worker");
   if (!name || !*name) return pw_err_set(err, PW_EINVAL, "name", "a worker needs a name");
   STMT(st, PW_ST_WORKER_UPSERT);
   sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -340,6 +359,7 @@ static int update_one(pw_store *s, sqlite3_stmt *st, const char *what, int64_t i
 }
 
 int pw_store_worker_seen(pw_store *s, int64_t id, const char *state, pw_err *err) {
+  FAULT("worker");
   STMT(st, PW_ST_WORKER_SEEN);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_double(st, 2, pw_store_now());
@@ -359,6 +379,7 @@ static int add_event(pw_store *s, int64_t job_id, double t, const char *kind, co
 }
 
 int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err) {
+  FAULT("insert job");
   if (!j || !j->spec) return pw_err_set(err, PW_EINVAL, "spec", "a job needs a spec");
   json_t *spec = json_loads(j->spec, 0, NULL);
   int is_obj = json_is_object(spec);
@@ -431,6 +452,7 @@ static int transition(pw_store *s, int64_t id, int from, int to, const char *rea
 }
 
 int pw_store_job_set_state(pw_store *s, int64_t id, int state, const char *reason, const char *error, pw_err *err) {
+  FAULT("job state");
   if (state < 0 || state >= PW_JOB__N) return pw_err_set(err, PW_EINVAL, "state", "unknown job state %d", state);
   int rc = pw__store_begin(s, 1, err);
   if (rc) return rc;
@@ -450,6 +472,7 @@ fail:
 }
 
 int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err *err) {
+  FAULT("job status");
   STMT(st, PW_ST_JOB_SET_STATUS);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC);
@@ -457,6 +480,7 @@ int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err 
 }
 
 int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s, pw_err *err) {
+  FAULT("job progress");
   STMT(st, PW_ST_JOB_PROGRESS);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_int(st, 2, steps_done);
@@ -518,6 +542,7 @@ int pw_store_jobs_in_state(pw_store *s, int state, int64_t **ids, int *n, pw_err
 }
 
 int pw_store_recover(pw_store *s, const char *reason, pw_err *err) {
+  FAULT("recover");
   int rc = pw__store_begin(s, 1, err);
   if (rc) return rc;
   int64_t *ids = NULL;
@@ -576,6 +601,7 @@ fail:
 /* ---- runs, partition, schedule ------------------------------------------- */
 
 int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err) {
+  FAULT("insert run");
   int rc = pw__store_begin(s, 1, err);
   if (rc) return rc;
   sqlite3_stmt *st;
@@ -610,6 +636,7 @@ fail:
 }
 
 int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err) {
+  FAULT("run");
   if (!state || !*state) return pw_err_set(err, PW_EINVAL, "state", "a finished run needs a state");
   STMT(st, PW_ST_RUN_FINISH);
   sqlite3_bind_int64(st, 1, run_id);
@@ -629,6 +656,7 @@ static int check_json(const char *text, json_type type, const char *what, pw_err
 
 int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json, int64_t params,
                           double flops, pw_err *err) {
+  FAULT("stage");
   int rc = check_json(layers_json, JSON_ARRAY, "layers", err);
   if (rc) return rc;
   STMT(st, PW_ST_STAGE_INSERT);
@@ -643,6 +671,7 @@ int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, cons
 
 int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t worker_id, const char *worker_name,
                                pw_err *err) {
+  FAULT("assignment");
   STMT(st, PW_ST_ASSIGN_INSERT);
   sqlite3_bind_int64(st, 1, run_id);
   sqlite3_bind_int(st, 2, rank);
@@ -652,6 +681,7 @@ int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t wo
 }
 
 int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *actions, pw_err *err) {
+  FAULT("actions");
   if (!actions) return pw_err_set(err, PW_EINVAL, "actions", "no action list");
   STMT(st, PW_ST_ACTIONS_INSERT);
   sqlite3_bind_int64(st, 1, run_id);
@@ -663,6 +693,7 @@ int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *a
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 
 int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err) {
+  FAULT("metric");
   STMT(st, PW_ST_METRIC_UPSERT);
   sqlite3_bind_int64(st, 1, job_id);
   sqlite3_bind_int64(st, 2, run_id);
@@ -679,6 +710,7 @@ int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw
 
 int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank, const char *actions_json,
                            pw_err *err) {
+  FAULT("timing");
   int rc = check_json(actions_json, JSON_ARRAY, "actions", err);
   if (rc) return rc;
   STMT(st, PW_ST_TIMING_UPSERT);
@@ -692,6 +724,7 @@ int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step
 
 int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int rank,
                                const char *path, int64_t bytes, pw_err *err) {
+  FAULT("checkpoint");
   if (!path || !*path) return pw_err_set(err, PW_EINVAL, "path", "a checkpoint needs a path");
   STMT(st, PW_ST_CKPT_INSERT);
   sqlite3_bind_int64(st, 1, job_id);
@@ -706,6 +739,7 @@ int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int 
 }
 
 int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err) {
+  FAULT("event");
   if (!kind || !*kind) return pw_err_set(err, PW_EINVAL, "kind", "an event needs a kind");
   return add_event(s, job_id, pw_store_now(), kind, message, err);
 }

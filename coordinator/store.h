@@ -15,7 +15,10 @@
  * responses (see api/openapi.yaml), so handlers do not re-map fields.
  * Times are seconds since the epoch (REAL). All functions return 0 or a
  * negative PW_E* code (PW_ENOENT for a missing row, PW_EIO for SQLite
- * errors, with the SQLite message in err when err is given). */
+ * errors, with the SQLite message in err when err is given). Every
+ * int-returning function is PW_MUST_CHECK: a write that failed (a full
+ * disk, say) must be handled, never dropped (the control loop queues it,
+ * store_retry.h). */
 #ifndef PW_STORE_H
 #define PW_STORE_H
 
@@ -42,17 +45,17 @@ const char *pw_job_state_name(int state); /* "queued" */
 int pw_job_state_parse(const char *s);    /* -1 if unknown */
 int pw_job_state_terminal(int state);     /* succeeded, failed, cancelled */
 
-int pw_store_open(const char *path, pw_store **out, pw_err *err);
+PW_MUST_CHECK int pw_store_open(const char *path, pw_store **out, pw_err *err);
 void pw_store_close(pw_store *s);
-int pw_store_schema_version(pw_store *s);
+PW_MUST_CHECK int pw_store_schema_version(pw_store *s);
 double pw_store_now(void);
 
 /* ---- workers ------------------------------------------------------------- */
 
 /* Insert or update by name; returns the worker's id. */
-int pw_store_worker_register(pw_store *s, const char *name, const char *addr, int cores, int threads,
+PW_MUST_CHECK int pw_store_worker_register(pw_store *s, const char *name, const char *addr, int cores, int threads,
                              const char *software, int64_t *id, pw_err *err);
-int pw_store_worker_seen(pw_store *s, int64_t id, const char *state, pw_err *err);
+PW_MUST_CHECK int pw_store_worker_seen(pw_store *s, int64_t id, const char *state, pw_err *err);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -65,18 +68,18 @@ typedef struct {
 } pw_job_new;
 
 /* Inserts a queued job and its "queued" event in one transaction. */
-int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err);
+PW_MUST_CHECK int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err);
 
 /* Changes the state (and error / status text, either may be NULL to keep),
  * stamps started (on running) / finished (on a terminal state), appends an
  * event {kind: "state", message: "<old> -> <new>: <reason>"}; all in one
  * transaction. Refuses (PW_ECONFLICT) to leave a terminal state. */
-int pw_store_job_set_state(pw_store *s, int64_t id, int state, const char *reason, const char *error,
+PW_MUST_CHECK int pw_store_job_set_state(pw_store *s, int64_t id, int state, const char *reason, const char *error,
                            pw_err *err);
 /* The human-readable status line ("waiting for 4 idle workers (2 idle)"). */
-int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err *err);
+PW_MUST_CHECK int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err *err);
 /* Progress after a step: steps done, latest loss, tokens/s. */
-int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s,
+PW_MUST_CHECK int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s,
                           pw_err *err);
 
 /* Minimal view for the scheduler. spec is malloc'd (caller frees). */
@@ -87,12 +90,12 @@ typedef struct {
   char *spec;
   int run;               /* latest run id, 0 if none */
 } pw_job_brief;
-int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err);
+PW_MUST_CHECK int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err);
 /* Ids of jobs in a state, oldest first (*ids malloc'd). */
-int pw_store_jobs_in_state(pw_store *s, int state, int64_t **ids, int *n, pw_err *err);
+PW_MUST_CHECK int pw_store_jobs_in_state(pw_store *s, int state, int64_t **ids, int *n, pw_err *err);
 /* Jobs caught mid-flight by a crash (planning, dispatching, running): back
  * to queued, their open runs marked failed, an event each. Returns how many. */
-int pw_store_recover(pw_store *s, const char *reason, pw_err *err);
+PW_MUST_CHECK int pw_store_recover(pw_store *s, const char *reason, pw_err *err);
 
 /* API views (new references):
  * job: {"id", "name", "state", "status", "error", "model", "schedule",
@@ -101,29 +104,29 @@ int pw_store_recover(pw_store *s, const char *reason, pw_err *err);
  *       "started", "finished", "run", "spec"?}     (spec only when with_spec)
  * list: {"jobs": [job...], "total", "limit", "offset"} filtered by state
  *       (-1 = all), newest first. */
-int pw_store_job_json(pw_store *s, int64_t id, int with_spec, json_t **out, pw_err *err);
-int pw_store_jobs_json(pw_store *s, int state, int limit, int offset, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_job_json(pw_store *s, int64_t id, int with_spec, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_jobs_json(pw_store *s, int state, int limit, int offset, json_t **out, pw_err *err);
 
 /* ---- runs, partition, schedule ------------------------------------------- */
 
 /* A new attempt of a job (attempt numbers 1, 2, ...); sets jobs.run. */
-int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err);
-int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err);
+PW_MUST_CHECK int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err);
+PW_MUST_CHECK int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err);
 /* The partition: one row per stage. */
-int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json,
+PW_MUST_CHECK int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json,
                           int64_t params, double flops, pw_err *err);
 /* Which worker runs which rank. */
-int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t worker_id,
+PW_MUST_CHECK int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t worker_id,
                                const char *worker_name, pw_err *err);
 /* A rank's action list in the text form ("F0@s0 F1@s0 B0@s0 ..."). */
-int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *actions, pw_err *err);
+PW_MUST_CHECK int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *actions, pw_err *err);
 /* {"run", "attempt", "state", "stages": [{"stage","rank","layers","params","flops"}],
  *  "ranks": [{"rank","worker","actions"}]} of the job's latest run. */
-int pw_store_run_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_run_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
 /* The plan document the latest run was dispatched with (runs.plan, parsed):
  * pw_plan_json's shape. PW_ENOENT when the job has no run (or its plan is
  * not an object). */
-int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
 
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 
@@ -131,32 +134,49 @@ typedef struct {
   int step;
   double loss, step_time, tokens, tokens_per_s, grad_norm, lr;
 } pw_metric;
-/* One row per (job, step); a later run's row replaces an earlier one's. */
-int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err);
-/* {"metrics": [{"step","loss","step_time","tokens","tokens_per_s","grad_norm","lr","time"}]}
- * for steps >= since, ascending. */
-int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
+/* One row per (job, run, step): a later run repeating a step adds a row
+ * and keeps the earlier run's (writing the same (job, run, step) again
+ * replaces it, so a retried write is harmless). A NaN value (a diverged
+ * loss, say) is stored as NULL and shown as null, never as 0. */
+PW_MUST_CHECK int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err);
+/* {"metrics": [{"step","loss","step_time","tokens","tokens_per_s","grad_norm","lr","time","run"}]}
+ * for steps >= since, ascending, one row per step: the latest run's. */
+PW_MUST_CHECK int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
+/* The same with every run's row of each step (by step, then run). */
+PW_MUST_CHECK int pw_store_metrics_all_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
 /* actions_json: [[kind, mb, stage, start, end], ...] of one rank at one step. */
-int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank,
+PW_MUST_CHECK int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank,
                            const char *actions_json, pw_err *err);
 /* {"step", "ranks": [{"rank", "actions": [{"kind","mb","stage","start","end"}]}]}
  * for the given step, or the latest sampled step when step < 0 (PW_ENOENT
  * when none). Also "steps": [the sampled steps]. */
-int pw_store_timeline_json(pw_store *s, int64_t job_id, int step, json_t **out, pw_err *err);
-int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int rank,
+PW_MUST_CHECK int pw_store_timeline_json(pw_store *s, int64_t job_id, int step, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int rank,
                                const char *path, int64_t bytes, pw_err *err);
 /* {"step", "stages": [{"stage","rank","path","bytes"}]}: the latest step at
  * which one run of the job checkpointed exactly the stages 0..n_stages-1
  * (on a tie, the later run's files); earlier runs count, so a retry can
  * resume from its predecessor's checkpoint (PW_ENOENT if none). */
-int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, int n_stages, json_t **out, pw_err *err);
-int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err);
+PW_MUST_CHECK int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, int n_stages, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err);
 /* {"events": [{"id","time","kind","message"}]} with id > since, ascending. */
-int pw_store_events_json(pw_store *s, int64_t job_id, int64_t since, json_t **out, pw_err *err);
+PW_MUST_CHECK int pw_store_events_json(pw_store *s, int64_t job_id, int64_t since, json_t **out, pw_err *err);
 
 /* ---- totals for /metrics -------------------------------------------------- */
 
 /* counts[state] of jobs; steps and tokens recorded in all. */
-int pw_store_totals(pw_store *s, int64_t counts[PW_JOB__N], int64_t *steps, double *tokens, pw_err *err);
+PW_MUST_CHECK int pw_store_totals(pw_store *s, int64_t counts[PW_JOB__N], int64_t *steps, double *tokens, pw_err *err);
+
+/* ---- fault injection (tests) ---------------------------------------------- */
+
+/* Makes writes fail as on a full disk (PW_EIO, "database or disk is full
+ * (sqlite 13, injected)"), process-wide, for every connection: the
+ * writes numbered after+1 .. after+count from now fail, then writes work
+ * again (count < 0: until called again; after < 0: off). The coordinator
+ * reads PW_STORE_FAIL_AFTER=N and PW_STORE_FAIL_COUNT=M from the
+ * environment at its first open, and PW_STORE_FAIL_FILE=PATH makes every
+ * write fail while PATH exists (a test creates and removes it). */
+void pw_store_fault_inject(int64_t after, int64_t count);
+void pw_store_fault_file(const char *path);
 
 #endif

@@ -81,8 +81,12 @@
     "INSERT OR REPLACE INTO metrics(job_id, run_id, step, loss, step_time, tokens, tokens_per_s, " \
     "grad_norm, lr, time) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                        \
   X(METRICS_SINCE,                                                                                 \
-    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time FROM metrics "        \
-    "WHERE job_id = ?1 AND step >= ?2 ORDER BY step")                                              \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics m " \
+    "WHERE job_id = ?1 AND step >= ?2 AND run_id IS (SELECT max(run_id) FROM metrics WHERE "      \
+    "job_id = ?1 AND step = m.step) ORDER BY step")                                                \
+  X(METRICS_SINCE_ALL,                                                                             \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics " \
+    "WHERE job_id = ?1 AND step >= ?2 ORDER BY step, run_id")                                      \
   X(TIMING_UPSERT,                                                                                 \
     "INSERT OR REPLACE INTO timings(job_id, run_id, step, rank, actions) "                         \
     "VALUES(?1, ?2, ?3, ?4, ?5)")                                                                  \
@@ -131,6 +135,10 @@ int pw__store_commit(pw_store *s, pw_err *err);
 void pw__store_rollback(pw_store *s);
 /* PW_ENOENT naming the job when it does not exist. */
 int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
+/* store_fault.c: PW_EIO as SQLITE_FULL would give when this write is to
+ * fail (fault injection), else 0; and reading PW_STORE_FAIL_* once. */
+int pw__store_fault(pw_store *s, pw_err *err, const char *what);
+void pw__store_fault_from_env(void);
 /* A column as JSON: NULL -> null, integers, finite reals (else null),
  * text (invalid UTF-8 bytes become '?'). */
 json_t *pw__store_col(sqlite3_stmt *st, int i);

@@ -240,17 +240,18 @@ int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *er
   return pw_err_set(err, PW_EIO, "run", "reading the plan: %s", sqlite3_errstr(rc));
 }
 
-int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err) {
-  static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s", "grad_norm", "lr", "time"};
+static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t **out, pw_err *err) {
+  static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s",
+                                     "grad_norm", "lr", "time", "run"};
   *out = NULL;
-  STMT(st, PW_ST_METRICS_SINCE);
+  STMT(st, all ? PW_ST_METRICS_SINCE_ALL : PW_ST_METRICS_SINCE);
   sqlite3_bind_int64(st, 1, job_id);
   sqlite3_bind_int(st, 2, since);
   json_t *arr = json_array();
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     json_t *m = json_object();
-    for (int i = 0; i < 8; i++) COL(m, keys[i], st, i);
+    for (int i = 0; i < 9; i++) COL(m, keys[i], st, i);
     json_array_append_new(arr, m);
   }
   sqlite3_reset(st);
@@ -263,6 +264,14 @@ int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, 
   }
   *out = json_pack("{s:o}", "metrics", arr);
   return *out ? 0 : pw_err_set(err, PW_ENOMEM, "metrics", "out of memory");
+}
+
+int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err) {
+  return metrics_json(s, job_id, since, 0, out, err);
+}
+
+int pw_store_metrics_all_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err) {
+  return metrics_json(s, job_id, since, 1, out, err);
 }
 
 /* [[kind, mb, stage, start, end], ...] as [{"kind","mb","stage","start","end"}]. */

@@ -344,9 +344,14 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     json_object_set_new(msg, "tokens", json_real((double)r->spec.train.batch_size / r->dp * r->model.seq_len));
   }
   if (r->replica == 0 && r->prank == 0) {
-    json_object_set_new(msg, "grad_norm", json_real(ev->grad_norm));
+    json_object_set_new(msg, "grad_norm", json_real(ev->grad_norm)); /* left out when not finite */
     json_object_set_new(msg, "lr", json_real(ev->lr));
   }
+  /* A NaN or inf is said, not left out silently: the coordinator records
+   * it as such and fails a diverged job (train.on_nonfinite). */
+  int nonfinite = (ev->has_loss && !isfinite(ev->loss) ? 1 : 0) |
+                  (r->replica == 0 && r->prank == 0 && !isfinite(ev->grad_norm) ? 2 : 0);
+  if (nonfinite) json_object_set_new(msg, "nonfinite", json_integer(nonfinite));
   if (ev->timings) {
     static const char *const kinds[] = {"F", "B", "I", "W"};
     json_t *acts = json_array();

@@ -33,7 +33,9 @@
  *               step_time:number>=0, tokens?:number>=0, peak_act?:int,
  *               grad_norm?:number, lr?:number,
  *               actions?:[[kind:str, mb:int, stage:int, start:number,
- *               end:number], ...]   (loss omitted when not finite)
+ *               end:number], ...], nonfinite?:int>=0 (bits: 1 the loss,
+ *               2 the gradient norm was NaN or infinite; such a value is
+ *               left out, never sent as a number)
  *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int,
  *               stage?:int
  *   done        job:int, run:int, rank:int
@@ -81,7 +83,7 @@ typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t 
                  const char *software; int64_t job, memory; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job; } pw_msg_heartbeat;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
-                 double grad_norm, lr; json_t *actions; } pw_msg_step;
+                 double grad_norm, lr; json_t *actions; int64_t nonfinite; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
 typedef struct { int64_t job, run, rank; const char *message; } pw_msg_error;

@@ -231,6 +231,7 @@ int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const
       case PW__F_BOOL: v = json_boolean(*(const int *)p); break;
       case PW__F_ENUM: {
         int e = *(const int *)p;
+        if ((f->flags & PW__OMIT0) && e == 0) continue;
         if (e < 0 || e >= f->n_names) return -1;
         v = json_string(f->names[e]);
         break;
@@ -249,6 +250,7 @@ static const char *const part_names[] = {"even", "markers", "balanced"}; /* pw_p
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
 static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
+static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
 
 _Static_assert(sizeof(pw_mode) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(pw_data_kind) == sizeof(int), "enums are stored as int");
@@ -296,6 +298,9 @@ static const pw__field train_fields[] = {
     PW__NUM("grad_clip", 0, PW__ALL, pw_train_spec, grad_clip, 1.0, 0, PW__NOLIM),
     PW__INT("checkpoint_every", 0, PW__ALL, pw_train_spec, checkpoint_every, 0, 0, INT_MAXD),
     PW__INT("eval_batches", 0, PW__ALL, pw_train_spec, eval_batches, 8, 1, MAX_BATCH),
+    /* left out of the canonical spec when "fail" (the default): specs and
+     * plan hashes from before the field stay the same */
+    PW__ENUM("on_nonfinite", PW__OMIT0, PW__ALL, pw_train_spec, on_nonfinite, PW_NONFINITE_FAIL, nonfinite_names),
     PW__SKIP("optimizer", 0, PW__ALL),
 };
 

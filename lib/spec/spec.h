@@ -90,6 +90,9 @@ typedef struct {
 } pw_partition_spec;
 
 typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
+/* What a step whose loss or gradient norm is not finite (NaN, inf) does:
+ * fail the job ("diverged at step N") or skip that step's update. */
+typedef enum { PW_NONFINITE_FAIL, PW_NONFINITE_SKIP } pw_nonfinite;
 typedef struct {
   pw_opt_kind kind;      /* default adamw */
   double lr;             /* default 3e-4 */
@@ -108,6 +111,7 @@ typedef struct {
   double grad_clip;      /* 0 = off; default 1.0 */
   int checkpoint_every;  /* 0 = only at the end; default 0 */
   int eval_batches;      /* batches for `pipewright eval`; default 8 */
+  int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   pw_optim_spec optim;
 } pw_train_spec;
 

@@ -281,6 +281,21 @@ static void test_health_metrics_workers_schedules(void **state) {
   assert_int_equal(r.status, 200);
   assert_int_equal(r.len, 0);
   resp_free(&r);
+  /* store writes failing (as the loop's store_retry records it): 503 */
+  pthread_mutex_lock(&C.mu);
+  snprintf(C.store_error, sizeof C.store_error, "metric: database or disk is full");
+  C.store_pending = 3;
+  pthread_mutex_unlock(&C.mu);
+  req("GET", "/healthz", NULL, &r);
+  assert_int_equal(r.status, 503);
+  assert_non_null(strstr(r.body, "\"unavailable\""));
+  assert_non_null(strstr(r.body, "disk is full"));
+  assert_non_null(strstr(r.body, "3 pending"));
+  resp_free(&r);
+  pthread_mutex_lock(&C.mu);
+  C.store_error[0] = 0;
+  C.store_pending = 0;
+  pthread_mutex_unlock(&C.mu);
 
   req("GET", "/metrics", NULL, &r);
   assert_int_equal(r.status, 200);
@@ -536,6 +551,24 @@ static void test_run_views(void **state) {
   snprintf(cmd, sizeof cmd, "ls -a %s | grep -q '^\\.checkpoint'", tmpdir);
   assert_int_not_equal(system(cmd), 0);
 
+  /* a second run repeats step 2: one row per step by default (its), both with all=1 */
+  int64_t run2 = 0;
+  assert_int_equal(pw_store_run_insert(S, id, NULL, &run2, &err), 0);
+  pw_metric again = {.step = 2, .loss = 1.5, .step_time = 0.5};
+  assert_int_equal(pw_store_metric_insert(S, id, run2, &again, &err), 0);
+  snprintf(t, sizeof t, "/v1/jobs/%lld/metrics?since=1", (long long)id);
+  j = get_json(t);
+  ms = json_object_get(j, "metrics");
+  assert_int_equal(json_array_size(ms), 2);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(ms, 1), "run")), run2);
+  json_decref(j);
+  snprintf(t, sizeof t, "/v1/jobs/%lld/metrics?since=1&all=1", (long long)id);
+  j = get_json(t);
+  ms = json_object_get(j, "metrics");
+  assert_int_equal(json_array_size(ms), 3);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(ms, 1), "run")), run);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(ms, 2), "run")), run2);
+  json_decref(j);
   /* cancel: once, then 409 */
   snprintf(t, sizeof t, "/v1/jobs/%lld", (long long)id);
   req("DELETE", t, NULL, &r);

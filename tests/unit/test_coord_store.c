@@ -20,6 +20,8 @@
 
 #include "store.h"
 
+#define SCHEMA 2 /* the schema version this code writes */
+
 /* ---- helpers --------------------------------------------------------------- */
 
 static char g_dir[256];
@@ -140,7 +142,7 @@ static void test_state_names(void **state) {
 static void test_open_fresh_and_reopen(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
-  assert_int_equal(pw_store_schema_version(s), 1);
+  assert_int_equal(pw_store_schema_version(s), SCHEMA);
   int64_t id = new_job(s, "a");
   pw_store_close(s);
 
@@ -159,7 +161,7 @@ static void test_open_fresh_and_reopen(void **state) {
   /* re-open: no migration re-runs, data intact */
   pw_err err = {0};
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 1);
+  assert_int_equal(pw_store_schema_version(s), SCHEMA);
   json_t *j;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, NULL), 0);
   assert_string_equal(jstr(j, "name"), "a");
@@ -167,22 +169,22 @@ static void test_open_fresh_and_reopen(void **state) {
   /* foreign keys are on for this connection */
   assert_int_equal(pw_store_event(s, 999, "x", "y", &err), PW_ENOENT);
   pw_store_close(s);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 1);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), SCHEMA);
 }
 
 static void test_open_newer_refused(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
   pw_store_close(s);
-  raw_exec(path, "PRAGMA user_version = 2");
+  raw_exec(path, "PRAGMA user_version = 3");
   pw_err err = {0};
   s = (pw_store *)1;
   assert_int_equal(pw_store_open(path, &s, &err), PW_ENOTSUP);
   assert_null(s);
-  expect_err(&err, "version 2 is newer");
-  expect_err(&err, "(1)");
+  expect_err(&err, "version 3 is newer");
+  expect_err(&err, "(2)");
   /* refused before touching anything: the file keeps its version */
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 2);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 3);
 }
 
 static void test_open_errors(void **state) {
@@ -209,7 +211,7 @@ static void test_open_errors(void **state) {
   f = fopen(path, "w");
   fclose(f);
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 1);
+  assert_int_equal(pw_store_schema_version(s), SCHEMA);
   pw_store_close(s);
 }
 
@@ -643,7 +645,8 @@ static void test_runs(void **state) {
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 
 static void test_metrics(void **state) {
-  pw_store *s = open_new(NULL, 0);
+  char path[512];
+  pw_store *s = open_new(path, sizeof path);
   pw_err err = {0};
   int64_t job = new_job(s, "m"), run1, run2;
   assert_int_equal(pw_store_run_insert(s, job, NULL, &run1, &err), 0);
@@ -678,6 +681,31 @@ static void test_metrics(void **state) {
   json_decref(m);
   assert_int_equal(pw_store_metrics_json(s, job, 0, &m, &err), 0);
   assert_int_equal(json_array_size(json_object_get(m, "metrics")), 5);
+  assert_int_equal(jint(json_array_get(json_object_get(m, "metrics"), 2), "run"), run2);
+  assert_int_equal(jint(json_array_get(json_object_get(m, "metrics"), 3), "run"), run1);
+  json_decref(m);
+  /* every attempt is kept: run 1's step 2 is still there, before run 2's */
+  assert_int_equal(pw_store_metrics_all_json(s, job, 0, &m, &err), 0);
+  arr = json_object_get(m, "metrics");
+  assert_int_equal(json_array_size(arr), 6);
+  assert_int_equal(jint(json_array_get(arr, 2), "step"), 2);
+  assert_int_equal(jint(json_array_get(arr, 2), "run"), run1);
+  assert_true(jnum(json_array_get(arr, 2), "loss") == 3.0);
+  assert_int_equal(jint(json_array_get(arr, 3), "step"), 2);
+  assert_int_equal(jint(json_array_get(arr, 3), "run"), run2);
+  json_decref(m);
+  /* the same (run, step) written again (a retried write) replaces its row */
+  assert_int_equal(pw_store_metric_insert(s, job, run2, &redo, &err), 0);
+  assert_int_equal(pw_store_metrics_all_json(s, job, 0, &m, &err), 0);
+  assert_int_equal(json_array_size(json_object_get(m, "metrics")), 6);
+  json_decref(m);
+  /* a diverged step: NaN is stored as NULL and shown as null, never 0 */
+  pw_metric nan_step = {.step = 5, .loss = NAN, .step_time = 0.1, .grad_norm = INFINITY * 0, .lr = 1e-3};
+  assert_int_equal(pw_store_metric_insert(s, job, run2, &nan_step, &err), 0);
+  assert_int_equal(raw_int(path, "SELECT count(*) FROM metrics WHERE step = 5 AND loss IS NULL AND grad_norm IS NULL"), 1);
+  assert_int_equal(pw_store_metrics_json(s, job, 5, &m, &err), 0);
+  jnull(json_array_get(json_object_get(m, "metrics"), 0), "loss");
+  jnull(json_array_get(json_object_get(m, "metrics"), 0), "grad_norm");
   json_decref(m);
   assert_int_equal(pw_store_metrics_json(s, job, 100, &m, &err), 0);
   assert_int_equal(json_array_size(json_object_get(m, "metrics")), 0);
@@ -686,8 +714,8 @@ static void test_metrics(void **state) {
   int64_t counts[PW_JOB__N], steps;
   double tokens;
   assert_int_equal(pw_store_totals(s, counts, &steps, &tokens, &err), 0);
-  assert_int_equal(steps, 5);
-  assert_true(tokens == 5 * 512);
+  assert_int_equal(steps, 7); /* every attempt's steps were trained */
+  assert_true(tokens == 6 * 512);
   assert_int_equal(counts[PW_JOB_QUEUED], 1);
   assert_int_equal(counts[PW_JOB_RUNNING], 0);
 

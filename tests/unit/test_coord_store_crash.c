@@ -155,7 +155,7 @@ static void test_concurrency(void **state) {
   assert_int_equal(raw_int(path, "SELECT count(*) FROM jobs"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM metrics"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM events"), 600);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 1);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 2);
 }
 
 /* ---- durability across kill -9 ------------------------------------------- */
@@ -248,7 +248,8 @@ static int bench(void) {
                   .microbatches = 8, .schedule = "1f1b", .model = "gpt d=64 L=4"};
   int64_t id;
   double t = now_s();
-  for (int i = 0; i < 1000; i++) pw_store_job_insert(s, &j, &id, &err);
+  for (int i = 0; i < 1000; i++)
+    if (pw_store_job_insert(s, &j, &id, &err)) return fprintf(stderr, "insert: %s\n", err.msg), 1;
   printf("job_insert:            %8.2f us/call\n", (now_s() - t) / 1000 * 1e6);
   for (int with_spec = 0; with_spec < 2; with_spec++) {
     t = now_s();
