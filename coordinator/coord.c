@@ -56,6 +56,7 @@ json_t *pw_coord_workers_json(pw_coord *c) {
                           w->cores, "threads", w->threads, "software", w->software);
     json_object_set_new(o, "job", w->job ? json_integer((json_int_t)w->job) : json_null());
     json_object_set_new(o, "rank", w->job ? json_integer(w->rank) : json_null());
+    json_object_set_new(o, "memory", w->memory > 0 ? json_integer((json_int_t)w->memory) : json_null());
     json_array_append_new(arr, o);
   }
   pthread_mutex_unlock(&c->mu);

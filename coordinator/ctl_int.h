@@ -19,6 +19,7 @@ struct pw_wconn {
   int64_t id;              /* store id once registered */
   char name[64];
   char addr[96];
+  int64_t memory;          /* bytes it reported at register, 0: unknown */
   double last_seen;        /* monotonic seconds */
   pw_jobrt *job;           /* the run it serves, or NULL */
   int rank;

@@ -64,7 +64,7 @@ static void registry_add(pw_coord *c, pw_wconn *w, const pw_msg_register *reg) {
   snprintf(wi->software, sizeof wi->software, "%s", reg->software);
   wi->cores = (int)reg->cores;
   wi->threads = (int)reg->threads;
-  wi->memory = reg->memory > 0 ? reg->memory : 0;
+  wi->memory = w->memory = reg->memory > 0 ? reg->memory : 0;
   wi->connected = 1;
   wi->job = 0;
   wi->last_heartbeat = pw_store_now();

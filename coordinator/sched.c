@@ -33,6 +33,7 @@
 #include "ctl_int.h"
 #include "log.h"
 #include "plan.h"
+#include "budget.h"
 #include "slice.h"
 #include "store_retry.h"
 
@@ -129,6 +130,7 @@ typedef struct {
   pw_coord *c;
   pw_jobrt *jr;
   pw_job job;
+  pw_budget budget;          /* the plan must fit the workers it was given */
   /* results */
   int rc;
   pw_err err;
@@ -173,6 +175,8 @@ static void plan_work(uv_work_t *req) {
   planwork *pw = req->data;
   pw_plan p;
   if ((pw->rc = pw_plan_build(&pw->job, NULL, &p, &pw->err))) return;
+  /* Submit checked the workers connected then; these may be smaller. */
+  if ((pw->rc = pw_plan_check_fit(&pw->job, &p, &pw->budget, &pw->err))) goto out;
   pw->S = p.S;
   pw->pp = p.pp;
   json_t *pj = pw_plan_json(&pw->job, &p);
@@ -357,6 +361,16 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
   pw->jr = jr;
   pw->job = *job; /* moved */
   pw->n = n;
+  pw_budget_init(&pw->budget);
+  if (c->max_plan_actions > 0) pw->budget.max_actions = c->max_plan_actions;
+  pw->budget.max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, n);
+  pw->budget.max_rank_memory = c->max_rank_memory;
+  snprintf(pw->budget.memory_from, sizeof pw->budget.memory_from, "--max-rank-memory");
+  for (int r = 0; r < n; r++)
+    if (ws[r]->memory > 0 && (!pw->budget.max_rank_memory || (size_t)ws[r]->memory < pw->budget.max_rank_memory)) {
+      pw->budget.max_rank_memory = (size_t)ws[r]->memory;
+      snprintf(pw->budget.memory_from, sizeof pw->budget.memory_from, "the memory of worker %.40s", ws[r]->name);
+    }
   pw->req.data = pw;
   write_status(c, id, "planning");
   if ((rc = uv_queue_work(c->loop, &pw->req, plan_work, plan_done))) {
