@@ -1,6 +1,7 @@
 /* ckpt: save and load a program's state through safetensors.c. */
 #include "ckpt.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +55,17 @@ int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, p
   return rc;
 }
 
-static int load_into(const pw_st_file *f, const char *name, const pw_param *pm, float *dst, pw_err *err) {
+/* A tensor copied in must be finite: a diverged run's NaN weights would
+ * otherwise load silently and train or evaluate to NaN. */
+static int load_into(const pw_st_file *f, const char *path, const char *name, const pw_param *pm, float *dst,
+                     pw_err *err) {
   int64_t shape[2] = {pm->shape[0], pm->shape[1]};
-  return pw_st_copy(f, name, PW_ST_F32, pm->ndim, shape, dst, err);
+  int rc = pw_st_copy(f, name, PW_ST_F32, pm->ndim, shape, dst, err);
+  for (size_t i = 0; !rc && i < pm->numel; i++)
+    if (!isfinite(dst[i]))
+      rc = pw_err_set(err, PW_EFORMAT, path, "tensor '%s' holds a non-finite value (%g at element %zu): "
+                      "the run that wrote it diverged", name, (double)dst[i], i);
+  return rc;
 }
 
 int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err) {
@@ -65,7 +74,7 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
   if (rc) return rc;
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
-    rc = load_into(f, pp->meta->name, pp->meta, pp->data, err);
+    rc = load_into(f, path, pp->meta->name, pp->meta, pp->data, err);
   }
   const char *s = pw_st_meta_get(f, "step");
   int st = s ? atoi(s) : 0;
@@ -81,9 +90,9 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
     snprintf(name, sizeof name, "exp_avg.%s", pp->meta->name);
-    rc = load_into(f, name, pp->meta, pp->m, err);
+    rc = load_into(f, opath, name, pp->meta, pp->m, err);
     snprintf(name, sizeof name, "exp_avg_sq.%s", pp->meta->name);
-    if (!rc) rc = load_into(f, name, pp->meta, pp->v, err);
+    if (!rc) rc = load_into(f, opath, name, pp->meta, pp->v, err);
   }
   pw_st_close(f);
   if (step) *step = st;

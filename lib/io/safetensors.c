@@ -14,6 +14,12 @@
  * and no two ranges may overlap (gaps are allowed). Errors put the file name
  * in err->path and say which tensor and what is wrong in err->msg.
  *
+ * Checksums: every file written here carries, for each tensor, the CRC32C
+ * of its bytes in the metadata ("pw.crc32c.<name>": 8 hex digits), and a
+ * reader verifies every checksum a file carries before it hands out a
+ * byte: a bit flipped on disk or in transit is an error naming the tensor.
+ * Files from other writers (PyTorch's) carry none and are read as they are.
+ *
  * This file never reads a size from a file without checking it first, and
  * never leaves a temporary file behind on failure. */
 #include "safetensors.h"
@@ -27,6 +33,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "crc32c.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c writes host-order data and assumes a little-endian host"
@@ -107,12 +115,17 @@ static int build_header(const char *path, const pw_st_tensor *const *order, int 
   json_t *root = json_object();
   if (!root) return pw_err_set(err, PW_ENOMEM, path, "out of memory building the header");
   int rc = 0;
-  if (n_meta > 0) {
+  if (n_meta > 0 || n > 0) {
     json_t *m = json_object();
     json_object_set_new(root, "__metadata__", m);
     for (int j = 0; j < n_meta; j++) {
       if (!meta[j].key || !meta[j].value) {
         rc = pw_err_set(err, PW_EINVAL, path, "metadata entry %d has a NULL key or value", j);
+        goto done;
+      }
+      if (!strncmp(meta[j].key, PW_ST_CRC_PREFIX, strlen(PW_ST_CRC_PREFIX))) {
+        rc = pw_err_set(err, PW_EINVAL, path, "metadata key '%s': the prefix " PW_ST_CRC_PREFIX " is reserved",
+                        meta[j].key);
         goto done;
       }
       if (json_object_get(m, meta[j].key)) {
@@ -123,6 +136,16 @@ static int build_header(const char *path, const pw_st_tensor *const *order, int 
         rc = pw_err_set(err, PW_EINVAL, path, "metadata '%s' is not valid UTF-8", meta[j].key);
         goto done;
       }
+    }
+    for (int k = 0; k < n; k++) {
+      char key[PW_ST_CRC_KEY_MAX], hex[9];
+      if (snprintf(key, sizeof key, PW_ST_CRC_PREFIX "%s", order[k]->name) >= (int)sizeof key) {
+        rc = pw_err_set(err, PW_EINVAL, path, "tensor name '%.64s...' is too long", order[k]->name);
+        goto done;
+      }
+      int64_t nb = tensor_bytes(order[k]->dtype, order[k]->ndim, order[k]->shape);
+      snprintf(hex, sizeof hex, "%08x", pw_crc32c(0, order[k]->data, nb > 0 ? (size_t)nb : 0));
+      json_object_set_new(m, key, json_string(hex));
     }
   }
   int64_t off = 0;
@@ -493,6 +516,26 @@ out:
   return rc;
 }
 
+/* Every checksum the metadata carries must name a tensor and match its bytes. */
+static int check_crcs(const pw_st_file *f, pw_err *err) {
+  size_t pl = strlen(PW_ST_CRC_PREFIX);
+  for (int i = 0; i < f->n_meta; i++) {
+    const char *key = f->meta[i].key, *val = f->meta[i].value;
+    if (strncmp(key, PW_ST_CRC_PREFIX, pl)) continue;
+    const pw_st_tensor *t = pw_st_find(f, key + pl);
+    if (!t) return pw_err_set(err, PW_EFORMAT, f->path, "__metadata__ '%s' names no tensor", key);
+    char *end;
+    unsigned long want = strtoul(val, &end, 16);
+    if (strlen(val) != 8 || *end) return pw_err_set(err, PW_EFORMAT, f->path, "__metadata__ '%s' is not 8 hex digits", key);
+    uint32_t got = pw_crc32c(0, t->data, (size_t)tensor_bytes(t->dtype, t->ndim, t->shape));
+    if (got != (uint32_t)want)
+      return pw_err_set(err, PW_EFORMAT, f->path,
+                        "tensor '%s': checksum mismatch (crc32c %08x, the file says %08lx): its bytes changed "
+                        "after they were written", t->name, got, want);
+  }
+  return 0;
+}
+
 int pw_st_open(const char *path, pw_st_file **out, pw_err *err) {
   *out = NULL;
   pw_st_file *f = calloc(1, sizeof *f);
@@ -537,7 +580,7 @@ int pw_st_open(const char *path, pw_st_file **out, pw_err *err) {
   }
   rc = parse_header(path, f, root, 8 + (size_t)hlen, err);
   json_decref(root);
-  if (rc) goto fail;
+  if (rc || (rc = check_crcs(f, err))) goto fail;
   *out = f;
   return 0;
 fail:

@@ -18,6 +18,10 @@
 #include "errors.h"
 
 #define PW_ST_MAX_DIMS 8
+/* Metadata key of a tensor's checksum: PW_ST_CRC_PREFIX + its name (see
+ * safetensors.c); writers add them, readers verify them. */
+#define PW_ST_CRC_PREFIX "pw.crc32c."
+#define PW_ST_CRC_KEY_MAX 256
 
 typedef enum { PW_ST_F32, PW_ST_I32, PW_ST_I64, PW_ST_F64 } pw_st_dtype;
 

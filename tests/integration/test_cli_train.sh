@@ -4,7 +4,9 @@
 #  - 3 steps + resume to 6 equals 6 straight steps, bit for bit;
 #  - --steps 0 writes the initial parameters; eval reads a checkpoint;
 #  - the loss of a short run falls;
-#  - a broken spec is refused with its JSON path, nothing is written.
+#  - a broken spec is refused with its JSON path, nothing is written;
+#  - a checkpoint with a flipped bit, or with non-finite weights (a diverged
+#    run's), is refused by eval and --resume, naming the tensor.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -48,4 +50,21 @@ sed 's/"n_heads": 2/"n_heads": 5/' "$T/job.json" > "$T/bad.json"
 if "$PW" train --job "$T/bad.json" --out "$T/bad.safetensors" 2> "$T/err"; then fail "broken spec accepted"; fi
 grep -q 'model.n_heads: must divide d_model (32 % 5 != 0)' "$T/err" || { cat "$T/err"; fail "unclear error"; }
 [ ! -e "$T/bad.safetensors" ] || fail "a refused job wrote a checkpoint"
+
+# A bit flipped in a tensor's bytes: the last byte of the file is data.
+cp "$T/a.safetensors" "$T/flip.safetensors"
+python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-1] ^= 4; open(p, "wb").write(b)' \
+  "$T/flip.safetensors"
+if "$PW" eval --job "$T/job.json" --checkpoint "$T/flip.safetensors" 2> "$T/err"; then fail "a flipped bit was accepted"; fi
+grep -q "checksum mismatch" "$T/err" || { cat "$T/err"; fail "no checksum error"; }
+# A diverged run (lr 1e30) writes NaN weights; nothing loads them.
+sed 's/"lr": 3e-3/"lr": 1e30/' "$T/job.json" > "$T/div.json"
+"$PW" train --job "$T/div.json" --quiet --steps 3 --out "$T/div.safetensors" || true
+[ -f "$T/div.safetensors" ] || fail "the diverged run wrote no checkpoint to refuse"
+if "$PW" eval --job "$T/job.json" --checkpoint "$T/div.safetensors" 2> "$T/err"; then fail "NaN weights were loaded"; fi
+grep -q "holds a non-finite value" "$T/err" || { cat "$T/err"; fail "no non-finite error"; }
+if "$PW" train --job "$T/job.json" --quiet --resume "$T/div.safetensors" --steps 4 2> "$T/err"; then
+  fail "a run resumed from NaN weights"
+fi
+grep -q "holds a non-finite value" "$T/err" || { cat "$T/err"; fail "resume: no non-finite error"; }
 echo "1 passed, 0 failed"

@@ -2,7 +2,8 @@
 # test_safetensors_py: pipewright's safetensors files against an independent
 # Python reader and writer (struct + json + numpy, no safetensors package).
 #  1. C writes the sample; Python parses it by the spec and checks the layout
-#     (LE length, space padding to 8, name order, packed offsets) and values.
+#     (LE length, space padding to 8, name order, packed offsets), values and
+#     each tensor's CRC32C in the metadata (computed here from its definition).
 #  2. Python writes the same sample its own way (unpadded header, reversed
 #     key order, tensors in another order with gaps, so data is unaligned);
 #     C must read it back exactly.
@@ -46,8 +47,23 @@ keys = [k for k, _ in hdr]
 assert keys[0] == "__metadata__", keys
 assert keys[1:] == sorted(sample), keys
 hdr = dict(hdr)
-assert dict(hdr.pop("__metadata__")) == meta
+got_meta = dict(hdr.pop("__metadata__"))
+crcs = {k[len("pw.crc32c."):]: v for k, v in got_meta.items() if k.startswith("pw.crc32c.")}
+assert {k: v for k, v in got_meta.items() if not k.startswith("pw.crc32c.")} == meta, got_meta
+assert sorted(crcs) == sorted(sample), crcs
 data = raw[8 + n:]
+
+
+def crc32c(b):  # Castagnoli, reflected, written from its definition
+    c = 0xFFFFFFFF
+    for x in b:
+        c ^= x
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
+
+
+assert crc32c(b"123456789") == 0xE3069283
 end = 0
 for name in keys[1:]:
     e = dict(hdr[name])
@@ -57,6 +73,7 @@ for name in keys[1:]:
     want = sample[name]
     assert e["dtype"] == name_of[want.dtype.str], (name, e["dtype"])
     assert list(e["shape"]) == list(want.shape), (name, e["shape"])
+    assert crcs[name] == "%08x" % crc32c(data[b:en]), (name, crcs[name])
     got = np.frombuffer(data[b:en], dtype=DT[e["dtype"]]).reshape(e["shape"])
     assert np.array_equal(got, want), (name, got, want)
 assert end == len(data), "data must be exactly covered"

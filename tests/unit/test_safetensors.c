@@ -398,6 +398,64 @@ static void test_corrupt_files(void **state) {
 
 /* Files from other writers: unpadded header, unaligned data, gaps between
  * tensors, zero-size tensors anywhere. All of it is valid. */
+/* Each tensor's CRC32C travels in the metadata: a flipped bit anywhere in
+ * a tensor's bytes is refused naming the tensor; checksum keys are the
+ * writer's own, and one naming no tensor, or not 8 hex digits, is refused. */
+static void test_checksums(void **state) {
+  pw_st_tensor t[8];
+  int n = sample_tensors(t);
+  pw_err err = {0};
+  const char *p = tpath("crc.safetensors");
+  assert_int_equal(pw_st_write(p, t, n, NULL, 0, &err), 0);
+  pw_st_file *f;
+  assert_int_equal(pw_st_open(p, &f, &err), 0);
+  assert_string_equal(pw_st_meta_get(f, PW_ST_CRC_PREFIX "scalar"), "7697b579"); /* crc32c of 2.5f, LE */
+  size_t size = 0;
+  FILE *fp = fopen(p, "rb");
+  assert_non_null(fp);
+  static unsigned char raw[1 << 16];
+  size = fread(raw, 1, sizeof raw, fp);
+  fclose(fp);
+  const pw_st_tensor *w = pw_st_find(f, "w");
+  size_t off = (size_t)((const unsigned char *)w->data - (const unsigned char *)pw_st_get(f, 0)->data);
+  size_t data0 = 8; /* the data follows the 8-byte length and the header */
+  for (int b = 0; b < 8; b++) data0 += (size_t)raw[b] << (8 * b);
+  pw_st_close(f);
+  /* every bit of one byte of w, in turn */
+  for (int bit = 0; bit < 8; bit++) {
+    raw[data0 + off + 5] ^= (unsigned char)(1u << bit);
+    const char *q = tpath("flip.safetensors");
+    fp = fopen(q, "wb");
+    assert_int_equal(fwrite(raw, 1, size, fp), size);
+    fclose(fp);
+    assert_int_equal(pw_st_open(q, &f, &err), PW_EFORMAT);
+    expect_err(&err, "tensor 'w': checksum mismatch");
+    raw[data0 + off + 5] ^= (unsigned char)(1u << bit);
+  }
+  pw_st_meta bad[1] = {{PW_ST_CRC_PREFIX "w", "00000000"}};
+  assert_int_equal(pw_st_write(tpath("r.safetensors"), t, n, bad, 1, &err), PW_EINVAL);
+  expect_err(&err, "is reserved");
+  /* a reader's view of hand-made metadata: no such tensor, not hex */
+  const char *hdrs[] = {"{\"__metadata__\":{\"pw.crc32c.x\":\"00000000\"},"
+                        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+                        "{\"__metadata__\":{\"pw.crc32c.a\":\"zz\"},"
+                        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}"};
+  const char *want[] = {"'pw.crc32c.x' names no tensor", "is not 8 hex digits"};
+  for (int i = 0; i < 2; i++) {
+    const char *q = tpath("hand.safetensors");
+    fp = fopen(q, "wb");
+    uint64_t hl = strlen(hdrs[i]);
+    unsigned char l8[8];
+    for (int b = 0; b < 8; b++) l8[b] = (unsigned char)(hl >> (8 * b));
+    fwrite(l8, 1, 8, fp);
+    fwrite(hdrs[i], 1, hl, fp);
+    fwrite("\0\0\0\0", 1, 4, fp);
+    fclose(fp);
+    assert_int_equal(pw_st_open(q, &f, &err), PW_EFORMAT);
+    expect_err(&err, want[i]);
+  }
+}
+
 static void test_foreign_layout(void **state) {
   const char *hdr = "{\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[3,19]},"
                     "\"e\":{\"dtype\":\"I32\",\"shape\":[0],\"data_offsets\":[5,5]}}";
@@ -451,6 +509,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_corrupt_files, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_checksums, setup, teardown),
       cmocka_unit_test_setup_teardown(test_foreign_layout, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
