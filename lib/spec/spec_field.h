@@ -72,13 +72,16 @@ typedef struct {
   {(k), PW__F_STR, (fl), (m), offsetof(T, mem), sizeof(((T *)0)->mem), 0, 0, 0, NULL, 0}
 #define PW__N(tab) ((int)(sizeof(tab) / sizeof((tab)[0])))
 
-/* Join a JSON path: "" + "model" -> "model", "model" + "n_heads" -> "model.n_heads". */
+/* The engine (spec_field.c). Join a JSON path: "" + "model" -> "model", "model" + "n_heads" -> "model.n_heads". */
 void pw__path(char *buf, size_t cap, const char *pre, const char *key);
 /* Parse the fields of `o` (NULL = an empty object) that belong to `mask`
  * into dst. A key of another variant is "not used with <ctx>"; a key in no
  * entry is "unknown field". Absent fields get their default. */
 int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
                      const char *ctx, void *dst, pw_err *err);
+/* One value v (NULL: absent) at path, by the rules of field f, into dst
+ * (for values outside any object, e.g. an array's elements). */
+int pw__field_parse(const pw__field *f, const json_t *v, const char *path, void *dst, pw_err *err);
 /* Write the fields of `mask` from src into the object o. */
 int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const void *src);
 /* Read an enum-valued key early (it decides the mask for the rest):

@@ -9,9 +9,9 @@
    a layer whose SYSTEM names that library, and never in a public header of
    a layer that must stay free of it (compute and model headers: no jansson).
 3. The layer graph has no cycle, and no header includes itself through others.
-4. With BUILD_DIR: no two object files of the coordinator need symbols
-   from each other, directly or around a longer circle (read from `nm` of
-   the built objects).
+4. With BUILD_DIR: no two object files of the coordinator, or of one layer
+   of lib/, need symbols from each other, directly or around a longer
+   circle (read from `nm` of the built objects).
 5. No coordinator file writes an HTTP error status of its own: every error
    reply goes through pw_reply_error(code), whose status and API code come
    from lib/base/errors.h's table.
@@ -187,6 +187,8 @@ def main():
     errs = check_sources(src) + check_error_statuses(src)
     if len(sys.argv) > 2:
         errs += check_objects(sys.argv[2], "pwcoord")
+        for layer in layers(src):
+            errs += check_objects(os.path.join(sys.argv[2], "lib"), "pw_" + layer)
     for e in errs:
         print("check_layers:", e)
     print(f"check_layers: {len(layers(src))} layers, {'ok' if not errs else f'{len(errs)} violations'}")
