@@ -1,7 +1,8 @@
 /* plan: a job's whole plan — model, partition, schedule, and the
  * simulator's proof and analytics — built one way for everyone:
- * `pipewright plan`, the coordinator's POST /v1/plans and its dispatch, and
- * the workers (which rebuild their own stage programs from the same spec).
+ * `pipewright plan` and the coordinator's POST /v1/plans and dispatch. Built
+ * once per run at dispatch; each worker gets only its slice of it
+ * (slice.h) and never plans.
  *
  * Costs for the simulator come from the cost model: each stage's F, I and
  * W FLOPs for one microbatch over an assumed compute rate, and each cut's
