@@ -25,7 +25,7 @@ int pw_cmd_cancel(int argc, char **argv);
 int pw_cmd_workers(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
-int pw_cli_load_job(const char *path, pw_job *job);
+PW_MUST_CHECK int pw_cli_load_job(const char *path, pw_job *job);
 /* Prints "error: <path>: <message>" to stderr. */
 void pw_cli_report(const pw_err *err);
 /* Human-readable 12.3K / 4.5M / 6.7G. */

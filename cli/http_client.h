@@ -29,7 +29,7 @@ typedef struct {
 /* Parses "http://host[:port][/prefix]" or "https://..." (also "[::1]:8080",
  * and a bare "host:port" taken as http). PW_EINVAL with a reason for
  * anything else: other schemes, credentials, a query or a fragment. */
-int pw_http_url_parse(const char *url, pw_http_url *out, pw_err *err) __attribute__((warn_unused_result));
+PW_MUST_CHECK int pw_http_url_parse(const char *url, pw_http_url *out, pw_err *err);
 
 typedef struct {
   const char *token;  /* bearer token, NULL or "" for none */
@@ -62,9 +62,9 @@ typedef struct {
  *   PW_EINVAL  a bad method, target, token or CA file
  *   PW_ENOMEM
  * *resp is zeroed on error (and pw_http_resp_free is still safe on it). */
-int pw_http_request(const pw_http_url *url, const char *method, const char *target, const char *body,
-                    size_t body_len, const pw_http_opts *opts, pw_http_resp *resp, pw_err *err)
-    __attribute__((warn_unused_result));
+PW_MUST_CHECK int pw_http_request(const pw_http_url *url, const char *method, const char *target,
+                                  const char *body, size_t body_len, const pw_http_opts *opts, pw_http_resp *resp,
+                                  pw_err *err);
 
 void pw_http_resp_free(pw_http_resp *resp);
 

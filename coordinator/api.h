@@ -85,10 +85,10 @@ void pw_reply_header(pw_req *r, const char *name, const char *value);
 const char *pw_req_arg(pw_req *r, const char *name);
 /* An integer query argument in [lo, hi]; def when absent. On a bad value
  * replies 400 (invalid_argument, path = the argument's name) and returns -1. */
-int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
+PW_MUST_CHECK int pw_req_int_arg(pw_req *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out);
 /* A boolean query argument ("1"/"true"/"0"/"false"); def when absent; -1
  * after replying 400 on anything else. */
-int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out);
+PW_MUST_CHECK int pw_req_bool_arg(pw_req *r, const char *name, int def, int *out);
 
 /* ---- the server (http.c) -------------------------------------------------- */
 
@@ -126,7 +126,7 @@ void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b);
  * the schedule (NULL: the job's) or all of them (compare): replies (422
  * naming the field) and returns nonzero on failure; else *job is the
  * caller's to free. */
-int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, pw_job *job, pw_budget *b);
+PW_MUST_CHECK int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, pw_job *job, pw_budget *b);
 
 /* api_req.c, shared by the job handlers: the store of this thread, or a 500 reply and
  * NULL. */
@@ -134,6 +134,6 @@ pw_store *pw_api_store(pw_req *r);
 /* The job's stored spec parsed back (its plan can be rebuilt); replies and
  * returns nonzero on failure. 404 when the job does not exist. *state gets
  * the job's state when not NULL. */
-int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state);
+PW_MUST_CHECK int pw_api_job_load(pw_req *r, pw_store *s, pw_job *job, int *state);
 
 #endif

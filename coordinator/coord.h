@@ -123,16 +123,16 @@ char *pw_coord_metrics_text(pw_coord *c);
 /* Cancel a job: queued -> cancelled at once; a running one is marked
  * cancelled and the loop stops its workers. PW_ENOENT, PW_ECONFLICT when
  * already finished. */
-int pw_coord_cancel(pw_coord *c, int64_t job, pw_err *err);
+PW_MUST_CHECK int pw_coord_cancel(pw_coord *c, int64_t job, pw_err *err);
 
 /* http.c: the REST API server (libmicrohttpd, its own threads). */
-int pw_http_start(pw_coord *c, pw_err *err);
+PW_MUST_CHECK int pw_http_start(pw_coord *c, pw_err *err);
 void pw_http_stop(pw_coord *c);
 
 /* ctlsrv.c: the control plane on the loop (worker links); the job side
  * (sched.c) plugs in through hooks (ctl_int.h). */
 typedef struct pw_ctl_hooks pw_ctl_hooks;
-int pw_ctl_server_start(pw_coord *c, const pw_ctl_hooks *hooks, pw_err *err);
+PW_MUST_CHECK int pw_ctl_server_start(pw_coord *c, const pw_ctl_hooks *hooks, pw_err *err);
 /* sched.c: dispatch, following runs, cancel. */
 const pw_ctl_hooks *pw_sched_hooks(void);
 void pw_ctl_server_stop(pw_coord *c);

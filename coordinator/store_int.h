@@ -130,11 +130,11 @@ sqlite3_stmt *pw__store_stmt(pw_store *s, int id, pw_err *err);
  * missing row (PW_ENOENT), a duplicate key is PW_ECONFLICT. */
 int pw__store_fail(pw_store *s, int rc, pw_err *err, const char *what);
 /* Transactions: write (BEGIN IMMEDIATE) or read (deferred). */
-int pw__store_begin(pw_store *s, int write, pw_err *err);
-int pw__store_commit(pw_store *s, pw_err *err);
+PW_MUST_CHECK int pw__store_begin(pw_store *s, int write, pw_err *err);
+PW_MUST_CHECK int pw__store_commit(pw_store *s, pw_err *err);
 void pw__store_rollback(pw_store *s);
 /* PW_ENOENT naming the job when it does not exist. */
-int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
+PW_MUST_CHECK int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
 /* store_fault.c: PW_EIO as SQLITE_FULL would give when this write is to
  * fail (fault injection), else 0; and reading PW_STORE_FAIL_* once. */
 int pw__store_fault(pw_store *s, pw_err *err, const char *what);

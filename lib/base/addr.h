@@ -4,10 +4,12 @@
 
 #include <stddef.h>
 
+#include "errors.h"
+
 /* Splits "host:port" (the last colon; "[v6]:port" keeps its brackets off).
  * Returns 0, or -1 when there is no host, no port, or the port is not
  * 0..65535. */
-int pw_addr_split(const char *s, char *host, size_t cap, int *port);
+PW_MUST_CHECK int pw_addr_split(const char *s, char *host, size_t cap, int *port);
 /* 127.0.0.0/8, ::1 and "localhost". */
 int pw_addr_is_loopback(const char *host);
 

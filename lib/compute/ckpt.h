@@ -17,11 +17,11 @@
 void pw_ckpt_optim_path(const char *path, char *buf, size_t cap);
 
 /* step = optimizer steps taken; job_json (may be NULL) is stored as metadata. */
-int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, pw_err *err);
+PW_MUST_CHECK int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, pw_err *err);
 
 /* Loads every parameter of the program from path (extra tensors in the
  * file are ignored: a stage loads its part of a whole-model file). With
  * with_optim, also the optimizer state; *step (may be NULL) gets the step. */
-int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err);
+PW_MUST_CHECK int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err);
 
 #endif

@@ -46,7 +46,7 @@ typedef struct {
 
 typedef struct pw_prog pw_prog;
 
-int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err);
+PW_MUST_CHECK int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err);
 void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
@@ -70,7 +70,7 @@ void pw_prog_grads_finalize(pw_prog *p);
 size_t pw_prog_slot_bytes(const pw_prog *p);
 /* Make slot `slot` (< max_slots) exist. PW_EINVAL past max_slots, PW_ENOMEM.
  * Not thread-safe against itself; safe while other slots are computed on. */
-int pw_prog_slot_ensure(pw_prog *p, int slot);
+PW_MUST_CHECK int pw_prog_slot_ensure(pw_prog *p, int slot);
 int pw_prog_max_slots(const pw_prog *p);
 
 int pw_prog_n_inputs(const pw_prog *p);

@@ -38,7 +38,7 @@ typedef struct pw_dataset pw_dataset;
 /* Opens the dataset and checks it fits the shape (kind vs tokens/features,
  * vocabulary, the file long enough for one window of T+1 bytes in each
  * split). Errors name "data.path", "data.kind", ... */
-int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
+PW_MUST_CHECK int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
                     pw_dataset **out, pw_err *err);
 void pw_dataset_close(pw_dataset *ds);
 

@@ -39,13 +39,13 @@ typedef struct {
   const char *value;
 } pw_st_meta;
 
-int pw_st_write(const char *path, const pw_st_tensor *tensors, int n_tensors,
+PW_MUST_CHECK int pw_st_write(const char *path, const pw_st_tensor *tensors, int n_tensors,
                 const pw_st_meta *meta, int n_meta, pw_err *err);
 
 typedef struct pw_st_file pw_st_file;
 
 /* Loads and validates the whole file. Errors name the file and what is wrong. */
-int pw_st_open(const char *path, pw_st_file **out, pw_err *err);
+PW_MUST_CHECK int pw_st_open(const char *path, pw_st_file **out, pw_err *err);
 void pw_st_close(pw_st_file *f);
 int pw_st_count(const pw_st_file *f);
 /* Tensor i (sorted by name) — name, dtype, shape; data is not aligned-safe: use pw_st_copy. */
@@ -56,7 +56,7 @@ const pw_st_tensor *pw_st_find(const pw_st_file *f, const char *name);
 const char *pw_st_meta_get(const pw_st_file *f, const char *key);
 /* Copy tensor `name` into dst after checking dtype and shape equal the
  * given ones; errors say which tensor and what differs. */
-int pw_st_copy(const pw_st_file *f, const char *name, pw_st_dtype dtype, int ndim,
+PW_MUST_CHECK int pw_st_copy(const pw_st_file *f, const char *name, pw_st_dtype dtype, int ndim,
                const int64_t *shape, void *dst, pw_err *err);
 
 #endif

@@ -67,9 +67,9 @@ typedef struct {
 /* Lays out layers [layer_lo, layer_hi) of m for mb sequences per
  * microbatch. 0, PW_EINVAL for a bad range or mb < 1, or PW_ENOMEM;
  * on error *out needs no free. The model must outlive the layout. */
-int pw_prog_layout_build(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_layout *out);
+PW_MUST_CHECK int pw_prog_layout_build(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_layout *out);
 void pw_prog_layout_free(pw_prog_layout *l);
 /* Just the sizes (builds the layout and frees it). */
-int pw_prog_sizes_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_sizes *out);
+PW_MUST_CHECK int pw_prog_sizes_of(const pw_model *m, int layer_lo, int layer_hi, int mb, pw_prog_sizes *out);
 
 #endif

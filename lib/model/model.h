@@ -108,7 +108,7 @@ typedef struct {
 
 /* Expand a spec into the graph and infer every shape. Errors name the JSON
  * path ("model.layers[4].in: expected 64 (the previous layer's output), got 32"). */
-int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err);
+PW_MUST_CHECK int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err);
 void pw_model_free(pw_model *m);
 
 /* Parameters in the whole model (a tied parameter counts once). */

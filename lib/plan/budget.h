@@ -65,10 +65,10 @@ int64_t pw_plan_actions_bound(const pw_job *job, const char *schedule, int compa
  * spec back (path of the derived field, the message saying it is derived
  * when the caller's JSON lacks it is the caller's business), PW_EBUDGET
  * ("schedule.microbatches" for the action bound, "mesh.pp" for the stages), PW_ENOMEM. */
-int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, const pw_budget *b, pw_err *err);
+PW_MUST_CHECK int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, const pw_budget *b, pw_err *err);
 
 /* The built plan's checks (see above). 0, PW_EBUDGET naming the field to
  * change and the limit, PW_ENOMEM. */
-int pw_plan_check_fit(const pw_job *job, const pw_plan *p, const pw_budget *b, pw_err *err);
+PW_MUST_CHECK int pw_plan_check_fit(const pw_job *job, const pw_plan *p, const pw_budget *b, pw_err *err);
 
 #endif

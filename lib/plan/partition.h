@@ -63,10 +63,10 @@ double pw_layer_cost(const pw_model *m, const pw_partition_spec *ps, int layer);
 /* Errors: PW_ESPEC naming "partition.mode", "mesh.pp", ... e.g.
  * "model has 1 stage_boundary marker (2 stages) but the mesh needs 4 stages
  *  (pp 2 x virtual_stages 2)". */
-int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int n_stages, pw_partition *out,
+PW_MUST_CHECK int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int n_stages, pw_partition *out,
                        pw_err *err);
 /* Cuts given explicitly: stage s holds layers [cuts[s], cuts[s+1]). */
-int pw_partition_from_cuts(const pw_model *m, const pw_partition_spec *ps, const int *cuts, int n_stages,
+PW_MUST_CHECK int pw_partition_from_cuts(const pw_model *m, const pw_partition_spec *ps, const int *cuts, int n_stages,
                            pw_partition *out, pw_err *err);
 void pw_partition_free(pw_partition *p);
 

@@ -95,7 +95,7 @@ typedef struct {
 
 /* Build and prove the plan. `schedule` overrides job->schedule.name when not
  * NULL. Errors carry the JSON path of what to change. */
-int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
+PW_MUST_CHECK int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
 void pw_plan_free(pw_plan *p);
 
 /* Activation slots each stage's program grows to under the worker's slot
@@ -108,7 +108,7 @@ void pw_plan_free(pw_plan *p);
  * the worker frees a B's slot only once the gradient it sends has been
  * written, which on an oversubscribed machine can cost one more slot now
  * and then. peak[S]. Returns 0 or PW_ENOMEM. */
-int pw_plan_peak_slots(const pw_sched *s, int *peak);
+PW_MUST_CHECK int pw_plan_peak_slots(const pw_sched *s, int *peak);
 
 /* Stages run by pipeline rank r, ascending; returns the count. */
 int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);

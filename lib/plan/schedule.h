@@ -52,13 +52,13 @@ int pw_action_format(const pw_action *a, char *buf, size_t cap);
 /* Parse one action at s ("F3@s1", leading spaces skipped). On success sets
  * *end (if not NULL) to the first character after it and returns 0; else
  * PW_EFORMAT with the reason in err. Flags are cleared. */
-int pw_action_parse(const char *s, pw_action *a, const char **end, pw_err *err);
+PW_MUST_CHECK int pw_action_parse(const char *s, pw_action *a, const char **end, pw_err *err);
 /* A rank's list: actions separated by single spaces, a fused pair joined by
  * '+' ("F0@s0 F1@s0+B0@s3 W0@s3"). Returns the length as snprintf does. */
 int pw_actions_format(const pw_action *acts, int n, char *buf, size_t cap);
 /* Parse such a list (any whitespace between entries). *out is malloc'ed
  * (NULL when n = 0); the caller frees it. PW_EFORMAT names the bad entry. */
-int pw_actions_parse(const char *text, pw_action **out, int *n, pw_err *err);
+PW_MUST_CHECK int pw_actions_parse(const char *text, pw_action **out, int *n, pw_err *err);
 
 /* ---- the plan ---------------------------------------------------------- */
 
@@ -88,22 +88,22 @@ typedef struct pw_sched {
  * zb-h1 it is simply F0 .. F(m-1) on every rank. The constraints of the
  * training plan still apply (DeepSeek's DualPipeV asserts m >= 2*pp in
  * inference too). */
-int pw_sched_build(const char *name, int pp, int V, int m, int forward_only, pw_sched **out,
+PW_MUST_CHECK int pw_sched_build(const char *name, int pp, int V, int m, int forward_only, pw_sched **out,
                    pw_err *err);
 /* Only the constraint checks of pw_sched_build. */
-int pw_sched_check(const char *name, int pp, int V, int m, int forward_only, pw_err *err);
+PW_MUST_CHECK int pw_sched_check(const char *name, int pp, int V, int m, int forward_only, pw_err *err);
 void pw_sched_free(pw_sched *s);
 
 /* A hand-made plan (tests, tools): empty per-rank lists, name "custom".
  * stage_to_rank may be NULL (stage s on rank s % pp). S must be >= 1 and
  * every stage_to_rank entry in 0 .. pp-1. */
-int pw_sched_new(int pp, int V, int S, int m, const int *stage_to_rank, int forward_only,
+PW_MUST_CHECK int pw_sched_new(int pp, int V, int S, int m, const int *stage_to_rank, int forward_only,
                  pw_sched **out, pw_err *err);
 /* Append one action to a rank's list (no checking beyond rank range; the
  * simulator checks plans). PW_ENOMEM, PW_EINVAL. */
-int pw_sched_push(pw_sched *s, int rank, pw_action a);
+PW_MUST_CHECK int pw_sched_push(pw_sched *s, int rank, pw_action a);
 /* Replace a rank's list by the parsed text ("F0@s0 F1@s0 B0@s0"). */
-int pw_sched_set_rank_text(pw_sched *s, int rank, const char *text, pw_err *err);
+PW_MUST_CHECK int pw_sched_set_rank_text(pw_sched *s, int rank, const char *text, pw_err *err);
 
 /* {"name", "pp", "virtual_stages", "stages", "microbatches", "forward_only",
  *  "stage_to_rank": [...], "ranks": ["F0@s0 F1@s0 ...", ...]} (new ref). */
@@ -111,7 +111,7 @@ json_t *pw_sched_to_json(const pw_sched *s);
 /* The inverse (workers receive their plan this way). Fields are checked for
  * type and range (PW_ESPEC with a path such as "ranks[2]"), the lists are
  * parsed; the plan itself is not validated here (run pw_sim_check). */
-int pw_sched_from_json(const json_t *j, pw_sched **out, pw_err *err);
+PW_MUST_CHECK int pw_sched_from_json(const json_t *j, pw_sched **out, pw_err *err);
 
 /* ---- the catalogue ----------------------------------------------------- */
 

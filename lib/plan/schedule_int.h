@@ -11,15 +11,15 @@
  * Returns 0 or PW_ENOMEM (constraints were checked before). */
 typedef int (*pw__sched_gen)(pw_sched *s);
 
-int pw__gen_gpipe(pw_sched *s);
-int pw__gen_1f1b(pw_sched *s);
-int pw__gen_eager1f1b(pw_sched *s);
-int pw__gen_zbh1(pw_sched *s);
-int pw__gen_interleaved_1f1b(pw_sched *s);
-int pw__gen_interleaved_gpipe(pw_sched *s);
-int pw__gen_interleaved_1f1b_plus_one(pw_sched *s);
-int pw__gen_kimi_k2(pw_sched *s);
-int pw__gen_dualpipev(pw_sched *s);
+PW_MUST_CHECK int pw__gen_gpipe(pw_sched *s);
+PW_MUST_CHECK int pw__gen_1f1b(pw_sched *s);
+PW_MUST_CHECK int pw__gen_eager1f1b(pw_sched *s);
+PW_MUST_CHECK int pw__gen_zbh1(pw_sched *s);
+PW_MUST_CHECK int pw__gen_interleaved_1f1b(pw_sched *s);
+PW_MUST_CHECK int pw__gen_interleaved_gpipe(pw_sched *s);
+PW_MUST_CHECK int pw__gen_interleaved_1f1b_plus_one(pw_sched *s);
+PW_MUST_CHECK int pw__gen_kimi_k2(pw_sched *s);
+PW_MUST_CHECK int pw__gen_dualpipev(pw_sched *s);
 
 /* Append shorthand for generators. */
 static inline int pw__emit(pw_sched *s, int rank, int kind, int mb, int stage, int flags) {

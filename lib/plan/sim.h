@@ -77,14 +77,14 @@ typedef struct {
 
 /* Structural checks only (no timing): PW_ESCHEDULE with the first violation,
  * e.g. "rank 1 #4: F3@s0 is on stage 0, which belongs to rank 0". */
-int pw_sim_check(const pw_sched *s, pw_err *err);
+PW_MUST_CHECK int pw_sim_check(const pw_sched *s, pw_err *err);
 
 /* Check and replay. c may be NULL (unit costs). Errors: PW_ESCHEDULE (a
  * structural violation), PW_EDEADLOCK (every rank that still has actions is
  * named with the action it waits at and the input it waits for, e.g.
  * "rank 0 at B0@s0 (#1) waits for B0@s1 (rank 1 #3)"), PW_EINVAL (costs),
  * PW_ENOMEM. On success *out is owned by the caller (pw_sim_result_free). */
-int pw_sim_run(const pw_sched *s, const pw_sim_costs *c, pw_sim_result **out, pw_err *err);
+PW_MUST_CHECK int pw_sim_run(const pw_sched *s, const pw_sim_costs *c, pw_sim_result **out, pw_err *err);
 void pw_sim_result_free(pw_sim_result *r);
 
 /* Analytics and timeline (new reference):

@@ -76,13 +76,13 @@ typedef struct {
 /* The canonical text of a plan document (pw_plan_json: compact, keys
  * sorted) in *text (malloc'd; the caller frees it) and its SHA-256 hex.
  * The coordinator stores exactly this text. 0 or PW_ENOMEM. */
-int pw_slice_plan_text(const json_t *plan_doc, char **text, char hex[PW_SHA256_HEX_LEN + 1]);
+PW_MUST_CHECK int pw_slice_plan_text(const json_t *plan_doc, char **text, char hex[PW_SHA256_HEX_LEN + 1]);
 
 /* The body of rank `rank`'s slice of plan p (built by pw_plan_build from
  * job) as canonical text in *text (malloc'd) and its SHA-256 hex in hex.
  * plan_sha256 is the plan's hash (pw_slice_plan_text). PW_EINVAL for a
  * rank outside the mesh, PW_ENOMEM. */
-int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *plan_sha256, char **text,
+PW_MUST_CHECK int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *plan_sha256, char **text,
                    char hex[PW_SHA256_HEX_LEN + 1], pw_err *err);
 
 /* Checks the SHA-256 of text[0..len) against sha256_hex, then parses and
@@ -90,7 +90,7 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
  * indexes), filling *out (release with pw_slice_free; on error *out holds
  * nothing). PW_EPROTO: path "slice_sha256" for a hash mismatch (the
  * message names both hashes), else the field's path in the slice. */
-int pw_slice_decode(const char *text, size_t len, const char *sha256_hex, pw_slice *out, pw_err *err);
+PW_MUST_CHECK int pw_slice_decode(const char *text, size_t len, const char *sha256_hex, pw_slice *out, pw_err *err);
 void pw_slice_free(pw_slice *s);
 
 #endif

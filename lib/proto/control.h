@@ -140,7 +140,7 @@ json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *e
 #define PW_CONTROL_BUILD(t, type, err, ...) pw_control_build((t), &(type){__VA_ARGS__}, sizeof(type), (err))
 /* msg validated and read into the struct of its type; *t gets the type.
  * 0, or PW_EPROTO naming the field. */
-int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err);
+PW_MUST_CHECK int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err);
 
 /* A side's handlers, indexed by message type (NULL: not accepted here). A
  * handler gets the daemon's ctx and the link's conn as given to dispatch,
@@ -154,7 +154,7 @@ typedef struct {
 /* Reads msg (pw_control_read) and calls its handler. PW_EPROTO when it
  * travels the wrong way for a side receiving `dir`, or the side has no
  * handler for it; otherwise the handler's result. */
-int pw_control_dispatch(const pw_control_handlers *h, int dir, void *ctx, void *conn, const json_t *msg,
+PW_MUST_CHECK int pw_control_dispatch(const pw_control_handlers *h, int dir, void *ctx, void *conn, const json_t *msg,
                         pw_err *err);
 
 /* The direction of a known message type, or 0 when unknown. */
@@ -163,13 +163,13 @@ int pw_control_msg_dir(const char *type);
 const char *pw_control_type(const json_t *msg);
 
 /* 0, or PW_EPROTO naming the field (see the table above). */
-int pw_control_validate(const json_t *msg, pw_err *err);
+PW_MUST_CHECK int pw_control_validate(const json_t *msg, pw_err *err);
 
 /* A malloc'd wire frame (4-byte big-endian length + compact JSON) for any
  * JSON object; the caller frees *out. Does not validate (so tests can send
  * bad messages); PW_EINVAL for a non-object or unencodable value,
  * PW_ETOOBIG over PW_CONTROL_MAX, PW_ENOMEM. */
-int pw_control_encode(const json_t *msg, uint8_t **out, size_t *len);
+PW_MUST_CHECK int pw_control_encode(const json_t *msg, uint8_t **out, size_t *len);
 
 /* ---- the stream reader --------------------------------------------------
  *
@@ -201,7 +201,7 @@ typedef struct {
 void pw_control_reader_init(pw_control_reader *r, size_t max);
 void pw_control_reader_free(pw_control_reader *r);
 void pw_control_reader_next_buf(pw_control_reader *r, void **buf, size_t *len);
-int pw_control_reader_advance(pw_control_reader *r, size_t n, json_t **msg, pw_err *err);
+PW_MUST_CHECK int pw_control_reader_advance(pw_control_reader *r, size_t n, json_t **msg, pw_err *err);
 /* 1 at a message boundary (an EOF there is an orderly close). */
 int pw_control_reader_idle(const pw_control_reader *r);
 
@@ -209,7 +209,7 @@ int pw_control_reader_idle(const pw_control_reader *r);
  * borrows it: json_incref to keep it). cb returns 0 to go on or negative to
  * stop. Returns the number of messages, or a negative code. */
 typedef int (*pw_control_cb)(void *ctx, json_t *msg);
-int pw_control_reader_feed(pw_control_reader *r, const void *data, size_t n, pw_control_cb cb,
+PW_MUST_CHECK int pw_control_reader_feed(pw_control_reader *r, const void *data, size_t n, pw_control_cb cb,
                            void *ctx, pw_err *err);
 
 /* ---- cluster token -------------------------------------------------------- */
@@ -223,6 +223,6 @@ int pw_control_token_equal(const char *a, const char *b);
  * read), PW_EAUTH (empty, over PW_CONTROL_TOKEN_MAX bytes, or holding
  * control characters), PW_EINVAL (cap too small for the token). Logs a
  * warning when the file is readable by group or others. */
-int pw_control_read_token_file(const char *path, char *buf, size_t cap, pw_err *err);
+PW_MUST_CHECK int pw_control_read_token_file(const char *path, char *buf, size_t cap, pw_err *err);
 
 #endif

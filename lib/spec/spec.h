@@ -145,7 +145,7 @@ void pw_job_free(pw_job *job);
  * when that does not divide evenly. The one statement of the rule:
  * pw_job_parse applies it, and the planner, the trainer and the workers
  * take their microbatch size from it. */
-int pw_job_mb_size(const pw_job *job, pw_err *err);
+PW_MUST_CHECK int pw_job_mb_size(const pw_job *job, pw_err *err);
 
 /* What the model expects of the data. */
 typedef struct {

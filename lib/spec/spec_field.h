@@ -77,24 +77,24 @@ void pw__path(char *buf, size_t cap, const char *pre, const char *key);
 /* Parse the fields of `o` (NULL = an empty object) that belong to `mask`
  * into dst. A key of another variant is "not used with <ctx>"; a key in no
  * entry is "unknown field". Absent fields get their default. */
-int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
+PW_MUST_CHECK int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
                      const char *ctx, void *dst, pw_err *err);
 /* One value v (NULL: absent) at path, by the rules of field f, into dst
  * (for values outside any object, e.g. an array's elements). */
-int pw__field_parse(const pw__field *f, const json_t *v, const char *path, void *dst, pw_err *err);
+PW_MUST_CHECK int pw__field_parse(const pw__field *f, const json_t *v, const char *path, void *dst, pw_err *err);
 /* Write the fields of `mask` from src into the object o. */
-int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const void *src);
+PW_MUST_CHECK int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const void *src);
 /* Read an enum-valued key early (it decides the mask for the rest):
  * def < 0 means required. */
-int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
+PW_MUST_CHECK int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
                  int def, int *out, pw_err *err);
 /* The member `key` of o as an object (NULL when absent); an error if it is
  * present and not an object. */
-int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err);
+PW_MUST_CHECK int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err);
 
 /* The model section (spec_model.c): parse (the path prefix is "model"),
  * the canonical JSON, and release. */
-int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err);
+PW_MUST_CHECK int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err);
 json_t *pw__model_emit(const pw_model_spec *m);
 void pw__model_free(pw_model_spec *m);
 

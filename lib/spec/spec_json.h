@@ -13,10 +13,10 @@
  * with err->path the JSON path ("train.optimizer.betas[1]") and err->msg the
  * rule. On success the job owns its allocations: release with pw_job_free.
  * `base_dir` (may be NULL) resolves a relative data.path. */
-int pw_job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err);
+PW_MUST_CHECK int pw_job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err);
 /* Read a JSON file and parse it; JSON syntax errors give PW_EJSON with the
  * line and column in the message. */
-int pw_job_load_file(const char *path, pw_job *job, pw_err *err);
+PW_MUST_CHECK int pw_job_load_file(const char *path, pw_job *job, pw_err *err);
 /* The job with every default filled in, as JSON (new reference). */
 json_t *pw_job_to_json(const pw_job *job);
 

@@ -38,19 +38,19 @@ typedef struct {
 
 /* Builds the model, the program and the dataset; initialises parameters
  * from train.seed. */
-int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err);
+PW_MUST_CHECK int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err);
 /* Resume from a checkpoint written by pw_ckpt_save (parameters, optimizer
  * state and step). */
-int pw_trainer_resume(pw_trainer *t, const char *path, pw_err *err);
+PW_MUST_CHECK int pw_trainer_resume(pw_trainer *t, const char *path, pw_err *err);
 /* Loads parameters only (e.g. for eval). */
-int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err);
+PW_MUST_CHECK int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err);
 /* One optimizer step (forward+backward over every microbatch, clip, update). */
 void pw_trainer_step(pw_trainer *t, pw_step_stats *st);
 /* Mean loss over train.eval_batches batches of the eval split. */
 double pw_trainer_eval(pw_trainer *t);
 /* Mean loss of the batch of `step` (train split), no update: forward mode. */
 double pw_trainer_forward(pw_trainer *t, int step);
-int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err);
+PW_MUST_CHECK int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err);
 void pw_trainer_free(pw_trainer *t);
 
 #endif
