@@ -270,7 +270,7 @@ static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SI
     free(s);
     return rc;
   }
-  if (run) run->sends_inflight++;
+  if (run) run->lp.sends_inflight++;
   return 0;
 }
 
