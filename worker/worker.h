@@ -32,8 +32,17 @@ struct pw_link {
   uint64_t hello_job;      /* what the HELLO claimed (inbound) */
   int hello_rank;
   int paused;              /* HELLO for a run not started yet: not reading */
+  int draining;            /* its run is over: read to the peer's end */
   int connected;
   int closing;
+  int handles;             /* libuv handles still to close before it is freed */
+  /* Inbound links only: until admitted (and while draining), a link lives
+   * until a deadline — HELLO within w->hello_timeout, the run of the job
+   * it named within w->held_timeout, the peer's end within held_timeout —
+   * and a held link whose peer hangs up is closed at once. */
+  uv_timer_t timer;
+  int timer_init;
+  uint64_t deadline;       /* uv_now() of the loop, ms */
   char addr[64];
   pw_frame_reader reader;  /* inbound */
   uv_connect_t connect_req;
@@ -64,6 +73,8 @@ struct pw_worker {
   int coord_port;
   char listen_host[64];
   int listen_port;         /* actual port after bind */
+  double hello_timeout;    /* s an inbound link may take to say HELLO */
+  double held_timeout;     /* s a link may wait for the run of the job its HELLO named, or to end */
   int threads;
   char state_dir[512];
   char token[PW_CONTROL_TOKEN_MAX + 1];
