@@ -44,7 +44,7 @@ int pw_exec_post(pw_run *r, const pw_event *ev) {
   }
   r->sh.evq[(r->sh.evq_head + r->sh.evq_len++) % r->sh.evq_cap] = *ev;
   uv_mutex_unlock(&r->sh.mu);
-  uv_async_send(&r->lp.async);
+  uv_async_send(&r->lp.async); /* the one call another thread may make on the loop's handle */
   return 0;
 }
 
@@ -344,7 +344,7 @@ void pw_exec_main(void *arg) {
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
             r->run_id, r->rank, (unsigned long long)r->cp.chunked, r->cp.chunk_limit, (unsigned long long)r->cp.chunks);
   /* The ring always has room for these two (pw_exec_post), so they cannot fail. */
-  pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL};
+  pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL, .peak_act = r->cp.peak_act};
   if ((rc != PW_ECANCELED || !atomic_load(&r->sh.abort)) && pw_exec_post(r, &ev)) pw_error("cannot report the run's end");
   ev.kind = PW_EV_EXIT;
   if (pw_exec_post(r, &ev)) pw_error("cannot report the compute thread's exit");

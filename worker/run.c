@@ -289,8 +289,8 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->sh.wl = calloc((size_t)r->n_ranks, sizeof *r->sh.wl);
   r->sh.in_fd = malloc(sizeof(int) * (size_t)r->n_ranks);
   r->cp.in = calloc((size_t)r->n_ranks, sizeof *r->cp.in);
-  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->sh.ls || !r->cp.ls || !r->lp.out || !r->peer_addr || !r->sh.wl || !r->sh.in_fd ||
-      !r->cp.in) {
+  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->sh.ls || !r->cp.ls || !r->lp.out || !r->peer_addr ||
+      !r->sh.wl || !r->sh.in_fd || !r->cp.in) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
@@ -330,7 +330,8 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->cp.norm_parts_step = malloc(sizeof(int) * (size_t)(2 * r->pp));
   r->sh.evq_cap = 64;
   r->sh.evq = malloc(sizeof *r->sh.evq * (size_t)r->sh.evq_cap);
-  if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq || pw_stepend_alloc(r)) {
+  if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq ||
+      pw_stepend_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
@@ -540,7 +541,7 @@ static void on_event(pw_run *r, pw_event *ev) {
     case PW_EV_DONE:
       if (r->lp.closing) return;
       pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
-              r->run_id, r->rank, r->steps, r->cp.peak_act);
+              r->run_id, r->rank, r->steps, ev->peak_act);
       pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, NULL, .job = (int64_t)r->job, .run = r->run_id,
                                          .rank = r->rank));
       finish(r, 1);

@@ -107,7 +107,7 @@ typedef struct {
   uint64_t len;            /* payload bytes */
   uint64_t off;            /* bytes of header + payload already written */
   uint8_t hdr[PW_FRAME_HDR_SIZE];
-  /* STEP */
+  /* STEP (and DONE: peak_act) */
   int step, peak_act, has_loss, ckpt;
   double step_time, loss, grad_norm, lr;
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
