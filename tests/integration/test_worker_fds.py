@@ -12,8 +12,9 @@ this script still holds its ends open, and the heartbeat reports that count
 (field fds). Waits are bounded polls; nothing is asserted about speed.
 
 Then a job whose data path is a FIFO (tests/integration/driver.py, two
-workers): the run fails with an error naming the path, and no worker hangs
-(both exit cleanly on shutdown)."""
+workers): the run fails with an error naming the path, no worker hangs
+(both exit cleanly on shutdown), and once it has failed each worker's
+heartbeat reports as many descriptors as before it was assigned."""
 import json, os, random, shutil, signal, socket, struct, subprocess, sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -216,7 +217,8 @@ def fifo_test(tmp):
     json.dump(job, open(spec, "w"))
     out = os.path.join(tmp, "fifo-run")
     p = subprocess.run([sys.executable, os.path.join(HERE, "driver.py"), "--job", spec, "--build", BUILD,
-                        "--src", SRC, "--out", out, "--timeout", "120"], capture_output=True, text=True)
+                        "--src", SRC, "--out", out, "--timeout", "120", "--settle-fds", "60",
+                        "--worker-arg=--held-timeout=2"], capture_output=True, text=True)
     print(p.stdout, p.stderr, flush=True)
     check(p.returncode == 1, f"the FIFO job fails (driver exit {p.returncode})")
     res = json.load(open(os.path.join(out, "result.json")))
@@ -225,6 +227,10 @@ def fifo_test(tmp):
     check(any(fifo in m and "not a regular file" in m for m in msgs),
           f"an error names the FIFO as not a regular file: {msgs}")
     check(res["exit_codes"] == [0, 0], f"both workers exit cleanly after it ({res['exit_codes']})")
+    # the failed run's links (each worker had one out, one in) are all closed again
+    check(res.get("fds_before") and res.get("fds_after") == res["fds_before"],
+          f"each worker's descriptors after the failed job are those before it "
+          f"({res.get('fds_before')} -> {res.get('fds_after')})")
 
 
 def main():
