@@ -11,6 +11,7 @@
  * never ends it — each is closed after a bounded time (link timers below),
  * so junk connections cannot pile up descriptors. */
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,13 +99,26 @@ static void link_fail(pw_link *l, const char *why) {
 #define LINK_CHECK_MS 250 /* how often a pending link's deadline and peer are checked */
 
 /* A held link is not read (its frames wait in the socket), so its peer's
- * hang-up is looked for: POLLRDHUP is reported even with bytes unread. */
-static int peer_hung_up(pw_link *l) {
+ * hang-up is looked for: POLLRDHUP is reported even with bytes unread.
+ * POLLIN: bytes wait to be read (the loop was held up; they are read in
+ * this turn, after the timers). */
+static int link_poll(pw_link *l, short events) {
   uv_os_fd_t fd;
-  if (uv_fileno((uv_handle_t *)&l->tcp, &fd)) return 1;
-  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+  if (uv_fileno((uv_handle_t *)&l->tcp, &fd)) return POLLERR;
+  struct pollfd p = {.fd = fd, .events = events};
+  return poll(&p, 1, 0) > 0 ? p.revents : 0;
 }
+
+/* Bytes the peer sent that we have not read. */
+static int link_unread(pw_link *l) {
+  uv_os_fd_t fd;
+  int n = 0;
+  return uv_fileno((uv_handle_t *)&l->tcp, &fd) || ioctl(fd, FIONREAD, &n) ? 0 : n;
+}
+
+/* Deadlines in monotonic ms, not uv_now(): that is the time the loop's turn
+ * began, which a slow turn leaves behind. */
+static uint64_t now_ms(void) { return uv_hrtime() / 1000000; }
 
 static void on_link_timer(uv_timer_t *t) {
   pw_link *l = t->data;
@@ -114,12 +128,16 @@ static void on_link_timer(uv_timer_t *t) {
     return;
   }
   char why[160];
-  if (l->paused && peer_hung_up(l)) {
+  /* A held link whose peer hung up having sent nothing more is closed now;
+   * one with frames left (say, a BYE with the peer's reason) waits for its
+   * run as long as any, so that run can still read why. */
+  if (l->paused && (link_poll(l, POLLRDHUP) & (POLLRDHUP | POLLHUP | POLLERR)) && link_unread(l) == 0) {
     snprintf(why, sizeof why, "peer hung up while its link waited for job %llu", (unsigned long long)l->hello_job);
     link_fail(l, why);
     return;
   }
-  if (uv_now(l->w->loop) < l->deadline) return;
+  if (now_ms() < l->deadline) return;
+  if (!l->paused && !l->draining && (link_poll(l, POLLIN) & POLLIN)) return; /* its HELLO may be there */
   if (l->draining)
     snprintf(why, sizeof why, "peer did not end the link within %.1f s of the run's end", l->w->held_timeout);
   else if (l->paused)
@@ -138,7 +156,7 @@ static void on_link_timer(uv_timer_t *t) {
 /* (Re)arms inbound link l's deadline, `seconds` from now. */
 static void link_deadline(pw_link *l, double seconds) {
   if (!l->timer_init) return;
-  l->deadline = uv_now(l->w->loop) + (uint64_t)(seconds * 1000);
+  l->deadline = now_ms() + (uint64_t)(seconds * 1000);
   uv_timer_start(&l->timer, on_link_timer, LINK_CHECK_MS, LINK_CHECK_MS);
 }
 

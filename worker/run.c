@@ -4,12 +4,14 @@
  * (lib/plan/slice.h: the compiled graph, its stages and their slots, its
  * action list, the tied table, the training config), checked against its
  * SHA-256 first; the worker builds its stage programs from it and never
- * re-partitions, re-plans or reads the model spec. Once the links to its
- * peers are up, the run's compute thread (exec.c) walks the list step
- * after step; this file is the loop thread's side: the lifecycle, the links, and the events the
- * compute thread queues (frames to write, step reports, done, failed);
+ * re-partitions, re-plans or reads the model spec. pw_run_create makes a
+ * run from it without a daemon (the tests do too); pw_run_start gives it
+ * to the worker. Once the links to its peers are up, the run's compute
+ * thread (exec.c) opens its files and walks the list step after step; this
+ * file is the loop thread's side: the lifecycle, the links, and the events
+ * the compute thread queues (frames to write, step reports, done, failed);
  * and the frame checks and counters the compute thread calls as it reads
- * its inbound links (recv.c).
+ * its inbound links (recv.c). run.h says who owns which field.
  *
  * Slots: microbatch mb of local stage li lives in slot mb_slot[mb] from the
  * moment its first input arrives (or its F starts) until its backward is
@@ -279,8 +281,9 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   }
   r->prank = r->rank % r->pp;
   r->replica = r->rank / r->pp;
-  r->rank_of_stage = malloc(sizeof(int) * (size_t)r->S);
-  r->lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  int *rank_of_stage = malloc(sizeof(int) * (size_t)r->S), *lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  r->rank_of_stage = rank_of_stage; /* const from here: filled below, then only read */
+  r->lidx_of_stage = lidx_of_stage;
   r->ls = calloc((size_t)r->S, sizeof *r->ls);
   r->sh.ls = calloc((size_t)r->S, sizeof *r->sh.ls);
   r->cp.ls = calloc((size_t)r->S, sizeof *r->cp.ls);
@@ -299,10 +302,10 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
     pw_frame_reader_init(&r->cp.in[k].rd, 0);
   }
   for (int s = 0; s < r->S; s++) {
-    r->rank_of_stage[s] = r->sched->stage_to_rank[s];
-    r->lidx_of_stage[s] = -1;
-    if (r->rank_of_stage[s] == r->prank) {
-      r->lidx_of_stage[s] = r->n_ls;
+    rank_of_stage[s] = r->sched->stage_to_rank[s];
+    lidx_of_stage[s] = -1;
+    if (rank_of_stage[s] == r->prank) {
+      lidx_of_stage[s] = r->n_ls;
       r->ls[r->n_ls++].stage = s;
     }
   }
@@ -394,8 +397,8 @@ static void run_destroy(pw_run *r) {
   free(r->ls);
   free(r->sh.ls);
   free(r->cp.ls);
-  free(r->rank_of_stage);
-  free(r->lidx_of_stage);
+  free((int *)r->rank_of_stage);
+  free((int *)r->lidx_of_stage);
   free(r->lp.out);
   free(r->peer_addr);
   free(r->cp.timings);

@@ -193,8 +193,8 @@ struct pw_run {
   char plan_sha256[65];    /* the plan the slice was cut from */
   pw_dataset *ds;          /* opened by the compute thread (pw_run_open_files) */
   int m, mb_size, S;
-  int *rank_of_stage;      /* [S] pipeline rank */
-  int *lidx_of_stage;      /* [S] local stage index or -1 */
+  const int *rank_of_stage; /* [S] pipeline rank */
+  const int *lidx_of_stage; /* [S] local stage index or -1 */
   pw_lstage *ls;           /* [n_ls] */
   int n_ls;
   const pw_action *acts;   /* this rank's list */

@@ -42,7 +42,7 @@ struct pw_link {
    * and a held link whose peer hangs up is closed at once. */
   uv_timer_t timer;
   int timer_init;
-  uint64_t deadline;       /* uv_now() of the loop, ms */
+  uint64_t deadline;       /* monotonic ms (uv_hrtime) */
   char addr[64];
   pw_frame_reader reader;  /* inbound */
   uv_connect_t connect_req;

@@ -54,15 +54,18 @@ def crc32c(data):
 assert crc32c(b"123456789") == 0xE3069283  # the standard check value
 
 
-def hello_frame(job, rank, token=""):
-    """A HELLO as lib/proto/wire.h lays it out."""
-    body = json.dumps({"job": job, "rank": rank, "token": token}, separators=(",", ":")).encode()
+def frame(kind, job, body):
+    """A u8 frame (HELLO, BYE) as lib/proto/wire.h lays it out."""
     n = len(body)
-    head = struct.pack("<4sHHIIIIIIBBH4II", b"PWF1", 2, 1, job, 0, 0, 0, 0, 0, 2, 1, 0, n, 0, 0, 0, n)
+    head = struct.pack("<4sHHIIIIIIBBH4II", b"PWF1", 2, kind, job, 0, 0, 0, 0, 0, 2, 1, 0, n, 0, 0, 0, n)
     head += struct.pack("<I", crc32c(body))
     head += struct.pack("<I", crc32c(head))
     assert len(head) == 64
     return head + body
+
+
+def hello_frame(job, rank, token=""):
+    return frame(1, job, json.dumps({"job": job, "rank": rank, "token": token}, separators=(",", ":")).encode())
 
 
 def fd_count(pid):
@@ -143,7 +146,7 @@ def leak_test(tmp):
 
         rnd = random.Random(3)
         held = []        # our ends, kept open: the worker must close them
-        n_silent, n_hello, n_hangup = 120, 60, 60
+        n_silent, n_hello, n_hangup, n_bye = 120, 60, 60, 5
 
         def connect():
             return socket.create_connection(("127.0.0.1", data_port), timeout=10)
@@ -162,8 +165,12 @@ def leak_test(tmp):
             s = connect()
             s.sendall(hello_frame(998, 1))
             s.close()
+        for _ in range(n_bye):               # the same with a BYE saying why: kept for its run
+            s = connect()
+            s.sendall(hello_frame(997, 1) + frame(6, 997, b"peer gave up"))
+            s.close()
         peak = fd_count(w.pid)
-        print(f"after {len(held) + n_hangup} connections: {peak} descriptors", flush=True)
+        print(f"after {len(held) + n_hangup + n_bye} connections: {peak} descriptors", flush=True)
 
         back = wait_for(lambda: fd_count(w.pid) <= base, 90, 0.2)
         check(back, f"descriptors back to the baseline {base} while our ends stay open (now {fd_count(w.pid)})")
@@ -192,6 +199,8 @@ def leak_test(tmp):
         check(text.count("peer hung up while its link waited for job 998") == n_hangup,
               f"held links closed on the peer's hang-up "
               f"({text.count('peer hung up while its link waited for job 998')})")
+        check(text.count("no run of job 997 started here") == n_bye and "waited for job 997" not in text,
+              "held links with a BYE left unread wait out their time (their run could read why)")
         check(wait_for(lambda: fd_count(w.pid) == base, 30), "and they stay at the baseline")
         n_hb = len(coord.heartbeats)
         check(wait_for(lambda: any(h.get("fds") == base for h in coord.heartbeats[n_hb:]), 30),
