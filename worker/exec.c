@@ -28,23 +28,23 @@ double pw_now(void) {
 /* The ring grows during the first steps only; it always keeps room for the
  * last two events (DONE or FAIL, then EXIT), so those cannot fail. */
 int pw_exec_post(pw_run *r, const pw_event *ev) {
-  uv_mutex_lock(&r->mu);
-  if (r->evq_len + (ev->kind <= PW_EV_STEP ? 3 : 1) > r->evq_cap) {
-    int cap = r->evq_cap ? 2 * r->evq_cap : 64;
+  uv_mutex_lock(&r->sh.mu);
+  if (r->sh.evq_len + (ev->kind <= PW_EV_STEP ? 3 : 1) > r->sh.evq_cap) {
+    int cap = r->sh.evq_cap ? 2 * r->sh.evq_cap : 64;
     pw_event *q = malloc(sizeof *q * (size_t)cap);
     if (!q) {
-      uv_mutex_unlock(&r->mu);
+      uv_mutex_unlock(&r->sh.mu);
       return PW_ENOMEM;
     }
-    for (int i = 0; i < r->evq_len; i++) q[i] = r->evq[(r->evq_head + i) % r->evq_cap];
-    free(r->evq);
-    r->evq = q;
-    r->evq_head = 0;
-    r->evq_cap = cap;
+    for (int i = 0; i < r->sh.evq_len; i++) q[i] = r->sh.evq[(r->sh.evq_head + i) % r->sh.evq_cap];
+    free(r->sh.evq);
+    r->sh.evq = q;
+    r->sh.evq_head = 0;
+    r->sh.evq_cap = cap;
   }
-  r->evq[(r->evq_head + r->evq_len++) % r->evq_cap] = *ev;
-  uv_mutex_unlock(&r->mu);
-  uv_async_send(&r->async);
+  r->sh.evq[(r->sh.evq_head + r->sh.evq_len++) % r->sh.evq_cap] = *ev;
+  uv_mutex_unlock(&r->sh.mu);
+  uv_async_send(&r->lp.async); /* the one call another thread may make on the loop's handle */
   return 0;
 }
 
@@ -55,9 +55,9 @@ int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (err) pw_err_str(err, eb, sizeof eb);
-  uv_mutex_lock(&r->mu);
-  if (!r->error[0]) snprintf(r->error, sizeof r->error, "%s%s%s", msg, msg[0] && eb[0] ? ": " : "", eb);
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
+  if (!r->sh.error[0]) snprintf(r->sh.error, sizeof r->sh.error, "%s%s%s", msg, msg[0] && eb[0] ? ": " : "", eb);
+  uv_mutex_unlock(&r->sh.mu);
   return rc ? rc : PW_EINTERNAL;
 }
 
@@ -69,33 +69,33 @@ static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payl
   pw_event ev = {.kind = PW_EV_SEND, .to = to, .li = li, .slot = slot, .payload = payload, .len = h->payload_len};
   pw_frame_hdr_encode(h, payload, ev.hdr);
   uint64_t total = PW_FRAME_HDR_SIZE + h->payload_len;
-  uv_mutex_lock(&r->wmu);
-  int fd = r->wl[to].fd;
+  uv_mutex_lock(&r->sh.wmu);
+  int fd = r->sh.wl[to].fd;
   if (fd < 0) { /* the run is ending: its links are the loop's again */
-    uv_mutex_unlock(&r->wmu);
+    uv_mutex_unlock(&r->sh.wmu);
     return PW_ECANCELED;
   }
-  if (r->wl[to].queued == 0) {
+  if (r->sh.wl[to].queued == 0) {
     struct iovec iov[2] = {{ev.hdr, PW_FRAME_HDR_SIZE}, {(void *)payload, h->payload_len}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = h->payload_len ? 2 : 1};
     ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       int e = errno;
-      uv_mutex_unlock(&r->wmu);
+      uv_mutex_unlock(&r->sh.wmu);
       return pw_exec_fail(r, PW_EPEER, NULL, "send to rank %d: %s", to, strerror(e));
     }
     ev.off = n > 0 ? (uint64_t)n : 0;
   }
   if (ev.off == total) {
-    uv_mutex_unlock(&r->wmu);
+    uv_mutex_unlock(&r->sh.wmu);
     return 0;
   }
-  r->wl[to].queued++;
-  uv_mutex_unlock(&r->wmu);
+  r->sh.wl[to].queued++;
+  uv_mutex_unlock(&r->sh.wmu);
   if (li >= 0) {
-    uv_mutex_lock(&r->mu);
-    r->ls[li].slot_sends[slot]++;
-    uv_mutex_unlock(&r->mu);
+    uv_mutex_lock(&r->sh.mu);
+    r->sh.ls[li].slot_sends[slot]++;
+    uv_mutex_unlock(&r->sh.mu);
   }
   int rc = pw_exec_post(r, &ev);
   return rc ? pw_exec_fail(r, rc, NULL, "out of memory queueing a frame") : 0;
@@ -106,32 +106,33 @@ static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payl
  * behind it, so they reach the link in order with nothing between them
  * (only this thread sends on a run's link). */
 int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
-  if (h->payload_len <= r->chunk_limit) return send_frame(r, to, h, payload, li, slot);
+  if (h->payload_len <= r->cp.chunk_limit) return send_frame(r, to, h, payload, li, slot);
   pw_frame_hdr c;
   for (uint64_t off = 0; off < h->payload_len; off += c.payload_len) {
-    int rc = pw_frame_chunk(h, r->chunk_limit, off, &c);
+    int rc = pw_frame_chunk(h, r->cp.chunk_limit, off, &c);
     if (rc) {
       char hs[200];
       return pw_exec_fail(r, rc, NULL, "cannot send %s to rank %d in chunks of %zu bytes: %s",
-                          pw_frame_hdr_str(h, hs, sizeof hs), to, r->chunk_limit, pw_strerror(rc));
+                          pw_frame_hdr_str(h, hs, sizeof hs), to, r->cp.chunk_limit, pw_strerror(rc));
     }
     if ((rc = send_frame(r, to, &c, (const uint8_t *)payload + off, li, slot))) return rc;
-    r->chunks++;
+    r->cp.chunks++;
   }
-  r->chunked++;
+  r->cp.chunked++;
   return 0;
 }
 
 /* ---- one action ----------------------------------------------------------- */
 
 static int act_ready(pw_run *r, const pw_action *a) {
-  pw_lstage *ls = &r->ls[r->lidx_of_stage[a->stage]];
+  const pw_lstage *ls = &r->ls[r->lidx_of_stage[a->stage]];
+  const pw_lstage_compute *lc = &r->cp.ls[r->lidx_of_stage[a->stage]];
   switch (a->kind) {
     case PW_ACT_F:
-      return ls->n_act_in == 0 || (ls->act_step[a->mb] == r->step && ls->act_got[a->mb] == ls->n_act_in);
+      return ls->n_act_in == 0 || (lc->act_step[a->mb] == r->sh.step && lc->act_got[a->mb] == ls->n_act_in);
     case PW_ACT_B:
     case PW_ACT_I:
-      return ls->n_grad_in == 0 || (ls->grad_step[a->mb] == r->step && ls->grad_got[a->mb] == ls->n_grad_in);
+      return ls->n_grad_in == 0 || (lc->grad_step[a->mb] == r->sh.step && lc->grad_got[a->mb] == ls->n_grad_in);
     default: return 1;
   }
 }
@@ -149,20 +150,20 @@ static int unit_ready(pw_run *r, const void *arg) {
 }
 
 /* Draw this replica's share of microbatch mb straight into the slot. */
-static void draw_data(pw_run *r, pw_lstage *ls, int slot, int mb) {
+static void draw_data(pw_run *r, const pw_lstage *ls, int slot, int mb) {
   const pw_model *m = &r->model;
   int per_replica = r->spec.train.batch_size / r->dp;
   int first = r->replica * per_replica + mb * r->mb_size;
   void *inp = ls->first_input ? pw_prog_value(ls->prog, slot, m->input_value) : NULL;
   void *tgt = ls->has_target ? pw_prog_value(ls->prog, slot, m->target_value) : NULL;
   if (inp || tgt)
-    pw_dataset_batch(r->ds, PW_SPLIT_TRAIN, r->step, first, r->mb_size, r->spec.train.batch_size, inp, tgt);
+    pw_dataset_batch(r->ds, PW_SPLIT_TRAIN, r->sh.step, first, r->mb_size, r->spec.train.batch_size, inp, tgt);
 }
 
 /* The header of a tensor of `bytes` of f32 sent to stage `stage`; fails the
  * run when it cannot have one. */
 static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
-  int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->step, (uint32_t)mb, (uint32_t)stage,
+  int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->sh.step, (uint32_t)mb, (uint32_t)stage,
                                  (uint32_t)value, PW_DTYPE_F32, bytes / 4);
   if (rc)
     return pw_exec_fail(r, rc, NULL, "no %s frame header for value %d of %zu bytes to stage %d (job %llu): %s",
@@ -174,27 +175,28 @@ static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage
  * copy runs unlocked: the slot is claimed, and nothing reads it until the
  * count says it is complete. */
 static int route_local(pw_run *r, int dli, int mb, int value, const void *src, size_t bytes, int grad) {
-  pw_lstage *d = &r->ls[dli];
+  const pw_lstage *d = &r->ls[dli];
+  pw_lstage_compute *dc = &r->cp.ls[dli];
   pw_err err = {0};
-  uv_mutex_lock(&r->mu);
-  int ds = grad ? d->mb_slot[mb] : pw_run_slot_for(r, dli, mb, &err);
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
+  int ds = grad ? dc->mb_slot[mb] : pw_run_slot_for(r, dli, mb, &err);
+  uv_mutex_unlock(&r->sh.mu);
   if (ds < 0)
     return pw_exec_fail(r, grad ? PW_EINTERNAL : ds, grad ? NULL : &err, "stage %d, microbatch %d", d->stage, mb);
   memcpy(grad ? (void *)pw_prog_grad(d->prog, ds, value) : pw_prog_value(d->prog, ds, value), src, bytes);
-  uv_mutex_lock(&r->mu);
-  int *step = grad ? d->grad_step : d->act_step, *got = grad ? d->grad_got : d->act_got;
-  if (step[mb] != r->step) step[mb] = r->step, got[mb] = 0;
+  uv_mutex_lock(&r->sh.mu);
+  int *step = grad ? dc->grad_step : dc->act_step, *got = grad ? dc->grad_got : dc->act_got;
+  if (step[mb] != r->sh.step) step[mb] = r->sh.step, got[mb] = 0;
   got[mb]++;
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_unlock(&r->sh.mu);
   return 0;
 }
 
 /* Hand an F's outputs to the stages that read them. */
 static int route_outputs(pw_run *r, const pw_action *a) {
   int li = r->lidx_of_stage[a->stage];
-  pw_lstage *ls = &r->ls[li];
-  int slot = ls->mb_slot[a->mb];
+  const pw_lstage *ls = &r->ls[li];
+  int slot = r->cp.ls[li].mb_slot[a->mb];
   for (int i = 0; i < pw_prog_n_outputs(ls->prog); i++) {
     const pw_prog_port *pt = pw_prog_output(ls->prog, i);
     int dst = pw_run_consumer(r, pt->value), rc;
@@ -214,8 +216,8 @@ static int route_outputs(pw_run *r, const pw_action *a) {
 /* Hand a B/I's input gradients back to the stages that produced them. */
 static int route_grads(pw_run *r, const pw_action *a) {
   int li = r->lidx_of_stage[a->stage];
-  pw_lstage *ls = &r->ls[li];
-  int slot = ls->mb_slot[a->mb];
+  const pw_lstage *ls = &r->ls[li];
+  int slot = r->cp.ls[li].mb_slot[a->mb];
   for (int i = 0; i < pw_prog_n_inputs(ls->prog); i++) {
     const pw_prog_port *pt = pw_prog_input(ls->prog, i);
     if (pt->role != PW_VAL_ACT) continue;
@@ -234,49 +236,49 @@ static int route_grads(pw_run *r, const pw_action *a) {
 }
 
 static void release(pw_run *r, int li, int mb) {
-  uv_mutex_lock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
   pw_run_slot_release(r, li, mb);
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_unlock(&r->sh.mu);
 }
 
 static int compute(pw_run *r, int pc) {
   const pw_action *a = &r->acts[pc];
   int li = r->lidx_of_stage[a->stage];
-  pw_lstage *ls = &r->ls[li];
-  int slot = ls->mb_slot[a->mb];
+  const pw_lstage *ls = &r->ls[li];
+  int slot = r->cp.ls[li].mb_slot[a->mb];
   double t0 = pw_now();
   switch (a->kind) {
     case PW_ACT_F: {
       float loss = 0;
       draw_data(r, ls, slot, a->mb);
       pw_prog_forward(ls->prog, slot, &loss);
-      r->loss_sum += loss;
+      r->cp.loss_sum += loss;
       break;
     }
     case PW_ACT_B: pw_prog_backward(ls->prog, slot); break;
     case PW_ACT_I: pw_prog_backward_input(ls->prog, slot); break;
     case PW_ACT_W: pw_prog_backward_weight(ls->prog, slot); break;
   }
-  r->timings[pc].a = *a;
-  r->timings[pc].start = t0 - r->t_step0;
-  r->timings[pc].end = pw_now() - r->t_step0;
+  r->cp.timings[pc].a = *a;
+  r->cp.timings[pc].start = t0 - r->cp.t_step0;
+  r->cp.timings[pc].end = pw_now() - r->cp.t_step0;
   int rc = 0;
   switch (a->kind) {
     case PW_ACT_F:
-      if (++r->act_held > r->peak_act) r->peak_act = r->act_held;
+      if (++r->cp.act_held > r->cp.peak_act) r->cp.peak_act = r->cp.act_held;
       rc = route_outputs(r, a);
       if (r->sched->forward_only) { /* nothing will come back for it */
-        r->act_held--;
+        r->cp.act_held--;
         release(r, li, a->mb);
       }
       break;
     case PW_ACT_B:
-      r->act_held--;
+      r->cp.act_held--;
       rc = route_grads(r, a);
       release(r, li, a->mb);
       break;
     case PW_ACT_I:
-      r->act_held--;
+      r->cp.act_held--;
       rc = route_grads(r, a);
       break;
     case PW_ACT_W: release(r, li, a->mb); break;
@@ -287,20 +289,20 @@ static int compute(pw_run *r, int pc) {
 /* ---- the step loop -------------------------------------------------------- */
 
 static int run_actions(pw_run *r) {
-  r->t_step0 = pw_now();
-  r->loss_sum = 0;
+  r->cp.t_step0 = pw_now();
+  r->cp.loss_sum = 0;
   for (int pc = 0; pc < r->n_acts;) {
     unit u = {pc, (r->acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < r->n_acts ? 2 : 1};
     pw_err err = {0};
     int rc = pw_exec_wait(r, unit_ready, &u);
     if (rc) return rc;
-    uv_mutex_lock(&r->mu);
+    uv_mutex_lock(&r->sh.mu);
     for (int k = 0; k < u.n && !rc; k++) {
       const pw_action *a = &r->acts[pc + k];
       int slot = a->kind == PW_ACT_F ? pw_run_slot_for(r, r->lidx_of_stage[a->stage], a->mb, &err) : 0;
       if (slot < 0) rc = slot;
     }
-    uv_mutex_unlock(&r->mu);
+    uv_mutex_unlock(&r->sh.mu);
     if (rc == PW_ECANCELED) return rc;
     if (rc) return pw_exec_fail(r, rc, &err, "%s", "");
     for (int k = 0; k < u.n && !rc; k++) rc = compute(r, pc + k);
@@ -313,9 +315,9 @@ static int run_actions(pw_run *r) {
 /* The chunk limit: PW_FRAME_CHUNK_DEFAULT, or PW_WIRE_CHUNK bytes. That
  * variable is for tests: a small limit sends every larger tensor through
  * the chunked path, so a run can prove it equal to an unchunked one. */
-static int chunk_limit(pw_run *r) {
+int pw_exec_chunk_limit(pw_run *r) {
   const char *s = getenv("PW_WIRE_CHUNK");
-  r->chunk_limit = PW_FRAME_CHUNK_DEFAULT;
+  r->cp.chunk_limit = PW_FRAME_CHUNK_DEFAULT;
   if (!s || !*s) return 0;
   char *end;
   errno = 0;
@@ -323,23 +325,27 @@ static int chunk_limit(pw_run *r) {
   if (errno || *end || v == 0 || v > PW_FRAME_MAX_PAYLOAD || s[0] == '-')
     return pw_exec_fail(r, PW_EINVAL, NULL, "PW_WIRE_CHUNK '%s' is not a byte count in 1..%u", s,
                         PW_FRAME_MAX_PAYLOAD);
-  r->chunk_limit = (size_t)v;
+  r->cp.chunk_limit = (size_t)v;
   return 0;
 }
 
 void pw_exec_main(void *arg) {
   pw_run *r = arg;
-  int rc = chunk_limit(r);
-  while (!rc && r->step < r->steps) {
+  pw_err err = {0};
+  /* Files are opened here, never on the loop thread: a slow disk or a
+   * path naming something other than a file must not stall the worker. */
+  int rc = pw_exec_chunk_limit(r);
+  if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
+  while (!rc && r->sh.step < r->steps) {
     rc = run_actions(r);
     if (!rc) rc = pw_stepend_run(r);
   }
-  if (r->chunked)
+  if (r->cp.chunked)
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
-            r->run_id, r->rank, (unsigned long long)r->chunked, r->chunk_limit, (unsigned long long)r->chunks);
+            r->run_id, r->rank, (unsigned long long)r->cp.chunked, r->cp.chunk_limit, (unsigned long long)r->cp.chunks);
   /* The ring always has room for these two (pw_exec_post), so they cannot fail. */
-  pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL};
-  if ((rc != PW_ECANCELED || !atomic_load(&r->abort)) && pw_exec_post(r, &ev)) pw_error("cannot report the run's end");
+  pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL, .peak_act = r->cp.peak_act};
+  if ((rc != PW_ECANCELED || !atomic_load(&r->sh.abort)) && pw_exec_post(r, &ev)) pw_error("cannot report the run's end");
   ev.kind = PW_EV_EXIT;
   if (pw_exec_post(r, &ev)) pw_error("cannot report the compute thread's exit");
 }

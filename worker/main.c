@@ -27,6 +27,9 @@ static void usage(FILE *f) {
           "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
           "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
           "  --log-level LEVEL        debug | info | warn | error (default info)\n"
+          "  --hello-timeout SECONDS  an inbound data link must say HELLO within this (default 5)\n"
+          "  --held-timeout SECONDS   a link for a job not running here waits this long for its run;\n"
+          "                           a finished run's links this long for their peer's end (default 30)\n"
           "  --help, --version\n");
 }
 
@@ -79,15 +82,19 @@ int main(int argc, char **argv) {
                                        {"state-dir", required_argument, 0, 's'},
                                        {"token-file", required_argument, 0, 'k'},
                                        {"log-level", required_argument, 0, 'L'},
+                                       {"hello-timeout", required_argument, 0, 'H'},
+                                       {"held-timeout", required_argument, 0, 'D'},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
   static pw_worker w;
   const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL;
   w.threads = 1;
+  w.hello_timeout = 5;
+  w.held_timeout = 30;
   snprintf(w.state_dir, sizeof w.state_dir, "pipewright-worker");
   int c;
-  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:hV", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:hV", opts, NULL)) != -1) {
     switch (c) {
       case 'c': coord = optarg; break;
       case 'l': listen = optarg; break;
@@ -102,6 +109,18 @@ int main(int argc, char **argv) {
         }
         pw_log_set_level((pw_log_level)pw_log_parse_level(optarg));
         break;
+      case 'H':
+      case 'D': {
+        char *end;
+        double v = strtod(optarg, &end);
+        if (*end || !(v > 0 && v <= 86400)) {
+          fprintf(stderr, "pipewright-worker: --%s must be seconds in (0, 86400], got '%s'\n",
+                  c == 'H' ? "hello-timeout" : "held-timeout", optarg);
+          return 2;
+        }
+        *(c == 'H' ? &w.hello_timeout : &w.held_timeout) = v;
+        break;
+      }
       case 'h': usage(stdout); return 0;
       case 'V': printf("pipewright-worker %s\n", PW_VERSION); return 0;
       default: usage(stderr); return 2;

@@ -5,7 +5,14 @@
  * socket is the run's compute thread's, which reads frames straight into
  * program slots (recv.c), so an activation is never copied on receipt.
  * A bad HELLO closes its link with the reason logged, and the worker goes
- * on; a bad frame after it fails the run. */
+ * on; a bad frame after it fails the run. No inbound link outlives its
+ * purpose: one silent before HELLO, one held for a job that never starts
+ * here, one whose peer hung up while held, one being drained whose peer
+ * never ends it — each is closed after a bounded time (link timers below),
+ * so junk connections cannot pile up descriptors. */
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +32,7 @@ static void link_unlist(pw_link *l) {
 
 static void on_link_closed(uv_handle_t *h) {
   pw_link *l = h->data;
+  if (--l->handles > 0) return;
   pw_frame_reader_free(&l->reader);
   free(l);
 }
@@ -33,6 +41,8 @@ void pw_link_close(pw_link *l) {
   if (l->closing) return;
   l->closing = 1;
   link_unlist(l);
+  l->handles = 1 + l->timer_init;
+  if (l->timer_init) uv_close((uv_handle_t *)&l->timer, on_link_closed);
   uv_close((uv_handle_t *)&l->tcp, on_link_closed);
 }
 
@@ -86,6 +96,70 @@ static void link_fail(pw_link *l, const char *why) {
 
 /* ---- inbound ------------------------------------------------------------ */
 
+#define LINK_CHECK_MS 250 /* how often a pending link's deadline and peer are checked */
+
+/* A held link is not read (its frames wait in the socket), so its peer's
+ * hang-up is looked for: POLLRDHUP is reported even with bytes unread.
+ * POLLIN: bytes wait to be read (the loop was held up; they are read in
+ * this turn, after the timers). */
+static int link_poll(pw_link *l, short events) {
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&l->tcp, &fd)) return POLLERR;
+  struct pollfd p = {.fd = fd, .events = events};
+  return poll(&p, 1, 0) > 0 ? p.revents : 0;
+}
+
+/* Bytes the peer sent that we have not read. */
+static int link_unread(pw_link *l) {
+  uv_os_fd_t fd;
+  int n = 0;
+  return uv_fileno((uv_handle_t *)&l->tcp, &fd) || ioctl(fd, FIONREAD, &n) ? 0 : n;
+}
+
+/* Deadlines in monotonic ms, not uv_now(): that is the time the loop's turn
+ * began, which a slow turn leaves behind. */
+static uint64_t now_ms(void) { return uv_hrtime() / 1000000; }
+
+static void on_link_timer(uv_timer_t *t) {
+  pw_link *l = t->data;
+  if (l->closing) return;
+  if (l->peer_rank >= 0) { /* admitted: the run's now */
+    uv_timer_stop(t);
+    return;
+  }
+  char why[160];
+  /* A held link whose peer hung up having sent nothing more is closed now;
+   * one with frames left (say, a BYE with the peer's reason) waits for its
+   * run as long as any, so that run can still read why. */
+  if (l->paused && (link_poll(l, POLLRDHUP) & (POLLRDHUP | POLLHUP | POLLERR)) && link_unread(l) == 0) {
+    snprintf(why, sizeof why, "peer hung up while its link waited for job %llu", (unsigned long long)l->hello_job);
+    link_fail(l, why);
+    return;
+  }
+  if (now_ms() < l->deadline) return;
+  if (!l->paused && !l->draining && (link_poll(l, POLLIN) & POLLIN)) return; /* its HELLO may be there */
+  if (l->draining)
+    snprintf(why, sizeof why, "peer did not end the link within %.1f s of the run's end", l->w->held_timeout);
+  else if (l->paused)
+    snprintf(why, sizeof why, "no run of job %llu started here within %.1f s of its HELLO",
+             (unsigned long long)l->hello_job, l->w->held_timeout);
+  else
+    snprintf(why, sizeof why, "no HELLO within %.1f s", l->w->hello_timeout);
+  if (l->draining) {
+    pw_debug("inbound link %s: %s", l->addr, why);
+    pw_link_close(l);
+  } else {
+    link_fail(l, why);
+  }
+}
+
+/* (Re)arms inbound link l's deadline, `seconds` from now. */
+static void link_deadline(pw_link *l, double seconds) {
+  if (!l->timer_init) return;
+  l->deadline = now_ms() + (uint64_t)(seconds * 1000);
+  uv_timer_start(&l->timer, on_link_timer, LINK_CHECK_MS, LINK_CHECK_MS);
+}
+
 static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
   uint64_t job;
   uint32_t rank;
@@ -103,6 +177,7 @@ static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
      * frames wait in the socket — until the run starts. */
     l->paused = 1;
     uv_read_stop((uv_stream_t *)&l->tcp);
+    link_deadline(l, l->w->held_timeout);
     pw_debug("inbound link from rank %u of job %llu held until that run starts", rank, (unsigned long long)job);
     return 0;
   }
@@ -114,6 +189,7 @@ int pw_net_admit(pw_link *l, pw_run *r, pw_err *err) {
     return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %d, which is not a peer of ours",
                       (unsigned long long)l->hello_job, l->hello_rank);
   l->peer_rank = l->hello_rank;
+  if (l->timer_init) uv_timer_stop(&l->timer);
   /* From here the run's compute thread reads the socket (recv.c); HELLO
    * was read to its last byte, so nothing is left in our reader. */
   uv_read_stop((uv_stream_t *)&l->tcp);
@@ -169,9 +245,13 @@ static void on_connection(uv_stream_t *server, int status) {
   l->tcp.data = l;
   pw_frame_reader_init(&l->reader, PW_FRAME_HELLO_MAX);
   if (uv_accept(server, (uv_stream_t *)&l->tcp)) {
+    l->handles = 1;
     uv_close((uv_handle_t *)&l->tcp, on_link_closed);
     return;
   }
+  uv_timer_init(w->loop, &l->timer);
+  l->timer.data = l;
+  l->timer_init = 1;
   struct sockaddr_storage sa;
   int len = sizeof sa;
   if (uv_tcp_getpeername(&l->tcp, (struct sockaddr *)&sa, &len) == 0) {
@@ -188,7 +268,8 @@ static void on_connection(uv_stream_t *server, int status) {
   l->connected = 1;
   l->next = w->links;
   w->links = l;
-  uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read);
+  link_deadline(l, w->hello_timeout);
+  if (uv_read_start((uv_stream_t *)&l->tcp, on_in_alloc, on_in_read)) pw_link_close(l);
 }
 
 /* A run started: admit the links that were held for it. */
@@ -270,7 +351,7 @@ static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SI
     free(s);
     return rc;
   }
-  if (run) run->sends_inflight++;
+  if (run) run->lp.sends_inflight++;
   return 0;
 }
 
@@ -299,7 +380,10 @@ static void on_drain_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
 
 void pw_link_drain(pw_link *l) {
   l->peer_rank = -1; /* its end is not a failure */
-  if (!l->closing && uv_read_start((uv_stream_t *)&l->tcp, on_out_alloc, on_drain_read)) pw_link_close(l);
+  l->draining = 1;
+  if (l->closing) return;
+  if (uv_read_start((uv_stream_t *)&l->tcp, on_out_alloc, on_drain_read)) pw_link_close(l);
+  else link_deadline(l, l->w->held_timeout);
 }
 
 static void on_out_connect(uv_connect_t *req, int status) {

@@ -35,9 +35,9 @@ static int lost(pw_run *r, int k, const char *why) {
 }
 
 /* Reads what link k has, without blocking. Returns the frames completed
- * (>= 0) or a negative code with r->error set. */
+ * (>= 0) or a negative code with r->sh.error set. */
 static int drain(pw_run *r, int k) {
-  pw_inlink *in = &r->in[k];
+  pw_inlink *in = &r->cp.in[k];
   int done = 0;
   char b[512];
   while (in->fd >= 0) {
@@ -88,14 +88,14 @@ static int drain(pw_run *r, int k) {
 
 /* Links the loop admitted since we last looked. */
 static void refresh(pw_run *r) {
-  uv_mutex_lock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
   for (int k = 0; k < r->n_ranks; k++)
-    if (r->in_fd[k] >= 0 && r->in[k].fd < 0 && !r->in[k].bye) {
-      r->in[k].fd = r->in_fd[k];
-      pw_frame_reader_free(&r->in[k].rd);
-      pw_frame_reader_init(&r->in[k].rd, MAX_PAYLOAD);
+    if (r->sh.in_fd[k] >= 0 && r->cp.in[k].fd < 0 && !r->cp.in[k].bye) {
+      r->cp.in[k].fd = r->sh.in_fd[k];
+      pw_frame_reader_free(&r->cp.in[k].rd);
+      pw_frame_reader_init(&r->cp.in[k].rd, MAX_PAYLOAD);
     }
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_unlock(&r->sh.mu);
 }
 
 static int drain_all(pw_run *r) {
@@ -111,7 +111,7 @@ static int drain_all(pw_run *r) {
 int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
   double spin_until = 0;
   for (;;) {
-    if (atomic_load(&r->abort)) return PW_ECANCELED;
+    if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
     if (ready(r, arg)) return 0;
     refresh(r);
     int rc = drain_all(r);
@@ -128,12 +128,12 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
     }
     struct pollfd fds[MAX_POLL + 1];
     nfds_t n = 0;
-    fds[n++] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
+    fds[n++] = (struct pollfd){.fd = r->sh.wake_fd, .events = POLLIN};
     for (int k = 0; k < r->n_ranks && n <= MAX_POLL; k++)
-      if (r->in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->in[k].fd, .events = POLLIN};
+      if (r->cp.in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->cp.in[k].fd, .events = POLLIN};
     if (poll(fds, n, -1) > 0 && fds[0].revents & POLLIN) {
       uint64_t drained;
-      if (read(r->wake_fd, &drained, sizeof drained) < 0) drained = 0;
+      if (read(r->sh.wake_fd, &drained, sizeof drained) < 0) drained = 0;
     }
     spin_until = 0;
   }
@@ -141,6 +141,6 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
 
 void pw_exec_wake(pw_run *r) {
   uint64_t one = 1;
-  if (write(r->wake_fd, &one, sizeof one) < 0) { /* the counter is full: it is awake anyway */
+  if (write(r->sh.wake_fd, &one, sizeof one) < 0) { /* the counter is full: it is awake anyway */
   }
 }

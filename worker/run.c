@@ -4,12 +4,14 @@
  * (lib/plan/slice.h: the compiled graph, its stages and their slots, its
  * action list, the tied table, the training config), checked against its
  * SHA-256 first; the worker builds its stage programs from it and never
- * re-partitions, re-plans or reads the model spec. Once the links to its
- * peers are up, the run's compute thread (exec.c) walks the list step
- * after step; this file is the loop thread's side: the lifecycle, the links, and the events the
- * compute thread queues (frames to write, step reports, done, failed);
+ * re-partitions, re-plans or reads the model spec. pw_run_create makes a
+ * run from it without a daemon (the tests do too); pw_run_start gives it
+ * to the worker. Once the links to its peers are up, the run's compute
+ * thread (exec.c) opens its files and walks the list step after step; this
+ * file is the loop thread's side: the lifecycle, the links, and the events
+ * the compute thread queues (frames to write, step reports, done, failed);
  * and the frame checks and counters the compute thread calls as it reads
- * its inbound links (recv.c).
+ * its inbound links (recv.c). run.h says who owns which field.
  *
  * Slots: microbatch mb of local stage li lives in slot mb_slot[mb] from the
  * moment its first input arrives (or its F starts) until its backward is
@@ -18,6 +20,7 @@
  * one (a neighbour that stepped its optimizer first); arrival counters are
  * tagged with their step for that reason. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,50 +61,53 @@ int pw_run_consumer(const pw_run *r, int v) {
 int pw_run_global_rank(const pw_run *r, int stage) { return r->replica * r->pp + r->rank_of_stage[stage]; }
 
 int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err) {
-  pw_lstage *ls = &r->ls[li];
-  if (ls->mb_slot[mb] >= 0) return ls->mb_slot[mb];
+  const pw_lstage *ls = &r->ls[li];
+  pw_lstage_shared *ss = &r->sh.ls[li];
+  pw_lstage_compute *lc = &r->cp.ls[li];
+  if (lc->mb_slot[mb] >= 0) return lc->mb_slot[mb];
   int max = pw_prog_max_slots(ls->prog);
   for (int s = 0; s < max; s++) {
-    if (ls->slot_busy[s]) continue;
+    if (ss->slot_busy[s]) continue;
     if (pw_prog_slot_ensure(ls->prog, s))
       return pw_err_set(err, PW_ENOMEM, "slots", "out of memory for an activation slot");
-    ls->slot_busy[s] = 1;
-    ls->mb_slot[mb] = s;
+    ss->slot_busy[s] = 1;
+    lc->mb_slot[mb] = s;
     return s;
   }
   return pw_err_set(err, PW_EINTERNAL, "slots", "stage %d: all %d slots in use", ls->stage, max);
 }
 
 void pw_run_slot_release(pw_run *r, int li, int mb) {
-  pw_lstage *ls = &r->ls[li];
-  int s = ls->mb_slot[mb];
+  pw_lstage_shared *ss = &r->sh.ls[li];
+  pw_lstage_compute *lc = &r->cp.ls[li];
+  int s = lc->mb_slot[mb];
   if (s < 0) return;
-  ls->mb_slot[mb] = -1;
-  if (ls->slot_sends[s])
-    ls->slot_free_pending[s] = 1;
+  lc->mb_slot[mb] = -1;
+  if (ss->slot_sends[s])
+    ss->slot_free_pending[s] = 1;
   else
-    ls->slot_busy[s] = 0;
+    ss->slot_busy[s] = 0;
 }
 
 static void maybe_free(pw_run *r) {
-  if (r->closing && !r->thread_running && r->sends_inflight == 0) pw_run_free(r);
+  if (r->lp.closing && !r->lp.thread_running && r->lp.sends_inflight == 0) pw_run_free(r);
 }
 
 void pw_run_send_done(pw_run *r, int to, int li, int slot) {
-  r->sends_inflight--;
+  r->lp.sends_inflight--;
   if (to >= 0) {
-    uv_mutex_lock(&r->wmu);
-    r->wl[to].queued--;
-    uv_mutex_unlock(&r->wmu);
+    uv_mutex_lock(&r->sh.wmu);
+    r->sh.wl[to].queued--;
+    uv_mutex_unlock(&r->sh.wmu);
   }
   if (li >= 0 && slot >= 0 && li < r->n_ls) {
-    pw_lstage *ls = &r->ls[li];
-    uv_mutex_lock(&r->mu);
-    if (--ls->slot_sends[slot] == 0 && ls->slot_free_pending[slot]) {
-      ls->slot_free_pending[slot] = 0;
-      ls->slot_busy[slot] = 0;
+    pw_lstage_shared *ss = &r->sh.ls[li];
+    uv_mutex_lock(&r->sh.mu);
+    if (--ss->slot_sends[slot] == 0 && ss->slot_free_pending[slot]) {
+      ss->slot_free_pending[slot] = 0;
+      ss->slot_busy[slot] = 0;
     }
-    uv_mutex_unlock(&r->mu);
+    uv_mutex_unlock(&r->sh.mu);
   }
   maybe_free(r);
 }
@@ -109,16 +115,16 @@ void pw_run_send_done(pw_run *r, int to, int li, int slot) {
 void pw_run_link_in(pw_run *r, pw_link *l) {
   uv_os_fd_t fd;
   if (uv_fileno((uv_handle_t *)&l->tcp, &fd) || l->peer_rank < 0 || l->peer_rank >= r->n_ranks) return;
-  uv_mutex_lock(&r->mu);
-  r->in_fd[l->peer_rank] = fd;
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
+  r->sh.in_fd[l->peer_rank] = fd;
+  uv_mutex_unlock(&r->sh.mu);
   pw_exec_wake(r);
 }
 
 int pw_run_step(pw_run *r) {
-  uv_mutex_lock(&r->mu);
-  int step = r->step;
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
+  int step = r->sh.step;
+  uv_mutex_unlock(&r->sh.mu);
   return step;
 }
 
@@ -137,26 +143,28 @@ static int setup_stages(pw_run *r, pw_err *err) {
   int rc = 0;
   for (int li = 0; li < r->n_ls && !rc; li++) {
     pw_lstage *ls = &r->ls[li];
+    pw_lstage_shared *ss = &r->sh.ls[li];
+    pw_lstage_compute *lc = &r->cp.ls[li];
     const pw_stage *st = &r->part.stages[ls->stage];
     int peak = r->peak_slots[li]; /* the slice lists our stages in the order ls holds them */
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
-    ls->mb_slot = malloc(sizeof(int) * (size_t)r->m);
-    ls->act_step = calloc((size_t)r->m, sizeof(int));
-    ls->act_got = calloc((size_t)r->m, sizeof(int));
-    ls->grad_step = calloc((size_t)r->m, sizeof(int));
-    ls->grad_got = calloc((size_t)r->m, sizeof(int));
-    ls->slot_busy = calloc((size_t)cap, sizeof(int));
-    ls->slot_sends = calloc((size_t)cap, sizeof(int));
-    ls->slot_free_pending = calloc((size_t)cap, sizeof(int));
-    if (!ls->mb_slot || !ls->act_step || !ls->act_got || !ls->grad_step || !ls->grad_got || !ls->slot_busy ||
-        !ls->slot_sends || !ls->slot_free_pending) {
+    lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
+    lc->act_step = calloc((size_t)r->m, sizeof(int));
+    lc->act_got = calloc((size_t)r->m, sizeof(int));
+    lc->grad_step = calloc((size_t)r->m, sizeof(int));
+    lc->grad_got = calloc((size_t)r->m, sizeof(int));
+    ss->slot_busy = calloc((size_t)cap, sizeof(int));
+    ss->slot_sends = calloc((size_t)cap, sizeof(int));
+    ss->slot_free_pending = calloc((size_t)cap, sizeof(int));
+    if (!lc->mb_slot || !lc->act_step || !lc->act_got || !lc->grad_step || !lc->grad_got || !ss->slot_busy ||
+        !ss->slot_sends || !ss->slot_free_pending) {
       rc = pw_err_set(err, PW_ENOMEM, "run", "out of memory");
       break;
     }
-    for (int k = 0; k < r->m; k++) ls->mb_slot[k] = -1, ls->act_step[k] = ls->grad_step[k] = -1;
+    for (int k = 0; k < r->m; k++) lc->mb_slot[k] = -1, lc->act_step[k] = lc->grad_step[k] = -1;
     pw_prog *p = ls->prog;
     for (int i = 0; i < pw_prog_n_inputs(p); i++) {
       const pw_prog_port *pt = pw_prog_input(p, i);
@@ -178,6 +186,21 @@ static int setup_stages(pw_run *r, pw_err *err) {
   return rc;
 }
 
+/* A file the run reads must be a regular file: opening a FIFO would wait
+ * for a writer forever, and a device has no end. Opened without blocking,
+ * then checked. */
+static int regular_file(const char *path, const char *field, pw_err *err) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return pw_err_set(err, e == ENOENT ? PW_ENOENT : PW_EIO, field, "cannot open %s: %s", path, strerror(e));
+  }
+  struct stat sb;
+  int ok = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode);
+  close(fd);
+  return ok ? 0 : pw_err_set(err, PW_EIO, field, "%s is not a regular file", path);
+}
+
 static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
@@ -191,31 +214,42 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
       snprintf(path, sizeof path, "%s/stage-%d.safetensors", resume, ls->stage);
     else
       snprintf(path, sizeof path, "%s", resume);
-    int step = 0, rc = pw_ckpt_load(ls->prog, path, 1, &step, err);
+    int step = 0, rc = regular_file(path, "resume", err);
+    if (!rc) rc = pw_ckpt_load(ls->prog, path, 1, &step, err);
     if (rc) return rc;
   }
   return 0;
 }
 
-int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
+int pw_run_open_files(pw_run *r, pw_err *err) {
+  int needs_data = 0, rc;
+  for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
+  if (needs_data && r->spec.data.kind == PW_DATA_TEXT && (rc = regular_file(r->spec.data.path, "data.path", err)))
+    return rc;
+  if (needs_data && (rc = pw_dataset_open(&r->spec.data, &r->model.data, r->spec.train.seed, &r->ds, err))) return rc;
+  return load_or_init(r, r->resume, err);
+}
+
+int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,
+                  pw_err *err) {
+  *out = NULL;
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
-  r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (r->wake_fd < 0 || uv_mutex_init(&r->mu) || uv_mutex_init(&r->wmu)) { /* (only on exhausted resources) */
-    if (r->wake_fd >= 0) close(r->wake_fd);
+  r->sh.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (r->sh.wake_fd < 0 || uv_mutex_init(&r->sh.mu) || uv_mutex_init(&r->sh.wmu)) { /* (only on exhausted resources) */
+    if (r->sh.wake_fd >= 0) close(r->sh.wake_fd);
     free(r);
     return pw_err_set(err, PW_ENOMEM, "assign", "cannot create an eventfd or a mutex");
   }
-  r->w = w;
-  r->assign = json_incref((json_t *)as); /* keeps a's strings alive */
+  r->assign = as ? json_incref((json_t *)as) : NULL; /* keeps a's strings alive */
   r->job = (uint64_t)a->job;
   r->run_id = (int)a->run;
   r->rank = (int)a->rank;
   r->steps = (int)a->steps;
   r->start_step = (int)a->start_step;
   r->trace_every = a->trace_every > 0 ? (int)a->trace_every : 0;
-  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", a->checkpoint_dir ? a->checkpoint_dir : w->state_dir);
-  const char *resume = a->resume;
+  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", a->checkpoint_dir ? a->checkpoint_dir : ckpt_dir);
+  r->resume = a->resume;
   pw_slice sl;
   int rc = pw_slice_decode(a->slice, strlen(a->slice), a->slice_sha256, &sl, err);
   if (rc) goto fail;
@@ -247,28 +281,31 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
   }
   r->prank = r->rank % r->pp;
   r->replica = r->rank / r->pp;
-  r->rank_of_stage = malloc(sizeof(int) * (size_t)r->S);
-  r->lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  int *rank_of_stage = malloc(sizeof(int) * (size_t)r->S), *lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
+  r->rank_of_stage = rank_of_stage; /* const from here: filled below, then only read */
+  r->lidx_of_stage = lidx_of_stage;
   r->ls = calloc((size_t)r->S, sizeof *r->ls);
-  r->out = calloc((size_t)r->n_ranks, sizeof *r->out);
+  r->sh.ls = calloc((size_t)r->S, sizeof *r->sh.ls);
+  r->cp.ls = calloc((size_t)r->S, sizeof *r->cp.ls);
+  r->lp.out = calloc((size_t)r->n_ranks, sizeof *r->lp.out);
   r->peer_addr = calloc((size_t)r->n_ranks, sizeof *r->peer_addr);
-  r->wl = calloc((size_t)r->n_ranks, sizeof *r->wl);
-  r->in_fd = malloc(sizeof(int) * (size_t)r->n_ranks);
-  r->in = calloc((size_t)r->n_ranks, sizeof *r->in);
-  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->out || !r->peer_addr || !r->wl || !r->in_fd ||
-      !r->in) {
+  r->sh.wl = calloc((size_t)r->n_ranks, sizeof *r->sh.wl);
+  r->sh.in_fd = malloc(sizeof(int) * (size_t)r->n_ranks);
+  r->cp.in = calloc((size_t)r->n_ranks, sizeof *r->cp.in);
+  if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->sh.ls || !r->cp.ls || !r->lp.out || !r->peer_addr ||
+      !r->sh.wl || !r->sh.in_fd || !r->cp.in) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
   for (int k = 0; k < r->n_ranks; k++) {
-    r->wl[k].fd = r->in_fd[k] = r->in[k].fd = -1;
-    pw_frame_reader_init(&r->in[k].rd, 0);
+    r->sh.wl[k].fd = r->sh.in_fd[k] = r->cp.in[k].fd = -1;
+    pw_frame_reader_init(&r->cp.in[k].rd, 0);
   }
   for (int s = 0; s < r->S; s++) {
-    r->rank_of_stage[s] = r->sched->stage_to_rank[s];
-    r->lidx_of_stage[s] = -1;
-    if (r->rank_of_stage[s] == r->prank) {
-      r->lidx_of_stage[s] = r->n_ls;
+    rank_of_stage[s] = r->sched->stage_to_rank[s];
+    lidx_of_stage[s] = -1;
+    if (rank_of_stage[s] == r->prank) {
+      lidx_of_stage[s] = r->n_ls;
       r->ls[r->n_ls++].stage = s;
     }
   }
@@ -288,31 +325,40 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
       goto fail;
     }
   if ((rc = setup_stages(r, err))) goto fail;
-  int needs_data = 0;
-  for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
-  if (needs_data && (rc = pw_dataset_open(&r->spec.data, &r->model.data, r->spec.train.seed, &r->ds, err))) goto fail;
-  if ((rc = load_or_init(r, resume, err))) goto fail;
   r->acts = r->sched->actions[r->prank];
   r->n_acts = r->sched->n_actions[r->prank];
-  r->timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->timings);
-  r->trace_buf = calloc((size_t)PW_TRACE_BUFS * (size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->trace_buf);
-  r->norm_parts = calloc((size_t)(2 * r->pp), sizeof(double));
-  r->norm_parts_step = malloc(sizeof(int) * (size_t)(2 * r->pp));
-  r->evq_cap = 64;
-  r->evq = malloc(sizeof *r->evq * (size_t)r->evq_cap);
-  if (!r->timings || !r->trace_buf || !r->norm_parts || !r->norm_parts_step || !r->evq || pw_stepend_alloc(r)) {
+  r->cp.timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->cp.timings);
+  r->sh.trace_buf = calloc((size_t)PW_TRACE_BUFS * (size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->sh.trace_buf);
+  r->cp.norm_parts = calloc((size_t)(2 * r->pp), sizeof(double));
+  r->cp.norm_parts_step = malloc(sizeof(int) * (size_t)(2 * r->pp));
+  r->sh.evq_cap = 64;
+  r->sh.evq = malloc(sizeof *r->sh.evq * (size_t)r->sh.evq_cap);
+  if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq ||
+      pw_stepend_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
-  for (int k = 0; k < 2 * r->pp; k++) r->norm_parts_step[k] = -1;
-  r->tied_step = -1;
-  r->step = r->start_step; /* peers' frames may come before our links are up */
-  if ((rc = uv_async_init(w->loop, &r->async, on_events))) {
+  for (int k = 0; k < 2 * r->pp; k++) r->cp.norm_parts_step[k] = -1;
+  r->cp.tied_step = -1;
+  r->sh.step = r->start_step; /* peers' frames may come before our links are up */
+  if ((rc = uv_async_init(loop, &r->lp.async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
     goto fail;
   }
-  r->async.data = r;
-  r->async_init = 1;
+  r->lp.async.data = r;
+  r->lp.async_init = 1;
+  *out = r;
+  return 0;
+fail:
+  pw_run_free(r);
+  return rc;
+}
+
+int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
+  pw_run *r;
+  int rc = pw_run_create(w->loop, a, as, w->state_dir, &r, err);
+  if (rc) return rc;
+  r->w = w;
   w->run = r;
   pw_net_run_started(w, r);
   pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
@@ -321,57 +367,58 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
           r->ls[r->n_ls - 1].stage, r->n_acts, (double)r->mem_budget / (1 << 20), r->plan_sha256);
   for (int k = 0; k < r->n_ranks; k++) {
     if (k == r->rank) continue;
-    r->n_out_needed++;
-    r->out[k] = pw_net_connect(w, r->peer_addr[k], k);
-    if (!r->out[k]) {
+    r->lp.n_out_needed++;
+    r->lp.out[k] = pw_net_connect(w, r->peer_addr[k], k);
+    if (!r->lp.out[k]) {
       pw_run_fail(r, "bad address '%s' for rank %d", r->peer_addr[k], k);
       return 0;
     }
   }
-  if (r->n_out_needed == 0) pw_run_on_link_up(r, NULL);
+  if (r->lp.n_out_needed == 0) pw_run_on_link_up(r, NULL);
   return 0;
-fail:
-  pw_run_free(r);
-  return rc;
 }
 
 static void run_destroy(pw_run *r) {
   pw_stepend_free(r);
   for (int li = 0; li < r->n_ls; li++) {
-    pw_lstage *ls = &r->ls[li];
-    pw_prog_free(ls->prog);
-    free(ls->mb_slot);
-    free(ls->act_step);
-    free(ls->act_got);
-    free(ls->grad_step);
-    free(ls->grad_got);
-    free(ls->slot_busy);
-    free(ls->slot_sends);
-    free(ls->slot_free_pending);
+    pw_prog_free(r->ls[li].prog);
+    if (!r->sh.ls || !r->cp.ls) continue;
+    pw_lstage_shared *ss = &r->sh.ls[li];
+    pw_lstage_compute *lc = &r->cp.ls[li];
+    free(lc->mb_slot);
+    free(lc->act_step);
+    free(lc->act_got);
+    free(lc->grad_step);
+    free(lc->grad_got);
+    free(ss->slot_busy);
+    free(ss->slot_sends);
+    free(ss->slot_free_pending);
   }
   free(r->ls);
-  free(r->rank_of_stage);
-  free(r->lidx_of_stage);
-  free(r->out);
+  free(r->sh.ls);
+  free(r->cp.ls);
+  free((int *)r->rank_of_stage);
+  free((int *)r->lidx_of_stage);
+  free(r->lp.out);
   free(r->peer_addr);
-  free(r->timings);
-  free(r->trace_buf);
-  free(r->norm_parts);
-  free(r->norm_parts_step);
+  free(r->cp.timings);
+  free(r->sh.trace_buf);
+  free(r->cp.norm_parts);
+  free(r->cp.norm_parts_step);
   pw_dataset_close(r->ds);
   pw_sched_free(r->sched);
   pw_partition_free(&r->part);
   pw_model_free(&r->model);
   free(r->peak_slots);
   json_decref(r->assign);
-  free(r->evq);
-  free(r->wl);
-  for (int k = 0; r->in && k < r->n_ranks; k++) pw_frame_reader_free(&r->in[k].rd);
-  free(r->in);
-  free(r->in_fd);
-  close(r->wake_fd);
-  uv_mutex_destroy(&r->wmu);
-  uv_mutex_destroy(&r->mu);
+  free(r->sh.evq);
+  free(r->sh.wl);
+  for (int k = 0; r->cp.in && k < r->n_ranks; k++) pw_frame_reader_free(&r->cp.in[k].rd);
+  free(r->cp.in);
+  free(r->sh.in_fd);
+  close(r->sh.wake_fd);
+  uv_mutex_destroy(&r->sh.wmu);
+  uv_mutex_destroy(&r->sh.mu);
   free(r);
 }
 
@@ -381,9 +428,9 @@ static void on_async_closed(uv_handle_t *h) { run_destroy(h->data); }
 void pw_run_free(pw_run *r) {
   if (!r) return;
   if (r->w && r->w->run == r) r->w->run = NULL;
-  if (r->async_init) {
-    r->async_init = 0;
-    uv_close((uv_handle_t *)&r->async, on_async_closed);
+  if (r->lp.async_init) {
+    r->lp.async_init = 0;
+    uv_close((uv_handle_t *)&r->lp.async, on_async_closed);
   } else {
     run_destroy(r);
   }
@@ -402,44 +449,44 @@ static void close_links_in(pw_run *r) {
  * do not take it for a failure), the worker free for the next assignment,
  * the memory released once the last write callback has run. */
 static void finish(pw_run *r, int ok) {
-  if (r->closing) return;
-  r->closing = 1;
+  if (r->lp.closing) return;
+  r->lp.closing = 1;
   if (r->w->run == r) r->w->run = NULL;
   /* The links are the loop's alone from here (waits for a direct write
    * in progress), so BYE cannot interleave with a frame. */
-  uv_mutex_lock(&r->wmu);
-  for (int k = 0; k < r->n_ranks && r->wl; k++) r->wl[k].fd = -1;
-  uv_mutex_unlock(&r->wmu);
+  uv_mutex_lock(&r->sh.wmu);
+  for (int k = 0; k < r->n_ranks && r->sh.wl; k++) r->sh.wl[k].fd = -1;
+  uv_mutex_unlock(&r->sh.wmu);
   for (int k = 0; k < r->n_ranks; k++) {
-    pw_link *l = r->out ? r->out[k] : NULL;
+    pw_link *l = r->lp.out ? r->lp.out[k] : NULL;
     if (!l) continue;
     l->peer_rank = -1; /* its close is ours, not a failure to report */
-    pw_link_bye(l, r->job, ok ? NULL : r->error[0] ? r->error : "cancelled");
-    r->out[k] = NULL;
+    pw_link_bye(l, r->job, ok ? NULL : r->sh.error[0] ? r->sh.error : "cancelled");
+    r->lp.out[k] = NULL;
   }
-  atomic_store(&r->abort, 1);
+  atomic_store(&r->sh.abort, 1);
   pw_exec_wake(r);
-  if (!r->thread_running) close_links_in(r);
+  if (!r->lp.thread_running) close_links_in(r);
   maybe_free(r);
 }
 
 void pw_run_fail(pw_run *r, const char *fmt, ...) {
-  if (r->closing) return;
+  if (r->lp.closing) return;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(r->error, sizeof r->error, fmt, ap);
+  vsnprintf(r->sh.error, sizeof r->sh.error, fmt, ap);
   va_end(ap);
-  pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->step,
-           r->error);
+  pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->sh.step,
+           r->sh.error);
   pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
-                                     .rank = r->rank, .message = r->error));
+                                     .rank = r->rank, .message = r->sh.error));
   finish(r, 0);
 }
 
 void pw_run_cancel(pw_run *r, const char *reason) {
-  if (r->closing) return;
+  if (r->lp.closing) return;
   pw_info("job %llu run %d cancelled: %s", (unsigned long long)r->job, r->run_id, reason ? reason : "");
-  snprintf(r->error, sizeof r->error, "cancelled: %s", reason ? reason : "");
+  snprintf(r->sh.error, sizeof r->sh.error, "cancelled: %s", reason ? reason : "");
   finish(r, 0);
 }
 
@@ -452,25 +499,25 @@ void pw_run_on_link_up(pw_run *r, pw_link *l) {
       pw_run_fail(r, "link to rank %d has no socket", l->peer_rank);
       return;
     }
-    uv_mutex_lock(&r->wmu);
-    r->wl[l->peer_rank].fd = fd;
-    uv_mutex_unlock(&r->wmu);
-    r->n_out_connected++;
+    uv_mutex_lock(&r->sh.wmu);
+    r->sh.wl[l->peer_rank].fd = fd;
+    uv_mutex_unlock(&r->sh.wmu);
+    r->lp.n_out_connected++;
   }
-  if (r->started || r->closing || r->n_out_connected < r->n_out_needed) return;
-  r->started = 1;
-  int rc = uv_thread_create(&r->thread, pw_exec_main, r);
+  if (r->lp.started || r->lp.closing || r->lp.n_out_connected < r->lp.n_out_needed) return;
+  r->lp.started = 1;
+  int rc = uv_thread_create(&r->lp.thread, pw_exec_main, r);
   if (rc) {
     pw_run_fail(r, "cannot start the compute thread: %s", uv_strerror(rc));
     return;
   }
-  r->thread_running = 1;
+  r->lp.thread_running = 1;
 }
 
 void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
-  if (r->closing || l->peer_rank < 0) return;
+  if (r->lp.closing || l->peer_rank < 0) return;
   int k = l->peer_rank;
-  if (l->outbound && r->out[k] == l) r->out[k] = NULL;
+  if (l->outbound && r->lp.out[k] == l) r->lp.out[k] = NULL;
   pw_run_fail(r, "lost peer rank %d (%s): %s", k, r->peer_addr[k][0] ? r->peer_addr[k] : l->addr, why);
 }
 
@@ -479,59 +526,63 @@ void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
 static void on_event(pw_run *r, pw_event *ev) {
   switch (ev->kind) {
     case PW_EV_SEND: {
-      if (r->closing) return;
-      pw_link *l = r->out[ev->to];
+      if (r->lp.closing) return;
+      pw_link *l = r->lp.out[ev->to];
       int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->off, ev->to, ev->li, ev->slot, NULL)
                  : PW_EPEER;
       if (rc) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
       return;
     }
     case PW_EV_STEP:
-      if (!r->closing) pw_stepend_report(r, ev);
+      if (!r->lp.closing) pw_stepend_report(r, ev);
       if (ev->timings) {
-        uv_mutex_lock(&r->mu);
-        r->trace_busy[(ev->timings - r->trace_buf) / r->n_acts] = 0;
-        uv_mutex_unlock(&r->mu);
+        uv_mutex_lock(&r->sh.mu);
+        r->sh.trace_busy[(ev->timings - r->sh.trace_buf) / r->n_acts] = 0;
+        uv_mutex_unlock(&r->sh.mu);
       }
       return;
     case PW_EV_DONE:
-      if (r->closing) return;
+      if (r->lp.closing) return;
       pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
-              r->run_id, r->rank, r->steps, r->peak_act);
+              r->run_id, r->rank, r->steps, ev->peak_act);
       pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, NULL, .job = (int64_t)r->job, .run = r->run_id,
                                          .rank = r->rank));
       finish(r, 1);
       return;
     case PW_EV_FAIL: {
-      char why[sizeof r->error];
-      uv_mutex_lock(&r->mu);
-      snprintf(why, sizeof why, "%s", r->error[0] ? r->error : "compute failed");
-      uv_mutex_unlock(&r->mu);
+      char why[sizeof r->sh.error];
+      uv_mutex_lock(&r->sh.mu);
+      snprintf(why, sizeof why, "%s", r->sh.error[0] ? r->sh.error : "compute failed");
+      uv_mutex_unlock(&r->sh.mu);
       pw_run_fail(r, "%s", why);
       return;
     }
     case PW_EV_EXIT:
-      uv_thread_join(&r->thread);
-      r->thread_running = 0;
-      if (r->closing) close_links_in(r);
-      if (!r->closing) pw_run_fail(r, "the compute thread stopped");
+      uv_thread_join(&r->lp.thread);
+      r->lp.thread_running = 0;
+      if (r->lp.closing) close_links_in(r);
+      if (!r->lp.closing) pw_run_fail(r, "the compute thread stopped");
       maybe_free(r);
       return;
   }
 }
 
+int pw_run_event_next(pw_run *r, pw_event *ev) {
+  uv_mutex_lock(&r->sh.mu);
+  int got = r->sh.evq_len > 0;
+  if (got) {
+    *ev = r->sh.evq[r->sh.evq_head];
+    r->sh.evq_head = (r->sh.evq_head + 1) % r->sh.evq_cap;
+    r->sh.evq_len--;
+  }
+  uv_mutex_unlock(&r->sh.mu);
+  return got;
+}
+
 static void on_events(uv_async_t *h) {
   pw_run *r = h->data;
-  for (int exited = 0; !exited;) {
-    uv_mutex_lock(&r->mu);
-    if (r->evq_len == 0) {
-      uv_mutex_unlock(&r->mu);
-      return;
-    }
-    pw_event ev = r->evq[r->evq_head];
-    r->evq_head = (r->evq_head + 1) % r->evq_cap;
-    r->evq_len--;
-    uv_mutex_unlock(&r->mu);
+  pw_event ev;
+  for (int exited = 0; !exited && pw_run_event_next(r, &ev);) {
     exited = ev.kind == PW_EV_EXIT;
     on_event(r, &ev);
   }
@@ -545,15 +596,16 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
     return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
   int act = h->kind == PW_FRAME_ACT;
-  if ((int)h->step != r->step && !(act && (int)h->step == r->step + 1))
+  if ((int)h->step != r->sh.step && !(act && (int)h->step == r->sh.step + 1))
     return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
-                      r->step);
+                      r->sh.step);
   if (h->stage >= (uint32_t)r->S || r->lidx_of_stage[h->stage] < 0)
     return pw_err_set(err, PW_EPROTO, "frame", "stage %u is not on this rank", h->stage);
   if (h->microbatch >= (uint32_t)r->m)
     return pw_err_set(err, PW_EPROTO, "frame", "microbatch %u of %d", h->microbatch, r->m);
   int li = r->lidx_of_stage[h->stage], mb = (int)h->microbatch;
-  pw_lstage *ls = &r->ls[li];
+  const pw_lstage *ls = &r->ls[li];
+  const pw_lstage_compute *lc = &r->cp.ls[li];
   pw_prog *p = ls->prog;
   int v = (int)h->value;
   int idx = act ? port_index(pw_prog_input, pw_prog_n_inputs(p), p, v)
@@ -570,15 +622,15 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
     return pw_err_set(err, PW_EPROTO, "frame", "value %d: %llu bytes of %s, expected %zu bytes of f32", v,
                       (unsigned long long)h->payload_len, pw_frame_dtype_name(h->dtype), pt->bytes);
   if (act) {
-    if ((ls->act_step[mb] == (int)h->step && ls->act_got[mb] >= ls->n_act_in))
+    if ((lc->act_step[mb] == (int)h->step && lc->act_got[mb] >= ls->n_act_in))
       return pw_err_set(err, PW_EPROTO, "frame", "activation for microbatch %d of stage %u sent twice", mb, h->stage);
     int slot = pw_run_slot_for(r, li, mb, err);
     if (slot < 0) return slot;
     *dst = pw_prog_value(p, slot, v);
   } else {
-    int slot = ls->mb_slot[mb];
+    int slot = lc->mb_slot[mb];
     if (slot < 0) return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d before its forward", mb);
-    if (ls->grad_step[mb] == r->step && ls->grad_got[mb] >= ls->n_grad_in)
+    if (lc->grad_step[mb] == r->sh.step && lc->grad_got[mb] >= ls->n_grad_in)
       return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d of stage %u sent twice", mb, h->stage);
     *dst = pw_prog_grad(p, slot, v);
   }
@@ -587,32 +639,32 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
 
 int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
-  if (atomic_load(&r->abort)) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
-  uv_mutex_lock(&r->mu);
+  if (atomic_load(&r->sh.abort)) return pw_err_set(err, PW_EPROTO, "frame", "run is over");
+  uv_mutex_lock(&r->sh.mu);
   int rc = frame_dest(r, from, h, dst, err);
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_unlock(&r->sh.mu);
   return rc;
 }
 
 static void frame_done(pw_run *r, const pw_frame_hdr *h) {
-  pw_lstage *ls = &r->ls[r->lidx_of_stage[h->stage]];
+  pw_lstage_compute *lc = &r->cp.ls[r->lidx_of_stage[h->stage]];
   int mb = (int)h->microbatch, step = (int)h->step;
   if (h->kind == PW_FRAME_ACT) {
-    if (ls->act_step[mb] != step) ls->act_step[mb] = step, ls->act_got[mb] = 0;
-    ls->act_got[mb]++;
+    if (lc->act_step[mb] != step) lc->act_step[mb] = step, lc->act_got[mb] = 0;
+    lc->act_got[mb]++;
   } else {
-    if (ls->grad_step[mb] != step) ls->grad_step[mb] = step, ls->grad_got[mb] = 0;
-    ls->grad_got[mb]++;
+    if (lc->grad_step[mb] != step) lc->grad_step[mb] = step, lc->grad_got[mb] = 0;
+    lc->grad_got[mb]++;
   }
 }
 
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
   int rc = 0;
-  uv_mutex_lock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
     rc = pw_stepend_frame(r, from, h, payload, err);
   else
     frame_done(r, h);
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_unlock(&r->sh.mu);
   return rc;
 }

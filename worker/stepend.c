@@ -59,25 +59,26 @@ int pw_stepend_alloc(pw_run *r) {
   int train = r->spec.mode != PW_MODE_FORWARD, na = pw_dp_arenas(r->dp);
   for (int li = 0; li < r->n_ls && train && na; li++) {
     pw_lstage *ls = &r->ls[li];
+    pw_lstage_compute *lc = &r->cp.ls[li];
     size_t n = pw_prog_grad_numel(ls->prog);
     ls->dp_buf = calloc((size_t)na, sizeof(float *));
-    ls->dp_step = malloc(sizeof(int) * (size_t)na);
-    if (!ls->dp_buf || !ls->dp_step) return PW_ENOMEM;
+    lc->dp_step = malloc(sizeof(int) * (size_t)na);
+    if (!ls->dp_buf || !lc->dp_step) return PW_ENOMEM;
     for (int k = 0; k < na; k++) {
-      ls->dp_step[k] = -1;
+      lc->dp_step[k] = -1;
       if (!(ls->dp_buf[k] = calloc(n ? n : 1, sizeof(float)))) return PW_ENOMEM;
     }
   }
   if (r->part.n_shared == 0 || !train) return 0;
-  r->tied = calloc((size_t)r->part.n_shared, sizeof *r->tied);
-  if (!r->tied) return PW_ENOMEM;
+  r->cp.tied = calloc((size_t)r->part.n_shared, sizeof *r->cp.tied);
+  if (!r->cp.tied) return PW_ENOMEM;
   for (int k = 0; k < r->part.n_shared; k++) {
     const pw_shared_param *sp = &r->part.shared[k];
     if (!local_holders(r, sp)) continue;
     float *block = calloc(pw_tied_floats(&r->model, sp), sizeof(float));
     if (!block) return PW_ENOMEM;
-    pw_tied_wire(&r->tied[k], block, &r->model, sp);
-    for (int j = 0; j < sp->n_holders; j++) r->tied_needed += r->lidx_of_stage[sp->holders[j]] < 0;
+    pw_tied_wire(&r->cp.tied[k], block, &r->model, sp);
+    for (int j = 0; j < sp->n_holders; j++) r->cp.tied_needed += r->lidx_of_stage[sp->holders[j]] < 0;
   }
   return 0;
 }
@@ -85,17 +86,18 @@ int pw_stepend_alloc(pw_run *r) {
 void pw_stepend_free(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
+    pw_lstage_compute *lc = &r->cp.ls[li];
     if (ls->dp_buf)
       for (int k = 0; k < pw_dp_arenas(r->dp); k++) free(ls->dp_buf[k]);
     free(ls->dp_buf);
-    free(ls->dp_step);
+    free(lc->dp_step);
     ls->dp_buf = NULL;
-    ls->dp_step = NULL;
+    lc->dp_step = NULL;
   }
-  if (r->tied)
-    for (int k = 0; k < r->part.n_shared; k++) free(r->tied[k].block);
-  free(r->tied);
-  r->tied = NULL;
+  if (r->cp.tied)
+    for (int k = 0; k < r->part.n_shared; k++) free(r->cp.tied[k].block);
+  free(r->cp.tied);
+  r->cp.tied = NULL;
 }
 
 /* ---- 1. data-parallel all-reduce ----------------------------------------- */
@@ -103,7 +105,7 @@ void pw_stepend_free(pw_run *r) {
 static int dp_ready(pw_run *r, const void *arg) {
   for (int li = 0; li < r->n_ls; li++)
     for (int d = 0; d < r->dp; d++)
-      if (d != r->replica && r->ls[li].dp_step[pw_dp_arena(r->dp, r->step, d)] != r->step) return 0;
+      if (d != r->replica && r->cp.ls[li].dp_step[pw_dp_arena(r->dp, r->sh.step, d)] != r->sh.step) return 0;
   return 1;
 }
 
@@ -111,12 +113,12 @@ static int dp_allreduce(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     size_t n = pw_prog_grad_numel(ls->prog);
-    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->step, r->replica)];
+    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->sh.step, r->replica)];
     memcpy(copy, pw_prog_grads(ls->prog), n * sizeof(float));
     for (int d = 0; d < r->dp; d++) {
       if (d == r->replica) continue;
       pw_frame_hdr h;
-      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->replica,
+      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->sh.step, (uint32_t)r->replica,
                                      (uint32_t)ls->stage, RV_DP, PW_DTYPE_F32, n);
       if (rc)
         return pw_exec_fail(r, rc, NULL, "no frame header for the %zu-float gradient arena of stage %d: %s", n,
@@ -131,7 +133,7 @@ static int dp_allreduce(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     float *g = pw_prog_grads(ls->prog);
-    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->step, 0);
+    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->sh.step, 0);
     size_t n = pw_prog_grad_numel(ls->prog);
     for (size_t i = 0; i < n; i++) {
       float acc = 0;
@@ -149,7 +151,7 @@ static void tied_reduce(pw_run *r) {
     const pw_shared_param *sp = &r->part.shared[k];
     if (!local_holders(r, sp)) continue;
     size_t n = r->model.params[sp->param].numel;
-    float *sum = r->tied[k].sum;
+    float *sum = r->cp.tied[k].sum;
     memset(sum, 0, n * sizeof(float));
     /* holders in ascending stage order */
     int order[4], no = sp->n_holders;
@@ -163,7 +165,7 @@ static void tied_reduce(pw_run *r) {
         }
     for (int o = 0; o < no; o++) {
       int j = order[o], li = r->lidx_of_stage[sp->holders[j]];
-      const float *g = li >= 0 ? find_param(r->ls[li].prog, sp->param)->grad : r->tied[k].holder[j];
+      const float *g = li >= 0 ? find_param(r->ls[li].prog, sp->param)->grad : r->cp.tied[k].holder[j];
       for (size_t i = 0; i < n; i++) sum[i] += g[i];
     }
     for (int j = 0; j < no; j++) {
@@ -173,7 +175,7 @@ static void tied_reduce(pw_run *r) {
   }
 }
 
-static int tied_ready(pw_run *r, const void *arg) { return r->tied_step == r->step && r->tied_got >= r->tied_needed; }
+static int tied_ready(pw_run *r, const void *arg) { return r->cp.tied_step == r->sh.step && r->cp.tied_got >= r->cp.tied_needed; }
 
 static int tied_exchange(pw_run *r) {
   for (int k = 0; k < r->part.n_shared; k++) {
@@ -184,7 +186,7 @@ static int tied_exchange(pw_run *r) {
     for (int j = 0; j < sp->n_holders; j++) {
       int li = r->lidx_of_stage[sp->holders[j]];
       if (li < 0) continue;
-      float *copy = r->tied[k].holder[j];
+      float *copy = r->cp.tied[k].holder[j];
       memcpy(copy, find_param(r->ls[li].prog, sp->param)->grad, n * sizeof(float));
       int sent_to[4], ns = 0;
       for (int j2 = 0; j2 < sp->n_holders; j2++) {
@@ -194,7 +196,7 @@ static int tied_exchange(pw_run *r) {
         if (dup) continue;
         sent_to[ns++] = dst;
         pw_frame_hdr h;
-        int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_TIED, r->job, (uint32_t)r->step, (uint32_t)sp->holders[j],
+        int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_TIED, r->job, (uint32_t)r->sh.step, (uint32_t)sp->holders[j],
                                        (uint32_t)hs, (uint32_t)sp->param, PW_DTYPE_F32, n);
         if (rc)
           return pw_exec_fail(r, rc, NULL, "no frame header for tied parameter %d (%zu floats): %s", sp->param, n,
@@ -204,7 +206,7 @@ static int tied_exchange(pw_run *r) {
       }
     }
   }
-  int rc = r->tied_needed ? pw_exec_wait(r, tied_ready, NULL) : 0;
+  int rc = r->cp.tied_needed ? pw_exec_wait(r, tied_ready, NULL) : 0;
   if (!rc) tied_reduce(r);
   return rc;
 }
@@ -227,9 +229,9 @@ static double local_sqnorm(pw_run *r, pw_lstage *ls) {
  * send the next step's partial before we have read this one (forward-only
  * runs, where rank 0 waits for nobody's activations). */
 static int parts_ready(pw_run *r, const void *arg) {
-  const int *st = r->norm_parts_step + (r->step & 1) * r->pp;
+  const int *st = r->cp.norm_parts_step + (r->sh.step & 1) * r->pp;
   for (int k = 0; k < r->pp; k++)
-    if (st[k] != r->step) return 0;
+    if (st[k] != r->sh.step) return 0;
   return 1;
 }
 
@@ -237,22 +239,22 @@ static int global_norm(pw_run *r, double *total) {
   double part = 0;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
-  int par = r->step & 1, rc;
-  r->norm_parts[par * r->pp + r->prank] = part;
-  r->norm_parts_step[par * r->pp + r->prank] = r->step;
-  r->norm_out[par] = part;
+  int par = r->sh.step & 1, rc;
+  r->cp.norm_parts[par * r->pp + r->prank] = part;
+  r->cp.norm_parts_step[par * r->pp + r->prank] = r->sh.step;
+  r->cp.norm_out[par] = part;
   for (int k = 0; k < r->pp; k++) {
     if (k == r->prank) continue;
     pw_frame_hdr h;
     uint32_t dims[1] = {8};
-    if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->step, (uint32_t)r->prank, 0, RV_NORM_PART,
+    if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->sh.step, (uint32_t)r->prank, 0, RV_NORM_PART,
                                 PW_DTYPE_U8, 1, dims)))
       return pw_exec_fail(r, rc, NULL, "no frame header for the norm partial: %s", pw_strerror(rc));
-    if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->norm_out[par], -1, -1))) return rc;
+    if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->cp.norm_out[par], -1, -1))) return rc;
   }
   if ((rc = pw_exec_wait(r, parts_ready, NULL))) return rc;
   double sum = 0;
-  for (int k = 0; k < r->pp; k++) sum += r->norm_parts[par * r->pp + k];
+  for (int k = 0; k < r->pp; k++) sum += r->cp.norm_parts[par * r->pp + k];
   *total = sum;
   return 0;
 }
@@ -282,55 +284,60 @@ static int mkdirs(const char *path) {
 }
 
 static int update(pw_run *r, double sqnorm) {
-  pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->step, sqnorm);
-  r->lr = sc.lr;
+  pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
+  r->cp.lr = sc.lr;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) {
       pw_optim_update(r->ls[li].prog, &r->spec.train, &sc);
       pw_prog_zero_grad(r->ls[li].prog);
     }
-  if (!ckpt_due(r, r->step)) return 0;
+  if (!ckpt_due(r, r->sh.step)) return 0;
   for (int li = 0; li < r->n_ls; li++) {
     char path[1024];
     pw_err err = {0};
-    ckpt_path(r, r->step, r->ls[li].stage, path, sizeof path);
+    ckpt_path(r, r->sh.step, r->ls[li].stage, path, sizeof path);
     if (mkdirs(path)) {
       int e = errno;
       return pw_exec_fail(r, PW_EIO, NULL, "checkpoint: cannot make the directories of %s: %s (errno %d)", path,
                           strerror(e), e);
     }
-    int rc = pw_ckpt_save(r->ls[li].prog, path, r->step + 1, NULL, &err);
+    int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
     if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
   }
   return 0;
 }
 
-int pw_stepend_run(pw_run *r) {
+int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   int rc;
   if (r->spec.mode != PW_MODE_FORWARD) {
     if (r->dp > 1 && (rc = dp_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
   }
+  return global_norm(r, sqnorm);
+}
+
+int pw_stepend_run(pw_run *r) {
+  int rc;
   double sqnorm = 0;
-  if ((rc = global_norm(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
-  pw_event ev = {.kind = PW_EV_STEP, .step = r->step, .step_time = pw_now() - r->t_step0, .loss = r->loss_sum,
-                 .grad_norm = sqrt(sqnorm), .lr = r->lr, .peak_act = r->peak_act, .ckpt = ckpt_due(r, r->step)};
+  if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
+  pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = pw_now() - r->cp.t_step0, .loss = r->cp.loss_sum,
+                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .ckpt = ckpt_due(r, r->sh.step)};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
-  if (r->trace_every > 0 && r->step % r->trace_every == 0) {
-    uv_mutex_lock(&r->mu);
+  if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
+    uv_mutex_lock(&r->sh.mu);
     for (int b = 0; b < PW_TRACE_BUFS && !ev.timings; b++)
-      if (!r->trace_busy[b]) {
-        r->trace_busy[b] = 1;
-        ev.timings = r->trace_buf + (size_t)b * (size_t)r->n_acts;
+      if (!r->sh.trace_busy[b]) {
+        r->sh.trace_busy[b] = 1;
+        ev.timings = r->sh.trace_buf + (size_t)b * (size_t)r->n_acts;
       }
-    uv_mutex_unlock(&r->mu);
-    if (ev.timings) memcpy(ev.timings, r->timings, sizeof *ev.timings * (size_t)r->n_acts);
+    uv_mutex_unlock(&r->sh.mu);
+    if (ev.timings) memcpy(ev.timings, r->cp.timings, sizeof *ev.timings * (size_t)r->n_acts);
   }
   if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
-  uv_mutex_lock(&r->mu);
-  r->step++;
-  uv_mutex_unlock(&r->mu);
+  uv_mutex_lock(&r->sh.mu);
+  r->sh.step++;
+  uv_mutex_unlock(&r->sh.mu);
   return 0;
 }
 
@@ -374,19 +381,19 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
   }
 }
 
-/* ---- frames (compute thread, r->mu held) ------------------------------------ */
+/* ---- frames (compute thread, r->sh.mu held) ------------------------------------ */
 
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
   /* A replica or a tied holder may be one step ahead of us, never more. */
-  if ((int)h->step != r->step && (int)h->step != r->step + 1)
+  if ((int)h->step != r->sh.step && (int)h->step != r->sh.step + 1)
     return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
-                      r->step);
+                      r->sh.step);
   if (h->kind == PW_FRAME_TIED) {
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)
       if (r->part.shared[i].param == (int)h->value) k = i;
-    if (k < 0 || !r->tied || !local_holders(r, &r->part.shared[k]))
+    if (k < 0 || !r->cp.tied || !local_holders(r, &r->part.shared[k]))
       return pw_err_set(err, PW_EPROTO, "frame", "unexpected TIED for value %u", h->value);
     const pw_shared_param *sp = &r->part.shared[k];
     int j = holder_index(sp, (int)h->microbatch);
@@ -394,7 +401,7 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
     if (j < 0 || from != pw_run_global_rank(r, sp->holders[j]) || h->payload_len != n * 4 ||
         h->dtype != PW_DTYPE_F32)
       return pw_err_set(err, PW_EPROTO, "frame", "TIED for parameter %u from rank %d does not fit", h->value, from);
-    *dst = r->tied[k].holder[j];
+    *dst = r->cp.tied[k].holder[j];
     return 0;
   }
   switch (h->value) {
@@ -423,19 +430,19 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
 
 int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
   if (h->kind == PW_FRAME_TIED) {
-    if (r->tied_step != (int)h->step) r->tied_step = (int)h->step, r->tied_got = 0;
-    r->tied_got++;
+    if (r->cp.tied_step != (int)h->step) r->cp.tied_step = (int)h->step, r->cp.tied_got = 0;
+    r->cp.tied_got++;
     return 0;
   }
   double v;
   switch (h->value) {
     case RV_DP:
-      r->ls[r->lidx_of_stage[h->stage]].dp_step[pw_dp_arena(r->dp, (int)h->step, (int)h->microbatch)] = (int)h->step;
+      r->cp.ls[r->lidx_of_stage[h->stage]].dp_step[pw_dp_arena(r->dp, (int)h->step, (int)h->microbatch)] = (int)h->step;
       return 0;
     case RV_NORM_PART:
       memcpy(&v, payload, 8);
-      r->norm_parts[(h->step & 1) * r->pp + h->microbatch] = v;
-      r->norm_parts_step[(h->step & 1) * r->pp + h->microbatch] = (int)h->step;
+      r->cp.norm_parts[(h->step & 1) * r->pp + h->microbatch] = v;
+      r->cp.norm_parts_step[(h->step & 1) * r->pp + h->microbatch] = (int)h->step;
       return 0;
   }
   return pw_err_set(err, PW_EPROTO, "frame", "unknown reduction %u", h->value);

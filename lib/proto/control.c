@@ -50,7 +50,7 @@ static const field f_pw_msg_register[] = {
 #undef S
 #define S pw_msg_heartbeat
 static const field f_pw_msg_heartbeat[] = {REQ_MIN(S, time, F_NUM, 0), REQ(S, state, F_STR), OPT_MIN(S, job, F_INT, 0),
-                                           END};
+                                           OPT_MIN(S, fds, F_INT, 0), END};
 #undef S
 #define S pw_msg_step
 static const field f_pw_msg_step[] = {

@@ -28,7 +28,8 @@
  *               ("host:port" of the data-plane listener), cores:int>=1,
  *               threads:int>=1, software:str, job?:int (still busy with it),
  *               memory?:int (bytes of RAM; 0 or absent: unknown)
- *   heartbeat   time:number>=0, state:str, job?:int
+ *   heartbeat   time:number>=0, state:str, job?:int, fds?:int>=0 (open
+ *               descriptors of the worker process)
  *   step        job:int, run:int, rank:int, step:int, loss?:number,
  *               step_time:number>=0, tokens?:number>=0, peak_act?:int,
  *               grad_norm?:number, lr?:number,
@@ -81,7 +82,7 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
  * is >= 0), NAN (numbers), NULL (strings, arrays). */
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; } pw_msg_register;
-typedef struct { double time; const char *state; int64_t job; } pw_msg_heartbeat;
+typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
                  double grad_norm, lr; json_t *actions; int64_t nonfinite; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;

@@ -103,6 +103,10 @@ def main():
     ap.add_argument("--resume", help="checkpoint directory (stage-<s>.safetensors) to start from")
     ap.add_argument("--start-step", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--worker-arg", action="append", default=[], help="one more option for every worker")
+    ap.add_argument("--settle-fds", type=float, default=0,
+                    help="assign once every worker's heartbeat fds is steady; after the job, wait up to this many "
+                         "seconds for each to come back to it (result: fds_before, fds_after)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     job = json.load(open(a.job))
@@ -132,7 +136,7 @@ def main():
         procs.append(subprocess.Popen(
             [os.path.join(a.build, "pipewright-worker"), "--coordinator", f"127.0.0.1:{port}",
              "--listen", "127.0.0.1:0", "--name", f"w{i}", "--state-dir", os.path.join(a.out, f"w{i}"),
-             "--log-level", "info"], stdout=log, stderr=subprocess.STDOUT))
+             "--log-level", "info", *a.worker_arg], stdout=log, stderr=subprocess.STDOUT))
 
     sel = selectors.DefaultSelector()
     sel.register(lsock, selectors.EVENT_READ, None)
@@ -160,7 +164,14 @@ def main():
         return len(result["done"]) == n or (result["errors"] and time.time() > err_deadline[0])
 
     err_deadline = [float("inf")]
-    while time.time() < deadline and not (assigned and finished()):
+    fds = {}  # worker name -> fds of its heartbeats, in order
+
+    def fds_steady(name):
+        h = fds.get(name, [])
+        return len(h) >= 3 and h[-1] == h[-2] == h[-3] and h[-1] is not None
+
+    def pump():
+        nonlocal killed
         for key, _ in sel.select(timeout=0.2):
             if key.data is None:
                 s, _ = lsock.accept()
@@ -205,11 +216,15 @@ def main():
                         result["checkpoints"][str(m["stage"])] = m["path"]
                 elif t == "done":
                     result["done"].append(m["rank"])
+                elif t == "heartbeat":
+                    fds.setdefault(c.info["name"] if c.info else "?", []).append(m.get("fds"))
                 elif t == "error":
                     result["errors"].append(m)
                     if err_deadline[0] == float("inf"):
                         err_deadline[0] = time.time() + 10
-        if not assigned and len(registered) == n:
+    while time.time() < deadline and not (assigned and finished()):
+        pump()
+        if not assigned and len(registered) == n and (not a.settle_fds or all(map(fds_steady, registered))):
             if a.fuzz and not fuzzed:
                 fuzzed = True
                 for i, (name, c) in enumerate(sorted(registered.items())):
@@ -217,10 +232,19 @@ def main():
                 fuzz_control(registered["w0"], 7)
                 registered.pop("w0")      # it drops the link and registers again
                 continue
+            fds_at_assign = {name: fds.get(name, [None])[-1] for name in registered}
             assign_all()
             assigned = True
 
     result["timed_out"] = not (assigned and finished())
+    if a.settle_fds and assigned:
+        result["fds_before"] = before = fds_at_assign
+        seen = {name: len(fds[name]) for name in before}
+        settle_end = time.time() + a.settle_fds
+        while time.time() < settle_end and not all(len(fds[k]) > seen[k] and fds[k][-1] == v
+                                                     for k, v in before.items()):
+            pump()
+        result["fds_after"] = {name: fds[name][-1] for name in before}
     for c in list(registered.values()):
         try:
             send_msg(c.sock, {"type": "shutdown"})

@@ -1,0 +1,287 @@
+/* test_worker_stepend: the step end's exchange (worker/stepend.c) between
+ * the six ranks of a pp=2, dp=3 job with tied embeddings, in one process:
+ * six runs made from their real slices, each pair linked by a socketpair,
+ * each run's compute side on its own thread, and this thread playing the
+ * loop (writing what a socket did not take at once).
+ *
+ * Every rank must end with exactly (bit for bit) the straightforward
+ * result: each gradient the sum of the replicas' in replica order, then
+ * each tied parameter's the sum of its holders' in stage order, and the
+ * global squared norm the sum of the pipeline ranks' partials in rank
+ * order, with every tied parameter counted once. After the full step end,
+ * every rank's parameters equal one optimizer step of a reference program
+ * given those gradients, and its step report carries that norm. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "optim.h"
+#include "test_worker_fixture.h"
+
+static const char *SPEC =
+    "{\"name\":\"stepend\",\"model\":{\"template\":\"gpt\",\"vocab_size\":32,\"seq_len\":4,\"d_model\":8,"
+    "\"n_layers\":2,\"n_heads\":2,\"tie_embeddings\":true},"
+    "\"mesh\":{\"pp\":2,\"dp\":3},\"schedule\":{\"name\":\"1f1b\",\"microbatches\":2},"
+    "\"train\":{\"steps\":10,\"batch_size\":12,\"seed\":11,\"grad_clip\":0.5,\"checkpoint_every\":0,"
+    "\"optimizer\":{\"name\":\"adamw\",\"lr\":0.01,\"weight_decay\":0.1}},"
+    "\"data\":{\"kind\":\"copy\"}}";
+
+#define PP 2
+#define DP 3
+#define NR (PP * DP)
+
+typedef struct {
+  wf_job *f;
+  pw_run *run[NR];  /* rank = replica * PP + pipeline rank */
+  pw_run *ref[PP];  /* reference programs of each pipeline rank */
+  int fds[2 * NR * NR];
+  int n_fds;
+} mesh;
+
+/* Replica d's gradient of stage `stage`, element i. */
+static float grad_of(int d, int stage, size_t i) {
+  return (float)((int)((i * 37 + (size_t)stage * 11 + (size_t)d * 5) % 29) - 14) * 0.0625f * (d ? 1.3f : 1.0f);
+}
+
+static int setup(void **state) {
+  mesh *m = calloc(1, sizeof *m);
+  m->f = wf_job_make(SPEC);
+  assert_int_equal(m->f->plan.pp, PP);
+  assert_int_equal(m->f->plan.dp, DP);
+  assert_true(m->f->plan.part.n_shared > 0);
+  pw_err err = {0};
+  for (int k = 0; k < NR; k++) {
+    m->run[k] = wf_run(m->f, k, 10);
+    assert_int_equal(pw_run_open_files(m->run[k], &err), 0);
+  }
+  for (int pr = 0; pr < PP; pr++) {
+    m->ref[pr] = wf_run(m->f, pr, 10);
+    assert_int_equal(pw_run_open_files(m->ref[pr], &err), 0);
+  }
+  /* a link a -> b: a writes wl[b], b reads in_fd[a] */
+  for (int a = 0; a < NR; a++)
+    for (int b = 0; b < NR; b++) {
+      if (a == b) continue;
+      int sv[2];
+      assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+      m->run[a]->sh.wl[b].fd = sv[0];
+      m->run[b]->sh.in_fd[a] = sv[1];
+      m->fds[m->n_fds++] = sv[0];
+      m->fds[m->n_fds++] = sv[1];
+    }
+  for (int k = 0; k < NR; k++) {
+    pw_run *r = m->run[k];
+    for (int li = 0; li < r->n_ls; li++) {
+      float *g = pw_prog_grads(r->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) g[i] = grad_of(r->replica, r->ls[li].stage, i);
+    }
+  }
+  *state = m;
+  return 0;
+}
+
+static int teardown(void **state) {
+  mesh *m = *state;
+  for (int i = 0; i < m->n_fds; i++) close(m->fds[i]);
+  for (int k = 0; k < NR; k++) wf_run_free(m->f, m->run[k]);
+  for (int pr = 0; pr < PP; pr++) wf_run_free(m->f, m->ref[pr]);
+  wf_job_free(m->f);
+  free(m);
+  return 0;
+}
+
+/* ---- the exchange, one thread per rank ------------------------------------ */
+
+typedef struct {
+  pw_run *r;
+  int full;          /* pw_stepend_run, else pw_stepend_reduce */
+  double sqnorm;
+  int rc;
+  atomic_int done;
+} rank_thread;
+
+static void rank_main(void *arg) {
+  rank_thread *t = arg;
+  t->rc = t->full ? pw_stepend_run(t->r) : pw_stepend_reduce(t->r, &t->sqnorm);
+  atomic_store(&t->done, 1);
+}
+
+static void write_all(int fd, const void *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    assert_true(w > 0);
+    p = (const uint8_t *)p + w;
+    n -= (size_t)w;
+  }
+}
+
+/* This thread as every run's loop: the rest of each frame a socket did not
+ * take, in order; the step reports kept in steps[]. */
+static void exchange(mesh *m, int full, rank_thread t[NR], pw_event steps[NR]) {
+  uv_thread_t th[NR];
+  for (int k = 0; k < NR; k++) {
+    t[k] = (rank_thread){.r = m->run[k], .full = full};
+    assert_int_equal(uv_thread_create(&th[k], rank_main, &t[k]), 0);
+  }
+  for (int left = NR; left;) {
+    int busy = 0;
+    left = 0;
+    for (int k = 0; k < NR; k++) {
+      pw_run *r = m->run[k];
+      pw_event ev;
+      while (pw_run_event_next(r, &ev)) {
+        busy = 1;
+        if (ev.kind == PW_EV_STEP) {
+          steps[k] = ev;
+          continue;
+        }
+        assert_int_equal(ev.kind, PW_EV_SEND);
+        assert_int_equal(ev.li, -1);
+        int fd = r->sh.wl[ev.to].fd;
+        if (ev.off < PW_FRAME_HDR_SIZE) write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
+        uint64_t poff = ev.off > PW_FRAME_HDR_SIZE ? ev.off - PW_FRAME_HDR_SIZE : 0;
+        write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
+        uv_mutex_lock(&r->sh.wmu);
+        r->sh.wl[ev.to].queued--;
+        uv_mutex_unlock(&r->sh.wmu);
+      }
+      left += !atomic_load(&t[k].done);
+    }
+    if (!busy && left) usleep(200);
+  }
+  for (int k = 0; k < NR; k++) {
+    uv_thread_join(&th[k]);
+    if (t[k].rc) fail_msg("rank %d: %d (%s)", k, t[k].rc, m->run[k]->sh.error);
+  }
+}
+
+/* ---- the straightforward result ------------------------------------------- */
+
+static pw_prog_param *param_of(pw_prog *p, int model_index) {
+  for (int i = 0; i < pw_prog_n_params(p); i++)
+    if (pw_prog_param_at(p, i)->model_index == model_index) return pw_prog_param_at(p, i);
+  return NULL;
+}
+
+/* The reference programs get the summed gradients; returns the global
+ * squared norm. */
+static double expected(mesh *m) {
+  for (int pr = 0; pr < PP; pr++) {
+    pw_run *ref = m->ref[pr];
+    for (int li = 0; li < ref->n_ls; li++) {
+      float *g = pw_prog_grads(ref->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(ref->ls[li].prog); i++) {
+        float acc = 0;
+        for (int d = 0; d < DP; d++) acc += grad_of(d, ref->ls[li].stage, i);
+        g[i] = acc;
+      }
+      pw_prog_grads_finalize(ref->ls[li].prog);
+    }
+  }
+  const pw_partition *part = &m->f->plan.part;
+  const int *s2r = m->f->plan.sched->stage_to_rank;
+  for (int k = 0; k < part->n_shared; k++) {
+    const pw_shared_param *sp = &part->shared[k];
+    size_t n = m->f->plan.model.params[sp->param].numel;
+    float *sum = calloc(n, sizeof(float));
+    for (int stage = 0; stage < m->f->plan.S; stage++) /* holders in stage order */
+      for (int j = 0; j < sp->n_holders; j++) {
+        if (sp->holders[j] != stage) continue;
+        pw_run *ref = m->ref[s2r[stage]];
+        const float *g = param_of(ref->ls[ref->lidx_of_stage[stage]].prog, sp->param)->grad;
+        for (size_t i = 0; i < n; i++) sum[i] += g[i];
+      }
+    for (int j = 0; j < sp->n_holders; j++) {
+      pw_run *ref = m->ref[s2r[sp->holders[j]]];
+      memcpy(param_of(ref->ls[ref->lidx_of_stage[sp->holders[j]]].prog, sp->param)->grad, sum, n * sizeof(float));
+    }
+    free(sum);
+  }
+  double total = 0;
+  for (int pr = 0; pr < PP; pr++) {
+    pw_run *ref = m->ref[pr];
+    double part_sq = 0;
+    for (int li = 0; li < ref->n_ls; li++) {
+      int skip[16], ns = 0, stage = ref->ls[li].stage;
+      for (int k = 0; k < part->n_shared; k++) {
+        const pw_shared_param *sp = &part->shared[k];
+        int lowest = sp->holders[0], holds = 0;
+        for (int j = 0; j < sp->n_holders; j++) {
+          if (sp->holders[j] < lowest) lowest = sp->holders[j];
+          holds |= sp->holders[j] == stage;
+        }
+        if (holds && stage != lowest) skip[ns++] = sp->param;
+      }
+      part_sq += pw_grad_sqnorm(ref->ls[li].prog, skip, ns);
+    }
+    total += part_sq;
+  }
+  return total;
+}
+
+static void test_reduce(void **state) {
+  mesh *m = *state;
+  rank_thread t[NR];
+  pw_event steps[NR];
+  exchange(m, 0, t, steps);
+  double sq = expected(m);
+  assert_true(sq > 0);
+  for (int k = 0; k < NR; k++) {
+    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    if (memcmp(&t[k].sqnorm, &sq, sizeof sq)) fail_msg("rank %d: norm %.17g, expected %.17g", k, t[k].sqnorm, sq);
+    assert_int_equal(r->n_ls, ref->n_ls);
+    for (int li = 0; li < r->n_ls; li++) {
+      const float *g = pw_prog_grads(r->ls[li].prog), *e = pw_prog_grads(ref->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++)
+        if (memcmp(&g[i], &e[i], sizeof(float)))
+          fail_msg("rank %d stage %d gradient %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, g[i], e[i]);
+    }
+    assert_int_equal(r->sh.step, 0); /* the reduction alone does not end the step */
+  }
+}
+
+static void test_full_step_end(void **state) {
+  mesh *m = *state;
+  rank_thread t[NR];
+  pw_event steps[NR];
+  memset(steps, 0, sizeof steps);
+  exchange(m, 1, t, steps);
+  double sq = expected(m);
+  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, sq);
+  assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
+  for (int pr = 0; pr < PP; pr++)
+    for (int li = 0; li < m->ref[pr]->n_ls; li++) pw_optim_update(m->ref[pr]->ls[li].prog, &m->f->job.train, &sc);
+  double norm = sqrt(sq);
+  for (int k = 0; k < NR; k++) {
+    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    assert_int_equal(r->sh.step, 1);
+    assert_int_equal(steps[k].kind, PW_EV_STEP);
+    assert_int_equal(steps[k].step, 0);
+    if (memcmp(&steps[k].grad_norm, &norm, sizeof norm))
+      fail_msg("rank %d: reported norm %.17g, expected %.17g", k, steps[k].grad_norm, norm);
+    assert_true(steps[k].lr == sc.lr);
+    for (int li = 0; li < r->n_ls; li++) {
+      const float *p = pw_prog_params(r->ls[li].prog), *e = pw_prog_params(ref->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_numel(r->ls[li].prog); i++)
+        if (memcmp(&p[i], &e[i], sizeof(float)))
+          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, p[i], e[i]);
+      /* and the gradients are zero for the next step */
+      const float *g = pw_prog_grads(r->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) assert_true(g[i] == 0.0f);
+    }
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_reduce, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_full_step_end, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,299 @@
+/* run: one assignment of a worker — a rank of a job — and who owns what.
+ *
+ * Two threads work on a run. The loop thread (libuv: worker.h) starts and
+ * ends it, keeps its outbound links and writes what a socket would not take
+ * at once. The compute thread (exec.c) walks the rank's action list step
+ * after step, reads its inbound links itself (recv.c) and does the step end
+ * (stepend.c). The run's state is split by owner, so every access names
+ * whose field it touches:
+ *   - the top level of pw_run: set while the run is made (pw_run_create),
+ *     read by both threads, written by neither afterwards;
+ *   - sh (pw_run_shared): both threads, under sh.mu (sh.wl under sh.wmu;
+ *     sh.wake_fd and sh.abort need no lock);
+ *   - cp (pw_run_compute): the compute thread only (before it starts, the
+ *     loop thread makes it);
+ *   - lp (pw_run_loop): the loop thread only.
+ * A run can be made and driven without a worker daemon (pw_run_create with
+ * any libuv loop; the tests do), and the daemon makes its runs the same way. */
+#ifndef PW_RUN_H
+#define PW_RUN_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "control.h"
+#include "data.h"
+#include "model.h"
+#include "partition.h"
+#include "plan.h"
+#include "prog.h"
+#include "schedule.h"
+#include "spec.h"
+#include "wire.h"
+
+typedef struct pw_worker pw_worker;
+typedef struct pw_link pw_link;
+typedef struct pw_run pw_run;
+
+/* Per local stage, what does not change during the run: its program (whose
+ * contents the compute thread alone touches), its ports, its arenas. */
+typedef struct {
+  int stage;               /* global stage id */
+  pw_prog *prog;
+  int n_act_in;            /* activation input ports (from other stages) */
+  int n_grad_in;           /* output ports (their gradients come back) */
+  int first_input;         /* holds the model's input (draws inputs) */
+  int has_target;          /* holds the targets (draws targets) */
+  /* data-parallel gradient arenas, [pw_dp_arenas(dp)] indexed by
+   * pw_dp_arena (plan.h); their contents are the compute thread's */
+  float **dp_buf;
+} pw_lstage;
+
+/* Per local stage, its slots as both threads see them (sh.ls, under
+ * sh.mu): the loop thread frees a slot once the last send reading it is
+ * written. */
+typedef struct {
+  int *slot_busy;          /* [max_slots] 1 while a microbatch or a send holds it */
+  int *slot_sends;         /* [max_slots] writes still reading the slot */
+  int *slot_free_pending;  /* [max_slots] released by compute, waiting on sends */
+} pw_lstage_shared;
+
+/* Per local stage, where its microbatches are (cp.ls): the compute thread
+ * alone reads and writes these (recv.c, on that thread, counts arrivals);
+ * it updates them under sh.mu all the same, next to the slots. */
+typedef struct {
+  int *mb_slot;            /* [m] slot holding microbatch mb, or -1 */
+  int *act_step, *act_got; /* [m] step tag and activation inputs arrived */
+  int *grad_step, *grad_got; /* [m] step tag and output gradients arrived */
+  int *dp_step;            /* [pw_dp_arenas(dp)] step of the arena received, as dp_buf */
+} pw_lstage_compute;
+
+/* A sampled action timing, for the step report's timeline. */
+typedef struct {
+  pw_action a;
+  double start, end;       /* seconds from the step's start */
+} pw_timing;
+
+/* An inbound link as the compute thread reads it (recv.c). */
+typedef struct {
+  int fd;                  /* -1 until admitted, and after the peer's orderly end */
+  int bye;                 /* the peer said goodbye */
+  pw_frame_reader rd;
+} pw_inlink;
+
+/* Traced steps' timings travel to the loop in a few buffers made at start
+ * (a malloc per step on the compute thread, freed on the loop thread,
+ * would creep its heap a page at a time); a step finding none free goes
+ * untraced. */
+#define PW_TRACE_BUFS 4
+
+/* What the compute thread asks of the loop thread, in order. */
+typedef enum {
+  PW_EV_SEND,              /* write a frame (header encoded, CRC included) */
+  PW_EV_STEP,              /* a step is complete: report it */
+  PW_EV_DONE,              /* the last step is complete */
+  PW_EV_FAIL,              /* failed with sh.error */
+  PW_EV_EXIT               /* the compute thread has returned */
+} pw_event_kind;
+
+typedef struct {
+  pw_event_kind kind;
+  /* SEND */
+  int to;                  /* global rank */
+  int li, slot;            /* slot the payload points into, or -1 */
+  const void *payload;
+  uint64_t len;            /* payload bytes */
+  uint64_t off;            /* bytes of header + payload already written */
+  uint8_t hdr[PW_FRAME_HDR_SIZE];
+  /* STEP (and DONE: peak_act) */
+  int step, peak_act, has_loss, ckpt;
+  double step_time, loss, grad_norm, lr;
+  pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
+} pw_event;
+
+/* Both threads, under mu (wl under wmu; wake_fd and abort without a lock). */
+typedef struct {
+  uv_mutex_t mu;
+  int wake_fd;             /* eventfd: the loop wakes the compute thread from poll() */
+  atomic_int abort;        /* loop -> compute: stop at the next wait */
+  pw_lstage_shared *ls;    /* [n_ls] slots of each local stage */
+  int *in_fd;              /* [n_ranks] sockets of admitted inbound links, or -1 */
+  int step;                /* current step (written by compute) */
+  pw_event *evq;           /* compute -> loop events, a ring */
+  int evq_head, evq_len, evq_cap;
+  char error[512];         /* why the compute thread failed */
+  pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
+  int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
+  /* Outbound links as the compute thread writes them, under wmu: it
+   * writes a frame straight to the socket when the loop has nothing queued
+   * on that link; what the socket does not take goes to the loop. */
+  uv_mutex_t wmu;
+  struct {
+    int fd;                /* -1 until the link is up, and once it closes */
+    int queued;            /* frames the loop is still writing */
+  } *wl;                   /* [n_ranks] */
+} pw_run_shared;
+
+/* The compute thread only. */
+typedef struct {
+  pw_lstage_compute *ls;   /* [n_ls] microbatches of each local stage */
+  size_t chunk_limit;      /* frames over this many payload bytes go in chunks (wire.h; PW_WIRE_CHUNK) */
+  uint64_t chunked, chunks; /* tensors sent in chunks, and their chunks */
+  pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
+  double t_step0;          /* monotonic time the step began */
+  double loss_sum;         /* this replica's share of the step loss */
+  int act_held, peak_act;  /* saved activations now / peak this run */
+  pw_timing *timings;      /* [n_acts] */
+  pw_tied_bufs *tied;      /* [n_shared] step-end buffers of the shared parameters held here (plan.h) */
+  int tied_needed;         /* remote holders' copies to wait for per step */
+  int tied_step, tied_got; /* tied gradients received for tied_step */
+  double *norm_parts;      /* [2 * pp] partial of each pipeline rank, by step parity */
+  int *norm_parts_step;
+  double norm_out[2];      /* our partial being sent, by step parity */
+  double lr;               /* of the step being ended */
+} pw_run_compute;
+
+/* The loop thread only. */
+typedef struct {
+  pw_link **out;           /* [n_ranks] outbound link to each peer */
+  int n_out_needed, n_out_connected;
+  int started;             /* all links up, compute thread running */
+  uv_thread_t thread;
+  uv_async_t async;        /* compute -> loop: events queued */
+  int async_init;
+  int thread_running;      /* created and not yet joined */
+  int closing;             /* being torn down */
+  int sends_inflight;
+} pw_run_loop;
+
+struct pw_run {
+  /* ---- set by pw_run_create, then read-only for both threads ---- */
+  pw_worker *w;            /* NULL for a run made without a daemon */
+  json_t *assign;          /* the assignment message (owned; a's strings point into it), or NULL */
+  uint64_t job;
+  int run_id;
+  int rank;                /* global rank: replica * pp + pipeline rank */
+  int prank, replica;      /* pipeline rank, data-parallel replica */
+  int pp, dp, n_ranks;
+  int steps, start_step, trace_every;
+  char ckpt_dir[512];
+  const char *resume;      /* checkpoint to resume from (into assign), or NULL */
+  /* From the assignment's slice (lib/plan/slice.h), never rebuilt here:
+   * spec holds only mode, train and data (the worker never sees the model
+   * spec); model is the compiled graph; part the partition as far as this
+   * rank uses it; sched stage -> rank and only this rank's action list. */
+  pw_job spec;
+  pw_model model;
+  pw_partition part;
+  pw_sched *sched;
+  int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
+  size_t mem_budget;       /* bytes the plan gives this pipeline rank */
+  char plan_sha256[65];    /* the plan the slice was cut from */
+  pw_dataset *ds;          /* opened by the compute thread (pw_run_open_files) */
+  int m, mb_size, S;
+  const int *rank_of_stage; /* [S] pipeline rank */
+  const int *lidx_of_stage; /* [S] local stage index or -1 */
+  pw_lstage *ls;           /* [n_ls] */
+  int n_ls;
+  const pw_action *acts;   /* this rank's list */
+  int n_acts;
+  char (*peer_addr)[64];   /* [n_ranks] */
+
+  pw_run_shared sh;        /* both threads: under sh.mu / sh.wmu */
+  pw_run_compute cp;       /* compute thread only */
+  pw_run_loop lp;          /* loop thread only */
+};
+
+/* ---- run.c ---------------------------------------------------------------- */
+
+/* Loop thread. Makes the run of assignment a (as: the message itself, kept
+ * for the run's life, or NULL when a's strings outlive the run) from its
+ * slice: the tables, the stage programs and their slots, the step-end
+ * buffers; its event queue wakes `loop`. Opens no file (pw_run_open_files
+ * does, on the compute thread) and connects nothing (pw_run_start does).
+ * ckpt_dir: where checkpoints go when a names none. */
+PW_MUST_CHECK int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir,
+                                pw_run **out, pw_err *err);
+/* Loop thread: pw_run_create, then the run becomes w's and connects to its
+ * peers; its compute thread starts once every link is up. */
+PW_MUST_CHECK int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err);
+/* Compute thread, before the first step: the dataset and the parameters
+ * (from the checkpoint to resume, or drawn from the seed). Only regular
+ * files are read (a FIFO or a device is refused, never waited on). */
+PW_MUST_CHECK int pw_run_open_files(pw_run *r, pw_err *err);
+/* Loop thread. */
+void pw_run_cancel(pw_run *r, const char *reason);
+void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void pw_run_on_link_up(pw_run *r, pw_link *l);
+void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why);
+void pw_run_send_done(pw_run *r, int to, int li, int slot);
+/* Inbound link l's HELLO was admitted; its socket is now the compute
+ * thread's. */
+void pw_run_link_in(pw_run *r, pw_link *l);
+/* Loop thread: takes the oldest event the compute thread queued into *ev;
+ * 0 when there is none. */
+int pw_run_event_next(pw_run *r, pw_event *ev);
+/* Loop thread, once the compute thread has been joined (or never started):
+ * frees the run (its async handle closes on its loop first). */
+void pw_run_free(pw_run *r);
+/* Any thread: the step the run is at (for status lines). */
+int pw_run_step(pw_run *r);
+/* Compute thread (recv.c): a frame header from peer `from` arrived: where
+ * should its payload go? Returns 0 and sets *dst (NULL = reader's own
+ * buffer), or a negative code with err filled (the run then fails). */
+int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+/* Compute thread: the frame's payload is complete (at the dest given, or
+ * in payload). */
+int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
+/* Compute thread, sh.mu held: the slot of local stage li that holds
+ * microbatch mb, claimed (and made) on first use; a negative code when
+ * none is free. Release returns it once the sends reading it are done. */
+int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err);
+void pw_run_slot_release(pw_run *r, int li, int mb);
+/* Tables of the partition (immutable during the run; any thread). */
+int pw_run_producer(const pw_run *r, int value);
+int pw_run_consumer(const pw_run *r, int value);
+int pw_run_global_rank(const pw_run *r, int stage);
+
+/* ---- exec.c: the compute thread ------------------------------------------ */
+
+void pw_exec_main(void *arg);
+/* recv.c, compute thread: reads the inbound links until ready(r, arg)
+ * holds (spinning a little, then sleeping in poll), or the run is aborted
+ * (PW_ECANCELED) or a link fails (sh.error set). */
+PW_MUST_CHECK int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
+/* Any thread: wake the compute thread from poll(). */
+void pw_exec_wake(pw_run *r);
+/* Compute thread: queue a frame to rank `to` (CRC computed here); a
+ * payload over cp.chunk_limit goes as consecutive chunk frames. payload
+ * stays valid until the write is done: it points into slot (li, slot),
+ * which is kept until then, or into a run-owned buffer (li -1). */
+PW_MUST_CHECK int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot);
+/* Compute thread: queue an event for the loop thread. */
+PW_MUST_CHECK int pw_exec_post(pw_run *r, const pw_event *ev);
+/* Compute thread: record why the run failed (err may be NULL) and return rc. */
+PW_MUST_CHECK int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Compute thread: cp.chunk_limit from PW_WIRE_CHUNK (or the default). */
+PW_MUST_CHECK int pw_exec_chunk_limit(pw_run *r);
+double pw_now(void);
+
+/* ---- stepend.c ------------------------------------------------------------ */
+
+int pw_stepend_alloc(pw_run *r);     /* pw_run_create: DP and tied buffers */
+void pw_stepend_free(pw_run *r);     /* what pw_stepend_alloc made (the stages still exist) */
+/* Compute thread: the step end — phases 1-3 (pw_stepend_reduce) and the
+ * update, checkpoints and the step report; ends with sh.step++. */
+PW_MUST_CHECK int pw_stepend_run(pw_run *r);
+/* Compute thread: the exchange of the step end — the data-parallel
+ * all-reduce, the tied gradients, the global squared norm in *sqnorm —
+ * leaving the summed gradients in the stage programs. */
+PW_MUST_CHECK int pw_stepend_reduce(pw_run *r, double *sqnorm);
+void pw_stepend_report(pw_run *r, const pw_event *ev); /* loop thread */
+/* Compute thread, sh.mu held: REDUCE and TIED frames (run.c routes them). */
+int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
+int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+
+#endif
