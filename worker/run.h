@@ -243,14 +243,14 @@ int pw_run_step(pw_run *r);
 /* Compute thread (recv.c): a frame header from peer `from` arrived: where
  * should its payload go? Returns 0 and sets *dst (NULL = reader's own
  * buffer), or a negative code with err filled (the run then fails). */
-int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_run_frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 /* Compute thread: the frame's payload is complete (at the dest given, or
  * in payload). */
-int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
+PW_MUST_CHECK int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 /* Compute thread, sh.mu held: the slot of local stage li that holds
  * microbatch mb, claimed (and made) on first use; a negative code when
  * none is free. Release returns it once the sends reading it are done. */
-int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err);
+PW_MUST_CHECK int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err);
 void pw_run_slot_release(pw_run *r, int li, int mb);
 /* Tables of the partition (immutable during the run; any thread). */
 int pw_run_producer(const pw_run *r, int value);
@@ -282,7 +282,7 @@ double pw_now(void);
 
 /* ---- stepend.c ------------------------------------------------------------ */
 
-int pw_stepend_alloc(pw_run *r);     /* pw_run_create: DP and tied buffers */
+PW_MUST_CHECK int pw_stepend_alloc(pw_run *r);     /* pw_run_create: DP and tied buffers */
 void pw_stepend_free(pw_run *r);     /* what pw_stepend_alloc made (the stages still exist) */
 /* Compute thread: the step end — phases 1-3 (pw_stepend_reduce) and the
  * update, checkpoints and the step report; ends with sh.step++. */
@@ -293,7 +293,7 @@ PW_MUST_CHECK int pw_stepend_run(pw_run *r);
 PW_MUST_CHECK int pw_stepend_reduce(pw_run *r, double *sqnorm);
 void pw_stepend_report(pw_run *r, const pw_event *ev); /* loop thread */
 /* Compute thread, sh.mu held: REDUCE and TIED frames (run.c routes them). */
-int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
-int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
+PW_MUST_CHECK int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 
 #endif

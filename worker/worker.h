@@ -100,7 +100,7 @@ struct pw_worker {
 };
 
 /* ctl.c */
-int pw_ctl_start(pw_worker *w);
+PW_MUST_CHECK int pw_ctl_start(pw_worker *w);
 void pw_ctl_stop(pw_worker *w);
 /* Sends a message to the coordinator (dropped with a warning if the link is
  * down). Steals the reference. */

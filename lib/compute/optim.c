@@ -98,9 +98,13 @@ pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm)
   pw_step_sched s = {.step = step, .grad_norm = sqrt(sqnorm)};
   s.clip_coef = pw_clip_coef(s.grad_norm, tr->grad_clip);
   s.lr = pw_lr_at(&tr->optim, tr->steps, step);
+  /* A NaN loss makes every gradient NaN, so the global norm, which every
+   * rank agrees on bit for bit, decides for all of them at once. */
+  s.skip = !isfinite(s.grad_norm) && tr->on_nonfinite == PW_NONFINITE_SKIP;
   return s;
 }
 
 void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s) {
+  if (s->skip) return;
   pw_optim_step(p, &tr->optim, s->step + 1, s->lr, s->clip_coef);
 }

@@ -36,11 +36,15 @@ typedef struct {
   double lr;          /* pw_lr_at(optimizer, train.steps, step) */
   double grad_norm;   /* sqrt(sqnorm): the global norm before clipping */
   float clip_coef;    /* pw_clip_coef(grad_norm, train.grad_clip) */
+  int skip;           /* the norm is not finite and train.on_nonfinite is
+                         "skip": no update this step (weights and optimizer
+                         state untouched; the next step's AdamW t is still
+                         its own step + 1) */
 } pw_step_sched;
 
 pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm);
 /* The optimizer step of one program for it (pw_optim_step at t = step + 1,
- * gradients scaled by the clip coefficient). */
+ * gradients scaled by the clip coefficient); nothing when s->skip. */
 void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s);
 
 #endif

@@ -110,8 +110,39 @@ static void test_adamw_by_hand(void **state) {
   check_first_step(100.0, (float)(1.0 / (10.0 + 1e-6))); /* norm 10: clipped to 1 */
 }
 
+/* train.on_nonfinite: "skip" leaves weights and AdamW state as they were
+ * when the global norm is not finite; "fail" (the default) updates (the
+ * coordinator fails the job), and a finite norm always updates. */
+static void test_nonfinite(void **state) {
+  (void)state;
+  pw_train_spec t = train_spec();
+  assert_int_equal(pw_step_sched_of(&t, 1, NAN).skip, 0);
+  t.on_nonfinite = PW_NONFINITE_SKIP;
+  assert_int_equal(pw_step_sched_of(&t, 1, NAN).skip, 1);
+  assert_int_equal(pw_step_sched_of(&t, 1, INFINITY).skip, 1);
+  assert_int_equal(pw_step_sched_of(&t, 1, 4.0).skip, 0);
+  pw_model m;
+  pw_prog *p = tiny_prog(&m);
+  float *w = pw_prog_params(p), *g = pw_prog_grads(p);
+  size_t n = pw_prog_numel(p);
+  float w0[16];
+  for (size_t i = 0; i < n; i++) w[i] = w0[i] = 0.5f + 0.1f * (float)i, g[i] = NAN;
+  pw_step_sched s = pw_step_sched_of(&t, 1, NAN);
+  pw_optim_update(p, &t, &s);
+  assert_memory_equal(w, w0, n * sizeof *w);
+  pw_prog_param *pp = pw_prog_param_at(p, 0);
+  for (size_t i = 0; i < pp->meta->numel; i++) assert_true(pp->m[i] == 0.0f && pp->v[i] == 0.0f);
+  t.on_nonfinite = PW_NONFINITE_FAIL;
+  s = pw_step_sched_of(&t, 1, NAN);
+  pw_optim_update(p, &t, &s);
+  assert_true(isnan(w[0]));
+  pw_prog_free(p);
+  pw_model_free(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_sched),
       cmocka_unit_test(test_adamw_by_hand),
   };
