@@ -25,6 +25,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+
+#include "httptest.h"
 
 #include "api.h"
 #include "coord.h"
@@ -45,110 +48,16 @@ static const char *SPEC =
 
 enum { WORKERS = 2, QUEUE = 2, MAX_RANK_MEMORY = 32 << 20 };
 
-/* ---- a tiny blocking HTTP client, from a chosen loopback address ----------- */
+/* ---- the HTTP client (httptest.h), from a chosen loopback address ----------- */
 
-typedef struct {
-  int status; /* 0: the server closed without answering (a refused connection) */
-  char *head, *body;
-  size_t len;
-} resp;
-
-static void resp_free(resp *r) {
-  free(r->head);
-  free(r->body);
-  memset(r, 0, sizeof *r);
-}
-
-/* A connection to port from 127.0.0.<src>. */
-static int dial_from(int port, int src) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_in me = {.sin_family = AF_INET};
-  me.sin_addr.s_addr = htonl(0x7f000000u | (unsigned)src);
-  assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof me), 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-  return fd;
-}
-
-static void send_req(int fd, const char *method, const char *target, const char *body) {
-  char head[512];
-  size_t bl = body ? strlen(body) : 0;
-  int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n", method, target);
-  if (body) n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", bl);
-  n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-  /* a refused connection may already be closed: its answer reads as status 0 */
-  if (send(fd, head, (size_t)n, MSG_NOSIGNAL) == n && bl) (void)!send(fd, body, bl, MSG_NOSIGNAL);
-}
-
-/* Read the answer to EOF and close fd. */
-static void read_resp(int fd, resp *out) {
-  size_t cap = 65536, len = 0;
-  char *buf = malloc(cap);
-  for (;;) {
-    if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
-    ssize_t k = recv(fd, buf + len, cap - len - 1, 0);
-    if (k <= 0) break;
-    len += (size_t)k;
-  }
-  close(fd);
-  buf[len] = 0;
-  memset(out, 0, sizeof *out);
-  char *eoh = strstr(buf, "\r\n\r\n");
-  if (!eoh || sscanf(buf, "HTTP/1.%*d %d", &out->status) != 1) {
-    out->status = 0;
-    free(buf);
-    return;
-  }
-  size_t hl = (size_t)(eoh - buf) + 2;
-  out->head = strndup(buf, hl);
-  out->len = len - hl - 2;
-  out->body = malloc(out->len + 1);
-  memcpy(out->body, eoh + 4, out->len);
-  out->body[out->len] = 0;
-  free(buf);
-}
+static int dial_from(int port, int src) { return ht_dial(port, src); }
 
 static void req_from(int port, int src, const char *method, const char *target, const char *body, resp *out) {
-  int fd = dial_from(port, src);
-  send_req(fd, method, target, body);
-  read_resp(fd, out);
+  ht_req(port, src, method, target, NULL, body, out);
 }
 
 static void req(const char *method, const char *target, const char *body, resp *out) {
   req_from(C.http_port, 1, method, target, body, out);
-}
-
-static const char *header(const resp *r, const char *name) {
-  static char v[512];
-  size_t nl = strlen(name);
-  for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
-    if (!strncasecmp(p + 2, name, nl) && p[2 + nl] == ':') {
-      const char *s = p + 3 + nl, *e = strstr(s, "\r\n");
-      while (*s == ' ') s++;
-      snprintf(v, sizeof v, "%.*s", (int)(e - s), s);
-      return v;
-    }
-  }
-  return NULL;
-}
-
-/* The error shape: status, code, path (NULL: any), message substring. */
-static void check_error(const resp *r, int status, const char *code, const char *path, const char *msg) {
-  if (r->status != status) fprintf(stderr, "expected %d, got %d: %s\n", status, r->status, r->body);
-  assert_int_equal(r->status, status);
-  json_error_t je;
-  json_t *j = json_loadb(r->body, r->len, 0, &je), *e = json_object_get(j, "error");
-  assert_true(json_is_object(e));
-  const char *c = json_string_value(json_object_get(e, "code")), *p = json_string_value(json_object_get(e, "path"));
-  const char *m = json_string_value(json_object_get(e, "message"));
-  assert_string_equal(c, code);
-  assert_non_null(p);
-  if (path) assert_string_equal(p, path);
-  if (!strstr(m, msg)) fprintf(stderr, "message \"%s\" lacks \"%s\"\n", m, msg);
-  assert_non_null(strstr(m, msg));
-  json_decref(j);
 }
 
 /* A /metrics sample's value (the line starting with `name `), from 127.0.0.<src>. */
@@ -385,7 +294,7 @@ static void test_pool_full_cheap_flow(void **state) {
   resp r;
   req("POST", "/v1/jobs", SPEC, &r); /* a job to look at meanwhile */
   assert_int_equal(r.status, 201);
-  char loc[64];
+  char loc[512];
   snprintf(loc, sizeof loc, "%s", header(&r, "Location"));
   resp_free(&r);
   long long busy0 = metric("pipewright_http_busy_total");
@@ -394,12 +303,12 @@ static void test_pool_full_cheap_flow(void **state) {
   int fds[WORKERS + QUEUE];
   for (int i = 0; i < WORKERS; i++) {
     fds[i] = dial_from(C.http_port, 1);
-    send_req(fds[i], "POST", "/v1/plans?compare=1", SPEC);
+    ht_send(fds[i], "POST", "/v1/plans?compare=1", NULL, SPEC);
   }
   wait_entered(WORKERS);
   for (int i = WORKERS; i < WORKERS + QUEUE; i++) {
     fds[i] = dial_from(C.http_port, 1);
-    send_req(fds[i], "POST", "/v1/plans", SPEC);
+    ht_send(fds[i], "POST", "/v1/plans", NULL, SPEC);
   }
   wait_metric(&C, 1, "pipewright_http_pool{state=\"queued\"}", QUEUE);
   assert_int_equal(metric("pipewright_http_pool{state=\"running\"}"), WORKERS);
@@ -411,7 +320,7 @@ static void test_pool_full_cheap_flow(void **state) {
     assert_int_equal(r.status, 200);
     resp_free(&r);
   }
-  char timeline[96];
+  char timeline[600];
   snprintf(timeline, sizeof timeline, "%s/timeline", loc);
   struct {
     const char *method, *target, *body;
@@ -430,7 +339,7 @@ static void test_pool_full_cheap_flow(void **state) {
 
   release();
   for (int i = 0; i < WORKERS + QUEUE; i++) {
-    read_resp(fds[i], &r);
+    ht_read(fds[i], &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.body, i < WORKERS ? "\"rows\"" : "\"analytics\""));
     resp_free(&r);
@@ -458,21 +367,21 @@ static void test_stop_with_queue(void **state) {
   coord_start(&T);
   hold();
   int running = dial_from(T.http_port, 1);
-  send_req(running, "POST", "/v1/plans", SPEC);
+  ht_send(running, "POST", "/v1/plans", NULL, SPEC);
   wait_entered(1);
   int queued = dial_from(T.http_port, 1);
-  send_req(queued, "POST", "/v1/plans", SPEC);
+  ht_send(queued, "POST", "/v1/plans", NULL, SPEC);
   wait_metric(&T, 1, "pipewright_http_pool{state=\"queued\"}", 1);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, stop_thread, &T), 0);
   resp r;
-  read_resp(queued, &r); /* answered while the stop waits for the held worker */
+  ht_read(queued, &r); /* answered while the stop waits for the held worker */
   check_error(&r, 503, "unavailable", "", "stopping");
   resp_free(&r);
   release();
   assert_int_equal(pthread_join(th, NULL), 0);
   assert_null(T.http);
-  read_resp(running, &r); /* answered or closed by the stop: either way not left hanging */
+  ht_read(running, &r); /* answered or closed by the stop: either way not left hanging */
   assert_true(r.status == 200 || r.status == 0);
   resp_free(&r);
   coord_fini(&T);

@@ -22,6 +22,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+
+#include "httptest.h"
 
 #include "coord.h"
 #include "plan.h"
@@ -41,102 +44,25 @@ static const char *SPEC =
     " \"n_layers\": 2, \"n_heads\": 2}, \"mesh\": {\"pp\": 2}, \"schedule\": {\"name\": \"1f1b\", \"microbatches\": 2},"
     " \"train\": {\"steps\": 10, \"batch_size\": 4}, \"data\": {\"kind\": \"text\", \"path\": \"examples/data/corpus.txt\"}}";
 
-/* ---- a tiny blocking HTTP client ---------------------------------------- */
+/* ---- the HTTP client (httptest.h) ----------------------------------------- */
 
-typedef struct {
-  int status;
-  char *head; /* status line and headers */
-  char *body;
-  size_t len;
-} resp;
+static int dial(int port) { return ht_dial(port, 0); }
 
-static void resp_free(resp *r) {
-  free(r->head);
-  free(r->body);
-  memset(r, 0, sizeof *r);
-}
-
-static int dial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-  return fd;
-}
-
-/* Send what there is (the server may stop reading), then read to EOF. */
 static void exchange(int fd, const char *req, size_t n, resp *out) {
-  for (size_t off = 0; off < n;) {
-    ssize_t k = send(fd, req + off, n - off, MSG_NOSIGNAL);
-    if (k <= 0) break;
-    off += (size_t)k;
-  }
-  size_t cap = 65536, len = 0;
-  char *buf = malloc(cap);
-  for (;;) {
-    if (len + 4096 > cap) buf = realloc(buf, cap *= 2);
-    ssize_t k = recv(fd, buf + len, cap - len - 1, 0);
-    if (k <= 0) break;
-    len += (size_t)k;
-  }
-  close(fd);
-  buf[len] = 0;
-  memset(out, 0, sizeof *out);
-  char *eoh = strstr(buf, "\r\n\r\n");
-  assert_non_null(eoh);
-  assert_int_equal(sscanf(buf, "HTTP/1.%*d %d", &out->status), 1);
-  size_t hl = (size_t)(eoh - buf) + 2;
-  out->head = strndup(buf, hl);
-  out->len = len - hl - 2;
-  out->body = malloc(out->len + 1);
-  memcpy(out->body, eoh + 4, out->len);
-  out->body[out->len] = 0;
-  free(buf);
+  ht_exchange(fd, req, n, out);
+  assert_true(out->status > 0); /* every request here gets an HTTP answer */
 }
 
-/* One request; headers is extra header lines ("Name: v\r\n"), body may be NULL. */
 static void req_port(int port, const char *method, const char *target, const char *headers, const char *body,
                      resp *out) {
-  size_t bl = body ? strlen(body) : 0, cap = strlen(target) + (headers ? strlen(headers) : 0) + bl + 256;
-  char *r = malloc(cap);
-  int n = snprintf(r, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, target,
-                   headers ? headers : "");
-  if (body) n += snprintf(r + n, cap - (size_t)n, "Content-Length: %zu\r\n", bl);
-  n += snprintf(r + n, cap - (size_t)n, "\r\n");
-  if (body) memcpy(r + n, body, bl);
-  exchange(dial(port), r, (size_t)n + bl, out);
-  free(r);
+  ht_req(port, 0, method, target, headers, body, out);
+  assert_true(out->status > 0);
 }
 
 static void req(const char *method, const char *target, const char *body, resp *out) {
   req_port(C.http_port, method, target, NULL, body, out);
 }
 
-/* A response header's value (static buffer), NULL if absent. */
-static const char *header(const resp *r, const char *name) {
-  static char v[512];
-  size_t nl = strlen(name);
-  for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
-    if (!strncasecmp(p + 2, name, nl) && p[2 + nl] == ':') {
-      const char *s = p + 3 + nl, *e = strstr(s, "\r\n");
-      while (*s == ' ') s++;
-      snprintf(v, sizeof v, "%.*s", (int)(e - s), s);
-      return v;
-    }
-  }
-  return NULL;
-}
-
-static json_t *body_json(const resp *r) {
-  json_error_t e;
-  json_t *j = json_loadb(r->body, r->len, 0, &e);
-  if (!j) fprintf(stderr, "not JSON (%s): %.300s\n", e.text, r->body);
-  assert_non_null(j);
-  return j;
-}
-
-/* GET target, expect 200 and JSON. */
 static json_t *get_json(const char *target) {
   resp r;
   req("GET", target, NULL, &r);
@@ -146,27 +72,6 @@ static json_t *get_json(const char *target) {
   json_t *j = body_json(&r);
   resp_free(&r);
   return j;
-}
-
-/* The error shape: status, code, path (NULL: any), message substring. */
-static void check_error(const resp *r, int status, const char *code, const char *path, const char *msg) {
-  if (r->status != status) fprintf(stderr, "expected %d, got %d: %s\n", status, r->status, r->body);
-  assert_int_equal(r->status, status);
-  assert_non_null(header(r, "Content-Type"));
-  assert_non_null(strstr(header(r, "Content-Type"), "application/json"));
-  json_t *j = body_json(r), *e = json_object_get(j, "error");
-  assert_true(json_is_object(e));
-  assert_int_equal(json_object_size(e), 3);
-  const char *c = json_string_value(json_object_get(e, "code")), *p = json_string_value(json_object_get(e, "path"));
-  const char *m = json_string_value(json_object_get(e, "message"));
-  assert_non_null(c);
-  assert_non_null(p);
-  assert_non_null(m);
-  assert_string_equal(c, code);
-  if (path) assert_string_equal(p, path);
-  if (!strstr(m, msg)) fprintf(stderr, "message \"%s\" lacks \"%s\"\n", m, msg);
-  assert_non_null(strstr(m, msg));
-  json_decref(j);
 }
 
 static void assert_alive(void) {
