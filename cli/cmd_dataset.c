@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,11 +189,8 @@ int pw_cli_dataset_put(pw_remote *r, const char *path, const char *name, pw_cli_
   }
   pw_http_resp_free(&resp);
 
-  char base[256], esc[768];
-  if (!name) {
-    snprintf(base, sizeof base, "%s", path);
-    name = basename(base);
-  }
+  char esc[768];
+  if (!name) name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
   if (query_escape(name, esc, sizeof esc)) {
     fprintf(stderr, "error: --name: too long (at most 250 bytes)\n");
     close(fd);
@@ -246,7 +242,8 @@ static void upload_usage(FILE *f) {
           "  stores FILE on the coordinator as a dataset named by the sha256 of its bytes, streamed,\n"
           "  and only when the coordinator does not hold those bytes yet\n"
           "  --name N            a name to show in lists (default: FILE's base name)\n"
-          "  --quiet             print only the dataset's id\n" PW_REMOTE_USAGE);
+          "  --quiet             print only the dataset's id\n"
+          "  (--timeout bounds a stall of the upload, not its whole length)\n" PW_REMOTE_USAGE);
 }
 
 static int ds_upload(int argc, char **argv) {
@@ -491,7 +488,7 @@ static int ds_check(int argc, char **argv) {
   uint8_t *buf = NULL;
   rc = pw_tokfile_header_parse(head, (size_t)k, size, &h, path, &err);
   if (!rc && !(buf = malloc(CHUNK))) rc = pw_err_set(&err, PW_ENOMEM, path, "out of memory");
-  uint64_t first = 0, per = CHUNK / h.width;
+  uint64_t first = 0, per = rc ? 0 : CHUNK / h.width; /* h is set only on success */
   while (!rc && first < h.n_tokens) {
     uint64_t n = h.n_tokens - first < per ? h.n_tokens - first : per;
     size_t want = (size_t)(n * h.width), got = 0;

@@ -8,6 +8,7 @@
  * it, or cannot see the file), the file is stored on the coordinator as a
  * dataset — looked up by its sha256, uploaded only if absent — and the job
  * is sent again with data.dataset instead, saying so in one line. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
@@ -177,9 +178,12 @@ int pw_cmd_submit(int argc, char **argv) {
     struct stat st;
     if (!refused_path(&resp) || stat(local, &st) != 0 || !S_ISREG(st.st_mode)) {
       pw_remote_print_error(&r, &resp);
-      if (refused_path(&resp))
-        fprintf(stderr, "error: %s: %s here either, so it cannot be uploaded instead\n", local,
-                stat(local, &st) ? strerror(errno) : "not a regular file");
+      if (refused_path(&resp)) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", stat(local, &st) ? strerror(errno) : "not a regular file");
+        why[0] = (char)tolower((unsigned char)why[0]);
+        fprintf(stderr, "error: %s: %s here either, so it cannot be uploaded instead\n", local, why);
+      }
       pw_http_resp_free(&resp);
       json_decref(job);
       return 1;

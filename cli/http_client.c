@@ -207,9 +207,12 @@ static size_t on_read(char *buf, size_t size, size_t n, void *ud) {
   if (left == 0) return 0;
   if (cap > left) cap = (size_t)left;
   long long k = s->src->read(s->src->ud, buf, cap);
-  if (k < 0 || k == 0) {
-    if (k < 0) s->err_no = (int)-k;
-    else s->short_body = 1;
+  if (k < 0) {
+    s->err_no = (int)-k;
+    return CURL_READFUNC_ABORT;
+  }
+  if (k == 0) { /* the file shrank: never send less than announced */
+    s->short_body = 1;
     return CURL_READFUNC_ABORT;
   }
   s->sent += (unsigned long long)k;

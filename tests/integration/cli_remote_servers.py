@@ -322,6 +322,12 @@ def datasets_handler(conn, args):
             if "chunked" in headers.get("transfer-encoding", "") or "content-length" not in headers:
                 api_error(conn, 411, "invalid_argument", "", "Content-Length required", close=True)
                 return
+            if args.max_upload is not None and length > args.max_upload:
+                # before any body, as for a wrong token
+                log_line(args.log, "%s %s refused: too large (expect=%s)" % (method, path, headers.get("expect", "")))
+                api_error(conn, 413, "too_large", "", "%d bytes: over this server's bound of %d" % (
+                    length, args.max_upload), close=True)
+                return
             if headers.get("expect", "").lower() == "100-continue":
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             name = urllib.parse.unquote(params.get("name", ""))
@@ -426,6 +432,7 @@ def main():
     ap.add_argument("--map", action="append", default=[], help="a host name the proxy sends to 127.0.0.1")
     ap.add_argument("--store", help="datasets: where uploads are stored")
     ap.add_argument("--data-root", help="datasets: the root a job's data.path must lie under (default: none)")
+    ap.add_argument("--max-upload", type=int, help="datasets: refuse larger uploads with a 413")
     ap.add_argument("--token", help="datasets: a file holding the bearer token every /v1 route needs")
     args = ap.parse_args()
     handler = {"tls": tls_handler, "proxy": proxy_handler, "odd": odd_handler,

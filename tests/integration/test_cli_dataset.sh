@@ -248,7 +248,7 @@ P
   "$PW" submit --job "$T/jobs/missing.json" "${R[@]}" > "$T/$L-sub4.txt" 2>&1
   rc=$?
   if [ $rc -eq 1 ] && grep -q '^error: data.path: ' "$T/$L-sub4.txt" &&
-    grep -q "^error: $T/jobs/data/none.txt: No such file or directory here either" "$T/$L-sub4.txt"; then
+    grep -q "^error: $T/jobs/data/none.txt: no such file or directory here either" "$T/$L-sub4.txt"; then
     ok "$L: submit with a missing file: refused, said why nothing was uploaded"
   else
     bad "$L: submit missing: exit $rc"; show "$T/$L-sub4.txt"
@@ -307,11 +307,12 @@ P
 else
   bad "datasets server start"
 fi
-# a token-protected server: a refused token costs no body (100-continue)
+# a token-protected server with an upload bound: refusals store nothing,
+# and an upload refused for its size gets the answer before its body
 printf 'ds-token-%s\n' "$RANDOM$RANDOM" > "$T/token"; printf 'wrong\n' > "$T/wrong"
 chmod 600 "$T/token" "$T/wrong"
 mkdir -p "$T/tok-store"
-if start_helper tok datasets --store "$T/tok-store" --token "$T/token"; then
+if start_helper tok datasets --store "$T/tok-store" --token "$T/token" --max-upload 8000000; then
   K=(--coordinator "http://127.0.0.1:$PORT")
   head -c 5000000 /dev/urandom > "$T/five.bin"
   "$PW" dataset upload "$T/five.bin" "${K[@]}" --token-file "$T/wrong" > "$T/tok1.txt" 2>&1
@@ -329,6 +330,16 @@ if start_helper tok datasets --store "$T/tok-store" --token "$T/token"; then
     ok "tok: with the token: uploaded, the bytes stored equal the file"
   else
     bad "tok: with the token: exit $rc"; show "$T/tok2.txt" "$T/tok.log"
+  fi
+  head -c 9000000 /dev/urandom > "$T/nine.bin"
+  "$PW" dataset upload "$T/nine.bin" "${K[@]}" --token-file "$T/token" > "$T/tok3.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 1 ] && grep -qx 'error: 9000000 bytes: over this server.s bound of 8000000' "$T/tok3.txt" &&
+    grep -qx 'POST /v1/datasets refused: too large (expect=100-continue)' "$T/tok.log" &&
+    [ "$(ls "$T/tok-store" | wc -l)" = 2 ]; then
+    ok "tok: an upload over the server's bound: its 413 before the body (100-continue), nothing stored"
+  else
+    bad "tok: 413: exit $rc"; show "$T/tok3.txt" "$T/tok.log"
   fi
 else
   bad "token-protected datasets server start"
