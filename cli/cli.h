@@ -18,11 +18,14 @@ int pw_cmd_eval(int argc, char **argv);
 int pw_cmd_inspect(int argc, char **argv);
 int pw_cmd_plan(int argc, char **argv);
 /* cmd_remote.c: the coordinator's REST API */
-int pw_cmd_submit(int argc, char **argv);
 int pw_cmd_status(int argc, char **argv);
 int pw_cmd_watch(int argc, char **argv);
 int pw_cmd_cancel(int argc, char **argv);
 int pw_cmd_workers(int argc, char **argv);
+/* cmd_submit.c */
+int pw_cmd_submit(int argc, char **argv);
+/* cmd_dataset.c: datasets on the coordinator, token files here */
+int pw_cmd_dataset(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
 PW_MUST_CHECK int pw_cli_load_job(const char *path, pw_job *job);

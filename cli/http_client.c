@@ -192,13 +192,44 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   return k;
 }
 
+/* An upload's body, fed to libcurl as it asks: never more than size. */
+typedef struct {
+  const pw_http_body_src *src;
+  unsigned long long sent;
+  int err_no;     /* src->read failed with this */
+  int short_body; /* src->read ended before size bytes */
+} source;
+
+static size_t on_read(char *buf, size_t size, size_t n, void *ud) {
+  source *s = ud;
+  size_t cap = size * n;
+  unsigned long long left = s->src->size - s->sent;
+  if (left == 0) return 0;
+  if (cap > left) cap = (size_t)left;
+  long long k = s->src->read(s->src->ud, buf, cap);
+  if (k < 0) {
+    s->err_no = (int)-k;
+    return CURL_READFUNC_ABORT;
+  }
+  if (k == 0) { /* the file shrank: never send less than announced */
+    s->short_body = 1;
+    return CURL_READFUNC_ABORT;
+  }
+  s->sent += (unsigned long long)k;
+  return (size_t)k;
+}
+
 /* libcurl's failure as a pipewright error (see the list in the header). */
-static int map_error(CURL *h, CURLcode cc, const char *errbuf, const sink *s, const pw_http_url *url, double timeout,
-                     const char *where, pw_err *err) {
+static int map_error(CURL *h, CURLcode cc, const char *errbuf, const sink *s, const source *up,
+                     const pw_http_url *url, double timeout, const char *where, pw_err *err) {
   char eb[CURL_ERROR_SIZE + 16];
   const char *why = lc(errbuf[0] ? errbuf : curl_easy_strerror(cc), eb, sizeof eb);
   if (s->nomem || cc == CURLE_OUT_OF_MEMORY) return pw_err_set(err, PW_ENOMEM, where, "out of memory");
   if (s->over) return pw_err_set(err, PW_ETOOBIG, where, "response body over the bound of %zu bytes", s->max);
+  if (up && up->err_no) return pw_err_set(err, PW_EIO, where, "reading the body: %s", strerror(up->err_no));
+  if (up && up->short_body)
+    return pw_err_set(err, PW_EIO, where, "reading the body: it ended after %llu of %llu bytes (did it change?)",
+                      up->sent, up->src->size);
   long os_errno = 0, tunnel = 0;
   curl_off_t connect_us = 0;
   curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &os_errno);
@@ -225,6 +256,8 @@ static int map_error(CURL *h, CURLcode cc, const char *errbuf, const sink *s, co
     }
     case CURLE_OPERATION_TIMEDOUT:
       if (connect_us == 0) return pw_err_set(err, PW_EPEER, where, "connection timed out after %g s", timeout);
+      if (up) return pw_err_set(err, PW_EIO, where, "no progress for %g s (after %llu of %llu bytes sent)", timeout,
+                                up->sent, up->src->size);
       return pw_err_set(err, PW_EIO, where, "timed out after %g s waiting for the response", timeout);
     case CURLE_PEER_FAILED_VERIFICATION:
       return pw_err_set(err, PW_EAUTH, where, "TLS certificate not trusted: %s", why);
@@ -247,8 +280,10 @@ static int map_error(CURL *h, CURLcode cc, const char *errbuf, const sink *s, co
 
 #define SETOPT(opt, val) (cc = cc ? cc : curl_easy_setopt(h, opt, val))
 
-int pw_http_request(const pw_http_url *url, const char *method, const char *target, const char *body,
-                    size_t body_len, const pw_http_opts *opts, pw_http_resp *resp, pw_err *err) {
+/* One request, its body from memory (body), from src, or none. */
+static int perform(const pw_http_url *url, const char *method, const char *target, const char *body,
+                   size_t body_len, const pw_http_body_src *src, const pw_http_opts *opts, pw_http_resp *resp,
+                   pw_err *err) {
   memset(resp, 0, sizeof *resp);
   double timeout = opts && opts->timeout > 0 ? opts->timeout : PW_HTTP_DEFAULT_TIMEOUT;
   size_t max_body = opts && opts->max_body ? opts->max_body : PW_HTTP_DEFAULT_MAX_BODY;
@@ -279,8 +314,12 @@ int pw_http_request(const pw_http_url *url, const char *method, const char *targ
   }
   /* "Expect:" and "Content-Type:" remove what libcurl would add for a POST */
   struct curl_slist *hdrs = NULL, *t;
-  const char *add[] = {"Accept: application/json", "Expect:", auth,
-                       body ? "Content-Type: application/json" : "Content-Type:"};
+  char ctype[160] = "Content-Type:";
+  if (src && src->content_type && !bad_text(src->content_type))
+    snprintf(ctype, sizeof ctype, "Content-Type: %s", src->content_type);
+  else if (body)
+    snprintf(ctype, sizeof ctype, "Content-Type: application/json");
+  const char *add[] = {"Accept: application/json", src ? "Expect: 100-continue" : "Expect:", auth, ctype};
   int hdrs_oom = 0;
   for (size_t i = 0; i < sizeof add / sizeof add[0] && !hdrs_oom; i++) {
     if (!add[i]) continue;
@@ -298,7 +337,14 @@ int pw_http_request(const pw_http_url *url, const char *method, const char *targ
   SETOPT(CURLOPT_ERRORBUFFER, errbuf);
   SETOPT(CURLOPT_USERAGENT, "pipewright/" PW_VERSION);
   SETOPT(CURLOPT_HTTPHEADER, hdrs);
-  SETOPT(CURLOPT_TIMEOUT_MS, timeout < 2e6 ? (long)(timeout * 1000 + 0.5) : 2000000000L);
+  long timeout_ms = timeout < 2e6 ? (long)(timeout * 1000 + 0.5) : 2000000000L;
+  if (src) { /* a stall, not the whole transfer: an upload takes as long as it takes */
+    SETOPT(CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+    SETOPT(CURLOPT_LOW_SPEED_LIMIT, 1L);
+    SETOPT(CURLOPT_LOW_SPEED_TIME, timeout_ms / 1000 > 0 ? timeout_ms / 1000 : 1L);
+  } else {
+    SETOPT(CURLOPT_TIMEOUT_MS, timeout_ms);
+  }
   SETOPT(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max_body);
   SETOPT(CURLOPT_WRITEFUNCTION, on_body);
   SETOPT(CURLOPT_WRITEDATA, &s);
@@ -313,8 +359,14 @@ int pw_http_request(const pw_http_url *url, const char *method, const char *targ
     SETOPT(CURLOPT_PROXY, proxy);
   else if (is_loopback(url->host))
     SETOPT(CURLOPT_PROXY, "");
-  int send_body = body || !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "PATCH");
-  if (send_body) {
+  source up = {.src = src};
+  int send_body = body || src || !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "PATCH");
+  if (src) {
+    SETOPT(CURLOPT_POST, 1L);
+    SETOPT(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)src->size);
+    SETOPT(CURLOPT_READFUNCTION, on_read);
+    SETOPT(CURLOPT_READDATA, &up);
+  } else if (send_body) {
     SETOPT(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(body ? body_len : 0));
     SETOPT(CURLOPT_POSTFIELDS, body ? body : "");
   }
@@ -328,7 +380,7 @@ int pw_http_request(const pw_http_url *url, const char *method, const char *targ
     rc = pw_err_set(err, cc == CURLE_OK || cc == CURLE_OUT_OF_MEMORY ? PW_ENOMEM : PW_EINVAL, where,
                     "setting up the request: %s", curl_easy_strerror(cc));
   else if ((cc = curl_easy_perform(h)) != CURLE_OK)
-    rc = map_error(h, cc, errbuf, &s, url, timeout, where, err);
+    rc = map_error(h, cc, errbuf, &s, src ? &up : NULL, url, timeout, where, err);
   long status = 0;
   if (!rc) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
   if (!rc && !s.p && !(s.p = malloc(1))) rc = pw_err_set(err, PW_ENOMEM, where, "out of memory");
@@ -346,6 +398,20 @@ int pw_http_request(const pw_http_url *url, const char *method, const char *targ
   resp->body = s.p;
   resp->len = s.len;
   return 0;
+}
+
+int pw_http_request(const pw_http_url *url, const char *method, const char *target, const char *body,
+                    size_t body_len, const pw_http_opts *opts, pw_http_resp *resp, pw_err *err) {
+  return perform(url, method, target, body, body_len, NULL, opts, resp, err);
+}
+
+int pw_http_upload(const pw_http_url *url, const char *method, const char *target, const pw_http_body_src *src,
+                   const pw_http_opts *opts, pw_http_resp *resp, pw_err *err) {
+  if (!src || !src->read) {
+    memset(resp, 0, sizeof *resp);
+    return pw_err_set(err, PW_EINVAL, url->host, "no body to upload");
+  }
+  return perform(url, method, target, NULL, 0, src, opts, resp, err);
 }
 
 void pw_http_resp_free(pw_http_resp *resp) {

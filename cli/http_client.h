@@ -66,6 +66,26 @@ PW_MUST_CHECK int pw_http_request(const pw_http_url *url, const char *method, co
                                   const char *body, size_t body_len, const pw_http_opts *opts, pw_http_resp *resp,
                                   pw_err *err);
 
+/* A request body read as it is sent (an upload), never whole in memory. */
+typedef struct {
+  unsigned long long size;  /* exactly this many bytes are sent (Content-Length) */
+  const char *content_type; /* e.g. "application/octet-stream" */
+  /* Fills buf with up to cap bytes: returns how many, 0 at the end, or a
+   * negative errno; the body is sent as read, so read may hash it. */
+  long long (*read)(void *ud, char *buf, size_t cap);
+  void *ud;
+} pw_http_body_src;
+
+/* As pw_http_request, with the body from src (sent with "Expect:
+ * 100-continue", so a refusal such as 401 or 413 costs no body). Here
+ * opts->timeout bounds the connect and any stall (no byte moved either way
+ * for that long), not the whole transfer: a large upload takes as long as
+ * it takes. Besides pw_http_request's errors: PW_EIO "reading the body:
+ * ..." when src->read fails or ends before src->size bytes. */
+PW_MUST_CHECK int pw_http_upload(const pw_http_url *url, const char *method, const char *target,
+                                 const pw_http_body_src *src, const pw_http_opts *opts, pw_http_resp *resp,
+                                 pw_err *err);
+
 void pw_http_resp_free(pw_http_resp *resp);
 
 #endif

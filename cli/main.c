@@ -17,6 +17,7 @@ static const pw_cli_cmd commands[] = {
     {"watch", "follow a job to its end: progress bar and loss", pw_cmd_watch},
     {"cancel", "stop a queued or running job", pw_cmd_cancel},
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},
+    {"dataset", "datasets on the coordinator (upload, list, rm); token files (convert, check)", pw_cmd_dataset},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

@@ -9,12 +9,21 @@
   odd     a server that answers badly on purpose, by path: a huge
           Content-Length, an endless chunked body, silence, a non-JSON 502,
           a JSON API error, not HTTP at all
+  datasets  the coordinator's dataset routes and POST/DELETE /v1/jobs as
+          api/openapi.yaml and docs/contracts.md describe them, for the CLI
+          before (and besides) the real coordinator: uploads are read in
+          chunks, hashed, stored in --store as temp + rename, and logged
+          (length, sha256, whether they asked for 100-continue); a job's
+          data.path is refused (422 at data.path) unless --data-root holds
+          it; each job received is logged as JSON
 
 Each binds 127.0.0.1:0, writes its port to --ready, and exits by itself
 after --lifetime seconds (the test also kills it). Nothing here ever
 connects beyond 127.0.0.1.
 """
 import argparse
+import hashlib
+import json
 import os
 import select
 import socket
@@ -22,6 +31,7 @@ import ssl
 import sys
 import threading
 import time
+import urllib.parse
 
 LOOPBACK = "127.0.0.1"
 
@@ -193,10 +203,226 @@ def odd_handler(conn, args):
     else:  # /v1/workers: not HTTP at all
         conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
 
+# ---- datasets ----------------------------------------------------------------
+
+HEX = set("0123456789abcdef")
+DS_LOCK = threading.Lock()
+JOBS = {}  # id -> {"state", "dataset"}
+
+
+def is_id(s):
+    return len(s) == 64 and set(s) <= HEX
+
+
+def read_request(conn, buf):
+    """One request head from conn (buf: bytes already read): (method, target, headers, rest) or None."""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+        if len(buf) > 1 << 20:
+            return None
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for h in lines[1:]:
+        k, _, v = h.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return method, target, headers, rest
+
+
+def send_json(conn, status, obj, close=False):
+    reasons = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+               409: "Conflict", 411: "Length Required", 413: "Payload Too Large", 422: "Unprocessable Entity"}
+    body = json.dumps(obj).encode()
+    conn.sendall(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+                 % (status, reasons[status].encode(), len(body), b"Connection: close\r\n" if close else b"", body))
+
+
+def api_error(conn, status, code, path, message, close=False):
+    send_json(conn, status, {"error": {"code": code, "message": message, "path": path}}, close)
+
+
+def describe(store, ds_id):
+    """The dataset object of a stored file, as the contract gives it."""
+    path = os.path.join(store, ds_id)
+    meta = json.load(open(path + ".json"))
+    size = os.path.getsize(path)
+    d = {"id": ds_id, "sha256": ds_id, "size": size, "format": "text", "name": meta["name"],
+         "created": meta["created"]}
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if head[:8] == b"PWTOKENS" and len(head) == 32:
+        d.update(format="tokens", width=int.from_bytes(head[12:16], "little"),
+                 vocab_size=int.from_bytes(head[16:20], "little"), n_tokens=int.from_bytes(head[24:32], "little"))
+    return d
+
+
+def store_file(args, src_read, length, name):
+    """Streams length bytes from src_read into the store: (id, new)."""
+    tmp = os.path.join(args.store, ".upload-%d" % threading.get_ident())
+    h = hashlib.sha256()
+    got = reads = 0
+    with open(tmp, "wb") as f:
+        while got < length:
+            chunk = src_read(min(1 << 16, length - got))
+            if not chunk:
+                raise ValueError("body ended after %d of %d bytes" % (got, length))
+            h.update(chunk)
+            f.write(chunk)
+            got += len(chunk)
+            reads += 1
+        f.flush()
+        os.fsync(f.fileno())
+    ds_id = h.hexdigest()
+    with DS_LOCK:
+        dst = os.path.join(args.store, ds_id)
+        new = not os.path.exists(dst)
+        if new:
+            with open(dst + ".json.tmp", "w") as m:
+                json.dump({"name": name, "created": time.time()}, m)
+            os.rename(dst + ".json.tmp", dst + ".json")
+            os.rename(tmp, dst)
+        else:
+            os.unlink(tmp)
+    return ds_id, new, reads
+
+
+def datasets_handler(conn, args):
+    conn.settimeout(60)
+    buf = b""
+    token = open(args.token).read().strip() if args.token else None
+    while True:
+        req = read_request(conn, buf)
+        if req is None:
+            return
+        method, target, headers, buf = req
+        path, _, query = target.partition("?")
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        length = int(headers.get("content-length", "0"))
+
+        def take(n):
+            nonlocal buf
+            while not buf:
+                buf = conn.recv(65536)
+                if not buf:
+                    return b""
+            out, buf = buf[:n], buf[n:]
+            return out
+
+        if token and headers.get("authorization") != "Bearer " + token:
+            # before any body: a client that asked for 100-continue sends none
+            log_line(args.log, "%s %s refused: unauthorized (expect=%s)" % (method, path,
+                                                                            headers.get("expect", "")))
+            api_error(conn, 401, "unauthorized", "", "missing or wrong bearer token", close=True)
+            return
+        if method == "POST" and path == "/v1/datasets":
+            if "chunked" in headers.get("transfer-encoding", "") or "content-length" not in headers:
+                api_error(conn, 411, "invalid_argument", "", "Content-Length required", close=True)
+                return
+            if args.max_upload is not None and length > args.max_upload:
+                # before any body, as for a wrong token
+                log_line(args.log, "%s %s refused: too large (expect=%s)" % (method, path, headers.get("expect", "")))
+                api_error(conn, 413, "too_large", "", "%d bytes: over this server's bound of %d" % (
+                    length, args.max_upload), close=True)
+                return
+            if headers.get("expect", "").lower() == "100-continue":
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            name = urllib.parse.unquote(params.get("name", ""))
+            ds_id, new, reads = store_file(args, take, length, name)
+            log_line(args.log, "upload name=%s length=%d sha256=%s new=%d type=%s expect=%s" % (
+                name, length, ds_id, new, headers.get("content-type", ""), headers.get("expect", "")))
+            send_json(conn, 201 if new else 200, describe(args.store, ds_id))
+            continue
+        body = b""
+        while len(body) < length:
+            chunk = take(length - len(body))
+            if not chunk:
+                return
+            body += chunk
+        log_line(args.log, "%s %s" % (method, target))
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["v1", "datasets"]:
+            datasets_route(conn, args, method, parts[2:])
+        elif parts[:2] == ["v1", "jobs"]:
+            jobs_route(conn, args, method, parts[2:], body)
+        else:
+            api_error(conn, 404, "not_found", "", "no route for %s" % path)
+
+
+def datasets_route(conn, args, method, rest):
+    if not rest and method == "GET":
+        ids = sorted(f for f in os.listdir(args.store) if is_id(f))
+        send_json(conn, 200, {"datasets": [describe(args.store, i) for i in ids]})
+        return
+    if not rest or not is_id(rest[0]) or len(rest) > 2 or (len(rest) == 2 and rest[1] != "content"):
+        api_error(conn, 404, "not_found", "", "no such route")
+        return
+    ds_id = rest[0]
+    path = os.path.join(args.store, ds_id)
+    if not os.path.exists(path):
+        api_error(conn, 404, "not_found", "ds", "no dataset %s" % ds_id)
+    elif method == "GET" and len(rest) == 1:
+        send_json(conn, 200, describe(args.store, ds_id))
+    elif method == "DELETE" and len(rest) == 1:
+        users = [j for j, v in JOBS.items() if v["dataset"] == ds_id and v["state"] in ("queued", "running")]
+        if users:
+            api_error(conn, 409, "conflict", "ds", "dataset %s is used by job %d (queued)" % (ds_id, users[0]))
+            return
+        d = describe(args.store, ds_id)
+        os.unlink(path)
+        os.unlink(path + ".json")
+        send_json(conn, 200, d)
+    else:
+        api_error(conn, 404, "not_found", "", "no such route")
+
+
+def jobs_route(conn, args, method, rest, body):
+    if method == "DELETE" and len(rest) == 1 and rest[0].isdigit() and int(rest[0]) in JOBS:
+        JOBS[int(rest[0])]["state"] = "cancelled"
+        send_json(conn, 200, {"id": int(rest[0]), "state": "cancelled"})
+        return
+    if method != "POST" or rest:
+        api_error(conn, 404, "not_found", "", "no such route")
+        return
+    try:
+        job = json.loads(body)
+    except ValueError as e:
+        api_error(conn, 400, "malformed_json", "", str(e))
+        return
+    log_line(args.log, "job " + json.dumps(job, sort_keys=True))
+    data = job.get("data", {})
+    if "path" in data and "dataset" in data:
+        api_error(conn, 422, "invalid_spec", "data", "give data.path or data.dataset, not both")
+        return
+    if "path" in data:
+        p = data["path"]
+        if not args.data_root:
+            api_error(conn, 422, "invalid_spec", "data.path",
+                      "%s: local paths are refused: the coordinator has no --data-root" % p)
+            return
+        root = os.path.realpath(args.data_root)
+        real = os.path.realpath(os.path.join(root, p))
+        if os.path.commonpath([root, real]) != root or not os.path.isfile(real):
+            api_error(conn, 422, "invalid_spec", "data.path", "%s: not a file under the data root %s" % (p, root))
+            return
+        with open(real, "rb") as f:  # imported as a dataset
+            ds_id, _, _ = store_file(args, f.read, os.path.getsize(real), os.path.basename(real))
+    else:
+        ds_id = data.get("dataset", "")
+        if not is_id(ds_id) or not os.path.exists(os.path.join(args.store, ds_id)):
+            api_error(conn, 422, "invalid_spec", "data.dataset", "no dataset %s is stored" % ds_id)
+            return
+    jid = len(JOBS) + 1
+    JOBS[jid] = {"state": "queued", "dataset": ds_id}
+    send_json(conn, 201, {"id": jid, "state": "queued", "location": "/v1/jobs/%d" % jid})
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["tls", "proxy", "odd"])
+    ap.add_argument("mode", choices=["tls", "proxy", "odd", "datasets"])
     ap.add_argument("--ready", required=True)
     ap.add_argument("--log")
     ap.add_argument("--lifetime", type=float, default=600)
@@ -204,8 +430,13 @@ def main():
     ap.add_argument("--key")
     ap.add_argument("--upstream", type=int)
     ap.add_argument("--map", action="append", default=[], help="a host name the proxy sends to 127.0.0.1")
+    ap.add_argument("--store", help="datasets: where uploads are stored")
+    ap.add_argument("--data-root", help="datasets: the root a job's data.path must lie under (default: none)")
+    ap.add_argument("--max-upload", type=int, help="datasets: refuse larger uploads with a 413")
+    ap.add_argument("--token", help="datasets: a file holding the bearer token every /v1 route needs")
     args = ap.parse_args()
-    handler = {"tls": tls_handler, "proxy": proxy_handler, "odd": odd_handler}[args.mode]
+    handler = {"tls": tls_handler, "proxy": proxy_handler, "odd": odd_handler,
+               "datasets": datasets_handler}[args.mode]
     serve(handler, args)
     return 0
 
