@@ -55,6 +55,9 @@ psd_check() {
   local probe="$cg/pw-probe-$$"
   mkdir "$probe" 2>/dev/null && rmdir "$probe" || { echo "cannot make cgroups under $cg"; return 1; }
   unshare --pid --fork --mount --net --cgroup true 2>/dev/null || { echo "unshare of pid/mount/net/cgroup namespaces is not permitted"; return 1; }
+  # The units' sandbox (PrivateUsers=, DynamicUser=) needs user namespaces,
+  # which the kernel refuses to a chrooted process.
+  unshare --user true 2>/dev/null || { echo "user namespaces are not permitted here (a chroot never gets them), and the units' sandbox needs them"; return 1; }
   return 0
 }
 
@@ -101,7 +104,7 @@ EOF
     # PID 1 of the new namespace: the launcher's child once it runs systemd.
     pid=$(psd_child "$!")
     if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd ]; then
-      state=$(nsenter -t "$pid" -m -p -n -u -i -C systemctl is-system-running 2>/dev/null)
+      state=$(nsenter -t "$pid" -r -m -p -n -u -i -C systemctl is-system-running 2>/dev/null)
       case $state in running|degraded) break ;; esac
     fi
     sleep 0.2
@@ -111,7 +114,9 @@ EOF
     *) echo "private systemd did not come up (state '$state'): $(cat "$dir/boot.log")"; psd_stop; return 1 ;;
   esac
   PSD_PID=$pid
-  PSD_IN=(nsenter -t "$pid" -m -p -n -u -i -C)
+  # -r: its root, not the mount namespace's (they differ in a chroot, where
+  # the tests themselves run in fresh-check.sh)
+  PSD_IN=(nsenter -t "$pid" -r -m -p -n -u -i -C)
 }
 
 psd_stop() {
