@@ -53,16 +53,6 @@ static void describe_model(const pw_model_spec *m, char *buf, size_t cap) {
   }
 }
 
-/* A relative data.path that exists from the coordinator's working
- * directory becomes absolute: workers may run elsewhere. */
-static void resolve_data_path(pw_data_spec *d) {
-  if (d->kind != PW_DATA_TEXT || !d->path[0] || d->path[0] == '/') return;
-  char abs[PATH_MAX];
-  if (!realpath(d->path, abs)) return;
-  size_t n = strlen(abs);
-  if (n < sizeof d->path) memcpy(d->path, abs, n + 1);
-}
-
 void pw_api_job_submit(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
@@ -70,7 +60,11 @@ void pw_api_job_submit(pw_req *r) {
   pw_budget budget;
   pw_err err = {0};
   if (pw_api_job_read(r, NULL, 0, 1, &job, &budget)) return; /* the cheap bounds, before planning */
-  resolve_data_path(&job.data);
+  char real[PATH_MAX];
+  if (pw_api_data_check(r, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
+    pw_job_free(&job);
+    return;
+  }
   pw_plan p; /* dry run: a job that cannot be planned, or would not fit, is refused now */
   int rc = pw_plan_build(&job, NULL, &p, &err);
   if (!rc) {
@@ -81,6 +75,14 @@ void pw_api_job_submit(pw_req *r) {
     pw_reply_err(r, &err);
     pw_job_free(&job);
     return;
+  }
+  pw_ds_info ds = {.id = ""};
+  if (real[0]) { /* the file becomes a dataset: the job reads it by id, on any host */
+    if (pw_api_data_import(r, s, real, &ds)) {
+      pw_job_free(&job);
+      return;
+    }
+    memcpy(job.data.path, real, strlen(real) + 1);
   }
   json_t *canon = pw_job_to_json(&job);
   char *spec = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
@@ -95,7 +97,8 @@ void pw_api_job_submit(pw_req *r) {
                    .virtual_stages = job.mesh.virtual_stages,
                    .microbatches = job.schedule.microbatches,
                    .schedule = job.schedule.name,
-                   .model = model};
+                   .model = model,
+                   .dataset = ds.id[0] ? ds.id : NULL};
   int64_t id = 0;
   rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);
