@@ -18,6 +18,8 @@ static void train_usage(FILE *f) {
           "                    parameters); the learning-rate schedule still spans train.steps\n"
           "  --out CKPT        write the final checkpoint (safetensors; optimizer state alongside)\n"
           "  --resume CKPT     continue from a checkpoint (parameters, optimizer state, step)\n"
+          "  --init CKPT       start from a checkpoint's parameters (fine-tuning: step 0, fresh\n"
+          "                    optimizer state); names and shapes must match the model\n"
           "  --log-json FILE   one JSON line per step: step, loss, lr, grad_norm, ms, tokens_per_s\n"
           "  --threads N       OpenBLAS threads (default 1)\n"
           "  --quiet           no per-step lines\n"
@@ -39,16 +41,17 @@ int pw_cmd_train(int argc, char **argv) {
       {"out", required_argument, 0, 'o'},     {"resume", required_argument, 0, 'r'},
       {"log-json", required_argument, 0, 'l'}, {"threads", required_argument, 0, 't'},
       {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
-  const char *job_path = NULL, *out = NULL, *resume = NULL, *log_path = NULL;
+      {"init", required_argument, 0, 'i'},     {0, 0, 0, 0}};
+  const char *job_path = NULL, *out = NULL, *resume = NULL, *init = NULL, *log_path = NULL;
   int steps = -1, threads = 1, quiet = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:s:o:r:l:t:qh", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "j:s:o:r:i:l:t:qh", opts, NULL)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': steps = atoi(optarg); break;
       case 'o': out = optarg; break;
       case 'r': resume = optarg; break;
+      case 'i': init = optarg; break;
       case 'l': log_path = optarg; break;
       case 't': threads = atoi(optarg); break;
       case 'q': quiet = 1; break;
@@ -56,7 +59,8 @@ int pw_cmd_train(int argc, char **argv) {
       default: train_usage(stderr); return 2;
     }
   }
-  if (!job_path || steps < -1 || threads < 1) {
+  if (!job_path || steps < -1 || threads < 1 || (resume && init)) {
+    if (resume && init) fprintf(stderr, "pipewright train: --resume and --init exclude each other\n");
     train_usage(stderr);
     return 2;
   }
@@ -68,6 +72,7 @@ int pw_cmd_train(int argc, char **argv) {
   pw_err err = {0};
   int rc = pw_trainer_init(&t, &job, &err);
   if (!rc && resume) rc = pw_trainer_resume(&t, resume, &err);
+  if (!rc && init) rc = pw_trainer_load(&t, init, &err);
   if (rc) {
     pw_cli_report(&err);
     pw_job_free(&job);

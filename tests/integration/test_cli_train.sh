@@ -3,6 +3,8 @@
 #  - two runs of the same job give bit-identical loss lines;
 #  - 3 steps + resume to 6 equals 6 straight steps, bit for bit;
 #  - --steps 0 writes the initial parameters; eval reads a checkpoint;
+#  - --init starts from a checkpoint's parameters at step 0 (fine-tuning),
+#    refuses a checkpoint of another shape naming the tensor and both shapes;
 #  - the loss of a short run falls;
 #  - a broken spec is refused with its JSON path, nothing is written;
 #  - a checkpoint with a flipped bit, or with non-finite weights (a diverged
@@ -39,6 +41,25 @@ cmp -s "$T/a.safetensors" "$T/c.safetensors" || fail "resumed final checkpoint d
 [ -s "$T/init.safetensors" ] || fail "--steps 0 wrote nothing"
 cmp -s "$T/init.safetensors" "$T/a.safetensors" && fail "initial and trained parameters are equal"
 "$PW" eval --job "$T/job.json" --checkpoint "$T/a.safetensors" | grep -Eq '^eval loss [0-9.]+' || fail "eval printed no loss"
+
+# --init: the parameters of a, step 0, a fresh optimizer.
+"$PW" train --job "$T/job.json" --quiet --init "$T/a.safetensors" --steps 0 --out "$T/i0.safetensors"
+ea=$("$PW" eval --job "$T/job.json" --checkpoint "$T/a.safetensors")
+ei=$("$PW" eval --job "$T/job.json" --checkpoint "$T/i0.safetensors")
+[ "$ea" = "$ei" ] || fail "--init did not load a's parameters ($ea vs $ei)"
+"$PW" train --job "$T/job.json" --quiet --init "$T/a.safetensors" --steps 2 --log-json "$T/ft.jsonl"
+[ "$(head -1 "$T/ft.jsonl" | sed 's/.*"step": \([0-9]*\).*/\1/')" = 0 ] || fail "--init did not start at step 0"
+f0=$(head -1 "$T/ft.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+a0=$(head -1 "$T/a.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+awk -v f="$f0" -v a="$a0" 'BEGIN { exit !(f < a - 0.3) }' || fail "fine-tuning starts no lower than scratch ($f0 vs $a0)"
+sed 's/"d_model": 32/"d_model": 48/' "$T/job.json" > "$T/wide.json"
+if "$PW" train --job "$T/wide.json" --quiet --init "$T/a.safetensors" --steps 1 2> "$T/err"; then
+  fail "--init accepted a checkpoint of another shape"
+fi
+grep -q "tensor '.*': shape is \[.*\], expected \[.*\]" "$T/err" || { cat "$T/err"; fail "--init: no shape error"; }
+if "$PW" train --job "$T/job.json" --init "$T/a.safetensors" --resume "$T/a.safetensors" 2> "$T/err"; then
+  fail "--init with --resume accepted"
+fi
 
 first=$(head -1 "$T/a.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
 last=$(tail -1 "$T/a.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
