@@ -28,10 +28,27 @@ static int under_root(const char *real, const char *root) {
   return !strncmp(real, root, n) && (real[n] == 0 || real[n] == '/');
 }
 
-int pw_api_data_check(pw_req *r, const pw_job *job, char *real, size_t cap) {
+int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap) {
   const char *given = job->data.path, *root = r->c->data_root;
   real[0] = 0;
-  if (job->data.kind != PW_DATA_TEXT || !given[0]) return 0;
+  if (job->data.kind != PW_DATA_TEXT && job->data.kind != PW_DATA_TOKENS) return 0;
+  if (given[0] && job->data.dataset[0]) {
+    pw_reply_error(r, PW_ESPEC, "data", "give data.path or data.dataset, not both");
+    return PW_ESPEC;
+  }
+  if (job->data.dataset[0]) { /* known here, so an unknown id is refused before planning */
+    json_t *row = NULL;
+    pw_err err = {0};
+    int rc = pw_store_dataset_json(s, job->data.dataset, &row, &err);
+    json_decref(row);
+    if (rc == PW_ENOENT)
+      pw_reply_error(r, PW_ESPEC, "data.dataset", "no dataset %s is stored (upload it: POST /v1/datasets)",
+                     job->data.dataset);
+    else if (rc)
+      pw_reply_err(r, &err);
+    return rc;
+  }
+  if (!given[0]) return 0;
   if (!root[0]) {
     pw_reply_error(r, PW_ESPEC, "data.path",
                    "\"%.300s\": this coordinator reads no local files (no --data-root is set): upload the file "
@@ -47,6 +64,7 @@ int pw_api_data_check(pw_req *r, const pw_job *job, char *real, size_t cap) {
                    e == ENOENT || e == ENOTDIR ? "no such file" : strerror(e), root);
     return PW_ESPEC;
   }
+  /* the resolved path is not shown: it would map the host's files for the client */
   if (!under_root(res, root)) {
     pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
     return PW_ESPEC;
@@ -69,7 +87,9 @@ int pw_api_data_check(pw_req *r, const pw_job *job, char *real, size_t cap) {
   return 0;
 }
 
-int pw_api_data_import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
+/* Imports the file at real; a token file whose header is wrong is the
+ * spec's fault (422 at data.path), anything else the coordinator's. */
+static int import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
   pw_err err = {0};
   int rc = pw_ds_import(r->c->state_dir, real, "data.path", info, &err);
   if (!rc) {
@@ -85,10 +105,51 @@ int pw_api_data_import(pw_req *r, pw_store *s, const char *real, pw_ds_info *inf
     if (!rc && created)
       pw_info("dataset %s imported from %s: %lld bytes, %s", info->id, real, (long long)info->size, info->format);
   }
-  if (rc) {
+  if (rc == PW_EFORMAT) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "%s", err.msg);
+  } else if (rc) {
     char b[600];
     pw_error("submit: importing %s: %s", real, pw_err_str(&err, b, sizeof b));
     pw_reply_err(r, &err);
   }
+  return rc;
+}
+
+/* The stored dataset fits the job: kind tokens needs a token file, whose
+ * vocabulary the model must cover. where: the field the user wrote. */
+static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab, const char *where) {
+  const char *fmt = json_string_value(json_object_get(row, "format"));
+  json_int_t vocab = json_integer_value(json_object_get(row, "vocab_size"));
+  if (job->data.kind == PW_DATA_TOKENS && (!fmt || strcmp(fmt, "tokens"))) {
+    pw_reply_error(r, PW_ESPEC, where, "data.kind is tokens but dataset %.12s... is %s, not a token file (PWTOKENS)",
+                   job->data.dataset, fmt ? fmt : "?");
+    return PW_ESPEC;
+  }
+  if (fmt && !strcmp(fmt, "tokens") && model_vocab > 0 && vocab > model_vocab) {
+    pw_reply_error(r, PW_ESPEC, where, "the token dataset %.12s... has vocab_size %lld, more than the model's %d",
+                   job->data.dataset, (long long)vocab, model_vocab);
+    return PW_ESPEC;
+  }
+  return 0;
+}
+
+int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab) {
+  const char *where = real[0] ? "data.path" : "data.dataset";
+  if (real[0]) {
+    pw_ds_info info;
+    if (import(r, s, real, &info)) return -1;
+    memcpy(job->data.dataset, info.id, sizeof job->data.dataset);
+    job->data.path[0] = 0; /* workers fetch it by id, on any host */
+  }
+  if (!job->data.dataset[0]) return 0;
+  json_t *row = NULL;
+  pw_err err = {0};
+  int rc = pw_store_dataset_json(s, job->data.dataset, &row, &err);
+  if (rc == PW_ENOENT)
+    pw_reply_error(r, PW_ESPEC, where, "no dataset %s is stored (deleted meanwhile?)", job->data.dataset);
+  else if (rc)
+    pw_reply_err(r, &err);
+  if (!rc) rc = fits(r, job, row, model_vocab, where);
+  json_decref(row);
   return rc;
 }

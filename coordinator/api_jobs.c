@@ -61,14 +61,16 @@ void pw_api_job_submit(pw_req *r) {
   pw_err err = {0};
   if (pw_api_job_read(r, NULL, 0, 1, &job, &budget)) return; /* the cheap bounds, before planning */
   char real[PATH_MAX];
-  if (pw_api_data_check(r, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
+  if (pw_api_data_check(r, s, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
     pw_job_free(&job);
     return;
   }
   pw_plan p; /* dry run: a job that cannot be planned, or would not fit, is refused now */
   int rc = pw_plan_build(&job, NULL, &p, &err);
+  int vocab = 0;
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
+    vocab = p.model.data.vocab_size;
     pw_plan_free(&p);
   }
   if (rc) {
@@ -76,13 +78,9 @@ void pw_api_job_submit(pw_req *r) {
     pw_job_free(&job);
     return;
   }
-  pw_ds_info ds = {.id = ""};
-  if (real[0]) { /* the file becomes a dataset: the job reads it by id, on any host */
-    if (pw_api_data_import(r, s, real, &ds)) {
-      pw_job_free(&job);
-      return;
-    }
-    memcpy(job.data.path, real, strlen(real) + 1);
+  if (pw_api_data_resolve(r, s, &job, real, vocab)) { /* a path becomes a dataset, read by id on any host */
+    pw_job_free(&job);
+    return;
   }
   json_t *canon = pw_job_to_json(&job);
   char *spec = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
@@ -98,7 +96,7 @@ void pw_api_job_submit(pw_req *r) {
                    .microbatches = job.schedule.microbatches,
                    .schedule = job.schedule.name,
                    .model = model,
-                   .dataset = ds.id[0] ? ds.id : NULL};
+                   .dataset = job.data.dataset[0] ? job.data.dataset : NULL};
   int64_t id = 0;
   rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);

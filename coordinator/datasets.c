@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "sha256.h"
+#include "tokfile.h"
 
 #define TMP_PREFIX ".upload-"
 #define HEAD_KEEP 32 /* the first bytes, for the format (a token file's header is 32 bytes) */
@@ -26,6 +27,14 @@ struct pw_ds_writer {
   pw_sha256_ctx sha;
   uint64_t size;
   uint8_t head[HEAD_KEEP];
+  /* a token file's ids, checked as they arrive */
+  int hdr_tried, tok;
+  pw_tokfile_hdr hdr;
+  uint8_t carry[4];        /* the bytes of an id cut between two pieces */
+  uint32_t carry_n;
+  uint64_t ids_seen;
+  int bad_id;
+  char bad_id_msg[384];    /* the first id over the vocabulary */
 };
 
 int pw_ds_id_valid(const char *s) {
@@ -82,12 +91,51 @@ fail:
   return rc;
 }
 
+/* n ids of a token file, the first being id number first. */
+static void ids_check(pw_ds_writer *w, const uint8_t *ids, uint64_t n, uint64_t first) {
+  pw_err e = {0};
+  if (n && !w->bad_id && pw_tokfile_check_ids(ids, n, first, &w->hdr, "ids", &e)) {
+    w->bad_id = 1;
+    snprintf(w->bad_id_msg, sizeof w->bad_id_msg, "%s", e.msg);
+  }
+}
+
+/* The ids in p[0..n), which start at byte off of the file. */
+static void ids_take(pw_ds_writer *w, const uint8_t *p, size_t n, uint64_t off) {
+  if (!w->tok || w->bad_id || off + n <= PW_TOKFILE_HEADER) return;
+  if (off < PW_TOKFILE_HEADER) {
+    size_t skip = (size_t)(PW_TOKFILE_HEADER - off);
+    p += skip;
+    n -= skip;
+  }
+  uint32_t wd = w->hdr.width;
+  while (w->carry_n && n) {
+    w->carry[w->carry_n++] = *p++;
+    n--;
+    if (w->carry_n == wd) {
+      ids_check(w, w->carry, 1, w->ids_seen++);
+      w->carry_n = 0;
+    }
+  }
+  uint64_t k = n / wd;
+  ids_check(w, p, k, w->ids_seen);
+  w->ids_seen += k;
+  w->carry_n = (uint32_t)(n - k * wd);
+  memcpy(w->carry, p + k * wd, w->carry_n);
+}
+
 int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err) {
   const uint8_t *p = data;
   if (w->size < HEAD_KEEP) {
     size_t k = HEAD_KEEP - (size_t)w->size < n ? HEAD_KEEP - (size_t)w->size : n;
     memcpy(w->head + w->size, p, k);
   }
+  if (!w->hdr_tried && w->size + n >= HEAD_KEEP) {
+    w->hdr_tried = 1; /* a header that does not parse is reported at commit */
+    w->tok = pw_tokfile_is_tokens(w->head, HEAD_KEEP) &&
+             !pw_tokfile_header_parse(w->head, HEAD_KEEP, 0, &w->hdr, "", NULL);
+  }
+  ids_take(w, p, n, w->size);
   pw_sha256_update(&w->sha, p, n);
   for (size_t off = 0; off < n;) {
     ssize_t k = write(w->fd, p + off, n - off);
@@ -101,17 +149,24 @@ int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err)
 
 uint64_t pw_ds_writer_size(const pw_ds_writer *w) { return w->size; }
 
-/* The format from the first bytes. A token file's header fields come from
- * lib/io/tokfile.h once it exists; until then they stay unknown (-1). */
+/* The format from the first bytes: a file with the token magic must be a
+ * whole token file (header right, size = header + its ids); its ids are
+ * checked as they stream in (pw_ds_writer_write). */
 static int detect_format(const pw_ds_writer *w, const char *what, pw_ds_info *info, pw_err *err) {
-  (void)what;
-  (void)err;
   info->vocab_size = info->width = info->n_tokens = -1;
-  if (w->size >= 8 && !memcmp(w->head, "PWTOKENS", 8)) {
-    snprintf(info->format, sizeof info->format, "tokens");
+  size_t n = w->size < HEAD_KEEP ? (size_t)w->size : HEAD_KEEP;
+  if (!pw_tokfile_is_tokens(w->head, n)) {
+    snprintf(info->format, sizeof info->format, "text");
     return 0;
   }
-  snprintf(info->format, sizeof info->format, "text");
+  pw_tokfile_hdr h;
+  int rc = pw_tokfile_header_parse(w->head, n, w->size, &h, what, err);
+  if (rc) return rc;
+  if (w->bad_id) return pw_err_set(err, PW_EFORMAT, what, "%s", w->bad_id_msg);
+  snprintf(info->format, sizeof info->format, "tokens");
+  info->vocab_size = h.vocab_size;
+  info->width = h.width;
+  info->n_tokens = (int64_t)h.n_tokens;
   return 0;
 }
 

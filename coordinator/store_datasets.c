@@ -3,6 +3,7 @@
  * through the store's fault injection like the others. */
 #include "store_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,21 +158,6 @@ fail:
   json_decref(row);
   pw__store_rollback(s);
   return rc;
-}
-
-int pw__store_job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err) {
-  json_t *row = NULL;
-  int rc = ds_get(s, id, &row, err);
-  json_decref(row);
-  if (rc == PW_ENOENT)
-    return pw_err_set(err, PW_ESPEC, "data.dataset", "no dataset %.64s is stored (upload it: POST /v1/datasets)", id);
-  if (rc) return rc;
-  STMT(st, PW_ST_JOB_DS_INSERT);
-  sqlite3_bind_int64(st, 1, job);
-  sqlite3_bind_text(st, 2, id, -1, SQLITE_STATIC);
-  int step = sqlite3_step(st);
-  sqlite3_reset(st);
-  return step == SQLITE_DONE ? 0 : pw__store_fail(s, step, err, "job dataset");
 }
 
 int pw_store_job_dataset(pw_store *s, int64_t job_id, char id[65], pw_err *err) {

@@ -117,6 +117,7 @@
   X(DS_GET, "SELECT " PW__DS_COLS " FROM datasets WHERE id = ?1")                                  \
   X(DS_LIST, "SELECT " PW__DS_COLS " FROM datasets ORDER BY created DESC, id")                     \
   X(DS_DELETE, "DELETE FROM datasets WHERE id = ?1")                                               \
+  X(DS_EXISTS, "SELECT 1 FROM datasets WHERE id = ?1")                                               \
   X(DS_USER,                                                                                       \
     "SELECT j.id, j.state FROM job_datasets d JOIN jobs j ON j.id = d.job_id WHERE d.dataset_id = ?1 " \
     "AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id LIMIT 1")               \
@@ -149,9 +150,6 @@ PW_MUST_CHECK int pw__store_commit(pw_store *s, pw_err *err);
 void pw__store_rollback(pw_store *s);
 /* PW_ENOENT naming the job when it does not exist. */
 PW_MUST_CHECK int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
-/* Inside a write transaction: links job to dataset id, PW_ESPEC at
- * data.dataset when no such dataset is stored (store_datasets.c). */
-PW_MUST_CHECK int pw__store_job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err);
 /* store_fault.c: PW_EIO as SQLITE_FULL would give when this write is to
  * fail (fault injection), else 0; and reading PW_STORE_FAIL_* once. */
 int pw__store_fault(pw_store *s, pw_err *err, const char *what);
