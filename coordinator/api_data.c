@@ -28,6 +28,29 @@ static int under_root(const char *real, const char *root) {
   return !strncmp(real, root, n) && (real[n] == 0 || real[n] == '/');
 }
 
+/* path with ".", ".." and repeated slashes folded, symlinks not followed
+ * (in place; path is absolute). */
+static void fold(char *path) {
+  char *out = path, *p = path;
+  while (*p) {
+    while (*p == '/') p++;
+    char *seg = p;
+    while (*p && *p != '/') p++;
+    size_t n = (size_t)(p - seg);
+    if (n == 0 || (n == 1 && seg[0] == '.')) continue;
+    if (n == 2 && seg[0] == '.' && seg[1] == '.') {
+      while (out > path && *--out != '/') {
+      }
+      continue;
+    }
+    *out++ = '/';
+    memmove(out, seg, n);
+    out += n;
+  }
+  if (out == path) *out++ = '/';
+  *out = 0;
+}
+
 int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap) {
   const char *given = job->data.path, *root = r->c->data_root;
   real[0] = 0;
@@ -58,6 +81,13 @@ int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, siz
   }
   char joined[PATH_MAX * 2], res[PATH_MAX];
   snprintf(joined, sizeof joined, given[0] == '/' ? "%s" : "%s/%s", given[0] == '/' ? given : root, given);
+  /* outside by its very spelling: refused before the file is looked at, so
+   * the answer says nothing about what exists outside the root */
+  fold(joined);
+  if (!under_root(joined, root)) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
+    return PW_ESPEC;
+  }
   if (!realpath(joined, res)) {
     int e = errno;
     pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": %s under the data root %s", given,

@@ -120,6 +120,8 @@ void pw_api_dataset_upload(pw_req *r) {
     return;
   }
   if (pw_ds_writer_size(u->w) == 0) {
+    pw_ds_writer_free(u->w);
+    u->w = NULL;
     pw_reply_error(r, PW_EINVAL, "body", "the body is empty: send the dataset's bytes (application/octet-stream)");
     return;
   }
@@ -131,6 +133,9 @@ void pw_api_dataset_upload(pw_req *r) {
   int created = 0;
   int rc = pw_ds_writer_commit(u->w, "body", &info, &err);
   if (!rc) rc = record(s, &info, u->name, &created, &row, &err);
+  /* closed (and when not committed, removed) before the answer goes out */
+  pw_ds_writer_free(u->w);
+  u->w = NULL;
   if (rc) {
     char b[600];
     pw_error("dataset upload: %s", pw_err_str(&err, b, sizeof b));
