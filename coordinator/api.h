@@ -18,27 +18,51 @@
 
 #include "budget.h"
 #include "coord.h"
+#include "datasets.h"
 #include "spec.h"
 
 #define PW_HTTP_MAX_URL 2048               /* bytes of the request target, query included */
 #define PW_HTTP_DEFAULT_MAX_BODY (1 << 20) /* when c->max_body is 0 */
+/* A streamed upload (PW_ROUTE_STREAM) when c->max_upload is 0: 16 GiB. A
+ * dataset is written to disk as it arrives, so the bound is about disk, not
+ * memory; a full disk answers 507 whatever the bound. */
+#define PW_HTTP_DEFAULT_MAX_UPLOAD ((uint64_t)16 << 30)
 
 typedef struct pw_req pw_req;
 typedef void (*pw_handler)(pw_req *r);
 
 /* Route flags. */
 enum {
-  PW_ROUTE_BODY = 1, /* takes a JSON body: parsed before the handler runs */
-  PW_ROUTE_OPEN = 2  /* answers without the API token (health checks) */
+  PW_ROUTE_BODY = 1,    /* takes a JSON body: parsed before the handler runs */
+  PW_ROUTE_OPEN = 2,    /* answers without the API token (health checks) */
+  PW_ROUTE_STREAM = 4,  /* a raw body, handed piece by piece to the route's sink, never held whole */
+  PW_ROUTE_CLUSTER = 8  /* the cluster token is accepted as well as the API token (workers) */
 };
 
+/* Where a PW_ROUTE_STREAM route's body goes. begin runs on the first
+ * access call once the route and the token are checked (declared: the
+ * Content-Length, -1 when none); chunk gets each piece as it arrives. Both
+ * run on libmicrohttpd's threads, so they only write and hash; either may
+ * refuse by setting an error reply and returning nonzero, after which the
+ * rest of the body is read and dropped. When the body is complete and
+ * nothing was refused, the route's handler runs (on the pool when pooled)
+ * and finishes the upload. done runs when the request ends, whatever
+ * happened: it frees r->stream (and removes what was not finished). */
+typedef struct {
+  int (*begin)(pw_req *r, int64_t declared);
+  int (*chunk)(pw_req *r, const char *data, size_t n);
+  void (*done)(pw_req *r);
+} pw_stream_sink;
+
 /* One route: method, path pattern ("{id}" matches a positive decimal job
- * id, any other segment matches itself), handler, flags. */
+ * id, "{ds}" a dataset id of 64 lowercase hex digits, any other segment
+ * matches itself), handler, flags, and for PW_ROUTE_STREAM its sink. */
 typedef struct {
   const char *method;
   const char *pattern;
   pw_handler fn;
   int flags;
+  const pw_stream_sink *sink;
 } pw_route;
 
 /* The table, in api.c (alone there). tests/integration/test_openapi.py reads it from the
@@ -53,6 +77,8 @@ struct pw_req {
   const char *method; /* "GET", "POST", ... (HEAD is routed as GET) */
   const char *path;   /* decoded, without the query */
   int64_t id;         /* the {id} of the pattern, 0 when it has none */
+  char ds[65];        /* the {ds} of the pattern, "" when it has none */
+  void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
   json_t *body;       /* PW_ROUTE_BODY routes: the parsed body (borrowed) */
   /* the reply, set by the pw_reply_* helpers */
   int status;
@@ -113,6 +139,23 @@ void pw_api_job_get(pw_req *r);
 void pw_api_job_cancel(pw_req *r);
 void pw_api_job_metrics(pw_req *r);
 void pw_api_job_events(pw_req *r);
+/* api_datasets.c */
+void pw_api_dataset_upload(pw_req *r);
+void pw_api_dataset_list(pw_req *r);
+void pw_api_dataset_get(pw_req *r);
+void pw_api_dataset_content(pw_req *r);
+void pw_api_dataset_delete(pw_req *r);
+extern const pw_stream_sink pw_api_dataset_sink;
+/* api_data.c, for submit. pw_api_data_check, before planning: data.path
+ * checked against --data-root (422 at data.path naming the path and the
+ * root), data.dataset against the store (422 when unknown), not both;
+ * real gets the resolved file ("" when the job names no path; cap: its
+ * room). pw_api_data_resolve, after: the file imported into the dataset
+ * store and the job switched to data.dataset, then the dataset held to
+ * the job (kind tokens needs a token file within model_vocab). Both reply
+ * and return nonzero on failure. */
+PW_MUST_CHECK int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap);
+PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab);
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
 void pw_api_job_checkpoint(pw_req *r);

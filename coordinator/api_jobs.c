@@ -53,16 +53,6 @@ static void describe_model(const pw_model_spec *m, char *buf, size_t cap) {
   }
 }
 
-/* A relative data.path that exists from the coordinator's working
- * directory becomes absolute: workers may run elsewhere. */
-static void resolve_data_path(pw_data_spec *d) {
-  if (d->kind != PW_DATA_TEXT || !d->path[0] || d->path[0] == '/') return;
-  char abs[PATH_MAX];
-  if (!realpath(d->path, abs)) return;
-  size_t n = strlen(abs);
-  if (n < sizeof d->path) memcpy(d->path, abs, n + 1);
-}
-
 void pw_api_job_submit(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
@@ -70,15 +60,25 @@ void pw_api_job_submit(pw_req *r) {
   pw_budget budget;
   pw_err err = {0};
   if (pw_api_job_read(r, NULL, 0, 1, &job, &budget)) return; /* the cheap bounds, before planning */
-  resolve_data_path(&job.data);
+  char real[PATH_MAX];
+  if (pw_api_data_check(r, s, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
+    pw_job_free(&job);
+    return;
+  }
   pw_plan p; /* dry run: a job that cannot be planned, or would not fit, is refused now */
   int rc = pw_plan_build(&job, NULL, &p, &err);
+  int vocab = 0;
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
+    vocab = p.model.data.vocab_size;
     pw_plan_free(&p);
   }
   if (rc) {
     pw_reply_err(r, &err);
+    pw_job_free(&job);
+    return;
+  }
+  if (pw_api_data_resolve(r, s, &job, real, vocab)) { /* a path becomes a dataset, read by id on any host */
     pw_job_free(&job);
     return;
   }
@@ -95,7 +95,8 @@ void pw_api_job_submit(pw_req *r) {
                    .virtual_stages = job.mesh.virtual_stages,
                    .microbatches = job.schedule.microbatches,
                    .schedule = job.schedule.name,
-                   .model = model};
+                   .model = model,
+                   .dataset = job.data.dataset[0] ? job.data.dataset : NULL};
   int64_t id = 0;
   rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);

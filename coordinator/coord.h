@@ -59,6 +59,9 @@ struct pw_coord {
   double heartbeat_interval, heartbeat_timeout;
   double worker_expiry;   /* a lost worker leaves the registry after this long (0: never) */
   size_t max_body;        /* request body bound (bytes) */
+  uint64_t max_upload;    /* a streamed upload's bound (bytes); 0: PW_HTTP_DEFAULT_MAX_UPLOAD */
+  char data_root[4096];   /* --data-root, its real path: where data.path may point ("": nowhere) */
+  char advertise_url[256]; /* --advertise-url: the base URL workers fetch datasets from ("": derived) */
   /* admission (http.c, lib/plan/budget.h); 0 takes the default */
   size_t max_rank_memory; /* bytes any pipeline rank may need (with the workers' memory) */
   int64_t max_plan_actions;

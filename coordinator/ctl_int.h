@@ -80,5 +80,9 @@ double pw_mono(void);
 void pw_ctl_send_msg(pw_wconn *w, json_t *msg);  /* steals msg; NULL (a build that failed) is logged */
 void pw_ctl_drop(pw_wconn *w, const char *why);
 void pw_registry_update(pw_coord *c, pw_wconn *w);
+/* welcome.http_url for a worker whose control link came in on local
+ * (NULL: unknown); "" when none can be known. */
+struct sockaddr;
+void pw_ctl_http_url(pw_coord *c, const struct sockaddr *local, char *out, size_t cap);
 
 #endif

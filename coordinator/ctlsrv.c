@@ -5,8 +5,11 @@
  * Messages are dispatched from a table by type (control.h). A malformed
  * message closes that worker's link with the reason logged; the daemon
  * goes on. Loop thread only. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "ctl_int.h"
@@ -145,6 +148,43 @@ static void refuse(pw_wconn *w, const char *reason) {
   pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_REFUSED, pw_msg_refused, NULL, .reason = reason));
 }
 
+/* The REST API's base URL as worker w reaches it (welcome.http_url):
+ * --advertise-url; else the HTTP bind address when it is a specific one;
+ * else (0.0.0.0, ::) the local address the worker's control link came in
+ * on, which a host bound to every address also serves HTTP on. "" when
+ * none can be known (the worker then cannot fetch datasets, and says so). */
+void pw_ctl_http_url(pw_coord *c, const struct sockaddr *local, char *out, size_t cap) {
+  out[0] = 0;
+  if (c->advertise_url[0]) {
+    snprintf(out, cap, "%s", c->advertise_url);
+    return;
+  }
+  char host[INET6_ADDRSTRLEN + 2] = "";
+  const char *h = c->http_host;
+  size_t hl = strlen(h);
+  int wildcard = !hl || !strcmp(h, "0.0.0.0") || !strcmp(h, "::") || !strcmp(h, "[::]");
+  if (!wildcard) {
+    if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') snprintf(host, sizeof host, "%.*s", (int)(hl - 2), h + 1);
+    else snprintf(host, sizeof host, "%s", h);
+  } else if (local && local->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)local)->sin_addr, host, sizeof host);
+  } else if (local && local->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)local)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(a)) inet_ntop(AF_INET, &a->s6_addr[12], host, sizeof host);
+    else inet_ntop(AF_INET6, a, host, sizeof host);
+  }
+  if (!host[0]) return;
+  snprintf(out, cap, strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host, c->http_port);
+}
+
+static void http_url_for(pw_coord *c, pw_wconn *w, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  int ok = uv_tcp_getsockname(&w->tcp, (struct sockaddr *)&ss, &len) == 0;
+  pw_ctl_http_url(c, ok ? (struct sockaddr *)&ss : NULL, out, cap);
+  if (!out[0]) pw_warn("worker %s: no URL of the API to give it (set --advertise-url)", w->name);
+}
+
 static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_coord *c = ctx;
   pw_wconn *w = conn;
@@ -190,8 +230,11 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   registry_add(c, w, reg);
   if (reg->job >= 0) cancel_foreign(w, reg->job); /* busy with a run from before: stop it first */
   pw_info("worker %s registered (id %lld, data plane %s)", w->name, (long long)w->id, w->addr);
+  char url[300];
+  http_url_for(c, w, url, sizeof url);
   pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_WELCOME, pw_msg_welcome, NULL, .version = PW_PROTO_VERSION,
-                                      .worker_id = w->id, .heartbeat_interval = c->heartbeat_interval));
+                                      .worker_id = w->id, .heartbeat_interval = c->heartbeat_interval,
+                                      .http_url = url[0] ? url : NULL));
   ctl_of(c)->hooks->tick(c);
   return 0;
 }

@@ -16,6 +16,12 @@
  * last access call (413 if the body overflowed, else parse and run the
  * handler) -> completed callback (state freed, one log line).
  *
+ * Uploads. A PW_ROUTE_STREAM route's body is never kept: each piece goes to
+ * the route's sink (api.h) as it arrives, up to --max-upload bytes, and the
+ * handler, on the pool, finishes what the sink wrote (fsync, rename, the
+ * store). The sink's done callback runs when the request ends however it
+ * ends, so an upload cut short leaves nothing behind.
+ *
  * Admission. libmicrohttpd's own threads (a pool of 2) only ever run cheap
  * handlers, so /healthz, /metrics and job status never wait behind a plan.
  * A handler that plans, merges checkpoints or renders a timeline (pooled
@@ -62,6 +68,8 @@ typedef struct http_req {
   char *buf;               /* the body so far */
   size_t n, cap;
   int too_big;             /* the body passed the bound: dropped, answer 413 */
+  int refused;             /* a stream route's sink refused: its reply is set, the rest is dropped */
+  uint64_t streamed;       /* a stream route's body bytes so far */
   double t0;
   char method[16];
   char path[256];          /* for the log line */
@@ -97,13 +105,27 @@ static double mono(void) {
 }
 
 static size_t max_body(const pw_coord *c) { return c->max_body ? c->max_body : PW_HTTP_DEFAULT_MAX_BODY; }
+static uint64_t max_upload(const pw_coord *c) { return c->max_upload ? c->max_upload : PW_HTTP_DEFAULT_MAX_UPLOAD; }
+/* The body bound of h's route. */
+static uint64_t body_limit(const http_req *h) {
+  return h->route && (h->route->flags & PW_ROUTE_STREAM) ? max_upload(h->r.c) : (uint64_t)max_body(h->r.c);
+}
 
 /* ---- routing ---------------------------------------------------------------- */
 
-/* Does path match pattern? Fills *id for "{id}". */
-static int route_match(const char *pattern, const char *path, int64_t *id) {
+/* Does path match pattern? Fills *id for "{id}", ds for "{ds}". */
+static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65]) {
   const char *p = pattern, *u = path;
   while (*p && *u) {
+    if (!strncmp(p, "{ds}", 4)) {
+      for (int k = 0; k < 64; k++)
+        if (!((u[k] >= '0' && u[k] <= '9') || (u[k] >= 'a' && u[k] <= 'f'))) return 0;
+      memcpy(ds, u, 64);
+      ds[64] = 0;
+      u += 64;
+      p += 4;
+      continue;
+    }
     if (!strncmp(p, "{id}", 4)) {
       int64_t x = 0;
       int nd = 0;
@@ -127,7 +149,9 @@ static int api_path(const char *path) {
          !strcmp(path, "/healthz");
 }
 
-/* 0 when the token is right or none is configured; else replies 401. */
+/* 0 when the token is right or none is configured; else replies 401.
+ * Routes marked PW_ROUTE_CLUSTER take the cluster token too (workers fetch
+ * datasets with it). */
 static int check_token(http_req *h) {
   pw_coord *c = h->r.c;
   if (!c->api_token[0]) return 0;
@@ -142,7 +166,9 @@ static int check_token(http_req *h) {
   int bearer = !strncasecmp(a, "Bearer ", 7);
   if (bearer) a += 7;
   while (*a == ' ') a++;
-  if (!bearer || !pw_control_token_equal(a, c->api_token)) {
+  int cluster = h->route && (h->route->flags & PW_ROUTE_CLUSTER) && c->cluster_token[0] &&
+                pw_control_token_equal(a, c->cluster_token);
+  if (!bearer || (!cluster && !pw_control_token_equal(a, c->api_token))) {
     pw_reply_error(&h->r, PW_EAUTH, "Authorization",
                    "the bearer token is wrong");
     pw_reply_header(&h->r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"pipewright\", error=\"invalid_token\"");
@@ -152,7 +178,7 @@ static int check_token(http_req *h) {
 }
 
 static void serve_static(pw_req *r);
-static const pw_route static_route = {"GET", "/*", serve_static, PW_ROUTE_OPEN};
+static const pw_route static_route = {"GET", "/*", serve_static, PW_ROUTE_OPEN, NULL};
 
 /* Everything decided before the body: returns 1 when a reply is set. */
 static int first_checks(http_req *h) {
@@ -177,7 +203,8 @@ static int first_checks(http_req *h) {
   for (int i = 0; i < pw_api_n_routes; i++) {
     const pw_route *rt = &pw_api_routes[i];
     int64_t id = 0;
-    if (!route_match(rt->pattern, r->path, &id)) continue;
+    char ds[65] = "";
+    if (!route_match(rt->pattern, r->path, &id, ds)) continue;
     matched = 1;
     if (!(rt->flags & PW_ROUTE_OPEN)) all_open = 0;
     size_t k = strlen(allow);
@@ -186,6 +213,7 @@ static int first_checks(http_req *h) {
     if (!strcmp(rt->method, m)) {
       h->route = rt;
       r->id = id;
+      memcpy(r->ds, ds, sizeof r->ds);
     }
   }
   if (!matched && !api_path(r->path) && c->web_dir[0]) {
@@ -211,17 +239,39 @@ static int first_checks(http_req *h) {
     return 1;
   }
   const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  int64_t declared = -1;
   if (cl) {
     char *end;
     errno = 0;
     unsigned long long n = strtoull(cl, &end, 10);
-    if (errno == ERANGE || n > max_body(c)) {
-      pw_reply_error(r, PW_ETOOBIG, "body",
-                     "the request body is %s bytes; the limit is %zu", cl, max_body(c));
+    if (errno == ERANGE || n > body_limit(h)) {
+      pw_reply_error(r, PW_ETOOBIG, "body", "the request body is %s bytes; the limit is %llu", cl,
+                     (unsigned long long)body_limit(h));
       return 1;
     }
+    declared = (int64_t)n;
+  }
+  if ((h->route->flags & PW_ROUTE_STREAM) && h->route->sink->begin(r, declared)) {
+    if (!r->resp) pw_reply_error(r, PW_EINTERNAL, "", "the upload could not start");
+    return 1;
   }
   return 0;
+}
+
+/* A piece of a stream route's body: to the sink, until it refuses or the
+ * bound is passed (then what it wrote so far is dropped at once). */
+static void stream_body(http_req *h, const char *data, size_t n) {
+  if (h->too_big || h->refused) return;
+  if (n > body_limit(h) - h->streamed) {
+    h->too_big = 1;
+    h->route->sink->done(&h->r);
+    return;
+  }
+  h->streamed += n;
+  if (h->route->sink->chunk(&h->r, data, n)) {
+    h->refused = 1;
+    if (!h->r.resp) pw_reply_error(&h->r, PW_EINTERNAL, "body", "the upload failed");
+  }
 }
 
 /* Keep a piece of the body, or drop it once past the bound. */
@@ -254,8 +304,8 @@ static void take_body(http_req *h, const char *data, size_t n) {
 static void dispatch(http_req *h) {
   pw_req *r = &h->r;
   if (h->too_big) {
-    pw_reply_error(r, PW_ETOOBIG, "body",
-                   "the request body is over the limit of %zu bytes", max_body(r->c));
+    pw_reply_error(r, PW_ETOOBIG, "body", "the request body is over the limit of %llu bytes",
+                   (unsigned long long)body_limit(h));
     return;
   }
   if (h->route->flags & PW_ROUTE_BODY) {
@@ -296,7 +346,8 @@ static enum MHD_Result send_reply(http_req *h) {
 
 /* Handlers that plan, merge or render: seconds of CPU for a big job. */
 static int pooled_route(const pw_route *rt) {
-  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint};
+  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint,
+                                     pw_api_dataset_upload}; /* fsync and rename of up to --max-upload bytes */
   for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
     if (rt->fn == heavy[i]) return 1;
   return 0;
@@ -401,11 +452,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (*upload_data_size) {
-    take_body(h, upload_data, *upload_data_size);
+    if (h->route->flags & PW_ROUTE_STREAM) stream_body(h, upload_data, *upload_data_size);
+    else take_body(h, upload_data, *upload_data_size);
     *upload_data_size = 0;
     return MHD_YES;
   }
   if (h->pooled) return send_reply(h); /* resumed: the pool ran the handler */
+  if (h->refused) return send_reply(h); /* the sink's error */
   if (!h->too_big && pooled_route(h->route)) {
     pool_admit(r->c->http, h);
     return MHD_YES;
@@ -421,6 +474,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
   pw_debug("http %s %s -> %d (%.1f ms)%s", h->method[0] ? h->method : "?", h->path, h->r.status,
            (mono() - h->t0) * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (not completed)");
+  if (h->route && (h->route->flags & PW_ROUTE_STREAM)) h->route->sink->done(&h->r);
   if (h->r.resp) MHD_destroy_response(h->r.resp);
   json_decref(h->r.body);
   free(h->buf);

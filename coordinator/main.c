@@ -6,6 +6,7 @@
  * start, jobs caught mid-flight are queued again). */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 
 #include "coord.h"
 #include "addr.h"
+#include "datasets.h"
 #include "log.h"
 #include "sdnotify.h"
 #include "store_retry.h"
@@ -42,6 +44,12 @@ static void usage(FILE *f) {
           "  --http-max-connections N  open HTTP connections (default 2048, under the file limit)\n"
           "  --http-max-per-address N  open HTTP connections per client address (default 256)\n"
           "  --http-idle-timeout SECS  close an idle HTTP connection (default 30)\n"
+          "  --max-upload BYTES        largest dataset upload, streamed to disk (default 16 GiB)\n"
+          "  --data-root DIR           a job's data.path may name files under DIR (default: none,\n"
+          "                            every data.path is refused: upload datasets instead)\n"
+          "  --advertise-url URL       the API's base URL as workers reach it, for fetching datasets\n"
+          "                            (default: the --http address, or when that is 0.0.0.0 / ::,\n"
+          "                            the address each worker's control link reached)\n"
           "  --help, --version\n"
           "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
 }
@@ -114,6 +122,9 @@ int main(int argc, char **argv) {
                                        {"http-max-connections", required_argument, 0, 1004},
                                        {"http-max-per-address", required_argument, 0, 1005},
                                        {"http-idle-timeout", required_argument, 0, 1006},
+                                       {"max-upload", required_argument, 0, 1007},
+                                       {"data-root", required_argument, 0, 1008},
+                                       {"advertise-url", required_argument, 0, 1009},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
@@ -173,6 +184,37 @@ int main(int argc, char **argv) {
         else c->http_idle_timeout = (int)v;
         break;
       }
+      case 1007: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(optarg, &end, 10);
+        if (errno || end == optarg || *end || v < 1 || optarg[0] == '-') {
+          fprintf(stderr, "pipewright-coordinator: --max-upload must be a positive number of bytes, got '%s'\n",
+                  optarg);
+          return 2;
+        }
+        c->max_upload = v;
+        break;
+      }
+      case 1008: {
+        struct stat st;
+        if (!realpath(optarg, c->data_root) || stat(c->data_root, &st) || !S_ISDIR(st.st_mode)) {
+          fprintf(stderr, "pipewright-coordinator: --data-root %s is not a directory\n", optarg);
+          return 2;
+        }
+        break;
+      }
+      case 1009: {
+        size_t n = strlen(optarg);
+        if ((strncmp(optarg, "http://", 7) && strncmp(optarg, "https://", 8)) || n >= sizeof c->advertise_url) {
+          fprintf(stderr, "pipewright-coordinator: --advertise-url must be http://HOST:PORT or https://... (at most %zu bytes), got '%s'\n",
+                  sizeof c->advertise_url - 1, optarg);
+          return 2;
+        }
+        memcpy(c->advertise_url, optarg, n + 1);
+        while (n > 0 && c->advertise_url[n - 1] == '/') c->advertise_url[--n] = 0; /* a base: no trailing slash */
+        break;
+      }
       case 'h': usage(stdout); return 0;
       case 'V': printf("pipewright-coordinator %s\n", PW_VERSION); return 0;
       default: usage(stderr); return 2;
@@ -214,6 +256,8 @@ int main(int argc, char **argv) {
 
   pw_store *s = pw_coord_store(c);
   if (!s) return 1;
+  int swept = pw_ds_sweep(c->state_dir); /* uploads a crash cut short */
+  if (swept > 0) pw_info("datasets: removed %d unfinished upload%s", swept, swept == 1 ? "" : "s");
   pw_err err = {0};
   char b[600];
   int n = pw_store_recover(s, "coordinator restarted while the job was in flight", &err);

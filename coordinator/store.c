@@ -72,6 +72,17 @@ static const char *const migrations[] = {
     "DROP TABLE metrics;"
     "ALTER TABLE metrics_v2 RENAME TO metrics;"
     "CREATE INDEX metrics_step ON metrics(job_id, step, run_id);",
+    /* 2 -> 3: datasets (content-addressed files, datasets.h) and which
+     * job uses which, so a dataset a live job needs is never deleted. The
+     * link keeps no foreign key to datasets: a finished job's history
+     * names a dataset deleted since. */
+    "CREATE TABLE datasets("
+    "  id TEXT PRIMARY KEY, size INTEGER NOT NULL, format TEXT NOT NULL, name TEXT,"
+    "  created REAL NOT NULL, vocab_size INTEGER, width INTEGER, n_tokens INTEGER);"
+    "CREATE TABLE job_datasets("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), dataset_id TEXT NOT NULL,"
+    "  PRIMARY KEY(job_id, dataset_id));"
+    "CREATE INDEX job_datasets_ds ON job_datasets(dataset_id, job_id);",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -378,6 +389,21 @@ static int add_event(pw_store *s, int64_t job_id, double t, const char *kind, co
   return exec_done(s, st, err, "event");
 }
 
+/* Inside the job's insert: the link to its dataset, which must be stored. */
+static int job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err) {
+  STMT(st, PW_ST_DS_EXISTS);
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  if (rc == SQLITE_DONE)
+    return pw_err_set(err, PW_ESPEC, "data.dataset", "no dataset %.64s is stored (upload it: POST /v1/datasets)", id);
+  if (rc != SQLITE_ROW) return pw__store_fail(s, rc, err, "dataset");
+  STMT(ins, PW_ST_JOB_DS_INSERT);
+  sqlite3_bind_int64(ins, 1, job);
+  sqlite3_bind_text(ins, 2, id, -1, SQLITE_STATIC);
+  return exec_done(s, ins, err, "job dataset");
+}
+
 int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err) {
   FAULT("insert job");
   if (!j || !j->spec) return pw_err_set(err, PW_EINVAL, "spec", "a job needs a spec");
@@ -405,6 +431,9 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   sqlite3_bind_text(st, 10, j->model, -1, SQLITE_STATIC);
   if ((rc = exec_done(s, st, err, "insert job"))) goto fail;
   int64_t job = sqlite3_last_insert_rowid(s->db);
+  /* in the same transaction as the check, so a concurrent delete of the
+   * dataset either sees this job or makes this insert fail */
+  if (j->dataset && (rc = job_dataset(s, job, j->dataset, err))) goto fail;
   if ((rc = add_event(s, job, now, "state", "queued", err)) || (rc = pw__store_commit(s, err))) goto fail;
   if (id) *id = job;
   return 0;

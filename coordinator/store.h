@@ -65,9 +65,13 @@ typedef struct {
   int steps, pp, dp, virtual_stages, microbatches;
   const char *schedule;
   const char *model;     /* "gpt d=64 L=4", for lists */
+  const char *dataset;   /* the dataset id the job reads, or NULL */
 } pw_job_new;
 
-/* Inserts a queued job and its "queued" event in one transaction. */
+/* Inserts a queued job and its "queued" event in one transaction; with a
+ * dataset, also the link that keeps the dataset from being deleted while
+ * the job is live (PW_ESPEC at data.dataset when no such dataset is
+ * stored: nothing is inserted). */
 PW_MUST_CHECK int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err);
 
 /* Changes the state (and error / status text, either may be NULL to keep),
@@ -161,6 +165,34 @@ PW_MUST_CHECK int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, i
 PW_MUST_CHECK int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err);
 /* {"events": [{"id","time","kind","message"}]} with id > since, ascending. */
 PW_MUST_CHECK int pw_store_events_json(pw_store *s, int64_t job_id, int64_t since, json_t **out, pw_err *err);
+
+/* ---- datasets (store_datasets.c; the files are datasets.h's) ------------- */
+
+typedef struct {
+  const char *id;         /* sha256, 64 lowercase hex */
+  int64_t size;
+  const char *format;     /* "text" | "tokens" */
+  const char *name;       /* NULL: none */
+  int64_t vocab_size, width, n_tokens; /* tokens; -1: unknown or not tokens */
+} pw_dataset_new;
+
+/* Records a dataset unless its id is already there (then the stored row,
+ * name included, stays). *created: 1 when this call added it. *out (when
+ * not NULL): the row as the API shows it:
+ *   {"id", "sha256", "size", "format", "name" (null when none), "created",
+ *    and for tokens with a known header "vocab_size", "width", "n_tokens"} */
+PW_MUST_CHECK int pw_store_dataset_insert(pw_store *s, const pw_dataset_new *d, int *created, json_t **out,
+                                          pw_err *err);
+/* One dataset (PW_ENOENT at "ds" when unknown). */
+PW_MUST_CHECK int pw_store_dataset_json(pw_store *s, const char *id, json_t **out, pw_err *err);
+/* {"datasets": [dataset...]}, newest first. */
+PW_MUST_CHECK int pw_store_datasets_json(pw_store *s, json_t **out, pw_err *err);
+/* Deletes the row: PW_ENOENT when unknown, PW_ECONFLICT (naming the job)
+ * while a job that is not finished uses it. *out (when not NULL) gets the
+ * deleted row. The caller removes the file after. */
+PW_MUST_CHECK int pw_store_dataset_delete(pw_store *s, const char *id, json_t **out, pw_err *err);
+/* The dataset a job reads (id[65], "" when none). */
+PW_MUST_CHECK int pw_store_job_dataset(pw_store *s, int64_t job_id, char id[65], pw_err *err);
 
 /* ---- totals for /metrics -------------------------------------------------- */
 

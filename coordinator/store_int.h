@@ -14,6 +14,9 @@
   "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
   "steps, loss, tokens_per_s, created, started, finished, run"
 
+/* The dataset row as its views read it. */
+#define PW__DS_COLS "id, size, format, name, created, vocab_size, width, n_tokens"
+
 /* Every statement the store runs, prepared once per connection on first
  * use and kept (SQLITE_PREPARE_PERSISTENT). Writes that belong together
  * run between BEGIN_W and COMMIT: BEGIN IMMEDIATE takes the write lock up
@@ -107,7 +110,19 @@
   X(EVENTS_SINCE,                                                                                  \
     "SELECT id, time, kind, message FROM events WHERE job_id = ?1 AND id > ?2 ORDER BY id")        \
   X(TOTALS_STATES, "SELECT state, count(*) FROM jobs GROUP BY state")                              \
-  X(TOTALS_METRICS, "SELECT count(*), total(tokens) FROM metrics")
+  X(TOTALS_METRICS, "SELECT count(*), total(tokens) FROM metrics")                                \
+  X(DS_INSERT,                                                                                     \
+    "INSERT INTO datasets(id, size, format, name, created, vocab_size, width, n_tokens) "           \
+    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING")                          \
+  X(DS_GET, "SELECT " PW__DS_COLS " FROM datasets WHERE id = ?1")                                  \
+  X(DS_LIST, "SELECT " PW__DS_COLS " FROM datasets ORDER BY created DESC, id")                     \
+  X(DS_DELETE, "DELETE FROM datasets WHERE id = ?1")                                               \
+  X(DS_EXISTS, "SELECT 1 FROM datasets WHERE id = ?1")                                               \
+  X(DS_USER,                                                                                       \
+    "SELECT j.id, j.state FROM job_datasets d JOIN jobs j ON j.id = d.job_id WHERE d.dataset_id = ?1 " \
+    "AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id LIMIT 1")               \
+  X(JOB_DS_INSERT, "INSERT OR IGNORE INTO job_datasets(job_id, dataset_id) VALUES(?1, ?2)")        \
+  X(JOB_DS_GET, "SELECT dataset_id FROM job_datasets WHERE job_id = ?1 ORDER BY dataset_id LIMIT 1")
 
 enum {
 #define PW__ST_ENUM(name, sql) PW_ST_##name,

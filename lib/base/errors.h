@@ -38,7 +38,8 @@
   X(EINTERNAL, "internal error",                500, "internal")           \
   X(EBUDGET,   "over the resource budget",      422, "over_budget")        \
   X(EBUSY,     "too many requests",             429, "busy")               \
-  X(EUNAVAIL,  "service unavailable",           503, "unavailable")
+  X(EUNAVAIL,  "service unavailable",           503, "unavailable")        \
+  X(ENOSPC,    "no space left",                 507, "insufficient_storage")
 
 typedef enum {
   PW_OK = 0,

@@ -9,6 +9,7 @@
  * a state (a count in /metrics, a closed socket), never for a duration. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -180,6 +181,8 @@ static void coord_init(pw_coord *c) {
   snprintf(c->http_host, sizeof c->http_host, "127.0.0.1");
   snprintf(c->db_path, sizeof c->db_path, "%s/coord.db", tmpdir);
   snprintf(c->state_dir, sizeof c->state_dir, "%s", tmpdir);
+  /* data.path in the specs is read under the source tree, as --data-root would allow */
+  if (!realpath(PW_SOURCE_DIR, c->data_root)) fail_msg("realpath %s", PW_SOURCE_DIR);
   c->max_body = 64 * 1024;
   c->http_workers = WORKERS;
   c->http_queue = QUEUE;

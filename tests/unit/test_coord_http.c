@@ -9,6 +9,7 @@
  * message), with the server still answering after each. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include "coord.h"
 #include "plan.h"
 #include "safetensors.h"
+#include "sha256.h"
 #include "spec_json.h"
 
 #ifndef PW_SOURCE_DIR
@@ -129,6 +131,8 @@ static void coord_init(pw_coord *c, const char *token) {
   snprintf(c->db_path, sizeof c->db_path, "%s/coord.db", tmpdir);
   snprintf(c->web_dir, sizeof c->web_dir, "%s/web", tmpdir);
   snprintf(c->state_dir, sizeof c->state_dir, "%s", tmpdir);
+  /* data.path in the specs is read under the source tree, as --data-root would allow */
+  if (!realpath(PW_SOURCE_DIR, c->data_root)) fail_msg("realpath %s", PW_SOURCE_DIR);
   snprintf(c->api_token, sizeof c->api_token, "%s", token);
   c->max_body = 64 * 1024;
   pw_err err = {0};
@@ -286,12 +290,26 @@ static void test_submit_list_get(void **state) {
   assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "progress"), "total")), 10);
   assert_true(json_is_null(json_object_get(j, "eta_seconds")));
   assert_int_equal(json_array_size(json_object_get(j, "ranks")), 0);
-  /* the relative data path is stored absolute, with every default filled */
+  /* the data path (under the data root) is stored as the dataset it was
+   * imported as, with every default filled */
   json_t *spec = json_object_get(j, "spec");
-  const char *dp = json_string_value(json_object_get(json_object_get(spec, "data"), "path"));
-  char want[4096];
-  assert_non_null(realpath("examples/data/corpus.txt", want));
-  assert_string_equal(dp, want);
+  json_t *data = json_object_get(spec, "data");
+  assert_null(json_object_get(data, "path"));
+  const char *ds = json_string_value(json_object_get(data, "dataset"));
+  assert_non_null(ds);
+  char dpath[4200];
+  snprintf(dpath, sizeof dpath, "%s/datasets/%s", tmpdir, ds);
+  struct stat st;
+  assert_int_equal(stat(dpath, &st), 0);
+  FILE *f = fopen("examples/data/corpus.txt", "rb");
+  assert_non_null(f);
+  char *bytes = malloc((size_t)st.st_size + 1);
+  assert_int_equal(fread(bytes, 1, (size_t)st.st_size + 1, f), (size_t)st.st_size);
+  fclose(f);
+  char hex[65];
+  pw_sha256_hex(bytes, (size_t)st.st_size, hex);
+  free(bytes);
+  assert_string_equal(ds, hex);
   assert_true(json_is_object(json_object_get(spec, "train")));
   json_decref(j);
 

@@ -1,0 +1,185 @@
+/* api_data: a submitted job's data, before it is queued.
+ *
+ * data.path is a file on the coordinator's host, so it is read only under
+ * --data-root (none by default: every path is refused): the path, joined to
+ * the root when relative, is resolved (symlinks and "..") and must land
+ * inside the root on a regular file the coordinator can read; anything else
+ * is a 422 at data.path naming the path and the root. An accepted file is
+ * imported into the dataset store (hashed and copied, on the pool thread
+ * the submission runs on) and the job reads that dataset: workers on other
+ * hosts fetch it by its id, never by a path. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "datasets.h"
+#include "log.h"
+
+/* Is real (a resolved path) root itself or inside it? */
+static int under_root(const char *real, const char *root) {
+  size_t n = strlen(root);
+  if (n == 1 && root[0] == '/') return 1;
+  return !strncmp(real, root, n) && (real[n] == 0 || real[n] == '/');
+}
+
+/* path with ".", ".." and repeated slashes folded, symlinks not followed
+ * (in place; path is absolute). */
+static void fold(char *path) {
+  char *out = path, *p = path;
+  while (*p) {
+    while (*p == '/') p++;
+    char *seg = p;
+    while (*p && *p != '/') p++;
+    size_t n = (size_t)(p - seg);
+    if (n == 0 || (n == 1 && seg[0] == '.')) continue;
+    if (n == 2 && seg[0] == '.' && seg[1] == '.') {
+      while (out > path && *--out != '/') {
+      }
+      continue;
+    }
+    *out++ = '/';
+    memmove(out, seg, n);
+    out += n;
+  }
+  if (out == path) *out++ = '/';
+  *out = 0;
+}
+
+int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap) {
+  const char *given = job->data.path, *root = r->c->data_root;
+  real[0] = 0;
+  if (job->data.kind != PW_DATA_TEXT && job->data.kind != PW_DATA_TOKENS) return 0;
+  if (given[0] && job->data.dataset[0]) {
+    pw_reply_error(r, PW_ESPEC, "data", "give data.path or data.dataset, not both");
+    return PW_ESPEC;
+  }
+  if (job->data.dataset[0]) { /* known here, so an unknown id is refused before planning */
+    json_t *row = NULL;
+    pw_err err = {0};
+    int rc = pw_store_dataset_json(s, job->data.dataset, &row, &err);
+    json_decref(row);
+    if (rc == PW_ENOENT)
+      pw_reply_error(r, PW_ESPEC, "data.dataset", "no dataset %s is stored (upload it: POST /v1/datasets)",
+                     job->data.dataset);
+    else if (rc)
+      pw_reply_err(r, &err);
+    return rc;
+  }
+  if (!given[0]) return 0;
+  if (!root[0]) {
+    pw_reply_error(r, PW_ESPEC, "data.path",
+                   "\"%.300s\": this coordinator reads no local files (no --data-root is set): upload the file "
+                   "(POST /v1/datasets, pipewright dataset upload) and name it as data.dataset",
+                   given);
+    return PW_ESPEC;
+  }
+  char joined[PATH_MAX * 2], res[PATH_MAX];
+  snprintf(joined, sizeof joined, given[0] == '/' ? "%s" : "%s/%s", given[0] == '/' ? given : root, given);
+  /* outside by its very spelling: refused before the file is looked at, so
+   * the answer says nothing about what exists outside the root */
+  fold(joined);
+  if (!under_root(joined, root)) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
+    return PW_ESPEC;
+  }
+  if (!realpath(joined, res)) {
+    int e = errno;
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": %s under the data root %s", given,
+                   e == ENOENT || e == ENOTDIR ? "no such file" : strerror(e), root);
+    return PW_ESPEC;
+  }
+  /* the resolved path is not shown: it would map the host's files for the client */
+  if (!under_root(res, root)) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
+    return PW_ESPEC;
+  }
+  struct stat st;
+  if (stat(res, &st) || !S_ISREG(st.st_mode)) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" is not a regular file (data root %s)", given, root);
+    return PW_ESPEC;
+  }
+  if (access(res, R_OK)) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" cannot be read: %s (data root %s)", given, strerror(errno),
+                   root);
+    return PW_ESPEC;
+  }
+  if (strlen(res) >= cap) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": the resolved path is too long", given);
+    return PW_ESPEC;
+  }
+  memcpy(real, res, strlen(res) + 1);
+  return 0;
+}
+
+/* Imports the file at real; a token file whose header is wrong is the
+ * spec's fault (422 at data.path), anything else the coordinator's. */
+static int import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
+  pw_err err = {0};
+  int rc = pw_ds_import(r->c->state_dir, real, "data.path", info, &err);
+  if (!rc) {
+    pw_dataset_new d = {.id = info->id,
+                        .size = info->size,
+                        .format = info->format,
+                        .name = strrchr(real, '/') ? strrchr(real, '/') + 1 : real,
+                        .vocab_size = info->vocab_size,
+                        .width = info->width,
+                        .n_tokens = info->n_tokens};
+    int created = 0;
+    rc = pw_store_dataset_insert(s, &d, &created, NULL, &err);
+    if (!rc && created)
+      pw_info("dataset %s imported from %s: %lld bytes, %s", info->id, real, (long long)info->size, info->format);
+  }
+  if (rc == PW_EFORMAT) {
+    pw_reply_error(r, PW_ESPEC, "data.path", "%s", err.msg);
+  } else if (rc) {
+    char b[600];
+    pw_error("submit: importing %s: %s", real, pw_err_str(&err, b, sizeof b));
+    pw_reply_err(r, &err);
+  }
+  return rc;
+}
+
+/* The stored dataset fits the job: kind tokens needs a token file, whose
+ * vocabulary the model must cover. where: the field the user wrote. */
+static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab, const char *where) {
+  const char *fmt = json_string_value(json_object_get(row, "format"));
+  json_int_t vocab = json_integer_value(json_object_get(row, "vocab_size"));
+  if (job->data.kind == PW_DATA_TOKENS && (!fmt || strcmp(fmt, "tokens"))) {
+    pw_reply_error(r, PW_ESPEC, where, "data.kind is tokens but dataset %.12s... is %s, not a token file (PWTOKENS)",
+                   job->data.dataset, fmt ? fmt : "?");
+    return PW_ESPEC;
+  }
+  if (fmt && !strcmp(fmt, "tokens") && model_vocab > 0 && vocab > model_vocab) {
+    pw_reply_error(r, PW_ESPEC, where, "the token dataset %.12s... has vocab_size %lld, more than the model's %d",
+                   job->data.dataset, (long long)vocab, model_vocab);
+    return PW_ESPEC;
+  }
+  return 0;
+}
+
+int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab) {
+  const char *where = real[0] ? "data.path" : "data.dataset";
+  if (real[0]) {
+    pw_ds_info info;
+    if (import(r, s, real, &info)) return -1;
+    memcpy(job->data.dataset, info.id, sizeof job->data.dataset);
+    job->data.path[0] = 0; /* workers fetch it by id, on any host */
+  }
+  if (!job->data.dataset[0]) return 0;
+  json_t *row = NULL;
+  pw_err err = {0};
+  int rc = pw_store_dataset_json(s, job->data.dataset, &row, &err);
+  if (rc == PW_ENOENT)
+    pw_reply_error(r, PW_ESPEC, where, "no dataset %s is stored (deleted meanwhile?)", job->data.dataset);
+  else if (rc)
+    pw_reply_err(r, &err);
+  if (!rc) rc = fits(r, job, row, model_vocab, where);
+  json_decref(row);
+  return rc;
+}
