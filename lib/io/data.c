@@ -17,6 +17,14 @@
  *   inputs are bytes o .. o+T-1 of the split, targets o+1 .. o+T, as int32.
  *   Eval batches always use the sequential rule over the eval split.
  *
+ * tokens: a token file (tokfile.h): the same rules over its ids instead of
+ *   bytes (L = n_tokens), so a text file and its byte-level conversion give
+ *   the same batches. Every id is checked at open, and the file's
+ *   vocab_size must not exceed the model's.
+ *
+ * A stored dataset (spec->dataset set) is read from spec->path, whose
+ * bytes must hash (SHA-256) to the dataset's id.
+ *
  * copy / reverse: a sequence is T+1 tokens s[0..T] drawn from
  *   pw_rng seeded with key(split, k, i). With h = T / 2 (T >= 2):
  *     s[0 .. h-1]     h symbols, each 1 + pw_rng_below(vocab - 1)
@@ -47,6 +55,8 @@
 
 #include "log.h"
 #include "rng.h"
+#include "sha256.h"
+#include "tokfile.h"
 
 #define PW__DATA_MAX_FILE (1ull << 30)
 
@@ -56,10 +66,12 @@ struct pw_dataset {
   pw_data_shape shape;
   uint64_t seed;
   uint64_t tag[2];     /* split tags: [PW_SPLIT_TRAIN], [PW_SPLIT_EVAL] */
-  /* text */
+  /* text, tokens */
   unsigned char *bytes; /* the whole file */
-  size_t len;          /* L */
-  size_t train_len;    /* N; the eval split is bytes[N .. L) */
+  const unsigned char *ids; /* the first id: bytes (text) or bytes + header (tokens) */
+  unsigned width;      /* bytes per id: 1 (text), 2 or 4 */
+  size_t len;          /* L, in ids */
+  size_t train_len;    /* N; the eval split is ids N .. L-1 */
   /* regression, classify */
   double *teacher;     /* (out_dim, in_dim) */
 };
@@ -71,6 +83,7 @@ static const char *kind_name(pw_data_kind k) {
     case PW_DATA_REVERSE: return "reverse";
     case PW_DATA_REGRESSION: return "regression";
     case PW_DATA_CLASSIFY: return "classify";
+    case PW_DATA_TOKENS: return "tokens";
   }
   return "?";
 }
@@ -114,31 +127,70 @@ static int read_text(const char *path, unsigned char **out, size_t *out_len, pw_
   return 0;
 }
 
-static int open_text(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
+/* A stored dataset's local copy must still be those bytes. */
+static int check_hash(const unsigned char *buf, size_t len, const pw_data_spec *spec, pw_err *err) {
+  if (!spec->dataset[0]) return 0;
+  char hex[PW_SHA256_HEX_LEN + 1];
+  pw_sha256_hex(buf, len, hex);
+  if (strcmp(hex, spec->dataset))
+    return pw_err_set(err, PW_EIO, "data.dataset", "%s holds bytes whose sha256 is %s, expected %s", spec->path, hex,
+                      spec->dataset);
+  return 0;
+}
+
+/* Token file: header and ids checked, and the vocabulary fits the model. */
+static int open_tokens(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
+  pw_tokfile_hdr h;
+  int rc = pw_tokfile_header_parse(ds->bytes, ds->len, ds->len, &h, "data.path", err);
+  if (!rc) rc = pw_tokfile_check_ids(ds->bytes + PW_TOKFILE_HEADER, h.n_tokens, 0, &h, "data.path", err);
+  if (rc) {
+    /* the file's name in the message: the path is data.path's value */
+    char m[sizeof err->msg];
+    snprintf(m, sizeof m, "%s", err ? err->msg : "");
+    return pw_err_set(err, rc, "data.path", "%s: %s", spec->path, m);
+  }
+  if ((int64_t)h.vocab_size > ds->shape.vocab_size)
+    return pw_err_set(err, PW_ESPEC, "model.vocab_size",
+                      "the token file %s has vocab_size %u, more than the model's %d", spec->path, h.vocab_size,
+                      ds->shape.vocab_size);
+  ds->ids = ds->bytes + PW_TOKFILE_HEADER;
+  ds->width = h.width;
+  ds->len = (size_t)h.n_tokens;
+  return 0;
+}
+
+/* text or tokens: the file whole, then the splits (in ids). */
+static int open_file(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
   int T = ds->shape.seq_len;
-  if (ds->shape.vocab_size < 256)
+  if (spec->kind == PW_DATA_TEXT && ds->shape.vocab_size < 256)
     return pw_err_set(err, PW_ESPEC, "model.vocab_size",
                       "text data uses byte tokens and needs vocab_size >= 256 (model has %d)",
                       ds->shape.vocab_size);
   if (!(spec->eval_fraction >= 0.0 && spec->eval_fraction < 1.0))
     return pw_err_set(err, PW_ESPEC, "data.eval_fraction", "must be in [0, 1) (got %g)",
                       spec->eval_fraction);
+  if (!spec->path[0])
+    return pw_err_set(err, PW_ESPEC, "data.path", "no local file for dataset %s", spec->dataset);
   int rc = read_text(spec->path, &ds->bytes, &ds->len, err);
+  if (!rc) rc = check_hash(ds->bytes, ds->len, spec, err);
   if (rc) return rc;
+  ds->ids = ds->bytes, ds->width = 1;
+  if (spec->kind == PW_DATA_TOKENS && (rc = open_tokens(ds, spec, err))) return rc;
   size_t need = (size_t)T + 2;
   size_t eval_len = (size_t)floor((double)ds->len * spec->eval_fraction);
   if (eval_len > ds->len) eval_len = ds->len;
   ds->train_len = ds->len - eval_len;
+  const char *unit = ds->width == 1 ? "bytes" : "tokens";
   if (ds->train_len < need)
     return pw_err_set(err, PW_ESPEC, "data.path",
-                      "%s has only %zu bytes (%zu in the train split); seq_len %d needs at least "
+                      "%s has only %zu %s (%zu in the train split); seq_len %d needs at least "
                       "%zu in each split",
-                      spec->path, ds->len, ds->train_len, T, need);
+                      spec->path, ds->len, unit, ds->train_len, T, need);
   if (eval_len < need)
     return pw_err_set(err, PW_ESPEC, "data.eval_fraction",
-                      "the eval split of %s (%g of %zu bytes) has only %zu bytes; seq_len %d "
+                      "the eval split of %s (%g of %zu %s) has only %zu %s; seq_len %d "
                       "needs at least %zu",
-                      spec->path, spec->eval_fraction, ds->len, eval_len, T, need);
+                      spec->path, spec->eval_fraction, ds->len, unit, eval_len, unit, T, need);
   return 0;
 }
 
@@ -156,7 +208,7 @@ static int open_teacher(pw_dataset *ds) {
 int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
                     pw_dataset **out, pw_err *err) {
   *out = NULL;
-  int token_kind = spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_COPY ||
+  int token_kind = spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_TOKENS || spec->kind == PW_DATA_COPY ||
                    spec->kind == PW_DATA_REVERSE;
   if (token_kind && !shape->tokens)
     return pw_err_set(err, PW_ESPEC, "data.kind",
@@ -191,8 +243,8 @@ int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsign
   ds->tag[PW_SPLIT_TRAIN] = pw_hash_str("train");
   ds->tag[PW_SPLIT_EVAL] = pw_hash_str("eval");
   int rc = 0;
-  if (spec->kind == PW_DATA_TEXT)
-    rc = open_text(ds, spec, err);
+  if (spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_TOKENS)
+    rc = open_file(ds, spec, err);
   else if ((spec->kind == PW_DATA_REGRESSION || spec->kind == PW_DATA_CLASSIFY) && open_teacher(ds))
     rc = pw_err_set(err, PW_ENOMEM, "data", "out of memory for the teacher matrix");
   if (rc) {
@@ -211,7 +263,7 @@ void pw_dataset_close(pw_dataset *ds) {
 }
 
 size_t pw_dataset_train_len(const pw_dataset *ds) {
-  return ds->kind == PW_DATA_TEXT ? ds->train_len : 0;
+  return ds->kind == PW_DATA_TEXT || ds->kind == PW_DATA_TOKENS ? ds->train_len : 0;
 }
 
 /* ((k*B + i) * T) mod M without overflow: every factor is reduced mod M
@@ -224,7 +276,7 @@ static uint64_t sequential_offset(uint64_t k, uint64_t B, uint64_t i, uint64_t T
 static void text_sequence(const pw_dataset *ds, pw_split split, long step, int i, int batch_size,
                           int32_t *in, int32_t *tg) {
   int T = ds->shape.seq_len;
-  const unsigned char *base = ds->bytes + (split == PW_SPLIT_EVAL ? ds->train_len : 0);
+  size_t base = split == PW_SPLIT_EVAL ? ds->train_len : 0;
   size_t S = split == PW_SPLIT_EVAL ? ds->len - ds->train_len : ds->train_len;
   uint64_t M = (uint64_t)S - (uint64_t)T - 1;
   uint64_t o;
@@ -232,9 +284,17 @@ static void text_sequence(const pw_dataset *ds, pw_split split, long step, int i
     o = seq_key(ds, split, step, i) % M;
   else
     o = sequential_offset((uint64_t)step, (uint64_t)batch_size, (uint64_t)i, (uint64_t)T, M);
+  if (ds->width == 1) {
+    const unsigned char *b = ds->ids + base;
+    for (int t = 0; t < T; t++) {
+      if (in) in[t] = b[o + (uint64_t)t];
+      if (tg) tg[t] = b[o + (uint64_t)t + 1];
+    }
+    return;
+  }
   for (int t = 0; t < T; t++) {
-    if (in) in[t] = base[o + (uint64_t)t];
-    if (tg) tg[t] = base[o + (uint64_t)t + 1];
+    if (in) in[t] = (int32_t)pw_tokfile_id(ds->ids, ds->width, base + o + (uint64_t)t);
+    if (tg) tg[t] = (int32_t)pw_tokfile_id(ds->ids, ds->width, base + o + (uint64_t)t + 1);
   }
 }
 
@@ -298,6 +358,7 @@ void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first
     int i = first + j;
     switch (ds->kind) {
       case PW_DATA_TEXT:
+      case PW_DATA_TOKENS:
         text_sequence(ds, split, step, i, batch_size,
                       inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
                       targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);

@@ -14,6 +14,8 @@
  *              bytes o..o+T-1, targets o+1..o+T) and `random` (start drawn
  *              from a hash of (seed, k, i)). Eval batches always use the
  *              sequential rule over the eval split.
+ *  tokens      the ids of a token file (tokfile.h), with text's samplers
+ *              and splits counted in ids.
  *  copy        synthetic tokens: a random first half (symbols 1..vocab-1),
  *              then the same symbols again; next-token targets.
  *  reverse     as copy, with the second half reversed.

@@ -131,7 +131,8 @@ int pw_plan_peak_slots(const pw_sched *s, int *peak) {
 static size_t data_bytes(const pw_job *job, const pw_model *m) {
   struct stat st;
   switch (job->data.kind) {
-    case PW_DATA_TEXT: return stat(job->data.path, &st) == 0 ? (size_t)st.st_size : 0;
+    case PW_DATA_TEXT:
+    case PW_DATA_TOKENS: return job->data.path[0] && stat(job->data.path, &st) == 0 ? (size_t)st.st_size : 0;
     case PW_DATA_REGRESSION:
     case PW_DATA_CLASSIFY: return (size_t)m->data.in_dim * (size_t)m->data.out_dim * sizeof(double);
     default: return 0;

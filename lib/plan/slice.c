@@ -102,12 +102,12 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
                             "stage_to_rank", s2r, "actions", acts);
   const pw_data_spec *d = &job->data;
   json_t *body = json_pack(
-      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:i, s:f}, s:o, s:o, s:o, "
+      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:f}, s:o, s:o, s:o, "
       "s:o, s:I}",
       "version", PW_SLICE_VERSION, "plan_sha256", plan_sha256, "rank", rank, "pipeline_rank", prank, "replica",
       rank / p->pp, "pp", p->pp, "dp", p->dp, "virtual_stages", p->V, "stages", p->S, "microbatches", p->m,
       "microbatch_size", p->mb_size, "mode", job->mode, "train", train_json(job), "data", "kind", d->kind, "path",
-      d->path, "sampler", d->sampler, "eval_fraction", d->eval_fraction, "model", model_json(&p->model),
+      d->path, "dataset", d->dataset, "sampler", d->sampler, "eval_fraction", d->eval_fraction, "model", model_json(&p->model),
       "partition", partition_json(p, prank), "schedule", sched, "local_stages", local, "memory_budget",
       (json_int_t)p->mem[prank].total);
   if (!body) return pw_err_set(err, PW_ENOMEM, "slice", "out of memory (or a value JSON cannot hold)");
@@ -295,18 +295,18 @@ static int decode_sched(json_t *j, pw_slice *s, pw_err *err) {
 
 static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   int version, mode, dkind, sampler;
-  const char *plan_sha, *seed, *path;
+  const char *plan_sha, *seed, *path, *dataset;
   json_t *train, *opt, *model, *part, *sched, *local;
   json_int_t budget;
   pw_train_spec *t = &s->train;
   pw_optim_spec *o = &t->optim;
   int rc = unpack(err, "slice", b,
-                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:i, s:F}, s:o, "
+                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F}, s:o, "
                   "s:o, s:o, s:o, s:I}",
                   "version", &version, "plan_sha256", &plan_sha, "rank", &s->rank, "pipeline_rank", &s->prank,
                   "replica", &s->replica, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
                   "microbatches", &s->m, "microbatch_size", &s->mb_size, "mode", &mode, "train", &train, "data",
-                  "kind", &dkind, "path", &path, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
+                  "kind", &dkind, "path", &path, "dataset", &dataset, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
                   "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
                   &budget);
   if (rc) return rc;
@@ -314,11 +314,12 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
     return pw_err_set(err, PW_EPROTO, "slice.version", "%d, this worker reads version %d", version, PW_SLICE_VERSION);
   if (s->pp < 1 || s->dp < 1 || s->V < 1 || s->S < 1 || s->m < 1 || s->mb_size < 1 || !in(s->prank, 0, s->pp) ||
       !in(s->replica, 0, s->dp) || s->rank != s->replica * s->pp + s->prank || budget < 0 || !in(mode, 0, 2) ||
-      !in(dkind, 0, 5) || !in(sampler, 0, 2) || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
-      strlen(path) >= sizeof s->data.path)
+      !in(dkind, 0, PW_DATA_TOKENS + 1) || !in(sampler, 0, 2) || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
+      strlen(path) >= sizeof s->data.path || (dataset[0] && !pw_data_id_valid(dataset)))
     return pw_err_set(err, PW_EPROTO, "slice", "mesh, rank, mode, data or plan hash out of range");
   snprintf(s->plan_sha256, sizeof s->plan_sha256, "%s", plan_sha);
   snprintf(s->data.path, sizeof s->data.path, "%s", path);
+  snprintf(s->data.dataset, sizeof s->data.dataset, "%s", dataset);
   s->data.kind = (pw_data_kind)dkind, s->data.sampler = (pw_sampler_kind)sampler;
   s->mode = (pw_mode)mode;
   s->mem_budget = (size_t)budget;

@@ -51,7 +51,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 1
+#define PW_SLICE_VERSION 2 /* 2: data.dataset */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

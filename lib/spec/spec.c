@@ -40,7 +40,7 @@ const int pw_n_schedule_names = (int)(sizeof pw_schedule_names / sizeof pw_sched
 static const char *const mode_names[] = {"train", "forward"};       /* pw_mode */
 static const char *const part_names[] = {"even", "markers", "balanced"}; /* pw_partition_mode */
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
-static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify"};
+static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
 static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
 
@@ -109,10 +109,11 @@ static const pw__field opt_fields[] = {
     PW__NUM("momentum", PW__HI_OPEN, O_SGD, pw_optim_spec, momentum, 0, 0, 1),
 };
 
-#define D_TEXT (1u << PW_DATA_TEXT)
+#define D_TEXT ((1u << PW_DATA_TEXT) | (1u << PW_DATA_TOKENS)) /* kinds read from a file */
 static const pw__field data_fields[] = {
     PW__ENUM("kind", PW__REQ, PW__ALL, pw_data_spec, kind, 0, data_names),
-    PW__STR("path", PW__REQ, D_TEXT, pw_data_spec, path),
+    PW__STR("path", 0, D_TEXT, pw_data_spec, path),
+    PW__STR("dataset", 0, D_TEXT, pw_data_spec, dataset),
     PW__ENUM("sampler", 0, D_TEXT, pw_data_spec, sampler, PW_SAMPLER_RANDOM, sampler_names),
     PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
             1),
@@ -232,6 +233,13 @@ static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition
   return 0;
 }
 
+int pw_data_id_valid(const char *s) {
+  size_t n = 0;
+  for (; s[n]; n++)
+    if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f'))) return 0;
+  return n == 64;
+}
+
 /* data.path as given if it exists from here; else base_dir/path if that
  * exists; else as given (the dataset opener reports it missing). */
 static void data_path_resolve(pw_data_spec *d, const char *base_dir) {
@@ -243,12 +251,18 @@ static void data_path_resolve(pw_data_spec *d, const char *base_dir) {
 
 static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_err *err) {
   int kind = 0, rc;
-  if ((rc = pw__enum_get(o, "data", "kind", data_names, 5, -1, &kind, err))) return rc;
+  if ((rc = pw__enum_get(o, "data", "kind", data_names, PW__N(data_names), -1, &kind, err))) return rc;
   char ctx[32];
   snprintf(ctx, sizeof ctx, "kind %s", data_names[kind]);
   if ((rc = pw__fields_parse(o, "data", data_fields, PW__N(data_fields), 1u << kind, ctx, d, err)))
     return rc;
-  if (kind == PW_DATA_TEXT) data_path_resolve(d, base_dir);
+  if (!((1u << kind) & D_TEXT)) return 0;
+  if (!d->path[0] && !d->dataset[0])
+    return pw_err_set(err, PW_ESPEC, "data", "kind %s needs data.path (a file) or data.dataset (a stored dataset's id)",
+                      data_names[kind]);
+  if (d->dataset[0] && !pw_data_id_valid(d->dataset))
+    return pw_err_set(err, PW_ESPEC, "data.dataset", "must be a dataset id: 64 lowercase hex digits (its sha256)");
+  if (d->path[0] && !d->dataset[0]) data_path_resolve(d, base_dir);
   return 0;
 }
 
@@ -267,10 +281,11 @@ static int cross_check(const pw_job *job, pw_err *err) {
   const pw_model_spec *m = &job->model;
   const pw_data_spec *d = &job->data;
   int tokens = m->input == PW_INPUT_TOKENS;
-  int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_COPY || d->kind == PW_DATA_REVERSE;
+  int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_COPY ||
+                   d->kind == PW_DATA_REVERSE;
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
-                      "a token model needs kind text, copy or reverse (got %s)", data_names[d->kind]);
+                      "a token model needs kind text, tokens, copy or reverse (got %s)", data_names[d->kind]);
   if (!tokens && token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "a features model (%s) needs kind regression or classify (got %s)",

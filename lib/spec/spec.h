@@ -115,11 +115,16 @@ typedef struct {
   pw_optim_spec optim;
 } pw_train_spec;
 
-typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY } pw_data_kind;
+/* The numbers travel in plan slices: append, never reorder. */
+typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY, PW_DATA_TOKENS } pw_data_kind;
 typedef enum { PW_SAMPLER_SEQUENTIAL, PW_SAMPLER_RANDOM } pw_sampler_kind;
 typedef struct {
   pw_data_kind kind;
-  char path[512];        /* text: a file of bytes; resolved against the job file's folder if relative and not found */
+  /* text and tokens take a file: path, or a stored dataset (its sha256,
+   * lowercase hex). With both set (a worker's cache), path is read and
+   * must hash to dataset. */
+  char path[512];        /* resolved against the job file's folder if relative and not found */
+  char dataset[65];
   pw_sampler_kind sampler; /* text: default random */
   double eval_fraction;  /* text: trailing fraction held out for eval; default 0.1 */
 } pw_data_spec;
@@ -146,6 +151,8 @@ void pw_job_free(pw_job *job);
  * pw_job_parse applies it, and the planner, the trainer and the workers
  * take their microbatch size from it. */
 PW_MUST_CHECK int pw_job_mb_size(const pw_job *job, pw_err *err);
+/* 1 when s is a dataset id: 64 lowercase hex digits (a sha256). */
+int pw_data_id_valid(const char *s);
 
 /* What the model expects of the data. */
 typedef struct {

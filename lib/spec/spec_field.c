@@ -207,7 +207,10 @@ int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const
         v = json_string(f->names[e]);
         break;
       }
-      case PW__F_STR: v = json_string(p); break;
+      case PW__F_STR:
+        if (!*p && !(f->flags & PW__REQ)) continue; /* optional and unset */
+        v = json_string(p);
+        break;
     }
     if (json_object_set_new(o, f->key, v)) return -1;
   }
