@@ -76,7 +76,7 @@ static const field f_pw_msg_error[] = {OPT_MIN(S, job, F_INT, 0), OPT_MIN(S, run
 #undef S
 #define S pw_msg_welcome
 static const field f_pw_msg_welcome[] = {REQ_MIN(S, version, F_INT, 1), REQ_MIN(S, worker_id, F_INT, 0),
-                                         FLD(S, heartbeat_interval, F_NUM, 0, 0, 1, 1), END};
+                                         FLD(S, heartbeat_interval, F_NUM, 0, 0, 1, 1), OPT(S, http_url, F_STR), END};
 #undef S
 #define S pw_msg_refused
 static const field f_pw_msg_refused[] = {REQ(S, reason, F_STR), END};

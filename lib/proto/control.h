@@ -43,7 +43,9 @@
  *   error       job?:int, run?:int, rank?:int, message:str
  *
  * coordinator -> worker
- *   welcome     version:int>=1, worker_id:int, heartbeat_interval:number>0
+ *   welcome     version:int>=1, worker_id:int, heartbeat_interval:number>0,
+ *               http_url?:str (the base URL of the coordinator's HTTP API,
+ *               e.g. "http://10.0.0.1:8080": workers fetch datasets there)
  *   refused     reason:str
  *   assign      job:int, run:int, rank:int, slice:str (the rank's slice
  *               of the plan: canonical JSON text, lib/plan/slice.h),
@@ -88,7 +90,7 @@ typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; i
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
 typedef struct { int64_t job, run, rank; const char *message; } pw_msg_error;
-typedef struct { int64_t version, worker_id; double heartbeat_interval; } pw_msg_welcome;
+typedef struct { int64_t version, worker_id; double heartbeat_interval; const char *http_url; } pw_msg_welcome;
 typedef struct { const char *reason; } pw_msg_refused;
 typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
                  const char *checkpoint_dir, *resume; int64_t trace_every; } pw_msg_assign;

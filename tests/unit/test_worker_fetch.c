@@ -9,7 +9,10 @@
  * corrupted entry is found when opened, fetched again once and opened; a
  * body that does not hash to the id, one over the stated size or over the
  * cache, a 401 and a 404 are refused with errors naming the URL (and both
- * hashes), and leave nothing behind. */
+ * hashes), and leave nothing behind. And a run (worker/run.c) whose slice
+ * names data.dataset opens it from the cache: fetched on first use, the
+ * copy verified by the data loader, a corrupted copy fetched again; its
+ * errors name the dataset and the URL; the run holds its entry until freed. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +32,7 @@
 
 #include "fetch.h"
 #include "sha256.h"
+#include "test_worker_fixture.h"
 
 /* ---- the server ------------------------------------------------------------ */
 
@@ -539,6 +543,100 @@ static void test_startup_cleans_and_parses(void **state) {
   rm_rf(g_dir);
 }
 
+/* ---- a run's dataset ------------------------------------------------------------ */
+
+/* A text dataset (bytes of prose-like text) served under its id. */
+static served *serve_text(size_t n) {
+  served *s = serve(n, 0, SERVE_OK);
+  for (size_t i = 0; i < n; i++) s->bytes[i] = (uint8_t)("pipelines of stages "[i % 20]);
+  pw_sha256_hex(s->bytes, n, s->id);
+  return s;
+}
+
+static wf_job *dataset_job(const char *id) {
+  char spec[1024];
+  snprintf(spec, sizeof spec,
+           "{\"name\":\"ds\",\"model\":{\"template\":\"gpt\",\"vocab_size\":256,\"seq_len\":8,\"d_model\":8,"
+           "\"n_layers\":1,\"n_heads\":2},\"mesh\":{\"pp\":1,\"dp\":1},"
+           "\"schedule\":{\"name\":\"gpipe\",\"microbatches\":2},"
+           "\"train\":{\"steps\":1,\"batch_size\":4,\"seed\":5},\"data\":{\"kind\":\"text\",\"dataset\":\"%s\"}}",
+           id);
+  return wf_job_make(spec);
+}
+
+/* Rank 0's run opening its files, as its compute thread does: 0 or the
+ * error in err. The run is kept (it holds its entry) until run_done. */
+static int open_run(wf_job *f, pw_dscache *c, const char *url, pw_run **out, pw_err *err) {
+  pw_run *r = wf_run(f, 0, 1);
+  r->cache = c;
+  snprintf(r->http_url, sizeof r->http_url, "%s", url);
+  r->token = "";
+  *out = r;
+  return pw_run_open_files(r, err);
+}
+
+static void test_run_dataset(void **state) {
+  make_state_dir();
+  served *t = serve_text(4000);
+  pw_dscache *c = open_cache(1 << 20);
+  wf_job *f = dataset_job(t->id);
+  pw_err err = {0};
+  char b[600];
+  pw_run *r;
+  /* fetched on first use; the run holds it */
+  if (open_run(f, c, srv.url, &r, &err)) fail_msg("%s", pw_err_str(&err, b, sizeof b));
+  assert_non_null(r->ds);
+  assert_int_equal(pw_dataset_train_len(r->ds), 3600);
+  assert_int_equal(atomic_load(&t->hits), 1);
+  assert_true(r->cp.ds_held);
+  served *other = serve(1 << 20, 7, SERVE_OK); /* as large as the cache: needs t's room */
+  assert_int_equal(get(c, other, &err), PW_ETOOBIG);
+  assert_contains(err.msg, "running jobs hold 4000 bytes");
+  wf_run_free(f, r);
+  /* a corrupted copy: the data loader refuses it, it is fetched again */
+  corrupt(t);
+  if (open_run(f, c, srv.url, &r, &err)) fail_msg("%s", pw_err_str(&err, b, sizeof b));
+  assert_int_equal(atomic_load(&t->hits), 2);
+  assert_true(file_equals(t));
+  assert_non_null(r->ds);
+  wf_run_free(f, r);
+  /* freed runs hold nothing: the next dataset may take the room */
+  assert_int_equal(get(c, other, &err), 0);
+  pw_dscache_release(c, other->id);
+  assert_false(pw_dscache_has(c, t->id));
+  /* not cached, and no URL to fetch it from */
+  assert_int_equal(open_run(f, c, "", &r, &err), PW_EPROTO);
+  assert_contains(err.msg, t->id);
+  assert_contains(err.msg, "no http_url");
+  assert_false(r->cp.ds_held);
+  wf_run_free(f, r);
+  wf_job_free(f);
+  /* a server sending other bytes than the id's */
+  served *bad = serve_text(3000);
+  char real[65];
+  memcpy(real, bad->id, sizeof real);
+  bad->id[0] = bad->id[0] == '0' ? '1' : '0'; /* served under an id its bytes do not hash to */
+  f = dataset_job(bad->id);
+  assert_int_equal(open_run(f, c, srv.url, &r, &err), PW_EIO);
+  assert_contains(err.msg, srv.url);
+  assert_contains(err.msg, bad->id);
+  assert_contains(err.msg, real);
+  wf_run_free(f, r);
+  wf_job_free(f);
+  /* a dataset the coordinator does not have */
+  const char *unknown = "00000000000000000000000000000000000000000000000000000000000000ff";
+  f = dataset_job(unknown);
+  assert_int_equal(open_run(f, c, srv.url, &r, &err), PW_ENOENT);
+  assert_contains(err.msg, "HTTP 404");
+  assert_contains(err.msg, srv.url);
+  assert_contains(err.msg, unknown);
+  wf_run_free(f, r);
+  wf_job_free(f);
+  assert_int_equal(stray_files(), 0);
+  pw_dscache_close(c);
+  rm_rf(g_dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_fetch_then_cached, server_start, server_stop),
@@ -549,6 +647,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_oversize_refused, server_start, server_stop),
       cmocka_unit_test_setup_teardown(test_http_errors, server_start, server_stop),
       cmocka_unit_test(test_startup_cleans_and_parses),
+      cmocka_unit_test_setup_teardown(test_run_dataset, server_start, server_stop),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
