@@ -375,8 +375,8 @@ static int http_get(dl *d, const char *token, pw_err *err) {
                       token && *token ? "the coordinator refuses this worker's cluster token"
                                       : "this worker has no cluster token: give --token-file");
   if (d->status == 404)
-    return pw_err_set(err, PW_ENOENT, WHERE, "GET %s: HTTP 404%s%s (the coordinator has no such dataset)", d->url,
-                      sep, text);
+    return pw_err_set(err, PW_ENOENT, WHERE, "GET %s: HTTP 404: %s", d->url,
+                      text[0] ? text : "the coordinator has no such dataset");
   return pw_err_set(err, PW_EIO, WHERE, "GET %s: HTTP %ld%s%s", d->url, d->status, sep, text);
 }
 
