@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -504,6 +506,38 @@ static void test_http_errors(void **state) {
   rm_rf(g_dir);
 }
 
+/* A write that fails (a full disk; here the file size limit, which fails
+ * writes the same way) fails the fetch naming the URL and the reason, and
+ * leaves no temporary file. */
+static void test_write_error(void **state) {
+  make_state_dir();
+  served *a = serve(200000, 1, SERVE_OK);
+  pw_dscache *c = open_cache(1 << 20);
+  struct rlimit old, lim;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+  lim = old;
+  lim.rlim_cur = 65536;
+  void (*prev)(int) = signal(SIGXFSZ, SIG_IGN); /* EFBIG instead of the signal */
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  pw_err err = {0};
+  int rc = get(c, a, &err);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, prev);
+  assert_int_equal(rc, PW_EIO);
+  assert_contains(err.msg, srv.url);
+  assert_contains(err.msg, a->id);
+  assert_contains(err.msg, "writing");
+  assert_contains(err.msg, "File too large");
+  assert_false(pw_dscache_has(c, a->id));
+  assert_int_equal(stray_files(), 0);
+  /* and once there is room again, it works */
+  assert_int_equal(get(c, a, &err), 0);
+  pw_dscache_release(c, a->id);
+  assert_true(file_equals(a));
+  pw_dscache_close(c);
+  rm_rf(g_dir);
+}
+
 static void test_startup_cleans_and_parses(void **state) {
   make_state_dir();
   char dir[400], p[600];
@@ -646,6 +680,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_wrong_bytes_refused, server_start, server_stop),
       cmocka_unit_test_setup_teardown(test_oversize_refused, server_start, server_stop),
       cmocka_unit_test_setup_teardown(test_http_errors, server_start, server_stop),
+      cmocka_unit_test_setup_teardown(test_write_error, server_start, server_stop),
       cmocka_unit_test(test_startup_cleans_and_parses),
       cmocka_unit_test_setup_teardown(test_run_dataset, server_start, server_stop),
   };
