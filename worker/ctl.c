@@ -3,6 +3,7 @@
  * Messages are dispatched from a table by type (control.h). A malformed
  * message closes the link (and we reconnect); it never stops the worker. */
 #include <dirent.h>
+#include <stdio.h>
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,14 @@ static int on_welcome(void *ctx, void *conn, const pw_msg_any *m, const json_t *
   w->worker_id = (int)m->WELCOME.worker_id;
   double hb = m->WELCOME.heartbeat_interval;
   w->heartbeat_interval = hb > 0.05 ? hb : 0.05;
-  pw_info("registered as worker %d (heartbeat every %.2fs)", w->worker_id, w->heartbeat_interval);
+  const char *url = m->WELCOME.http_url;
+  if (url && strlen(url) >= sizeof w->http_url) {
+    pw_warn("welcome.http_url is %zu bytes, over %zu: datasets cannot be fetched", strlen(url), sizeof w->http_url - 1);
+    url = NULL;
+  }
+  snprintf(w->http_url, sizeof w->http_url, "%s", url ? url : "");
+  pw_info("registered as worker %d (heartbeat every %.2fs%s%s)", w->worker_id, w->heartbeat_interval,
+          w->http_url[0] ? ", datasets from " : "", w->http_url);
   uint64_t ms = (uint64_t)(w->heartbeat_interval * 1000);
   uv_timer_start(&w->heartbeat, send_heartbeat, ms, ms);
   return 0;

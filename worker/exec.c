@@ -49,7 +49,7 @@ int pw_exec_post(pw_run *r, const pw_event *ev) {
 }
 
 int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) {
-  char msg[256] = "", eb[256] = "";
+  char msg[256] = "", eb[512] = ""; /* eb: a fetch error names a URL and two hashes */
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);

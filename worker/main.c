@@ -15,6 +15,7 @@
 #include "addr.h"
 #include "log.h"
 #include "sdnotify.h"
+#include "sha256.h"
 #include "worker.h"
 
 static void usage(FILE *f) {
@@ -26,6 +27,9 @@ static void usage(FILE *f) {
           "  --threads N              OpenBLAS threads for compute (default 1)\n"
           "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
           "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
+          "  --cache-max BYTES        datasets fetched from the coordinator are kept in\n"
+          "                           STATE_DIR/cache/datasets up to this size, least recently used\n"
+          "                           out (suffixes K, M, G, T; default 8G)\n"
           "  --log-level LEVEL        debug | info | warn | error (default info)\n"
           "  --hello-timeout SECONDS  an inbound data link must say HELLO within this (default 5)\n"
           "  --held-timeout SECONDS   a link for a job not running here waits this long for its run;\n"
@@ -84,17 +88,19 @@ int main(int argc, char **argv) {
                                        {"log-level", required_argument, 0, 'L'},
                                        {"hello-timeout", required_argument, 0, 'H'},
                                        {"held-timeout", required_argument, 0, 'D'},
+                                       {"cache-max", required_argument, 0, 'C'},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
   static pw_worker w;
   const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL;
+  uint64_t cache_max = PW_CACHE_MAX_DEFAULT;
   w.threads = 1;
   w.hello_timeout = 5;
   w.held_timeout = 30;
   snprintf(w.state_dir, sizeof w.state_dir, "pipewright-worker");
   int c;
-  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:hV", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:C:hV", opts, NULL)) != -1) {
     switch (c) {
       case 'c': coord = optarg; break;
       case 'l': listen = optarg; break;
@@ -121,6 +127,13 @@ int main(int argc, char **argv) {
         *(c == 'H' ? &w.hello_timeout : &w.held_timeout) = v;
         break;
       }
+      case 'C':
+        if (pw_parse_bytes(optarg, &cache_max) || cache_max == 0) {
+          fprintf(stderr, "pipewright-worker: --cache-max must be a byte count > 0 (e.g. 8G, 500M), got '%s'\n",
+                  optarg);
+          return 2;
+        }
+        break;
       case 'h': usage(stdout); return 0;
       case 'V': printf("pipewright-worker %s\n", PW_VERSION); return 0;
       default: usage(stderr); return 2;
@@ -156,7 +169,21 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
+  /* a cached dataset's path must fit a data spec's path */
+  if (strlen(w.state_dir) + sizeof "/cache/datasets/" + PW_SHA256_HEX_LEN > sizeof ((pw_data_spec *)0)->path) {
+    fprintf(stderr, "pipewright-worker: --state-dir '%s' is too long (at most %zu characters)\n", w.state_dir,
+            sizeof ((pw_data_spec *)0)->path - sizeof "/cache/datasets/" - PW_SHA256_HEX_LEN);
+    return 2;
+  }
   pw_log_set_tag(w.name);
+  {
+    pw_err err = {0};
+    if (pw_dscache_open(w.state_dir, cache_max, &w.cache, &err) < 0) {
+      char buf[512];
+      fprintf(stderr, "pipewright-worker: dataset cache: %s\n", pw_err_str(&err, buf, sizeof buf));
+      return 1;
+    }
+  }
   openblas_set_num_threads(w.threads);
   signal(SIGPIPE, SIG_IGN);
 
@@ -182,6 +209,7 @@ int main(int argc, char **argv) {
   uv_run(w.loop, UV_RUN_DEFAULT);
   if (w.run) pw_run_free(w.run);
   pw_control_reader_free(&w.ctl_reader);
+  pw_dscache_close(w.cache);
   int rc = uv_loop_close(w.loop);
   if (rc) pw_warn("loop close: %s", uv_strerror(rc));
   pw_info("stopped");

@@ -221,12 +221,44 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
   return 0;
 }
 
+/* The dataset from `path`, a copy of the stored dataset data.dataset in
+ * the worker's cache: pw_dataset_open reads it and checks that its bytes
+ * hash to the id. */
+static int open_cached(void *arg, const char *path, pw_err *err) {
+  pw_run *r = arg;
+  pw_data_spec d = r->spec.data;
+  if (strlen(path) >= sizeof d.path)
+    return pw_err_set(err, PW_EINVAL, "data.dataset", "the cache path %s is too long: use a shorter --state-dir", path);
+  snprintf(d.path, sizeof d.path, "%s", path);
+  int rc = regular_file(d.path, "data.dataset", err);
+  return rc ? rc : pw_dataset_open(&d, &r->model.data, r->spec.train.seed, &r->ds, err);
+}
+
+/* A stored dataset comes from the worker's cache, fetched from the
+ * coordinator when absent (here, on the compute thread: never on the
+ * loop) and fetched again once when the copy no longer hashes to its id.
+ * A run made without a daemon (no cache) reads data.path, if given. */
+static int open_data(pw_run *r, pw_err *err) {
+  const pw_data_spec *d = &r->spec.data;
+  int rc;
+  if (d->dataset[0] && r->cache) {
+    pw_fetch_src src = {.base_url = r->http_url, .token = r->token, .size = 0, .abort = &r->sh.abort};
+    if ((rc = pw_dscache_open_entry(r->cache, d->dataset, &src, open_cached, r, err))) return rc;
+    r->cp.ds_held = 1;
+    return 0;
+  }
+  if (d->dataset[0] && !d->path[0])
+    return pw_err_set(err, PW_EINVAL, "data.dataset", "dataset %s: this run has no dataset cache to fetch it into",
+                      d->dataset);
+  if ((d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS) && (rc = regular_file(d->path, "data.path", err)))
+    return rc;
+  return pw_dataset_open(d, &r->model.data, r->spec.train.seed, &r->ds, err);
+}
+
 int pw_run_open_files(pw_run *r, pw_err *err) {
   int needs_data = 0, rc;
   for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
-  if (needs_data && r->spec.data.kind == PW_DATA_TEXT && (rc = regular_file(r->spec.data.path, "data.path", err)))
-    return rc;
-  if (needs_data && (rc = pw_dataset_open(&r->spec.data, &r->model.data, r->spec.train.seed, &r->ds, err))) return rc;
+  if (needs_data && (rc = open_data(r, err))) return rc;
   return load_or_init(r, r->resume, err);
 }
 
@@ -359,6 +391,9 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
   int rc = pw_run_create(w->loop, a, as, w->state_dir, &r, err);
   if (rc) return rc;
   r->w = w;
+  r->cache = w->cache;
+  snprintf(r->http_url, sizeof r->http_url, "%s", w->http_url);
+  r->token = w->token;
   w->run = r;
   pw_net_run_started(w, r);
   pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
@@ -406,6 +441,7 @@ static void run_destroy(pw_run *r) {
   free(r->cp.norm_parts);
   free(r->cp.norm_parts_step);
   pw_dataset_close(r->ds);
+  if (r->cp.ds_held) pw_dscache_release(r->cache, r->spec.data.dataset); /* (the compute thread is joined) */
   pw_sched_free(r->sched);
   pw_partition_free(&r->part);
   pw_model_free(&r->model);

@@ -25,6 +25,7 @@
 
 #include "control.h"
 #include "data.h"
+#include "fetch.h"
 #include "model.h"
 #include "partition.h"
 #include "plan.h"
@@ -153,6 +154,7 @@ typedef struct {
   int *norm_parts_step;
   double norm_out[2];      /* our partial being sent, by step parity */
   double lr;               /* of the step being ended */
+  int ds_held;             /* the dataset's cache entry is held (released when the run is freed) */
 } pw_run_compute;
 
 /* The loop thread only. */
@@ -192,6 +194,12 @@ struct pw_run {
   size_t mem_budget;       /* bytes the plan gives this pipeline rank */
   char plan_sha256[65];    /* the plan the slice was cut from */
   pw_dataset *ds;          /* opened by the compute thread (pw_run_open_files) */
+  /* Where a stored dataset (spec.data.dataset) comes from: the worker's
+   * cache, the coordinator's HTTP API and the cluster token (pw_run_start
+   * sets them; NULL / "" for a run made without a daemon). */
+  pw_dscache *cache;
+  char http_url[512];
+  const char *token;
   int m, mb_size, S;
   const int *rank_of_stage; /* [S] pipeline rank */
   const int *lidx_of_stage; /* [S] local stage index or -1 */

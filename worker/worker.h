@@ -17,6 +17,7 @@
 #ifndef PW_WORKER_H
 #define PW_WORKER_H
 
+#include "fetch.h"
 #include "run.h"
 
 /* ---- data-plane links ---------------------------------------------------- */
@@ -78,6 +79,7 @@ struct pw_worker {
   int threads;
   char state_dir[512];
   char token[PW_CONTROL_TOKEN_MAX + 1];
+  pw_dscache *cache;       /* datasets fetched from the coordinator (fetch.h), or NULL */
   /* control link */
   uv_tcp_t ctl;
   uv_connect_t ctl_connect;
@@ -89,6 +91,7 @@ struct pw_worker {
   double heartbeat_interval;
   int backoff_ms;
   int worker_id;
+  char http_url[512];      /* the coordinator's HTTP API (welcome's http_url), or "" */
   /* data plane */
   uv_tcp_t listener;
   pw_link *links;

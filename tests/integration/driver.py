@@ -104,6 +104,7 @@ def main():
     ap.add_argument("--start-step", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--worker-arg", action="append", default=[], help="one more option for every worker")
+    ap.add_argument("--http-url", help="welcome's http_url: where workers fetch datasets (data.dataset)")
     ap.add_argument("--settle-fds", type=float, default=0,
                     help="assign once every worker's heartbeat fds is steady; after the job, wait up to this many "
                          "seconds for each to come back to it (result: fds_before, fds_after)")
@@ -196,7 +197,7 @@ def main():
                     c.info = m
                     registered[m["name"]] = c
                     send_msg(c.sock, {"type": "welcome", "version": 2, "worker_id": len(registered),
-                                      "heartbeat_interval": 0.5})
+                                      "heartbeat_interval": 0.5, **({"http_url": a.http_url} if a.http_url else {})})
                 elif t == "step":
                     result["step_reports"] += 1
                     k, r = str(m["step"]), m["rank"]

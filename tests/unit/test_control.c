@@ -75,8 +75,9 @@ static const example examples[] = {
     {"done", PW_CONTROL_TO_COORD, "{\"type\":\"done\",\"job\":1,\"run\":0,\"rank\":1}", "job:i run:i rank:i", ""},
     {"error", PW_CONTROL_TO_COORD, "{\"type\":\"error\",\"job\":1,\"run\":0,\"rank\":1,\"message\":\"peer 2 lost\"}",
      "message:s", "job:i run:i rank:i"},
-    {"welcome", PW_CONTROL_TO_WORKER, "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":2}",
-     "version:i worker_id:i heartbeat_interval:n", ""},
+    {"welcome", PW_CONTROL_TO_WORKER,
+     "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":2,\"http_url\":\"http://10.0.0.1:8080\"}",
+     "version:i worker_id:i heartbeat_interval:n", "http_url:s"},
     {"refused", PW_CONTROL_TO_WORKER, "{\"type\":\"refused\",\"reason\":\"wrong token\"}", "reason:s", ""},
     {"assign", PW_CONTROL_TO_WORKER,
      "{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{\\\"version\\\":1}\","
@@ -215,6 +216,8 @@ static void test_validate_details(void **state) {
        "welcome.heartbeat_interval: must be > 0 (got 0)"},
       {"{\"type\":\"welcome\",\"version\":0,\"worker_id\":1,\"heartbeat_interval\":1}",
        "welcome.version: must be >= 1 (got 0)"},
+      {"{\"type\":\"welcome\",\"version\":2,\"worker_id\":1,\"heartbeat_interval\":1,\"http_url\":8080}",
+       "welcome.http_url: must be a string"},
       {"{\"type\":\"register\",\"version\":2,\"name\":\"w\",\"token\":\"\",\"data_addr\":\"h:1\",\"cores\":0,"
        "\"threads\":1,\"software\":\"x\"}",
        "register.cores: must be >= 1 (got 0)"},
