@@ -3,10 +3,11 @@
 # in place (`cmake --install` runs it; it is also installed as
 # PREFIX/share/pipewright/deploy/install.sh to run again by hand).
 #
-#   install.sh setup  [--confdir DIR] [--templates DIR] [--destdir DIR] [--system yes|no]
+#   install.sh setup  [--confdir DIR] [--templates DIR] [--datadir DIR] [--destdir DIR] [--system yes|no]
 #       Makes CONFDIR (default /etc/pipewright) with coordinator.conf and
 #       worker.conf from the templates when absent (an edited config is
-#       never overwritten), and the two tokens when absent: api.token (REST
+#       never overwritten; @PW_DATADIR@ in them becomes DATADIR, the
+#       installed share/pipewright, by default the templates' parent), and the two tokens when absent: api.token (REST
 #       API clients) and cluster.token (workers; copy the coordinator's to
 #       every worker host). As root on the real system (no --destdir, and
 #       not --system no; cmake says no when CONFDIR is outside /etc) it also
@@ -30,6 +31,7 @@ die() { echo "install.sh: $*" >&2; exit 1; }
 
 confdir=/etc/pipewright
 templates=$(cd "$(dirname "$0")" && pwd)
+datadir=""
 destdir=""
 want_system=yes
 
@@ -42,6 +44,7 @@ setup() {
     case $1 in
       --confdir) confdir=$2; shift 2 ;;
       --templates) templates=$2; shift 2 ;;
+      --datadir) datadir=$2; shift 2 ;;
       --destdir) destdir=$2; shift 2 ;;
       --system) want_system=$2; shift 2 ;;
       *) die "setup: unknown option $1" ;;
@@ -57,8 +60,9 @@ setup() {
       echo "install.sh: $dir/$f exists, kept"
     else
       [ -f "$templates/$f" ] || die "no template $templates/$f"
-      cp "$templates/$f" "$dir/$f"
-      chmod 0644 "$dir/$f"
+      sed "s|@PW_DATADIR@|${datadir:-$(dirname "$templates")}|g" "$templates/$f" >"$dir/$f.tmp"
+      chmod 0644 "$dir/$f.tmp"
+      mv "$dir/$f.tmp" "$dir/$f"
       echo "install.sh: wrote $dir/$f"
     fi
   done

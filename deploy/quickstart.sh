@@ -101,10 +101,11 @@ port_free "$http" || { echo "port $http is taken: the kernel picks one"; http=0;
 port_free "$ctl" || { echo "port $ctl is taken: the kernel picks one"; ctl=0; }
 : >"$PIDS"
 # setsid + nohup: the daemons outlive this script and its terminal.
-# The coordinator runs from the checkout, so the job's relative data path
-# (examples/data/corpus.txt) resolves here.
+# --data-root: the job's data.path (examples/data/corpus.txt) resolves
+# under the checkout; the coordinator imports the file as a dataset at
+# submit and the workers fetch it from there (docs/datasets.md).
 setsid nohup "$BUILD/pipewright-coordinator" --http "127.0.0.1:$http" --control "127.0.0.1:$ctl" \
-  --state-dir "$RUN/coordinator" --web "$ROOT/web" --ready-file "$RUN/ready" \
+  --state-dir "$RUN/coordinator" --web "$ROOT/web" --ready-file "$RUN/ready" --data-root "$ROOT" \
   >"$RUN/coordinator.log" 2>&1 </dev/null &
 echo "$! coordinator" >>"$PIDS"
 for _ in $(seq 100); do [ -s "$RUN/ready" ] && break; sleep 0.1; done

@@ -74,7 +74,7 @@ class System:
         self.log = os.path.join(tmp, tag + "-coordinator.log")
         self.coord = subprocess.Popen([os.path.join(BUILD, "pipewright-coordinator"), "--http", "127.0.0.1:0",
                                        "--control", "127.0.0.1:0", "--state-dir", self.state, "--ready-file", ready,
-                                       *args], stdout=open(self.log, "a"), stderr=subprocess.STDOUT, cwd=SRC,
+                                       "--data-root", SRC, *args], stdout=open(self.log, "a"), stderr=subprocess.STDOUT, cwd=SRC,
                                       env={**os.environ, **(env or {})})
         wait(lambda: os.path.exists(ready), 20, 0.05)
         ports = json.load(open(ready))

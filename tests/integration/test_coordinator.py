@@ -61,7 +61,7 @@ class System:
         log = open(os.path.join(self.tmp, "coordinator.log"), "a")
         self.coord = subprocess.Popen([os.path.join(BUILD, "pipewright-coordinator"), "--http", "127.0.0.1:0",
                                        "--control", f"127.0.0.1:{ctl_port}", "--state-dir", self.state,
-                                       "--ready-file", ready, "--heartbeat-timeout", "5"],
+                                       "--ready-file", ready, "--heartbeat-timeout", "5", "--data-root", SRC],
                                       stdout=log, stderr=subprocess.STDOUT, cwd=SRC)
         for _ in range(200):
             if os.path.exists(ready):

@@ -80,7 +80,7 @@ umask 022
 # `ip netns exec` execs the daemon in place, so $! is the daemon itself.
 ip netns exec "$(netns_name "$TAG" $COORD)" "$BUILD/pipewright-coordinator" --http "$CADDR:8080" --control "$CTL" \
   --state-dir "$T/coordinator" --token-file "$T/api.token" --cluster-token-file "$T/cluster.token" \
-  --ready-file "$T/coordinator/ready" --heartbeat-timeout 10 >"$T/coordinator.log" 2>&1 &
+  --ready-file "$T/coordinator/ready" --heartbeat-timeout 10 --data-root "$SRC" >"$T/coordinator.log" 2>&1 &
 CPID=$!
 PIDS+=("$CPID")
 for _ in $(seq 200); do [ -s "$T/coordinator/ready" ] && break; sleep 0.1; done
