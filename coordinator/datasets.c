@@ -110,6 +110,7 @@ static void ids_take(pw_ds_writer *w, const uint8_t *p, size_t n, uint64_t off) 
   }
   uint32_t wd = w->hdr.width;
   while (w->carry_n && n) {
+    if (w->carry_n >= sizeof w->carry) return; /* width <= 4: never; tells GCC the bound */
     w->carry[w->carry_n++] = *p++;
     n--;
     if (w->carry_n == wd) {

@@ -108,7 +108,7 @@ static entry *add(pw_dscache *c, const char *id) {
   }
   entry *e = &c->e[c->n++];
   memset(e, 0, sizeof *e);
-  snprintf(e->id, sizeof e->id, "%s", id);
+  snprintf(e->id, sizeof e->id, "%.64s", id); /* ids are checked: 64 hex */
   return e;
 }
 
