@@ -230,7 +230,8 @@ def case_control(a):
     d = tempfile.mkdtemp(dir=a.scratch)
     ready = os.path.join(d, "ready.json")
     p = subprocess.Popen([os.path.join(a.build, "pipewright-coordinator"), "--http", "127.0.0.1:0", "--control",
-                          "127.0.0.1:0", "--state-dir", d, "--ready-file", ready, "--log-level", "warn"],
+                          "127.0.0.1:0", "--state-dir", d, "--ready-file", ready, "--log-level", "warn",
+                          "--data-root", ROOT],
                          stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "log"), "w"))
     try:
         for _ in range(100):

@@ -107,7 +107,7 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
   const ready = path.join(tmp, 'ready.json');
   const coord = start('coordinator', 'pipewright-coordinator', [
     '--http', '127.0.0.1:0', '--control', '127.0.0.1:0', '--state-dir', path.join(tmp, 'coordinator'),
-    '--web', path.join(SOURCE, 'web'), '--token-file', tokenFile, '--ready-file', ready]);
+    '--web', path.join(SOURCE, 'web'), '--token-file', tokenFile, '--ready-file', ready, '--data-root', SOURCE]);
   const ports = await waitFor('the coordinator\'s ready file', () => {
     if (coord.exited) throw new Error(`coordinator exited ${JSON.stringify(coord.exited)}:\n${logTail('coordinator')}`);
     return fs.existsSync(ready) && JSON.parse(fs.readFileSync(ready, 'utf8'));
