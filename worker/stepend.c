@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include "ckpt.h"
+#include "ckptxfer.h"
 #include "log.h"
 #include "optim.h"
 #include "worker.h"
@@ -283,6 +284,48 @@ static int mkdirs(const char *path) {
   return 0;
 }
 
+/* A saved stage checkpoint (model file + optimizer file) to the
+ * coordinator, then deleted here: the worker keeps nothing it cannot
+ * lose. On the compute thread (never the loop): the step ends once the
+ * coordinator confirmed, so a step's checkpoint is stored before its
+ * report goes out. Without an http_url (no coordinator HTTP API: a run
+ * made by a test harness) the files stay where they were written. */
+static int upload_stage(pw_run *r, int step, int stage, const char *path) {
+  if (!r->http_url[0]) return 0;
+  char opath[1024], url[256];
+  pw_ckpt_optim_path(path, opath, sizeof opath);
+  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
+  double t0 = pw_now();
+  struct stat sm, so;
+  for (int opt = 1; opt >= 0; opt--) { /* the optimizer first, as ckpt.c writes them */
+    pw_err err = {0};
+    snprintf(url, sizeof url, "/v1/jobs/%llu/runs/%d/checkpoints/%d/stages/%d%s", (unsigned long long)r->job,
+             r->run_id, step, stage, opt ? "/optimizer" : "");
+    int rc = pw_xfer_put(&x, url, opt ? opath : path, &err);
+    if (rc) return pw_exec_fail(r, rc, &err, "checkpoint of step %d, stage %d: the upload failed", step, stage);
+  }
+  int sized = stat(path, &sm) == 0 && stat(opath, &so) == 0;
+  pw_info("job %llu: checkpoint of step %d, stage %d uploaded (%lld bytes, %.1f ms)", (unsigned long long)r->job, step,
+          stage, sized ? (long long)(sm.st_size + so.st_size) : -1LL, (pw_now() - t0) * 1e3);
+  for (int opt = 0; opt < 2; opt++) {
+    const char *f = opt ? opath : path;
+    if (unlink(f) && errno != ENOENT)
+      pw_warn("job %llu: cannot remove the uploaded checkpoint %s: %s", (unsigned long long)r->job, f, strerror(errno));
+  }
+  /* the step's folder, then the job's, once empty (another stage of this
+   * rank may still be in the first) */
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", path);
+  for (int up = 0; up < 2; up++) {
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) break;
+    *slash = 0;
+    if (rmdir(dir) && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
+      pw_warn("job %llu: cannot remove %s: %s", (unsigned long long)r->job, dir, strerror(errno));
+  }
+  return 0;
+}
+
 static int update(pw_run *r, double sqnorm) {
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
@@ -303,6 +346,7 @@ static int update(pw_run *r, double sqnorm) {
     }
     int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
     if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
+    if ((rc = upload_stage(r, r->sh.step + 1, r->ls[li].stage, path))) return rc;
   }
   return 0;
 }
