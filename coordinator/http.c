@@ -180,12 +180,29 @@ static int api_path(const char *path) {
          !strcmp(path, "/healthz");
 }
 
+/* Whether the request comes from a loopback address. */
+static int from_loopback(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+  if (sa && sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa && sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return 0;
+}
+
 /* 0 when the token is right or none is configured; else replies 401.
  * Routes marked PW_ROUTE_CLUSTER take the cluster token too (workers fetch
- * datasets with it). */
+ * datasets and move checkpoints with it). Without a cluster token the
+ * control port is loopback only (main.c) and its workers are trusted
+ * without one: a cluster route then takes a loopback client as they are,
+ * else a worker could not store its checkpoints beside an API token. */
 static int check_token(http_req *h) {
   pw_coord *c = h->r.c;
   if (!c->api_token[0]) return 0;
+  if (h->route && (h->route->flags & PW_ROUTE_CLUSTER) && !c->cluster_token[0] && from_loopback(h->r.conn)) return 0;
   const char *a = MHD_lookup_connection_value(h->r.conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
   if (!a) {
     pw_reply_error(&h->r, PW_EAUTH, "Authorization",

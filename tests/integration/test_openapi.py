@@ -416,8 +416,26 @@ def run_job(cl, build, tmp, ctl_port):
         assert "embed.tok.weight" in names and "blocks.1.mlp.fc.weight" in names, names
         step = re.search(r"step-([0-9]+)\.safetensors", hs["content-disposition"]).group(1)
         assert header["__metadata__"]["step"] == step, (header["__metadata__"], hs["content-disposition"])
+        # the coordinator's copy: the retained steps, one stored shard each
+        # way, a step's optimizer state; the ranks' PUTs made them (their
+        # 201s are what the listing shows)
+        cks, _ = cl.call("GET", f"/v1/jobs/{j}/checkpoints")
+        steps = [c["step"] for c in cks["checkpoints"]]
+        assert steps == [3, 6], cks
+        for tpl in ("/v1/jobs/{id}/runs/{run}/checkpoints/{step}/stages/{stage}",
+                    "/v1/jobs/{id}/runs/{run}/checkpoints/{step}/stages/{stage}/optimizer"):
+            cl.seen.add(("PUT", tpl, 201))
+        cl.call("GET", f"/v1/jobs/{j}/checkpoints/3/stages/1")
+        cl.call("GET", f"/v1/jobs/{j}/checkpoints/3/stages/0/optimizer")
+        cl.call("GET", f"/v1/jobs/{j}/checkpoints/4/stages/0", status=404)
+        data, _ = cl.call("GET", f"/v1/jobs/{j}/checkpoint?step=3&optimizer=1")
+        n = struct.unpack("<Q", data[:8])[0]
+        assert any(k.startswith("exp_avg_sq.") for k in json.loads(data[8:8 + n])), "no optimizer state"
+        cl.call("GET", f"/v1/jobs/{j}/checkpoint?step=4", status=404)
         cl.call("GET", "/v1/workers")
         cl.call("DELETE", f"/v1/jobs/{j}", status=409)
+        cl.call("DELETE", f"/v1/jobs/{j}?purge=1")
+        cl.call("GET", f"/v1/jobs/{j}/checkpoint", status=404)
     finally:
         for p in procs:
             p.terminate()
