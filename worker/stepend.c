@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "ckptxfer.h"
@@ -290,6 +291,8 @@ static int mkdirs(const char *path) {
  * coordinator confirmed, so a step's checkpoint is stored before its
  * report goes out. Without an http_url (no coordinator HTTP API: a run
  * made by a test harness) the files stay where they were written. */
+#define UPLOAD_TRIES 3
+
 static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   if (!r->http_url[0]) return 0;
   char opath[1024], url[256];
@@ -301,8 +304,22 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
     pw_err err = {0};
     snprintf(url, sizeof url, "/v1/jobs/%llu/runs/%d/checkpoints/%d/stages/%d%s", (unsigned long long)r->job,
              r->run_id, step, stage, opt ? "/optimizer" : "");
-    int rc = pw_xfer_put(&x, url, opt ? opath : path, &err);
-    if (rc) return pw_exec_fail(r, rc, &err, "checkpoint of step %d, stage %d: the upload failed", step, stage);
+    int rc = 0;
+    for (int attempt = 0; attempt < UPLOAD_TRIES; attempt++) {
+      if (attempt) usleep(200000u << attempt); /* 0.4 s, 0.8 s: a coordinator briefly busy */
+      if (!(rc = pw_xfer_put(&x, url, opt ? opath : path, &err)) || rc == PW_ECANCELED) break;
+    }
+    if (rc == PW_ECANCELED) return pw_exec_fail(r, rc, &err, "checkpoint of step %d, stage %d", step, stage);
+    if (rc) {
+      /* The coordinator cannot store it now (its disk or store failing):
+       * the run goes on and the files stay here, named in the log and in
+       * the checkpoint report; the step is not complete on the
+       * coordinator, so a resume takes an earlier one. */
+      char b[700];
+      pw_warn("job %llu: checkpoint of step %d, stage %d kept at %s: the coordinator did not store it after %d tries: %s",
+              (unsigned long long)r->job, step, stage, path, UPLOAD_TRIES, pw_err_str(&err, b, sizeof b));
+      return 0;
+    }
   }
   int sized = stat(path, &sm) == 0 && stat(opath, &so) == 0;
   pw_info("job %llu: checkpoint of step %d, stage %d uploaded (%lld bytes, %.1f ms)", (unsigned long long)r->job, step,
