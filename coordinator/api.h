@@ -55,8 +55,10 @@ typedef struct {
 } pw_stream_sink;
 
 /* One route: method, path pattern ("{id}" matches a positive decimal job
- * id, "{ds}" a dataset id of 64 lowercase hex digits, any other segment
- * matches itself), handler, flags, and for PW_ROUTE_STREAM its sink. */
+ * id, "{ds}" a dataset id of 64 lowercase hex digits, "{run}", "{step}"
+ * and "{stage}" a decimal number >= 0 of at most 9 digits, any other
+ * segment matches itself), handler, flags, and for PW_ROUTE_STREAM its
+ * sink. */
 typedef struct {
   const char *method;
   const char *pattern;
@@ -78,6 +80,8 @@ struct pw_req {
   const char *path;   /* decoded, without the query */
   int64_t id;         /* the {id} of the pattern, 0 when it has none */
   char ds[65];        /* the {ds} of the pattern, "" when it has none */
+  int64_t run;        /* the {run}, {step} and {stage} of the pattern, 0 when it has none */
+  int step, stage;
   void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
   json_t *body;       /* PW_ROUTE_BODY routes: the parsed body (borrowed) */
   /* the reply, set by the pw_reply_* helpers */
@@ -158,7 +162,14 @@ PW_MUST_CHECK int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, c
 PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab);
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
+/* api_ckpt.c: checkpoints in the coordinator's store (checkpoints.h) */
 void pw_api_job_checkpoint(pw_req *r);
+void pw_api_job_checkpoints(pw_req *r);
+void pw_api_ckpt_upload(pw_req *r);
+void pw_api_ckpt_shard(pw_req *r);
+extern const pw_stream_sink pw_api_ckpt_sink;
+/* DELETE /v1/jobs/{id}?purge=1 (api_jobs.c's cancel hands it over). */
+void pw_api_job_purge(pw_req *r);
 
 /* api_req.c: the budget this coordinator holds a spec to (lib/plan/budget.h):
  * its options (--max-plan-actions, --max-rank-memory), the assign message's

@@ -210,6 +210,12 @@ void pw_api_job_get(pw_req *r) {
 }
 
 void pw_api_job_cancel(pw_req *r) {
+  int purge;
+  if (pw_req_bool_arg(r, "purge", 0, &purge)) return;
+  if (purge) { /* a finished job's checkpoint files (api_ckpt.c) */
+    pw_api_job_purge(r);
+    return;
+  }
   pw_err err = {0};
   int rc = pw_coord_cancel(r->c, r->id, &err);
   if (rc == PW_ENOENT) {

@@ -1,11 +1,10 @@
 /* api_timeline: what the REST API shows of a run's inside — the measured
  * per-rank action timeline of a sampled step next to the planner's
- * simulated one (or as Chrome trace-event JSON for Perfetto), and the
- * whole model gathered from the ranks' checkpoints as ONE safetensors file.
+ * simulated one (or as Chrome trace-event JSON for Perfetto). The
+ * checkpoints are api_ckpt.c's.
  *
  * Everything here is read-only: it reads the store (the plan each run was
- * dispatched with is there, in runs.plan: it is never rebuilt for a run)
- * and the checkpoint files the workers wrote. */
+ * dispatched with is there, in runs.plan: it is never rebuilt for a run). */
 #include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -168,132 +167,4 @@ void pw_api_job_timeline(pw_req *r) {
                       json_pack("{s:o, s:O}", "measured", measured_bubble(tl), "planned", pb ? pb : json_null()));
   json_object_set_new(tl, "planned", planned ? planned : json_null());
   pw_reply_json(r, MHD_HTTP_OK, tl);
-}
-
-/* ---- checkpoint ---------------------------------------------------------- */
-
-static int by_stage(const void *a, const void *b) {
-  json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "stage"));
-  json_int_t y = json_integer_value(json_object_get(*(json_t *const *)b, "stage"));
-  return (x > y) - (x < y);
-}
-
-/* Merge the stage files into one file at out: a tensor present in several
- * (tied embeddings) is taken once, from the lowest stage. */
-static int merge_stages(json_t *stages, const char *out, int step, const char *spec, pw_err *err) {
-  size_t n = json_array_size(stages);
-  json_t **order = calloc(n ? n : 1, sizeof *order);
-  pw_st_file **files = calloc(n ? n : 1, sizeof *files);
-  pw_st_tensor *ts = NULL;
-  int nt = 0, cap = 0, rc = 0;
-  if (!order || !files) {
-    rc = pw_err_set(err, PW_ENOMEM, "", "out of memory");
-    goto done;
-  }
-  for (size_t i = 0; i < n; i++) order[i] = json_array_get(stages, i);
-  qsort(order, n, sizeof *order, by_stage);
-  for (size_t i = 0; i < n && !rc; i++) {
-    const char *path = json_string_value(json_object_get(order[i], "path"));
-    long long st = (long long)json_integer_value(json_object_get(order[i], "stage"));
-    if (!path) {
-      rc = pw_err_set(err, PW_EINTERNAL, "", "stage %lld has no checkpoint path", st);
-      break;
-    }
-    pw_err e2 = {0};
-    if ((rc = pw_st_open(path, &files[i], &e2))) {
-      char b[600];
-      pw_err_set(err, rc, "", "stage %lld's checkpoint: %s", st, pw_err_str(&e2, b, sizeof b));
-      break;
-    }
-    for (int k = 0; k < pw_st_count(files[i]); k++) {
-      const pw_st_tensor *t = pw_st_get(files[i], k);
-      int dup = 0;
-      for (int j = 0; j < nt && !dup; j++) dup = !strcmp(ts[j].name, t->name);
-      if (dup) continue;
-      if (nt == cap) {
-        cap = cap ? cap * 2 : 64;
-        pw_st_tensor *nts = realloc(ts, sizeof *ts * (size_t)cap);
-        if (!nts) {
-          rc = pw_err_set(err, PW_ENOMEM, "", "out of memory");
-          break;
-        }
-        ts = nts;
-      }
-      ts[nt++] = *t;
-    }
-  }
-  if (!rc) {
-    char sb[24];
-    snprintf(sb, sizeof sb, "%d", step);
-    pw_st_meta meta[3] = {{"format", "pt"}, {"step", sb}, {"job", spec ? spec : "{}"}};
-    rc = pw_st_write(out, ts, nt, meta, 3, err);
-  }
-done:
-  for (size_t i = 0; files && i < n; i++)
-    if (files[i]) pw_st_close(files[i]);
-  free(files);
-  free(order);
-  free(ts);
-  return rc;
-}
-
-/* GET /v1/jobs/{id}/checkpoint: the latest step every stage has saved. */
-void pw_api_job_checkpoint(pw_req *r) {
-  static atomic_uint seq;
-  pw_store *s = pw_api_store(r);
-  if (!s) return;
-  pw_job_brief b;
-  pw_err err = {0};
-  int rc = pw_store_job_brief(s, r->id, &b, &err);
-  if (rc) {
-    if (rc == PW_ENOENT)
-      pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-    else
-      pw_reply_err(r, &err);
-    return;
-  }
-  json_t *run = NULL, *ck = NULL;
-  size_t n_stages = 0;
-  if (!pw_store_run_json(s, r->id, &run, NULL)) n_stages = json_array_size(json_object_get(run, "stages"));
-  json_decref(run);
-  if (!n_stages || (rc = pw_store_checkpoint_latest_json(s, r->id, (int)n_stages, &ck, &err)) == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "", "job %lld has no complete checkpoint yet",
-                   (long long)r->id);
-    free(b.spec);
-    return;
-  }
-  if (rc) {
-    pw_reply_err(r, &err);
-    free(b.spec);
-    return;
-  }
-  int step = (int)json_integer_value(json_object_get(ck, "step"));
-  char tmp[PATH_MAX];
-  snprintf(tmp, sizeof tmp, "%s/.checkpoint-%lld-%d-%d-%u.safetensors", r->c->state_dir[0] ? r->c->state_dir : "/tmp",
-           (long long)r->id, step, (int)getpid(), atomic_fetch_add(&seq, 1));
-  rc = merge_stages(json_object_get(ck, "stages"), tmp, step, b.spec, &err);
-  free(b.spec);
-  json_decref(ck);
-  if (rc) {
-    char eb[600];
-    pw_warn("job %lld: cannot gather the checkpoint: %s", (long long)r->id, pw_err_str(&err, eb, sizeof eb));
-    if (rc == PW_ENOENT)
-      pw_reply_error(r, PW_ENOENT, "", "%s", err.msg);
-    else
-      pw_reply_error(r, PW_EIO, "", "%s", err.msg);
-    return;
-  }
-  /* Unlinked at once: the open fd keeps the data until the reply is sent. */
-  int fd = open(tmp, O_RDONLY | O_CLOEXEC);
-  unlink(tmp);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st)) {
-    if (fd >= 0) close(fd);
-    pw_reply_error(r, PW_EIO, "", "cannot read the merged checkpoint");
-    return;
-  }
-  char cd[128];
-  snprintf(cd, sizeof cd, "attachment; filename=\"job-%lld-step-%d.safetensors\"", (long long)r->id, step);
-  pw_reply_fd(r, MHD_HTTP_OK, "application/octet-stream", fd, (uint64_t)st.st_size);
-  pw_reply_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, cd);
 }

@@ -113,10 +113,41 @@ static uint64_t body_limit(const http_req *h) {
 
 /* ---- routing ---------------------------------------------------------------- */
 
-/* Does path match pattern? Fills *id for "{id}", ds for "{ds}". */
-static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65]) {
+/* "{run}", "{step}", "{stage}": a decimal number >= 0 of at most 9 digits
+ * into *out. Returns the pattern length consumed, 0 when p is none of them
+ * or u holds no such number (then *ok is 0). */
+static size_t num_param(const char *p, const char **u, pw_req *r, int *ok) {
+  static const char *const names[] = {"{run}", "{step}", "{stage}"};
+  for (int i = 0; i < 3; i++) {
+    size_t n = strlen(names[i]);
+    if (strncmp(p, names[i], n)) continue;
+    int64_t x = 0;
+    int nd = 0;
+    while (**u >= '0' && **u <= '9') {
+      if (++nd > 9) return *ok = 0, 0;
+      x = x * 10 + (*(*u)++ - '0');
+    }
+    *ok = nd > 0;
+    if (i == 0) r->run = x;
+    else if (i == 1) r->step = (int)x;
+    else r->stage = (int)x;
+    return n;
+  }
+  return 0;
+}
+
+/* Does path match pattern? Fills *id for "{id}", ds for "{ds}", and r's
+ * run, step and stage for theirs. */
+static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65], pw_req *r) {
   const char *p = pattern, *u = path;
   while (*p && *u) {
+    int ok = 1;
+    size_t used = num_param(p, &u, r, &ok);
+    if (!ok) return 0;
+    if (used) {
+      p += used;
+      continue;
+    }
     if (!strncmp(p, "{ds}", 4)) {
       for (int k = 0; k < 64; k++)
         if (!((u[k] >= '0' && u[k] <= '9') || (u[k] >= 'a' && u[k] <= 'f'))) return 0;
@@ -149,12 +180,29 @@ static int api_path(const char *path) {
          !strcmp(path, "/healthz");
 }
 
+/* Whether the request comes from a loopback address. */
+static int from_loopback(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+  if (sa && sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa && sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return 0;
+}
+
 /* 0 when the token is right or none is configured; else replies 401.
  * Routes marked PW_ROUTE_CLUSTER take the cluster token too (workers fetch
- * datasets with it). */
+ * datasets and move checkpoints with it). Without a cluster token the
+ * control port is loopback only (main.c) and its workers are trusted
+ * without one: a cluster route then takes a loopback client as they are,
+ * else a worker could not store its checkpoints beside an API token. */
 static int check_token(http_req *h) {
   pw_coord *c = h->r.c;
   if (!c->api_token[0]) return 0;
+  if (h->route && (h->route->flags & PW_ROUTE_CLUSTER) && !c->cluster_token[0] && from_loopback(h->r.conn)) return 0;
   const char *a = MHD_lookup_connection_value(h->r.conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
   if (!a) {
     pw_reply_error(&h->r, PW_EAUTH, "Authorization",
@@ -204,7 +252,8 @@ static int first_checks(http_req *h) {
     const pw_route *rt = &pw_api_routes[i];
     int64_t id = 0;
     char ds[65] = "";
-    if (!route_match(rt->pattern, r->path, &id, ds)) continue;
+    pw_req nums = {0};
+    if (!route_match(rt->pattern, r->path, &id, ds, &nums)) continue;
     matched = 1;
     if (!(rt->flags & PW_ROUTE_OPEN)) all_open = 0;
     size_t k = strlen(allow);
@@ -214,6 +263,7 @@ static int first_checks(http_req *h) {
       h->route = rt;
       r->id = id;
       memcpy(r->ds, ds, sizeof r->ds);
+      r->run = nums.run, r->step = nums.step, r->stage = nums.stage;
     }
   }
   if (!matched && !api_path(r->path) && c->web_dir[0]) {
@@ -347,7 +397,8 @@ static enum MHD_Result send_reply(http_req *h) {
 /* Handlers that plan, merge or render: seconds of CPU for a big job. */
 static int pooled_route(const pw_route *rt) {
   static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint,
-                                     pw_api_dataset_upload}; /* fsync and rename of up to --max-upload bytes */
+                                     pw_api_dataset_upload, /* fsync and rename of up to --max-upload bytes */
+                                     pw_api_ckpt_upload};   /* fsync, the safetensors checks, retention */
   for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
     if (rt->fn == heavy[i]) return 1;
   return 0;

@@ -23,7 +23,6 @@
  * run starts while writes are pending. A step whose loss or gradient norm
  * is not finite is recorded as such and fails the job ("diverged at step
  * N") unless the spec's train.on_nonfinite is "skip". Loop thread only. */
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,27 +212,27 @@ out:
   pw_plan_free(&p);
 }
 
-/* Where to resume: the last step every stage checkpointed (previous runs). */
-static int resume_point(pw_store *s, int64_t job, int n_stages, char *dir, size_t cap) {
-  json_t *ck = NULL;
+/* Where to resume: the newest complete step in the coordinator's store
+ * (every stage's model and optimizer shard arrived, from any earlier run).
+ * The assign's resume names it ("12"): each worker fetches its stages'
+ * shards from GET /v1/jobs/{id}/checkpoints/{step}/stages/{stage}. */
+static int resume_point(pw_store *s, int64_t job, int n_stages, char *resume, size_t cap) {
   pw_err err = {0};
   char b[600];
-  int rc = pw_store_checkpoint_latest_json(s, job, n_stages, &ck, &err);
+  int step = 0, have = 0;
+  int rc = pw_store_ckpt_latest(s, job, &step, &have, &err);
   if (rc) {
     if (rc != PW_ENOENT) pw_warn("job %lld: cannot read its checkpoints (%s): starting from step 0", (long long)job,
                                  pw_err_str(&err, b, sizeof b));
     return 0;
   }
-  int step = (int)json_integer_value(json_object_get(ck, "step"));
-  const char *p0 = json_string_value(json_object_get(json_array_get(json_object_get(ck, "stages"), 0), "path"));
-  int ok = p0 && step > 0 && strlen(p0) < cap;
-  if (ok) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", p0);
-    snprintf(dir, cap, "%s", dirname(tmp));
+  if (have != n_stages) { /* the same spec plans the same stages: this is not expected */
+    pw_warn("job %lld: its checkpoint of step %d has %d stages, the plan %d: starting from step 0", (long long)job,
+            step, have, n_stages);
+    return 0;
   }
-  json_decref(ck);
-  return ok ? step : 0;
+  snprintf(resume, cap, "%d", step);
+  return step;
 }
 
 /* Loop: the run recorded, each rank sent its slice. Store writes that

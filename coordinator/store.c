@@ -83,6 +83,20 @@ static const char *const migrations[] = {
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), dataset_id TEXT NOT NULL,"
     "  PRIMARY KEY(job_id, dataset_id));"
     "CREATE INDEX job_datasets_ds ON job_datasets(dataset_id, job_id);",
+    /* ---- 3 -> 4, part h-ckpt: checkpoints in the coordinator's store
+     * (checkpoints.h, store_ckpt.c). A shard is one stage's model or
+     * optimizer file of one step (its file: the path checkpoints.h
+     * derives); a step is complete once every stage's two shards are
+     * in, and only then listed in ckpt_steps. One row per step, not per
+     * run: a resumed run that repeats a step writes the same bytes. ---- */
+    "CREATE TABLE ckpt_shards("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, stage INTEGER NOT NULL,"
+    "  kind TEXT NOT NULL, run_id INTEGER, bytes INTEGER NOT NULL, checksum TEXT, time REAL NOT NULL,"
+    "  PRIMARY KEY(job_id, step, stage, kind));"
+    "CREATE TABLE ckpt_steps("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, n_stages INTEGER NOT NULL,"
+    "  run_id INTEGER, bytes INTEGER NOT NULL, time REAL NOT NULL, PRIMARY KEY(job_id, step));"
+    /* ---- end of part h-ckpt ---- */,
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 

@@ -194,6 +194,33 @@ PW_MUST_CHECK int pw_store_dataset_delete(pw_store *s, const char *id, json_t **
 /* The dataset a job reads (id[65], "" when none). */
 PW_MUST_CHECK int pw_store_job_dataset(pw_store *s, int64_t job_id, char id[65], pw_err *err);
 
+/* ---- checkpoint shards (store_ckpt.c; the files are checkpoints.h's) ----- */
+
+/* Records one shard of step `step` (optimizer: the optimizer file, else
+ * the model file; a repeat replaces the row). n_stages is the job's stage
+ * count: when every stage's two shards are in, the step is recorded
+ * complete and *complete (may be NULL) is 1; it stays complete. */
+PW_MUST_CHECK int pw_store_ckpt_shard(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int optimizer,
+                                      int64_t bytes, const char *checksum, int n_stages, int *complete, pw_err *err);
+/* The newest complete step (its stage count in *n_stages, may be NULL);
+ * PW_ENOENT naming the job when there is none. */
+PW_MUST_CHECK int pw_store_ckpt_latest(pw_store *s, int64_t job_id, int *step, int *n_stages, pw_err *err);
+/* Step `step` complete and retained: 0 (stage count in *n_stages, may be
+ * NULL), else PW_ENOENT naming the step. */
+PW_MUST_CHECK int pw_store_ckpt_step(pw_store *s, int64_t job_id, int step, int *n_stages, pw_err *err);
+/* {"checkpoints": [{"step","stages","bytes","time","run"}]}: the retained
+ * complete steps, ascending. */
+PW_MUST_CHECK int pw_store_ckpts_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
+/* Retention: deletes the rows of every complete step older than the
+ * newest `keep` (>= 1) and of every incomplete step older than the newest
+ * complete one (no resume ever repeats it: a run resumes from the newest
+ * complete step). The newest complete step always stays: it is the one a
+ * queued resume needs. The steps whose rows went are in *gone (malloc'd,
+ * ascending, *n_gone of them; the caller removes their files and frees). */
+PW_MUST_CHECK int pw_store_ckpt_prune(pw_store *s, int64_t job_id, int keep, int **gone, int *n_gone, pw_err *err);
+/* Deletes every checkpoint row of the job (the caller removes its folder). */
+PW_MUST_CHECK int pw_store_ckpt_purge(pw_store *s, int64_t job_id, pw_err *err);
+
 /* ---- totals for /metrics -------------------------------------------------- */
 
 /* counts[state] of jobs; steps and tokens recorded in all. */

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "ckptxfer.h"
 #include "log.h"
 #include "slice.h"
 #include "worker.h"
@@ -201,11 +202,52 @@ static int regular_file(const char *path, const char *field, pw_err *err) {
   return ok ? 0 : pw_err_set(err, PW_EIO, field, "%s is not a regular file", path);
 }
 
+/* A resume that names a step ("12"): the coordinator's copy. */
+static int resume_step(const char *resume) {
+  if (!resume || !*resume || strlen(resume) > 9) return 0;
+  for (const char *p = resume; *p; p++)
+    if (*p < '0' || *p > '9') return 0;
+  return atoi(resume);
+}
+
+/* Stage ls's model and optimizer shards of `step` fetched from the
+ * coordinator into temporary files of the state dir, loaded, removed. */
+static int load_from_coordinator(pw_run *r, pw_lstage *ls, int step, pw_err *err) {
+  char path[1024], opath[1024], url[256];
+  int n = snprintf(path, sizeof path, "%s/resume-job-%llu-stage-%d.safetensors", r->ckpt_dir,
+                   (unsigned long long)r->job, ls->stage);
+  if (n < 0 || (size_t)n >= sizeof path - 32)
+    return pw_err_set(err, PW_EINVAL, "resume", "the state directory path is too long");
+  pw_ckpt_optim_path(path, opath, sizeof opath);
+  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
+  int rc = 0;
+  /* A stage file is its parameters and two moments: bounded well above. */
+  uint64_t max = (uint64_t)pw_prog_grad_numel(ls->prog) * 4 * 4 + ((uint64_t)1 << 24);
+  for (int opt = 0; opt < 2 && !rc; opt++) {
+    snprintf(url, sizeof url, "/v1/jobs/%llu/checkpoints/%d/stages/%d%s", (unsigned long long)r->job, step, ls->stage,
+             opt ? "/optimizer" : "");
+    rc = pw_xfer_get(&x, url, opt ? opath : path, max, err);
+  }
+  int got = 0;
+  if (!rc) rc = pw_ckpt_load(ls->prog, path, 1, &got, err);
+  if (!rc && got != step)
+    rc = pw_err_set(err, PW_EFORMAT, "resume", "the coordinator's checkpoint of step %d says step %d", step, got);
+  unlink(path); /* nothing kept: the coordinator has it */
+  unlink(opath);
+  return rc;
+}
+
 static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
+  int from = resume_step(resume);
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     if (!resume) {
       pw_prog_init_params(ls->prog, r->spec.train.seed);
+      continue;
+    }
+    if (from > 0) {
+      int rc = load_from_coordinator(r, ls, from, err);
+      if (rc) return rc;
       continue;
     }
     char path[1024];
@@ -265,6 +307,14 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
 int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,
                   pw_err *err) {
   *out = NULL;
+  /* absolute: the paths a worker reports mean the same from anywhere */
+  const char *cd = a->checkpoint_dir ? a->checkpoint_dir : ckpt_dir;
+  char cwd[512] = "", absdir[512];
+  if (cd[0] != '/' && !getcwd(cwd, sizeof cwd))
+    return pw_err_set(err, PW_EIO, "assign", "cannot resolve the checkpoint directory %s: %s", cd, strerror(errno));
+  int cn = snprintf(absdir, sizeof absdir, "%s%s%s", cwd, cwd[0] ? "/" : "", cd);
+  if (cn < 0 || (size_t)cn >= sizeof absdir)
+    return pw_err_set(err, PW_EINVAL, "assign", "the checkpoint directory %s is too long", cd);
   pw_run *r = calloc(1, sizeof *r);
   if (!r) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
   r->sh.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -280,7 +330,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->steps = (int)a->steps;
   r->start_step = (int)a->start_step;
   r->trace_every = a->trace_every > 0 ? (int)a->trace_every : 0;
-  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", a->checkpoint_dir ? a->checkpoint_dir : ckpt_dir);
+  snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", absdir);
   r->resume = a->resume;
   pw_slice sl;
   int rc = pw_slice_decode(a->slice, strlen(a->slice), a->slice_sha256, &sl, err);

@@ -23,8 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
+#include "ckptxfer.h"
 #include "log.h"
 #include "optim.h"
 #include "worker.h"
@@ -283,6 +285,64 @@ static int mkdirs(const char *path) {
   return 0;
 }
 
+/* A saved stage checkpoint (model file + optimizer file) to the
+ * coordinator, then deleted here: the worker keeps nothing it cannot
+ * lose. On the compute thread (never the loop): the step ends once the
+ * coordinator confirmed, so a step's checkpoint is stored before its
+ * report goes out. Without an http_url (no coordinator HTTP API: a run
+ * made by a test harness) the files stay where they were written. */
+#define UPLOAD_TRIES 3
+
+static int upload_stage(pw_run *r, int step, int stage, const char *path) {
+  if (!r->http_url[0]) return 0;
+  char opath[1024], url[256];
+  pw_ckpt_optim_path(path, opath, sizeof opath);
+  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
+  double t0 = pw_now();
+  struct stat sm, so;
+  for (int opt = 1; opt >= 0; opt--) { /* the optimizer first, as ckpt.c writes them */
+    pw_err err = {0};
+    snprintf(url, sizeof url, "/v1/jobs/%llu/runs/%d/checkpoints/%d/stages/%d%s", (unsigned long long)r->job,
+             r->run_id, step, stage, opt ? "/optimizer" : "");
+    int rc = 0;
+    for (int attempt = 0; attempt < UPLOAD_TRIES; attempt++) {
+      if (attempt) usleep(200000u << attempt); /* 0.4 s, 0.8 s: a coordinator briefly busy */
+      if (!(rc = pw_xfer_put(&x, url, opt ? opath : path, &err)) || rc == PW_ECANCELED) break;
+    }
+    if (rc == PW_ECANCELED) return pw_exec_fail(r, rc, &err, "checkpoint of step %d, stage %d", step, stage);
+    if (rc) {
+      /* The coordinator cannot store it now (its disk or store failing):
+       * the run goes on and the files stay here, named in the log and in
+       * the checkpoint report; the step is not complete on the
+       * coordinator, so a resume takes an earlier one. */
+      char b[700];
+      pw_warn("job %llu: checkpoint of step %d, stage %d kept at %s: the coordinator did not store it after %d tries: %s",
+              (unsigned long long)r->job, step, stage, path, UPLOAD_TRIES, pw_err_str(&err, b, sizeof b));
+      return 0;
+    }
+  }
+  int sized = stat(path, &sm) == 0 && stat(opath, &so) == 0;
+  pw_info("job %llu: checkpoint of step %d, stage %d uploaded (%lld bytes, %.1f ms)", (unsigned long long)r->job, step,
+          stage, sized ? (long long)(sm.st_size + so.st_size) : -1LL, (pw_now() - t0) * 1e3);
+  for (int opt = 0; opt < 2; opt++) {
+    const char *f = opt ? opath : path;
+    if (unlink(f) && errno != ENOENT)
+      pw_warn("job %llu: cannot remove the uploaded checkpoint %s: %s", (unsigned long long)r->job, f, strerror(errno));
+  }
+  /* the step's folder, then the job's, once empty (another stage of this
+   * rank may still be in the first) */
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", path);
+  for (int up = 0; up < 2; up++) {
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) break;
+    *slash = 0;
+    if (rmdir(dir) && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
+      pw_warn("job %llu: cannot remove %s: %s", (unsigned long long)r->job, dir, strerror(errno));
+  }
+  return 0;
+}
+
 static int update(pw_run *r, double sqnorm) {
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
@@ -303,6 +363,7 @@ static int update(pw_run *r, double sqnorm) {
     }
     int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
     if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
+    if ((rc = upload_stage(r, r->sh.step + 1, r->ls[li].stage, path))) return rc;
   }
   return 0;
 }

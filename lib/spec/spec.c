@@ -90,6 +90,9 @@ static const pw__field train_fields[] = {
     PW__NUM("grad_clip", 0, PW__ALL, pw_train_spec, grad_clip, 1.0, 0, PW__NOLIM),
     PW__INT("checkpoint_every", 0, PW__ALL, pw_train_spec, checkpoint_every, 0, 0, INT_MAXD),
     PW__INT("eval_batches", 0, PW__ALL, pw_train_spec, eval_batches, 8, 1, MAX_BATCH),
+    /* the coordinator's retention; the workers never need it, so it stays
+     * out of the slice */
+    PW__INT("keep_checkpoints", 0, PW__ALL, pw_train_spec, keep_checkpoints, 3, 1, INT_MAXD),
     /* left out of the canonical spec when "fail" (the default): specs and
      * plan hashes from before the field stay the same */
     PW__ENUM("on_nonfinite", PW__OMIT0, PW__ALL, pw_train_spec, on_nonfinite, PW_NONFINITE_FAIL, nonfinite_names),

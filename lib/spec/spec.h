@@ -111,6 +111,7 @@ typedef struct {
   double grad_clip;      /* 0 = off; default 1.0 */
   int checkpoint_every;  /* 0 = only at the end; default 0 */
   int eval_batches;      /* batches for `pipewright eval`; default 8 */
+  int keep_checkpoints;  /* complete checkpoint steps the coordinator keeps; >= 1, default 3 */
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   pw_optim_spec optim;
 } pw_train_spec;

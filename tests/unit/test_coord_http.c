@@ -29,6 +29,7 @@
 
 #include "coord.h"
 #include "plan.h"
+#include "crc32c.h"
 #include "safetensors.h"
 #include "sha256.h"
 #include "spec_json.h"
@@ -63,6 +64,29 @@ static void req_port(int port, const char *method, const char *target, const cha
 
 static void req(const char *method, const char *target, const char *body, resp *out) {
   req_port(C.http_port, method, target, NULL, body, out);
+}
+
+/* PUT a checkpoint shard: the file's bytes with hdr as the checksum
+ * header (NULL: the right X-Pipewright-Crc32c; "": none). */
+static void put_shard(int64_t id, int64_t run, int step, int stage, int opt, const char *file, const char *hdr,
+                      resp *out) {
+  FILE *f = fopen(file, "rb");
+  assert_non_null(f);
+  static char body[1 << 16];
+  size_t n = fread(body, 1, sizeof body, f);
+  fclose(f);
+  char crc[64];
+  snprintf(crc, sizeof crc, "X-Pipewright-Crc32c: %08x\r\n", pw_crc32c(0, body, n));
+  char *req = malloc(n + 1024);
+  assert_non_null(req);
+  int k = snprintf(req, 1024,
+                   "PUT /v1/jobs/%lld/runs/%lld/checkpoints/%d/stages/%d%s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                   "Connection: close\r\n%sContent-Length: %zu\r\n\r\n",
+                   (long long)id, (long long)run, step, stage, opt ? "/optimizer" : "", hdr ? hdr : crc, n);
+  memcpy(req + k, body, n);
+  ht_exchange(dial(C.http_port), req, (size_t)k + n, out);
+  free(req);
+  assert_true(out->status > 0);
 }
 
 static json_t *get_json(const char *target) {
@@ -428,7 +452,7 @@ static void test_run_views(void **state) {
   check_error(&r, 404, "not_found", "step", "step 7");
   resp_free(&r);
 
-  /* checkpoint: none yet, then both stages at step 2 */
+  /* checkpoint: none yet, then both stages' shards of step 2 uploaded */
   snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoint", (long long)id);
   req("GET", t, NULL, &r);
   check_error(&r, 404, "not_found", NULL, "no complete checkpoint");
@@ -436,16 +460,65 @@ static void test_run_views(void **state) {
   float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {6, 5, 4, 3, 2, 1}, s0[2] = {7, 8}, s1[2] = {-1, -1};
   pw_st_tensor st0[2] = {{"embed.tok.weight", PW_ST_F32, 2, {2, 3}, a}, {"shared.weight", PW_ST_F32, 1, {2}, s0}};
   pw_st_tensor st1[2] = {{"lm_head.weight", PW_ST_F32, 2, {2, 3}, b}, {"shared.weight", PW_ST_F32, 1, {2}, s1}};
-  char f0[128], f1[128];
+  pw_st_tensor ot0[1] = {{"exp_avg.embed.tok.weight", PW_ST_F32, 2, {2, 3}, b}};
+  pw_st_tensor ot1[1] = {{"exp_avg.lm_head.weight", PW_ST_F32, 2, {2, 3}, a}};
+  char f0[128], f1[128], o0[128], o1[128], junk[128];
   snprintf(f0, sizeof f0, "%s/s0.safetensors", tmpdir);
   snprintf(f1, sizeof f1, "%s/s1.safetensors", tmpdir);
+  snprintf(o0, sizeof o0, "%s/o0.safetensors", tmpdir);
+  snprintf(o1, sizeof o1, "%s/o1.safetensors", tmpdir);
+  snprintf(junk, sizeof junk, "%s/junk.safetensors", tmpdir);
   assert_int_equal(pw_st_write(f0, st0, 2, NULL, 0, &err), 0);
   assert_int_equal(pw_st_write(f1, st1, 2, NULL, 0, &err), 0);
-  assert_int_equal(pw_store_checkpoint_insert(S, id, run, 2, 0, 0, f0, 100, &err), 0);
-  req("GET", t, NULL, &r); /* one stage is not a whole model */
+  assert_int_equal(pw_st_write(o0, ot0, 1, NULL, 0, &err), 0);
+  assert_int_equal(pw_st_write(o1, ot1, 1, NULL, 0, &err), 0);
+  write_file(junk, "this is not a safetensors file");
+  put_shard(id, run, 2, 0, 0, f0, NULL, &r);
+  assert_int_equal(r.status, 201);
+  j = body_json(&r);
+  assert_false(json_is_true(json_object_get(j, "complete")));
+  assert_string_equal(json_string_value(json_object_get(j, "kind")), "model");
+  json_decref(j);
+  resp_free(&r);
+  req("GET", t, NULL, &r); /* one shard is not a whole model */
   check_error(&r, 404, "not_found", NULL, "no complete checkpoint");
   resp_free(&r);
-  assert_int_equal(pw_store_checkpoint_insert(S, id, run, 2, 1, 1, f1, 100, &err), 0);
+  /* refused: a checksum that does not match (corrupted in transit), none,
+   * not a safetensors file, a run that is not the job's, no such stage */
+  put_shard(id, run, 2, 1, 0, f1, "X-Pipewright-Crc32c: 00000000\r\n", &r);
+  check_error(&r, 400, "malformed_data", "body", "corrupted in transit");
+  resp_free(&r);
+  put_shard(id, run, 2, 1, 0, f1, "", &r);
+  check_error(&r, 400, "invalid_argument", "X-Pipewright-Crc32c", "states its checksum");
+  resp_free(&r);
+  put_shard(id, run, 2, 1, 0, junk, NULL, &r);
+  check_error(&r, 400, "malformed_data", "body", "not a valid safetensors file");
+  resp_free(&r);
+  put_shard(id, run + 7, 2, 1, 0, f1, NULL, &r);
+  check_error(&r, 409, "conflict", "run", "not job");
+  resp_free(&r);
+  put_shard(id, run, 2, 2, 0, f1, NULL, &r);
+  check_error(&r, 404, "not_found", "stage", "no stage 2");
+  resp_free(&r);
+  put_shard(id, run, 2, 1, 0, f1, NULL, &r);
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  put_shard(id, run, 2, 0, 1, o0, NULL, &r);
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  req("GET", t, NULL, &r); /* the model shards alone are not a step: stage 1's optimizer is missing */
+  check_error(&r, 404, "not_found", NULL, "no complete checkpoint");
+  resp_free(&r);
+  put_shard(id, run, 2, 1, 1, o1, NULL, &r);
+  assert_int_equal(r.status, 201);
+  j = body_json(&r);
+  assert_true(json_is_true(json_object_get(j, "complete")));
+  json_decref(j);
+  resp_free(&r);
+  /* no temporary upload file is left in the step's folder */
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "ls -a %s/checkpoints/job-%lld/step-2 | grep -q '^\\.upload'", tmpdir, (long long)id);
+  assert_int_not_equal(system(cmd), 0);
   req("GET", t, NULL, &r);
   assert_int_equal(r.status, 200);
   assert_string_equal(header(&r, "Content-Type"), "application/octet-stream");
@@ -469,8 +542,48 @@ static void test_run_views(void **state) {
   assert_true(got[0] == 6 && got[5] == 1);
   assert_string_equal(pw_st_meta_get(m, "step"), "2");
   pw_st_close(m);
-  /* the temporary merged file is gone from the state dir */
-  char cmd[160];
+  /* the optimizer state, gathered the same way */
+  snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoint?step=2&optimizer=1", (long long)id);
+  req("GET", t, NULL, &r);
+  assert_int_equal(r.status, 200);
+  f = fopen(out, "wb");
+  fwrite(r.body, 1, r.len, f);
+  fclose(f);
+  resp_free(&r);
+  assert_int_equal(pw_st_open(out, &m, &err), 0);
+  assert_int_equal(pw_st_count(m), 2);
+  assert_int_equal(pw_st_copy(m, "exp_avg.lm_head.weight", PW_ST_F32, 2, sh23, got, &err), 0);
+  assert_true(got[0] == 1 && got[5] == 6);
+  pw_st_close(m);
+  /* a step that is not retained is a 404 naming it */
+  snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoint?step=3", (long long)id);
+  req("GET", t, NULL, &r);
+  check_error(&r, 404, "not_found", "step", "step 3");
+  resp_free(&r);
+  /* one stored shard, byte for byte (what a resuming worker fetches) */
+  snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoints/2/stages/1/optimizer", (long long)id);
+  req("GET", t, NULL, &r);
+  assert_int_equal(r.status, 200);
+  f = fopen(o1, "rb");
+  char want[4096];
+  size_t wn = fread(want, 1, sizeof want, f);
+  fclose(f);
+  assert_int_equal(r.len, wn);
+  assert_memory_equal(r.body, want, wn);
+  resp_free(&r);
+  snprintf(t, sizeof t, "/v1/jobs/%lld/checkpoints", (long long)id);
+  j = get_json(t);
+  json_t *cks = json_object_get(j, "checkpoints");
+  assert_int_equal(json_array_size(cks), 1);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(cks, 0), "step")), 2);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(cks, 0), "stages")), 2);
+  json_decref(j);
+  /* a running job's files cannot be purged */
+  snprintf(t, sizeof t, "/v1/jobs/%lld?purge=1", (long long)id);
+  req("DELETE", t, NULL, &r);
+  check_error(&r, 409, "conflict", "purge", "cancel it first");
+  resp_free(&r);
+  /* the temporary gathered file is gone from the state dir */
   snprintf(cmd, sizeof cmd, "ls -a %s | grep -q '^\\.checkpoint'", tmpdir);
   assert_int_not_equal(system(cmd), 0);
 

@@ -148,6 +148,7 @@ static const bad_case bad[] = {
     {B_GPT, "{'train':{'grad_clip':-1}}", "train.grad_clip", "must be >= 0 (got -1)"},
     {B_GPT, "{'train':{'eval_batches':0}}", "train.eval_batches", "must be >= 1"},
     {B_GPT, "{'train':{'checkpoint_every':-1}}", "train.checkpoint_every", "must be >= 0"},
+    {B_GPT, "{'train':{'keep_checkpoints':0}}", "train.keep_checkpoints", "must be >= 1 (got 0)"},
     {B_GPT, "{'train':{'optimizer':{'lr':0}}}", "train.optimizer.lr", "must be > 0 (got 0)"},
     {B_GPT, "{'train':{'optimizer':{'min_lr':-1}}}", "train.optimizer.min_lr", "must be >= 0"},
     {B_GPT, "{'train':{'optimizer':{'warmup_steps':-5}}}", "train.optimizer.warmup_steps", ">= 0"},
@@ -371,6 +372,7 @@ static void test_gpt_defaults(void **st) {
   assert_true(t->grad_clip == 1.0);
   assert_int_equal(t->checkpoint_every, 0);
   assert_int_equal(t->eval_batches, 8);
+  assert_int_equal(t->keep_checkpoints, 3);
   assert_int_equal(t->optim.kind, PW_OPT_ADAMW);
   assert_true(t->optim.lr == 3e-4);
   assert_true(t->optim.min_lr == 3e-4 / 10);
