@@ -81,7 +81,7 @@ od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$T/api.token"
 od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$T/cluster.token"
 umask 022
 
-# The user's machine: the API with the API token; raw: without it.
+# The user's machine (host 4) calls the API with the API token.
 api() { netns_exec "$TAG" $CLIENT curl -sS --noproxy '*' --max-time 30 -H "Authorization: Bearer $(cat "$T/api.token")" "$@"; }
 jget() { "$PY" -c 'import json,sys
 v = json.load(sys.stdin)
@@ -99,8 +99,7 @@ for _ in $(seq 200); do [ -s "$T/coordinator/ready" ] && break; sleep 0.1; done
 
 WPIDS=()
 for i in 1 2 3; do
-  # shellcheck disable=SC2086 # NETNS_PRIVATE is a command and its arguments
-  ip netns exec "$(netns_name "$TAG" "$i")" $NETNS_PRIVATE "$T" "host$i" --put cluster.token="$T/cluster.token" -- \
+  ip netns exec "$(netns_name "$TAG" "$i")" "${NETNS_PRIVATE[@]}" "$T" "host$i" --put cluster.token="$T/cluster.token" -- \
     "$BUILD/pipewright-worker" --coordinator "$CTL" --listen "$(netns_addr "$i"):0" --name "host$i" \
     --state-dir "$T/host$i/state" --token-file "$T/host$i/cluster.token" >"$T/worker$i.log" 2>&1 &
   WPIDS+=($!)
