@@ -17,6 +17,7 @@
 # netns_name TAG i        the namespace of host i
 # netns_addr i            host i's address
 # netns_exec TAG i CMD..  run CMD in host i's namespace
+# ${NETNS_PRIVATE[@]}     a command prefix: a private filesystem (private_host.sh)
 
 NETNS_SUBNET=10.200.0
 # The system python starts in 0.1 s; a pyenv shim can take seconds.
@@ -110,3 +111,10 @@ sys.exit(0 if c.recv(4) == b"pong" else 1)' "$(netns_addr "$i")" "$port"
   wait "$lpid" || rc=1
   return $rc
 }
+
+# A host with a private filesystem: host i's network namespace, a mount
+# namespace of its own, and private_host.sh in it (see there). Spelt out at
+# the call, not wrapped in a function, so that `... &` leaves the daemon
+# itself in $! (a function would leave the subshell running it):
+#   ip netns exec "$(netns_name TAG i)" "${NETNS_PRIVATE[@]}" ROOT HOST [--put NAME=FILE].. -- CMD.. &
+NETNS_PRIVATE=(unshare --mount --propagation private bash "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/private_host.sh")
