@@ -55,7 +55,8 @@ typedef struct {
 } pw_stream_sink;
 
 /* One route: method, path pattern ("{id}" matches a positive decimal job
- * id, "{ds}" a dataset id of 64 lowercase hex digits, any other segment
+ * id, "{ds}" a dataset id of 64 lowercase hex digits, "{ck}" a weights id
+ * alike (both land in r->ds), any other segment
  * matches itself), handler, flags, and for PW_ROUTE_STREAM its sink. */
 typedef struct {
   const char *method;
@@ -77,7 +78,7 @@ struct pw_req {
   const char *method; /* "GET", "POST", ... (HEAD is routed as GET) */
   const char *path;   /* decoded, without the query */
   int64_t id;         /* the {id} of the pattern, 0 when it has none */
-  char ds[65];        /* the {ds} of the pattern, "" when it has none */
+  char ds[65];        /* the {ds} or {ck} of the pattern, "" when it has none */
   void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
   json_t *body;       /* PW_ROUTE_BODY routes: the parsed body (borrowed) */
   /* the reply, set by the pw_reply_* helpers */
@@ -159,6 +160,19 @@ PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
 void pw_api_job_checkpoint(pw_req *r);
+/* The job's complete checkpoint at step `at` (the latest when at < 0)
+ * gathered into ONE whole-model file at out (optim: the optimizer state,
+ * exp_avg.* and exp_avg_sq.*); *step gets the step. PW_ENOENT at "job"
+ * for an unknown job, else naming the step when none is complete. */
+PW_MUST_CHECK int pw_api_ckpt_gather(pw_store *s, int64_t job_id, int at, int optim, const char *out, int *step,
+                                     pw_err *err);
+/* api_weights.c: stored weights ("{ck}" is r->ds) */
+void pw_api_weights_upload(pw_req *r);
+void pw_api_weights_list(pw_req *r);
+void pw_api_weights_get(pw_req *r);
+void pw_api_weights_content(pw_req *r);
+void pw_api_weights_delete(pw_req *r);
+extern const pw_stream_sink pw_api_weights_sink;
 
 /* api_req.c: the budget this coordinator holds a spec to (lib/plan/budget.h):
  * its options (--max-plan-actions, --max-rank-memory), the assign message's

@@ -178,9 +178,18 @@ static int by_stage(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Merge the stage files into one file at out: a tensor present in several
- * (tied embeddings) is taken once, from the lowest stage. */
-static int merge_stages(json_t *stages, const char *out, int step, const char *spec, pw_err *err) {
+/* "<path minus .safetensors>.optim.safetensors" (lib/compute/ckpt.h's
+ * naming of a stage's optimizer file). */
+static void optim_path(const char *path, char *buf, size_t cap) {
+  size_t n = strlen(path), k = strlen(".safetensors");
+  if (n >= k && !strcmp(path + n - k, ".safetensors")) n -= k;
+  snprintf(buf, cap, "%.*s.optim.safetensors", (int)n, path);
+}
+
+/* Merge the stage files (their optimizer files with optim) into one file
+ * at out: a tensor present in several (tied embeddings) is taken once,
+ * from the lowest stage. */
+static int merge_stages(json_t *stages, const char *out, int step, const char *spec, int optim, pw_err *err) {
   size_t n = json_array_size(stages);
   json_t **order = calloc(n ? n : 1, sizeof *order);
   pw_st_file **files = calloc(n ? n : 1, sizeof *files);
@@ -198,6 +207,11 @@ static int merge_stages(json_t *stages, const char *out, int step, const char *s
     if (!path) {
       rc = pw_err_set(err, PW_EINTERNAL, "", "stage %lld has no checkpoint path", st);
       break;
+    }
+    char opath[PATH_MAX];
+    if (optim) {
+      optim_path(path, opath, sizeof opath);
+      path = opath;
     }
     pw_err e2 = {0};
     if ((rc = pw_st_open(path, &files[i], &e2))) {
@@ -237,50 +251,54 @@ done:
   return rc;
 }
 
+/* The job's checkpoint at step `at` (the latest complete one when at < 0)
+ * gathered into one whole-model file at out (optim: its optimizer state
+ * instead); *step gets the step. PW_ENOENT naming the job or the step when
+ * there is none. */
+int pw_api_ckpt_gather(pw_store *s, int64_t job_id, int at, int optim, const char *out, int *step, pw_err *err) {
+  pw_job_brief b;
+  int rc = pw_store_job_brief(s, job_id, &b, err);
+  if (rc) return rc;
+  json_t *run = NULL, *ck = NULL;
+  size_t n_stages = 0;
+  if (!pw_store_run_json(s, job_id, &run, NULL)) n_stages = json_array_size(json_object_get(run, "stages"));
+  json_decref(run);
+  if (!n_stages) {
+    free(b.spec);
+    return at >= 0 ? pw_err_set(err, PW_ENOENT, "step", "job %lld has no checkpoint at step %d", (long long)job_id, at)
+                   : pw_err_set(err, PW_ENOENT, "", "job %lld has no complete checkpoint yet", (long long)job_id);
+  }
+  if ((rc = pw_store_checkpoint_step_json(s, job_id, (int)n_stages, at, &ck, err))) {
+    free(b.spec);
+    return rc;
+  }
+  *step = (int)json_integer_value(json_object_get(ck, "step"));
+  rc = merge_stages(json_object_get(ck, "stages"), out, *step, b.spec, optim, err);
+  free(b.spec);
+  json_decref(ck);
+  return rc;
+}
+
 /* GET /v1/jobs/{id}/checkpoint: the latest step every stage has saved. */
 void pw_api_job_checkpoint(pw_req *r) {
   static atomic_uint seq;
   pw_store *s = pw_api_store(r);
   if (!s) return;
-  pw_job_brief b;
-  pw_err err = {0};
-  int rc = pw_store_job_brief(s, r->id, &b, &err);
-  if (rc) {
-    if (rc == PW_ENOENT)
-      pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-    else
-      pw_reply_err(r, &err);
-    return;
-  }
-  json_t *run = NULL, *ck = NULL;
-  size_t n_stages = 0;
-  if (!pw_store_run_json(s, r->id, &run, NULL)) n_stages = json_array_size(json_object_get(run, "stages"));
-  json_decref(run);
-  if (!n_stages || (rc = pw_store_checkpoint_latest_json(s, r->id, (int)n_stages, &ck, &err)) == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "", "job %lld has no complete checkpoint yet",
-                   (long long)r->id);
-    free(b.spec);
-    return;
-  }
-  if (rc) {
-    pw_reply_err(r, &err);
-    free(b.spec);
-    return;
-  }
-  int step = (int)json_integer_value(json_object_get(ck, "step"));
   char tmp[PATH_MAX];
-  snprintf(tmp, sizeof tmp, "%s/.checkpoint-%lld-%d-%d-%u.safetensors", r->c->state_dir[0] ? r->c->state_dir : "/tmp",
-           (long long)r->id, step, (int)getpid(), atomic_fetch_add(&seq, 1));
-  rc = merge_stages(json_object_get(ck, "stages"), tmp, step, b.spec, &err);
-  free(b.spec);
-  json_decref(ck);
+  snprintf(tmp, sizeof tmp, "%s/.checkpoint-%lld-%d-%u.safetensors", r->c->state_dir[0] ? r->c->state_dir : "/tmp",
+           (long long)r->id, (int)getpid(), atomic_fetch_add(&seq, 1));
+  pw_err err = {0};
+  int step = 0, rc = pw_api_ckpt_gather(s, r->id, -1, 0, tmp, &step, &err);
   if (rc) {
     char eb[600];
-    pw_warn("job %lld: cannot gather the checkpoint: %s", (long long)r->id, pw_err_str(&err, eb, sizeof eb));
-    if (rc == PW_ENOENT)
+    if (rc == PW_ENOENT && !strcmp(err.path, "job"))
+      pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
+    else if (rc == PW_ENOENT)
       pw_reply_error(r, PW_ENOENT, "", "%s", err.msg);
-    else
+    else {
+      pw_warn("job %lld: cannot gather the checkpoint: %s", (long long)r->id, pw_err_str(&err, eb, sizeof eb));
       pw_reply_error(r, PW_EIO, "", "%s", err.msg);
+    }
     return;
   }
   /* Unlinked at once: the open fd keeps the data until the reply is sent. */

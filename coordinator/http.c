@@ -113,11 +113,11 @@ static uint64_t body_limit(const http_req *h) {
 
 /* ---- routing ---------------------------------------------------------------- */
 
-/* Does path match pattern? Fills *id for "{id}", ds for "{ds}". */
+/* Does path match pattern? Fills *id for "{id}", ds for "{ds}" and "{ck}". */
 static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65]) {
   const char *p = pattern, *u = path;
   while (*p && *u) {
-    if (!strncmp(p, "{ds}", 4)) {
+    if (!strncmp(p, "{ds}", 4) || !strncmp(p, "{ck}", 4)) {
       for (int k = 0; k < 64; k++)
         if (!((u[k] >= '0' && u[k] <= '9') || (u[k] >= 'a' && u[k] <= 'f'))) return 0;
       memcpy(ds, u, 64);

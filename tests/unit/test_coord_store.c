@@ -20,7 +20,7 @@
 
 #include "store.h"
 
-#define SCHEMA 3 /* the schema version this code writes */
+#define SCHEMA 4 /* the schema version this code writes */
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -176,15 +176,15 @@ static void test_open_newer_refused(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
   pw_store_close(s);
-  raw_exec(path, "PRAGMA user_version = 4");
+  raw_exec(path, "PRAGMA user_version = 5");
   pw_err err = {0};
   s = (pw_store *)1;
   assert_int_equal(pw_store_open(path, &s, &err), PW_ENOTSUP);
   assert_null(s);
-  expect_err(&err, "version 4 is newer");
-  expect_err(&err, "(3)");
+  expect_err(&err, "version 5 is newer");
+  expect_err(&err, "(4)");
   /* refused before touching anything: the file keeps its version */
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 5);
 }
 
 static void test_open_errors(void **state) {

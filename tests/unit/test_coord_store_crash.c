@@ -155,7 +155,7 @@ static void test_concurrency(void **state) {
   assert_int_equal(raw_int(path, "SELECT count(*) FROM jobs"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM metrics"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM events"), 600);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 3);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
 }
 
 /* ---- durability across kill -9 ------------------------------------------- */

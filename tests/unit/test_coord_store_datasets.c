@@ -70,10 +70,11 @@ static void test_migration_2_to_3(void **state) {
   pw_err err = {0};
   assert_int_equal(job(s, NULL, &id, &err), 0);
   pw_store_close(s);
-  /* back to schema 2 as it was: no datasets tables */
-  raw_exec(path, "DROP TABLE job_datasets; DROP TABLE datasets; PRAGMA user_version = 2;");
+  /* back to schema 2 as it was: no datasets (nor weights) tables */
+  raw_exec(path, "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE job_weights; DROP TABLE weights; "
+                   "PRAGMA user_version = 2;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 3);
+  assert_int_equal(pw_store_schema_version(s), 4);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);
