@@ -33,6 +33,11 @@ const pw_route pw_api_routes[] = {
     {"GET", "/v1/datasets/{ds}", pw_api_dataset_get, 0, NULL},
     {"GET", "/v1/datasets/{ds}/content", pw_api_dataset_content, PW_ROUTE_CLUSTER, NULL},
     {"DELETE", "/v1/datasets/{ds}", pw_api_dataset_delete, 0, NULL},
+    {"POST", "/v1/checkpoints", pw_api_weights_upload, PW_ROUTE_STREAM, &pw_api_weights_sink},
+    {"GET", "/v1/checkpoints", pw_api_weights_list, 0, NULL},
+    {"GET", "/v1/checkpoints/{ck}", pw_api_weights_get, 0, NULL},
+    {"GET", "/v1/checkpoints/{ck}/content", pw_api_weights_content, PW_ROUTE_CLUSTER, NULL},
+    {"DELETE", "/v1/checkpoints/{ck}", pw_api_weights_delete, 0, NULL},
 };
 const int pw_api_n_routes = (int)(sizeof pw_api_routes / sizeof pw_api_routes[0]);
 

@@ -55,10 +55,10 @@ typedef struct {
 } pw_stream_sink;
 
 /* One route: method, path pattern ("{id}" matches a positive decimal job
- * id, "{ds}" a dataset id of 64 lowercase hex digits, "{run}", "{step}"
- * and "{stage}" a decimal number >= 0 of at most 9 digits, any other
- * segment matches itself), handler, flags, and for PW_ROUTE_STREAM its
- * sink. */
+ * id, "{ds}" a dataset id of 64 lowercase hex digits, "{ck}" a weights id
+ * alike (both land in r->ds), "{run}", "{step}" and "{stage}" a decimal
+ * number >= 0 of at most 9 digits, any other segment matches itself),
+ * handler, flags, and for PW_ROUTE_STREAM its sink. */
 typedef struct {
   const char *method;
   const char *pattern;
@@ -79,7 +79,7 @@ struct pw_req {
   const char *method; /* "GET", "POST", ... (HEAD is routed as GET) */
   const char *path;   /* decoded, without the query */
   int64_t id;         /* the {id} of the pattern, 0 when it has none */
-  char ds[65];        /* the {ds} of the pattern, "" when it has none */
+  char ds[65];        /* the {ds} or {ck} of the pattern, "" when it has none */
   int64_t run;        /* the {run}, {step} and {stage} of the pattern, 0 when it has none */
   int step, stage;
   void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
@@ -170,6 +170,13 @@ void pw_api_ckpt_shard(pw_req *r);
 extern const pw_stream_sink pw_api_ckpt_sink;
 /* DELETE /v1/jobs/{id}?purge=1 (api_jobs.c's cancel hands it over). */
 void pw_api_job_purge(pw_req *r);
+/* api_weights.c: stored weights ("{ck}" is r->ds) */
+void pw_api_weights_upload(pw_req *r);
+void pw_api_weights_list(pw_req *r);
+void pw_api_weights_get(pw_req *r);
+void pw_api_weights_content(pw_req *r);
+void pw_api_weights_delete(pw_req *r);
+extern const pw_stream_sink pw_api_weights_sink;
 
 /* api_req.c: the budget this coordinator holds a spec to (lib/plan/budget.h):
  * its options (--max-plan-actions, --max-rank-memory), the assign message's

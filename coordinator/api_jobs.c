@@ -17,6 +17,7 @@
 #include "api.h"
 #include "log.h"
 #include "plan.h"
+#include "weights.h"
 
 /* 0 when job r->id exists; else replies (404) and returns nonzero. */
 static int job_exists(pw_req *r, pw_store *s) {
@@ -67,18 +68,39 @@ void pw_api_job_submit(pw_req *r) {
   }
   pw_plan p; /* dry run: a job that cannot be planned, or would not fit, is refused now */
   int rc = pw_plan_build(&job, NULL, &p, &err);
-  int vocab = 0;
+  int vocab = 0, n_params = 0;
+  pw_w_param *params = NULL; /* names point into params_mem */
+  char *params_mem = NULL;
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
     vocab = p.model.data.vocab_size;
+    if (!rc && (job.init.checkpoint[0] || job.init.job)) { /* the model's parameters, for the init check */
+      n_params = p.model.n_params;
+      params = calloc((size_t)(n_params ? n_params : 1), sizeof *params);
+      params_mem = calloc((size_t)(n_params ? n_params : 1), PW_PARAM_NAME_MAX);
+      if (!params || !params_mem) rc = pw_err_set(&err, PW_ENOMEM, "init", "out of memory");
+      for (int i = 0; !rc && i < n_params; i++) {
+        char *nm = params_mem + (size_t)i * PW_PARAM_NAME_MAX;
+        snprintf(nm, PW_PARAM_NAME_MAX, "%s", p.model.params[i].name);
+        params[i] = (pw_w_param){nm, p.model.params[i].ndim, {p.model.params[i].shape[0], p.model.params[i].shape[1]}};
+      }
+    }
     pw_plan_free(&p);
   }
   if (rc) {
     pw_reply_err(r, &err);
     pw_job_free(&job);
+    free(params);
+    free(params_mem);
     return;
   }
-  if (pw_api_data_resolve(r, s, &job, real, vocab)) { /* a path becomes a dataset, read by id on any host */
+  if (!rc && pw_api_data_resolve(r, s, &job, real, vocab)) /* a path becomes a dataset, read by id on any host */
+    rc = -1;
+  /* init: job + step gathered into stored weights; the file holds every parameter with its shape */
+  if (!rc && (rc = pw_w_init_resolve(s, r->c->state_dir, &job.init, params, n_params, &err))) pw_reply_err(r, &err);
+  free(params);
+  free(params_mem);
+  if (rc) {
     pw_job_free(&job);
     return;
   }
@@ -96,7 +118,8 @@ void pw_api_job_submit(pw_req *r) {
                    .microbatches = job.schedule.microbatches,
                    .schedule = job.schedule.name,
                    .model = model,
-                   .dataset = job.data.dataset[0] ? job.data.dataset : NULL};
+                   .dataset = job.data.dataset[0] ? job.data.dataset : NULL,
+                   .weights = {job.init.checkpoint, job.init.optimizer_checkpoint}};
   int64_t id = 0;
   rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);

@@ -44,10 +44,14 @@ int pw_ds_id_valid(const char *s) {
   return s[PW_DS_ID_LEN] == 0;
 }
 
-static int ds_dir(const char *state_dir, char *out, size_t cap, pw_err *err) {
-  int n = snprintf(out, cap, "%s/datasets", state_dir);
+static int sub_dir(const char *state_dir, const char *sub, char *out, size_t cap, pw_err *err) {
+  int n = snprintf(out, cap, "%s/%s", state_dir, sub);
   if (n < 0 || (size_t)n >= cap) return pw_err_set(err, PW_EINVAL, "state_dir", "the state directory path is too long");
   return 0;
+}
+
+static int ds_dir(const char *state_dir, char *out, size_t cap, pw_err *err) {
+  return sub_dir(state_dir, "datasets", out, cap, err);
 }
 
 int pw_ds_path(const char *state_dir, const char *id, char *out, size_t cap, pw_err *err) {
@@ -64,11 +68,15 @@ static int io_fail(int e, const char *file, const char *what, pw_err *err) {
 }
 
 int pw_ds_writer_open(const char *state_dir, pw_ds_writer **out, pw_err *err) {
+  return pw_ds_writer_open_in(state_dir, "datasets", out, err);
+}
+
+int pw_ds_writer_open_in(const char *state_dir, const char *sub, pw_ds_writer **out, pw_err *err) {
   *out = NULL;
   pw_ds_writer *w = calloc(1, sizeof *w);
   if (!w) return pw_err_set(err, PW_ENOMEM, "body", "out of memory");
   w->fd = -1;
-  int rc = ds_dir(state_dir, w->dir, sizeof w->dir, err);
+  int rc = sub_dir(state_dir, sub, w->dir, sizeof w->dir, err);
   if (rc) goto fail;
   if (mkdir(w->dir, 0700) && errno != EEXIST) {
     rc = io_fail(errno, w->dir, "cannot create", err);
@@ -149,6 +157,7 @@ int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err)
 }
 
 uint64_t pw_ds_writer_size(const pw_ds_writer *w) { return w->size; }
+const char *pw_ds_writer_tmp_path(const pw_ds_writer *w) { return w->tmp; }
 
 /* The format from the first bytes: a file with the token magic must be a
  * whole token file (header right, size = header + its ids); its ids are
@@ -234,9 +243,11 @@ int pw_ds_unlink(const char *state_dir, const char *id, pw_err *err) {
   return 0;
 }
 
-int pw_ds_sweep(const char *state_dir) {
+int pw_ds_sweep(const char *state_dir) { return pw_ds_sweep_in(state_dir, "datasets"); }
+
+int pw_ds_sweep_in(const char *state_dir, const char *sub) {
   char dir[PATH_MAX];
-  if (ds_dir(state_dir, dir, sizeof dir, NULL)) return 0;
+  if (sub_dir(state_dir, sub, dir, sizeof dir, NULL)) return 0;
   DIR *d = opendir(dir);
   if (!d) return 0;
   int n = 0;

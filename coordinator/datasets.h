@@ -41,6 +41,8 @@ PW_MUST_CHECK int pw_ds_path(const char *state_dir, const char *id, char *out, s
 /* A new temporary file in <state_dir>/datasets (the folder is made if
  * missing). */
 PW_MUST_CHECK int pw_ds_writer_open(const char *state_dir, pw_ds_writer **out, pw_err *err);
+/* The same in <state_dir>/<sub> (weights.c stores its files this way). */
+PW_MUST_CHECK int pw_ds_writer_open_in(const char *state_dir, const char *sub, pw_ds_writer **out, pw_err *err);
 /* Appends and hashes n bytes. A full disk (or quota) is PW_ENOSPC, any
  * other failure PW_EIO, naming the file. */
 PW_MUST_CHECK int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err);
@@ -50,6 +52,9 @@ PW_MUST_CHECK int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n
 PW_MUST_CHECK int pw_ds_writer_commit(pw_ds_writer *w, const char *what, pw_ds_info *info, pw_err *err);
 /* Bytes written so far. */
 uint64_t pw_ds_writer_size(const pw_ds_writer *w);
+/* The temporary file (until commit), for a caller checking its content
+ * before it is committed. */
+const char *pw_ds_writer_tmp_path(const pw_ds_writer *w);
 /* Closes; removes the temporary file unless committed. NULL is fine. */
 void pw_ds_writer_free(pw_ds_writer *w);
 
@@ -62,6 +67,8 @@ PW_MUST_CHECK int pw_ds_unlink(const char *state_dir, const char *id, pw_err *er
 /* Removes temporary files a crash left in <state_dir>/datasets; returns
  * how many. For start-up, before the API serves. */
 int pw_ds_sweep(const char *state_dir);
+/* The same in <state_dir>/<sub>. */
+int pw_ds_sweep_in(const char *state_dir, const char *sub);
 /* Free bytes for an unprivileged writer on the datasets' filesystem, -1 if
  * unknown. */
 int64_t pw_ds_free_bytes(const char *state_dir);

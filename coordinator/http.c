@@ -136,7 +136,7 @@ static size_t num_param(const char *p, const char **u, pw_req *r, int *ok) {
   return 0;
 }
 
-/* Does path match pattern? Fills *id for "{id}", ds for "{ds}", and r's
+/* Does path match pattern? Fills *id for "{id}", ds for "{ds}" and "{ck}", and r's
  * run, step and stage for theirs. */
 static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65], pw_req *r) {
   const char *p = pattern, *u = path;
@@ -148,7 +148,7 @@ static int route_match(const char *pattern, const char *path, int64_t *id, char 
       p += used;
       continue;
     }
-    if (!strncmp(p, "{ds}", 4)) {
+    if (!strncmp(p, "{ds}", 4) || !strncmp(p, "{ck}", 4)) {
       for (int k = 0; k < 64; k++)
         if (!((u[k] >= '0' && u[k] <= '9') || (u[k] >= 'a' && u[k] <= 'f'))) return 0;
       memcpy(ds, u, 64);

@@ -258,6 +258,8 @@ int main(int argc, char **argv) {
   if (!s) return 1;
   int swept = pw_ds_sweep(c->state_dir); /* uploads a crash cut short */
   if (swept > 0) pw_info("datasets: removed %d unfinished upload%s", swept, swept == 1 ? "" : "s");
+  swept = pw_ds_sweep_in(c->state_dir, "weights");
+  if (swept > 0) pw_info("weights: removed %d unfinished upload%s", swept, swept == 1 ? "" : "s");
   pw_err err = {0};
   char b[600];
   int n = pw_store_recover(s, "coordinator restarted while the job was in flight", &err);

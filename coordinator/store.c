@@ -96,7 +96,18 @@ static const char *const migrations[] = {
     "CREATE TABLE ckpt_steps("
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), step INTEGER NOT NULL, n_stages INTEGER NOT NULL,"
     "  run_id INTEGER, bytes INTEGER NOT NULL, time REAL NOT NULL, PRIMARY KEY(job_id, step));"
-    /* ---- end of part h-ckpt ---- */,
+    /* ---- end of part h-ckpt; the same migration goes on: ---- */
+    /* 3 -> 4 (h-init): stored weights (content-addressed safetensors files
+     * a job's parameters start from, weights.h) and which job uses which,
+     * so weights a live job needs are never deleted. As for datasets, the
+     * link has no foreign key to weights. */
+    "CREATE TABLE weights("
+    "  id TEXT PRIMARY KEY, size INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT, source TEXT,"
+    "  created REAL NOT NULL, n_tensors INTEGER NOT NULL, params INTEGER NOT NULL);"
+    "CREATE TABLE job_weights("
+    "  job_id INTEGER NOT NULL REFERENCES jobs(id), weights_id TEXT NOT NULL,"
+    "  PRIMARY KEY(job_id, weights_id));"
+    "CREATE INDEX job_weights_w ON job_weights(weights_id, job_id);",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -418,6 +429,24 @@ static int job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err) {
   return exec_done(s, ins, err, "job dataset");
 }
 
+/* Inside the job's insert: the link to init weights, which must be stored
+ * (h-init, schema 4). */
+static int job_weights(pw_store *s, int64_t job, const char *id, pw_err *err) {
+  STMT(st, PW_ST_W_EXISTS);
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(st);
+  sqlite3_reset(st);
+  if (rc == SQLITE_DONE)
+    return pw_err_set(err, PW_ESPEC, "init", "no weights %.64s are stored (upload them: POST /v1/checkpoints)", id);
+  if (rc != SQLITE_ROW) return pw__store_fail(s, rc, err, "weights");
+  STMT(ins, PW_ST_JOB_W_INSERT);
+  sqlite3_bind_int64(ins, 1, job);
+  sqlite3_bind_text(ins, 2, id, -1, SQLITE_STATIC);
+  rc = sqlite3_step(ins);
+  sqlite3_reset(ins);
+  return rc == SQLITE_DONE ? 0 : pw__store_fail(s, rc, err, "job weights");
+}
+
 int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err) {
   FAULT("insert job");
   if (!j || !j->spec) return pw_err_set(err, PW_EINVAL, "spec", "a job needs a spec");
@@ -448,6 +477,9 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   /* in the same transaction as the check, so a concurrent delete of the
    * dataset either sees this job or makes this insert fail */
   if (j->dataset && (rc = job_dataset(s, job, j->dataset, err))) goto fail;
+  for (int k = 0; k < 2 && !rc; k++)
+    if (j->weights[k] && j->weights[k][0]) rc = job_weights(s, job, j->weights[k], err);
+  if (rc) goto fail;
   if ((rc = add_event(s, job, now, "state", "queued", err)) || (rc = pw__store_commit(s, err))) goto fail;
   if (id) *id = job;
   return 0;

@@ -66,6 +66,7 @@ typedef struct {
   const char *schedule;
   const char *model;     /* "gpt d=64 L=4", for lists */
   const char *dataset;   /* the dataset id the job reads, or NULL */
+  const char *weights[2]; /* init: the weights ids it starts from (model, optimizer), NULL or "" for none */
 } pw_job_new;
 
 /* Inserts a queued job and its "queued" event in one transaction; with a
@@ -162,6 +163,10 @@ PW_MUST_CHECK int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_
  * (on a tie, the later run's files); earlier runs count, so a retry can
  * resume from its predecessor's checkpoint (PW_ENOENT if none). */
 PW_MUST_CHECK int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, int n_stages, json_t **out, pw_err *err);
+/* The same for step `at` (the latest when at < 0); PW_ENOENT naming the
+ * step when no run checkpointed every stage there. */
+PW_MUST_CHECK int pw_store_checkpoint_step_json(pw_store *s, int64_t job_id, int n_stages, int at, json_t **out,
+                                                pw_err *err);
 PW_MUST_CHECK int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err);
 /* {"events": [{"id","time","kind","message"}]} with id > since, ascending. */
 PW_MUST_CHECK int pw_store_events_json(pw_store *s, int64_t job_id, int64_t since, json_t **out, pw_err *err);
@@ -220,6 +225,31 @@ PW_MUST_CHECK int pw_store_ckpts_json(pw_store *s, int64_t job_id, json_t **out,
 PW_MUST_CHECK int pw_store_ckpt_prune(pw_store *s, int64_t job_id, int keep, int **gone, int *n_gone, pw_err *err);
 /* Deletes every checkpoint row of the job (the caller removes its folder). */
 PW_MUST_CHECK int pw_store_ckpt_purge(pw_store *s, int64_t job_id, pw_err *err);
+
+/* ---- weights (store_weights.c; the files are weights.h's) --------------- */
+
+typedef struct {
+  const char *id;         /* sha256, 64 lowercase hex */
+  int64_t size;
+  const char *kind;       /* "model" | "optimizer" */
+  const char *name;       /* NULL: none */
+  const char *source;     /* "upload", "job 3 step 10": where it came from */
+  int64_t n_tensors, params;
+} pw_weights_new;
+
+/* Records weights unless the id is there (then the stored row stays).
+ * *created: 1 when added. *out (when not NULL): the row as the API shows it:
+ *   {"id", "sha256", "size", "kind", "name", "source", "created",
+ *    "n_tensors", "params"} */
+PW_MUST_CHECK int pw_store_weights_insert(pw_store *s, const pw_weights_new *w, int *created, json_t **out,
+                                          pw_err *err);
+/* One row (PW_ENOENT at "ck" when unknown). */
+PW_MUST_CHECK int pw_store_weights_json(pw_store *s, const char *id, json_t **out, pw_err *err);
+/* {"checkpoints": [row...]}, newest first. */
+PW_MUST_CHECK int pw_store_weights_list_json(pw_store *s, json_t **out, pw_err *err);
+/* Deletes the row: PW_ENOENT when unknown, PW_ECONFLICT (naming the job)
+ * while a job that is not finished uses it; *out gets the deleted row. */
+PW_MUST_CHECK int pw_store_weights_delete(pw_store *s, const char *id, json_t **out, pw_err *err);
 
 /* ---- totals for /metrics -------------------------------------------------- */
 

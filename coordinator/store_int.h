@@ -14,6 +14,9 @@
   "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
   "steps, loss, tokens_per_s, created, started, finished, run"
 
+/* The weights row as its views read it (h-init). */
+#define PW__W_COLS "id, size, kind, name, source, created, n_tensors, params"
+
 /* The dataset row as its views read it. */
 #define PW__DS_COLS "id, size, format, name, created, vocab_size, width, n_tokens"
 
@@ -101,7 +104,8 @@
     "INSERT INTO checkpoints(job_id, run_id, step, stage, rank, path, bytes, time) "               \
     "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")                                                      \
   X(CKPT_LATEST_STEP,                                                                              \
-    "SELECT run_id, step FROM checkpoints WHERE job_id = ?1 GROUP BY run_id, step "                \
+    "SELECT run_id, step FROM checkpoints WHERE job_id = ?1 AND (?3 < 0 OR step = ?3) "             \
+    "GROUP BY run_id, step "                                                                       \
     "HAVING count(DISTINCT stage) = ?2 AND min(stage) = 0 AND max(stage) = ?2 - 1 "                \
     "ORDER BY step DESC, run_id DESC LIMIT 1")                                                     \
   X(CKPT_AT,                                                                                       \
@@ -122,7 +126,19 @@
     "SELECT j.id, j.state FROM job_datasets d JOIN jobs j ON j.id = d.job_id WHERE d.dataset_id = ?1 " \
     "AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id LIMIT 1")               \
   X(JOB_DS_INSERT, "INSERT OR IGNORE INTO job_datasets(job_id, dataset_id) VALUES(?1, ?2)")        \
-  X(JOB_DS_GET, "SELECT dataset_id FROM job_datasets WHERE job_id = ?1 ORDER BY dataset_id LIMIT 1")
+  X(JOB_DS_GET, "SELECT dataset_id FROM job_datasets WHERE job_id = ?1 ORDER BY dataset_id LIMIT 1")   \
+  /* ---- weights (h-init, schema 4) ---- */                                                         \
+  X(W_INSERT,                                                                                      \
+    "INSERT INTO weights(id, size, kind, name, source, created, n_tensors, params) "                \
+    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING")                          \
+  X(W_GET, "SELECT " PW__W_COLS " FROM weights WHERE id = ?1")                                     \
+  X(W_LIST, "SELECT " PW__W_COLS " FROM weights ORDER BY created DESC, id")                        \
+  X(W_DELETE, "DELETE FROM weights WHERE id = ?1")                                                 \
+  X(W_EXISTS, "SELECT 1 FROM weights WHERE id = ?1")                                               \
+  X(W_USER,                                                                                        \
+    "SELECT j.id, j.state FROM job_weights w JOIN jobs j ON j.id = w.job_id WHERE w.weights_id = ?1 " \
+    "AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id LIMIT 1")               \
+  X(JOB_W_INSERT, "INSERT OR IGNORE INTO job_weights(job_id, weights_id) VALUES(?1, ?2)")
 
 enum {
 #define PW__ST_ENUM(name, sql) PW_ST_##name,

@@ -385,46 +385,50 @@ static int http_get(dl *d, const char *token, pw_err *err) {
  * records it as present with `pins` more holders. */
 static int fetch_install(pw_dscache *c, const char *id, const pw_fetch_src *src, int pins, pw_err *err) {
   const char *base = src ? src->base_url : NULL;
+  int wt = src && src->weights;
+  const char *what = wt ? "weights" : "dataset"; /* in messages; where: the error path */
+  const char *where = wt ? "init" : WHERE;
   if (!base || !*base)
-    return pw_err_set(err, PW_EPROTO, WHERE,
-                      "dataset %s: the coordinator gave this worker no http_url to fetch it from", id);
+    return pw_err_set(err, PW_EPROTO, where,
+                      "%s %s: the coordinator gave this worker no http_url to fetch it from", what, id);
   if (strncmp(base, "http://", 7) && strncmp(base, "https://", 8))
-    return pw_err_set(err, PW_EPROTO, WHERE, "dataset %s: http_url '%.200s' is not an http:// or https:// URL", id,
+    return pw_err_set(err, PW_EPROTO, where, "%s %s: http_url '%.200s' is not an http:// or https:// URL", what, id,
                       base);
   size_t bl = strlen(base);
   while (bl > 0 && base[bl - 1] == '/') bl--;
   char url[1024];
-  if (snprintf(url, sizeof url, "%.*s/v1/datasets/%s/content", (int)bl, base, id) >= (int)sizeof url)
-    return pw_err_set(err, PW_EINVAL, WHERE, "dataset %s: http_url is too long", id);
+  if (snprintf(url, sizeof url, "%.*s/v1/%s/%s/content", (int)bl, base, wt ? "checkpoints" : "datasets", id) >=
+      (int)sizeof url)
+    return pw_err_set(err, PW_EINVAL, where, "%s %s: http_url is too long", what, id);
   uint64_t stated = src->size;
   int rc;
   if (stated && (rc = make_room(c, id, stated, err))) return rc;
   char tmp[PATH_CAP];
   snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%.16s-XXXXXX", c->dir, id);
   int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) return pw_err_set(err, PW_EIO, WHERE, "dataset %s: cannot make %s: %s", id, tmp, strerror(errno));
+  if (fd < 0) return pw_err_set(err, PW_EIO, where, "%s %s: cannot make %s: %s", what, id, tmp, strerror(errno));
   dl d = {.c = c, .id = id, .url = url, .tmp = tmp, .fd = fd, .stated = stated, .bound = stated ? stated : c->max,
           .announced = -1, .abort = src->abort};
   pw_sha256_init(&d.sha);
-  pw_info("dataset %s: fetching %s", id, url);
+  pw_info("%s %s: fetching %s", what, id, url);
   rc = http_get(&d, src->token, err);
   if (!rc && stated && d.got != stated)
-    rc = pw_err_set(err, PW_EIO, WHERE, "GET %s: %" PRIu64 " bytes, but the job states %" PRIu64, url, d.got, stated);
+    rc = pw_err_set(err, PW_EIO, where, "GET %s: %" PRIu64 " bytes, but the job states %" PRIu64, url, d.got, stated);
   if (!rc) {
     uint8_t dig[PW_SHA256_LEN];
     char hex[PW_SHA256_HEX_LEN + 1];
     pw_sha256_final(&d.sha, dig);
     pw_sha256_to_hex(dig, hex);
     if (strcmp(hex, id))
-      rc = pw_err_set(err, PW_EIO, WHERE, "GET %s: the body's sha256 is %s, expected %s", url, hex, id);
+      rc = pw_err_set(err, PW_EIO, where, "GET %s: the body's sha256 is %s, expected %s", url, hex, id);
   }
-  if (!rc && fsync(fd)) rc = pw_err_set(err, PW_EIO, WHERE, "dataset %s: fsync %s: %s", id, tmp, strerror(errno));
-  if (close(fd) && !rc) rc = pw_err_set(err, PW_EIO, WHERE, "dataset %s: close %s: %s", id, tmp, strerror(errno));
+  if (!rc && fsync(fd)) rc = pw_err_set(err, PW_EIO, where, "%s %s: fsync %s: %s", what, id, tmp, strerror(errno));
+  if (close(fd) && !rc) rc = pw_err_set(err, PW_EIO, where, "%s %s: close %s: %s", what, id, tmp, strerror(errno));
   if (!rc && !stated) rc = make_room(c, id, d.got, err);
   char path[PATH_CAP];
   entry_path(c, id, path, sizeof path);
   if (!rc && rename(tmp, path))
-    rc = pw_err_set(err, PW_EIO, WHERE, "dataset %s: rename to %s: %s", id, path, strerror(errno));
+    rc = pw_err_set(err, PW_EIO, where, "%s %s: rename to %s: %s", what, id, path, strerror(errno));
   if (rc) {
     if (unlink(tmp) && errno != ENOENT) pw_warn("dataset cache: cannot remove %s: %s", tmp, strerror(errno));
     return rc;
@@ -444,10 +448,10 @@ static int fetch_install(pw_dscache *c, const char *id, const pw_fetch_src *src,
   pthread_mutex_unlock(&c->mu);
   if (!e) {
     unlink(path);
-    return pw_err_set(err, PW_ENOMEM, WHERE, "out of memory");
+    return pw_err_set(err, PW_ENOMEM, where, "out of memory");
   }
   touch(path, used);
-  pw_info("dataset %s: %" PRIu64 " bytes fetched and verified", id, d.got);
+  pw_info("%s %s: %" PRIu64 " bytes fetched and verified", what, id, d.got);
   return 0;
 }
 

@@ -1,6 +1,12 @@
 /* fetch: the worker's dataset cache — the coordinator's datasets, fetched
  * by content hash and kept under <state_dir>/cache/datasets/<id>.
  *
+ * A second kind of object shares it: stored weights (a job's "init"),
+ * fetched from /v1/checkpoints/<id>/content (pw_fetch_src.weights). An
+ * entry is named by the hash of its bytes whatever it is, so both kinds
+ * live in the one folder under the one bound and LRU order; only the URL
+ * and the messages differ.
+ *
  * A dataset's id is the SHA-256 of its bytes (64 lowercase hex), so an
  * entry is valid exactly when its bytes hash to its name. An entry is
  * fetched with libcurl (GET <base_url>/v1/datasets/<id>/content, with the
@@ -37,6 +43,8 @@ typedef struct {
   const char *token;       /* the cluster token, or NULL / "" for none */
   uint64_t size;           /* the dataset's size when the job states it, else 0 */
   atomic_int *abort;       /* when not NULL: a fetch stops once it is nonzero (PW_ECANCELED) */
+  int weights;             /* 0: a dataset (/v1/datasets/<id>/content); 1: stored weights
+                              (/v1/checkpoints/<id>/content, a job's "init") */
 } pw_fetch_src;
 
 /* Opens (making it when absent) the cache <state_dir>/cache/datasets:

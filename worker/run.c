@@ -237,7 +237,44 @@ static int load_from_coordinator(pw_run *r, pw_lstage *ls, int step, pw_err *err
   return rc;
 }
 
+/* The init weights at `path` (a cache entry) into every local stage: a
+ * stage loads its part of the whole-model file. */
+typedef struct {
+  pw_run *r;
+  int optim;
+} init_load;
+
+static int load_init(void *arg, const char *path, pw_err *err) {
+  init_load *il = arg;
+  pw_run *r = il->r;
+  int rc = regular_file(path, "init", err);
+  for (int li = 0; li < r->n_ls && !rc; li++)
+    rc = il->optim ? pw_ckpt_load_optim(r->ls[li].prog, path, err) : pw_ckpt_load(r->ls[li].prog, path, 0, NULL, err);
+  return rc;
+}
+
+/* Weights `id` fetched through the cache (when absent) and loaded; the
+ * entry is held only while it is read. */
+static int load_cached(pw_run *r, const char *id, int optim, pw_err *err) {
+  if (!r->cache)
+    return pw_err_set(err, PW_EINVAL, "init", "weights %s: this run has no cache to fetch them into", id);
+  pw_fetch_src src = {.base_url = r->http_url, .token = r->token, .size = 0, .abort = &r->sh.abort, .weights = 1};
+  init_load il = {r, optim};
+  int rc = pw_dscache_open_entry(r->cache, id, &src, load_init, &il, err);
+  if (!rc) pw_dscache_release(r->cache, id);
+  return rc;
+}
+
 static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
+  if (!resume && r->init_sha256[0]) { /* fine-tuning: the init weights, the optimizer fresh unless carried */
+    for (int li = 0; li < r->n_ls; li++) /* as pw_trainer_init then pw_trainer_load: drawn, then overwritten */
+      pw_prog_init_params(r->ls[li].prog, r->spec.train.seed);
+    int rc = load_cached(r, r->init_sha256, 0, err);
+    if (!rc && r->init_optim_sha256[0]) rc = load_cached(r, r->init_optim_sha256, 1, err);
+    if (!rc) pw_info("job %llu rank %d: parameters from weights %.12s...%s", (unsigned long long)r->job, r->rank,
+                     r->init_sha256, r->init_optim_sha256[0] ? " (optimizer state too)" : "");
+    return rc;
+  }
   int from = resume_step(resume);
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
@@ -345,6 +382,8 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->spec.data = sl.data;
   r->mem_budget = sl.mem_budget;
   snprintf(r->plan_sha256, sizeof r->plan_sha256, "%s", sl.plan_sha256);
+  snprintf(r->init_sha256, sizeof r->init_sha256, "%s", sl.init_sha256);
+  snprintf(r->init_optim_sha256, sizeof r->init_optim_sha256, "%s", sl.init_optim_sha256);
   r->pp = sl.pp;
   r->dp = sl.dp;
   r->n_ranks = r->pp * r->dp;

@@ -193,6 +193,8 @@ struct pw_run {
   int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
   size_t mem_budget;       /* bytes the plan gives this pipeline rank */
   char plan_sha256[65];    /* the plan the slice was cut from */
+  char init_sha256[65];    /* stored weights the parameters start from ("" = the seed's) */
+  char init_optim_sha256[65]; /* their optimizer state ("" = fresh) */
   pw_dataset *ds;          /* opened by the compute thread (pw_run_open_files) */
   /* Where a stored dataset (spec.data.dataset) comes from: the worker's
    * cache, the coordinator's HTTP API and the cluster token (pw_run_start
@@ -228,7 +230,8 @@ PW_MUST_CHECK int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const j
  * peers; its compute thread starts once every link is up. */
 PW_MUST_CHECK int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err);
 /* Compute thread, before the first step: the dataset and the parameters
- * (from the checkpoint to resume, or drawn from the seed). Only regular
+ * (from the checkpoint to resume, else from the init weights fetched
+ * through the cache, else drawn from the seed). Only regular
  * files are read (a FIFO or a device is refused, never waited on). */
 PW_MUST_CHECK int pw_run_open_files(pw_run *r, pw_err *err);
 /* Loop thread. */

@@ -83,9 +83,17 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
     if (step) *step = st;
     return rc;
   }
-  char opath[1024], name[PW_PARAM_NAME_MAX + 16];
+  char opath[1024];
   pw_ckpt_optim_path(path, opath, sizeof opath);
-  rc = pw_st_open(opath, &f, err);
+  rc = pw_ckpt_load_optim(p, opath, err);
+  if (step) *step = st;
+  return rc;
+}
+
+int pw_ckpt_load_optim(pw_prog *p, const char *opath, pw_err *err) {
+  char name[PW_PARAM_NAME_MAX + 16];
+  pw_st_file *f = NULL;
+  int rc = pw_st_open(opath, &f, err);
   if (rc) return rc;
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
@@ -95,6 +103,5 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
     if (!rc) rc = load_into(f, opath, name, pp->meta, pp->v, err);
   }
   pw_st_close(f);
-  if (step) *step = st;
   return rc;
 }

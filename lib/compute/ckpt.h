@@ -23,5 +23,8 @@ PW_MUST_CHECK int pw_ckpt_save(pw_prog *p, const char *path, int step, const cha
  * file are ignored: a stage loads its part of a whole-model file). With
  * with_optim, also the optimizer state; *step (may be NULL) gets the step. */
 PW_MUST_CHECK int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err *err);
+/* Only the optimizer state, from an optimizer file at opath (exp_avg.*,
+ * exp_avg_sq.*; extra tensors ignored). */
+PW_MUST_CHECK int pw_ckpt_load_optim(pw_prog *p, const char *opath, pw_err *err);
 
 #endif

@@ -111,6 +111,12 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
       "partition", partition_json(p, prank), "schedule", sched, "local_stages", local, "memory_budget",
       (json_int_t)p->mem[prank].total);
   if (!body) return pw_err_set(err, PW_ENOMEM, "slice", "out of memory (or a value JSON cannot hold)");
+  if (job->init.checkpoint[0] &&
+      json_object_set_new(body, "init", json_pack("{s:s, s:s}", "checkpoint", job->init.checkpoint, "optimizer",
+                                                  job->init.optimizer_checkpoint))) {
+    json_decref(body);
+    return pw_err_set(err, PW_ENOMEM, "slice", "out of memory");
+  }
   *text = json_dumps(body, CANON);
   json_decref(body);
   if (!*text) return pw_err_set(err, PW_ENOMEM, "slice", "out of memory");
@@ -296,19 +302,19 @@ static int decode_sched(json_t *j, pw_slice *s, pw_err *err) {
 static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   int version, mode, dkind, sampler;
   const char *plan_sha, *seed, *path, *dataset;
-  json_t *train, *opt, *model, *part, *sched, *local;
+  json_t *train, *opt, *model, *part, *sched, *local, *init = NULL;
   json_int_t budget;
   pw_train_spec *t = &s->train;
   pw_optim_spec *o = &t->optim;
   int rc = unpack(err, "slice", b,
                   "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F}, s:o, "
-                  "s:o, s:o, s:o, s:I}",
+                  "s:o, s:o, s:o, s:I, s?o}",
                   "version", &version, "plan_sha256", &plan_sha, "rank", &s->rank, "pipeline_rank", &s->prank,
                   "replica", &s->replica, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
                   "microbatches", &s->m, "microbatch_size", &s->mb_size, "mode", &mode, "train", &train, "data",
                   "kind", &dkind, "path", &path, "dataset", &dataset, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
                   "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
-                  &budget);
+                  &budget, "init", &init);
   if (rc) return rc;
   if (version != PW_SLICE_VERSION)
     return pw_err_set(err, PW_EPROTO, "slice.version", "%d, this worker reads version %d", version, PW_SLICE_VERSION);
@@ -320,6 +326,14 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   snprintf(s->plan_sha256, sizeof s->plan_sha256, "%s", plan_sha);
   snprintf(s->data.path, sizeof s->data.path, "%s", path);
   snprintf(s->data.dataset, sizeof s->data.dataset, "%s", dataset);
+  if (init) {
+    const char *ck, *optck;
+    if ((rc = unpack(err, "slice.init", init, "{s:s, s:s}", "checkpoint", &ck, "optimizer", &optck))) return rc;
+    if (!pw_data_id_valid(ck) || (optck[0] && !pw_data_id_valid(optck)))
+      return pw_err_set(err, PW_EPROTO, "slice.init", "the weights ids must be 64 lowercase hex digits");
+    snprintf(s->init_sha256, sizeof s->init_sha256, "%s", ck);
+    snprintf(s->init_optim_sha256, sizeof s->init_optim_sha256, "%s", optck);
+  }
   s->data.kind = (pw_data_kind)dkind, s->data.sampler = (pw_sampler_kind)sampler;
   s->mode = (pw_mode)mode;
   s->mem_budget = (size_t)budget;

@@ -19,7 +19,7 @@
  *   - its action list (only its own), stage -> rank, pp, V, S, m;
  *   - the training config (mode, train: optimizer, lr schedule, clipping,
  *     steps, checkpoint_every, seed, batch size), the microbatch size, dp
- *     and its replica, and the data spec;
+ *     and its replica, the data spec, and the init weights' ids;
  *   - plan_sha256: SHA-256 of the plan's canonical text (pw_slice_plan_text:
  *     what the coordinator stores in runs.plan), naming the plan it is cut
  *     from.
@@ -51,7 +51,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 2 /* 2: data.dataset */
+#define PW_SLICE_VERSION 3 /* 2: data.dataset; 3: init */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];
@@ -61,6 +61,11 @@ typedef struct {
   pw_mode mode;
   pw_train_spec train;
   pw_data_spec data;
+  /* "init": the stored weights the parameters start from (their sha256, ""
+   * for none: drawn from the seed) and the optimizer state carried with
+   * them ("" for none: fresh) */
+  char init_sha256[PW_SHA256_HEX_LEN + 1];
+  char init_optim_sha256[PW_SHA256_HEX_LEN + 1];
   pw_model model;               /* the whole compiled graph (see above) */
   pw_partition part;            /* n_stages = S; stages: layer ranges only
                                    (costs 0); edges touching this rank's

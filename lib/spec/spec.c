@@ -56,6 +56,7 @@ static const pw__field job_fields[] = {
     PW__SKIP("partition", 0, PW__ALL),
     PW__SKIP("train", 0, PW__ALL),
     PW__SKIP("data", PW__REQ, PW__ALL),
+    PW__SKIP("init", 0, PW__ALL),
 };
 
 static const pw__field mesh_fields[] = {
@@ -269,6 +270,73 @@ static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw
   return 0;
 }
 
+/* "init": {"checkpoint": ID} or {"job": J, "step": N[, "optimizer": true]};
+ * the coordinator's resolved form has both (and optimizer_checkpoint). */
+static int init_id(const json_t *o, const char *key, char out[65], pw_err *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v) return 0;
+  char path[48];
+  snprintf(path, sizeof path, "init.%s", key);
+  if (!json_is_string(v) || !pw_data_id_valid(json_string_value(v)))
+    return pw_err_set(err, PW_ESPEC, path, "must be a stored weights id: 64 lowercase hex digits (its sha256)");
+  memcpy(out, json_string_value(v), 65);
+  return 0;
+}
+
+static int init_parse(const json_t *o, pw_init_spec *in, pw_err *err) {
+  memset(in, 0, sizeof *in);
+  if (!o) return 0;
+  const char *key;
+  const json_t *v;
+  json_object_foreach((json_t *)o, key, v) {
+    if (strcmp(key, "checkpoint") && strcmp(key, "job") && strcmp(key, "step") && strcmp(key, "optimizer") &&
+        strcmp(key, "optimizer_checkpoint"))
+      return pw_err_set(err, PW_ESPEC, "init", "unknown field \"%.64s\" (checkpoint, or job and step, optimizer)",
+                        key);
+  }
+  int rc;
+  if ((rc = init_id(o, "checkpoint", in->checkpoint, err)) ||
+      (rc = init_id(o, "optimizer_checkpoint", in->optimizer_checkpoint, err)))
+    return rc;
+  const json_t *job = json_object_get(o, "job"), *step = json_object_get(o, "step"), *opt = json_object_get(o, "optimizer");
+  if (job && (!json_is_integer(job) || json_integer_value(job) < 1))
+    return pw_err_set(err, PW_ESPEC, "init.job", "must be a job id (an integer >= 1)");
+  if (step && (!json_is_integer(step) || json_integer_value(step) < 0 || json_integer_value(step) > 2147483647))
+    return pw_err_set(err, PW_ESPEC, "init.step", "must be a step (an integer >= 0)");
+  if (!!job != !!step)
+    return pw_err_set(err, PW_ESPEC, job ? "init.step" : "init.job", "init.job and init.step go together");
+  if (opt && !json_is_boolean(opt)) return pw_err_set(err, PW_ESPEC, "init.optimizer", "must be true or false");
+  in->job = job ? (long long)json_integer_value(job) : 0;
+  in->step = step ? (int)json_integer_value(step) : 0;
+  in->optimizer = opt && json_is_true(opt);
+  if (!in->job && !in->checkpoint[0])
+    return pw_err_set(err, PW_ESPEC, "init", "give init.checkpoint (a stored weights id) or init.job and init.step");
+  if (in->optimizer && !in->job)
+    return pw_err_set(err, PW_ESPEC, "init.optimizer", "carrying the optimizer state needs init.job and init.step");
+  if (in->optimizer_checkpoint[0] && !in->optimizer)
+    return pw_err_set(err, PW_ESPEC, "init.optimizer_checkpoint", "is only used with \"optimizer\": true");
+  return 0;
+}
+
+static json_t *init_emit(const pw_init_spec *in) {
+  json_t *o = json_object();
+  if (!o) return NULL;
+  int bad = 0;
+  if (in->checkpoint[0]) bad |= json_object_set_new(o, "checkpoint", json_string(in->checkpoint));
+  if (in->job) {
+    bad |= json_object_set_new(o, "job", json_integer(in->job));
+    bad |= json_object_set_new(o, "step", json_integer(in->step));
+  }
+  if (in->optimizer) bad |= json_object_set_new(o, "optimizer", json_true());
+  if (in->optimizer_checkpoint[0])
+    bad |= json_object_set_new(o, "optimizer_checkpoint", json_string(in->optimizer_checkpoint));
+  if (bad) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
 /* ---- rules across sections ------------------------------------------- */
 
 int pw_job_mb_size(const pw_job *job, pw_err *err) {
@@ -324,7 +392,7 @@ static int cross_check(const pw_job *job, pw_err *err) {
 /* ---- public ---------------------------------------------------------- */
 
 static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err) {
-  const json_t *model, *mesh, *sched, *part, *train, *data;
+  const json_t *model, *mesh, *sched, *part, *train, *data, *init;
   int rc;
   if (!json_is_object(root)) return pw_err_set(err, PW_ESPEC, "", "a job spec must be a JSON object");
   if ((rc = pw__fields_parse(root, "", job_fields, PW__N(job_fields), PW__ALL, "", job, err))) return rc;
@@ -332,7 +400,8 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
   if ((rc = pw__obj_get(root, "", "model", &model, err)) || (rc = pw__obj_get(root, "", "mesh", &mesh, err)) ||
       (rc = pw__obj_get(root, "", "schedule", &sched, err)) ||
       (rc = pw__obj_get(root, "", "partition", &part, err)) ||
-      (rc = pw__obj_get(root, "", "train", &train, err)) || (rc = pw__obj_get(root, "", "data", &data, err)))
+      (rc = pw__obj_get(root, "", "train", &train, err)) || (rc = pw__obj_get(root, "", "data", &data, err)) ||
+      (rc = pw__obj_get(root, "", "init", &init, err)))
     return rc;
   if ((rc = pw__model_parse(model, &job->model, err))) return rc;
   if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)))
@@ -341,6 +410,7 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
   if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
   if ((rc = train_parse(train, &job->train, err))) return rc;
   if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
+  if ((rc = init_parse(init, &job->init, err))) return rc;
   return cross_check(job, err);
 }
 
@@ -440,6 +510,8 @@ json_t *pw_job_to_json(const pw_job *job) {
 
   bad |= json_object_set_new(o, "data", v = json_object());
   bad |= pw__fields_emit(v, data_fields, PW__N(data_fields), 1u << job->data.kind, &job->data);
+  /* only when set: specs without init keep their canonical text (and plan hash) */
+  if (job->init.checkpoint[0] || job->init.job) bad |= json_object_set_new(o, "init", init_emit(&job->init));
   if (bad) {
     json_decref(o);
     return NULL;

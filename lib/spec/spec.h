@@ -132,6 +132,22 @@ typedef struct {
 
 typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD } pw_mode;
 
+/* Where the parameters start from instead of the seed ("init"): a stored
+ * weights object (its sha256), or a job's retained checkpoint step, which
+ * the coordinator gathers into a stored weights object at submit and then
+ * names by checkpoint (keeping job and step as the record of where it came
+ * from). optimizer (only with job + step) carries that step's optimizer
+ * state too, stored as optimizer_checkpoint; else the optimizer starts
+ * fresh. Training starts at step 0 either way (fine-tuning). All zero /
+ * empty: no init. */
+typedef struct {
+  char checkpoint[65];           /* weights sha256, "" when none yet */
+  long long job;                 /* 0: none */
+  int step;                      /* with job */
+  int optimizer;                 /* with job + step: carry the optimizer state */
+  char optimizer_checkpoint[65]; /* set by the coordinator when optimizer */
+} pw_init_spec;
+
 typedef struct {
   char name[128];
   pw_mode mode;
@@ -141,6 +157,7 @@ typedef struct {
   pw_partition_spec partition;
   pw_train_spec train;
   pw_data_spec data;
+  pw_init_spec init;
 } pw_job;
 
 /* Releases what pw_job_parse (spec_json.h) allocated. */

@@ -72,7 +72,7 @@ class Contract:
         self.resolver = jsonschema.RefResolver(self.base, self.doc, store={job_uri: self.job_schema})
         self.templates = []
         for p in self.raw["paths"]:
-            rx = "^" + re.escape(p).replace(r"\{ds\}", "[0-9a-f]{64}") + "$"
+            rx = "^" + re.escape(p).replace(r"\{ds\}", "[0-9a-f]{64}").replace(r"\{ck\}", "[0-9a-f]{64}") + "$"
             rx = re.sub(r"\\\{[a-z_]+\\\}", r"[0-9]+", rx)
             self.templates.append((re.compile(rx), p))
 
@@ -288,6 +288,7 @@ def live_checks(cl, src):
     cl.call("DELETE", "/v1/jobs/987654", status=404)
 
     dataset_checks(cl, example)
+    weights_checks(cl, example)
 
     cl.call("PUT", "/v1/jobs", "{}", status=405)
     cl.call("DELETE", "/v1/schedules", status=405)
@@ -310,6 +311,42 @@ def live_checks(cl, src):
     st, hs, data = cl.raw("GET", "/", token=False)
     assert st == 200 and hs["content-type"].startswith("text/html"), (st, hs)
     print("ok   GET / (dashboard) -> 200")
+
+
+def weights_checks(cl, example):
+    """The stored-weights routes: upload (new, again, refused), list, one,
+    content, delete, and init naming unknown weights."""
+    octet = {"Content-Type": "application/octet-stream"}
+    vals = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    body = struct.pack("<Q", len(hdr)) + hdr + vals
+    w, hs = cl.call("POST", "/v1/checkpoints?name=oa", body, status=201, headers=octet)
+    assert hs["location"] == "/v1/checkpoints/" + w["id"] and w["size"] == len(body) and w["params"] == 4, w
+    again, _ = cl.call("POST", "/v1/checkpoints", body, status=200, headers=octet)
+    assert again == w, (again, w)
+    cl.call("POST", "/v1/checkpoints", b"", status=400, headers=octet)
+    cl.call("POST", "/v1/checkpoints", b"not safetensors", status=400, headers=octet)
+    lst, _ = cl.call("GET", "/v1/checkpoints")
+    assert w["id"] in [c["id"] for c in lst["checkpoints"]], lst
+    one, _ = cl.call("GET", "/v1/checkpoints/" + w["id"])
+    assert one == w
+    data, hs = cl.call("GET", f"/v1/checkpoints/{w['id']}/content")
+    assert data == body and hs["etag"] == f'"{w["id"]}"'
+    spec = copy.deepcopy(example)
+    spec["init"] = {"checkpoint": w["id"]}
+    err, _ = cl.call("POST", "/v1/jobs", spec, status=422)  # the example's parameters are not in it
+    assert err["error"]["path"] == "init" and "missing" in err["error"]["message"], err
+    gone, _ = cl.call("DELETE", "/v1/checkpoints/" + w["id"])
+    assert gone == w
+    missing = "0" * 64
+    for sub in ("", "/content"):
+        cl.call("GET", f"/v1/checkpoints/{missing}{sub}", status=404)
+    cl.call("DELETE", f"/v1/checkpoints/{missing}", status=404)
+    spec["init"] = {"checkpoint": missing}
+    err, _ = cl.call("POST", "/v1/jobs", spec, status=422)
+    assert err["error"]["path"] == "init.checkpoint", err
+    cl.call("PUT", "/v1/checkpoints", "{}", status=405)
 
 
 def dataset_checks(cl, example):

@@ -72,7 +72,7 @@ static void test_migration_2_to_3(void **state) {
   pw_store_close(s);
   /* back to schema 2 as it was: no datasets tables (nor schema 4's) */
   raw_exec(path, "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
-                 "PRAGMA user_version = 2;");
+                 "DROP TABLE job_weights; DROP TABLE weights; PRAGMA user_version = 2;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
   assert_int_equal(pw_store_schema_version(s), 4);
   json_t *j = NULL;

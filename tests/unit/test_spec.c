@@ -798,11 +798,11 @@ static void test_schema(void **st) {
   if (!schema) fail_msg("%s: line %d: %s", path, je.line, je.text);
   assert_string_equal(json_string_value(json_object_get(schema, "$schema")),
                       "https://json-schema.org/draft/2020-12/schema");
-  static const char *const top[] = {"name", "mode", "model", "mesh", "schedule", "partition", "train", "data"};
+  static const char *const top[] = {"name", "mode", "model", "mesh", "schedule", "partition", "train", "data", "init"};
   json_t *props = json_object_get(schema, "properties");
-  for (int i = 0; i < 8; i++)
+  for (int i = 0; i < 9; i++)
     if (!json_object_get(props, top[i])) fail_msg("schema: top-level field %s missing", top[i]);
-  assert_int_equal(json_object_size(props), 8);
+  assert_int_equal(json_object_size(props), 9);
   /* the schema's schedule names are ours, in order */
   json_t *sched = schema_resolve(schema, json_object_get(props, "schedule"));
   json_t *names = json_object_get(json_object_get(json_object_get(sched, "properties"), "name"), "enum");
