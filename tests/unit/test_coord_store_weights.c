@@ -79,7 +79,8 @@ static void test_migration_3_to_4(void **state) {
   pw_err err = {0};
   assert_int_equal(job(s, NULL, NULL, &id, &err), 0);
   pw_store_close(s);
-  raw_exec(path, "DROP TABLE job_weights; DROP TABLE weights; PRAGMA user_version = 3;");
+  raw_exec(path, "DROP TABLE job_weights; DROP TABLE weights; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
+                 "PRAGMA user_version = 3;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
   assert_int_equal(pw_store_schema_version(s), 4);
   json_t *j = NULL;
