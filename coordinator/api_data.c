@@ -119,7 +119,7 @@ int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, siz
 
 /* Imports the file at real; a token file whose header is wrong is the
  * spec's fault (422 at data.path), anything else the coordinator's. */
-static int import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
+static int import(pw_req *r, pw_store *s, const char *given, const char *real, pw_ds_info *info) {
   pw_err err = {0};
   int rc = pw_ds_import(r->c->state_dir, real, "data.path", info, &err);
   if (!rc) {
@@ -136,7 +136,7 @@ static int import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
       pw_info("dataset %s imported from %s: %lld bytes, %s", info->id, real, (long long)info->size, info->format);
   }
   if (rc == PW_EFORMAT) {
-    pw_reply_error(r, PW_ESPEC, "data.path", "%s", err.msg);
+    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": %s", given, err.msg);
   } else if (rc) {
     char b[600];
     pw_error("submit: importing %s: %s", real, pw_err_str(&err, b, sizeof b));
@@ -147,17 +147,18 @@ static int import(pw_req *r, pw_store *s, const char *real, pw_ds_info *info) {
 
 /* The stored dataset fits the job: kind tokens needs a token file, whose
  * vocabulary the model must cover. where: the field the user wrote. */
-static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab, const char *where) {
+static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab, const char *where,
+                const char *name) {
   const char *fmt = json_string_value(json_object_get(row, "format"));
   json_int_t vocab = json_integer_value(json_object_get(row, "vocab_size"));
   if (job->data.kind == PW_DATA_TOKENS && (!fmt || strcmp(fmt, "tokens"))) {
-    pw_reply_error(r, PW_ESPEC, where, "data.kind is tokens but dataset %.12s... is %s, not a token file (PWTOKENS)",
-                   job->data.dataset, fmt ? fmt : "?");
+    pw_reply_error(r, PW_ESPEC, where, "data.kind is tokens but %s is %s, not a token file (PWTOKENS)", name,
+                   fmt ? fmt : "?");
     return PW_ESPEC;
   }
   if (fmt && !strcmp(fmt, "tokens") && model_vocab > 0 && vocab > model_vocab) {
-    pw_reply_error(r, PW_ESPEC, where, "the token dataset %.12s... has vocab_size %lld, more than the model's %d",
-                   job->data.dataset, (long long)vocab, model_vocab);
+    pw_reply_error(r, PW_ESPEC, where, "the token file %s has vocab_size %lld, more than the model's %d", name,
+                   (long long)vocab, model_vocab);
     return PW_ESPEC;
   }
   return 0;
@@ -165,9 +166,14 @@ static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab
 
 int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab) {
   const char *where = real[0] ? "data.path" : "data.dataset";
+  char name[400]; /* what the user wrote */
+  if (real[0])
+    snprintf(name, sizeof name, "\"%.300s\"", job->data.path);
+  else
+    snprintf(name, sizeof name, "dataset %.12s...", job->data.dataset);
   if (real[0]) {
     pw_ds_info info;
-    if (import(r, s, real, &info)) return -1;
+    if (import(r, s, job->data.path, real, &info)) return -1;
     memcpy(job->data.dataset, info.id, sizeof job->data.dataset);
     job->data.path[0] = 0; /* workers fetch it by id, on any host */
   }
@@ -179,7 +185,7 @@ int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, i
     pw_reply_error(r, PW_ESPEC, where, "no dataset %s is stored (deleted meanwhile?)", job->data.dataset);
   else if (rc)
     pw_reply_err(r, &err);
-  if (!rc) rc = fits(r, job, row, model_vocab, where);
+  if (!rc) rc = fits(r, job, row, model_vocab, where, name);
   json_decref(row);
   return rc;
 }

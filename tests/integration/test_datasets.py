@@ -172,6 +172,18 @@ def refusals(api, root, tok):
         msg = e.get("message", "")
         check(f"data.path {given!r} -> 422 naming the path and the root", st == 422 and e.get("path") == field
               and given in msg and root in msg and why in msg, (st, err))
+    # a token file whose header is wrong (version 9), and a text file given as tokens
+    import struct
+    with open(os.path.join(root, "bad.tok"), "wb") as f:
+        f.write(b"PWTOKENS" + struct.pack("<IIIIQ", 9, 2, 256, 0, 100) + bytes(200))
+    with open(os.path.join(root, "plain.txt"), "wb") as f:
+        f.write(b"just text\n" * 100)
+    for given, why in [("bad.tok", "version 9"), ("plain.txt", "not a token file")]:
+        st, err, _ = api.call("POST", "/v1/jobs", dict(SPEC, data={"kind": "tokens", "path": given}))
+        e = err.get("error", {}) if isinstance(err, dict) else {}
+        check(f"kind tokens, data.path {given!r} -> 422 naming the path ({why})", st == 422 and
+              e.get("path") == "data.path" and given in e.get("message", "") and why in e.get("message", ""),
+              (st, err))
     st, err, _ = api.call("POST", "/v1/jobs", dict(SPEC, data={"kind": "text", "dataset": "ab" * 32}))
     check("an unknown data.dataset -> 422 at data.dataset", st == 422 and err["error"]["path"] == "data.dataset",
           (st, err))
