@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "datasets.h"
 #include "log.h"
 #include "safetensors.h"
 #include "sha256.h"
@@ -148,16 +149,7 @@ int pw_ck_writer_commit(pw_ck_writer *w, pw_err *err) {
     return pw_err_set(err, PW_EFORMAT, "body", "not a valid safetensors file: %s", pw_err_str(&e2, b, sizeof b));
   }
   pw_st_close(f);
-  if (rename(w->tmp, w->final)) return io_fail(errno, w->final, "cannot rename into", err);
-  w->committed = 1;
-  int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || fsync(dfd)) {
-    int e = errno;
-    if (dfd >= 0) close(dfd);
-    return io_fail(e, w->dir, "cannot sync", err);
-  }
-  close(dfd);
-  return 0;
+  return pw_ds_publish(w->tmp, w->final, w->dir, &w->committed, err);
 }
 
 void pw_ck_writer_free(pw_ck_writer *w) {
