@@ -115,12 +115,8 @@ int pw_ck_writer_write(pw_ck_writer *w, const void *data, size_t n, pw_err *err)
   const uint8_t *p = data;
   if (w->want.kind == 'c') w->crc = pw_crc32c(w->crc, p, n);
   else pw_sha256_update(&w->sha, p, n);
-  for (size_t off = 0; off < n;) {
-    ssize_t k = write(w->fd, p + off, n - off);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return io_fail(errno, w->tmp, "cannot write", err);
-    off += (size_t)k;
-  }
+  int e = pw_ds_write_all(w->fd, p, n);
+  if (e) return io_fail(e, w->tmp, "cannot write", err);
   w->size += n;
   return 0;
 }

@@ -146,13 +146,20 @@ int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err)
   }
   ids_take(w, p, n, w->size);
   pw_sha256_update(&w->sha, p, n);
+  int e = pw_ds_write_all(w->fd, p, n);
+  if (e) return io_fail(e, w->tmp, "cannot write", err);
+  w->size += n;
+  return 0;
+}
+
+int pw_ds_write_all(int fd, const void *data, size_t n) {
+  const uint8_t *p = data;
   for (size_t off = 0; off < n;) {
-    ssize_t k = write(w->fd, p + off, n - off);
+    ssize_t k = write(fd, p + off, n - off);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return io_fail(errno, w->tmp, "cannot write", err);
+    if (k <= 0) return k < 0 ? errno : EIO;
     off += (size_t)k;
   }
-  w->size += n;
   return 0;
 }
 

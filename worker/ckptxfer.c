@@ -56,24 +56,14 @@ static size_t on_body(char *p, size_t sz, size_t n, void *arg) {
     curl_easy_getinfo(d->h, CURLINFO_RESPONSE_CODE, &d->status);
   }
   if (d->fd < 0 || d->status != 200) { /* an answer to read, not a body to keep */
-    size_t take = k < sizeof d->ebody - 1 - d->ebody_len ? k : sizeof d->ebody - 1 - d->ebody_len;
-    memcpy(d->ebody + d->ebody_len, p, take);
-    d->ebody_len += take;
+    pw_curl_keep_answer(d->ebody, sizeof d->ebody, &d->ebody_len, p, k);
     return k;
   }
   if (k > d->max - d->got) {
     d->over = 1;
     return 0;
   }
-  for (size_t off = 0; off < k;) {
-    ssize_t w = write(d->fd, p + off, k - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      d->werr = w < 0 ? errno : EIO;
-      return 0;
-    }
-    off += (size_t)w;
-  }
+  if ((d->werr = pw_curl_write_all(d->fd, p, k))) return 0;
   d->got += k;
   return k;
 }

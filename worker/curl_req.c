@@ -1,9 +1,11 @@
 /* curl_req: the worker's shared libcurl setup (curl_req.h). */
 #include "curl_req.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "addr.h"
 
@@ -51,6 +53,23 @@ void pw_curl_answer_text(const char *body, size_t len, char *out, size_t cap) {
     out[k] = 0;
   }
   json_decref(j);
+}
+
+void pw_curl_keep_answer(char *buf, size_t cap, size_t *len, const char *p, size_t k) {
+  size_t take = k < cap - 1 - *len ? k : cap - 1 - *len;
+  memcpy(buf + *len, p, take);
+  *len += take;
+  buf[*len] = 0;
+}
+
+int pw_curl_write_all(int fd, const char *p, size_t n) {
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(fd, p + off, n - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return w < 0 ? errno : EIO;
+    off += (size_t)w;
+  }
+  return 0;
 }
 
 /* libcurl's host part keeps an IPv6 address's brackets. */

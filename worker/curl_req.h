@@ -22,6 +22,13 @@ CURLcode pw_curl_setup(CURL *h, const char *url, struct curl_slist *hdrs, char *
  * printable start (at most 120 bytes). */
 void pw_curl_answer_text(const char *body, size_t len, char *out, size_t cap);
 
+/* Keeps the start of an error answer: up to cap - 1 bytes in all in buf
+ * (*len so far, NUL-terminated). */
+void pw_curl_keep_answer(char *buf, size_t cap, size_t *len, const char *p, size_t k);
+/* All n bytes of p to fd (EINTR retried): 0, or the errno (EIO for a
+ * write that wrote nothing). */
+int pw_curl_write_all(int fd, const char *p, size_t n);
+
 /* Whether the URL's host is a loopback address. */
 int pw_curl_url_is_loopback(const char *url);
 
