@@ -192,6 +192,10 @@ PW_MUST_CHECK int pw_api_job_read(pw_req *r, const char *schedule, int compare, 
 /* api_req.c, shared by the job handlers: the store of this thread, or a 500 reply and
  * NULL. */
 pw_store *pw_api_store(pw_req *r);
+/* api_objects.c, for the upload sinks' begin: a declared body larger than
+ * the state directory's free space is a 507 ("the <what> is N bytes;
+ * ...") and -1. */
+PW_MUST_CHECK int pw_api_body_fits(pw_req *r, int64_t declared, const char *what);
 /* The job's stored spec parsed back (its plan can be rebuilt); replies and
  * returns nonzero on failure. 404 when the job does not exist. *state gets
  * the job's state when not NULL. */

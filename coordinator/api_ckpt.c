@@ -123,15 +123,8 @@ static int upload_begin(pw_req *r, int64_t declared) {
     return -1;
   }
   u->keep = keep, u->n_stages = n_stages, u->optimizer = optim_route(r);
-  if (stated_sum(r, &u->sum)) {
+  if (stated_sum(r, &u->sum) || pw_api_body_fits(r, declared, "shard")) {
     free(u);
-    return -1;
-  }
-  int64_t room = declared > 0 ? pw_ds_free_bytes(r->c->state_dir) : -1;
-  if (room >= 0 && declared > room) {
-    free(u);
-    pw_reply_error(r, PW_ENOSPC, "body", "the shard is %lld bytes; the coordinator's state directory has %lld free",
-                   (long long)declared, (long long)room);
     return -1;
   }
   pw_err err = {0};

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "crc32c.h"
+#include "datasets.h"
 #include "log.h"
 #include "safetensors.h"
 #include "sha256.h"
@@ -114,12 +115,8 @@ int pw_ck_writer_write(pw_ck_writer *w, const void *data, size_t n, pw_err *err)
   const uint8_t *p = data;
   if (w->want.kind == 'c') w->crc = pw_crc32c(w->crc, p, n);
   else pw_sha256_update(&w->sha, p, n);
-  for (size_t off = 0; off < n;) {
-    ssize_t k = write(w->fd, p + off, n - off);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return io_fail(errno, w->tmp, "cannot write", err);
-    off += (size_t)k;
-  }
+  int e = pw_ds_write_all(w->fd, p, n);
+  if (e) return io_fail(e, w->tmp, "cannot write", err);
   w->size += n;
   return 0;
 }
@@ -148,16 +145,7 @@ int pw_ck_writer_commit(pw_ck_writer *w, pw_err *err) {
     return pw_err_set(err, PW_EFORMAT, "body", "not a valid safetensors file: %s", pw_err_str(&e2, b, sizeof b));
   }
   pw_st_close(f);
-  if (rename(w->tmp, w->final)) return io_fail(errno, w->final, "cannot rename into", err);
-  w->committed = 1;
-  int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || fsync(dfd)) {
-    int e = errno;
-    if (dfd >= 0) close(dfd);
-    return io_fail(e, w->dir, "cannot sync", err);
-  }
-  close(dfd);
-  return 0;
+  return pw_ds_publish(w->tmp, w->final, w->dir, &w->committed, err);
 }
 
 void pw_ck_writer_free(pw_ck_writer *w) {

@@ -146,13 +146,20 @@ int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n, pw_err *err)
   }
   ids_take(w, p, n, w->size);
   pw_sha256_update(&w->sha, p, n);
+  int e = pw_ds_write_all(w->fd, p, n);
+  if (e) return io_fail(e, w->tmp, "cannot write", err);
+  w->size += n;
+  return 0;
+}
+
+int pw_ds_write_all(int fd, const void *data, size_t n) {
+  const uint8_t *p = data;
   for (size_t off = 0; off < n;) {
-    ssize_t k = write(w->fd, p + off, n - off);
+    ssize_t k = write(fd, p + off, n - off);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) return io_fail(errno, w->tmp, "cannot write", err);
+    if (k <= 0) return k < 0 ? errno : EIO;
     off += (size_t)k;
   }
-  w->size += n;
   return 0;
 }
 
@@ -194,13 +201,17 @@ int pw_ds_writer_commit(pw_ds_writer *w, const char *what, pw_ds_info *info, pw_
   if (n < 0 || (size_t)n >= sizeof final) return pw_err_set(err, PW_EINVAL, "state_dir", "the path is too long");
   /* Same id, same bytes: replacing an existing file changes nothing a
    * reader sees (an open one keeps its file), and heals a damaged one. */
-  if (rename(w->tmp, final)) return io_fail(errno, final, "cannot rename into", err);
-  w->committed = 1;
-  int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  return pw_ds_publish(w->tmp, final, w->dir, &w->committed, err);
+}
+
+int pw_ds_publish(const char *tmp, const char *final, const char *dir, int *committed, pw_err *err) {
+  if (rename(tmp, final)) return io_fail(errno, final, "cannot rename into", err);
+  *committed = 1;
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0 || fsync(dfd)) {
     int e = errno;
     if (dfd >= 0) close(dfd);
-    return io_fail(e, w->dir, "cannot sync", err);
+    return io_fail(e, dir, "cannot sync", err);
   }
   close(dfd);
   return 0;

@@ -50,6 +50,14 @@ PW_MUST_CHECK int pw_ds_writer_write(pw_ds_writer *w, const void *data, size_t n
  * names the data in errors (a token header that does not parse is
  * PW_EFORMAT at what). The writer still has to be freed. */
 PW_MUST_CHECK int pw_ds_writer_commit(pw_ds_writer *w, const char *what, pw_ds_info *info, pw_err *err);
+/* All n bytes to fd (EINTR retried): 0, or the errno (EIO for a write
+ * that wrote nothing). */
+int pw_ds_write_all(int fd, const void *data, size_t n);
+/* A synced temporary file tmp renamed to final in dir (*committed 1 once
+ * renamed), then dir synced so the name survives a crash; failures as
+ * the writer's, naming the file. Checkpoint shards (checkpoints.c) are
+ * published the same way. */
+PW_MUST_CHECK int pw_ds_publish(const char *tmp, const char *final, const char *dir, int *committed, pw_err *err);
 /* Bytes written so far. */
 uint64_t pw_ds_writer_size(const pw_ds_writer *w);
 /* The temporary file (until commit), for a caller checking its content

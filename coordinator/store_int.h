@@ -177,4 +177,34 @@ json_t *pw__store_col(sqlite3_stmt *st, int i);
  * does not parse; null if NULL. */
 json_t *pw__store_col_parsed(sqlite3_stmt *st, int i);
 
+/* store_objects.c: the content-addressed kinds (datasets, weights) share
+ * one table shape: a row per id (64 hex) inserted or kept, a list newest
+ * first, and a job link that refuses delete while a queued or running job
+ * uses the id. A kind names its statements, its row as JSON and its
+ * words for errors. */
+typedef struct {
+  int st_insert, st_get, st_list, st_user, st_delete;
+  json_t *(*row)(sqlite3_stmt *st);
+  const char *what;    /* "dataset": "insert dataset", "dataset users" */
+  const char *param;   /* the id's error field: "ds" | "ck" */
+  const char *missing; /* PW_ENOENT: "no <missing> <id>" */
+  const char *are;     /* PW_ECONFLICT: "<what> <id>... <are> in use by job N" */
+  const char *list;    /* the list's key and error field */
+} pw__store_kind;
+
+/* One row by id: 0 with *out, PW_ENOENT, or a store error. */
+PW_MUST_CHECK int pw__store_obj_get(pw_store *s, const pw__store_kind *k, const char *id, json_t **out, pw_err *err);
+/* The kind's insert statement, bound by bind(st, arg), run in a write
+ * transaction; the row (new or kept) into *out when out is not NULL,
+ * *created 1 when the id was new. */
+PW_MUST_CHECK int pw__store_obj_insert(pw_store *s, const pw__store_kind *k, const char *id,
+                                       void (*bind)(sqlite3_stmt *st, const void *arg), const void *arg, int *created,
+                                       json_t **out, pw_err *err);
+/* {"<list>": [row...]}. */
+PW_MUST_CHECK int pw__store_obj_list(pw_store *s, const pw__store_kind *k, json_t **out, pw_err *err);
+/* Deletes the row unless a live job uses it (PW_ECONFLICT naming the
+ * job); the deleted row into *out when out is not NULL. */
+PW_MUST_CHECK int pw__store_obj_delete(pw_store *s, const pw__store_kind *k, const char *id, json_t **out,
+                                       pw_err *err);
+
 #endif

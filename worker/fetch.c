@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "addr.h"
+#include "curl_req.h"
 #include "log.h"
 #include "sha256.h"
 
@@ -237,69 +236,17 @@ static size_t on_body(char *p, size_t sz, size_t n, void *arg) {
     }
   }
   if (d->status != 200) { /* an error answer: keep its start for the message */
-    size_t take = k < sizeof d->ebody - 1 - d->ebody_len ? k : sizeof d->ebody - 1 - d->ebody_len;
-    memcpy(d->ebody + d->ebody_len, p, take);
-    d->ebody_len += take;
+    pw_curl_keep_answer(d->ebody, sizeof d->ebody, &d->ebody_len, p, k);
     return k;
   }
   if (k > d->bound - d->got) {
     d->over = 1;
     return 0;
   }
-  for (size_t off = 0; off < k;) {
-    ssize_t w = write(d->fd, p + off, k - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      d->werr = w < 0 ? errno : EIO;
-      return 0;
-    }
-    off += (size_t)w;
-  }
+  if ((d->werr = pw_curl_write_all(d->fd, p, k))) return 0;
   pw_sha256_update(&d->sha, p, k);
   d->got += k;
   return k;
-}
-
-static int on_progress(void *arg, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
-  dl *d = arg;
-  return d->abort && atomic_load(d->abort) ? 1 : 0;
-}
-
-/* The message of a JSON error answer ({"error": {"message"}}), else its
- * printable start. */
-static void answer_text(dl *d, char *out, size_t cap) {
-  out[0] = 0;
-  json_t *j = json_loadb(d->ebody, d->ebody_len, 0, NULL);
-  const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
-  if (m) {
-    snprintf(out, cap, "%s", m);
-  } else {
-    size_t k = 0;
-    for (size_t i = 0; i < d->ebody_len && k + 1 < cap && k < 120; i++)
-      out[k++] = d->ebody[i] >= ' ' && d->ebody[i] < 0x7f ? d->ebody[i] : ' ';
-    out[k] = 0;
-  }
-  json_decref(j);
-}
-
-/* Whether the URL's host is a loopback address (libcurl's host part keeps
- * an IPv6 address's brackets). */
-static int url_is_loopback(const char *url) {
-  CURLU *u = curl_url();
-  char *host = NULL;
-  int lo = 0;
-  if (u && !curl_url_set(u, CURLUPART_URL, url, 0) && !curl_url_get(u, CURLUPART_HOST, &host, 0) && host) {
-    size_t n = strlen(host);
-    if (n > 2 && host[0] == '[' && host[n - 1] == ']') {
-      host[n - 1] = 0;
-      lo = pw_addr_is_loopback(host + 1);
-    } else {
-      lo = pw_addr_is_loopback(host);
-    }
-  }
-  curl_free(host);
-  curl_url_cleanup(u);
-  return lo;
 }
 
 #define SETOPT(opt, val) (cc = cc ? cc : curl_easy_setopt(h, opt, val))
@@ -323,26 +270,8 @@ static int http_get(dl *d, const char *token, pw_err *err) {
     }
   }
   char errbuf[CURL_ERROR_SIZE] = "";
-  CURLcode cc = CURLE_OK;
-  SETOPT(CURLOPT_URL, d->url);
-  SETOPT(CURLOPT_PROTOCOLS_STR, "http,https");
-  SETOPT(CURLOPT_NOSIGNAL, 1L);
-  SETOPT(CURLOPT_ERRORBUFFER, errbuf);
-  SETOPT(CURLOPT_USERAGENT, "pipewright-worker/" PW_VERSION);
-  if (hdrs) SETOPT(CURLOPT_HTTPHEADER, hdrs);
-  /* No overall timeout (a large dataset takes what it takes); a
-   * connection that does not come up, or a transfer that stalls, fails. */
-  SETOPT(CURLOPT_CONNECTTIMEOUT, 30L);
-  SETOPT(CURLOPT_LOW_SPEED_LIMIT, 1L);
-  SETOPT(CURLOPT_LOW_SPEED_TIME, 60L);
+  CURLcode cc = pw_curl_setup(h, d->url, hdrs, errbuf, on_body, d, d->abort);
   SETOPT(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)d->bound);
-  SETOPT(CURLOPT_WRITEFUNCTION, on_body);
-  SETOPT(CURLOPT_WRITEDATA, d);
-  SETOPT(CURLOPT_NOPROGRESS, 0L);
-  SETOPT(CURLOPT_XFERINFOFUNCTION, on_progress);
-  SETOPT(CURLOPT_XFERINFODATA, d);
-  /* The proxy variables are honoured, except for a coordinator on loopback. */
-  if (url_is_loopback(d->url)) SETOPT(CURLOPT_PROXY, "");
   int rc = 0;
   if (cc != CURLE_OK) {
     rc = pw_err_set(err, PW_EINVAL, WHERE, "GET %s: setting up the request: %s", d->url, curl_easy_strerror(cc));
@@ -368,7 +297,7 @@ static int http_get(dl *d, const char *token, pw_err *err) {
   d->h = NULL;
   if (rc || d->status == 200) return rc;
   char text[200];
-  answer_text(d, text, sizeof text);
+  pw_curl_answer_text(d->ebody, d->ebody_len, text, sizeof text);
   const char *sep = text[0] ? ": " : "";
   if (d->status == 401 || d->status == 403)
     return pw_err_set(err, PW_EAUTH, WHERE, "GET %s: HTTP %ld%s%s (%s)", d->url, d->status, sep, text,
