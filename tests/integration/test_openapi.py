@@ -253,6 +253,10 @@ def live_checks(cl, src):
     for f in sorted(os.listdir(os.path.join(src, "examples", "jobs"))):
         if f.endswith(".json"):
             spec = json.load(open(os.path.join(src, "examples", "jobs", f)))
+            if "init" in spec:  # starts from another job's step, which this coordinator does not hold
+                err, _ = cl.call("POST", "/v1/jobs", spec, status=422)
+                assert err["error"]["path"] == "init.step", (f, err)
+                continue
             made, hs = cl.call("POST", "/v1/jobs", spec, status=201)
             assert hs["location"] == f"/v1/jobs/{made['id']}"
             ids.append(made["id"])
