@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "storetest.h"
 
 #define SCHEMA 4 /* the schema version this code writes */
 
@@ -48,20 +49,6 @@ static void expect_err(const pw_err *err, const char *want) {
   if (!strstr(buf, want)) fail_msg("error '%s' does not contain '%s'", buf, want);
 }
 
-/* A query on a separate raw connection: the first column of the first row. */
-static int64_t raw_int(const char *path, const char *sql) {
-  sqlite3 *db;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  sqlite3_busy_timeout(db, 5000);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-  int64_t v = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-  return v;
-}
-
 static void raw_text(const char *path, const char *sql, char *out, size_t cap) {
   sqlite3 *db;
   assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
@@ -71,14 +58,6 @@ static void raw_text(const char *path, const char *sql, char *out, size_t cap) {
   if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
     snprintf(out, cap, "%s", (const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
-  sqlite3_close(db);
-}
-
-static void raw_exec(const char *path, const char *sql) {
-  sqlite3 *db;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  char *msg = NULL;
-  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) fail_msg("%s: %s", sql, msg);
   sqlite3_close(db);
 }
 

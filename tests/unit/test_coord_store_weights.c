@@ -22,28 +22,9 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "storetest.h"
 
 static char g_dir[64];
-
-static void raw_exec(const char *path, const char *sql) {
-  sqlite3 *db;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  char *msg = NULL;
-  if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) fail_msg("%s: %s", sql, msg);
-  sqlite3_close(db);
-}
-
-static int64_t raw_int(const char *path, const char *sql) {
-  sqlite3 *db;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-  int64_t v = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-  return v;
-}
 
 static pw_store *open_at(const char *name, char *path, size_t cap) {
   snprintf(path, cap, "%s/%s", g_dir, name);
