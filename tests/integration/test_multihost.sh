@@ -118,7 +118,7 @@ done
 # ---- 1. each worker host sees only its own filesystem ---------------------------------
 # Run inside the worker's own namespaces (nsenter into its pid): what the
 # daemon itself sees.
-inhost() { local i=$1; shift; nsenter --target "${WPIDS[$((i - 1))]}" --mount --net "$@"; }
+inhost() { local i=$1; shift; nsenter --target "${WPIDS[$((i - 1))]}" --root --mount --net "$@"; } # --root: its root (a chroot's, not the namespace's)
 for i in 1 2 3; do
   inhost "$i" bash -c '
     T=$1 i=$2 BUILD=$3 SRC=$4 ADDR=$5

@@ -501,9 +501,17 @@ def main():
         f.write("openapi-test-token\n")
     ready = os.path.join(tmp, "ready.json")
     log = open(os.path.join(tmp, "coordinator.log"), "w")
+    # The examples' data under a root of the test's own: the corpus, and the
+    # token file gpt-tiny-finetune.json reads, made as its README says.
+    root = os.path.join(tmp, "root")
+    os.makedirs(os.path.join(root, "examples", "data"))
+    shutil.copy(os.path.join(src, "examples", "data", "corpus.txt"), os.path.join(root, "examples", "data"))
+    subprocess.run([os.path.join(build, "pipewright"), "dataset", "convert",
+                    os.path.join(root, "examples", "data", "corpus.txt"),
+                    os.path.join(root, "examples", "data", "corpus.tok")], check=True, stdout=subprocess.DEVNULL)
     coord = subprocess.Popen([exe, "--http", "127.0.0.1:0", "--control", "127.0.0.1:0", "--state-dir",
                               os.path.join(tmp, "state"), "--token-file", tok, "--ready-file", ready,
-                              "--data-root", src,
+                              "--data-root", root,
                               "--web", os.path.join(src, "web"), "--heartbeat-timeout", "10"],
                              stdout=log, stderr=subprocess.STDOUT, cwd=src)
     ok = False
