@@ -72,3 +72,14 @@ put("fuzz_safetensors", 0, struct.pack("<Q", len(h)) + h + data)
 h0 = json.dumps({"__metadata__": {}}).encode()
 h0 += b" " * (-len(h0) % 8)
 put("fuzz_safetensors", 1, struct.pack("<Q", len(h0)) + h0)
+
+
+# token files (lib/io/tokfile.h): width 2 and 4, a tiny vocabulary, and text.
+def tok(width, vocab, ids):
+    fmt = "<H" if width == 2 else "<I"
+    return b"PWTOKENS" + struct.pack("<IIIIQ", 1, width, vocab, 0, len(ids)) + b"".join(struct.pack(fmt, i) for i in ids)
+
+
+for i, s in enumerate([tok(2, 256, [k % 256 for k in range(40)]), tok(4, 70000, [(k * 7919) % 70000 for k in range(40)]),
+                       tok(2, 5, [1, 2, 3, 4, 0] * 8), b"just text, not tokens\n" * 3]):
+    put("fuzz_tokfile", i, s)
