@@ -163,10 +163,6 @@ PW_MUST_CHECK int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_
  * (on a tie, the later run's files); earlier runs count, so a retry can
  * resume from its predecessor's checkpoint (PW_ENOENT if none). */
 PW_MUST_CHECK int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, int n_stages, json_t **out, pw_err *err);
-/* The same for step `at` (the latest when at < 0); PW_ENOENT naming the
- * step when no run checkpointed every stage there. */
-PW_MUST_CHECK int pw_store_checkpoint_step_json(pw_store *s, int64_t job_id, int n_stages, int at, json_t **out,
-                                                pw_err *err);
 PW_MUST_CHECK int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err);
 /* {"events": [{"id","time","kind","message"}]} with id > since, ascending. */
 PW_MUST_CHECK int pw_store_events_json(pw_store *s, int64_t job_id, int64_t since, json_t **out, pw_err *err);

@@ -104,8 +104,7 @@
     "INSERT INTO checkpoints(job_id, run_id, step, stage, rank, path, bytes, time) "               \
     "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")                                                      \
   X(CKPT_LATEST_STEP,                                                                              \
-    "SELECT run_id, step FROM checkpoints WHERE job_id = ?1 AND (?3 < 0 OR step = ?3) "             \
-    "GROUP BY run_id, step "                                                                       \
+    "SELECT run_id, step FROM checkpoints WHERE job_id = ?1 GROUP BY run_id, step "                \
     "HAVING count(DISTINCT stage) = ?2 AND min(stage) = 0 AND max(stage) = ?2 - 1 "                \
     "ORDER BY step DESC, run_id DESC LIMIT 1")                                                     \
   X(CKPT_AT,                                                                                       \

@@ -350,10 +350,6 @@ fail:
 }
 
 int pw_store_checkpoint_latest_json(pw_store *s, int64_t job_id, int n_stages, json_t **out, pw_err *err) {
-  return pw_store_checkpoint_step_json(s, job_id, n_stages, -1, out, err);
-}
-
-int pw_store_checkpoint_step_json(pw_store *s, int64_t job_id, int n_stages, int at, json_t **out, pw_err *err) {
   *out = NULL;
   if (n_stages <= 0) return pw_err_set(err, PW_EINVAL, "n_stages", "n_stages must be > 0");
   int rc = read_begin(s, err);
@@ -366,7 +362,6 @@ int pw_store_checkpoint_step_json(pw_store *s, int64_t job_id, int n_stages, int
   if (!(st = pw__store_stmt(s, PW_ST_CKPT_LATEST_STEP, err))) goto fail_stmt;
   sqlite3_bind_int64(st, 1, job_id);
   sqlite3_bind_int(st, 2, n_stages);
-  sqlite3_bind_int(st, 3, at);
   if ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     run = sqlite3_column_int64(st, 0);
     step = sqlite3_column_int(st, 1);
@@ -375,12 +370,8 @@ int pw_store_checkpoint_step_json(pw_store *s, int64_t job_id, int n_stages, int
   sqlite3_reset(st);
   if (rc != SQLITE_ROW && rc != SQLITE_DONE) goto fail_sql;
   if (!has) {
-    if (at >= 0)
-      rc = pw_err_set(err, PW_ENOENT, "checkpoint", "job %lld has no complete checkpoint (stages 0..%d) at step %d",
-                      (long long)job_id, n_stages - 1, at);
-    else
-      rc = pw_err_set(err, PW_ENOENT, "checkpoint", "job %lld has no complete checkpoint (stages 0..%d) yet",
-                      (long long)job_id, n_stages - 1);
+    rc = pw_err_set(err, PW_ENOENT, "checkpoint", "job %lld has no complete checkpoint (stages 0..%d) yet",
+                    (long long)job_id, n_stages - 1);
     goto fail;
   }
   stages = json_array();

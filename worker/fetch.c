@@ -204,6 +204,7 @@ typedef struct {
   pw_dscache *c;
   CURL *h;
   const char *id, *url, *tmp;
+  const char *where, *missing; /* the error path ("data.dataset" | "init"); a 404's text */
   int fd;
   pw_sha256_ctx sha;
   uint64_t got, bound, stated;
@@ -254,19 +255,19 @@ static size_t on_body(char *p, size_t sz, size_t n, void *arg) {
 /* The request, its body into d->fd. 0 or an error naming the URL. */
 static int http_get(dl *d, const char *token, pw_err *err) {
   CURL *h = curl_easy_init();
-  if (!h) return pw_err_set(err, PW_ENOMEM, WHERE, "GET %s: cannot initialise libcurl", d->url);
+  if (!h) return pw_err_set(err, PW_ENOMEM, d->where, "GET %s: cannot initialise libcurl", d->url);
   d->h = h;
   char auth[PW_SHA256_HEX_LEN + 320] = "";
   struct curl_slist *hdrs = NULL;
   if (token && *token) {
     if (strlen(token) > 256 || strpbrk(token, "\r\n")) {
       curl_easy_cleanup(h);
-      return pw_err_set(err, PW_EINVAL, WHERE, "GET %s: the cluster token is not a usable header value", d->url);
+      return pw_err_set(err, PW_EINVAL, d->where, "GET %s: the cluster token is not a usable header value", d->url);
     }
     snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
     if (!(hdrs = curl_slist_append(NULL, auth))) {
       curl_easy_cleanup(h);
-      return pw_err_set(err, PW_ENOMEM, WHERE, "out of memory");
+      return pw_err_set(err, PW_ENOMEM, d->where, "out of memory");
     }
   }
   char errbuf[CURL_ERROR_SIZE] = "";
@@ -274,21 +275,21 @@ static int http_get(dl *d, const char *token, pw_err *err) {
   SETOPT(CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)d->bound);
   int rc = 0;
   if (cc != CURLE_OK) {
-    rc = pw_err_set(err, PW_EINVAL, WHERE, "GET %s: setting up the request: %s", d->url, curl_easy_strerror(cc));
+    rc = pw_err_set(err, PW_EINVAL, d->where, "GET %s: setting up the request: %s", d->url, curl_easy_strerror(cc));
   } else if ((cc = curl_easy_perform(h)) != CURLE_OK) {
     const char *why = errbuf[0] ? errbuf : curl_easy_strerror(cc);
     if (d->room_rc) {
       *err = d->room_err;
       rc = d->room_rc;
     } else if (d->werr) {
-      rc = pw_err_set(err, PW_EIO, WHERE, "GET %s: writing %s: %s", d->url, d->tmp, strerror(d->werr));
+      rc = pw_err_set(err, PW_EIO, d->where, "GET %s: writing %s: %s", d->url, d->tmp, strerror(d->werr));
     } else if (d->over || cc == CURLE_FILESIZE_EXCEEDED) {
-      rc = pw_err_set(err, PW_ETOOBIG, WHERE, "GET %s: the body is over %" PRIu64 " bytes (%s)", d->url, d->bound,
+      rc = pw_err_set(err, PW_ETOOBIG, d->where, "GET %s: the body is over %" PRIu64 " bytes (%s)", d->url, d->bound,
                       d->stated ? "the size the job states" : "the cache's bound, --cache-max");
     } else if (cc == CURLE_ABORTED_BY_CALLBACK) {
-      rc = pw_err_set(err, PW_ECANCELED, WHERE, "GET %s: cancelled", d->url);
+      rc = pw_err_set(err, PW_ECANCELED, d->where, "GET %s: cancelled", d->url);
     } else {
-      rc = pw_err_set(err, PW_EPEER, WHERE, "GET %s: %s", d->url, why);
+      rc = pw_err_set(err, PW_EPEER, d->where, "GET %s: %s", d->url, why);
     }
   }
   if (!rc) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &d->status);
@@ -300,13 +301,13 @@ static int http_get(dl *d, const char *token, pw_err *err) {
   pw_curl_answer_text(d->ebody, d->ebody_len, text, sizeof text);
   const char *sep = text[0] ? ": " : "";
   if (d->status == 401 || d->status == 403)
-    return pw_err_set(err, PW_EAUTH, WHERE, "GET %s: HTTP %ld%s%s (%s)", d->url, d->status, sep, text,
+    return pw_err_set(err, PW_EAUTH, d->where, "GET %s: HTTP %ld%s%s (%s)", d->url, d->status, sep, text,
                       token && *token ? "the coordinator refuses this worker's cluster token"
                                       : "this worker has no cluster token: give --token-file");
   if (d->status == 404)
-    return pw_err_set(err, PW_ENOENT, WHERE, "GET %s: HTTP 404: %s", d->url,
-                      text[0] ? text : "the coordinator has no such dataset");
-  return pw_err_set(err, PW_EIO, WHERE, "GET %s: HTTP %ld%s%s", d->url, d->status, sep, text);
+    return pw_err_set(err, PW_ENOENT, d->where, "GET %s: HTTP 404: %s", d->url,
+                      text[0] ? text : d->missing);
+  return pw_err_set(err, PW_EIO, d->where, "GET %s: HTTP %ld%s%s", d->url, d->status, sep, text);
 }
 
 /* fetch_mu held: fetches id into a temporary file of the cache directory,
@@ -337,7 +338,8 @@ static int fetch_install(pw_dscache *c, const char *id, const pw_fetch_src *src,
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) return pw_err_set(err, PW_EIO, where, "%s %s: cannot make %s: %s", what, id, tmp, strerror(errno));
   dl d = {.c = c, .id = id, .url = url, .tmp = tmp, .fd = fd, .stated = stated, .bound = stated ? stated : c->max,
-          .announced = -1, .abort = src->abort};
+          .announced = -1, .abort = src->abort, .where = where,
+          .missing = wt ? "the coordinator has no such weights" : "the coordinator has no such dataset"};
   pw_sha256_init(&d.sha);
   pw_info("%s %s: fetching %s", what, id, url);
   rc = http_get(&d, src->token, err);
