@@ -394,11 +394,11 @@ static enum MHD_Result send_reply(http_req *h) {
 
 /* ---- the pool for expensive handlers --------------------------------------- */
 
-/* Handlers that plan, merge or render: seconds of CPU for a big job. */
+/* Handlers that plan, merge or render (seconds of CPU for a big job), and
+ * every upload's finish (fsync, checks, rename of up to --max-upload bytes). */
 static int pooled_route(const pw_route *rt) {
-  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint,
-                                     pw_api_dataset_upload, /* fsync and rename of up to --max-upload bytes */
-                                     pw_api_ckpt_upload};   /* fsync, the safetensors checks, retention */
+  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint};
+  if (rt->flags & PW_ROUTE_STREAM) return 1;
   for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
     if (rt->fn == heavy[i]) return 1;
   return 0;
