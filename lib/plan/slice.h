@@ -51,7 +51,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 3 /* 2: data.dataset; 3: init */
+#define PW_SLICE_VERSION 4 /* 2: data.dataset; 3: init; 4: train.snapshot_every */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

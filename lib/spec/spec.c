@@ -97,6 +97,9 @@ static const pw__field train_fields[] = {
     /* left out of the canonical spec when "fail" (the default): specs and
      * plan hashes from before the field stay the same */
     PW__ENUM("on_nonfinite", PW__OMIT0, PW__ALL, pw_train_spec, on_nonfinite, PW_NONFINITE_FAIL, nonfinite_names),
+    /* recovery (the coordinator's; snapshot_every travels in the slice) */
+    PW__INT("max_restarts", 0, PW__ALL, pw_train_spec, max_restarts, 3, 0, 1000),
+    PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
     PW__SKIP("optimizer", 0, PW__ALL),
 };
 

@@ -113,6 +113,8 @@ typedef struct {
   int eval_batches;      /* batches for `pipewright eval`; default 8 */
   int keep_checkpoints;  /* complete checkpoint steps the coordinator keeps; >= 1, default 3 */
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
+  int max_restarts;      /* runs that lose a worker and go back to the queue; 0..1000, default 3 */
+  int snapshot_every;    /* in-memory stage snapshots on a peer every K steps; 0 = off, default 1 */
   pw_optim_spec optim;
 } pw_train_spec;
 
