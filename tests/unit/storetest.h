@@ -7,6 +7,14 @@
 #include <sqlite3.h>
 #include <stdint.h>
 
+/* The schema version this code writes (store.c's migrations). */
+#define PW_TEST_SCHEMA 5
+/* Takes a file of the current schema back to schema 4: the tests of older
+ * migrations run this, then undo their own schema's tables. */
+#define PW_TEST_BACK_TO_4                                                                   \
+  "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE runs DROP COLUMN start_step; "        \
+  "ALTER TABLE runs DROP COLUMN resumed_from; PRAGMA user_version = 4;"
+
 static inline void raw_exec(const char *path, const char *sql) {
   sqlite3 *db;
   assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);

@@ -21,7 +21,7 @@
 #include "store.h"
 #include "storetest.h"
 
-#define SCHEMA 4 /* the schema version this code writes */
+#define SCHEMA PW_TEST_SCHEMA
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -155,15 +155,15 @@ static void test_open_newer_refused(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
   pw_store_close(s);
-  raw_exec(path, "PRAGMA user_version = 5");
+  raw_exec(path, "PRAGMA user_version = 6");
   pw_err err = {0};
   s = (pw_store *)1;
   assert_int_equal(pw_store_open(path, &s, &err), PW_ENOTSUP);
   assert_null(s);
-  expect_err(&err, "version 5 is newer");
-  expect_err(&err, "(4)");
+  expect_err(&err, "version 6 is newer");
+  expect_err(&err, "(5)");
   /* refused before touching anything: the file keeps its version */
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 5);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 6);
 }
 
 static void test_open_errors(void **state) {

@@ -77,11 +77,11 @@ static void test_migration_3_to_4(void **state) {
   pw_store *s = open_at("v3.db", path, sizeof path);
   int64_t id = job(s);
   pw_store_close(s);
-  raw_exec(path, "DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; DROP TABLE job_weights; DROP TABLE weights; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; DROP TABLE job_weights; DROP TABLE weights; "
                  "PRAGMA user_version = 3;");
   pw_err err = {0};
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);

@@ -52,10 +52,10 @@ static void test_migration_2_to_3(void **state) {
   assert_int_equal(job(s, NULL, &id, &err), 0);
   pw_store_close(s);
   /* back to schema 2 as it was: no datasets tables (nor schema 4's) */
-  raw_exec(path, "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
                  "DROP TABLE job_weights; DROP TABLE weights; PRAGMA user_version = 2;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);

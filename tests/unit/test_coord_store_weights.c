@@ -60,10 +60,10 @@ static void test_migration_3_to_4(void **state) {
   pw_err err = {0};
   assert_int_equal(job(s, NULL, NULL, &id, &err), 0);
   pw_store_close(s);
-  raw_exec(path, "DROP TABLE job_weights; DROP TABLE weights; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE job_weights; DROP TABLE weights; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
                  "PRAGMA user_version = 3;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);
@@ -71,7 +71,7 @@ static void test_migration_3_to_4(void **state) {
   assert_int_equal(json_array_size(json_object_get(j, "checkpoints")), 0);
   json_decref(j);
   pw_store_close(s);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), PW_TEST_SCHEMA);
 }
 
 static void test_weights(void **state) {
