@@ -19,20 +19,23 @@
 #include "plan.h"
 #include "weights.h"
 
+/* rc of a call about job r->id: 0 passes; anything else is replied (an
+ * unknown job: 404 at the id) and returned. */
+static int job_replied(pw_req *r, int rc, const pw_err *err) {
+  if (rc == PW_ENOENT)
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
+  else if (rc)
+    pw_reply_err(r, err);
+  return rc;
+}
+
 /* 0 when job r->id exists; else replies (404) and returns nonzero. */
 static int job_exists(pw_req *r, pw_store *s) {
   pw_job_brief b;
   pw_err err = {0};
   int rc = pw_store_job_brief(s, r->id, &b, &err);
-  if (!rc) {
-    free(b.spec);
-    return 0;
-  }
-  if (rc == PW_ENOENT)
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-  else
-    pw_reply_err(r, &err);
-  return rc;
+  if (!rc) free(b.spec);
+  return job_replied(r, rc, &err);
 }
 
 /* "gpt d=64 L=4 H=4": the model in a few words, for lists. */
@@ -225,19 +228,10 @@ void pw_api_job_get(pw_req *r) {
   if (!s) return;
   json_t *j = NULL;
   pw_err err = {0};
-  int rc = pw_store_job_json(s, r->id, 1, &j, &err);
-  if (rc == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-    return;
-  }
-  if (rc) {
-    pw_reply_err(r, &err);
-    return;
-  }
+  if (job_replied(r, pw_store_job_json(s, r->id, 1, &j, &err), &err)) return;
   json_t *attempts = NULL;
-  if ((rc = pw_store_attempts_json(s, r->id, &attempts, &err))) {
+  if (job_replied(r, pw_store_attempts_json(s, r->id, &attempts, &err), &err)) {
     json_decref(j);
-    pw_reply_err(r, &err);
     return;
   }
   json_object_set_new(j, "ranks", ranks_json(s, r->id));
@@ -253,15 +247,7 @@ void pw_api_job_retry(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
   pw_err err = {0};
-  int rc = pw_store_job_retry(s, r->id, &err);
-  if (rc == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-    return;
-  }
-  if (rc) {
-    pw_reply_err(r, &err);
-    return;
-  }
+  if (job_replied(r, pw_store_job_retry(s, r->id, &err), &err)) return;
   pw_info("job %lld retried by request", (long long)r->id);
   pw_coord_wake(r->c);
   char loc[64];
@@ -277,15 +263,9 @@ void pw_api_job_cancel(pw_req *r) {
     return;
   }
   pw_err err = {0};
-  int rc = pw_coord_cancel(r->c, r->id, &err);
-  if (rc == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-  } else if (rc) {
-    pw_reply_err(r, &err);
-  } else {
-    pw_info("job %lld cancelled by request", (long long)r->id);
-    pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
-  }
+  if (job_replied(r, pw_coord_cancel(r->c, r->id, &err), &err)) return;
+  pw_info("job %lld cancelled by request", (long long)r->id);
+  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
 }
 
 /* GET /v1/jobs/{id}/metrics[?since=N][&all=1]: one row per step, the

@@ -76,26 +76,6 @@ static void set_state_ok(pw_store *s, int64_t id, int state) {
   if (pw_store_job_set_state(s, id, state, "test", NULL, &err)) fail_msg("set_state: %s", err.msg);
 }
 
-static const char *jstr(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_string(v)) fail_msg("'%s' is not a string", key);
-  return json_string_value(v);
-}
-static json_int_t jint(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_integer(v)) fail_msg("'%s' is not an integer", key);
-  return json_integer_value(v);
-}
-static double jnum(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_number(v)) fail_msg("'%s' is not a number", key);
-  return json_number_value(v);
-}
-static void jnull(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_null(v)) fail_msg("'%s' is not null (%s)", key, v ? "some value" : "missing");
-}
-
 static int64_t n_events(pw_store *s, int64_t job) {
   json_t *ev;
   assert_int_equal(pw_store_events_json(s, job, 0, &ev, NULL), 0);

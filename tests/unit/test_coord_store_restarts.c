@@ -32,14 +32,7 @@
 
 static char g_dir[64];
 
-static pw_store *open_at(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", g_dir, name);
-  unlink(path);
-  pw_store *s = NULL;
-  pw_err err = {0};
-  if (pw_store_open(path, &s, &err)) fail_msg("open %s: %s", path, err.msg);
-  return s;
-}
+static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
 static int64_t new_job(pw_store *s) {
   pw_job_new j = {.name = "j", .spec = "{}", .steps = 20, .pp = 2, .dp = 1, .virtual_stages = 1,
@@ -65,22 +58,6 @@ static void assign(pw_store *s, int64_t run, int rank, const char *name) {
 static void to_state(pw_store *s, int64_t job, int state, const char *error) {
   pw_err err = {0};
   if (pw_store_job_set_state(s, job, state, "test", error, &err)) fail_msg("state: %s", err.msg);
-}
-
-static const char *jstr(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_string(v)) fail_msg("'%s' is not a string", key);
-  return json_string_value(v);
-}
-
-static json_int_t jint(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_integer(v)) fail_msg("'%s' is not an integer", key);
-  return json_integer_value(v);
-}
-
-static void jnull(json_t *o, const char *key) {
-  if (!json_is_null(json_object_get(o, key))) fail_msg("'%s' is not null", key);
 }
 
 /* The workers of one attempt joined with ",". */
@@ -336,18 +313,7 @@ static void test_write_kinds(void **state) {
   pthread_mutex_destroy(&c.mu);
 }
 
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/pw-store-r-XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  return system(cmd);
-}
+STORETEST_FIXTURE(g_dir, "r")
 
 int main(void) {
   const struct CMUnitTest tests[] = {

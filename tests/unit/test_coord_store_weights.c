@@ -26,14 +26,7 @@
 
 static char g_dir[64];
 
-static pw_store *open_at(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", g_dir, name);
-  unlink(path);
-  pw_store *s = NULL;
-  pw_err err = {0};
-  assert_int_equal(pw_store_open(path, &s, &err), 0);
-  return s;
-}
+static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
 static const char *A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 static const char *B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -131,18 +124,7 @@ static void test_weights(void **state) {
   pw_store_close(s);
 }
 
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/pw-store-w-XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  return system(cmd);
-}
+STORETEST_FIXTURE(g_dir, "w")
 
 int main(void) {
   const struct CMUnitTest tests[] = {
