@@ -252,7 +252,8 @@ void pw_api_job_retry(pw_req *r) {
   pw_coord_wake(r->c);
   char loc[64];
   snprintf(loc, sizeof loc, "/v1/jobs/%lld", (long long)r->id);
-  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s, s:s}", "id", (json_int_t)r->id, "state", "queued", "location", loc));
+  pw_reply_json(r, MHD_HTTP_OK,
+                json_pack("{s:I, s:s, s:s}", "id", (json_int_t)r->id, "state", "queued", "location", loc));
 }
 
 void pw_api_job_cancel(pw_req *r) {
