@@ -455,6 +455,10 @@ static void sched_tick(pw_coord *c) {
     }
     free(jb.spec);
     if (jb.state == PW_JOB_CANCELLED) end_run(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
+    /* cancelled and retried before this pass saw it: the old run stops
+     * here, before the queued job is dispatched again below */
+    else if (jb.state == PW_JOB_QUEUED)
+      end_run(c, jr, "cancelled", -1, "cancelled by request (the job was retried since)", "job cancelled");
   }
   /* Queued jobs, oldest first; a job that does not fit does not hold back
    * a later one that does. */
