@@ -83,6 +83,9 @@ static int drain(pw_run *r, int k) {
           why[ev.len] = 0;
           for (size_t i = 0; i < ev.len; i++)
             if ((unsigned char)why[i] < 32) why[i] = ' ';
+          uv_mutex_lock(&r->sh.mu);
+          if (r->sh.aborted_rank < 0 && r->sh.lost_rank < 0) r->sh.aborted_rank = k;
+          uv_mutex_unlock(&r->sh.mu);
           return pw_exec_fail(r, PW_EPEER, NULL, "peer rank %d aborted: %s", k, why);
         }
         in->bye = 1;

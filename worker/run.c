@@ -482,7 +482,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   for (int k = 0; k < 2 * r->pp; k++) r->cp.norm_parts_step[k] = -1;
   r->cp.tied_step = -1;
   r->sh.step = r->start_step; /* peers' frames may come before our links are up */
-  r->sh.lost_rank = -1;
+  r->sh.lost_rank = r->sh.aborted_rank = -1;
   if ((rc = uv_async_init(loop, &r->lp.async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
     goto fail;
@@ -630,11 +630,11 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->sh.step,
            r->sh.error);
   uv_mutex_lock(&r->sh.mu);
-  int lost = r->sh.lost_rank, restore = r->sh.restore_failed;
+  int lost = r->sh.lost_rank, restore = r->sh.restore_failed, aborted = r->sh.aborted_rank;
   uv_mutex_unlock(&r->sh.mu);
   pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
                                      .rank = r->rank, .message = r->sh.error, .lost_rank = lost,
-                                     .restore_failed = restore ? 1 : -1));
+                                     .restore_failed = restore ? 1 : -1, .peer_aborted = aborted));
   finish(r, 0);
 }
 

@@ -131,6 +131,7 @@ typedef struct {
   char error[512];         /* why the compute thread failed */
   int lost_rank;           /* the peer whose link broke, when that failed the run; else -1 */
   int restore_failed;      /* a snapshot the assign named was not here */
+  int aborted_rank;        /* the peer whose abort (BYE with a reason) failed the run; else -1 */
   pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
   int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
   /* Outbound links as the compute thread writes them, under wmu: it
