@@ -342,23 +342,6 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
   return load_or_init(r, r->resume, err);
 }
 
-/* assign.restore_step / restore_from: where each stage's snapshot comes
- * from, checked against the mesh before anything waits on it. */
-static int restore_table(pw_run *r, const pw_msg_assign *a, pw_err *err) {
-  if (a->restore_step <= 0 && !a->restore_from) return 0;
-  if (a->restore_step != r->start_step || !a->restore_from || json_array_size(a->restore_from) != (size_t)r->S)
-    return pw_err_set(err, PW_EPROTO, "assign.restore_from", "must name a rank for each of the %d stages, with "
-                      "restore_step = start_step", r->S);
-  if (!(r->restore_from = malloc(sizeof(int) * (size_t)r->S))) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
-  for (int st = 0; st < r->S; st++) {
-    json_int_t k = json_integer_value(json_array_get(a->restore_from, (size_t)st));
-    if (k >= r->n_ranks) return pw_err_set(err, PW_EPROTO, "assign.restore_from", "rank %lld outside the mesh", (long long)k);
-    r->restore_from[st] = (int)k;
-  }
-  r->restore_step = (int)a->restore_step;
-  return 0;
-}
-
 int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,
                   pw_err *err) {
   *out = NULL;
@@ -463,7 +446,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
       rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no address for rank %d", k);
       goto fail;
     }
-  if ((rc = restore_table(r, a, err))) goto fail;
+  if ((rc = pw_snaprun_assign(r, a, err))) goto fail;
   r->snap_holder = pw_snaprun_holder(r, r->rank);
   if ((rc = setup_stages(r, err))) goto fail;
   r->acts = r->sched->actions[r->prank];

@@ -329,6 +329,9 @@ PW_MUST_CHECK int pw_snaprun_restore(pw_run *r, pw_err *err);
 /* Compute thread, sh.mu held: a SNAP frame's destination, and its end. */
 PW_MUST_CHECK int pw_snaprun_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 PW_MUST_CHECK int pw_snaprun_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err);
+/* pw_run_create: assign.restore_step / restore_from, checked against the
+ * mesh before anything waits on them. */
+PW_MUST_CHECK int pw_snaprun_assign(pw_run *r, const pw_msg_assign *a, pw_err *err);
 /* pw_run_create / run_destroy: the receive tables; claimed entries given back. */
 PW_MUST_CHECK int pw_snaprun_alloc(pw_run *r);
 void pw_snaprun_free(pw_run *r);

@@ -58,6 +58,21 @@ void pw_snaprun_free(pw_run *r) {
   r->cp.rx_next = NULL;
 }
 
+int pw_snaprun_assign(pw_run *r, const pw_msg_assign *a, pw_err *err) {
+  if (a->restore_step <= 0 && !a->restore_from) return 0;
+  if (a->restore_step != r->start_step || !a->restore_from || json_array_size(a->restore_from) != (size_t)r->S)
+    return pw_err_set(err, PW_EPROTO, "assign.restore_from", "must name a rank for each of the %d stages, with "
+                      "restore_step = start_step", r->S);
+  if (!(r->restore_from = malloc(sizeof(int) * (size_t)r->S))) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+  for (int st = 0; st < r->S; st++) {
+    json_int_t k = json_integer_value(json_array_get(a->restore_from, (size_t)st));
+    if (k >= r->n_ranks) return pw_err_set(err, PW_EPROTO, "assign.restore_from", "rank %lld outside the mesh", (long long)k);
+    r->restore_from[st] = (int)k;
+  }
+  r->restore_step = (int)a->restore_step;
+  return 0;
+}
+
 /* ---- sending ----------------------------------------------------------------- */
 
 static int send_entry(pw_run *r, pw_snap *e, int to, int purpose) {
