@@ -120,15 +120,16 @@ void pw_rec_remember(pw_coord *c, const pw_jobrt *jr) {
     m->n = jr->n_ranks;
   }
   for (int r = 0; r < jr->n_ranks; r++)
-    if (jr->ranks[r]) snprintf(m->names[r], sizeof m->names[r], "%s", jr->ranks[r]->name);
+    snprintf(m->names[r], sizeof m->names[r], "%s", jr->ranks[r] ? jr->ranks[r]->name : "");
 }
 
 void pw_rec_choose(pw_coord *c, int64_t job, int need, pw_wconn **idle, int n_idle, pw_wconn **out) {
-  char taken[1024] = {0}; /* idle[i] chosen (n_idle <= 1024: the caller's bound) */
+  char taken[1024] = {0}; /* idle[i] chosen */
+  if (n_idle > (int)sizeof taken) n_idle = (int)sizeof taken;
   const pw_jobmem *m = mem_find(c, job);
   for (int r = 0; r < need; r++) {
     out[r] = NULL;
-    for (int i = 0; m && r < m->n && i < n_idle && !out[r]; i++)
+    for (int i = 0; m && r < m->n && m->names[r][0] && i < n_idle && !out[r]; i++)
       if (!taken[i] && !strcmp(idle[i]->name, m->names[r])) out[r] = idle[i], taken[i] = 1;
   }
   for (int pass = 0; pass < 2; pass++) /* first the holders of its snapshots, then the rest (by id) */

@@ -165,6 +165,7 @@ typedef struct {
   /* snapshots (snaprun.c) */
   pw_snap **rx;            /* [n_ranks] entry a peer's SNAP frames are going into, or NULL */
   int *rx_next;            /* [n_ranks] part expected next from that peer */
+  int *rx_step;            /* [n_ranks] the step its part 0 named */
   int restore_got;         /* stages restored from a peer */
   int report_stage, report_step; /* a held snapshot completed, to report (report_step 0: none) */
   pw_snap **snap_todo;     /* [n_ls] own snapshot still being copied, or NULL */

@@ -19,6 +19,7 @@
  * Every count and size in a SNAP header is checked before a byte of its
  * payload lands: the stage and sender must fit the plan, a restored stage
  * must be exactly the program's size, a held one at most the model's. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +49,10 @@ int pw_snaprun_holder(const pw_run *r, int g) {
 int pw_snaprun_alloc(pw_run *r) {
   r->cp.rx = calloc((size_t)r->n_ranks, sizeof *r->cp.rx);
   r->cp.rx_next = calloc((size_t)r->n_ranks, sizeof *r->cp.rx_next);
+  r->cp.rx_step = calloc((size_t)r->n_ranks, sizeof *r->cp.rx_step);
   r->cp.snap_todo = calloc((size_t)r->n_ls + 1, sizeof *r->cp.snap_todo);
   r->cp.snap_off = calloc((size_t)r->n_ls + 1, sizeof *r->cp.snap_off);
-  return r->cp.rx && r->cp.rx_next && r->cp.snap_todo && r->cp.snap_off ? 0 : PW_ENOMEM;
+  return r->cp.rx && r->cp.rx_next && r->cp.rx_step && r->cp.snap_todo && r->cp.snap_off ? 0 : PW_ENOMEM;
 }
 
 void pw_snaprun_free(pw_run *r) {
@@ -60,10 +62,12 @@ void pw_snaprun_free(pw_run *r) {
     if (r->cp.snap_todo[li]) pw_snap_end_write(r->snaps, r->cp.snap_todo[li], 0); /* never finished */
   free(r->cp.rx);
   free(r->cp.rx_next);
+  free(r->cp.rx_step);
   free(r->cp.snap_todo);
   free(r->cp.snap_off);
   r->cp.rx = NULL;
   r->cp.rx_next = NULL;
+  r->cp.rx_step = NULL;
   r->cp.snap_todo = NULL;
   r->cp.snap_off = NULL;
 }
@@ -254,11 +258,14 @@ static size_t model_numel(const pw_run *r) {
 }
 
 int pw_snaprun_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
+  /* Bounds checked on the header's unsigned fields before any becomes an
+   * index (a stage of 2^32 - 1 must not turn into -1). */
+  if (!r->snaps || h->dtype != PW_DTYPE_F32 || h->payload_len % 4 || h->value > 2 || h->stage >= (uint32_t)r->S ||
+      h->step < 1 || h->step > INT_MAX || h->microbatch > SNAP_RESTORE)
+    return pw_err_set(err, PW_EPROTO, "frame", "unexpected SNAP frame (stage %u, part %u, step %u, microbatch %u)",
+                      h->stage, h->value, h->step, h->microbatch);
   int st = (int)h->stage, part = (int)h->value, step = (int)h->step, purpose = (int)h->microbatch;
   size_t n = (size_t)(h->payload_len / 4);
-  if (!r->snaps || h->dtype != PW_DTYPE_F32 || h->payload_len % 4 || part > 2 || st >= r->S || step < 1 ||
-      purpose > SNAP_RESTORE)
-    return pw_err_set(err, PW_EPROTO, "frame", "unexpected SNAP frame (stage %d, part %d, step %d)", st, part, step);
   int kind;
   if (purpose == SNAP_RESTORE) {
     int li = r->lidx_of_stage[st];
@@ -274,8 +281,11 @@ int pw_snaprun_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
     kind = PW_SNAP_HELD;
   }
   pw_snap *e = r->cp.rx[from];
-  if (part != r->cp.rx_next[from] || (part > 0 && e && (e->stage != st || e->numel != n)))
+  /* parts 1 and 2 continue part 0: the same stage, size, step and purpose */
+  if (part != r->cp.rx_next[from] ||
+      (part > 0 && (r->cp.rx_step[from] != step || (e && (e->stage != st || e->numel != n || e->kind != kind)))))
     return pw_err_set(err, PW_EPROTO, "frame", "snapshot part %d of stage %d from rank %d out of order", part, st, from);
+  r->cp.rx_step[from] = step;
   if (part == 0) {
     e = r->cp.rx[from] = pw_snap_begin_write(r->snaps, r->job, st, kind, step, n);
     if (!e) pw_warn("job %llu: no room for rank %d's snapshot of stage %d after step %d: not kept", (unsigned long long)r->job,

@@ -17,11 +17,8 @@
  * another host), for a stage that rank runs, in part order 0, 1, 2, and
  * lands in a HELD entry of the run's store, reported once complete; a
  * restore only from the rank the assignment names for a local stage, at
- * its step, exactly the stage's size, into a RESTORE entry.
- *
- * test_snap_stage_out_of_range and test_snap_purpose_out_of_range FAIL on
- * purpose: they show a bug in pw_snaprun_dest (a header field taken as a
- * signed int before its bound check); see their comments. */
+ * its step, exactly the stage's size, into a RESTORE entry; header fields
+ * of 2^31 and more are refused, not taken as negative indices. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -500,18 +497,9 @@ static void test_snap_holder_by_host(void **state) {
   refused(r, 2, &h, "does not fit");
 }
 
-/* KNOWN BUG (worker/snaprun.c, pw_snaprun_dest): the header's stage is
- * made an int before its bound is checked (line 193 `int st =
- * (int)h->stage`, line 195 `st >= r->S`), so a stage of 2^31 or more is
- * negative, passes the check, and indexes r->lidx_of_stage[st] and
- * r->restore_from[st] (a restore, lines 200-201) or r->rank_of_stage[st]
- * (a hold, line 207) before the array: a heap read out of bounds
- * (valgrind: "4 bytes before a block of size 8"), and a frame that can be
- * accepted into an entry of stage -1. ACT frames compare unsigned
- * (run.c: h->stage >= (uint32_t)r->S); SNAP frames must refuse it too.
- * Fails today: accepted in a plain build when the word before
- * rank_of_stage happens to equal the sender's pipeline rank (glibc's chunk
- * header: 0), a heap-buffer-overflow under AddressSanitizer. */
+/* The header's stage is bounded as the unsigned it is before it indexes
+ * anything: 2^31 or more must never become a negative index (a heap read
+ * before rank_of_stage / restore_from, found by this test). */
 static void test_snap_stage_out_of_range(void **state) {
   fx *x = *state;
   pw_run *r = x->r;
@@ -532,10 +520,8 @@ static void test_snap_stage_out_of_range(void **state) {
   assert_null(x->snaps->list);
 }
 
-/* KNOWN BUG (worker/snaprun.c, pw_snaprun_dest), the same signedness:
- * `purpose = (int)h->microbatch` is negative for a microbatch of 2^31 or
- * more, passes `purpose > SNAP_RESTORE` and is taken as a hold (0). Only
- * 0 (hold) and 1 (restore) are SNAP frames. Fails today: accepted. */
+/* Likewise the microbatch (the purpose): only 0 (hold) and 1 (restore)
+ * are SNAP frames, 2^31 included. */
 static void test_snap_purpose_out_of_range(void **state) {
   fx *x = *state;
   pw_run *r = x->r;

@@ -309,7 +309,7 @@ typedef struct {
 /* Writes steps 1, 2, ... until the reader is done (at most RACE_STEPS). */
 static void race_writer(void *arg) {
   race *x = arg;
-  for (int step = 1; step <= RACE_STEPS && !atomic_load(&x->done); step++) {
+  for (int step = 1; step <= RACE_STEPS && (step <= 2 || !atomic_load(&x->done)); step++) { /* both generations at least */
     pw_snap *e = pw_snap_begin_write(x->s, 9, 0, PW_SNAP_OWN, step, RACE_NUMEL);
     if (!e) { /* a single reader claims at most one of the two entries */
       x->write_failures++;
