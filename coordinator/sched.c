@@ -220,14 +220,15 @@ out:
 }
 
 /* Where to resume: the newest complete step in the coordinator's store
- * (every stage's model and optimizer shard arrived, from any earlier run).
+ * (every stage's model and optimizer shard arrived, from any earlier run)
+ * up to `upto`.
  * The assign's resume names it ("12"): each worker fetches its stages'
  * shards from GET /v1/jobs/{id}/checkpoints/{step}/stages/{stage}. */
-static int resume_point(pw_store *s, int64_t job, int n_stages, char *resume, size_t cap) {
+static int resume_point(pw_store *s, int64_t job, int n_stages, int upto, char *resume, size_t cap) {
   pw_err err = {0};
   char b[600];
   int step = 0, have = 0;
-  int rc = pw_store_ckpt_latest(s, job, &step, &have, &err);
+  int rc = pw_store_ckpt_latest_upto(s, job, upto, &step, &have, &err);
   if (rc) {
     if (rc != PW_ENOENT) pw_warn("job %lld: cannot read its checkpoints (%s): starting from step 0", (long long)job,
                                  pw_err_str(&err, b, sizeof b));
@@ -329,11 +330,19 @@ static void plan_done(uv_work_t *req, int status) {
     planwork_free(pw);
     return;
   }
+  /* A run resumes at a step whose predecessors are all recorded: a lost
+   * rank's last reports may never have come, and a step the store has no
+   * metrics for is run again rather than left a hole. */
+  pw_job_brief jb = {0};
+  int recorded = 0;
+  if (!pw_store_job_brief(s, jr->job, &jb, &err)) recorded = jb.steps_done;
+  free(jb.spec);
   char resume[1024] = "";
-  int start = resume_point(s, jr->job, pw->S, resume, sizeof resume);
+  int start = resume_point(s, jr->job, pw->S, recorded, resume, sizeof resume);
   if (start >= job->train.steps) start = 0, resume[0] = 0;
   json_t *from = NULL; /* the in-memory snapshots, when newer than the checkpoint */
-  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start, job->train.steps, &from);
+  int before = recorded + 1 < job->train.steps ? recorded + 1 : job->train.steps;
+  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start, before, &from);
   if (snap) start = snap, resume[0] = 0;
   jr->n_stages = pw->S;
   jr->start_step = jr->steps_done = start;

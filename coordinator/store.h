@@ -229,6 +229,9 @@ PW_MUST_CHECK int pw_store_ckpt_shard(pw_store *s, int64_t job_id, int64_t run_i
 /* The newest complete step (its stage count in *n_stages, may be NULL);
  * PW_ENOENT naming the job when there is none. */
 PW_MUST_CHECK int pw_store_ckpt_latest(pw_store *s, int64_t job_id, int *step, int *n_stages, pw_err *err);
+/* The same among the steps <= max_step. */
+PW_MUST_CHECK int pw_store_ckpt_latest_upto(pw_store *s, int64_t job_id, int max_step, int *step, int *n_stages,
+                                            pw_err *err);
 /* Step `step` complete and retained: 0 (stage count in *n_stages, may be
  * NULL), else PW_ENOENT naming the step. */
 PW_MUST_CHECK int pw_store_ckpt_step(pw_store *s, int64_t job_id, int step, int *n_stages, pw_err *err);

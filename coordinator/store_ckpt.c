@@ -4,6 +4,7 @@
  * transaction and goes through the store's fault injection. */
 #include "store_int.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,9 +102,15 @@ fail:
 }
 
 int pw_store_ckpt_latest(pw_store *s, int64_t job_id, int *step, int *n_stages, pw_err *err) {
-  sqlite3_stmt *st = prep(s, "SELECT step, n_stages FROM ckpt_steps WHERE job_id = ?1 ORDER BY step DESC LIMIT 1", err);
+  return pw_store_ckpt_latest_upto(s, job_id, INT_MAX, step, n_stages, err);
+}
+
+int pw_store_ckpt_latest_upto(pw_store *s, int64_t job_id, int max_step, int *step, int *n_stages, pw_err *err) {
+  sqlite3_stmt *st = prep(
+      s, "SELECT step, n_stages FROM ckpt_steps WHERE job_id = ?1 AND step <= ?2 ORDER BY step DESC LIMIT 1", err);
   if (!st) return err ? err->code : PW_EIO;
   sqlite3_bind_int64(st, 1, job_id);
+  sqlite3_bind_int(st, 2, max_step);
   int rc = sqlite3_step(st), ret = 0;
   if (rc == SQLITE_ROW) {
     *step = sqlite3_column_int(st, 0);

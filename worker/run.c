@@ -631,6 +631,9 @@ void pw_run_cancel(pw_run *r, const char *reason) {
 /* ---- links ---------------------------------------------------------------- */
 
 void pw_run_on_link_up(pw_run *r, pw_link *l) {
+  /* A HELLO whose write completes after the run ended (finish() gave its
+   * links back: peer_rank -1) is no link of the run's any more. */
+  if (r->lp.closing || (l && (l->peer_rank < 0 || l->peer_rank >= r->n_ranks))) return;
   if (l) {
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&l->tcp, &fd)) {
