@@ -122,6 +122,8 @@ static int on_welcome(void *ctx, void *conn, const pw_msg_any *m, const json_t *
     url = NULL;
   }
   snprintf(w->http_url, sizeof w->http_url, "%s", url ? url : "");
+  /* A coordinator that registers us anew knows none of our snapshots. */
+  pw_snapstore_drop_others(&w->snaps, 0);
   pw_info("registered as worker %d (heartbeat every %.2fs%s%s)", w->worker_id, w->heartbeat_interval,
           w->http_url[0] ? ", datasets from " : "", w->http_url);
   uint64_t ms = (uint64_t)(w->heartbeat_interval * 1000);

@@ -29,7 +29,8 @@ double pw_now(void) {
  * last two events (DONE or FAIL, then EXIT), so those cannot fail. */
 int pw_exec_post(pw_run *r, const pw_event *ev) {
   uv_mutex_lock(&r->sh.mu);
-  if (r->sh.evq_len + (ev->kind <= PW_EV_STEP ? 3 : 1) > r->sh.evq_cap) {
+  int last = ev->kind == PW_EV_DONE || ev->kind == PW_EV_FAIL || ev->kind == PW_EV_EXIT;
+  if (r->sh.evq_len + (last ? 1 : 3) > r->sh.evq_cap) {
     int cap = r->sh.evq_cap ? 2 * r->sh.evq_cap : 64;
     pw_event *q = malloc(sizeof *q * (size_t)cap);
     if (!q) {
@@ -65,8 +66,10 @@ int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char *fmt, ...) {
  * the link (so frames stay in order), without blocking; the rest, if the
  * socket does not take it all, goes to the loop, and then the slot is held
  * until that write is done. */
-static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
-  pw_event ev = {.kind = PW_EV_SEND, .to = to, .li = li, .slot = slot, .payload = payload, .len = h->payload_len};
+static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot,
+                      atomic_int *pending) {
+  pw_event ev = {.kind = PW_EV_SEND, .to = to, .li = li, .slot = slot, .payload = payload, .len = h->payload_len,
+                 .pending = pending};
   pw_frame_hdr_encode(h, payload, ev.hdr);
   uint64_t total = PW_FRAME_HDR_SIZE + h->payload_len;
   uv_mutex_lock(&r->sh.wmu);
@@ -97,7 +100,9 @@ static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payl
     r->sh.ls[li].slot_sends[slot]++;
     uv_mutex_unlock(&r->sh.mu);
   }
+  if (pending) atomic_fetch_add(pending, 1); /* the loop's write (or its drop) gives it back */
   int rc = pw_exec_post(r, &ev);
+  if (rc && pending) atomic_fetch_sub(pending, 1);
   return rc ? pw_exec_fail(r, rc, NULL, "out of memory queueing a frame") : 0;
 }
 
@@ -105,8 +110,9 @@ static int send_frame(pw_run *r, int to, const pw_frame_hdr *h, const void *payl
  * sent as a frame is: once one is left to the loop, the later ones queue
  * behind it, so they reach the link in order with nothing between them
  * (only this thread sends on a run's link). */
-int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
-  if (h->payload_len <= r->cp.chunk_limit) return send_frame(r, to, h, payload, li, slot);
+static int send_chunked(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot,
+                        atomic_int *pending) {
+  if (h->payload_len <= r->cp.chunk_limit) return send_frame(r, to, h, payload, li, slot, pending);
   pw_frame_hdr c;
   for (uint64_t off = 0; off < h->payload_len; off += c.payload_len) {
     int rc = pw_frame_chunk(h, r->cp.chunk_limit, off, &c);
@@ -115,11 +121,19 @@ int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, 
       return pw_exec_fail(r, rc, NULL, "cannot send %s to rank %d in chunks of %zu bytes: %s",
                           pw_frame_hdr_str(h, hs, sizeof hs), to, r->cp.chunk_limit, pw_strerror(rc));
     }
-    if ((rc = send_frame(r, to, &c, (const uint8_t *)payload + off, li, slot))) return rc;
+    if ((rc = send_frame(r, to, &c, (const uint8_t *)payload + off, li, slot, pending))) return rc;
     r->cp.chunks++;
   }
   r->cp.chunked++;
   return 0;
+}
+
+int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot) {
+  return send_chunked(r, to, h, payload, li, slot, NULL);
+}
+
+int pw_exec_send_pending(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, atomic_int *pending) {
+  return send_chunked(r, to, h, payload, -1, -1, pending);
 }
 
 /* ---- one action ----------------------------------------------------------- */

@@ -188,6 +188,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   w.loop = uv_default_loop();
+  if (pw_snapstore_init(&w.snaps)) return 1;
   if (pw_net_listen(&w)) return 1;
   if (pw_ctl_start(&w)) return 1;
   uv_signal_init(w.loop, &w.sigint);
@@ -210,6 +211,7 @@ int main(int argc, char **argv) {
   if (w.run) pw_run_free(w.run);
   pw_control_reader_free(&w.ctl_reader);
   pw_dscache_close(w.cache);
+  pw_snapstore_free(&w.snaps);
   int rc = uv_loop_close(w.loop);
   if (rc) pw_warn("loop close: %s", uv_strerror(rc));
   pw_info("stopped");

@@ -76,7 +76,7 @@ void pw_link_bye(pw_link *l, uint64_t job, const char *reason) {
     return;
   }
   pw_frame_hdr_encode(&h, copy, hdr);
-  if ((rc = pw_net_send_encoded(l, NULL, hdr, copy, n, 0, -1, -1, -1, copy))) {
+  if ((rc = pw_net_send_encoded(l, NULL, hdr, copy, n, 0, -1, -1, -1, NULL, copy))) {
     pw_warn("link %s (rank %d): cannot send BYE: %s", l->addr, l->peer_rank, uv_strerror(rc));
     pw_link_close(l);
     return;
@@ -162,23 +162,28 @@ static void link_deadline(pw_link *l, double seconds) {
 
 static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
   uint64_t job;
-  uint32_t rank;
+  uint32_t rank, run;
   char token[PW_CONTROL_TOKEN_MAX + 1];
-  int rc = pw_frame_hello_parse(payload, len, &job, &rank, token, sizeof token, err);
+  int rc = pw_frame_hello_parse(payload, len, &job, &run, &rank, token, sizeof token, err);
   if (rc) return rc;
   if (!pw_control_token_equal(token, l->w->token))
     return pw_err_set(err, PW_EAUTH, "hello", "wrong cluster token from peer claiming rank %u", rank);
   l->hello_job = job;
+  l->hello_run = (int)run;
   l->hello_rank = (int)rank;
   pw_run *r = l->w->run;
-  if (!r || r->job != job) {
+  if (r && r->job == job && (int)run < r->run_id)
+    return pw_err_set(err, PW_EPROTO, "hello", "rank %u of job %llu's run %u, which is over (this is run %d)", rank,
+                      (unsigned long long)job, run, r->run_id);
+  if (!r || r->job != job || (int)run != r->run_id) {
     /* Our assignment for that job has not arrived yet (the coordinator's
      * messages reach workers at different times): stop reading — its
      * frames wait in the socket — until the run starts. */
     l->paused = 1;
     uv_read_stop((uv_stream_t *)&l->tcp);
     link_deadline(l, l->w->held_timeout);
-    pw_debug("inbound link from rank %u of job %llu held until that run starts", rank, (unsigned long long)job);
+    pw_debug("inbound link from rank %u of job %llu run %u held until that run starts", rank, (unsigned long long)job,
+             run);
     return 0;
   }
   return pw_net_admit(l, r, err);
@@ -277,7 +282,14 @@ void pw_net_run_started(pw_worker *w, pw_run *r) {
   pw_link *next;
   for (pw_link *l = w->links; l; l = next) {
     next = l->next;
-    if (l->outbound || !l->paused || l->hello_job != r->job) continue;
+    if (l->outbound || !l->paused || l->hello_job != r->job || l->hello_run > r->run_id) continue;
+    if (l->hello_run < r->run_id) { /* a late link of an earlier run (the epoch fence) */
+      char b[160];
+      snprintf(b, sizeof b, "its HELLO names run %d of job %llu, which is over (run %d started)", l->hello_run,
+               (unsigned long long)l->hello_job, r->run_id);
+      link_fail(l, b);
+      continue;
+    }
     l->paused = 0;
     pw_err err = {0};
     char b[512];
@@ -320,6 +332,7 @@ static void on_send_done(uv_write_t *req, int status) {
   if (status < 0 && status != UV_ECANCELED && !l->closing) link_fail(l, uv_strerror(status));
   if (s->run && s->hello && status == 0 && !l->closing) pw_run_on_link_up(s->run, l);
   if (s->run) pw_run_send_done(s->run, s->to, s->li, s->slot);
+  if (s->pending) atomic_fetch_sub(s->pending, 1);
   free(s->owned);
   free(s);
 }
@@ -327,7 +340,8 @@ static void on_send_done(uv_write_t *req, int status) {
 /* Queues hdr + payload from byte `off` on l; hello: the run's link is up
  * once it is written. */
 static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
-                      uint64_t len, uint64_t off, int to, int li, int slot, int hello, void *owned) {
+                      uint64_t len, uint64_t off, int to, int li, int slot, int hello, atomic_int *pending,
+                      void *owned) {
   pw_send *s = calloc(1, sizeof *s);
   if (!s) {
     free(owned);
@@ -339,6 +353,7 @@ static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SI
   s->slot = slot;
   s->hello = hello;
   s->owned = owned;
+  s->pending = pending;
   memcpy(s->hdr, hdr, PW_FRAME_HDR_SIZE);
   uv_buf_t bufs[2];
   int n = 0;
@@ -356,8 +371,8 @@ static int send_queue(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SI
 }
 
 int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload,
-                        uint64_t len, uint64_t off, int to, int li, int slot, void *owned) {
-  return send_queue(l, run, hdr, payload, len, off, to, li, slot, 0, owned);
+                        uint64_t len, uint64_t off, int to, int li, int slot, atomic_int *pending, void *owned) {
+  return send_queue(l, run, hdr, payload, len, off, to, li, slot, 0, pending, owned);
 }
 
 
@@ -403,14 +418,14 @@ static void on_out_connect(uv_connect_t *req, int status) {
   }
   pw_frame_hdr h;
   uint8_t *hello = NULL, hdr[PW_FRAME_HDR_SIZE];
-  if (pw_frame_hello_make(r->job, (uint32_t)r->rank, l->w->token, &h, &hello)) {
+  if (pw_frame_hello_make(r->job, (uint32_t)r->run_id, (uint32_t)r->rank, l->w->token, &h, &hello)) {
     link_fail(l, "cannot send HELLO");
     return;
   }
   /* The link counts as up once HELLO is written: from then on the run's
    * compute thread may write to the socket itself. */
   pw_frame_hdr_encode(&h, hello, hdr);
-  if (send_queue(l, r, hdr, hello, h.payload_len, 0, -1, -1, -1, 1, hello)) link_fail(l, "cannot send HELLO");
+  if (send_queue(l, r, hdr, hello, h.payload_len, 0, -1, -1, -1, 1, NULL, hello)) link_fail(l, "cannot send HELLO");
 }
 
 pw_link *pw_net_connect(pw_worker *w, const char *addr, int peer_rank) {

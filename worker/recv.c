@@ -34,6 +34,15 @@ static int lost(pw_run *r, int k, const char *why) {
   return pw_exec_fail(r, PW_EPEER, NULL, "lost peer rank %d (%s): %s", k, r->peer_addr[k], why);
 }
 
+/* The link itself broke (no BYE): the peer's process or host is gone, and
+ * the coordinator is told which rank, so it can fence that worker. */
+static int lost_link(pw_run *r, int k, const char *why) {
+  uv_mutex_lock(&r->sh.mu);
+  if (r->sh.lost_rank < 0) r->sh.lost_rank = k;
+  uv_mutex_unlock(&r->sh.mu);
+  return lost(r, k, why);
+}
+
 /* Reads what link k has, without blocking. Returns the frames completed
  * (>= 0) or a negative code with r->sh.error set. */
 static int drain(pw_run *r, int k) {
@@ -53,7 +62,7 @@ static int drain(pw_run *r, int k) {
         in->fd = -1;
         return done;
       }
-      return lost(r, k, n == 0 ? "peer closed the link" : strerror(errno));
+      return lost_link(r, k, n == 0 ? "peer closed the link" : strerror(errno));
     }
     pw_frame_event ev;
     pw_err err = {0};

@@ -266,6 +266,7 @@ static int load_cached(pw_run *r, const char *id, int optim, pw_err *err) {
 }
 
 static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
+  if (r->restore_step > 0) return pw_snaprun_restore(r, err);
   if (!resume && r->init_sha256[0]) { /* fine-tuning: the init weights, the optimizer fresh unless carried */
     for (int li = 0; li < r->n_ls; li++) /* as pw_trainer_init then pw_trainer_load: drawn, then overwritten */
       pw_prog_init_params(r->ls[li].prog, r->spec.train.seed);
@@ -339,6 +340,23 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
   for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
   if (needs_data && (rc = open_data(r, err))) return rc;
   return load_or_init(r, r->resume, err);
+}
+
+/* assign.restore_step / restore_from: where each stage's snapshot comes
+ * from, checked against the mesh before anything waits on it. */
+static int restore_table(pw_run *r, const pw_msg_assign *a, pw_err *err) {
+  if (a->restore_step <= 0 && !a->restore_from) return 0;
+  if (a->restore_step != r->start_step || !a->restore_from || json_array_size(a->restore_from) != (size_t)r->S)
+    return pw_err_set(err, PW_EPROTO, "assign.restore_from", "must name a rank for each of the %d stages, with "
+                      "restore_step = start_step", r->S);
+  if (!(r->restore_from = malloc(sizeof(int) * (size_t)r->S))) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
+  for (int st = 0; st < r->S; st++) {
+    json_int_t k = json_integer_value(json_array_get(a->restore_from, (size_t)st));
+    if (k >= r->n_ranks) return pw_err_set(err, PW_EPROTO, "assign.restore_from", "rank %lld outside the mesh", (long long)k);
+    r->restore_from[st] = (int)k;
+  }
+  r->restore_step = (int)a->restore_step;
+  return 0;
 }
 
 int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,
@@ -445,6 +463,8 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
       rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no address for rank %d", k);
       goto fail;
     }
+  if ((rc = restore_table(r, a, err))) goto fail;
+  r->snap_holder = pw_snaprun_holder(r, r->rank);
   if ((rc = setup_stages(r, err))) goto fail;
   r->acts = r->sched->actions[r->prank];
   r->n_acts = r->sched->n_actions[r->prank];
@@ -455,13 +475,14 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->sh.evq_cap = 64;
   r->sh.evq = malloc(sizeof *r->sh.evq * (size_t)r->sh.evq_cap);
   if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq ||
-      pw_stepend_alloc(r)) {
+      pw_stepend_alloc(r) || pw_snaprun_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
   for (int k = 0; k < 2 * r->pp; k++) r->cp.norm_parts_step[k] = -1;
   r->cp.tied_step = -1;
   r->sh.step = r->start_step; /* peers' frames may come before our links are up */
+  r->sh.lost_rank = -1;
   if ((rc = uv_async_init(loop, &r->lp.async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
     goto fail;
@@ -481,6 +502,9 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
   if (rc) return rc;
   r->w = w;
   r->cache = w->cache;
+  r->snaps = &w->snaps;
+  size_t kept = pw_snapstore_drop_others(&w->snaps, r->job); /* only this job's can be used now */
+  if (kept) pw_info("job %llu: %.1f MiB of its snapshots in memory", (unsigned long long)r->job, (double)kept / (1 << 20));
   snprintf(r->http_url, sizeof r->http_url, "%s", w->http_url);
   r->token = w->token;
   w->run = r;
@@ -504,6 +528,8 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
 
 static void run_destroy(pw_run *r) {
   pw_stepend_free(r);
+  pw_snaprun_free(r);
+  free(r->restore_from);
   for (int li = 0; li < r->n_ls; li++) {
     pw_prog_free(r->ls[li].prog);
     if (!r->sh.ls || !r->cp.ls) continue;
@@ -603,8 +629,12 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   va_end(ap);
   pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->sh.step,
            r->sh.error);
+  uv_mutex_lock(&r->sh.mu);
+  int lost = r->sh.lost_rank, restore = r->sh.restore_failed;
+  uv_mutex_unlock(&r->sh.mu);
   pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
-                                     .rank = r->rank, .message = r->sh.error));
+                                     .rank = r->rank, .message = r->sh.error, .lost_rank = lost,
+                                     .restore_failed = restore ? 1 : -1));
   finish(r, 0);
 }
 
@@ -643,6 +673,9 @@ void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
   if (r->lp.closing || l->peer_rank < 0) return;
   int k = l->peer_rank;
   if (l->outbound && r->lp.out[k] == l) r->lp.out[k] = NULL;
+  uv_mutex_lock(&r->sh.mu);
+  if (r->sh.lost_rank < 0) r->sh.lost_rank = k;
+  uv_mutex_unlock(&r->sh.mu);
   pw_run_fail(r, "lost peer rank %d (%s): %s", k, r->peer_addr[k][0] ? r->peer_addr[k] : l->addr, why);
 }
 
@@ -651,13 +684,20 @@ void pw_run_on_link_down(pw_run *r, pw_link *l, const char *why) {
 static void on_event(pw_run *r, pw_event *ev) {
   switch (ev->kind) {
     case PW_EV_SEND: {
-      if (r->lp.closing) return;
-      pw_link *l = r->lp.out[ev->to];
-      int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->off, ev->to, ev->li, ev->slot, NULL)
+      pw_link *l = r->lp.closing ? NULL : r->lp.out[ev->to];
+      int rc = l ? pw_net_send_encoded(l, r, ev->hdr, ev->payload, ev->len, ev->off, ev->to, ev->li, ev->slot,
+                                       ev->pending, NULL)
                  : PW_EPEER;
-      if (rc) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
+      if (rc && ev->pending) atomic_fetch_sub(ev->pending, 1); /* never written: the entry is free again */
+      if (rc && !r->lp.closing) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
       return;
     }
+    case PW_EV_SNAP:
+      if (!r->lp.closing)
+        pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_SNAPSHOT, pw_msg_snapshot, NULL, .job = (int64_t)r->job,
+                                           .run = r->run_id, .rank = r->rank, .stage = ev->stage, .step = ev->step,
+                                           .held = ev->held));
+      return;
     case PW_EV_STEP:
       if (!r->lp.closing) pw_stepend_report(r, ev);
       if (ev->timings) {
@@ -670,6 +710,7 @@ static void on_event(pw_run *r, pw_event *ev) {
       if (r->lp.closing) return;
       pw_info("job %llu run %d: rank %d done (%d steps, peak %d saved activations)", (unsigned long long)r->job,
               r->run_id, r->rank, r->steps, ev->peak_act);
+      if (r->snaps) pw_snapstore_drop_others(r->snaps, 0); /* the job is over: no restore will ask */
       pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, NULL, .job = (int64_t)r->job, .run = r->run_id,
                                          .rank = r->rank));
       finish(r, 1);
@@ -718,6 +759,7 @@ static void on_events(uv_async_t *h) {
 static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   if (h->job != r->job) return pw_err_set(err, PW_EPROTO, "frame", "job %llu is not ours", (unsigned long long)h->job);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_dest(r, from, h, dst, err);
+  if (h->kind == PW_FRAME_SNAP) return pw_snaprun_dest(r, from, h, dst, err);
   if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
     return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
   int act = h->kind == PW_FRAME_ACT;
@@ -788,8 +830,15 @@ int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
   uv_mutex_lock(&r->sh.mu);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
     rc = pw_stepend_frame(r, from, h, payload, err);
+  else if (h->kind == PW_FRAME_SNAP)
+    rc = pw_snaprun_frame(r, from, h, err);
   else
     frame_done(r, h);
   uv_mutex_unlock(&r->sh.mu);
+  if (r->cp.report_step > 0) { /* a peer's snapshot is complete here: the coordinator counts on it */
+    pw_event ev = {.kind = PW_EV_SNAP, .stage = r->cp.report_stage, .step = r->cp.report_step, .held = 1};
+    r->cp.report_step = 0;
+    if (pw_exec_post(r, &ev)) pw_warn("job %llu: out of memory reporting a held snapshot", (unsigned long long)r->job);
+  }
   return rc;
 }

@@ -32,6 +32,7 @@
 #include "prog.h"
 #include "schedule.h"
 #include "spec.h"
+#include "snap.h"
 #include "wire.h"
 
 typedef struct pw_worker pw_worker;
@@ -96,6 +97,7 @@ typedef enum {
   PW_EV_STEP,              /* a step is complete: report it */
   PW_EV_DONE,              /* the last step is complete */
   PW_EV_FAIL,              /* failed with sh.error */
+  PW_EV_SNAP,              /* a snapshot of `stage` after `step` steps is in memory (held: a peer's) */
   PW_EV_EXIT               /* the compute thread has returned */
 } pw_event_kind;
 
@@ -105,11 +107,13 @@ typedef struct {
   int to;                  /* global rank */
   int li, slot;            /* slot the payload points into, or -1 */
   const void *payload;
+  atomic_int *pending;     /* counts the write while it reads a snapshot, or NULL */
   uint64_t len;            /* payload bytes */
   uint64_t off;            /* bytes of header + payload already written */
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   /* STEP (and DONE: peak_act) */
   int step, peak_act, has_loss, ckpt;
+  int stage, held;         /* SNAP (and step) */
   double step_time, loss, grad_norm, lr;
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
 } pw_event;
@@ -125,6 +129,8 @@ typedef struct {
   pw_event *evq;           /* compute -> loop events, a ring */
   int evq_head, evq_len, evq_cap;
   char error[512];         /* why the compute thread failed */
+  int lost_rank;           /* the peer whose link broke, when that failed the run; else -1 */
+  int restore_failed;      /* a snapshot the assign named was not here */
   pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
   int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
   /* Outbound links as the compute thread writes them, under wmu: it
@@ -155,6 +161,13 @@ typedef struct {
   double norm_out[2];      /* our partial being sent, by step parity */
   double lr;               /* of the step being ended */
   int ds_held;             /* the dataset's cache entry is held (released when the run is freed) */
+  /* snapshots (snaprun.c) */
+  pw_snap **rx;            /* [n_ranks] entry a peer's SNAP frames are going into, or NULL */
+  int *rx_next;            /* [n_ranks] part expected next from that peer */
+  int restore_got;         /* stages restored from a peer */
+  int report_stage, report_step; /* a held snapshot completed, to report (report_step 0: none) */
+  double snap_seconds;     /* spent taking snapshots (copies and queueing their sends) */
+  int snaps_taken, snaps_skipped;
 } pw_run_compute;
 
 /* The loop thread only. */
@@ -182,6 +195,10 @@ struct pw_run {
   int steps, start_step, trace_every;
   char ckpt_dir[512];
   const char *resume;      /* checkpoint to resume from (into assign), or NULL */
+  int restore_step;        /* > 0: start from the snapshots of this step (restore_from) */
+  int *restore_from;       /* [S] global rank sending each stage's snapshot, or NULL */
+  pw_snapstore *snaps;     /* the worker's snapshots, or NULL (none taken) */
+  int snap_holder;         /* global rank this rank's snapshots go to, or -1 */
   /* From the assignment's slice (lib/plan/slice.h), never rebuilt here:
    * spec holds only mode, train and data (the worker never sees the model
    * spec); model is the compiled graph; part the partition as far as this
@@ -282,6 +299,10 @@ void pw_exec_wake(pw_run *r);
  * stays valid until the write is done: it points into slot (li, slot),
  * which is kept until then, or into a run-owned buffer (li -1). */
 PW_MUST_CHECK int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const void *payload, int li, int slot);
+/* The same for a payload in a snapshot entry: *pending counts each frame
+ * the loop still writes (the entry is not reused meanwhile). */
+PW_MUST_CHECK int pw_exec_send_pending(pw_run *r, int to, const pw_frame_hdr *h, const void *payload,
+                                       atomic_int *pending);
 /* Compute thread: queue an event for the loop thread. */
 PW_MUST_CHECK int pw_exec_post(pw_run *r, const pw_event *ev);
 /* Compute thread: record why the run failed (err may be NULL) and return rc. */
@@ -290,6 +311,26 @@ PW_MUST_CHECK int pw_exec_fail(pw_run *r, int rc, const pw_err *err, const char 
 /* Compute thread: cp.chunk_limit from PW_WIRE_CHUNK (or the default). */
 PW_MUST_CHECK int pw_exec_chunk_limit(pw_run *r);
 double pw_now(void);
+
+/* ---- snaprun.c: snapshots of a run's stages --------------------------------- */
+
+/* The rank that keeps rank g's snapshots: the next rank (cyclically) on
+ * another host, else the next rank; -1 for a one-rank run. */
+int pw_snaprun_holder(const pw_run *r, int g);
+/* Compute thread, after a step's update: when the step is due, a copy of
+ * each local stage into the store and to the holder. Never fails the run:
+ * a snapshot that cannot be taken is logged and skipped. */
+void pw_snaprun_take(pw_run *r);
+/* Compute thread, before the first step of a run with restore_step: each
+ * local stage's state from memory (its own or sent by restore_from), and
+ * what this rank holds sent to the ranks that need it. */
+PW_MUST_CHECK int pw_snaprun_restore(pw_run *r, pw_err *err);
+/* Compute thread, sh.mu held: a SNAP frame's destination, and its end. */
+PW_MUST_CHECK int pw_snaprun_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_snaprun_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err);
+/* pw_run_create / run_destroy: the receive tables; claimed entries given back. */
+PW_MUST_CHECK int pw_snaprun_alloc(pw_run *r);
+void pw_snaprun_free(pw_run *r);
 
 /* ---- stepend.c ------------------------------------------------------------ */
 

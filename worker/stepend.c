@@ -382,6 +382,7 @@ int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0;
   if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
+  pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = pw_now() - r->cp.t_step0, .loss = r->cp.loss_sum,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .ckpt = ckpt_due(r, r->sh.step)};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);

@@ -30,7 +30,8 @@ struct pw_link {
   pw_worker *w;
   int outbound;            /* 1: we connected (we send); 0: accepted (we read) */
   int peer_rank;           /* -1 until HELLO admitted (inbound) */
-  uint64_t hello_job;      /* what the HELLO claimed (inbound) */
+  uint64_t hello_job;      /* what the HELLO claimed (inbound): job, run (the epoch), rank */
+  int hello_run;
   int hello_rank;
   int paused;              /* HELLO for a run not started yet: not reading */
   int draining;            /* its run is over: read to the peer's end */
@@ -62,6 +63,7 @@ typedef struct {
   int li, slot;            /* slot whose memory the payload points into, or -1 */
   int hello;               /* the run's link is up once this is written */
   void *owned;             /* payload copy freed after the write, or NULL */
+  atomic_int *pending;     /* a snapshot entry's count of writes reading it, or NULL */
 } pw_send;
 
 /* ---- the daemon ---------------------------------------------------------- */
@@ -95,8 +97,9 @@ struct pw_worker {
   /* data plane */
   uv_tcp_t listener;
   pw_link *links;
-  /* the current run */
+  /* the current run, and the snapshots runs of its job left (snap.h) */
   pw_run *run;
+  pw_snapstore snaps;
   /* shutdown */
   uv_signal_t sigint, sigterm;
   int stopping;
@@ -125,9 +128,11 @@ void pw_link_bye(pw_link *l, uint64_t job, const char *reason);
 /* Queue one frame (its 64 header bytes encoded) on an outbound link, from
  * byte `off` of header + payload (the compute thread may have written the
  * start). payload points into slot (li, slot) of the run, whose link to
- * rank `to` it is (-1: none), or is owned and freed after the write. */
+ * rank `to` it is (-1: none), or into a snapshot entry whose *pending
+ * counts the write until it is done, or is owned and freed after the
+ * write. */
 PW_MUST_CHECK int pw_net_send_encoded(pw_link *l, pw_run *run, const uint8_t hdr[PW_FRAME_HDR_SIZE],
                                       const void *payload, uint64_t len, uint64_t off, int to, int li, int slot,
-                                      void *owned);
+                                      atomic_int *pending, void *owned);
 
 #endif

@@ -204,6 +204,7 @@ void pw_prog_grads_finalize(pw_prog *p) {
   }
 }
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
+float *pw_prog_moment(pw_prog *p, int which) { return which ? p->arena_v : p->arena_m; }
 float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
 size_t pw_prog_slot_bytes(const pw_prog *p) { return p->L.sz.slot_floats * sizeof(float); }
 int pw_prog_max_slots(const pw_prog *p) { return p->max_slots; }

@@ -60,6 +60,9 @@ size_t pw_prog_numel(const pw_prog *p);  /* floats in the parameter arena */
  * second and later uses of a parameter inside this program). */
 float *pw_prog_params(pw_prog *p);
 float *pw_prog_grads(pw_prog *p);
+/* The optimizer's arenas, numel floats each: AdamW's m (which 0; SGD's
+ * momentum) and v (which 1). A stage's state is these and the parameters. */
+float *pw_prog_moment(pw_prog *p, int which);
 size_t pw_prog_grad_numel(const pw_prog *p);
 /* Adds each shadow gradient into its parameter's main gradient, in node
  * order (use 1 + use 2 + ...). Once per step, after all microbatches (and

@@ -21,7 +21,7 @@
 
 /* ---- the message table ----------------------------------------------------- */
 
-typedef enum { F_INT, F_NUM, F_STR, F_ACTIONS, F_PEERS } ftype;
+typedef enum { F_INT, F_NUM, F_STR, F_ACTIONS, F_PEERS, F_INTS } ftype; /* F_INTS: [int >= 0, ...] */
 
 /* One field: its name is the struct member's (one spelling for both). */
 typedef struct {
@@ -71,8 +71,14 @@ static const field f_pw_msg_done[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run,
                                       END};
 #undef S
 #define S pw_msg_error
-static const field f_pw_msg_error[] = {OPT_MIN(S, job, F_INT, 0), OPT_MIN(S, run, F_INT, 0),
-                                       OPT_MIN(S, rank, F_INT, 0), REQ(S, message, F_STR), END};
+static const field f_pw_msg_error[] = {OPT_MIN(S, job, F_INT, 0),  OPT_MIN(S, run, F_INT, 0),
+                                       OPT_MIN(S, rank, F_INT, 0), REQ(S, message, F_STR),
+                                       OPT_MIN(S, lost_rank, F_INT, 0), OPT_MIN(S, restore_failed, F_INT, 0), END};
+#undef S
+#define S pw_msg_snapshot
+static const field f_pw_msg_snapshot[] = {REQ_MIN(S, job, F_INT, 0),   REQ_MIN(S, run, F_INT, 0),
+                                          REQ_MIN(S, rank, F_INT, 0),  REQ_MIN(S, stage, F_INT, 0),
+                                          REQ_MIN(S, step, F_INT, 1),  REQ_MIN(S, held, F_INT, 0), END};
 #undef S
 #define S pw_msg_welcome
 static const field f_pw_msg_welcome[] = {REQ_MIN(S, version, F_INT, 1), REQ_MIN(S, worker_id, F_INT, 0),
@@ -86,7 +92,8 @@ static const field f_pw_msg_assign[] = {
     REQ_MIN(S, job, F_INT, 0),        REQ_MIN(S, run, F_INT, 0),         REQ_MIN(S, rank, F_INT, 0),
     REQ(S, slice, F_STR),             REQ(S, slice_sha256, F_STR),       REQ(S, peers, F_PEERS),
     REQ_MIN(S, steps, F_INT, 0),      REQ_MIN(S, start_step, F_INT, 0),  OPT(S, checkpoint_dir, F_STR),
-    OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), END};
+    OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), OPT_MIN(S, restore_step, F_INT, 1),
+    OPT(S, restore_from, F_INTS),     END};
 #undef S
 #define S pw_msg_cancel
 static const field f_pw_msg_cancel[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ(S, reason, F_STR),
@@ -203,6 +210,13 @@ static int check_field(const json_t *v, const field *f, const char *path, pw_err
         if ((rc = check_peer(x, p, err))) return rc;
       }
       return 0;
+    case F_INTS:
+      if (!json_is_array(v)) return bad(err, path, "must be an array");
+      json_array_foreach(v, i, x) {
+        snprintf(p, sizeof p, "%.100s[%zu]", path, i);
+        if ((rc = check_int(x, p, 1, 0, err))) return rc;
+      }
+      return 0;
   }
   return bad(err, path, "internal: bad field type");
 }
@@ -262,7 +276,8 @@ json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *e
         break;
       }
       case F_ACTIONS:
-      case F_PEERS: v = json_incref(*(json_t *const *)p); break;
+      case F_PEERS:
+      case F_INTS: v = json_incref(*(json_t *const *)p); break;
     }
     if (v) json_object_set_new(o, f->name, v);
   }
@@ -288,7 +303,8 @@ int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *
       case F_NUM: *(double *)p = v ? json_number_value(v) : NAN; break;
       case F_STR: *(const char **)p = json_string_value(v); break;
       case F_ACTIONS:
-      case F_PEERS: *(json_t **)p = v; break;
+      case F_PEERS:
+      case F_INTS: *(json_t **)p = v; break;
     }
   }
   return 0;

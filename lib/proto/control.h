@@ -40,7 +40,16 @@
  *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int,
  *               stage?:int
  *   done        job:int, run:int, rank:int
- *   error       job?:int, run?:int, rank?:int, message:str
+ *   error       job?:int, run?:int, rank?:int, message:str, lost_rank?:int
+ *               (the run failed because the link to that peer rank broke:
+ *               the coordinator takes that peer's worker for lost),
+ *               restore_failed?:int (1: a snapshot the assign named is no
+ *               longer here; the coordinator restarts from a checkpoint)
+ *   snapshot    job:int, run:int, rank:int, stage:int, step:int>=1,
+ *               held:int (0: a copy of the worker's own stage, 1: of a peer's
+ *               stage it holds) — the state of `stage` after `step` steps is
+ *               now in this worker's memory (it keeps the newest two steps
+ *               of each stage and kind)
  *
  * coordinator -> worker
  *   welcome     version:int>=1, worker_id:int, heartbeat_interval:number>0,
@@ -53,7 +62,11 @@
  *               slice_sha256:str (SHA-256 hex of slice's bytes),
  *               peers:[{rank:int, addr:str}, ...],
  *               steps:int, start_step:int, checkpoint_dir?:str,
- *               resume?:str, trace_every?:int
+ *               resume?:str, trace_every?:int, restore_step?:int>=1,
+ *               restore_from?:[int, ...] (with restore_step: for each stage,
+ *               the run's global rank that holds that stage's snapshot of
+ *               step restore_step in memory and sends it to every rank of
+ *               the stage; the run starts at restore_step)
  *   cancel      job:int, run:int (0: any run of the job), reason:str
  *   shutdown    (no fields)
  *
@@ -69,7 +82,8 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 2 /* 2: assign carries the plan slice, not the spec */
+#define PW_PROTO_VERSION 3 /* 2: assign carries the plan slice, not the spec; 3: runs are
+                              epochs (HELLO names its run), snapshots, restores */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 
@@ -90,11 +104,12 @@ typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; i
                  double grad_norm, lr; json_t *actions; int64_t nonfinite; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
-typedef struct { int64_t job, run, rank; const char *message; } pw_msg_error;
+typedef struct { int64_t job, run, rank; const char *message; int64_t lost_rank, restore_failed; } pw_msg_error;
+typedef struct { int64_t job, run, rank, stage, step, held; } pw_msg_snapshot;
 typedef struct { int64_t version, worker_id; double heartbeat_interval; const char *http_url; } pw_msg_welcome;
 typedef struct { const char *reason; } pw_msg_refused;
 typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
-                 const char *checkpoint_dir, *resume; int64_t trace_every; } pw_msg_assign;
+                 const char *checkpoint_dir, *resume; int64_t trace_every, restore_step; json_t *restore_from; } pw_msg_assign;
 typedef struct { int64_t job, run; const char *reason; } pw_msg_cancel;
 typedef struct { char unused; } pw_msg_shutdown;
 
@@ -106,6 +121,7 @@ typedef struct { char unused; } pw_msg_shutdown;
   X(CHECKPOINT, "checkpoint", PW_CONTROL_TO_COORD,  pw_msg_checkpoint)       \
   X(DONE,       "done",       PW_CONTROL_TO_COORD,  pw_msg_done)             \
   X(ERROR,      "error",      PW_CONTROL_TO_COORD,  pw_msg_error)            \
+  X(SNAPSHOT,   "snapshot",   PW_CONTROL_TO_COORD,  pw_msg_snapshot)         \
   X(WELCOME,    "welcome",    PW_CONTROL_TO_WORKER, pw_msg_welcome)          \
   X(REFUSED,    "refused",    PW_CONTROL_TO_WORKER, pw_msg_refused)          \
   X(ASSIGN,     "assign",     PW_CONTROL_TO_WORKER, pw_msg_assign)           \

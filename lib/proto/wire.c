@@ -33,7 +33,7 @@ static uint32_t get32(const uint8_t *p) {
 
 /* ---- names ---------------------------------------------------------------- */
 
-static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "REDUCE", "TIED", "BYE"};
+static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "REDUCE", "TIED", "BYE", "SNAP"};
 #define N_KINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
 const char *pw_frame_kind_name(int kind) {
@@ -261,12 +261,13 @@ const char *pw_frame_hdr_str(const pw_frame_hdr *h, char *buf, size_t cap) {
 
 #define TOKEN_MAX 256
 
-int pw_frame_hello_make(uint64_t job, uint32_t rank, const char *token, pw_frame_hdr *h,
+int pw_frame_hello_make(uint64_t job, uint32_t run, uint32_t rank, const char *token, pw_frame_hdr *h,
                         uint8_t **payload) {
   *payload = NULL;
   if (!token) token = "";
   if (strlen(token) > TOKEN_MAX || job > (uint64_t)INT64_MAX) return PW_EINVAL;
-  json_t *o = json_pack("{s:I,s:I,s:s}", "job", (json_int_t)job, "rank", (json_int_t)rank, "token", token);
+  json_t *o = json_pack("{s:I,s:I,s:I,s:s}", "job", (json_int_t)job, "run", (json_int_t)run, "rank", (json_int_t)rank,
+                        "token", token);
   if (!o) return PW_EINVAL; /* token not valid UTF-8 */
   char *s = json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -281,17 +282,20 @@ int pw_frame_hello_make(uint64_t job, uint32_t rank, const char *token, pw_frame
   return 0;
 }
 
-int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_t *rank,
+int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_t *run, uint32_t *rank,
                          char *token, size_t token_cap, pw_err *err) {
   json_error_t je;
   json_t *o = json_loadb(payload, len, JSON_REJECT_DUPLICATES, &je);
   if (!o) return pw_err_set(err, PW_EJSON, "hello", "invalid JSON: %s", je.text);
   int rc = 0;
   json_t *j = json_object_get(o, "job"), *r = json_object_get(o, "rank"), *t = json_object_get(o, "token");
+  json_t *u = json_object_get(o, "run");
   if (!json_is_object(o))
     rc = pw_err_set(err, PW_EPROTO, "hello", "must be a JSON object");
   else if (!json_is_integer(j) || json_integer_value(j) < 0)
     rc = pw_err_set(err, PW_EPROTO, "hello.job", "must be an integer >= 0");
+  else if (!json_is_integer(u) || json_integer_value(u) < 0 || json_integer_value(u) > UINT32_MAX)
+    rc = pw_err_set(err, PW_EPROTO, "hello.run", "must be an integer >= 0");
   else if (!json_is_integer(r) || json_integer_value(r) < 0 || json_integer_value(r) > UINT32_MAX)
     rc = pw_err_set(err, PW_EPROTO, "hello.rank", "must be an integer >= 0");
   else if (!json_is_string(t))
@@ -302,6 +306,7 @@ int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_
     rc = pw_err_set(err, PW_EPROTO, "hello.token", "contains a NUL byte");
   if (rc == 0) {
     *job = (uint64_t)json_integer_value(j);
+    *run = (uint32_t)json_integer_value(u);
     *rank = (uint32_t)json_integer_value(r);
     memcpy(token, json_string_value(t), json_string_length(t) + 1);
   }

@@ -73,7 +73,10 @@ typedef enum {
   PW_FRAME_GRAD = 3,   /* gradient w.r.t. an activation, backward */
   PW_FRAME_REDUCE = 4, /* all-reduce chunk or scalar reduction */
   PW_FRAME_TIED = 5,   /* tied-parameter gradient */
-  PW_FRAME_BYE = 6     /* close; empty = orderly, else the abort reason (text) */
+  PW_FRAME_BYE = 6,    /* close; empty = orderly, else the abort reason (text) */
+  PW_FRAME_SNAP = 7    /* a stage's state (value 0 parameters, 1 and 2 the
+                          optimizer moments) after `step` steps: an in-memory
+                          snapshot for a peer to hold, or a restore */
 } pw_frame_kind;
 
 typedef enum { PW_DTYPE_F32 = 0, PW_DTYPE_I32 = 1, PW_DTYPE_U8 = 2 } pw_frame_dtype;
@@ -161,13 +164,17 @@ PW_MUST_CHECK int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_
  * for a chunk ", chunk 2: 1024 bytes" (", last" on the last one). */
 const char *pw_frame_hdr_str(const pw_frame_hdr *h, char *buf, size_t cap);
 
-/* HELLO payloads: compact JSON {"job":J,"rank":R,"token":"..."}.
+/* HELLO payloads: compact JSON {"job":J,"run":U,"rank":R,"token":"..."}.
+ * The run is the link's epoch: a job restarted after a lost worker runs
+ * again under a new run id, and a link from its old run is never taken
+ * for one of the new.
  * pw_frame_hello_make fills h and a malloc'd payload (caller frees).
- * pw_frame_hello_parse checks the JSON and types (job and rank integers
- * >= 0, token a string of at most 256 bytes; token_cap must exceed it). */
-PW_MUST_CHECK int pw_frame_hello_make(uint64_t job, uint32_t rank, const char *token, pw_frame_hdr *h,
+ * pw_frame_hello_parse checks the JSON and types (job, run and rank
+ * integers >= 0, token a string of at most 256 bytes; token_cap must
+ * exceed it). */
+PW_MUST_CHECK int pw_frame_hello_make(uint64_t job, uint32_t run, uint32_t rank, const char *token, pw_frame_hdr *h,
                                       uint8_t **payload);
-PW_MUST_CHECK int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_t *rank,
+PW_MUST_CHECK int pw_frame_hello_parse(const void *payload, size_t len, uint64_t *job, uint32_t *run, uint32_t *rank,
                                        char *token, size_t token_cap, pw_err *err);
 
 /* ---- the stream reader --------------------------------------------------

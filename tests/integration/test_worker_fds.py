@@ -65,7 +65,7 @@ def frame(kind, job, body):
 
 
 def hello_frame(job, rank, token=""):
-    return frame(1, job, json.dumps({"job": job, "rank": rank, "token": token}, separators=(",", ":")).encode())
+    return frame(1, job, json.dumps({"job": job, "run": 1, "rank": rank, "token": token}, separators=(",", ":")).encode())
 
 
 def fd_count(pid):

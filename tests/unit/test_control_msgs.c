@@ -29,12 +29,13 @@ static const char *const full[] = {
     "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]]}",
     "{\"type\":\"checkpoint\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"path\":\"/p\",\"bytes\":5,\"stage\":6}",
     "{\"type\":\"done\",\"job\":1,\"run\":2,\"rank\":3}",
-    "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\"}",
+    "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\",\"lost_rank\":4,\"restore_failed\":1}",
+    "{\"type\":\"snapshot\",\"job\":1,\"run\":2,\"rank\":3,\"stage\":4,\"step\":5,\"held\":1}",
     "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":0.5}",
     "{\"type\":\"refused\",\"reason\":\"r\"}",
     "{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
     "\"peers\":[{\"rank\":0,\"addr\":\"h:1\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
-    "\"resume\":\"/r\",\"trace_every\":6}",
+    "\"resume\":\"/r\",\"trace_every\":6,\"restore_step\":7,\"restore_from\":[3,0,2]}",
     "{\"type\":\"cancel\",\"job\":1,\"run\":2,\"reason\":\"r\"}",
     "{\"type\":\"shutdown\"}",
 };
@@ -123,9 +124,19 @@ static void test_read_values_and_absent(void **state) {
             "\"peers\":[],\"steps\":4,\"start_step\":0}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
   assert_true(!b.ASSIGN.resume && !b.ASSIGN.checkpoint_dir && b.ASSIGN.trace_every == -1);
+  assert_true(b.ASSIGN.restore_step == -1 && !b.ASSIGN.restore_from);
   assert_string_equal(b.ASSIGN.slice_sha256, "ab");
   json_decref(m);
   /* read validates */
+  m = parse("{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
+            "\"peers\":[],\"steps\":4,\"start_step\":0,\"restore_step\":2,\"restore_from\":[0,-1]}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "assign.restore_from[1]");
+  json_decref(m);
+  m = parse("{\"type\":\"snapshot\",\"job\":1,\"run\":2,\"rank\":3,\"stage\":0,\"step\":0,\"held\":0}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "snapshot.step");
+  json_decref(m);
   m = parse("{\"type\":\"done\",\"job\":1,\"run\":-2,\"rank\":3}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
   assert_string_equal(err.path, "done.run");

@@ -116,7 +116,7 @@ static void test_hdr_init(void **state) {
   assert_true(h.payload_len == 65536ull * 65535); /* just under 4 GiB */
   /* sizes over one frame, the job's width: test_wire_chunk.c */
   assert_int_equal(pw_frame_hdr_init(&h, 0, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
-  assert_int_equal(pw_frame_hdr_init(&h, 7, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
+  assert_int_equal(pw_frame_hdr_init(&h, 8, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 3, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_F32, 5, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, NULL), PW_EINVAL);
@@ -141,7 +141,7 @@ static const corruption corruptions[] = {
     {"header crc", 60, 4, 0xdeadbeef, 0, PW_EPROTO, "header_crc 0xdeadbeef does not match"},
     {"unfixed step", 16, 4, 99, 0, PW_EPROTO, "header_crc"},
     {"kind 0", 6, 2, 0, 1, PW_EPROTO, "kind 0 is unknown"},
-    {"kind 7", 6, 2, 7, 1, PW_EPROTO, "kind 7 is unknown"},
+    {"kind 8", 6, 2, 8, 1, PW_EPROTO, "kind 8 is unknown"},
     {"kind huge", 6, 2, 0xffff, 1, PW_EPROTO, "kind 65535 is unknown"},
     {"flags", 34, 2, 0x8001, 1, PW_EPROTO, "flags 0x8001 has unknown bits 0x8000"},
     {"last alone", 34, 2, PW_FRAME_FLAG_LAST, 1, PW_EPROTO, "flag LAST without flag CHUNK"},
@@ -203,7 +203,7 @@ static void test_hdr_corrupt_each_field(void **state) {
 static void test_hello(void **state) {
   pw_frame_hdr h, d;
   uint8_t *p;
-  assert_int_equal(pw_frame_hello_make(42, 3, "s3cr\"et", &h, &p), 0);
+  assert_int_equal(pw_frame_hello_make(42, 7, 3, "s3cr\"et", &h, &p), 0);
   assert_int_equal(h.kind, PW_FRAME_HELLO);
   assert_int_equal(h.dtype, PW_DTYPE_U8);
   assert_int_equal(h.payload_len, strlen((char *)p));
@@ -212,42 +212,45 @@ static void test_hello(void **state) {
   pw_err err = {0};
   assert_int_equal(pw_frame_hdr_decode(b, 1 << 20, &d, &err), 0);
   uint64_t job;
-  uint32_t rank;
+  uint32_t rank, run;
   char tok[300];
-  assert_int_equal(pw_frame_hello_parse(p, (size_t)h.payload_len, &job, &rank, tok, sizeof tok, &err), 0);
+  assert_int_equal(pw_frame_hello_parse(p, (size_t)h.payload_len, &job, &run, &rank, tok, sizeof tok, &err), 0);
   assert_true(job == 42);
+  assert_int_equal(run, 7);
   assert_int_equal(rank, 3);
   assert_string_equal(tok, "s3cr\"et");
   free(p);
-  assert_int_equal(pw_frame_hello_make(1, 0, NULL, &h, &p), 0); /* empty token */
-  assert_int_equal(pw_frame_hello_parse(p, (size_t)h.payload_len, &job, &rank, tok, sizeof tok, &err), 0);
+  assert_int_equal(pw_frame_hello_make(1, 1, 0, NULL, &h, &p), 0); /* empty token */
+  assert_int_equal(pw_frame_hello_parse(p, (size_t)h.payload_len, &job, &run, &rank, tok, sizeof tok, &err), 0);
   assert_string_equal(tok, "");
   free(p);
   char longtok[300];
   memset(longtok, 'a', 257);
   longtok[257] = 0;
-  assert_int_equal(pw_frame_hello_make(1, 0, longtok, &h, &p), PW_EINVAL);
+  assert_int_equal(pw_frame_hello_make(1, 1, 0, longtok, &h, &p), PW_EINVAL);
   assert_null(p);
 
   static const struct { const char *json, *msg; } bad[] = {
-      {"{\"job\":1,\"rank\":0", "hello: invalid JSON"},
+      {"{\"job\":1,\"run\":1,\"rank\":0", "hello: invalid JSON"},
       {"[1]", "hello: must be a JSON object"},
       {"{\"rank\":0,\"token\":\"\"}", "hello.job: must be an integer >= 0"},
-      {"{\"job\":-1,\"rank\":0,\"token\":\"\"}", "hello.job"},
-      {"{\"job\":1,\"rank\":\"0\",\"token\":\"\"}", "hello.rank"},
-      {"{\"job\":1,\"rank\":4294967296,\"token\":\"\"}", "hello.rank"},
-      {"{\"job\":1,\"rank\":0}", "hello.token: must be a string"},
-      {"{\"job\":1,\"rank\":0,\"token\":5}", "hello.token: must be a string"},
-      {"{\"job\":1,\"rank\":0,\"token\":\"a\",\"token\":\"b\"}", "hello: invalid JSON"},
+      {"{\"job\":1,\"rank\":0,\"token\":\"\"}", "hello.run: must be an integer >= 0"},
+      {"{\"job\":1,\"run\":-2,\"rank\":0,\"token\":\"\"}", "hello.run"},
+      {"{\"job\":-1,\"run\":1,\"rank\":0,\"token\":\"\"}", "hello.job"},
+      {"{\"job\":1,\"run\":1,\"rank\":\"0\",\"token\":\"\"}", "hello.rank"},
+      {"{\"job\":1,\"run\":1,\"rank\":4294967296,\"token\":\"\"}", "hello.rank"},
+      {"{\"job\":1,\"run\":1,\"rank\":0}", "hello.token: must be a string"},
+      {"{\"job\":1,\"run\":1,\"rank\":0,\"token\":5}", "hello.token: must be a string"},
+      {"{\"job\":1,\"run\":1,\"rank\":0,\"token\":\"a\",\"token\":\"b\"}", "hello: invalid JSON"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     memset(&err, 0, sizeof err);
-    assert_true(pw_frame_hello_parse(bad[i].json, strlen(bad[i].json), &job, &rank, tok, sizeof tok, &err) < 0);
+    assert_true(pw_frame_hello_parse(bad[i].json, strlen(bad[i].json), &job, &run, &rank, tok, sizeof tok, &err) < 0);
     expect_err(&err, bad[i].msg);
   }
   /* token longer than the caller's buffer */
-  const char *j = "{\"job\":1,\"rank\":0,\"token\":\"abcdefgh\"}";
-  assert_int_equal(pw_frame_hello_parse(j, strlen(j), &job, &rank, tok, 8, &err), PW_EPROTO);
+  const char *j = "{\"job\":1,\"run\":1,\"rank\":0,\"token\":\"abcdefgh\"}";
+  assert_int_equal(pw_frame_hello_parse(j, strlen(j), &job, &run, &rank, tok, 8, &err), PW_EPROTO);
   expect_err(&err, "hello.token: is too long");
 }
 
@@ -312,11 +315,11 @@ static int on_event(void *ctx, pw_frame_reader *r, const pw_frame_event *ev) {
 static void add_frame(uint8_t **buf, size_t *len, size_t *cap, tframe *out, size_t max_bytes) {
   pw_frame_hdr h;
   uint8_t *payload = NULL;
-  int kind = 1 + (int)below(6);
+  int kind = 1 + (int)below(7);
   if (kind == PW_FRAME_HELLO) {
     char tok[40];
     snprintf(tok, sizeof tok, "tok%u", (unsigned)below(1000));
-    assert_int_equal(pw_frame_hello_make(below(100), (uint32_t)below(8), tok, &h, &payload), 0);
+    assert_int_equal(pw_frame_hello_make(below(100), (uint32_t)below(5), (uint32_t)below(8), tok, &h, &payload), 0);
   } else {
     uint32_t dims[4] = {0};
     int dtype = (int)below(3), ndim = kind == PW_FRAME_BYE ? 1 : (int)below(5);
