@@ -21,6 +21,7 @@ int pw_cmd_plan(int argc, char **argv);
 int pw_cmd_status(int argc, char **argv);
 int pw_cmd_watch(int argc, char **argv);
 int pw_cmd_cancel(int argc, char **argv);
+int pw_cmd_retry(int argc, char **argv);
 int pw_cmd_workers(int argc, char **argv);
 /* cmd_submit.c */
 int pw_cmd_submit(int argc, char **argv);

@@ -1,5 +1,5 @@
 /* cmd_remote: the subcommands that follow the coordinator's jobs and
- * workers — `pipewright status | watch | cancel | workers` (submit is in
+ * workers — `pipewright status | watch | cancel | retry | workers` (submit is in
  * cmd_submit.c, datasets in cmd_dataset.c; what they share in remote.c).
  *
  * Each is a thin view of one or two API calls (api/openapi.yaml): the
@@ -109,6 +109,33 @@ static void print_job_table(const json_t *list) {
     printf("(%lld of %lld jobs; --limit N for more)\n", shown, total);
 }
 
+/* One line per attempt: "attempt 2 (run 5) interrupted at TIME workers
+ * w0,w1, resumed at step 12 from snapshot: REASON". */
+static void print_attempts(const json_t *job) {
+  const json_t *attempts = json_object_get(job, "attempts"), *a, *w;
+  size_t i, k;
+  if (!json_array_size(attempts)) return;
+  printf("  %-10s %lld of %lld\n", "restarts", pw_jint(job, "restarts", 0), pw_jint(job, "max_restarts", 0));
+  json_array_foreach(attempts, i, a) {
+    char t[64];
+    double finished = pw_jnum(a, "finished");
+    printf("  attempt %lld (run %lld) %s %s %s workers ", pw_jint(a, "attempt", 0), pw_jint(a, "run", 0),
+           pw_jstr(a, "state", "?"), isnan(finished) ? "since" : "at",
+           pw_cli_fmt_time(isnan(finished) ? pw_jnum(a, "started") : finished, t, 64));
+    const json_t *ws = json_object_get(a, "workers");
+    json_array_foreach(ws, k, w) printf("%s%s", k ? "," : "", json_is_string(w) ? json_string_value(w) : "?");
+    if (!json_array_size(ws)) printf("-");
+    long long start = pw_jint(a, "start_step", -1);
+    const char *from = pw_jstr(a, "resumed_from", "");
+    if (start >= 0 && !strcmp(from, "start"))
+      printf(", started at step %lld", start);
+    else if (start >= 0)
+      printf(", resumed at step %lld from %s", start, *from ? from : "?");
+    const char *reason = pw_jstr(a, "reason", "");
+    printf("%s%s\n", *reason ? ": " : "", reason);
+  }
+}
+
 static void print_job(const json_t *job) {
   char a[64], b[64], c[64];
   const json_t *p = json_object_get(job, "progress");
@@ -146,6 +173,7 @@ static void print_job(const json_t *job) {
   }
   const char *error = pw_jstr(job, "error", "");
   if (*error) printf("  %-10s %s\n", "error", error);
+  print_attempts(job);
 }
 
 int pw_cmd_status(int argc, char **argv) {
@@ -361,37 +389,51 @@ int pw_cmd_watch(int argc, char **argv) {
   }
 }
 
-/* ---- cancel --------------------------------------------------------------------------- */
+/* ---- cancel, retry --------------------------------------------------------------------- */
 
-static void cancel_usage(FILE *f) {
-  fprintf(f, "usage: pipewright cancel ID [options]\n  stops a queued or running job\n" PW_REMOTE_USAGE);
-}
-
-int pw_cmd_cancel(int argc, char **argv) {
+/* `pipewright cancel|retry ID`: one call on the job (method, the path after
+ * /v1/jobs/ID), then "job ID <its new state>" (state: when the answer
+ * names none). */
+static int job_action(int argc, char **argv, void (*usage)(FILE *), const char *method, const char *suffix,
+                      const char *state) {
   pw_remote_opts co = {0};
-  int rc = pw_remote_parse_only(argc, argv, cancel_usage, &co);
+  int rc = pw_remote_parse_only(argc, argv, usage, &co);
   if (rc >= 0) return rc;
   if (argc - optind != 1) {
-    cancel_usage(stderr);
+    usage(stderr);
     return 2;
   }
   long long id;
   if (parse_id(argv[optind], &id)) return 2;
   pw_remote r;
   if (pw_remote_init(&r, &co)) return 1;
-  char target[64];
-  snprintf(target, sizeof target, "/v1/jobs/%lld", id);
+  char target[96];
+  snprintf(target, sizeof target, "/v1/jobs/%lld%s", id, suffix);
   pw_http_resp resp;
   json_t *j;
-  if (pw_remote_call(&r, "DELETE", target, NULL, 0, 0, &resp, &j)) return 1;
+  if (pw_remote_call(&r, method, target, NULL, 0, 0, &resp, &j)) return 1;
   if (r.json)
     pw_remote_print_raw(&resp);
   else
-    printf("job %lld %s\n", id, pw_jstr(j, "state", "cancelled"));
+    printf("job %lld %s\n", id, pw_jstr(j, "state", state));
   json_decref(j);
   pw_http_resp_free(&resp);
   return 0;
 }
+
+static void cancel_usage(FILE *f) {
+  fprintf(f, "usage: pipewright cancel ID [options]\n  stops a queued or running job\n" PW_REMOTE_USAGE);
+}
+
+int pw_cmd_cancel(int argc, char **argv) { return job_action(argc, argv, cancel_usage, "DELETE", "", "cancelled"); }
+
+static void retry_usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright retry ID [options]\n"
+          "  queues a failed or cancelled job again; it resumes from its newest state\n" PW_REMOTE_USAGE);
+}
+
+int pw_cmd_retry(int argc, char **argv) { return job_action(argc, argv, retry_usage, "POST", "/retry", "queued"); }
 
 /* ---- workers -------------------------------------------------------------------------- */
 

@@ -16,6 +16,7 @@ static const pw_cli_cmd commands[] = {
     {"status", "jobs on the coordinator, or one job in detail", pw_cmd_status},
     {"watch", "follow a job to its end: progress bar and loss", pw_cmd_watch},
     {"cancel", "stop a queued or running job", pw_cmd_cancel},
+    {"retry", "queue a failed or cancelled job again, resuming from its newest state", pw_cmd_retry},
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},
     {"dataset", "datasets on the coordinator (upload, list, rm); token files (convert, check)", pw_cmd_dataset},
 };

@@ -19,6 +19,7 @@ const pw_route pw_api_routes[] = {
     {"GET", "/v1/jobs", pw_api_job_list, 0, NULL},
     {"GET", "/v1/jobs/{id}", pw_api_job_get, 0, NULL},
     {"DELETE", "/v1/jobs/{id}", pw_api_job_cancel, 0, NULL},
+    {"POST", "/v1/jobs/{id}/retry", pw_api_job_retry, 0, NULL},
     {"GET", "/v1/jobs/{id}/metrics", pw_api_job_metrics, 0, NULL},
     {"GET", "/v1/jobs/{id}/events", pw_api_job_events, 0, NULL},
     {"GET", "/v1/jobs/{id}/timeline", pw_api_job_timeline, 0, NULL},

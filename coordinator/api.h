@@ -141,6 +141,7 @@ void pw_api_job_submit(pw_req *r);
 void pw_api_job_list(pw_req *r);
 void pw_api_job_get(pw_req *r);
 void pw_api_job_cancel(pw_req *r);
+void pw_api_job_retry(pw_req *r);
 void pw_api_job_metrics(pw_req *r);
 void pw_api_job_events(pw_req *r);
 /* api_datasets.c */

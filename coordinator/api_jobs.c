@@ -1,6 +1,6 @@
-/* api_jobs: the job handlers of the REST API — submit, list, status,
- * cancel, metrics and events. Timelines and checkpoints are in
- * api_timeline.c.
+/* api_jobs: the job handlers of the REST API — submit, list, status (with
+ * every attempt), cancel, retry, metrics and events. Timelines and
+ * checkpoints are in api_timeline.c.
  *
  * A submitted spec is validated completely (parsed, read back as it will
  * be stored, held to the budget's cheap bounds, then planned as a dry run
@@ -19,20 +19,23 @@
 #include "plan.h"
 #include "weights.h"
 
+/* rc of a call about job r->id: 0 passes; anything else is replied (an
+ * unknown job: 404 at the id) and returned. */
+static int job_replied(pw_req *r, int rc, const pw_err *err) {
+  if (rc == PW_ENOENT)
+    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
+  else if (rc)
+    pw_reply_err(r, err);
+  return rc;
+}
+
 /* 0 when job r->id exists; else replies (404) and returns nonzero. */
 static int job_exists(pw_req *r, pw_store *s) {
   pw_job_brief b;
   pw_err err = {0};
   int rc = pw_store_job_brief(s, r->id, &b, &err);
-  if (!rc) {
-    free(b.spec);
-    return 0;
-  }
-  if (rc == PW_ENOENT)
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-  else
-    pw_reply_err(r, &err);
-  return rc;
+  if (!rc) free(b.spec);
+  return job_replied(r, rc, &err);
 }
 
 /* "gpt d=64 L=4 H=4": the model in a few words, for lists. */
@@ -213,23 +216,44 @@ static json_t *eta_json(pw_store *s, int64_t id, json_t *job) {
   return json_real(sum / n * (double)left);
 }
 
+/* train.max_restarts of the stored spec; a spec stored before the field
+ * existed runs with its default, 3 (lib/spec/spec.c). */
+static json_t *max_restarts_json(json_t *spec) {
+  json_t *v = json_object_get(json_object_get(spec, "train"), "max_restarts");
+  return json_integer(json_is_integer(v) ? json_integer_value(v) : 3);
+}
+
 void pw_api_job_get(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
   json_t *j = NULL;
   pw_err err = {0};
-  int rc = pw_store_job_json(s, r->id, 1, &j, &err);
-  if (rc == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-    return;
-  }
-  if (rc) {
-    pw_reply_err(r, &err);
+  if (job_replied(r, pw_store_job_json(s, r->id, 1, &j, &err), &err)) return;
+  json_t *attempts = NULL;
+  if (job_replied(r, pw_store_attempts_json(s, r->id, &attempts, &err), &err)) {
+    json_decref(j);
     return;
   }
   json_object_set_new(j, "ranks", ranks_json(s, r->id));
   json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
+  json_object_set_new(j, "max_restarts", max_restarts_json(json_object_get(j, "spec")));
+  json_object_set_new(j, "attempts", attempts);
   pw_reply_json(r, MHD_HTTP_OK, j);
+}
+
+/* POST /v1/jobs/{id}/retry: a failed or cancelled job back to the queue;
+ * its next run resumes from the newest state the store holds. */
+void pw_api_job_retry(pw_req *r) {
+  pw_store *s = pw_api_store(r);
+  if (!s) return;
+  pw_err err = {0};
+  if (job_replied(r, pw_store_job_retry(s, r->id, &err), &err)) return;
+  pw_info("job %lld retried by request", (long long)r->id);
+  pw_coord_wake(r->c);
+  char loc[64];
+  snprintf(loc, sizeof loc, "/v1/jobs/%lld", (long long)r->id);
+  pw_reply_json(r, MHD_HTTP_OK,
+                json_pack("{s:I, s:s, s:s}", "id", (json_int_t)r->id, "state", "queued", "location", loc));
 }
 
 void pw_api_job_cancel(pw_req *r) {
@@ -240,15 +264,9 @@ void pw_api_job_cancel(pw_req *r) {
     return;
   }
   pw_err err = {0};
-  int rc = pw_coord_cancel(r->c, r->id, &err);
-  if (rc == PW_ENOENT) {
-    pw_reply_error(r, PW_ENOENT, "id", "no job %lld", (long long)r->id);
-  } else if (rc) {
-    pw_reply_err(r, &err);
-  } else {
-    pw_info("job %lld cancelled by request", (long long)r->id);
-    pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
-  }
+  if (job_replied(r, pw_coord_cancel(r->c, r->id, &err), &err)) return;
+  pw_info("job %lld cancelled by request", (long long)r->id);
+  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
 }
 
 /* GET /v1/jobs/{id}/metrics[?since=N][&all=1]: one row per step, the

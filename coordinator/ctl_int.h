@@ -9,6 +9,16 @@
 typedef struct pw_wconn pw_wconn;
 typedef struct pw_jobrt pw_jobrt;
 
+/* A snapshot a worker holds in memory: the state of a stage of a job after
+ * `step` steps (held: a peer's stage; else its own). recovery.c mirrors
+ * each worker's store from its "snapshot" messages, with the worker's own
+ * rule: the newest PW_REC_GENS steps of each (job, stage, held). */
+#define PW_REC_GENS 2
+typedef struct {
+  int64_t job;
+  int stage, step, held;
+} pw_snapinv;
+
 /* A worker's control link. */
 struct pw_wconn {
   uv_tcp_t tcp;
@@ -24,6 +34,8 @@ struct pw_wconn {
   pw_jobrt *job;           /* the run it serves, or NULL */
   int rank;
   int draining;            /* still busy with a run we do not know: not idle */
+  pw_snapinv *snaps;       /* what it holds in memory (recovery.c) */
+  int n_snaps, cap_snaps;
   pw_wconn *next;
 };
 
@@ -46,6 +58,8 @@ struct pw_jobrt {
   int planning;            /* its plan is being built on a worker thread */
   int ended;               /* ended while planning: freed when the plan is back */
   int on_nonfinite;        /* pw_nonfinite of the spec */
+  int max_restarts;        /* train.max_restarts */
+  int steps_done;          /* steps every rank has reported (start_step at first) */
   int done;
   pw_step_acc *acc;        /* open steps */
   int n_acc;
@@ -65,11 +79,21 @@ struct pw_ctl_hooks {
   void (*shutdown)(pw_coord *c); /* the server stops: runs back to the queue */
 };
 
+/* Which worker ran which rank of a job's last run, so a restart gives the
+ * survivors their ranks back (their own snapshots then restore in place). */
+typedef struct pw_jobmem {
+  int64_t job;
+  int n;
+  char (*names)[64];
+  struct pw_jobmem *next;
+} pw_jobmem;
+
 typedef struct {
   uv_tcp_t listener;
   uv_timer_t tick;
   pw_wconn *conns;
   pw_jobrt *jobs;
+  pw_jobmem *mem;          /* placements of jobs that may run again */
   double last_store_seen;  /* throttles worker heartbeats to the store */
   const pw_ctl_hooks *hooks;
   pw_control_handlers handlers; /* the transport's own and the hooks' messages */
@@ -84,5 +108,28 @@ void pw_registry_update(pw_coord *c, pw_wconn *w);
  * (NULL: unknown); "" when none can be known. */
 struct sockaddr;
 void pw_ctl_http_url(pw_coord *c, const struct sockaddr *local, char *out, size_t cap);
+
+/* recovery.c: what a restart after a lost worker starts from. */
+void pw_rec_snapshot_add(pw_wconn *w, int64_t job, int stage, int step, int held);
+/* w keeps only job's snapshots (0: none), as the worker does. */
+void pw_rec_snapshots_keep(pw_wconn *w, int64_t job);
+/* No worker's snapshots of job are to be used (a restore from them failed). */
+void pw_rec_snapshots_forget(pw_coord *c, int64_t job);
+void pw_rec_conn_free(pw_wconn *w);
+/* Remembers jr's placement (rank -> worker name) for its next run; forget
+ * drops it when the job will not run again. */
+void pw_rec_remember(pw_coord *c, const pw_jobrt *jr);
+void pw_rec_forget(pw_coord *c, int64_t job);
+void pw_rec_free_all(pw_coord *c);
+/* The `need` workers of the `n_idle` idle ones a run of job gets, in rank
+ * order: the last run's workers keep their ranks, then workers holding the
+ * job's snapshots, then the rest by id. */
+void pw_rec_choose(pw_coord *c, int64_t job, int need, pw_wconn **idle, int n_idle, pw_wconn **out);
+/* The newest step after `after` and before `before` whose every stage
+ * (S, on pipeline rank stage_rank[st]) is in the memory of one of jr's
+ * ranks; *from gets, per stage, the global rank that sends it (a rank of
+ * the stage's own when one holds it). 0 when there is none. */
+int pw_rec_restore_point(const pw_jobrt *jr, int S, int pp, const int *stage_rank, int after, int before,
+                         json_t **from);
 
 #endif

@@ -115,6 +115,7 @@ void pw_ctl_send_msg(pw_wconn *w, json_t *msg) {
 static void on_closed(uv_handle_t *h) {
   pw_wconn *w = h->data;
   pw_control_reader_free(&w->reader);
+  pw_rec_conn_free(w);
   free(w);
 }
 
@@ -190,7 +191,7 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   pw_wconn *w = conn;
   const pw_msg_register *reg = &m->REGISTER;
   if (w->registered) return pw_err_set(err, PW_EPROTO, "register", "registered twice");
-  char reason[256] = "";
+  char reason[400] = "";
   if (reg->version != PW_PROTO_VERSION)
     snprintf(reason, sizeof reason, "protocol version %lld is not supported (this coordinator speaks %d)",
              (long long)reg->version, PW_PROTO_VERSION);
@@ -204,13 +205,26 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
     pw_ctl_drop(w, NULL);
     return 0;
   }
-  /* The same worker back after a restart or a dropped link we had not
-   * noticed yet: the new link replaces the old one. */
+  /* A name is one worker's. While its holder is alive (heard from within
+   * the heartbeat timeout) a second worker of that name is refused, or the
+   * two would evict each other forever; a holder gone silent is replaced
+   * (the same worker back after a crash we had not noticed yet). */
   pw_wconn *next;
   for (pw_wconn *o = ctl_of(c)->conns; o; o = next) {
     next = o->next;
-    if (o != w && o->registered && !strcmp(o->name, reg->name))
-      pw_ctl_drop(o, "replaced by a new connection of the same worker");
+    if (o == w || !o->registered || strcmp(o->name, reg->name)) continue;
+    double quiet = pw_mono() - o->last_seen;
+    if (quiet < c->heartbeat_timeout) {
+      snprintf(reason, sizeof reason,
+               "worker name '%.64s' is taken by the worker at %.96s (heard from %.1f s ago): give each worker its own "
+               "--name",
+               reg->name, o->addr, quiet);
+      pw_warn("refusing a second worker '%s' (data plane %s): %s", reg->name, reg->data_addr, reason);
+      refuse(w, reason);
+      pw_ctl_drop(w, NULL);
+      return 0;
+    }
+    pw_ctl_drop(o, "replaced by a new connection of the same worker");
   }
   snprintf(w->name, sizeof w->name, "%s", reg->name);
   snprintf(w->addr, sizeof w->addr, "%s", reg->data_addr);
@@ -380,4 +394,5 @@ void pw_ctl_server_stop(pw_coord *c) {
   while (ctl->conns) {
     pw_ctl_drop(ctl->conns, NULL);
   }
+  pw_rec_free_all(c);
 }

@@ -8,11 +8,16 @@
  * (runs.plan) and hashed, its partition, action lists and rank -> worker
  * assignments are recorded, and each worker gets only its own slice of it
  * (lib/plan/slice.h), which carries the plan's hash. Step reports are collected from every
- * rank and recorded as one metrics row per step. A worker that errs or is
- * lost fails the run with a reason naming it, and the others are told to
- * stop; a cancelled job's workers are stopped and freed. A run interrupted
- * by a coordinator shutdown or crash goes back to the queue and resumes
- * from the last complete checkpoint.
+ * rank and recorded as one metrics row per step. A worker that errs fails
+ * the run with a reason naming it, and the others are told to stop; a
+ * cancelled job's workers are stopped and freed. A worker that is lost (its
+ * link closed, its heartbeats stopped, or its peers' links to it broke) is
+ * fenced — its link dropped, so nothing it still says about the run counts
+ * — and the run ends as interrupted: the job goes back to the queue, up to
+ * train.max_restarts times, and its next run resumes from the workers'
+ * in-memory snapshots or the newest checkpoint (recovery.c). A run
+ * interrupted by a coordinator shutdown or crash goes back to the queue
+ * too and resumes from the last complete checkpoint.
  *
  * Planning runs on a worker thread (uv_queue_work): a large spec plans
  * for seconds, and the loop must keep answering heartbeats. The job shows
@@ -94,6 +99,8 @@ static void end_run(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_st
     pw_write_do(c, &w, NULL);
   }
   if (job_state >= 0) write_state(c, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL);
+  if (job_state == PW_JOB_SUCCEEDED || job_state == PW_JOB_FAILED || job_state == PW_JOB_CANCELLED)
+    pw_rec_forget(c, jr->job);
   pw_info("job %lld run %lld %s: %s", (long long)jr->job, (long long)jr->run, run_state, reason);
   jobrt_remove(c, jr);
 }
@@ -235,6 +242,42 @@ static int resume_point(pw_store *s, int64_t job, int n_stages, char *resume, si
   return step;
 }
 
+static void event(pw_coord *c, int64_t job, const char *kind, const char *msg) {
+  pw_write ev = {.kind = PW_W_EVENT, .job = job, .text = kind, .text2 = msg};
+  pw_write_do(c, &ev, NULL); /* kept when the store fails; logged there */
+}
+
+/* The attempt a run is (1, 2, ...), from the store; 0 when unknown. */
+static int attempt_of(pw_coord *c, const pw_jobrt *jr) {
+  pw_store *s = pw_coord_store(c);
+  json_t *a = NULL;
+  int n = 0;
+  if (s && !pw_store_attempts_json(s, jr->job, &a, NULL)) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(a, i, x) if (json_integer_value(json_object_get(x, "run")) == jr->run) n =
+        (int)json_integer_value(json_object_get(x, "attempt"));
+  }
+  json_decref(a);
+  return n;
+}
+
+/* Where the run starts, in its row and as the job's event. */
+static void record_start(pw_coord *c, pw_jobrt *jr, int step, const char *source) {
+  pw_write w = {.kind = PW_W_RUN_RESUME, .run = jr->run, .step = step, .text = source};
+  pw_write_do(c, &w, NULL);
+  char msg[160];
+  int n = attempt_of(c, jr);
+  if (!strcmp(source, "snapshot"))
+    snprintf(msg, sizeof msg, "attempt %d resumes at step %d from snapshots in worker memory", n, step);
+  else if (!strcmp(source, "checkpoint"))
+    snprintf(msg, sizeof msg, "attempt %d resumes at step %d from the checkpoint of step %d", n, step, step);
+  else
+    snprintf(msg, sizeof msg, "attempt %d starts at step 0", n);
+  event(c, jr->job, "resume", msg);
+  pw_info("job %lld: %s", (long long)jr->job, msg);
+}
+
 /* Loop: the run recorded, each rank sent its slice. Store writes that
  * fail before the first assign put the job back in the queue (nothing ran
  * yet); after it, they are kept for a retry like any run's. */
@@ -289,8 +332,12 @@ static void plan_done(uv_work_t *req, int status) {
   char resume[1024] = "";
   int start = resume_point(s, jr->job, pw->S, resume, sizeof resume);
   if (start >= job->train.steps) start = 0, resume[0] = 0;
+  json_t *from = NULL; /* the in-memory snapshots, when newer than the checkpoint */
+  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start, job->train.steps, &from);
+  if (snap) start = snap, resume[0] = 0;
   jr->n_stages = pw->S;
-  jr->start_step = start;
+  jr->start_step = jr->steps_done = start;
+  record_start(c, jr, start, snap ? "snapshot" : resume[0] ? "checkpoint" : "start");
   json_t *peers = json_array();
   for (int r = 0; r < jr->n_ranks; r++)
     json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", jr->ranks[r]->addr));
@@ -301,7 +348,9 @@ static void plan_done(uv_work_t *req, int status) {
     json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = jr->job, .run = jr->run, .rank = r,
                                   .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
                                   .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
-                                  .resume = resume[0] ? resume : NULL, .trace_every = trace_every);
+                                  .resume = resume[0] ? resume : NULL, .trace_every = trace_every,
+                                  .restore_step = snap ? snap : -1, .restore_from = from);
+    pw_rec_snapshots_keep(w, jr->job); /* the worker keeps only this job's from here */
     pw_registry_update(c, w);
     pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};
     pw_write_do(c, &aw, NULL);
@@ -310,10 +359,12 @@ static void plan_done(uv_work_t *req, int status) {
     snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
   }
   json_decref(peers);
+  json_decref(from);
   snprintf(b, sizeof b, "dispatched %d ranks to %s%s", jr->n_ranks, names, start ? " (resuming)" : "");
   if (start) {
     size_t l = strlen(b);
-    snprintf(b + l, sizeof b - l, " from the checkpoint of step %d", start);
+    snprintf(b + l, sizeof b - l, snap ? " from snapshots of step %d in memory" : " from the checkpoint of step %d",
+             start);
   }
   write_state(c, jr->job, PW_JOB_RUNNING, b, NULL);
   write_status(c, jr->job, "");
@@ -347,6 +398,7 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
   jr->n_ranks = n;
   jr->steps = job->train.steps;
   jr->on_nonfinite = job->train.on_nonfinite;
+  jr->max_restarts = job->train.max_restarts;
   jr->planning = 1;
   for (int r = 0; r < n; r++) { /* reserved: no other job takes them meanwhile */
     jr->ranks[r] = ws[r];
@@ -435,7 +487,9 @@ static void sched_tick(pw_coord *c) {
       snprintf(b, sizeof b, "waiting for the store: %d write%s pending", pending, pending == 1 ? "" : "s");
       write_status(c, ids[i], b);
     } else if (idle_n >= need) {
-      dispatch(c, s, ids[i], &job, ws); /* takes job */
+      pw_wconn *chosen[1024];
+      pw_rec_choose(c, ids[i], need, ws, idle_n, chosen);
+      dispatch(c, s, ids[i], &job, chosen); /* takes job */
       continue;
     } else {
       pw_coord_worker_counts(c, NULL, &busy, &lost);
@@ -496,6 +550,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
                   .lr = a->has_lr ? a->lr : NAN};
   int nonfinite = a->nonfinite;
   a->step = -1;
+  if (step + 1 > jr->steps_done) jr->steps_done = step + 1;
   pw_write w = {.kind = PW_W_METRIC, .job = jr->job, .run = jr->run, .m = mt};
   if (pw_write_do(c, &w, NULL) == PW_ETOOBIG) {
     char what[64];
@@ -568,7 +623,11 @@ static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
   pw_coord *c = ctx;
   pw_jobrt *jr = current_run(conn, raw, msg->DONE.job, msg->DONE.run);
   if (!jr) return 0;
-  if (++jr->done == jr->n_ranks) end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+  if (++jr->done == jr->n_ranks) {
+    for (int r = 0; r < jr->n_ranks; r++) /* the workers drop them once done */
+      if (jr->ranks[r]) pw_rec_snapshots_keep(jr->ranks[r], 0);
+    end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+  }
   sched_tick(c);
   return 0;
 }
@@ -581,22 +640,97 @@ static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *
   if (!jr) return 0;
   char why[700];
   snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name, m->message);
-  end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
+  pw_wconn *peer = m->lost_rank >= 0 && m->lost_rank < jr->n_ranks ? jr->ranks[m->lost_rank] : NULL;
+  if (peer && peer != w) {
+    /* The peer's link broke under a rank of the run: that worker is lost
+     * (its process or host is gone, or it cannot reach its peers). Its
+     * link is dropped — its late messages can never count — and on_lost
+     * restarts the run. */
+    char cause[800];
+    snprintf(cause, sizeof cause, "rank %d's link to it broke (%s)", w->rank, m->message);
+    pw_ctl_drop(peer, cause);
+  } else if (m->restore_failed > 0) {
+    /* A snapshot named in the assign was gone: start again from the
+     * checkpoint; no restart is spent on it. */
+    pw_rec_snapshots_forget(c, jr->job);
+    event(c, jr->job, "resume", why);
+    end_run(c, jr, "interrupted", PW_JOB_QUEUED, why, "restoring from snapshots failed");
+  } else {
+    end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
+  }
   sched_tick(c);
   return 0;
+}
+
+static int on_snapshot(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
+  pw_wconn *w = conn;
+  const pw_msg_snapshot *m = &msg->SNAPSHOT;
+  /* Not fenced by run: it says what the worker's memory holds, which
+   * outlives the run (a late one, from a run that just ended, counts). A
+   * worker given to another job drops this job's, as it will. */
+  if (!w->job || w->job->job == m->job) pw_rec_snapshot_add(w, m->job, (int)m->stage, (int)m->step, (int)m->held);
+  return 0;
+}
+
+/* "attempt 1: why; attempt 2: why; ..." of the job's earlier runs. */
+static void earlier_reasons(pw_coord *c, int64_t job, char *out, size_t cap) {
+  out[0] = 0;
+  pw_store *s = pw_coord_store(c);
+  json_t *a = NULL;
+  if (!s || pw_store_attempts_json(s, job, &a, NULL)) return;
+  size_t i, l = 0;
+  json_t *x;
+  json_array_foreach(a, i, x) {
+    const char *why = json_string_value(json_object_get(x, "reason"));
+    if (!why || l >= cap) continue;
+    int n = snprintf(out + l, cap - l, "attempt %lld: %s; ", (long long)json_integer_value(json_object_get(x, "attempt")),
+                     why);
+    if (n > 0) l += (size_t)n;
+  }
+  json_decref(a);
 }
 
 static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
   pw_jobrt *jr = w->job;
   if (!jr) return;
-  char reason[512];
+  char reason[600];
   int planning = jr->planning;
-  snprintf(reason, sizeof reason, "worker %s (rank %d) lost%s: %s", w->name, w->rank,
-           planning ? " while the job was planned; queued again" : "", why);
+  snprintf(reason, sizeof reason, "worker %s (%s, rank %d) lost at step %d: %s", w->name, w->addr, w->rank,
+           jr->steps_done, why);
+  pw_rec_remember(c, jr); /* before the lost one leaves it: the survivors keep their ranks */
   jr->ranks[w->rank] = NULL;
   w->job = NULL;
-  /* nothing ran yet while planning: the job waits for workers again */
-  end_run(c, jr, "failed", planning ? PW_JOB_QUEUED : PW_JOB_FAILED, reason, "a worker of this run was lost");
+  if (planning) { /* nothing ran yet: the job waits for workers again */
+    char b[700];
+    snprintf(b, sizeof b, "%s while the job was planned; queued again", reason);
+    end_run(c, jr, "failed", PW_JOB_QUEUED, b, "a worker of this run was lost");
+    return;
+  }
+  event(c, jr->job, "worker_lost", reason);
+  pw_warn("job %lld: %s", (long long)jr->job, reason);
+  pw_store *s = pw_coord_store(c);
+  int used = 0;
+  pw_err err = {0};
+  char b[600];
+  if (s && pw_store_job_restarts(s, jr->job, &used, &err))
+    pw_warn("job %lld: cannot read its restarts (%s): counting from 0", (long long)jr->job, pw_err_str(&err, b, sizeof b));
+  if (used < jr->max_restarts) {
+    pw_write rw = {.kind = PW_W_JOB_RESTARTS, .job = jr->job, .step = used + 1};
+    pw_write_do(c, &rw, NULL);
+    char cancel[700];
+    snprintf(cancel, sizeof cancel, "worker %s was lost: the job restarts", w->name);
+    end_run(c, jr, "interrupted", PW_JOB_QUEUED, reason, cancel);
+    sched_tick(c); /* a spare may be idle already */
+    return;
+  }
+  char all[4096];
+  earlier_reasons(c, jr->job, all, sizeof all);
+  char final[4800];
+  snprintf(final, sizeof final, "%s; no restart left (train.max_restarts %d)%s%s", reason, jr->max_restarts,
+           all[0] ? "; earlier: " : "", all);
+  size_t fl = strlen(final);
+  if (fl >= 2 && !strcmp(final + fl - 2, "; ")) final[fl - 2] = 0;
+  end_run(c, jr, "failed", PW_JOB_FAILED, final, "a worker of this run was lost");
 }
 
 /* SIGTERM: running jobs go back to the queue (they resume from their last
@@ -612,7 +746,7 @@ static void on_shutdown(pw_coord *c) {
 
 static const pw_ctl_hooks hooks = {
     .msgs = {.on = {[PW_MSG_STEP] = on_step, [PW_MSG_CHECKPOINT] = on_checkpoint, [PW_MSG_DONE] = on_done,
-                    [PW_MSG_ERROR] = on_error}},
+                    [PW_MSG_ERROR] = on_error, [PW_MSG_SNAPSHOT] = on_snapshot}},
     .tick = sched_tick,
     .lost = on_lost,
     .shutdown = on_shutdown,

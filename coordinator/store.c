@@ -108,6 +108,13 @@ static const char *const migrations[] = {
     "  job_id INTEGER NOT NULL REFERENCES jobs(id), weights_id TEXT NOT NULL,"
     "  PRIMARY KEY(job_id, weights_id));"
     "CREATE INDEX job_weights_w ON job_weights(weights_id, job_id);",
+    /* 4 -> 5 (issue 15, surviving lost workers): how many times the job
+     * went back to the queue after losing a worker, and where each run
+     * started (its step, and from what: "snapshot", "checkpoint" or
+     * "start"), so every attempt can be shown. */
+    "ALTER TABLE jobs ADD COLUMN restarts INTEGER DEFAULT 0;"
+    "ALTER TABLE runs ADD COLUMN start_step INTEGER;"
+    "ALTER TABLE runs ADD COLUMN resumed_from TEXT;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -564,6 +571,43 @@ int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, 
   return update_one(s, st, "job", id, err);
 }
 
+int pw_store_job_set_restarts(pw_store *s, int64_t id, int restarts, pw_err *err) {
+  FAULT("job restarts");
+  if (restarts < 0) return pw_err_set(err, PW_EINVAL, "restarts", "a restart count must be >= 0 (got %d)", restarts);
+  STMT(st, PW_ST_JOB_SET_RESTARTS);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_int(st, 2, restarts);
+  return update_one(s, st, "job", id, err);
+}
+
+/* Outside the lifecycle (terminal states are final to transition_allowed):
+ * only a person asks for it, and it starts a new round of restarts. */
+int pw_store_job_retry(pw_store *s, int64_t id, pw_err *err) {
+  FAULT("job retry");
+  int rc = pw__store_begin(s, 1, err), from = 0;
+  if (rc) return rc;
+  if ((rc = job_state(s, id, &from, err))) goto fail;
+  if (from != PW_JOB_FAILED && from != PW_JOB_CANCELLED) {
+    rc = pw_err_set(err, PW_ECONFLICT, "job", "job %lld is %s: only a failed or cancelled job can be retried",
+                    (long long)id, state_names[from]);
+    goto fail;
+  }
+  sqlite3_stmt *st = pw__store_stmt(s, PW_ST_JOB_RETRY, err);
+  if (!st) {
+    rc = err ? err->code : PW_EIO;
+    goto fail;
+  }
+  sqlite3_bind_int64(st, 1, id);
+  if ((rc = exec_done(s, st, err, "job retry")) ||
+      (rc = add_event(s, id, pw_store_now(), "retry", "retried by request: resumes from its newest state", err)) ||
+      (rc = pw__store_commit(s, err)))
+    goto fail;
+  return 0;
+fail:
+  pw__store_rollback(s);
+  return rc;
+}
+
 int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err) {
   memset(out, 0, sizeof *out);
   STMT(st, PW_ST_JOB_BRIEF);
@@ -718,6 +762,18 @@ int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const ch
   sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
   sqlite3_bind_text(st, 3, error, -1, SQLITE_STATIC);
   sqlite3_bind_double(st, 4, pw_store_now());
+  return update_one(s, st, "run", run_id, err);
+}
+
+int pw_store_run_resume(pw_store *s, int64_t run_id, int start_step, const char *from, pw_err *err) {
+  FAULT("run start");
+  if (!from || (strcmp(from, "snapshot") && strcmp(from, "checkpoint") && strcmp(from, "start")))
+    return pw_err_set(err, PW_EINVAL, "resumed_from", "a run resumes from \"snapshot\", \"checkpoint\" or \"start\"");
+  if (start_step < 0) return pw_err_set(err, PW_EINVAL, "start_step", "a run starts at step >= 0 (got %d)", start_step);
+  STMT(st, PW_ST_RUN_RESUME);
+  sqlite3_bind_int64(st, 1, run_id);
+  sqlite3_bind_int(st, 2, start_step);
+  sqlite3_bind_text(st, 3, from, -1, SQLITE_STATIC);
   return update_one(s, st, "run", run_id, err);
 }
 

@@ -102,11 +102,25 @@ PW_MUST_CHECK int pw_store_jobs_in_state(pw_store *s, int state, int64_t **ids, 
  * to queued, their open runs marked failed, an event each. Returns how many. */
 PW_MUST_CHECK int pw_store_recover(pw_store *s, const char *reason, pw_err *err);
 
+/* ---- restarts and retries (issue 15: surviving lost workers) ------------ */
+
+/* How many times the job went back to the queue after losing a worker
+ * (reset by a retry). PW_ENOENT for an unknown job. */
+PW_MUST_CHECK int pw_store_job_restarts(pw_store *s, int64_t job, int *restarts, pw_err *err);
+/* Sets that count (store_retry.h's PW_W_JOB_RESTARTS). */
+PW_MUST_CHECK int pw_store_job_set_restarts(pw_store *s, int64_t job, int restarts, pw_err *err);
+/* A failed or cancelled job back to queued, to resume from its newest
+ * state: error and finished cleared, status "", restarts 0, and an event
+ * {kind "retry"}; one transaction. PW_ENOENT for an unknown job,
+ * PW_ECONFLICT naming the state for a job in any other state (nothing
+ * changes then). */
+PW_MUST_CHECK int pw_store_job_retry(pw_store *s, int64_t job, pw_err *err);
+
 /* API views (new references):
  * job: {"id", "name", "state", "status", "error", "model", "schedule",
  *       "mesh": {"pp","dp","virtual_stages"}, "microbatches",
  *       "progress": {"step", "total"}, "loss", "tokens_per_s", "created",
- *       "started", "finished", "run", "spec"?}     (spec only when with_spec)
+ *       "started", "finished", "run", "restarts", "spec"?}  (spec only when with_spec)
  * list: {"jobs": [job...], "total", "limit", "offset"} filtered by state
  *       (-1 = all), newest first. */
 PW_MUST_CHECK int pw_store_job_json(pw_store *s, int64_t id, int with_spec, json_t **out, pw_err *err);
@@ -117,6 +131,15 @@ PW_MUST_CHECK int pw_store_jobs_json(pw_store *s, int state, int limit, int offs
 /* A new attempt of a job (attempt numbers 1, 2, ...); sets jobs.run. */
 PW_MUST_CHECK int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err);
 PW_MUST_CHECK int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err);
+/* Where a run starts: its first step and what it resumes from ("snapshot",
+ * "checkpoint" or "start"; store_retry.h's PW_W_RUN_RESUME). */
+PW_MUST_CHECK int pw_store_run_resume(pw_store *s, int64_t run_id, int start_step, const char *from, pw_err *err);
+/* Every attempt of the job, oldest first (a JSON array, new reference):
+ * [{"attempt", "run", "state", "started", "finished" (null while open),
+ *   "reason" (the run's error, null when none), "start_step" and
+ *   "resumed_from" (null when unknown), "workers": [names by rank]}].
+ * [] for a job that never ran; PW_ENOENT for an unknown job. */
+PW_MUST_CHECK int pw_store_attempts_json(pw_store *s, int64_t job, json_t **out, pw_err *err);
 /* The partition: one row per stage. */
 PW_MUST_CHECK int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json,
                           int64_t params, double flops, pw_err *err);

@@ -12,7 +12,7 @@
  * (the list selects NULL for spec). */
 #define PW__JOB_COLS                                                                          \
   "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
-  "steps, loss, tokens_per_s, created, started, finished, run"
+  "steps, loss, tokens_per_s, created, started, finished, run, COALESCE(restarts, 0)"
 
 /* The weights row as its views read it (h-init). */
 #define PW__W_COLS "id, size, kind, name, source, created, n_tensors, params"
@@ -137,7 +137,20 @@
   X(W_USER,                                                                                        \
     "SELECT j.id, j.state FROM job_weights w JOIN jobs j ON j.id = w.job_id WHERE w.weights_id = ?1 " \
     "AND j.state NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY j.id LIMIT 1")               \
-  X(JOB_W_INSERT, "INSERT OR IGNORE INTO job_weights(job_id, weights_id) VALUES(?1, ?2)")
+  X(JOB_W_INSERT, "INSERT OR IGNORE INTO job_weights(job_id, weights_id) VALUES(?1, ?2)")             \
+  /* ---- restarts and attempts (issue 15, schema 5) ---- */                                         \
+  X(RUN_RESUME, "UPDATE runs SET start_step = ?2, resumed_from = ?3 WHERE id = ?1")                 \
+  X(JOB_SET_RESTARTS, "UPDATE jobs SET restarts = ?2 WHERE id = ?1")                               \
+  X(JOB_RESTARTS, "SELECT COALESCE(restarts, 0) FROM jobs WHERE id = ?1")                           \
+  X(JOB_RETRY,                                                                                     \
+    "UPDATE jobs SET state = 'queued', error = NULL, finished = NULL, status = '', restarts = 0 "   \
+    "WHERE id = ?1")                                                                               \
+  X(ATTEMPTS,                                                                                      \
+    "SELECT attempt, id, state, started, finished, error, start_step, resumed_from FROM runs "      \
+    "WHERE job_id = ?1 ORDER BY attempt, id")                                                      \
+  X(ATTEMPT_WORKERS,                                                                               \
+    "SELECT a.run_id, a.worker_name FROM assignments a JOIN runs r ON r.id = a.run_id "            \
+    "WHERE r.job_id = ?1 ORDER BY a.run_id, a.rank")
 
 enum {
 #define PW__ST_ENUM(name, sql) PW_ST_##name,

@@ -93,7 +93,8 @@ static json_t *job_row(sqlite3_stmt *st, int with_spec) {
   COL(o, "started", st, 16);
   COL(o, "finished", st, 17);
   COL(o, "run", st, 18);
-  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 19));
+  COL(o, "restarts", st, 19);
+  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 20));
   return o;
 }
 
@@ -220,6 +221,74 @@ fail:
   json_decref(o);
   json_decref(stages);
   json_decref(ranks);
+  return rc;
+}
+
+/* ---- restarts and attempts (issue 15) ------------------------------------ */
+
+int pw_store_job_restarts(pw_store *s, int64_t job, int *restarts, pw_err *err) {
+  *restarts = 0;
+  STMT(st, PW_ST_JOB_RESTARTS);
+  sqlite3_bind_int64(st, 1, job);
+  int rc = sqlite3_step(st), ret = 0;
+  if (rc == SQLITE_ROW)
+    *restarts = sqlite3_column_int(st, 0);
+  else if (rc == SQLITE_DONE)
+    ret = pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)job);
+  else
+    ret = pw__store_fail(s, rc, err, "job restarts");
+  sqlite3_reset(st);
+  return ret;
+}
+
+/* The attempt object of run `run` in arr (runs are few: a scan). */
+static json_t *attempt_of(json_t *arr, json_int_t run) {
+  size_t i;
+  json_t *a;
+  json_array_foreach(arr, i, a) {
+    if (json_integer_value(json_object_get(a, "run")) == run) return a;
+  }
+  return NULL;
+}
+
+int pw_store_attempts_json(pw_store *s, int64_t job, json_t **out, pw_err *err) {
+  static const char *const keys[] = {"attempt", "run", "state", "started", "finished", "reason", "start_step",
+                                     "resumed_from"};
+  *out = NULL;
+  int rc = read_begin(s, err);
+  if (rc) return rc;
+  json_t *arr = json_array();
+  sqlite3_stmt *st;
+  if ((rc = pw__store_job_exists(s, job, err))) goto fail;
+  if (!(st = pw__store_stmt(s, PW_ST_ATTEMPTS, err))) goto fail_stmt;
+  sqlite3_bind_int64(st, 1, job);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    json_t *a = json_object();
+    for (int i = 0; i < 8; i++) COL(a, keys[i], st, i);
+    json_object_set_new(a, "workers", json_array());
+    json_array_append_new(arr, a);
+  }
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) goto fail_sql;
+  if (!(st = pw__store_stmt(s, PW_ST_ATTEMPT_WORKERS, err))) goto fail_stmt;
+  sqlite3_bind_int64(st, 1, job);
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) { /* by run, then rank */
+    json_t *a = attempt_of(arr, (json_int_t)sqlite3_column_int64(st, 0));
+    if (a) json_array_append_new(json_object_get(a, "workers"), pw__store_col(st, 1));
+  }
+  sqlite3_reset(st);
+  if (rc != SQLITE_DONE) goto fail_sql;
+  read_end(s);
+  *out = arr;
+  return 0;
+fail_sql:
+  rc = pw__store_fail(s, rc, err, "attempts");
+  goto fail;
+fail_stmt:
+  rc = err ? err->code : PW_EIO;
+fail:
+  read_end(s);
+  json_decref(arr);
   return rc;
 }
 

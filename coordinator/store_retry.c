@@ -18,12 +18,16 @@ static const char *const kind_names[PW_W__N] = {
     [PW_W_METRIC] = "metrics",         [PW_W_PROGRESS] = "progress", [PW_W_TIMING] = "timing",
     [PW_W_CHECKPOINT] = "checkpoint",  [PW_W_RUN_FINISH] = "run end", [PW_W_JOB_STATE] = "state change",
     [PW_W_JOB_STATUS] = "status line", [PW_W_STAGE] = "partition",   [PW_W_ACTIONS] = "action list",
-    [PW_W_ASSIGN] = "assignment",      [PW_W_WORKER_SEEN] = "worker last seen", [PW_W_EVENT] = "event"};
+    [PW_W_ASSIGN] = "assignment",      [PW_W_WORKER_SEEN] = "worker last seen", [PW_W_EVENT] = "event",
+    [PW_W_RUN_RESUME] = "start",       [PW_W_JOB_RESTARTS] = "restart count"};
 
 /* Rewritten all the time: never kept. */
 static int volatile_kind(pw_write_kind k) { return k == PW_W_JOB_STATUS || k == PW_W_WORKER_SEEN; }
 /* What says why a job ended: kept even past the bound. */
-static int critical_kind(pw_write_kind k) { return k == PW_W_RUN_FINISH || k == PW_W_JOB_STATE || k == PW_W_EVENT; }
+static int critical_kind(pw_write_kind k) {
+  return k == PW_W_RUN_FINISH || k == PW_W_JOB_STATE || k == PW_W_EVENT || k == PW_W_RUN_RESUME ||
+         k == PW_W_JOB_RESTARTS;
+}
 /* The store's failure, not the write's: worth retrying. */
 static int transient(int rc) { return rc == PW_EIO || rc == PW_ENOMEM; }
 
@@ -41,6 +45,8 @@ const char *pw_write_describe(const pw_write *w, char *buf, size_t cap) {
   ADD("%s", w->kind >= 0 && w->kind < PW_W__N ? kind_names[w->kind] : "write");
   if (w->kind == PW_W_JOB_STATE) ADD(" to %s", pw_job_state_name(w->state));
   if (w->kind == PW_W_RUN_FINISH) ADD(" (%s)", w->text ? w->text : "");
+  if (w->kind == PW_W_RUN_RESUME) ADD(" (step %d from %s)", w->step, w->text ? w->text : "?");
+  if (w->kind == PW_W_JOB_RESTARTS) ADD(" (%d)", w->step);
 #undef ADD
   return buf;
 }
@@ -60,6 +66,8 @@ static int apply(pw_store *s, const pw_write *w, pw_err *err) {
     case PW_W_ASSIGN: return pw_store_assignment_insert(s, w->run, w->rank, w->worker, w->text, err);
     case PW_W_WORKER_SEEN: return pw_store_worker_seen(s, w->worker, w->text, err);
     case PW_W_EVENT: return pw_store_event(s, w->job, w->text, w->text2, err);
+    case PW_W_RUN_RESUME: return pw_store_run_resume(s, w->run, w->step, w->text, err);
+    case PW_W_JOB_RESTARTS: return pw_store_job_set_restarts(s, w->job, w->step, err);
     case PW_W__N: break;
   }
   return pw_err_set(err, PW_EINVAL, "write", "unknown write kind %d", (int)w->kind);

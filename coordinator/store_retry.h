@@ -15,8 +15,9 @@
  *
  * The queue is bounded (PW_WRITEQ_MAX writes): past it a write is dropped,
  * logged and counted, and pw_write_do says so, so that the caller fails
- * the job it belongs to; state changes, run ends and events are kept even
- * past the bound (there are few of them, and they are what says why).
+ * the job it belongs to; state changes, run ends, events, where a run
+ * started and restart counts are kept even past the bound (there are few
+ * of them, and they are what says why).
  * Status lines and worker "last seen" stamps are rewritten all the time:
  * they are logged and counted when they fail, never kept.
  *
@@ -46,6 +47,8 @@ typedef enum {
   PW_W_ASSIGN,      /* run, rank, worker, text = worker name */
   PW_W_WORKER_SEEN, /* worker, text = state (never kept) */
   PW_W_EVENT,       /* job, text = kind, text2 = message */
+  PW_W_RUN_RESUME,  /* run, step = the step it starts at, text = "snapshot" | "checkpoint" | "start" */
+  PW_W_JOB_RESTARTS, /* job, step = the new restart count */
   PW_W__N
 } pw_write_kind;
 

@@ -593,7 +593,7 @@ void pw_run_free(pw_run *r) {
  * reason, must not see its link drop before. */
 static void close_links_in(pw_run *r) {
   for (pw_link *l = r->w->links; l; l = l->next)
-    if (!l->outbound && l->hello_job == r->job && l->peer_rank >= 0) pw_link_drain(l);
+    if (!l->outbound && l->hello_job == r->job && l->hello_run == r->run_id && l->peer_rank >= 0) pw_link_drain(l);
 }
 
 /* Ends the run: links to peers closed (with BYE when it succeeded, so they
@@ -692,11 +692,10 @@ static void on_event(pw_run *r, pw_event *ev) {
       if (rc && !r->lp.closing) pw_run_fail(r, "cannot send to rank %d: %s", ev->to, l ? uv_strerror(rc) : "no link");
       return;
     }
-    case PW_EV_SNAP:
-      if (!r->lp.closing)
-        pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_SNAPSHOT, pw_msg_snapshot, NULL, .job = (int64_t)r->job,
-                                           .run = r->run_id, .rank = r->rank, .stage = ev->stage, .step = ev->step,
-                                           .held = ev->held));
+    case PW_EV_SNAP: /* said even once the run is over: it is what the worker's memory holds */
+      pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_SNAPSHOT, pw_msg_snapshot, NULL, .job = (int64_t)r->job,
+                                         .run = r->run_id, .rank = r->rank, .stage = ev->stage, .step = ev->step,
+                                         .held = ev->held));
       return;
     case PW_EV_STEP:
       if (!r->lp.closing) pw_stepend_report(r, ev);

@@ -93,6 +93,7 @@ static void post_snap(pw_run *r, int stage, int step, int held) {
 void pw_snaprun_take(pw_run *r) {
   int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
   if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
+  if (atomic_load(&r->sh.abort)) return; /* cancelled: its restart may be about to read the older ones */
   double t0 = pw_now();
   for (int li = 0; li < r->n_ls; li++) {
     pw_prog *p = r->ls[li].prog;

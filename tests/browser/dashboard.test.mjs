@@ -186,6 +186,14 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.equal(await page.textContent('#job-name'), NAME);
       assert.equal(await page.locator('#job-cancel').isHidden(), true, 'no cancel button on a finished job');
       assert.equal(await page.locator('#partition-table tbody tr[data-stage]').count(), PP, 'a partition row per stage');
+      // the attempts: one run, succeeded, on both workers (by rank), no restart
+      const attempts = page.locator('#attempts-table tbody tr[data-attempt]');
+      assert.equal(await attempts.count(), 1, 'one attempt row per run');
+      assert.equal(await attempts.first().getAttribute('data-state'), 'succeeded');
+      const workers = (await attempts.first().locator('.attempt-workers').textContent()).split(', ').sort();
+      assert.deepEqual(workers, ['dash-w0', 'dash-w1'], 'the attempt names its workers');
+      assert.equal(await page.textContent('#job-restarts'), '0 of 3');
+      assert.equal(await page.locator('#job-retry').isHidden(), true, 'no retry button on a succeeded job');
     });
 
     await t.test('the checkpoint downloads through the page (with the token)', async () => {

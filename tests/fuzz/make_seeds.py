@@ -21,7 +21,7 @@ def frame(kind, dtype, dims, payload, job=7, chunk=0, step=3, mb=1, stage=1, val
                        dtype, len(dims), flags, *dd, len(payload), 0, 0) + payload
 
 
-hello = json.dumps({"job": 7, "rank": 1, "token": "t"}).encode()
+hello = json.dumps({"job": 7, "run": 2, "rank": 1, "token": "t"}).encode()
 acts = struct.pack("<6f", *[0.5 * i for i in range(6)])
 seeds = [
     frame(1, 2, [len(hello)], hello),
@@ -32,6 +32,8 @@ seeds = [
     frame(6, 2, [5], b"abort"),
     # one tensor in two chunks: the header describes the whole tensor
     frame(2, 0, [2, 3], acts[:12], flags=2) + frame(2, 0, [2, 3], acts[12:], chunk=1, flags=3),
+    # a snapshot's three parts (parameters, m, v) of a 6-float stage
+    frame(7, 0, [6], acts, mb=0, value=0) + frame(7, 0, [6], acts, mb=0, value=1) + frame(7, 0, [6], acts, mb=0, value=2),
 ]
 for i, s in enumerate(seeds):
     for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads
@@ -46,6 +48,10 @@ msgs = [
     {"type": "checkpoint", "job": 1, "run": 1, "rank": 0, "step": 10, "path": "a/b", "bytes": 9},
     {"type": "done", "job": 1, "run": 1, "rank": 0},
     {"type": "error", "message": "boom"},
+    {"type": "error", "job": 1, "run": 2, "rank": 0, "message": "lost peer", "lost_rank": 1, "restore_failed": 1},
+    {"type": "snapshot", "job": 1, "run": 2, "rank": 0, "stage": 0, "step": 4, "held": 1},
+    {"type": "assign", "job": 1, "run": 2, "rank": 0, "slice": "{}", "slice_sha256": "ab", "peers": [],
+     "steps": 9, "start_step": 4, "restore_step": 4, "restore_from": [1, 0]},
     {"type": "welcome", "version": 1, "worker_id": 2, "heartbeat_interval": 1.0},
     {"type": "refused", "reason": "token"},
     {"type": "cancel", "job": 1, "run": 1, "reason": "user"},

@@ -8,7 +8,8 @@
           --map NAME are sent there, anything else gets 403
   odd     a server that answers badly on purpose, by path: a huge
           Content-Length, an endless chunked body, silence, a non-JSON 502,
-          a JSON API error, not HTTP at all
+          a JSON API error, not HTTP at all; and job 5, which lost workers
+          (three attempts) and can be retried
   datasets  the coordinator's dataset routes and POST/DELETE /v1/jobs as
           api/openapi.yaml and docs/contracts.md describe them, for the CLI
           before (and besides) the real coordinator: uploads are read in
@@ -173,6 +174,26 @@ def proxy_handler(conn, args):
 
 # ---- odd ---------------------------------------------------------------------
 
+T0 = 1795500000.0
+# GET /v1/jobs/5 on the odd server: two attempts interrupted by a lost
+# worker (the second resumed from a snapshot), the third failed.
+LOST_JOB = {
+    "id": 5, "name": "lost", "state": "failed", "status": "", "model": "gpt d=32 L=2 H=4", "schedule": "1f1b",
+    "mesh": {"pp": 4, "dp": 1, "virtual_stages": 1}, "microbatches": 4, "progress": {"step": 14, "total": 20},
+    "loss": 2.5, "tokens_per_s": 1000.0, "created": T0, "started": T0 + 1, "finished": T0 + 60, "run": 6,
+    "error": "restarts exhausted (2 of 2)", "restarts": 2, "max_restarts": 2, "ranks": [], "eta_seconds": None,
+    "attempts": [
+        {"attempt": 1, "run": 3, "state": "interrupted", "started": T0 + 1, "finished": T0 + 20,
+         "reason": "worker w2 (127.0.0.1:4411, rank 2) lost at step 13: no heartbeat for 10 s",
+         "start_step": 0, "resumed_from": "start", "workers": ["w0", "w1", "w2", "w3"]},
+        {"attempt": 2, "run": 5, "state": "interrupted", "started": T0 + 21, "finished": T0 + 40,
+         "reason": "worker w4 (127.0.0.1:4415, rank 2) lost at step 14: link closed",
+         "start_step": 12, "resumed_from": "snapshot", "workers": ["w0", "w1", "w4", "w3"]},
+        {"attempt": 3, "run": 6, "state": "failed", "started": T0 + 41, "finished": T0 + 60,
+         "reason": "rank 1: out of memory", "start_step": None, "resumed_from": None, "workers": []},
+    ]}
+
+
 def odd_handler(conn, args):
     head, rest = read_head(conn)
     if head is None:
@@ -195,6 +216,10 @@ def odd_handler(conn, args):
         body = b"upstream gone\n"
         conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))
+    elif target.endswith("/v1/jobs/5"):  # a job that lost workers, then failed
+        send_json(conn, 200, LOST_JOB, close=True)
+    elif method == "POST" and target.endswith("/v1/jobs/5/retry"):
+        send_json(conn, 200, {"id": 5, "state": "queued", "location": "/v1/jobs/5"}, close=True)
     elif method == "POST" and target.endswith("/v1/jobs"):
         body = (b'{"error": {"code": "invalid_spec", "message": "must be at most 4096 (odd server)",'
                 b' "path": "model.seq_len"}}')

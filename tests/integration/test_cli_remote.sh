@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_cli_remote: `pipewright submit | status | watch | cancel | workers`
+# test_cli_remote: `pipewright submit | status | watch | cancel | retry | workers`
 # against a real coordinator and two real workers on loopback: a tiny
 # 2-stage GPT job submitted and watched to success, its status and the
 # worker table, cancelling a finished job, a broken spec; the same over
@@ -168,6 +168,18 @@ if [ $rc -eq 1 ] && grep -q "^error: job $ID is already succeeded" "$T/cancel2.t
   ok "cancel of a finished job reports the conflict"
 else
   bad "cancel of a finished job: exit $rc"; show "$T/cancel2.txt"
+fi
+"$PW" retry "$ID" "${R[@]}" > "$T/retry1.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^error: job $ID is succeeded: only a failed or cancelled job can be retried" "$T/retry1.txt"; then
+  ok "retry of a succeeded job reports the conflict"
+else
+  bad "retry of a succeeded job: exit $rc"; show "$T/retry1.txt"
+fi
+if grep -Eq "^  attempt 1 \(run [0-9]+\) succeeded at [0-9-]+ [0-9:]+ workers w[12],w[12]" "$T/status.txt"; then
+  ok "status ID shows the run as attempt 1 with its workers"
+else
+  bad "status ID: no attempt line"; show "$T/status.txt"
 fi
 "$PW" status 999999 "${R[@]}" > "$T/nojob.txt" 2>&1
 rc=$?
@@ -397,6 +409,26 @@ if start_helper odd odd; then
   else
     bad "API error body: exit $rc"; show "$T/odd5.txt"
   fi
+  # a job that lost workers: one line per attempt (workers by rank, where it resumed, why it ended)
+  "$PW" status 5 "${O[@]}" > "$T/odd7.txt" 2>&1
+  rc=$?
+  TS='[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}'
+  if [ $rc -eq 0 ] && grep -Eqx '  restarts +2 of 2' "$T/odd7.txt" &&
+    grep -Eqx "  attempt 1 \(run 3\) interrupted at $TS workers w0,w1,w2,w3, started at step 0: worker w2 \(127\.0\.0\.1:4411, rank 2\) lost at step 13: no heartbeat for 10 s" "$T/odd7.txt" &&
+    grep -Eqx "  attempt 2 \(run 5\) interrupted at $TS workers w0,w1,w4,w3, resumed at step 12 from snapshot: worker w4 \(127\.0\.0\.1:4415, rank 2\) lost at step 14: link closed" "$T/odd7.txt" &&
+    grep -Eqx "  attempt 3 \(run 6\) failed at $TS workers -: rank 1: out of memory" "$T/odd7.txt" &&
+    [ "$(grep -c '^  attempt ' "$T/odd7.txt")" = 3 ]; then
+    ok "status ID: a line per attempt, its workers, where it resumed and why it ended"
+  else
+    bad "status of a job with attempts: exit $rc"; show "$T/odd7.txt"
+  fi
+  "$PW" retry 5 "${O[@]}" > "$T/odd8.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -qx "job 5 queued" "$T/odd8.txt" && grep -qx "POST /v1/jobs/5/retry" "$T/odd.log"; then
+    ok "retry ID posts /v1/jobs/ID/retry and says the job is queued"
+  else
+    bad "retry 5: exit $rc"; show "$T/odd8.txt" "$T/odd.log"
+  fi
   "$PW" workers "${O[@]}" > "$T/odd6.txt" 2>&1
   rc=$?
   if [ $rc -eq 1 ] && grep -q "^error: coordinator at $OU: not an HTTP answer" "$T/odd6.txt"; then
@@ -462,6 +494,15 @@ if start_coordinator "$T/coord2" --token-file "$T/token"; then
     ok "watch of a cancelled job exits 1 and says so"
   else
     bad "watch of a cancelled job: exit $rc"; show "$T/watch2.txt" "$T/watch2.err"
+  fi
+  # the cancelled job queued again by retry (--token-file like the rest)
+  "$PW" retry "$QID" "${R2[@]}" > "$T/retry2.txt" 2>&1
+  rc=$?
+  "$PW" status "$QID" "${R2[@]}" > "$T/retried.txt" 2>&1
+  if [ $rc -eq 0 ] && grep -qx "job $QID queued" "$T/retry2.txt" && grep -q "^job $QID (cli-remote): queued$" "$T/retried.txt"; then
+    ok "retry of a cancelled job queues it again"
+  else
+    bad "retry $QID: exit $rc"; show "$T/retry2.txt" "$T/retried.txt"
   fi
   # ---- an unreachable coordinator: this one, stopped ----------------------------------
   kill "${PIDS[-1]}"; wait "${PIDS[-1]}" 2>/dev/null

@@ -11,8 +11,9 @@
      bodies must validate against the documented schema (OpenAPI 3.0
      `nullable` honoured; the job spec against api/job.schema.json).
   3. With two real pipewright-workers, a tiny job runs to the end, so the
-     views with data in them (ranks, ETA, metrics, events, the measured
-     timeline, the Chrome trace, the checkpoint) are validated as well.
+     views with data in them (ranks, attempts, ETA, metrics, events, the
+     measured timeline, the Chrome trace, the checkpoint) are validated as
+     well; a live or succeeded job is not retried, a cancelled one is.
 
 The Contract class is importable: other tests may check their own answers
 with Contract(SOURCE_DIR).check(method, path, status, headers, body).
@@ -284,12 +285,17 @@ def live_checks(cl, src):
     cl.call("GET", f"/v1/jobs/{j}/timeline?step=3", status=404)
     cl.call("GET", f"/v1/jobs/{j}/timeline?format=svg", status=400)
     cl.call("GET", f"/v1/jobs/{j}/checkpoint", status=404)
+    err, _ = cl.call("POST", f"/v1/jobs/{j}/retry", status=409)  # queued: nothing to retry
+    assert "is queued" in err["error"]["message"], err
     for i in ids:
         cl.call("DELETE", f"/v1/jobs/{i}")
     cl.call("DELETE", f"/v1/jobs/{j}", status=409)
+    retry_checks(cl, j)
     for sub in ("", "/metrics", "/events", "/timeline", "/checkpoint"):
         cl.call("GET", f"/v1/jobs/987654{sub}", status=404)
     cl.call("DELETE", "/v1/jobs/987654", status=404)
+    cl.call("POST", "/v1/jobs/987654/retry", status=404)
+    cl.call("GET", f"/v1/jobs/{j}/retry", status=405)
 
     dataset_checks(cl, example)
     weights_checks(cl, example)
@@ -315,6 +321,20 @@ def live_checks(cl, src):
     st, hs, data = cl.raw("GET", "/", token=False)
     assert st == 200 and hs["content-type"].startswith("text/html"), (st, hs)
     print("ok   GET / (dashboard) -> 200")
+
+
+def retry_checks(cl, j):
+    """POST /v1/jobs/{id}/retry on a cancelled job: queued again, with a
+    retry event and no attempts (it never ran); then cancelled again so
+    that it never reaches the workers of run_job."""
+    again, _ = cl.call("POST", f"/v1/jobs/{j}/retry")
+    assert again == {"id": j, "state": "queued", "location": f"/v1/jobs/{j}"}, again
+    job, _ = cl.call("GET", f"/v1/jobs/{j}")
+    assert job["state"] == "queued" and job["error"] is None and job["finished"] is None, job
+    assert job["restarts"] == 0 and job["max_restarts"] == 3 and job["attempts"] == [], job
+    ev, _ = cl.call("GET", f"/v1/jobs/{j}/events")
+    assert ev["events"][-1]["kind"] == "retry", ev
+    cl.call("DELETE", f"/v1/jobs/{j}")
 
 
 def weights_checks(cl, example):
@@ -427,15 +447,25 @@ def run_job(cl, build, tmp, ctl_port):
         made, _ = cl.call("POST", "/v1/jobs", tiny, status=201)
         j = made["id"]
         t = time.time() + 120
+        live_retry = False
         while time.time() < t:
             st, _, data = cl.raw("GET", f"/v1/jobs/{j}")
             job = json.loads(data)
             if job["state"] in ("succeeded", "failed", "cancelled"):
                 break
+            if not live_retry:  # a live job is not retried (nor once it succeeds meanwhile)
+                cl.call("POST", f"/v1/jobs/{j}/retry", status=409)
+                live_retry = True
             time.sleep(0.2)
         assert job["state"] == "succeeded", f"job {j} ended {job['state']}: {job.get('error')}"
         job, _ = cl.call("GET", f"/v1/jobs/{j}")
         assert len(job["ranks"]) == 2 and job["eta_seconds"] == 0, job
+        assert job["restarts"] == 0 and len(job["attempts"]) == 1, job["attempts"]
+        a = job["attempts"][0]
+        assert a["attempt"] == 1 and a["run"] == job["run"] and a["state"] == "succeeded", a
+        assert sorted(a["workers"]) == ["oa0", "oa1"] and a["finished"] is not None, a
+        err, _ = cl.call("POST", f"/v1/jobs/{j}/retry", status=409)
+        assert "is succeeded: only a failed or cancelled job" in err["error"]["message"], err
         m, _ = cl.call("GET", f"/v1/jobs/{j}/metrics")
         assert len(m["metrics"]) == TINY["train"]["steps"], m
         cl.call("GET", f"/v1/jobs/{j}/metrics?since=3")

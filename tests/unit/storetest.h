@@ -1,11 +1,26 @@
-/* storetest: the store tests' raw SQLite access (one copy, not one per
- * test): run SQL on a store's file behind its back, read one integer.
- * Include after cmocka.h. */
+/* storetest: what the store tests share (one copy, not one per test):
+ * raw SQLite access (run SQL on a store's file behind its back, read one
+ * integer), typed reads of the JSON views, the scratch folder. Include
+ * after cmocka.h. */
 #ifndef PW_STORETEST_H
 #define PW_STORETEST_H
 
+#include <jansson.h>
 #include <sqlite3.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "store.h"
+
+/* The schema version this code writes (store.c's migrations). */
+#define PW_TEST_SCHEMA 5
+/* Takes a file of the current schema back to schema 4: the tests of older
+ * migrations run this, then undo their own schema's tables. */
+#define PW_TEST_BACK_TO_4                                                                   \
+  "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE runs DROP COLUMN start_step; "        \
+  "ALTER TABLE runs DROP COLUMN resumed_from; PRAGMA user_version = 4;"
 
 static inline void raw_exec(const char *path, const char *sql) {
   sqlite3 *db;
@@ -29,5 +44,60 @@ static inline int64_t raw_int(const char *path, const char *sql) {
   sqlite3_close(db);
   return v;
 }
+
+/* A field of a JSON view, failing the test when it is not of that type. */
+static inline const char *jstr(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_string(v)) fail_msg("'%s' is not a string", key);
+  return json_string_value(v);
+}
+static inline json_int_t jint(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_integer(v)) fail_msg("'%s' is not an integer", key);
+  return json_integer_value(v);
+}
+static inline double jnum(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_number(v)) fail_msg("'%s' is not a number", key);
+  return json_number_value(v);
+}
+static inline void jnull(json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_null(v)) fail_msg("'%s' is not null (%s)", key, v ? "some value" : "missing");
+}
+
+/* The test's scratch folder, /tmp/pw-store-NAME-XXXXXX (setup), and its
+ * removal with everything in it (teardown). */
+static inline int store_tmpdir(char *dir, size_t cap, const char *name) {
+  snprintf(dir, cap, "/tmp/pw-store-%s-XXXXXX", name);
+  return mkdtemp(dir) ? 0 : -1;
+}
+static inline int store_rmdir(const char *dir) {
+  char cmd[320];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  return system(cmd);
+}
+/* A new store at dir/name (any older file there removed first); its path
+ * into path. */
+static inline pw_store *store_open_at(const char *dir, const char *name, char *path, size_t cap) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  unlink(path);
+  pw_store *s = NULL;
+  pw_err err = {0};
+  if (pw_store_open(path, &s, &err)) fail_msg("open %s: %s", path, err.msg);
+  return s;
+}
+
+/* The group's setup and teardown for a test file that works in the
+ * scratch folder dir (a char array): STORETEST_FIXTURE(g_dir, "w"). */
+#define STORETEST_FIXTURE(dir, name)                                                         \
+  static int setup(void **state) {                                                           \
+    (void)state;                                                                             \
+    return store_tmpdir(dir, sizeof dir, name);                                              \
+  }                                                                                          \
+  static int teardown(void **state) {                                                        \
+    (void)state;                                                                             \
+    return store_rmdir(dir);                                                                 \
+  }
 
 #endif

@@ -21,7 +21,7 @@
 #include "store.h"
 #include "storetest.h"
 
-#define SCHEMA 4 /* the schema version this code writes */
+#define SCHEMA PW_TEST_SCHEMA
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -74,26 +74,6 @@ static int64_t new_job(pw_store *s, const char *name) {
 static void set_state_ok(pw_store *s, int64_t id, int state) {
   pw_err err = {0};
   if (pw_store_job_set_state(s, id, state, "test", NULL, &err)) fail_msg("set_state: %s", err.msg);
-}
-
-static const char *jstr(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_string(v)) fail_msg("'%s' is not a string", key);
-  return json_string_value(v);
-}
-static json_int_t jint(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_integer(v)) fail_msg("'%s' is not an integer", key);
-  return json_integer_value(v);
-}
-static double jnum(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_number(v)) fail_msg("'%s' is not a number", key);
-  return json_number_value(v);
-}
-static void jnull(json_t *o, const char *key) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_null(v)) fail_msg("'%s' is not null (%s)", key, v ? "some value" : "missing");
 }
 
 static int64_t n_events(pw_store *s, int64_t job) {
@@ -155,15 +135,15 @@ static void test_open_newer_refused(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
   pw_store_close(s);
-  raw_exec(path, "PRAGMA user_version = 5");
+  raw_exec(path, "PRAGMA user_version = 6");
   pw_err err = {0};
   s = (pw_store *)1;
   assert_int_equal(pw_store_open(path, &s, &err), PW_ENOTSUP);
   assert_null(s);
-  expect_err(&err, "version 5 is newer");
-  expect_err(&err, "(4)");
+  expect_err(&err, "version 6 is newer");
+  expect_err(&err, "(5)");
   /* refused before touching anything: the file keeps its version */
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 5);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 6);
 }
 
 static void test_open_errors(void **state) {

@@ -34,14 +34,7 @@
 
 static char g_dir[64];
 
-static pw_store *open_at(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", g_dir, name);
-  unlink(path);
-  pw_store *s = NULL;
-  pw_err err = {0};
-  assert_int_equal(pw_store_open(path, &s, &err), 0);
-  return s;
-}
+static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
 static int64_t job(pw_store *s) {
   pw_job_new j = {.name = "j", .spec = "{}", .steps = 20, .pp = 2, .dp = 1, .virtual_stages = 1, .microbatches = 1,
@@ -77,11 +70,11 @@ static void test_migration_3_to_4(void **state) {
   pw_store *s = open_at("v3.db", path, sizeof path);
   int64_t id = job(s);
   pw_store_close(s);
-  raw_exec(path, "DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; DROP TABLE job_weights; DROP TABLE weights; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; DROP TABLE job_weights; DROP TABLE weights; "
                  "PRAGMA user_version = 3;");
   pw_err err = {0};
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);
@@ -261,16 +254,7 @@ static void test_files(void **state) {
   assert_int_not_equal(stat(dir, &sb), 0);
 }
 
-static int setup(void **state) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/pw-store-ck-XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  return system(cmd);
-}
+STORETEST_FIXTURE(g_dir, "ck")
 
 int main(void) {
   const struct CMUnitTest tests[] = {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "storetest.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -34,21 +35,6 @@ static int g_seq;
 static const char *SPEC = "{\"model\": {\"d_model\": 64, \"n_layers\": 4}, \"steps\": 10}";
 
 static void db_path(char *buf, size_t cap) { snprintf(buf, cap, "%s/db%d.sqlite", g_dir, ++g_seq); }
-
-/* A query on a separate raw connection: the first column of the first row
- * (-1 when there is no row). */
-static int64_t raw_int(const char *path, const char *sql) {
-  sqlite3 *db;
-  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-  sqlite3_busy_timeout(db, 5000);
-  sqlite3_stmt *st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", sql, sqlite3_errmsg(db));
-  int64_t v = -1;
-  if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  sqlite3_close(db);
-  return v;
-}
 
 static void raw_text(const char *path, const char *sql, char *out, size_t cap) {
   sqlite3 *db;
@@ -155,7 +141,7 @@ static void test_concurrency(void **state) {
   assert_int_equal(raw_int(path, "SELECT count(*) FROM jobs"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM metrics"), 300);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM events"), 600);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), PW_TEST_SCHEMA);
 }
 
 /* ---- durability across kill -9 ------------------------------------------- */

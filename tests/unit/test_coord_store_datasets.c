@@ -26,14 +26,7 @@
 
 static char g_dir[64];
 
-static pw_store *open_at(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", g_dir, name);
-  unlink(path);
-  pw_store *s = NULL;
-  pw_err err = {0};
-  assert_int_equal(pw_store_open(path, &s, &err), 0);
-  return s;
-}
+static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
 static const char *A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 static const char *B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -52,10 +45,10 @@ static void test_migration_2_to_3(void **state) {
   assert_int_equal(job(s, NULL, &id, &err), 0);
   pw_store_close(s);
   /* back to schema 2 as it was: no datasets tables (nor schema 4's) */
-  raw_exec(path, "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE job_datasets; DROP TABLE datasets; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
                  "DROP TABLE job_weights; DROP TABLE weights; PRAGMA user_version = 2;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);
@@ -136,16 +129,7 @@ static void test_datasets(void **state) {
   pw_store_close(s);
 }
 
-static int setup(void **state) {
-  snprintf(g_dir, sizeof g_dir, "/tmp/pw-store-ds-XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  return system(cmd);
-}
+STORETEST_FIXTURE(g_dir, "ds")
 
 int main(void) {
   const struct CMUnitTest tests[] = {

@@ -269,7 +269,7 @@ static void test_migration_1_to_2(void **state) {
   pw_store *s = NULL;
   pw_err err = {0};
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4); /* 1 -> 2 -> 3 -> 4 in one go */
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA); /* 1 -> 2 -> ... -> 5 in one go */
   json_t *j = NULL;
   assert_int_equal(pw_store_metrics_json(s, 1, 0, &j, &err), 0);
   json_t *rows = json_object_get(j, "metrics");
@@ -289,7 +289,7 @@ static void test_migration_1_to_2(void **state) {
   assert_true(json_real_value(json_object_get(json_array_get(rows, 0), "loss")) == 2.75);
   json_decref(j);
   pw_store_close(s);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), PW_TEST_SCHEMA);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM metrics WHERE step = 1"), 2);
 }
 

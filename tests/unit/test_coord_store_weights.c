@@ -26,14 +26,7 @@
 
 static char g_dir[64];
 
-static pw_store *open_at(const char *name, char *path, size_t cap) {
-  snprintf(path, cap, "%s/%s", g_dir, name);
-  unlink(path);
-  pw_store *s = NULL;
-  pw_err err = {0};
-  assert_int_equal(pw_store_open(path, &s, &err), 0);
-  return s;
-}
+static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
 static const char *A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 static const char *B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -60,10 +53,10 @@ static void test_migration_3_to_4(void **state) {
   pw_err err = {0};
   assert_int_equal(job(s, NULL, NULL, &id, &err), 0);
   pw_store_close(s);
-  raw_exec(path, "DROP TABLE job_weights; DROP TABLE weights; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
+  raw_exec(path, PW_TEST_BACK_TO_4 "DROP TABLE job_weights; DROP TABLE weights; DROP TABLE ckpt_shards; DROP TABLE ckpt_steps; "
                  "PRAGMA user_version = 3;");
   assert_int_equal(pw_store_open(path, &s, &err), 0);
-  assert_int_equal(pw_store_schema_version(s), 4);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
   json_t *j = NULL;
   assert_int_equal(pw_store_job_json(s, id, 0, &j, &err), 0);
   json_decref(j);
@@ -71,7 +64,7 @@ static void test_migration_3_to_4(void **state) {
   assert_int_equal(json_array_size(json_object_get(j, "checkpoints")), 0);
   json_decref(j);
   pw_store_close(s);
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 4);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), PW_TEST_SCHEMA);
 }
 
 static void test_weights(void **state) {
@@ -131,18 +124,7 @@ static void test_weights(void **state) {
   pw_store_close(s);
 }
 
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/pw-store-w-XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-  return system(cmd);
-}
+STORETEST_FIXTURE(g_dir, "w")
 
 int main(void) {
   const struct CMUnitTest tests[] = {

@@ -1,8 +1,10 @@
 /* job: one job's page — spec summary and partition, status, progress and
  * ETA, loss and throughput curves, the pipeline timeline of a sampled step
- * (measured against planned), events, cancel and checkpoint download.
+ * (measured against planned), every attempt (attempts.js), events, cancel,
+ * retry and checkpoint download.
  *
- * Data: GET /v1/jobs/{id} (with its spec, ranks and eta_seconds),
+ * Data: GET /v1/jobs/{id} (with its spec, ranks, restarts, attempts and
+ * eta_seconds), POST /v1/jobs/{id}/retry,
  * /metrics?since, /events?since, /timeline?step (and ?format=chrome),
  * /checkpoint, DELETE /v1/jobs/{id}, and POST /v1/plans with the job's spec
  * for the partition table (stage -> rank -> layers, params). Polls while
@@ -25,6 +27,8 @@ PW.views.job = function (root, params) {
   var actionMsg = h("span", {class: "muted small", id: "job-action-msg"});
   var cancelBtn = h("button", {type: "button", class: "danger", id: "job-cancel", hidden: true, on: {click: cancel}},
                     "Cancel job");
+  var retryBtn = h("button", {type: "button", id: "job-retry", hidden: true, on: {click: retry}},
+                   "Retry from newest state");
   var ckptLink = h("a", {href: base + "/checkpoint", class: "button", id: "job-checkpoint",
                          download: "job-" + id + ".safetensors",
                          on: {click: function (ev) { ev.preventDefault(); dl(base + "/checkpoint", "job-" + id + ".safetensors"); }}},
@@ -40,6 +44,8 @@ PW.views.job = function (root, params) {
   var lossChart = h("div", {id: "chart-loss"});
   var tputChart = h("div", {id: "chart-throughput"});
   var eventsBody = h("tbody");
+  var attemptsBody = h("tbody");
+  var attemptsNote = h("p", {class: "muted small", id: "attempts-note"});
 
   var stepSel = h("select", {id: "timeline-step", "aria-label": "step", on: {change: function () {
     follow.checked = false;
@@ -59,7 +65,7 @@ PW.views.job = function (root, params) {
       h("div", {class: "crumbs"}, h("a", {href: "#/"}, "Overview"), " / job " + id),
       h("div", {class: "title-row"}, title, state),
       statusLine,
-      h("div", {class: "actions"}, cancelBtn, ckptLink, planLink, actionMsg)),
+      h("div", {class: "actions"}, cancelBtn, retryBtn, ckptLink, planLink, actionMsg)),
     loadErr, errorBox,
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Progress")),
@@ -82,6 +88,8 @@ PW.views.job = function (root, params) {
           h("thead", null, h("tr", null, h("th", {class: "num"}, "stage"), h("th", {class: "num"}, "rank"),
             h("th", null, "worker"), h("th", null, "layers"), h("th", {class: "num"}, "params"))),
           partBody)), partNote)),
+    h("section", {class: "card", id: "attempts-card"}, h("div", {class: "card-head"}, h("h2", null, "Attempts")),
+      attemptsNote, PW.attempts.table(attemptsBody)),
     h("section", {class: "card"}, h("div", {class: "card-head"}, h("h2", null, "Events")),
       h("div", {class: "events-wrap"}, h("table", {class: "grid events", id: "events-table"},
         h("thead", null, h("tr", null, h("th", null, "time"), h("th", null, "kind"), h("th", null, "message"))),
@@ -116,6 +124,21 @@ PW.views.job = function (root, params) {
     cancelBtn.disabled = false;
   }
 
+  async function retry() {
+    if (!job || (job.state !== "failed" && job.state !== "cancelled")) return;
+    retryBtn.disabled = true;
+    try {
+      await PW.api.post(base + "/retry");
+      actionMsg.textContent = "queued again: it resumes from its newest state";
+      finalDone = false; /* polling stopped at the end: follow the job again */
+      stop();
+      if (!stopped) stop = PW.poll(refresh, 2000);
+    } catch (e) {
+      actionMsg.textContent = "Retry failed: " + e.toString();
+    }
+    retryBtn.disabled = false;
+  }
+
   function fact(name, value, attrs) {
     return [h("dt", null, name), h("dd", attrs || null, value)];
   }
@@ -130,6 +153,10 @@ PW.views.job = function (root, params) {
     errorBox.hidden = !j.error;
     errorBox.textContent = j.error ? "Error: " + j.error : "";
     cancelBtn.hidden = !!TERMINAL[j.state];
+    retryBtn.hidden = j.state !== "failed" && j.state !== "cancelled";
+    PW.attempts.render(attemptsBody, j.attempts);
+    attemptsNote.textContent = "Restarts after a lost worker: " + (d.isNum(j.restarts) ? j.restarts : 0) +
+      " of at most " + (d.isNum(j.max_restarts) ? j.max_restarts : d.DASH) + ".";
     var elapsed = d.isNum(j.started) ? (d.isNum(j.finished) ? j.finished : now) - j.started : null;
     d.fill(progBox, d.progress(p.step, p.total),
       h("span", {class: "progress-text"},
@@ -146,6 +173,8 @@ PW.views.job = function (root, params) {
       fact("duration", d.dur(elapsed)),
       fact("ETA", j.state === "running" ? d.dur(j.eta_seconds) : d.DASH),
       fact("attempt / run", d.isNum(j.run) ? "run " + j.run : d.DASH),
+      fact("restarts", (d.isNum(j.restarts) ? j.restarts : 0) + " of " +
+           (d.isNum(j.max_restarts) ? j.max_restarts : d.DASH), {id: "job-restarts"}),
       fact("workers", ranks || d.DASH));
   }
 
