@@ -367,13 +367,15 @@ def bit_diff(got, ref):
     return f"{len(bad)} of {len(b)} tensors differ: {bad[:5]}" if bad else ""
 
 
-def train_reference(build, spec, tmp, tag):
-    """`pipewright train --job F --out X` of spec: X's bytes (cached per tag)."""
+def train_reference(build, spec, tmp, tag, nice=0):
+    """`pipewright train --job F --out X` of spec: X's bytes (cached per tag;
+    nice > 0: at that niceness, to use what CPU a cluster leaves)."""
     out = os.path.join(tmp, f"ref-{tag}.safetensors")
     if not os.path.exists(out):
         f = os.path.join(tmp, f"ref-{tag}.json")
         json.dump(spec, open(f, "w"), indent=1)
-        subprocess.run([os.path.join(build, "pipewright"), "train", "--job", f, "--out", out, "--quiet"],
+        subprocess.run((["nice", "-n", str(nice)] if nice else []) +
+                       [os.path.join(build, "pipewright"), "train", "--job", f, "--out", out, "--quiet"],
                        check=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     return open(out, "rb").read()
 

@@ -18,7 +18,7 @@ Prints the seed (PW_TEST_SEED repeats the choices) and each kill's
 recovery time (kill -> the job's next attempt's first step recorded).
 Under PW_SANITIZE=ON the jobs are shorter and there are fewer kills.
 Usage: test_chaos.py BUILD_DIR SOURCE_DIR"""
-import os, random, shutil, signal, sys, tempfile, threading, time
+import os, random, re, shutil, signal, sys, tempfile, threading, time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +26,7 @@ import driver as d  # noqa: E402  (Cluster, http, wait_for, bit_diff, train_refe
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 SLOW = 3 if SANITIZE else 1
-STEPS = 400 if SANITIZE else 1600
+STEPS = 800 if SANITIZE else 3200
 N_KILLS = 4 if SANITIZE else 6
 TIME_LIMIT = 40 * SLOW  # the kill loop's
 HB = 2
@@ -34,6 +34,9 @@ NAMES = [f"c{i}" for i in range(7)]
 SEED = int(os.environ.get("PW_TEST_SEED") or time.time() * 1000 % 1000000)
 RND = random.Random(SEED)
 PASSED = FAILED = 0
+LOST_RE = re.compile(r"^worker \S+ \(\S+, rank \d+\) lost at step (\d+): ")
+RESUME_RE = re.compile(r"^attempt (\d+) (?:resumes at step (\d+) from (snapshots in worker memory|the checkpoint of step "
+                       r"\d+)|starts at step 0)$")
 
 
 def check(label, ok, detail=""):
@@ -113,6 +116,15 @@ def main():
         if not check("seven idle workers", c.wait_idle(7, 30 * SLOW), c.worker_rows()):
             return 1
         specs = [spec(i) for i in range(3)]
+        # the references meanwhile, niced, one after the other: they take
+        # the CPU the cluster leaves (and slow it: more steps to kill in)
+        refs = {}
+
+        def ref_all():
+            for i in range(3):
+                refs[i] = d.train_reference(BUILD, specs[i], tmp, f"chaos-{i}", nice=15)
+        ref_thread = threading.Thread(target=ref_all, daemon=True)
+        ref_thread.start()
         jobs = [c.submit(s) for s in specs]
         running = d.wait_for(lambda: all(c.job(j).get("state") == "running" for j in jobs), 30 * SLOW, 0.05)
         check("the three jobs run at once", running, [c.job(j).get("state") for j in jobs])
@@ -120,18 +132,7 @@ def main():
         check(f"the loop killed workers ({len(kills)})", len(kills) >= 2, kills)
         t_chaos = time.time() - t_all
         ends = [c.wait_job(j, timeout=120 * SLOW) for j in jobs]
-        # the references (the cluster is idle now), two at a time
-        refs = {}
-
-        def ref(i):
-            refs[i] = d.train_reference(BUILD, specs[i], tmp, f"chaos-{i}")
-        th = [threading.Thread(target=ref, args=(i,)) for i in range(3)]
-        for t in th[:2]:
-            t.start()
-        th[0].join()
-        th[2].start()
-        for t in th[1:]:
-            t.join()
+        ref_thread.join(300 * SLOW)
         times = []
         for i, (jid, j) in enumerate(zip(jobs, ends)):
             tag = f"job {jid} ({specs[i]['schedule']['name']}, seed {specs[i]['train']['seed']})"
@@ -153,6 +154,20 @@ def main():
                   len(ats) == 1 + len({k["run"] for k in mine}), (mine, ats))
             if "restarts" in j:
                 check(f"{tag}: restarts = {len(ats) - 1}", j["restarts"] == len(ats) - 1, j["restarts"])
+            # each resume: from where the loss left it (snapshots: that step or
+            # the one before; a checkpoint: at most 50 back), never past it
+            seq, bad = [], []
+            for e in c.events(jid):
+                m = LOST_RE.match(e["message"]) if e.get("kind") == "worker_lost" else None
+                if m:
+                    seq.append(int(m.group(1)))
+                r = RESUME_RE.match(e["message"]) if e.get("kind") == "resume" else None
+                if r and int(r.group(1)) > 1 and seq:
+                    step, lost = int(r.group(2) or 0), seq[-1]
+                    lo = lost - 1 if (r.group(3) or "").startswith("snapshots") else lost - 50
+                    if not lo <= step <= lost:
+                        bad.append(f"lost at step {lost}, then: {e['message']}")
+            check(f"{tag}: every attempt resumes at the step of the loss or before it, not after", not bad, bad)
             rows = all_metrics(c, jid)
             by = {}
             for m in rows:

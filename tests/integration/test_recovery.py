@@ -167,9 +167,11 @@ def first_row_after(c, jid, old_runs, t0, timeout):
     return t if t and t > 0 else None
 
 
-def common_checks(tag, c, jid, sp, n_losses=1, ref=None):
-    """The end of every recovered job: succeeded, bit for bit, one attempt
-    per loss plus the last, repeated steps with the same loss."""
+def common_checks(tag, c, jid, sp, n_losses=(1, 1), ref=None, coord_restart=False):
+    """The end of every recovered job: succeeded, bit for bit, an attempt
+    per loss (n_losses: the fewest and most) plus the last, repeated steps
+    with the same loss. coord_restart: an attempt may also have been ended
+    by the coordinator's restart (that costs the job no restart)."""
     j = c.wait_job(jid, timeout=120 * SLOW)
     check(f"{tag}: the job succeeds", j.get("state") == "succeeded", {k: j.get(k) for k in ("state", "error")})
     ref = ref or d.train_reference(BUILD, sp, TMP, tag.split(":")[0])
@@ -177,13 +179,20 @@ def common_checks(tag, c, jid, sp, n_losses=1, ref=None):
     check(f"{tag}: its checkpoint equals `pipewright train`'s bit for bit", not diff, diff)
     ats, src = attempts(c, jid)
     states = [a.get("state") for a in ats]
-    if n_losses is None:  # as many as it took, at least one
-        n_losses = max(1, len(states) - 1)
-    check(f"{tag}: {n_losses + 1} attempts in the {src}: interrupted then succeeded",
-          states == ["interrupted"] * n_losses + ["succeeded"] and
-          [a.get("attempt") for a in ats] == list(range(1, n_losses + 2)), ats)
+    by_coord = [a for a in ats[:-1] if coord_restart and a.get("state") in ("failed", "interrupted") and
+                "coordinator" in (a.get("reason") or "")]
+    lost = [a for a in ats[:-1] if a.get("state") == "interrupted" and a not in by_coord]
+    lo, hi = n_losses
+    check(f"{tag}: {lo}{'' if lo == hi else '..' + str(hi)} attempt(s) interrupted by a loss"
+          f"{' (and any ended by the coordinator restart)' if coord_restart else ''}, then one succeeded, in the {src}",
+          states and states[-1] == "succeeded" and lo <= len(lost) <= hi and len(lost) + len(by_coord) == len(ats) - 1
+          and [a.get("attempt") for a in ats] == list(range(1, len(ats) + 1)), ats)
+    if by_coord:
+        print(f"     note: attempt(s) {[a['attempt'] for a in by_coord]} ended by the coordinator's restart: "
+              f"{[(a['state'], a.get('reason')) for a in by_coord]}", flush=True)
     if "restarts" in j:
-        check(f"{tag}: restarts = {n_losses}", j["restarts"] == n_losses, j["restarts"])
+        check(f"{tag}: restarts = {len(lost)} (one per attempt a loss ended)", j["restarts"] == len(lost),
+              j["restarts"])
     rows = all_metrics(c, jid)
     by = {}
     for m in rows:
@@ -326,16 +335,30 @@ def part4(c):
     for name, _ in victims:
         c.workers[name].wait()
     print(f"     killed {victims} at step >= {step} (newest checkpoint listed: {newest})", flush=True)
-    # three left: the job waits for a fourth; start both again
-    d.wait_for(lambda: len(lost_events(c, jid)) >= 2, HB + 10 * SLOW, 0.02)
+    # three left: the job waits for a fourth; start both again once the
+    # coordinator has seen both go (a name still registered is refused)
+    d.wait_for(lambda: lost_events(c, jid), HB + 10 * SLOW, 0.02)
+    gone = d.wait_for(lambda: all(w["state"] == "lost" for w in c.worker_rows() if w["name"] in dict(victims)),
+                      HB + 10 * SLOW, 0.02)
+    check(f"{tag}: both are shown lost", gone, c.worker_rows())
     for name, _ in victims:
         c.start_worker(name)
     t_first = first_row_after(c, jid, {old_run}, t0, 60 * SLOW)
-    lost = check_lost(tag, c, jid, victims, step, ad)
-    common_checks(tag, c, jid, sp, ref=d.train_reference(BUILD, sp, TMP, "1 kill, snapshots"))
+    # the run ends at the first loss: the second may be seen while the next
+    # attempt is planned (no run to lose), so one event at least
+    lost = lost_events(c, jid)
+    named = [e for e in lost if (e.get("name"), e.get("rank")) in victims and e.get("addr") == ad.get(e.get("name"))
+             and e.get("step", -1) >= step]
+    check(f"{tag}: a worker_lost event names one of them (address, rank) at step >= {step}", named, lost)
+    print(f"     worker_lost events: {[(e.get('name'), e.get('rank'), e.get('step')) for e in lost]}", flush=True)
+    # killed 2 ms apart: an attempt may be dispatched to the second before
+    # its link is seen closed (it ends at once; the next resumes alike)
+    ats = common_checks(tag, c, jid, sp, n_losses=(1, 2), ref=d.train_reference(BUILD, sp, TMP, "1 kill, snapshots"))
+    check(f"{tag}: every interrupted attempt names one of them",
+          all(any(f"worker {n} " in (a.get("reason") or "") for n, _ in victims) for a in ats[:-1]), ats)
     steps = [x["step"] for x in lost if "step" in x]
-    if steps:
-        check_resume(tag, c, jid, 2, min(steps), ("checkpoint", "start"), 5, newest)
+    if steps and ats:
+        check_resume(tag, c, jid, ats[-1]["attempt"], min(steps), ("checkpoint", "start"), 5, newest)
         TIMES.append((tag + " (restarts 2 workers)", min(x["time"] for x in lost) - t0,
                       (t_first - t0) if t_first else None))
 
@@ -350,6 +373,7 @@ def part5(c):
     rank = RND.randrange(4)
     victim = ranks[rank]
     newest = max(checkpoint_steps(c, jid) or [0])
+    old_run = c.job(jid).get("run")
     t0 = time.time()
     c.signal_worker(victim, signal.SIGKILL)
     seen = d.wait_for(lambda: lost_events(c, jid), 10 * SLOW, 0.005)
@@ -358,7 +382,10 @@ def part5(c):
           f"(worker_lost seen: {bool(seen)})", flush=True)
     c.start_coordinator()
     check(f"{tag}: the coordinator starts again on its state dir", c.coord.poll() is None)
-    common_checks(tag, c, jid, sp, n_losses=None,
+    t_first = first_row_after(c, jid, {old_run}, t0, 60 * SLOW)
+    TIMES.append((tag + " (and started again)", (seen[0]["time"] - t0) if seen else float("nan"),
+                  (t_first - t0) if t_first else None))
+    common_checks(tag, c, jid, sp, coord_restart=True,
                   ref=d.train_reference(BUILD, sp, TMP, "1 kill, snapshots"))
     rs = resume_events(c, jid)
     check(f"{tag}: a resume event, not from step 0 (checkpoint {newest} was listed)",
@@ -379,7 +406,7 @@ def part6(c):
                                    os.path.join(TMP, "dup-w2")], stdout=open(dup_log, "w"),
                                   stderr=subprocess.STDOUT))
     try:
-        refused = d.wait_for(lambda: re.search(r"refused.*" + name + r"|" + name + r".*refused|refused.*name",
+        refused = d.wait_for(lambda: re.search(r"refused[^\n]*('" + name + r"'|\bname\b)",
                                                open(dup_log, errors="replace").read()), 10 * SLOW, 0.1)
         log = open(dup_log, errors="replace").read()
         check(f"{tag}: the second {name} is refused, its log says why", refused, log[-600:])
@@ -389,7 +416,7 @@ def part6(c):
               before and after and after[0]["addr"] == before[0]["addr"] and after[0]["id"] == before[0]["id"] and
               after[0]["state"] == "idle" and c.workers[name].poll() is None, (before, after))
         check(f"{tag}: the coordinator's log names the refusal",
-              re.search(r"refus\w* worker '?" + name, c.log_text()), c.log_text()[-600:])
+              re.search(r"refus\w*[^\n]*'" + name + "'", c.log_text()), c.log_text()[-600:])
     finally:
         p.kill()
         p.wait()
@@ -408,7 +435,8 @@ def part7(c):
         check(f"{tag}: losing {victim} fails the job, the error names it",
               j.get("state") == "failed" and f"worker {victim}" in (j.get("error") or ""), j.get("error"))
         ats, src = attempts(c, jid)
-        check(f"{tag}: one attempt, no resume", len(ats) == 1 and not resume_events(c, jid), (ats, src))
+        check(f"{tag}: one attempt, failed; no attempt 2", len(ats) == 1 and ats[0].get("state") == "failed" and
+              not [r for r in resume_events(c, jid) if r.get("attempt") != 1], (ats, resume_events(c, jid)))
     ensure_workers(c)
     tag = "7 restarts exhausted"
     sp = spec("7b", max_restarts=1)
@@ -432,7 +460,8 @@ def part7(c):
         check(f"{tag}: the second loss fails the job; the error names {v1} and {v2}",
               j.get("state") == "failed" and f"worker {v1}" in err and f"worker {v2}" in err, err)
         ats, _ = attempts(c, jid)
-        check(f"{tag}: two attempts, both interrupted or failed", len(ats) == 2, ats)
+        check(f"{tag}: two attempts, interrupted then failed",
+              [a.get("state") for a in ats] == ["interrupted", "failed"], ats)
 
 
 def main():
