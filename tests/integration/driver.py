@@ -388,6 +388,7 @@ class Cluster:
         self.state = os.path.join(tmp, tag + "-coord")
         self.log = os.path.join(tmp, tag + "-coordinator.log")
         self.coord, self.workers = None, {}  # name -> Popen
+        self.killed = set()  # names of workers killed on purpose (since their last start)
         self.http_port = self.ctl = 0
         self.start_coordinator()
 
@@ -428,12 +429,20 @@ class Cluster:
                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         _track(p)
         self.workers[name] = p
+        self.killed.discard(name)
         return p
 
-    def signal_worker(self, name, sig):
-        self.workers[name].send_signal(sig)
+    def signal_worker(self, name, sig, wait=True):
         if sig == signal.SIGKILL:
+            self.killed.add(name)
+        self.workers[name].send_signal(sig)
+        if sig == signal.SIGKILL and wait:
             self.workers[name].wait()
+
+    def crashed(self):
+        """{name: exit status} of the workers that exited without being
+        killed on purpose (a crash: -6 an abort, -11 a segfault)."""
+        return {n: p.returncode for n, p in self.workers.items() if p.poll() is not None and n not in self.killed}
 
     def worker_rows(self):
         st_, r = http(self.base, "/v1/workers")
@@ -496,19 +505,21 @@ class Cluster:
         return open(self.log, errors="replace").read() if os.path.exists(self.log) else ""
 
     def stop(self):
-        for p in list(self.workers.values()) + [self.coord]:
-            if p and p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
-        for p in list(self.workers.values()) + [self.coord]:
-            if not p:
-                continue
+        """SIGTERM to everything; {"coordinator" | worker name: exit status}
+        of those that were running (None: hung, killed)."""
+        procs = {n: p for n, p in [*self.workers.items(), ("coordinator", self.coord)] if p and p.poll() is None}
+        for p in procs.values():
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+        out = {}
+        for n, p in procs.items():
             try:
-                p.wait(timeout=20)
+                out[n] = p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        return self.coord.returncode
+                out[n] = None
+        return out
 
 
 if __name__ == "__main__":
