@@ -455,6 +455,10 @@ static void sched_tick(pw_coord *c) {
     }
     free(jb.spec);
     if (jb.state == PW_JOB_CANCELLED) end_run(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
+    /* cancelled and retried before this pass saw it: the old run stops
+     * here, before the queued job is dispatched again below */
+    else if (jb.state == PW_JOB_QUEUED)
+      end_run(c, jr, "cancelled", -1, "cancelled by request (the job was retried since)", "job cancelled");
   }
   /* Queued jobs, oldest first; a job that does not fit does not hold back
    * a later one that does. */
@@ -641,6 +645,11 @@ static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *
   char why[700];
   snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name, m->message);
   pw_wconn *peer = m->lost_rank >= 0 && m->lost_rank < jr->n_ranks ? jr->ranks[m->lost_rank] : NULL;
+  if (m->peer_aborted >= 0 && m->lost_rank < 0 && m->restore_failed <= 0) {
+    /* A consequence: the aborting peer says why itself (or is lost). */
+    pw_info("job %lld: %s", (long long)jr->job, why);
+    return 0;
+  }
   if (peer && peer != w) {
     /* The peer's link broke under a rank of the run: that worker is lost
      * (its process or host is gone, or it cannot reach its peers). Its

@@ -695,7 +695,7 @@ int pw_store_recover(pw_store *s, const char *reason, pw_err *err) {
   }
   double now = pw_store_now();
   for (int i = 0; i < n; i++) {
-    if (!(st = pw__store_stmt(s, PW_ST_RUNS_FAIL_OPEN, err))) {
+    if (!(st = pw__store_stmt(s, PW_ST_RUNS_INTERRUPT_OPEN, err))) {
       rc = err ? err->code : PW_EIO;
       goto fail;
     }

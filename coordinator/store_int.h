@@ -52,8 +52,8 @@
   X(JOBS_IN_STATE, "SELECT id FROM jobs WHERE state = ?1 ORDER BY id")                             \
   X(JOBS_MIDFLIGHT,                                                                                \
     "SELECT id, state FROM jobs WHERE state IN ('planning', 'dispatching', 'running') ORDER BY id") \
-  X(RUNS_FAIL_OPEN,                                                                                \
-    "UPDATE runs SET state = 'failed', error = ?2, finished = ?3 "                                 \
+  X(RUNS_INTERRUPT_OPEN,                                                                                \
+    "UPDATE runs SET state = 'interrupted', error = ?2, finished = ?3 "                            \
     "WHERE job_id = ?1 AND finished IS NULL")                                                      \
   X(JOB_GET, "SELECT " PW__JOB_COLS ", spec FROM jobs WHERE id = ?1")                              \
   X(JOBS_COUNT_ALL, "SELECT count(*) FROM jobs")                                                   \

@@ -83,6 +83,9 @@ static int drain(pw_run *r, int k) {
           why[ev.len] = 0;
           for (size_t i = 0; i < ev.len; i++)
             if ((unsigned char)why[i] < 32) why[i] = ' ';
+          uv_mutex_lock(&r->sh.mu);
+          if (r->sh.aborted_rank < 0 && r->sh.lost_rank < 0) r->sh.aborted_rank = k;
+          uv_mutex_unlock(&r->sh.mu);
           return pw_exec_fail(r, PW_EPEER, NULL, "peer rank %d aborted: %s", k, why);
         }
         in->bye = 1;
@@ -126,6 +129,10 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
     int rc = drain_all(r);
     if (rc < 0) return rc;
     if (rc > 0) {
+      spin_until = 0;
+      continue;
+    }
+    if (pw_snaprun_idle(r)) { /* nothing to do but the snapshot's copy: a piece of it, then look again */
       spin_until = 0;
       continue;
     }

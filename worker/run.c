@@ -342,23 +342,6 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
   return load_or_init(r, r->resume, err);
 }
 
-/* assign.restore_step / restore_from: where each stage's snapshot comes
- * from, checked against the mesh before anything waits on it. */
-static int restore_table(pw_run *r, const pw_msg_assign *a, pw_err *err) {
-  if (a->restore_step <= 0 && !a->restore_from) return 0;
-  if (a->restore_step != r->start_step || !a->restore_from || json_array_size(a->restore_from) != (size_t)r->S)
-    return pw_err_set(err, PW_EPROTO, "assign.restore_from", "must name a rank for each of the %d stages, with "
-                      "restore_step = start_step", r->S);
-  if (!(r->restore_from = malloc(sizeof(int) * (size_t)r->S))) return pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
-  for (int st = 0; st < r->S; st++) {
-    json_int_t k = json_integer_value(json_array_get(a->restore_from, (size_t)st));
-    if (k >= r->n_ranks) return pw_err_set(err, PW_EPROTO, "assign.restore_from", "rank %lld outside the mesh", (long long)k);
-    r->restore_from[st] = (int)k;
-  }
-  r->restore_step = (int)a->restore_step;
-  return 0;
-}
-
 int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,
                   pw_err *err) {
   *out = NULL;
@@ -463,7 +446,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
       rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no address for rank %d", k);
       goto fail;
     }
-  if ((rc = restore_table(r, a, err))) goto fail;
+  if ((rc = pw_snaprun_assign(r, a, err))) goto fail;
   r->snap_holder = pw_snaprun_holder(r, r->rank);
   if ((rc = setup_stages(r, err))) goto fail;
   r->acts = r->sched->actions[r->prank];
@@ -482,7 +465,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   for (int k = 0; k < 2 * r->pp; k++) r->cp.norm_parts_step[k] = -1;
   r->cp.tied_step = -1;
   r->sh.step = r->start_step; /* peers' frames may come before our links are up */
-  r->sh.lost_rank = -1;
+  r->sh.lost_rank = r->sh.aborted_rank = -1;
   if ((rc = uv_async_init(loop, &r->lp.async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
     goto fail;
@@ -630,11 +613,11 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   pw_error("job %llu run %d rank %d failed at step %d: %s", (unsigned long long)r->job, r->run_id, r->rank, r->sh.step,
            r->sh.error);
   uv_mutex_lock(&r->sh.mu);
-  int lost = r->sh.lost_rank, restore = r->sh.restore_failed;
+  int lost = r->sh.lost_rank, restore = r->sh.restore_failed, aborted = r->sh.aborted_rank;
   uv_mutex_unlock(&r->sh.mu);
   pw_ctl_send(r->w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = (int64_t)r->job, .run = r->run_id,
                                      .rank = r->rank, .message = r->sh.error, .lost_rank = lost,
-                                     .restore_failed = restore ? 1 : -1));
+                                     .restore_failed = restore ? 1 : -1, .peer_aborted = aborted));
   finish(r, 0);
 }
 

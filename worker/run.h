@@ -131,6 +131,7 @@ typedef struct {
   char error[512];         /* why the compute thread failed */
   int lost_rank;           /* the peer whose link broke, when that failed the run; else -1 */
   int restore_failed;      /* a snapshot the assign named was not here */
+  int aborted_rank;        /* the peer whose abort (BYE with a reason) failed the run; else -1 */
   pw_timing *trace_buf;    /* [PW_TRACE_BUFS * n_acts] timings of traced steps being reported */
   int trace_busy[PW_TRACE_BUFS]; /* a report still reads that one */
   /* Outbound links as the compute thread writes them, under wmu: it
@@ -166,7 +167,10 @@ typedef struct {
   int *rx_next;            /* [n_ranks] part expected next from that peer */
   int restore_got;         /* stages restored from a peer */
   int report_stage, report_step; /* a held snapshot completed, to report (report_step 0: none) */
-  double snap_seconds;     /* spent taking snapshots (copies and queueing their sends) */
+  pw_snap **snap_todo;     /* [n_ls] own snapshot still being copied, or NULL */
+  size_t *snap_off;        /* [n_ls] floats of it copied */
+  int snap_step;           /* the step those copies are of */
+  double snap_seconds;     /* spent copying snapshots (and queueing their sends) */
   int snaps_taken, snaps_skipped;
 } pw_run_compute;
 
@@ -318,9 +322,14 @@ double pw_now(void);
  * another host, else the next rank; -1 for a one-rank run. */
 int pw_snaprun_holder(const pw_run *r, int g);
 /* Compute thread, after a step's update: when the step is due, a copy of
- * each local stage into the store and to the holder. Never fails the run:
- * a snapshot that cannot be taken is logged and skipped. */
+ * each local stage into the store and to the holder, made while the rank
+ * waits in the next step (idle: a piece of PW_SNAP_IDLE_FLOATS, 1 when it
+ * copied something) and finished before that step's update (flush). Never
+ * fails the run: a snapshot that cannot be taken is logged and skipped. */
+#define PW_SNAP_IDLE_FLOATS ((size_t)1 << 18)
 void pw_snaprun_take(pw_run *r);
+int pw_snaprun_idle(pw_run *r);
+void pw_snaprun_flush(pw_run *r);
 /* Compute thread, before the first step of a run with restore_step: each
  * local stage's state from memory (its own or sent by restore_from), and
  * what this rank holds sent to the ranks that need it. */
@@ -328,6 +337,9 @@ PW_MUST_CHECK int pw_snaprun_restore(pw_run *r, pw_err *err);
 /* Compute thread, sh.mu held: a SNAP frame's destination, and its end. */
 PW_MUST_CHECK int pw_snaprun_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
 PW_MUST_CHECK int pw_snaprun_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err);
+/* pw_run_create: assign.restore_step / restore_from, checked against the
+ * mesh before anything waits on them. */
+PW_MUST_CHECK int pw_snaprun_assign(pw_run *r, const pw_msg_assign *a, pw_err *err);
 /* pw_run_create / run_destroy: the receive tables; claimed entries given back. */
 PW_MUST_CHECK int pw_snaprun_alloc(pw_run *r);
 void pw_snaprun_free(pw_run *r);

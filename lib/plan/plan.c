@@ -139,6 +139,8 @@ static size_t data_bytes(const pw_job *job, const pw_model *m) {
   }
 }
 
+#define PW_PLAN_SNAP_GENS 2 /* worker/snap.h's PW_SNAP_GENS */
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -172,9 +174,16 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       if (here) p->mem[r].tied += bytes;
     }
   }
+  /* Each rank keeps its stages' snapshots and holds those of the rank
+   * before it (global rank g - 1, whose pipeline rank is r - 1 mod pp). */
+  if (train && job->train.snapshot_every > 0)
+    for (int r = 0; r < p->pp; r++) {
+      size_t own = 3 * p->mem[r].params, prev = 3 * p->mem[(r + p->pp - 1) % p->pp].params;
+      p->mem[r].snapshots = PW_PLAN_SNAP_GENS * (own + (p->pp * p->dp > 1 ? prev : 0));
+    }
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
-    m->total = m->params + m->grads + m->adam + m->slots + m->scratch + m->dp + m->tied + m->data;
+    m->total = m->params + m->grads + m->adam + m->slots + m->scratch + m->dp + m->tied + m->data + m->snapshots;
   }
   return 0;
 }
@@ -280,10 +289,11 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
     json_t *o = json_array_get(ranks, (size_t)r);
     json_object_set_new(o, "memory_bytes", json_integer((json_int_t)m->total));
     json_object_set_new(o, "memory",
-                        json_pack("{s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params,
-                                  "grads", (json_int_t)m->grads, "adam", (json_int_t)m->adam, "slots",
-                                  (json_int_t)m->slots, "n_slots", m->n_slots, "scratch", (json_int_t)m->scratch,
-                                  "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data", (json_int_t)m->data));
+                        json_pack("{s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I}", "params",
+                                  (json_int_t)m->params, "grads", (json_int_t)m->grads, "adam", (json_int_t)m->adam,
+                                  "slots", (json_int_t)m->slots, "n_slots", m->n_slots, "scratch",
+                                  (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
+                                  (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
   }
   json_t *costs = json_array();
   for (int s = 0; s < p->S; s++)

@@ -76,6 +76,9 @@ typedef struct {
   size_t data;     /* ranks drawing inputs or targets: a text file whole (its
                       size where the planner can stat it, else 0), the
                       regression / classify teacher matrix */
+  size_t snapshots; /* train.snapshot_every > 0: two generations of its own
+                       stages' state (parameters, m, v) and two of the
+                       previous rank's, which it holds (worker/snap.h) */
   size_t total;    /* the sum */
 } pw_plan_mem;
 

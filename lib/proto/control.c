@@ -73,7 +73,8 @@ static const field f_pw_msg_done[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run,
 #define S pw_msg_error
 static const field f_pw_msg_error[] = {OPT_MIN(S, job, F_INT, 0),  OPT_MIN(S, run, F_INT, 0),
                                        OPT_MIN(S, rank, F_INT, 0), REQ(S, message, F_STR),
-                                       OPT_MIN(S, lost_rank, F_INT, 0), OPT_MIN(S, restore_failed, F_INT, 0), END};
+                                       OPT_MIN(S, lost_rank, F_INT, 0), OPT_MIN(S, restore_failed, F_INT, 0),
+                                       OPT_MIN(S, peer_aborted, F_INT, 0), END};
 #undef S
 #define S pw_msg_snapshot
 static const field f_pw_msg_snapshot[] = {REQ_MIN(S, job, F_INT, 0),   REQ_MIN(S, run, F_INT, 0),

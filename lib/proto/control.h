@@ -44,7 +44,9 @@
  *               (the run failed because the link to that peer rank broke:
  *               the coordinator takes that peer's worker for lost),
  *               restore_failed?:int (1: a snapshot the assign named is no
- *               longer here; the coordinator restarts from a checkpoint)
+ *               longer here; the coordinator restarts from a checkpoint),
+ *               peer_aborted?:int (the run failed because that peer rank
+ *               aborted: a consequence, not a cause — the peer says why)
  *   snapshot    job:int, run:int, rank:int, stage:int, step:int>=1,
  *               held:int (0: a copy of the worker's own stage, 1: of a peer's
  *               stage it holds) — the state of `stage` after `step` steps is
@@ -104,7 +106,7 @@ typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; i
                  double grad_norm, lr; json_t *actions; int64_t nonfinite; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
-typedef struct { int64_t job, run, rank; const char *message; int64_t lost_rank, restore_failed; } pw_msg_error;
+typedef struct { int64_t job, run, rank; const char *message; int64_t lost_rank, restore_failed, peer_aborted; } pw_msg_error;
 typedef struct { int64_t job, run, rank, stage, step, held; } pw_msg_snapshot;
 typedef struct { int64_t version, worker_id; double heartbeat_interval; const char *http_url; } pw_msg_welcome;
 typedef struct { const char *reason; } pw_msg_refused;

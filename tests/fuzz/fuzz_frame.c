@@ -6,7 +6,8 @@
  * checksums of the frames it finds (so the fuzzer gets past the CRCs to the
  * field checks behind them); the rest is the stream. The reader must
  * never write past the buffers it was given, and once it reports an error
- * it must keep reporting it. */
+ * it must keep reporting it. A complete HELLO's payload goes through the
+ * HELLO parser as the worker's would (its job, run, rank and token). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,15 @@ static int on_frame(void *ctx, pw_frame_reader *r, const pw_frame_event *ev) {
     if (pw_frame_reader_set_dest(r, slot)) abort();
   }
   if (ev->type == PW_FRAME_DONE && ev->len && !ev->payload) abort();
+  if (ev->type == PW_FRAME_DONE && ev->hdr.kind == PW_FRAME_HELLO && ev->payload) {
+    uint64_t job;
+    uint32_t run, rank;
+    char token[257];
+    pw_err err = {0};
+    if (pw_frame_hello_parse(ev->payload, ev->len, &job, &run, &rank, token, sizeof token, &err) == 0 &&
+        strlen(token) > 256)
+      abort(); /* an accepted token always fits */
+  }
   return 0;
 }
 

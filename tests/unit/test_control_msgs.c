@@ -29,7 +29,7 @@ static const char *const full[] = {
     "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]]}",
     "{\"type\":\"checkpoint\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"path\":\"/p\",\"bytes\":5,\"stage\":6}",
     "{\"type\":\"done\",\"job\":1,\"run\":2,\"rank\":3}",
-    "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\",\"lost_rank\":4,\"restore_failed\":1}",
+    "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\",\"lost_rank\":4,\"restore_failed\":1,\"peer_aborted\":2}",
     "{\"type\":\"snapshot\",\"job\":1,\"run\":2,\"rank\":3,\"stage\":4,\"step\":5,\"held\":1}",
     "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":0.5}",
     "{\"type\":\"refused\",\"reason\":\"r\"}",

@@ -192,8 +192,12 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
     assert_int_equal(mm->slots, slots);
     assert_int_equal(mm->n_slots, n_slots);
     assert_int_equal(mm->dp, dp_bytes);
-    assert_int_equal(mm->total,
-                     mm->params + mm->grads + mm->adam + mm->slots + mm->scratch + mm->dp + mm->tied + mm->data);
+    /* snapshots (train.snapshot_every 1 by default): two generations of
+     * this rank's state and two of the previous rank's */
+    size_t prev = p.mem[(r + pp - 1) % pp].params;
+    assert_int_equal(mm->snapshots, 2 * (arenas + (pp * dp > 1 ? 3 * prev : 0)));
+    assert_int_equal(mm->total, mm->params + mm->grads + mm->adam + mm->slots + mm->scratch + mm->dp + mm->tied +
+                                    mm->data + mm->snapshots);
   }
   /* the JSON says the same */
   json_t *j = pw_plan_json(&job, &p);

@@ -10,7 +10,18 @@
  * does not fit, the wrong sender, another job, a microbatch out of range,
  * a duplicate, a gradient before its forward. Over a socketpair, the
  * compute thread's reader (pw_exec_wait) puts a frame's bytes in the slot,
- * and a bad frame or a hang-up fails the run naming the peer. */
+ * and a bad frame or a hang-up fails the run naming the peer.
+ *
+ * SNAP frames (worker/snaprun.c): a peer's snapshot is taken only from a
+ * rank this one is the holder of (pw_snaprun_holder: the next rank on
+ * another host), for a stage that rank runs, in part order 0, 1, 2, and
+ * lands in a HELD entry of the run's store, reported once complete; a
+ * restore only from the rank the assignment names for a local stage, at
+ * its step, exactly the stage's size, into a RESTORE entry.
+ *
+ * test_snap_stage_out_of_range and test_snap_purpose_out_of_range FAIL on
+ * purpose: they show a bug in pw_snaprun_dest (a header field taken as a
+ * signed int before its bound check); see their comments. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,6 +47,7 @@ typedef struct {
   size_t act_bytes;
   int out_value;   /* stage 0's output (to stage 1, on rank 1) */
   size_t out_bytes;
+  pw_snapstore *snaps; /* the run's snapshot store (r->snaps), or NULL; outlives the run */
 } fx;
 
 static int setup(void **state) {
@@ -63,9 +75,23 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   fx *x = *state;
-  wf_run_free(x->f, x->r);
+  wf_run_free(x->f, x->r); /* ends a half-received snapshot's write: the store must still be there */
   wf_job_free(x->f);
+  if (x->snaps) {
+    pw_snapstore_free(x->snaps);
+    free(x->snaps);
+  }
   free(x);
+  return 0;
+}
+
+/* The fixture run with a snapshot store, as the daemon gives its runs. */
+static int setup_snaps(void **state) {
+  setup(state);
+  fx *x = *state;
+  x->snaps = calloc(1, sizeof *x->snaps);
+  assert_int_equal(pw_snapstore_init(x->snaps), 0);
+  x->r->snaps = x->snaps;
   return 0;
 }
 
@@ -83,8 +109,10 @@ static void refused(pw_run *r, int from, const pw_frame_hdr *h, const char *why)
   pw_err err = {0};
   char b[600];
   int rc = pw_run_frame_dest(r, from, h, &dst, &err);
-  if (rc != PW_EPROTO || !strstr(pw_err_str(&err, b, sizeof b), why))
-    fail_msg("expected PW_EPROTO with '%s', got %d: %s", why, rc, b);
+  pw_err_str(&err, b, sizeof b); /* also when rc is wrong: the message says which frame */
+  if (rc != PW_EPROTO || !strstr(b, why))
+    fail_msg("%s frame of stage %u from rank %d: expected PW_EPROTO with '%s', got %d: %s",
+             pw_frame_kind_name(h->kind), h->stage, from, why, rc, b);
   assert_null(dst);
 }
 
@@ -242,6 +270,284 @@ static void test_link_hangup(void **state) {
   close(sv[1]);
 }
 
+/* ---- SNAP frames ------------------------------------------------------------ */
+
+enum { HOLD = 0, RESTORE = 1 };
+
+static pw_frame_hdr snap_hdr(int step, int purpose, uint32_t stage, int part, size_t numel) {
+  pw_frame_hdr h;
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_SNAP, WF_JOB, (uint32_t)step, (uint32_t)purpose, stage,
+                                         (uint32_t)part, PW_DTYPE_F32, numel),
+                   0);
+  return h;
+}
+
+/* Delivers part `part` of a snapshot from `from` as the reader does: the
+ * destination, the payload copied in, the frame done. */
+static void snap_part(pw_run *r, int from, int step, int purpose, int stage, int part, const float *data, size_t numel) {
+  pw_frame_hdr h = snap_hdr(step, purpose, (uint32_t)stage, part, numel);
+  void *dst = NULL;
+  pw_err err = {0};
+  char b[600];
+  if (pw_run_frame_dest(r, from, &h, &dst, &err))
+    fail_msg("part %d of stage %d from rank %d refused: %s", part, stage, from, pw_err_str(&err, b, sizeof b));
+  assert_non_null(dst); /* kept: the store had room */
+  memcpy(dst, data + (size_t)part * numel, numel * sizeof(float));
+  assert_int_equal(pw_run_frame_done(r, from, &h, dst, &err), 0);
+}
+
+/* The SNAP events the run posted (the loop would report them): "stage/step/held ...". */
+static void expect_snap_events(pw_run *r, const char *want) {
+  char got[256] = "";
+  pw_event ev;
+  while (pw_run_event_next(r, &ev))
+    if (ev.kind == PW_EV_SNAP) {
+      size_t l = strlen(got);
+      snprintf(got + l, sizeof got - l, "%s%d/%d/%d", l ? " " : "", ev.stage, ev.step, ev.held);
+    }
+  if (strcmp(got, want)) fail_msg("snapshot events '%s', expected '%s'", got, want);
+}
+
+static void test_snap_hold(void **state) {
+  fx *x = *state;
+  pw_run *r = x->r; /* rank 0 of 2: the holder of rank 1 (stages 1 and 3) */
+  assert_int_equal(pw_snaprun_holder(r, 1), 0);
+  assert_int_equal(pw_snaprun_holder(r, 0), 1);
+  enum { N = 40 };
+  float data[3 * N];
+  fill(data, 3 * N, 11.0f);
+  pw_frame_hdr h;
+  /* a run without a store takes none */
+  r->snaps = NULL;
+  h = snap_hdr(2, HOLD, 1, 0, N);
+  refused(r, 1, &h, "unexpected SNAP frame");
+  r->snaps = x->snaps;
+  /* not from a rank it holds for, nor a stage the sender does not run, nor
+   * larger than the whole model */
+  h = snap_hdr(2, HOLD, 0, 0, N);
+  refused(r, 0, &h, "does not fit");
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(2, HOLD, 2, 0, N);
+  refused(r, 1, &h, "does not fit");
+  size_t model_numel = 0;
+  for (int i = 0; i < r->model.n_params; i++) model_numel += r->model.params[i].numel;
+  h = snap_hdr(2, HOLD, 1, 0, model_numel + 1);
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(0, HOLD, 1, 0, N); /* step 0 is no snapshot's */
+  refused(r, 1, &h, "unexpected SNAP frame");
+  h = snap_hdr(2, HOLD, 1, 3, N);
+  refused(r, 1, &h, "unexpected SNAP frame");
+  h = snap_hdr(2, 2, 1, 0, N); /* neither hold nor restore */
+  refused(r, 1, &h, "unexpected SNAP frame");
+  h = snap_hdr(2, HOLD, 1, 0, N);
+  h.dtype = PW_DTYPE_I32;
+  refused(r, 1, &h, "unexpected SNAP frame");
+  /* parts in order only */
+  h = snap_hdr(2, HOLD, 1, 1, N);
+  refused(r, 1, &h, "out of order");
+  h = snap_hdr(2, HOLD, 1, 2, N);
+  refused(r, 1, &h, "out of order");
+  assert_null(x->snaps->list); /* nothing claimed by a refused frame */
+  snap_part(r, 1, 2, HOLD, 1, 0, data, N);
+  pw_snap *e = x->snaps->list;
+  assert_non_null(e);
+  assert_int_equal(e->kind, PW_SNAP_HELD);
+  assert_int_equal(e->stage, 1);
+  assert_null(pw_snap_acquire(x->snaps, WF_JOB, 1, 2)); /* not before its last part */
+  h = snap_hdr(2, HOLD, 1, 0, N);
+  refused(r, 1, &h, "out of order");
+  h = snap_hdr(2, HOLD, 1, 2, N);
+  refused(r, 1, &h, "out of order");
+  h = snap_hdr(2, HOLD, 3, 1, N); /* another stage's part 1 */
+  refused(r, 1, &h, "out of order");
+  h = snap_hdr(2, HOLD, 1, 1, N + 1); /* another size */
+  refused(r, 1, &h, "out of order");
+  snap_part(r, 1, 2, HOLD, 1, 1, data, N);
+  expect_snap_events(r, "");
+  snap_part(r, 1, 2, HOLD, 1, 2, data, N);
+  expect_snap_events(r, "1/2/1"); /* the coordinator hears of it once complete */
+  pw_snap *got = pw_snap_acquire(x->snaps, WF_JOB, 1, 2);
+  assert_ptr_equal(got, e);
+  assert_int_equal(got->numel, N);
+  assert_memory_equal(got->data, data, sizeof data);
+  pw_snap_release(x->snaps, got);
+  /* the next snapshot starts at part 0 again: stage 3, of the same step */
+  snap_part(r, 1, 2, HOLD, 3, 0, data, N);
+  snap_part(r, 1, 2, HOLD, 3, 1, data, N);
+  snap_part(r, 1, 2, HOLD, 3, 2, data, N);
+  expect_snap_events(r, "3/2/1");
+  assert_int_equal(x->snaps->bytes, 2 * 3 * N * sizeof(float));
+  assert_int_equal(r->cp.restore_got, 0); /* held copies restore nothing */
+  /* a half-received one is abandoned when the run ends (teardown): its
+   * entry must not stay claimed, nor valid */
+  snap_part(r, 1, 3, HOLD, 1, 0, data, N);
+  assert_null(pw_snap_acquire(x->snaps, WF_JOB, 1, 3));
+}
+
+static void test_snap_restore(void **state) {
+  fx *x = *state;
+  pw_run *r = x->r; /* rank 0: stages 0 and 2 */
+  size_t n0 = pw_prog_numel(r->ls[0].prog), n2 = pw_prog_numel(r->ls[1].prog);
+  assert_true(n0 > 0 && n2 > 0 && n0 != n2);
+  float *data = malloc(3 * n0 * sizeof(float));
+  fill(data, 3 * n0, -2.0f);
+  pw_frame_hdr h;
+  /* no restore in the assignment: none taken */
+  h = snap_hdr(4, RESTORE, 0, 0, n0);
+  refused(r, 1, &h, "does not fit");
+  /* assign.restore_step 4, restore_from: stage 0 from rank 1, stage 2 this rank's own */
+  r->restore_step = 4;
+  r->restore_from = malloc(4 * sizeof(int)); /* freed with the run */
+  int from[4] = {1, 1, 0, 1};
+  memcpy(r->restore_from, from, sizeof from);
+  h = snap_hdr(3, RESTORE, 0, 0, n0); /* another step */
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(5, RESTORE, 0, 0, n0);
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 0, 0, n0); /* from a rank the assignment does not name */
+  refused(r, 0, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 2, 0, n2); /* stage 2 is this rank's own to restore */
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 1, 0, n0); /* stage 1 is not on this rank */
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 0, 0, n0 - 1); /* exactly the stage's size */
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 0, 0, n0 + 1);
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 0, 0, n2);
+  refused(r, 1, &h, "does not fit");
+  h = snap_hdr(4, RESTORE, 0, 1, n0);
+  refused(r, 1, &h, "out of order");
+  assert_null(x->snaps->list);
+  snap_part(r, 1, 4, RESTORE, 0, 0, data, n0);
+  snap_part(r, 1, 4, RESTORE, 0, 1, data, n0);
+  assert_int_equal(r->cp.restore_got, 0);
+  snap_part(r, 1, 4, RESTORE, 0, 2, data, n0);
+  assert_int_equal(r->cp.restore_got, 1);
+  expect_snap_events(r, ""); /* a restore's copy is not reported as held */
+  pw_snap *e = pw_snap_acquire(x->snaps, WF_JOB, 0, 4);
+  assert_non_null(e);
+  assert_int_equal(e->kind, PW_SNAP_RESTORE);
+  assert_int_equal(e->numel, n0);
+  assert_memory_equal(e->data, data, 3 * n0 * sizeof(float));
+  pw_snap_release(x->snaps, e);
+  free(data);
+}
+
+/* pp=2, dp=2: ranks 0 and 1 on one host, 2 and 3 on another. */
+static const char *SPEC_DP =
+    "{\"name\":\"frames-dp\",\"model\":{\"template\":\"gpt\",\"vocab_size\":32,\"seq_len\":4,\"d_model\":8,"
+    "\"n_layers\":2,\"n_heads\":2},"
+    "\"mesh\":{\"pp\":2,\"dp\":2},"
+    "\"schedule\":{\"name\":\"1f1b\",\"microbatches\":2},"
+    "\"train\":{\"steps\":3,\"batch_size\":8,\"seed\":5},\"data\":{\"kind\":\"copy\"}}";
+
+static int setup_dp(void **state) {
+  fx *x = calloc(1, sizeof *x);
+  x->f = wf_job_make(SPEC_DP);
+  x->r = wf_run(x->f, 0, 3);
+  x->snaps = calloc(1, sizeof *x->snaps);
+  assert_int_equal(pw_snapstore_init(x->snaps), 0);
+  x->r->snaps = x->snaps;
+  assert_int_equal(x->r->n_ranks, 4);
+  assert_int_equal(x->r->rank_of_stage[0], 0);
+  assert_int_equal(x->r->rank_of_stage[1], 1);
+  *state = x;
+  return 0;
+}
+
+static void hosts(pw_run *r, const char *a, const char *b) {
+  for (int k = 0; k < r->n_ranks; k++) snprintf(r->peer_addr[k], sizeof r->peer_addr[k], "%s:%d", k < 2 ? a : b, 7001 + k);
+}
+
+static void test_snap_holder_by_host(void **state) {
+  fx *x = *state;
+  pw_run *r = x->r;
+  enum { N = 8 };
+  float data[3 * N];
+  fill(data, 3 * N, 5.0f);
+  pw_frame_hdr h;
+  /* one host: each rank's holder is the next rank; this one holds rank 3's */
+  hosts(r, "127.0.0.1", "127.0.0.1");
+  assert_int_equal(pw_snaprun_holder(r, 2), 3);
+  h = snap_hdr(1, HOLD, 0, 0, N);
+  refused(r, 2, &h, "does not fit");
+  snap_part(r, 3, 1, HOLD, 1, 0, data, N);
+  snap_part(r, 3, 1, HOLD, 1, 1, data, N);
+  snap_part(r, 3, 1, HOLD, 1, 2, data, N);
+  /* two hosts: a snapshot goes to the next rank on the other host, so
+   * this rank holds rank 2's and 3's, and no longer rank 1's */
+  hosts(r, "10.0.0.1", "10.0.0.2");
+  assert_int_equal(pw_snaprun_holder(r, 1), 2);
+  assert_int_equal(pw_snaprun_holder(r, 2), 0);
+  assert_int_equal(pw_snaprun_holder(r, 3), 0);
+  h = snap_hdr(1, HOLD, 1, 0, N);
+  refused(r, 1, &h, "does not fit");
+  snap_part(r, 2, 1, HOLD, 0, 0, data, N);
+  snap_part(r, 3, 2, HOLD, 1, 0, data, N); /* senders' parts interleave, each in its own order */
+  snap_part(r, 2, 1, HOLD, 0, 1, data, N);
+  snap_part(r, 3, 2, HOLD, 1, 1, data, N);
+  snap_part(r, 2, 1, HOLD, 0, 2, data, N);
+  snap_part(r, 3, 2, HOLD, 1, 2, data, N);
+  expect_snap_events(r, "1/1/1 0/1/1 1/2/1");
+  pw_snap *e = pw_snap_acquire(x->snaps, WF_JOB, 0, 1);
+  assert_non_null(e);
+  assert_int_equal(e->kind, PW_SNAP_HELD);
+  assert_memory_equal(e->data, data, sizeof data);
+  pw_snap_release(x->snaps, e);
+  /* rank 2 runs stage 0, not stage 1 */
+  h = snap_hdr(3, HOLD, 1, 0, N);
+  refused(r, 2, &h, "does not fit");
+}
+
+/* KNOWN BUG (worker/snaprun.c, pw_snaprun_dest): the header's stage is
+ * made an int before its bound is checked (line 193 `int st =
+ * (int)h->stage`, line 195 `st >= r->S`), so a stage of 2^31 or more is
+ * negative, passes the check, and indexes r->lidx_of_stage[st] and
+ * r->restore_from[st] (a restore, lines 200-201) or r->rank_of_stage[st]
+ * (a hold, line 207) before the array: a heap read out of bounds
+ * (valgrind: "4 bytes before a block of size 8"), and a frame that can be
+ * accepted into an entry of stage -1. ACT frames compare unsigned
+ * (run.c: h->stage >= (uint32_t)r->S); SNAP frames must refuse it too.
+ * Fails today: accepted in a plain build when the word before
+ * rank_of_stage happens to equal the sender's pipeline rank (glibc's chunk
+ * header: 0), a heap-buffer-overflow under AddressSanitizer. */
+static void test_snap_stage_out_of_range(void **state) {
+  fx *x = *state;
+  pw_run *r = x->r;
+  hosts(r, "10.0.0.1", "10.0.0.2"); /* rank 2 (pipeline rank 0) sends its snapshots here */
+  /* a restore, as the assignment allows one from rank 2 of every stage */
+  r->restore_step = 1;
+  r->restore_from = malloc(2 * sizeof(int)); /* freed with the run */
+  r->restore_from[0] = r->restore_from[1] = 2;
+  size_t n0 = pw_prog_numel(r->ls[0].prog);
+  pw_frame_hdr h = snap_hdr(1, RESTORE, 0xffffffffu, 0, n0);
+  refused(r, 2, &h, "unexpected SNAP frame");
+  h = snap_hdr(1, HOLD, (uint32_t)r->S, 0, 8);
+  refused(r, 2, &h, "unexpected SNAP frame");
+  h = snap_hdr(1, HOLD, 0xffffffffu, 0, 8);
+  refused(r, 2, &h, "unexpected SNAP frame");
+  h = snap_hdr(1, HOLD, 0x80000000u, 0, 8);
+  refused(r, 2, &h, "unexpected SNAP frame");
+  assert_null(x->snaps->list);
+}
+
+/* KNOWN BUG (worker/snaprun.c, pw_snaprun_dest), the same signedness:
+ * `purpose = (int)h->microbatch` is negative for a microbatch of 2^31 or
+ * more, passes `purpose > SNAP_RESTORE` and is taken as a hold (0). Only
+ * 0 (hold) and 1 (restore) are SNAP frames. Fails today: accepted. */
+static void test_snap_purpose_out_of_range(void **state) {
+  fx *x = *state;
+  pw_run *r = x->r;
+  hosts(r, "10.0.0.1", "10.0.0.2");
+  pw_frame_hdr h = snap_hdr(1, 2, 0, 0, 8);
+  refused(r, 2, &h, "unexpected SNAP frame");
+  h = snap_hdr(1, 0, 0, 0, 8);
+  h.microbatch = 0x80000000u;
+  refused(r, 2, &h, "unexpected SNAP frame");
+  assert_null(x->snaps->list);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_act_to_the_right_stage, setup, teardown),
@@ -249,6 +555,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
       cmocka_unit_test_setup_teardown(test_link_reads_into_slot, setup, teardown),
       cmocka_unit_test_setup_teardown(test_link_hangup, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_snap_hold, setup_snaps, teardown),
+      cmocka_unit_test_setup_teardown(test_snap_restore, setup_snaps, teardown),
+      cmocka_unit_test_setup_teardown(test_snap_holder_by_host, setup_dp, teardown),
+      cmocka_unit_test_setup_teardown(test_snap_stage_out_of_range, setup_dp, teardown),
+      cmocka_unit_test_setup_teardown(test_snap_purpose_out_of_range, setup_dp, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
