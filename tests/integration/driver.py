@@ -501,6 +501,17 @@ class Cluster:
         finally:
             db.close()
 
+    def sanitizer_reports(self):
+        """[(log file, line)] of every AddressSanitizer / LeakSanitizer /
+        UBSan report in the coordinator's and the workers' logs."""
+        out = []
+        for f in sorted(os.listdir(self.tmp)):
+            if f.startswith(self.tag + "-") and f.endswith(".log"):
+                for line in open(os.path.join(self.tmp, f), errors="replace"):
+                    if any(b in line for b in ("AddressSanitizer", "LeakSanitizer", "runtime error:")):
+                        out.append((f, line.strip()[:300]))
+        return out
+
     def log_text(self):
         return open(self.log, errors="replace").read() if os.path.exists(self.log) else ""
 

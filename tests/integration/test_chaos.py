@@ -26,7 +26,7 @@ import driver as d  # noqa: E402  (Cluster, http, wait_for, bit_diff, train_refe
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 SLOW = 3 if SANITIZE else 1
-STEPS = 800 if SANITIZE else 3200
+STEPS = 2000 if SANITIZE else 3200
 N_KILLS = 4 if SANITIZE else 6
 TIME_LIMIT = 40 * SLOW  # the kill loop's
 HB = 2
@@ -192,6 +192,7 @@ def main():
     finally:
         rc = c.stop()
         check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
+        check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
         if FAILED:
             for f in sorted(os.listdir(tmp)):
                 if f.endswith(".log"):

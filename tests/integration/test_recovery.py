@@ -35,7 +35,7 @@ Bit for bit = every tensor's dtype, shape and bytes (the files' metadata
 differ: the cluster's spec names the dataset, train's the path).
 Seeded (PW_TEST_SEED, else the time; printed). Under PW_SANITIZE=ON the
 jobs are shorter. Usage: test_recovery.py BUILD_DIR SOURCE_DIR"""
-import json, os, random, re, shutil, signal, sys, tempfile, time
+import os, random, re, shutil, signal, subprocess, sys, tempfile, threading, time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -414,8 +414,7 @@ def part6(c):
     tag = "6 duplicate name"
     name = "w2"
     before = [w for w in c.worker_rows() if w["name"] == name]
-    dup_log = os.path.join(TMP, "dup-w2.log")
-    import subprocess
+    dup_log = os.path.join(TMP, f"{c.tag}-dup-{name}.log")
     p = d._track(subprocess.Popen([os.path.join(BUILD, "pipewright-worker"), "--coordinator", f"127.0.0.1:{c.ctl}",
                                    "--listen", "127.0.0.1:0", "--name", name, "--state-dir",
                                    os.path.join(TMP, "dup-w2")], stdout=open(dup_log, "w"),
@@ -487,7 +486,6 @@ def main():
     c = d.Cluster(BUILD, TMP, "rec", args=["--heartbeat-timeout", str(HB)], data_root=SRC)
     try:
         # the references first, both at once (the cluster idles meanwhile)
-        import threading
         th = [threading.Thread(target=d.train_reference, args=(BUILD, spec(t, **kw), TMP, t))
               for t, kw in (("1 kill, snapshots", {}), ("2 kill, no snapshots",
                                                         {"snapshot_every": 0, "checkpoint_every": 3}))]
@@ -506,6 +504,7 @@ def main():
     finally:
         rc = c.stop()
         check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
+        check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
         if FAILED:
             for f in sorted(os.listdir(TMP)):
                 if f.endswith(".log"):
