@@ -281,5 +281,257 @@ def main():
     return 0 if ok else 1
 
 
+
+# ---------------------------------------------------------------------------
+# A real coordinator and real workers on loopback (test_recovery, test_chaos):
+# processes started with ephemeral ports in a temp dir, killed, stopped and
+# continued by their pid, every one of them killed at exit.
+
+import atexit, struct as _struct, urllib.error, urllib.request  # noqa: E402
+
+_LIVE = []  # every Popen started here, killed at exit (whatever the test did)
+
+
+def _kill_all():
+    for p in _LIVE:
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+
+def _track(p):
+    """Remember p; the first call makes SIGTERM/SIGINT/SIGHUP exit through atexit."""
+    if not _LIVE:
+        atexit.register(_kill_all)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda s, f: sys.exit(128 + s))
+    _LIVE.append(p)
+    return p
+
+
+def http(base, path, method="GET", body=None, raw=False, timeout=60):
+    """(status, parsed JSON | text), or the bytes with raw=True and a 200."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, out = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, out = e.code, e.read()
+    except (urllib.error.URLError, OSError) as e:
+        return 0, str(e)
+    if raw and status == 200:
+        return status, out
+    try:
+        return status, json.loads(out)
+    except ValueError:
+        return status, out.decode(errors="replace")
+
+
+def wait_for(pred, timeout=60, every=0.1):
+    """pred()'s first true value within timeout seconds, else its last."""
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def st_tensors(blob):
+    """{name: (dtype, shape, bytes)} of a safetensors file's bytes."""
+    n = _struct.unpack("<Q", blob[:8])[0]
+    hdr = json.loads(blob[8:8 + n])
+    hdr.pop("__metadata__", None)
+    base = 8 + n
+    return {k: (v["dtype"], v["shape"], blob[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
+            for k, v in hdr.items()}
+
+
+def bit_diff(got, ref):
+    """'' when two safetensors blobs hold the same tensors bit for bit, else
+    what differs (names, then the first tensors whose bytes differ)."""
+    if not isinstance(got, bytes) or not isinstance(ref, bytes):
+        return f"no file: {type(got).__name__} {str(got)[:200]}"
+    a, b = st_tensors(got), st_tensors(ref)
+    if a.keys() != b.keys():
+        return f"tensor names differ: only cluster {sorted(a.keys() - b.keys())[:5]}, " \
+               f"only single {sorted(b.keys() - a.keys())[:5]}"
+    bad = sorted(k for k in b if a[k] != b[k])
+    return f"{len(bad)} of {len(b)} tensors differ: {bad[:5]}" if bad else ""
+
+
+def train_reference(build, spec, tmp, tag, nice=0):
+    """`pipewright train --job F --out X` of spec: X's bytes (cached per tag;
+    nice > 0: at that niceness, to use what CPU a cluster leaves)."""
+    out = os.path.join(tmp, f"ref-{tag}.safetensors")
+    if not os.path.exists(out):
+        f = os.path.join(tmp, f"ref-{tag}.json")
+        json.dump(spec, open(f, "w"), indent=1)
+        subprocess.run((["nice", "-n", str(nice)] if nice else []) +
+                       [os.path.join(build, "pipewright"), "train", "--job", f, "--out", out, "--quiet"],
+                       check=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    return open(out, "rb").read()
+
+
+class Cluster:
+    """A coordinator (restartable on its state dir) and named workers."""
+
+    def __init__(self, build, tmp, tag, args=(), data_root=None):
+        self.build, self.tmp, self.tag, self.args, self.data_root = build, tmp, tag, list(args), data_root
+        self.state = os.path.join(tmp, tag + "-coord")
+        self.log = os.path.join(tmp, tag + "-coordinator.log")
+        self.coord, self.workers = None, {}  # name -> Popen
+        self.killed = set()  # names of workers killed on purpose (since their last start)
+        self.http_port = self.ctl = 0
+        self.start_coordinator()
+
+    def start_coordinator(self):
+        """Starts it; a restart takes the ports of the first start (the
+        workers know that control address)."""
+        ready = os.path.join(self.tmp, self.tag + "-ready.json")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        extra = ["--data-root", self.data_root] if self.data_root else []
+        self.coord = subprocess.Popen([os.path.join(self.build, "pipewright-coordinator"),
+                                       "--http", f"127.0.0.1:{self.http_port}", "--control", f"127.0.0.1:{self.ctl}",
+                                       "--state-dir", self.state, "--ready-file", ready,
+                                       *extra, *self.args],
+                                      stdout=open(self.log, "a"), stderr=subprocess.STDOUT,
+                                      env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        _track(self.coord)
+        if not wait_for(lambda: os.path.exists(ready) and os.path.getsize(ready) > 0 or self.coord.poll() is not None,
+                        30, 0.05) or self.coord.poll() is not None:
+            raise RuntimeError(f"the coordinator did not start: {self.log_text()[-800:]}")
+        time.sleep(0.05)
+        ports = json.load(open(ready))
+        self.http_port, self.ctl = ports["http"], ports["control"]
+        self.base = f"http://127.0.0.1:{self.http_port}"
+
+    def kill_coordinator(self):
+        self.coord.kill()
+        self.coord.wait()
+
+    def worker_log(self, name):
+        return os.path.join(self.tmp, f"{self.tag}-{name}.log")
+
+    def start_worker(self, name):
+        p = subprocess.Popen([os.path.join(self.build, "pipewright-worker"), "--coordinator", f"127.0.0.1:{self.ctl}",
+                              "--listen", "127.0.0.1:0", "--name", name,
+                              "--state-dir", os.path.join(self.tmp, f"{self.tag}-{name}")],
+                             stdout=open(self.worker_log(name), "a"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        _track(p)
+        self.workers[name] = p
+        self.killed.discard(name)
+        return p
+
+    def signal_worker(self, name, sig, wait=True):
+        if sig == signal.SIGKILL:
+            self.killed.add(name)
+        self.workers[name].send_signal(sig)
+        if sig == signal.SIGKILL and wait:
+            self.workers[name].wait()
+
+    def crashed(self):
+        """{name: exit status} of the workers that exited without being
+        killed on purpose (a crash: -6 an abort, -11 a segfault)."""
+        return {n: p.returncode for n, p in self.workers.items() if p.poll() is not None and n not in self.killed}
+
+    def worker_rows(self):
+        st_, r = http(self.base, "/v1/workers")
+        return r.get("workers", []) if st_ == 200 and isinstance(r, dict) else []
+
+    def idle(self):
+        return sorted(w["name"] for w in self.worker_rows() if w.get("state") == "idle")
+
+    def wait_idle(self, n, timeout=30):
+        return wait_for(lambda: len(self.idle()) >= n, timeout)
+
+    def submit(self, spec):
+        st_, r = http(self.base, "/v1/jobs", "POST", spec)
+        if st_ not in (200, 201):
+            raise RuntimeError(f"submit: {st_} {r}")
+        return r["id"]
+
+    def job(self, jid):
+        st_, r = http(self.base, f"/v1/jobs/{jid}")
+        return r if st_ == 200 and isinstance(r, dict) else {}
+
+    def step(self, jid):
+        return (self.job(jid).get("progress") or {}).get("step") or 0
+
+    def wait_job(self, jid, timeout=180, states=("succeeded", "failed", "cancelled")):
+        return wait_for(lambda: (lambda j: j if j.get("state") in states else None)(self.job(jid)), timeout, 0.2) \
+            or self.job(jid)
+
+    def events(self, jid):
+        st_, r = http(self.base, f"/v1/jobs/{jid}/events?since=0")
+        return r.get("events", []) if st_ == 200 and isinstance(r, dict) else []
+
+    def checkpoint(self, jid):
+        st_, data = http(self.base, f"/v1/jobs/{jid}/checkpoint", raw=True)
+        return data if st_ == 200 else f"{st_}: {data}"
+
+    def ranks(self, jid):
+        """[worker name by rank] of the job's current run."""
+        rk = sorted(self.job(jid).get("ranks") or [], key=lambda x: x["rank"])
+        return [x.get("worker") for x in rk]
+
+    def runs(self, jid):
+        """The store's runs of a job with their workers by rank (read-only)."""
+        import sqlite3
+        db = sqlite3.connect(f"file:{os.path.join(self.state, 'pipewright.db')}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = db.execute("SELECT id, attempt, state, started, finished, error FROM runs WHERE job_id = ? "
+                              "ORDER BY id", (jid,)).fetchall()
+            out = []
+            for rid, att, state, started, finished, error in rows:
+                ws = [n for (n,) in db.execute("SELECT worker_name FROM assignments WHERE run_id = ? ORDER BY rank",
+                                                (rid,))]
+                out.append({"run": rid, "attempt": att, "state": state, "started": started, "finished": finished,
+                            "error": error, "workers": ws})
+            return out
+        finally:
+            db.close()
+
+    def sanitizer_reports(self):
+        """[(log file, line)] of every AddressSanitizer / LeakSanitizer /
+        UBSan report in the coordinator's and the workers' logs."""
+        out = []
+        for f in sorted(os.listdir(self.tmp)):
+            if f.startswith(self.tag + "-") and f.endswith(".log"):
+                for line in open(os.path.join(self.tmp, f), errors="replace"):
+                    if any(b in line for b in ("AddressSanitizer", "LeakSanitizer", "runtime error:")):
+                        out.append((f, line.strip()[:300]))
+        return out
+
+    def log_text(self):
+        return open(self.log, errors="replace").read() if os.path.exists(self.log) else ""
+
+    def stop(self):
+        """SIGTERM to everything; {"coordinator" | worker name: exit status}
+        of those that were running (None: hung, killed)."""
+        procs = {n: p for n, p in [*self.workers.items(), ("coordinator", self.coord)] if p and p.poll() is None}
+        for p in procs.values():
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+        out = {}
+        for n, p in procs.items():
+            try:
+                out[n] = p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                out[n] = None
+        return out
+
+
 if __name__ == "__main__":
     sys.exit(main())
