@@ -342,7 +342,8 @@ static void plan_done(uv_work_t *req, int status) {
   if (start >= job->train.steps) start = 0, resume[0] = 0;
   json_t *from = NULL; /* the in-memory snapshots, when newer than the checkpoint */
   int before = recorded + 1 < job->train.steps ? recorded + 1 : job->train.steps;
-  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start, before, &from);
+  /* memory first: a snapshot as new as the checkpoint reads no disk */
+  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start - 1, before, &from);
   if (snap) start = snap, resume[0] = 0;
   jr->n_stages = pw->S;
   jr->start_step = jr->steps_done = start;
