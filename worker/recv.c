@@ -132,10 +132,6 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
       spin_until = 0;
       continue;
     }
-    if (pw_snaprun_idle(r)) { /* nothing to do but the snapshot's copy: a piece of it, then look again */
-      spin_until = 0;
-      continue;
-    }
     double now = pw_now();
     if (spin_until == 0) spin_until = now + SPIN_SECONDS;
     if (now < spin_until) {

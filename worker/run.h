@@ -168,10 +168,7 @@ typedef struct {
   int *rx_step;            /* [n_ranks] the step its part 0 named */
   int restore_got;         /* stages restored from a peer */
   int report_stage, report_step; /* a held snapshot completed, to report (report_step 0: none) */
-  pw_snap **snap_todo;     /* [n_ls] own snapshot still being copied, or NULL */
-  size_t *snap_off;        /* [n_ls] floats of it copied */
-  int snap_step;           /* the step those copies are of */
-  double snap_seconds;     /* spent copying snapshots (and queueing their sends) */
+  double snap_seconds;     /* spent taking snapshots (copies and queueing their sends) */
   int snaps_taken, snaps_skipped;
 } pw_run_compute;
 
@@ -323,14 +320,9 @@ double pw_now(void);
  * another host, else the next rank; -1 for a one-rank run. */
 int pw_snaprun_holder(const pw_run *r, int g);
 /* Compute thread, after a step's update: when the step is due, a copy of
- * each local stage into the store and to the holder, made while the rank
- * waits in the next step (idle: a piece of PW_SNAP_IDLE_FLOATS, 1 when it
- * copied something) and finished before that step's update (flush). Never
- * fails the run: a snapshot that cannot be taken is logged and skipped. */
-#define PW_SNAP_IDLE_FLOATS ((size_t)1 << 18)
+ * each local stage into the store and to the holder. Never fails the run:
+ * a snapshot that cannot be taken is logged and skipped. */
 void pw_snaprun_take(pw_run *r);
-int pw_snaprun_idle(pw_run *r);
-void pw_snaprun_flush(pw_run *r);
 /* Compute thread, before the first step of a run with restore_step: each
  * local stage's state from memory (its own or sent by restore_from), and
  * what this rank holds sent to the ranks that need it. */

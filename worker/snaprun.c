@@ -2,13 +2,11 @@
  *
  * Taking: after the update of every train.snapshot_every-th step, each
  * local stage's parameters and moments are copied into an OWN entry of the
- * worker's store — a piece at a time while the rank waits for its inputs
- * during the next step, the rest before that step's update changes them —
- * and sent, as three SNAP frames (value 0 parameters, 1 m, 2 v;
- * microbatch 0), to the holder rank, whose compute thread reads them into
- * a HELD entry while it waits for its own inputs: the copy is made and
- * travels in the idle time of the schedule, and the socket's buffers and
- * the loop thread carry what a busy receiver cannot read at once.
+ * worker's store and sent, as three SNAP frames (value 0 parameters, 1 m,
+ * 2 v; microbatch 0), to the holder rank, whose compute thread reads them
+ * into a HELD entry while it waits for its own inputs: the copy travels in
+ * the idle time of the schedule, and the socket's buffers and the loop
+ * thread carry what a busy receiver cannot read at once.
  *
  * Restoring: a run started after a loss names a step and, per stage, the
  * rank whose memory has that stage at that step (assign.restore_from).
@@ -50,26 +48,18 @@ int pw_snaprun_alloc(pw_run *r) {
   r->cp.rx = calloc((size_t)r->n_ranks, sizeof *r->cp.rx);
   r->cp.rx_next = calloc((size_t)r->n_ranks, sizeof *r->cp.rx_next);
   r->cp.rx_step = calloc((size_t)r->n_ranks, sizeof *r->cp.rx_step);
-  r->cp.snap_todo = calloc((size_t)r->n_ls + 1, sizeof *r->cp.snap_todo);
-  r->cp.snap_off = calloc((size_t)r->n_ls + 1, sizeof *r->cp.snap_off);
-  return r->cp.rx && r->cp.rx_next && r->cp.rx_step && r->cp.snap_todo && r->cp.snap_off ? 0 : PW_ENOMEM;
+  return r->cp.rx && r->cp.rx_next && r->cp.rx_step ? 0 : PW_ENOMEM;
 }
 
 void pw_snaprun_free(pw_run *r) {
   for (int k = 0; r->cp.rx && k < r->n_ranks; k++)
     if (r->cp.rx[k]) pw_snap_end_write(r->snaps, r->cp.rx[k], 0); /* half received: invalid */
-  for (int li = 0; r->cp.snap_todo && li < r->n_ls; li++)
-    if (r->cp.snap_todo[li]) pw_snap_end_write(r->snaps, r->cp.snap_todo[li], 0); /* never finished */
   free(r->cp.rx);
   free(r->cp.rx_next);
   free(r->cp.rx_step);
-  free(r->cp.snap_todo);
-  free(r->cp.snap_off);
   r->cp.rx = NULL;
   r->cp.rx_next = NULL;
   r->cp.rx_step = NULL;
-  r->cp.snap_todo = NULL;
-  r->cp.snap_off = NULL;
 }
 
 int pw_snaprun_assign(pw_run *r, const pw_msg_assign *a, pw_err *err) {
@@ -113,57 +103,23 @@ static void post_snap(pw_run *r, int stage, int step, int held) {
   if (pw_exec_post(r, &ev)) pw_warn("job %llu: out of memory reporting a snapshot", (unsigned long long)r->job);
 }
 
-/* The three parts of a stage's state, one after the other as a snapshot
- * holds them: floats [from, to) of (parameters, m, v) into dst + from. */
-static void copy_out(pw_prog *p, float *dst, size_t n, size_t from, size_t to) {
-  const float *part[3] = {pw_prog_params(p), pw_prog_moment(p, 0), pw_prog_moment(p, 1)};
-  while (from < to) {
-    size_t k = from / n, off = from % n, len = (k + 1) * n < to ? (k + 1) * n - from : to - from;
-    memcpy(dst + from, part[k] + off, len * sizeof(float));
-    from += len;
-  }
+static void copy_out(pw_prog *p, float *dst, size_t n) {
+  memcpy(dst, pw_prog_params(p), n * sizeof(float));
+  memcpy(dst + n, pw_prog_moment(p, 0), n * sizeof(float));
+  memcpy(dst + 2 * n, pw_prog_moment(p, 1), n * sizeof(float));
 }
 
-/* A stage's copy is complete: it is the worker's now, the coordinator is
- * told, and the holder gets it. */
-static void copy_done(pw_run *r, int li) {
-  pw_snap *e = r->cp.snap_todo[li];
-  r->cp.snap_todo[li] = NULL;
-  pw_snap_end_write(r->snaps, e, r->cp.snap_step);
-  post_snap(r, e->stage, r->cp.snap_step, 0);
-  /* A failed send fails the run at its next wait, as any frame's does. */
-  if (r->snap_holder >= 0) (void)send_entry(r, e, r->snap_holder, SNAP_HOLD);
-}
-
-/* Copies up to `max` floats of the pending snapshots; returns how many. */
-static size_t copy_some(pw_run *r, size_t max) {
-  size_t done = 0;
-  double t0 = pw_now();
-  for (int li = 0; li < r->n_ls && done < max; li++) {
-    pw_snap *e = r->cp.snap_todo[li];
-    if (!e) continue;
-    size_t total = 3 * e->numel, from = r->cp.snap_off[li], to = total - from > max - done ? from + max - done : total;
-    copy_out(r->ls[li].prog, e->data, e->numel, from, to);
-    done += to - from;
-    r->cp.snap_off[li] = to;
-    if (to == total) copy_done(r, li);
-  }
-  r->cp.snap_seconds += pw_now() - t0;
-  return done;
-}
-
-/* Taking a snapshot only claims its entries: the copies are made while
- * the rank waits for its inputs in the next step (pw_snaprun_idle), and
- * whatever is left before that step's update (pw_snaprun_flush). The
- * parameters and moments do not change until then. */
+/* At the step's end, while its state is hot in cache: copying it a piece
+ * at a time in the next step's waits measured slower (the pieces delayed
+ * the inputs they waited for, and the sends landed mid-step). */
 void pw_snaprun_take(pw_run *r) {
   int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
   if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
   if (atomic_load(&r->sh.abort)) return; /* cancelled: its restart may be about to read the older ones */
-  pw_snaprun_flush(r);
-  r->cp.snap_step = done;
+  double t0 = pw_now();
   for (int li = 0; li < r->n_ls; li++) {
-    size_t n = pw_prog_numel(r->ls[li].prog);
+    pw_prog *p = r->ls[li].prog;
+    size_t n = pw_prog_numel(p);
     pw_snap *e = pw_snap_begin_write(r->snaps, r->job, r->ls[li].stage, PW_SNAP_OWN, done, n);
     if (!e) { /* both generations still being sent: the link is slower than the steps */
       if (r->cp.snaps_skipped++ == 0)
@@ -171,16 +127,14 @@ void pw_snaprun_take(pw_run *r) {
                 (unsigned long long)r->job, r->rank, done);
       continue;
     }
-    r->cp.snap_todo[li] = e;
-    r->cp.snap_off[li] = 0;
+    copy_out(p, e->data, n);
+    pw_snap_end_write(r->snaps, e, done);
+    post_snap(r, r->ls[li].stage, done, 0);
+    /* A failed send fails the run at its next wait, as any frame's does. */
+    if (r->snap_holder >= 0 && send_entry(r, e, r->snap_holder, SNAP_HOLD)) break;
   }
   r->cp.snaps_taken++;
-}
-
-int pw_snaprun_idle(pw_run *r) { return r->cp.snap_todo && copy_some(r, PW_SNAP_IDLE_FLOATS) > 0; }
-
-void pw_snaprun_flush(pw_run *r) {
-  if (r->cp.snap_todo) copy_some(r, SIZE_MAX);
+  r->cp.snap_seconds += pw_now() - t0;
 }
 
 /* ---- restoring ---------------------------------------------------------------- */

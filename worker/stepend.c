@@ -344,7 +344,6 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
 }
 
 static int update(pw_run *r, double sqnorm) {
-  pw_snaprun_flush(r); /* the last step's snapshot, before its state changes */
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
   if (r->spec.mode != PW_MODE_FORWARD)
