@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 #include "errors.h"
 #include "spec_json.h"
@@ -67,7 +68,10 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (int i = 0; i < n_commands; i++)
-    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    if (strcmp(argv[1], commands[i].name) == 0) {
+      pw_cli_cmd_name = commands[i].name;
+      return commands[i].run(argc - 1, argv + 1);
+    }
   fprintf(stderr, "pipewright: unknown command '%s'\n", argv[1]);
   usage(stderr);
   return 2;
