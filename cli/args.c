@@ -30,15 +30,19 @@ static void opt_name(const char *tok, int c, char *buf, size_t cap) {
     snprintf(buf, cap, "-%c", c);
 }
 
+const char *pw_cli_near(const char *word, const char *const *names, int n, const char *prefix, char *buf, int cap) {
+  const char *near = pw_suggest(word, names, n);
+  snprintf(buf, (size_t)cap, near ? "; did you mean %s%s?" : "", prefix, near);
+  return buf;
+}
+
 static void unknown(const char *name, const struct option *opts) {
   const char *names[64];
   int n = 0;
   for (; opts[n].name && n < 64; n++) names[n] = opts[n].name;
-  const char *near = strncmp(name, "--", 2) == 0 ? pw_suggest(name + 2, names, n) : NULL;
-  if (near)
-    pw_cli_usage_error("unknown option '%s'; did you mean --%s?", name, near);
-  else
-    pw_cli_usage_error("unknown option '%s'", name);
+  char near[160] = "";
+  if (strncmp(name, "--", 2) == 0) pw_cli_near(name + 2, names, n, "--", near, sizeof near);
+  pw_cli_usage_error("unknown option '%s'%s", name, near);
 }
 
 int pw_getopt(int argc, char **argv, const char *shortopts, const struct option *opts) {
@@ -72,6 +76,18 @@ int pw_getopt(int argc, char **argv, const char *shortopts, const struct option 
     }
   }
   return c;
+}
+
+int pw_args_operands(int argc, char **argv, int lo, int hi, const char *what) {
+  int n = argc - optind;
+  if (n < lo) pw_cli_usage_error("missing %s", what);
+  if (n > hi) pw_cli_usage_error("unexpected argument '%s'", argv[optind + hi]);
+  return n < lo || n > hi ? -1 : 0;
+}
+
+int pw_args_required(const char *value, const char *what) {
+  if (!value) pw_cli_usage_error("missing %s", what);
+  return value ? 0 : -1;
 }
 
 /* "(want 1 to 500)", "(want 0 or more)"; "(at most N)" for a huge value

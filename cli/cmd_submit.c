@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "remote.h"
 
@@ -127,9 +128,9 @@ int pw_cmd_submit(int argc, char **argv) {
   const char *job_path = NULL;
   int quiet = 0, c, k;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:qh", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:qh", opts)) != -1) {
     if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
+      if (k < 0) return submit_usage(stderr), 2;
       continue;
     }
     switch (c) {
@@ -139,7 +140,7 @@ int pw_cmd_submit(int argc, char **argv) {
       default: submit_usage(stderr); return 2;
     }
   }
-  if (!job_path || optind < argc) {
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE")) {
     submit_usage(stderr);
     return 2;
   }

@@ -74,13 +74,8 @@ int pw_cmd_train(int argc, char **argv) {
       default: train_usage(stderr); return 2;
     }
   }
-  if (optind < argc || !job_path || (resume && init)) {
-    if (optind < argc)
-      pw_cli_usage_error("unexpected argument '%s'", argv[optind]);
-    else if (!job_path)
-      pw_cli_usage_error("missing --job FILE");
-    else
-      pw_cli_usage_error("--resume and --init exclude each other");
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
+      (resume && init && (pw_cli_usage_error("--resume and --init exclude each other"), 1))) {
     train_usage(stderr);
     return 2;
   }
@@ -170,14 +165,9 @@ int pw_cmd_eval(int argc, char **argv) {
       default: fputs(EVAL_USAGE, stderr); return 2;
     }
   }
-  if (optind < argc || !job_path || !ckpt) {
-    if (optind < argc)
-      pw_cli_usage_error("unexpected argument '%s'", argv[optind]);
-    else
-      pw_cli_usage_error("missing %s", !job_path ? "--job FILE" : "--checkpoint CKPT");
-    fputs(EVAL_USAGE, stderr);
-    return 2;
-  }
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
+      pw_args_required(ckpt, "--checkpoint CKPT"))
+    return fputs(EVAL_USAGE, stderr), 2;
   openblas_set_num_threads(threads);
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;

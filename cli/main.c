@@ -72,7 +72,10 @@ int main(int argc, char **argv) {
       pw_cli_cmd_name = commands[i].name;
       return commands[i].run(argc - 1, argv + 1);
     }
-  fprintf(stderr, "pipewright: unknown command '%s'\n", argv[1]);
+  const char *names[sizeof commands / sizeof commands[0]];
+  for (int i = 0; i < n_commands; i++) names[i] = commands[i].name;
+  char near[160];
+  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1], pw_cli_near(argv[1], names, n_commands, "", near, 160));
   usage(stderr);
   return 2;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "cli.h"
 
 int pw_remote_opt(pw_remote_opts *o, int c, const char *arg) {
@@ -16,15 +17,7 @@ int pw_remote_opt(pw_remote_opts *o, int c, const char *arg) {
     case 'J': o->json = 1; return 1;
     case 'A': o->cacert = arg; return 1;
     case 'P': o->proxy = arg; return 1;
-    case 'O': {
-      char *end;
-      o->timeout = strtod(arg, &end);
-      if (*end || !(o->timeout > 0)) {
-        fprintf(stderr, "error: --timeout: want a positive number of seconds, got '%s'\n", arg);
-        return -1;
-      }
-      return 1;
-    }
+    case 'O': return pw_arg_num("--timeout", arg, 0, 86400, &o->timeout) ? -1 : 1;
     default: return 0;
   }
 }
@@ -33,15 +26,16 @@ int pw_remote_parse_only(int argc, char **argv, void (*usage)(FILE *), pw_remote
   static const struct option opts[] = {PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   int c, k;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "h", opts)) != -1) {
     if ((k = pw_remote_opt(co, c, optarg))) {
-      if (k < 0) return 2;
+      if (k < 0) break;
       continue;
     }
     usage(c == 'h' ? stdout : stderr);
     return c == 'h' ? 0 : 2;
   }
-  return -1;
+  if (c != -1) usage(stderr);
+  return c == -1 ? -1 : 2;
 }
 
 int pw_remote_init(pw_remote *r, const pw_remote_opts *o) {
