@@ -30,18 +30,12 @@ static void opt_name(const char *tok, int c, char *buf, size_t cap) {
     snprintf(buf, cap, "-%c", c);
 }
 
-const char *pw_cli_near(const char *word, const char *const *names, int n, const char *prefix, char *buf, int cap) {
-  const char *near = pw_suggest(word, names, n);
-  snprintf(buf, (size_t)cap, near ? "; did you mean %s%s?" : "", prefix, near);
-  return buf;
-}
-
 static void unknown(const char *name, const struct option *opts) {
   const char *names[64];
   int n = 0;
   for (; opts[n].name && n < 64; n++) names[n] = opts[n].name;
   char near[160] = "";
-  if (strncmp(name, "--", 2) == 0) pw_cli_near(name + 2, names, n, "--", near, sizeof near);
+  if (strncmp(name, "--", 2) == 0) pw_suggest_text(name + 2, names, n, "--", near, sizeof near);
   pw_cli_usage_error("unknown option '%s'%s", name, near);
 }
 

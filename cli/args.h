@@ -17,10 +17,6 @@ extern const char *pw_cli_cmd_name;
 /* "pipewright <command>: <message>\n" on stderr. */
 void pw_cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* "; did you mean <prefix><name>?" for the one of names[0..n) nearest to
- * word (suggest.h), or "" when none is near. */
-const char *pw_cli_near(const char *word, const char *const *names, int n, const char *prefix, char *buf, int cap);
-
 /* getopt_long over argv (set optind = 1 before the first call): the
  * option's val, -1 after the last, or '?' after printing what was wrong
  * ("unknown option '--step'; did you mean --steps?", "--job needs a

@@ -17,6 +17,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "remote.h"
 #include "sha256.h"
 #include "tokfile.h"
@@ -551,7 +552,7 @@ int pw_cmd_dataset(int argc, char **argv) {
   for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) names[i] = subs[i].name;
   char near[160];
   pw_cli_usage_error("unknown command '%s'%s", argv[1],
-                     pw_cli_near(argv[1], names, (int)(sizeof subs / sizeof subs[0]), "", near, sizeof near));
+                     pw_suggest_text(argv[1], names, (int)(sizeof subs / sizeof subs[0]), "", near, sizeof near));
   usage(stderr);
   return 2;
 }

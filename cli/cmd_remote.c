@@ -19,6 +19,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "remote.h"
 
 /* ---- formatting ---------------------------------------------------------------- */
@@ -88,7 +89,7 @@ static int parse_state(const char *s) {
     if (!strcmp(s, job_states[i])) return 0;
   char near[160];
   pw_cli_usage_error("--state: '%s' is not a job state (queued, planning, dispatching, running, succeeded, failed, "
-                     "cancelled)%s", s, pw_cli_near(s, job_states, n, "", near, sizeof near));
+                     "cancelled)%s", s, pw_suggest_text(s, job_states, n, "", near, sizeof near));
   return -1;
 }
 

@@ -5,6 +5,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "errors.h"
 #include "spec_json.h"
 
@@ -75,7 +76,7 @@ int main(int argc, char **argv) {
   const char *names[sizeof commands / sizeof commands[0]];
   for (int i = 0; i < n_commands; i++) names[i] = commands[i].name;
   char near[160];
-  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1], pw_cli_near(argv[1], names, n_commands, "", near, 160));
+  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1], pw_suggest_text(argv[1], names, n_commands, "", near, 160));
   usage(stderr);
   return 2;
 }

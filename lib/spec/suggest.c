@@ -2,6 +2,7 @@
 #include "suggest.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -44,4 +45,11 @@ const char *pw_suggest(const char *word, const char *const *names, int n) {
   }
   if (best) return best;
   return n_prefix == 1 ? prefix_of : NULL;
+}
+
+const char *pw_suggest_text(const char *word, const char *const *names, int n, const char *prefix, char *buf,
+                            int cap) {
+  const char *near = pw_suggest(word, names, n);
+  snprintf(buf, (size_t)cap, near ? "; did you mean %s%s?" : "", prefix, near);
+  return buf;
 }

@@ -14,4 +14,9 @@ int pw_edit_distance(const char *a, const char *b);
  * equally near names wins. */
 const char *pw_suggest(const char *word, const char *const *names, int n);
 
+/* "; did you mean <prefix><name>?" for pw_suggest's name, or "" when
+ * none is near: for the end of an error message. */
+const char *pw_suggest_text(const char *word, const char *const *names, int n, const char *prefix, char *buf,
+                            int cap);
+
 #endif
