@@ -77,8 +77,6 @@ static void status_usage(FILE *f) {
           "  --limit N           at most N jobs (default 50)\n" PW_REMOTE_USAGE);
 }
 
-static int parse_id(const char *s, long long *id) { return pw_arg_ll("job ID", s, 1, LLONG_MAX, id); }
-
 static const char *const job_states[] = {"queued",    "planning", "dispatching", "running",
                                          "succeeded", "failed",   "cancelled"};
 
@@ -209,7 +207,7 @@ int pw_cmd_status(int argc, char **argv) {
     }
   }
   long long id = 0;
-  if (pw_args_operands(argc, argv, 0, 1, NULL) || (optind < argc && parse_id(argv[optind], &id))) {
+  if (pw_args_operands(argc, argv, 0, 1, NULL) || (optind < argc && pw_cli_job_id(argv[optind], &id))) {
     status_usage(stderr);
     return 2;
   }
@@ -249,12 +247,6 @@ static void watch_usage(FILE *f) {
           "  --json              one JSON line per step, then the final job\n" PW_REMOTE_USAGE);
 }
 
-static void sleep_s(double s) {
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
 static double mono_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -285,7 +277,7 @@ int pw_cmd_watch(int argc, char **argv) {
     }
   }
   long long id;
-  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || parse_id(argv[optind], &id)) {
+  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], &id)) {
     watch_usage(stderr);
     return 2;
   }
@@ -314,7 +306,7 @@ int pw_cmd_watch(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", r.net_err);
         return 1;
       }
-      sleep_s(interval);
+      pw_cli_sleep(interval);
       continue;
     }
     if (rc) {
@@ -328,7 +320,7 @@ int pw_cmd_watch(int argc, char **argv) {
     const char *status = pw_jstr(job, "status", "");
     const json_t *p = json_object_get(job, "progress");
     long long total = pw_jint(p, "total", 0);
-    int terminal = !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
+    int terminal = pw_cli_job_ended(state);
 
     if (!r.json && (strcmp(state, last_state) || strcmp(status, last_status))) {
       if (bar_shown) putchar('\n'), bar_shown = 0;
@@ -398,7 +390,7 @@ int pw_cmd_watch(int argc, char **argv) {
       return ok ? 0 : 1;
     }
     json_decref(job);
-    sleep_s(interval);
+    pw_cli_sleep(interval);
   }
 }
 
@@ -413,7 +405,7 @@ static int job_action(int argc, char **argv, void (*usage)(FILE *), const char *
   int rc = pw_remote_parse_only(argc, argv, usage, &co);
   if (rc >= 0) return rc;
   long long id;
-  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || parse_id(argv[optind], &id)) {
+  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], &id)) {
     usage(stderr);
     return 2;
   }

@@ -2,6 +2,7 @@
  * coordinator's REST API, shared by every remote subcommand (remote.h). */
 #include "remote.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,4 +168,18 @@ const char *pw_cli_fmt_time(double epoch, char *buf, int cap) {
   localtime_r(&t, &tm);
   strftime(buf, (size_t)cap, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+/* ---- jobs ------------------------------------------------------------------------ */
+
+int pw_cli_job_id(const char *s, long long *id) { return pw_arg_ll("job ID", s, 1, LLONG_MAX, id); }
+
+int pw_cli_job_ended(const char *state) {
+  return !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
+}
+
+void pw_cli_sleep(double s) {
+  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }

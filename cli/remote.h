@@ -84,6 +84,15 @@ double pw_jnum(const json_t *o, const char *key);
 /* "2024-05-01 12:34:56" in local time, "-" for none. */
 const char *pw_cli_fmt_time(double epoch, char *buf, int cap);
 
+/* ---- jobs (cmd_remote.c, cmd_logs.c) ---- */
+
+/* A job ID operand: a whole number >= 1; else prints what is wrong, -1. */
+int pw_cli_job_id(const char *s, long long *id);
+/* succeeded, failed or cancelled: the job will not change again. */
+int pw_cli_job_ended(const char *state);
+/* Sleeps s seconds, resumed after a signal. */
+void pw_cli_sleep(double s);
+
 /* ---- datasets (cmd_dataset.c) ---- */
 
 /* A file stored on the coordinator as a dataset. */
