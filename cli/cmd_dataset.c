@@ -253,13 +253,9 @@ static int ds_upload(int argc, char **argv) {
       {"name", required_argument, 0, 'n'}, {"quiet", no_argument, 0, 'q'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   const char *name = NULL;
-  int quiet = 0, c, k;
+  int quiet = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "n:qh", opts)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return upload_usage(stderr), 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "n:qh", opts, &co)) != -1) {
     switch (c) {
       case 'n': name = optarg; break;
       case 'q': quiet = 1; break;
@@ -305,13 +301,9 @@ static void list_usage(FILE *f) {
 static int ds_list(int argc, char **argv) {
   static const struct option opts[] = {{"no-trunc", no_argument, 0, 'w'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
-  int wide = 0, c, k;
+  int wide = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "h", opts)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return list_usage(stderr), 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "h", opts, &co)) != -1) {
     switch (c) {
       case 'w': wide = 1; break;
       case 'h': list_usage(stdout); return 0;

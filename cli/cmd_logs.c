@@ -63,13 +63,9 @@ int pw_cmd_logs(int argc, char **argv) {
   pw_remote_opts co = {0};
   long long since = 0;
   double interval = 1;
-  int follow = 0, c, k;
+  int follow = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "s:fi:h", opts)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return logs_usage(stderr), 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "s:fi:h", opts, &co)) != -1) {
     switch (c) {
       case 's':
         if (pw_arg_ll("--since", optarg, 0, LLONG_MAX, &since)) return logs_usage(stderr), 2;
@@ -83,7 +79,7 @@ int pw_cmd_logs(int argc, char **argv) {
     }
   }
   long long id;
-  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], &id)) {
+  if (pw_cli_job_operand(argc, argv, &id)) {
     logs_usage(stderr);
     return 2;
   }

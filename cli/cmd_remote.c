@@ -188,13 +188,9 @@ int pw_cmd_status(int argc, char **argv) {
       {"state", required_argument, 0, 's'}, {"limit", required_argument, 0, 'l'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   const char *state = NULL;
-  int limit = 0, c, k;
+  int limit = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "s:l:h", opts)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return status_usage(stderr), 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "s:l:h", opts, &co)) != -1) {
     switch (c) {
       case 's':
         if (parse_state(state = optarg)) return status_usage(stderr), 2;
@@ -261,13 +257,9 @@ int pw_cmd_watch(int argc, char **argv) {
   static const struct option opts[] = {{"interval", required_argument, 0, 'i'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   double interval = 0.5;
-  int c, k;
+  int c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "i:h", opts)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return watch_usage(stderr), 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "i:h", opts, &co)) != -1) {
     switch (c) {
       case 'i':
         if (pw_arg_num("--interval", optarg, 0, 3600, &interval)) return watch_usage(stderr), 2;
@@ -277,7 +269,7 @@ int pw_cmd_watch(int argc, char **argv) {
     }
   }
   long long id;
-  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], &id)) {
+  if (pw_cli_job_operand(argc, argv, &id)) {
     watch_usage(stderr);
     return 2;
   }
@@ -405,7 +397,7 @@ static int job_action(int argc, char **argv, void (*usage)(FILE *), const char *
   int rc = pw_remote_parse_only(argc, argv, usage, &co);
   if (rc >= 0) return rc;
   long long id;
-  if (pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], &id)) {
+  if (pw_cli_job_operand(argc, argv, &id)) {
     usage(stderr);
     return 2;
   }

@@ -11,7 +11,8 @@
 #include "args.h"
 #include "cli.h"
 
-int pw_remote_opt(pw_remote_opts *o, int c, const char *arg) {
+/* A common option: 1 if c was one, 0 if not, -1 if its value is bad. */
+static int remote_opt(pw_remote_opts *o, int c, const char *arg) {
   switch (c) {
     case 'C': o->coordinator = arg; return 1;
     case 'T': o->token_file = arg; return 1;
@@ -23,20 +24,20 @@ int pw_remote_opt(pw_remote_opts *o, int c, const char *arg) {
   }
 }
 
+int pw_remote_getopt(int argc, char **argv, const char *shortopts, const struct option *opts, pw_remote_opts *o) {
+  int c, k;
+  while ((c = pw_getopt(argc, argv, shortopts, opts)) != -1 && (k = remote_opt(o, c, optarg)))
+    if (k < 0) return '?';
+  return c;
+}
+
 int pw_remote_parse_only(int argc, char **argv, void (*usage)(FILE *), pw_remote_opts *co) {
   static const struct option opts[] = {PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
-  int c, k;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "h", opts)) != -1) {
-    if ((k = pw_remote_opt(co, c, optarg))) {
-      if (k < 0) break;
-      continue;
-    }
-    usage(c == 'h' ? stdout : stderr);
-    return c == 'h' ? 0 : 2;
-  }
-  if (c != -1) usage(stderr);
-  return c == -1 ? -1 : 2;
+  int c = pw_remote_getopt(argc, argv, "h", opts, co);
+  if (c == -1) return -1;
+  usage(c == 'h' ? stdout : stderr);
+  return c == 'h' ? 0 : 2;
 }
 
 int pw_remote_init(pw_remote *r, const pw_remote_opts *o) {
@@ -173,6 +174,10 @@ const char *pw_cli_fmt_time(double epoch, char *buf, int cap) {
 /* ---- jobs ------------------------------------------------------------------------ */
 
 int pw_cli_job_id(const char *s, long long *id) { return pw_arg_ll("job ID", s, 1, LLONG_MAX, id); }
+
+int pw_cli_job_operand(int argc, char **argv, long long *id) {
+  return pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], id) ? -1 : 0;
+}
 
 int pw_cli_job_ended(const char *state) {
   return !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
