@@ -127,7 +127,8 @@ int pw_arg_num(const char *flag, const char *text, double lo, double hi, double 
   char *end;
   errno = 0;
   double v = strtod(text, &end);
-  if (!*text || *end || strspn(text, "0123456789.eE+-") != strlen(text) || strcspn(text, "0123456789") == strlen(text)) {
+  size_t n = strlen(text);
+  if (!n || *end || strspn(text, "0123456789.eE+-") != n || strcspn(text, "0123456789") == n) {
     pw_cli_usage_error("%s: '%s' is not a number", flag, text);
     return -1;
   }

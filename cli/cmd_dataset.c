@@ -415,9 +415,13 @@ static int local_help(int argc, char **argv, const char *text, int nargs) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(text, stdout), 0;
   for (int i = 1; i < argc; i++)
-    if (argv[i][0] == '-' && argv[i][1]) return pw_cli_usage_error("unknown option '%s'", argv[i]), fputs(text, stderr), 2;
+    if (argv[i][0] == '-' && argv[i][1]) {
+      pw_cli_usage_error("unknown option '%s'", argv[i]);
+      return fputs(text, stderr), 2;
+    }
   optind = 1;
-  if (pw_args_operands(argc, argv, nargs, nargs, nargs == 1 ? "FILE" : argc == 2 ? "OUT" : "TEXT and OUT")) return fputs(text, stderr), 2;
+  if (pw_args_operands(argc, argv, nargs, nargs, nargs == 1 ? "FILE" : argc == 2 ? "OUT" : "TEXT and OUT"))
+    return fputs(text, stderr), 2;
   return -1;
 }
 

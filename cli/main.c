@@ -77,7 +77,8 @@ int main(int argc, char **argv) {
   const char *names[sizeof commands / sizeof commands[0]];
   for (int i = 0; i < n_commands; i++) names[i] = commands[i].name;
   char near[160];
-  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1], pw_suggest_text(argv[1], names, n_commands, "", near, 160));
+  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1],
+          pw_suggest_text(argv[1], names, n_commands, "", near, sizeof near));
   usage(stderr);
   return 2;
 }
