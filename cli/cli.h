@@ -23,6 +23,8 @@ int pw_cmd_watch(int argc, char **argv);
 int pw_cmd_cancel(int argc, char **argv);
 int pw_cmd_retry(int argc, char **argv);
 int pw_cmd_workers(int argc, char **argv);
+/* cmd_logs.c */
+int pw_cmd_logs(int argc, char **argv);
 /* cmd_submit.c */
 int pw_cmd_submit(int argc, char **argv);
 /* cmd_dataset.c: datasets on the coordinator, token files here */

@@ -15,7 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "remote.h"
 #include "sha256.h"
 #include "tokfile.h"
@@ -251,13 +253,9 @@ static int ds_upload(int argc, char **argv) {
       {"name", required_argument, 0, 'n'}, {"quiet", no_argument, 0, 'q'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   const char *name = NULL;
-  int quiet = 0, c, k;
+  int quiet = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "n:qh", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "n:qh", opts, &co)) != -1) {
     switch (c) {
       case 'n': name = optarg; break;
       case 'q': quiet = 1; break;
@@ -265,7 +263,7 @@ static int ds_upload(int argc, char **argv) {
       default: upload_usage(stderr); return 2;
     }
   }
-  if (argc - optind != 1) {
+  if (pw_args_operands(argc, argv, 1, 1, "FILE")) {
     upload_usage(stderr);
     return 2;
   }
@@ -303,20 +301,16 @@ static void list_usage(FILE *f) {
 static int ds_list(int argc, char **argv) {
   static const struct option opts[] = {{"no-trunc", no_argument, 0, 'w'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
-  int wide = 0, c, k;
+  int wide = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "h", opts, &co)) != -1) {
     switch (c) {
       case 'w': wide = 1; break;
       case 'h': list_usage(stdout); return 0;
       default: list_usage(stderr); return 2;
     }
   }
-  if (optind != argc) {
+  if (pw_args_operands(argc, argv, 0, 0, NULL)) {
     list_usage(stderr);
     return 2;
   }
@@ -396,7 +390,7 @@ static int ds_rm(int argc, char **argv) {
   pw_remote_opts co = {0};
   int rc = pw_remote_parse_only(argc, argv, rm_usage, &co);
   if (rc >= 0) return rc;
-  if (argc - optind != 1) {
+  if (pw_args_operands(argc, argv, 1, 1, "the dataset ID")) {
     rm_usage(stderr);
     return 2;
   }
@@ -421,8 +415,13 @@ static int local_help(int argc, char **argv, const char *text, int nargs) {
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return fputs(text, stdout), 0;
   for (int i = 1; i < argc; i++)
-    if (argv[i][0] == '-' && argv[i][1]) return fprintf(stderr, "unknown option '%s'\n%s", argv[i], text), 2;
-  if (argc - 1 != nargs) return fputs(text, stderr), 2;
+    if (argv[i][0] == '-' && argv[i][1]) {
+      pw_cli_usage_error("unknown option '%s'", argv[i]);
+      return fputs(text, stderr), 2;
+    }
+  optind = 1;
+  if (pw_args_operands(argc, argv, nargs, nargs, nargs == 1 ? "FILE" : argc == 2 ? "OUT" : "TEXT and OUT"))
+    return fputs(text, stderr), 2;
   return -1;
 }
 
@@ -538,9 +537,18 @@ int pw_cmd_dataset(int argc, char **argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
+  static char name[32];
   for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
-    if (!strcmp(argv[1], subs[i].name)) return subs[i].run(argc - 1, argv + 1);
-  fprintf(stderr, "pipewright dataset: unknown command '%s'\n", argv[1]);
+    if (!strcmp(argv[1], subs[i].name)) {
+      snprintf(name, sizeof name, "dataset %s", subs[i].name); /* every message names the subcommand */
+      pw_cli_cmd_name = name;
+      return subs[i].run(argc - 1, argv + 1);
+    }
+  const char *names[sizeof subs / sizeof subs[0]];
+  for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) names[i] = subs[i].name;
+  char near[160];
+  pw_cli_usage_error("unknown command '%s'%s", argv[1],
+                     pw_suggest_text(argv[1], names, (int)(sizeof subs / sizeof subs[0]), "", near, sizeof near));
   usage(stderr);
   return 2;
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
 #include "model.h"
 #include "spec.h"
@@ -17,6 +18,8 @@ static void shape_str(const pw_model *m, int v, char *buf, int cap) {
     snprintf(buf, (size_t)cap, "(B,%d)", x->width);
 }
 
+#define USAGE "usage: pipewright inspect --job FILE [--nodes]\n"
+
 int pw_cmd_inspect(int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, 0, 'j'},
                                        {"nodes", no_argument, 0, 'n'},
@@ -25,18 +28,14 @@ int pw_cmd_inspect(int argc, char **argv) {
   const char *job_path = NULL;
   int nodes = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:nh", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:nh", opts)) != -1) {
     if (c == 'j') job_path = optarg;
     else if (c == 'n') nodes = 1;
-    else if (c == 'h') {
-      printf("usage: pipewright inspect --job FILE [--nodes]\n");
-      return 0;
-    } else return 2;
+    else if (c == 'h') return fputs(USAGE, stdout), 0;
+    else return fputs(USAGE, stderr), 2;
   }
-  if (!job_path) {
-    fprintf(stderr, "usage: pipewright inspect --job FILE [--nodes]\n");
-    return 2;
-  }
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE"))
+    return fputs(USAGE, stderr), 2;
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   pw_model m;

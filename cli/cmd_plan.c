@@ -6,10 +6,13 @@
 #include <string.h>
 
 #include "budget.h"
+#include "args.h"
 #include "cli.h"
 #include "control.h"
 #include "plan.h"
 #include "slice.h"
+#include "spec.h"
+#include "suggest.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -129,6 +132,20 @@ static int print_slices(const pw_job *job, const pw_plan *p) {
   return rc ? 1 : 0;
 }
 
+/* --schedule: the canonical name of one of the nine (other spellings and
+ * other systems' names as a job spec takes them), or NULL after naming
+ * them all and the nearest. */
+static const char *schedule_name(const char *given) {
+  const char *canon = pw_schedule_resolve(given);
+  if (canon) return canon;
+  char list[320] = "", near[96];
+  for (int i = 0, n = 0; i < pw_n_schedule_names; i++)
+    n += snprintf(list + n, sizeof list - (size_t)n, "%s%s", i ? ", " : "", pw_schedule_names[i]);
+  pw_cli_usage_error("--schedule: unknown schedule '%s' (one of %s)%s", given, list,
+                     pw_suggest_text(given, pw_schedule_names, pw_n_schedule_names, "", near, sizeof near));
+  return NULL;
+}
+
 int pw_cmd_plan(int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, 0, 'j'},   {"schedule", required_argument, 0, 's'},
                                        {"compare", no_argument, 0, 'c'},     {"json", no_argument, 0, 'J'},
@@ -137,7 +154,7 @@ int pw_cmd_plan(int argc, char **argv) {
   const char *job_path = NULL, *sched = NULL, *trace = NULL;
   int compare = 0, as_json = 0, slices = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:s:cJt:hS", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:cJt:hS", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': sched = optarg; break;
@@ -149,7 +166,8 @@ int pw_cmd_plan(int argc, char **argv) {
       default: usage(stderr); return 2;
     }
   }
-  if (!job_path) {
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
+      (sched && !(sched = schedule_name(sched)))) {
     usage(stderr);
     return 2;
   }

@@ -9,6 +9,7 @@
  * cannot be reached is named with its URL. Exit codes: 0 success, 1 an
  * error (or a watched job that did not succeed), 2 bad usage. */
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "remote.h"
 
 /* ---- formatting ---------------------------------------------------------------- */
@@ -74,14 +77,18 @@ static void status_usage(FILE *f) {
           "  --limit N           at most N jobs (default 50)\n" PW_REMOTE_USAGE);
 }
 
-static int parse_id(const char *s, long long *id) {
-  char *end;
-  *id = strtoll(s, &end, 10);
-  if (*s < '0' || *s > '9' || *end || *id <= 0) {
-    fprintf(stderr, "error: '%s' is not a job id (a positive integer)\n", s);
-    return -1;
-  }
-  return 0;
+static const char *const job_states[] = {"queued",    "planning", "dispatching", "running",
+                                         "succeeded", "failed",   "cancelled"};
+
+/* --state: one of the API's job states, or the nearest named. */
+static int parse_state(const char *s) {
+  int n = (int)(sizeof job_states / sizeof job_states[0]);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(s, job_states[i])) return 0;
+  char near[160];
+  pw_cli_usage_error("--state: '%s' is not a job state (queued, planning, dispatching, running, succeeded, failed, "
+                     "cancelled)%s", s, pw_suggest_text(s, job_states, n, "", near, sizeof near));
+  return -1;
 }
 
 static void print_job_table(const json_t *list) {
@@ -181,26 +188,25 @@ int pw_cmd_status(int argc, char **argv) {
       {"state", required_argument, 0, 's'}, {"limit", required_argument, 0, 'l'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   const char *state = NULL;
-  int limit = 0, c, k;
+  int limit = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "s:l:h", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "s:l:h", opts, &co)) != -1) {
     switch (c) {
-      case 's': state = optarg; break;
-      case 'l': limit = atoi(optarg); break;
+      case 's':
+        if (parse_state(state = optarg)) return status_usage(stderr), 2;
+        break;
+      case 'l':
+        if (pw_arg_int("--limit", optarg, 1, 500, &limit)) return status_usage(stderr), 2;
+        break;
       case 'h': status_usage(stdout); return 0;
       default: status_usage(stderr); return 2;
     }
   }
-  if (argc - optind > 1 || limit < 0 || (state && strspn(state, "abcdefghijklmnopqrstuvwxyz") != strlen(state))) {
+  long long id = 0;
+  if (pw_args_operands(argc, argv, 0, 1, NULL) || (optind < argc && pw_cli_job_id(argv[optind], &id))) {
     status_usage(stderr);
     return 2;
   }
-  long long id = 0;
-  if (optind < argc && parse_id(argv[optind], &id)) return 2;
   pw_remote r;
   if (pw_remote_init(&r, &co)) return 1;
   char target[128];
@@ -237,12 +243,6 @@ static void watch_usage(FILE *f) {
           "  --json              one JSON line per step, then the final job\n" PW_REMOTE_USAGE);
 }
 
-static void sleep_s(double s) {
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
 static double mono_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -257,25 +257,22 @@ int pw_cmd_watch(int argc, char **argv) {
   static const struct option opts[] = {{"interval", required_argument, 0, 'i'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   double interval = 0.5;
-  int c, k;
+  int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "i:h", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "i:h", opts, &co)) != -1) {
     switch (c) {
-      case 'i': interval = atof(optarg); break;
+      case 'i':
+        if (pw_arg_num("--interval", optarg, 0, 3600, &interval)) return watch_usage(stderr), 2;
+        break;
       case 'h': watch_usage(stdout); return 0;
       default: watch_usage(stderr); return 2;
     }
   }
-  if (argc - optind != 1 || !(interval > 0) || interval > 3600) {
+  long long id;
+  if (pw_cli_job_operand(argc, argv, &id)) {
     watch_usage(stderr);
     return 2;
   }
-  long long id;
-  if (parse_id(argv[optind], &id)) return 2;
   pw_remote r;
   if (pw_remote_init(&r, &co)) return 1;
   int tty = !r.json && isatty(STDOUT_FILENO);
@@ -301,7 +298,7 @@ int pw_cmd_watch(int argc, char **argv) {
         fprintf(stderr, "error: %s\n", r.net_err);
         return 1;
       }
-      sleep_s(interval);
+      pw_cli_sleep(interval);
       continue;
     }
     if (rc) {
@@ -315,7 +312,7 @@ int pw_cmd_watch(int argc, char **argv) {
     const char *status = pw_jstr(job, "status", "");
     const json_t *p = json_object_get(job, "progress");
     long long total = pw_jint(p, "total", 0);
-    int terminal = !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
+    int terminal = pw_cli_job_ended(state);
 
     if (!r.json && (strcmp(state, last_state) || strcmp(status, last_status))) {
       if (bar_shown) putchar('\n'), bar_shown = 0;
@@ -385,7 +382,7 @@ int pw_cmd_watch(int argc, char **argv) {
       return ok ? 0 : 1;
     }
     json_decref(job);
-    sleep_s(interval);
+    pw_cli_sleep(interval);
   }
 }
 
@@ -399,12 +396,11 @@ static int job_action(int argc, char **argv, void (*usage)(FILE *), const char *
   pw_remote_opts co = {0};
   int rc = pw_remote_parse_only(argc, argv, usage, &co);
   if (rc >= 0) return rc;
-  if (argc - optind != 1) {
+  long long id;
+  if (pw_cli_job_operand(argc, argv, &id)) {
     usage(stderr);
     return 2;
   }
-  long long id;
-  if (parse_id(argv[optind], &id)) return 2;
   pw_remote r;
   if (pw_remote_init(&r, &co)) return 1;
   char target[96];
@@ -445,7 +441,7 @@ int pw_cmd_workers(int argc, char **argv) {
   pw_remote_opts co = {0};
   int rc = pw_remote_parse_only(argc, argv, workers_usage, &co);
   if (rc >= 0) return rc;
-  if (optind != argc) {
+  if (pw_args_operands(argc, argv, 0, 0, NULL)) {
     workers_usage(stderr);
     return 2;
   }

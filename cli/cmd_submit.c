@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "remote.h"
 
@@ -125,13 +126,9 @@ int pw_cmd_submit(int argc, char **argv) {
       {"job", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
   const char *job_path = NULL;
-  int quiet = 0, c, k;
+  int quiet = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:qh", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(&co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
+  while ((c = pw_remote_getopt(argc, argv, "j:qh", opts, &co)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 'q': quiet = 1; break;
@@ -139,7 +136,7 @@ int pw_cmd_submit(int argc, char **argv) {
       default: submit_usage(stderr); return 2;
     }
   }
-  if (!job_path || optind < argc) {
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE")) {
     submit_usage(stderr);
     return 2;
   }

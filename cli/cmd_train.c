@@ -1,14 +1,20 @@
 /* cmd_train: `pipewright train` and `pipewright eval`. */
 #include <cblas.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cli.h"
 #include "spec.h"
 #include "train.h"
+
+/* More OpenBLAS threads than this is a typo, not a machine. */
+#define MAX_THREADS 4096
+#define EVAL_USAGE "usage: pipewright eval --job FILE --checkpoint CKPT [--threads N]\n"
 
 static void train_usage(FILE *f) {
   fprintf(f,
@@ -24,6 +30,11 @@ static void train_usage(FILE *f) {
           "  --threads N       OpenBLAS threads (default 1)\n"
           "  --quiet           no per-step lines\n"
           "  --help\n");
+}
+
+static const char *resumed_note(int done, char *buf, int cap) {
+  snprintf(buf, (size_t)cap, ", resumed after step %d", done);
+  return buf;
 }
 
 static void progress(int done, int total, double loss) {
@@ -45,22 +56,26 @@ int pw_cmd_train(int argc, char **argv) {
   const char *job_path = NULL, *out = NULL, *resume = NULL, *init = NULL, *log_path = NULL;
   int steps = -1, threads = 1, quiet = 0, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:s:o:r:i:l:t:qh", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:o:r:i:l:t:qh", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
-      case 's': steps = atoi(optarg); break;
+      case 's':
+        if (pw_arg_int("--steps", optarg, 0, INT_MAX, &steps)) return train_usage(stderr), 2;
+        break;
       case 'o': out = optarg; break;
       case 'r': resume = optarg; break;
       case 'i': init = optarg; break;
       case 'l': log_path = optarg; break;
-      case 't': threads = atoi(optarg); break;
+      case 't':
+        if (pw_arg_int("--threads", optarg, 1, MAX_THREADS, &threads)) return train_usage(stderr), 2;
+        break;
       case 'q': quiet = 1; break;
       case 'h': train_usage(stdout); return 0;
       default: train_usage(stderr); return 2;
     }
   }
-  if (!job_path || steps < -1 || threads < 1 || (resume && init)) {
-    if (resume && init) fprintf(stderr, "pipewright train: --resume and --init exclude each other\n");
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
+      (resume && init && (pw_cli_usage_error("--resume and --init exclude each other"), 1))) {
     train_usage(stderr);
     return 2;
   }
@@ -68,6 +83,10 @@ int pw_cmd_train(int argc, char **argv) {
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   int stop = steps >= 0 ? steps : job.train.steps;
+  /* resuming is for going on; going on and throwing the result away is a
+   * forgotten --out */
+  if (resume && !out && job.mode != PW_MODE_FORWARD)
+    fprintf(stderr, "warning: --resume without --out: the trained parameters will not be saved\n");
   pw_trainer t;
   pw_err err = {0};
   int rc = pw_trainer_init(&t, &job, &err);
@@ -85,11 +104,11 @@ int pw_cmd_train(int argc, char **argv) {
     pw_job_free(&job);
     return 1;
   }
-  char pbuf[32];
+  char pbuf[32], nbuf[48];
   if (!quiet)
-    printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches), from step %d\n", job.name,
-           pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), stop,
-           job.train.batch_size, t.n_mb, t.step);
+    printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches)%s\n", job.name,
+           pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), stop, job.train.batch_size, t.n_mb,
+           t.step ? resumed_note(t.step, nbuf, sizeof nbuf) : "");
   int tty = isatty(2) && !quiet;
   pw_step_stats st = {0};
   if (job.mode == PW_MODE_FORWARD) {
@@ -105,8 +124,9 @@ int pw_cmd_train(int argc, char **argv) {
     }
     if (!quiet) {
       if (tty) fprintf(stderr, "\r\033[K");
-      printf("step %5d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s  %.1f ms\n", st.step, st.loss, st.lr,
-             st.grad_norm, st.tokens / st.seconds, st.seconds * 1e3);
+      /* "step N/M": N steps done, as watch, status and the dashboard count */
+      printf("step %d/%d  loss %.4f  lr %.2e  norm %.3f  %7.0f tok/s  %.1f ms\n", st.step + 1, stop, st.loss,
+             st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds * 1e3);
       fflush(stdout);
       if (tty) progress(t.step, stop, st.loss);
     }
@@ -134,22 +154,21 @@ int pw_cmd_eval(int argc, char **argv) {
   const char *job_path = NULL, *ckpt = NULL;
   int threads = 1, c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "j:c:t:h", opts, NULL)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:c:t:h", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 'c': ckpt = optarg; break;
-      case 't': threads = atoi(optarg); break;
-      case 'h':
-        printf("usage: pipewright eval --job FILE --checkpoint CKPT [--threads N]\n");
-        return 0;
-      default: return 2;
+      case 't':
+        if (pw_arg_int("--threads", optarg, 1, MAX_THREADS, &threads)) return fputs(EVAL_USAGE, stderr), 2;
+        break;
+      case 'h': fputs(EVAL_USAGE, stdout); return 0;
+      default: fputs(EVAL_USAGE, stderr); return 2;
     }
   }
-  if (!job_path || !ckpt) {
-    fprintf(stderr, "usage: pipewright eval --job FILE --checkpoint CKPT [--threads N]\n");
-    return 2;
-  }
-  openblas_set_num_threads(threads > 0 ? threads : 1);
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
+      pw_args_required(ckpt, "--checkpoint CKPT"))
+    return fputs(EVAL_USAGE, stderr), 2;
+  openblas_set_num_threads(threads);
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   pw_trainer t;

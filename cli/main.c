@@ -3,7 +3,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "args.h"
 #include "cli.h"
+#include "suggest.h"
 #include "errors.h"
 #include "spec_json.h"
 
@@ -15,6 +17,7 @@ static const pw_cli_cmd commands[] = {
     {"submit", "send a job to the coordinator (POST /v1/jobs)", pw_cmd_submit},
     {"status", "jobs on the coordinator, or one job in detail", pw_cmd_status},
     {"watch", "follow a job to its end: progress bar and loss", pw_cmd_watch},
+    {"logs", "a job's events (state changes and why); --follow until it ends", pw_cmd_logs},
     {"cancel", "stop a queued or running job", pw_cmd_cancel},
     {"retry", "queue a failed or cancelled job again, resuming from its newest state", pw_cmd_retry},
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},
@@ -67,8 +70,15 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (int i = 0; i < n_commands; i++)
-    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-  fprintf(stderr, "pipewright: unknown command '%s'\n", argv[1]);
+    if (strcmp(argv[1], commands[i].name) == 0) {
+      pw_cli_cmd_name = commands[i].name;
+      return commands[i].run(argc - 1, argv + 1);
+    }
+  const char *names[sizeof commands / sizeof commands[0]];
+  for (int i = 0; i < n_commands; i++) names[i] = commands[i].name;
+  char near[160];
+  fprintf(stderr, "pipewright: unknown command '%s'%s\n", argv[1],
+          pw_suggest_text(argv[1], names, n_commands, "", near, sizeof near));
   usage(stderr);
   return 2;
 }

@@ -2,46 +2,42 @@
  * coordinator's REST API, shared by every remote subcommand (remote.h). */
 #include "remote.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "cli.h"
 
-int pw_remote_opt(pw_remote_opts *o, int c, const char *arg) {
+/* A common option: 1 if c was one, 0 if not, -1 if its value is bad. */
+static int remote_opt(pw_remote_opts *o, int c, const char *arg) {
   switch (c) {
     case 'C': o->coordinator = arg; return 1;
     case 'T': o->token_file = arg; return 1;
     case 'J': o->json = 1; return 1;
     case 'A': o->cacert = arg; return 1;
     case 'P': o->proxy = arg; return 1;
-    case 'O': {
-      char *end;
-      o->timeout = strtod(arg, &end);
-      if (*end || !(o->timeout > 0)) {
-        fprintf(stderr, "error: --timeout: want a positive number of seconds, got '%s'\n", arg);
-        return -1;
-      }
-      return 1;
-    }
+    case 'O': return pw_arg_num("--timeout", arg, 0, 86400, &o->timeout) ? -1 : 1;
     default: return 0;
   }
 }
 
+int pw_remote_getopt(int argc, char **argv, const char *shortopts, const struct option *opts, pw_remote_opts *o) {
+  int c, k;
+  while ((c = pw_getopt(argc, argv, shortopts, opts)) != -1 && (k = remote_opt(o, c, optarg)))
+    if (k < 0) return '?';
+  return c;
+}
+
 int pw_remote_parse_only(int argc, char **argv, void (*usage)(FILE *), pw_remote_opts *co) {
   static const struct option opts[] = {PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
-  int c, k;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-    if ((k = pw_remote_opt(co, c, optarg))) {
-      if (k < 0) return 2;
-      continue;
-    }
-    usage(c == 'h' ? stdout : stderr);
-    return c == 'h' ? 0 : 2;
-  }
-  return -1;
+  int c = pw_remote_getopt(argc, argv, "h", opts, co);
+  if (c == -1) return -1;
+  usage(c == 'h' ? stdout : stderr);
+  return c == 'h' ? 0 : 2;
 }
 
 int pw_remote_init(pw_remote *r, const pw_remote_opts *o) {
@@ -173,4 +169,22 @@ const char *pw_cli_fmt_time(double epoch, char *buf, int cap) {
   localtime_r(&t, &tm);
   strftime(buf, (size_t)cap, "%Y-%m-%d %H:%M:%S", &tm);
   return buf;
+}
+
+/* ---- jobs ------------------------------------------------------------------------ */
+
+int pw_cli_job_id(const char *s, long long *id) { return pw_arg_ll("job ID", s, 1, LLONG_MAX, id); }
+
+int pw_cli_job_operand(int argc, char **argv, long long *id) {
+  return pw_args_operands(argc, argv, 1, 1, "the job ID") || pw_cli_job_id(argv[optind], id) ? -1 : 0;
+}
+
+int pw_cli_job_ended(const char *state) {
+  return !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
+}
+
+void pw_cli_sleep(double s) {
+  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }

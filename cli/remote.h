@@ -54,8 +54,10 @@ typedef struct {
   double timeout;
 } pw_remote_opts;
 
-/* Handles a common option: 1 if c was one, 0 if not, -1 if its value is bad. */
-int pw_remote_opt(pw_remote_opts *o, int c, const char *arg);
+/* pw_getopt (args.h) that takes the common options into *o itself: the
+ * next other option's val, -1 after the last, '?' after printing what was
+ * wrong (a common option's bad value too). */
+int pw_remote_getopt(int argc, char **argv, const char *shortopts, const struct option *opts, pw_remote_opts *o);
 /* Parses a command that takes only the common options: -1 to go on, else
  * the exit code (0 after --help, 2 on bad usage). */
 int pw_remote_parse_only(int argc, char **argv, void (*usage)(FILE *), pw_remote_opts *co);
@@ -83,6 +85,17 @@ long long pw_jint(const json_t *o, const char *key, long long def);
 double pw_jnum(const json_t *o, const char *key);
 /* "2024-05-01 12:34:56" in local time, "-" for none. */
 const char *pw_cli_fmt_time(double epoch, char *buf, int cap);
+
+/* ---- jobs (cmd_remote.c, cmd_logs.c) ---- */
+
+/* A job ID operand: a whole number >= 1; else prints what is wrong, -1. */
+int pw_cli_job_id(const char *s, long long *id);
+/* The one operand, a job ID, after the options; else prints what is wrong, -1. */
+int pw_cli_job_operand(int argc, char **argv, long long *id);
+/* succeeded, failed or cancelled: the job will not change again. */
+int pw_cli_job_ended(const char *state);
+/* Sleeps s seconds, resumed after a signal. */
+void pw_cli_sleep(double s);
 
 /* ---- datasets (cmd_dataset.c) ---- */
 

@@ -8,6 +8,7 @@
  * graph or judges a schedule against a plan: model.c and schedule.c do. */
 #include "spec_json.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "spec_field.h"
+#include "suggest.h"
 
 #define MAX_SPEC_FILE (16u << 20)
 #define MAX_MESH 4096
@@ -34,6 +36,34 @@ const char *const pw_schedule_names[] = {"gpipe",
                                          "kimi-k2",
                                          "dualpipev"};
 const int pw_n_schedule_names = (int)(sizeof pw_schedule_names / sizeof pw_schedule_names[0]);
+
+/* name folded: lowercase, without '-' and '_'; 0 if it does not fit. */
+static int fold_name(const char *name, char *buf, size_t cap) {
+  size_t n = 0;
+  for (; *name; name++) {
+    if (*name == '-' || *name == '_') continue;
+    if (n + 1 >= cap) return 0;
+    buf[n++] = (char)tolower((unsigned char)*name);
+  }
+  buf[n] = 0;
+  return 1;
+}
+
+const char *pw_schedule_resolve(const char *name) {
+  /* other systems' names, folded */
+  static const struct {
+    const char *alias, *name;
+  } aliases[] = {{"std1f1b", "1f1b"}, {"onefwdonebwd", "1f1b"}, {"zerobubbleh1", "zb-h1"},
+                 {"interleavedh1", "interleaved-1f1b"}};
+  char want[64], have[64];
+  if (!name || !fold_name(name, want, sizeof want)) return NULL;
+  const char *w = strncmp(want, "schedule", 8) == 0 && want[8] ? want + 8 : want;
+  for (int i = 0; i < pw_n_schedule_names; i++)
+    if (fold_name(pw_schedule_names[i], have, sizeof have) && strcmp(w, have) == 0) return pw_schedule_names[i];
+  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+    if (strcmp(w, aliases[i].alias) == 0) return aliases[i].name;
+  return NULL;
+}
 
 /* ---- the sections ---------------------------------------------------- */
 
@@ -197,7 +227,19 @@ static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
 
 static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
   sched_tmp tmp;
+  /* another spelling of a schedule's name is read as its canonical name
+   * (and stored so: the canonical spec never holds an alias) */
+  const char *name = json_string_value(json_object_get(o, "name")), *canon = pw_schedule_resolve(name);
+  json_t *copy = NULL;
+  if (canon && strcmp(name, canon) != 0) {
+    if (!(copy = json_copy((json_t *)o)) || json_object_set_new(copy, "name", json_string(canon))) {
+      json_decref(copy);
+      return pw_err_set(err, PW_ENOMEM, "schedule", "out of memory");
+    }
+    o = copy;
+  }
   int rc = pw__fields_parse(o, "schedule", sched_fields, PW__N(sched_fields), PW__ALL, "", &tmp, err);
+  json_decref(copy);
   if (rc) return rc;
   snprintf(s->name, sizeof s->name, "%s", pw_schedule_names[tmp.name]);
   s->microbatches = tmp.microbatches;
@@ -291,11 +333,15 @@ static int init_parse(const json_t *o, pw_init_spec *in, pw_err *err) {
   if (!o) return 0;
   const char *key;
   const json_t *v;
+  static const char *const keys[] = {"checkpoint", "job", "step", "optimizer", "optimizer_checkpoint"};
+  const int n_keys = (int)(sizeof keys / sizeof keys[0]);
   json_object_foreach((json_t *)o, key, v) {
-    if (strcmp(key, "checkpoint") && strcmp(key, "job") && strcmp(key, "step") && strcmp(key, "optimizer") &&
-        strcmp(key, "optimizer_checkpoint"))
-      return pw_err_set(err, PW_ESPEC, "init", "unknown field \"%.64s\" (checkpoint, or job and step, optimizer)",
-                        key);
+    int known = 0;
+    for (int i = 0; i < n_keys; i++) known |= !strcmp(key, keys[i]);
+    char near[96];
+    if (!known)
+      return pw_err_set(err, PW_ESPEC, "init", "unknown field \"%.64s\" (checkpoint, or job and step, optimizer)%s",
+                        key, pw_suggest_text(key, keys, n_keys, "", near, sizeof near));
   }
   int rc;
   if ((rc = init_id(o, "checkpoint", in->checkpoint, err)) ||

@@ -186,5 +186,12 @@ typedef struct {
 /* The nine schedule names, in the order docs/schedules.md gives them. */
 extern const char *const pw_schedule_names[];
 extern const int pw_n_schedule_names;
+/* The canonical name of a schedule written another way, or NULL: case,
+ * '-' and '_' do not count ("GPipe", "ZB_H1", "KimiK2", "Interleaved1F1B"),
+ * a PyTorch class's "Schedule" prefix is dropped ("ScheduleGPipe"), and
+ * the names other systems use where unambiguous are known: "Std1F1B",
+ * "ONE_FWD_ONE_BWD" (1f1b), "ZeroBubbleH1" (zb-h1), "InterleavedH1"
+ * (interleaved-1f1b). docs/contracts.md lists them. */
+const char *pw_schedule_resolve(const char *name);
 
 #endif

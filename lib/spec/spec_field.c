@@ -3,6 +3,8 @@
  * drift apart. spec.c's sections and spec_model.c's model both use it. */
 #include "spec_field.h"
 
+#include "suggest.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,9 @@ static int enum_parse(const json_t *v, const char *path, const char *const *name
     }
   char list[320];
   names_list(list, sizeof list, names, n);
-  return pw_err_set(err, PW_ESPEC, path, "must be one of %s (got \"%.40s\")", list, s);
+  char near[96];
+  return pw_err_set(err, PW_ESPEC, path, "must be one of %s (got \"%.40s\")%s", list, s,
+                    pw_suggest_text(s, names, n, "", near, sizeof near));
 }
 
 int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
@@ -137,6 +141,17 @@ static void field_default(const pw__field *f, void *dst) {
   }
 }
 
+/* "unknown field; did you mean n_heads?" — the nearest of the fields that
+ * belong here (this variant's). */
+static int unknown_field(const char *key, const char *path, const pw__field *tab, int n, unsigned mask, pw_err *err) {
+  const char *names[128];
+  int k = 0;
+  for (int i = 0; i < n && k < 128; i++)
+    if (tab[i].mask & mask) names[k++] = tab[i].key;
+  char near[96];
+  return pw_err_set(err, PW_ESPEC, path, "unknown field%s", pw_suggest_text(key, names, k, "", near, sizeof near));
+}
+
 int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int n, unsigned mask,
                      const char *ctx, void *dst, pw_err *err) {
   char path[128];
@@ -151,7 +166,7 @@ int pw__fields_parse(const json_t *o, const char *pre, const pw__field *tab, int
           here |= (tab[i].mask & mask) != 0;
         }
       pw__path(path, sizeof path, pre, key);
-      if (!known) return pw_err_set(err, PW_ESPEC, path, "unknown field");
+      if (!known) return unknown_field(key, path, tab, n, mask, err);
       if (!here) return pw_err_set(err, PW_ESPEC, path, "not used with %s", ctx);
     }
   }

@@ -8,8 +8,10 @@
           --map NAME are sent there, anything else gets 403
   odd     a server that answers badly on purpose, by path: a huge
           Content-Length, an endless chunked body, silence, a non-JSON 502,
-          a JSON API error, not HTTP at all; and job 5, which lost workers
-          (three attempts) and can be retried
+          a JSON API error, not HTTP at all; job 5, which lost workers
+          (three attempts) and can be retried; and job 6, running for its
+          first three polls, whose events appear a few at a time (for
+          `logs --follow`: each once, since= moving on)
   datasets  the coordinator's dataset routes and POST/DELETE /v1/jobs as
           api/openapi.yaml and docs/contracts.md describe them, for the CLI
           before (and besides) the real coordinator: uploads are read in
@@ -194,6 +196,30 @@ LOST_JOB = {
     ]}
 
 
+# Job 6: GET /v1/jobs/6 says running three times, then succeeded; each
+# poll of the job makes two more of its events visible.
+JOB6 = {"polls": 0}
+EVENTS6 = [
+    {"id": 1, "time": T0, "kind": "state", "message": "queued: waiting for 2 idle workers"},
+    {"id": 2, "time": T0 + 1, "kind": "state", "message": "queued -> planning: 2 idle workers"},
+    {"id": 3, "time": T0 + 2, "kind": "state", "message": "planning -> running: ranks 0 -> w1, 1 -> w2"},
+    {"id": 4, "time": None, "kind": None, "message": "checkpoint at step 5"},
+    {"id": 5, "time": T0 + 9, "kind": "note", "message": "worker w2 slow: 3 heartbeats late"},
+    {"id": 6, "time": T0 + 12, "kind": "state", "message": "running -> succeeded: 10 steps"},
+]
+
+
+def job6(conn, target):
+    if target.endswith("/v1/jobs/6"):
+        JOB6["polls"] += 1
+        state = "running" if JOB6["polls"] <= 3 else "succeeded"
+        send_json(conn, 200, {"id": 6, "name": "follow-me", "state": state}, close=True)
+        return
+    since = int(urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get("since", ["0"])[0])
+    visible = EVENTS6[:min(len(EVENTS6), 2 * JOB6["polls"])] if JOB6["polls"] <= 3 else EVENTS6
+    send_json(conn, 200, {"events": [e for e in visible if e["id"] > since]}, close=True)
+
+
 def odd_handler(conn, args):
     head, rest = read_head(conn)
     if head is None:
@@ -218,6 +244,8 @@ def odd_handler(conn, args):
                      % (len(body), body))
     elif target.endswith("/v1/jobs/5"):  # a job that lost workers, then failed
         send_json(conn, 200, LOST_JOB, close=True)
+    elif "/v1/jobs/6" in target:
+        job6(conn, target)
     elif method == "POST" and target.endswith("/v1/jobs/5/retry"):
         send_json(conn, 200, {"id": 5, "state": "queued", "location": "/v1/jobs/5"}, close=True)
     elif method == "POST" and target.endswith("/v1/jobs"):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_cli_plan: `pipewright plan` on the example jobs — the table, the
 # compare view, the JSON document (what POST /v1/plans will return), the
-# Chrome trace, and a schedule the job cannot run.
+# Chrome trace, and a schedule the job cannot run; --schedule takes other
+# spellings and other systems' names (as a job spec does), and an unknown
+# one is answered with all nine and the nearest.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -38,4 +40,39 @@ sed 's/"name": "1f1b", "microbatches": 4/"name": "dualpipev", "microbatches": 2/
 sed -i 's/"virtual_stages": 1/"virtual_stages": 2/' "$T/bad.json"
 if "$PW" plan --job "$T/bad.json" 2> "$T/err"; then fail "dualpipev with 2 microbatches accepted"; fi
 grep -q 'schedule.microbatches: dualpipev needs microbatches >= 2\*pp (got 2 < 4)' "$T/err" || { cat "$T/err"; fail "unclear error"; }
+# --schedule: other spellings and other systems' names are the canonical schedule
+for alias in 1F1B:1f1b Std1F1B:1f1b ONE_FWD_ONE_BWD:1f1b GPipe:gpipe GPIPE:gpipe ZeroBubbleH1:zb-h1 \
+  Eager1F1B:eager1f1b; do
+  "$PW" plan --job examples/jobs/gpt-tiny.json --schedule "${alias%%:*}" > "$T/alias.txt" 2> "$T/err" ||
+    { cat "$T/err"; fail "--schedule ${alias%%:*} refused"; }
+  grep -q "^job gpt-tiny: schedule ${alias#*:}, " "$T/alias.txt" || { head -2 "$T/alias.txt"; fail "--schedule ${alias%%:*} is not ${alias#*:}"; }
+done
+# interleaved ones need two stages per rank
+sed 's/"virtual_stages": 1/"virtual_stages": 2/' examples/jobs/gpt-tiny.json > "$T/v2.json"
+for alias in InterleavedH1:interleaved-1f1b Interleaved1F1B:interleaved-1f1b DualPipeV:dualpipev KimiK2:kimi-k2; do
+  "$PW" plan --job "$T/v2.json" --schedule "${alias%%:*}" --json > "$T/alias.json" 2> "$T/err" ||
+    { cat "$T/err"; fail "--schedule ${alias%%:*} refused"; }
+  grep -q "\"schedule\": \"${alias#*:}\"" "$T/alias.json" || fail "--schedule ${alias%%:*} is not ${alias#*:}"
+done
+# ... and so does a job spec (stored as the canonical name)
+sed 's/"name": "1f1b"/"name": "ZeroBubbleH1"/' examples/jobs/gpt-tiny.json > "$T/zb.json"
+"$PW" plan --job "$T/zb.json" | grep -q '^job gpt-tiny: schedule zb-h1, ' || fail "a spec's ZeroBubbleH1 is not zb-h1"
+ALL="gpipe, 1f1b, eager1f1b, zb-h1, interleaved-1f1b, interleaved-gpipe, interleaved-1f1b-plus-one, kimi-k2, dualpipev"
+plan_usage() { # "message" args...
+  local want=$1 rc=0; shift
+  "$PW" plan "$@" > "$T/out" 2> "$T/err" || rc=$?
+  [ $rc -eq 2 ] && grep -qxF "$want" "$T/err" && grep -q '^usage: ' "$T/err" && [ ! -s "$T/out" ] ||
+    { cat "$T/err"; fail "plan $*: exit $rc, want 2 and '$want'"; }
+}
+plan_usage "pipewright plan: --schedule: unknown schedule 'gpip' (one of $ALL); did you mean gpipe?" \
+  --job examples/jobs/gpt-tiny.json --schedule gpip
+plan_usage "pipewright plan: --schedule: unknown schedule 'zbh2' (one of $ALL); did you mean zb-h1?" \
+  --job examples/jobs/gpt-tiny.json --schedule zbh2
+plan_usage "pipewright plan: --schedule: unknown schedule 'pipedream' (one of $ALL)" \
+  --job examples/jobs/gpt-tiny.json --schedule pipedream
+plan_usage "pipewright plan: unknown option '--compar'; did you mean --compare?" --job examples/jobs/gpt-tiny.json --compar
+plan_usage "pipewright plan: missing --job FILE" --schedule gpipe
+sed 's/"name": "1f1b"/"name": "1f1c"/' examples/jobs/gpt-tiny.json > "$T/typo.json"
+if "$PW" plan --job "$T/typo.json" 2> "$T/err"; then fail "schedule 1f1c accepted"; fi
+grep -q 'schedule.name: must be one of .* (got "1f1c"); did you mean 1f1b?$' "$T/err" || { cat "$T/err"; fail "no did-you-mean for a spec's schedule"; }
 echo "1 passed, 0 failed"

@@ -161,6 +161,27 @@ else
   bad "status table"; show "$T/list.txt"
 fi
 
+# ---- logs: the job's events ------------------------------------------------------------
+TS='[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}'
+"$PW" logs "$ID" "${R[@]}" > "$T/logs.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -Eq "^$TS  state +.*succeeded" "$T/logs.txt" && ! grep -qv -E "^($TS|-)  " "$T/logs.txt"; then
+  ok "logs ID: the events, one line each (time, kind, message)"
+else
+  bad "logs ID: exit $rc"; show "$T/logs.txt"
+fi
+timeout "$WAIT" "$PW" logs "$ID" --follow "${R[@]}" > "$T/logs2.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && cmp -s "$T/logs.txt" "$T/logs2.txt"; then
+  ok "logs --follow of a finished job prints the same and exits 0 at once"
+else
+  bad "logs --follow of a finished job: exit $rc"; show "$T/logs2.txt"
+fi
+"$PW" logs 999999 "${R[@]}" > "$T/logs3.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^error: .*999999' "$T/logs3.txt"; then ok "logs of an unknown job"; else
+  bad "logs 999999: exit $rc"; show "$T/logs3.txt"; fi
+
 # ---- cancel, unknown jobs -----------------------------------------------------------
 "$PW" cancel "$ID" "${R[@]}" > "$T/cancel2.txt" 2>&1
 rc=$?
@@ -412,7 +433,6 @@ if start_helper odd odd; then
   # a job that lost workers: one line per attempt (workers by rank, where it resumed, why it ended)
   "$PW" status 5 "${O[@]}" > "$T/odd7.txt" 2>&1
   rc=$?
-  TS='[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}'
   if [ $rc -eq 0 ] && grep -Eqx '  restarts +2 of 2' "$T/odd7.txt" &&
     grep -Eqx "  attempt 1 \(run 3\) interrupted at $TS workers w0,w1,w2,w3, started at step 0: worker w2 \(127\.0\.0\.1:4411, rank 2\) lost at step 13: no heartbeat for 10 s" "$T/odd7.txt" &&
     grep -Eqx "  attempt 2 \(run 5\) interrupted at $TS workers w0,w1,w4,w3, resumed at step 12 from snapshot: worker w4 \(127\.0\.0\.1:4415, rank 2\) lost at step 14: link closed" "$T/odd7.txt" &&
@@ -429,6 +449,26 @@ if start_helper odd odd; then
   else
     bad "retry 5: exit $rc"; show "$T/odd8.txt" "$T/odd.log"
   fi
+  # logs --follow: polls the job and the events after the last one shown, until the job ends
+  timeout "$WAIT" "$PW" logs 6 --follow --interval 0.1 "${O[@]}" > "$T/odd9.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && [ "$(wc -l < "$T/odd9.txt")" = 6 ] &&
+    [ "$(sed -n 's/.*\(waiting\|planning\|running:\|step 5\|slow\|succeeded\).*/\1/p' "$T/odd9.txt" | tr '\n' ' ')" = "waiting planning running: step 5 slow succeeded " ] &&
+    grep -Eqx "$TS  state +queued: waiting for 2 idle workers" "$T/odd9.txt" &&
+    grep -qx -- "-  -          checkpoint at step 5" "$T/odd9.txt" &&
+    [ "$(sed -n 's#^GET /v1/jobs/6/events?since=##p' "$T/odd.log" | tr '\n' ' ')" = "0 2 4 6 " ]; then
+    ok "logs --follow: each event once, in order, asking only for the new ones, until the job ends"
+  else
+    bad "logs --follow: exit $rc"; show "$T/odd9.txt" "$T/odd.log"
+  fi
+  "$PW" logs 6 --since 4 --json "${O[@]}" > "$T/odd10.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && [ "$(wc -l < "$T/odd10.txt")" = 2 ] && grep -q '^{"id":5,"time":' "$T/odd10.txt" &&
+    grep -q '^{"id":6,"time":' "$T/odd10.txt"; then
+    ok "logs --since N --json: the events after N, as the API gives them"
+  else
+    bad "logs --since --json: exit $rc"; show "$T/odd10.txt"
+  fi
   "$PW" workers "${O[@]}" > "$T/odd6.txt" 2>&1
   rc=$?
   if [ $rc -eq 1 ] && grep -q "^error: coordinator at $OU: not an HTTP answer" "$T/odd6.txt"; then
@@ -438,6 +478,55 @@ if start_helper odd odd; then
   fi
 else
   bad "odd server start"
+fi
+
+# ---- bad usage: named, exit 2, before anything is sent ----------------------------------
+# "ARGS|message" (the command line is split on spaces)
+while IFS='|' read -r args want; do
+  # shellcheck disable=SC2086
+  "$PW" $args --coordinator http://127.0.0.1:1 > "$T/use.txt" 2>&1
+  rc=$?
+  if [ $rc -eq 2 ] && grep -qxF "$want" "$T/use.txt" && grep -q '^usage: ' "$T/use.txt" && ! grep -q 'cannot reach' "$T/use.txt"; then
+    ok "pipewright $args: exit 2, $want"
+  else
+    bad "pipewright $args: exit $rc, want '$want'"; show "$T/use.txt"
+  fi
+done <<'EOF'
+status abc|pipewright status: job ID: 'abc' is not a whole number
+status 0|pipewright status: job ID: '0' is too small (want 1 or more)
+status 1 2|pipewright status: unexpected argument '2'
+status --limit 10x|pipewright status: --limit: '10x' is not a whole number
+status --limit 501|pipewright status: --limit: '501' is too large (want 1 to 500)
+status --limit -5|pipewright status: --limit: '-5' is negative (want 1 to 500)
+status --state runing|pipewright status: --state: 'runing' is not a job state (queued, planning, dispatching, running, succeeded, failed, cancelled); did you mean running?
+status --stat queued|pipewright status: unknown option '--stat'; did you mean --state?
+watch|pipewright watch: missing the job ID
+watch 1 --interval abc|pipewright watch: --interval: 'abc' is not a number
+watch 1 --interval 0|pipewright watch: --interval: '0' is out of range (want more than 0, at most 3600)
+watch 1 --interval nan|pipewright watch: --interval: 'nan' is not a number
+watch 1 --timeout 0|pipewright watch: --timeout: '0' is out of range (want more than 0, at most 86400)
+cancel|pipewright cancel: missing the job ID
+retry 1x|pipewright retry: job ID: '1x' is not a whole number
+workers --cordinator x|pipewright workers: unknown option '--cordinator'; did you mean --coordinator?
+workers --json=1|pipewright workers: --json takes no value
+submit|pipewright submit: missing --job FILE
+logs|pipewright logs: missing the job ID
+logs 1 --since -1|pipewright logs: --since: '-1' is negative (want 0 or more)
+logs 1 --folow|pipewright logs: unknown option '--folow'; did you mean --follow?
+EOF
+"$PW" submit --coordinator http://127.0.0.1:1 --job > "$T/use.txt" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -qx "pipewright submit: --job needs a value" "$T/use.txt"; then
+  ok "a missing value is named"
+else
+  bad "submit --job (no value): exit $rc"; show "$T/use.txt"
+fi
+"$PW" stauts > "$T/use.txt" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -qx "pipewright: unknown command 'stauts'; did you mean status?" "$T/use.txt"; then
+  ok "an unknown command: did you mean"
+else
+  bad "unknown command: exit $rc"; show "$T/use.txt"
 fi
 
 # ---- a token-protected coordinator -----------------------------------------------------

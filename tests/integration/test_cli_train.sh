@@ -8,7 +8,12 @@
 #  - the loss of a short run falls;
 #  - a broken spec is refused with its JSON path, nothing is written;
 #  - a checkpoint with a flipped bit, or with non-finite weights (a diverged
-#    run's), is refused by eval and --resume, naming the tensor.
+#    run's), is refused by eval and --resume, naming the tensor;
+#  - bad command lines are named, with exit 2 and nothing trained: numbers
+#    that are not whole or out of range, a missing --job, unknown options
+#    (with "did you mean"); a field typo in the spec gets "did you mean";
+#  - per-step lines count steps done ("step N/M"), as watch and the API do;
+#  - --resume without --out warns that nothing will be saved.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -88,4 +93,52 @@ if "$PW" train --job "$T/job.json" --quiet --resume "$T/div.safetensors" --steps
   fail "a run resumed from NaN weights"
 fi
 grep -q "holds a non-finite value" "$T/err" || { cat "$T/err"; fail "resume: no non-finite error"; }
+# Bad command lines: the message names the flag and the value, exit 2, no training.
+expect_usage() { # "message" args...
+  local want=$1 rc=0; shift
+  "$PW" "$@" > "$T/out" 2> "$T/err" || rc=$?
+  [ $rc -eq 2 ] || { cat "$T/err"; fail "pipewright $*: exit $rc, want 2"; }
+  grep -qxF "$want" "$T/err" || { cat "$T/err"; fail "pipewright $*: no '$want'"; }
+  grep -q '^usage: ' "$T/err" || fail "pipewright $*: no usage after the message"
+  [ ! -s "$T/out" ] || { cat "$T/out"; fail "pipewright $*: printed to stdout (trained?)"; }
+}
+J=(--job "$T/job.json")
+expect_usage "pipewright train: --steps: 'abc' is not a whole number" train "${J[@]}" --steps abc
+expect_usage "pipewright train: --steps: '3x' is not a whole number" train "${J[@]}" --steps 3x
+expect_usage "pipewright train: --steps: '' is not a whole number" train "${J[@]}" --steps ''
+expect_usage "pipewright train: --steps: ' 3' is not a whole number" train "${J[@]}" --steps ' 3'
+expect_usage "pipewright train: --steps: '-1' is negative (want 0 or more)" train "${J[@]}" --steps -1
+expect_usage "pipewright train: --steps: '99999999999999999999' is too large (at most 2147483647)" \
+  train "${J[@]}" --steps 99999999999999999999
+expect_usage "pipewright train: --steps: '4294967297' is too large (at most 2147483647)" train "${J[@]}" --steps 4294967297
+expect_usage "pipewright train: --threads: '0' is too small (want 1 to 4096)" train "${J[@]}" --threads 0
+expect_usage "pipewright train: --threads: '2.5' is not a whole number" train "${J[@]}" --threads 2.5
+expect_usage "pipewright train: missing --job FILE" train --steps 3
+expect_usage "pipewright train: --job needs a value" train --job
+expect_usage "pipewright train: unknown option '--step'; did you mean --steps?" train "${J[@]}" --step 3
+expect_usage "pipewright train: unknown option '--stpes'; did you mean --steps?" train "${J[@]}" --stpes 3
+expect_usage "pipewright train: unknown option '--verbose'" train "${J[@]}" --verbose
+expect_usage "pipewright train: --quiet takes no value" train "${J[@]}" --quiet=yes
+expect_usage "pipewright train: unexpected argument 'extra'" train "${J[@]}" extra
+expect_usage "pipewright train: --resume and --init exclude each other" train "${J[@]}" --init a --resume b
+expect_usage "pipewright eval: missing --checkpoint CKPT" eval "${J[@]}"
+expect_usage "pipewright eval: --threads: 'many' is not a whole number" eval "${J[@]}" --checkpoint x --threads many
+expect_usage "pipewright inspect: missing --job FILE" inspect
+expect_usage "pipewright inspect: unknown option '--node'; did you mean --nodes?" inspect "${J[@]}" --node
+
+# A field typo in the spec: the path, and the field it probably meant.
+sed 's/"n_heads": 2/"n_head": 2/' "$T/job.json" > "$T/typo.json"
+if "$PW" train --job "$T/typo.json" 2> "$T/err"; then fail "a misspelt field was accepted"; fi
+grep -qx "error: $T/typo.json: model.n_head: unknown field; did you mean n_heads?" "$T/err" || { cat "$T/err"; fail "no did-you-mean for a field"; }
+
+# One step numbering: "step N/M" after the Nth step, as watch and status say it.
+"$PW" train --job "$T/job.json" --steps 3 > "$T/lines.txt"
+[ "$(sed -n 's#^step \([0-9]*\)/3  loss .*#\1#p' "$T/lines.txt" | tr '\n' ' ')" = "1 2 3 " ] || { cat "$T/lines.txt"; fail "step lines are not 1/3 2/3 3/3"; }
+"$PW" train --job "$T/job.json" --resume "$T/half.safetensors" --steps 5 > "$T/lines.txt" 2> "$T/err"
+grep -q 'resumed after step 3$' "$T/lines.txt" || { cat "$T/lines.txt"; fail "no 'resumed after step 3'"; }
+[ "$(sed -n 's#^step \([0-9]*\)/5  loss .*#\1#p' "$T/lines.txt" | tr '\n' ' ')" = "4 5 " ] || { cat "$T/lines.txt"; fail "resumed step lines are not 4/5 5/5"; }
+# ... and --resume without --out says that the result is thrown away
+grep -qx "warning: --resume without --out: the trained parameters will not be saved" "$T/err" || { cat "$T/err"; fail "no --resume warning"; }
+"$PW" train --job "$T/job.json" --quiet --resume "$T/half.safetensors" --steps 4 --out "$T/r4.safetensors" 2> "$T/err"
+[ ! -s "$T/err" ] || { cat "$T/err"; fail "--resume with --out warned"; }
 echo "1 passed, 0 failed"

@@ -106,7 +106,10 @@ typedef struct {
 
 static const bad_case bad[] = {
     /* unknown fields and wrong types */
-    {B_GPT, "{'model':{'d_modle':5}}", "model.d_modle", "unknown field"},
+    {B_GPT, "{'model':{'d_modle':5}}", "model.d_modle", "unknown field; did you mean d_model?"},
+    {B_GPT, "{'model':{'n_head':5}}", "model.n_head", "unknown field; did you mean n_heads?"},
+    {B_GPT, "{'train':{'setps':5}}", "train.setps", "unknown field; did you mean steps?"},
+    {B_GPT, "{'init':{'chekpoint':'x'}}", "init", "did you mean checkpoint?"},
     {B_GPT, "{'bogus':1}", "bogus", "unknown field"},
     {B_GPT, "{'mesh':{'workers':'any'}}", "mesh.workers", "unknown field"},
     {B_GPT, "{'train':{'optimizer':{'beta1':0.9}}}", "train.optimizer.beta1", "unknown field"},
@@ -180,9 +183,12 @@ static const bad_case bad[] = {
     /* enums */
     {B_GPT, "{'model':{'template':'bert'}}", "model.template",
      "must be one of gpt, llama, mlp (got \"bert\")"},
-    {B_GPT, "{'schedule':{'name':'1F1B'}}", "schedule.name",
+    {B_GPT, "{'schedule':{'name':'pipedream'}}", "schedule.name",
      "must be one of gpipe, 1f1b, eager1f1b, zb-h1, interleaved-1f1b, interleaved-gpipe, "
-     "interleaved-1f1b-plus-one, kimi-k2, dualpipev (got \"1F1B\")"},
+     "interleaved-1f1b-plus-one, kimi-k2, dualpipev (got \"pipedream\")"},
+    {B_GPT, "{'schedule':{'name':'gpip'}}", "schedule.name", "(got \"gpip\"); did you mean gpipe?"},
+    {B_GPT, "{'schedule':{'name':'Interleaved'}}", "schedule.name", "(got \"Interleaved\")"},
+    {B_GPT, "{'train':{'optimizer':{'name':'adam'}}}", "train.optimizer.name", "did you mean adamw?"},
     {B_GPT, "{'mode':'decode'}", "mode", "must be one of train, forward"},
     {B_GPT, "{'train':{'optimizer':{'name':'adam'}}}", "train.optimizer.name",
      "must be one of adamw, sgd"},
@@ -520,6 +526,32 @@ static void test_schedule_names(void **st) {
     assert_string_equal(job.schedule.name, want[i]);
     pw_job_free(&job);
   }
+  /* other spellings and other systems' names read as the canonical name,
+   * and are stored so */
+  static const char *const alias[][2] = {
+      {"1F1B", "1f1b"},         {"Std1F1B", "1f1b"},           {"ONE_FWD_ONE_BWD", "1f1b"},
+      {"GPipe", "gpipe"},       {"GPIPE", "gpipe"},            {"ScheduleGPipe", "gpipe"},
+      {"ZeroBubbleH1", "zb-h1"}, {"ZB_H1", "zb-h1"},           {"InterleavedH1", "interleaved-1f1b"},
+      {"Interleaved1F1B", "interleaved-1f1b"}, {"DualPipeV", "dualpipev"}, {"KimiK2", "kimi-k2"},
+      {"Eager1F1B", "eager1f1b"}, {"Interleaved1F1BPlusOne", "interleaved-1f1b-plus-one"},
+  };
+  for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++) {
+    assert_string_equal(pw_schedule_resolve(alias[i][0]), alias[i][1]);
+    char text[512];
+    snprintf(text, sizeof text,
+             "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},"
+             "'schedule':{'name':'%s','microbatches':2},'data':{'kind':'copy'}}",
+             alias[i][0]);
+    pw_job job = parse_ok(text);
+    assert_string_equal(job.schedule.name, alias[i][1]);
+    json_t *back = pw_job_to_json(&job);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(back, "schedule"), "name")), alias[i][1]);
+    json_decref(back);
+    pw_job_free(&job);
+  }
+  assert_null(pw_schedule_resolve("Interleaved"));
+  assert_null(pw_schedule_resolve("Schedule"));
+  assert_null(pw_schedule_resolve(NULL));
 }
 
 /* ---- the canonical round trip ---------------------------------------- */
