@@ -50,6 +50,7 @@ void pw_api_plans(pw_req *r) {
   int compare;
   if (pw_req_bool_arg(r, "compare", 0, &compare)) return;
   const char *sched = pw_req_arg(r, "schedule");
+  if (sched && pw_schedule_resolve(sched)) sched = pw_schedule_resolve(sched); /* "1F1B", "ZeroBubbleH1" ... */
   if (sched && !pw_sched_info_find(sched)) {
     pw_reply_error(r, PW_EINVAL, "schedule", "unknown schedule \"%.64s\"",
                    sched);
