@@ -50,6 +50,7 @@ const char *pw_suggest(const char *word, const char *const *names, int n) {
 const char *pw_suggest_text(const char *word, const char *const *names, int n, const char *prefix, char *buf,
                             int cap) {
   const char *near = pw_suggest(word, names, n);
-  snprintf(buf, (size_t)cap, near ? "; did you mean %s%s?" : "", prefix, near);
+  if (cap > 0) buf[0] = 0;
+  if (near) snprintf(buf, (size_t)cap, "; did you mean %s%s?", prefix, near);
   return buf;
 }

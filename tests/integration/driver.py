@@ -380,6 +380,18 @@ def train_reference(build, spec, tmp, tag, nice=0):
     return open(out, "rb").read()
 
 
+def attempts(c, jid):
+    """GET /v1/jobs/{id}'s attempts, oldest first: [{attempt, run, state,
+    started, finished, reason, start_step, resumed_from, workers}]."""
+    return c.job(jid).get("attempts") or []
+
+
+def all_metrics(c, jid):
+    """Every metrics row of every run of the job."""
+    st_, r = http(c.base, f"/v1/jobs/{jid}/metrics?since=0&all=1")
+    return r.get("metrics", []) if st_ == 200 and isinstance(r, dict) else []
+
+
 class Cluster:
     """A coordinator (restartable on its state dir) and named workers."""
 
@@ -483,23 +495,6 @@ class Cluster:
         """[worker name by rank] of the job's current run."""
         rk = sorted(self.job(jid).get("ranks") or [], key=lambda x: x["rank"])
         return [x.get("worker") for x in rk]
-
-    def runs(self, jid):
-        """The store's runs of a job with their workers by rank (read-only)."""
-        import sqlite3
-        db = sqlite3.connect(f"file:{os.path.join(self.state, 'pipewright.db')}?mode=ro", uri=True, timeout=10)
-        try:
-            rows = db.execute("SELECT id, attempt, state, started, finished, error FROM runs WHERE job_id = ? "
-                              "ORDER BY id", (jid,)).fetchall()
-            out = []
-            for rid, att, state, started, finished, error in rows:
-                ws = [n for (n,) in db.execute("SELECT worker_name FROM assignments WHERE run_id = ? ORDER BY rank",
-                                                (rid,))]
-                out.append({"run": rid, "attempt": att, "state": state, "started": started, "finished": finished,
-                            "error": error, "workers": ws})
-            return out
-        finally:
-            db.close()
 
     def sanitizer_reports(self):
         """[(log file, line)] of every AddressSanitizer / LeakSanitizer /

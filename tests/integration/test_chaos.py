@@ -58,19 +58,6 @@ def spec(i):
             "data": {"kind": "text", "path": os.path.join(SRC, "examples/data/corpus.txt"), "sampler": "random"}}
 
 
-def attempts(c, jid):
-    j = c.job(jid)
-    if isinstance(j.get("attempts"), list):
-        return j["attempts"], "api"
-    return [{"attempt": r["attempt"], "run": r["run"], "state": r["state"], "started": r["started"],
-             "finished": r["finished"], "reason": r["error"], "workers": r["workers"]} for r in c.runs(jid)], "store"
-
-
-def all_metrics(c, jid):
-    st_, r = d.http(c.base, f"/v1/jobs/{jid}/metrics?since=0&all=1")
-    return r.get("metrics", []) if st_ == 200 and isinstance(r, dict) else []
-
-
 def chaos(c, jobs):
     """The kill loop: [{worker, job, run, step, time}] of its kills."""
     kills, last = [], {}
@@ -141,9 +128,9 @@ def main():
                   {k: j.get(k) for k in ("state", "error")})
             diff = d.bit_diff(c.checkpoint(jid), refs.get(i))
             check(f"{tag}: its checkpoint equals its `pipewright train` run bit for bit", not diff, diff)
-            ats, src = attempts(c, jid)
+            ats = d.attempts(c, jid)
             states = [a.get("state") for a in ats]
-            check(f"{tag}: {len(ats)} attempts in the {src}, consecutive, interrupted then succeeded",
+            check(f"{tag}: {len(ats)} attempts in the API, consecutive, interrupted then succeeded",
                   states and states[-1] == "succeeded" and all(s == "interrupted" for s in states[:-1]) and
                   [a.get("attempt") for a in ats] == list(range(1, len(ats) + 1)), ats)
             for k in mine:
@@ -168,7 +155,7 @@ def main():
                     if not lo <= step <= lost:
                         bad.append(f"lost at step {lost}, then: {e['message']}")
             check(f"{tag}: every attempt resumes at the step of the loss or before it, not after", not bad, bad)
-            rows = all_metrics(c, jid)
+            rows = d.all_metrics(c, jid)
             by = {}
             for m in rows:
                 by.setdefault(m["step"], set()).add(m["loss"])

@@ -109,21 +109,6 @@ def resume_events(c, jid):
     return out
 
 
-def attempts(c, jid):
-    """The job's attempts: GET /v1/jobs/{id}'s "attempts" when it has them,
-    else the store's runs table (read-only) in the same shape."""
-    j = c.job(jid)
-    if isinstance(j.get("attempts"), list):
-        return j["attempts"], "api"
-    return [{"attempt": r["attempt"], "run": r["run"], "state": r["state"], "started": r["started"],
-             "finished": r["finished"], "reason": r["error"], "workers": r["workers"]} for r in c.runs(jid)], "store"
-
-
-def all_metrics(c, jid):
-    st_, r = d.http(c.base, f"/v1/jobs/{jid}/metrics?since=0&all=1")
-    return r.get("metrics", []) if st_ == 200 and isinstance(r, dict) else []
-
-
 def checkpoint_steps(c, jid):
     st_, r = d.http(c.base, f"/v1/jobs/{jid}/checkpoints")
     return [x["step"] for x in r.get("checkpoints", [])] if st_ == 200 and isinstance(r, dict) else []
@@ -167,7 +152,7 @@ def first_row_after(c, jid, old_runs, t0, timeout):
     """Time of the first metrics row of a run not in old_runs (the next
     attempt's first step recorded), by the coordinator's clock."""
     def got():
-        rows = [m["time"] for m in all_metrics(c, jid) if m.get("run") not in old_runs and m.get("time")]
+        rows = [m["time"] for m in d.all_metrics(c, jid) if m.get("run") not in old_runs and m.get("time")]
         if rows:
             return min(rows)
         return -1 if c.job(jid).get("state") in ("succeeded", "failed", "cancelled") else None
@@ -191,14 +176,14 @@ def common_checks(tag, c, jid, sp, n_losses=(1, 1), ref=None, coord_restart=Fals
     ref = ref or d.train_reference(BUILD, sp, TMP, tag.split(":")[0])
     diff = d.bit_diff(c.checkpoint(jid), ref)
     check(f"{tag}: its checkpoint equals `pipewright train`'s bit for bit", not diff, diff)
-    ats, src = attempts(c, jid)
+    ats = d.attempts(c, jid)
     states = [a.get("state") for a in ats]
-    by_coord = [a for a in ats[:-1] if coord_restart and a.get("state") in ("failed", "interrupted") and
+    by_coord = [a for a in ats[:-1] if coord_restart and a.get("state") == "interrupted" and
                 "coordinator" in (a.get("reason") or "")]
     lost = [a for a in ats[:-1] if a.get("state") == "interrupted" and a not in by_coord]
     lo, hi = n_losses
     check(f"{tag}: {lo}{'' if lo == hi else '..' + str(hi)} attempt(s) interrupted by a loss"
-          f"{' (and any ended by the coordinator restart)' if coord_restart else ''}, then one succeeded, in the {src}",
+          f"{' (and any ended by the coordinator restart)' if coord_restart else ''}, then one succeeded, in the API",
           states and states[-1] == "succeeded" and lo <= len(lost) <= hi and len(lost) + len(by_coord) == len(ats) - 1
           and [a.get("attempt") for a in ats] == list(range(1, len(ats) + 1)), ats)
     if by_coord:
@@ -207,7 +192,7 @@ def common_checks(tag, c, jid, sp, n_losses=(1, 1), ref=None, coord_restart=Fals
     if "restarts" in j:
         check(f"{tag}: restarts = {len(lost)} (one per attempt a loss ended)", j["restarts"] == len(lost),
               j["restarts"])
-    rows = all_metrics(c, jid)
+    rows = d.all_metrics(c, jid)
     by = {}
     for m in rows:
         by.setdefault(m["step"], set()).add(m["loss"])
@@ -253,9 +238,9 @@ def check_resume(tag, c, jid, attempt, lost_step, allowed, ce=None, newest_ckpt=
     else:
         check(f"{tag}: ... from step 0 only when no checkpoint was listed before the loss", newest_ckpt == 0,
               (r, newest_ckpt))
-    ats, src = attempts(c, jid)
+    ats = d.attempts(c, jid)
     a = [x for x in ats if x.get("attempt") == attempt]
-    if src == "api" and a:
+    if a:
         check(f"{tag}: the API's attempt {attempt} says start_step {r['step']}, resumed_from {r['from']}",
               a[0].get("start_step") == r["step"] and a[0].get("resumed_from") == r["from"], a[0])
     return r
@@ -326,7 +311,7 @@ def part3(c):
     common_checks(tag, c, jid, sp, ref=d.train_reference(BUILD, sp, TMP, "1 kill, snapshots"))
     if lost and "step" in lost[0]:
         check_resume(tag, c, jid, 2, lost[0]["step"], ("snapshot",), CE)
-        late = [m for m in all_metrics(c, jid) if m.get("run") == old_run and m.get("time", 0) > t_lost + 0.5]
+        late = [m for m in d.all_metrics(c, jid) if m.get("run") == old_run and m.get("time", 0) > t_lost + 0.5]
         check(f"{tag}: no row of the old run recorded after its loss", not late, late[:3])
         TIMES.append((tag, t_lost - t0, (t_first - t0) if t_first else None))
     w = [x for x in c.worker_rows() if x["name"] == victim]
@@ -405,7 +390,7 @@ def part5(c):
     rs = resume_events(c, jid)
     check(f"{tag}: a resume event, not from step 0 (checkpoint {newest} was listed)",
           rs and all("bad" not in r for r in rs) and (rs[-1]["step"] >= newest or rs[-1]["from"] == "snapshot"), rs)
-    ats, _ = attempts(c, jid)
+    ats = d.attempts(c, jid)
     check(f"{tag}: the attempt that lost {victim} is interrupted", ats and victim in ats[0]["workers"] and
           ats[0]["state"] == "interrupted", ats)
 
@@ -448,7 +433,7 @@ def part7(c):
         j = c.wait_job(jid, timeout=60 * SLOW)
         check(f"{tag}: losing {victim} fails the job, the error names it",
               j.get("state") == "failed" and f"worker {victim}" in (j.get("error") or ""), j.get("error"))
-        ats, src = attempts(c, jid)
+        ats = d.attempts(c, jid)
         check(f"{tag}: one attempt, failed; no attempt 2", len(ats) == 1 and ats[0].get("state") == "failed" and
               not [r for r in resume_events(c, jid) if r.get("attempt") != 1], (ats, resume_events(c, jid)))
     ensure_workers(c, tag)
@@ -473,7 +458,7 @@ def part7(c):
         err = j.get("error") or ""
         check(f"{tag}: the second loss fails the job; the error names {v1} and {v2}",
               j.get("state") == "failed" and f"worker {v1}" in err and f"worker {v2}" in err, err)
-        ats, _ = attempts(c, jid)
+        ats = d.attempts(c, jid)
         check(f"{tag}: two attempts, interrupted then failed",
               [a.get("state") for a in ats] == ["interrupted", "failed"], ats)
 
