@@ -434,7 +434,7 @@ int pw_cmd_retry(int argc, char **argv) { return job_action(argc, argv, retry_us
 /* ---- workers -------------------------------------------------------------------------- */
 
 static void workers_usage(FILE *f) {
-  fprintf(f, "usage: pipewright workers [options]\n  the registered workers\n" PW_REMOTE_USAGE);
+  fprintf(f, "usage: pipewright workers [options]\n  the registered workers: state, job, OpenBLAS kernel, one-core sgemm rate and\n  any warning (a forced slow kernel)\n" PW_REMOTE_USAGE);
 }
 
 int pw_cmd_workers(int argc, char **argv) {
@@ -461,7 +461,8 @@ int pw_cmd_workers(int argc, char **argv) {
       if (n > nw) nw = n > 32 ? 32 : n;
       if (a > aw) aw = a > 48 ? 48 : a;
     }
-    printf("%-*s %-*s %-6s %-10s %-12s %s\n", nw, "NAME", aw, "ADDRESS", "STATE", "HEARTBEAT", "JOB", "THREADS");
+    printf("%-*s %-*s %-6s %-10s %-12s %-7s %-22s %s\n", nw, "NAME", aw, "ADDRESS", "STATE", "HEARTBEAT", "JOB",
+           "THREADS", "KERNEL", "SGEMM");
     json_array_foreach(ws, i, w) {
       char age[32], hb[40], jb[40] = "-";
       snprintf(hb, sizeof hb, "%s ago", fmt_duration(pw_jnum(w, "heartbeat_age"), age, 32));
@@ -472,8 +473,19 @@ int pw_cmd_workers(int argc, char **argv) {
         else
           snprintf(jb, sizeof jb, "%lld", pw_jint(w, "job", 0));
       }
-      printf("%-*.*s %-*.*s %-6s %-10s %-12s %lld\n", nw, nw, pw_jstr(w, "name", ""), aw, aw, pw_jstr(w, "addr", ""),
-             pw_jstr(w, "state", "?"), hb, jb, pw_jint(w, "threads", 0));
+      /* the OpenBLAS kernel, "(forced)" when OPENBLAS_CORETYPE chose it; "-" for an older worker */
+      char kern[48] = "-", gf[32] = "-";
+      const json_t *fv = json_object_get(w, "blas_forced");
+      if (json_is_string(json_object_get(w, "blas_core")))
+        snprintf(kern, sizeof kern, "%.31s%s", pw_jstr(w, "blas_core", ""), json_is_true(fv) ? " (forced)" : "");
+      double g = pw_jnum(w, "gemm_gflops");
+      if (g > 0) snprintf(gf, sizeof gf, "%.0f GF/s", g);
+      printf("%-*.*s %-*.*s %-6s %-10s %-12s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
+             pw_jstr(w, "addr", ""), pw_jstr(w, "state", "?"), hb, jb, pw_jint(w, "threads", 0), kern, gf);
+      const json_t *wv;
+      size_t k;
+      json_array_foreach(json_object_get(w, "warnings"), k, wv)
+        if (json_is_string(wv)) printf("  warning: %s\n", json_string_value(wv));
     }
     if (!json_array_size(ws)) printf("(no workers registered)\n");
   }

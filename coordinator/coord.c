@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu.h"
 #include "log.h"
 
 static _Thread_local pw_store *tls_store;
@@ -45,6 +46,22 @@ static const char *worker_state(const pw_worker_info *w) {
   return !w->connected ? "lost" : w->job ? "busy" : "idle";
 }
 
+/* null for "" and for a worker's string cut inside a UTF-8 sequence. */
+static json_t *str_or_null(const char *s) {
+  json_t *v = s[0] ? json_string(s) : NULL;
+  return v ? v : json_null();
+}
+
+/* What an operator should fix on a worker, one sentence each (the CLI and
+ * the dashboard print them as they are). */
+static json_t *worker_warnings(const pw_worker_info *w) {
+  json_t *a = json_array();
+  char b[256];
+  if (pw_cpu_blas_warning(w->blas_core, w->blas_forced == 1, w->cpu_level, b, sizeof b))
+    json_array_append_new(a, json_string(b));
+  return a;
+}
+
 json_t *pw_coord_workers_json(pw_coord *c) {
   json_t *arr = json_array();
   double now = pw_store_now();
@@ -57,6 +74,11 @@ json_t *pw_coord_workers_json(pw_coord *c) {
     json_object_set_new(o, "job", w->job ? json_integer((json_int_t)w->job) : json_null());
     json_object_set_new(o, "rank", w->job ? json_integer(w->rank) : json_null());
     json_object_set_new(o, "memory", w->memory > 0 ? json_integer((json_int_t)w->memory) : json_null());
+    json_object_set_new(o, "blas_core", str_or_null(w->blas_core));
+    json_object_set_new(o, "blas_forced", w->blas_forced >= 0 ? json_boolean(w->blas_forced) : json_null());
+    json_object_set_new(o, "cpu_level", str_or_null(w->cpu_level));
+    json_object_set_new(o, "gemm_gflops", w->gemm_gflops > 0 ? json_real(w->gemm_gflops) : json_null());
+    json_object_set_new(o, "warnings", worker_warnings(w));
     json_array_append_new(arr, o);
   }
   pthread_mutex_unlock(&c->mu);

@@ -31,6 +31,10 @@ typedef struct {
   char software[64];
   int cores, threads;
   int64_t memory;         /* bytes the worker reported at register, 0: unknown */
+  char blas_core[32];     /* its OpenBLAS kernel, "" unknown (an older worker) */
+  int blas_forced;        /* 1: OPENBLAS_CORETYPE chose it, 0: OpenBLAS did, -1: unknown */
+  char cpu_level[8];      /* what its CPU supports (pw_cpu_name), "" unknown */
+  double gemm_gflops;     /* its one-thread sgemm rate at start, 0: unknown */
   int connected;
   double last_heartbeat;  /* epoch seconds */
   int64_t job;            /* job it runs, 0 if idle */

@@ -68,6 +68,10 @@ static void registry_add(pw_coord *c, pw_wconn *w, const pw_msg_register *reg) {
   wi->cores = (int)reg->cores;
   wi->threads = (int)reg->threads;
   wi->memory = w->memory = reg->memory > 0 ? reg->memory : 0;
+  snprintf(wi->blas_core, sizeof wi->blas_core, "%s", reg->blas_core ? reg->blas_core : "");
+  wi->blas_forced = reg->blas_forced >= 0 ? reg->blas_forced != 0 : -1;
+  snprintf(wi->cpu_level, sizeof wi->cpu_level, "%s", reg->cpu_level ? reg->cpu_level : "");
+  wi->gemm_gflops = reg->gemm_gflops > 0 ? reg->gemm_gflops : 0; /* NAN (absent) too */
   wi->connected = 1;
   wi->job = 0;
   wi->last_heartbeat = pw_store_now();

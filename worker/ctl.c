@@ -227,7 +227,9 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
                                   .cores = cores > 0 ? cores : 1, .threads = w->threads,
                                   .software = "pipewright-worker " PW_VERSION,
                                   .job = w->run ? (int64_t)w->run->job : -1, /* still busy with it */
-                                  .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0));
+                                  .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0,
+                                  .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
+                                  .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops));
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

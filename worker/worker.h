@@ -17,6 +17,7 @@
 #ifndef PW_WORKER_H
 #define PW_WORKER_H
 
+#include "blasinfo.h"
 #include "fetch.h"
 #include "run.h"
 
@@ -82,6 +83,7 @@ struct pw_worker {
   char state_dir[512];
   char token[PW_CONTROL_TOKEN_MAX + 1];
   pw_dscache *cache;       /* datasets fetched from the coordinator (fetch.h), or NULL */
+  pw_blasinfo blas;        /* measured once at start, sent with every register */
   /* control link */
   uv_tcp_t ctl;
   uv_connect_t ctl_connect;

@@ -25,6 +25,8 @@
 #ifndef PW_CPU_H
 #define PW_CPU_H
 
+#include <stddef.h>
+
 typedef enum {
   PW_CPU_SSE = 0,    /* the build's baseline: x86-64-v2, or what -march says */
   PW_CPU_AVX2 = 1,   /* + AVX2, FMA */
@@ -44,6 +46,20 @@ int pw_cpu_parse(const char *s);
 /* For tests and benchmarks: use min(level, detected) from now on, in every
  * thread; returns that level. Not for use while kernels run elsewhere. */
 pw_cpu_isa pw_cpu_force(pw_cpu_isa level);
+
+/* OpenBLAS's kernels, as a worker reports them (openblas_get_corename(),
+ * whether OPENBLAS_CORETYPE chose them) and the coordinator judges them.
+ * Pure string functions: the coordinator has no OpenBLAS and judges a
+ * worker on another host by the cpu level that worker reported. */
+/* The level a kernel's name needs ("Haswell": PW_CPU_AVX2, "SkylakeX",
+ * "Cooperlake", "SapphireRapids": PW_CPU_AVX512, the AVX-only and SSE
+ * kernels: PW_CPU_SSE), case-insensitive; -1 for a name not known here. */
+int pw_cpu_blas_core_level(const char *core);
+/* pw_cpu_name()'s inverse for any host (no lowering): -1 if unknown. */
+int pw_cpu_level_of(const char *name);
+/* When `forced` and the kernel's level is below cpu_level (a pw_cpu_name),
+ * writes a one-line warning with the fix into buf and returns 1; else 0. */
+int pw_cpu_blas_warning(const char *core, int forced, const char *cpu_level, char *buf, size_t cap);
 
 /* PW_CPU_DISPATCH(name, (params), (args)) { body } defines
  * void name(params) so that the body is compiled once per level and each

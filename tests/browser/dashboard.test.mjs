@@ -165,6 +165,16 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.equal(await page.locator('#workers-table tr[data-worker]').count(), 2, 'one row per worker');
     });
 
+    await t.test('the workers table shows each OpenBLAS kernel, its sgemm rate and any warning', async () => {
+      const w = (await api('/v1/workers')).json.workers.find((x) => x.name === 'dash-w0');
+      const row = page.locator('#workers-table tr[data-worker="dash-w0"]');
+      const kernel = await row.locator('.worker-kernel').textContent();
+      assert.ok(w.blas_core && kernel.startsWith(w.blas_core + (w.blas_forced ? ' (forced)' : '')), kernel);
+      assert.match(await row.locator('.worker-gemm').textContent(), /^[0-9,]+ GF\/s$/);
+      // the coordinator's sentences, as text (none when the kernel is OpenBLAS's own pick)
+      assert.deepEqual(await row.locator('.worker-warning').allTextContents(), w.warnings);
+    });
+
     await t.test('the job appears in the overview and reaches succeeded', async () => {
       const row = page.locator(`#jobs-table tr[data-job="${id}"]`);
       await row.waitFor();

@@ -41,7 +41,8 @@ for i, s in enumerate(seeds):
 
 msgs = [
     {"type": "register", "version": 1, "name": "w1", "token": "x", "data_addr": "127.0.0.1:9",
-     "cores": 2, "threads": 1, "software": "pipewright 0.1.0"},
+     "cores": 2, "threads": 1, "software": "pipewright 0.1.0", "memory": 1 << 30, "blas_core": "Haswell",
+     "blas_forced": 1, "cpu_level": "avx512", "gemm_gflops": 110.5},
     {"type": "heartbeat", "time": 1.5, "state": "idle"},
     {"type": "step", "job": 1, "run": 1, "rank": 0, "step": 3, "loss": 2.5, "step_time": 0.1,
      "tokens": 512, "actions": [["F", 0, 0, 0.0, 0.1], ["B", 0, 0, 0.1, 0.2]]},

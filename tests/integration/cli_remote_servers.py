@@ -11,7 +11,8 @@
           a JSON API error, not HTTP at all; job 5, which lost workers
           (three attempts) and can be retried; and job 6, running for its
           first three polls, whose events appear a few at a time (for
-          `logs --follow`: each once, since= moving on)
+          `logs --follow`: each once, since= moving on); under the path
+          prefix /fleet, /v1/workers is a canned fleet (kernels, warnings)
   datasets  the coordinator's dataset routes and POST/DELETE /v1/jobs as
           api/openapi.yaml and docs/contracts.md describe them, for the CLI
           before (and besides) the real coordinator: uploads are read in
@@ -220,6 +221,27 @@ def job6(conn, target):
     send_json(conn, 200, {"events": [e for e in visible if e["id"] > since]}, close=True)
 
 
+FORCED_WARNING = ("OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels "
+                  "(about 2x sgemm): unset it")
+
+
+def fleet_worker(name, port, **kw):
+    w = {"id": port - 4410, "name": name, "addr": "127.0.0.1:%d" % port, "state": "idle", "heartbeat_age": 0.4,
+         "job": None, "rank": None, "cores": 2, "threads": 1, "memory": 1 << 33, "software": "pipewright-worker 0.1.0",
+         "blas_core": None, "blas_forced": None, "cpu_level": None, "gemm_gflops": None, "warnings": []}
+    w.update(kw)
+    return w
+
+
+FLEET = {"workers": [
+    fleet_worker("w0", 4411, blas_core="Haswell", blas_forced=True, cpu_level="avx512", gemm_gflops=121.7,
+                 warnings=[FORCED_WARNING]),
+    fleet_worker("w1", 4412, state="busy", job=3, rank=1, blas_core="Cooperlake", blas_forced=False,
+                 cpu_level="avx512", gemm_gflops=215.2),
+    fleet_worker("old", 4413),  # a worker from before the kernel report
+]}
+
+
 def odd_handler(conn, args):
     head, rest = read_head(conn)
     if head is None:
@@ -253,6 +275,8 @@ def odd_handler(conn, args):
                 b' "path": "model.seq_len"}}')
         conn.sendall(b"HTTP/1.1 422 Unprocessable Entity\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    elif target.endswith("/fleet/v1/workers"):  # a canned fleet: a forced kernel, a free one, an old worker
+        send_json(conn, 200, FLEET, close=True)
     else:  # /v1/workers: not HTTP at all
         conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
 

@@ -72,13 +72,16 @@ class System:
         self.ctl_port = ports["control"]
         return ports
 
+    def start_worker(self, name, env=None):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "a")
+        return subprocess.Popen(
+            [os.path.join(BUILD, "pipewright-worker"), "--coordinator", f"127.0.0.1:{self.ctl_port}",
+             "--listen", "127.0.0.1:0", "--name", name, "--state-dir", os.path.join(self.tmp, name)],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
     def start_workers(self, n, first=0):
         for i in range(first, first + n):
-            log = open(os.path.join(self.tmp, f"w{i}.log"), "a")
-            self.procs.append(subprocess.Popen(
-                [os.path.join(BUILD, "pipewright-worker"), "--coordinator", f"127.0.0.1:{self.ctl_port}",
-                 "--listen", "127.0.0.1:0", "--name", f"w{i}", "--state-dir", os.path.join(self.tmp, f"w{i}")],
-                stdout=log, stderr=subprocess.STDOUT))
+            self.procs.append(self.start_worker(f"w{i}"))
 
     def wait_workers(self, n, state="idle", timeout=30):
         t0 = time.time()
@@ -274,6 +277,37 @@ def corrupted_slice_checks(tmp):
               [p.returncode for p in s.procs + [s.coord]])
 
 
+def kernel_checks(s):
+    """Two workers, OPENBLAS_CORETYPE=Haswell and unset: the forced one
+    carries the warning on an AVX-512 CPU, the other none. They leave
+    before any job: mixed kernels would change the bits of a run."""
+    forced = dict(os.environ, OPENBLAS_CORETYPE="Haswell")
+    free = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    procs = [s.start_worker("kh", forced), s.start_worker("kn", free)]
+    try:
+        check("kernel: both workers registered", s.wait_workers(2))
+        ws = {w["name"]: w for w in api(s.base, "/v1/workers")["workers"]}
+        kh, kn = ws.get("kh", {}), ws.get("kn", {})
+        check("kernel: OPENBLAS_CORETYPE=Haswell is reported as forced",
+              kh.get("blas_core") == "Haswell" and kh.get("blas_forced") is True, kh)
+        check("kernel: without it OpenBLAS picks, not forced, no warning",
+              kn.get("blas_core") and kn.get("blas_forced") is False and kn.get("warnings") == [], kn)
+        check("kernel: both measured sgemm", (kh.get("gemm_gflops") or 0) > 0 and (kn.get("gemm_gflops") or 0) > 0,
+              (kh, kn))
+        if kh.get("cpu_level") == "avx512":
+            want = ("OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels "
+                    "(about 2x sgemm): unset it")
+            check("kernel: a forced Haswell on an AVX-512 CPU carries the warning", kh.get("warnings") == [want], kh)
+        else:
+            print(f"skip: the forced-kernel warning needs an AVX-512 CPU; this one is {kh.get('cpu_level')!r}")
+            check("kernel: no warning where Haswell is the best kernel", kh.get("warnings") == [], kh)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+
+
 def main():
     spec = json.load(open(os.path.join(SRC, "examples/jobs/gpt-pp4.json")))
     with tempfile.TemporaryDirectory(prefix="pw-coord-") as tmp:
@@ -281,8 +315,13 @@ def main():
         try:
             s.start_coordinator()
             check("healthz", api(s.base, "/healthz").get("status") == "ok")
+            kernel_checks(s)
             s.start_workers(4)
             check("4 workers registered", s.wait_workers(4))
+            ws = api(s.base, "/v1/workers")["workers"]
+            check("every worker reports its BLAS kernel and a measured sgemm rate",
+                  all(w["blas_core"] and isinstance(w["blas_forced"], bool) and w["cpu_level"] and
+                      (w["gemm_gflops"] or 0) > 0 for w in ws if w["state"] == "idle"), ws)
             done_id = run_and_check(s, tmp, spec, "gpt-pp4-1f1b")
             for name, V in (("zb-h1", 1), ("interleaved-1f1b", 2)):
                 sp = json.loads(json.dumps(spec))

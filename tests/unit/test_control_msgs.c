@@ -23,7 +23,8 @@
  * field read into another's slot shows). */
 static const char *const full[] = {
     "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\",\"cores\":3,"
-    "\"threads\":5,\"software\":\"s\",\"job\":11}",
+    "\"threads\":5,\"software\":\"s\",\"job\":11,\"memory\":12,\"blas_core\":\"Haswell\",\"blas_forced\":1,"
+    "\"cpu_level\":\"avx512\",\"gemm_gflops\":110.5}",
     "{\"type\":\"heartbeat\",\"time\":12.5,\"state\":\"busy\",\"job\":13}",
     "{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"loss\":5.5,\"step_time\":6.5,\"tokens\":7.5,"
     "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]]}",
@@ -136,6 +137,27 @@ static void test_read_values_and_absent(void **state) {
   m = parse("{\"type\":\"snapshot\",\"job\":1,\"run\":2,\"rank\":3,\"stage\":0,\"step\":0,\"held\":0}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
   assert_string_equal(err.path, "snapshot.step");
+  json_decref(m);
+  /* register's kernel report: read as sent; an older worker's register,
+   * without it, stays valid; a negative rate or a non-string core is refused */
+  m = parse(full[0]);
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_string_equal(b.REGISTER.blas_core, "Haswell");
+  assert_string_equal(b.REGISTER.cpu_level, "avx512");
+  assert_true(b.REGISTER.blas_forced == 1 && b.REGISTER.gemm_gflops == 110.5 && b.REGISTER.memory == 12);
+  json_decref(m);
+  m = parse("{\"type\":\"register\",\"version\":3,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\","
+            "\"cores\":1,\"threads\":1,\"software\":\"s\"}");
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_true(!b.REGISTER.blas_core && !b.REGISTER.cpu_level && b.REGISTER.blas_forced == -1 &&
+              isnan(b.REGISTER.gemm_gflops));
+  json_object_set_new(m, "gemm_gflops", json_real(-1));
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "register.gemm_gflops");
+  json_object_set_new(m, "gemm_gflops", json_real(0));
+  json_object_set_new(m, "blas_core", json_integer(3));
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "register.blas_core");
   json_decref(m);
   m = parse("{\"type\":\"done\",\"job\":1,\"run\":-2,\"rank\":3}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);

@@ -79,6 +79,27 @@ static void test_parse_force(void **state) {
   pw_cpu_force((pw_cpu_isa)before);
 }
 
+/* The kernel judgement the coordinator makes of a worker's report. */
+static void test_blas_warning(void **state) {
+  char b[256] = "";
+  assert_int_equal(pw_cpu_blas_core_level("haswell"), PW_CPU_AVX2);
+  assert_int_equal(pw_cpu_blas_core_level("Cooperlake"), PW_CPU_AVX512);
+  assert_int_equal(pw_cpu_blas_core_level("Sandybridge"), PW_CPU_SSE);
+  assert_int_equal(pw_cpu_blas_core_level("Zen9"), -1);
+  assert_int_equal(pw_cpu_level_of("avx512"), PW_CPU_AVX512);
+  assert_int_equal(pw_cpu_level_of("native"), -1);
+  assert_int_equal(pw_cpu_blas_warning("Haswell", 1, "avx512", b, sizeof b), 1);
+  assert_string_equal(b, "OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels "
+                         "(about 2x sgemm): unset it");
+  assert_int_equal(pw_cpu_blas_warning("Nehalem", 1, "avx2", b, sizeof b), 1);
+  assert_non_null(strstr(b, "AVX2 kernels (faster sgemm)"));
+  assert_int_equal(pw_cpu_blas_warning("Haswell", 0, "avx512", b, sizeof b), 0);   /* OpenBLAS's own pick */
+  assert_int_equal(pw_cpu_blas_warning("Haswell", 1, "avx2", b, sizeof b), 0);     /* the best there is */
+  assert_int_equal(pw_cpu_blas_warning("SkylakeX", 1, "avx512", b, sizeof b), 0);
+  assert_int_equal(pw_cpu_blas_warning("Unknown", 1, "avx512", b, sizeof b), 0);
+  assert_int_equal(pw_cpu_blas_warning("Haswell", 1, NULL, b, sizeof b), 0);
+}
+
 static void test_crc32c_obeys(void **state) {
   static unsigned char buf[20000];
   for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(i * 131 + (i >> 7));
@@ -226,6 +247,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_env_switch),
       cmocka_unit_test(test_parse_force),
+      cmocka_unit_test(test_blas_warning),
       cmocka_unit_test(test_crc32c_obeys),
       cmocka_unit_test(test_kernels_same_bits),
   };

@@ -33,7 +33,9 @@ PW.views.overview = function (root) {
           h("thead", null, h("tr", null,
             h("th", null, "name"), h("th", null, "address"), h("th", null, "state"),
             h("th", {class: "num"}, "heartbeat"), h("th", null, "current job"),
-            h("th", {class: "num"}, "threads"), h("th", null, "software"))),
+            h("th", {class: "num"}, "threads"), h("th", null, "BLAS kernel"),
+            h("th", {class: "num", title: "one-core sgemm measured at the worker's start"}, "sgemm"),
+            h("th", null, "software"))),
           workersBody))),
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Jobs"), filter,
@@ -58,7 +60,18 @@ PW.views.overview = function (root) {
       h("td", {class: "num" + (d.isNum(age) && age > 5 ? " warn" : "")}, d.isNum(age) ? d.dur(age) + " ago" : d.DASH),
       h("td", null, job, w.job && d.isNum(w.rank) && w.rank >= 0 ? h("span", {class: "muted"}, " rank " + w.rank) : null),
       h("td", {class: "num"}, (d.isNum(w.threads) ? w.threads : d.DASH) + (d.isNum(w.cores) ? " / " + w.cores + " cores" : "")),
+      kernelCell(w),
+      h("td", {class: "num worker-gemm"}, d.isNum(w.gemm_gflops) ? d.int(w.gemm_gflops) + " GF/s" : d.DASH),
       h("td", {class: "muted small"}, w.software || ""));
+  }
+
+  // The OpenBLAS kernel, "(forced)" when OPENBLAS_CORETYPE chose it, and
+  // the coordinator's warnings (a forced kernel slower than the CPU allows).
+  function kernelCell(w) {
+    var warns = Array.isArray(w.warnings) ? w.warnings : [];
+    return h("td", {class: "worker-kernel" + (warns.length ? " warn" : "")},
+      (w.blas_core || d.DASH) + (w.blas_forced ? " (forced)" : ""),
+      warns.map(function (t) { return h("div", {class: "worker-warning small", role: "note"}, t); }));
   }
 
   function meshText(m) {
@@ -95,7 +108,7 @@ PW.views.overview = function (root) {
       banner.hidden = true;
 
       d.fill(workersBody, workers.length ? workers.map(workerRow)
-        : h("tr", null, h("td", {colspan: 7, class: "empty"}, "No workers connected. Start one with pipewright-worker --coordinator HOST:PORT.")));
+        : h("tr", null, h("td", {colspan: 9, class: "empty"}, "No workers connected. Start one with pipewright-worker --coordinator HOST:PORT.")));
       d.fill(jobsBody, (jobs.jobs || []).length ? jobs.jobs.map(function (j) { return jobRow(j, now); })
         : h("tr", null, h("td", {colspan: 11, class: "empty"}, stateFilter ? "No " + stateFilter + " jobs." : "No jobs yet.")));
 
