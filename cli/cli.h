@@ -25,6 +25,8 @@ int pw_cmd_retry(int argc, char **argv);
 int pw_cmd_workers(int argc, char **argv);
 /* cmd_logs.c */
 int pw_cmd_logs(int argc, char **argv);
+/* cmd_timeline.c */
+int pw_cmd_timeline(int argc, char **argv);
 /* cmd_submit.c */
 int pw_cmd_submit(int argc, char **argv);
 /* cmd_dataset.c: datasets on the coordinator, token files here */

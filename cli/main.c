@@ -18,6 +18,8 @@ static const pw_cli_cmd commands[] = {
     {"status", "jobs on the coordinator, or one job in detail", pw_cmd_status},
     {"watch", "follow a job to its end: progress bar and loss", pw_cmd_watch},
     {"logs", "a job's events (state changes and why); --follow until it ends", pw_cmd_logs},
+    {"timeline", "a sampled step's measured per-rank timeline and bubble; -o FILE for a Chrome trace",
+     pw_cmd_timeline},
     {"cancel", "stop a queued or running job", pw_cmd_cancel},
     {"retry", "queue a failed or cancelled job again, resuming from its newest state", pw_cmd_retry},
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},

@@ -116,6 +116,64 @@ static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
   return out;
 }
 
+/* The sampled steps, compactly: every one up to 20, else a listed head
+ * and the regular tail ("0, 1, 2, 100, 200, then every 100 steps to
+ * 4900"), else the first 20 and the newest ("..., 4870 (412 sampled)"). */
+static void steps_text(const json_t *steps, char *buf, size_t cap) {
+  enum { MAX_LISTED = 20 };
+  size_t n = json_array_size(steps), k, shown, off = 0;
+#define STEP(i) ((long long)json_integer_value(json_array_get(steps, (i))))
+  buf[0] = 0;
+  if (n == 0) return;
+  /* k: where the tail of equal gaps starts */
+  long long d = n > 1 ? STEP(n - 1) - STEP(n - 2) : 0;
+  for (k = n - 1; k > 0 && STEP(k) - STEP(k - 1) == d; k--) {
+  }
+  int tail = n > MAX_LISTED && k < MAX_LISTED && n - k > 2;
+  shown = tail ? k + 1 : n > MAX_LISTED ? MAX_LISTED : n;
+  for (size_t i = 0; i < shown && off < cap; i++)
+    off += (size_t)snprintf(buf + off, cap - off, "%s%lld", i ? ", " : "", STEP(i));
+  if (off >= cap) return;
+  if (tail && d == 1)
+    snprintf(buf + off, cap - off, ", then every step to %lld", STEP(n - 1));
+  else if (tail)
+    snprintf(buf + off, cap - off, ", then every %lld steps to %lld", d, STEP(n - 1));
+  else if (shown < n)
+    snprintf(buf + off, cap - off, ", ..., %lld (%zu sampled)", STEP(n - 1), n);
+#undef STEP
+}
+
+/* The 404 for a step not sampled (step < 0: for none sampled yet), with
+ * the steps that were, in the message and as "sampled": a client can pick
+ * one without a second request. pw_reply_error's shape, status and code
+ * (errors.h's table) plus that one field. */
+static void reply_not_sampled(pw_req *r, pw_store *s, int64_t step) {
+  json_t *latest = NULL, *steps;
+  pw_err err = {0};
+  /* the latest step's view lists every sampled one; the store has no
+   * lighter query for them, and this is only the error path */
+  int rc = pw_store_timeline_json(s, r->id, -1, &latest, &err);
+  if (rc && rc != PW_ENOENT) {
+    pw_reply_err(r, &err);
+    return;
+  }
+  steps = rc ? json_array() : json_incref(json_object_get(latest, "steps"));
+  json_decref(latest);
+  char list[400], msg[600];
+  steps_text(steps, list, sizeof list);
+  if (step < 0)
+    snprintf(msg, sizeof msg, "job %lld has no sampled steps yet", (long long)r->id);
+  else if (!json_array_size(steps))
+    snprintf(msg, sizeof msg, "step %lld of job %lld was not sampled; no step has been sampled yet", (long long)step,
+             (long long)r->id);
+  else
+    snprintf(msg, sizeof msg, "step %lld of job %lld was not sampled; sampled steps: %s", (long long)step,
+             (long long)r->id, list);
+  pw_reply_json(r, pw_err_http_status(PW_ENOENT),
+                json_pack("{s:{s:s, s:s, s:s, s:o}}", "error", "code", pw_err_api_code(PW_ENOENT), "message", msg,
+                          "path", "step", "sampled", steps));
+}
+
 /* GET /v1/jobs/{id}/timeline[?step=K][&format=chrome] */
 void pw_api_job_timeline(pw_req *r) {
   int64_t step;
@@ -134,12 +192,7 @@ void pw_api_job_timeline(pw_req *r) {
   pw_err err = {0};
   int rc = pw_store_timeline_json(s, r->id, (int)step, &tl, &err);
   if (rc == PW_ENOENT && (step >= 0 || chrome)) {
-    if (step >= 0)
-      pw_reply_error(r, PW_ENOENT, "step",
-                     "job %lld has no sampled timings for step %lld", (long long)r->id, (long long)step);
-    else
-      pw_reply_error(r, PW_ENOENT, "step",
-                     "job %lld has no sampled timings yet", (long long)r->id);
+    reply_not_sampled(r, s, step);
     pw_job_free(&job);
     return;
   }

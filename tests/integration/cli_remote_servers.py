@@ -12,7 +12,9 @@
           (three attempts) and can be retried; and job 6, running for its
           first three polls, whose events appear a few at a time (for
           `logs --follow`: each once, since= moving on); under the path
-          prefix /fleet, /v1/workers is a canned fleet (kernels, warnings)
+          prefix /fleet, /v1/workers is a canned fleet (kernels, warnings);
+          the timelines of jobs 7 (a 200 cut short) and 8 (a 200 that is
+          not JSON)
   datasets  the coordinator's dataset routes and POST/DELETE /v1/jobs as
           api/openapi.yaml and docs/contracts.md describe them, for the CLI
           before (and besides) the real coordinator: uploads are read in
@@ -268,6 +270,13 @@ def odd_handler(conn, args):
         send_json(conn, 200, LOST_JOB, close=True)
     elif "/v1/jobs/6" in target:
         job6(conn, target)
+    elif "/v1/jobs/7/timeline" in target:  # a 200 cut short: `timeline -o` must save nothing
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+                     b"Connection: close\r\n\r\n{\"traceEvents\": [")
+    elif "/v1/jobs/8/timeline" in target:  # a 200 that is not JSON (a proxy's page, say)
+        body = b"<html>maintenance</html>\n"
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (len(body), body))
     elif method == "POST" and target.endswith("/v1/jobs/5/retry"):
         send_json(conn, 200, {"id": 5, "state": "queued", "location": "/v1/jobs/5"}, close=True)
     elif method == "POST" and target.endswith("/v1/jobs"):

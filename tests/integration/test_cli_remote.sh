@@ -182,6 +182,62 @@ rc=$?
 if [ $rc -eq 1 ] && grep -q '^error: .*999999' "$T/logs3.txt"; then ok "logs of an unknown job"; else
   bad "logs 999999: exit $rc"; show "$T/logs3.txt"; fi
 
+# ---- timeline: a sampled step's measured actions ------------------------------------------
+"$PW" timeline "$ID" "${R[@]}" > "$T/tl.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -Eq "^job $ID step [0-9]+ \([0-9]+ sampled steps?\)$" "$T/tl.txt" &&
+  grep -Eq '^bubble  measured [0-9.]+%, planned [0-9.]+% \(1f1b\)$' "$T/tl.txt" &&
+  grep -Eq '^0 +[0-9]+ +[0-9.]+ m?s +[0-9.-]+%$' "$T/tl.txt" && grep -Eq '^1 +[0-9]+ +[0-9.]+ m?s +[0-9.-]+%$' "$T/tl.txt"; then
+  ok "timeline ID: the newest sampled step, measured vs planned bubble, each rank's busy time"
+else
+  bad "timeline ID: exit $rc"; show "$T/tl.txt"
+fi
+"$PW" timeline "$ID" --json "${R[@]}" > "$T/tl.json" 2>&1
+# what the 404 must name: the sampled steps the API lists (10 at most here: all of them)
+SAMPLED=$(python3 -c 'import json,sys; print(", ".join(map(str, json.load(open(sys.argv[1]))["steps"])))' "$T/tl.json")
+"$PW" timeline "$ID" --step 999 "${R[@]}" > "$T/tl2.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && [ -n "$SAMPLED" ] &&
+  grep -qxF "error: step 999 of job $ID was not sampled; sampled steps: $SAMPLED" "$T/tl2.txt"; then
+  ok "timeline --step N not sampled: exit 1, the sampled steps named"
+else
+  bad "timeline --step 999: exit $rc (sampled: $SAMPLED)"; show "$T/tl2.txt"
+fi
+"$PW" timeline "$ID" --step 999 -o "$T/trace.json" "${R[@]}" > "$T/tl3.txt" 2>&1
+rc=$?
+echo keep > "$T/old.json"
+"$PW" timeline "$ID" --step 999 -o "$T/old.json" "${R[@]}" >> "$T/tl3.txt" 2>&1
+rc2=$?
+if [ $rc -eq 1 ] && [ $rc2 -eq 1 ] && [ ! -e "$T/trace.json" ] && [ ! -e "$T/trace.json.tmp" ] &&
+  [ "$(cat "$T/old.json")" = keep ] && [ ! -e "$T/old.json.tmp" ] && grep -q '^error: step 999 .*sampled steps: ' "$T/tl3.txt"; then
+  ok "timeline -o on an error: exit 1, the error on stderr, FILE neither created nor truncated"
+else
+  bad "timeline -o on an error: exit $rc/$rc2"; show "$T/tl3.txt"; ls -l "$T" | show
+fi
+"$PW" timeline "$ID" -o "$T/trace.json" "${R[@]}" > "$T/tl4.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -Eqx "wrote $T/trace.json: [0-9]+ trace events" "$T/tl4.txt" && [ ! -e "$T/trace.json.tmp" ] &&
+  python3 - "$T/trace.json" <<'P'; then
+import json, sys
+t = json.load(open(sys.argv[1]))
+xs = [e for e in t["traceEvents"] if e["ph"] == "X"]
+assert xs and {e["tid"] for e in xs} == {0, 1}, t
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in xs), xs
+P
+  ok "timeline -o FILE: a Chrome trace (JSON, X events on ranks 0 and 1), nothing left behind"
+else
+  bad "timeline -o: exit $rc"; show "$T/tl4.txt"
+fi
+STEP0=${SAMPLED%%,*}
+"$PW" timeline "$ID" --step "$STEP0" --format json -o "$T/tl5.json" "${R[@]}" > "$T/tl5.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["step"] == int(sys.argv[2]) and j["ranks"], j' \
+  "$T/tl5.json" "$STEP0" 2> "$T/tl5.err"; then
+  ok "timeline --step N --format json -o FILE: that step's timeline as the API gives it"
+else
+  bad "timeline --format json -o: exit $rc"; show "$T/tl5.txt" "$T/tl5.err"
+fi
+
 # ---- cancel, unknown jobs -----------------------------------------------------------
 "$PW" cancel "$ID" "${R[@]}" > "$T/cancel2.txt" 2>&1
 rc=$?
@@ -469,6 +525,17 @@ if start_helper odd odd; then
   else
     bad "logs --since --json: exit $rc"; show "$T/odd10.txt"
   fi
+  # timeline -o: a 200 cut short, or not JSON, is not saved
+  "$PW" timeline 7 -o "$T/odd-trace.json" "${O[@]}" > "$T/odd11.txt" 2>&1
+  rc=$?
+  "$PW" timeline 8 -o "$T/odd-trace.json" "${O[@]}" >> "$T/odd11.txt" 2>&1
+  rc2=$?
+  if [ $rc -eq 1 ] && [ $rc2 -eq 1 ] && [ ! -e "$T/odd-trace.json" ] && [ ! -e "$T/odd-trace.json.tmp" ] &&
+    [ "$(grep -c '^error: ' "$T/odd11.txt")" = 2 ] && grep -q 'not JSON' "$T/odd11.txt"; then
+    ok "timeline -o: a body cut short or not JSON is not saved (exit 1)"
+  else
+    bad "timeline -o from the odd server: exit $rc/$rc2"; show "$T/odd11.txt"
+  fi
   "$PW" workers "${O[@]}" > "$T/odd6.txt" 2>&1
   rc=$?
   if [ $rc -eq 1 ] && grep -q "^error: coordinator at $OU: not an HTTP answer" "$T/odd6.txt"; then
@@ -526,6 +593,11 @@ submit|pipewright submit: missing --job FILE
 logs|pipewright logs: missing the job ID
 logs 1 --since -1|pipewright logs: --since: '-1' is negative (want 0 or more)
 logs 1 --folow|pipewright logs: unknown option '--folow'; did you mean --follow?
+timeline|pipewright timeline: missing the job ID
+timeline 1 --step x|pipewright timeline: --step: 'x' is not a whole number
+timeline 1 --step -2|pipewright timeline: --step: '-2' is negative (want 0 or more)
+timeline 1 --format svg|pipewright timeline: --format: 'svg' is not chrome or json
+timeline 1 --stpe 3|pipewright timeline: unknown option '--stpe'; did you mean --step?
 EOF
 "$PW" submit --coordinator http://127.0.0.1:1 --job > "$T/use.txt" 2>&1
 rc=$?
@@ -581,6 +653,20 @@ if start_coordinator "$T/coord2" --token-file "$T/token"; then
     ok "status ID of a waiting job: queued, and why"
   else
     bad "status of a queued job"; show "$T/queued.txt"
+  fi
+  # nothing sampled yet (with --token-file, as every remote command)
+  "$PW" timeline "$QID" "${R2[@]}" > "$T/tl6.txt" 2>&1
+  rc=$?
+  "$PW" timeline "$QID" -o "$T/none.json" "${R2[@]}" > "$T/tl7.txt" 2>&1
+  rc2=$?
+  "$PW" timeline "$QID" --step 5 "${R2[@]}" >> "$T/tl7.txt" 2>&1
+  rc3=$?
+  if [ $rc -eq 0 ] && grep -qx "job $QID: no step sampled yet" "$T/tl6.txt" && grep -Eqx 'bubble  planned [0-9.]+% \(1f1b\)' "$T/tl6.txt" &&
+    [ $rc2 -eq 1 ] && [ ! -e "$T/none.json" ] && grep -qx "error: job $QID has no sampled steps yet" "$T/tl7.txt" &&
+    [ $rc3 -eq 1 ] && grep -qx "error: step 5 of job $QID was not sampled; no step has been sampled yet" "$T/tl7.txt"; then
+    ok "timeline of a job with no sampled step: the plan's bubble; -o and --step: exit 1, saying so"
+  else
+    bad "timeline of a queued job: exit $rc/$rc2/$rc3"; show "$T/tl6.txt" "$T/tl7.txt"
   fi
   "$PW" status --state queued "${R2[@]}" > "$T/list2.txt" 2>&1
   if grep -Eq "^$QID +cli-remote +queued +0/10 " "$T/list2.txt"; then ok "status --state queued lists it"; else

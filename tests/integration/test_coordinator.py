@@ -357,7 +357,29 @@ def main():
             # kill -9 with this job queued and another finished
             s.coord.send_signal(signal.SIGKILL)
             s.coord.wait()
+            # meanwhile, the queued job is given sampled timings as a long
+            # run's would be (0, 1, 2, then every 100th): the 404 for a step
+            # not among them lists them compactly
+            sampled = [0, 1, 2] + list(range(100, 5000, 100))
+            db = sqlite3.connect(os.path.join(s.state, "pipewright.db"))
+            db.executemany("insert into timings(job_id, step, rank, actions) values(?, ?, 0, ?)",
+                           [(bid, k, "[[0, 0, 0, 0.0, 0.001]]") for k in sampled])
+            db.commit()
+            db.close()
             s.start_coordinator(ctl_port=s.ctl_port)
+            e = (api(s.base, f"/v1/jobs/{bid}/timeline?step=5") or {}).get("error", {})
+            check("timeline of a step not sampled: 404 naming the sampled steps, compactly",
+                  e.get("code") == "not_found" and e.get("message") == f"step 5 of job {bid} was not sampled; "
+                  "sampled steps: 0, 1, 2, 100, then every 100 steps to 4900", e)
+            check("... and listing them all in error.sampled", e.get("sampled") == sampled, e.get("sampled"))
+            db = sqlite3.connect(os.path.join(s.state, "pipewright.db"), timeout=30)  # a gap in the tail
+            db.execute("delete from timings where job_id = ? and step in (700, 4000)", (bid,))
+            db.commit()
+            db.close()
+            e = (api(s.base, f"/v1/jobs/{bid}/timeline?step=5") or {}).get("error", {})
+            first = ", ".join(map(str, [k for k in sampled if k not in (700, 4000)][:20]))
+            check("... an irregular list: the first 20, then the newest and how many",
+                  e.get("message", "").endswith(f"sampled steps: {first}, ..., 4900 ({len(sampled) - 2} sampled)"), e)
             j = api(s.base, f"/v1/jobs/{bid}")
             check("after kill -9: the queued job is intact", j and j["state"] == "queued" and j["name"] == "too-big", j)
             j = api(s.base, f"/v1/jobs/{done_id}")

@@ -282,7 +282,12 @@ def live_checks(cl, src):
     cl.call("GET", f"/v1/jobs/{j}/events?since=1")
     tl, _ = cl.call("GET", f"/v1/jobs/{j}/timeline")
     assert tl["planned"] is not None
-    cl.call("GET", f"/v1/jobs/{j}/timeline?step=3", status=404)
+    # nothing sampled yet: the 404 says so, and its "sampled" is empty
+    err, _ = cl.call("GET", f"/v1/jobs/{j}/timeline?step=3", status=404)
+    assert err["error"]["sampled"] == [] and err["error"]["path"] == "step", err
+    assert err["error"]["message"] == f"step 3 of job {j} was not sampled; no step has been sampled yet", err
+    err, _ = cl.call("GET", f"/v1/jobs/{j}/timeline?format=chrome", status=404)
+    assert err["error"]["sampled"] == [] and "no sampled steps yet" in err["error"]["message"], err
     cl.call("GET", f"/v1/jobs/{j}/timeline?format=svg", status=400)
     cl.call("GET", f"/v1/jobs/{j}/checkpoint", status=404)
     err, _ = cl.call("POST", f"/v1/jobs/{j}/retry", status=409)  # queued: nothing to retry
@@ -474,6 +479,11 @@ def run_job(cl, build, tmp, ctl_port):
         if tl["steps"]:
             assert tl["ranks"] and tl["bubble"]["measured"] is not None, tl
             cl.call("GET", f"/v1/jobs/{j}/timeline?step={tl['steps'][0]}")
+            # a step not sampled: the 404 names those that were (few here: all of them)
+            err, _ = cl.call("GET", f"/v1/jobs/{j}/timeline?step=999999", status=404)
+            assert err["error"]["sampled"] == tl["steps"], (err, tl["steps"])
+            listed = ", ".join(map(str, tl["steps"]))
+            assert err["error"]["message"] == f"step 999999 of job {j} was not sampled; sampled steps: {listed}", err
             tr, hs = cl.call("GET", f"/v1/jobs/{j}/timeline?format=chrome")
             assert "attachment" in hs["content-disposition"]
             assert any(e["ph"] == "X" for e in tr["traceEvents"])

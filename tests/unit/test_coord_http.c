@@ -449,7 +449,17 @@ static void test_run_views(void **state) {
 
   snprintf(t, sizeof t, "/v1/jobs/%lld/timeline?step=7", (long long)id);
   req("GET", t, NULL, &r);
-  check_error(&r, 404, "not_found", "step", "step 7");
+  /* not check_error: this 404 carries a fourth field, the sampled steps */
+  assert_int_equal(r.status, 404);
+  j = body_json(&r);
+  json_t *e404 = json_object_get(j, "error");
+  assert_string_equal(json_string_value(json_object_get(e404, "code")), "not_found");
+  assert_string_equal(json_string_value(json_object_get(e404, "path")), "step");
+  assert_non_null(strstr(json_string_value(json_object_get(e404, "message")), "step 7 of job"));
+  assert_non_null(strstr(json_string_value(json_object_get(e404, "message")), "was not sampled; sampled steps: 2"));
+  assert_int_equal(json_array_size(json_object_get(e404, "sampled")), 1);
+  assert_int_equal(json_integer_value(json_array_get(json_object_get(e404, "sampled"), 0)), 2);
+  json_decref(j);
   resp_free(&r);
 
   /* checkpoint: none yet, then both stages' shards of step 2 uploaded */
