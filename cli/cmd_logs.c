@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_short.h"
 #include "args.h"
 #include "cli.h"
 #include "remote.h"
@@ -40,7 +41,7 @@ static int print_events(pw_remote *r, long long id, long long *since) {
     if (eid <= *since) continue; /* never twice, whatever the server sends */
     *since = eid;
     if (r->json) {
-      char *s = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
+      char *s = pw_json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
       if (s) puts(s);
       free(s);
     } else {

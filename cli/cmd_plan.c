@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_short.h"
 #include "budget.h"
 #include "args.h"
 #include "cli.h"
@@ -27,7 +28,7 @@ static void usage(FILE *f) {
 }
 
 static int print_json(json_t *j) {
-  char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  char *s = pw_json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   if (!s) return 1;
   puts(s);
   free(s);

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json_short.h"
 #include "args.h"
 #include "cli.h"
 #include "suggest.h"
@@ -341,7 +342,7 @@ int pw_cmd_watch(int argc, char **argv) {
         loss = pw_jnum(row, "loss");
         rate = pw_jnum(row, "tokens_per_s");
         if (r.json) {
-          char *s = json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER);
+          char *s = pw_json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER);
           if (s) puts(s);
           free(s);
         } else if (!tty) {
@@ -365,7 +366,7 @@ int pw_cmd_watch(int argc, char **argv) {
       if (bar_shown) putchar('\n');
       int ok = !strcmp(state, "succeeded");
       if (r.json) {
-        char *s = json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        char *s = pw_json_dumps(job, JSON_COMPACT | JSON_PRESERVE_ORDER);
         if (s) puts(s);
         free(s);
       } else if (ok) {

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_short.h"
 #include "spec_json.h"
 #include "api.h"
 #include "log.h"
@@ -108,7 +109,7 @@ void pw_api_job_submit(pw_req *r) {
     return;
   }
   json_t *canon = pw_job_to_json(&job);
-  char *spec = canon ? json_dumps(canon, JSON_COMPACT) : NULL;
+  char *spec = canon ? pw_json_dumps(canon, JSON_COMPACT) : NULL;
   json_decref(canon);
   char model[96];
   describe_model(&job.model, model, sizeof model);

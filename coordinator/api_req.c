@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "json_short.h"
 #include "spec_json.h"
 #include "api.h"
 #include "control.h"
@@ -47,7 +48,7 @@ void pw_reply_text(pw_req *r, int status, const char *content_type, char *text) 
 }
 
 void pw_reply_json(pw_req *r, int status, json_t *j) {
-  char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  char *text = j ? pw_json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   pw_reply_text(r, status, "application/json", text);
 }

@@ -276,6 +276,11 @@ def live_checks(cl, src):
 
     j = ids[0]
     cl.call("GET", f"/v1/jobs/{j}")
+    # reals as written: examples/jobs/gpt-pp4.json's lr 3e-3 reads 0.003, not 0.0030000000000000001
+    _, _, text = cl.raw("GET", f"/v1/jobs/{j}", None, None, True)
+    text = text.decode() if isinstance(text, bytes) else text
+    assert '"lr":0.003,' in text and "0.0030000000000000001" not in text, text[:400]
+    print("ok   reals in replies are the shortest that read back the same (lr 0.003)")
     cl.call("GET", f"/v1/jobs/{j}/metrics")
     cl.call("GET", f"/v1/jobs/{j}/metrics?since=x", status=400)
     cl.call("GET", f"/v1/jobs/{j}/events")
