@@ -582,8 +582,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
   if (jr->on_nonfinite == PW_NONFINITE_SKIP) {
     char msg[240];
     snprintf(msg, sizeof msg, "%s (train.on_nonfinite: skip)", why);
-    pw_write ev = {.kind = PW_W_EVENT, .job = jr->job, .text = "nonfinite", .text2 = msg};
-    pw_write_do(c, &ev, NULL);
+    event(c, jr->job, "nonfinite", msg);
     pw_warn("job %lld: %s", (long long)jr->job, msg);
     return;
   }

@@ -357,6 +357,10 @@ void pw_exec_main(void *arg) {
   if (r->cp.chunked)
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
             r->run_id, r->rank, (unsigned long long)r->cp.chunked, r->cp.chunk_limit, (unsigned long long)r->cp.chunks);
+  if (r->cp.snaps_taken)
+    pw_info("job %llu run %d: rank %d took %d snapshots, %.2f ms each (copy and queued sends)%s",
+            (unsigned long long)r->job, r->run_id, r->rank, r->cp.snaps_taken,
+            1e3 * r->cp.snap_seconds / r->cp.snaps_taken, r->cp.snaps_skipped ? ", some skipped" : "");
   /* The ring always has room for these two (pw_exec_post), so they cannot fail. */
   pw_event ev = {.kind = rc == 0 ? PW_EV_DONE : PW_EV_FAIL, .peak_act = r->cp.peak_act};
   if ((rc != PW_ECANCELED || !atomic_load(&r->sh.abort)) && pw_exec_post(r, &ev)) pw_error("cannot report the run's end");

@@ -165,37 +165,24 @@ int pw_snaprun_restore(pw_run *r, pw_err *err) {
     pw_snap_release(r->snaps, e);
     if (rc) return pw_err_set(err, rc, "restore", "cannot send the snapshot of stage %d", st);
   }
-  for (int li = 0; li < r->n_ls; li++) {
-    int st = r->ls[li].stage;
-    if (r->restore_from[st] != r->rank) {
-      expect++;
-      continue;
-    }
-    pw_snap *e = pw_snap_acquire(r->snaps, r->job, st, S);
-    if (!e) return restore_fail(r, err, st, "this worker's memory any more");
-    if (e->numel != pw_prog_numel(r->ls[li].prog)) {
-      pw_snap_release(r->snaps, e);
-      return pw_err_set(err, PW_EFORMAT, "restore", "the snapshot of stage %d has %zu floats, the stage %zu", st,
-                        e->numel, pw_prog_numel(r->ls[li].prog));
-    }
-    copy_in(r->ls[li].prog, e->data, e->numel);
-    pw_snap_release(r->snaps, e);
-  }
+  for (int li = 0; li < r->n_ls; li++) expect += r->restore_from[r->ls[li].stage] != r->rank;
   if (expect && (rc = pw_exec_wait(r, restored_all, &expect)))
     return pw_err_set(err, rc, "restore", "waiting for the snapshots of %d stage%s: %s", expect, expect == 1 ? "" : "s",
                       r->sh.error[0] ? r->sh.error : pw_strerror(rc));
+  /* Every stage from memory now, its own copy or the one a peer sent:
+   * any entry of the stage at that step holds the same bits. */
   for (int li = 0; li < r->n_ls; li++) {
     int st = r->ls[li].stage;
-    if (r->restore_from[st] == r->rank) continue;
-    pw_snap *e = NULL;
-    uv_mutex_lock(&r->snaps->mu);
-    for (pw_snap *x = r->snaps->list; x; x = x->next)
-      if (x->job == r->job && x->stage == st && x->kind == PW_SNAP_RESTORE && x->step == S) e = x;
-    if (e) e->users++;
-    uv_mutex_unlock(&r->snaps->mu);
-    if (!e) return restore_fail(r, err, st, "what rank's peers sent");
-    copy_in(r->ls[li].prog, e->data, e->numel);
+    pw_snap *e = pw_snap_acquire(r->snaps, r->job, st, S);
+    if (!e)
+      return restore_fail(r, err, st,
+                          r->restore_from[st] == r->rank ? "this worker's memory any more" : "what rank's peers sent");
+    size_t n = e->numel;
+    if (n == pw_prog_numel(r->ls[li].prog)) copy_in(r->ls[li].prog, e->data, n);
     pw_snap_release(r->snaps, e);
+    if (n != pw_prog_numel(r->ls[li].prog))
+      return pw_err_set(err, PW_EFORMAT, "restore", "the snapshot of stage %d has %zu floats, the stage %zu", st, n,
+                        pw_prog_numel(r->ls[li].prog));
   }
   pw_info("job %llu run %d rank %d: stages restored from the in-memory snapshots of step %d (%d sent by peers)",
           (unsigned long long)r->job, r->run_id, r->rank, S, expect);

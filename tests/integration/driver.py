@@ -392,6 +392,25 @@ def all_metrics(c, jid):
     return r.get("metrics", []) if st_ == 200 and isinstance(r, dict) else []
 
 
+def close_cluster(c, tmp, check, failed):
+    """Stops a test's cluster: every daemon must exit 0 on SIGTERM with no
+    sanitizer report in its log. When anything failed (failed() after
+    those checks) the logs' tails are printed and tmp is kept, else
+    removed."""
+    import shutil
+    rc = c.stop()
+    check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
+    check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
+    if failed():
+        for f in sorted(os.listdir(tmp)):
+            if f.endswith(".log"):
+                print(f"--- {f} (tail)")
+                print("".join(open(os.path.join(tmp, f), errors="replace").readlines()[-12:]))
+        print(f"logs kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Cluster:
     """A coordinator (restartable on its state dir) and named workers."""
 

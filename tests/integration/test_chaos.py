@@ -18,7 +18,7 @@ Prints the seed (PW_TEST_SEED repeats the choices) and each kill's
 recovery time (kill -> the job's next attempt's first step recorded).
 Under PW_SANITIZE=ON the jobs are shorter and there are fewer kills.
 Usage: test_chaos.py BUILD_DIR SOURCE_DIR"""
-import os, random, re, shutil, signal, sys, tempfile, threading, time
+import os, random, re, signal, sys, tempfile, threading, time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -177,17 +177,7 @@ def main():
             print(f"recovery times: {len(ok)} kills, min {min(ok):.2f} s, median {sorted(ok)[len(ok) // 2]:.2f} s, "
                   f"max {max(ok):.2f} s (chaos phase {t_chaos:.0f} s)")
     finally:
-        rc = c.stop()
-        check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
-        check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
-        if FAILED:
-            for f in sorted(os.listdir(tmp)):
-                if f.endswith(".log"):
-                    print(f"--- {f} (tail)")
-                    print("".join(open(os.path.join(tmp, f), errors="replace").readlines()[-12:]))
-            print(f"logs kept in {tmp}")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        d.close_cluster(c, tmp, check, lambda: FAILED)
     print(f"{PASSED} passed, {FAILED} failed ({time.time() - t_all:.0f} s, seed {SEED})")
     return 1 if FAILED else 0
 

@@ -35,7 +35,7 @@ Bit for bit = every tensor's dtype, shape and bytes (the files' metadata
 differ: the cluster's spec names the dataset, train's the path).
 Seeded (PW_TEST_SEED, else the time; printed). Under PW_SANITIZE=ON the
 jobs are shorter. Usage: test_recovery.py BUILD_DIR SOURCE_DIR"""
-import os, random, re, shutil, signal, subprocess, sys, tempfile, threading, time
+import os, random, re, signal, subprocess, sys, tempfile, threading, time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -487,17 +487,7 @@ def main():
             print(f"     ({part.__name__}: {time.time() - t:.1f} s)", flush=True)
         ensure_workers(c, "after part7")
     finally:
-        rc = c.stop()
-        check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
-        check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
-        if FAILED:
-            for f in sorted(os.listdir(TMP)):
-                if f.endswith(".log"):
-                    print(f"--- {f} (tail)")
-                    print("".join(open(os.path.join(TMP, f), errors="replace").readlines()[-12:]))
-            print(f"logs kept in {TMP}")
-        else:
-            shutil.rmtree(TMP, ignore_errors=True)
+        d.close_cluster(c, TMP, check, lambda: FAILED)
     for tag, det, rec in TIMES:
         print(f"recovery time: {tag}: lost after {det:.2f} s, next step recorded {rec:.2f} s after the loss"
               if rec is not None else f"recovery time: {tag}: lost after {det:.2f} s, no step recorded after it")
