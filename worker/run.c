@@ -683,6 +683,9 @@ static void on_event(pw_run *r, pw_event *ev) {
                                          .run = r->run_id, .rank = r->rank, .stage = ev->stage, .step = ev->step,
                                          .held = ev->held));
       return;
+    case PW_EV_CKPT:
+      if (!r->lp.closing) pw_stepend_report_ckpt(r, ev);
+      return;
     case PW_EV_STEP:
       if (!r->lp.closing) pw_stepend_report(r, ev);
       if (ev->timings) {

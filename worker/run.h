@@ -98,6 +98,7 @@ typedef enum {
   PW_EV_DONE,              /* the last step is complete */
   PW_EV_FAIL,              /* failed with sh.error */
   PW_EV_SNAP,              /* a snapshot of `stage` after `step` steps is in memory (held: a peer's) */
+  PW_EV_CKPT,              /* `stage`'s checkpoint after `step` steps is written (and uploaded) */
   PW_EV_EXIT               /* the compute thread has returned */
 } pw_event_kind;
 
@@ -112,8 +113,8 @@ typedef struct {
   uint64_t off;            /* bytes of header + payload already written */
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   /* STEP (and DONE: peak_act) */
-  int step, peak_act, has_loss, ckpt;
-  int stage, held;         /* SNAP (and step) */
+  int step, peak_act, has_loss;
+  int stage, held;         /* SNAP, CKPT (and step) */
   double step_time, loss, grad_norm, lr;
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
 } pw_event;
@@ -348,7 +349,8 @@ PW_MUST_CHECK int pw_stepend_run(pw_run *r);
  * all-reduce, the tied gradients, the global squared norm in *sqnorm —
  * leaving the summed gradients in the stage programs. */
 PW_MUST_CHECK int pw_stepend_reduce(pw_run *r, double *sqnorm);
-void pw_stepend_report(pw_run *r, const pw_event *ev); /* loop thread */
+void pw_stepend_report(pw_run *r, const pw_event *ev);      /* loop thread */
+void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev); /* loop thread */
 /* Compute thread, sh.mu held: REDUCE and TIED frames (run.c routes them). */
 PW_MUST_CHECK int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 PW_MUST_CHECK int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);

@@ -287,9 +287,9 @@ static int mkdirs(const char *path) {
 
 /* A saved stage checkpoint (model file + optimizer file) to the
  * coordinator, then deleted here: the worker keeps nothing it cannot
- * lose. On the compute thread (never the loop): the step ends once the
- * coordinator confirmed, so a step's checkpoint is stored before its
- * report goes out. Without an http_url (no coordinator HTTP API: a run
+ * lose. On the compute thread (never the loop): the next step starts once
+ * the coordinator confirmed, so a run's last checkpoint is stored before
+ * its rank says done. Without an http_url (no coordinator HTTP API: a run
  * made by a test harness) the files stay where they were written. */
 #define UPLOAD_TRIES 3
 
@@ -343,7 +343,7 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   return 0;
 }
 
-static int update(pw_run *r, double sqnorm) {
+static void update(pw_run *r, double sqnorm) {
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
   if (r->spec.mode != PW_MODE_FORWARD)
@@ -351,6 +351,12 @@ static int update(pw_run *r, double sqnorm) {
       pw_optim_update(r->ls[li].prog, &r->spec.train, &sc);
       pw_prog_zero_grad(r->ls[li].prog);
     }
+}
+
+/* After the step's report is posted: a checkpoint is never on the
+ * coordinator before the report of the step it follows, so a resume from
+ * it finds every earlier step recorded. */
+static int checkpoint(pw_run *r) {
   if (!ckpt_due(r, r->sh.step)) return 0;
   for (int li = 0; li < r->n_ls; li++) {
     char path[1024];
@@ -364,6 +370,8 @@ static int update(pw_run *r, double sqnorm) {
     int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
     if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
     if ((rc = upload_stage(r, r->sh.step + 1, r->ls[li].stage, path))) return rc;
+    pw_event ev = {.kind = PW_EV_CKPT, .step = r->sh.step, .stage = r->ls[li].stage};
+    if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a checkpoint report");
   }
   return 0;
 }
@@ -381,10 +389,11 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
 int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0;
-  if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
+  if ((rc = pw_stepend_reduce(r, &sqnorm))) return rc;
+  update(r, sqnorm);
   pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = pw_now() - r->cp.t_step0, .loss = r->cp.loss_sum,
-                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .ckpt = ckpt_due(r, r->sh.step)};
+                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
     uv_mutex_lock(&r->sh.mu);
@@ -397,6 +406,7 @@ int pw_stepend_run(pw_run *r) {
     if (ev.timings) memcpy(ev.timings, r->cp.timings, sizeof *ev.timings * (size_t)r->n_acts);
   }
   if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
+  if ((rc = checkpoint(r))) return rc;
   uv_mutex_lock(&r->sh.mu);
   r->sh.step++;
   uv_mutex_unlock(&r->sh.mu);
@@ -432,15 +442,16 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     json_object_set_new(msg, "actions", acts);
   }
   pw_ctl_send(r->w, msg);
-  if (!ev->ckpt) return;
-  for (int li = 0; li < r->n_ls; li++) {
-    char path[1024];
-    struct stat sb;
-    ckpt_path(r, ev->step, r->ls[li].stage, path, sizeof path);
-    pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "type", "checkpoint", "job",
-                                (json_int_t)r->job, "run", r->run_id, "rank", r->rank, "stage", r->ls[li].stage, "step",
-                                ev->step + 1, "path", path, "bytes", (json_int_t)(stat(path, &sb) == 0 ? sb.st_size : 0)));
-  }
+}
+
+/* Loop thread: where a stage's checkpoint went. */
+void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev) {
+  char path[1024];
+  struct stat sb;
+  ckpt_path(r, ev->step, ev->stage, path, sizeof path);
+  pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "type", "checkpoint", "job",
+                              (json_int_t)r->job, "run", r->run_id, "rank", r->rank, "stage", ev->stage, "step",
+                              ev->step + 1, "path", path, "bytes", (json_int_t)(stat(path, &sb) == 0 ? sb.st_size : 0)));
 }
 
 /* ---- frames (compute thread, r->sh.mu held) ------------------------------------ */
