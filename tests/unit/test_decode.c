@@ -5,7 +5,8 @@
  * sequence: attention is causal, so its logits at row t are those of the
  * prefix 0..t. The cached decode must give every row's logits within 1e-5
  * of the row's largest |logit| (the matmuls sum in another order: sgemv
- * against sgemm, a few keys against T), for gpt and llama, tied and untied:
+ * against sgemm, a few keys against T), for gpt and llama, tied and untied,
+ * and a layers list holding every op a token model can:
  * - a prefill of k tokens, then one token at a time to the end of seq_len;
  * - two sequences in one batch (slots 2 and 0 of 3) of different lengths,
  *   advancing by different numbers of rows, then one rewound and rewritten;
@@ -55,14 +56,45 @@ typedef struct {
   int logits;        /* value id of the logits */
 } fixture;
 
-static void fixture_init(fixture *f, int tmpl, int tie) {
-  pw_model_spec s = spec_of(tmpl, tie);
+static void fixture_init_spec(fixture *f, const pw_model_spec *s) {
   pw_err err = {0};
-  assert_int_equal(pw_model_build(&s, &f->m, &err), 0);
+  assert_int_equal(pw_model_build(s, &f->m, &err), 0);
   pw_prog_config pc = {.layer_lo = 0, .layer_hi = f->m.n_layers, .mb_size = 1, .batch_size = 1, .n_slots = 1};
   assert_int_equal(pw_prog_create(&f->m, &pc, &f->full, &err), 0);
   pw_prog_init_params(f->full, SEED);
   f->logits = f->m.nodes[f->m.values[f->m.loss_value].producer].in[0];
+}
+
+static void fixture_init(fixture *f, int tmpl, int tie) {
+  pw_model_spec s = spec_of(tmpl, tie);
+  fixture_init_spec(f, &s);
+}
+
+/* A layers list with every op a token model can hold: learned positions,
+ * both blocks, both norms, GELU, ReLU and SiLU, biased and unbiased linears. */
+static pw_model_spec layers_spec(pw_layer_spec *l) {
+  static const pw_layer_spec list[] = {
+      {.type = PW_LAYER_EMBEDDING, .vocab_size = V, .out = 16},
+      {.type = PW_LAYER_POS_EMBEDDING},
+      {.type = PW_LAYER_GPT_BLOCK, .n_heads = 2},
+      {.type = PW_LAYER_LLAMA_BLOCK, .n_heads = 4},
+      {.type = PW_LAYER_LAYERNORM},
+      {.type = PW_LAYER_LINEAR, .out = 24, .bias = 1},
+      {.type = PW_LAYER_GELU},
+      {.type = PW_LAYER_LINEAR, .out = 20, .bias = 1},
+      {.type = PW_LAYER_RELU},
+      {.type = PW_LAYER_LINEAR, .out = 20, .bias = 0},
+      {.type = PW_LAYER_SILU},
+      {.type = PW_LAYER_RMSNORM},
+      {.type = PW_LAYER_LINEAR, .out = V, .bias = 0},
+      {.type = PW_LAYER_CROSS_ENTROPY},
+  };
+  memcpy(l, list, sizeof list);
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = PW_TEMPLATE_LAYERS, s.input = PW_INPUT_TOKENS, s.seq_len = T, s.init_std = 0.3f;
+  s.layers = l, s.n_layer_specs = (int)(sizeof list / sizeof list[0]);
+  return s;
 }
 
 static void fixture_free(fixture *f) {
@@ -114,9 +146,9 @@ static void run(pw_decode *d, const pw_decode_seq *s, int n) {
 }
 
 /* Prefill k, then single tokens; every row against the full forward. */
-static void check_prefill_then_steps(int tmpl, int tie, int k) {
+static void check_prefill_then_steps_of(const pw_model_spec *s, int k) {
   fixture f;
-  fixture_init(&f, tmpl, tie);
+  fixture_init_spec(&f, s);
   int32_t tok[T];
   float ref[T * V];
   random_tokens(tok, T, 100 + (uint64_t)k);
@@ -141,6 +173,11 @@ static void check_prefill_then_steps(int tmpl, int tie, int k) {
   fixture_free(&f);
 }
 
+static void check_prefill_then_steps(int tmpl, int tie, int k) {
+  pw_model_spec s = spec_of(tmpl, tie);
+  check_prefill_then_steps_of(&s, k);
+}
+
 static void test_gpt_untied(void **st) {
   (void)st;
   check_prefill_then_steps(PW_TEMPLATE_GPT, 0, 5);
@@ -158,6 +195,13 @@ static void test_llama_untied(void **st) {
 static void test_llama_tied(void **st) {
   (void)st;
   check_prefill_then_steps(PW_TEMPLATE_LLAMA, 1, 3);
+}
+
+static void test_layers_list(void **st) {
+  (void)st;
+  pw_layer_spec l[14];
+  pw_model_spec s = layers_spec(l);
+  check_prefill_then_steps_of(&s, 6);
 }
 
 /* Two sequences share calls: a in slot 2, b in slot 0, of 3 slots. */
@@ -433,6 +477,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpt_untied),         cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_llama_untied),       cmocka_unit_test(test_llama_tied),
+      cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),
       cmocka_unit_test(test_sampler_greedy),     cmocka_unit_test(test_sampler_seeded),
