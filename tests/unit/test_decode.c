@@ -15,7 +15,8 @@
  *   on the same rows: a pipeline will equal the oracle);
  * - greedy tokens equal a naive decode that recomputes the whole prefix
  *   for every token.
- * Bad calls are refused with nothing computed. The sampler: greedy takes
+ * Rotary rows at an offset are the whole sequence's bit for bit. Bad calls
+ * are refused with nothing computed. The sampler: greedy takes
  * the first maximum, top-k 1 and a tiny top-p are greedy, a seed repeats
  * its tokens, and temperature 1 draws each token about as often as its
  * softmax probability (top-k and top-p renormalised). */
@@ -32,6 +33,7 @@
 
 #include "decode.h"
 #include "model.h"
+#include "ops.h"
 #include "prog.h"
 #include "rng.h"
 #include "sample.h"
@@ -352,6 +354,24 @@ static void test_greedy_equals_naive(void **st) {
   check_greedy(PW_TEMPLATE_LLAMA, 1);
 }
 
+/* Rows t0.. of a rotary forward at an offset are, bit for bit, those rows
+ * of the forward over the whole sequence (the same angles). */
+static void test_rope_at_offset(void **st) {
+  (void)st;
+  enum { C = 8, NH = 2, C3 = 3 * C };
+  float in[T * C3], whole[T * C3], part[T * C3];
+  pw_rng r;
+  pw_rng_seed(&r, 5);
+  for (int i = 0; i < T * C3; i++) in[i] = (float)pw_rng_normal(&r);
+  pw_rope_forward(whole, in, 1, T, C, NH, 10000.0f);
+  for (int t0 = 0; t0 < T; t0 += 5) {
+    int n = T - t0 < 5 ? T - t0 : 5;
+    pw_rope_forward_at(part, in + t0 * C3, n, t0, C, NH, 10000.0f);
+    if (memcmp(part, whole + t0 * C3, sizeof(float) * (size_t)(n * C3)) != 0)
+      fail_msg("rows %d..%d rotated at their offset differ from the whole sequence's", t0, t0 + n - 1);
+  }
+}
+
 static void expect_refused(pw_decode *d, const pw_decode_seq *q, int n, const char *needle) {
   pw_err err = {0};
   assert_int_equal(pw_decode_forward(d, q, n, &err), PW_EINVAL);
@@ -477,7 +497,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpt_untied),         cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_llama_untied),       cmocka_unit_test(test_llama_tied),
-      cmocka_unit_test(test_layers_list),
+      cmocka_unit_test(test_layers_list),        cmocka_unit_test(test_rope_at_offset),
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),
       cmocka_unit_test(test_sampler_greedy),     cmocka_unit_test(test_sampler_seeded),
