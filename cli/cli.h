@@ -15,6 +15,7 @@ typedef struct {
 
 int pw_cmd_train(int argc, char **argv);
 int pw_cmd_eval(int argc, char **argv);
+int pw_cmd_generate(int argc, char **argv); /* cmd_generate.c */
 int pw_cmd_inspect(int argc, char **argv);
 int pw_cmd_plan(int argc, char **argv);
 /* cmd_remote.c: the coordinator's REST API */
