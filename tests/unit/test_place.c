@@ -1,4 +1,4 @@
-/* test_placement: explicit partitions (partition.stages), mesh.placement
+/* test_place: explicit partitions (partition.stages), mesh.placement
  * and stage_boundary hints — the spec's form, the errors naming the JSON
  * path and the layer or stage, the relabeling of a schedule's ranks and its
  * refusal, the named placements, and whole plans built with them. */
