@@ -14,9 +14,15 @@ pipewright-worker processes (driver.py plays the coordinator), a small GPT,
   - explicit partitions even cannot express (the embedding alone on stage
     0, at pp 2 and pp 4) train and equal the single-process run (1e-5);
   - `pipewright plan` shows the placement, and refuses a placement the
-    schedule cannot run, naming the stage and why.
+    schedule cannot run, naming the stage and why;
+  - through a real coordinator: a relabeled placement with an explicit
+    partition runs and its checkpoint is the driver's run's, bit for bit;
+    POST /v1/jobs refuses a placement off the layout and an unknown layer
+    name with 422, naming the JSON path.
 Usage: test_placement.py BUILD_DIR SOURCE_DIR"""
 import json, os, subprocess, sys, tempfile
+
+import driver as d
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
@@ -47,7 +53,7 @@ class Suite:
         self.runs = {}
 
     def check(self, label, ok, detail=""):
-        print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + detail) if detail else ''}", flush=True)
+        print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)) if detail else ''}", flush=True)
         self.passed += ok
         self.failed += not ok
         return ok
@@ -115,6 +121,38 @@ class Suite:
         return p.returncode, p.stdout + p.stderr
 
 
+def coordinator(t, tmp):
+    """The same placements through pipewright-coordinator and its API."""
+    ctmp = os.path.join(tmp, "cluster")  # its logs, printed by close_cluster when a check failed
+    os.makedirs(ctmp)
+    c = d.Cluster(t.build, ctmp, "coord", data_root=t.src)
+    try:
+        for w in ("w0", "w1"):
+            c.start_worker(w)
+        t.check("coordinator: two idle workers", c.wait_idle(2), c.worker_rows())
+        spec = job("1f1b", 2, placement=[1, 0],
+                   stages=[["embed"], ["blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]])
+        spec["data"]["path"] = os.path.join(t.src, spec["data"]["path"])
+        jid = c.submit(spec)
+        j = c.wait_job(jid, timeout=120)
+        if t.check("coordinator: the placed job succeeds", j.get("state") == "succeeded", str(j)[:400]):
+            base = t.runs.get("embed-alone-pp2")
+            diff = d.bit_diff(c.checkpoint(jid), open(base["merged"], "rb").read()) if base else "no driver run"
+            t.check("coordinator: its checkpoint is the driver's unplaced run's, bit for bit", diff == "", diff)
+        bad = job("interleaved-1f1b", 2, V=2, placement=[0, 1, 1, 0])
+        st_, r = d.http(c.base, "/v1/jobs", "POST", bad)
+        t.check("coordinator: a placement off the layout is a 422 naming mesh.placement[2]",
+                st_ == 422 and "mesh.placement[2]" in json.dumps(r) and "runs stages 0 and 2 on one rank" in json.dumps(r),
+                f"{st_} {r}")
+        bad = job("1f1b", 2, stages=[["embed", "blocks.0", "blocks.1"], ["blocks.2", "blocks.3", "haed"]])
+        st_, r = d.http(c.base, "/v1/jobs", "POST", bad)
+        t.check("coordinator: an unknown layer is a 422 naming partition.stages[1][2] and the nearest name",
+                st_ == 422 and "partition.stages[1][2]" in json.dumps(r) and "did you mean head" in json.dumps(r),
+                f"{st_} {r}")
+    finally:
+        d.close_cluster(c, ctmp, t.check, lambda: t.failed)
+
+
 def main():
     build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     with tempfile.TemporaryDirectory(prefix="pw-place-") as tmp:
@@ -163,6 +201,7 @@ def main():
         rc, out = t.plan(job("1f1b", 2, stages=[["embed", "blocks.0"], ["blocks.3", "head"]]))
         t.check("plan names layers in no stage",
                 rc != 0 and 'partition.stages[1][0]: layers "blocks.1".."blocks.2" are in no stage' in out, out[-300:])
+        coordinator(t, tmp)
         print(f"{t.passed} passed, {t.failed} failed")
         return 1 if t.failed else 0
 
