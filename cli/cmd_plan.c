@@ -59,6 +59,19 @@ static void print_compare(const json_t *cmp) {
   }
 }
 
+/* Where the stages run and who said so (mesh.placement, or the schedule). */
+static void print_placement(const pw_job *job, const pw_plan *p) {
+  printf("placement: stage -> rank");
+  for (int s = 0; s < p->S && s < 64; s++) printf(" %d", p->sched->stage_to_rank[s]);
+  int kind = job->mesh.placement_kind;
+  if (kind == PW_PLACEMENT_NONE)
+    printf("%s (the layout of %s)\n", p->S > 64 ? " ..." : "", p->sched->name);
+  else if (kind == PW_PLACEMENT_ARRAY)
+    printf("%s (mesh.placement)\n", p->S > 64 ? " ..." : "");
+  else
+    printf("%s (mesh.placement \"%s\")\n", p->S > 64 ? " ..." : "", pw_placement_names[kind - PW_PLACEMENT_LOOP]);
+}
+
 static void print_plan(const pw_job *job, const pw_plan *p) {
   char a[32], b[32], c[32], d[32], e[32];
   printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
@@ -78,6 +91,7 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
            pw_cli_si((st->flops_i + st->flops_w) * p->mb_size, c, 32),
            pw_cli_si((double)st->act_bytes * p->mb_size, d, 32), pw_cli_si((double)st->out_bytes * p->mb_size, e, 32));
   }
+  print_placement(job, p);
   for (int i = 0; i < p->part.n_shared; i++) {
     const pw_shared_param *sp = &p->part.shared[i];
     printf("shared: %s on stages", p->model.params[sp->param].name);

@@ -255,8 +255,15 @@ static int global_norm(pw_run *r, double *total) {
     if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->cp.norm_out[par], -1, -1))) return rc;
   }
   if ((rc = pw_exec_wait(r, parts_ready, NULL))) return rc;
+  /* Summed in the order of each rank's first stage, not of rank numbers:
+   * under a relabeled placement (mesh.placement) the same partials then add
+   * in the same order, to the same bits. (A rank without a stage adds 0.) */
   double sum = 0;
-  for (int k = 0; k < r->pp; k++) sum += r->cp.norm_parts[par * r->pp + k];
+  for (int st = 0; st < r->S; st++) {
+    int k = r->rank_of_stage[st], first = 1;
+    for (int e = 0; e < st && first; e++) first = r->rank_of_stage[e] != k;
+    if (first) sum += r->cp.norm_parts[par * r->pp + k];
+  }
   *total = sum;
   return 0;
 }

@@ -3,11 +3,13 @@
 #include "partition.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *mode_name(pw_partition_mode m) {
-  return m == PW_PARTITION_MARKERS ? "markers" : m == PW_PARTITION_BALANCED ? "balanced" : "even";
+  static const char *const names[] = {"even", "markers", "balanced", "explicit"};
+  return m >= 0 && m <= PW_PARTITION_EXPLICIT ? names[m] : "even";
 }
 
 double pw_layer_cost(const pw_model *m, const pw_partition_spec *ps, int layer) {
@@ -223,6 +225,28 @@ done:
   return rc;
 }
 
+/* Each stage_boundary hint against the cuts: the layer after the marker
+ * must be the first of the stage it names. */
+static int check_hints(const pw_model *m, const pw_partition_spec *ps, const int *cuts, int S, pw_err *err) {
+  for (int i = 0; ps && i < ps->n_hints; i++) {
+    const pw_stage_hint *h = &ps->hints[i];
+    if (h->marker >= m->n_markers) continue; /* not this model's marker (the spec parser pairs them) */
+    int at = m->markers[h->marker], k = h->stage, st = 0;
+    if (k < S && cuts[k] == at) continue;
+    while (st + 1 < S && cuts[st + 1] <= at) st++;
+    char path[80];
+    snprintf(path, sizeof path, "model.layers[%d].stage_boundary.stage", h->spec_index);
+    if (k >= S)
+      return pw_err_set(err, PW_ESPEC, path, "says stage %d begins at %s, but the partition (mode %s) has %d stage%s (0 .. %d)",
+                        k, m->layers[at].name, mode_name(ps->mode), S, S == 1 ? "" : "s", S - 1);
+    return pw_err_set(err, PW_ESPEC, path,
+                      "says stage %d begins at %s, but the partition (mode %s) begins stage %d at %s and puts %s on "
+                      "stage %d",
+                      k, m->layers[at].name, mode_name(ps->mode), k, m->layers[cuts[k]].name, m->layers[at].name, st);
+  }
+  return 0;
+}
+
 int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int S, pw_partition *out,
                        pw_err *err) {
   memset(out, 0, sizeof *out);
@@ -234,7 +258,9 @@ int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int S, pw
   int *cuts = malloc(sizeof(int) * (size_t)(S + 1));
   if (!cuts) return pw_err_set(err, PW_ENOMEM, "partition", "out of memory");
   int rc = 0;
-  if (S == 1) {
+  if (mode == PW_PARTITION_EXPLICIT) {
+    rc = pw_partition_explicit_cuts(m, ps, S, cuts, err);
+  } else if (S == 1) {
     cuts[0] = 0;
     cuts[1] = m->n_layers;
   } else if (mode == PW_PARTITION_MARKERS) {
@@ -252,6 +278,7 @@ int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int S, pw
   } else {
     rc = even_cuts(m, S, cuts, err);
   }
+  if (!rc) rc = check_hints(m, ps, cuts, S, err);
   if (!rc) rc = pw_partition_from_cuts(m, ps, cuts, S, out, err);
   if (!rc) out->mode = mode;
   free(cuts);

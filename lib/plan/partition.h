@@ -1,12 +1,15 @@
 /* partition: cut a model's layer list into S = pp x V stages.
  *
- * Modes (pw_partition_spec): `markers` cuts at the spec's stage_boundary
+ * Modes (pw_partition_spec): `explicit` takes the stages' layer names
+ * from the spec; `markers` cuts at the spec's stage_boundary
  * entries; `even` splits the homogeneous `blocks` stack evenly, the layers
  * before it on the first stage and those after it (head, loss) on the
  * last; `balanced` minimises the slowest stage's cost under a cost model —
  * forward + backward FLOPs of its layers (or measured per-layer times),
  * plus a per-byte cost for the activation it sends and receives across its
- * cuts — exactly, by dynamic programming over cut positions.
+ * cuts — exactly, by dynamic programming over cut positions. Whatever the
+ * mode, a stage_boundary entry that names its stage ({"stage": k}) must
+ * begin stage k of the result.
  *
  * Stages are heterogeneous: each has its own layers, parameters and
  * input/output shapes. The stage graph is a DAG (edges from the stage that
@@ -65,6 +68,14 @@ double pw_layer_cost(const pw_model *m, const pw_partition_spec *ps, int layer);
  *  (pp 2 x virtual_stages 2)". */
 PW_MUST_CHECK int pw_partition_build(const pw_model *m, const pw_partition_spec *ps, int n_stages, pw_partition *out,
                        pw_err *err);
+/* Mode explicit: ps->names resolved against m's layer names into
+ * cuts[0 .. S] (partition_explicit.c). PW_ESPEC naming the entry
+ * ("partition.stages[1][0]: \"blocks.3\" comes before \"blocks.2\" ...")
+ * for an unknown name (with the nearest), a layer listed twice or out of
+ * model order, layers in no stage, a stage that would start with the loss,
+ * or a count of stages other than S. */
+PW_MUST_CHECK int pw_partition_explicit_cuts(const pw_model *m, const pw_partition_spec *ps, int S, int *cuts,
+                                             pw_err *err);
 /* Cuts given explicitly: stage s holds layers [cuts[s], cuts[s+1]). */
 PW_MUST_CHECK int pw_partition_from_cuts(const pw_model *m, const pw_partition_spec *ps, const int *cuts, int n_stages,
                            pw_partition *out, pw_err *err);

@@ -2,6 +2,8 @@
  * will allocate, and the plan's JSON. */
 #include "plan.h"
 
+#include "placement.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +204,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   rc = pw_model_build(&job->model, &p->model, err);
   if (rc) return rc;
   rc = pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err);
+  if (rc) goto fail;
+  rc = pw_sched_place_mesh(p->sched, &job->mesh, err); /* mesh.placement, a name resolved there */
   if (rc) goto fail;
   p->S = p->sched->S;
   rc = pw_partition_build(&p->model, &job->partition, p->S, &p->part, err);

@@ -68,7 +68,7 @@ const char *pw_schedule_resolve(const char *name) {
 /* ---- the sections ---------------------------------------------------- */
 
 static const char *const mode_names[] = {"train", "forward"};       /* pw_mode */
-static const char *const part_names[] = {"even", "markers", "balanced"}; /* pw_partition_mode */
+static const char *const part_names[] = {"even", "markers", "balanced", "explicit"}; /* pw_partition_mode */
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
 static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
@@ -93,6 +93,7 @@ static const pw__field mesh_fields[] = {
     PW__INT("pp", 0, PW__ALL, pw_mesh_spec, pp, 1, 1, MAX_MESH),
     PW__INT("dp", 0, PW__ALL, pw_mesh_spec, dp, 1, 1, MAX_MESH),
     PW__INT("virtual_stages", 0, PW__ALL, pw_mesh_spec, virtual_stages, 1, 1, MAX_MESH),
+    PW__SKIP("placement", 0, PW__ALL), /* spec_layout.c */
 };
 
 /* The schedule's name is a string in pw_schedule_spec; it parses as an
@@ -110,6 +111,7 @@ static const pw__field sched_fields[] = {
 #define P_BAL (1u << PW_PARTITION_BALANCED)
 static const pw__field part_fields[] = {
     PW__ENUM("mode", PW__NODEF, PW__ALL, pw_partition_spec, mode, 0, part_names),
+    PW__SKIP("stages", 0, 1u << PW_PARTITION_EXPLICIT), /* spec_layout.c */
     PW__SKIP("layer_times", 0, P_BAL),
     PW__NUM("byte_cost", 0, P_BAL, pw_partition_spec, byte_cost, 0, 0, PW__NOLIM),
 };
@@ -247,12 +249,14 @@ static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
 }
 
 /* The partition's default mode depends on the model: markers when the
- * layers list carries stage_boundary entries. */
+ * layers list carries stage_boundary entries; explicit when stages are
+ * listed. */
 static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition_spec *p, pw_err *err) {
   int n_bound = 0, mode = 0, rc;
   for (int i = 0; i < m->n_layer_specs; i++) n_bound += m->layers[i].type == PW_LAYER_STAGE_BOUNDARY;
-  int def = n_bound ? PW_PARTITION_MARKERS : PW_PARTITION_EVEN;
-  if ((rc = pw__enum_get(o, "partition", "mode", part_names, 3, def, &mode, err))) return rc;
+  const json_t *stages = o ? json_object_get(o, "stages") : NULL;
+  int def = stages ? PW_PARTITION_EXPLICIT : n_bound ? PW_PARTITION_MARKERS : PW_PARTITION_EVEN;
+  if ((rc = pw__enum_get(o, "partition", "mode", part_names, PW__N(part_names), def, &mode, err))) return rc;
   char ctx[32];
   snprintf(ctx, sizeof ctx, "mode %s", part_names[mode]);
   if ((rc = pw__fields_parse(o, "partition", part_fields, PW__N(part_fields), 1u << mode, ctx, p, err)))
@@ -261,6 +265,8 @@ static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition
   if (mode == PW_PARTITION_MARKERS && n_bound == 0)
     return pw_err_set(err, PW_ESPEC, "partition.mode",
                       "markers needs stage_boundary entries in model.layers (there are none)");
+  if ((rc = pw__hints_collect(m, p, err)) || (mode == PW_PARTITION_EXPLICIT && (rc = pw__stages_parse(stages, p, err))))
+    return rc;
   const json_t *a = o ? json_object_get(o, "layer_times") : NULL;
   if (!a) return 0;
   const char *path0 = "partition.layer_times";
@@ -435,6 +441,11 @@ static int cross_check(const pw_job *job, pw_err *err) {
                         "the stage_boundary markers make %d stages, but mesh.pp * mesh.virtual_stages = %lld",
                         stages, want);
   }
+  long long S = (long long)job->mesh.pp * job->mesh.virtual_stages;
+  if (job->partition.mode == PW_PARTITION_EXPLICIT && job->partition.n_stages != S)
+    return pw_err_set(err, PW_ESPEC, "partition.stages",
+                      "lists %d stages, but the mesh runs mesh.pp * mesh.virtual_stages = %d * %d = %lld",
+                      job->partition.n_stages, job->mesh.pp, job->mesh.virtual_stages, S);
   return 0;
 }
 
@@ -453,7 +464,8 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
       (rc = pw__obj_get(root, "", "init", &init, err)))
     return rc;
   if ((rc = pw__model_parse(model, &job->model, err))) return rc;
-  if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)))
+  if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)) ||
+      (rc = pw__placement_parse(mesh, &job->mesh, err)))
     return rc;
   if ((rc = schedule_parse(sched, &job->schedule, err))) return rc;
   if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
@@ -521,6 +533,7 @@ void pw_job_free(pw_job *job) {
   free(job->partition.layer_times);
   job->partition.layer_times = NULL;
   job->partition.n_layer_times = 0;
+  pw__layout_free(job);
 }
 
 json_t *pw_job_to_json(const pw_job *job) {
@@ -532,6 +545,7 @@ json_t *pw_job_to_json(const pw_job *job) {
 
   bad |= json_object_set_new(o, "mesh", v = json_object());
   bad |= pw__fields_emit(v, mesh_fields, PW__N(mesh_fields), PW__ALL, &job->mesh);
+  bad |= pw__placement_emit(v, &job->mesh);
 
   sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches};
   for (int i = 0; i < pw_n_schedule_names; i++)
@@ -542,6 +556,7 @@ json_t *pw_job_to_json(const pw_job *job) {
   const pw_partition_spec *p = &job->partition;
   bad |= json_object_set_new(o, "partition", v = json_object());
   bad |= pw__fields_emit(v, part_fields, PW__N(part_fields), 1u << p->mode, p);
+  bad |= pw__stages_emit(v, p);
   if (p->layer_times) {
     json_t *a = json_array();
     bad |= json_object_set_new(v, "layer_times", a);

@@ -31,7 +31,7 @@ typedef enum {
   PW_LAYER_LLAMA_BLOCK,    /* {"type":"llama_block","n_heads":H,"hidden":F?}                    */
   PW_LAYER_CROSS_ENTROPY,  /* {"type":"cross_entropy"}  last layer: logits -> loss             */
   PW_LAYER_MSE,            /* {"type":"mse"}            last layer: prediction -> loss         */
-  PW_LAYER_STAGE_BOUNDARY  /* {"stage_boundary": {}}    a pipeline cut, kept for the partitioner */
+  PW_LAYER_STAGE_BOUNDARY  /* {"stage_boundary": {"stage": k?}}  a pipeline cut, kept for the partitioner */
 } pw_layer_type;
 
 typedef struct {
@@ -42,6 +42,8 @@ typedef struct {
   int vocab_size;/* embedding */
   int n_heads;   /* blocks */
   int hidden;    /* blocks: MLP hidden width; 0 = default (gpt 4C, llama ffn_default(C)) */
+  int stage;     /* stage_boundary: the stage the layers after it begin (a hint
+                    checked against the partition); 0 = none */
 } pw_layer_spec;
 
 typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
@@ -72,8 +74,19 @@ typedef struct {
   int n_layer_specs;
 } pw_model_spec;
 
+/* mesh.placement: which rank runs each stage. NONE keeps the schedule's
+ * own layout; a name or an array must be that layout up to a relabeling of
+ * ranks (lib/plan/placement.h). */
+typedef enum { PW_PLACEMENT_NONE, PW_PLACEMENT_ARRAY, PW_PLACEMENT_LOOP, PW_PLACEMENT_V, PW_PLACEMENT_CONTIGUOUS } pw_placement_kind;
+/* The names of the named kinds, "loop", "v", "contiguous" (index kind - PW_PLACEMENT_LOOP). */
+extern const char *const pw_placement_names[];
+extern const int pw_n_placement_names;
+
 typedef struct {
   int pp, dp, virtual_stages; /* defaults 1, 1, 1 */
+  int placement_kind;         /* pw_placement_kind; default none */
+  int *placement;             /* ARRAY: stage s on rank placement[s], each in 0 .. pp-1 */
+  int n_placement;
 } pw_mesh_spec;
 
 typedef struct {
@@ -81,12 +94,34 @@ typedef struct {
   int microbatches;  /* default 1 */
 } pw_schedule_spec;
 
-typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED } pw_partition_mode;
+typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED, PW_PARTITION_EXPLICIT } pw_partition_mode;
+
+#define PW_LAYER_NAME_CAP 64 /* a layer name in partition.stages, NUL included */
+
+/* A stage_boundary entry that says which stage it begins: the marker-th
+ * boundary of the layers list (model.markers[marker]), at
+ * model.layers[spec_index]. */
 typedef struct {
-  pw_partition_mode mode;  /* default even (markers when the layers list has boundaries) */
+  int marker, spec_index, stage;
+} pw_stage_hint;
+
+typedef struct {
+  pw_partition_mode mode;  /* default even (markers when the layers list has boundaries,
+                              explicit when "stages" is given) */
   double *layer_times;     /* optional measured per-layer costs for balanced; NULL if absent */
   int n_layer_times;
   double byte_cost;        /* balanced: cost per activation byte sent across a cut; default 0 */
+  /* explicit: stage s lists names[first[s] .. first[s+1]), layer names as
+   * the model graph gives them ("embed", "blocks.3", "layers.5"); resolved
+   * when the plan is built (partition.c), since the spec cannot build the
+   * model */
+  int n_stages;
+  int *first;                       /* [n_stages + 1] */
+  char (*names)[PW_LAYER_NAME_CAP]; /* [first[n_stages]] */
+  /* the model's stage_boundary hints, copied here so the partitioner can
+   * check them whatever the mode */
+  pw_stage_hint *hints;
+  int n_hints;
 } pw_partition_spec;
 
 typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;

@@ -98,4 +98,15 @@ PW_MUST_CHECK int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err
 json_t *pw__model_emit(const pw_model_spec *m);
 void pw__model_free(pw_model_spec *m);
 
+/* Where layers and stages go (spec_layout.c): mesh.placement,
+ * partition.stages (mode explicit; `a` NULL when absent), the
+ * stage_boundary hints of m copied into p (after p->mode is set: markers
+ * mode checks their numbering), and the release of all three. */
+PW_MUST_CHECK int pw__placement_parse(const json_t *mesh, pw_mesh_spec *ms, pw_err *err);
+PW_MUST_CHECK int pw__placement_emit(json_t *mesh, const pw_mesh_spec *ms);
+PW_MUST_CHECK int pw__stages_parse(const json_t *a, pw_partition_spec *p, pw_err *err);
+PW_MUST_CHECK int pw__stages_emit(json_t *part, const pw_partition_spec *p);
+PW_MUST_CHECK int pw__hints_collect(const pw_model_spec *m, pw_partition_spec *p, pw_err *err);
+void pw__layout_free(pw_job *job);
+
 #endif

@@ -17,6 +17,7 @@
 #define MAX_SEQ 65536
 #define MAX_BLOCKS 4096
 #define MAX_LAYER_SPECS 10000
+#define MAX_MESH_STAGES (4096 * 4096) /* pp x virtual_stages at most */
 
 #define T_GPT (1u << PW_TEMPLATE_GPT)
 #define T_LLAMA (1u << PW_TEMPLATE_LLAMA)
@@ -84,6 +85,12 @@ static const pw__field layer_fields[] = {
     PW__INT("hidden", PW__NODEF | PW__OMIT0, L_BLOCKS, pw_layer_spec, hidden, 0, 1, MAX_DIM),
 };
 
+/* {"stage_boundary": {"stage": k}}: the layers after it begin stage k (a
+ * hint the partitioner checks; absent: none). */
+static const pw__field boundary_fields[] = {
+    PW__INT("stage", PW__NODEF | PW__OMIT0, PW__ALL, pw_layer_spec, stage, 0, 1, MAX_MESH_STAGES),
+};
+
 static int is_loss(pw_layer_type t) { return t == PW_LAYER_CROSS_ENTROPY || t == PW_LAYER_MSE; }
 
 /* One entry of a layers list: {"type": ..., fields} or {"stage_boundary": {}}. */
@@ -100,10 +107,9 @@ static int layer_parse(const json_t *e, const char *pre, pw_layer_spec *ls, pw_e
       return pw_err_set(err, PW_ESPEC, path, "a stage_boundary entry takes no other fields");
     }
     pw__path(path, sizeof path, pre, "stage_boundary");
-    if (!json_is_object(sb) || json_object_size(sb) != 0)
-      return pw_err_set(err, PW_ESPEC, path, "must be {}");
+    if (!json_is_object(sb)) return pw_err_set(err, PW_ESPEC, path, "must be {} or {\"stage\": k}");
     ls->type = PW_LAYER_STAGE_BOUNDARY;
-    return 0;
+    return pw__fields_parse(sb, path, boundary_fields, PW__N(boundary_fields), PW__ALL, "stage_boundary", ls, err);
   }
   int t;
   int rc = pw__enum_get(e, pre, "type", layer_names, N_LAYER_TYPES, -1, &t, err);
@@ -266,7 +272,10 @@ json_t *pw__model_emit(const pw_model_spec *m) {
     json_t *e = json_object();
     if (json_array_append_new(arr, e)) goto fail;
     if (ls->type == PW_LAYER_STAGE_BOUNDARY) {
-      if (json_object_set_new(e, "stage_boundary", json_object())) goto fail;
+      json_t *b = json_object();
+      if (json_object_set_new(e, "stage_boundary", b) ||
+          pw__fields_emit(b, boundary_fields, PW__N(boundary_fields), PW__ALL, ls))
+        goto fail;
     } else if (pw__fields_emit(e, layer_fields, PW__N(layer_fields), 1u << ls->type, ls)) {
       goto fail;
     }

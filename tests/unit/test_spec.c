@@ -262,7 +262,9 @@ static const bad_case bad[] = {
     {B_LAYERS, LAYERS(EMB ",{'out':3}," CE), "model.layers[1].type", "required"},
     {B_LAYERS, LAYERS(EMB ",{'type':'gpt_block'}," CE), "model.layers[1].n_heads", "required"},
     {B_LAYERS, LAYERS(EMB "," LIN(8) ",{'stage_boundary':{'x':1}}," LIN(8) "," CE),
-     "model.layers[2].stage_boundary", "must be {}"},
+     "model.layers[2].stage_boundary.x", "unknown field"},
+    {B_LAYERS, LAYERS(EMB "," LIN(8) ",{'stage_boundary':[]}," LIN(8) "," CE),
+     "model.layers[2].stage_boundary", "must be {} or {\"stage\": k}"},
     {B_LAYERS, LAYERS(EMB "," LIN(8) ",{'stage_boundary':{},'type':'relu'}," LIN(8) "," CE),
      "model.layers[2].type", "no other fields"},
     {B_LAYERS, LAYERS(SB "," EMB "," LIN(8) "," CE), "model.layers[0]", "empty stage"},
@@ -560,7 +562,20 @@ static void assert_jobs_equal(const pw_job *a, const pw_job *b) {
   pw_job x = *a, y = *b;
   x.model.layers = y.model.layers = NULL;
   x.partition.layer_times = y.partition.layer_times = NULL;
+  x.mesh.placement = y.mesh.placement = NULL;
+  x.partition.first = y.partition.first = NULL;
+  x.partition.names = y.partition.names = NULL;
+  x.partition.hints = y.partition.hints = NULL;
   assert_memory_equal(&x, &y, sizeof x); /* the parser zeroes the struct first */
+  if (a->mesh.n_placement)
+    assert_memory_equal(a->mesh.placement, b->mesh.placement, sizeof(int) * (size_t)a->mesh.n_placement);
+  if (a->partition.n_stages) {
+    assert_memory_equal(a->partition.first, b->partition.first, sizeof(int) * (size_t)(a->partition.n_stages + 1));
+    assert_memory_equal(a->partition.names, b->partition.names,
+                        sizeof *a->partition.names * (size_t)a->partition.first[a->partition.n_stages]);
+  }
+  if (a->partition.n_hints)
+    assert_memory_equal(a->partition.hints, b->partition.hints, sizeof *a->partition.hints * (size_t)a->partition.n_hints);
   assert_int_equal(a->model.n_layer_specs, b->model.n_layer_specs);
   if (a->model.n_layer_specs)
     assert_memory_equal(a->model.layers, b->model.layers, sizeof(pw_layer_spec) * (size_t)a->model.n_layer_specs);
@@ -604,6 +619,11 @@ static const char *const round_trip_specs[] = {
     "'train':{'seed':123456789012,'optimizer':{'name':'sgd','lr':0.1,'momentum':0.5,'weight_decay':0.001}}}",
     "{'model':{'template':'mlp','in_dim':4,'out_dim':3,'n_layers':0},'data':{'kind':'regression'},"
     "'partition':{'mode':'balanced','layer_times':[0.1,0.2,3],'byte_cost':1e-9}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'data':{'kind':'copy'},"
+    "'mesh':{'pp':2,'placement':[1,0]},'partition':{'stages':[['embed'],['blocks.0','blocks.1','head']]}}",
+    "{'model':{'input':{'kind':'features','dim':3},'layers':[{'type':'linear','out':4},"
+    "{'stage_boundary':{'stage':1}},{'type':'relu'},{'type':'linear','out':2},{'type':'mse'}]},"
+    "'mesh':{'pp':2,'placement':'v'},'data':{'kind':'regression'}}",
 };
 
 static void test_round_trip(void **st) {
