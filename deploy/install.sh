@@ -18,6 +18,10 @@
 #       get the tokens as systemd credentials, readable only by them.
 #       Idempotent: running it again changes nothing that exists.
 #
+#   install.sh tokens [--confdir DIR]
+#       Only the two tokens, when absent (0640 root:pipewright when that
+#       group exists): what the pipewright-coordinator package runs.
+#
 #   install.sh worker N [--cpus LIST] [--threads T] [--listen ADDR:PORT]
 #                       [--coordinator HOST:PORT] [--confdir DIR] [--dropin-dir DIR]
 #       Configures instance N of pipewright-worker@.service: writes
@@ -37,6 +41,31 @@ want_system=yes
 
 make_token() { # FILE: 32 random bytes as 64 hex digits
   (umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$1.tmp" && echo >>"$1.tmp" && mv "$1.tmp" "$1")
+}
+
+# tokens DIR GROUP: DIR/api.token and DIR/cluster.token when absent; 0640
+# root:GROUP with a GROUP, else 0600.
+tokens() {
+  for t in api cluster; do
+    f="$1/$t.token"
+    if [ -s "$f" ]; then
+      echo "install.sh: $f exists, kept"
+    else
+      make_token "$f"
+      if [ -n "$2" ]; then
+        chown root:"$2" "$f"
+        chmod 0640 "$f"
+      else
+        chmod 0600 "$f"
+      fi
+      echo "install.sh: made $f ($(stat -c '%a %U:%G' "$f"))"
+    fi
+    # Never readable by everyone, even if someone loosened it.
+    if [ -n "$(find "$f" -perm /o=rwx)" ]; then
+      chmod o-rwx "$f"
+      echo "install.sh: $f was accessible to others: fixed" >&2
+    fi
+  done
 }
 
 setup() {
@@ -82,26 +111,7 @@ setup() {
     fi
     getent group pipewright >/dev/null 2>&1 && group=pipewright
   fi
-  for t in api cluster; do
-    f="$dir/$t.token"
-    if [ -s "$f" ]; then
-      echo "install.sh: $f exists, kept"
-    else
-      make_token "$f"
-      if [ -n "$group" ]; then
-        chown root:"$group" "$f"
-        chmod 0640 "$f"
-      else
-        chmod 0600 "$f"
-      fi
-      echo "install.sh: made $f ($(stat -c '%a %U:%G' "$f"))"
-    fi
-    # Never readable by everyone, even if someone loosened it.
-    if [ -n "$(find "$f" -perm /o=rwx)" ]; then
-      chmod o-rwx "$f"
-      echo "install.sh: $f was accessible to others: fixed" >&2
-    fi
-  done
+  tokens "$dir" "$group"
   if [ $system = yes ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
     systemctl daemon-reload
     echo "install.sh: systemd reloaded; start with: systemctl enable --now pipewright-coordinator pipewright-worker@1"
@@ -158,7 +168,11 @@ cmd=${1:-setup}
 [ $# -eq 0 ] || shift
 case $cmd in
   setup) setup "$@" ;;
+  tokens) # [--confdir DIR]: the packages' postinst
+    [ "${1:-}" != --confdir ] || confdir=$2
+    g=""; getent group pipewright >/dev/null 2>&1 && g=pipewright
+    tokens "$confdir" "$g" ;;
   worker) worker "$@" ;;
   -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
-  *) die "unknown command '$cmd' (setup | worker)" ;;
+  *) die "unknown command '$cmd' (setup | tokens | worker)" ;;
 esac

@@ -35,17 +35,7 @@ why=$(netns_check) || skip "$why"
 command -v curl >/dev/null || fail "curl is missing"
 
 TAG="pwt$$"
-T=$(mktemp -d /tmp/pw-netns.XXXXXX)
-chmod 755 "$T"
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  netns_down "$TAG"
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+netns_scratch "$TAG" netns || fail "cannot make a scratch dir"
 
 COORD=0                         # host 0: the coordinator
 CADDR=$(netns_addr $COORD)

@@ -17,6 +17,9 @@
 # netns_name TAG i        the namespace of host i
 # netns_addr i            host i's address
 # netns_exec TAG i CMD..  run CMD in host i's namespace
+# netns_scratch TAG NAME  the test's scratch dir T=/tmp/pw-NAME.XXXXXX and, on
+#                         any exit, its cleanup: the pids in PIDS killed, TAG's
+#                         namespaces deleted, T removed (KEEP=1 keeps it)
 # ${NETNS_PRIVATE[@]}     a command prefix: a private filesystem (private_host.sh)
 
 NETNS_SUBNET=10.200.0
@@ -78,6 +81,21 @@ netns_down() {
     ip netns del "$ns" 2>/dev/null
   done
   return 0
+}
+
+netns_scratch() {
+  NETNS_TAG=$1
+  T=$(mktemp -d "/tmp/pw-$2.XXXXXX") && chmod 755 "$T" || return 1
+  PIDS=()
+  trap netns_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+netns_cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  netns_down "$NETNS_TAG"
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
 }
 
 # Bytes received and sent on host i's eth0 ("RX TX").
