@@ -206,6 +206,22 @@ static void on_ctl_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
 }
 
+/* The data address peers dial: --listen's, or for a wildcard (0.0.0.0,
+ * ::) the address this host reaches the coordinator from, which is the
+ * interface the cluster's network uses. */
+static void advertised(pw_worker *w, char *addr, size_t cap) {
+  struct sockaddr_storage sa;
+  int len = sizeof sa;
+  char host[64];
+  int wild = !strcmp(w->listen_host, "0.0.0.0") || !strcmp(w->listen_host, "::");
+  if (wild && uv_tcp_getsockname(&w->ctl, (struct sockaddr *)&sa, &len) == 0 &&
+      uv_ip_name((struct sockaddr *)&sa, host, sizeof host) == 0) {
+    snprintf(addr, cap, sa.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, w->listen_port);
+    return;
+  }
+  snprintf(addr, cap, "%s:%d", w->listen_host, w->listen_port);
+}
+
 static void on_ctl_connect(uv_connect_t *req, int status) {
   pw_worker *w = req->data;
   if (status < 0) {
@@ -219,7 +235,7 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
   pw_control_reader_init(&w->ctl_reader, 0);
   uv_read_start((uv_stream_t *)&w->ctl, on_ctl_alloc, on_ctl_read);
   char addr[96];
-  snprintf(addr, sizeof addr, "%s:%d", w->listen_host, w->listen_port);
+  advertised(w, addr, sizeof addr);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); /* the coordinator's memory budget */
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_REGISTER, pw_msg_register, NULL, .version = PW_PROTO_VERSION,

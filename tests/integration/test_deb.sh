@@ -21,7 +21,8 @@
 #     (64 hex digits, 0640 root:pipewright); systemd is reloaded and no
 #     unit enabled or started;
 #  3. the operator's edits: h0's two addresses in coordinator.conf; on each
-#     worker host the two lines of worker.conf (PW_COORDINATOR, PW_LISTEN)
+#     worker host the two lines of worker.conf (PW_COORDINATOR, and
+#     PW_LISTEN=0.0.0.0:7100, the same on every host)
 #     and h0's cluster.token copied over;
 #  4. the daemons run from the installed units as systemd would start them
 #     (netns/unit_exec.py: the units' Environment=, EnvironmentFile=,
@@ -159,7 +160,7 @@ $(host 0) sed -i -e "s/^PW_HTTP=.*/PW_HTTP=$CADDR:8080/" -e "s/^PW_CONTROL=.*/PW
   /etc/pipewright/coordinator.conf || fail "edit h0's coordinator.conf"
 for i in 1 2 3; do
   $(host "$i") sed -i -e "s/^PW_COORDINATOR=.*/PW_COORDINATOR=$CADDR:7070/" \
-    -e "s/^PW_LISTEN=.*/PW_LISTEN=$(netns_addr "$i"):0/" /etc/pipewright/worker.conf || fail "edit h$i's worker.conf"
+    -e "s/^PW_LISTEN=.*/PW_LISTEN=0.0.0.0:7100/" /etc/pipewright/worker.conf || fail "edit h$i's worker.conf"
   # scp coordinator:/etc/pipewright/cluster.token
   $(host "$i") sh -c 'cat >/etc/pipewright/cluster.token && chown root:pipewright /etc/pipewright/cluster.token &&
     chmod 640 /etc/pipewright/cluster.token' <"$C0/cluster.token" || fail "copy the cluster token to h$i"
@@ -195,7 +196,7 @@ for _ in $(seq 200); do
 done
 cat "$T/workers.txt"
 for i in 1 2 3; do
-  grep -qE "^h$i-1 +$(netns_addr "$i"):[0-9]+ +idle " "$T/workers.txt" ||
+  grep -qE "^h$i-1 +$(netns_addr "$i"):7100 +idle " "$T/workers.txt" ||
     { tail -5 "$T/worker$i.log"; fail "h$i's worker is not listed idle as h$i-1 at $(netns_addr "$i")"; }
 done
 "$PY" - "$SRC" "$T/job.json" <<'EOF' || fail "the job file"
