@@ -514,9 +514,11 @@ int pw_control_read_token_file(const char *path, char *buf, size_t cap, pw_err *
     close(fd);
     return pw_err_set(err, PW_EIO, path, "token file is not a regular file");
   }
-  if (st.st_mode & 077)
-    pw_warn("token file %s is readable by group or others (mode %03o)", path,
-            (unsigned)(st.st_mode & 0777));
+  /* Group read is how the installed tokens reach the pipewright group's
+   * operators (0640 root:pipewright); anything beyond is loose. */
+  if (st.st_mode & 027)
+    pw_warn("token file %s can be %s (mode %03o): chmod 640 or 600", path,
+            st.st_mode & 007 ? "read or written by others" : "written by its group", (unsigned)(st.st_mode & 0777));
   char tmp[PW_CONTROL_TOKEN_MAX + 64];
   size_t got = 0;
   for (;;) {
