@@ -187,7 +187,8 @@ static int import_csv(const char *path, pw_job *job) {
       (text = malloc((size_t)size + 1)) && fread(text, 1, (size_t)size, f) == (size_t)size)
     text[size] = '\0';
   else {
-    fprintf(stderr, "error: %s: %s\n", path, !f ? strerror(errno) : size > CSV_MAX ? "larger than 64 MiB" : "read failed");
+    fprintf(stderr, "error: %s: %s\n", path,
+            !f ? strerror(errno) : size > CSV_MAX ? "larger than 64 MiB" : "read failed");
     free(text);
     text = NULL;
   }
@@ -210,7 +211,9 @@ static int import_csv(const char *path, pw_job *job) {
     return 1;
   }
   if (s->V != job->mesh.virtual_stages)
-    fprintf(stderr, "pipewright plan: %s holds %d stages over %d ranks: planning with mesh.virtual_stages = %d (the job has %d)\n",
+    fprintf(stderr,
+            "pipewright plan: %s holds %d stages over %d ranks: planning with mesh.virtual_stages = %d "
+            "(the job has %d)\n",
             path, s->S, s->pp, s->V, job->mesh.virtual_stages);
   job->mesh.virtual_stages = s->V;
   pw_sched_free(s);
@@ -282,7 +285,8 @@ int pw_cmd_plan(int argc, char **argv) {
   const pw_sched_info *info = sched ? pw_sched_info_find(sched) : NULL;
   if (info && info->min_v > job.mesh.virtual_stages) {
     int V = pw_plan_virtual_stages(&job, sched);
-    fprintf(stderr, "pipewright plan: %s needs virtual_stages >= %d: planning with mesh.virtual_stages = %d (the job has %d)\n",
+    fprintf(stderr,
+            "pipewright plan: %s needs virtual_stages >= %d: planning with mesh.virtual_stages = %d (the job has %d)\n",
             sched, info->min_v, V, job.mesh.virtual_stages);
     job.mesh.virtual_stages = V;
   }

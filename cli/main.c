@@ -13,7 +13,10 @@ static const pw_cli_cmd commands[] = {
     {"train", "train a job in this process (the reference every pipelined run equals)", pw_cmd_train},
     {"eval", "loss of a checkpoint on the job's eval split", pw_cmd_eval},
     {"inspect", "table of a job's layers: shapes, parameters, FLOPs, activations", pw_cmd_inspect},
-    {"plan", "partition, per-rank schedule and simulated analytics; --compare for all schedules", pw_cmd_plan},
+    {"plan",
+     "partition, per-rank schedule and simulated analytics; --compare for all schedules; --export and "
+     "--import-csv for custom ones",
+     pw_cmd_plan},
     {"submit", "send a job to the coordinator (POST /v1/jobs)", pw_cmd_submit},
     {"status", "jobs on the coordinator, or one job in detail", pw_cmd_status},
     {"watch", "follow a job to its end: progress bar and loss", pw_cmd_watch},

@@ -197,8 +197,7 @@ static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
   int fwd = job->mode == PW_MODE_FORWARD, pp = job->mesh.pp, V = job->mesh.virtual_stages;
   if (!sc->custom_ranks) return pw_sched_build(sc->name, pp, V, sc->microbatches, fwd, out, err);
   if (sc->n_custom_ranks != pp)
-    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "needs one action list per pipeline rank: mesh.pp = %d (got %d)",
-                      pp, sc->n_custom_ranks);
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "%d lists for mesh.pp = %d", sc->n_custom_ranks, pp);
   int rc = pw_sched_from_ranks((const char *const *)sc->custom_ranks, pp, sc->microbatches, fwd, out, err);
   if (rc) return rc;
   if ((*out)->V != V) {

@@ -262,13 +262,15 @@ static int custom_parse(const json_t *c, int pp, pw_schedule_spec *s, pw_err *er
       return pw_err_set(err, PW_ESPEC, "schedule.custom", "unknown field \"%.64s\" (the only field is ranks)", key);
   const json_t *ranks = json_object_get(c, "ranks");
   if (!json_is_array(ranks))
-    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "must be an array of action lists, one per pipeline rank");
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                      "must be an array of action lists, one per pipeline rank");
   if ((int)json_array_size(ranks) != pp)
-    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "needs one action list per pipeline rank: mesh.pp = %d (got %d)",
-                      pp, (int)json_array_size(ranks));
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                      "needs one action list per pipeline rank: mesh.pp = %d (got %d)", pp, (int)json_array_size(ranks));
   for (int r = 0; r < pp; r++)
     if (!json_is_string(json_array_get(ranks, (size_t)r)))
-      return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "entry %d must be a string of actions (\"F0@s0 F1@s0 B0@s0 ...\")", r);
+      return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                        "entry %d must be a string of actions (\"F0@s0 F1@s0 B0@s0 ...\")", r);
   s->custom_ranks = calloc((size_t)pp, sizeof(char *));
   if (!s->custom_ranks) return pw_err_set(err, PW_ENOMEM, "schedule.custom", "out of memory");
   s->n_custom_ranks = pp;
@@ -289,7 +291,8 @@ static int schedule_parse(const json_t *o, int pp, pw_schedule_spec *s, pw_err *
   if (is_custom && !custom)
     return pw_err_set(err, PW_ESPEC, "schedule.custom", "required when schedule.name is \"custom\"");
   if (is_custom && jname && !(name && strcmp(name, "custom") == 0))
-    return pw_err_set(err, PW_ESPEC, "schedule.name", "must be \"custom\" or absent with schedule.custom (got %s%.64s%s)",
+    return pw_err_set(err, PW_ESPEC, "schedule.name",
+                      "must be \"custom\" or absent with schedule.custom (got %s%.64s%s)",
                       name ? "\"" : "", name ? name : "a non-string", name ? "\"" : "");
   json_t *copy = NULL;
   if (is_custom || (canon && strcmp(name, canon) != 0)) {

@@ -214,7 +214,8 @@ static void test_plan_custom(void **st) {
     if (V == 1) {
       assert_int_equal(rc, PW_ESPEC);
       assert_string_equal(err.path, "mesh.virtual_stages");
-      assert_non_null(strstr(err.msg, "the custom lists hold 4 stages over 2 ranks, so virtual_stages must be 2 (got 1)"));
+      assert_non_null(
+          strstr(err.msg, "the custom lists hold 4 stages over 2 ranks, so virtual_stages must be 2 (got 1)"));
     } else {
       if (rc) fail_msg("%s: %s", err.path, err.msg);
       assert_string_equal(p.sched->name, "custom");
