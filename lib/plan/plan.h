@@ -134,8 +134,9 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
- * with virtual_stages set to 1 for flat schedules and to max(2, V) for the
- * others. {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
+ * with virtual_stages as pw_plan_virtual_stages gives it; a job with a
+ * custom schedule gets it as a last row, "schedule": "custom".
+ * {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
  * "stages", "makespan", "bubble_ratio", "peak_activations", "peak_pending_w",
  * "peak_memory_bytes" (largest rank's pw_plan_mem.total), "actions"}]}
  * (new reference). */

@@ -5,7 +5,8 @@ and four real workers on loopback.
   1. Each of the nine built-in schedules (pp 2, the V it needs, m 4) is
      exported (`pipewright plan --export`) and submitted as the spec's
      schedule.custom next to the built-in one: both succeed, the stored
-     spec keeps the lists, and the two final checkpoints are the same bytes.
+     spec keeps the lists, and the two final checkpoints are the same bytes;
+     so does 1f1b with its two lists swapped (stage 0 then lives on rank 1).
   2. `--export --format csv` then `--import-csv`: the same lists and the
      same plan text (the grid, the analytics) as the built-in.
   3. Broken custom schedules are refused at submit (POST /v1/jobs and POST
@@ -90,6 +91,16 @@ def main():
             todo.append((name, V, custom))
         check("four idle workers", c.wait_idle(4, 30), c.worker_rows())
         jobs = [(name, c.submit(spec(name, V)), c.submit(spec(name, V, custom)), custom) for name, V, custom in todo]
+        # stage -> rank comes from the lists: 1f1b's two lists swapped put
+        # stage 0 on rank 1 and stage 1 on rank 0, and train the same bits
+        one = next((cu for n, _, cu in todo if n == "1f1b"), None)
+        swapped = {"ranks": list(reversed(one["ranks"]))} if one else None
+        if swapped:
+            rc, out, err = plan(tmp, spec("1f1b", 1, swapped), "--json")
+            check("1f1b's lists swapped: stage 0 on rank 1, stage 1 on rank 0",
+                  rc == 0 and json.loads(out)["stage_to_rank"] == [1, 0], (rc, err))
+            builtin = next(jb for n, jb, _, _ in jobs if n == "1f1b")
+            jobs.append(("1f1b (lists swapped)", builtin, c.submit(spec("1f1b", 1, swapped)), swapped))
         # 1. every pair trains to the same bytes
         for name, jb, jc, custom in jobs:
             eb, ec = c.wait_job(jb, timeout=300), c.wait_job(jc, timeout=300)
