@@ -104,20 +104,32 @@ static int validate(const pw_sched *s, index_t *x, pw_err *err) {
           hasW = x->at[PW_ACT_W][j].rank >= 0;
       pw_action f = mk(PW_ACT_F, k, st);
       int own = s->stage_to_rank[st];
-      if (x->at[PW_ACT_F][j].rank < 0)
-        return pw_err_set(err, PW_ESCHEDULE, "", "%s is missing: stage %d (rank %d) has no forward of microbatch %d",
-                          fmt_act(&f, b1), st, own, k);
+      char needs[80] = ""; /* the action that waits for the missing one */
+      if (x->at[PW_ACT_F][j].rank < 0) {
+        pw_action need = mk(PW_ACT_F, k, st + 1);
+        if (st + 1 < s->S)
+          snprintf(needs, sizeof needs, "; %s on rank %d needs it", fmt_act(&need, b2), s->stage_to_rank[st + 1]);
+        return pw_err_set(err, PW_ESCHEDULE, "", "%s is missing: stage %d (rank %d) has no forward of microbatch %d%s",
+                          fmt_act(&f, b1), st, own, k, needs);
+      }
       if (s->forward_only) continue;
       if (hasB && (hasI || hasW))
         return pw_err_set(err, PW_ESCHEDULE, "",
                           "stage %d microbatch %d has both a full backward and split ones (B%d@s%d "
                           "with %s)",
                           st, k, k, st, hasI ? "I" : "W");
-      if (!hasB && !hasI && !hasW)
+      if (!hasB && !hasI && !hasW) {
+        /* the stage before waits for its gradient */
+        int prev = st > 0 ? (st - 1) * s->m + k : -1;
+        if (prev >= 0 && (x->at[PW_ACT_B][prev].rank >= 0 || x->at[PW_ACT_I][prev].rank >= 0)) {
+          pw_action need = mk(x->at[PW_ACT_B][prev].rank >= 0 ? PW_ACT_B : PW_ACT_I, k, st - 1);
+          snprintf(needs, sizeof needs, "; %s on rank %d needs it", fmt_act(&need, b1), s->stage_to_rank[st - 1]);
+        }
         return pw_err_set(err, PW_ESCHEDULE, "",
                           "B%d@s%d (or I%d@s%d and W%d@s%d) is missing: stage %d (rank %d) has no backward of "
-                          "microbatch %d",
-                          k, st, k, st, k, st, st, own, k);
+                          "microbatch %d%s",
+                          k, st, k, st, k, st, st, own, k, needs);
+      }
       if (!hasB && hasI != hasW)
         return pw_err_set(err, PW_ESCHEDULE, "", "%c%d@s%d is missing: rank %d has %c%d@s%d without it",
                           hasI ? 'W' : 'I', k, st, own, hasI ? 'I' : 'W', k, st);

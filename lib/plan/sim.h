@@ -80,7 +80,8 @@ typedef struct {
 PW_MUST_CHECK int pw_sim_check(const pw_sched *s, pw_err *err);
 
 /* Check and replay. c may be NULL (unit costs). Errors: PW_ESCHEDULE (a
- * structural violation, e.g. "B3@s1 (or I3@s1 and W3@s1) is missing: ..."),
+ * structural violation, e.g. "B3@s1 (or I3@s1 and W3@s1) is missing: stage 1
+ * (rank 1) has no backward of microbatch 3; B3@s0 on rank 0 needs it"),
  * PW_EDEADLOCK (the ranks that wait on each other, in a cycle, each with
  * the action it waits at, the input it needs and, when that input is not
  * the next thing its rank runs, what that rank waits at first: "deadlock:

@@ -125,7 +125,8 @@ static void test_refused(void **st) {
   /* a missing action is named, with its rank */
   const char *missing[] = {"F0@s0 F1@s0 B0@s0 B1@s0", "F0@s1 F1@s1 B0@s1"};
   expect_refused(2, 2, missing, PW_ESCHEDULE,
-                 "B1@s1 (or I1@s1 and W1@s1) is missing: stage 1 (rank 1) has no backward of microbatch 1");
+                 "B1@s1 (or I1@s1 and W1@s1) is missing: stage 1 (rank 1) has no backward of microbatch 1; "
+                 "B1@s0 on rank 0 needs it");
   const char *no_w[] = {"F0@s0 I0@s0", "F0@s1 B0@s1"};
   expect_refused(2, 1, no_w, PW_ESCHEDULE, "W0@s0 is missing: rank 0 has I0@s0 without it");
   /* twice */

@@ -431,7 +431,7 @@ static void test_broken_plans(void **st) {
   } cases[] = {
       {"F0@s0 F0@s1 B0@s1 B0@s0", "", 0, "rank 0 #1: F0@s1 is on stage 1, which belongs to rank 1"},
       {"F0@s0 F0@s0 B0@s0", "F0@s1 B0@s1", 0, "F0@s0 appears twice (rank 0 #0 and rank 0 #1)"},
-      {"B0@s0", "F0@s1 B0@s1", 0, "F0@s0 is missing: stage 0 (rank 0) has no forward of microbatch 0"},
+      {"B0@s0", "F0@s1 B0@s1", 0, "F0@s0 is missing: stage 0 (rank 0) has no forward of microbatch 0; F0@s1 on rank 1 needs it"},
       {"F0@s0", "F0@s1 B0@s1", 0, "B0@s0 (or I0@s0 and W0@s0) is missing: stage 0 (rank 0) has no backward"},
       {"F0@s0 B0@s0 W0@s0", "F0@s1 B0@s1", 0, "has both a full backward and split ones"},
       {"F0@s0 I0@s0", "F0@s1 B0@s1", 0, "W0@s0 is missing: rank 0 has I0@s0 without it"},
