@@ -14,6 +14,7 @@ const pw_route pw_api_routes[] = {
     {"GET", "/metrics", pw_api_metrics, 0, NULL},
     {"GET", "/v1/workers", pw_api_workers, 0, NULL},
     {"GET", "/v1/schedules", pw_api_schedules, 0, NULL},
+    {"GET", "/v1/schedules/{name}/analytics", pw_api_schedule_analytics, 0, NULL},
     {"POST", "/v1/plans", pw_api_plans, PW_ROUTE_BODY, NULL},
     {"POST", "/v1/jobs", pw_api_job_submit, PW_ROUTE_BODY, NULL},
     {"GET", "/v1/jobs", pw_api_job_list, 0, NULL},

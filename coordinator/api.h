@@ -56,7 +56,8 @@ typedef struct {
 
 /* One route: method, path pattern ("{id}" matches a positive decimal job
  * id, "{ds}" a dataset id of 64 lowercase hex digits, "{ck}" a weights id
- * alike (both land in r->ds), "{run}", "{step}" and "{stage}" a decimal
+ * alike, "{name}" a schedule's name of 1 to 64 letters, digits, '-' and
+ * '_' (all three land in r->ds), "{run}", "{step}" and "{stage}" a decimal
  * number >= 0 of at most 9 digits, any other segment matches itself),
  * handler, flags, and for PW_ROUTE_STREAM its sink. */
 typedef struct {
@@ -79,7 +80,7 @@ struct pw_req {
   const char *method; /* "GET", "POST", ... (HEAD is routed as GET) */
   const char *path;   /* decoded, without the query */
   int64_t id;         /* the {id} of the pattern, 0 when it has none */
-  char ds[65];        /* the {ds} or {ck} of the pattern, "" when it has none */
+  char ds[65];        /* the {ds}, {ck} or {name} of the pattern, "" when it has none */
   int64_t run;        /* the {run}, {step} and {stage} of the pattern, 0 when it has none */
   int step, stage;
   void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
@@ -135,6 +136,7 @@ void pw_api_healthz(pw_req *r);
 void pw_api_metrics(pw_req *r);
 void pw_api_workers(pw_req *r);
 void pw_api_schedules(pw_req *r);
+void pw_api_schedule_analytics(pw_req *r);
 void pw_api_plans(pw_req *r);
 /* api_jobs.c */
 void pw_api_job_submit(pw_req *r);

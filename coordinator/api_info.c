@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "spec_json.h"
+#include "analytics.h"
 #include "api.h"
 #include "plan.h"
 #include "schedule.h"
@@ -47,6 +48,34 @@ void pw_api_schedules(pw_req *r) {
     json_array_append_new(arr, e);
   }
   pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:o}", "schedules", arr));
+}
+
+/* GET /v1/schedules/{name}/analytics?pp=&m=[&v=][&costs=F,B,I,W]: what
+ * `pipewright schedules NAME --json` prints (lib/plan/analytics.h). pp and
+ * m are required; v defaults to the schedule's least. A malformed number
+ * is a 400 here; one out of bounds or against the schedule's constraints
+ * a 422 naming the parameter, an unknown name a 404 with "did you mean". */
+void pw_api_schedule_analytics(pw_req *r) {
+  static const char *const need[] = {"pp", "m"};
+  int64_t pp, m, v;
+  for (int i = 0; i < 2; i++)
+    if (!pw_req_arg(r, need[i])) {
+      pw_reply_error(r, PW_EINVAL, need[i], "%s is required (e.g. ?pp=4&m=8)", need[i]);
+      return;
+    }
+  if (pw_req_int_arg(r, "pp", 0, 0, 1000000000, &pp) || pw_req_int_arg(r, "m", 0, 0, 1000000000, &m) ||
+      pw_req_int_arg(r, "v", pw_analytics_default_v(r->ds), 0, 1000000000, &v))
+    return;
+  double costs[4];
+  pw_err err = {0};
+  const char *ct = pw_req_arg(r, "costs");
+  if (ct && pw_analytics_costs_parse(ct, costs, &err)) {
+    pw_reply_err(r, &err);
+    return;
+  }
+  json_t *j = pw_sched_analytics_json(r->ds, (int)pp, (int)m, (int)v, ct ? costs : NULL, &err);
+  if (!j) pw_reply_err(r, &err);
+  else pw_reply_json(r, MHD_HTTP_OK, j);
 }
 
 /* POST /v1/plans[?compare=1][&schedule=NAME]: what `pipewright plan --json`

@@ -136,7 +136,7 @@ static size_t num_param(const char *p, const char **u, pw_req *r, int *ok) {
   return 0;
 }
 
-/* Does path match pattern? Fills *id for "{id}", ds for "{ds}" and "{ck}", and r's
+/* Does path match pattern? Fills *id for "{id}", ds for "{ds}", "{ck}" and "{name}", and r's
  * run, step and stage for theirs. */
 static int route_match(const char *pattern, const char *path, int64_t *id, char ds[65], pw_req *r) {
   const char *p = pattern, *u = path;
@@ -155,6 +155,15 @@ static int route_match(const char *pattern, const char *path, int64_t *id, char 
       ds[64] = 0;
       u += 64;
       p += 4;
+      continue;
+    }
+    if (!strncmp(p, "{name}", 6)) {
+      size_t n = strspn(u, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_");
+      if (n == 0 || n > 64) return 0;
+      memcpy(ds, u, n);
+      ds[n] = 0;
+      u += n;
+      p += 6;
       continue;
     }
     if (!strncmp(p, "{id}", 4)) {
@@ -397,7 +406,8 @@ static enum MHD_Result send_reply(http_req *h) {
 /* Handlers that plan, merge or render (seconds of CPU for a big job), and
  * every upload's finish (fsync, checks, rename of up to --max-upload bytes). */
 static int pooled_route(const pw_route *rt) {
-  static const pw_handler heavy[] = {pw_api_plans, pw_api_job_submit, pw_api_job_timeline, pw_api_job_checkpoint};
+  static const pw_handler heavy[] = {pw_api_plans, pw_api_schedule_analytics, pw_api_job_submit, pw_api_job_timeline,
+                                     pw_api_job_checkpoint};
   if (rt->flags & PW_ROUTE_STREAM) return 1;
   for (size_t i = 0; i < sizeof heavy / sizeof heavy[0]; i++)
     if (rt->fn == heavy[i]) return 1;

@@ -10,8 +10,9 @@
 # and what /usr grew by. Tests that need what a chroot cannot give are named
 # in CHROOT_SKIPS below; any other skip or failure fails the check.
 #
-#   deploy/fresh-check.sh [--keep] [ROOT]    ROOT defaults to /var/tmp/pw-fresh
-# (--keep keeps ROOT.base, the bare root, and ROOT.NAME, each command's.)
+#   deploy/fresh-check.sh [--keep] [--only quickstart|test] [ROOT]
+# ROOT defaults to /var/tmp/pw-fresh; --keep keeps ROOT.base, the bare root,
+# and ROOT.NAME, each command's; --only runs one of the two.
 # Needs root, mount and network access to a Debian mirror (PW_MIRROR, default
 # http://deb.debian.org/debian). Where the host reaches the network through
 # a TLS-intercepting proxy, the host's CA bundle ($NODE_EXTRA_CA_CERTS or
@@ -21,7 +22,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
 KEEP=0
+ONLY=""
 [ "${1:-}" = --keep ] && { KEEP=1; shift; }
+[ "${1:-}" = --only ] && { ONLY=$2; shift 2; }
+case "$ONLY" in ""|quickstart|test) ;; *) echo "fresh-check: --only quickstart or --only test" >&2; exit 2 ;; esac
 R=${1:-/var/tmp/pw-fresh}
 MIRROR=${PW_MIRROR:-http://deb.debian.org/debian}
 LOG=$SRC/deploy/fresh-check.log
@@ -138,8 +142,8 @@ step() {
 }
 
 ok=1
-step quickstart "deploy/quickstart.sh && deploy/quickstart.sh --stop" || ok=0
-step test "deploy/test.sh" || ok=0
+[ "$ONLY" = test ] || step quickstart "deploy/quickstart.sh && deploy/quickstart.sh --stop" || ok=0
+[ "$ONLY" = quickstart ] || step test "deploy/test.sh" || ok=0
 
 {
   echo "== fresh-check $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes'), $(nproc) cores"

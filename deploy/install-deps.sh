@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# install-deps.sh: every Debian package pipewright needs to build, test and
-# run. Safe to re-run: apt-get skips what is installed.
+# install-deps.sh: the Debian packages pipewright needs. Safe to re-run:
+# apt-get skips what is installed.
+#   deploy/install-deps.sh            build, run and test (deploy/test.sh)
+#   deploy/install-deps.sh --runtime  build and run only (deploy/quickstart.sh):
+#                                     no PyTorch, browser, Node.js, fuzzing or
+#                                     benchmark tools
 set -euo pipefail
 
+# To build and run: the compiler, the five libraries, libcurl for the CLI,
+# curl and python3 for quickstart.sh's own requests.
 PACKAGES=(
-  build-essential cmake pkg-config git curl ca-certificates
-  libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev sqlite3
-  libcurl4-openssl-dev openssl            # the CLI's HTTP(S) client; test certificates
+  build-essential cmake pkg-config curl ca-certificates python3
+  libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev
+  libcurl4-openssl-dev
+)
+[ "${1:-}" = --runtime ] || PACKAGES+=(
+  git sqlite3 openssl                     # tests: store checks, test certificates
   libcmocka-dev
   clang libclang-rt-14-dev                # libFuzzer harnesses (tests/fuzz/)
-  python3 python3-numpy python3-torch python3-jsonschema python3-yaml   # PyTorch reference, schema checks
+  python3-numpy python3-torch python3-jsonschema python3-yaml           # PyTorch reference, schema checks
   chromium fonts-dejavu-core              # the dashboard's browser test
   iproute2 systemd                        # multi-host (netns) and unit tests
   wrk                                     # control-plane benchmark
 )
 # Node.js for the browser test: Debian's, unless a node and npm are already
 # installed (Debian's npm conflicts with a newer Node.js from elsewhere).
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+if [ "${1:-}" != --runtime ] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
   PACKAGES+=(nodejs npm)
 fi
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # quickstart.sh: the main job from a clean checkout — install the Debian
-# packages, build, start a coordinator and two workers on loopback, train
-# the example GPT on them (pipeline-parallel, one rank per worker), follow
-# it with a progress bar, print the final loss and the dashboard's URL.
-# The daemons keep running afterwards so the dashboard stays up.
+# packages it needs to build and run (not the test tools), build, start a
+# coordinator and as many workers as the job has ranks (mesh.pp x mesh.dp)
+# on loopback, train the job on them (pipeline-parallel, one rank per
+# worker), follow it with a progress bar, print the final loss and the
+# dashboard's URL. The daemons keep running afterwards so the dashboard
+# stays up.
 #
 #   deploy/quickstart.sh [JOB]     default examples/jobs/gpt-tiny.json
 #   deploy/quickstart.sh --stop    stop the daemons a previous run started
@@ -16,7 +18,9 @@
 # (control) when free, else free ones the kernel picks; PW_HTTP_PORT and
 # PW_CONTROL_PORT choose others; PW_SKIP_DEPS=1 skips the apt-get step. No
 # root needed except for apt-get, and no systemd: for services, see
-# deploy/pipewright-*.service.in and the README.
+# deploy/pipewright-*.service.in and the README. A job of more than
+# PW_QUICKSTART_MAX_WORKERS ranks (default 16) is refused: that is a
+# cluster's job, not one machine's.
 set -euo pipefail
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
@@ -85,14 +89,28 @@ JOB=${1:-examples/jobs/gpt-tiny.json}
 
 if [ "${PW_SKIP_DEPS:-0}" != 1 ]; then
   say "dependencies"
-  bash deploy/install-deps.sh
+  bash deploy/install-deps.sh --runtime
 fi
 
+# mesh.pp x mesh.dp ranks, one worker each (the spec's defaults are 1).
+workers=$(python3 -c '
+import json, sys
+try:
+    m = json.load(open(sys.argv[1])).get("mesh") or {}
+    print(int(m.get("pp", 1)) * int(m.get("dp", 1)) * int(m.get("tp", 1)))
+except (ValueError, TypeError, AttributeError) as e:
+    sys.exit(f"quickstart: {sys.argv[1]} is not a job spec: {e}")' "$JOB") || exit 1
+max=${PW_QUICKSTART_MAX_WORKERS:-16}
+[ "$workers" -ge 1 ] || die "$JOB: mesh.pp x mesh.dp is $workers"
+[ "$workers" -le "$max" ] ||
+  die "$JOB needs $workers workers (mesh.pp x mesh.dp); the quickstart starts at most $max on one machine (PW_QUICKSTART_MAX_WORKERS)"
+
 say "build (Release)"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
+# configured once: a build dir made elsewhere (PW_BUILD_DIR) is only built
+[ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target pipewright pipewright-worker pipewright-coordinator
 
-say "start a coordinator and two workers on loopback"
+say "start a coordinator and $workers workers on loopback"
 stop_all
 mkdir -p "$RUN"
 http=${PW_HTTP_PORT:-8080}
@@ -113,20 +131,22 @@ for _ in $(seq 100); do [ -s "$RUN/ready" ] && break; sleep 0.1; done
 http=$(json_field "$RUN/ready" http)
 ctl=$(json_field "$RUN/ready" control)
 API=http://127.0.0.1:$http
-for i in 1 2; do
+names=()
+for i in $(seq "$workers"); do
+  names+=("quickstart-w$i")
   setsid nohup "$BUILD/pipewright-worker" --coordinator "127.0.0.1:$ctl" --listen 127.0.0.1:0 \
     --name "quickstart-w$i" --threads 1 --state-dir "$RUN/worker$i" \
     >"$RUN/worker$i.log" 2>&1 </dev/null &
   echo "$! worker$i" >>"$PIDS"
 done
 idle=0
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   idle=$(curl -sf "$API/v1/workers" | grep -o '"state":"idle"' | wc -l || true)
-  [ "$idle" -ge 2 ] && break
+  [ "$idle" -ge "$workers" ] && break
   sleep 0.1
 done
-[ "$idle" -ge 2 ] || die "the workers did not register (logs: $RUN/worker1.log, $RUN/worker2.log)"
-echo "coordinator $API (control 127.0.0.1:$ctl), workers quickstart-w1, quickstart-w2"
+[ "$idle" -ge "$workers" ] || die "only $idle of $workers workers registered (logs: $RUN/worker*.log)"
+echo "coordinator $API (control 127.0.0.1:$ctl), workers ${names[*]}"
 
 say "submit $JOB"
 reply=$(curl -sS -X POST -H 'Content-Type: application/json' --data-binary "@$JOB" "$API/v1/jobs") ||
@@ -163,6 +183,6 @@ printf 'final training loss: %.4f after %s steps\n' "$(field loss)" "$(field pro
 echo "model:       $model (safetensors; PyTorch names as in the README)"
 echo
 echo "dashboard:   $API/"
-echo "the coordinator and both workers are still running (pids $(awk '{printf "%s ", $1}' "$PIDS")) so you can"
+echo "the coordinator and the $workers workers are still running (pids $(awk '{printf "%s ", $1}' "$PIDS")) so you can"
 echo "open the dashboard and submit more jobs:  $BUILD/pipewright submit --job JOB --coordinator $API"
 echo "stop everything:  deploy/quickstart.sh --stop"

@@ -25,6 +25,7 @@
 #ifndef PW_OPS_H
 #define PW_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Token embedding: out[n,:] = wte[tok[n],:].  wte (V,C), tok (N), out (N,C).
@@ -99,6 +100,10 @@ void pw_add_backward_input(float *da, float *db, const float *dout, int n, int a
 void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base);
 void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, float base,
                             int acc);
+/* The forward on T rows of one sequence at positions t0 .. t0+T-1 (a
+ * KV-cache decode): the same angles, so the same bits, as those rows of
+ * pw_rope_forward over the whole sequence. */
+void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, float base);
 
 /* Causal multi-head self-attention on packed qkv (B,T,3C) -> out (B,T,C).
  * q rows of head h are columns h*HD..(h+1)*HD-1 of the first C columns, k
@@ -108,6 +113,17 @@ void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C,
 void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH, int acc);
+
+/* Causal attention of T new rows of one sequence at positions t0 .. t0+T-1
+ * against its KV cache (ops_kv.c). qkv (T,3C) packed as above (q already
+ * rotated for llama); kc, vc (>= t0+T, C) the sequence's cached keys and
+ * values of this layer, rows 0 .. t0-1 filled by earlier calls: rows t0 ..
+ * t0+T-1 are written from qkv first, then new row i attends over cache
+ * rows 0 .. t0+i. out (T,C). scratch holds at least
+ * pw_attention_kv_scratch(T, t0) floats. */
+void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, const float *qkv, int T,
+                             int t0, int C, int NH);
+size_t pw_attention_kv_scratch(int T, int t0);
 
 /* Softmax cross-entropy. logits (N,V), targets (N) in [0,V). probs (N,V)
  * saves the softmax. Returns scale * sum_n -log softmax(logits)[n, t_n]

@@ -29,10 +29,12 @@
  * Llama does it in float32: inv_freq = 1 / base^(2i/HD), angle = t * inv_freq. */
 #define ROPE_CHUNK 64
 
-/* backward: out = the transpose rotation of inp, accumulated (acc) or not. */
-static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, int C, int NH,
-                                    float base, int backward, int acc),
-                       (out, inp, B, T, C, NH, base, backward, acc)) {
+/* Rows t of each sequence sit at position t0 + t (a KV-cache decode's new
+ * rows continue a sequence). backward: out = the transpose rotation of inp,
+ * accumulated (acc) or not. */
+static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, int t0, int C,
+                                    int NH, float base, int backward, int acc),
+                       (out, inp, B, T, t0, C, NH, base, backward, acc)) {
   PW_ASSERT(NH > 0 && C % NH == 0);
   int HD = C / NH;
   PW_ASSERT(HD % 2 == 0);
@@ -44,7 +46,7 @@ static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, 
       int i1 = i0 + ROPE_CHUNK < half ? i0 + ROPE_CHUNK : half;
       for (int i = i0; i < i1; i++) {
         float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)HD);
-        float ang = (float)t * inv_freq;
+        float ang = (float)(t0 + t) * inv_freq;
         cs[i - i0] = cosf(ang);
         sn[i - i0] = sinf(ang);
       }
@@ -81,12 +83,16 @@ static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, 
 }
 
 void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base) {
-  rope_apply(out, inp, B, T, C, NH, base, 0, 0);
+  rope_apply(out, inp, B, T, 0, C, NH, base, 0, 0);
+}
+
+void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, float base) {
+  rope_apply(out, inp, 1, T, t0, C, NH, base, 0, 0);
 }
 
 void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH,
                             float base, int acc) {
-  rope_apply(dinp, dout, B, T, C, NH, base, 1, acc);
+  rope_apply(dinp, dout, B, T, 0, C, NH, base, 1, acc);
 }
 
 /* ---- attention ----------------------------------------------------------- */

@@ -65,7 +65,7 @@ static void first_touch(float *a, size_t n) {
  * arenas, and OpenBLAS's packing walks many rows at once; with 4 KiB pages
  * each 4 KiB is a TLB miss. Measured on a d256 step: about even on a quiet
  * machine, 1-6 % faster while other processes load it. Freed with free(). */
-static float *alloc_floats(size_t n) {
+float *pw_alloc_floats(size_t n) {
   size_t bytes = n * sizeof(float);
   float *a;
   if (bytes < HUGE_PAGE) {
@@ -139,10 +139,10 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   const pw_prog_layout *L = &p->L;
   size_t pn = L->sz.numel ? L->sz.numel : 1;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
-  p->arena_p = alloc_floats(pn);
-  p->arena_g = alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
-  p->arena_m = alloc_floats(pn);
-  p->arena_v = alloc_floats(pn);
+  p->arena_p = pw_alloc_floats(pn);
+  p->arena_g = pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
+  p->arena_m = pw_alloc_floats(pn);
+  p->arena_v = pw_alloc_floats(pn);
   if (!p->params || !p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
   for (int i = 0; i < L->n_params; i++) {
     size_t off = L->param_off[i];
@@ -212,7 +212,7 @@ int pw_prog_max_slots(const pw_prog *p) { return p->max_slots; }
 int pw_prog_slot_ensure(pw_prog *p, int slot) {
   if (slot < 0 || slot >= p->max_slots) return PW_EINVAL;
   if (p->slots[slot]) return 0;
-  float *s = alloc_floats(p->L.sz.slot_floats);
+  float *s = pw_alloc_floats(p->L.sz.slot_floats);
   if (!s) return PW_ENOMEM;
   p->slots[slot] = s;
   return 0;

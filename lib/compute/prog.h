@@ -108,4 +108,9 @@ void pw_prog_backward_weight(pw_prog *p, int slot);
 /* Both halves (a full B), node by node. */
 void pw_prog_backward(pw_prog *p, int slot);
 
+/* n zeroed floats with every page mapped now (2 MiB aligned, transparent
+ * huge pages asked for, from 2 MiB up): the arenas of programs and of
+ * their KV caches (decode.h). NULL when out of memory; freed with free(). */
+float *pw_alloc_floats(size_t n);
+
 #endif

@@ -272,6 +272,46 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       await shot('plan');
     });
 
+    // A custom schedule: export the shown plan (zb-h1), check it as it is
+    // (the simulator proves it: "ok" with the same bubble), then with one
+    // action deleted (the verdict names it). The ok verdict needs the
+    // job spec's schedule.custom (issue 22 part 1) in the coordinator.
+    await t.test('the plan page exports, checks and refuses custom schedules', async () => {
+      const spec = {...SPEC, schedule: {name: 'zb-h1', microbatches: MICROBATCHES}};
+      const want = (await api('/v1/plans?schedule=zb-h1', {method: 'POST', body: JSON.stringify(spec)})).json;
+      // the model-free bubble beside the model's (GET /v1/schedules/zb-h1/analytics)
+      await page.waitForFunction(() => /^without the model \(unit costs\): bubble [0-9.]+%/
+        .test(document.getElementById('plan-unit-bubble').textContent));
+      const [dl] = await Promise.all([page.waitForEvent('download'), page.click('#plan-custom-export')]);
+      assert.equal(dl.suggestedFilename(), 'zb-h1-custom.json');
+      const exported = JSON.parse(fs.readFileSync(await dl.path(), 'utf8'));
+      assert.deepEqual(exported, {ranks: want.plan.ranks}, 'the download is the plan\'s ranks as schedule.custom');
+      assert.equal(await page.inputValue('#plan-custom'), want.plan.ranks.join('\n'), 'and fills the editor');
+
+      // pasted back as a user would, then checked
+      await page.fill('#plan-custom', '');
+      await page.fill('#plan-custom', exported.ranks.join('\n') + '\n');
+      await page.click('#plan-custom-check');
+      await page.waitForSelector('#plan-custom-verdict[data-verdict]');
+      const ok = await page.textContent('#plan-custom-verdict');
+      assert.equal(await page.getAttribute('#plan-custom-verdict', 'data-verdict'), 'ok', `verdict: ${ok}`);
+      assert.ok(ok.includes(`bubble ${(100 * want.analytics.bubble_ratio).toFixed(1)}%`), ok);
+      await page.waitForSelector('#plan-detail [data-schedule="custom"]');
+      assert.equal(await page.locator('#plan-timeline [data-kind="W"]').count(), MICROBATCHES * PP,
+                   'the checked plan is drawn: zb-h1\'s W blocks');
+
+      // one action deleted: rank 0's last (a W of zb-h1)
+      const rows = exported.ranks.map((r) => r.split(' '));
+      const gone = rows[0].pop();
+      assert.match(gone, /^W\d+@s0$/);
+      await page.fill('#plan-custom', rows.map((r) => r.join(' ')).join('\n'));
+      await page.click('#plan-custom-check');
+      await page.waitForSelector('#plan-custom-verdict[data-verdict="error"]');
+      const bad = await page.textContent('#plan-custom-verdict');
+      assert.ok(bad.startsWith('error: ') && bad.includes(gone), `the error names ${gone}: ${bad}`);
+      await shot('plan-custom');
+    });
+
     await t.test('user data renders as text: no script, no alert', async () => {
       await page.goto(base + '/#/');
       await page.waitForSelector(`#jobs-table tr[data-job="${id}"]`);

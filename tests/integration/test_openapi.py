@@ -73,7 +73,8 @@ class Contract:
         self.resolver = jsonschema.RefResolver(self.base, self.doc, store={job_uri: self.job_schema})
         self.templates = []
         for p in self.raw["paths"]:
-            rx = "^" + re.escape(p).replace(r"\{ds\}", "[0-9a-f]{64}").replace(r"\{ck\}", "[0-9a-f]{64}") + "$"
+            rx = "^" + re.escape(p).replace(r"\{ds\}", "[0-9a-f]{64}").replace(r"\{ck\}", "[0-9a-f]{64}")
+            rx = rx.replace(r"\{name\}", "[A-Za-z0-9_-]{1,64}") + "$"
             rx = re.sub(r"\\\{[a-z_]+\\\}", r"[0-9]+", rx)
             self.templates.append((re.compile(rx), p))
 
@@ -228,6 +229,37 @@ TINY = {"name": "openapi-tiny",
         "mesh": {"pp": 2}, "schedule": {"name": "1f1b", "microbatches": 2},
         "train": {"steps": 6, "batch_size": 4, "checkpoint_every": 3},
         "data": {"kind": "text", "path": "examples/data/corpus.txt"}}
+
+
+def analytics_checks(cl, build):
+    """GET /v1/schedules/{name}/analytics: the issue's figures at p = 4,
+    m = 8, what `pipewright schedules` prints for the same, and each
+    refusal naming its parameter."""
+    an = "/v1/schedules/{}/analytics?{}"
+    want = {("1f1b", "pp=4&m=8"): 3 / 11, ("zb-h1", "pp=4&m=8"): 3 / 27,
+            ("ZeroBubbleH1", "pp=4&m=8"): 3 / 27, ("interleaved-1f1b", "pp=4&m=8&v=2"): 3 / 19,
+            ("interleaved-1f1b", "pp=4&m=8"): 3 / 19}  # v defaults to the schedule's least, 2
+    for (name, q), b in want.items():
+        j, _ = cl.call("GET", an.format(name, q))
+        assert abs(j["bubble_ratio"] - b) < 1e-12 and abs(j["closed_form"]["bubble_ratio"] - b) < 1e-12, (name, j)
+    cli = os.path.join(build, "pipewright")
+    j, _ = cl.call("GET", an.format("interleaved-1f1b", "pp=4&m=8&costs=1,3,1.5,1.5"))
+    out = subprocess.run([cli, "schedules", "interleaved-1f1b", "--pp", "4", "--m", "8", "--costs", "1,3,1.5,1.5",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == j, (out[:300], j)
+    assert j["closed_form"] is None and j["total_steps"] == 19 * 4, j
+    err, _ = cl.call("GET", an.format("1f1c", "pp=4&m=8"), status=404)
+    assert err["error"]["path"] == "name" and "did you mean 1f1b?" in err["error"]["message"], err
+    for q, path, status in (("pp=4", "m", 400), ("pp=x&m=8", "pp", 400), ("pp=4&m=8&costs=1,2,1", "costs", 400),
+                            ("pp=4&m=8&costs=1,0,1,1", "costs", 400), ("pp=65&m=8", "pp", 422),
+                            ("pp=4&m=2000", "m", 422), ("pp=4&m=8&v=2", "v", 422)):
+        err, _ = cl.call("GET", an.format("1f1b", q), status=status)
+        assert err["error"]["path"] == path, (q, err)
+    err, _ = cl.call("GET", an.format("dualpipev", "pp=4&m=5"), status=422)
+    assert err["error"] == {"code": "invalid_spec", "path": "m",
+                            "message": "dualpipev needs microbatches >= 2*pp (got 5 < 8)"}, err
+    cl.call("POST", an.format("1f1b", "pp=4&m=8"), "{}", status=405)
+    print("ok   schedule analytics: 3/11, 3/27, 3/19 at p = 4, m = 8; the CLI prints the same; refusals name the parameter")
 
 
 def live_checks(cl, src):
@@ -565,6 +597,7 @@ def main():
         ports = json.load(open(ready))
         cl = Client(ports["http"], "openapi-test-token", c)
         live_checks(cl, src)
+        analytics_checks(cl, build)
         if os.access(os.path.join(build, "pipewright-worker"), os.X_OK):
             run_job(cl, build, tmp, ports["control"])
         else:

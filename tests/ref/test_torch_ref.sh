@@ -17,27 +17,8 @@
 # Exit 0 pass, 1 mismatch or error, 77 skip (no PyTorch, or no corpus).
 set -u
 
-BUILD=${1:?usage: test_torch_ref.sh BUILD_DIR SOURCE_DIR}
-SRC=${2:?usage: test_torch_ref.sh BUILD_DIR SOURCE_DIR}
-BUILD=$(cd "$BUILD" && pwd)
-SRC=$(cd "$SRC" && pwd)
-PY=/usr/bin/python3
-REF=$SRC/tests/ref
-PW=$BUILD/pipewright
-CORPUS=$SRC/examples/data/corpus.txt
-
-if ! "$PY" -c 'import torch, numpy' 2>/dev/null; then
-  echo "SKIP test_torch_ref: $PY cannot import torch and numpy (install python3-torch: deploy/install-deps.sh)"
-  exit 77
-fi
-if [ ! -f "$CORPUS" ]; then
-  echo "SKIP test_torch_ref: $CORPUS is missing"
-  exit 77
-fi
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
+NAME=test_torch_ref
+. "$(dirname "$0")/ref_env.sh"
 fail=0
 
 step() { echo; echo "### $*"; }

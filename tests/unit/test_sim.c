@@ -1,5 +1,5 @@
 /* test_sim: the simulator proves every schedule over the issue's sweep,
- * reproduces the closed-form bubbles and memory peaks, reports deadlocks and
+ * reproduces the memory peaks, reports deadlocks and
  * broken plans, and renders JSON, traces and grids. Every timeline is also
  * re-checked here independently of sim.c's own checks. */
 #include <setjmp.h>
@@ -233,7 +233,9 @@ static void test_sweep(void **st) {
   assert_int_equal(built, 300); /* counted by hand from the rules */
 }
 
-/* ---- closed forms (ZeroBubble unit costs F = I = W = 1, B = 2) ----------- */
+/* ---- memory peaks (ZeroBubble unit costs F = I = W = 1, B = 2) ---------
+ * The closed-form bubbles and the reference table in cells are held by
+ * test_analytics.c, through the analytics the API and the CLI show. */
 
 static double bubble(const char *name, int pp, int V, int m, pw_sim_result **keep) {
   pw_sched *s = build(name, pp, V, m);
@@ -243,38 +245,6 @@ static double bubble(const char *name, int pp, int V, int m, pw_sim_result **kee
   if (keep) *keep = r;
   else pw_sim_result_free(r);
   return b;
-}
-
-static void test_closed_forms(void **st) {
-  int pps[] = {1, 2, 3, 4, 8};
-  for (int pi = 0; pi < 5; pi++) {
-    int p = pps[pi];
-    int ms[] = {1, 2, p, 2 * p + 1, 4 * p, 13};
-    for (int mi = 0; mi < 6; mi++) {
-      int m = ms[mi];
-      double flat = (double)(p - 1) / (m + p - 1);
-      assert_true(fabs(bubble("gpipe", p, 1, m, NULL) - flat) < EPS);
-      assert_true(fabs(bubble("1f1b", p, 1, m, NULL) - flat) < EPS);
-      if (m >= p) /* the ZeroBubble form assumes m >= p */
-        assert_true(fabs(bubble("zb-h1", p, 1, m, NULL) - (double)(p - 1) / (3 * m + p - 1)) < EPS);
-    }
-    for (int V = 2; V <= 3; V++)
-      for (int g = 1; g <= 4; g++) {
-        int m = g * p;
-        assert_true(fabs(bubble("interleaved-1f1b", p, V, m, NULL) -
-                         (double)(p - 1) / (V * m + p - 1)) < EPS);
-      }
-    /* DualPipeV: DeepSeek's bubble (PP/2 - 1)(F&B + B - 3W) with PP = 2p
-     * ranks of DualPipe = (p - 1)(3 + 2 - 3) per rank, so the makespan is
-     * 2m(F + B) + 2(p - 1). */
-    int dms[] = {2 * p, 2 * p + 1, 4 * p, 20};
-    for (int mi = 0; mi < 4; mi++) {
-      pw_sim_result *r;
-      bubble("dualpipev", p, 2, dms[mi], &r);
-      assert_true(fabs(r->makespan - (6.0 * dms[mi] + 2 * (p - 1))) < EPS);
-      pw_sim_result_free(r);
-    }
-  }
 }
 
 static void test_peaks(void **st) {
@@ -315,51 +285,6 @@ static void test_peaks(void **st) {
   bubble("dualpipev", 4, 2, 16, &r);
   for (int k = 0; k < 4; k++) assert_int_equal(r->peak_act[k], 9);
   pw_sim_result_free(r);
-}
-
-/* docs/schedules.md's reference table counts cells (every action one unit):
- * p = 4, m = 8, V = 2 (V = 1 for the flat ones). Where our definitions
- * agree the numbers match; where they differ the reason is given. */
-static void test_reference_cells(void **st) {
-  double one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-  pw_sim_costs cells = {one, one, one, one, NULL, 0, 0};
-  struct {
-    const char *name;
-    int V;
-    double steps;
-  } ref[] = {
-      {"gpipe", 1, 22},            {"1f1b", 1, 22},
-      {"eager1f1b", 1, 22},        {"zb-h1", 1, 27},
-      {"interleaved-1f1b", 2, 38},
-      /* 38, not SpectraX's 44: GPipe over the interleaved layout is the
-       * looped breadth-first pipeline, whose fill is p-1 cells over V*m. */
-      {"interleaved-gpipe", 2, 38},
-      /* 38, not 39: the extra warm-up forward costs memory, not time, when
-       * F = B. */
-      {"interleaved-1f1b-plus-one", 2, 38},
-      /* 38, not 44: we use the interleaved layout (SpectraX: contiguous). */
-      {"kimi-k2", 2, 38},
-      /* 42, not 34: a fused F+B pair takes F + B here (SpectraX: one cell). */
-      {"dualpipev", 2, 42},
-  };
-  for (size_t i = 0; i < sizeof ref / sizeof *ref; i++) {
-    pw_sched *s = build(ref[i].name, 4, ref[i].V, 8);
-    pw_sim_result *r = run(s, &cells);
-    if (fabs(r->makespan - ref[i].steps) > EPS)
-      print_error("%s: %g steps, want %g\n", ref[i].name, r->makespan, ref[i].steps);
-    assert_true(fabs(r->makespan - ref[i].steps) < EPS);
-    pw_sim_result_free(r);
-    pw_sched_free(s);
-  }
-  /* bubbles of the matching rows, as in the table */
-  double want[] = {.273, .273, .273, .111, .158};
-  for (int i = 0; i < 5; i++) {
-    pw_sched *s = build(ref[i].name, 4, ref[i].V, 8);
-    pw_sim_result *r = run(s, &cells);
-    assert_true(fabs(r->bubble_ratio - want[i]) < 0.0005);
-    pw_sim_result_free(r);
-    pw_sched_free(s);
-  }
 }
 
 /* ---- failures ---------------------------------------------------------- */
@@ -595,8 +520,7 @@ static void test_grid(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sweep),          cmocka_unit_test(test_closed_forms),
-      cmocka_unit_test(test_peaks),          cmocka_unit_test(test_reference_cells),
+      cmocka_unit_test(test_sweep),          cmocka_unit_test(test_peaks),
       cmocka_unit_test(test_deadlock),       cmocka_unit_test(test_broken_plans),
       cmocka_unit_test(test_links),          cmocka_unit_test(test_costs),
       cmocka_unit_test(test_json_and_trace), cmocka_unit_test(test_grid),

@@ -154,6 +154,10 @@ PW.views.job = function (root, params) {
     errorBox.textContent = j.error ? "Error: " + j.error : "";
     cancelBtn.hidden = !!TERMINAL[j.state];
     retryBtn.hidden = j.state !== "failed" && j.state !== "cancelled";
+    /* only when there is one: the final model, or a retained step of a run that did not finish */
+    ckptLink.hidden = j.state !== "succeeded" && !newestCkpt;
+    ckptLink.textContent = j.state === "succeeded" || !newestCkpt ? "Download checkpoint"
+      : "Download checkpoint (step " + newestCkpt + ")";
     PW.attempts.render(attemptsBody, j.attempts);
     attemptsNote.textContent = "Restarts after a lost worker: " + (d.isNum(j.restarts) ? j.restarts : 0) +
       " of at most " + (d.isNum(j.max_restarts) ? j.max_restarts : d.DASH) + ".";
@@ -334,12 +338,21 @@ PW.views.job = function (root, params) {
 
   /* ---- polling -------------------------------------------------------------- */
 
+  var newestCkpt = 0; /* the newest retained checkpoint step, 0 when none */
+  async function loadCheckpoints() {
+    try {
+      var c = await PW.api.get(base + "/checkpoints");
+      newestCkpt = (c.checkpoints || []).reduce(function (m, x) { return Math.max(m, x.step || 0); }, 0);
+    } catch (e) { newestCkpt = 0; }
+  }
+
   var tick = 0;
   async function refresh() {
     if (stopped) return false;
     try {
       var j = await PW.api.get(base);
       job = j;
+      if (j.state !== "succeeded" && (tick % 5 === 0 || TERMINAL[j.state])) await loadCheckpoints();
       loadErr.hidden = true;
       renderJob(j);
       if (j.spec && tick === 0) renderSpec(j.spec);

@@ -81,6 +81,12 @@ PW.views.overview = function (root) {
     return t;
   }
 
+  /* Why a job waits or failed, under its state. */
+  function reason(j) {
+    var t = j.state === "failed" ? j.error : j.state === "queued" || j.state === "planning" ? j.status : "";
+    return t ? h("div", {class: "muted small job-reason", title: t}, t) : null;
+  }
+
   function jobRow(j, now) {
     var p = j.progress || {};
     var started = j.started, fin = j.finished;
@@ -88,7 +94,7 @@ PW.views.overview = function (root) {
     return h("tr", {data: {job: j.id, state: j.state}},
       h("td", {class: "num"}, j.id),
       h("td", {class: "name"}, h("a", {href: "#/jobs/" + encodeURIComponent(j.id), class: "job-name"}, j.name || "(unnamed)")),
-      h("td", null, d.badge(j.state)),
+      h("td", null, d.badge(j.state), reason(j)),
       h("td", null, j.model || d.DASH),
       h("td", {class: "nowrap"}, meshText(j.mesh)),
       h("td", {class: "nowrap"}, (j.schedule || d.DASH) + (j.microbatches ? " \u00b7 " + j.microbatches + " mb" : "")),

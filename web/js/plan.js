@@ -3,8 +3,18 @@
  * /v1/plans?compare=1: bubble, peak activations, makespan), then look at one
  * schedule in detail (POST /v1/plans?schedule=NAME with the mesh's virtual
  * stages set as the comparison ran it): partition, per-rank analytics, the
+ * model-free bubble at unit costs (GET /v1/schedules/NAME/analytics), the
  * simulated timeline and the text grid. The spec can be submitted from
- * here (POST /v1/jobs). */
+ * here (POST /v1/jobs).
+ *
+ * Custom schedules: the plan's per-rank action lists ("plan".ranks, one
+ * line per rank) can be exported (downloaded as the spec's
+ * schedule.custom object, and put in the editor), edited or loaded from a
+ * file (that JSON object, or a CSV of one row per rank), and checked: the
+ * spec goes to POST /v1/plans with its schedule replaced by
+ * {"microbatches", "custom": {"ranks"}}, and the verdict is the
+ * simulator's — the bubble and makespan, or the error naming the deadlock
+ * or the missing action. */
 "use strict";
 var PW = window.PW || (window.PW = {});
 PW.views = PW.views || {};
@@ -34,7 +44,7 @@ PW.EXAMPLE_SPECS = [
 
 PW.views.plan = function (root, params) {
   var d = PW.dom, h = d.h;
-  var stopped = false, lastSpec = null, rows = [], chosen = null;
+  var stopped = false, lastSpec = null, rows = [], chosen = null, current = null;
 
   var pick = h("select", {id: "plan-pick", "aria-label": "pick a spec", on: {change: onPick}},
     h("option", {value: ""}, "pick a spec\u2026"),
@@ -53,6 +63,17 @@ PW.views.plan = function (root, params) {
   var cmpBody = h("tbody");
   var cmpHead = h("p", {class: "muted small", id: "plan-compare-note"});
   var detail = h("div", {id: "plan-detail"});
+
+  var customText = h("textarea", {id: "plan-custom", spellcheck: "false", rows: 6, wrap: "off",
+                                  placeholder: "one line per rank, e.g.\nF0@s0 F1@s0 B0@s0 B1@s0\nF0@s1 B0@s1 F1@s1 B1@s1",
+                                  "aria-label": "custom schedule: one line of actions per rank"});
+  var customFile = h("input", {type: "file", id: "plan-custom-file", accept: ".json,.csv,.txt,application/json,text/csv",
+                               "aria-label": "load a custom schedule file", on: {change: onCustomFile}});
+  var checkBtn = h("button", {type: "button", id: "plan-custom-check", class: "primary", on: {click: checkCustom}},
+                   "Check");
+  var exportBtn = h("button", {type: "button", id: "plan-custom-export", on: {click: exportCustom},
+                               title: "download the shown plan's action lists as schedule.custom"}, "Export current");
+  var verdict = h("div", {id: "plan-custom-verdict", class: "verdict", role: "status", hidden: true});
 
   d.fill(root,
     h("div", {class: "page-head"}, h("h1", null, "Plan"),
@@ -74,6 +95,14 @@ PW.views.plan = function (root, params) {
             h("th", {class: "num"}, "peak act."), h("th", {class: "num"}, "pending W"),
             h("th", {class: "num"}, "actions"))),
           cmpBody)))),
+    h("section", {class: "card", id: "plan-custom-card"},
+      h("div", {class: "card-head"}, h("h2", null, "Custom schedule"),
+        h("label", {class: "inline small"}, "load ", customFile)),
+      h("p", {class: "muted small"}, "One line per pipeline rank, its actions in order as the plan prints them (F3@s1, " +
+        "B, I, W; a fused pair F5@s0+B2@s3). Check plans the spec above with this schedule; the simulator proves " +
+        "it or names what is wrong."),
+      customText,
+      h("div", {class: "actions"}, checkBtn, exportBtn, verdict)),
     detail);
 
   function showError(e) {
@@ -197,14 +226,16 @@ PW.views.plan = function (root, params) {
   }
 
   function renderDetail(p) {
+    current = p;
     var an = p.analytics || {}, part = p.partition || {};
+    var unit = h("span", {class: "muted small", id: "plan-unit-bubble"});
     var tl = h("div", {class: "timeline", id: "plan-timeline"});
     var grid = h("pre", {class: "code grid-text"}, p.grid || "");
     d.fill(detail, h("section", {class: "card", data: {schedule: p.schedule}},
       h("div", {class: "card-head"}, h("h2", null, "Schedule " + p.schedule),
         h("span", {class: "muted"}, "pp " + (p.mesh && p.mesh.pp) + " \u00b7 " + p.stages + " stages \u00b7 " +
           p.microbatches + " microbatches of " + p.microbatch_size + " sequences \u00b7 makespan " + d.secs(an.makespan) +
-          " \u00b7 bubble " + d.pct(an.bubble_ratio))),
+          " \u00b7 bubble " + d.pct(an.bubble_ratio)), unit),
       PW.timeline.legend(), tl,
       h("div", {class: "cols"},
         h("div", null, h("h3", null, "Per rank"),
@@ -231,6 +262,116 @@ PW.views.plan = function (root, params) {
             }))))),
       h("details", null, h("summary", null, "action grid (text)"), grid)));
     PW.timeline.render(tl, PW.timeline.fromSim(an.timeline || []), {id: "tlplan", title: "planned " + p.schedule});
+    unitBubble(p, unit);
+  }
+
+  /* The schedule's bubble without the model (unit costs), beside the
+   * model's: how much of it the schedule alone explains. */
+  async function unitBubble(p, el) {
+    if (!p.plan || p.plan.name === "custom" || !p.mesh) return;
+    try {
+      var a = await PW.api.get("/v1/schedules/" + encodeURIComponent(p.schedule) + "/analytics?pp=" +
+        encodeURIComponent(p.mesh.pp) + "&m=" + encodeURIComponent(p.microbatches) + "&v=" +
+        encodeURIComponent(p.plan.virtual_stages));
+      if (stopped || current !== p) return;
+      el.textContent = "without the model (unit costs): bubble " + d.pct(a.bubble_ratio) +
+        (a.closed_form ? " = " + a.closed_form.formula : "") + ", " + d.num(a.total_steps) + " steps";
+    } catch (e) { /* beyond the analytics' bounds: the model's figures stand alone */ }
+  }
+
+  /* ---- custom schedules ---------------------------------------------------- */
+
+  function customLines() {
+    return customText.value.split("\n").map(function (l) { return l.trim(); }).filter(function (l) { return l; });
+  }
+
+  /* The stages the lines name ("@s7": 8): the spec's virtual_stages must
+   * give pp x V of them. */
+  function stagesOf(lines) {
+    var n = 0, re = /@s(\d+)/g, m;
+    lines.forEach(function (l) { while ((m = re.exec(l))) n = Math.max(n, +m[1] + 1); });
+    return n;
+  }
+
+  function showVerdict(ok, text) {
+    verdict.hidden = false;
+    verdict.className = "verdict " + (ok ? "ok" : "error");
+    verdict.setAttribute("data-verdict", ok ? "ok" : "error");
+    verdict.textContent = text;
+  }
+
+  async function checkCustom() {
+    var spec, lines = customLines();
+    try { spec = parseSpec(); } catch (e) { showError(e); return; }
+    if (!lines.length) { showVerdict(false, "error: no actions: write one line per rank, or export the current plan"); return; }
+    spec.mesh = spec.mesh || {};
+    var pp = +spec.mesh.pp || lines.length, S = stagesOf(lines);
+    if (S > 0 && S % pp === 0) spec.mesh.virtual_stages = S / pp;
+    spec.schedule = {microbatches: (spec.schedule && spec.schedule.microbatches) || 1, custom: {ranks: lines}};
+    checkBtn.disabled = true;
+    verdict.hidden = false;
+    verdict.className = "verdict";
+    verdict.removeAttribute("data-verdict");
+    verdict.textContent = "checking\u2026";
+    try {
+      var p = await PW.api.post("/v1/plans", spec);
+      if (stopped) return;
+      var an = p.analytics || {};
+      showVerdict(true, "ok: the simulator proves it \u2014 bubble " + d.pct(an.bubble_ratio) + ", makespan " +
+        d.secs(an.makespan));
+      chosen = null;
+      renderRows();
+      renderDetail(p);
+    } catch (e) {
+      showVerdict(false, "error: " + e.toString());
+    } finally {
+      checkBtn.disabled = false;
+    }
+  }
+
+  function exportCustom() {
+    var ranks = current && current.plan && current.plan.ranks;
+    if (!ranks) { showVerdict(false, "error: no plan shown yet: compare the spec first"); return; }
+    customText.value = ranks.join("\n");
+    var blob = new Blob([JSON.stringify({ranks: ranks}, null, 2) + "\n"], {type: "application/json"});
+    var url = URL.createObjectURL(blob), a = document.createElement("a");
+    a.href = url;
+    a.download = (current.schedule || "schedule").replace(/[^A-Za-z0-9_.-]/g, "_") + "-custom.json";
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(function () { URL.revokeObjectURL(url); }, 10000);
+    verdict.hidden = true;
+  }
+
+  /* A file: the custom object {"ranks": [...]} (or a spec, or {"custom":
+   * {...}} around it), else CSV: one row per rank, an action per cell, in
+   * our text or PyTorch's stage-kind-microbatch ("0F3" = F3@s0). */
+  function onCustomFile() {
+    var f = customFile.files && customFile.files[0];
+    if (!f) return;
+    var rd = new FileReader();
+    rd.onload = function () {
+      var text = String(rd.result), lines;
+      try {
+        var j = JSON.parse(text);
+        var c = (j.schedule && j.schedule.custom) || j.custom || j;
+        if (!Array.isArray(c.ranks)) throw new Error("no \"ranks\" array");
+        lines = c.ranks.map(String);
+      } catch (e) {
+        if (/^\s*[{\[]/.test(text)) { showVerdict(false, "error: " + f.name + ": " + e.message); return; }
+        lines = text.split(/\r?\n/).filter(function (l) { return l.trim(); }).map(function (row) {
+          return row.split(",").map(function (cell) {
+            var m = /^\s*(\d+)([FBIW])(\d+)\s*$/.exec(cell);
+            return m ? m[2] + m[3] + "@s" + m[1] : cell.trim();
+          }).filter(function (x) { return x; }).join(" ");
+        });
+      }
+      customText.value = lines.join("\n");
+      verdict.hidden = true;
+    };
+    rd.readAsText(f);
+    customFile.value = "";
   }
 
   async function submit() {

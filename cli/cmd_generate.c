@@ -1,0 +1,283 @@
+/* cmd_generate: `pipewright generate` — text from a checkpoint in this
+ * process, with a KV cache: the oracle a served pipeline's greedy output
+ * must equal.
+ *
+ * The whole model is one stage program and one decoder (lib/compute/
+ * decode.h): the prompt in one prefill call, then one call per token. The
+ * sampler is lib/compute/sample.h's (docs/contracts.md, "Generation"). */
+#include <cblas.h>
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "args.h"
+#include "ckpt.h"
+#include "cli.h"
+#include "decode.h"
+#include "safetensors.h"
+#include "sample.h"
+
+#define MAX_THREADS 4096
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: pipewright generate --job FILE --checkpoint CKPT (--prompt TEXT | --prompt-tokens IDS) [options]\n"
+          "  --job FILE            job spec (JSON): the model\n"
+          "  --checkpoint CKPT     parameters: a model file (train --out, or a job's checkpoint download),\n"
+          "                        or a step folder of stage-S.safetensors files\n"
+          "  --prompt TEXT         the prompt as bytes (a text job's tokens); prints the continuation's bytes\n"
+          "  --prompt-tokens IDS   the prompt as token ids, \"1,2,3\"; prints the continuation's ids\n"
+          "  --max-tokens N        tokens to generate (default: as many as seq_len allows, prompt + N <=\n"
+          "                        seq_len + 1: the last token is never read back)\n"
+          "  --temperature T       0 = greedy (default); else sample from softmax(logits / T)\n"
+          "  --top-k K             sample among the K most likely tokens (default 0: all)\n"
+          "  --top-p P             ... and the fewest of those whose probability reaches P (default 1)\n"
+          "  --seed S              sampling seed (default 1): the same seed, the same tokens\n"
+          "  --threads N           OpenBLAS threads (default 1)\n"
+          "  --help\n"
+          "A line on stderr gives the counts and speed: prefill, decode, tokens/s.\n");
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "1,2,3" into a new array; NULL (after the message) when malformed. */
+static int32_t *parse_tokens(const char *text, int vocab, int *n) {
+  size_t cap = strlen(text) / 2 + 1;
+  int32_t *t = malloc(sizeof *t * cap);
+  if (!t) return NULL;
+  *n = 0;
+  const char *p = text;
+  for (;;) {
+    char item[32];
+    size_t len = strcspn(p, ",");
+    long long v;
+    if (len == 0 || len >= sizeof item) {
+      pw_cli_usage_error("--prompt-tokens: item %d is %s (want ids like 1,2,3)", *n, len ? "too long" : "empty");
+      free(t);
+      return NULL;
+    }
+    memcpy(item, p, len);
+    item[len] = 0;
+    char flag[48];
+    snprintf(flag, sizeof flag, "--prompt-tokens item %d", *n);
+    if (pw_arg_ll(flag, item, 0, vocab - 1, &v)) {
+      free(t);
+      return NULL;
+    }
+    t[(*n)++] = (int32_t)v;
+    if (!p[len]) return t;
+    p += len + 1;
+  }
+}
+
+/* Every stage-S.safetensors of a step folder (optimizer files aside): each
+ * parameter of p from the file that holds it. */
+static int load_step_dir(pw_prog *p, const char *dir, pw_err *err) {
+  DIR *dh = opendir(dir);
+  if (!dh) return pw_err_set(err, PW_EIO, dir, "%s", strerror(errno));
+  int n = pw_prog_n_params(p), rc = 0, files = 0;
+  unsigned char *got = calloc((size_t)n + 1, 1);
+  struct dirent *e;
+  while (got && !rc && (e = readdir(dh))) {
+    size_t len = strlen(e->d_name), sl = strlen(".safetensors");
+    if (strncmp(e->d_name, "stage-", 6) || len <= sl || strcmp(e->d_name + len - sl, ".safetensors") ||
+        strstr(e->d_name, ".optim."))
+      continue;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    pw_st_file *f = NULL;
+    if ((rc = pw_st_open(path, &f, err))) break;
+    files++;
+    for (int i = 0; i < n && !rc; i++) {
+      pw_prog_param *pp = pw_prog_param_at(p, i);
+      if (got[i] || !pw_st_find(f, pp->meta->name)) continue;
+      int64_t shape[2] = {pp->meta->shape[0], pp->meta->shape[1]};
+      rc = pw_st_copy(f, pp->meta->name, PW_ST_F32, pp->meta->ndim, shape, pp->data, err);
+      for (size_t k = 0; !rc && k < pp->meta->numel; k++)
+        if (!isfinite(pp->data[k]))
+          rc = pw_err_set(err, PW_EFORMAT, path, "tensor '%s' holds a non-finite value", pp->meta->name);
+      got[i] = 1;
+    }
+    pw_st_close(f);
+  }
+  closedir(dh);
+  if (!got) return pw_err_set(err, PW_ENOMEM, dir, "out of memory");
+  for (int i = 0; i < n && !rc; i++)
+    if (!got[i])
+      rc = pw_err_set(err, PW_EFORMAT, dir, "no stage file of the %d here holds '%s'", files,
+                      pw_prog_param_at(p, i)->meta->name);
+  free(got);
+  return rc;
+}
+
+typedef struct {
+  const char *job_path, *ckpt, *prompt, *prompt_tokens;
+  int max_tokens, threads;
+  pw_sample_config sc;
+} gen_args;
+
+static int parse(int argc, char **argv, gen_args *a) {
+  static const struct option opts[] = {
+      {"job", required_argument, 0, 'j'},         {"checkpoint", required_argument, 0, 'c'},
+      {"prompt", required_argument, 0, 'p'},      {"prompt-tokens", required_argument, 0, 'P'},
+      {"max-tokens", required_argument, 0, 'n'},  {"temperature", required_argument, 0, 'T'},
+      {"top-k", required_argument, 0, 'k'},       {"top-p", required_argument, 0, 'r'},
+      {"seed", required_argument, 0, 's'},        {"threads", required_argument, 0, 't'},
+      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+  *a = (gen_args){.max_tokens = -1, .threads = 1, .sc = {.top_p = 1, .seed = 1}};
+  long long seed;
+  int c;
+  optind = 1;
+  while ((c = pw_getopt(argc, argv, "j:c:p:P:n:T:k:r:s:t:h", opts)) != -1) {
+    switch (c) {
+      case 'j': a->job_path = optarg; break;
+      case 'c': a->ckpt = optarg; break;
+      case 'p': a->prompt = optarg; break;
+      case 'P': a->prompt_tokens = optarg; break;
+      case 'n':
+        if (pw_arg_int("--max-tokens", optarg, 1, INT_MAX, &a->max_tokens)) return -1;
+        break;
+      case 'T':
+        if (pw_arg_num("--temperature", optarg, -INFINITY, INFINITY, &a->sc.temperature)) return -1;
+        if (a->sc.temperature < 0) return pw_cli_usage_error("--temperature: '%s' is negative (0 is greedy)", optarg), -1;
+        break;
+      case 'k':
+        if (pw_arg_int("--top-k", optarg, 0, INT_MAX, &a->sc.top_k)) return -1;
+        break;
+      case 'r':
+        if (pw_arg_num("--top-p", optarg, 0, 1, &a->sc.top_p)) return -1;
+        break;
+      case 's':
+        if (pw_arg_ll("--seed", optarg, 0, LLONG_MAX, &seed)) return -1;
+        a->sc.seed = (uint64_t)seed;
+        break;
+      case 't':
+        if (pw_arg_int("--threads", optarg, 1, MAX_THREADS, &a->threads)) return -1;
+        break;
+      case 'h': return 1;
+      default: return -1;
+    }
+  }
+  if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(a->job_path, "--job FILE") ||
+      pw_args_required(a->ckpt, "--checkpoint CKPT"))
+    return -1;
+  if (!a->prompt == !a->prompt_tokens)
+    return pw_cli_usage_error("give one of --prompt TEXT and --prompt-tokens IDS"), -1;
+  if (a->prompt && !*a->prompt) return pw_cli_usage_error("--prompt: empty (give at least one byte)"), -1;
+  return 0;
+}
+
+/* Prefill, then one token at a time; out[] gets n_gen tokens. */
+static int generate(pw_decode *d, const pw_model *m, const int32_t *prompt, int n, int32_t *out, int n_gen,
+                    pw_sampler *s, double *t_prefill, pw_err *err) {
+  int logits = m->nodes[m->values[m->loss_value].producer].in[0], V = m->data.vocab_size;
+  int32_t *in = pw_decode_value(d, m->input_value);
+  const float *lg = pw_decode_value(d, logits);
+  double t0 = now();
+  memcpy(in, prompt, sizeof *in * (size_t)n);
+  int rc = pw_decode_forward(d, &(pw_decode_seq){0, 0, n}, 1, err);
+  if (rc) return rc;
+  out[0] = pw_sampler_next(s, lg + (size_t)(n - 1) * V);
+  *t_prefill = now() - t0;
+  for (int i = 1; i < n_gen && !rc; i++) {
+    in[0] = out[i - 1];
+    rc = pw_decode_forward(d, &(pw_decode_seq){0, n + i - 1, 1}, 1, err);
+    out[i] = pw_sampler_next(s, lg);
+  }
+  return rc;
+}
+
+int pw_cmd_generate(int argc, char **argv) {
+  gen_args a;
+  int prc = parse(argc, argv, &a);
+  if (prc) return usage(prc > 0 ? stdout : stderr), prc > 0 ? 0 : 2;
+  openblas_set_num_threads(a.threads);
+  pw_job job;
+  if (pw_cli_load_job(a.job_path, &job)) return 1;
+  pw_err err = {0};
+  pw_model m;
+  pw_prog *p = NULL;
+  pw_decode *d = NULL;
+  pw_sampler s = {0};
+  int32_t *prompt = NULL, *out = NULL;
+  int n = 0, rc = pw_model_build(&job.model, &m, &err);
+  if (rc) {
+    pw_cli_report(&err);
+    pw_job_free(&job);
+    return 1;
+  }
+  int T = m.seq_len, V = m.data.vocab_size;
+  if (!m.data.tokens) {
+    fprintf(stderr, "error: %s: generate needs a token model (gpt, llama, or a layers list on tokens)\n", a.job_path);
+    rc = 1;
+  } else if (a.prompt && job.data.kind != PW_DATA_TEXT) {
+    fprintf(stderr, "error: --prompt: the job's data is not text (bytes as tokens); give --prompt-tokens\n");
+    rc = 1;
+  } else if (a.prompt) {
+    n = (int)strlen(a.prompt);
+    if (!(prompt = malloc(sizeof *prompt * (size_t)n))) {
+      fprintf(stderr, "error: out of memory\n");
+      rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++) prompt[i] = (unsigned char)a.prompt[i];
+  } else if (!(prompt = parse_tokens(a.prompt_tokens, V, &n))) {
+    rc = 2;
+  }
+  if (!rc && n > T) {
+    fprintf(stderr, "error: the prompt is %d tokens; the model reads at most seq_len = %d\n", n, T);
+    rc = 1;
+  }
+  int n_gen = a.max_tokens > 0 ? a.max_tokens : T - n + 1;
+  if (!rc && n_gen > T - n + 1) {
+    fprintf(stderr, "error: --max-tokens: %d tokens after a prompt of %d need %d positions; seq_len is %d "
+            "(at most %d)\n", n_gen, n, n + n_gen - 1, T, T - n + 1);
+    rc = 1;
+  }
+  if (!rc) {
+    struct stat stt;
+    pw_prog_config pc = {.layer_lo = 0, .layer_hi = m.n_layers, .mb_size = 1, .batch_size = 1, .max_slots = 1};
+    pw_decode_config dc = {.max_seqs = 1, .max_pos = T, .max_rows = n};
+    rc = pw_prog_create(&m, &pc, &p, &err);
+    if (!rc) rc = stat(a.ckpt, &stt) == 0 && S_ISDIR(stt.st_mode) ? load_step_dir(p, a.ckpt, &err)
+                                                                 : pw_ckpt_load(p, a.ckpt, 0, NULL, &err);
+    if (!rc) rc = pw_decode_create(p, &dc, &d, &err);
+    if (!rc) rc = pw_sampler_init(&s, V, &a.sc, &err);
+    if (!rc && !(out = malloc(sizeof *out * (size_t)n_gen))) rc = pw_err_set(&err, PW_ENOMEM, "generate", "out of memory");
+    double t_prefill = 0, t0 = now();
+    if (!rc) rc = generate(d, &m, prompt, n, out, n_gen, &s, &t_prefill, &err);
+    double t = now() - t0;
+    if (rc) {
+      pw_cli_report(&err);
+      rc = 1;
+    } else {
+      if (a.prompt) {
+        for (int i = 0; i < n_gen; i++) putchar(out[i] & 0xff);
+      } else {
+        for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", (int)out[i]);
+      }
+      putchar('\n');
+      fflush(stdout);
+      fprintf(stderr, "generated %d tokens after a prompt of %d: prefill %.2f ms, %d decode steps %.2f ms, %.1f tokens/s\n",
+              n_gen, n, t_prefill * 1e3, n_gen - 1, (t - t_prefill) * 1e3, n_gen / t);
+    }
+  }
+  free(out);
+  free(prompt);
+  pw_sampler_free(&s);
+  pw_decode_free(d);
+  pw_prog_free(p);
+  pw_model_free(&m);
+  pw_job_free(&job);
+  return rc;
+}

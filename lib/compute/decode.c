@@ -1,0 +1,302 @@
+/* decode: the incremental forward of decode.h over two flat arenas (the KV
+ * cache slab and one call's activations), both sized and allocated at
+ * create.
+ *
+ * Each node runs the kernel its training forward runs (ops.h) on the call's
+ * packed rows, except where a row's position matters: learned positions
+ * and rotary embeddings run per sequence at its offset, and attention reads
+ * and appends the sequence's cache (pw_attention_kv_forward). A linear over
+ * a single row is one sgemv (a decode step of one sequence: sgemm's packing
+ * costs more than the product). Loss nodes are skipped: the last stage
+ * hands out their input, the logits. Never allocates after create. */
+#include "decode.h"
+
+#include <cblas.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+
+#define NONE ((size_t)-1)
+
+struct pw_decode {
+  pw_prog *p;
+  const pw_model *m;
+  pw_decode_config cfg;
+  int node_lo, node_hi;
+  const float **wdata;   /* [model n_params] the program's parameter data, NULL if not held */
+  size_t *val_off;       /* [model n_values] float offset in act, or NONE */
+  size_t *kv_off;        /* [local nodes] attention: offset of K in a slot (V follows), else NONE */
+  size_t kv_slot;        /* floats per sequence slot */
+  int *ports;            /* inputs, then outputs (value ids) */
+  int n_in, n_out;
+  int *filled;           /* [max_seqs] positions held per slot */
+  unsigned char *seen;   /* [max_seqs] slot used in the current call (argument check) */
+  float *kv;             /* [max_seqs][kv_slot] */
+  float *act;            /* values, then aux, then attention scratch */
+  float *aux, *scratch;
+  const pw_decode_seq *seqs; /* the current call */
+  int n_seqs, rows;
+};
+
+static int node_range(const pw_model *m, int lo, int hi, int *nlo, int *nhi) {
+  if (lo < 0 || hi > m->n_layers || lo >= hi) return PW_EINVAL;
+  *nlo = m->layers[lo].node_lo;
+  *nhi = m->layers[hi - 1].node_hi;
+  return 0;
+}
+
+size_t pw_decode_kv_floats(const pw_model *m, int layer_lo, int layer_hi, int max_pos) {
+  int lo, hi;
+  if (node_range(m, layer_lo, layer_hi, &lo, &hi)) return 0;
+  size_t n = 0;
+  for (int i = lo; i < hi; i++)
+    if (m->nodes[i].op == PW_OP_ATTENTION) n += 2 * (size_t)max_pos * (size_t)(m->nodes[i].C / 3);
+  return n;
+}
+
+static int is_loss_node(const pw_node *n) { return n->op == PW_OP_XENT || n->op == PW_OP_MSE; }
+
+/* Input ports: values the stage reads but does not make (targets aside);
+ * outputs: values it makes that a later node reads, and the loss's input.
+ * Every value held gets max_rows rows in the activation arena. */
+static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
+  const pw_model *m = d->m;
+  size_t R = (size_t)d->cfg.max_rows, off = 0, aux = 2 * R;
+  d->ports = malloc(sizeof(int) * (size_t)(2 * m->n_values + 1));
+  int *outs = malloc(sizeof(int) * (size_t)(m->n_values + 1));
+  if (!d->ports || !outs) {
+    free(outs);
+    return PW_ENOMEM;
+  }
+  for (int v = 0; v < m->n_values; v++) d->val_off[v] = NONE;
+  for (int i = d->node_lo; i < d->node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    if (is_loss_node(n)) {
+      outs[d->n_out++] = n->in[0];
+      continue;
+    }
+    for (int k = 0; k < 2; k++) {
+      int v = n->in[k];
+      if (v < 0 || d->val_off[v] != NONE) continue;
+      d->val_off[v] = off; /* read before made here: an input port */
+      off += R * (size_t)m->values[v].width;
+      d->ports[d->n_in++] = v;
+    }
+    d->val_off[n->out] = off;
+    off += R * (size_t)n->OC;
+    if (n->op == PW_OP_GELU && R * (size_t)n->C > aux) aux = R * (size_t)n->C;
+  }
+  for (int i = d->node_hi; i < m->n_nodes; i++)
+    for (int k = 0; k < 2; k++) {
+      int v = m->nodes[i].in[k], dup = 0;
+      if (v < 0 || d->val_off[v] == NONE || m->values[v].role == PW_VAL_INPUT) continue;
+      for (int j = 0; j < d->n_out; j++) dup |= outs[j] == v;
+      if (!dup) outs[d->n_out++] = v;
+    }
+  memcpy(d->ports + d->n_in, outs, sizeof(int) * (size_t)d->n_out);
+  free(outs);
+  *act_floats = off;
+  *aux_floats = aux;
+  return 0;
+}
+
+int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, pw_err *err) {
+  *out = NULL;
+  const pw_model *m = pw_prog_model(p);
+  const pw_prog_config *pc = pw_prog_config_of(p);
+  pw_decode_config c = *cfg;
+  if (!m->data.tokens) return pw_err_set(err, PW_EINVAL, "decode", "a features model has no sequence to decode");
+  if (!c.max_pos) c.max_pos = m->seq_len;
+  if (!c.max_rows) c.max_rows = c.max_pos;
+  if (c.max_seqs < 1 || c.max_pos < 1 || c.max_rows < 1)
+    return pw_err_set(err, PW_EINVAL, "decode", "bad sizes: %d sequences, %d positions, %d rows", c.max_seqs,
+                      c.max_pos, c.max_rows);
+  pw_decode *d = calloc(1, sizeof *d);
+  if (!d) return pw_err_set(err, PW_ENOMEM, "decode", "out of memory");
+  d->p = p;
+  d->m = m;
+  d->cfg = c;
+  if (node_range(m, pc->layer_lo, pc->layer_hi, &d->node_lo, &d->node_hi)) {
+    free(d);
+    return pw_err_set(err, PW_EINVAL, "decode", "bad layer range");
+  }
+  int nn = d->node_hi - d->node_lo;
+  d->wdata = calloc((size_t)m->n_params + 1, sizeof *d->wdata);
+  d->val_off = calloc((size_t)m->n_values + 1, sizeof *d->val_off);
+  d->kv_off = calloc((size_t)nn + 1, sizeof *d->kv_off);
+  d->filled = calloc((size_t)c.max_seqs, sizeof *d->filled);
+  d->seen = calloc((size_t)c.max_seqs, 1);
+  size_t act = 0, aux = 0;
+  if (!d->wdata || !d->val_off || !d->kv_off || !d->filled || !d->seen || plan_values(d, &act, &aux)) goto oom;
+  for (int i = 0; i < pw_prog_n_params(p); i++) {
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    d->wdata[pp->model_index] = pp->data;
+  }
+  for (int i = d->node_lo; i < d->node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    d->kv_off[i - d->node_lo] = NONE;
+    if (n->op == PW_OP_POSEMBED && c.max_pos > m->params[n->w].shape[0]) {
+      pw_decode_free(d);
+      return pw_err_set(err, PW_EINVAL, "decode", "max_pos %d is past the %d learned positions", c.max_pos,
+                        m->params[n->w].shape[0]);
+    }
+    if (n->op == PW_OP_ATTENTION) {
+      d->kv_off[i - d->node_lo] = d->kv_slot;
+      d->kv_slot += 2 * (size_t)c.max_pos * (size_t)(n->C / 3);
+    }
+  }
+  size_t scratch = pw_attention_kv_scratch(c.max_rows < c.max_pos ? c.max_rows : c.max_pos, c.max_pos);
+  d->kv = pw_alloc_floats(d->kv_slot * (size_t)c.max_seqs + 1);
+  d->act = pw_alloc_floats(act + aux + scratch + 1);
+  if (!d->kv || !d->act) goto oom;
+  d->aux = d->act + act;
+  d->scratch = d->aux + aux;
+  *out = d;
+  return 0;
+oom:
+  pw_decode_free(d);
+  return pw_err_set(err, PW_ENOMEM, "decode", "out of memory");
+}
+
+void pw_decode_free(pw_decode *d) {
+  if (!d) return;
+  free(d->wdata);
+  free(d->val_off);
+  free(d->kv_off);
+  free(d->ports);
+  free(d->filled);
+  free(d->seen);
+  free(d->kv);
+  free(d->act);
+  free(d);
+}
+
+const pw_decode_config *pw_decode_config_of(const pw_decode *d) { return &d->cfg; }
+int pw_decode_n_inputs(const pw_decode *d) { return d->n_in; }
+int pw_decode_input(const pw_decode *d, int i) { return d->ports[i]; }
+int pw_decode_n_outputs(const pw_decode *d) { return d->n_out; }
+int pw_decode_output(const pw_decode *d, int i) { return d->ports[d->n_in + i]; }
+int pw_decode_filled(const pw_decode *d, int slot) {
+  return slot >= 0 && slot < d->cfg.max_seqs ? d->filled[slot] : 0;
+}
+
+void *pw_decode_value(pw_decode *d, int value) {
+  if (value < 0 || value >= d->m->n_values || d->val_off[value] == NONE) return NULL;
+  return d->act + d->val_off[value];
+}
+
+/* ---- per node -------------------------------------------------------- */
+
+static float *val(pw_decode *d, int v) { return d->act + d->val_off[v]; }
+
+/* out (N,OC) = inp (N,C) @ w^T + bias; one row as a matrix-vector product. */
+static void linear_rows(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+  if (N != 1 || C <= 0) {
+    pw_linear_forward(out, inp, w, bias, N, C, OC);
+    return;
+  }
+  if (bias) memcpy(out, bias, (size_t)OC * sizeof(float));
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, w, C, inp, 1, bias ? 1.0f : 0.0f, out, 1);
+}
+
+/* The ops whose rows depend on their position: per sequence. */
+static void node_per_seq(pw_decode *d, const pw_node *n, int li) {
+  const float *in = val(d, n->in[0]);
+  float *out = val(d, n->out);
+  int C = n->C, r = 0;
+  for (int s = 0; s < d->n_seqs; s++) {
+    const pw_decode_seq *q = &d->seqs[s];
+    size_t o = (size_t)r * (size_t)C;
+    switch (n->op) {
+      case PW_OP_POSEMBED:
+        pw_posembed_forward(out + o, in + o, d->wdata[n->w] + (size_t)q->pos * C, 1, q->len, C);
+        break;
+      case PW_OP_ROPE: pw_rope_forward_at(out + o, in + o, q->len, q->pos, C / 3, n->NH, n->base); break;
+      default: { /* PW_OP_ATTENTION: qkv (3C') in, C' = C/3 out */
+        float *k = d->kv + (size_t)q->slot * d->kv_slot + d->kv_off[li];
+        float *v = k + (size_t)d->cfg.max_pos * (size_t)(C / 3);
+        pw_attention_kv_forward(out + (size_t)r * (size_t)(C / 3), k, v, d->scratch, in + o, q->len, q->pos, C / 3,
+                                n->NH);
+        break;
+      }
+    }
+    r += q->len;
+  }
+}
+
+static void node_forward(pw_decode *d, int i) {
+  const pw_node *n = &d->m->nodes[i];
+  int N = d->rows, C = n->C;
+  size_t NC = (size_t)N * (size_t)C;
+  const float *w = n->w >= 0 ? d->wdata[n->w] : NULL, *b = n->b >= 0 ? d->wdata[n->b] : NULL;
+  const float *in = val(d, n->in[0]), *in1 = n->in[1] >= 0 ? val(d, n->in[1]) : NULL;
+  float *out = val(d, n->out);
+  switch ((pw_op)n->op) {
+    case PW_OP_EMBED: pw_embed_forward(out, (const int32_t *)in, w, N, n->OC); break;
+    case PW_OP_LINEAR: linear_rows(out, in, w, b, N, C, n->OC); break;
+    case PW_OP_LAYERNORM: pw_layernorm_forward(out, d->aux, d->aux + N, in, w, b, N, C, n->eps); break;
+    case PW_OP_RMSNORM: pw_rmsnorm_forward(out, d->aux, in, w, N, C, n->eps); break;
+    case PW_OP_GELU: pw_gelu_forward(out, d->aux, in, (int)NC); break;
+    case PW_OP_RELU: pw_relu_forward(out, in, (int)NC); break;
+    case PW_OP_SILU: pw_silu_forward(out, in, (int)NC); break;
+    case PW_OP_SWIGLU: pw_swiglu_forward(out, in, in1, (int)NC); break;
+    case PW_OP_ADD: pw_add_forward(out, in, in1, (int)NC); break;
+    case PW_OP_POSEMBED:
+    case PW_OP_ROPE:
+    case PW_OP_ATTENTION: node_per_seq(d, n, i - d->node_lo); break;
+    case PW_OP_XENT:
+    case PW_OP_MSE:
+    case PW_OP__COUNT: break;
+  }
+}
+
+static int check_call(pw_decode *d, const pw_decode_seq *seqs, int n, pw_err *err) {
+  const pw_decode_config *c = &d->cfg;
+  int rows = 0, rc = 0;
+  if (n < 1) return pw_err_set(err, PW_EINVAL, "decode", "no sequences");
+  for (int s = 0; s < n && !rc; s++) {
+    const pw_decode_seq *q = &seqs[s];
+    if (q->slot < 0 || q->slot >= c->max_seqs)
+      rc = pw_err_set(err, PW_EINVAL, "decode", "sequence %d: slot %d is not in 0..%d", s, q->slot, c->max_seqs - 1);
+    else if (d->seen[q->slot])
+      rc = pw_err_set(err, PW_EINVAL, "decode", "sequence %d: slot %d appears twice in one call", s, q->slot);
+    else if (q->len < 1 || q->pos < 0 || q->pos > d->filled[q->slot])
+      rc = pw_err_set(err, PW_EINVAL, "decode", "sequence %d: %d rows at position %d, but slot %d holds %d", s,
+                      q->len, q->pos, q->slot, d->filled[q->slot]);
+    else if (q->len > c->max_pos - q->pos)
+      rc = pw_err_set(err, PW_EINVAL, "decode", "sequence %d: positions %d..%d are past the %d the cache holds", s,
+                      q->pos, q->pos + q->len - 1, c->max_pos);
+    else if (q->len > c->max_rows - rows)
+      rc = pw_err_set(err, PW_EINVAL, "decode", "more than %d new rows in one call", c->max_rows);
+    else {
+      d->seen[q->slot] = 1;
+      rows += q->len;
+    }
+  }
+  for (int s = 0; s < n; s++)
+    if (seqs[s].slot >= 0 && seqs[s].slot < c->max_seqs) d->seen[seqs[s].slot] = 0;
+  for (int i = 0; i < d->n_in && !rc; i++) {
+    const pw_value *v = &d->m->values[d->ports[i]];
+    if (v->role != PW_VAL_INPUT || v->dtype != PW_DT_I32) continue;
+    const int32_t *tok = (const int32_t *)val(d, d->ports[i]);
+    for (int r = 0; r < rows && !rc; r++)
+      if (tok[r] < 0 || tok[r] >= d->m->data.vocab_size)
+        rc = pw_err_set(err, PW_EINVAL, "decode", "row %d: token %d is not in 0..%d", r, (int)tok[r],
+                        d->m->data.vocab_size - 1);
+  }
+  d->rows = rows;
+  return rc;
+}
+
+int pw_decode_forward(pw_decode *d, const pw_decode_seq *seqs, int n, pw_err *err) {
+  int rc = check_call(d, seqs, n, err);
+  if (rc) return rc;
+  d->seqs = seqs;
+  d->n_seqs = n;
+  for (int i = d->node_lo; i < d->node_hi; i++) node_forward(d, i);
+  for (int s = 0; s < n; s++) d->filled[seqs[s].slot] = seqs[s].pos + seqs[s].len;
+  d->seqs = NULL;
+  return 0;
+}
