@@ -41,12 +41,7 @@ void pw_api_schedules(pw_req *r) {
   int n = 0;
   const pw_sched_info *infos = pw_sched_infos(&n);
   json_t *arr = json_array();
-  for (int i = 0; i < n; i++) {
-    json_t *e = pw_sched_info_json(&infos[i]), *al = json_array();
-    for (const char *const *a = pw_schedule_aliases(infos[i].name); *a; a++) json_array_append_new(al, json_string(*a));
-    json_object_set_new(e, "aliases", al);
-    json_array_append_new(arr, e);
-  }
+  for (int i = 0; i < n; i++) json_array_append_new(arr, pw_sched_info_json(&infos[i]));
   pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:o}", "schedules", arr));
 }
 

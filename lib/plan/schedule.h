@@ -130,7 +130,8 @@ typedef struct {
  * name list, pw_schedule_names, lives in spec.c). */
 const pw_sched_info *pw_sched_infos(int *n);
 const pw_sched_info *pw_sched_info_find(const char *name); /* NULL if unknown */
-/* One entry as JSON for /v1/schedules (new reference). */
+/* One entry as JSON for /v1/schedules, with its "aliases" (other systems'
+ * names, pw_schedule_aliases) after its name (new reference). */
 json_t *pw_sched_info_json(const pw_sched_info *info);
 
 /* Counts (for tests and the API): actions of each kind over all ranks. */
