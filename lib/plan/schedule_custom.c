@@ -115,6 +115,14 @@ int pw_sched_from_ranks(const char *const *ranks, int pp, int m, int forward_onl
       pw_err_set(err, rc, CUSTOM_PATH, "rank %d: %.400s", r, tmp);
     }
   if (!rc) rc = derive_layout(acts, n, pp, m, &st2r, &S, err);
+  /* Every (stage, microbatch) needs its F: fewer actions than that is a
+   * plan with gaps, said before the simulator sizes its tables by S x m. */
+  long total = 0;
+  for (int r = 0; r < pp && !rc; r++) total += n[r];
+  if (!rc && total < (long)S * m)
+    rc = pw_err_set(err, PW_ESCHEDULE, CUSTOM_PATH,
+                    "the lists hold %ld actions, fewer than the %ld forwards alone of %d stages x %d microbatches",
+                    total, (long)S * m, S, m);
   if (!rc && S % pp)
     rc = pw_err_set(err, PW_ESCHEDULE, CUSTOM_PATH,
                     "the lists hold %d stages, which is not a multiple of mesh.pp = %d (S = pp x virtual_stages)", S,
