@@ -205,8 +205,8 @@ static int import_csv(const char *path, pw_job *job) {
   if (!rc) rc = pw_sched_from_ranks((const char *const *)ranks, n, job->schedule.microbatches,
                                     job->mode == PW_MODE_FORWARD, &s, &err);
   if (rc) {
-    fprintf(stderr, "error: %s: ", path);
-    pw_cli_report(&err);
+    char buf[600];
+    fprintf(stderr, "error: %s: %s\n", path, pw_err_str(&err, buf, sizeof buf));
     pw_sched_ranks_free(ranks, n);
     return 1;
   }

@@ -118,7 +118,14 @@ int pw_sched_from_ranks(const char *const *ranks, int pp, int m, int forward_onl
   /* Every (stage, microbatch) needs its F: fewer actions than that is a
    * plan with gaps, said before the simulator sizes its tables by S x m. */
   long total = 0;
-  for (int r = 0; r < pp && !rc; r++) total += n[r];
+  int top = -1; /* highest microbatch named */
+  for (int r = 0; r < pp && !rc; r++) {
+    total += n[r];
+    for (int i = 0; i < n[r]; i++) top = acts[r][i].mb > top ? acts[r][i].mb : top;
+  }
+  if (!rc && top + 1 < m)
+    rc = pw_err_set(err, PW_ESCHEDULE, CUSTOM_PATH, "the lists name microbatches 0..%d, but schedule.microbatches is %d",
+                    top, m);
   if (!rc && total < (long)S * m)
     rc = pw_err_set(err, PW_ESCHEDULE, CUSTOM_PATH,
                     "the lists hold %ld actions, fewer than the %ld forwards alone of %d stages x %d microbatches",

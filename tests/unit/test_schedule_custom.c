@@ -138,9 +138,12 @@ static void test_refused(void **st) {
                  "deadlock: rank 0 waits at B0@s0 for B0@s1 (rank 1) which comes after F1@s1, rank 1 waits at F1@s1 "
                  "for F1@s0 (rank 0) which comes after B0@s0");
   /* far fewer actions than stages x microbatches: said before any table is sized */
-  const char *sparse[] = {"F0@s0 B0@s0 F0@s2 B0@s2", "F0@s1 B0@s1 F0@s3 B0@s3"};
+  const char *sparse[] = {"F0@s0 B0@s0 F1048575@s0 B1048575@s0 F0@s2 B0@s2", "F0@s1 B0@s1 F0@s3 B0@s3"};
   expect_refused(2, 1 << 20, sparse, PW_ESCHEDULE,
-                 "the lists hold 8 actions, fewer than the 4194304 forwards alone of 4 stages x 1048576 microbatches");
+                 "the lists hold 10 actions, fewer than the 4194304 forwards alone of 4 stages x 1048576 microbatches");
+  /* fewer microbatches than schedule.microbatches */
+  const char *few[] = {"F0@s0 B0@s0", "F0@s1 B0@s1"};
+  expect_refused(2, 4, few, PW_ESCHEDULE, "the lists name microbatches 0..0, but schedule.microbatches is 4");
   /* nothing at all */
   const char *empty[] = {"", " "};
   expect_refused(2, 1, empty, PW_ESCHEDULE, "the lists hold no actions");
