@@ -1,5 +1,8 @@
 /* cmd_plan: `pipewright plan` — the partition, the per-rank action grid and
- * the simulator's analytics of a job, or all schedules side by side. */
+ * the simulator's analytics of a job, or all schedules side by side; a
+ * plan's action lists exported as a custom schedule (text, PyTorch's CSV,
+ * JSON) and a CSV imported as one. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +21,14 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: pipewright plan --job FILE [options]\n"
-          "  --schedule NAME   plan with this schedule instead of the job's\n"
+          "  --schedule NAME   plan with this schedule instead of the job's (a virtual one on\n"
+          "                    a job with virtual_stages 1 is planned with 2, as --compare does)\n"
+          "  --export          print the plan's action lists as a custom schedule to edit\n"
+          "  --format F        with --export: text (the spec's schedule.custom object, the\n"
+          "                    default), csv (PyTorch pipelining's _dump_csv form) or json\n"
+          "                    (the spec's mesh and schedule objects to paste into a job)\n"
+          "  --import-csv FILE plan the job with the per-rank lists of a PyTorch CSV as its\n"
+          "                    schedule.custom (virtual_stages follows from the stages in it)\n"
           "  --compare         every schedule that fits the job, side by side\n"
           "  --json            the same as JSON (what POST /v1/plans returns)\n"
           "  --trace FILE      the simulated timeline as Chrome trace-event JSON (Perfetto)\n"
@@ -161,15 +171,101 @@ static const char *schedule_name(const char *given) {
   return NULL;
 }
 
+/* --export: the plan's lists in the form `format` names, on stdout. */
+static int export_plan(const pw_plan *p, const char *format) {
+  if (strcmp(format, "csv") == 0) {
+    char *csv = pw_sched_csv_format(p->sched);
+    if (!csv) return 1;
+    fputs(csv, stdout);
+    free(csv);
+    return 0;
+  }
+  json_t *custom = pw_sched_custom_json(p->sched), *out = custom;
+  if (custom && strcmp(format, "json") == 0)
+    out = json_pack("{s:{s:i, s:i, s:i}, s:{s:s, s:i, s:o}}", "mesh", "pp", p->pp, "dp", p->dp, "virtual_stages",
+                    p->V, "schedule", "name", "custom", "microbatches", p->m, "custom", custom);
+  int rc = out ? print_json(out) : 1;
+  json_decref(out);
+  return rc;
+}
+
+#define CSV_MAX ((long)64 << 20)
+
+/* --import-csv: the file's rows become job->schedule.custom (replacing the
+ * job's schedule) and mesh.virtual_stages the number its stages need. */
+static int import_csv(const char *path, pw_job *job) {
+  FILE *f = fopen(path, "rb");
+  long size = -1;
+  char *text = NULL;
+  if (f && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && size <= CSV_MAX && fseek(f, 0, SEEK_SET) == 0 &&
+      (text = malloc((size_t)size + 1)) && fread(text, 1, (size_t)size, f) == (size_t)size)
+    text[size] = '\0';
+  else {
+    fprintf(stderr, "error: %s: %s\n", path,
+            !f ? strerror(errno) : size > CSV_MAX ? "larger than 64 MiB" : "read failed");
+    free(text);
+    text = NULL;
+  }
+  if (f) fclose(f);
+  if (!text) return 1;
+  pw_err err = {0};
+  char **ranks = NULL;
+  int n = 0, rc = pw_sched_csv_parse(text, &ranks, &n, &err);
+  free(text);
+  if (!rc && n != job->mesh.pp)
+    rc = pw_err_set(&err, PW_ESPEC, "csv", "%d rows (one per pipeline rank), but the job's mesh.pp is %d", n,
+                    job->mesh.pp);
+  pw_sched *s = NULL;
+  if (!rc) rc = pw_sched_from_ranks((const char *const *)ranks, n, job->schedule.microbatches,
+                                    job->mode == PW_MODE_FORWARD, &s, &err);
+  if (rc) {
+    char buf[600];
+    fprintf(stderr, "error: %s: %s\n", path, pw_err_str(&err, buf, sizeof buf));
+    pw_sched_ranks_free(ranks, n);
+    return 1;
+  }
+  if (s->V != job->mesh.virtual_stages)
+    fprintf(stderr,
+            "pipewright plan: %s holds %d stages over %d ranks: planning with mesh.virtual_stages = %d "
+            "(the job has %d)\n",
+            path, s->S, s->pp, s->V, job->mesh.virtual_stages);
+  job->mesh.virtual_stages = s->V;
+  pw_sched_free(s);
+  for (int r = 0; r < job->schedule.n_custom_ranks; r++) free(job->schedule.custom_ranks[r]);
+  free(job->schedule.custom_ranks);
+  job->schedule.custom_ranks = ranks;
+  job->schedule.n_custom_ranks = n;
+  snprintf(job->schedule.name, sizeof job->schedule.name, "custom");
+  return 0;
+}
+
+/* --export, --format and --import-csv against the other options: 1 after
+ * saying what is wrong; *format defaults to text. */
+static int export_opts_bad(int export, const char **format, const char *csv, const char *sched, int other_output) {
+  if (*format && !export) pw_cli_usage_error("--format goes with --export");
+  else if (*format && strcmp(*format, "text") && strcmp(*format, "csv") && strcmp(*format, "json"))
+    pw_cli_usage_error("--format: '%s' is not one of text, csv, json", *format);
+  else if (export && other_output)
+    pw_cli_usage_error("--export prints the action lists only: not with --compare, --slices or --json");
+  else if (csv && sched) pw_cli_usage_error("--import-csv gives the schedule: not with --schedule");
+  else {
+    if (!*format) *format = "text";
+    return 0;
+  }
+  return 1;
+}
+
 int pw_cmd_plan(int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, 0, 'j'},   {"schedule", required_argument, 0, 's'},
                                        {"compare", no_argument, 0, 'c'},     {"json", no_argument, 0, 'J'},
                                        {"trace", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
-                                       {"slices", no_argument, 0, 'S'},      {0, 0, 0, 0}};
-  const char *job_path = NULL, *sched = NULL, *trace = NULL;
-  int compare = 0, as_json = 0, slices = 0, c;
+                                       {"slices", no_argument, 0, 'S'},      {"export", no_argument, 0, 'E'},
+                                       {"format", required_argument, 0, 'F'}, {"import-csv", required_argument, 0, 'I'},
+                                       {0, 0, 0, 0}};
+  const char *job_path = NULL, *sched = NULL, *trace = NULL, *format = NULL, *csv = NULL;
+  int compare = 0, as_json = 0, slices = 0, export = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:s:cJt:hS", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': sched = optarg; break;
@@ -177,6 +273,9 @@ int pw_cmd_plan(int argc, char **argv) {
       case 'J': as_json = 1; break;
       case 't': trace = optarg; break;
       case 'S': slices = 1; break;
+      case 'E': export = 1; break;
+      case 'F': format = optarg; break;
+      case 'I': csv = optarg; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -186,8 +285,25 @@ int pw_cmd_plan(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (export_opts_bad(export, &format, csv, sched, compare || slices || as_json)) {
+    usage(stderr);
+    return 2;
+  }
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
+  if (csv && import_csv(csv, &job)) {
+    pw_job_free(&job);
+    return 1;
+  }
+  /* a virtual schedule on a flat job: the virtual_stages --compare uses */
+  const pw_sched_info *info = sched ? pw_sched_info_find(sched) : NULL;
+  if (info && info->min_v > job.mesh.virtual_stages) {
+    int V = pw_plan_virtual_stages(&job, sched);
+    fprintf(stderr,
+            "pipewright plan: %s needs virtual_stages >= %d: planning with mesh.virtual_stages = %d (the job has %d)\n",
+            sched, info->min_v, V, job.mesh.virtual_stages);
+    job.mesh.virtual_stages = V;
+  }
   int rc = 0;
   /* The coordinator's bounds, cheap ones before planning: a spec it would
    * refuse is refused here too, in milliseconds. */
@@ -225,7 +341,9 @@ int pw_cmd_plan(int argc, char **argv) {
     pw_job_free(&job);
     return 1;
   }
-  if (slices) {
+  if (export) {
+    rc = export_plan(&p, format);
+  } else if (slices) {
     rc = print_slices(&job, &p);
   } else if (as_json) {
     json_t *j = pw_plan_json(&job, &p);

@@ -14,7 +14,10 @@ static const pw_cli_cmd commands[] = {
     {"eval", "loss of a checkpoint on the job's eval split", pw_cmd_eval},
     {"generate", "text from a checkpoint: greedy or sampled, with a KV cache", pw_cmd_generate},
     {"inspect", "table of a job's layers: shapes, parameters, FLOPs, activations", pw_cmd_inspect},
-    {"plan", "partition, per-rank schedule and simulated analytics; --compare for all schedules", pw_cmd_plan},
+    {"plan",
+     "partition, per-rank schedule and simulated analytics; --compare for all schedules; --export and "
+     "--import-csv for custom ones",
+     pw_cmd_plan},
     {"schedules", "the nine schedules; with NAME --pp P --m M, one's bubble, steps and grid without a model",
      pw_cmd_schedules},
     {"submit", "send a job to the coordinator (POST /v1/jobs)", pw_cmd_submit},

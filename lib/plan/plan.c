@@ -192,6 +192,26 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
 
 /* ---- the plan -------------------------------------------------------------- */
 
+/* The job's own schedule: one of the nine, or its custom lists, whose
+ * stages must be the mesh's pp x virtual_stages. */
+static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
+  const pw_schedule_spec *sc = &job->schedule;
+  int fwd = job->mode == PW_MODE_FORWARD, pp = job->mesh.pp, V = job->mesh.virtual_stages;
+  if (!sc->custom_ranks) return pw_sched_build(sc->name, pp, V, sc->microbatches, fwd, out, err);
+  if (sc->n_custom_ranks != pp)
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks", "%d lists for mesh.pp = %d", sc->n_custom_ranks, pp);
+  int rc = pw_sched_from_ranks((const char *const *)sc->custom_ranks, pp, sc->microbatches, fwd, out, err);
+  if (rc) return rc;
+  if ((*out)->V != V) {
+    rc = pw_err_set(err, PW_ESPEC, "mesh.virtual_stages",
+                    "the custom lists hold %d stages over %d ranks, so virtual_stages must be %d (got %d)", (*out)->S,
+                    pp, (*out)->V, V);
+    pw_sched_free(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
   memset(p, 0, sizeof *p);
   const char *name = schedule ? schedule : job->schedule.name;
@@ -203,7 +223,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   if (rc < 0) return rc;
   rc = pw_model_build(&job->model, &p->model, err);
   if (rc) return rc;
-  rc = pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err);
+  rc = schedule ? pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err)
+                : build_schedule(job, &p->sched, err);
   if (rc) goto fail;
   rc = pw_sched_place_mesh(p->sched, &job->mesh, err); /* mesh.placement, a name resolved there */
   if (rc) goto fail;
@@ -315,38 +336,47 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
   return out;
 }
 
+int pw_plan_virtual_stages(const pw_job *job, const char *schedule) {
+  const pw_sched_info *info = pw_sched_info_find(schedule);
+  int V = job->mesh.virtual_stages;
+  if (!info) return V;
+  if (info->min_v == info->max_v) return info->min_v;
+  return info->max_v == 1 ? 1 : (V > 2 ? V : 2);
+}
+
+/* One row of the comparison: schedule `name` (NULL: the job's custom lists). */
+static json_t *compare_row(const pw_job *job, const char *name) {
+  pw_job j = *job; /* shallow: only mesh.virtual_stages changes */
+  if (name) j.mesh.virtual_stages = pw_plan_virtual_stages(job, name);
+  const char *label = name ? name : "custom";
+  pw_plan p;
+  pw_err err = {0};
+  if (pw_plan_build(&j, name, &p, &err)) {
+    char buf[600];
+    return json_pack("{s:s, s:b, s:i, s:s}", "schedule", label, "ok", 0, "virtual_stages", j.mesh.virtual_stages,
+                     "error", pw_err_str(&err, buf, sizeof buf));
+  }
+  int peak = 0, pend = 0, acts = 0;
+  size_t mem = 0;
+  for (int r = 0; r < p.pp; r++) {
+    if (p.mem[r].total > mem) mem = p.mem[r].total;
+    if (p.sim->peak_act[r] > peak) peak = p.sim->peak_act[r];
+    if (p.sim->peak_pending_w[r] > pend) pend = p.sim->peak_pending_w[r];
+    acts += p.sched->n_actions[r];
+  }
+  json_t *row = json_pack("{s:s, s:b, s:i, s:i, s:f, s:f, s:i, s:i, s:I, s:i}", "schedule", label, "ok", 1,
+                          "virtual_stages", p.V, "stages", p.S, "makespan", p.sim->makespan, "bubble_ratio",
+                          p.sim->bubble_ratio, "peak_activations", peak, "peak_pending_w", pend, "peak_memory_bytes",
+                          (json_int_t)mem, "actions", acts);
+  pw_plan_free(&p);
+  return row;
+}
+
 json_t *pw_plan_compare_json(const pw_job *job) {
   json_t *rows = json_array();
   int n = 0;
   const pw_sched_info *infos = pw_sched_infos(&n);
-  for (int i = 0; i < n; i++) {
-    pw_job j = *job; /* shallow: only mesh.virtual_stages changes */
-    int V = job->mesh.virtual_stages;
-    j.mesh.virtual_stages = infos[i].max_v == 1 ? 1 : (V > 2 ? V : 2);
-    if (infos[i].min_v == infos[i].max_v) j.mesh.virtual_stages = infos[i].min_v;
-    pw_plan p;
-    pw_err err = {0};
-    json_t *row;
-    if (pw_plan_build(&j, infos[i].name, &p, &err) == 0) {
-      int peak = 0, pend = 0, acts = 0;
-      size_t mem = 0;
-      for (int r = 0; r < p.pp; r++) {
-        if (p.mem[r].total > mem) mem = p.mem[r].total;
-        if (p.sim->peak_act[r] > peak) peak = p.sim->peak_act[r];
-        if (p.sim->peak_pending_w[r] > pend) pend = p.sim->peak_pending_w[r];
-        acts += p.sched->n_actions[r];
-      }
-      row = json_pack("{s:s, s:b, s:i, s:i, s:f, s:f, s:i, s:i, s:I, s:i}", "schedule", infos[i].name, "ok", 1,
-                      "virtual_stages", p.V, "stages", p.S, "makespan", p.sim->makespan, "bubble_ratio",
-                      p.sim->bubble_ratio, "peak_activations", peak, "peak_pending_w", pend, "peak_memory_bytes",
-                      (json_int_t)mem, "actions", acts);
-      pw_plan_free(&p);
-    } else {
-      char buf[600];
-      row = json_pack("{s:s, s:b, s:i, s:s}", "schedule", infos[i].name, "ok", 0, "virtual_stages",
-                      j.mesh.virtual_stages, "error", pw_err_str(&err, buf, sizeof buf));
-    }
-    json_array_append_new(rows, row);
-  }
+  for (int i = 0; i < n; i++) json_array_append_new(rows, compare_row(job, infos[i].name));
+  if (job->schedule.custom_ranks) json_array_append_new(rows, compare_row(job, NULL));
   return json_pack("{s:s, s:o}", "job", job->name, "rows", rows);
 }

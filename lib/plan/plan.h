@@ -96,10 +96,18 @@ typedef struct {
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
 } pw_plan;
 
-/* Build and prove the plan. `schedule` overrides job->schedule.name when not
- * NULL. Errors carry the JSON path of what to change. */
+/* Build and prove the plan. `schedule` (one of the nine names) overrides the
+ * job's schedule when not NULL; else the job's own is used: its name, or
+ * its custom lists (schedule.custom, pw_sched_from_ranks), which must make
+ * mesh.pp x mesh.virtual_stages stages. Errors carry the JSON path of what
+ * to change. */
 PW_MUST_CHECK int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
 void pw_plan_free(pw_plan *p);
+/* The virtual_stages schedule `schedule` is planned with when the job's
+ * do not suit it, as --compare does: its fixed value (dualpipev 2, the
+ * flat ones 1), else max(2, the job's) for the interleaved ones. Unknown
+ * names: the job's. */
+int pw_plan_virtual_stages(const pw_job *job, const char *schedule);
 
 /* Activation slots each stage's program grows to under the worker's slot
  * rule (worker/run.c): microbatch k holds a slot of stage s from when its
@@ -126,8 +134,9 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
- * with virtual_stages set to 1 for flat schedules and to max(2, V) for the
- * others. {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
+ * with virtual_stages as pw_plan_virtual_stages gives it; a job with a
+ * custom schedule gets it as a last row, "schedule": "custom".
+ * {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
  * "stages", "makespan", "bubble_ratio", "peak_activations", "peak_pending_w",
  * "peak_memory_bytes" (largest rank's pw_plan_mem.total), "actions"}]}
  * (new reference). */

@@ -130,10 +130,47 @@ typedef struct {
  * name list, pw_schedule_names, lives in spec.c). */
 const pw_sched_info *pw_sched_infos(int *n);
 const pw_sched_info *pw_sched_info_find(const char *name); /* NULL if unknown */
-/* One entry as JSON for /v1/schedules (new reference). */
+/* One entry as JSON for /v1/schedules, with its "aliases" (other systems'
+ * names, pw_schedule_aliases) after its name (new reference). */
 json_t *pw_sched_info_json(const pw_sched_info *info);
 
 /* Counts (for tests and the API): actions of each kind over all ranks. */
 void pw_sched_count(const pw_sched *s, int counts[4]);
+
+/* ---- custom schedules (schedule_custom.c) ------------------------------
+ * A job spec's "schedule": {"custom": {"ranks": [...]}} holds one action
+ * list per pipeline rank, in the text form above. Stage -> rank follows
+ * from the lists (a stage lives on the rank whose list holds its actions),
+ * S is the highest stage + 1 and V = S / pp. */
+
+/* Parse, derive stage_to_rank and V, and prove the plan (structure and a
+ * unit-cost replay, sim.h). forward_only keeps only the F actions (fused
+ * pairs unfused), so the plan exported from a training schedule runs in
+ * forward mode too. Errors carry the path "schedule.custom.ranks" and say
+ * what is wrong: a bad entry ("rank 1: entry 4: ..."), an action on a
+ * stage another rank holds ("rank 1 #3: B0@s0 is on stage 0, which
+ * belongs to rank 0"), a stage without actions, microbatches other than
+ * 0 .. m-1, a missing or doubled action (PW_ESCHEDULE), a deadlock
+ * naming the cycle of waiting ranks (PW_EDEADLOCK). The caller checks V
+ * against mesh.virtual_stages. */
+PW_MUST_CHECK int pw_sched_from_ranks(const char *const *ranks, int pp, int m, int forward_only, pw_sched **out,
+                                      pw_err *err);
+/* {"ranks": ["F0@s0 ...", ...]}: the spec's schedule.custom of plan s (new
+ * reference, NULL when out of memory). */
+json_t *pw_sched_custom_json(const pw_sched *s);
+
+/* PyTorch's CSV (torch.distributed.pipelining, _dump_csv of the
+ * compute_only order): one row per rank, one cell per action written
+ * stage, kind, microbatch ("0F0", "3B1", "1I2", "1W2"); empty cells are
+ * idle time steps. A fused pair is written as PyTorch's overlap action,
+ * "(0F5;7B2)OVERLAP_F_B". pw_sched_csv_format returns the malloc'ed text
+ * (NULL when out of memory). */
+char *pw_sched_csv_format(const pw_sched *s);
+/* The inverse: *ranks (n_ranks strings in the text form, each malloc'ed;
+ * free with pw_sched_ranks_free). Communication cells (SEND_F, RECV_B,
+ * UNSHARD, RESHARD, REDUCE_GRAD ...) are skipped: pipewright implies them.
+ * PW_EFORMAT names the row, the cell and what is wrong. */
+PW_MUST_CHECK int pw_sched_csv_parse(const char *text, char ***ranks, int *n_ranks, pw_err *err);
+void pw_sched_ranks_free(char **ranks, int n);
 
 #endif

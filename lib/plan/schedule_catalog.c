@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "schedule_int.h"
+#include "spec.h"
 
 /* ---- the catalogue ----------------------------------------------------- */
 
@@ -155,6 +156,9 @@ const pw_sched_info *pw_sched_info_find(const char *name) {
 json_t *pw_sched_info_json(const pw_sched_info *in) {
   json_t *j = json_object();
   json_object_set_new(j, "name", json_string(in->name));
+  json_t *al = json_array(); /* other systems' names of it (spec.c's table) */
+  for (const char *const *a = pw_schedule_aliases(in->name); *a; a++) json_array_append_new(al, json_string(*a));
+  json_object_set_new(j, "aliases", al);
   json_object_set_new(j, "family", json_string(in->family));
   json_object_set_new(j, "layout", json_string(in->layout));
   json_t *vs = json_object();

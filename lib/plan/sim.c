@@ -103,23 +103,36 @@ static int validate(const pw_sched *s, index_t *x, pw_err *err) {
       int hasB = x->at[PW_ACT_B][j].rank >= 0, hasI = x->at[PW_ACT_I][j].rank >= 0,
           hasW = x->at[PW_ACT_W][j].rank >= 0;
       pw_action f = mk(PW_ACT_F, k, st);
-      if (x->at[PW_ACT_F][j].rank < 0)
-        return pw_err_set(err, PW_ESCHEDULE, "", "stage %d microbatch %d has no forward (%s)", st,
-                          k, fmt_act(&f, b1));
+      int own = s->stage_to_rank[st];
+      char needs[80] = ""; /* the action that waits for the missing one */
+      if (x->at[PW_ACT_F][j].rank < 0) {
+        pw_action need = mk(PW_ACT_F, k, st + 1);
+        if (st + 1 < s->S)
+          snprintf(needs, sizeof needs, "; %s on rank %d needs it", fmt_act(&need, b2), s->stage_to_rank[st + 1]);
+        return pw_err_set(err, PW_ESCHEDULE, "", "%s is missing: stage %d (rank %d) has no forward of microbatch %d%s",
+                          fmt_act(&f, b1), st, own, k, needs);
+      }
       if (s->forward_only) continue;
       if (hasB && (hasI || hasW))
         return pw_err_set(err, PW_ESCHEDULE, "",
                           "stage %d microbatch %d has both a full backward and split ones (B%d@s%d "
                           "with %s)",
                           st, k, k, st, hasI ? "I" : "W");
-      if (!hasB && !hasI && !hasW)
+      if (!hasB && !hasI && !hasW) {
+        /* the stage before waits for its gradient */
+        int prev = st > 0 ? (st - 1) * s->m + k : -1;
+        if (prev >= 0 && (x->at[PW_ACT_B][prev].rank >= 0 || x->at[PW_ACT_I][prev].rank >= 0)) {
+          pw_action need = mk(x->at[PW_ACT_B][prev].rank >= 0 ? PW_ACT_B : PW_ACT_I, k, st - 1);
+          snprintf(needs, sizeof needs, "; %s on rank %d needs it", fmt_act(&need, b1), s->stage_to_rank[st - 1]);
+        }
         return pw_err_set(err, PW_ESCHEDULE, "",
-                          "stage %d microbatch %d has no backward (B%d@s%d, or I%d@s%d and "
-                          "W%d@s%d)",
-                          st, k, k, st, k, st, k, st);
+                          "B%d@s%d (or I%d@s%d and W%d@s%d) is missing: stage %d (rank %d) has no backward of "
+                          "microbatch %d%s",
+                          k, st, k, st, k, st, st, own, k, needs);
+      }
       if (!hasB && hasI != hasW)
-        return pw_err_set(err, PW_ESCHEDULE, "", "stage %d microbatch %d has %c%d@s%d without %c%d@s%d",
-                          st, k, hasI ? 'I' : 'W', k, st, hasI ? 'W' : 'I', k, st);
+        return pw_err_set(err, PW_ESCHEDULE, "", "%c%d@s%d is missing: rank %d has %c%d@s%d without it",
+                          hasI ? 'W' : 'I', k, st, own, hasI ? 'I' : 'W', k, st);
       if (hasI && x->at[PW_ACT_W][j].idx < x->at[PW_ACT_I][j].idx)
         return pw_err_set(err, PW_ESCHEDULE, "", "rank %d: W%d@s%d (#%d) comes before I%d@s%d (#%d)",
                           x->at[PW_ACT_W][j].rank, k, st, x->at[PW_ACT_W][j].idx, k, st,
@@ -283,29 +296,76 @@ static void count_links(replay *rp, const pw_action *a) {
   }
 }
 
+/* Where blocked rank r waits: the action of its unit that lacks an input
+ * (*a), that input (*miss) and the rank that makes it (returned). */
+static int waits_for(replay *rp, const int *pos, int r, const pw_action **a, pw_action *miss) {
+  const pw_sched *s = rp->s;
+  *a = &s->actions[r][pos[r]];
+  *miss = **a;
+  if (ready_time(rp, *a, miss) >= 0) { /* then the fused partner waits */
+    (*a)++;
+    ready_time(rp, *a, miss);
+  }
+  return rp->x.at[miss->kind][miss->stage * s->m + miss->mb].rank;
+}
+
+/* Every blocked rank waits for an input its maker has not reached (the
+ * input is still ahead of that rank's position), so following "waits for"
+ * from any blocked rank ends in a cycle: the message names the cycle,
+ * each rank with the action it waits at, the input it needs, and where
+ * that input sits in its rank's list. */
 static void deadlock_report(replay *rp, const int *pos, pw_err *err) {
   const pw_sched *s = rp->s;
-  char msg[sizeof err->msg], b1[40], b2[40];
-  size_t len = (size_t)snprintf(msg, sizeof msg, "deadlock:");
-  int first = 1;
-  for (int r = 0; r < s->pp; r++) {
-    if (pos[r] >= s->n_actions[r]) continue;
-    const pw_action *a = &s->actions[r][pos[r]];
-    int at = pos[r];
-    pw_action miss = *a;
-    if (ready_time(rp, a, &miss) >= 0) { /* then the fused partner waits */
-      a++;
-      at++;
-      ready_time(rp, a, &miss);
-    }
-    loc l = rp->x.at[miss.kind][miss.stage * s->m + miss.mb];
-    if (len < sizeof msg)
-      len += (size_t)snprintf(msg + len, sizeof msg - len,
-                              "%s rank %d at %s (#%d) waits for %s (rank %d #%d)", first ? "" : ";",
-                              r, fmt_act(a, b1), at, fmt_act(&miss, b2), l.rank, l.idx);
-    first = 0;
+  char msg[sizeof err->msg], b1[40], b2[40], b3[40];
+  int *step = malloc(sizeof(int) * (size_t)s->pp), start = -1, blocked = 0;
+  if (!step) {
+    pw_err_set(err, PW_EDEADLOCK, "", "deadlock (out of memory describing it)");
+    return;
   }
+  for (int r = 0; r < s->pp; r++) {
+    step[r] = -1;
+    if (pos[r] < s->n_actions[r]) {
+      blocked++;
+      if (start < 0) start = r;
+    }
+  }
+  /* walk until a rank repeats; step[] numbers the visits */
+  const pw_action *a;
+  pw_action miss;
+  int r = start, n = 0;
+  while (step[r] < 0) {
+    step[r] = n++;
+    r = waits_for(rp, pos, r, &a, &miss);
+  }
+  /* r starts the cycle; print it from its lowest rank */
+  int lo = r, len_c = 0;
+  for (int q = r;;) {
+    len_c++;
+    if (q < lo) lo = q;
+    q = waits_for(rp, pos, q, &a, &miss);
+    if (q == r) break;
+  }
+  size_t len = (size_t)snprintf(msg, sizeof msg, "deadlock:");
+  int q = lo;
+  for (int i = 0; i < len_c && len < sizeof msg; i++) {
+    int next = waits_for(rp, pos, q, &a, &miss);
+    len += (size_t)snprintf(msg + len, sizeof msg - len, "%s rank %d waits at %s for %s (rank %d)", i ? "," : "", q,
+                            fmt_act(a, b1), fmt_act(&miss, b2), next);
+    /* where the input sits against what its rank waits at */
+    pw_action miss2;
+    const pw_action *there;
+    waits_for(rp, pos, next, &there, &miss2);
+    int at = rp->x.at[miss.kind][miss.stage * s->m + miss.mb].idx, at2 = (int)(there - s->actions[next]);
+    if (len < sizeof msg && at != at2)
+      len += (size_t)snprintf(msg + len, sizeof msg - len, " which %s %s", at > at2 ? "comes after" : "runs fused with",
+                              fmt_act(there, b3));
+    q = next;
+  }
+  if (len < sizeof msg && blocked > len_c)
+    len += (size_t)snprintf(msg + len, sizeof msg - len, "; %d other rank%s wait%s behind them", blocked - len_c,
+                            blocked - len_c == 1 ? "" : "s", blocked - len_c == 1 ? "s" : "");
   if (len >= sizeof msg) memcpy(msg + sizeof msg - 4, "...", 4);
+  free(step);
   pw_err_set(err, PW_EDEADLOCK, "", "%s", msg);
 }
 

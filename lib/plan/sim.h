@@ -80,9 +80,13 @@ typedef struct {
 PW_MUST_CHECK int pw_sim_check(const pw_sched *s, pw_err *err);
 
 /* Check and replay. c may be NULL (unit costs). Errors: PW_ESCHEDULE (a
- * structural violation), PW_EDEADLOCK (every rank that still has actions is
- * named with the action it waits at and the input it waits for, e.g.
- * "rank 0 at B0@s0 (#1) waits for B0@s1 (rank 1 #3)"), PW_EINVAL (costs),
+ * structural violation, e.g. "B3@s1 (or I3@s1 and W3@s1) is missing: stage 1
+ * (rank 1) has no backward of microbatch 3; B3@s0 on rank 0 needs it"),
+ * PW_EDEADLOCK (the ranks that wait on each other, in a cycle, each with
+ * the action it waits at, the input it needs and, when that input is not
+ * the next thing its rank runs, what that rank waits at first: "deadlock:
+ * rank 0 waits at B0@s0 for B0@s1 (rank 1) which comes after F1@s1, rank 1
+ * waits at F1@s1 for F1@s0 (rank 0) which comes after B0@s0"), PW_EINVAL (costs),
  * PW_ENOMEM. On success *out is owned by the caller (pw_sim_result_free). */
 PW_MUST_CHECK int pw_sim_run(const pw_sched *s, const pw_sim_costs *c, pw_sim_result **out, pw_err *err);
 void pw_sim_result_free(pw_sim_result *r);

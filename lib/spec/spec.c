@@ -49,20 +49,46 @@ static int fold_name(const char *name, char *buf, size_t cap) {
   return 1;
 }
 
+/* Other systems' names, as they write them: [0] is the canonical name.
+ * Each folds (and loses a "Schedule" prefix) like any spelling does. Not
+ * here, as they are not one of ours: Shardy's CIRCULAR (GPipe in rounds of
+ * pp microbatches through the local stages), PyTorch's
+ * ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (split backwards
+ * on an interleaved or V layout; ZB-V is not DualPipeV's order). */
+static const char *const alias_table[][6] = {
+    {"gpipe", "GPipe", "GPIPE", "ScheduleGPipe", NULL},
+    {"1f1b", "1F1B", "Std1F1B", "ONE_FWD_ONE_BWD", "Schedule1F1B"},
+    {"eager1f1b", "Eager1F1B", NULL},
+    {"zb-h1", "ZeroBubbleH1", "ZERO_BUBBLE_H1", "ZB_H1", NULL},
+    {"interleaved-1f1b", "Interleaved1F1B", "InterleavedH1", "ScheduleInterleaved1F1B", NULL},
+    {"interleaved-gpipe", "InterleavedGPipe", "LoopedBFS", "ScheduleLoopedBFS", NULL},
+    {"interleaved-1f1b-plus-one", "Interleaved1F1BPlusOne", NULL},
+    {"kimi-k2", "KimiK2", NULL},
+    {"dualpipev", "DualPipeV", "ScheduleDualPipeV", NULL},
+};
+#define N_ALIAS_ROWS ((int)(sizeof alias_table / sizeof alias_table[0]))
+
+/* fold_name without a leading "schedule" (PyTorch's class names). */
+static const char *fold_bare(const char *name, char *buf, size_t cap) {
+  if (!name || !fold_name(name, buf, cap)) return NULL;
+  return strncmp(buf, "schedule", 8) == 0 && buf[8] ? buf + 8 : buf;
+}
+
 const char *pw_schedule_resolve(const char *name) {
-  /* other systems' names, folded */
-  static const struct {
-    const char *alias, *name;
-  } aliases[] = {{"std1f1b", "1f1b"}, {"onefwdonebwd", "1f1b"}, {"zerobubbleh1", "zb-h1"},
-                 {"interleavedh1", "interleaved-1f1b"}};
   char want[64], have[64];
-  if (!name || !fold_name(name, want, sizeof want)) return NULL;
-  const char *w = strncmp(want, "schedule", 8) == 0 && want[8] ? want + 8 : want;
-  for (int i = 0; i < pw_n_schedule_names; i++)
-    if (fold_name(pw_schedule_names[i], have, sizeof have) && strcmp(w, have) == 0) return pw_schedule_names[i];
-  for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
-    if (strcmp(w, aliases[i].alias) == 0) return aliases[i].name;
+  const char *w = fold_bare(name, want, sizeof want), *h;
+  if (!w) return NULL;
+  for (int i = 0; i < N_ALIAS_ROWS; i++)
+    for (int k = 0; k < 6 && alias_table[i][k]; k++)
+      if ((h = fold_bare(alias_table[i][k], have, sizeof have)) && strcmp(w, h) == 0) return alias_table[i][0];
   return NULL;
+}
+
+const char *const *pw_schedule_aliases(const char *canon) {
+  static const char *const none[] = {NULL};
+  for (int i = 0; i < N_ALIAS_ROWS; i++)
+    if (canon && strcmp(canon, alias_table[i][0]) == 0) return &alias_table[i][1];
+  return none;
 }
 
 /* ---- the sections ---------------------------------------------------- */
@@ -227,14 +253,54 @@ static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
   return rc;
 }
 
-static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
+/* schedule.custom: {"ranks": [one string per pipeline rank]}, kept as
+ * given (the planner parses and proves the lists). */
+static int custom_parse(const json_t *c, int pp, pw_schedule_spec *s, pw_err *err) {
+  if (!json_is_object(c)) return pw_err_set(err, PW_ESPEC, "schedule.custom", "must be an object {\"ranks\": [...]}");
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)c, key, v)
+    if (strcmp(key, "ranks") != 0)
+      return pw_err_set(err, PW_ESPEC, "schedule.custom", "unknown field \"%.64s\" (the only field is ranks)", key);
+  const json_t *ranks = json_object_get(c, "ranks");
+  if (!json_is_array(ranks))
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                      "must be an array of action lists, one per pipeline rank");
+  if ((int)json_array_size(ranks) != pp)
+    return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                      "needs one action list per pipeline rank: mesh.pp = %d (got %d)", pp, (int)json_array_size(ranks));
+  for (int r = 0; r < pp; r++)
+    if (!json_is_string(json_array_get(ranks, (size_t)r)))
+      return pw_err_set(err, PW_ESPEC, "schedule.custom.ranks",
+                        "entry %d must be a string of actions (\"F0@s0 F1@s0 B0@s0 ...\")", r);
+  s->custom_ranks = calloc((size_t)pp, sizeof(char *));
+  if (!s->custom_ranks) return pw_err_set(err, PW_ENOMEM, "schedule.custom", "out of memory");
+  s->n_custom_ranks = pp;
+  for (int r = 0; r < pp; r++)
+    if (!(s->custom_ranks[r] = strdup(json_string_value(json_array_get(ranks, (size_t)r)))))
+      return pw_err_set(err, PW_ENOMEM, "schedule.custom", "out of memory");
+  return 0;
+}
+
+static int schedule_parse(const json_t *o, int pp, pw_schedule_spec *s, pw_err *err) {
   sched_tmp tmp;
   /* another spelling of a schedule's name is read as its canonical name
-   * (and stored so: the canonical spec never holds an alias) */
-  const char *name = json_string_value(json_object_get(o, "name")), *canon = pw_schedule_resolve(name);
+   * (and stored so: the canonical spec never holds an alias); a custom
+   * schedule's name is "custom" or absent */
+  const json_t *jname = json_object_get(o, "name"), *custom = json_object_get(o, "custom");
+  const char *name = json_string_value(jname), *canon = pw_schedule_resolve(name);
+  int is_custom = custom || (name && strcmp(name, "custom") == 0);
+  if (is_custom && !custom)
+    return pw_err_set(err, PW_ESPEC, "schedule.custom", "required when schedule.name is \"custom\"");
+  if (is_custom && jname && !(name && strcmp(name, "custom") == 0))
+    return pw_err_set(err, PW_ESPEC, "schedule.name",
+                      "must be \"custom\" or absent with schedule.custom (got %s%.64s%s)",
+                      name ? "\"" : "", name ? name : "a non-string", name ? "\"" : "");
   json_t *copy = NULL;
-  if (canon && strcmp(name, canon) != 0) {
-    if (!(copy = json_copy((json_t *)o)) || json_object_set_new(copy, "name", json_string(canon))) {
+  if (is_custom || (canon && strcmp(name, canon) != 0)) {
+    if (!(copy = json_copy((json_t *)o)) ||
+        (is_custom ? json_object_del(copy, "custom") || (jname && json_object_del(copy, "name"))
+                   : json_object_set_new(copy, "name", json_string(canon)))) {
       json_decref(copy);
       return pw_err_set(err, PW_ENOMEM, "schedule", "out of memory");
     }
@@ -243,9 +309,9 @@ static int schedule_parse(const json_t *o, pw_schedule_spec *s, pw_err *err) {
   int rc = pw__fields_parse(o, "schedule", sched_fields, PW__N(sched_fields), PW__ALL, "", &tmp, err);
   json_decref(copy);
   if (rc) return rc;
-  snprintf(s->name, sizeof s->name, "%s", pw_schedule_names[tmp.name]);
+  snprintf(s->name, sizeof s->name, "%s", is_custom ? "custom" : pw_schedule_names[tmp.name]);
   s->microbatches = tmp.microbatches;
-  return 0;
+  return is_custom ? custom_parse(custom, pp, s, err) : 0;
 }
 
 /* The partition's default mode depends on the model: markers when the
@@ -467,7 +533,7 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
   if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)) ||
       (rc = pw__placement_parse(mesh, &job->mesh, err)))
     return rc;
-  if ((rc = schedule_parse(sched, &job->schedule, err))) return rc;
+  if ((rc = schedule_parse(sched, job->mesh.pp, &job->schedule, err))) return rc;
   if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
   if ((rc = train_parse(train, &job->train, err))) return rc;
   if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
@@ -534,6 +600,10 @@ void pw_job_free(pw_job *job) {
   job->partition.layer_times = NULL;
   job->partition.n_layer_times = 0;
   pw__layout_free(job);
+  for (int r = 0; r < job->schedule.n_custom_ranks; r++) free(job->schedule.custom_ranks[r]);
+  free(job->schedule.custom_ranks);
+  job->schedule.custom_ranks = NULL;
+  job->schedule.n_custom_ranks = 0;
 }
 
 json_t *pw_job_to_json(const pw_job *job) {
@@ -551,7 +621,16 @@ json_t *pw_job_to_json(const pw_job *job) {
   for (int i = 0; i < pw_n_schedule_names; i++)
     if (strcmp(job->schedule.name, pw_schedule_names[i]) == 0) st.name = i;
   bad |= json_object_set_new(o, "schedule", v = json_object());
-  bad |= pw__fields_emit(v, sched_fields, PW__N(sched_fields), PW__ALL, &st);
+  if (job->schedule.custom_ranks) {
+    json_t *ranks = json_array();
+    bad |= json_object_set_new(v, "name", json_string("custom"));
+    bad |= json_object_set_new(v, "microbatches", json_integer(job->schedule.microbatches));
+    bad |= json_object_set_new(v, "custom", json_pack("{s:o}", "ranks", ranks));
+    for (int r = 0; r < job->schedule.n_custom_ranks; r++)
+      bad |= json_array_append_new(ranks, json_string(job->schedule.custom_ranks[r]));
+  } else {
+    bad |= pw__fields_emit(v, sched_fields, PW__N(sched_fields), PW__ALL, &st);
+  }
 
   const pw_partition_spec *p = &job->partition;
   bad |= json_object_set_new(o, "partition", v = json_object());

@@ -89,9 +89,15 @@ typedef struct {
   int n_placement;
 } pw_mesh_spec;
 
+/* A custom schedule ("schedule": {"custom": {"ranks": [...]}}) is one
+ * action list per pipeline rank in schedule.h's text form, stored as given;
+ * name is then "custom". The spec only checks the shape (mesh.pp strings);
+ * the planner proves the lists (pw_sched_from_ranks, lib/plan). */
 typedef struct {
-  char name[32];     /* one of the nine schedule names; default "1f1b" */
-  int microbatches;  /* default 1 */
+  char name[32];       /* one of the nine schedule names, or "custom"; default "1f1b" */
+  int microbatches;    /* default 1 */
+  char **custom_ranks; /* [n_custom_ranks] malloc'ed; NULL when not custom */
+  int n_custom_ranks;  /* mesh.pp when custom, else 0 */
 } pw_schedule_spec;
 
 typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED, PW_PARTITION_EXPLICIT } pw_partition_mode;
@@ -224,9 +230,11 @@ extern const int pw_n_schedule_names;
 /* The canonical name of a schedule written another way, or NULL: case,
  * '-' and '_' do not count ("GPipe", "ZB_H1", "KimiK2", "Interleaved1F1B"),
  * a PyTorch class's "Schedule" prefix is dropped ("ScheduleGPipe"), and
- * the names other systems use where unambiguous are known: "Std1F1B",
- * "ONE_FWD_ONE_BWD" (1f1b), "ZeroBubbleH1" (zb-h1), "InterleavedH1"
- * (interleaved-1f1b). docs/contracts.md lists them. */
+ * the names other systems use where unambiguous are known (pw_schedule_aliases).
+ * docs/contracts.md lists them. */
 const char *pw_schedule_resolve(const char *name);
+/* The other systems' names of schedule `canon` (NULL-terminated, static;
+ * empty for a name without any): what GET /v1/schedules lists. */
+const char *const *pw_schedule_aliases(const char *canon);
 
 #endif

@@ -3,25 +3,42 @@
  * Any bytes: parse as JSON, then as a job spec. Nothing may crash or leak.
  * When the spec is accepted, its canonical form (pw_job_to_json) must parse
  * again and give the same canonical form: parse -> canonical -> parse is an
- * identity for every accepted spec. */
+ * identity for every accepted spec. An accepted spec's custom schedule
+ * lists go through the planner's reader and proof (pw_sched_from_ranks);
+ * bytes that are not JSON are read as a PyTorch schedule CSV. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "schedule.h"
 #include "spec_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   json_t *root = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, NULL);
-  if (!root) return 0;
-  pw_job job;
   pw_err err = {0};
+  if (!root) {
+    char *text = malloc(size + 1), **rows;
+    int n;
+    if (!text) return 0;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    if (pw_sched_csv_parse(text, &rows, &n, &err) == 0) pw_sched_ranks_free(rows, n);
+    free(text);
+    return 0;
+  }
+  pw_job job;
   if (pw_job_parse(root, NULL, &job, &err)) {
     json_decref(root);
     return 0;
   }
+  pw_sched *sched;
+  if (job.schedule.custom_ranks &&
+      pw_sched_from_ranks((const char *const *)job.schedule.custom_ranks, job.schedule.n_custom_ranks,
+                          job.schedule.microbatches, job.mode == PW_MODE_FORWARD, &sched, &err) == 0)
+    pw_sched_free(sched);
   json_t *canon = pw_job_to_json(&job);
   if (!canon) abort();
   pw_job again;

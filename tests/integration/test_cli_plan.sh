@@ -3,7 +3,8 @@
 # compare view, the JSON document (what POST /v1/plans will return), the
 # Chrome trace, and a schedule the job cannot run; --schedule takes other
 # spellings and other systems' names (as a job spec does), and an unknown
-# one is answered with all nine and the nearest.
+# one is answered with all nine and the nearest; a virtual schedule on a
+# flat job is planned with virtual_stages 2; --export and --import-csv.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -75,4 +76,31 @@ plan_usage "pipewright plan: missing --job FILE" --schedule gpipe
 sed 's/"name": "1f1b"/"name": "1f1c"/' examples/jobs/gpt-tiny.json > "$T/typo.json"
 if "$PW" plan --job "$T/typo.json" 2> "$T/err"; then fail "schedule 1f1c accepted"; fi
 grep -q 'schedule.name: must be one of .* (got "1f1c"); did you mean 1f1b?$' "$T/err" || { cat "$T/err"; fail "no did-you-mean for a spec's schedule"; }
+# a virtual schedule on a job with virtual_stages 1: planned with 2, and said so
+"$PW" plan --job examples/jobs/gpt-tiny.json --schedule LoopedBFS > "$T/v.txt" 2> "$T/err" || { cat "$T/err"; fail "LoopedBFS on V = 1 refused"; }
+grep -q '^job gpt-tiny: schedule interleaved-gpipe, pp 2 x dp 1, 4 stages (virtual_stages 2)' "$T/v.txt" || { head -1 "$T/v.txt"; fail "not planned with V = 2"; }
+grep -qxF "pipewright plan: interleaved-gpipe needs virtual_stages >= 2: planning with mesh.virtual_stages = 2 (the job has 1)" "$T/err" ||
+  { cat "$T/err"; fail "no line saying V was raised"; }
+# --export / --import-csv: a schedule's lists out as CSV and back in plan the same
+"$PW" plan --job examples/jobs/gpt-tiny.json --schedule dualpipev --export --format csv > "$T/dv.csv" 2>/dev/null
+grep -q 'OVERLAP_F_B' "$T/dv.csv" || fail "dualpipev's CSV has no fused pair"
+"$PW" plan --job examples/jobs/gpt-tiny.json --import-csv "$T/dv.csv" > "$T/imp.txt" 2> "$T/err" || { cat "$T/err"; fail "import-csv"; }
+"$PW" plan --job examples/jobs/gpt-tiny.json --schedule dualpipev > "$T/dv.txt" 2>/dev/null
+diff <(tail -n +2 "$T/dv.txt") <(tail -n +2 "$T/imp.txt") > /dev/null || fail "the imported CSV plans differently"
+grep -q '^job gpt-tiny: schedule custom, ' "$T/imp.txt" || fail "the imported plan is not custom"
+"$PW" plan --job examples/jobs/gpt-tiny.json --export --format json > "$T/exp.json"
+$PY - "$T/exp.json" <<'P'
+import json, sys
+e = json.load(open(sys.argv[1]))
+assert e["mesh"] == {"pp": 2, "dp": 1, "virtual_stages": 1}, e["mesh"]
+assert e["schedule"]["name"] == "custom" and e["schedule"]["microbatches"] == 4, e["schedule"]
+assert e["schedule"]["custom"]["ranks"][0].startswith("F0@s0 F1@s0 B0@s0"), e["schedule"]
+P
+printf '0F0,0B0\n1F0,1X0\n' > "$T/bad.csv"
+if "$PW" plan --job examples/jobs/gpt-tiny.json --import-csv "$T/bad.csv" 2> "$T/err"; then fail "bad CSV accepted"; fi
+grep -qF 'csv: row 2 (rank 1), cell 2 "1X0": unknown kind' "$T/err" || { cat "$T/err"; fail "bad CSV not named"; }
+plan_usage "pipewright plan: --format goes with --export" --job examples/jobs/gpt-tiny.json --format csv
+plan_usage "pipewright plan: --format: 'yaml' is not one of text, csv, json" --job examples/jobs/gpt-tiny.json --export --format yaml
+plan_usage "pipewright plan: --export prints the action lists only: not with --compare, --slices or --json" \
+  --job examples/jobs/gpt-tiny.json --export --json
 echo "1 passed, 0 failed"

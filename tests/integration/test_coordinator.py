@@ -310,6 +310,7 @@ def kernel_checks(s):
 
 def main():
     spec = json.load(open(os.path.join(SRC, "examples/jobs/gpt-pp4.json")))
+    spec["model"]["n_layers"] = 4  # one block per stage: the example has 8 (two per stage, or V = 2)
     with tempfile.TemporaryDirectory(prefix="pw-coord-") as tmp:
         s = System(tmp)
         try:

@@ -312,33 +312,40 @@ static void expect_fail(pw_sched *s, int code, const char *const *parts) {
 }
 
 static void test_deadlock(void **st) {
-  /* Rank 0 waits for rank 1's backward, rank 1 for rank 0's forward. */
+  /* Rank 0 waits for rank 1's backward, rank 1 for rank 0's forward: the
+   * message is the cycle, with where each awaited input sits. */
   const char *a[] = {"F0@s0 B0@s0 F1@s0 B1@s0", "F0@s1 F1@s1 B0@s1 B1@s1"};
-  const char *want_a[] = {"deadlock", "rank 0 at B0@s0 (#1) waits for B0@s1 (rank 1 #2)",
-                          "rank 1 at F1@s1 (#1) waits for F1@s0 (rank 0 #2)", NULL};
+  const char *want_a[] = {"deadlock: rank 0 waits at B0@s0 for B0@s1 (rank 1) which comes after F1@s1, rank 1 waits at "
+                          "F1@s1 for F1@s0 (rank 0) which comes after B0@s0",
+                          NULL};
   expect_fail(custom(2, 2, 2, NULL, a, 0), PW_EDEADLOCK, want_a);
   /* The V layout: each rank waits for the other's backward. */
   int vmap[4] = {0, 1, 1, 0};
   const char *b[] = {"F0@s0 F0@s3 B0@s0 B0@s3", "F0@s1 F0@s2 B0@s2 B0@s1"};
-  const char *want_b[] = {"rank 0 at B0@s0 (#2) waits for B0@s1 (rank 1 #3)",
-                          "rank 1 at B0@s2 (#2) waits for B0@s3 (rank 0 #3)", NULL};
+  const char *want_b[] = {"deadlock: rank 0 waits at B0@s0 for B0@s1 (rank 1) which comes after B0@s2, rank 1 waits at "
+                          "B0@s2 for B0@s3 (rank 0) which comes after B0@s0",
+                          NULL};
   expect_fail(custom(2, 4, 1, vmap, b, 0), PW_EDEADLOCK, want_b);
-  /* A rank waiting on itself (and rank 0 on it). */
+  /* A rank waiting on itself is the cycle; rank 0 waits behind it. */
   const char *c[] = {"F0@s0 B0@s0", "B0@s1 F0@s1"};
-  const char *want_c[] = {"rank 1 at B0@s1 (#0) waits for F0@s1 (rank 1 #1)",
-                          "rank 0 at B0@s0 (#1) waits for B0@s1 (rank 1 #0)", NULL};
+  const char *want_c[] = {
+      "deadlock: rank 1 waits at B0@s1 for F0@s1 (rank 1) which comes after B0@s1; 1 other rank waits behind them", NULL};
   expect_fail(custom(2, 2, 1, NULL, c, 0), PW_EDEADLOCK, want_c);
-  /* Three ranks: rank 2 finishes nothing, rank 0 is stuck behind rank 1 */
   const char *d3[] = {"F0@s0 B0@s0", "F0@s1 B0@s1", "B0@s2 F0@s2"};
-  const char *want_d3[] = {"rank 2 at B0@s2 (#0) waits for F0@s2 (rank 2 #1)",
-                           "rank 1 at B0@s1 (#1) waits for B0@s2 (rank 2 #0)", NULL};
+  const char *want_d3[] = {
+      "deadlock: rank 2 waits at B0@s2 for F0@s2 (rank 2) which comes after B0@s2; 2 other ranks wait behind them", NULL};
   expect_fail(custom(3, 3, 1, NULL, d3, 0), PW_EDEADLOCK, want_d3);
   /* A fused pair whose second half waits holds back its first half's
    * result too (the unit starts only when both inputs are there). */
   const char *d[] = {"F0@s0 F1@s0+B0@s0 B1@s0", "F0@s1 F1@s1 B0@s1 B1@s1"};
-  const char *want_d[] = {"rank 0 at B0@s0 (#2) waits for B0@s1 (rank 1 #2)",
-                          "rank 1 at F1@s1 (#1) waits for F1@s0 (rank 0 #1)", NULL};
+  const char *want_d[] = {"deadlock: rank 0 waits at B0@s0 for B0@s1 (rank 1) which comes after F1@s1, rank 1 waits at "
+                          "F1@s1 for F1@s0 (rank 0) which runs fused with B0@s0",
+                          NULL};
   expect_fail(custom(2, 2, 2, NULL, d, 0), PW_EDEADLOCK, want_d);
+  /* Three ranks in a cycle, found from rank 0 and printed from it. */
+  const char *e[] = {"F0@s0 B0@s0", "B0@s1 F0@s1", "F0@s2 B0@s2"};
+  const char *want_e[] = {"deadlock: rank 1 waits at B0@s1 for F0@s1 (rank 1) which comes after B0@s1", NULL};
+  expect_fail(custom(3, 3, 1, NULL, e, 0), PW_EDEADLOCK, want_e);
 }
 
 static void test_broken_plans(void **st) {
@@ -349,10 +356,10 @@ static void test_broken_plans(void **st) {
   } cases[] = {
       {"F0@s0 F0@s1 B0@s1 B0@s0", "", 0, "rank 0 #1: F0@s1 is on stage 1, which belongs to rank 1"},
       {"F0@s0 F0@s0 B0@s0", "F0@s1 B0@s1", 0, "F0@s0 appears twice (rank 0 #0 and rank 0 #1)"},
-      {"B0@s0", "F0@s1 B0@s1", 0, "stage 0 microbatch 0 has no forward (F0@s0)"},
-      {"F0@s0", "F0@s1 B0@s1", 0, "stage 0 microbatch 0 has no backward"},
+      {"B0@s0", "F0@s1 B0@s1", 0, "F0@s0 is missing: stage 0 (rank 0) has no forward of microbatch 0; F0@s1 on rank 1 needs it"},
+      {"F0@s0", "F0@s1 B0@s1", 0, "B0@s0 (or I0@s0 and W0@s0) is missing: stage 0 (rank 0) has no backward"},
       {"F0@s0 B0@s0 W0@s0", "F0@s1 B0@s1", 0, "has both a full backward and split ones"},
-      {"F0@s0 I0@s0", "F0@s1 B0@s1", 0, "stage 0 microbatch 0 has I0@s0 without W0@s0"},
+      {"F0@s0 I0@s0", "F0@s1 B0@s1", 0, "W0@s0 is missing: rank 0 has I0@s0 without it"},
       {"F0@s0 W0@s0 I0@s0", "F0@s1 B0@s1", 0, "rank 0: W0@s0 (#1) comes before I0@s0 (#2)"},
       {"F0@s0", "F0@s1 B0@s1", 1, "rank 1 #1: B0@s1 in a forward-only plan"},
       {"F0@s0 F1@s0", "F0@s1 F2@s1", 1, "rank 1 #1: F2@s1: microbatch outside 0..1"},

@@ -188,6 +188,16 @@ static const bad_case bad[] = {
      "interleaved-1f1b-plus-one, kimi-k2, dualpipev (got \"pipedream\")"},
     {B_GPT, "{'schedule':{'name':'gpip'}}", "schedule.name", "(got \"gpip\"); did you mean gpipe?"},
     {B_GPT, "{'schedule':{'name':'Interleaved'}}", "schedule.name", "(got \"Interleaved\")"},
+    /* custom schedules: the shape only (the planner proves the lists) */
+    {B_GPT, "{'schedule':{'name':'gpipe','custom':{'ranks':['F0@s0','F0@s1']}}}", "schedule.name",
+     "must be \"custom\" or absent with schedule.custom (got \"gpipe\")"},
+    {B_GPT, "{'schedule':{'name':'custom'}}", "schedule.custom", "required when schedule.name is \"custom\""},
+    {B_GPT, "{'schedule':{'name':null,'custom':{'ranks':['F0@s0']}}}", "schedule.custom.ranks",
+     "needs one action list per pipeline rank: mesh.pp = 2 (got 1)"},
+    {B_GPT, "{'schedule':{'name':'custom','custom':{'ranks':['F0@s0',3]}}}", "schedule.custom.ranks", "entry 1 must be a string"},
+    {B_GPT, "{'schedule':{'name':null,'custom':{'ranks':'F0@s0'}}}", "schedule.custom.ranks", "must be an array"},
+    {B_GPT, "{'schedule':{'name':null,'custom':{'rank':[]}}}", "schedule.custom", "unknown field \"rank\""},
+    {B_GPT, "{'schedule':{'name':'custom','custom':[]}}", "schedule.custom", "must be an object"},
     {B_GPT, "{'train':{'optimizer':{'name':'adam'}}}", "train.optimizer.name", "did you mean adamw?"},
     {B_GPT, "{'mode':'decode'}", "mode", "must be one of train, forward"},
     {B_GPT, "{'train':{'optimizer':{'name':'adam'}}}", "train.optimizer.name",
@@ -536,6 +546,8 @@ static void test_schedule_names(void **st) {
       {"ZeroBubbleH1", "zb-h1"}, {"ZB_H1", "zb-h1"},           {"InterleavedH1", "interleaved-1f1b"},
       {"Interleaved1F1B", "interleaved-1f1b"}, {"DualPipeV", "dualpipev"}, {"KimiK2", "kimi-k2"},
       {"Eager1F1B", "eager1f1b"}, {"Interleaved1F1BPlusOne", "interleaved-1f1b-plus-one"},
+      {"LoopedBFS", "interleaved-gpipe"}, {"ScheduleLoopedBFS", "interleaved-gpipe"},
+      {"ZERO_BUBBLE_H1", "zb-h1"}, {"ScheduleDualPipeV", "dualpipev"}, {"ScheduleInterleaved1F1B", "interleaved-1f1b"},
   };
   for (size_t i = 0; i < sizeof alias / sizeof alias[0]; i++) {
     assert_string_equal(pw_schedule_resolve(alias[i][0]), alias[i][1]);
@@ -551,6 +563,21 @@ static void test_schedule_names(void **st) {
     json_decref(back);
     pw_job_free(&job);
   }
+  /* not ours, so not read as ours */
+  assert_null(pw_schedule_resolve("CIRCULAR"));
+  assert_null(pw_schedule_resolve("ScheduleInterleavedZeroBubble"));
+  assert_null(pw_schedule_resolve("ScheduleZBVZeroBubble"));
+  assert_null(pw_schedule_resolve("custom"));
+  /* every listed alias reads as its schedule; each schedule lists its own */
+  for (int i = 0; i < 9; i++) {
+    const char *const *al = pw_schedule_aliases(want[i]);
+    assert_non_null(al[0]);
+    for (; *al; al++) assert_string_equal(pw_schedule_resolve(*al), want[i]);
+  }
+  assert_string_equal(pw_schedule_aliases("1f1b")[1], "Std1F1B");
+  assert_string_equal(pw_schedule_aliases("interleaved-gpipe")[1], "LoopedBFS");
+  assert_null(pw_schedule_aliases("nope")[0]);
+  assert_null(pw_schedule_aliases(NULL)[0]);
   assert_null(pw_schedule_resolve("Interleaved"));
   assert_null(pw_schedule_resolve("Schedule"));
   assert_null(pw_schedule_resolve(NULL));
@@ -566,6 +593,9 @@ static void assert_jobs_equal(const pw_job *a, const pw_job *b) {
   x.partition.first = y.partition.first = NULL;
   x.partition.names = y.partition.names = NULL;
   x.partition.hints = y.partition.hints = NULL;
+  x.schedule.custom_ranks = y.schedule.custom_ranks = NULL;
+  for (int r = 0; r < a->schedule.n_custom_ranks; r++)
+    assert_string_equal(a->schedule.custom_ranks[r], b->schedule.custom_ranks[r]);
   assert_memory_equal(&x, &y, sizeof x); /* the parser zeroes the struct first */
   if (a->mesh.n_placement)
     assert_memory_equal(a->mesh.placement, b->mesh.placement, sizeof(int) * (size_t)a->mesh.n_placement);
@@ -624,6 +654,9 @@ static const char *const round_trip_specs[] = {
     "{'model':{'input':{'kind':'features','dim':3},'layers':[{'type':'linear','out':4},"
     "{'stage_boundary':{'stage':1}},{'type':'relu'},{'type':'linear','out':2},{'type':'mse'}]},"
     "'mesh':{'pp':2,'placement':'v'},'data':{'kind':'regression'}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'mesh':{'pp':2},"
+    "'schedule':{'microbatches':2,'custom':{'ranks':['F0@s0 F1@s0 B0@s0 B1@s0','F0@s1  B0@s1 F1@s1+B1@s1']}},"
+    "'train':{'batch_size':4},'data':{'kind':'copy'}}",
 };
 
 static void test_round_trip(void **st) {
@@ -858,9 +891,10 @@ static void test_schema(void **st) {
   /* the schema's schedule names are ours, in order */
   json_t *sched = schema_resolve(schema, json_object_get(props, "schedule"));
   json_t *names = json_object_get(json_object_get(json_object_get(sched, "properties"), "name"), "enum");
-  assert_int_equal(json_array_size(names), (size_t)pw_n_schedule_names);
+  assert_int_equal(json_array_size(names), (size_t)pw_n_schedule_names + 1);
   for (int i = 0; i < pw_n_schedule_names; i++)
     assert_string_equal(json_string_value(json_array_get(names, (size_t)i)), pw_schedule_names[i]);
+  assert_string_equal(json_string_value(json_array_get(names, (size_t)pw_n_schedule_names)), "custom");
   /* and it names every field of every canonical spec we emit */
   json_t *specs[16];
   int n = 0;
