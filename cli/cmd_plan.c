@@ -74,7 +74,9 @@ static void print_placement(const pw_job *job, const pw_plan *p) {
   printf("placement: stage -> rank");
   for (int s = 0; s < p->S && s < 64; s++) printf(" %d", p->sched->stage_to_rank[s]);
   int kind = job->mesh.placement_kind;
-  if (kind == PW_PLACEMENT_NONE)
+  if (kind == PW_PLACEMENT_NONE && !strcmp(p->sched->name, "custom"))
+    printf("%s (where the custom lists run each stage)\n", p->S > 64 ? " ..." : "");
+  else if (kind == PW_PLACEMENT_NONE)
     printf("%s (the layout of %s)\n", p->S > 64 ? " ..." : "", p->sched->name);
   else if (kind == PW_PLACEMENT_ARRAY)
     printf("%s (mesh.placement)\n", p->S > 64 ? " ..." : "");

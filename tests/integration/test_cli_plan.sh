@@ -86,7 +86,9 @@ grep -qxF "pipewright plan: interleaved-gpipe needs virtual_stages >= 2: plannin
 grep -q 'OVERLAP_F_B' "$T/dv.csv" || fail "dualpipev's CSV has no fused pair"
 "$PW" plan --job examples/jobs/gpt-tiny.json --import-csv "$T/dv.csv" > "$T/imp.txt" 2> "$T/err" || { cat "$T/err"; fail "import-csv"; }
 "$PW" plan --job examples/jobs/gpt-tiny.json --schedule dualpipev > "$T/dv.txt" 2>/dev/null
-diff <(tail -n +2 "$T/dv.txt") <(tail -n +2 "$T/imp.txt") > /dev/null || fail "the imported CSV plans differently"
+# all but the title and where the placement line says the layout comes from
+strip() { tail -n +2 "$1" | sed 's/^\(placement: [^(]*\) (.*)$/\1/'; }
+diff <(strip "$T/dv.txt") <(strip "$T/imp.txt") > /dev/null || fail "the imported CSV plans differently"
 grep -q '^job gpt-tiny: schedule custom, ' "$T/imp.txt" || fail "the imported plan is not custom"
 "$PW" plan --job examples/jobs/gpt-tiny.json --export --format json > "$T/exp.json"
 $PY - "$T/exp.json" <<'P'
