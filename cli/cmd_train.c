@@ -112,7 +112,8 @@ int pw_cmd_train(int argc, char **argv) {
   int tty = isatty(2) && !quiet;
   pw_step_stats st = {0};
   if (job.mode == PW_MODE_FORWARD) {
-    for (int k = t.step; k < stop; k++) printf("step %d  loss %.6f\n", k, pw_trainer_forward(&t, k));
+    /* batches, not steps (nothing trains), counted as everything a person reads: N done of M */
+    for (int k = t.step; k < stop; k++) printf("batch %d/%d  loss %.6f\n", k + 1, stop, pw_trainer_forward(&t, k));
     stop = t.step; /* nothing trained */
   }
   while (t.step < stop) {
