@@ -400,6 +400,24 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       await page.uncheck('#chart-loss .chart-log');
       await page.waitForSelector('#chart-loss[data-log="0"]');
       await shot('job-curves');
+
+      // a series with a value <= 0 cannot have a log axis: the toggle says why (a scratch chart)
+      const scratch = await page.evaluate(() => {
+        localStorage.setItem('pipewright.chart.scratch', JSON.stringify({smooth: 0, log: true}));
+        const el = document.body.appendChild(document.createElement('div'));
+        const c = PW.charts.metric(el, {key: 'scratch', title: 'scratch'});
+        const seen = (ys) => {
+          c.set([{job: 1, label: 'job 1', color: '#000000', xs: [0, 1, 2], ys}]);
+          return {log: el.dataset.log, disabled: el.querySelector('.chart-log').disabled,
+                  note: el.querySelector('.chart-note').textContent, last: el.dataset.last};
+        };
+        const out = [seen([1, 0, null]), seen([1, 10, null])];
+        c.destroy();
+        el.remove();
+        return out;
+      });
+      assert.deepEqual(scratch[0], {log: '0', disabled: true, note: 'log scale needs values > 0', last: '0'});
+      assert.deepEqual(scratch[1], {log: '1', disabled: false, note: '', last: '10'}, 'the null step is a gap, not 0');
     });
 
     await t.test('a diverged job: its null step is a gap, not 0', async () => {

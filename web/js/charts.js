@@ -170,11 +170,11 @@ PW.charts = (function () {
       note.textContent = nonPos ? "log scale needs values > 0" : "";
       var logOn = cfg.log && !nonPos;
       container.setAttribute("data-log", logOn ? "1" : "0");
-      var own = list[0];
+      var own = list[0], any = list.some(function (s) { return s.xs.length > 0; });
       container.setAttribute("data-points", String(own ? own.xs.length : 0));
       container.setAttribute("data-series", String(list.length));
-      empty.hidden = !!(own && own.xs.length);
-      if (!own || !own.xs.length) return;
+      empty.hidden = any; /* an overlaid job may have steps before this one does */
+      if (!any) return;
       var al = align(list);
       drawn = {xs: al.xs, raw: [], smoothed: []};
       var data = [al.xs];
@@ -190,8 +190,8 @@ PW.charts = (function () {
       var sh = list.map(function (s) { return s.job + ":" + s.label + ":" + s.color; }).join("|") +
                (cfg.smooth > 0 ? "|s" : "") + (logOn ? "|log" : "");
       if (typeof window.uPlot !== "function") {
-        d.fill(box, h("p", {class: "muted"}, opts.title + ": last " + fmt(own.ys[own.ys.length - 1]) +
-          " at step " + own.xs[own.xs.length - 1] + " (chart library not loaded)"));
+        d.fill(box, h("p", {class: "muted"}, opts.title + ": last " + fmt(lastOwn[lastOwn.length - 1]) +
+          " (chart library not loaded)"));
         showLegend(null);
         return;
       }
