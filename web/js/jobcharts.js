@@ -62,12 +62,14 @@ PW.jobcharts = function (id, overlay) {
 
   function redraw() {
     var jobs = [own].concat(others.filter(function (o) { return !o.error; }));
+    var steps = jobs.map(function (j) {
+      return Object.keys(j.rows).map(Number).sort(function (a, b) { return a - b; });
+    });
     CHARTS.forEach(function (c) {
       var rest = PALETTE.filter(function (p) { return p !== c.color; });
       charts[c.key].set(jobs.map(function (j, k) {
-        var steps = Object.keys(j.rows).map(Number).sort(function (a, b) { return a - b; });
-        return {job: j.id, label: label(j), color: k === 0 ? c.color : rest[(k - 1) % rest.length], xs: steps,
-                ys: steps.map(function (s) { return j.rows[s][c.key]; })};
+        return {job: j.id, label: label(j), color: k === 0 ? c.color : rest[(k - 1) % rest.length], xs: steps[k],
+                ys: steps[k].map(function (s) { return j.rows[s][c.key]; })};
       }));
     });
   }
