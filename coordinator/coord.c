@@ -176,6 +176,75 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   }
 }
 
+/* A label value in the text format: backslash, double quote and newline
+ * escaped (a job's name is the user's). */
+static void sb_label(sbuf *b, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"') sb_printf(b, "\\%c", *v);
+    else if (*v == '\n') sb_printf(b, "\\n");
+    else sb_printf(b, "%c", *v);
+  }
+}
+
+/* A job's gauges: the newest running jobs only, so the label sets stay few
+ * (a running job holds at least one worker; the cap guards the rest). */
+#define PW_PROM_JOBS 64
+
+/* Per running job, its last recorded step's series as the dashboard charts
+ * them: the row of step progress.step - 1, the latest run's. A value that
+ * was not finite (stored as null) is NaN. */
+static void job_series(sbuf *b, pw_store *s) {
+  static const struct {
+    const char *name, *key, *help;
+  } g[] = {
+    {"pipewright_job_loss", "loss", "Training loss at the running job's last recorded step."},
+    {"pipewright_job_lr", "lr", "Learning rate at the running job's last recorded step."},
+    {"pipewright_job_grad_norm", "grad_norm", "Gradient norm at the running job's last recorded step."},
+    {"pipewright_job_tokens_per_second", "tokens_per_s", "Tokens per second of the running job's last recorded step."},
+    {"pipewright_job_step_seconds", "step_time", "Wall time of the running job's last recorded step."},
+  };
+  json_t *list = NULL, *last[PW_PROM_JOBS] = {0};
+  const char *names[PW_PROM_JOBS];
+  json_int_t ids[PW_PROM_JOBS];
+  int n = 0;
+  pw_err err = {0};
+  char eb[600];
+  if (s && pw_store_jobs_json(s, PW_JOB_RUNNING, PW_PROM_JOBS, 0, &list, &err))
+    pw_warn("metrics: cannot list the running jobs: %s", pw_err_str(&err, eb, sizeof eb));
+  size_t i;
+  json_t *j;
+  json_array_foreach(json_object_get(list, "jobs"), i, j) {
+    if (n == PW_PROM_JOBS) break;
+    json_int_t id = json_integer_value(json_object_get(j, "id"));
+    json_int_t step = json_integer_value(json_object_get(json_object_get(j, "progress"), "step")) - 1;
+    json_t *rows = NULL;
+    if (step < 0) continue; /* no step recorded yet */
+    if (pw_store_metrics_json(s, id, (int)step, &rows, &err)) {
+      pw_warn("metrics: cannot read job %lld's metrics: %s", (long long)id, pw_err_str(&err, eb, sizeof eb));
+      continue;
+    }
+    json_t *row = json_array_get(json_object_get(rows, "metrics"), 0);
+    if (row && json_integer_value(json_object_get(row, "step")) == step) {
+      ids[n] = id;
+      names[n] = json_string_value(json_object_get(j, "name"));
+      last[n++] = json_incref(row);
+    }
+    json_decref(rows);
+  }
+  for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", g[k].name, g[k].help, g[k].name);
+    for (int r = 0; r < n; r++) {
+      json_t *v = json_object_get(last[r], g[k].key);
+      sb_printf(b, "%s{job=\"%lld\",name=\"", g[k].name, (long long)ids[r]);
+      sb_label(b, names[r] ? names[r] : "");
+      if (json_is_number(v)) sb_printf(b, "\"} %.17g\n", json_number_value(v));
+      else sb_printf(b, "\"} NaN\n");
+    }
+  }
+  for (int r = 0; r < n; r++) json_decref(last[r]);
+  json_decref(list);
+}
+
 char *pw_coord_metrics_text(pw_coord *c) {
   sbuf b = {0};
   int64_t counts[PW_JOB__N] = {0}, steps = 0;
@@ -198,6 +267,7 @@ char *pw_coord_metrics_text(pw_coord *c) {
                 "pipewright_steps_total %lld\n", (long long)steps);
   sb_printf(&b, "# HELP pipewright_tokens_total Tokens trained on.\n# TYPE pipewright_tokens_total counter\n"
                 "pipewright_tokens_total %.0f\n", tokens);
+  job_series(&b, s);
   pthread_mutex_lock(&c->mu);
   uint64_t hist[PW_HIST_BUCKETS + 1], req[6], count = c->step_count;
   double sum = c->step_time_sum;

@@ -8,6 +8,14 @@
 // the overview, job and plan pages and checks what a user would see:
 //   - the job appears in the overview and reaches `succeeded`;
 //   - the loss chart plots one point per training step;
+//   - the loss, lr, gradient norm, tokens/s and step time charts plot every
+//     metrics row; smoothing (TensorBoard's debiased EMA) changes the
+//     plotted value as computed here, the log toggle sets the scale, hover
+//     shows the step's value, and both settings survive a reload;
+//   - a diverged job's null step is a gap, not 0; another job overlaid adds
+//     a series named "job N name" (as text), carried by the URL's hash;
+//   - the overview says why a job waits ("waiting for 4 idle workers") and
+//     why one failed (its error);
 //   - the timeline of a chosen step has one lane per pipeline rank and one
 //     F block per (microbatch, stage), measured and planned alike;
 //   - the job name renders as text (no script element, no alert dialog);
@@ -310,6 +318,169 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       const bad = await page.textContent('#plan-custom-verdict');
       assert.ok(bad.startsWith('error: ') && bad.includes(gone), `the error names ${gone}: ${bad}`);
       await shot('plan-custom');
+    });
+
+    // The training curves: five charts, smoothing, log scale, hover and
+    // overlaid jobs; a diverged job (its null step is a gap, not 0) and a
+    // job that waits for workers give the overview's reason lines.
+    const NAME2 = 'div <b>x</b><img src=x onerror=alert(3)>';
+    const CHARTS = {'chart-loss': 'loss', 'chart-lr': 'lr', 'chart-grad-norm': 'grad_norm',
+                    'chart-throughput': 'tokens_per_s', 'chart-step-time': 'step_time'};
+    const ema = (ys, w) => { // TensorBoard's debiased EMA, nulls skipped
+      let last = 0, n = 0;
+      return ys.map((y) => (y === null ? null : (last = last * w + (1 - w) * y, n++, last / (1 - Math.pow(w, n)))));
+    };
+    const close = (a, b, what) => assert.ok(Math.abs(a - b) <= 1e-9 * Math.max(1, Math.abs(b)), `${what}: ${a} vs ${b}`);
+    const attr = (sel, a) => page.getAttribute(sel, a);
+    const fmt3 = (x) => String(Number(x.toPrecision(3))); // the legend's numbers below 1000
+    const setSmoothing = (chart, w) => page.$eval(`#${chart} .chart-smooth`, (el, v) => {
+      el.value = String(v);
+      el.dispatchEvent(new Event('input', {bubbles: true}));
+    }, w);
+    let fid, qid;
+
+    await t.test('the job page charts loss, lr, gradient norm, tokens/s and step time', async () => {
+      // the failing and the waiting job, submitted now (the plan tests are done with the workers)
+      const bad = {...SPEC, name: NAME2, train: {steps: 6, batch_size: 8, seed: 1, grad_clip: 0,
+                                                 optimizer: {name: 'sgd', lr: 1e30}}};
+      const r1 = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                        body: JSON.stringify(bad)});
+      assert.equal(r1.status, 201, JSON.stringify(r1.json));
+      fid = r1.json.id;
+
+      await page.goto(`${base}/#/jobs/${id}`);
+      const rows = (await api(`/v1/jobs/${id}/metrics`)).json.metrics;
+      for (const [chart, key] of Object.entries(CHARTS)) {
+        await page.waitForSelector(`#${chart}[data-points="${rows.length}"]`);
+        assert.equal(await page.locator(`#${chart} canvas`).count() > 0, true, `${chart}: uPlot drew a canvas`);
+        assert.equal(await attr(`#${chart}`, 'data-series'), '1');
+        const w = Number(await attr(`#${chart}`, 'data-smoothing'));
+        const want = ema(rows.map((r) => r[key]), w).at(-1);
+        close(Number(await attr(`#${chart}`, 'data-last')), want, `${chart}'s last smoothed value at ${w}`);
+      }
+      assert.equal(await attr('#chart-lr', 'data-smoothing'), '0', 'lr is not smoothed by default');
+      assert.equal(await attr('#chart-loss', 'data-smoothing'), '0.6', 'loss is, at 0.6');
+      assert.equal(Number(await attr('#chart-lr', 'data-last')), rows.at(-1).lr, 'unsmoothed: the last lr itself');
+    });
+
+    await t.test('smoothing, log scale and hover; the settings persist', async () => {
+      const loss = (await api(`/v1/jobs/${id}/metrics`)).json.metrics.map((r) => r.loss);
+      await setSmoothing('chart-loss', 0);
+      await page.waitForSelector('#chart-loss[data-smoothing="0"]');
+      assert.equal(Number(await attr('#chart-loss', 'data-last')), loss.at(-1), 'no smoothing: the raw last loss');
+      await setSmoothing('chart-loss', 0.9);
+      await page.waitForSelector('#chart-loss[data-smoothing="0.9"]');
+      const smoothed = Number(await attr('#chart-loss', 'data-last'));
+      close(smoothed, ema(loss, 0.9).at(-1), 'smoothed at 0.9');
+      assert.notEqual(smoothed, loss.at(-1), 'smoothing moved the plotted value');
+      assert.equal(await page.textContent('#chart-loss .chart-smooth-value'), '0.90');
+
+      assert.equal(await attr('#chart-loss', 'data-log'), '0');
+      await page.check('#chart-loss .chart-log');
+      await page.waitForSelector('#chart-loss[data-log="1"]');
+      assert.equal(await page.locator('#chart-loss .chart-log').isDisabled(), false, 'losses are > 0');
+      assert.equal(await page.textContent('#chart-loss .chart-note'), '');
+
+      // hover: the legend follows the cursor with the step and the value there
+      const over = page.locator('#chart-loss .u-over');
+      const box = await over.boundingBox();
+      await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+      await page.waitForFunction(() => document.querySelector('#chart-loss .chart-legend').dataset.step !== '');
+      const step = Number(await attr('#chart-loss .chart-legend', 'data-step'));
+      assert.ok(step > 0 && step < STEPS - 1, `mid-chart step ${step}`);
+      assert.equal(await page.textContent('#chart-loss .chart-legend-step'), `step ${step}`);
+      const shown = await page.textContent(`#chart-loss .chart-legend-item[data-job="${id}"] .chart-legend-value`);
+      assert.ok(shown.startsWith(fmt3(ema(loss, 0.9)[step])), `legend value at step ${step}: ${shown}`);
+      await page.mouse.move(0, 0);
+
+      await page.reload();
+      await page.waitForSelector(`#chart-loss[data-points="${loss.length}"]`);
+      assert.equal(await attr('#chart-loss', 'data-smoothing'), '0.9', 'smoothing kept in localStorage');
+      assert.equal(await attr('#chart-loss', 'data-log'), '1', 'and the log scale');
+      await page.uncheck('#chart-loss .chart-log');
+      await page.waitForSelector('#chart-loss[data-log="0"]');
+      await shot('job-curves');
+
+      // a series with a value <= 0 cannot have a log axis: the toggle says why (a scratch chart)
+      const scratch = await page.evaluate(() => {
+        localStorage.setItem('pipewright.chart.scratch', JSON.stringify({smooth: 0, log: true}));
+        const el = document.body.appendChild(document.createElement('div'));
+        const c = PW.charts.metric(el, {key: 'scratch', title: 'scratch'});
+        const seen = (ys) => {
+          c.set([{job: 1, label: 'job 1', color: '#000000', xs: [0, 1, 2], ys}]);
+          return {log: el.dataset.log, disabled: el.querySelector('.chart-log').disabled,
+                  note: el.querySelector('.chart-note').textContent, last: el.dataset.last};
+        };
+        const out = [seen([1, 0, null]), seen([1, 10, null])];
+        c.destroy();
+        el.remove();
+        return out;
+      });
+      assert.deepEqual(scratch[0], {log: '0', disabled: true, note: 'log scale needs values > 0', last: '0'});
+      assert.deepEqual(scratch[1], {log: '1', disabled: false, note: '', last: '10'}, 'the null step is a gap, not 0');
+    });
+
+    await t.test('a diverged job: its null step is a gap, not 0', async () => {
+      const j = await waitFor(`job ${fid} to fail`, async () => {
+        const r = (await api(`/v1/jobs/${fid}`)).json;
+        return r.state === 'failed' && r;
+      }, 120000 * SLOW);
+      assert.match(j.error, /diverged at step 1/);
+      const rows = (await api(`/v1/jobs/${fid}/metrics`)).json.metrics;
+      assert.ok(rows.length >= 2 && rows[1].loss === null && rows[0].loss > 0, JSON.stringify(rows));
+      await page.goto(`${base}/#/jobs/${fid}`);
+      await page.waitForSelector(`#chart-loss[data-points="${rows.length}"]`);
+      // one finite point: its debiased average is itself, whatever the weight (0 would pull it down)
+      close(Number(await attr('#chart-loss', 'data-last')), rows[0].loss, 'the last plotted loss');
+      close(Number(await attr('#chart-grad-norm', 'data-last')), rows[0].grad_norm, 'the last plotted grad norm');
+    });
+
+    await t.test('other jobs overlaid: a series each, named in the legend, carried by the URL', async () => {
+      await page.goto(`${base}/#/jobs/${id}`);
+      await page.waitForSelector(`#chart-loss[data-points="${STEPS}"]`);
+      assert.equal(await attr('#chart-loss', 'data-series'), '1');
+      await page.fill('#overlay-input', ` ${fid} `);
+      await page.click('#overlay-apply');
+      for (const chart of Object.keys(CHARTS)) await page.waitForSelector(`#${chart}[data-series="2"]`);
+      assert.equal(await page.evaluate(() => location.hash), `#/jobs/${id}?overlay=${fid}`);
+      const label = page.locator(`#chart-loss .chart-legend-item[data-job="${fid}"] .chart-legend-label`);
+      assert.equal(await label.textContent(), `job ${fid} ${NAME2}`, 'the legend names the job, as text');
+      assert.equal(await page.locator('#charts-card img, #charts-card b').count(), 0, 'no markup made from the name');
+      assert.equal(await page.textContent(`#chart-loss .chart-legend-item[data-job="${id}"] .chart-legend-label`),
+                   `job ${id} ${NAME}`);
+
+      // shared as a link: the overlay comes back from the URL alone
+      await page.goto(`${base}/#/jobs/${id}?overlay=${fid}`);
+      await page.reload();
+      await page.waitForSelector(`#chart-lr[data-series="2"]`);
+      assert.equal(await page.inputValue('#overlay-input'), String(fid));
+
+      // the recent jobs' list adds one
+      const r2 = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                        body: JSON.stringify({...SPEC, name: 'dash-wait', mesh: {pp: 2, dp: 2}})});
+      assert.equal(r2.status, 201, JSON.stringify(r2.json));
+      qid = r2.json.id;
+      await page.focus('#overlay-pick');
+      await page.waitForSelector(`#overlay-pick option[value="${qid}"]`, {state: 'attached'});
+      await page.selectOption('#overlay-pick', String(qid));
+      await page.waitForSelector('#chart-loss[data-series="3"]');
+      assert.equal(await page.inputValue('#overlay-input'), `${fid}, ${qid}`);
+      assert.equal(await page.evaluate(() => location.hash), `#/jobs/${id}?overlay=${fid},${qid}`);
+      await shot('job-overlay');
+    });
+
+    await t.test('the overview says why a job waits and why one failed', async () => {
+      await page.goto(base + '/#/');
+      const wait = page.locator(`#jobs-table tr[data-job="${qid}"][data-state="queued"] .job-reason`);
+      await page.waitForFunction((q) => /^waiting for 4 idle workers/.test(
+        (document.querySelector(`#jobs-table tr[data-job="${q}"] .job-reason`) || {}).textContent || ''), qid);
+      assert.match(await wait.textContent(), /^waiting for 4 idle workers \(2 idle, 0 busy connected\)$/);
+      const err = (await api(`/v1/jobs/${fid}`)).json.error;
+      assert.equal(await page.textContent(`#jobs-table tr[data-job="${fid}"][data-state="failed"] .job-reason`), err);
+      assert.equal(await page.locator(`#jobs-table tr[data-job="${id}"] .job-reason`).count(), 0,
+                   'a succeeded job has no reason line');
+      await shot('overview-reasons');
+      assert.equal((await api(`/v1/jobs/${qid}`, {method: 'DELETE'})).status, 200);
     });
 
     await t.test('user data renders as text: no script, no alert', async () => {

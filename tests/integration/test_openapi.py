@@ -466,6 +466,49 @@ def dataset_checks(cl, example):
     print("ok   POST /v1/datasets (64 GiB declared) -> 413")
 
 
+def job_gauges(cl):
+    """/metrics: a running job's last recorded step as pipewright_job_*
+    gauges, its name escaped as a label value; gone once it ends."""
+    name = 'gauge "q" \\ x'  # (names hold no control characters: no newline to escape)
+    made, _ = cl.call("POST", "/v1/jobs", dict(TINY, name=name, data={"kind": "copy"},
+                                               train={"steps": 100000, "batch_size": 4}), status=201)
+    j = made["id"]
+    t = time.time() + 120
+    while time.time() < t:
+        job = json.loads(cl.raw("GET", f"/v1/jobs/{j}")[2])
+        if job["state"] == "running" and job["progress"]["step"] >= 2:
+            break
+        assert job["state"] in ("queued", "planning", "dispatching", "running"), job
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"job {j} recorded no steps: {job}")
+    text, _ = cl.call("GET", "/metrics")
+    text = text.decode() if isinstance(text, bytes) else text
+    label = '{job="%d",name="gauge \\"q\\" \\\\ x"}' % j
+    got = {}
+    for line in text.splitlines():
+        k, _, v = line.rpartition(" ")
+        if k.endswith(label):
+            got[k[:-len(label)]] = float(v)
+    keys = {"pipewright_job_loss": "loss", "pipewright_job_lr": "lr", "pipewright_job_grad_norm": "grad_norm",
+            "pipewright_job_tokens_per_second": "tokens_per_s", "pipewright_job_step_seconds": "step_time"}
+    assert sorted(got) == sorted(keys), (label, [ln for ln in text.splitlines() if "pipewright_job_" in ln])
+    for g in keys:
+        assert "# TYPE %s gauge" % g in text, g
+    # the steps go on meanwhile: the gauges are one recorded row's values, exactly
+    rows = cl.call("GET", f"/v1/jobs/{j}/metrics")[0]["metrics"]
+    match = [r["step"] for r in rows if all(r[f] == got[g] for g, f in keys.items())]
+    assert match and match[-1] >= 1, (got, rows[-3:])
+    cl.call("DELETE", f"/v1/jobs/{j}")
+    t = time.time() + 60
+    while json.loads(cl.raw("GET", f"/v1/jobs/{j}")[2])["state"] != "cancelled" and time.time() < t:
+        time.sleep(0.1)
+    text, _ = cl.call("GET", "/metrics")
+    text = text.decode() if isinstance(text, bytes) else text
+    assert 'job="%d"' % j not in text, "a finished job keeps no series"
+    print(f"ok   /metrics: job {j}'s pipewright_job_* gauges are step {match[-1]}'s row; its name label escaped")
+
+
 def run_job(cl, build, tmp, ctl_port):
     """Two real workers run TINY; every view with data is validated."""
     procs = []
@@ -551,6 +594,7 @@ def run_job(cl, build, tmp, ctl_port):
         assert any(k.startswith("exp_avg_sq.") for k in json.loads(data[8:8 + n])), "no optimizer state"
         cl.call("GET", f"/v1/jobs/{j}/checkpoint?step=4", status=404)
         cl.call("GET", "/v1/workers")
+        job_gauges(cl)
         cl.call("DELETE", f"/v1/jobs/{j}", status=409)
         cl.call("DELETE", f"/v1/jobs/{j}?purge=1")
         cl.call("GET", f"/v1/jobs/{j}/checkpoint", status=404)

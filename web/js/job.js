@@ -1,7 +1,7 @@
 /* job: one job's page — spec summary and partition, status, progress and
- * ETA, loss and throughput curves, the pipeline timeline of a sampled step
- * (measured against planned), every attempt (attempts.js), events, cancel,
- * retry and checkpoint download.
+ * ETA, training curves with other jobs overlaid (jobcharts.js), the
+ * pipeline timeline of a sampled step (measured against planned), every
+ * attempt (attempts.js), events, cancel, retry and checkpoint download.
  *
  * Data: GET /v1/jobs/{id} (with its spec, ranks, restarts, attempts and
  * eta_seconds), POST /v1/jobs/{id}/retry,
@@ -41,8 +41,7 @@ PW.views.job = function (root, params) {
   var specRaw = h("pre", {class: "code"});
   var partBody = h("tbody");
   var partNote = h("p", {class: "muted small"});
-  var lossChart = h("div", {id: "chart-loss"});
-  var tputChart = h("div", {id: "chart-throughput"});
+  var curves = PW.jobcharts(id, params.overlay);
   var eventsBody = h("tbody");
   var attemptsBody = h("tbody");
   var attemptsNote = h("p", {class: "muted small", id: "attempts-note"});
@@ -70,9 +69,7 @@ PW.views.job = function (root, params) {
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Progress")),
       progBox, facts),
-    h("div", {class: "cols"},
-      h("section", {class: "card"}, h("div", {class: "card-head"}, h("h2", null, "Loss")), lossChart),
-      h("section", {class: "card"}, h("div", {class: "card-head"}, h("h2", null, "Throughput")), tputChart)),
+    curves.el,
     h("section", {class: "card", id: "timeline-card"},
       h("div", {class: "card-head"}, h("h2", null, "Pipeline timeline"),
         h("label", {class: "inline"}, "step ", stepSel),
@@ -95,13 +92,8 @@ PW.views.job = function (root, params) {
         h("thead", null, h("tr", null, h("th", null, "time"), h("th", null, "kind"), h("th", null, "message"))),
         eventsBody))));
 
-  var loss = PW.charts.line(lossChart, {title: "training loss", label: "loss", color: "#d9480f",
-                                        empty: "no steps yet"});
-  var tput = PW.charts.line(tputChart, {title: "tokens per second", label: "tokens/s", color: "#2a6fdb",
-                                        fill: "rgba(42,111,219,0.08)", empty: "no steps yet"});
-
   /* ---- state --------------------------------------------------------------- */
-  var job = null, metrics = {}, nextStep = 0, lastEvent = 0, finalDone = false;
+  var job = null, lastEvent = 0, finalDone = false;
   var partitionFor = null, tl = {step: null, steps: [], data: null}, stopped = false;
 
   function dl(path, name) {
@@ -229,19 +221,6 @@ PW.views.job = function (root, params) {
     }
   }
 
-  async function loadMetrics() {
-    var res = await PW.api.get(base + "/metrics?since=" + nextStep);
-    var rows = res.metrics || [];
-    rows.forEach(function (m) {
-      metrics[m.step] = m;
-      if (m.step + 1 > nextStep) nextStep = m.step + 1;
-    });
-    if (!rows.length && Object.keys(metrics).length) return;
-    var steps = Object.keys(metrics).map(Number).sort(function (a, b) { return a - b; });
-    loss.set(steps, steps.map(function (s) { return metrics[s].loss; }));
-    tput.set(steps, steps.map(function (s) { return metrics[s].tokens_per_s; }));
-  }
-
   async function loadEvents() {
     var res = await PW.api.get(base + "/events?since=" + lastEvent);
     (res.events || []).forEach(function (e) {
@@ -357,7 +336,7 @@ PW.views.job = function (root, params) {
       renderJob(j);
       if (j.spec && tick === 0) renderSpec(j.spec);
       if (j.spec) loadPartition(j);
-      await Promise.all([loadMetrics(), loadEvents(),
+      await Promise.all([curves.load(j.name), loadEvents(),
         (tick === 0 || (follow.checked && (tick % 2 === 0 || TERMINAL[j.state]))) ? loadTimeline(-1) : null]);
       tick++;
       if (TERMINAL[j.state]) {
@@ -387,7 +366,6 @@ PW.views.job = function (root, params) {
     stopped = true;
     stop();
     window.removeEventListener("resize", onWinResize);
-    loss.destroy();
-    tput.destroy();
+    curves.destroy();
   };
 };
