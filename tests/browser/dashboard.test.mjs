@@ -20,9 +20,9 @@
 //     F block per (microbatch, stage), measured and planned alike;
 //   - the job name renders as text (no script element, no alert dialog);
 //   - the plan page compares the schedules and draws the chosen one.
-// Screenshots go to PW_DASHBOARD_OUT; the job page's is also copied to
-// docs/dashboard-job.png for the README when that file is missing (or
-// always with PW_DASHBOARD_DOCS=1). Run through tests/browser/run.sh.
+// Screenshots go to PW_DASHBOARD_OUT (the pictures in docs/screenshots/ come
+// from screenshots.mjs: a cluster doing real work). Run through
+// tests/browser/run.sh.
 import {test} from 'node:test';
 import assert from 'node:assert/strict';
 import {spawn} from 'node:child_process';
@@ -255,14 +255,6 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       const href = await page.getAttribute('#timeline-trace', 'href');
       assert.equal(href, `/v1/jobs/${id}/timeline?step=${chosen}&format=chrome`);
       await shot('job');
-      // The README's screenshot: written when missing, refreshed with PW_DASHBOARD_DOCS=1
-      // (not on every run, so tests leave the work tree clean).
-      const docs = path.join(SOURCE, 'docs', 'dashboard-job.png');
-      const docsMode = process.env.PW_DASHBOARD_DOCS;
-      if (docsMode === '1' || (docsMode !== '0' && !fs.existsSync(docs))) {
-        fs.mkdirSync(path.dirname(docs), {recursive: true});
-        fs.copyFileSync(path.join(OUT, 'job.png'), docs);
-      }
     });
 
     await t.test('the plan page compares schedules and draws the chosen one', async () => {

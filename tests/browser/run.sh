@@ -4,11 +4,11 @@
 # from npm into tests/browser/node_modules), then runs dashboard.test.mjs
 # with node's test runner against a real coordinator and two real workers.
 #
-#   tests/browser/run.sh BUILD_DIR [SOURCE_DIR]
+#   tests/browser/run.sh BUILD_DIR [SOURCE_DIR [SCRIPT]]
+# SCRIPT defaults to dashboard.test.mjs (run by node's test runner); any
+# other (screenshots.mjs: docs/screenshots.sh) is run by node as it is.
 # Screenshots and logs go to BUILD_DIR/test-output/dashboard/ (override
-# with PW_DASHBOARD_OUT); the job page's screenshot is also copied to
-# SOURCE_DIR/docs/dashboard-job.png when that is missing, or always with
-# PW_DASHBOARD_DOCS=1 (never with PW_DASHBOARD_DOCS=0).
+# with PW_DASHBOARD_OUT).
 # Exit 77 (ctest's skip) only when chromium cannot be installed here.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -74,4 +74,8 @@ export PW_DASHBOARD_OUT=${PW_DASHBOARD_OUT:-$BUILD_DIR/test-output/dashboard}
 mkdir -p "$PW_DASHBOARD_OUT"
 log "chromium: $("$CHROMIUM" --version 2>/dev/null), node $(node --version), output in $PW_DASHBOARD_OUT"
 cd "$HERE"
-exec node --test --test-reporter=spec dashboard.test.mjs
+SCRIPT=${3:-dashboard.test.mjs}
+case "$SCRIPT" in
+  *.test.mjs) exec node --test --test-reporter=spec "$SCRIPT" ;;
+  *) exec node "$SCRIPT" ;;
+esac
