@@ -16,8 +16,8 @@ PW.jobcharts = function (id, overlay) {
   var d = PW.dom, h = d.h;
   var TERMINAL = {succeeded: 1, failed: 1, cancelled: 1};
   var MAX_OVERLAY = 8;
-  /* the charts' own colours and more: an overlaid job takes the next one
-   * that is not the chart's own */
+  /* the charts' own colours and more: with jobs overlaid, job k of the
+   * list takes PALETTE[k] on every chart */
   var PALETTE = ["#d9480f", "#2b8a3e", "#5f3dc4", "#2a6fdb", "#495057", "#c2255c", "#e67700", "#0b7285", "#862e9c"];
   /* key: the metrics row's field; smooth: the default weight (none for the
    * schedule-driven lr; none for step time either: a slow step is what
@@ -66,9 +66,9 @@ PW.jobcharts = function (id, overlay) {
       return Object.keys(j.rows).map(Number).sort(function (a, b) { return a - b; });
     });
     CHARTS.forEach(function (c) {
-      var rest = PALETTE.filter(function (p) { return p !== c.color; });
+      /* alone, each chart its own colour; overlaid, each job one colour on every chart */
       charts[c.key].set(jobs.map(function (j, k) {
-        return {job: j.id, label: label(j), color: k === 0 ? c.color : rest[(k - 1) % rest.length], xs: steps[k],
+        return {job: j.id, label: label(j), color: jobs.length === 1 ? c.color : PALETTE[k % PALETTE.length], xs: steps[k],
                 ys: steps[k].map(function (s) { return j.rows[s][c.key]; })};
       }));
     });
