@@ -15,7 +15,7 @@
 #include "store.h"
 
 /* The schema version this code writes (store.c's migrations). */
-#define PW_TEST_SCHEMA 5
+#define PW_TEST_SCHEMA 6
 /* Takes a file of the current schema back to schema 4: the tests of older
  * migrations run this, then undo their own schema's tables. */
 #define PW_TEST_BACK_TO_4                                                                   \
