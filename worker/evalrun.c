@@ -42,6 +42,14 @@ int pw_evalrun_tag(const pw_run *r, int step) {
 
 int pw_evalrun_next(int tag) { return (int)(((uint32_t)tag + 1) & TAG_MASK); }
 
+int pw_evalrun_refuse(const pw_run *r, const pw_frame_hdr *h, pw_err *err) {
+  const char *k = pw_frame_kind_name(h->kind);
+  if (r->cp.tag == r->sh.step)
+    return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", k, h->step, r->sh.step);
+  return pw_err_set(err, PW_EPROTO, "frame", "%s for pass %u while at pass %d (step %d)", k, h->step, r->cp.tag,
+                    r->sh.step);
+}
+
 int pw_evalrun_alloc(pw_run *r) {
   if (!evaluates(r)) return 0;
   if (!(r->cp.eval_acts = malloc(sizeof *r->cp.eval_acts * (size_t)(r->n_acts ? r->n_acts : 1)))) return PW_ENOMEM;

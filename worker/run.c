@@ -754,8 +754,7 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
     return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
   int act = h->kind == PW_FRAME_ACT;
   if ((int)h->step != r->cp.tag && !(act && (int)h->step == pw_evalrun_next(r->cp.tag)))
-    return pw_err_set(err, PW_EPROTO, "frame", "%s for pass %u while at pass %d (step %d)", pw_frame_kind_name(h->kind),
-                      h->step, r->cp.tag, r->sh.step);
+    return pw_evalrun_refuse(r, h, err);
   if (h->stage >= (uint32_t)r->S || r->lidx_of_stage[h->stage] < 0)
     return pw_err_set(err, PW_EPROTO, "frame", "stage %u is not on this rank", h->stage);
   if (h->microbatch >= (uint32_t)r->m)

@@ -355,6 +355,9 @@ void pw_snaprun_free(pw_run *r);
 int pw_evalrun_tag(const pw_run *r, int step);
 /* The tag of the pass after the one tagged `tag`. */
 int pw_evalrun_next(int tag);
+/* PW_EPROTO: frame h is of a pass this rank cannot take now (named as a
+ * step while passes are steps). */
+PW_MUST_CHECK int pw_evalrun_refuse(const pw_run *r, const pw_frame_hdr *h, pw_err *err);
 /* pw_run_create: the forward-only list when the run evaluates. */
 PW_MUST_CHECK int pw_evalrun_alloc(pw_run *r);
 /* Compute thread, after the update of step sh.step: when it is due, the

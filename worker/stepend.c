@@ -482,8 +482,7 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
   int tag = (int)h->step;
   if (tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag) &&
       !(h->kind == PW_FRAME_REDUCE && h->value == RV_DP && tag == pw_evalrun_tag(r, r->sh.step + 1)))
-    return pw_err_set(err, PW_EPROTO, "frame", "%s for pass %u while at pass %d (step %d)", pw_frame_kind_name(h->kind),
-                      h->step, r->cp.tag, r->sh.step);
+    return pw_evalrun_refuse(r, h, err);
   if (h->kind == PW_FRAME_TIED) {
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)
