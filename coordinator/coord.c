@@ -191,9 +191,9 @@ static void sb_label(sbuf *b, const char *v) {
 #define PW_PROM_JOBS 64
 
 /* Per running job, its last recorded step's series as the dashboard charts
- * them: the row of step progress.step - 1, the latest run's; the eval loss
- * is the job's latest (the last step that evaluated, train.eval_every). A
- * value that was not finite (stored as null), or none yet, is NaN. */
+ * them: the row of step progress.step - 1, the latest run's. A value that
+ * was not finite (stored as null) is NaN. The eval loss is the job's
+ * latest (train.eval_every), only for a job that has one. */
 static void job_series(sbuf *b, pw_store *s) {
   static const struct {
     const char *name, *key, *help;
@@ -239,6 +239,7 @@ static void job_series(sbuf *b, pw_store *s) {
     for (int r = 0; r < n; r++) {
       int of_job = !strcmp(g[k].key, "eval_loss");
       json_t *v = json_object_get(of_job ? jobs[r] : last[r], g[k].key);
+      if (of_job && !json_is_number(v)) continue; /* a job that has not evaluated (yet) */
       sb_printf(b, "%s{job=\"%lld\",name=\"", g[k].name, (long long)ids[r]);
       sb_label(b, names[r] ? names[r] : "");
       if (json_is_number(v)) sb_printf(b, "\"} %.17g\n", json_number_value(v));

@@ -19,7 +19,9 @@
  * Tags: every pass has its own frame tag (pw_run_compute.tag), a function
  * of the step alone, so all ranks agree without a word: step k's pass is
  * k + eval_batches * floor(k / eval_every), its eval passes the tags after
- * it. Tags are taken mod 2^31 (the frame's u32, never the -1 of "none"). */
+ * it. Tags are taken mod 2^31 (the frame's u32, never the -1 of "none").
+ * Only the gradient arenas between replicas keep the step as their tag: a
+ * replica may be a whole step ahead, past the eval passes between. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -153,10 +153,11 @@ typedef struct {
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
   double loss_sum;         /* this replica's share of the pass's loss */
-  /* Frames of ACT, GRAD and the step end are tagged with the pass they
-   * belong to, not the step: a step's pass, then the eval passes of
-   * train.eval_every (evalrun.c) each have a tag of their own, the same
-   * on every rank (pw_evalrun_tag); without eval the tag is the step. */
+  /* Frames of ACT, GRAD, TIED and the norm exchange are tagged with the
+   * pass they belong to, not the step: a step's pass, then the eval passes
+   * of train.eval_every (evalrun.c) each have a tag of their own, the same
+   * on every rank (pw_evalrun_tag); without eval the tag is the step. The
+   * data-parallel arenas (between replicas) keep the step. */
   int tag;
   int eval, eval_batch;    /* in an eval pass: of eval batch eval_batch */
   pw_action *eval_acts;    /* [n_eval_acts] this rank's forward-only list, or NULL */

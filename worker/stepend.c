@@ -107,7 +107,7 @@ void pw_stepend_free(pw_run *r) {
 static int dp_ready(pw_run *r, const void *arg) {
   for (int li = 0; li < r->n_ls; li++)
     for (int d = 0; d < r->dp; d++)
-      if (d != r->replica && r->cp.ls[li].dp_step[pw_dp_arena(r->dp, r->cp.tag, d)] != r->cp.tag) return 0;
+      if (d != r->replica && r->cp.ls[li].dp_step[pw_dp_arena(r->dp, r->sh.step, d)] != r->sh.step) return 0;
   return 1;
 }
 
@@ -115,12 +115,12 @@ static int dp_allreduce(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     size_t n = pw_prog_grad_numel(ls->prog);
-    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->cp.tag, r->replica)];
+    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->sh.step, r->replica)];
     memcpy(copy, pw_prog_grads(ls->prog), n * sizeof(float));
     for (int d = 0; d < r->dp; d++) {
       if (d == r->replica) continue;
       pw_frame_hdr h;
-      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->cp.tag, (uint32_t)r->replica,
+      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->sh.step, (uint32_t)r->replica,
                                      (uint32_t)ls->stage, RV_DP, PW_DTYPE_F32, n);
       if (rc)
         return pw_exec_fail(r, rc, NULL, "no frame header for the %zu-float gradient arena of stage %d: %s", n,
@@ -135,7 +135,7 @@ static int dp_allreduce(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_lstage *ls = &r->ls[li];
     float *g = pw_prog_grads(ls->prog);
-    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->cp.tag, 0);
+    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->sh.step, 0);
     size_t n = pw_prog_grad_numel(ls->prog);
     for (size_t i = 0; i < n; i++) {
       float acc = 0;
@@ -477,12 +477,14 @@ void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev) {
 
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
-  /* A pipeline peer may be one pass ahead of us, never more; a replica
-   * (its gradient arena) one step, past the eval passes between. */
-  int tag = (int)h->step;
-  if (tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag) &&
-      !(h->kind == PW_FRAME_REDUCE && h->value == RV_DP && tag == pw_evalrun_tag(r, r->sh.step + 1)))
-    return pw_evalrun_refuse(r, h, err);
+  /* A pipeline peer may be one pass ahead of us, never more; a replica one
+   * step (its gradient arena, tagged with the step: it may be past the
+   * eval passes between, and the arenas alternate by step parity). */
+  int tag = (int)h->step, dp = h->kind == PW_FRAME_REDUCE && h->value == RV_DP;
+  if (dp && tag != r->sh.step && tag != r->sh.step + 1)
+    return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
+                      r->sh.step);
+  if (!dp && tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag)) return pw_evalrun_refuse(r, h, err);
   if (h->kind == PW_FRAME_TIED) {
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)
