@@ -117,8 +117,7 @@ static const char *const migrations[] = {
     "ALTER TABLE runs ADD COLUMN resumed_from TEXT;",
     /* 5 -> 6 (train.eval_every): the held-out loss of the steps that
      * evaluated (NULL elsewhere), and the job's latest. */
-    "ALTER TABLE metrics ADD COLUMN eval_loss REAL;"
-    "ALTER TABLE jobs ADD COLUMN eval_loss REAL;",
+    "ALTER TABLE metrics ADD COLUMN eval_loss REAL; ALTER TABLE jobs ADD COLUMN eval_loss REAL;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
