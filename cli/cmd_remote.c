@@ -158,6 +158,7 @@ static void print_job(const json_t *job) {
   bar(pb, 20, step, total);
   printf("  %-10s %lld/%lld [%s] %lld%%\n", "progress", step, total, pb, total > 0 ? step * 100 / total : 0);
   printf("  %-10s %s\n", "loss", fmt_loss(pw_jnum(job, "loss"), a, 64));
+  if (!isnan(pw_jnum(job, "eval_loss"))) printf("  %-10s %s\n", "eval loss", fmt_loss(pw_jnum(job, "eval_loss"), a, 64));
   printf("  %-10s %s\n", "tokens/s", fmt_rate(pw_jnum(job, "tokens_per_s"), a, 64));
   const char *state = pw_jstr(job, "state", "");
   if (!strcmp(state, "running") || !strcmp(state, "dispatching") || !strcmp(state, "planning"))
@@ -346,9 +347,10 @@ int pw_cmd_watch(int argc, char **argv) {
           if (s) puts(s);
           free(s);
         } else if (!tty) {
-          char a[32], b[32];
-          printf("step %lld/%lld loss %s tokens/s %s\n", step + 1, total, fmt_loss(loss, a, 32),
-                 fmt_rate(rate, b, 32));
+          char a[32], b[32], e[32];
+          double ev = pw_jnum(row, "eval_loss");
+          printf("step %lld/%lld loss %s tokens/s %s%s%s\n", step + 1, total, fmt_loss(loss, a, 32),
+                 fmt_rate(rate, b, 32), isnan(ev) ? "" : " eval_loss ", isnan(ev) ? "" : fmt_loss(ev, e, 32));
         }
       }
       json_decref(m);
@@ -370,9 +372,11 @@ int pw_cmd_watch(int argc, char **argv) {
         if (s) puts(s);
         free(s);
       } else if (ok) {
-        char a[32];
-        printf("job %lld succeeded: %lld/%lld steps, loss %s\n", id, pw_jint(p, "step", 0), total,
-               fmt_loss(pw_jnum(job, "loss"), a, 32));
+        char a[32], e[32];
+        double ev = pw_jnum(job, "eval_loss");
+        printf("job %lld succeeded: %lld/%lld steps, loss %s%s%s\n", id, pw_jint(p, "step", 0), total,
+               fmt_loss(pw_jnum(job, "loss"), a, 32), isnan(ev) ? "" : ", eval loss ",
+               isnan(ev) ? "" : fmt_loss(ev, e, 32));
       } else {
         const char *error = pw_jstr(job, "error", "");
         printf("job %lld %s after %lld/%lld steps\n", id, state, pw_jint(p, "step", 0), total);

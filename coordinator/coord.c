@@ -192,7 +192,8 @@ static void sb_label(sbuf *b, const char *v) {
 
 /* Per running job, its last recorded step's series as the dashboard charts
  * them: the row of step progress.step - 1, the latest run's. A value that
- * was not finite (stored as null) is NaN. */
+ * was not finite (stored as null) is NaN. The eval loss is the job's
+ * latest (train.eval_every), only for a job that has one. */
 static void job_series(sbuf *b, pw_store *s) {
   static const struct {
     const char *name, *key, *help;
@@ -202,8 +203,9 @@ static void job_series(sbuf *b, pw_store *s) {
     {"pipewright_job_grad_norm", "grad_norm", "Gradient norm at the running job's last recorded step."},
     {"pipewright_job_tokens_per_second", "tokens_per_s", "Tokens per second of the running job's last recorded step."},
     {"pipewright_job_step_seconds", "step_time", "Wall time of the running job's last recorded step."},
+    {"pipewright_job_eval_loss", "eval_loss", "Held-out loss of the running job's latest evaluated step."},
   };
-  json_t *list = NULL, *last[PW_PROM_JOBS] = {0};
+  json_t *list = NULL, *last[PW_PROM_JOBS] = {0}, *jobs[PW_PROM_JOBS];
   const char *names[PW_PROM_JOBS];
   json_int_t ids[PW_PROM_JOBS];
   int n = 0;
@@ -227,6 +229,7 @@ static void job_series(sbuf *b, pw_store *s) {
     if (row && json_integer_value(json_object_get(row, "step")) == step) {
       ids[n] = id;
       names[n] = json_string_value(json_object_get(j, "name"));
+      jobs[n] = j;
       last[n++] = json_incref(row);
     }
     json_decref(rows);
@@ -234,7 +237,9 @@ static void job_series(sbuf *b, pw_store *s) {
   for (size_t k = 0; k < sizeof g / sizeof g[0]; k++) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", g[k].name, g[k].help, g[k].name);
     for (int r = 0; r < n; r++) {
-      json_t *v = json_object_get(last[r], g[k].key);
+      int of_job = !strcmp(g[k].key, "eval_loss");
+      json_t *v = json_object_get(of_job ? jobs[r] : last[r], g[k].key);
+      if (of_job && !json_is_number(v)) continue; /* a job that has not evaluated (yet) */
       sb_printf(b, "%s{job=\"%lld\",name=\"", g[k].name, (long long)ids[r]);
       sb_label(b, names[r] ? names[r] : "");
       if (json_is_number(v)) sb_printf(b, "\"} %.17g\n", json_number_value(v));

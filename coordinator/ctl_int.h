@@ -45,8 +45,9 @@ struct pw_wconn {
 typedef struct {
   int step;                /* -1: free */
   int reports;
-  double loss, tokens, step_time, grad_norm, lr;
+  double loss, tokens, step_time, grad_norm, lr, eval_loss;
   int has_loss, has_grad, has_lr;
+  int loss_ranks, has_eval; /* reports of a last stage, and those carrying an eval loss share */
   int nonfinite;           /* bits of the ranks' step.nonfinite: 1 loss, 2 grad norm */
 } pw_step_acc;
 

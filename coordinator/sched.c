@@ -561,7 +561,9 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
                   .tokens = a->tokens,
                   .tokens_per_s = a->step_time > 0 ? a->tokens / a->step_time : 0,
                   .grad_norm = a->has_grad && !(a->nonfinite & 2) ? a->grad_norm : NAN,
-                  .lr = a->has_lr ? a->lr : NAN};
+                  .lr = a->has_lr ? a->lr : NAN,
+                  /* every replica's share, or none */
+                  .eval_loss = a->has_eval && a->has_eval == a->loss_ranks ? a->eval_loss : NAN};
   int nonfinite = a->nonfinite;
   a->step = -1;
   if (step + 1 > jr->steps_done) jr->steps_done = step + 1;
@@ -612,6 +614,8 @@ static int on_step(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
   a->reports++;
   if (!isnan(m->loss)) a->loss += m->loss, a->has_loss = 1;
   if (!isnan(m->tokens)) a->tokens += m->tokens;
+  if (!isnan(m->loss) || (m->nonfinite > 0 && (m->nonfinite & 1))) a->loss_ranks++;
+  if (!isnan(m->eval_loss)) a->eval_loss += m->eval_loss, a->has_eval++; /* the replicas' shares */
   if (!isnan(m->grad_norm)) a->grad_norm = m->grad_norm, a->has_grad = 1;
   if (!isnan(m->lr)) a->lr = m->lr, a->has_lr = 1;
   if (m->nonfinite > 0) a->nonfinite |= (int)(m->nonfinite & 3);

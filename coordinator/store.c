@@ -115,6 +115,9 @@ static const char *const migrations[] = {
     "ALTER TABLE jobs ADD COLUMN restarts INTEGER DEFAULT 0;"
     "ALTER TABLE runs ADD COLUMN start_step INTEGER;"
     "ALTER TABLE runs ADD COLUMN resumed_from TEXT;",
+    /* 5 -> 6 (train.eval_every): the held-out loss of the steps that
+     * evaluated (NULL elsewhere), and the job's latest. */
+    "ALTER TABLE metrics ADD COLUMN eval_loss REAL; ALTER TABLE jobs ADD COLUMN eval_loss REAL;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -571,6 +574,14 @@ int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, 
   return update_one(s, st, "job", id, err);
 }
 
+int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *err) {
+  FAULT("job eval loss");
+  STMT(st, PW_ST_JOB_EVAL_LOSS);
+  sqlite3_bind_int64(st, 1, id);
+  sqlite3_bind_double(st, 2, eval_loss);
+  return update_one(s, st, "job", id, err);
+}
+
 int pw_store_job_set_restarts(pw_store *s, int64_t id, int restarts, pw_err *err) {
   FAULT("job restarts");
   if (restarts < 0) return pw_err_set(err, PW_EINVAL, "restarts", "a restart count must be >= 0 (got %d)", restarts);
@@ -836,6 +847,7 @@ int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw
   sqlite3_bind_double(st, 8, m->grad_norm);
   sqlite3_bind_double(st, 9, m->lr);
   sqlite3_bind_double(st, 10, pw_store_now());
+  sqlite3_bind_double(st, 11, m->eval_loss);
   return exec_done(s, st, err, "metric");
 }
 

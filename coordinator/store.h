@@ -87,6 +87,9 @@ PW_MUST_CHECK int pw_store_job_set_status(pw_store *s, int64_t id, const char *s
 PW_MUST_CHECK int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s,
                           pw_err *err);
 
+/* The latest held-out loss (the job object's "eval_loss"). */
+PW_MUST_CHECK int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *err);
+
 /* Minimal view for the scheduler. spec is malloc'd (caller frees). */
 typedef struct {
   int64_t id;
@@ -161,13 +164,14 @@ PW_MUST_CHECK int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **o
 typedef struct {
   int step;
   double loss, step_time, tokens, tokens_per_s, grad_norm, lr;
+  double eval_loss;      /* train.eval_every: held-out loss; NaN (NULL) when the step did not evaluate */
 } pw_metric;
 /* One row per (job, run, step): a later run repeating a step adds a row
  * and keeps the earlier run's (writing the same (job, run, step) again
  * replaces it, so a retried write is harmless). A NaN value (a diverged
  * loss, say) is stored as NULL and shown as null, never as 0. */
 PW_MUST_CHECK int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err);
-/* {"metrics": [{"step","loss","step_time","tokens","tokens_per_s","grad_norm","lr","time","run"}]}
+/* {"metrics": [{"step","loss","step_time","tokens","tokens_per_s","grad_norm","lr","time","run","eval_loss"}]}
  * for steps >= since, ascending, one row per step: the latest run's. */
 PW_MUST_CHECK int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
 /* The same with every run's row of each step (by step, then run). */

@@ -12,7 +12,7 @@
  * (the list selects NULL for spec). */
 #define PW__JOB_COLS                                                                          \
   "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
-  "steps, loss, tokens_per_s, created, started, finished, run, COALESCE(restarts, 0)"
+  "steps, loss, tokens_per_s, created, started, finished, run, COALESCE(restarts, 0), eval_loss"
 
 /* The weights row as its views read it (h-init). */
 #define PW__W_COLS "id, size, kind, name, source, created, n_tensors, params"
@@ -47,6 +47,7 @@
     "finished = CASE WHEN ?5 THEN ?4 ELSE finished END WHERE id = ?1")                             \
   X(JOB_SET_STATUS, "UPDATE jobs SET status = ?2 WHERE id = ?1")                                   \
   X(JOB_PROGRESS, "UPDATE jobs SET steps_done = ?2, loss = ?3, tokens_per_s = ?4 WHERE id = ?1")   \
+  X(JOB_EVAL_LOSS, "UPDATE jobs SET eval_loss = ?2 WHERE id = ?1")                                \
   X(JOB_BRIEF, "SELECT id, state, steps, steps_done, spec, run FROM jobs WHERE id = ?1")           \
   X(JOB_EXISTS, "SELECT 1 FROM jobs WHERE id = ?1")                                                \
   X(JOBS_IN_STATE, "SELECT id FROM jobs WHERE state = ?1 ORDER BY id")                             \
@@ -85,13 +86,15 @@
     "LEFT JOIN actions x ON x.run_id = ?1 AND x.rank = k.rank ORDER BY k.rank")                    \
   X(METRIC_UPSERT,                                                                                 \
     "INSERT OR REPLACE INTO metrics(job_id, run_id, step, loss, step_time, tokens, tokens_per_s, " \
-    "grad_norm, lr, time) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                        \
+    "grad_norm, lr, time, eval_loss) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)")        \
   X(METRICS_SINCE,                                                                                 \
-    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics m " \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id, eval_loss "   \
+    "FROM metrics m "                                                                              \
     "WHERE job_id = ?1 AND step >= ?2 AND run_id IS (SELECT max(run_id) FROM metrics WHERE "      \
     "job_id = ?1 AND step = m.step) ORDER BY step")                                                \
   X(METRICS_SINCE_ALL,                                                                             \
-    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id FROM metrics " \
+    "SELECT step, loss, step_time, tokens, tokens_per_s, grad_norm, lr, time, run_id, eval_loss "   \
+    "FROM metrics "                                                                                \
     "WHERE job_id = ?1 AND step >= ?2 ORDER BY step, run_id")                                      \
   X(TIMING_UPSERT,                                                                                 \
     "INSERT OR REPLACE INTO timings(job_id, run_id, step, rank, actions) "                         \

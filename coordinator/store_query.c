@@ -94,7 +94,8 @@ static json_t *job_row(sqlite3_stmt *st, int with_spec) {
   COL(o, "finished", st, 17);
   COL(o, "run", st, 18);
   COL(o, "restarts", st, 19);
-  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 20));
+  COL(o, "eval_loss", st, 20);
+  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 21));
   return o;
 }
 
@@ -311,7 +312,7 @@ int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *er
 
 static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t **out, pw_err *err) {
   static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s",
-                                     "grad_norm", "lr", "time", "run"};
+                                     "grad_norm", "lr", "time", "run", "eval_loss"};
   *out = NULL;
   STMT(st, all ? PW_ST_METRICS_SINCE_ALL : PW_ST_METRICS_SINCE);
   sqlite3_bind_int64(st, 1, job_id);
@@ -320,7 +321,7 @@ static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t 
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     json_t *m = json_object();
-    for (int i = 0; i < 9; i++) COL(m, keys[i], st, i);
+    for (int i = 0; i < 10; i++) COL(m, keys[i], st, i);
     json_array_append_new(arr, m);
   }
   sqlite3_reset(st);

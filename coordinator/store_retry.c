@@ -3,6 +3,7 @@
  * a log line and a count. */
 #include "store_retry.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +55,10 @@ const char *pw_write_describe(const pw_write *w, char *buf, size_t cap) {
 static int apply(pw_store *s, const pw_write *w, pw_err *err) {
   switch (w->kind) {
     case PW_W_METRIC: return pw_store_metric_insert(s, w->job, w->run, &w->m, err);
-    case PW_W_PROGRESS: return pw_store_job_progress(s, w->job, w->step, w->m.loss, w->m.tokens_per_s, err);
+    case PW_W_PROGRESS: {
+      int rc = pw_store_job_progress(s, w->job, w->step, w->m.loss, w->m.tokens_per_s, err);
+      return rc || isnan(w->m.eval_loss) ? rc : pw_store_job_eval_loss(s, w->job, w->m.eval_loss, err);
+    }
     case PW_W_TIMING: return pw_store_timing_insert(s, w->job, w->run, w->step, w->rank, w->text, err);
     case PW_W_CHECKPOINT:
       return pw_store_checkpoint_insert(s, w->job, w->run, w->step, w->stage, w->rank, w->text, w->bytes, err);

@@ -143,27 +143,30 @@ static int act_ready(pw_run *r, const pw_action *a) {
   const pw_lstage_compute *lc = &r->cp.ls[r->lidx_of_stage[a->stage]];
   switch (a->kind) {
     case PW_ACT_F:
-      return ls->n_act_in == 0 || (lc->act_step[a->mb] == r->sh.step && lc->act_got[a->mb] == ls->n_act_in);
+      return ls->n_act_in == 0 || (lc->act_step[a->mb] == r->cp.tag && lc->act_got[a->mb] == ls->n_act_in);
     case PW_ACT_B:
     case PW_ACT_I:
-      return ls->n_grad_in == 0 || (lc->grad_step[a->mb] == r->sh.step && lc->grad_got[a->mb] == ls->n_grad_in);
+      return ls->n_grad_in == 0 || (lc->grad_step[a->mb] == r->cp.tag && lc->grad_got[a->mb] == ls->n_grad_in);
     default: return 1;
   }
 }
 
 /* A unit is an action or a fused F&B pair: ready when all of it is. */
 typedef struct {
-  int pc, n;
+  const pw_action *a;
+  int n;
 } unit;
 
 static int unit_ready(pw_run *r, const void *arg) {
   const unit *u = arg;
   for (int k = 0; k < u->n; k++)
-    if (!act_ready(r, &r->acts[u->pc + k])) return 0;
+    if (!act_ready(r, &u->a[k])) return 0;
   return 1;
 }
 
-/* Draw this replica's share of microbatch mb straight into the slot. */
+/* Draw this replica's share of microbatch mb straight into the slot: of
+ * the step's batch, or in an eval pass of eval batch cp.eval_batch (the
+ * batches `pipewright eval` draws, train.c). */
 static void draw_data(pw_run *r, const pw_lstage *ls, int slot, int mb) {
   const pw_model *m = &r->model;
   int per_replica = r->spec.train.batch_size / r->dp;
@@ -171,13 +174,14 @@ static void draw_data(pw_run *r, const pw_lstage *ls, int slot, int mb) {
   void *inp = ls->first_input ? pw_prog_value(ls->prog, slot, m->input_value) : NULL;
   void *tgt = ls->has_target ? pw_prog_value(ls->prog, slot, m->target_value) : NULL;
   if (inp || tgt)
-    pw_dataset_batch(r->ds, PW_SPLIT_TRAIN, r->sh.step, first, r->mb_size, r->spec.train.batch_size, inp, tgt);
+    pw_dataset_batch(r->ds, r->cp.eval ? PW_SPLIT_EVAL : PW_SPLIT_TRAIN, r->cp.eval ? r->cp.eval_batch : r->sh.step,
+                     first, r->mb_size, r->spec.train.batch_size, inp, tgt);
 }
 
 /* The header of a tensor of `bytes` of f32 sent to stage `stage`; fails the
  * run when it cannot have one. */
 static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
-  int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->sh.step, (uint32_t)mb, (uint32_t)stage,
+  int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->cp.tag, (uint32_t)mb, (uint32_t)stage,
                                  (uint32_t)value, PW_DTYPE_F32, bytes / 4);
   if (rc)
     return pw_exec_fail(r, rc, NULL, "no %s frame header for value %d of %zu bytes to stage %d (job %llu): %s",
@@ -200,7 +204,7 @@ static int route_local(pw_run *r, int dli, int mb, int value, const void *src, s
   memcpy(grad ? (void *)pw_prog_grad(d->prog, ds, value) : pw_prog_value(d->prog, ds, value), src, bytes);
   uv_mutex_lock(&r->sh.mu);
   int *step = grad ? dc->grad_step : dc->act_step, *got = grad ? dc->grad_got : dc->act_got;
-  if (step[mb] != r->sh.step) step[mb] = r->sh.step, got[mb] = 0;
+  if (step[mb] != r->cp.tag) step[mb] = r->cp.tag, got[mb] = 0;
   got[mb]++;
   uv_mutex_unlock(&r->sh.mu);
   return 0;
@@ -255,8 +259,9 @@ static void release(pw_run *r, int li, int mb) {
   uv_mutex_unlock(&r->sh.mu);
 }
 
-static int compute(pw_run *r, int pc) {
-  const pw_action *a = &r->acts[pc];
+/* Action acts[pc]; timed only in a training pass (the step report's). */
+static int compute(pw_run *r, const pw_action *acts, int pc) {
+  const pw_action *a = &acts[pc];
   int li = r->lidx_of_stage[a->stage];
   const pw_lstage *ls = &r->ls[li];
   int slot = r->cp.ls[li].mb_slot[a->mb];
@@ -273,15 +278,17 @@ static int compute(pw_run *r, int pc) {
     case PW_ACT_I: pw_prog_backward_input(ls->prog, slot); break;
     case PW_ACT_W: pw_prog_backward_weight(ls->prog, slot); break;
   }
-  r->cp.timings[pc].a = *a;
-  r->cp.timings[pc].start = t0 - r->cp.t_step0;
-  r->cp.timings[pc].end = pw_now() - r->cp.t_step0;
+  if (!r->cp.eval) {
+    r->cp.timings[pc].a = *a;
+    r->cp.timings[pc].start = t0 - r->cp.t_step0;
+    r->cp.timings[pc].end = pw_now() - r->cp.t_step0;
+  }
   int rc = 0;
   switch (a->kind) {
     case PW_ACT_F:
       if (++r->cp.act_held > r->cp.peak_act) r->cp.peak_act = r->cp.act_held;
       rc = route_outputs(r, a);
-      if (r->sched->forward_only) { /* nothing will come back for it */
+      if (r->sched->forward_only || r->cp.eval) { /* nothing will come back for it */
         r->cp.act_held--;
         release(r, li, a->mb);
       }
@@ -302,24 +309,24 @@ static int compute(pw_run *r, int pc) {
 
 /* ---- the step loop -------------------------------------------------------- */
 
-static int run_actions(pw_run *r) {
-  r->cp.t_step0 = pw_now();
+int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
+  if (!r->cp.eval) r->cp.t_step0 = pw_now();
   r->cp.loss_sum = 0;
-  for (int pc = 0; pc < r->n_acts;) {
-    unit u = {pc, (r->acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < r->n_acts ? 2 : 1};
+  for (int pc = 0; pc < n_acts;) {
+    unit u = {acts + pc, (acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < n_acts ? 2 : 1};
     pw_err err = {0};
     int rc = pw_exec_wait(r, unit_ready, &u);
     if (rc) return rc;
     uv_mutex_lock(&r->sh.mu);
     for (int k = 0; k < u.n && !rc; k++) {
-      const pw_action *a = &r->acts[pc + k];
+      const pw_action *a = &acts[pc + k];
       int slot = a->kind == PW_ACT_F ? pw_run_slot_for(r, r->lidx_of_stage[a->stage], a->mb, &err) : 0;
       if (slot < 0) rc = slot;
     }
     uv_mutex_unlock(&r->sh.mu);
     if (rc == PW_ECANCELED) return rc;
     if (rc) return pw_exec_fail(r, rc, &err, "%s", "");
-    for (int k = 0; k < u.n && !rc; k++) rc = compute(r, pc + k);
+    for (int k = 0; k < u.n && !rc; k++) rc = compute(r, acts, pc + k);
     if (rc) return rc;
     pc += u.n;
   }
@@ -351,7 +358,8 @@ void pw_exec_main(void *arg) {
   int rc = pw_exec_chunk_limit(r);
   if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
   while (!rc && r->sh.step < r->steps) {
-    rc = run_actions(r);
+    r->cp.tag = pw_evalrun_tag(r, r->sh.step);
+    rc = pw_exec_actions(r, r->acts, r->n_acts);
     if (!rc) rc = pw_stepend_run(r);
   }
   if (r->cp.chunked)

@@ -458,13 +458,14 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->sh.evq_cap = 64;
   r->sh.evq = malloc(sizeof *r->sh.evq * (size_t)r->sh.evq_cap);
   if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq ||
-      pw_stepend_alloc(r) || pw_snaprun_alloc(r)) {
+      pw_stepend_alloc(r) || pw_snaprun_alloc(r) || pw_evalrun_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
   for (int k = 0; k < 2 * r->pp; k++) r->cp.norm_parts_step[k] = -1;
   r->cp.tied_step = -1;
   r->sh.step = r->start_step; /* peers' frames may come before our links are up */
+  r->cp.tag = pw_evalrun_tag(r, r->start_step);
   r->sh.lost_rank = r->sh.aborted_rank = -1;
   if ((rc = uv_async_init(loop, &r->lp.async, on_events))) {
     rc = pw_err_set(err, PW_EINTERNAL, "assign", "uv_async_init: %s", uv_strerror(rc));
@@ -538,6 +539,7 @@ static void run_destroy(pw_run *r) {
   free(r->sh.trace_buf);
   free(r->cp.norm_parts);
   free(r->cp.norm_parts_step);
+  free(r->cp.eval_acts);
   pw_dataset_close(r->ds);
   if (r->cp.ds_held) pw_dscache_release(r->cache, r->spec.data.dataset); /* (the compute thread is joined) */
   pw_sched_free(r->sched);
@@ -751,9 +753,8 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
     return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
   int act = h->kind == PW_FRAME_ACT;
-  if ((int)h->step != r->sh.step && !(act && (int)h->step == r->sh.step + 1))
-    return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
-                      r->sh.step);
+  if ((int)h->step != r->cp.tag && !(act && (int)h->step == pw_evalrun_next(r->cp.tag)))
+    return pw_evalrun_refuse(r, h, err);
   if (h->stage >= (uint32_t)r->S || r->lidx_of_stage[h->stage] < 0)
     return pw_err_set(err, PW_EPROTO, "frame", "stage %u is not on this rank", h->stage);
   if (h->microbatch >= (uint32_t)r->m)
@@ -785,7 +786,7 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   } else {
     int slot = lc->mb_slot[mb];
     if (slot < 0) return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d before its forward", mb);
-    if (lc->grad_step[mb] == r->sh.step && lc->grad_got[mb] >= ls->n_grad_in)
+    if (lc->grad_step[mb] == r->cp.tag && lc->grad_got[mb] >= ls->n_grad_in)
       return pw_err_set(err, PW_EPROTO, "frame", "gradient for microbatch %d of stage %u sent twice", mb, h->stage);
     *dst = pw_prog_grad(p, slot, v);
   }

@@ -113,9 +113,9 @@ typedef struct {
   uint64_t off;            /* bytes of header + payload already written */
   uint8_t hdr[PW_FRAME_HDR_SIZE];
   /* STEP (and DONE: peak_act) */
-  int step, peak_act, has_loss;
+  int step, peak_act, has_loss, has_eval;
   int stage, held;         /* SNAP, CKPT (and step) */
-  double step_time, loss, grad_norm, lr;
+  double step_time, loss, grad_norm, lr, eval_loss;
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
 } pw_event;
 
@@ -152,7 +152,16 @@ typedef struct {
   uint64_t chunked, chunks; /* tensors sent in chunks, and their chunks */
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
-  double loss_sum;         /* this replica's share of the step loss */
+  double loss_sum;         /* this replica's share of the pass's loss */
+  /* Frames of ACT, GRAD, TIED and the norm exchange are tagged with the
+   * pass they belong to, not the step: a step's pass, then the eval passes
+   * of train.eval_every (evalrun.c) each have a tag of their own, the same
+   * on every rank (pw_evalrun_tag); without eval the tag is the step. The
+   * data-parallel arenas (between replicas) keep the step. */
+  int tag;
+  int eval, eval_batch;    /* in an eval pass: of eval batch eval_batch */
+  pw_action *eval_acts;    /* [n_eval_acts] this rank's forward-only list, or NULL */
+  int n_eval_acts;
   int act_held, peak_act;  /* saved activations now / peak this run */
   pw_timing *timings;      /* [n_acts] */
   pw_tied_bufs *tied;      /* [n_shared] step-end buffers of the shared parameters held here (plan.h) */
@@ -306,6 +315,9 @@ PW_MUST_CHECK int pw_exec_send(pw_run *r, int to, const pw_frame_hdr *h, const v
  * the loop still writes (the entry is not reused meanwhile). */
 PW_MUST_CHECK int pw_exec_send_pending(pw_run *r, int to, const pw_frame_hdr *h, const void *payload,
                                        atomic_int *pending);
+/* Compute thread: one pass of an action list (the step's, or in an eval
+ * pass the forward-only list), waiting for each action's inputs. */
+PW_MUST_CHECK int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts);
 /* Compute thread: queue an event for the loop thread. */
 PW_MUST_CHECK int pw_exec_post(pw_run *r, const pw_event *ev);
 /* Compute thread: record why the run failed (err may be NULL) and return rc. */
@@ -338,6 +350,22 @@ PW_MUST_CHECK int pw_snaprun_assign(pw_run *r, const pw_msg_assign *a, pw_err *e
 PW_MUST_CHECK int pw_snaprun_alloc(pw_run *r);
 void pw_snaprun_free(pw_run *r);
 
+/* ---- evalrun.c: held-out loss during training (train.eval_every) ---------- */
+
+/* The frame tag of step's pass (see pw_run_compute.tag). */
+int pw_evalrun_tag(const pw_run *r, int step);
+/* The tag of the pass after the one tagged `tag`. */
+int pw_evalrun_next(int tag);
+/* PW_EPROTO: frame h is of a pass this rank cannot take now (named as a
+ * step while passes are steps). */
+PW_MUST_CHECK int pw_evalrun_refuse(const pw_run *r, const pw_frame_hdr *h, pw_err *err);
+/* pw_run_create: the forward-only list when the run evaluates. */
+PW_MUST_CHECK int pw_evalrun_alloc(pw_run *r);
+/* Compute thread, after the update of step sh.step: when it is due, the
+ * eval passes; *loss gets this replica's share of the eval loss, *done 1.
+ * Touches no gradient and no optimizer state. */
+PW_MUST_CHECK int pw_evalrun(pw_run *r, double *loss, int *done);
+
 /* ---- stepend.c ------------------------------------------------------------ */
 
 PW_MUST_CHECK int pw_stepend_alloc(pw_run *r);     /* pw_run_create: DP and tied buffers */
@@ -349,6 +377,9 @@ PW_MUST_CHECK int pw_stepend_run(pw_run *r);
  * all-reduce, the tied gradients, the global squared norm in *sqnorm —
  * leaving the summed gradients in the stage programs. */
 PW_MUST_CHECK int pw_stepend_reduce(pw_run *r, double *sqnorm);
+/* Compute thread: the pipeline ranks of the replica wait for each other
+ * (the norm exchange with nothing to sum), at the end of an eval pass. */
+PW_MUST_CHECK int pw_stepend_barrier(pw_run *r);
 void pw_stepend_report(pw_run *r, const pw_event *ev);      /* loop thread */
 void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev); /* loop thread */
 /* Compute thread, sh.mu held: REDUCE and TIED frames (run.c routes them). */

@@ -177,7 +177,7 @@ static void tied_reduce(pw_run *r) {
   }
 }
 
-static int tied_ready(pw_run *r, const void *arg) { return r->cp.tied_step == r->sh.step && r->cp.tied_got >= r->cp.tied_needed; }
+static int tied_ready(pw_run *r, const void *arg) { return r->cp.tied_step == r->cp.tag && r->cp.tied_got >= r->cp.tied_needed; }
 
 static int tied_exchange(pw_run *r) {
   for (int k = 0; k < r->part.n_shared; k++) {
@@ -198,7 +198,7 @@ static int tied_exchange(pw_run *r) {
         if (dup) continue;
         sent_to[ns++] = dst;
         pw_frame_hdr h;
-        int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_TIED, r->job, (uint32_t)r->sh.step, (uint32_t)sp->holders[j],
+        int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_TIED, r->job, (uint32_t)r->cp.tag, (uint32_t)sp->holders[j],
                                        (uint32_t)hs, (uint32_t)sp->param, PW_DTYPE_F32, n);
         if (rc)
           return pw_exec_fail(r, rc, NULL, "no frame header for tied parameter %d (%zu floats): %s", sp->param, n,
@@ -231,25 +231,23 @@ static double local_sqnorm(pw_run *r, pw_lstage *ls) {
  * send the next step's partial before we have read this one (forward-only
  * runs, where rank 0 waits for nobody's activations). */
 static int parts_ready(pw_run *r, const void *arg) {
-  const int *st = r->cp.norm_parts_step + (r->sh.step & 1) * r->pp;
+  const int *st = r->cp.norm_parts_step + (r->cp.tag & 1) * r->pp;
   for (int k = 0; k < r->pp; k++)
-    if (st[k] != r->sh.step) return 0;
+    if (st[k] != r->cp.tag) return 0;
   return 1;
 }
 
-static int global_norm(pw_run *r, double *total) {
-  double part = 0;
-  if (r->spec.mode != PW_MODE_FORWARD)
-    for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
-  int par = r->sh.step & 1, rc;
+/* The exchange of each pipeline rank's partial `part`; the sum in *total. */
+static int global_norm(pw_run *r, double part, double *total) {
+  int par = r->cp.tag & 1, rc;
   r->cp.norm_parts[par * r->pp + r->prank] = part;
-  r->cp.norm_parts_step[par * r->pp + r->prank] = r->sh.step;
+  r->cp.norm_parts_step[par * r->pp + r->prank] = r->cp.tag;
   r->cp.norm_out[par] = part;
   for (int k = 0; k < r->pp; k++) {
     if (k == r->prank) continue;
     pw_frame_hdr h;
     uint32_t dims[1] = {8};
-    if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->sh.step, (uint32_t)r->prank, 0, RV_NORM_PART,
+    if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->cp.tag, (uint32_t)r->prank, 0, RV_NORM_PART,
                                 PW_DTYPE_U8, 1, dims)))
       return pw_exec_fail(r, rc, NULL, "no frame header for the norm partial: %s", pw_strerror(rc));
     if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->cp.norm_out[par], -1, -1))) return rc;
@@ -390,7 +388,15 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
   }
-  return global_norm(r, sqnorm);
+  double part = 0;
+  if (r->spec.mode != PW_MODE_FORWARD)
+    for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
+  return global_norm(r, part, sqnorm);
+}
+
+int pw_stepend_barrier(pw_run *r) {
+  double unused;
+  return global_norm(r, 0, &unused);
 }
 
 int pw_stepend_run(pw_run *r) {
@@ -398,10 +404,14 @@ int pw_stepend_run(pw_run *r) {
   double sqnorm = 0;
   if ((rc = pw_stepend_reduce(r, &sqnorm))) return rc;
   update(r, sqnorm);
+  double loss = r->cp.loss_sum, step_time = pw_now() - r->cp.t_step0, eval_loss = 0;
+  int evaluated = 0;
+  if ((rc = pw_evalrun(r, &eval_loss, &evaluated))) return rc;
   pw_snaprun_take(r);
-  pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = pw_now() - r->cp.t_step0, .loss = r->cp.loss_sum,
-                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act};
+  pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
+                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
+  ev.has_eval = ev.has_loss && evaluated;
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
     uv_mutex_lock(&r->sh.mu);
     for (int b = 0; b < PW_TRACE_BUFS && !ev.timings; b++)
@@ -429,6 +439,8 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     json_object_set_new(msg, "loss", json_real(ev->loss));
     json_object_set_new(msg, "tokens", json_real((double)r->spec.train.batch_size / r->dp * r->model.seq_len));
   }
+  if (ev->has_eval && isfinite(ev->eval_loss)) /* this replica's share, summed like the loss */
+    json_object_set_new(msg, "eval_loss", json_real(ev->eval_loss));
   if (r->replica == 0 && r->prank == 0) {
     json_object_set_new(msg, "grad_norm", json_real(ev->grad_norm)); /* left out when not finite */
     json_object_set_new(msg, "lr", json_real(ev->lr));
@@ -465,10 +477,14 @@ void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev) {
 
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
-  /* A replica or a tied holder may be one step ahead of us, never more. */
-  if ((int)h->step != r->sh.step && (int)h->step != r->sh.step + 1)
+  /* A pipeline peer may be one pass ahead of us, never more; a replica one
+   * step (its gradient arena, tagged with the step: it may be past the
+   * eval passes between, and the arenas alternate by step parity). */
+  int tag = (int)h->step, dp = h->kind == PW_FRAME_REDUCE && h->value == RV_DP;
+  if (dp && tag != r->sh.step && tag != r->sh.step + 1)
     return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
                       r->sh.step);
+  if (!dp && tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag)) return pw_evalrun_refuse(r, h, err);
   if (h->kind == PW_FRAME_TIED) {
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)

@@ -143,6 +143,29 @@ static size_t data_bytes(const pw_job *job, const pw_model *m) {
 
 #define PW_PLAN_SNAP_GENS 2 /* worker/snap.h's PW_SNAP_GENS */
 
+/* train.eval_every: the eval passes run the forward-only lists of the same
+ * schedule in the same slots, where a stage may hold more microbatches at
+ * once than in training (its upstream runs ahead with nothing to wait
+ * for); each stage's peak is the larger of the two. */
+static int eval_peak_slots(const pw_sched *s, int *peak) {
+  pw_sched *f = NULL;
+  int *fp = malloc(sizeof(int) * (size_t)s->S), rc = fp ? 0 : PW_ENOMEM;
+  if (!rc) rc = pw_sched_new(s->pp, s->V, s->S, s->m, s->stage_to_rank, 1, &f, NULL);
+  for (int r = 0; r < s->pp && !rc; r++)
+    for (int i = 0; i < s->n_actions[r] && !rc; i++)
+      if (s->actions[r][i].kind == PW_ACT_F) {
+        pw_action a = s->actions[r][i];
+        a.flags = 0;
+        rc = pw_sched_push(f, r, a);
+      }
+  if (!rc) rc = pw_plan_peak_slots(f, fp);
+  for (int st = 0; st < s->S && !rc; st++)
+    if (fp[st] > peak[st]) peak[st] = fp[st];
+  pw_sched_free(f);
+  free(fp);
+  return rc;
+}
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -151,6 +174,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   if (!p->stage_mem || !p->peak_slots || !p->mem || pw_plan_peak_slots(p->sched, p->peak_slots))
     return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
   int train = !p->sched->forward_only;
+  if (train && job->train.eval_every > 0 && eval_peak_slots(p->sched, p->peak_slots))
+    return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
   for (int s = 0; s < p->S; s++) {
     const pw_stage *st = &p->part.stages[s];
     const pw_prog_sizes *sm = &p->stage_mem[s];

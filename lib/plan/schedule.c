@@ -85,6 +85,16 @@ int pw_actions_format(const pw_action *acts, int n, char *buf, size_t cap) {
   return (int)len;
 }
 
+int pw_actions_keep_forwards(pw_action *v, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (v[i].kind == PW_ACT_F) {
+      v[k] = v[i];
+      v[k++].flags = 0;
+    }
+  return k;
+}
+
 int pw_actions_parse(const char *text, pw_action **out, int *n, pw_err *err) {
   *out = NULL;
   *n = 0;

@@ -59,6 +59,10 @@ int pw_actions_format(const pw_action *acts, int n, char *buf, size_t cap);
 /* Parse such a list (any whitespace between entries). *out is malloc'ed
  * (NULL when n = 0); the caller frees it. PW_EFORMAT names the bad entry. */
 PW_MUST_CHECK int pw_actions_parse(const char *text, pw_action **out, int *n, pw_err *err);
+/* Keeps only the F actions of v[0..n), in order and unfused: a rank's
+ * forward-only list (pw_sched_build's forward_only, and the workers'
+ * eval passes of train.eval_every). Returns the new count. */
+int pw_actions_keep_forwards(pw_action *v, int n);
 
 /* ---- the plan ---------------------------------------------------------- */
 

@@ -195,20 +195,6 @@ int pw_sched_check(const char *name, int pp, int V, int m, int forward_only, pw_
   return impls[idx].check(name, pp, V, m, err);
 }
 
-/* Drop every non-F action (the forward-only plan, see schedule.h). */
-static void strip_to_forward(pw_sched *s) {
-  for (int r = 0; r < s->pp; r++) {
-    int k = 0;
-    for (int i = 0; i < s->n_actions[r]; i++)
-      if (s->actions[r][i].kind == PW_ACT_F) {
-        s->actions[r][k] = s->actions[r][i];
-        s->actions[r][k].flags = 0;
-        k++;
-      }
-    s->n_actions[r] = k;
-  }
-}
-
 int pw_sched_build(const char *name, int pp, int V, int m, int forward_only, pw_sched **out,
                    pw_err *err) {
   *out = NULL;
@@ -230,7 +216,8 @@ int pw_sched_build(const char *name, int pp, int V, int m, int forward_only, pw_
     pw_sched_free(s);
     return pw_err_set(err, rc, "", "building %s: %s", name, pw_strerror(rc));
   }
-  if (forward_only) strip_to_forward(s);
+  for (int r = 0; r < s->pp && forward_only; r++)
+    s->n_actions[r] = pw_actions_keep_forwards(s->actions[r], s->n_actions[r]);
   *out = s;
   return 0;
 }

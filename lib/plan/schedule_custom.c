@@ -90,17 +90,6 @@ static int derive_layout(pw_action *const *acts, const int *n, int pp, int m, in
   return 0;
 }
 
-/* Only the F actions, unfused (the forward-only plan). */
-static void keep_forwards(pw_action *v, int *n) {
-  int k = 0;
-  for (int i = 0; i < *n; i++)
-    if (v[i].kind == PW_ACT_F) {
-      v[k] = v[i];
-      v[k++].flags = 0;
-    }
-  *n = k;
-}
-
 int pw_sched_from_ranks(const char *const *ranks, int pp, int m, int forward_only, pw_sched **out, pw_err *err) {
   *out = NULL;
   if (pp < 1) return pw_err_set(err, PW_ESPEC, "mesh.pp", "must be >= 1 (got %d)", pp);
@@ -137,7 +126,7 @@ int pw_sched_from_ranks(const char *const *ranks, int pp, int m, int forward_onl
   pw_sched *s = NULL;
   if (!rc) rc = pw_sched_new(pp, S / pp, S, m, st2r, forward_only, &s, err);
   for (int r = 0; r < pp && !rc; r++) {
-    if (forward_only) keep_forwards(acts[r], &n[r]);
+    if (forward_only) n[r] = pw_actions_keep_forwards(acts[r], n[r]);
     free(s->actions[r]);
     s->actions[r] = acts[r];
     s->n_actions[r] = s->cap_[r] = n[r];

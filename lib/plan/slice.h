@@ -18,7 +18,7 @@
  *     (pw_plan_mem.total);
  *   - its action list (only its own), stage -> rank, pp, V, S, m;
  *   - the training config (mode, train: optimizer, lr schedule, clipping,
- *     steps, checkpoint_every, seed, batch size), the microbatch size, dp
+ *     steps, checkpoint_every, eval_every and eval_batches, seed, batch size), the microbatch size, dp
  *     and its replica, the data spec, and the init weights' ids;
  *   - plan_sha256: SHA-256 of the plan's canonical text (pw_slice_plan_text:
  *     what the coordinator stores in runs.plan), naming the plan it is cut
@@ -51,7 +51,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 4 /* 2: data.dataset; 3: init; 4: train.snapshot_every */
+#define PW_SLICE_VERSION 5 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

@@ -59,7 +59,7 @@ static const field f_pw_msg_step[] = {
     REQ_MIN(S, step, F_INT, 0),     OPT(S, loss, F_NUM),            REQ_MIN(S, step_time, F_NUM, 0),
     OPT_MIN(S, tokens, F_NUM, 0),   OPT_MIN(S, peak_act, F_INT, 0), OPT(S, grad_norm, F_NUM),
     OPT(S, lr, F_NUM),              OPT(S, actions, F_ACTIONS),     OPT_MIN(S, nonfinite, F_INT, 0),
-    END};
+    OPT(S, eval_loss, F_NUM),       END};
 #undef S
 #define S pw_msg_checkpoint
 static const field f_pw_msg_checkpoint[] = {REQ_MIN(S, job, F_INT, 0),  REQ_MIN(S, run, F_INT, 0),

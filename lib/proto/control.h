@@ -40,7 +40,8 @@
  *               actions?:[[kind:str, mb:int, stage:int, start:number,
  *               end:number], ...], nonfinite?:int>=0 (bits: 1 the loss,
  *               2 the gradient norm was NaN or infinite; such a value is
- *               left out, never sent as a number)
+ *               left out, never sent as a number), eval_loss?:number (the
+ *               replica's share of the held-out loss, train.eval_every)
  *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int,
  *               stage?:int
  *   done        job:int, run:int, rank:int
@@ -108,7 +109,7 @@ typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t 
                  const char *cpu_level; double gemm_gflops; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
-                 double grad_norm, lr; json_t *actions; int64_t nonfinite; } pw_msg_step;
+                 double grad_norm, lr; json_t *actions; int64_t nonfinite; double eval_loss; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
 typedef struct { int64_t job, run, rank; const char *message; int64_t lost_rank, restore_failed, peer_aborted; } pw_msg_error;

@@ -149,6 +149,9 @@ static const pw__field train_fields[] = {
     PW__NUM("grad_clip", 0, PW__ALL, pw_train_spec, grad_clip, 1.0, 0, PW__NOLIM),
     PW__INT("checkpoint_every", 0, PW__ALL, pw_train_spec, checkpoint_every, 0, 0, INT_MAXD),
     PW__INT("eval_batches", 0, PW__ALL, pw_train_spec, eval_batches, 8, 1, MAX_BATCH),
+    /* held-out loss during cluster runs; omitted when 0 (off), so older
+     * specs keep their hash */
+    PW__INT("eval_every", PW__OMIT0, PW__ALL, pw_train_spec, eval_every, 0, 0, INT_MAXD),
     /* the coordinator's retention; the workers never need it, so it stays
      * out of the slice */
     PW__INT("keep_checkpoints", 0, PW__ALL, pw_train_spec, keep_checkpoints, 3, 1, INT_MAXD),

@@ -151,7 +151,8 @@ typedef struct {
   unsigned long long seed; /* default 1 */
   double grad_clip;      /* 0 = off; default 1.0 */
   int checkpoint_every;  /* 0 = only at the end; default 0 */
-  int eval_batches;      /* batches for `pipewright eval`; default 8 */
+  int eval_batches;      /* batches for `pipewright eval` and eval_every; default 8 */
+  int eval_every;        /* cluster runs: eval loss after every K-th step and the last; 0 = off */
   int keep_checkpoints;  /* complete checkpoint steps the coordinator keeps; >= 1, default 3 */
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   int max_restarts;      /* runs that lose a worker and go back to the queue; 0..1000, default 3 */

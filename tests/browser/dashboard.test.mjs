@@ -475,6 +475,26 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.equal((await api(`/v1/jobs/${qid}`, {method: 'DELETE'})).status, 200);
     });
 
+    await t.test('train.eval_every: the loss chart has an eval series, a point per evaluated step', async () => {
+      const r = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
+        {...SPEC, name: 'dash-eval', train: {steps: 6, batch_size: 8, seed: 1, eval_every: 3, eval_batches: 1}})});
+      assert.equal(r.status, 201, JSON.stringify(r.json));
+      const eid = r.json.id;
+      await waitFor(`job ${eid} to succeed`, async () => (await api(`/v1/jobs/${eid}`)).json.state === 'succeeded',
+                    120000 * SLOW);
+      const rows = (await api(`/v1/jobs/${eid}/metrics`)).json.metrics;
+      assert.deepEqual(rows.filter((m) => m.eval_loss !== null).map((m) => m.step), [2, 5], JSON.stringify(rows));
+      await page.goto(`${base}/#/jobs/${eid}`);
+      await page.waitForSelector('#chart-loss[data-points="6"][data-eval-points="2"]');
+      assert.equal(await attr('#chart-loss', 'data-series'), '1', 'the eval series is the same job\'s');
+      const items = page.locator(`#chart-loss .chart-legend-item[data-job="${eid}"]`);
+      assert.equal(await items.count(), 2, 'the legend has the training and the eval loss');
+      assert.equal(await items.nth(1).locator('.chart-legend-label').textContent(), `job ${eid} dash-eval eval`);
+      assert.equal(await items.nth(1).locator('.chart-legend-value').textContent(), fmt3(rows[5].eval_loss),
+                   'the last eval loss (step 6)');
+      await shot('job-eval');
+    });
+
     await t.test('user data renders as text: no script, no alert', async () => {
       await page.goto(base + '/#/');
       await page.waitForSelector(`#jobs-table tr[data-job="${id}"]`);

@@ -45,7 +45,7 @@ msgs = [
      "blas_forced": 1, "cpu_level": "avx512", "gemm_gflops": 110.5},
     {"type": "heartbeat", "time": 1.5, "state": "idle"},
     {"type": "step", "job": 1, "run": 1, "rank": 0, "step": 3, "loss": 2.5, "step_time": 0.1,
-     "tokens": 512, "actions": [["F", 0, 0, 0.0, 0.1], ["B", 0, 0, 0.1, 0.2]]},
+     "tokens": 512, "eval_loss": 2.25, "actions": [["F", 0, 0, 0.0, 0.1], ["B", 0, 0, 0.1, 0.2]]},
     {"type": "checkpoint", "job": 1, "run": 1, "rank": 0, "step": 10, "path": "a/b", "bytes": 9},
     {"type": "done", "job": 1, "run": 1, "rank": 0},
     {"type": "error", "message": "boom"},

@@ -313,6 +313,19 @@ def _track(p):
     return p
 
 
+class Checks:
+    """check(label, ok, detail): prints an ok/FAIL line, counts it, returns ok."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, label, ok, detail=""):
+        print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:600]) if detail and not ok else ''}", flush=True)
+        self.passed += bool(ok)
+        self.failed += not ok
+        return ok
+
+
 def http(base, path, method="GET", body=None, raw=False, timeout=60):
     """(status, parsed JSON | text), or the bytes with raw=True and a 200."""
     data = json.dumps(body).encode() if body is not None else None

@@ -15,11 +15,14 @@
 #include "store.h"
 
 /* The schema version this code writes (store.c's migrations). */
-#define PW_TEST_SCHEMA 5
-/* Takes a file of the current schema back to schema 4: the tests of older
- * migrations run this, then undo their own schema's tables. */
+#define PW_TEST_SCHEMA 6
+/* Take a file of the current schema back to schema 5, or 4: the tests of
+ * older migrations run these, then undo their own schema's tables. */
+#define PW_TEST_BACK_TO_5                                                                   \
+  "ALTER TABLE metrics DROP COLUMN eval_loss; ALTER TABLE jobs DROP COLUMN eval_loss; "     \
+  "PRAGMA user_version = 5;"
 #define PW_TEST_BACK_TO_4                                                                   \
-  "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE runs DROP COLUMN start_step; "        \
+  PW_TEST_BACK_TO_5 "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE runs DROP COLUMN start_step; " \
   "ALTER TABLE runs DROP COLUMN resumed_from; PRAGMA user_version = 4;"
 
 static inline void raw_exec(const char *path, const char *sql) {

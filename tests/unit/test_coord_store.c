@@ -135,15 +135,15 @@ static void test_open_newer_refused(void **state) {
   char path[512];
   pw_store *s = open_new(path, sizeof path);
   pw_store_close(s);
-  raw_exec(path, "PRAGMA user_version = 6");
+  raw_exec(path, "PRAGMA user_version = 7");
   pw_err err = {0};
   s = (pw_store *)1;
   assert_int_equal(pw_store_open(path, &s, &err), PW_ENOTSUP);
   assert_null(s);
-  expect_err(&err, "version 6 is newer");
-  expect_err(&err, "(5)");
+  expect_err(&err, "version 7 is newer");
+  expect_err(&err, "(6)");
   /* refused before touching anything: the file keeps its version */
-  assert_int_equal(raw_int(path, "PRAGMA user_version"), 6);
+  assert_int_equal(raw_int(path, "PRAGMA user_version"), 7);
 }
 
 static void test_open_errors(void **state) {
@@ -685,6 +685,52 @@ static void test_metrics(void **state) {
   pw_store_close(s);
 }
 
+/* train.eval_every: a row's eval_loss (null when the step did not
+ * evaluate), the job's latest, and migration 5 -> 6 leaving older rows
+ * null. */
+static void test_eval_loss(void **state) {
+  char path[512];
+  pw_store *s = open_new(path, sizeof path);
+  pw_err err = {0};
+  int64_t job = new_job(s, "e"), run;
+  assert_int_equal(pw_store_run_insert(s, job, NULL, &run, &err), 0);
+  pw_metric old = {.step = 0, .loss = 3, .eval_loss = NAN};
+  assert_int_equal(pw_store_metric_insert(s, job, run, &old, &err), 0);
+  pw_store_close(s);
+  raw_exec(path, PW_TEST_BACK_TO_5);
+  assert_int_equal(pw_store_open(path, &s, &err), 0);
+  assert_int_equal(pw_store_schema_version(s), PW_TEST_SCHEMA);
+  for (int k = 1; k < 4; k++) {
+    pw_metric m = {.step = k, .loss = 3 - k, .eval_loss = k == 2 ? 2.75 : NAN};
+    assert_int_equal(pw_store_metric_insert(s, job, run, &m, &err), 0);
+  }
+  json_t *m, *j;
+  assert_int_equal(pw_store_metrics_json(s, job, 0, &m, &err), 0);
+  json_t *arr = json_object_get(m, "metrics");
+  assert_int_equal(json_array_size(arr), 4);
+  for (int k = 0; k < 4; k++) {
+    json_t *row = json_array_get(arr, (size_t)k);
+    if (k == 2) assert_true(jnum(row, "eval_loss") == 2.75);
+    else jnull(row, "eval_loss"); /* the migrated row too: null, never 0 */
+  }
+  json_decref(m);
+  /* the job's latest: kept by progress without one (NaN), replaced by a new one */
+  assert_int_equal(pw_store_job_json(s, job, 0, &j, &err), 0);
+  jnull(j, "eval_loss");
+  json_decref(j);
+  assert_int_equal(pw_store_job_eval_loss(s, job, 2.75, &err), 0);
+  assert_int_equal(pw_store_job_progress(s, job, 4, 1.0, 10, &err), 0);
+  assert_int_equal(pw_store_job_json(s, job, 0, &j, &err), 0);
+  assert_true(jnum(j, "eval_loss") == 2.75);
+  json_decref(j);
+  assert_int_equal(pw_store_job_eval_loss(s, job, 1.5, &err), 0);
+  assert_int_equal(pw_store_job_json(s, job, 0, &j, &err), 0);
+  assert_true(jnum(j, "eval_loss") == 1.5);
+  json_decref(j);
+  assert_int_equal(pw_store_job_eval_loss(s, 999, 1, &err), PW_ENOENT);
+  pw_store_close(s);
+}
+
 static void test_timeline(void **state) {
   pw_store *s = open_new(NULL, 0);
   pw_err err = {0};
@@ -950,6 +996,7 @@ int main(void) {
       cmocka_unit_test(test_list),
       cmocka_unit_test(test_runs),
       cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_eval_loss),
       cmocka_unit_test(test_timeline),
       cmocka_unit_test(test_checkpoints),
       cmocka_unit_test(test_events),

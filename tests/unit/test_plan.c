@@ -327,6 +327,41 @@ static void test_peak_slots_by_hand(void **state) {
   }
 }
 
+/* train.eval_every: the eval passes run the forward-only lists in the
+ * training slots, so each stage's planned slots are the larger of the two
+ * plans' peaks, and the rank's memory counts the difference. */
+static void test_eval_slots(void **state) {
+  (void)state;
+  const char *names[] = {"1f1b", "interleaved-1f1b", "zb-h1"};
+  for (int c = 0; c < 3; c++) {
+    int V = c == 1 ? 2 : 1, pp = 4 / V, grew = 0;
+    pw_job job;
+    job_of(GPT, names[c], pp, 1, V, 8, 8, &job);
+    pw_plan off, on;
+    assert_int_equal(pw_plan_build(&job, NULL, &off, NULL), 0);
+    job.train.eval_every = 3;
+    assert_int_equal(pw_plan_build(&job, NULL, &on, NULL), 0);
+    pw_sched *f = NULL;
+    assert_int_equal(pw_sched_build(names[c], pp, V, 8, 1, &f, NULL), 0);
+    int fpeak[8];
+    assert_int_equal(pw_plan_peak_slots(f, fpeak), 0);
+    size_t extra[4] = {0};
+    for (int st = 0; st < on.S; st++) {
+      int want = off.peak_slots[st] > fpeak[st] ? off.peak_slots[st] : fpeak[st];
+      assert_int_equal(on.peak_slots[st], want);
+      grew |= want > off.peak_slots[st];
+      extra[on.sched->stage_to_rank[st]] +=
+          (size_t)(want - off.peak_slots[st]) * on.stage_mem[st].slot_floats * sizeof(float);
+    }
+    for (int r = 0; r < pp; r++) assert_int_equal(on.mem[r].total, off.mem[r].total + extra[r]);
+    if (c == 0) assert_true(grew); /* 1f1b's later stages hold more microbatches forward only */
+    pw_sched_free(f);
+    pw_plan_free(&off);
+    pw_plan_free(&on);
+    pw_job_free(&job);
+  }
+}
+
 /* Slots of stage st held at once in a simulated timeline under the worker's
  * rule: microbatch k from min(its F's start, its input's arrival) until its
  * B (or W, or F when forward only) ends; a release at t comes before an
@@ -423,6 +458,7 @@ int main(void) {
       cmocka_unit_test(test_tied_bytes),
       cmocka_unit_test(test_stepend_bufs),
       cmocka_unit_test(test_data_bytes),
+      cmocka_unit_test(test_eval_slots),
       cmocka_unit_test(test_peak_slots_by_hand),
       cmocka_unit_test(test_peak_slots_vs_timelines),
   };

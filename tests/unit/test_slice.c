@@ -30,7 +30,7 @@ static const char *SPEC =
     "\"mesh\":{\"pp\":2,\"dp\":2,\"virtual_stages\":2},"
     "\"schedule\":{\"name\":\"interleaved-1f1b\",\"microbatches\":4},"
     "\"train\":{\"steps\":7,\"batch_size\":16,\"seed\":9007199254740993,\"grad_clip\":0.5,"
-    "\"checkpoint_every\":3,\"on_nonfinite\":\"skip\",\"optimizer\":{\"name\":\"adamw\",\"lr\":0.003,\"min_lr\":0.0003,"
+    "\"checkpoint_every\":3,\"eval_every\":2,\"eval_batches\":3,\"on_nonfinite\":\"skip\",\"optimizer\":{\"name\":\"adamw\",\"lr\":0.003,\"min_lr\":0.0003,"
     "\"warmup_steps\":2,\"betas\":[0.9,0.95],\"eps\":1e-8,\"weight_decay\":0.1}},"
     "\"data\":{\"kind\":\"copy\"}}";
 

@@ -147,6 +147,9 @@ static const bad_case bad[] = {
     {B_GPT, "{'model':{'norm_eps':2}}", "model.norm_eps", "must be <= 1 (got 2)"},
     {B_GPT, "{'model':{'ffn_hidden':0}}", "model.ffn_hidden", "must be >= 1"},
     {B_GPT, "{'train':{'batch_size':0}}", "train.batch_size", "must be >= 1 (got 0)"},
+    {B_GPT, "{'train':{'eval_every':-1}}", "train.eval_every", "must be >= 0 (got -1)"},
+    {B_GPT, "{'train':{'eval_every':2.5}}", "train.eval_every", "must be an integer"},
+    {B_GPT, "{'train':{'eval_evry':5}}", "train.eval_evry", "unknown field; did you mean eval_every?"},
     {B_GPT, "{'train':{'seed':-1}}", "train.seed", "must be >= 0"},
     {B_GPT, "{'train':{'grad_clip':-1}}", "train.grad_clip", "must be >= 0 (got -1)"},
     {B_GPT, "{'train':{'eval_batches':0}}", "train.eval_batches", "must be >= 1"},
@@ -390,6 +393,7 @@ static void test_gpt_defaults(void **st) {
   assert_true(t->grad_clip == 1.0);
   assert_int_equal(t->checkpoint_every, 0);
   assert_int_equal(t->eval_batches, 8);
+  assert_int_equal(t->eval_every, 0);
   assert_int_equal(t->keep_checkpoints, 3);
   assert_int_equal(t->optim.kind, PW_OPT_ADAMW);
   assert_true(t->optim.lr == 3e-4);
@@ -641,6 +645,8 @@ static void round_trip(const char *text) {
 }
 
 static const char *const round_trip_specs[] = {
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+    "'train':{'eval_every':5,'eval_batches':2}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'}}",
     "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'norm_eps':1e-6,"
     "'init_std':0.05,'rope_base':12345.5},'data':{'kind':'text','path':'x.txt','eval_fraction':0.3}}",
@@ -658,6 +664,33 @@ static const char *const round_trip_specs[] = {
     "'schedule':{'microbatches':2,'custom':{'ranks':['F0@s0 F1@s0 B0@s0 B1@s0','F0@s1  B0@s1 F1@s1+B1@s1']}},"
     "'train':{'batch_size':4},'data':{'kind':'copy'}}",
 };
+
+/* train.eval_every: in the canonical spec when set, left out when 0 (so
+ * the specs and plan hashes of jobs without it stay what they were). */
+static void test_eval_every(void **st) {
+  (void)st;
+  static const char *const texts[] = {
+      "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'}}",
+      "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+      "'train':{'eval_every':0}}",
+      "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+      "'train':{'eval_every':7}}"};
+  char *canon[3];
+  for (int i = 0; i < 3; i++) {
+    pw_job job = parse_ok(texts[i]);
+    assert_int_equal(job.train.eval_every, i == 2 ? 7 : 0);
+    json_t *j = pw_job_to_json(&job);
+    json_t *ev = json_object_get(json_object_get(j, "train"), "eval_every");
+    if (i < 2) assert_null(ev);
+    else assert_int_equal(json_integer_value(ev), 7);
+    canon[i] = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    pw_job_free(&job);
+  }
+  assert_string_equal(canon[0], canon[1]);
+  assert_string_not_equal(canon[0], canon[2]);
+  for (int i = 0; i < 3; i++) free(canon[i]);
+}
 
 static void test_round_trip(void **st) {
   (void)st;
@@ -921,7 +954,8 @@ int main(void) {
       cmocka_unit_test(test_err_str),        cmocka_unit_test(test_gpt_defaults),
       cmocka_unit_test(test_design_example), cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
-      cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_round_trip),
+      cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_load_file),      cmocka_unit_test(test_examples),
       cmocka_unit_test(test_string_limits), cmocka_unit_test(test_null_args),
       cmocka_unit_test(test_schema),

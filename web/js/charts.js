@@ -2,8 +2,10 @@
  * (web/vendor/, see deploy/vendor-web.sh).
  *
  * PW.charts.metric(container, opts) returns {set(series), destroy()}:
- * series is [{job, label, color, xs, ys}], the page's own job first and
- * overlaid jobs after it, x = step. Each chart has a hover readout (uPlot's
+ * series is [{job, label, color, xs, ys, points}], the page's own job first
+ * and overlaid jobs after it, x = step. A series with points: true is a
+ * job's second series (the held-out loss beside the training loss): its
+ * points are marked and joined by a dashed line, never smoothed. Each chart has a hover readout (uPlot's
  * cursor; our legend shows the step and every job's value there, or the
  * last values), a smoothing slider (TensorBoard's debiased exponential
  * moving average; the raw curve stays faint behind the smoothed one) and a
@@ -13,7 +15,8 @@
  *
  * What tests (and curious users) can read without poking into the canvas,
  * on the container: data-points (the own job's rows), data-series (jobs
- * drawn), data-smoothing (the weight), data-log ("1" when the y axis is
+ * drawn, not counting points series), data-eval-points (the points of the
+ * own job's points series), data-smoothing (the weight), data-log ("1" when the y axis is
  * logarithmic), data-last (the own job's last plotted, smoothed value);
  * on the legend: data-step (the step under the cursor, "" for the last).
  * When uPlot failed to load, the chart degrades to a one-line summary. */
@@ -129,10 +132,10 @@ PW.charts = (function () {
         list.map(function (s, k) {
           var sm = drawn.smoothed[k], raw = drawn.raw[k], i = idx;
           if (last) for (i = sm.length - 1; i > 0 && sm[i] === null; i--) { /* the last plotted point */ }
-          var v = fmt(sm[i]) + (cfg.smooth > 0 && d.isNum(raw[i]) ? " (" + fmt(raw[i]) + ")" : "");
+          var v = fmt(sm[i]) + (cfg.smooth > 0 && !s.points && d.isNum(raw[i]) ? " (" + fmt(raw[i]) + ")" : "");
           var sw = h("span", {class: "chart-swatch"});
           sw.style.background = s.color;
-          return h("span", {class: "chart-legend-item", data: {job: s.job}}, sw,
+          return h("span", {class: "chart-legend-item", data: {job: s.job, points: s.points ? "1" : ""}}, sw,
             h("span", {class: "chart-legend-label"}, s.label), " ", h("span", {class: "chart-legend-value mono"}, v));
         }));
     }
@@ -140,6 +143,11 @@ PW.charts = (function () {
     function make(data, logOn) {
       var series = [{label: "step"}];
       list.forEach(function (s) {
+        if (s.points) {
+          series.push({label: s.label, stroke: s.color, width: 1, dash: [4, 4], spanGaps: true,
+                       points: {show: true, size: 6, fill: s.color}});
+          return;
+        }
         if (cfg.smooth > 0) series.push({label: s.label + " (raw)", stroke: faint(s.color, 0.25), width: 1,
                                          points: {show: false}});
         series.push({label: s.label, stroke: s.color, width: 1.5, points: {show: false}});
@@ -171,18 +179,20 @@ PW.charts = (function () {
       var logOn = cfg.log && !nonPos;
       container.setAttribute("data-log", logOn ? "1" : "0");
       var own = list[0], any = list.some(function (s) { return s.xs.length > 0; });
+      var ownPts = list.filter(function (s) { return s.points && own && s.job === own.job; })[0];
       container.setAttribute("data-points", String(own ? own.xs.length : 0));
-      container.setAttribute("data-series", String(list.length));
+      container.setAttribute("data-series", String(list.filter(function (s) { return !s.points; }).length));
+      container.setAttribute("data-eval-points", String(ownPts ? ownPts.xs.length : 0));
       empty.hidden = any; /* an overlaid job may have steps before this one does */
       if (!any) return;
       var al = align(list);
       drawn = {xs: al.xs, raw: [], smoothed: []};
       var data = [al.xs];
       list.forEach(function (s) {
-        var raw = al.of(s, s.ys), sm = al.of(s, smooth(s.ys, cfg.smooth));
+        var raw = al.of(s, s.ys), sm = s.points ? raw : al.of(s, smooth(s.ys, cfg.smooth));
         drawn.raw.push(raw);
         drawn.smoothed.push(sm);
-        if (cfg.smooth > 0) data.push(raw);
+        if (cfg.smooth > 0 && !s.points) data.push(raw);
         data.push(sm);
       });
       var lastOwn = drawn.smoothed[0].filter(d.isNum);

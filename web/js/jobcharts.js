@@ -22,8 +22,11 @@ PW.jobcharts = function (id, overlay) {
   /* key: the metrics row's field; smooth: the default weight (none for the
    * schedule-driven lr; none for step time either: a slow step is what
    * one looks for there) */
+  /* also: a second series of held-out points (the metrics rows' field;
+   * train.eval_every), in its own colour for the page's job */
   var CHARTS = [
-    {key: "loss", el: "chart-loss", title: "training loss", color: "#d9480f", smooth: 0.6},
+    {key: "loss", el: "chart-loss", title: "training loss", color: "#d9480f", smooth: 0.6,
+     also: {key: "eval_loss", label: "eval", color: "#0b7285"}},
     {key: "lr", el: "chart-lr", title: "learning rate", color: "#2b8a3e", smooth: 0},
     {key: "grad_norm", el: "chart-grad-norm", title: "gradient norm", color: "#5f3dc4", smooth: 0.6},
     {key: "tokens_per_s", el: "chart-throughput", title: "tokens per second", color: "#2a6fdb", smooth: 0.6},
@@ -67,10 +70,18 @@ PW.jobcharts = function (id, overlay) {
     });
     CHARTS.forEach(function (c) {
       /* alone, each chart its own colour; overlaid, each job one colour on every chart */
-      charts[c.key].set(jobs.map(function (j, k) {
-        return {job: j.id, label: label(j), color: jobs.length === 1 ? c.color : PALETTE[k % PALETTE.length], xs: steps[k],
-                ys: steps[k].map(function (s) { return j.rows[s][c.key]; })};
-      }));
+      var series = [];
+      jobs.forEach(function (j, k) {
+        var color = jobs.length === 1 ? c.color : PALETTE[k % PALETTE.length];
+        series.push({job: j.id, label: label(j), color: color, xs: steps[k],
+                     ys: steps[k].map(function (s) { return j.rows[s][c.key]; })});
+        if (!c.also) return;
+        var at = steps[k].filter(function (s) { return d.isNum(j.rows[s][c.also.key]); });
+        if (at.length) series.push({job: j.id, label: label(j) + " " + c.also.label, points: true,
+                                    color: jobs.length === 1 ? c.also.color : color, xs: at,
+                                    ys: at.map(function (s) { return j.rows[s][c.also.key]; })});
+      });
+      charts[c.key].set(series);
     });
   }
 
