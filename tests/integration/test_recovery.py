@@ -180,12 +180,19 @@ def common_checks(tag, c, jid, sp, n_losses=(1, 1), ref=None, coord_restart=Fals
     states = [a.get("state") for a in ats]
     by_coord = [a for a in ats[:-1] if coord_restart and a.get("state") == "interrupted" and
                 "coordinator" in (a.get("reason") or "")]
-    lost = [a for a in ats[:-1] if a.get("state") == "interrupted" and a not in by_coord]
+    # a chosen snapshot a survivor had already dropped (it ran one step further
+    # than the coordinator had heard): that attempt ends "restore: ...", the
+    # next resumes from the checkpoint, no restart spent
+    refused = [a for a in ats[:-1] if ": restore: " in (a.get("reason") or "")]
+    lost = [a for a in ats[:-1] if a.get("state") == "interrupted" and a not in by_coord and a not in refused]
     lo, hi = n_losses
     check(f"{tag}: {lo}{'' if lo == hi else '..' + str(hi)} attempt(s) interrupted by a loss"
           f"{' (and any ended by the coordinator restart)' if coord_restart else ''}, then one succeeded, in the API",
-          states and states[-1] == "succeeded" and lo <= len(lost) <= hi and len(lost) + len(by_coord) == len(ats) - 1
+          states and states[-1] == "succeeded" and lo <= len(lost) <= hi and len(lost) + len(by_coord) + len(refused) == len(ats) - 1
           and [a.get("attempt") for a in ats] == list(range(1, len(ats) + 1)), ats)
+    if refused:
+        print(f"     note: attempt(s) {[a['attempt'] for a in refused]} found a chosen snapshot gone: "
+              f"{[a.get('reason') for a in refused]}", flush=True)
     if by_coord:
         print(f"     note: attempt(s) {[a['attempt'] for a in by_coord]} ended by the coordinator's restart: "
               f"{[(a['state'], a.get('reason')) for a in by_coord]}", flush=True)
