@@ -181,7 +181,10 @@ def main():
         if t.check("kill: driver finished", res is not None and not res["timed_out"], (p.stdout + p.stderr)[-600:]):
             msgs = [e["message"] for e in res["errors"]]
             t.check("kill: every other rank reports the lost peer",
-                    len(msgs) == 3 and all("lost peer rank 2" in m for m in msgs), str(msgs))
+                    # the read side sees the close ("lost peer rank 2"); a rank writing to it at
+                    # that moment sees the reset first ("send to rank 2: ...") — it cannot tell a
+                    # killed peer from one that aborted, so it does not call it lost
+                    len(msgs) == 3 and all("lost peer rank 2" in m or "send to rank 2: " in m for m in msgs), str(msgs))
             t.check("kill: no run reported done", res["done"] == [], str(res["done"]))
             t.check("kill: survivors exit cleanly", [c for i, c in enumerate(res["exit_codes"]) if i != 2] == [0, 0, 0],
                     str(res["exit_codes"]))
