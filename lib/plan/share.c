@@ -1,9 +1,8 @@
-/* share: the plan replayed under processor sharing (share.h). The plain
- * replay (sim.c) proves the plan and gives each action's work and the
- * memory and link figures, which sharing does not change; this file only
- * re-times the actions: an event loop that advances to the next moment a
- * unit ends or becomes ready, with every computing rank's rate set by how
- * many threads want its host's cores at that moment. */
+/* share: the plan replayed on shared cores (share.h). The plain replay
+ * (sim.c) proves the plan and gives each action's work and the memory and
+ * link figures, which sharing does not change; this file only re-times the
+ * actions: an event loop that advances to the next moment a unit ends or
+ * its inputs arrive, starting ready ranks as their hosts' cores allow. */
 #include "share.h"
 
 #include <math.h>
@@ -61,13 +60,15 @@ static int check_share(const pw_sched *s, const pw_share *sh, pw_err *err) {
   return 0;
 }
 
-/* Each pipeline rank's rate now: the slowest of its replicas' hosts. */
-static void rates(const share_rp *x, const int *running, double *load, double *rate) {
+/* Each pipeline rank's rate now: min(1, cores / threads computing) of
+ * its host — below 1 only for a rank with more threads than cores, or
+ * with other work there — the slowest of its replicas' hosts. */
+static void rates(const share_rp *x, const int *cur, double *load, double *rate) {
   const pw_share *sh = x->sh;
   int pp = x->s->pp;
   for (int h = 0; h < sh->n_hosts; h++) load[h] = sh->other ? sh->other[h] : 0;
   for (int j = 0; j < sh->n_ranks; j++)
-    if (running[j % pp]) load[sh->host[j]] += sh->threads[j];
+    if (cur[j % pp] >= 0) load[sh->host[j]] += sh->threads[j];
   for (int r = 0; r < pp; r++) rate[r] = 1;
   for (int j = 0; j < sh->n_ranks; j++) {
     double h = sh->cores[sh->host[j]] / load[sh->host[j]];
@@ -75,49 +76,84 @@ static void rates(const share_rp *x, const int *running, double *load, double *r
   }
 }
 
+/* Whether rank r's threads fit on all its hosts now: the threads computing
+ * there and r's within the cores, or nothing of the job computing there. */
+static int fits(const share_rp *x, const int *cur, int r) {
+  const pw_share *sh = x->sh;
+  int pp = x->s->pp;
+  for (int j = r; j < sh->n_ranks; j += pp) {
+    int h = sh->host[j], busy = 0;
+    for (int i = 0; i < sh->n_ranks; i++)
+      if (sh->host[i] == h && cur[i % pp] >= 0) busy += sh->threads[i];
+    if (busy && busy + sh->threads[j] > sh->cores[h]) return 0;
+  }
+  return 1;
+}
+
+/* Starts the ready ranks (ready[r] >= 0: since when) that fit: a rank that
+ * just ended a unit first (it holds its cores), then in the order they
+ * became ready, then by rank. A rank that does not fit waits, idle. */
+static void admit(const share_rp *x, const int *pos, int *cur, double *rem, double *ready, const int *held,
+                  double t) {
+  int pp = x->s->pp;
+  for (;;) {
+    int b = -1;
+    for (int r = 0; r < pp; r++)
+      if (ready[r] >= 0 && (b < 0 || held[r] > held[b] || (held[r] == held[b] && ready[r] < ready[b]))) b = r;
+    if (b < 0) return;
+    ready[b] = -1;
+    if (!fits(x, cur, b)) continue;
+    cur[b] = pos[b];
+    rem[b] = x->work[cur[b]];
+    x->res->events[cur[b]].start = t;
+  }
+}
+
 /* The event loop. pos[r]: rank r's next event (absolute index); cur[r]:
- * the event it computes, -1 when it waits; rem[r]: work left in it. */
+ * the event it computes, -1 when not computing; rem[r]: work left in it;
+ * free_at[r]: when its last unit ended; held[r]: it ended one just now. */
 static int retime(share_rp *x, pw_err *err) {
   const pw_sched *s = x->s;
   pw_sim_result *res = x->res;
-  int pp = s->pp, left = res->n_events;
+  int pp = s->pp, left = res->n_events, rc = 0;
   int *pos = calloc((size_t)pp, sizeof(int)), *cur = calloc((size_t)pp, sizeof(int));
+  int *held = calloc((size_t)pp, sizeof(int));
   double *rem = calloc((size_t)pp, sizeof(double)), *rate = calloc((size_t)pp, sizeof(double));
+  double *ready = calloc((size_t)pp, sizeof(double)), *free_at = calloc((size_t)pp, sizeof(double));
   double *load = calloc((size_t)x->sh->n_hosts, sizeof(double));
-  int *running = calloc((size_t)pp, sizeof(int)), rc = 0;
-  if (!pos || !cur || !rem || !rate || !load || !running) {
+  if (!pos || !cur || !held || !rem || !rate || !ready || !free_at || !load) {
     rc = pw_err_set(err, PW_ENOMEM, "", "out of memory");
     goto out;
   }
   for (int r = 0; r < pp; r++) pos[r] = res->rank_first[r], cur[r] = -1;
   double t = 0;
   while (left > 0) {
-    /* start every unit whose rank is free and whose inputs are here */
+    /* the ranks whose next unit has its inputs by now; next: the
+     * earliest arrival still to come */
     double next = INFINITY;
     for (int r = 0; r < pp; r++) {
+      ready[r] = -1;
       if (cur[r] >= 0 || pos[r] >= res->rank_first[r + 1]) continue;
-      pw_sim_event *ev = &res->events[pos[r]];
+      const pw_sim_event *ev = &res->events[pos[r]];
       int fused = (ev->act.flags & PW_ACTION_FUSED) != 0;
       double a = ready_at(x, &ev->act), b = fused ? ready_at(x, &ev[1].act) : 0;
       if (a < 0 || b < 0) continue;
       double at = a > b ? a : b;
-      if (at > t) {
-        if (at < next) next = at;
-        continue;
-      }
-      cur[r] = pos[r];
-      rem[r] = x->work[cur[r]];
-      ev->start = t;
+      if (at > t && at < next) next = at;
+      if (at <= t) ready[r] = at > free_at[r] ? at : free_at[r];
     }
+    admit(x, pos, cur, rem, ready, held, t);
     int any = 0;
-    for (int r = 0; r < pp; r++) any |= running[r] = cur[r] >= 0;
+    for (int r = 0; r < pp; r++) any |= cur[r] >= 0;
     if (!any && !isfinite(next)) { /* the plain replay proved the plan: not reached */
       rc = pw_err_set(err, PW_EDEADLOCK, "", "shared replay stalled at t = %g", t);
       goto out;
     }
-    rates(x, running, load, rate);
-    for (int r = 0; r < pp; r++)
+    rates(x, cur, load, rate);
+    for (int r = 0; r < pp; r++) {
+      held[r] = 0;
       if (cur[r] >= 0 && t + rem[r] / rate[r] < next) next = t + rem[r] / rate[r];
+    }
     /* advance to next; the units (or halves of a fused one) due end */
     for (int r = 0; r < pp; r++) {
       if (cur[r] < 0) continue;
@@ -137,16 +173,20 @@ static int retime(share_rp *x, pw_err *err) {
       left -= cur[r] - pos[r] + 1;
       pos[r] = cur[r] + 1;
       cur[r] = -1;
+      held[r] = 1;
+      free_at[r] = next;
     }
     t = next;
   }
 out:
   free(pos);
   free(cur);
+  free(held);
   free(rem);
   free(rate);
+  free(ready);
+  free(free_at);
   free(load);
-  free(running);
   return rc;
 }
 

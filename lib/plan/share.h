@@ -1,23 +1,31 @@
 /* share: the simulator's step when ranks share CPU cores.
  *
  * pw_sim_run assumes each rank has its own cores. When several ranks run
- * on one host with more threads than cores, the operating system splits
- * the cores among the threads that want them. This replays the same plan
- * under processor sharing: at every moment a host's cores are split
- * evenly among the threads of its ranks that are computing right then
- * (plus any other busy work on the host, counted as always busy), so a
- * rank runs at min(1, cores / busy threads) of its planned rate. A rank
- * that idles in a bubble leaves its share to the others; that is why this
- * bubble can be lower than the plain plan's, never above the pessimistic
- * bound of every rank slowed by cores / threads all the time.
+ * on one host with more threads than cores, they take turns. The model
+ * here: a host's cores are slots. A rank whose inputs are there starts its
+ * next unit when the threads computing on its host plus its own fit in the
+ * cores (or nothing else of the job computes there); otherwise it waits,
+ * idle, until a unit there ends. A rank that ends a unit and can go on
+ * keeps its cores (no switch happens); the others take free cores in the
+ * order they became ready. A unit, once started, runs at full rate unless
+ * other busy work shares the host (rate cores / (threads computing +
+ * other threads)) or the rank alone has more threads than cores.
  *
- * Limits: the share is assumed fair and fine-grained (Linux's CFS is
- * close at millisecond scale), a rank's threads are all busy while it
- * computes, transfers and the step end cost no CPU, and with dp > 1 a
- * pipeline rank runs at its slowest replica's rate (replicas run the same
- * lists in step with each other). Times are wall seconds as the workers
- * measure them: an action's duration includes the time it waited for a
- * core, so busy + idle = makespan still holds per rank. */
+ * Why slots and not processor sharing (every busy thread slowed to cores /
+ * busy threads, idle ranks leaving their share to the others): the
+ * workers time an action from its start to its end, so a rank waiting for
+ * a core before it starts is idle in the measured timeline, and actions
+ * of a few milliseconds mostly run to their end once on a core. Processor
+ * sharing stretches actions instead and predicts a bubble below the plain
+ * plan's; on a 2-core machine with 4 one-thread ranks the measured bubble
+ * was above both, and near this model's (docs/architecture.md, "Ranks
+ * that share cores", has the figures).
+ *
+ * Limits: no scheduler is this tidy (long actions are preempted and
+ * stretch; waking a rank costs time), transfers and the step end cost no
+ * CPU, and with dp > 1 a pipeline rank waits for cores on every replica's
+ * host (replicas run the same lists in step with each other). Times are
+ * wall seconds as the workers measure them. */
 #ifndef PW_SHARE_H
 #define PW_SHARE_H
 
