@@ -100,8 +100,8 @@ for _ in $(seq $((WAIT * 5))); do
   grep -q '^w1 ' "$T/workers.txt" && grep -q '^w2 ' "$T/workers.txt" && break
   sleep 0.2
 done
-if grep -q '^NAME ' "$T/workers.txt" && grep -Eq '^w1 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt" &&
-  grep -Eq '^w2 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt"; then
+if grep -q '^NAME ' "$T/workers.txt" && grep -Eq '^w1 +127\.0\.0\.1:[0-9]+ +[^ ]+ +idle ' "$T/workers.txt" &&
+  grep -Eq '^w2 +127\.0\.0\.1:[0-9]+ +[^ ]+ +idle ' "$T/workers.txt"; then
   ok "workers lists w1 and w2, idle, with their addresses"
 else
   bad "workers does not list both workers"; show "$T/workers.txt" "$T/workers.err"
