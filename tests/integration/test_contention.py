@@ -11,7 +11,7 @@ machine (they report the same host: /etc/machine-id).
     event says it at dispatch, and the timeline carries the plan's bubble
     under that sharing beside the measured and planned ones: at least
     1 - cores/4 (the ranks compute at most cores/4 of the time) and above
-    the plain plan's;
+    the plain plan's, and `pipewright timeline` prints it with the message;
   - a pp=2 job on two one-thread workers (2 threads, at least 2 cores): no
     contention object, no event, and no shared bubble.
 Usage: test_contention.py BUILD_DIR SOURCE_DIR (exit 77: skipped)"""
@@ -104,6 +104,10 @@ def main():
         check("the shared-cores bubble is at least 1 - cores/4, above the plain plan's",
               isinstance(ps, float) and ps >= 1 - cores / 4 - 1e-9 and ps > pl, b)
         check("timeline: the contention object as in the job", tl.get("contention") == ct, tl.get("contention"))
+        out = subprocess.run([os.path.join(BUILD, "pipewright"), "timeline", str(jid), "--coordinator", c.base],
+                             capture_output=True, text=True, timeout=30).stdout
+        check("pipewright timeline: the shared-cores bubble and the message",
+              isinstance(ps, float) and f"        planned on shared cores {100 * ps:.1f}%: {ct.get('message')}\n" in out, out)
         print(f"figures: measured {b.get('measured')}, planned {pl}, planned_shared {ps}", flush=True)
 
         jid2 = c.submit(spec(2))
