@@ -15,7 +15,7 @@ machine (they report the same host: /etc/machine-id).
   - a pp=2 job on two one-thread workers (2 threads, at least 2 cores): no
     contention object, no event, and no shared bubble.
 Usage: test_contention.py BUILD_DIR SOURCE_DIR (exit 77: skipped)"""
-import json, os, socket, struct, subprocess, sys, tempfile
+import json, os, socket, struct, subprocess, sys, tempfile, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -51,6 +51,25 @@ def old_worker(c):
     s.close()
     d.wait_for(lambda: all(w["state"] == "lost" for w in c.worker_rows() if w["name"] == "old"), 10)
     return row
+
+
+def contract_check(c, paths):
+    """Every answer validates against api/openapi.yaml (when jsonschema and
+    yaml are installed: test_openapi's Contract)."""
+    try:
+        from test_openapi import Contract
+    except (ImportError, SystemExit):
+        print("(no jsonschema/yaml: answers not checked against api/openapi.yaml)")
+        return
+    k = Contract(SRC)
+    for p in paths:
+        with urllib.request.urlopen(c.base + p, timeout=30) as r:
+            body, headers = r.read(), {h.lower(): v for h, v in r.headers.items()}
+            try:
+                k.check("GET", p, r.status, headers, body)
+                check(f"{p} validates against api/openapi.yaml", True)
+            except AssertionError as e:
+                check(f"{p} validates against api/openapi.yaml", False, str(e)[:600])
 
 
 def main():
@@ -108,6 +127,7 @@ def main():
                              capture_output=True, text=True, timeout=30).stdout
         check("pipewright timeline: the shared-cores bubble and the message",
               isinstance(ps, float) and f"        planned on shared cores {100 * ps:.1f}%: {ct.get('message')}\n" in out, out)
+        contract_check(c, ["/v1/workers", f"/v1/jobs/{jid}", f"/v1/jobs/{jid}/timeline"])
         print(f"figures: measured {b.get('measured')}, planned {pl}, planned_shared {ps}", flush=True)
 
         jid2 = c.submit(spec(2))
