@@ -49,8 +49,10 @@ static int contention_of(pw_coord *c, int64_t job, const char *const *names, int
     /* an older worker, or one the registry forgot: a host of its own */
     if (w && w->host[0])
       snprintf(key, sizeof key, "%s", w->host);
-    else
-      snprintf(key, sizeof key, "worker:%.56s", names[r] ? names[r] : "?");
+    else if (names[r])
+      snprintf(key, sizeof key, "worker:%.56s", names[r]);
+    else /* no worker recorded for the rank */
+      snprintf(key, sizeof key, "rank:%d", r);
     int h = host_index(ct, key);
     pw_cont_host *x = &ct->hosts[h];
     ct->host[r] = h;
