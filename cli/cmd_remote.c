@@ -439,7 +439,7 @@ int pw_cmd_retry(int argc, char **argv) { return job_action(argc, argv, retry_us
 /* ---- workers -------------------------------------------------------------------------- */
 
 static void workers_usage(FILE *f) {
-  fprintf(f, "usage: pipewright workers [options]\n  the registered workers: state, job, OpenBLAS kernel, one-core sgemm rate and\n  any warning (a forced slow kernel)\n" PW_REMOTE_USAGE);
+  fprintf(f, "usage: pipewright workers [options]\n  the registered workers: host, state, job, OpenBLAS kernel, one-core sgemm rate\n  and any warning (a forced slow kernel)\n" PW_REMOTE_USAGE);
 }
 
 int pw_cmd_workers(int argc, char **argv) {
@@ -460,14 +460,16 @@ int pw_cmd_workers(int argc, char **argv) {
   } else {
     const json_t *ws = json_object_get(j, "workers"), *w;
     size_t i;
-    int nw = 4, aw = 7;
+    int nw = 4, aw = 7, hw = 4;
     json_array_foreach(ws, i, w) {
       int n = (int)strlen(pw_jstr(w, "name", "")), a = (int)strlen(pw_jstr(w, "addr", ""));
+      int h = (int)strlen(pw_jstr(w, "hostname", "-"));
       if (n > nw) nw = n > 32 ? 32 : n;
       if (a > aw) aw = a > 48 ? 48 : a;
+      if (h > hw) hw = h > 32 ? 32 : h;
     }
-    printf("%-*s %-*s %-6s %-10s %-12s %-7s %-22s %s\n", nw, "NAME", aw, "ADDRESS", "STATE", "HEARTBEAT", "JOB",
-           "THREADS", "KERNEL", "SGEMM");
+    printf("%-*s %-*s %-*s %-6s %-10s %-12s %-7s %-22s %s\n", nw, "NAME", aw, "ADDRESS", hw, "HOST", "STATE",
+           "HEARTBEAT", "JOB", "THREADS", "KERNEL", "SGEMM");
     json_array_foreach(ws, i, w) {
       char age[32], hb[40], jb[40] = "-";
       snprintf(hb, sizeof hb, "%s ago", fmt_duration(pw_jnum(w, "heartbeat_age"), age, 32));
@@ -485,8 +487,10 @@ int pw_cmd_workers(int argc, char **argv) {
         snprintf(kern, sizeof kern, "%.31s%s", pw_jstr(w, "blas_core", ""), json_is_true(fv) ? " (forced)" : "");
       double g = pw_jnum(w, "gemm_gflops");
       if (g > 0) snprintf(gf, sizeof gf, "%.0f GF/s", g);
-      printf("%-*.*s %-*.*s %-6s %-10s %-12s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
-             pw_jstr(w, "addr", ""), pw_jstr(w, "state", "?"), hb, jb, pw_jint(w, "threads", 0), kern, gf);
+      /* its machine's name: workers on one host share its cores; "-" for an older worker */
+      printf("%-*.*s %-*.*s %-*.*s %-6s %-10s %-12s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
+             pw_jstr(w, "addr", ""), hw, hw, pw_jstr(w, "hostname", "-"), pw_jstr(w, "state", "?"), hb, jb,
+             pw_jint(w, "threads", 0), kern, gf);
       const json_t *wv;
       size_t k;
       json_array_foreach(json_object_get(w, "warnings"), k, wv)

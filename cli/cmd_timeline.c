@@ -59,6 +59,9 @@ static void print_summary(long long id, const json_t *tl) {
   printf("job %lld step %lld (%zu sampled step%s)\n", id, pw_jint(tl, "step", -1), ns, ns == 1 ? "" : "s");
   printf("bubble  measured %s, planned %s (%s)\n", fmt_pct(json_object_get(bubble, "measured"), a, 32),
          fmt_pct(json_object_get(bubble, "planned"), b, 32), sched);
+  if (json_is_number(json_object_get(bubble, "planned_shared"))) /* ranks share a host's cores */
+    printf("        planned on shared cores %s: %s\n", fmt_pct(json_object_get(bubble, "planned_shared"), c, 32),
+           pw_jstr(json_object_get(tl, "contention"), "message", "ranks share cores"));
   /* the step's span over every rank: each rank's idle is against it, as
    * the measured bubble is */
   double t0 = INFINITY, t1 = -INFINITY;

@@ -16,6 +16,7 @@
 #include "json_short.h"
 #include "spec_json.h"
 #include "api.h"
+#include "contention.h"
 #include "log.h"
 #include "plan.h"
 #include "weights.h"
@@ -188,6 +189,16 @@ static json_t *ranks_json(pw_store *s, int64_t id) {
   return out;
 }
 
+/* Where the latest run's ranks share a host's cores (contention.h); null
+ * when none do, or before any run. */
+static json_t *contention_json(pw_coord *c, pw_store *s, int64_t id) {
+  pw_contention ct;
+  if (pw_contention_of_job(c, s, id, &ct)) return json_null();
+  json_t *j = pw_contention_json(&ct);
+  pw_contention_free(&ct);
+  return j ? j : json_null();
+}
+
 /* Seconds left from the mean step time of the last few steps; null when
  * that cannot be known (not running, no steps yet). */
 static json_t *eta_json(pw_store *s, int64_t id, json_t *job) {
@@ -236,6 +247,7 @@ void pw_api_job_get(pw_req *r) {
     return;
   }
   json_object_set_new(j, "ranks", ranks_json(s, r->id));
+  json_object_set_new(j, "contention", contention_json(r->c, s, r->id));
   json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
   json_object_set_new(j, "max_restarts", max_restarts_json(json_object_get(j, "spec")));
   json_object_set_new(j, "attempts", attempts);

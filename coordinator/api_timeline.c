@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "contention.h"
 #include "log.h"
 #include "plan.h"
 #include "safetensors.h"
@@ -116,6 +117,31 @@ static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
   return out;
 }
 
+/* The bubble the plan expects when its ranks share cores as ct says: the
+ * plan replayed with each host's cores as slots (lib/plan/share.h). null
+ * when it cannot be had (logged). */
+static json_t *shared_bubble(const pw_job *job, const pw_contention *ct) {
+  pw_plan p;
+  pw_err err = {0};
+  char b[600];
+  pw_sim_result *res = NULL;
+  if (pw_plan_build(job, NULL, &p, &err)) {
+    pw_warn("no shared-cores replay: %s", pw_err_str(&err, b, sizeof b));
+    return json_null();
+  }
+  pw_sim_costs c = {.f = p.cost_f, .b = p.cost_b, .i = p.cost_i, .w = p.cost_w, .act_bytes = p.act_bytes,
+                    .latency = PW_PLAN_LINK_LATENCY, .bandwidth = PW_PLAN_LINK_BW};
+  pw_share sh = pw_contention_share(ct);
+  json_t *out = json_null();
+  if (pw_sim_run_shared(p.sched, &c, &sh, &res, &err))
+    pw_warn("no shared-cores replay: %s", pw_err_str(&err, b, sizeof b));
+  else
+    out = json_real(res->bubble_ratio);
+  pw_sim_result_free(res);
+  pw_plan_free(&p);
+  return out;
+}
+
 /* The sampled steps, compactly: every one up to 20, else a listed head
  * and the regular tail ("0, 1, 2, 100, 200, then every 100 steps to
  * 4900"), else the first 20 and the newest ("..., 4870 (412 sampled)"). */
@@ -214,10 +240,20 @@ void pw_api_job_timeline(pw_req *r) {
     return;
   }
   json_t *planned = planned_json(r, s, &job);
+  pw_contention ct;
+  json_t *cont = NULL, *shared = json_null();
+  if (!pw_contention_of_job(r->c, s, r->id, &ct)) {
+    if ((cont = pw_contention_json(&ct))) {
+      json_decref(shared);
+      shared = shared_bubble(&job, &ct);
+    }
+    pw_contention_free(&ct);
+  }
   pw_job_free(&job);
   json_t *pb = planned ? json_object_get(planned, "bubble_ratio") : NULL;
-  json_object_set_new(tl, "bubble",
-                      json_pack("{s:o, s:O}", "measured", measured_bubble(tl), "planned", pb ? pb : json_null()));
+  json_object_set_new(tl, "bubble", json_pack("{s:o, s:O, s:o}", "measured", measured_bubble(tl), "planned",
+                                              pb ? pb : json_null(), "planned_shared", shared));
+  json_object_set_new(tl, "contention", cont ? cont : json_null());
   json_object_set_new(tl, "planned", planned ? planned : json_null());
   pw_reply_json(r, MHD_HTTP_OK, tl);
 }

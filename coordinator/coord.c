@@ -78,6 +78,8 @@ json_t *pw_coord_workers_json(pw_coord *c) {
     json_object_set_new(o, "blas_forced", w->blas_forced >= 0 ? json_boolean(w->blas_forced) : json_null());
     json_object_set_new(o, "cpu_level", str_or_null(w->cpu_level));
     json_object_set_new(o, "gemm_gflops", w->gemm_gflops > 0 ? json_real(w->gemm_gflops) : json_null());
+    json_object_set_new(o, "host", str_or_null(w->host));
+    json_object_set_new(o, "hostname", str_or_null(w->hostname));
     json_object_set_new(o, "warnings", worker_warnings(w));
     json_array_append_new(arr, o);
   }

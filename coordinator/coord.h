@@ -35,6 +35,8 @@ typedef struct {
   int blas_forced;        /* 1: OPENBLAS_CORETYPE chose it, 0: OpenBLAS did, -1: unknown */
   char cpu_level[8];      /* what its CPU supports (pw_cpu_name), "" unknown */
   double gemm_gflops;     /* its one-thread sgemm rate at start, 0: unknown */
+  char host[64];          /* its machine's id (contention.h); "" from an older worker: a host of its own */
+  char hostname[64];      /* that machine's name, for display */
   int connected;
   double last_heartbeat;  /* epoch seconds */
   int64_t job;            /* job it runs, 0 if idle */
@@ -109,7 +111,8 @@ pw_store *pw_coord_store(pw_coord *c);
 /* Tell the loop to look at the jobs again (thread-safe). */
 void pw_coord_wake(pw_coord *c);
 /* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",
- *   "heartbeat_age","job","rank","cores","threads","software"}]} (new ref). */
+ *   "heartbeat_age","job","rank","cores","threads","software","host",
+ *   "hostname"}]} (new ref). */
 json_t *pw_coord_workers_json(pw_coord *c);
 /* The store's health for /healthz: 0 when the loop's writes work (and
  * none is pending), else 1 with the last error and the pending count. */

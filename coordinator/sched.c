@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "spec_json.h"
+#include "contention.h"
 #include "ctl_int.h"
 #include "log.h"
 #include "plan.h"
@@ -370,6 +371,7 @@ static void plan_done(uv_work_t *req, int status) {
   }
   json_decref(peers);
   json_decref(from);
+  pw_contention_note(c, jr); /* ranks that share a host's cores: said once per run */
   snprintf(b, sizeof b, "dispatched %d ranks to %s%s", jr->n_ranks, names, start ? " (resuming)" : "");
   if (start) {
     size_t l = strlen(b);

@@ -222,6 +222,22 @@ static void advertised(pw_worker *w, char *addr, size_t cap) {
   snprintf(addr, cap, "%s:%d", w->listen_host, w->listen_port);
 }
 
+/* The machine's stable id (/etc/machine-id) and its hostname: workers
+ * with the same id share its cores (the coordinator's contention note).
+ * Without a machine-id the hostname is the id. */
+static void host_identity(char *id, size_t idcap, char *name, size_t namecap) {
+  if (gethostname(name, namecap)) snprintf(name, namecap, "unknown");
+  name[namecap - 1] = '\0';
+  id[0] = '\0';
+  FILE *f = fopen("/etc/machine-id", "r");
+  if (f) {
+    if (!fgets(id, (int)idcap, f)) id[0] = '\0';
+    fclose(f);
+    id[strcspn(id, " \r\n")] = '\0';
+  }
+  if (!id[0]) snprintf(id, idcap, "%s", name);
+}
+
 static void on_ctl_connect(uv_connect_t *req, int status) {
   pw_worker *w = req->data;
   if (status < 0) {
@@ -237,6 +253,8 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
   char addr[96];
   advertised(w, addr, sizeof addr);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  char host[64], hostname[64];
+  host_identity(host, sizeof host, hostname, sizeof hostname);
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); /* the coordinator's memory budget */
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_REGISTER, pw_msg_register, NULL, .version = PW_PROTO_VERSION,
                                   .name = w->name, .token = w->token, .data_addr = addr,
@@ -245,7 +263,8 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
                                   .job = w->run ? (int64_t)w->run->job : -1, /* still busy with it */
                                   .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0,
                                   .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
-                                  .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops));
+                                  .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops,
+                                  .host = host, .hostname = hostname));
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

@@ -31,7 +31,10 @@
  *               blas_core?:str (openblas_get_corename()), blas_forced?:int>=0
  *               (1: OPENBLAS_CORETYPE chose that kernel), cpu_level?:str
  *               (what the CPU supports: "avx512", "avx2", "sse"),
- *               gemm_gflops?:number>=0 (one-thread sgemm measured at start)
+ *               gemm_gflops?:number>=0 (one-thread sgemm measured at start),
+ *               host?:str (the machine's stable id: /etc/machine-id, else its
+ *               hostname; workers with the same host share its cores),
+ *               hostname?:str (for display)
  *   heartbeat   time:number>=0, state:str, job?:int, fds?:int>=0 (open
  *               descriptors of the worker process)
  *   step        job:int, run:int, rank:int, step:int, loss?:number,
@@ -106,7 +109,7 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
  * is >= 0), NAN (numbers), NULL (strings, arrays). */
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; const char *blas_core; int64_t blas_forced;
-                 const char *cpu_level; double gemm_gflops; } pw_msg_register;
+                 const char *cpu_level; double gemm_gflops; const char *host, *hostname; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
                  double grad_norm, lr; json_t *actions; int64_t nonfinite; double eval_loss; } pw_msg_step;

@@ -19,7 +19,10 @@
 //   - the timeline of a chosen step has one lane per pipeline rank and one
 //     F block per (microbatch, stage), measured and planned alike;
 //   - the job name renders as text (no script element, no alert dialog);
-//   - the plan page compares the schedules and draws the chosen one.
+//   - the plan page compares the schedules and draws the chosen one;
+//   - with two more workers, a pp=4 job's 4 one-thread ranks share this
+//     machine's cores: the job page shows the contention note (as text,
+//     with its explanation) and the timeline a third, shared-cores bubble.
 // Screenshots go to PW_DASHBOARD_OUT (the pictures in docs/screenshots/ come
 // from screenshots.mjs: a cluster doing real work). Run through
 // tests/browser/run.sh.
@@ -505,6 +508,53 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
       // (the browser logs every non-2xx fetch, such as the first 401, as "Failed to load resource")
       assert.deepEqual(consoleErrors.filter((m) => !/^Failed to load resource/.test(m)), [], 'no console errors');
+    });
+
+    await t.test('ranks that share cores: the job page notes it, the timeline shows the shared-cores bubble', async (st) => {
+      // the workers report sysconf's online CPUs as their cores, as os.cpus() counts them
+      const cores = os.cpus().length;
+      if (cores >= 4) { st.skip(`${cores} cores: 4 one-thread ranks do not share them`); return; }
+      for (let i = 2; i < 4; i++) {
+        start(`worker${i}`, 'pipewright-worker', ['--coordinator', `127.0.0.1:${ports.control}`, '--listen',
+          '127.0.0.1:0', '--name', `dash-w${i}`, '--state-dir', path.join(tmp, `w${i}`)]);
+      }
+      await waitFor('4 idle workers', async () =>
+        (await api('/v1/workers')).json.workers.filter((w) => w.state === 'idle').length === 4, 20000 * SLOW);
+      const spec = {...SPEC, name: 'dash-shared <b>x</b>', mesh: {pp: 4, dp: 1, virtual_stages: 1},
+                    model: {...SPEC.model, n_layers: 4}, train: {...SPEC.train, steps: 4}};
+      const r = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                       body: JSON.stringify(spec)});
+      assert.equal(r.status, 201, JSON.stringify(r.json));
+      const sid = r.json.id;
+      const j = await waitFor(`job ${sid} to succeed`, async () => {
+        const x = (await api(`/v1/jobs/${sid}`)).json;
+        return x.state === 'succeeded' && x;
+      }, 120000 * SLOW);
+      assert.ok(j.contention, 'the job JSON carries contention');
+      assert.match(j.contention.message, new RegExp(`^4 ranks with 1 thread each share ${cores} cores? on host `));
+      const tl = (await api(`/v1/jobs/${sid}/timeline`)).json;
+      assert.ok(tl.bubble.planned_shared > tl.bubble.planned, JSON.stringify(tl.bubble));
+
+      await page.goto(`${base}/#/jobs/${sid}`);
+      await page.waitForSelector('#job-contention:not([hidden])');
+      assert.equal(await page.textContent('#job-contention-msg'), j.contention.message, 'the message, as text');
+      assert.equal(await page.isHidden('#job-contention-doc'), true);
+      await page.click('#job-contention-why');
+      assert.match(await page.textContent('#job-contention-doc'), /docs\/architecture\.md, section .Ranks that share cores./);
+      await page.waitForSelector('#timeline-bubble-shared');
+      assert.equal(await page.textContent('#timeline-bubble-shared .bubble-value'),
+                   (100 * tl.bubble.planned_shared).toFixed(1) + '%');
+      assert.equal(await page.textContent('#timeline-bubble-planned .bubble-value'),
+                   (100 * tl.bubble.planned).toFixed(1) + '%');
+      assert.ok((await page.textContent('#timeline-shared-note')).includes(j.contention.message));
+      await shot('job-contention');
+
+      // the first job (2 one-thread ranks on this host's cores): no note, two bubbles
+      await page.goto(`${base}/#/jobs/${id}`);
+      await page.waitForSelector('#timeline-bubble-planned');
+      assert.equal(await page.isHidden('#job-contention'), true, 'no contention note');
+      assert.equal(await page.locator('#timeline-bubble-shared').count(), 0, 'no shared-cores bubble');
+      assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
     });
   } finally {
     await ctx.close().catch(() => {});

@@ -63,6 +63,9 @@ for i, m in enumerate(msgs):
     put("fuzz_control", i, bytes([255]) + struct.pack(">I", len(body)) + body)
 put("fuzz_control", len(msgs), bytes([3]) + b"".join(
     struct.pack(">I", len(json.dumps(m))) + json.dumps(m).encode() for m in msgs[:3]))
+# register with the machine's identity (host, hostname); an index of its own
+reg_host = json.dumps(dict(msgs[0], host="3d1219c7c4c5404aaa1f6d2a48adfda4", hostname="node-a")).encode()
+put("fuzz_control", 40, bytes([255]) + struct.pack(">I", len(reg_host)) + reg_host)
 
 # safetensors: a small valid file with two tensors and metadata.
 tensors = {"a.weight": ("F32", [2, 3], struct.pack("<6f", *range(6))),

@@ -230,16 +230,17 @@ FORCED_WARNING = ("OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU
 def fleet_worker(name, port, **kw):
     w = {"id": port - 4410, "name": name, "addr": "127.0.0.1:%d" % port, "state": "idle", "heartbeat_age": 0.4,
          "job": None, "rank": None, "cores": 2, "threads": 1, "memory": 1 << 33, "software": "pipewright-worker 0.1.0",
-         "blas_core": None, "blas_forced": None, "cpu_level": None, "gemm_gflops": None, "warnings": []}
+         "blas_core": None, "blas_forced": None, "cpu_level": None, "gemm_gflops": None, "warnings": [],
+         "host": None, "hostname": None}
     w.update(kw)
     return w
 
 
 FLEET = {"workers": [
     fleet_worker("w0", 4411, blas_core="Haswell", blas_forced=True, cpu_level="avx512", gemm_gflops=121.7,
-                 warnings=[FORCED_WARNING]),
+                 warnings=[FORCED_WARNING], host="m-1", hostname="node-a"),
     fleet_worker("w1", 4412, state="busy", job=3, rank=1, blas_core="Cooperlake", blas_forced=False,
-                 cpu_level="avx512", gemm_gflops=215.2),
+                 cpu_level="avx512", gemm_gflops=215.2, host="m-1", hostname="node-a"),
     fleet_worker("old", 4413),  # a worker from before the kernel report
 ]}
 

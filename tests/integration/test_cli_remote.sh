@@ -100,8 +100,8 @@ for _ in $(seq $((WAIT * 5))); do
   grep -q '^w1 ' "$T/workers.txt" && grep -q '^w2 ' "$T/workers.txt" && break
   sleep 0.2
 done
-if grep -q '^NAME ' "$T/workers.txt" && grep -Eq '^w1 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt" &&
-  grep -Eq '^w2 +127\.0\.0\.1:[0-9]+ +idle ' "$T/workers.txt"; then
+if grep -q '^NAME ' "$T/workers.txt" && grep -Eq '^w1 +127\.0\.0\.1:[0-9]+ +[^ ]+ +idle ' "$T/workers.txt" &&
+  grep -Eq '^w2 +127\.0\.0\.1:[0-9]+ +[^ ]+ +idle ' "$T/workers.txt"; then
   ok "workers lists w1 and w2, idle, with their addresses"
 else
   bad "workers does not list both workers"; show "$T/workers.txt" "$T/workers.err"
@@ -546,13 +546,13 @@ if start_helper odd odd; then
   # the OpenBLAS kernel, forced or not, the sgemm rate and the warning under its worker
   "$PW" workers --coordinator "$OU/fleet" > "$T/odd11.txt" 2>&1
   rc=$?
-  if [ $rc -eq 0 ] && grep -Eq '^NAME +ADDRESS +STATE +HEARTBEAT +JOB +THREADS +KERNEL +SGEMM$' "$T/odd11.txt" &&
-    grep -Eqx 'w0 +127\.0\.0\.1:4411 +idle +[0-9.]+s ago +- +1 +Haswell \(forced\) +122 GF/s' "$T/odd11.txt" &&
-    grep -Eqx 'w1 +127\.0\.0\.1:4412 +busy .*3 \(rank 1\) +1 +Cooperlake +215 GF/s' "$T/odd11.txt" &&
-    grep -Eqx 'old +127\.0\.0\.1:4413 +idle .* +1 +- +-' "$T/odd11.txt" &&
+  if [ $rc -eq 0 ] && grep -Eq '^NAME +ADDRESS +HOST +STATE +HEARTBEAT +JOB +THREADS +KERNEL +SGEMM$' "$T/odd11.txt" &&
+    grep -Eqx 'w0 +127\.0\.0\.1:4411 +node-a +idle +[0-9.]+s ago +- +1 +Haswell \(forced\) +122 GF/s' "$T/odd11.txt" &&
+    grep -Eqx 'w1 +127\.0\.0\.1:4412 +node-a +busy .*3 \(rank 1\) +1 +Cooperlake +215 GF/s' "$T/odd11.txt" &&
+    grep -Eqx 'old +127\.0\.0\.1:4413 +- +idle .* +1 +- +-' "$T/odd11.txt" &&
     [ "$(grep -c '^  warning: ' "$T/odd11.txt")" = 1 ] &&
     [ "$(sed -n '/^w0 /{n;p}' "$T/odd11.txt")" = "  warning: OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels (about 2x sgemm): unset it" ]; then
-    ok "workers: kernel, forced flag, sgemm rate and the warning under its worker"
+    ok "workers: host, kernel, forced flag, sgemm rate and the warning under its worker"
   else
     bad "workers with kernels: exit $rc"; show "$T/odd11.txt"
   fi

@@ -196,7 +196,7 @@ for _ in $(seq 200); do
 done
 cat "$T/workers.txt"
 for i in 1 2 3; do
-  grep -qE "^h$i-1 +$(netns_addr "$i"):7100 +idle " "$T/workers.txt" ||
+  grep -qE "^h$i-1 +$(netns_addr "$i"):7100 +[^ ]+ +idle " "$T/workers.txt" ||
     { tail -5 "$T/worker$i.log"; fail "h$i's worker is not listed idle as h$i-1 at $(netns_addr "$i")"; }
 done
 "$PY" - "$SRC" "$T/job.json" <<'EOF' || fail "the job file"

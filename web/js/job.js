@@ -24,6 +24,8 @@ PW.views.job = function (root, params) {
   var statusLine = h("p", {class: "status-line", id: "job-status"});
   var errorBox = h("div", {class: "banner error", id: "job-error", hidden: true});
   var loadErr = h("div", {class: "banner error", hidden: true, role: "alert"});
+  /* ranks that share a host's cores (the job's "contention"): why measured bubbles run high */
+  var contentionBox = h("div", {class: "banner warn", id: "job-contention", hidden: true, role: "note"});
   var actionMsg = h("span", {class: "muted small", id: "job-action-msg"});
   var cancelBtn = h("button", {type: "button", class: "danger", id: "job-cancel", hidden: true, on: {click: cancel}},
                     "Cancel job");
@@ -65,7 +67,7 @@ PW.views.job = function (root, params) {
       h("div", {class: "title-row"}, title, state),
       statusLine,
       h("div", {class: "actions"}, cancelBtn, retryBtn, ckptLink, planLink, actionMsg)),
-    loadErr, errorBox,
+    loadErr, errorBox, contentionBox,
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Progress")),
       progBox, facts),
@@ -135,6 +137,25 @@ PW.views.job = function (root, params) {
     return [h("dt", null, name), h("dd", attrs || null, value)];
   }
 
+  /* The note on ranks that share cores, as text (the message comes from
+   * the workers' hostnames); "why" opens the explanation below it. */
+  function renderContention(c) {
+    contentionBox.hidden = !c;
+    if (!c) return;
+    d.fill(contentionBox,
+      h("strong", null, "Ranks share CPU cores. "), h("span", {id: "job-contention-msg"}, c.message || ""), ". ",
+      h("a", {href: "#", id: "job-contention-why", on: {click: function (ev) {
+        ev.preventDefault();
+        why.hidden = !why.hidden;
+      }}}, "Why the bubble grows"));
+    var why = h("p", {class: "small", id: "job-contention-doc", hidden: true},
+      "A rank waits for a free core before it computes, and the workers count that wait as idle time, so the " +
+      "measured bubble is above the plan's. The timeline below adds the bubble the plan expects on these shared " +
+      "cores. Give each rank its own cores (fewer workers per host, or fewer threads) to close the gap. " +
+      "The model and its limits: docs/architecture.md, section \u201cRanks that share cores\u201d.");
+    contentionBox.appendChild(why);
+  }
+
   function renderJob(j) {
     var p = j.progress || {}, now = Date.now() / 1000;
     document.title = (j.name || "job " + id) + " \u00b7 pipewright";
@@ -150,6 +171,9 @@ PW.views.job = function (root, params) {
     ckptLink.hidden = j.state !== "succeeded" && !newestCkpt;
     ckptLink.textContent = j.state === "succeeded" || !newestCkpt ? "Download checkpoint"
       : "Download checkpoint (step " + newestCkpt + ")";
+    var shown = contentionBox.querySelector("#job-contention-msg");
+    if (!!j.contention !== !contentionBox.hidden || (j.contention && (!shown || shown.textContent !== j.contention.message)))
+      renderContention(j.contention); /* redrawn on change only: an open "why" stays open */
     PW.attempts.render(attemptsBody, j.attempts);
     attemptsNote.textContent = "Restarts after a lost worker: " + (d.isNum(j.restarts) ? j.restarts : 0) +
       " of at most " + (d.isNum(j.max_restarts) ? j.max_restarts : d.DASH) + ".";
@@ -299,11 +323,18 @@ PW.views.job = function (root, params) {
     var b = res.bubble || {};
     var mb = d.isNum(b.measured) ? b.measured : ms ? ms.bubble : null;
     var pb = d.isNum(b.planned) ? b.planned : ps ? ps.bubble : null;
+    var sb = d.isNum(b.planned_shared) ? b.planned_shared : null;
     d.fill(bubbleBox,
       bubble("measured bubble", mb, "timeline-bubble-measured"),
       bubble("planned bubble", pb, "timeline-bubble-planned"),
+      sb !== null ? bubble("planned, shared cores", sb, "timeline-bubble-shared") : null,
       d.isNum(mb) && d.isNum(pb) ? h("div", {class: "bubble-delta muted small"},
-        (mb >= pb ? "+" : "") + (100 * (mb - pb)).toFixed(1) + " points vs plan") : null);
+        (mb >= pb ? "+" : "") + (100 * (mb - pb)).toFixed(1) + " points vs plan" +
+        (sb !== null && d.isNum(mb) ? ", " + (mb >= sb ? "+" : "") + (100 * (mb - sb)).toFixed(1) +
+         " vs shared cores" : "")) : null,
+      sb !== null && res.contention ? h("p", {class: "bubble-shared-note small", id: "timeline-shared-note"},
+        "Ranks share cores (" + res.contention.message + "): the shared-cores bubble is the plan replayed with " +
+        "each host's cores taken in turns, a rank waiting for a core counted idle as the workers count it.") : null);
   }
 
   function bubble(name, v, elId) {
