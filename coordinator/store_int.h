@@ -99,7 +99,10 @@
   X(TIMING_UPSERT,                                                                                 \
     "INSERT OR REPLACE INTO timings(job_id, run_id, step, rank, actions) "                         \
     "VALUES(?1, ?2, ?3, ?4, ?5)")                                                                  \
-  X(TIMING_LATEST, "SELECT MAX(step) FROM timings WHERE job_id = ?1")                              \
+  /* the newest step every rank has reported (a running job's newest may lack some yet) */              \
+  X(TIMING_LATEST, "SELECT step FROM timings WHERE job_id = ?1 GROUP BY step HAVING COUNT(DISTINCT rank) = " \
+                   "(SELECT MAX(n) FROM (SELECT COUNT(DISTINCT rank) AS n FROM timings WHERE job_id = ?1 "  \
+                   "GROUP BY step)) ORDER BY step DESC LIMIT 1")                                             \
   X(TIMING_STEPS, "SELECT DISTINCT step FROM timings WHERE job_id = ?1 ORDER BY step")             \
   X(TIMING_AT,                                                                                     \
     "SELECT rank, actions FROM timings WHERE job_id = ?1 AND step = ?2 ORDER BY rank")             \

@@ -376,7 +376,7 @@ int pw_store_timeline_json(pw_store *s, int64_t job_id, int step, json_t **out, 
       has = 1;
     }
     sqlite3_reset(st);
-    if (rc != SQLITE_ROW) goto fail_sql;
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) goto fail_sql;
     if (!has) {
       rc = pw_err_set(err, PW_ENOENT, "step", "job %lld has no sampled timings yet", (long long)job_id);
       goto fail;

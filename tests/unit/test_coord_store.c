@@ -775,6 +775,15 @@ static void test_timeline(void **state) {
   assert_int_equal(jint(json_array_get(json_object_get(t, "ranks"), 1), "rank"), 1);
   json_decref(t);
 
+  /* a newer step only rank 0 has reported yet (the job runs on): the
+   * newest complete one stays the default, the partial one is listed */
+  assert_int_equal(pw_store_timing_insert(s, job, run, 25, 0, "[[\"F\", 0, 0, 0.0, 0.5]]", &err), 0);
+  assert_int_equal(pw_store_timeline_json(s, job, -1, &t, &err), 0);
+  assert_int_equal(jint(t, "step"), 20);
+  assert_int_equal(json_array_size(json_object_get(t, "ranks")), 2);
+  assert_int_equal(json_array_size(json_object_get(t, "steps")), 3);
+  json_decref(t);
+
   assert_int_equal(pw_store_timeline_json(s, job, 15, &t, &err), PW_ENOENT);
   expect_err(&err, "step 15");
   assert_int_equal(pw_store_timeline_json(s, 999, -1, &t, &err), PW_ENOENT);
