@@ -50,7 +50,7 @@ def main():
     kinds = ("full", "none")
     period = {k: [] for k in kinds}
     hwm = {k: [] for k in kinds}     # per run: [rank0, rank1]
-    plan = {}
+    plan, makespan = {}, {}
     for rnd in range(a.rounds):
         for k in kinds if rnd % 2 == 0 else kinds[::-1]:
             res = pipe.run(a.build, job(k, a.schedule, a.steps), os.path.join(scratch, f"r{rnd}-{k}"),
@@ -58,6 +58,7 @@ def main():
             period[k].append(pipe.step_period(res, a.warmup))
             hwm[k].append([res["reports"][r][-1]["hwm"] for r in range(2)])
             plan[k] = [r["memory_bytes"] for r in res["plan"]["analytics"]["ranks"]]
+            makespan[k] = res["plan"]["analytics"]["makespan"]
             print(f"round {rnd}: remat {k}: {period[k][-1] * 1e3:.1f} ms/step, peak RSS "
                   f"{[round(x / 2**20, 1) for x in hwm[k][-1]]} MiB", file=sys.stderr, flush=True)
     ratios = [f / n for f, n in zip(period["full"], period["none"])]
@@ -75,7 +76,7 @@ def main():
            "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "ms_full": [x * 1e3 for x in period["full"]], "ms_none": [x * 1e3 for x in period["none"]],
            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-           "ranks": ranks}
+           "ratio_simulated": makespan["full"] / makespan["none"], "load_1min": os.getloadavg()[0], "ranks": ranks}
     md = ["# Activation recomputation (issue 18)", "",
           f"{out['when']}; {out['model']}; {a.rounds} alternating rounds of {a.steps} steps each side (the first "
           f"{a.warmup} not timed); per run the median step period; peak RSS = VmHWM, median over the rounds.", "",
@@ -83,7 +84,9 @@ def main():
           f"| remat full | {', '.join(f'{x:.1f}' for x in out['ms_full'])} | {statistics.median(out['ms_full']):.1f} |",
           f"| remat none | {', '.join(f'{x:.1f}' for x in out['ms_none'])} | {statistics.median(out['ms_none']):.1f} |",
           "", f"Step-time ratio (full / none, paired by round): **{out['ratio_median']:.3f}** "
-          f"(min {out['ratio_min']:.3f}, max {out['ratio_max']:.3f}).", "",
+          f"(min {out['ratio_min']:.3f}, max {out['ratio_max']:.3f}); the simulator's (makespan with the F added to "
+          f"each B, FLOP costs): {out['ratio_simulated']:.3f}. Load average at the end: {out['load_1min']:.1f} on "
+          f"{os.cpu_count()} CPUs.", "",
           "| rank | peak RSS none | peak RSS full | planned none | planned full | measured drop | planned drop | "
           "drop ratio | within 10 % |", "|---|---|---|---|---|---|---|---|---|"]
     for x in ranks:

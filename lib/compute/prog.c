@@ -90,6 +90,13 @@ float *pw_alloc_floats(size_t n) {
   return v;
 }
 
+/* One remat work buffer: the slot past its keep part (an embedding alone
+ * may have none of it). */
+static float *work_alloc(const pw_prog_layout *L) {
+  size_t n = L->sz.slot_floats - L->sz.keep_floats;
+  return pw_alloc_floats(n ? n : 1);
+}
+
 /* The first writer of each value gradient in backward order overwrites,
  * later ones accumulate. Output ports' gradients arrive filled by the
  * caller (what the next stage sent): every writer adds to them. A gradient
@@ -171,7 +178,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     if (!p->work || !p->work_busy || !p->work_of) goto oom;
     for (int k = 0; k < p->max_slots; k++) p->work_of[k] = -1;
     for (int k = 0; k < cfg->n_work && k < p->max_slots; k++)
-      if (!(p->work[k] = pw_alloc_floats(L->sz.slot_floats - L->sz.keep_floats))) goto oom;
+      if (!(p->work[k] = work_alloc(L))) goto oom;
   }
 
   /* Loss scale: microbatch losses sum to the mean over the whole batch. */
@@ -362,7 +369,7 @@ static int work_take(pw_prog *p, int slot) {
   if (w == p->max_slots) {
     for (w = 0; w < p->max_slots && p->work[w]; w++) {}
     if (w == p->max_slots) return PW_ENOMEM; /* cannot happen: one per slot at most */
-    if (!(p->work[w] = pw_alloc_floats(p->L.sz.slot_floats - p->L.sz.keep_floats))) return PW_ENOMEM;
+    if (!(p->work[w] = work_alloc(&p->L))) return PW_ENOMEM;
   }
   p->work_busy[w] = 1;
   p->work_of[slot] = w;
