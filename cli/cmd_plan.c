@@ -88,8 +88,8 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
   char a[32], b[32], c[32], d[32], e[32];
   printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
          job->name, p->sched->name, p->pp, p->dp, p->S, p->S == 1 ? "" : "s", p->V, p->m, p->mb_size);
-  printf("%-5s %-4s %-28s %9s %9s %9s %9s %9s\n", "stage", "rank", "layers", "params", "F FLOPs", "B FLOPs",
-         "act bytes", "sends");
+  printf("%-5s %-4s %-28s %9s %9s %9s %9s %9s %5s\n", "stage", "rank", "layers", "params", "F FLOPs", "B FLOPs",
+         "act bytes", "sends", "remat");
   for (int s = 0; s < p->S; s++) {
     const pw_stage *st = &p->part.stages[s];
     char layers[112];
@@ -98,10 +98,11 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
       snprintf(layers, sizeof layers, "%s", m->layers[st->layer_lo].name);
     else
       snprintf(layers, sizeof layers, "%s .. %s", m->layers[st->layer_lo].name, m->layers[st->layer_hi - 1].name);
-    printf("%-5d %-4d %-28s %9s %9s %9s %9s %9s\n", s, p->sched->stage_to_rank[s], layers,
+    printf("%-5d %-4d %-28s %9s %9s %9s %9s %9s %5s\n", s, p->sched->stage_to_rank[s], layers,
            pw_cli_si((double)st->params, a, 32), pw_cli_si(st->flops_f * p->mb_size, b, 32),
            pw_cli_si((st->flops_i + st->flops_w) * p->mb_size, c, 32),
-           pw_cli_si((double)st->act_bytes * p->mb_size, d, 32), pw_cli_si((double)st->out_bytes * p->mb_size, e, 32));
+           pw_cli_si((double)st->act_bytes * p->mb_size, d, 32), pw_cli_si((double)st->out_bytes * p->mb_size, e, 32),
+           p->n_work[s] ? "yes" : "no");
   }
   print_placement(job, p);
   for (int i = 0; i < p->part.n_shared; i++) {
@@ -131,6 +132,12 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
   printf("peak MiB: what a worker allocates for the rank (parameters, gradients, AdamW m and v, activation "
          "slots, data set%s%s); process baseline excluded\n",
          p->dp > 1 ? ", all-reduce arenas" : "", p->part.n_shared ? ", tied-parameter copies" : "");
+  for (int k = 0; k < r->pp; k++)
+    if (p->mem[k].work)
+      printf("remat on rank %d: slots keep the stage ports (%.1f MiB), %.1f MiB of work buffers; %.1f MiB saved; "
+             "each B or I runs its F again\n",
+             k, (double)p->mem[k].slots / (1 << 20), (double)p->mem[k].work / (1 << 20),
+             (double)p->mem[k].remat_saved / (1 << 20));
   for (int s = 0; s < r->pp; s++)
     for (int t = 0; t < r->pp; t++)
       if (r->link_transfers[s * r->pp + t])

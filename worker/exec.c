@@ -266,24 +266,27 @@ static int compute(pw_run *r, const pw_action *acts, int pc) {
   const pw_lstage *ls = &r->ls[li];
   int slot = r->cp.ls[li].mb_slot[a->mb];
   double t0 = pw_now();
+  int rc = 0;
   switch (a->kind) {
     case PW_ACT_F: {
       float loss = 0;
       draw_data(r, ls, slot, a->mb);
-      pw_prog_forward(ls->prog, slot, &loss);
+      rc = pw_prog_forward(ls->prog, slot, &loss);
       r->cp.loss_sum += loss;
       break;
     }
-    case PW_ACT_B: pw_prog_backward(ls->prog, slot); break;
-    case PW_ACT_I: pw_prog_backward_input(ls->prog, slot); break;
-    case PW_ACT_W: pw_prog_backward_weight(ls->prog, slot); break;
+    case PW_ACT_B: rc = pw_prog_backward(ls->prog, slot); break;
+    case PW_ACT_I: rc = pw_prog_backward_input(ls->prog, slot); break;
+    case PW_ACT_W: rc = pw_prog_backward_weight(ls->prog, slot); break;
   }
+  if (rc) /* remat only: no work buffer to recompute into */
+    return pw_exec_fail(r, rc, NULL, "stage %d, microbatch %d: %s", a->stage, a->mb,
+                        rc == PW_ENOMEM ? "out of memory for a recompute buffer" : "W before its I");
   if (!r->cp.eval) {
     r->cp.timings[pc].a = *a;
     r->cp.timings[pc].start = t0 - r->cp.t_step0;
     r->cp.timings[pc].end = pw_now() - r->cp.t_step0;
   }
-  int rc = 0;
   switch (a->kind) {
     case PW_ACT_F:
       if (++r->cp.act_held > r->cp.peak_act) r->cp.peak_act = r->cp.act_held;

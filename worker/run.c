@@ -150,7 +150,7 @@ static int setup_stages(pw_run *r, pw_err *err) {
     int peak = r->peak_slots[li]; /* the slice lists our stages in the order ls holds them */
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
-                          .max_slots = cap};
+                          .max_slots = cap, .remat = r->n_work[li] > 0, .n_work = r->n_work[li]};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     lc->act_step = calloc((size_t)r->m, sizeof(int));
@@ -183,6 +183,9 @@ static int setup_stages(pw_run *r, pw_err *err) {
       ls->n_grad_in++;
     }
     pw_prog_zero_grad(p);
+    if (cfg.remat)
+      pw_info("stage %d recomputes: slots of %zu bytes (its ports), %d work buffers of %zu bytes", ls->stage,
+              pw_prog_slot_bytes(p), pw_prog_n_work(p), pw_prog_work_bytes(p));
   }
   return rc;
 }
@@ -378,6 +381,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->part = sl.part;
   r->sched = sl.sched;
   r->peak_slots = sl.peak_slots;
+  r->n_work = sl.n_work;
   r->spec.mode = sl.mode;
   r->spec.train = sl.train;
   r->spec.data = sl.data;
@@ -546,6 +550,7 @@ static void run_destroy(pw_run *r) {
   pw_partition_free(&r->part);
   pw_model_free(&r->model);
   free(r->peak_slots);
+  free(r->n_work);
   json_decref(r->assign);
   free(r->sh.evq);
   free(r->sh.wl);

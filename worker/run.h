@@ -220,6 +220,7 @@ struct pw_run {
   pw_partition part;
   pw_sched *sched;
   int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
+  int *n_work;             /* [n_ls] remat stages: their work buffers (the plan's); 0 = no remat */
   size_t mem_budget;       /* bytes the plan gives this pipeline rank */
   char plan_sha256[65];    /* the plan the slice was cut from */
   char init_sha256[65];    /* stored weights the parameters start from ("" = the seed's) */

@@ -15,7 +15,10 @@
  *
  * A whole backward (B) runs a layernorm's two halves as one pass over its
  * rows (the same float operations as weight then input, so I+W gives the
- * same bits). */
+ * same bits).
+ *
+ * Remat: an offset below the layout's keep_floats is in the slot, any
+ * other in the work buffer the slot holds (work_of). */
 #include "prog.h"
 
 #include <stdlib.h>
@@ -42,8 +45,12 @@ struct pw_prog {
   size_t (*zero)[2];             /* gradients nobody in the stage writes, zeroed before a
                                     backward: {offset, count} (usually none) */
   int n_zero;
-  float **slots;                 /* [max_slots], NULL until made */
+  float **slots;                 /* [max_slots], NULL until made (remat: the keep parts) */
   int max_slots;
+  /* remat only */
+  float **work;                  /* [max_slots] work buffers, NULL until made */
+  unsigned char *work_busy;      /* [max_slots] held by a slot */
+  int *work_of;                  /* [max_slots] work buffer slot k holds, or -1 */
   float *scratch;                /* L.sz.scratch_floats */
   float loss_scale;
 };
@@ -83,6 +90,13 @@ float *pw_alloc_floats(size_t n) {
   return v;
 }
 
+/* One remat work buffer: the slot past its keep part (an embedding alone
+ * may have none of it). */
+static float *work_alloc(const pw_prog_layout *L) {
+  size_t n = L->sz.slot_floats - L->sz.keep_floats;
+  return pw_alloc_floats(n ? n : 1);
+}
+
 /* The first writer of each value gradient in backward order overwrites,
  * later ones accumulate. Output ports' gradients arrive filled by the
  * caller (what the next stage sent): every writer adds to them. A gradient
@@ -110,7 +124,7 @@ static int plan_grad_writes(pw_prog *p) {
   for (int v = 0; v < m->n_values; v++) {
     if (L->grad_off[v] == NONE || written[v]) continue;
     size_t o = L->grad_off[v], n = pw_value_bytes(&m->values[v], L->mb) / sizeof(float);
-    if (p->n_zero && p->zero[p->n_zero - 1][0] + p->zero[p->n_zero - 1][1] == o)
+    if (p->n_zero && p->zero[p->n_zero - 1][0] + p->zero[p->n_zero - 1][1] == o && o != L->sz.keep_floats)
       p->zero[p->n_zero - 1][1] += n;
     else {
       p->zero[p->n_zero][0] = o;
@@ -157,6 +171,15 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   if (!p->slots || !p->scratch) goto oom;
   for (int k = 0; k < cfg->n_slots; k++)
     if (pw_prog_slot_ensure(p, k)) goto oom;
+  if (cfg->remat) {
+    p->work = calloc((size_t)p->max_slots, sizeof *p->work);
+    p->work_busy = calloc((size_t)p->max_slots, 1);
+    p->work_of = malloc(sizeof(int) * (size_t)p->max_slots);
+    if (!p->work || !p->work_busy || !p->work_of) goto oom;
+    for (int k = 0; k < p->max_slots; k++) p->work_of[k] = -1;
+    for (int k = 0; k < cfg->n_work && k < p->max_slots; k++)
+      if (!(p->work[k] = work_alloc(L))) goto oom;
+  }
 
   /* Loss scale: microbatch losses sum to the mean over the whole batch. */
   if (L->has_loss) {
@@ -184,6 +207,11 @@ void pw_prog_free(pw_prog *p) {
   if (p->slots)
     for (int k = 0; k < p->max_slots; k++) free(p->slots[k]);
   free(p->slots);
+  if (p->work)
+    for (int k = 0; k < p->max_slots; k++) free(p->work[k]);
+  free(p->work);
+  free(p->work_busy);
+  free(p->work_of);
   free(p->scratch);
   pw_prog_layout_free(&p->L);
   free(p);
@@ -206,13 +234,24 @@ void pw_prog_grads_finalize(pw_prog *p) {
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
 float *pw_prog_moment(pw_prog *p, int which) { return which ? p->arena_v : p->arena_m; }
 float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
-size_t pw_prog_slot_bytes(const pw_prog *p) { return p->L.sz.slot_floats * sizeof(float); }
+size_t pw_prog_slot_bytes(const pw_prog *p) {
+  return (p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats) * sizeof(float);
+}
+size_t pw_prog_work_bytes(const pw_prog *p) {
+  return p->cfg.remat ? (p->L.sz.slot_floats - p->L.sz.keep_floats) * sizeof(float) : 0;
+}
+int pw_prog_n_work(const pw_prog *p) {
+  int n = 0;
+  for (int k = 0; p->work && k < p->max_slots; k++) n += p->work[k] != NULL;
+  return n;
+}
 int pw_prog_max_slots(const pw_prog *p) { return p->max_slots; }
 
 int pw_prog_slot_ensure(pw_prog *p, int slot) {
   if (slot < 0 || slot >= p->max_slots) return PW_EINVAL;
   if (p->slots[slot]) return 0;
-  float *s = pw_alloc_floats(p->L.sz.slot_floats);
+  size_t n = p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats;
+  float *s = pw_alloc_floats(n ? n : 1);
   if (!s) return PW_ENOMEM;
   p->slots[slot] = s;
   return 0;
@@ -223,14 +262,23 @@ int pw_prog_n_outputs(const pw_prog *p) { return p->L.n_outputs; }
 const pw_prog_port *pw_prog_output(const pw_prog *p, int i) { return &p->L.outputs[i]; }
 int pw_prog_has_loss(const pw_prog *p) { return p->L.has_loss; }
 
+/* Float offset `off` of slot `slot`: in the slot, or (remat, past the
+ * keep part) in the work buffer it holds; NULL when it holds none. */
+static float *slot_at(const pw_prog *p, int slot, size_t off) {
+  if (!p->slots[slot]) return NULL;
+  if (!p->cfg.remat || off < p->L.sz.keep_floats) return p->slots[slot] + off;
+  int w = p->work_of[slot];
+  return w < 0 ? NULL : p->work[w] + (off - p->L.sz.keep_floats);
+}
+
 void *pw_prog_value(pw_prog *p, int slot, int value) {
-  if (value < 0 || value >= p->m->n_values || p->L.val_off[value] == NONE || !p->slots[slot]) return NULL;
-  return p->slots[slot] + p->L.val_off[value];
+  if (value < 0 || value >= p->m->n_values || p->L.val_off[value] == NONE) return NULL;
+  return slot_at(p, slot, p->L.val_off[value]);
 }
 
 float *pw_prog_grad(pw_prog *p, int slot, int value) {
-  if (value < 0 || value >= p->m->n_values || p->L.grad_off[value] == NONE || !p->slots[slot]) return NULL;
-  return p->slots[slot] + p->L.grad_off[value];
+  if (value < 0 || value >= p->m->n_values || p->L.grad_off[value] == NONE) return NULL;
+  return slot_at(p, slot, p->L.grad_off[value]);
 }
 
 void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
@@ -270,7 +318,7 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   }
   io->out = pw_prog_value(p, slot, n->out);
   io->dout = pw_prog_grad(p, slot, n->out);
-  io->aux = p->slots[slot] + p->L.aux_off[li];
+  io->aux = slot_at(p, slot, p->L.aux_off[li]);
   if (n->w >= 0) {
     io->w = p->params[p->L.param_local[n->w]].data;
     io->dw = p->arena_g + p->L.node_dw[li];
@@ -311,23 +359,69 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
   f(&io);
 }
 
-void pw_prog_forward(pw_prog *p, int slot, float *loss) {
+/* ---- remat's work buffers ------------------------------------------------ */
+
+/* Give slot a work buffer (no-op without remat or when it holds one). */
+static int work_take(pw_prog *p, int slot) {
+  if (!p->cfg.remat || p->work_of[slot] >= 0) return 0;
+  int w = 0;
+  while (w < p->max_slots && (p->work_busy[w] || !p->work[w])) w++; /* a made one first */
+  if (w == p->max_slots) {
+    for (w = 0; w < p->max_slots && p->work[w]; w++) {}
+    if (w == p->max_slots) return PW_ENOMEM; /* cannot happen: one per slot at most */
+    if (!(p->work[w] = work_alloc(&p->L))) return PW_ENOMEM;
+  }
+  p->work_busy[w] = 1;
+  p->work_of[slot] = w;
+  return 0;
+}
+
+static void work_give(pw_prog *p, int slot) {
+  if (!p->cfg.remat || p->work_of[slot] < 0) return;
+  p->work_busy[p->work_of[slot]] = 0;
+  p->work_of[slot] = -1;
+}
+
+/* ---- entry points ---------------------------------------------------------- */
+
+static void run_forward(pw_prog *p, int slot) {
   for (int i = p->L.node_lo; i < p->L.node_hi; i++) node_forward(p, slot, i);
+}
+
+int pw_prog_forward(pw_prog *p, int slot, float *loss) {
+  int rc = work_take(p, slot);
+  if (rc) return rc;
+  run_forward(p, slot);
   if (loss) *loss = p->L.has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
+  work_give(p, slot);
+  return 0;
+}
+
+/* Remat: a work buffer for the backward, filled by the forward again. */
+static int recompute(pw_prog *p, int slot) {
+  if (!p->cfg.remat) return 0;
+  int rc = work_take(p, slot);
+  if (!rc) run_forward(p, slot);
+  return rc;
 }
 
 static void zero_value_grads(pw_prog *p, int slot) {
-  float *base = p->slots[slot];
-  for (int i = 0; i < p->n_zero; i++) memset(base + p->zero[i][0], 0, p->zero[i][1] * sizeof(float));
+  for (int i = 0; i < p->n_zero; i++) memset(slot_at(p, slot, p->zero[i][0]), 0, p->zero[i][1] * sizeof(float));
 }
 
-void pw_prog_backward_input(pw_prog *p, int slot) {
+int pw_prog_backward_input(pw_prog *p, int slot) {
+  int rc = recompute(p, slot);
+  if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) node_backward_input(p, slot, i);
+  return 0; /* remat: the work buffer stays with the slot until its W */
 }
 
-void pw_prog_backward_weight(pw_prog *p, int slot) {
+int pw_prog_backward_weight(pw_prog *p, int slot) {
+  if (p->cfg.remat && p->work_of[slot] < 0) return PW_EINVAL;
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) node_backward_weight(p, slot, i);
+  work_give(p, slot);
+  return 0;
 }
 
 /* Both halves in one pass where the op has one (the layernorm: the bits
@@ -342,11 +436,15 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
   return 1;
 }
 
-void pw_prog_backward(pw_prog *p, int slot) {
+int pw_prog_backward(pw_prog *p, int slot) {
+  int rc = recompute(p, slot);
+  if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
     if (node_backward_fused(p, slot, i)) continue;
     node_backward_weight(p, slot, i);
     node_backward_input(p, slot, i);
   }
+  work_give(p, slot);
+  return 0;
 }

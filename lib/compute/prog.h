@@ -19,6 +19,19 @@
  * (and the gradients of output ports before backward) through
  * pw_prog_value / pw_prog_grad, and reads the rest back from them.
  *
+ * Recomputation (remat). A remat program keeps per slot only the ports
+ * (layout.h's keep part: what the network fills and reads while the
+ * microbatch waits) and runs everything else in work buffers: forward takes
+ * one for the length of the F and gives it back; backward and
+ * backward_input take one, re-run the forward into it (the same kernels in
+ * the same order over the same inputs: the same bits), then the backward;
+ * backward gives it back, backward_input keeps it for the slot's
+ * backward_weight. So a stage holds as many work buffers as it has
+ * microbatches between I and W, plus the one being computed on
+ * (pw_plan's n_work); they are made on demand, up to max_slots, and kept.
+ * pw_prog_value of a value outside the ports is NULL while its slot holds
+ * no work buffer.
+ *
  * The model must outlive the program. */
 #ifndef PW_PROG_H
 #define PW_PROG_H
@@ -36,6 +49,8 @@ typedef struct {
   int n_slots;            /* slots made at create */
   int max_slots;          /* slots that may exist (0 = n_slots); more are made by
                              pw_prog_slot_ensure as a pipeline needs them */
+  int remat;              /* recompute the forward before the backward (above) */
+  int n_work;             /* remat: work buffers made at create */
 } pw_prog_config;
 
 typedef struct {
@@ -69,8 +84,12 @@ size_t pw_prog_grad_numel(const pw_prog *p);
  * after any data-parallel reduction of the whole gradient arena), before
  * norms and the optimizer. */
 void pw_prog_grads_finalize(pw_prog *p);
-/* Bytes of one slot (values, value gradients, auxiliaries). */
+/* Bytes of one slot (values, value gradients, auxiliaries); of a remat
+ * program, of its keep part. */
 size_t pw_prog_slot_bytes(const pw_prog *p);
+/* Remat: bytes of one work buffer, and how many exist now. 0 otherwise. */
+size_t pw_prog_work_bytes(const pw_prog *p);
+int pw_prog_n_work(const pw_prog *p);
 /* Make slot `slot` (< max_slots) exist. PW_EINVAL past max_slots, PW_ENOMEM.
  * Not thread-safe against itself; safe while other slots are computed on. */
 PW_MUST_CHECK int pw_prog_slot_ensure(pw_prog *p, int slot);
@@ -93,20 +112,24 @@ float *pw_prog_grad(pw_prog *p, int slot, int value);
 void pw_prog_init_params(pw_prog *p, unsigned long long seed);
 void pw_prog_zero_grad(pw_prog *p);
 
+/* The four entry points return 0, or (remat only) PW_ENOMEM when no work
+ * buffer can be had, or PW_EINVAL for a backward_weight with no
+ * backward_input before it; they compute nothing then. */
+
 /* Runs the stage's nodes for the microbatch in `slot`. Input ports must be
  * filled. If the stage holds the loss, *loss receives this microbatch's
  * share of the batch-mean loss (loss may be NULL). */
-void pw_prog_forward(pw_prog *p, int slot, float *loss);
+int pw_prog_forward(pw_prog *p, int slot, float *loss);
 /* Gradients w.r.t. the stage's values and input ports (ZeroBubble's I).
  * The gradients of output ports must be filled; all other value gradients
  * of the slot are overwritten (what they held before does not matter; the
  * result is bit for bit that of zeroing them and accumulating). */
-void pw_prog_backward_input(pw_prog *p, int slot);
+int pw_prog_backward_input(pw_prog *p, int slot);
 /* Gradients w.r.t. the parameters, accumulated (ZeroBubble's W). Needs the
  * slot's value gradients from backward_input. */
-void pw_prog_backward_weight(pw_prog *p, int slot);
+int pw_prog_backward_weight(pw_prog *p, int slot);
 /* Both halves (a full B), node by node. */
-void pw_prog_backward(pw_prog *p, int slot);
+int pw_prog_backward(pw_prog *p, int slot);
 
 /* n zeroed floats with every page mapped now (2 MiB aligned, transparent
  * huge pages asked for, from 2 MiB up): the arenas of programs and of

@@ -85,26 +85,32 @@ static int find_ports(const pw_model *m, pw_prog_layout *l) {
   return 0;
 }
 
-/* Values (input ports, then node outputs), their gradients in the same
- * order (float activations only: data and the loss have none), then the
- * nodes' auxiliaries. */
+/* Places `v` (once) at *off in dst. */
+static void place(const pw_model *m, size_t *dst, int v, int mb, size_t *off) {
+  if (dst[v] != NONE) return;
+  dst[v] = *off;
+  *off += value_floats(&m->values[v], mb);
+}
+
+/* The ports first (input then output values, then the float ones'
+ * gradients): the keep part. Then the work part: the other node outputs,
+ * their gradients in the same order (float activations only: data and the
+ * loss have none), then the nodes' auxiliaries. */
 static void lay_slot(const pw_model *m, pw_prog_layout *l) {
   size_t off = 0;
   int mb = l->mb;
   for (int pass = 0; pass < 2; pass++) {
     size_t *dst = pass ? l->grad_off : l->val_off;
-    for (int i = 0; i < l->n_inputs; i++) {
-      const pw_value *v = &m->values[l->inputs[i].value];
-      if (pass && v->role != PW_VAL_ACT) continue;
-      dst[l->inputs[i].value] = off;
-      off += value_floats(v, mb);
+    for (int i = 0; i < l->n_inputs + l->n_outputs; i++) {
+      const pw_prog_port *pt = i < l->n_inputs ? &l->inputs[i] : &l->outputs[i - l->n_inputs];
+      if (!pass || pt->role == PW_VAL_ACT) place(m, dst, pt->value, mb, &off);
     }
-    for (int i = l->node_lo; i < l->node_hi; i++) {
-      const pw_value *v = &m->values[m->nodes[i].out];
-      if (pass && v->role != PW_VAL_ACT) continue;
-      dst[m->nodes[i].out] = off;
-      off += value_floats(v, mb);
-    }
+  }
+  l->sz.keep_floats = off;
+  for (int pass = 0; pass < 2; pass++) {
+    size_t *dst = pass ? l->grad_off : l->val_off;
+    for (int i = l->node_lo; i < l->node_hi; i++)
+      if (!pass || m->values[m->nodes[i].out].role == PW_VAL_ACT) place(m, dst, m->nodes[i].out, mb, &off);
   }
   size_t tt = 1;
   for (int i = l->node_lo; i < l->node_hi; i++) {

@@ -9,10 +9,15 @@
  *   - a gradient arena of `grad_numel` floats: the numel main gradients, then
  *     a shadow gradient for each second and later use of a parameter inside
  *     the stage (tied embeddings), added to the main one once per step;
- *   - slots of `slot_floats` floats, one per microbatch in flight: each
- *     value it holds (input ports, then node outputs), the gradients of the
- *     float activations among them (same order), then each node's saved
- *     auxiliaries;
+ *   - slots of `slot_floats` floats, one per microbatch in flight. The
+ *     first `keep_floats` are the ports: the values of the input ports,
+ *     then of the output ports, then the gradients of the float ones among
+ *     them (same order) — what the network reads and writes while the
+ *     microbatch waits, and all a recomputing (remat) stage keeps per
+ *     microbatch. The rest, the work part: every other node output, the
+ *     gradients of the float ones, then each node's saved auxiliaries. A
+ *     remat stage allocates the work part once per microbatch between its
+ *     recompute and its B (or W), not once per slot (prog.h);
  *   - `scratch_floats` of scratch (attention's T x T), one per program.
  * Never allocates an arena; the tables below are the only memory it takes. */
 #ifndef PW_LAYOUT_H
@@ -37,7 +42,8 @@ typedef struct {
 typedef struct {
   size_t numel;           /* parameter arena (and AdamW m, v each) */
   size_t grad_numel;      /* gradient arena: numel + shadows */
-  size_t slot_floats;     /* one activation slot */
+  size_t slot_floats;     /* one activation slot: keep_floats, then the work part */
+  size_t keep_floats;     /* the ports, at the slot's start */
   size_t scratch_floats;  /* per program */
   int draws_data;         /* reads the model's input or targets */
 } pw_prog_sizes;

@@ -129,6 +129,22 @@ int pw_plan_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
+void pw_plan_work(const pw_sched *s, const int *remat, int *n_work) {
+  for (int st = 0; st < s->S; st++) {
+    int on = remat[st]; /* remat may be n_work itself */
+    n_work[st] = 0;
+    if (!on) continue;
+    int r = s->stage_to_rank[st], pending = 0;
+    n_work[st] = 1;
+    for (int i = 0; i < s->n_actions[r]; i++) {
+      const pw_action *a = &s->actions[r][i];
+      if (a->stage != st) continue;
+      if (a->kind != PW_ACT_W && pending + 1 > n_work[st]) n_work[st] = pending + 1;
+      pending += a->kind == PW_ACT_I ? 1 : a->kind == PW_ACT_W ? -1 : 0;
+    }
+  }
+}
+
 /* What pw_dataset_open keeps in memory (lib/io/data.c). */
 static size_t data_bytes(const pw_job *job, const pw_model *m) {
   struct stat st;
@@ -173,6 +189,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->mem = calloc((size_t)p->pp, sizeof *p->mem);
   if (!p->stage_mem || !p->peak_slots || !p->mem || pw_plan_peak_slots(p->sched, p->peak_slots))
     return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+  pw_plan_work(p->sched, p->n_work, p->n_work); /* in: 1 = remat (pw_plan_build) */
   int train = !p->sched->forward_only;
   if (train && job->train.eval_every > 0 && eval_peak_slots(p->sched, p->peak_slots))
     return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
@@ -185,7 +202,16 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
     r->adam += 2 * sm->numel * sizeof(float);
-    r->slots += (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
+    size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
+    if (p->n_work[s]) {
+      size_t keep = (size_t)p->peak_slots[s] * sm->keep_floats * sizeof(float);
+      size_t work = (size_t)p->n_work[s] * (sm->slot_floats - sm->keep_floats) * sizeof(float);
+      r->slots += keep;
+      r->work += work;
+      if (full > keep + work) r->remat_saved += full - keep - work;
+    } else {
+      r->slots += full;
+    }
     r->n_slots += p->peak_slots[s];
     r->scratch += sm->scratch_floats * sizeof(float);
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
@@ -210,7 +236,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     }
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
-    m->total = m->params + m->grads + m->adam + m->slots + m->scratch + m->dp + m->tied + m->data + m->snapshots;
+    m->total =
+        m->params + m->grads + m->adam + m->slots + m->work + m->scratch + m->dp + m->tied + m->data + m->snapshots;
   }
   return 0;
 }
@@ -262,10 +289,18 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   p->cost_w = calloc((size_t)S, sizeof(double));
   p->cost_b = calloc((size_t)S, sizeof(double));
   p->act_bytes = calloc((size_t)(S > 1 ? S - 1 : 1), sizeof(double));
-  if (!p->cost_f || !p->cost_i || !p->cost_w || !p->cost_b || !p->act_bytes) {
+  p->n_work = calloc((size_t)S, sizeof(int));
+  if (!p->cost_f || !p->cost_i || !p->cost_w || !p->cost_b || !p->act_bytes || !p->n_work) {
     rc = pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
     goto fail;
   }
+  /* a list longer or shorter than the stages (a schedule override changed V) */
+  if (job->partition.n_remat && job->partition.n_remat != S) {
+    rc = pw_err_set(err, PW_ESPEC, "partition.remat", "lists %d stages, but %s runs %d", job->partition.n_remat,
+                    p->sched->name, S);
+    goto fail;
+  }
+  for (int s = 0; s < S; s++) p->n_work[s] = pw_partition_remat(&job->partition, s);
   /* Measured layer times replace FLOPs: split them F:I:W in the FLOP ratio. */
   for (int s = 0; s < S; s++) {
     const pw_stage *st = &p->part.stages[s];
@@ -275,6 +310,7 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
     p->cost_f[s] = st->flops_f * p->mb_size * scale;
     p->cost_i[s] = st->flops_i * p->mb_size * scale;
     p->cost_w[s] = st->flops_w * p->mb_size * scale;
+    if (p->n_work[s]) p->cost_i[s] += p->cost_f[s]; /* remat: the forward again, before B or I */
     p->cost_b[s] = p->cost_i[s] + p->cost_w[s];
   }
   for (int e = 0; e < p->part.n_edges; e++) {
@@ -306,6 +342,7 @@ void pw_plan_free(pw_plan *p) {
   free(p->act_bytes);
   free(p->stage_mem);
   free(p->peak_slots);
+  free(p->n_work);
   free(p->mem);
   memset(p, 0, sizeof *p);
 }
@@ -329,8 +366,16 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
   for (size_t i = 0; i < json_array_size(stages); i++) {
     json_t *st = json_array_get(stages, i);
     json_object_set_new(st, "rank", json_integer(p->sched->stage_to_rank[i]));
-    json_object_set_new(st, "slot_bytes", json_integer((json_int_t)(p->stage_mem[i].slot_floats * sizeof(float))));
+    const pw_prog_sizes *sm = &p->stage_mem[i];
+    size_t slot = p->n_work[i] ? sm->keep_floats : sm->slot_floats;
+    json_object_set_new(st, "slot_bytes", json_integer((json_int_t)(slot * sizeof(float))));
     json_object_set_new(st, "peak_slots", json_integer(p->peak_slots[i]));
+    json_object_set_new(st, "remat", json_boolean(p->n_work[i] > 0));
+    if (p->n_work[i]) {
+      json_object_set_new(st, "work_bytes",
+                          json_integer((json_int_t)((sm->slot_floats - sm->keep_floats) * sizeof(float))));
+      json_object_set_new(st, "n_work", json_integer(p->n_work[i]));
+    }
   }
   json_t *analytics = pw_sim_result_json(p->sim);
   json_t *ranks = json_object_get(analytics, "ranks");
@@ -339,9 +384,10 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
     json_t *o = json_array_get(ranks, (size_t)r);
     json_object_set_new(o, "memory_bytes", json_integer((json_int_t)m->total));
     json_object_set_new(o, "memory",
-                        json_pack("{s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I}", "params",
+                        json_pack("{s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "params",
                                   (json_int_t)m->params, "grads", (json_int_t)m->grads, "adam", (json_int_t)m->adam,
-                                  "slots", (json_int_t)m->slots, "n_slots", m->n_slots, "scratch",
+                                  "slots", (json_int_t)m->slots, "n_slots", m->n_slots, "work", (json_int_t)m->work,
+                                  "remat_saved", (json_int_t)m->remat_saved, "scratch",
                                   (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
   }

@@ -68,8 +68,11 @@ typedef struct {
   size_t params;   /* parameter arenas */
   size_t grads;    /* gradient arenas (shadows included) */
   size_t adam;     /* AdamW m and v */
-  size_t slots;    /* activation slots: per stage, slot bytes x peak slots */
+  size_t slots;    /* activation slots: per stage, slot bytes x peak slots (a
+                      remat stage's slot is its keep part: the ports) */
   int n_slots;     /* peak slots over the rank's stages */
+  size_t work;     /* remat stages: work bytes (slot minus keep) x n_work */
+  size_t remat_saved; /* what slots + work are below the same stages without remat */
   size_t scratch;  /* attention scratch */
   size_t dp;       /* dp > 1: pw_dp_arenas copies of each gradient arena */
   size_t tied;     /* tied parameters held here: pw_tied_floats of each */
@@ -93,6 +96,7 @@ typedef struct {
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
   pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
+  int *n_work;             /* [S] remat stages: work buffers (pw_plan_work); 0 = no remat */
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
 } pw_plan;
 
@@ -121,6 +125,13 @@ int pw_plan_virtual_stages(const pw_job *job, const char *schedule);
  * and then. peak[S]. Returns 0 or PW_ENOMEM. */
 PW_MUST_CHECK int pw_plan_peak_slots(const pw_sched *s, int *peak);
 
+/* Work buffers each remat stage (remat[s] != 0) needs, into n_work[S] (0
+ * for the others): its rank runs its list in order, and a stage's program
+ * holds a work buffer during each F, B and I, and from an I until its W
+ * (lib/compute/prog.h) — so the most microbatches between I and W at any
+ * F, B or I, plus that one. */
+void pw_plan_work(const pw_sched *s, const int *remat, int *n_work);
+
 /* Stages run by pipeline rank r, ascending; returns the count. */
 int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
 
@@ -128,9 +139,13 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
  * {"job", "schedule", "mesh", "microbatches", "microbatch_size",
  *  "partition": {...}, "stage_to_rank", "plan": (schedule JSON),
  *  "analytics": (simulator JSON), "grid": "text"} (new reference).
- * Memory: each partition stage gains "slot_bytes" and "peak_slots", each
- * analytics rank "memory_bytes" (pw_plan_mem.total) and "memory" {"params",
- * "grads", "adam", "slots", "n_slots", "scratch", "dp", "tied", "data"}. */
+ * Memory: each partition stage gains "slot_bytes" (a remat stage's: its
+ * keep part), "peak_slots", "remat" (bool), "work_bytes" and "n_work" (remat
+ * stages: one work buffer and how many), each analytics rank
+ * "memory_bytes" (pw_plan_mem.total) and "memory" {"params", "grads",
+ * "adam", "slots", "n_slots", "work", "remat_saved", "scratch", "dp", "tied",
+ * "data", "snapshots"}. A remat stage's costs "b" and "i" include its F
+ * again (the recompute). */
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
 
 /* Every schedule that can run the job, side by side: the job's own mesh,

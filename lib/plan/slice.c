@@ -93,7 +93,8 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
   for (int s = 0; s < p->S; s++) {
     json_array_append_new(s2r, json_integer(p->sched->stage_to_rank[s]));
     if (local_to(p, prank, s))
-      json_array_append_new(local, json_pack("{s:i, s:i}", "stage", s, "peak_slots", p->peak_slots[s]));
+      json_array_append_new(local, json_pack("{s:i, s:i, s:i}", "stage", s, "peak_slots", p->peak_slots[s],
+                                                    "n_work", p->n_work[s]));
   }
   for (int i = 0; i < p->sched->n_actions[prank]; i++) {
     const pw_action *a = &p->sched->actions[prank][i];
@@ -360,7 +361,8 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
       (rc = decode_sched(sched, s, err)) ||
       (rc = array_of(err, "slice.local_stages", local, sizeof(int), (void **)&s->local_stage, &s->n_local)))
     return rc;
-  if (!(s->peak_slots = calloc(s->n_local ? (size_t)s->n_local : 1, sizeof(int))))
+  if (!(s->peak_slots = calloc(s->n_local ? (size_t)s->n_local : 1, sizeof(int))) ||
+      !(s->n_work = calloc(s->n_local ? (size_t)s->n_local : 1, sizeof(int))))
     return pw_err_set(err, PW_ENOMEM, "slice", "out of memory");
   int want = 0;
   for (int st = 0; st < s->S; st++) want += s->sched->stage_to_rank[st] == s->prank;
@@ -369,12 +371,12 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
                       s->n_local, want, s->prank);
   for (int i = 0; i < s->n_local; i++) {
     int *st = &s->local_stage[i];
-    if ((rc = unpack(err, "slice.local_stages", json_array_get(local, (size_t)i), "{s:i, s:i}", "stage", st,
-                     "peak_slots", &s->peak_slots[i])))
+    if ((rc = unpack(err, "slice.local_stages", json_array_get(local, (size_t)i), "{s:i, s:i, s:i}", "stage", st,
+                     "peak_slots", &s->peak_slots[i], "n_work", &s->n_work[i])))
       return rc;
     if (!in(*st, 0, s->S) || s->sched->stage_to_rank[*st] != s->prank || (i && *st <= st[-1]) ||
-        s->peak_slots[i] < 1)
-      return bad(err, "slice.local_stages", i, "not this rank's stage, out of order, or no slots");
+        s->peak_slots[i] < 1 || !in(s->n_work[i], 0, s->m + 1))
+      return bad(err, "slice.local_stages", i, "not this rank's stage, out of order, no slots or bad n_work");
   }
   return 0;
 }
@@ -403,5 +405,6 @@ void pw_slice_free(pw_slice *s) {
   pw_sched_free(s->sched);
   free(s->local_stage);
   free(s->peak_slots);
+  free(s->n_work);
   memset(s, 0, sizeof *s);
 }

@@ -14,7 +14,8 @@
  *   - the partition as far as the rank uses it: every stage's layer range,
  *     the edges into and out of its stages, the whole tied-parameter table;
  *   - its stages, each with the activation slots its program grows to
- *     (pw_plan.peak_slots), and the memory budget of its pipeline rank
+ *     (pw_plan.peak_slots) and, recomputing ones, their work buffers
+ *     (pw_plan.n_work), and the memory budget of its pipeline rank
  *     (pw_plan_mem.total);
  *   - its action list (only its own), stage -> rank, pp, V, S, m;
  *   - the training config (mode, train: optimizer, lr schedule, clipping,
@@ -51,7 +52,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 5 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every */
+#define PW_SLICE_VERSION 6 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];
@@ -75,6 +76,7 @@ typedef struct {
   int n_local;                  /* stages this rank runs, ascending */
   int *local_stage;             /* [n_local] global stage ids */
   int *peak_slots;              /* [n_local] slots each stage's program grows to */
+  int *n_work;                  /* [n_local] remat: work buffers (pw_plan.n_work); 0 = no remat */
   size_t mem_budget;            /* bytes the plan gives this pipeline rank */
 } pw_slice;
 

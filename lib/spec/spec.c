@@ -140,6 +140,7 @@ static const pw__field part_fields[] = {
     PW__SKIP("stages", 0, 1u << PW_PARTITION_EXPLICIT), /* spec_layout.c */
     PW__SKIP("layer_times", 0, P_BAL),
     PW__NUM("byte_cost", 0, P_BAL, pw_partition_spec, byte_cost, 0, 0, PW__NOLIM),
+    PW__SKIP("remat", 0, PW__ALL), /* remat_parse */
 };
 
 static const pw__field train_fields[] = {
@@ -317,6 +318,48 @@ static int schedule_parse(const json_t *o, int pp, pw_schedule_spec *s, pw_err *
   return is_custom ? custom_parse(custom, pp, s, err) : 0;
 }
 
+int pw_partition_remat(const pw_partition_spec *p, int s) {
+  return p->remat_all || (s >= 0 && s < p->n_remat && p->remat[s]);
+}
+
+#define REMAT_RULE "must be \"none\", \"full\" or a list with one entry per stage (true/false or \"full\"/\"none\")"
+
+/* One entry: true/false or "full"/"none"; 1, 0, or -1 when it is neither. */
+static int remat_entry(const json_t *v) {
+  if (json_is_boolean(v)) return json_is_true(v);
+  const char *s = json_string_value(v);
+  return !s ? -1 : !strcmp(s, "full") ? 1 : !strcmp(s, "none") ? 0 : -1;
+}
+
+/* partition.remat; its length is checked against the mesh in cross_check. */
+static int remat_parse(const json_t *o, pw_partition_spec *p, pw_err *err) {
+  const json_t *a = o ? json_object_get(o, "remat") : NULL;
+  const char *path0 = "partition.remat";
+  if (!a) return 0;
+  if (json_is_string(a)) {
+    int v = remat_entry(a);
+    if (v < 0) return pw_err_set(err, PW_ESPEC, path0, REMAT_RULE "; got \"%.40s\"", json_string_value(a));
+    p->remat_all = v;
+    return 0;
+  }
+  if (!json_is_array(a)) return pw_err_set(err, PW_ESPEC, path0, REMAT_RULE);
+  size_t n = json_array_size(a);
+  if (n == 0) return pw_err_set(err, PW_ESPEC, path0, "must not be empty (\"none\" turns it off)");
+  if (n > (size_t)MAX_MESH * MAX_MESH) return pw_err_set(err, PW_ESPEC, path0, "too many entries (%zu)", n);
+  if (!(p->remat = calloc(n, 1))) return pw_err_set(err, PW_ENOMEM, path0, "out of memory");
+  p->n_remat = (int)n;
+  for (size_t i = 0; i < n; i++) {
+    int v = remat_entry(json_array_get(a, i));
+    if (v < 0) {
+      char path[48];
+      snprintf(path, sizeof path, "%s[%zu]", path0, i);
+      return pw_err_set(err, PW_ESPEC, path, "must be true/false or \"full\"/\"none\"");
+    }
+    p->remat[i] = (unsigned char)v;
+  }
+  return 0;
+}
+
 /* The partition's default mode depends on the model: markers when the
  * layers list carries stage_boundary entries; explicit when stages are
  * listed. */
@@ -334,7 +377,8 @@ static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition
   if (mode == PW_PARTITION_MARKERS && n_bound == 0)
     return pw_err_set(err, PW_ESPEC, "partition.mode",
                       "markers needs stage_boundary entries in model.layers (there are none)");
-  if ((rc = pw__hints_collect(m, p, err)) || (mode == PW_PARTITION_EXPLICIT && (rc = pw__stages_parse(stages, p, err))))
+  if ((rc = pw__hints_collect(m, p, err)) || (mode == PW_PARTITION_EXPLICIT && (rc = pw__stages_parse(stages, p, err))) ||
+      (rc = remat_parse(o, p, err)))
     return rc;
   const json_t *a = o ? json_object_get(o, "layer_times") : NULL;
   if (!a) return 0;
@@ -515,6 +559,10 @@ static int cross_check(const pw_job *job, pw_err *err) {
     return pw_err_set(err, PW_ESPEC, "partition.stages",
                       "lists %d stages, but the mesh runs mesh.pp * mesh.virtual_stages = %d * %d = %lld",
                       job->partition.n_stages, job->mesh.pp, job->mesh.virtual_stages, S);
+  if (job->partition.n_remat && job->partition.n_remat != S)
+    return pw_err_set(err, PW_ESPEC, "partition.remat",
+                      "lists %d stages, but the mesh runs mesh.pp * mesh.virtual_stages = %d * %d = %lld",
+                      job->partition.n_remat, job->mesh.pp, job->mesh.virtual_stages, S);
   return 0;
 }
 
@@ -602,6 +650,9 @@ void pw_job_free(pw_job *job) {
   free(job->partition.layer_times);
   job->partition.layer_times = NULL;
   job->partition.n_layer_times = 0;
+  free(job->partition.remat);
+  job->partition.remat = NULL;
+  job->partition.n_remat = 0;
   pw__layout_free(job);
   for (int r = 0; r < job->schedule.n_custom_ranks; r++) free(job->schedule.custom_ranks[r]);
   free(job->schedule.custom_ranks);
@@ -643,6 +694,13 @@ json_t *pw_job_to_json(const pw_job *job) {
     json_t *a = json_array();
     bad |= json_object_set_new(v, "layer_times", a);
     for (int i = 0; i < p->n_layer_times; i++) bad |= json_array_append_new(a, json_real(p->layer_times[i]));
+  }
+  /* only when set: specs without remat keep their canonical text (and plan hash) */
+  if (p->remat_all) bad |= json_object_set_new(v, "remat", json_string("full"));
+  if (p->n_remat && !p->remat_all) {
+    json_t *a = json_array();
+    bad |= json_object_set_new(v, "remat", a);
+    for (int i = 0; i < p->n_remat; i++) bad |= json_array_append_new(a, json_boolean(p->remat[i]));
   }
 
   const pw_optim_spec *op = &job->train.optim;

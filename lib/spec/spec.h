@@ -128,7 +128,17 @@ typedef struct {
    * check them whatever the mode */
   pw_stage_hint *hints;
   int n_hints;
+  /* recomputation (partition.remat): "none" (default), "full" (remat_all),
+   * or one entry per stage (remat[n_remat], n_remat = pp x virtual_stages):
+   * a remat stage keeps only its ports per microbatch and re-runs its
+   * forward before its backward (lib/compute/prog.h) */
+  int remat_all;
+  unsigned char *remat;
+  int n_remat;
 } pw_partition_spec;
+
+/* Stage s of the job recomputes its activations (partition.remat). */
+int pw_partition_remat(const pw_partition_spec *p, int s);
 
 typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
 /* What a step whose loss or gradient norm is not finite (NaN, inf) does:

@@ -7,6 +7,10 @@
  * - the model cut into stage programs, with activations and gradients
  *   passed by hand between them, gives the single program's loss and
  *   gradients (the arithmetic a pipeline relies on);
+ * - a recomputing (remat) stage program's losses, port gradients and
+ *   parameter gradients equal the plain program's bit for bit, through B and
+ *   through I then W with two W's pending (gpt, tied gpt, llama, mlp); it
+ *   keeps only the ports per slot and holds no work buffer between actions;
  * - shape inference and the errors of layers lists. */
 #include <math.h>
 #include <setjmp.h>
@@ -101,7 +105,7 @@ static void gradcheck(pw_model_spec spec) {
   assert_int_equal(pw_model_build(&spec, &m, &err), 0);
   const int b = 2, n_mb = 2;
   pw_prog *p;
-  pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0};
+  pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0};
   assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 42);
   pw_prog_zero_grad(p);
@@ -161,7 +165,7 @@ static void test_split_backward_equals_full(void **st) {
   pw_model m;
   pw_err err = {0};
   assert_int_equal(pw_model_build(&spec, &m, &err), 0);
-  pw_prog_config cfg = {0, m.n_layers, 2, 4, 1, 0};
+  pw_prog_config cfg = {0, m.n_layers, 2, 4, 1, 0, 0, 0};
   pw_prog *a, *b;
   assert_int_equal(pw_prog_create(&m, &cfg, &a, &err), 0);
   assert_int_equal(pw_prog_create(&m, &cfg, &b, &err), 0);
@@ -191,13 +195,13 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
   pw_err err = {0};
   assert_int_equal(pw_model_build(&spec, &m, &err), 0);
   const int b = 2, n_mb = 3;
-  pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1, 0};
+  pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0};
   pw_prog *whole, *stage[8];
   assert_int_equal(pw_prog_create(&m, &whole_cfg, &whole, &err), 0);
   pw_prog_init_params(whole, 11);
   pw_prog_zero_grad(whole);
   for (int s = 0; s < n_stages; s++) {
-    pw_prog_config c = {cuts[s], cuts[s + 1], b, b * n_mb, n_mb, 0};
+    pw_prog_config c = {cuts[s], cuts[s + 1], b, b * n_mb, n_mb, 0, 0, 0};
     assert_int_equal(pw_prog_create(&m, &c, &stage[s], &err), 0);
     pw_prog_init_params(stage[s], 11);
     pw_prog_zero_grad(stage[s]);
@@ -290,6 +294,146 @@ static void test_staged_mlp(void **st) {
   staged_equals_whole(mlp_spec(), cuts, 2);
 }
 
+/* ---- recomputation (partition.remat) ---------------------------------- */
+
+#define NMB 4
+#define MAXS 4
+
+typedef struct {
+  pw_prog *st[MAXS];
+  float loss[NMB];
+} pipe;
+
+/* The model cut at cuts[], stage s recomputing when bit s of remat is set;
+ * NMB microbatches forward, then backward in the order below: microbatch
+ * 3 by B, 2 and 1 by I then I (two W's pending), their W's, 0 by B.
+ * Activations and gradients are handed between stages by hand; `peek`
+ * receives, per (stage, microbatch), the stage's input-port gradients. */
+static void run_pipe(const pw_model *m, const int *cuts, int n, unsigned remat, pipe *P, float **peek) {
+  const int b = 2;
+  for (int s = 0; s < n; s++) {
+    pw_prog_config c = {.layer_lo = cuts[s], .layer_hi = cuts[s + 1], .mb_size = b, .batch_size = b * NMB,
+                        .n_slots = NMB, .remat = (int)(remat >> s & 1)};
+    assert_int_equal(pw_prog_create(m, &c, &P->st[s], NULL), 0);
+    pw_prog_init_params(P->st[s], 7);
+    pw_prog_zero_grad(P->st[s]);
+  }
+  for (int j = 0; j < NMB; j++) {
+    P->loss[j] = 0;
+    for (int s = 0; s < n; s++) {
+      fill_data(P->st[s], m, j, b, j);
+      for (int k = 0; k < pw_prog_n_inputs(P->st[s]); k++) {
+        const pw_prog_port *pt = pw_prog_input(P->st[s], k);
+        if (pt->role != PW_VAL_ACT) continue;
+        void *src = NULL;
+        for (int q = 0; q < s && !src; q++) src = pw_prog_value(P->st[q], j, pt->value);
+        assert_non_null(src);
+        memcpy(pw_prog_value(P->st[s], j, pt->value), src, pt->bytes);
+      }
+      float l = 0;
+      assert_int_equal(pw_prog_forward(P->st[s], j, &l), 0);
+      P->loss[j] += l;
+      if (remat >> s & 1) assert_int_equal(pw_prog_n_work(P->st[s]), 1); /* F gave its buffer back */
+    }
+  }
+  static const int order[][2] = {{3, 'B'}, {2, 'I'}, {1, 'I'}, {2, 'W'}, {1, 'W'}, {0, 'B'}};
+  for (int s = n - 1; s >= 0; s--)
+    for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
+      int j = order[o][0], kind = order[o][1];
+      pw_prog *p = P->st[s];
+      if (kind != 'W')
+        for (int k = 0; k < pw_prog_n_outputs(p); k++) { /* the later stages' input gradients, summed */
+          const pw_prog_port *pt = pw_prog_output(p, k);
+          float *dst = pw_prog_grad(p, j, pt->value);
+          memset(dst, 0, pt->bytes);
+          for (int q = s + 1; q < n; q++) {
+            float *g = pw_prog_grad(P->st[q], j, pt->value);
+            for (size_t e = 0; g && e < pt->bytes / 4; e++) dst[e] += g[e];
+          }
+        }
+      int rc = kind == 'B' ? pw_prog_backward(p, j) : kind == 'I' ? pw_prog_backward_input(p, j)
+                                                                  : pw_prog_backward_weight(p, j);
+      assert_int_equal(rc, 0);
+      if (kind == 'W') continue;
+      size_t off = 0;
+      for (int k = 0; k < pw_prog_n_inputs(p); k++) {
+        const pw_prog_port *pt = pw_prog_input(p, k);
+        if (pt->role != PW_VAL_ACT) continue;
+        memcpy((char *)peek[s * NMB + j] + off, pw_prog_grad(p, j, pt->value), pt->bytes);
+        off += pt->bytes;
+      }
+    }
+}
+
+static void free_pipe(pipe *P, int n) {
+  for (int s = 0; s < n; s++) pw_prog_free(P->st[s]);
+}
+
+static void remat_equals_plain(pw_model_spec spec, const int *cuts, int n) {
+  pw_model m;
+  assert_int_equal(pw_model_build(&spec, &m, NULL), 0);
+  float *peek[2][MAXS * NMB];
+  for (int v = 0; v < 2; v++)
+    for (int i = 0; i < MAXS * NMB; i++) peek[v][i] = calloc(1 << 16, 1);
+  unsigned masks[] = {(1u << n) - 1, 1u, 2u};
+  for (size_t mi = 0; mi < sizeof masks / sizeof masks[0]; mi++) {
+    pipe A, R;
+    run_pipe(&m, cuts, n, 0, &A, peek[0]);
+    run_pipe(&m, cuts, n, masks[mi], &R, peek[1]);
+    assert_memory_equal(A.loss, R.loss, sizeof A.loss);
+    for (int s = 0; s < n; s++) {
+      pw_prog *a = A.st[s], *r = R.st[s];
+      assert_int_equal(pw_prog_grad_numel(a), pw_prog_grad_numel(r));
+      assert_memory_equal(pw_prog_grads(a), pw_prog_grads(r), pw_prog_grad_numel(a) * sizeof(float));
+      for (int j = 0; j < NMB; j++) assert_memory_equal(peek[0][s * NMB + j], peek[1][s * NMB + j], 1 << 16);
+      if (!(masks[mi] >> s & 1)) continue;
+      /* the slot is the ports; the rest lives in work buffers, two at most
+       * (2 and 1 between their I and W) and none held now */
+      pw_prog_layout L;
+      assert_int_equal(pw_prog_layout_build(&m, cuts[s], cuts[s + 1], 2, &L), 0);
+      assert_int_equal(pw_prog_slot_bytes(r), L.sz.keep_floats * sizeof(float));
+      assert_int_equal(pw_prog_work_bytes(r), (L.sz.slot_floats - L.sz.keep_floats) * sizeof(float));
+      assert_true(pw_prog_slot_bytes(r) <= pw_prog_slot_bytes(a)); /* an embedding alone: its slot is its ports */
+      assert_int_equal(pw_prog_n_work(r), 2);
+      int inner = -1; /* a node output that is no port */
+      for (int i = L.node_lo; i < L.node_hi && inner < 0; i++)
+        if (L.val_off[m.nodes[i].out] >= L.sz.keep_floats) inner = m.nodes[i].out;
+      if (inner >= 0) { /* (an embedding alone has none) */
+        assert_null(pw_prog_value(r, 0, inner));
+        assert_non_null(pw_prog_value(a, 0, inner));
+      }
+      assert_int_equal(pw_prog_backward_weight(r, 0), PW_EINVAL); /* no I before it */
+      pw_prog_layout_free(&L);
+    }
+    free_pipe(&A, n);
+    free_pipe(&R, n);
+  }
+  for (int v = 0; v < 2; v++)
+    for (int i = 0; i < MAXS * NMB; i++) free(peek[v][i]);
+  pw_model_free(&m);
+}
+
+static void test_remat_gpt(void **st) {
+  (void)st;
+  int cuts[] = {0, 2, 3, 4}; /* embed+block0 | block1 | head */
+  remat_equals_plain(gpt_spec(0), cuts, 3);
+}
+static void test_remat_gpt_tied(void **st) {
+  (void)st;
+  int cuts[] = {0, 2, 4};
+  remat_equals_plain(gpt_spec(1), cuts, 2);
+}
+static void test_remat_llama(void **st) {
+  (void)st;
+  int cuts[] = {0, 1, 2, 3, 4};
+  remat_equals_plain(llama_spec(), cuts, 4);
+}
+static void test_remat_mlp(void **st) {
+  (void)st;
+  int cuts[] = {0, 1, 3};
+  remat_equals_plain(mlp_spec(), cuts, 2);
+}
+
 static void test_shapes_and_counts(void **st) {
   pw_model_spec s = gpt_spec(0);
   s.vocab_size = 256;
@@ -375,7 +519,7 @@ static void test_init_by_name(void **st) {
   pw_err err = {0};
   assert_int_equal(pw_model_build(&s, &m, &err), 0);
   pw_prog *a, *b;
-  pw_prog_config ca = {0, m.n_layers, 1, 1, 1, 0}, cb = {2, m.n_layers, 1, 1, 1, 0};
+  pw_prog_config ca = {0, m.n_layers, 1, 1, 1, 0, 0, 0}, cb = {2, m.n_layers, 1, 1, 1, 0, 0, 0};
   assert_int_equal(pw_prog_create(&m, &ca, &a, &err), 0);
   assert_int_equal(pw_prog_create(&m, &cb, &b, &err), 0);
   pw_prog_init_params(a, 5);
@@ -415,6 +559,10 @@ int main(void) {
       cmocka_unit_test(test_staged_gpt_tied),
       cmocka_unit_test(test_staged_llama),
       cmocka_unit_test(test_staged_mlp),
+      cmocka_unit_test(test_remat_gpt),
+      cmocka_unit_test(test_remat_gpt_tied),
+      cmocka_unit_test(test_remat_llama),
+      cmocka_unit_test(test_remat_mlp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -104,6 +104,14 @@ static void test_layout_tiles(void **state) {
             sp[n++] = (span){L.aux_off[i - L.node_lo], (size_t)mb * m.nodes[i].aux};
           }
           assert_tiles(sp, n, 0, L.sz.slot_floats, "slot");
+          /* the keep part is exactly the ports' values and gradients */
+          n = 0;
+          for (int k = 0; k < L.n_inputs + L.n_outputs; k++) {
+            const pw_prog_port *pt = k < L.n_inputs ? &L.inputs[k] : &L.outputs[k - L.n_inputs];
+            sp[n++] = (span){L.val_off[pt->value], pt->bytes / 4};
+            if (L.grad_off[pt->value] != PW_LAYOUT_NONE) sp[n++] = (span){L.grad_off[pt->value], pt->bytes / 4};
+          }
+          assert_tiles(sp, n, 0, L.sz.keep_floats, "keep part");
           n = 0;
           for (int i = 0; i < L.n_params; i++) sp[n++] = (span){L.param_off[i], m.params[L.param_model[i]].numel};
           assert_tiles(sp, n, 0, L.sz.numel, "parameter arena");
@@ -148,6 +156,7 @@ static void test_layout_by_hand(void **state) {
   assert_int_equal(pw_prog_sizes_of(&m, 1, 2, 1, &sz), 0); /* a middle block: activations only */
   assert_false(sz.draws_data);
   assert_int_equal(sz.slot_floats, (40 + 2 * 40) + (40 + 2 * 40) + 40); /* in, fc, gelu; their grads; gelu' */
+  assert_int_equal(sz.keep_floats, 4 * 40);                             /* in, gelu (the output); their grads */
   assert_int_equal(pw_prog_sizes_of(&m, 1, 1, 1, &sz), PW_EINVAL);
   pw_model_free(&m);
   pw_job_free(&job);
@@ -196,6 +205,7 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
      * this rank's state and two of the previous rank's */
     size_t prev = p.mem[(r + pp - 1) % pp].params;
     assert_int_equal(mm->snapshots, 2 * (arenas + (pp * dp > 1 ? 3 * prev : 0)));
+    assert_int_equal(mm->work, 0);
     assert_int_equal(mm->total, mm->params + mm->grads + mm->adam + mm->slots + mm->scratch + mm->dp + mm->tied +
                                     mm->data + mm->snapshots);
   }

@@ -29,6 +29,7 @@ static const char *SPEC =
     "\"n_layers\":4,\"n_heads\":2,\"tie_embeddings\":true},"
     "\"mesh\":{\"pp\":2,\"dp\":2,\"virtual_stages\":2},"
     "\"schedule\":{\"name\":\"interleaved-1f1b\",\"microbatches\":4},"
+    "\"partition\":{\"remat\":[true,false,false,true]},"
     "\"train\":{\"steps\":7,\"batch_size\":16,\"seed\":9007199254740993,\"grad_clip\":0.5,"
     "\"checkpoint_every\":3,\"eval_every\":2,\"eval_batches\":3,\"on_nonfinite\":\"skip\",\"optimizer\":{\"name\":\"adamw\",\"lr\":0.003,\"min_lr\":0.0003,"
     "\"warmup_steps\":2,\"betas\":[0.9,0.95],\"eps\":1e-8,\"weight_decay\":0.1}},"
@@ -169,6 +170,8 @@ static void test_round_trip(void **state) {
       if (p->sched->stage_to_rank[st] != pr) continue;
       assert_int_equal(s.local_stage[k], st);
       assert_int_equal(s.peak_slots[k], p->peak_slots[st]);
+      assert_int_equal(s.n_work[k], p->n_work[st]);
+      assert_int_equal(s.n_work[k] > 0, st == 0 || st == 3); /* partition.remat */
       k++;
     }
     assert_int_equal(s.n_local, k);
