@@ -3,7 +3,8 @@
  * `path` holds the parameters under their contract names (PyTorch can load
  * it as a state dict); the optimizer state goes alongside in
  * "<path without .safetensors>.optim.safetensors" as exp_avg.<name> and
- * exp_avg_sq.<name> (SGD keeps its momentum in exp_avg). Both carry the
+ * exp_avg_sq.<name> (SGD keeps its momentum in exp_avg), for the parameters
+ * that train only (frozen ones have no state). Both carry the
  * step in their metadata. Each file is written to a temporary name and
  * renamed, the optimizer file first: a model file present means its
  * optimizer file is complete too. */

@@ -8,12 +8,14 @@
  * allocates activations or runs ops. */
 #include "model.h"
 
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "optable.h"
+#include "suggest.h"
 
 size_t pw_value_bytes(const pw_value *v, int b) {
   if (v->role == PW_VAL_LOSS) return sizeof(float);
@@ -450,6 +452,47 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     }
   }
   return 0;
+}
+
+/* W of node n is skipped when none of its parameters trains (prog.c). */
+static int node_frozen(const pw_model *m, const pw_node *n) {
+  return (n->w < 0 || m->params[n->w].frozen) && (n->b < 0 || m->params[n->b].frozen);
+}
+
+int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, pw_err *err) {
+  if (!tr->n_trainable) return 0;
+  for (int i = 0; i < m->n_params; i++) m->params[i].frozen = 1;
+  for (int k = 0; k < tr->n_trainable; k++) {
+    int hit = 0;
+    for (int i = 0; i < m->n_params; i++)
+      if (fnmatch(tr->trainable[k], m->params[i].name, 0) == 0) m->params[i].frozen = 0, hit = 1;
+    if (hit) continue;
+    const char **names = malloc(sizeof *names * (size_t)(m->n_params + 1));
+    char sug[160] = "", path[48];
+    if (names) {
+      for (int i = 0; i < m->n_params; i++) names[i] = m->params[i].name;
+      pw_suggest_text(tr->trainable[k], names, m->n_params, "", sug, sizeof sug);
+    }
+    free(names);
+    snprintf(path, sizeof path, "train.trainable[%d]", k);
+    return pw_err_set(err, PW_ESPEC, path, "'%s' matches no parameter of the model (names like '%s')%s",
+                      tr->trainable[k], m->params[m->n_params - 1].name, sug);
+  }
+  /* recounted rather than subtracted: a frozen layer's W is exactly 0 */
+  for (int l = 0; l < m->n_layers; l++) m->layers[l].flops_w = 0;
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    double fl[3];
+    pw_op_flops(n, &m->values[n->in[0]], fl);
+    if (!node_frozen(m, n)) m->layers[n->layer].flops_w += fl[2];
+  }
+  return 0;
+}
+
+size_t pw_model_trainable_count(const pw_model *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) n += m->params[i].frozen ? 0 : m->params[i].numel;
+  return n;
 }
 
 void pw_model_free(pw_model *m) {

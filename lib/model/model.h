@@ -77,6 +77,7 @@ typedef struct {
   size_t numel;
   int decay;           /* weight decay applies: 2+ dims */
   uint8_t init;        /* pw_init_kind */
+  uint8_t frozen;      /* train.trainable leaves it out: no gradient, no optimizer state */
   float init_std;
 } pw_param;
 
@@ -110,6 +111,14 @@ typedef struct {
  * path ("model.layers[4].in: expected 64 (the previous layer's output), got 32"). */
 PW_MUST_CHECK int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err);
 void pw_model_free(pw_model *m);
+/* Freezes every parameter no pattern of tr->trainable matches (fnmatch;
+ * none = all train), and takes the frozen weights' backward-weight FLOPs
+ * out of their layers' flops_w (the W a frozen node skips). A pattern
+ * matching no parameter is PW_ESPEC naming it ("train.trainable[1]"),
+ * with the nearest parameter name. */
+PW_MUST_CHECK int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, pw_err *err);
+/* Parameters that train (a tied parameter counts once). */
+size_t pw_model_trainable_count(const pw_model *m);
 
 /* Parameters in the whole model (a tied parameter counts once). */
 size_t pw_model_param_count(const pw_model *m);

@@ -3,8 +3,8 @@
  * parses the model spec.
  *
  * A slice holds, for one rank (replica * pp + pipeline rank):
- *   - the compiled model graph (pw_model: values, nodes, parameter table,
- *     layers). The WHOLE graph, not only its stages' nodes: prog.c indexes
+ *   - the compiled model graph (pw_model: values, nodes, parameter table
+ *     with each parameter's frozen flag from train.trainable, layers). The WHOLE graph, not only its stages' nodes: prog.c indexes
  *     values, nodes and parameters by their model-wide ids and finds a
  *     stage's output ports by scanning every other node for readers, so a
  *     renumbered sub-graph would need a second id space in prog.c. Shipping
@@ -51,7 +51,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 4 /* 2: data.dataset; 3: init; 4: train.snapshot_every */
+#define PW_SLICE_VERSION 5 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: params' frozen */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

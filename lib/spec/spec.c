@@ -159,6 +159,7 @@ static const pw__field train_fields[] = {
     PW__INT("max_restarts", 0, PW__ALL, pw_train_spec, max_restarts, 3, 0, 1000),
     PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
     PW__SKIP("optimizer", 0, PW__ALL),
+    PW__SKIP("trainable", 0, PW__ALL), /* trainable_parse */
 };
 
 #define O_ADAMW (1u << PW_OPT_ADAMW)
@@ -245,9 +246,30 @@ static int optim_parse(const json_t *o, pw_optim_spec *op, pw_err *err) {
   return 0;
 }
 
+/* train.trainable: a non-empty array of glob patterns; whether each
+ * matches a parameter is checked when the model is built (model.c). */
+static int trainable_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
+  const json_t *a = o ? json_object_get(o, "trainable") : NULL;
+  t->n_trainable = 0;
+  if (!a) return 0;
+  if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > PW_TRAINABLE_MAX)
+    return pw_err_set(err, PW_ESPEC, "train.trainable", "must be an array of 1 to %d glob patterns over parameter "
+                      "names (e.g. [\"blocks.*\", \"lm_head.weight\"])", PW_TRAINABLE_MAX);
+  for (size_t i = 0; i < json_array_size(a); i++) {
+    const char *s = json_string_value(json_array_get(a, i));
+    char path[48];
+    snprintf(path, sizeof path, "train.trainable[%zu]", i);
+    if (!s || !s[0] || strlen(s) >= PW_TRAINABLE_LEN)
+      return pw_err_set(err, PW_ESPEC, path, "must be a non-empty string of at most %d bytes", PW_TRAINABLE_LEN - 1);
+    snprintf(t->trainable[t->n_trainable++], PW_TRAINABLE_LEN, "%s", s);
+  }
+  return 0;
+}
+
 static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
   const json_t *opt;
   int rc = pw__fields_parse(o, "train", train_fields, PW__N(train_fields), PW__ALL, "", t, err);
+  if (!rc) rc = trainable_parse(o, t, err);
   if (!rc) rc = pw__obj_get(o, "train", "optimizer", &opt, err);
   if (!rc) rc = optim_parse(opt, &t->optim, err);
   return rc;
@@ -645,6 +667,11 @@ json_t *pw_job_to_json(const pw_job *job) {
   const pw_optim_spec *op = &job->train.optim;
   bad |= json_object_set_new(o, "train", v = json_object());
   bad |= pw__fields_emit(v, train_fields, PW__N(train_fields), PW__ALL, &job->train);
+  if (job->train.n_trainable) { /* only when set: other specs keep their canonical text */
+    json_t *a = json_array();
+    bad |= json_object_set_new(v, "trainable", a);
+    for (int i = 0; i < job->train.n_trainable; i++) bad |= json_array_append_new(a, json_string(job->train.trainable[i]));
+  }
   json_t *ov = json_object();
   bad |= json_object_set_new(v, "optimizer", ov);
   bad |= pw__fields_emit(ov, opt_fields, PW__N(opt_fields), 1u << op->kind, op);

@@ -130,6 +130,9 @@ typedef struct {
   int n_hints;
 } pw_partition_spec;
 
+#define PW_TRAINABLE_MAX 32 /* train.trainable patterns */
+#define PW_TRAINABLE_LEN 96 /* bytes of one, NUL included (PW_PARAM_NAME_MAX) */
+
 typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
 /* What a step whose loss or gradient norm is not finite (NaN, inf) does:
  * fail the job ("diverged at step N") or skip that step's update. */
@@ -156,6 +159,12 @@ typedef struct {
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   int max_restarts;      /* runs that lose a worker and go back to the queue; 0..1000, default 3 */
   int snapshot_every;    /* in-memory stage snapshots on a peer every K steps; 0 = off, default 1 */
+  /* "trainable": glob patterns (fnmatch) over parameter names; a parameter
+   * matching none is frozen (no gradient, no optimizer state). 0 patterns =
+   * all train (the default, ["*"]). Checked against the model's names by
+   * pw_model_set_trainable. */
+  int n_trainable;
+  char trainable[PW_TRAINABLE_MAX][PW_TRAINABLE_LEN];
   pw_optim_spec optim;
 } pw_train_spec;
 
