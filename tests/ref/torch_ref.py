@@ -27,6 +27,7 @@ complex-number rotation, and compare.py's check rejecting a run with a
 wrong beta2.
 """
 import argparse
+import fnmatch
 import io
 import json
 import math
@@ -87,6 +88,7 @@ def job_config(job):
         "wd": float(o.get("weight_decay", 0.01 if opt_name == "adamw" else 0.0)),
         "momentum": float(o.get("momentum", 0.0)),
         "data": job.get("data", {}),
+        "trainable": list(t.get("trainable", ["*"])),
     }
     if cfg["d"] % cfg["H"]:
         die("model.n_heads must divide d_model")
@@ -158,6 +160,10 @@ def load_params(cfg, path, init=None):
             + "".join(f"\n  unexpected {n}" for n in extra)
             + "".join(f"\n  {b}" for b in bad))
     params = {n: torch.nn.Parameter(torch.from_numpy(init[n].copy())) for n in want}
+    # train.trainable: a parameter no pattern matches is frozen, as a user
+    # would freeze it in PyTorch (a tied lm_head is embed.tok.weight)
+    for n, p in params.items():
+        p.requires_grad_(any(fnmatch.fnmatchcase(n, pat) for pat in cfg["trainable"]))
     if cfg["tie"]:
         params["lm_head.weight"] = params["embed.tok.weight"]
     return params, h
@@ -325,7 +331,7 @@ def make_optimizer(cfg, params):
 
 def train(cfg, P, train_bytes, log=None):
     """Runs cfg["steps"] steps in place on P; returns the per-step records."""
-    params = unique_params(P)
+    params = [p for p in unique_params(P) if p.requires_grad]
     opt = make_optimizer(cfg, params)
     B, M, V = cfg["B"], cfg["M"], cfg["V"]
     b = B // M

@@ -114,6 +114,10 @@ static const bad_case bad[] = {
     {B_GPT, "{'mesh':{'workers':'any'}}", "mesh.workers", "unknown field"},
     {B_GPT, "{'train':{'optimizer':{'beta1':0.9}}}", "train.optimizer.beta1", "unknown field"},
     {B_GPT, "{'train':{'steps':1.5}}", "train.steps", "must be an integer"},
+    {B_GPT, "{'train':{'trainable':'blocks.*'}}", "train.trainable", "must be an array of 1 to 32 glob patterns"},
+    {B_GPT, "{'train':{'trainable':[]}}", "train.trainable", "must be an array of 1 to 32 glob patterns"},
+    {B_GPT, "{'train':{'trainable':['blocks.*',3]}}", "train.trainable[1]", "must be a non-empty string"},
+    {B_GPT, "{'train':{'trainable':['']}}", "train.trainable[0]", "must be a non-empty string"},
     {B_GPT, "{'train':{'steps':3.0}}", "train.steps", "must be an integer"},
     {B_GPT, "{'train':{'steps':'10'}}", "train.steps", "must be an integer"},
     {B_GPT, "{'model':{'tie_embeddings':1}}", "model.tie_embeddings", "must be a boolean"},
@@ -647,6 +651,8 @@ static const char *const round_trip_specs[] = {
     "{'model':{'template':'mlp','in_dim':4,'hidden_dim':16,'out_dim':3,'n_layers':3,'activation':'silu',"
     "'loss':'cross_entropy'},'data':{'kind':'classify'},"
     "'train':{'seed':123456789012,'optimizer':{'name':'sgd','lr':0.1,'momentum':0.5,'weight_decay':0.001}}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+    "'train':{'trainable':['blocks.*','lm_head.weight']}}",
     "{'model':{'template':'mlp','in_dim':4,'out_dim':3,'n_layers':0},'data':{'kind':'regression'},"
     "'partition':{'mode':'balanced','layer_times':[0.1,0.2,3],'byte_cost':1e-9}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'data':{'kind':'copy'},"
