@@ -18,7 +18,8 @@
  *     (pw_plan_mem.total);
  *   - its action list (only its own), stage -> rank, pp, V, S, m;
  *   - the training config (mode, train: optimizer, lr schedule, clipping,
- *     steps, checkpoint_every, seed, batch size), the microbatch size, dp
+ *     steps, checkpoint_every, seed, batch size; train.trainable arrives as
+ *     the parameters' frozen flags), the microbatch size, dp
  *     and its replica, the data spec, and the init weights' ids;
  *   - plan_sha256: SHA-256 of the plan's canonical text (pw_slice_plan_text:
  *     what the coordinator stores in runs.plan), naming the plan it is cut
