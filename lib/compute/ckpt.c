@@ -77,6 +77,8 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
   if (rc) return rc;
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
+    /* a base model's file into a LoRA model: the adapters keep their init */
+    if (!pw_st_find(f, pp->meta->name) && pw_param_is_adapter(pp->meta)) continue;
     rc = load_into(f, path, pp->meta->name, pp->meta, pp->data, err);
   }
   const char *s = pw_st_meta_get(f, "step");

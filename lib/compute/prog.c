@@ -250,6 +250,12 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
         for (size_t k = 0; k < pm->numel; k++) d[k] = (float)(pw_rng_normal(&r) * pm->init_std);
         break;
       }
+      case PW_INIT_UNIFORM: {
+        pw_rng r;
+        pw_rng_seed(&r, pw_hash64(seed, pw_hash_str(pm->name)));
+        for (size_t k = 0; k < pm->numel; k++) d[k] = (float)((2.0 * pw_rng_uniform(&r) - 1.0) * pm->init_std);
+        break;
+      }
     }
   }
 }

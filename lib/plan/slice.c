@@ -196,7 +196,7 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
     if ((rc = unpack(err, "slice.model.params", json_array_get(params, (size_t)i), "[siiiIiiFi]", &name, &p->ndim,
                      &p->shape[0], &p->shape[1], &numel, &p->decay, &init, &std, &frozen)))
       return rc;
-    if (strlen(name) >= sizeof p->name || !in(p->ndim, 1, 3) || numel < 0 || !in(init, 0, 3) || !in(frozen, 0, 2))
+    if (strlen(name) >= sizeof p->name || !in(p->ndim, 1, 3) || numel < 0 || !in(init, 0, 4) || !in(frozen, 0, 2))
       return bad(err, "slice.model.params", i, "name, ndim, size or init kind out of range");
     snprintf(p->name, sizeof p->name, "%s", name);
     p->numel = (size_t)numel, p->init = (uint8_t)init, p->init_std = (float)std, p->frozen = (uint8_t)frozen;

@@ -46,6 +46,9 @@ typedef struct {
                     checked against the partition); 0 = none */
 } pw_layer_spec;
 
+#define PW_LORA_TARGETS_MAX 16
+#define PW_LORA_TARGET_LEN 80
+
 typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
 typedef enum { PW_LOSS_CROSS_ENTROPY, PW_LOSS_MSE } pw_loss_kind;
 typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
@@ -72,6 +75,13 @@ typedef struct {
   int input_dim;          /* features width for layers with features input */
   pw_layer_spec *layers;  /* template == LAYERS; stage_boundary entries included */
   int n_layer_specs;
+  /* "lora": {"rank", "alpha", "targets"}: low-rank adapters on the linear
+   * layers whose names (a parameter name without ".weight": "blocks.0.attn.qkv")
+   * match a target glob; rank 0 = none */
+  int lora_rank;          /* default 8 (PEFT's r) */
+  float lora_alpha;       /* default 8 (PEFT's lora_alpha); scale = alpha / rank */
+  int n_lora_targets;
+  char lora_targets[PW_LORA_TARGETS_MAX][PW_LORA_TARGET_LEN];
 } pw_model_spec;
 
 /* mesh.placement: which rank runs each stage. NONE keeps the schedule's

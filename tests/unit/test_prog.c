@@ -196,6 +196,22 @@ static void test_gpt_tied(void **st) {
 }
 static void test_add_x_x(void **st) { check_model(PW_TEMPLATE_GPT, PW_OP_ADD); }
 static void test_swiglu_g_g(void **st) { check_model(PW_TEMPLATE_LLAMA, PW_OP_SWIGLU); }
+/* LoRA nodes: x read by the linear and its adapter, y0 by the adapter alone */
+static void test_lora(void **st) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA);
+  s.lora_rank = 3, s.lora_alpha = 6, s.n_lora_targets = 2;
+  snprintf(s.lora_targets[0], PW_LORA_TARGET_LEN, "blocks.*.mlp.*");
+  snprintf(s.lora_targets[1], PW_LORA_TARGET_LEN, "lm_head");
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  garbage_equals_zeroed(&m, 0, m.n_layers);
+  for (int cut = 1; cut < m.n_layers; cut++) {
+    garbage_equals_zeroed(&m, 0, cut);
+    garbage_equals_zeroed(&m, cut, m.n_layers);
+  }
+  pw_model_free(&m);
+}
 
 /* train.trainable: a program over the frozen model computes, bit for bit,
  * the all-trainable program's value gradients (B and I+W: input gradients
@@ -327,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_add_x_x),
       cmocka_unit_test(test_swiglu_g_g),
+      cmocka_unit_test(test_lora),
       cmocka_unit_test(test_input_port_gradient),
       cmocka_unit_test(test_frozen),
       cmocka_unit_test(test_frozen_tied),
