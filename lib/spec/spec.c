@@ -251,19 +251,9 @@ static int optim_parse(const json_t *o, pw_optim_spec *op, pw_err *err) {
 static int trainable_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
   const json_t *a = o ? json_object_get(o, "trainable") : NULL;
   t->n_trainable = 0;
-  if (!a) return 0;
-  if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > PW_TRAINABLE_MAX)
-    return pw_err_set(err, PW_ESPEC, "train.trainable", "must be an array of 1 to %d glob patterns over parameter "
-                      "names (e.g. [\"blocks.*\", \"lm_head.weight\"])", PW_TRAINABLE_MAX);
-  for (size_t i = 0; i < json_array_size(a); i++) {
-    const char *s = json_string_value(json_array_get(a, i));
-    char path[48];
-    snprintf(path, sizeof path, "train.trainable[%zu]", i);
-    if (!s || !s[0] || strlen(s) >= PW_TRAINABLE_LEN)
-      return pw_err_set(err, PW_ESPEC, path, "must be a non-empty string of at most %d bytes", PW_TRAINABLE_LEN - 1);
-    snprintf(t->trainable[t->n_trainable++], PW_TRAINABLE_LEN, "%s", s);
-  }
-  return 0;
+  return a ? pw__globs_get(a, "train.trainable", PW_TRAINABLE_MAX, PW_TRAINABLE_LEN, t->trainable[0], &t->n_trainable,
+                           "parameter names (e.g. [\"blocks.*\", \"lm_head.weight\"])", err)
+           : 0;
 }
 
 static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
@@ -667,11 +657,8 @@ json_t *pw_job_to_json(const pw_job *job) {
   const pw_optim_spec *op = &job->train.optim;
   bad |= json_object_set_new(o, "train", v = json_object());
   bad |= pw__fields_emit(v, train_fields, PW__N(train_fields), PW__ALL, &job->train);
-  if (job->train.n_trainable) { /* only when set: other specs keep their canonical text */
-    json_t *a = json_array();
-    bad |= json_object_set_new(v, "trainable", a);
-    for (int i = 0; i < job->train.n_trainable; i++) bad |= json_array_append_new(a, json_string(job->train.trainable[i]));
-  }
+  if (job->train.n_trainable) /* only when set: other specs keep their canonical text */
+    bad |= pw__globs_emit(v, "trainable", job->train.trainable[0], PW_TRAINABLE_LEN, job->train.n_trainable);
   json_t *ov = json_object();
   bad |= json_object_set_new(v, "optimizer", ov);
   bad |= pw__fields_emit(ov, opt_fields, PW__N(opt_fields), 1u << op->kind, op);

@@ -76,33 +76,21 @@ static const pw__field lora_fields[] = {
 /* model.lora: the fields, then targets, a non-empty array of globs over
  * linear layer names (checked against the model when it is built). */
 static int lora_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
-  const json_t *l = json_object_get(o, "lora"), *a;
+  const json_t *l = json_object_get(o, "lora");
   if (!l) return 0;
   if (!json_is_object(l)) return pw_err_set(err, PW_ESPEC, "model.lora", "must be an object {rank, alpha, targets}");
   int rc = pw__fields_parse(l, "model.lora", lora_fields, PW__N(lora_fields), PW__ALL, "", m, err);
   if (rc) return rc;
-  a = json_object_get(l, "targets");
-  if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > PW_LORA_TARGETS_MAX)
-    return pw_err_set(err, PW_ESPEC, "model.lora.targets", "must be an array of 1 to %d glob patterns over linear "
-                      "layer names (e.g. [\"blocks.*.attn.qkv\"])", PW_LORA_TARGETS_MAX);
-  for (size_t i = 0; i < json_array_size(a); i++) {
-    const char *s = json_string_value(json_array_get(a, i));
-    char path[48];
-    snprintf(path, sizeof path, "model.lora.targets[%zu]", i);
-    if (!s || !s[0] || strlen(s) >= PW_LORA_TARGET_LEN)
-      return pw_err_set(err, PW_ESPEC, path, "must be a non-empty string of at most %d bytes", PW_LORA_TARGET_LEN - 1);
-    snprintf(m->lora_targets[m->n_lora_targets++], PW_LORA_TARGET_LEN, "%s", s);
-  }
-  return 0;
+  return pw__globs_get(json_object_get(l, "targets"), "model.lora.targets", PW_LORA_TARGETS_MAX, PW_LORA_TARGET_LEN,
+                       m->lora_targets[0], &m->n_lora_targets,
+                       "linear layer names (e.g. [\"blocks.*.attn.qkv\"])", err);
 }
 
 static int lora_emit(json_t *o, const pw_model_spec *m) {
   if (!m->lora_rank) return 0; /* only when set: other specs keep their canonical text */
-  json_t *l = json_object(), *a = json_array();
-  int bad = json_object_set_new(o, "lora", l) || json_object_set_new(l, "targets", a) ||
-            pw__fields_emit(l, lora_fields, PW__N(lora_fields), PW__ALL, m);
-  for (int i = 0; i < m->n_lora_targets; i++) bad |= json_array_append_new(a, json_string(m->lora_targets[i]));
-  return bad;
+  json_t *l = json_object();
+  return json_object_set_new(o, "lora", l) || pw__fields_emit(l, lora_fields, PW__N(lora_fields), PW__ALL, m) ||
+         pw__globs_emit(l, "targets", m->lora_targets[0], PW_LORA_TARGET_LEN, m->n_lora_targets);
 }
 
 #define I_TOKENS (1u << PW_INPUT_TOKENS)
