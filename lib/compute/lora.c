@@ -25,6 +25,12 @@ void pw_lora_backward_input(float *dinp, float *dh, const float *dout, const flo
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dh, r, A, C, 1.0f, dinp, C);
 }
 
+void pw_lora_merge_weight(float *W, const float *A, const float *B, int C, int OC, int r, float scale) {
+  if (C <= 0 || OC <= 0 || r <= 0) return;
+  /* W (OC,C) += scale * B (OC,r) @ A (r,C) */
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, C, r, scale, B, r, A, C, 1.0f, W, C);
+}
+
 void pw_lora_backward_weight(float *dA, float *dB, float *dh, const float *dout, const float *inp, const float *h,
                              const float *B, int N, int C, int OC, int r, float scale) {
   if (N <= 0 || r <= 0) return;

@@ -25,5 +25,7 @@ void pw_lora_backward_input(float *dinp, float *dh, const float *dout, const flo
  * scratch (N, r). Either gradient may be NULL (not wanted). */
 void pw_lora_backward_weight(float *dA, float *dB, float *dh, const float *dout, const float *inp, const float *h,
                              const float *B, int N, int C, int OC, int r, float scale);
+/* W (OC, C) += scale * B A: the adapter merged into its base weight. */
+void pw_lora_merge_weight(float *W, const float *A, const float *B, int C, int OC, int r, float scale);
 
 #endif

@@ -10,7 +10,8 @@
  *     double from the float forward;
  *   - B = 0 (PEFT's initial B): the adapter adds nothing and dA is 0,
  *     while dB is not (training starts through B);
- *   - a NULL gradient is left alone. */
+ *   - a NULL gradient is left alone;
+ *   - the adapter merged into W gives the adapted output. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -148,11 +149,26 @@ static void test_zero_b(void **st) {
   check_fd(&t, t.B, dB, OC * R, "dB at B = 0");
 }
 
+/* Merged (W += scale B A), the plain linear computes the adapted output. */
+static void test_merge(void **st) {
+  (void)st;
+  case_t t;
+  make(&t, 4);
+  float y[N * OC], h[N * R], ym[N * OC], w[OC * C];
+  forward(&t, y, h);
+  memcpy(w, t.w, sizeof w);
+  pw_lora_merge_weight(w, t.A, t.B, C, OC, R, SCALE);
+  pw_linear_forward(ym, t.x, w, t.b, N, C, OC);
+  for (int i = 0; i < N * OC; i++)
+    if (fabsf(ym[i] - y[i]) > 1e-5f * (1 + fabsf(y[i]))) fail_msg("y[%d]: merged %.9g, adapted %.9g", i, (double)ym[i], (double)y[i]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_forward),
       cmocka_unit_test(test_gradients),
       cmocka_unit_test(test_zero_b),
+      cmocka_unit_test(test_merge),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

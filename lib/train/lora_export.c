@@ -1,12 +1,12 @@
 /* lora_export: the files of lora_export.h from a program's parameters. */
 #include "lora_export.h"
 
-#include <cblas.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "safetensors.h"
 
 /* The program's parameter holding model parameter id, or NULL. */
@@ -107,9 +107,7 @@ int pw_lora_merge(pw_prog *p, const char *path, pw_err *err) {
     const pw_node *lin = &m->nodes[m->values[n->in[1]].producer];
     float *W = merged + (param_of(p, lin->w)->data - base);
     const float *A = param_of(p, n->w)->data, *B = param_of(p, n->b)->data;
-    /* W (OC,C) += scale * B (OC,r) @ A (r,C) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n->OC, n->C, n->NH, n->base, B, n->NH, A, n->C, 1.0f, W,
-                n->C);
+    pw_lora_merge_weight(W, A, B, n->C, n->OC, n->NH, n->base);
   }
   for (int i = 0; i < np; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
