@@ -25,11 +25,7 @@ cd "$SRC" || exit 1
 "$PW" train --job "$job" --steps 0 --out "$d/init.safetensors" >"$d/log" 2>&1 &&
   "$PW" train --job "$job" --out "$d/pw.safetensors" --log-json "$d/pw.jsonl" >>"$d/log" 2>&1 ||
   { cat "$d/log"; echo "FAILED: pipewright train"; exit 1; }
-"$PY" "$REF/torch_ref.py" --job "$job" --init "$d/init.safetensors" --data-root "$SRC" \
-    --losses "$d/ref.jsonl" --out "$d/ref.safetensors" || { echo "FAILED: torch_ref.py"; exit 1; }
-"$PY" "$REF/compare.py" --label frozen --loss-rtol 1e-5 \
-    --a-losses "$d/pw.jsonl" --a-final "$d/pw.safetensors" \
-    --b-losses "$d/ref.jsonl" --b-final "$d/ref.safetensors" || exit 1
+torch_compare "$job" "$d" frozen || exit 1
 
 "$PY" - "$d" "$REF" <<'PYEOF' || exit 1
 import fnmatch, sys

@@ -34,11 +34,7 @@ cd "$SRC" || exit 1
   "$PW" train --job "$job" --init "$d/base.safetensors" --steps 0 --out "$d/init.safetensors" &&
   "$PW" train --job "$job" --init "$d/base.safetensors" --out "$d/pw.safetensors" --log-json "$d/pw.jsonl"
 } >"$d/log" 2>&1 || { cat "$d/log"; echo "FAILED: pipewright train"; exit 1; }
-"$PY" "$REF/torch_ref.py" --job "$job" --init "$d/init.safetensors" --data-root "$SRC" \
-    --losses "$d/ref.jsonl" --out "$d/ref.safetensors" || { echo "FAILED: torch_ref.py"; exit 1; }
-"$PY" "$REF/compare.py" --label lora --loss-rtol 1e-5 \
-    --a-losses "$d/pw.jsonl" --a-final "$d/pw.safetensors" \
-    --b-losses "$d/ref.jsonl" --b-final "$d/ref.safetensors" || exit 1
+torch_compare "$job" "$d" lora || exit 1
 
 "$PY" - "$d" "$REF" <<'PYEOF' || exit 1
 import math, sys
