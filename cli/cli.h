@@ -17,6 +17,7 @@ int pw_cmd_train(int argc, char **argv);
 int pw_cmd_eval(int argc, char **argv);
 int pw_cmd_generate(int argc, char **argv); /* cmd_generate.c */
 int pw_cmd_inspect(int argc, char **argv);
+int pw_cmd_export(int argc, char **argv); /* cmd_export.c: LoRA adapters / merge */
 int pw_cmd_plan(int argc, char **argv);
 /* cmd_schedules.c: the catalogue, and a schedule's figures without a model */
 int pw_cmd_schedules(int argc, char **argv);

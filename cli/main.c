@@ -13,6 +13,8 @@ static const pw_cli_cmd commands[] = {
     {"train", "train a job in this process (the reference every pipelined run equals)", pw_cmd_train},
     {"eval", "loss of a checkpoint on the job's eval split", pw_cmd_eval},
     {"generate", "text from a checkpoint: greedy or sampled, with a KV cache", pw_cmd_generate},
+    {"export", "a LoRA checkpoint as PEFT adapters (--adapters) or merged into the base (--merge-lora)",
+     pw_cmd_export},
     {"inspect", "table of a job's layers: shapes, parameters, FLOPs, activations", pw_cmd_inspect},
     {"plan",
      "partition, per-rank schedule and simulated analytics; --compare for all schedules; --export and "

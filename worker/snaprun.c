@@ -92,10 +92,13 @@ static int send_entry(pw_run *r, pw_snap *e, int to, int purpose) {
   return 0;
 }
 
+/* A snapshot is params, m, v at numel floats each: the moments of frozen
+ * parameters do not exist: train_numel of each, the rest is unused. */
 static void copy_in(pw_prog *p, const float *src, size_t n) {
+  size_t tn = pw_prog_train_numel(p);
   memcpy(pw_prog_params(p), src, n * sizeof(float));
-  memcpy(pw_prog_moment(p, 0), src + n, n * sizeof(float));
-  memcpy(pw_prog_moment(p, 1), src + 2 * n, n * sizeof(float));
+  memcpy(pw_prog_moment(p, 0), src + n, tn * sizeof(float));
+  memcpy(pw_prog_moment(p, 1), src + 2 * n, tn * sizeof(float));
 }
 
 static void post_snap(pw_run *r, int stage, int step, int held) {
@@ -105,8 +108,9 @@ static void post_snap(pw_run *r, int stage, int step, int held) {
 
 static void copy_out(pw_prog *p, float *dst, size_t n) {
   memcpy(dst, pw_prog_params(p), n * sizeof(float));
-  memcpy(dst + n, pw_prog_moment(p, 0), n * sizeof(float));
-  memcpy(dst + 2 * n, pw_prog_moment(p, 1), n * sizeof(float));
+  size_t tn = pw_prog_train_numel(p);
+  memcpy(dst + n, pw_prog_moment(p, 0), tn * sizeof(float));
+  memcpy(dst + 2 * n, pw_prog_moment(p, 1), tn * sizeof(float));
 }
 
 /* At the step's end, while its state is hot in cache: copying it a piece

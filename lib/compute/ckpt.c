@@ -31,17 +31,20 @@ int pw_ckpt_save(pw_prog *p, const char *path, int step, const char *job_json, p
   char stepbuf[32], opath[1024];
   snprintf(stepbuf, sizeof stepbuf, "%d", step);
   pw_st_meta meta[3] = {{"format", "pt"}, {"step", stepbuf}, {"job", job_json ? job_json : "{}"}};
+  int no = 0; /* frozen parameters have no optimizer state */
   for (int i = 0; i < n; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
-    snprintf(names[2 * i], sizeof names[0], "exp_avg.%s", pp->meta->name);
-    snprintf(names[2 * i + 1], sizeof names[0], "exp_avg_sq.%s", pp->meta->name);
-    ts[2 * i] = (pw_st_tensor){.name = names[2 * i], .dtype = PW_ST_F32, .data = pp->m};
-    ts[2 * i + 1] = (pw_st_tensor){.name = names[2 * i + 1], .dtype = PW_ST_F32, .data = pp->v};
-    fill_shape(&ts[2 * i], pp->meta);
-    fill_shape(&ts[2 * i + 1], pp->meta);
+    if (!pp->m) continue;
+    snprintf(names[no], sizeof names[0], "exp_avg.%s", pp->meta->name);
+    snprintf(names[no + 1], sizeof names[0], "exp_avg_sq.%s", pp->meta->name);
+    ts[no] = (pw_st_tensor){.name = names[no], .dtype = PW_ST_F32, .data = pp->m};
+    ts[no + 1] = (pw_st_tensor){.name = names[no + 1], .dtype = PW_ST_F32, .data = pp->v};
+    fill_shape(&ts[no], pp->meta);
+    fill_shape(&ts[no + 1], pp->meta);
+    no += 2;
   }
   pw_ckpt_optim_path(path, opath, sizeof opath);
-  int rc = pw_st_write(opath, ts, 2 * n, meta, 2, err);
+  int rc = pw_st_write(opath, ts, no, meta, 2, err);
   if (!rc) {
     for (int i = 0; i < n; i++) {
       pw_prog_param *pp = pw_prog_param_at(p, i);
@@ -74,6 +77,8 @@ int pw_ckpt_load(pw_prog *p, const char *path, int with_optim, int *step, pw_err
   if (rc) return rc;
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
+    /* a base model's file into a LoRA model: the adapters keep their init */
+    if (!pw_st_find(f, pp->meta->name) && pw_param_is_adapter(pp->meta)) continue;
     rc = load_into(f, path, pp->meta->name, pp->meta, pp->data, err);
   }
   const char *s = pw_st_meta_get(f, "step");
@@ -97,6 +102,7 @@ int pw_ckpt_load_optim(pw_prog *p, const char *opath, pw_err *err) {
   if (rc) return rc;
   for (int i = 0; i < pw_prog_n_params(p) && !rc; i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
+    if (!pp->m) continue; /* frozen */
     snprintf(name, sizeof name, "exp_avg.%s", pp->meta->name);
     rc = load_into(f, opath, name, pp->meta, pp->m, err);
     snprintf(name, sizeof name, "exp_avg_sq.%s", pp->meta->name);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora.h"
 #include "ops.h"
 
 #define NONE ((size_t)-1)
@@ -87,6 +88,7 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
     d->val_off[n->out] = off;
     off += R * (size_t)n->OC;
     if (n->op == PW_OP_GELU && R * (size_t)n->C > aux) aux = R * (size_t)n->C;
+    if (n->op == PW_OP_LORA && R * (size_t)n->NH > aux) aux = R * (size_t)n->NH; /* h */
   }
   for (int i = d->node_hi; i < m->n_nodes; i++)
     for (int k = 0; k < 2; k++) {
@@ -243,6 +245,10 @@ static void node_forward(pw_decode *d, int i) {
     case PW_OP_SILU: pw_silu_forward(out, in, (int)NC); break;
     case PW_OP_SWIGLU: pw_swiglu_forward(out, in, in1, (int)NC); break;
     case PW_OP_ADD: pw_add_forward(out, in, in1, (int)NC); break;
+    case PW_OP_LORA:
+      memcpy(out, in1, (size_t)N * (size_t)n->OC * sizeof(float));
+      pw_lora_forward(out, d->aux, in, w, b, N, C, n->OC, n->NH, n->base);
+      break;
     case PW_OP_POSEMBED:
     case PW_OP_ROPE:
     case PW_OP_ATTENTION: node_per_seq(d, n, i - d->node_lo); break;

@@ -3,7 +3,9 @@
 #include "kernels.h"
 
 #include <stdint.h>
+#include <string.h>
 
+#include "lora.h"
 #include "ops.h"
 
 #define TOK(p) ((const int32_t *)(p))
@@ -96,6 +98,32 @@ static void mse_i(const pw_kernel_io *io) {
   pw_mse_backward_input(io->din0, io->in0, io->in1, NC(io), io->loss_scale, io->acc0);
 }
 
+/* aux: h (rows x rank), then dh (rows x rank) */
+static void lora_f(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  memcpy(io->out, io->in1, (size_t)io->rows * (size_t)n->OC * sizeof(float));
+  pw_lora_forward(io->out, io->aux, io->in0, io->w, io->b, io->rows, n->C, n->OC, n->NH, n->base);
+}
+static void lora_i(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  size_t ny = (size_t)io->rows * (size_t)n->OC, nx = (size_t)io->rows * (size_t)n->C;
+  if (io->din1) {
+    if (io->acc1)
+      for (size_t k = 0; k < ny; k++) io->din1[k] += io->dout[k];
+    else
+      memcpy(io->din1, io->dout, ny * sizeof(float));
+  }
+  if (!io->din0) return;
+  if (!io->acc0) memset(io->din0, 0, nx * sizeof(float));
+  pw_lora_backward_input(io->din0, io->aux + (size_t)io->rows * n->NH, io->dout, io->w, io->b, io->rows, n->C, n->OC,
+                         n->NH, n->base);
+}
+static void lora_w(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  pw_lora_backward_weight(io->dw, io->db, io->aux + (size_t)io->rows * n->NH, io->dout, io->in0, io->aux, io->b,
+                          io->rows, n->C, n->OC, n->NH, n->base);
+}
+
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
     [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
@@ -111,6 +139,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_ATTENTION] = {attention_f, attention_i, NULL, NULL},
     [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL},
     [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL},
+    [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

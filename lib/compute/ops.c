@@ -106,8 +106,8 @@ PW_CPU_DISPATCH(pw_linear_backward_weight, (float *dw, float *dbias, const float
                                             const float *inp, int N, int C, int OC),
                 (dw, dbias, dout, inp, N, C, OC)) {
   if (N <= 0 || OC <= 0) return;
-  /* dw (OC,C) += dout^T (OC,N) @ inp (N,C). */
-  if (C > 0)
+  /* dw (OC,C) += dout^T (OC,N) @ inp (N,C); NULL: the weight is frozen. */
+  if (C > 0 && dw)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dw, C);
   if (dbias)
@@ -213,10 +213,15 @@ PW_CPU_DISPATCH(pw_layernorm_backward_weight, (float *dw, float *db, const float
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
     float m = mean[n], rs = rstd[n];
-    for (int c = 0; c < C; c++) {
-      dw[c] += dy[c] * ((x[c] - m) * rs);
-      db[c] += dy[c];
-    }
+    if (dw && db)
+      for (int c = 0; c < C; c++) {
+        dw[c] += dy[c] * ((x[c] - m) * rs);
+        db[c] += dy[c];
+      }
+    else if (dw) /* the other one is frozen */
+      for (int c = 0; c < C; c++) dw[c] += dy[c] * ((x[c] - m) * rs);
+    else if (db)
+      for (int c = 0; c < C; c++) db[c] += dy[c];
   }
 }
 

@@ -46,7 +46,7 @@ double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
   double s = 0;
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
-    int skipped = 0;
+    int skipped = !pp->grad; /* frozen: torch's clip_grad_norm_ skips grad-less tensors */
     for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
     if (skipped) continue;
     double t;
@@ -87,6 +87,7 @@ static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, flo
 void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale) {
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
+    if (!pp->grad) continue; /* frozen */
     if (o->kind == PW_OPT_SGD)
       sgd(pp, o, t, lr, grad_scale);
     else

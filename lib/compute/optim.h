@@ -13,7 +13,8 @@
  * at k = steps, and min_lr after. */
 double pw_lr_at(const pw_optim_spec *o, int steps, int k);
 
-/* Sum of squares of the program's gradients (double accumulation). A
+/* Sum of squares of the program's gradients (double accumulation; frozen
+ * parameters have none). A
  * parameter listed in `skip` (model parameter ids, n_skip of them) is left
  * out: with tied parameters only one holder counts them. */
 double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip);
@@ -21,7 +22,8 @@ double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip);
 /* torch.nn.utils.clip_grad_norm_: min(1, clip / (norm + 1e-6)); 1 when clip <= 0. */
 float pw_clip_coef(double norm, double clip);
 
-/* One optimizer step at 1-based step t with learning rate lr. Gradients are
+/* One optimizer step at 1-based step t with learning rate lr, on the
+ * trainable parameters (frozen ones stay bit for bit). Gradients are
  * first multiplied by grad_scale (the clip coefficient), in float as torch
  * does. AdamW: decoupled decay (p *= 1 - lr*wd) on tensors with 2+ dims,
  * bias-corrected moments. SGD: coupled decay (g += wd*p) on the same

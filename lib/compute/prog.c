@@ -151,18 +151,19 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->cfg = *cfg;
   if (pw_prog_layout_build(m, cfg->layer_lo, cfg->layer_hi, cfg->mb_size, &p->L)) goto oom;
   const pw_prog_layout *L = &p->L;
-  size_t pn = L->sz.numel ? L->sz.numel : 1;
+  size_t pn = L->sz.numel ? L->sz.numel : 1, tn = L->sz.train_numel ? L->sz.train_numel : 1;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
   p->arena_p = pw_alloc_floats(pn);
   p->arena_g = pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
-  p->arena_m = pw_alloc_floats(pn);
-  p->arena_v = pw_alloc_floats(pn);
+  p->arena_m = pw_alloc_floats(tn);
+  p->arena_v = pw_alloc_floats(tn);
   if (!p->params || !p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
   for (int i = 0; i < L->n_params; i++) {
-    size_t off = L->param_off[i];
+    size_t go = L->param_goff[i];
+    int frozen = go == NONE; /* no gradient, no optimizer state */
     p->params[i] = (pw_prog_param){.meta = &m->params[L->param_model[i]], .model_index = L->param_model[i],
-                                   .data = p->arena_p + off, .grad = p->arena_g + off,
-                                   .m = p->arena_m + off, .v = p->arena_v + off};
+                                   .data = p->arena_p + L->param_off[i], .grad = frozen ? NULL : p->arena_g + go,
+                                   .m = frozen ? NULL : p->arena_m + go, .v = frozen ? NULL : p->arena_v + go};
   }
   if (plan_grad_writes(p)) goto oom;
   p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
@@ -223,6 +224,7 @@ int pw_prog_n_params(const pw_prog *p) { return p->L.n_params; }
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i) { return &p->params[i]; }
 size_t pw_prog_numel(const pw_prog *p) { return p->L.sz.numel; }
 size_t pw_prog_grad_numel(const pw_prog *p) { return p->L.sz.grad_numel; }
+size_t pw_prog_train_numel(const pw_prog *p) { return p->L.sz.train_numel; }
 
 void pw_prog_grads_finalize(pw_prog *p) {
   for (int i = 0; i < p->L.n_shadow; i++) {
@@ -296,6 +298,12 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
         for (size_t k = 0; k < pm->numel; k++) d[k] = (float)(pw_rng_normal(&r) * pm->init_std);
         break;
       }
+      case PW_INIT_UNIFORM: {
+        pw_rng r;
+        pw_rng_seed(&r, pw_hash64(seed, pw_hash_str(pm->name)));
+        for (size_t k = 0; k < pm->numel; k++) d[k] = (float)((2.0 * pw_rng_uniform(&r) - 1.0) * pm->init_std);
+        break;
+      }
     }
   }
 }
@@ -319,13 +327,14 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   io->out = pw_prog_value(p, slot, n->out);
   io->dout = pw_prog_grad(p, slot, n->out);
   io->aux = slot_at(p, slot, p->L.aux_off[li]);
+  /* a frozen parameter's gradient stays NULL */
   if (n->w >= 0) {
     io->w = p->params[p->L.param_local[n->w]].data;
-    io->dw = p->arena_g + p->L.node_dw[li];
+    if (p->L.node_dw[li] != NONE) io->dw = p->arena_g + p->L.node_dw[li];
   }
   if (n->b >= 0) {
     io->b = p->params[p->L.param_local[n->b]].data;
-    io->db = p->arena_g + p->L.node_db[li];
+    if (p->L.node_db[li] != NONE) io->db = p->arena_g + p->L.node_db[li];
   }
   io->scratch = p->scratch;
   io->B = p->cfg.mb_size;
@@ -356,6 +365,7 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
   if (n->w < 0 || !f) return;
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
+  if (!io.dw && !io.db) return; /* frozen: no W */
   f(&io);
 }
 
@@ -431,7 +441,7 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
   if (!f) return 0;
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
-  if (!io.din0) return 0;
+  if (!io.din0 || !io.dw || (io.n->b >= 0 && !io.db)) return 0; /* frozen: I alone */
   f(&io);
   return 1;
 }

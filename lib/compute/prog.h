@@ -2,7 +2,9 @@
  *
  * A program owns four flat arenas for its parameters (params, grads, AdamW
  * m and v, llm.c style: one allocation each, tensors wired into it, laid
- * out by lib/model/layout.h, which the planner reads too) and
+ * out by lib/model/layout.h, which the planner reads too; a frozen
+ * parameter, pw_param.frozen, has no gradient and no m or v, and a node
+ * whose parameters are all frozen skips its backward-weight) and
  * n_slots activation slots. A slot holds everything one microbatch needs
  * between its forward and its backward: every value the stage produces or
  * receives, the gradients of those values, and the ops' saved auxiliaries.
@@ -56,7 +58,7 @@ typedef struct {
 typedef struct {
   const pw_param *meta;   /* name, shape, decay */
   int model_index;        /* id in the model's parameter table */
-  float *data, *grad, *m, *v;
+  float *data, *grad, *m, *v;  /* grad, m, v NULL when frozen */
 } pw_prog_param;
 
 typedef struct pw_prog pw_prog;
@@ -71,14 +73,17 @@ int pw_prog_n_params(const pw_prog *p);
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i);
 size_t pw_prog_numel(const pw_prog *p);  /* floats in the parameter arena */
 /* The arenas themselves: parameters (numel floats) and gradients
- * (grad_numel floats: the numel main gradients, then shadow gradients of
- * second and later uses of a parameter inside this program). */
+ * (grad_numel floats: the train_numel main gradients of the trainable
+ * parameters, then shadow gradients of second and later uses of one inside
+ * this program). */
 float *pw_prog_params(pw_prog *p);
 float *pw_prog_grads(pw_prog *p);
-/* The optimizer's arenas, numel floats each: AdamW's m (which 0; SGD's
- * momentum) and v (which 1). A stage's state is these and the parameters. */
+/* The optimizer's arenas, train_numel floats each: AdamW's m (which 0;
+ * SGD's momentum) and v (which 1). A stage's state is these and the
+ * parameters. */
 float *pw_prog_moment(pw_prog *p, int which);
 size_t pw_prog_grad_numel(const pw_prog *p);
+size_t pw_prog_train_numel(const pw_prog *p);
 /* Adds each shadow gradient into its parameter's main gradient, in node
  * order (use 1 + use 2 + ...). Once per step, after all microbatches (and
  * after any data-parallel reduction of the whole gradient arena), before

@@ -28,8 +28,9 @@ static int add_port(pw_prog_port **arr, int *n, const pw_model *m, int v, int mb
 }
 
 /* Parameters used by the stage's nodes in model order, their arena
- * offsets, and each node's gradient offsets: a parameter's first use
- * writes its main gradient, later uses get shadows after the numel. */
+ * offsets, and each node's gradient offsets: a trainable parameter's first
+ * use writes its main gradient, later uses get shadows after the main
+ * ones; a frozen one has no gradient at all. */
 static void lay_params(const pw_model *m, pw_prog_layout *l, int *uses) {
   for (int i = 0; i < m->n_params; i++) l->param_local[i] = -1;
   for (int i = l->node_lo; i < l->node_hi; i++) {
@@ -41,23 +42,25 @@ static void lay_params(const pw_model *m, pw_prog_layout *l, int *uses) {
     if (l->param_local[i] < 0) continue;
     l->param_local[i] = l->n_params;
     l->param_model[l->n_params] = i;
+    l->param_goff[l->n_params] = m->params[i].frozen ? NONE : l->sz.train_numel;
+    if (!m->params[i].frozen) l->sz.train_numel += m->params[i].numel;
     l->param_off[l->n_params++] = l->sz.numel;
     l->sz.numel += m->params[i].numel;
   }
-  l->sz.grad_numel = l->sz.numel;
+  l->sz.grad_numel = l->sz.train_numel;
   for (int i = l->node_lo; i < l->node_hi; i++) {
     int ids[2] = {m->nodes[i].w, m->nodes[i].b};
     size_t *dst[2] = {&l->node_dw[i - l->node_lo], &l->node_db[i - l->node_lo]};
     for (int k = 0; k < 2; k++) {
       *dst[k] = NONE;
-      if (ids[k] < 0) continue;
+      if (ids[k] < 0 || m->params[ids[k]].frozen) continue;
       int lp = l->param_local[ids[k]];
       if (uses[lp]++ == 0) {
-        *dst[k] = l->param_off[lp];
+        *dst[k] = l->param_goff[lp];
         continue;
       }
       size_t n = m->params[ids[k]].numel;
-      l->shadow[l->n_shadow][0] = l->param_off[lp];
+      l->shadow[l->n_shadow][0] = l->param_goff[lp];
       l->shadow[l->n_shadow][1] = l->sz.grad_numel;
       l->shadow[l->n_shadow][2] = n;
       l->n_shadow++;
@@ -132,10 +135,11 @@ int pw_prog_layout_build(const pw_model *m, int layer_lo, int layer_hi, int mb, 
   l->mb = mb;
   /* The tables in one block: size_t ones first, then int ones (uses: scratch). */
   size_t nn = (size_t)(l->node_hi - l->node_lo) + 1, np = (size_t)m->n_params + 1, nv = (size_t)m->n_values + 1;
-  size_t words = np + 3 * nn + 2 * nn * 3 + 2 * nv;
+  size_t words = 2 * np + 3 * nn + 2 * nn * 3 + 2 * nv;
   size_t *w = l->tables = malloc(words * sizeof(size_t) + 3 * np * sizeof(int));
   if (!w) return PW_ENOMEM;
   l->param_off = w, w += np;
+  l->param_goff = w, w += np;
   l->node_dw = w, w += nn;
   l->node_db = w, w += nn;
   l->aux_off = w, w += nn;

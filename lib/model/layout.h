@@ -5,10 +5,12 @@
  *
  * A program over layers [lo, hi) with mb sequences per microbatch has:
  *   - a parameter arena of `numel` floats (the parameters its nodes use, in
- *     model order), and AdamW m and v of the same layout;
- *   - a gradient arena of `grad_numel` floats: the numel main gradients, then
- *     a shadow gradient for each second and later use of a parameter inside
- *     the stage (tied embeddings), added to the main one once per step;
+ *     model order);
+ *   - a gradient arena of `grad_numel` floats: the `train_numel` main
+ *     gradients of the parameters that train (frozen ones, pw_param.frozen,
+ *     have none), then a shadow gradient for each second and later use of a
+ *     trainable parameter inside the stage (tied embeddings), added to the
+ *     main one once per step; AdamW m and v have the main gradients' layout;
  *   - slots of `slot_floats` floats, one per microbatch in flight. The
  *     first `keep_floats` are the ports: the values of the input ports,
  *     then of the output ports, then the gradients of the float ones among
@@ -40,8 +42,9 @@ typedef struct {
 
 /* The sizes, in floats, that memory accounting needs. */
 typedef struct {
-  size_t numel;           /* parameter arena (and AdamW m, v each) */
-  size_t grad_numel;      /* gradient arena: numel + shadows */
+  size_t numel;           /* parameter arena */
+  size_t train_numel;     /* of which train: main gradients, AdamW m, v each */
+  size_t grad_numel;      /* gradient arena: train_numel + shadows */
   size_t slot_floats;     /* one activation slot: keep_floats, then the work part */
   size_t keep_floats;     /* the ports, at the slot's start */
   size_t scratch_floats;  /* per program */
@@ -56,8 +59,11 @@ typedef struct {
   int n_params;           /* used by the stage's nodes */
   int *param_model;       /* [n_params] model parameter id, ascending */
   size_t *param_off;      /* [n_params] float offset in the parameter arena */
+  size_t *param_goff;     /* [n_params] offset in the gradient (and m, v) arenas;
+                             PW_LAYOUT_NONE when frozen */
   int *param_local;       /* [model n_params] local index, or -1 */
-  size_t *node_dw, *node_db; /* [nodes] gradient offset of the node's w, b; PW_LAYOUT_NONE when absent */
+  size_t *node_dw, *node_db; /* [nodes] gradient offset of the node's w, b; PW_LAYOUT_NONE when
+                                absent or frozen */
   size_t (*shadow)[3];    /* [n_shadow] {main offset, shadow offset, count} */
   int n_shadow;
   /* slots */

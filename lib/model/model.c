@@ -8,12 +8,14 @@
  * allocates activations or runs ops. */
 #include "model.h"
 
+#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "optable.h"
+#include "suggest.h"
 
 size_t pw_value_bytes(const pw_value *v, int b) {
   if (v->role == PW_VAL_LOSS) return sizeof(float);
@@ -34,6 +36,7 @@ typedef struct {
   int layer;        /* current layer id */
   int oom;
   const pw_model_spec *spec;
+  unsigned lora_hit;  /* bit i: model.lora.targets[i] matched a linear layer */
 } builder;
 
 static void *grow(void *p, int *cap, int need, size_t elem, int *oom) {
@@ -134,6 +137,30 @@ static void end_layer(builder *bd) {
 
 /* ---- layers, shared by templates and explicit lists ------------------ */
 
+/* model.lora: an adapter after the linear layer `prefix` (input x, output
+ * y0) when a target matches its name, as PEFT initialises it: A [r, C]
+ * kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(C), 1/sqrt(C)); B
+ * [OC, r] zeros, so the adapted model starts as the base. */
+static int lora(builder *bd, const char *prefix, int x, int y0) {
+  const pw_model_spec *s = bd->spec;
+  int hit = 0;
+  for (int i = 0; i < s->n_lora_targets; i++)
+    if (fnmatch(s->lora_targets[i], prefix, 0) == 0) bd->lora_hit |= 1u << i, hit = 1;
+  if (!s->lora_rank || !hit || bd->oom) return y0;
+  char nm[PW_PARAM_NAME_MAX];
+  int C = bd->m->values[x].width, OC = bd->m->values[y0].width, r = s->lora_rank;
+  snprintf(nm, sizeof nm, "%.80s.lora_A.weight", prefix);
+  int a = add_param(bd, nm, r, C, PW_INIT_UNIFORM, 1.0f / sqrtf((float)C));
+  snprintf(nm, sizeof nm, "%.80s.lora_B.weight", prefix);
+  int b = add_param(bd, nm, OC, r, PW_INIT_ZEROS, 0);
+  int y = add_node(bd, PW_OP_LORA, x, y0, a, b, bd->m->values[y0].rows, OC, PW_DT_F32);
+  if (bd->oom) return y;
+  pw_node *n = &bd->m->nodes[bd->m->n_nodes - 1];
+  n->NH = r;
+  n->base = s->lora_alpha / (float)r;
+  return y;
+}
+
 static int linear(builder *bd, const char *prefix, int x, int oc, int bias, float std) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_value *v = &bd->m->values[x];
@@ -145,7 +172,8 @@ static int linear(builder *bd, const char *prefix, int x, int oc, int bias, floa
     snprintf(nm, sizeof nm, "%.80s.bias", prefix);
     b = add_param(bd, nm, oc, 0, PW_INIT_ZEROS, 0);
   }
-  return add_node(bd, PW_OP_LINEAR, x, -1, w, b, rows, oc, PW_DT_F32);
+  int y = add_node(bd, PW_OP_LINEAR, x, -1, w, b, rows, oc, PW_DT_F32);
+  return lora(bd, prefix, x, y);
 }
 
 static int norm(builder *bd, const char *prefix, int x, int rms) {
@@ -426,6 +454,13 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     case PW_TEMPLATE_LAYERS: rc = build_layers(&bd, err); break;
   }
   if (!rc && bd.oom) rc = pw_err_set(err, PW_ENOMEM, "model", "out of memory");
+  for (int i = 0; !rc && spec->lora_rank && i < spec->n_lora_targets; i++)
+    if (!(bd.lora_hit >> i & 1)) {
+      char path[48];
+      snprintf(path, sizeof path, "model.lora.targets[%d]", i);
+      rc = pw_err_set(err, PW_ESPEC, path, "'%s' matches no linear layer (names like 'blocks.0.attn.qkv', "
+                      "'blocks.0.mlp.fc', 'lm_head')", spec->lora_targets[i]);
+    }
   if (rc) {
     pw_model_free(m);
     return rc;
@@ -450,6 +485,55 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     }
   }
   return 0;
+}
+
+/* W of node n is skipped when none of its parameters trains (prog.c). */
+static int node_frozen(const pw_model *m, const pw_node *n) {
+  return (n->w < 0 || m->params[n->w].frozen) && (n->b < 0 || m->params[n->b].frozen);
+}
+
+int pw_param_is_adapter(const pw_param *p) {
+  size_t n = strlen(p->name), k = strlen(".lora_A.weight");
+  return n > k && (!strcmp(p->name + n - k, ".lora_A.weight") || !strcmp(p->name + n - k, ".lora_B.weight"));
+}
+
+int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, pw_err *err) {
+  int adapters = 0;
+  for (int i = 0; i < m->n_params; i++) adapters |= pw_param_is_adapter(&m->params[i]);
+  if (!tr->n_trainable && !adapters) return 0;
+  /* with LoRA and no train.trainable, only the adapters train */
+  for (int i = 0; i < m->n_params; i++) m->params[i].frozen = !tr->n_trainable ? !pw_param_is_adapter(&m->params[i]) : 1;
+  for (int k = 0; k < tr->n_trainable; k++) {
+    int hit = 0;
+    for (int i = 0; i < m->n_params; i++)
+      if (fnmatch(tr->trainable[k], m->params[i].name, 0) == 0) m->params[i].frozen = 0, hit = 1;
+    if (hit) continue;
+    const char **names = malloc(sizeof *names * (size_t)(m->n_params + 1));
+    char sug[160] = "", path[48];
+    if (names) {
+      for (int i = 0; i < m->n_params; i++) names[i] = m->params[i].name;
+      pw_suggest_text(tr->trainable[k], names, m->n_params, "", sug, sizeof sug);
+    }
+    free(names);
+    snprintf(path, sizeof path, "train.trainable[%d]", k);
+    return pw_err_set(err, PW_ESPEC, path, "'%s' matches no parameter of the model (names like '%s')%s",
+                      tr->trainable[k], m->params[m->n_params - 1].name, sug);
+  }
+  /* recounted rather than subtracted: a frozen layer's W is exactly 0 */
+  for (int l = 0; l < m->n_layers; l++) m->layers[l].flops_w = 0;
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    double fl[3];
+    pw_op_flops(n, &m->values[n->in[0]], fl);
+    if (!node_frozen(m, n)) m->layers[n->layer].flops_w += fl[2];
+  }
+  return 0;
+}
+
+size_t pw_model_trainable_count(const pw_model *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) n += m->params[i].frozen ? 0 : m->params[i].numel;
+  return n;
 }
 
 void pw_model_free(pw_model *m) {

@@ -37,6 +37,8 @@ typedef enum {
   PW_OP_ATTENTION,  /* in: qkv (T,3C)            out (T,C); aux att (NH,T,T) */
   PW_OP_XENT,       /* in: logits (r,V), targets (r,1,i32)  out: loss; aux probs (r,V) */
   PW_OP_MSE,        /* in: pred (r,O), targets (r,O)        out: loss */
+  PW_OP_LORA,       /* in: x (r,C), y0 (r,OC) = linear(x)   out (r,OC) = y0 + scale (x A^T) B^T
+                       params: w = A (NH,C), b = B (OC,NH); NH = rank, base = scale; aux h, dh (r,NH) each */
   PW_OP__COUNT
 } pw_op;
 
@@ -62,13 +64,15 @@ typedef struct {
   int C, OC, NH;    /* input width, output width, heads (as the op needs) */
   int T;            /* rows per sequence of the input */
   float eps;        /* norms */
-  float base;       /* rope */
+  float base;       /* rope; lora: scale = alpha / rank */
   size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, gelu', att, probs) */
 } pw_node;
 
 #define PW_PARAM_NAME_MAX 96
 
-typedef enum { PW_INIT_NORMAL, PW_INIT_ZEROS, PW_INIT_ONES } pw_init_kind;
+/* UNIFORM: U(-init_std, init_std) (LoRA's A: kaiming-uniform, a = sqrt(5),
+ * as PEFT: the bound is 1/sqrt(in_features)) */
+typedef enum { PW_INIT_NORMAL, PW_INIT_ZEROS, PW_INIT_ONES, PW_INIT_UNIFORM } pw_init_kind;
 
 typedef struct {
   char name[PW_PARAM_NAME_MAX]; /* "blocks.3.attn.qkv.weight" */
@@ -77,6 +81,7 @@ typedef struct {
   size_t numel;
   int decay;           /* weight decay applies: 2+ dims */
   uint8_t init;        /* pw_init_kind */
+  uint8_t frozen;      /* train.trainable leaves it out: no gradient, no optimizer state */
   float init_std;
 } pw_param;
 
@@ -110,6 +115,16 @@ typedef struct {
  * path ("model.layers[4].in: expected 64 (the previous layer's output), got 32"). */
 PW_MUST_CHECK int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err);
 void pw_model_free(pw_model *m);
+/* Freezes every parameter no pattern of tr->trainable matches (fnmatch;
+ * none = all train, or with model.lora only the adapters), and takes the frozen weights' backward-weight FLOPs
+ * out of their layers' flops_w (the W a frozen node skips). A pattern
+ * matching no parameter is PW_ESPEC naming it ("train.trainable[1]"),
+ * with the nearest parameter name. */
+PW_MUST_CHECK int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, pw_err *err);
+/* A LoRA adapter: "<linear>.lora_A.weight" or "<linear>.lora_B.weight". */
+int pw_param_is_adapter(const pw_param *p);
+/* Parameters that train (a tied parameter counts once). */
+size_t pw_model_trainable_count(const pw_model *m);
 
 /* Parameters in the whole model (a tied parameter counts once). */
 size_t pw_model_param_count(const pw_model *m);

@@ -25,6 +25,10 @@ static const pw_op_info table[PW_OP__COUNT] = {
                          N_(1, NH, T, T)},                                                 /* att */
     [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1)},     /* probs */
     [PW_OP_MSE] = {"mse", 2, 1, 1, 1, 0, ELEM(5, 8, 0), NONE_},
+    /* rank NH: h = x A^T and y += h B^T forward; dh = dy B and dx += dh A
+     * (I); dB, dh again, dA (W) */
+    [PW_OP_LORA] = {"lora", 2, 3, 0, 0, 0, {N_(2, ROWS, NH, C_OC), N_(2, ROWS, NH, C_OC), N_(3, ROWS, NH, C_OC)},
+                    N_(2, ROWS, NH, 1)},                                                   /* h, dh */
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }
@@ -38,6 +42,7 @@ static double dim(const pw_node *n, const pw_value *in, int d) {
     case PW_DIM_OC: return n->OC;
     case PW_DIM_T: return n->T;
     case PW_DIM_NH: return n->NH;
+    case PW_DIM_C_OC: return n->C + n->OC;
     case PW_DIM_1: break;
   }
   return 1;

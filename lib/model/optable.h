@@ -19,7 +19,8 @@ typedef enum {
   PW_DIM_C,     /* width of input 0 */
   PW_DIM_OC,    /* output width */
   PW_DIM_T,     /* rows per sequence (the node's T) */
-  PW_DIM_NH     /* heads */
+  PW_DIM_NH,    /* heads (lora: rank) */
+  PW_DIM_C_OC   /* input plus output width */
 } pw_op_dim;
 
 /* coef x d[0] x d[1] x d[2], multiplied in that order. */

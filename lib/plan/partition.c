@@ -98,7 +98,8 @@ int pw_partition_from_cuts(const pw_model *m, const pw_partition_spec *ps, const
   if (ps && ps->byte_cost > 0)
     for (int s = 0; s < S; s++)
       out->stages[s].cost += ps->byte_cost * (double)(out->stages[s].in_bytes + out->stages[s].out_bytes);
-  /* Parameters: each holder counts its copy; shared ones are listed. */
+  /* Parameters: each holder counts its copy; shared ones are listed (a
+   * frozen one is not: it has no gradients to sum). */
   for (int p = 0; p < m->n_params; p++) {
     int holders[64], nh = 0;
     for (int i = 0; i < m->n_nodes; i++) {
@@ -109,7 +110,7 @@ int pw_partition_from_cuts(const pw_model *m, const pw_partition_spec *ps, const
       if (!seen && nh < 64) holders[nh++] = s;
     }
     for (int h = 0; h < nh; h++) out->stages[holders[h]].params += m->params[p].numel;
-    if (nh > 1) {
+    if (nh > 1 && !m->params[p].frozen) {
       pw_shared_param *ns = realloc(out->shared, sizeof *ns * (size_t)(out->n_shared + 1));
       if (!ns) goto oom;
       out->shared = ns;

@@ -201,7 +201,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
-    r->adam += 2 * sm->numel * sizeof(float);
+    r->adam += 2 * sm->train_numel * sizeof(float);
     size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     if (p->n_work[s]) {
       size_t keep = (size_t)p->peak_slots[s] * sm->keep_floats * sizeof(float);
@@ -275,6 +275,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   if (rc < 0) return rc;
   rc = pw_model_build(&job->model, &p->model, err);
   if (rc) return rc;
+  rc = pw_model_set_trainable(&p->model, &job->train, err);
+  if (rc) goto fail;
   rc = schedule ? pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err)
                 : build_schedule(job, &p->sched, err);
   if (rc) goto fail;

@@ -34,8 +34,8 @@ static json_t *model_json(const pw_model *m) {
   }
   for (int i = 0; i < m->n_params; i++) {
     const pw_param *p = &m->params[i];
-    json_array_append_new(params, json_pack("[siiiIiif]", p->name, p->ndim, p->shape[0], p->shape[1],
-                                            (json_int_t)p->numel, p->decay, p->init, (double)p->init_std));
+    json_array_append_new(params, json_pack("[siiiIiifi]", p->name, p->ndim, p->shape[0], p->shape[1],
+                                            (json_int_t)p->numel, p->decay, p->init, (double)p->init_std, p->frozen));
   }
   for (int i = 0; i < m->n_layers; i++) {
     const pw_layer *l = &m->layers[i];
@@ -192,15 +192,15 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
     pw_param *p = &m->params[i];
     const char *name;
     json_int_t numel;
-    int init;
+    int init, frozen;
     double std;
-    if ((rc = unpack(err, "slice.model.params", json_array_get(params, (size_t)i), "[siiiIiiF]", &name, &p->ndim,
-                     &p->shape[0], &p->shape[1], &numel, &p->decay, &init, &std)))
+    if ((rc = unpack(err, "slice.model.params", json_array_get(params, (size_t)i), "[siiiIiiFi]", &name, &p->ndim,
+                     &p->shape[0], &p->shape[1], &numel, &p->decay, &init, &std, &frozen)))
       return rc;
-    if (strlen(name) >= sizeof p->name || !in(p->ndim, 1, 3) || numel < 0 || !in(init, 0, 3))
+    if (strlen(name) >= sizeof p->name || !in(p->ndim, 1, 3) || numel < 0 || !in(init, 0, 4) || !in(frozen, 0, 2))
       return bad(err, "slice.model.params", i, "name, ndim, size or init kind out of range");
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->numel = (size_t)numel, p->init = (uint8_t)init, p->init_std = (float)std;
+    p->numel = (size_t)numel, p->init = (uint8_t)init, p->init_std = (float)std, p->frozen = (uint8_t)frozen;
   }
   for (int i = 0; i < nl; i++) {
     pw_layer *l = &m->layers[i];

@@ -3,8 +3,8 @@
  * parses the model spec.
  *
  * A slice holds, for one rank (replica * pp + pipeline rank):
- *   - the compiled model graph (pw_model: values, nodes, parameter table,
- *     layers). The WHOLE graph, not only its stages' nodes: prog.c indexes
+ *   - the compiled model graph (pw_model: values, nodes, parameter table
+ *     with each parameter's frozen flag from train.trainable, layers). The WHOLE graph, not only its stages' nodes: prog.c indexes
  *     values, nodes and parameters by their model-wide ids and finds a
  *     stage's output ports by scanning every other node for readers, so a
  *     renumbered sub-graph would need a second id space in prog.c. Shipping
@@ -19,7 +19,9 @@
  *     (pw_plan_mem.total);
  *   - its action list (only its own), stage -> rank, pp, V, S, m;
  *   - the training config (mode, train: optimizer, lr schedule, clipping,
- *     steps, checkpoint_every, eval_every and eval_batches, seed, batch size), the microbatch size, dp
+ *     steps, checkpoint_every, eval_every and eval_batches, seed, batch
+ *     size; train.trainable arrives as the parameters' frozen flags), the
+ *     microbatch size, dp
  *     and its replica, the data spec, and the init weights' ids;
  *   - plan_sha256: SHA-256 of the plan's canonical text (pw_slice_plan_text:
  *     what the coordinator stores in runs.plan), naming the plan it is cut
@@ -52,7 +54,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 6 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work */
+#define PW_SLICE_VERSION 7 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work; 7: the parameters' frozen flags */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

@@ -163,6 +163,7 @@ static const pw__field train_fields[] = {
     PW__INT("max_restarts", 0, PW__ALL, pw_train_spec, max_restarts, 3, 0, 1000),
     PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
     PW__SKIP("optimizer", 0, PW__ALL),
+    PW__SKIP("trainable", 0, PW__ALL), /* trainable_parse */
 };
 
 #define O_ADAMW (1u << PW_OPT_ADAMW)
@@ -249,9 +250,20 @@ static int optim_parse(const json_t *o, pw_optim_spec *op, pw_err *err) {
   return 0;
 }
 
+/* train.trainable: a non-empty array of glob patterns; whether each
+ * matches a parameter is checked when the model is built (model.c). */
+static int trainable_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
+  const json_t *a = o ? json_object_get(o, "trainable") : NULL;
+  t->n_trainable = 0;
+  return a ? pw__globs_get(a, "train.trainable", PW_TRAINABLE_MAX, PW_TRAINABLE_LEN, t->trainable[0], &t->n_trainable,
+                           "parameter names (e.g. [\"blocks.*\", \"lm_head.weight\"])", err)
+           : 0;
+}
+
 static int train_parse(const json_t *o, pw_train_spec *t, pw_err *err) {
   const json_t *opt;
   int rc = pw__fields_parse(o, "train", train_fields, PW__N(train_fields), PW__ALL, "", t, err);
+  if (!rc) rc = trainable_parse(o, t, err);
   if (!rc) rc = pw__obj_get(o, "train", "optimizer", &opt, err);
   if (!rc) rc = optim_parse(opt, &t->optim, err);
   return rc;
@@ -706,6 +718,8 @@ json_t *pw_job_to_json(const pw_job *job) {
   const pw_optim_spec *op = &job->train.optim;
   bad |= json_object_set_new(o, "train", v = json_object());
   bad |= pw__fields_emit(v, train_fields, PW__N(train_fields), PW__ALL, &job->train);
+  if (job->train.n_trainable) /* only when set: other specs keep their canonical text */
+    bad |= pw__globs_emit(v, "trainable", job->train.trainable[0], PW_TRAINABLE_LEN, job->train.n_trainable);
   json_t *ov = json_object();
   bad |= json_object_set_new(v, "optimizer", ov);
   bad |= pw__fields_emit(ov, opt_fields, PW__N(opt_fields), 1u << op->kind, op);

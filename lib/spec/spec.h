@@ -46,6 +46,9 @@ typedef struct {
                     checked against the partition); 0 = none */
 } pw_layer_spec;
 
+#define PW_LORA_TARGETS_MAX 16
+#define PW_LORA_TARGET_LEN 80
+
 typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
 typedef enum { PW_LOSS_CROSS_ENTROPY, PW_LOSS_MSE } pw_loss_kind;
 typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
@@ -72,6 +75,13 @@ typedef struct {
   int input_dim;          /* features width for layers with features input */
   pw_layer_spec *layers;  /* template == LAYERS; stage_boundary entries included */
   int n_layer_specs;
+  /* "lora": {"rank", "alpha", "targets"}: low-rank adapters on the linear
+   * layers whose names (a parameter name without ".weight": "blocks.0.attn.qkv")
+   * match a target glob; rank 0 = none */
+  int lora_rank;          /* default 8 (PEFT's r) */
+  float lora_alpha;       /* default 8 (PEFT's lora_alpha); scale = alpha / rank */
+  int n_lora_targets;
+  char lora_targets[PW_LORA_TARGETS_MAX][PW_LORA_TARGET_LEN];
 } pw_model_spec;
 
 /* mesh.placement: which rank runs each stage. NONE keeps the schedule's
@@ -140,6 +150,9 @@ typedef struct {
 /* Stage s of the job recomputes its activations (partition.remat). */
 int pw_partition_remat(const pw_partition_spec *p, int s);
 
+#define PW_TRAINABLE_MAX 32 /* train.trainable patterns */
+#define PW_TRAINABLE_LEN 96 /* bytes of one, NUL included (PW_PARAM_NAME_MAX) */
+
 typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
 /* What a step whose loss or gradient norm is not finite (NaN, inf) does:
  * fail the job ("diverged at step N") or skip that step's update. */
@@ -167,6 +180,12 @@ typedef struct {
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   int max_restarts;      /* runs that lose a worker and go back to the queue; 0..1000, default 3 */
   int snapshot_every;    /* in-memory stage snapshots on a peer every K steps; 0 = off, default 1 */
+  /* "trainable": glob patterns (fnmatch) over parameter names; a parameter
+   * matching none is frozen (no gradient, no optimizer state). 0 patterns =
+   * all train (the default, ["*"]). Checked against the model's names by
+   * pw_model_set_trainable. */
+  int n_trainable;
+  char trainable[PW_TRAINABLE_MAX][PW_TRAINABLE_LEN];
   pw_optim_spec optim;
 } pw_train_spec;
 

@@ -54,6 +54,29 @@ int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *
   return enum_parse(v, path, names, n, out, err);
 }
 
+int pw__globs_get(const json_t *a, const char *path, int max, int len, char *dst, int *n, const char *what,
+                  pw_err *err) {
+  *n = 0;
+  if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > (size_t)max)
+    return pw_err_set(err, PW_ESPEC, path, "must be an array of 1 to %d glob patterns over %s", max, what);
+  for (size_t i = 0; i < json_array_size(a); i++) {
+    const char *s = json_string_value(json_array_get(a, i));
+    char p[64];
+    snprintf(p, sizeof p, "%s[%zu]", path, i);
+    if (!s || !s[0] || strlen(s) >= (size_t)len)
+      return pw_err_set(err, PW_ESPEC, p, "must be a non-empty string of at most %d bytes", len - 1);
+    snprintf(dst + (size_t)(*n)++ * (size_t)len, (size_t)len, "%s", s);
+  }
+  return 0;
+}
+
+int pw__globs_emit(json_t *o, const char *key, const char *src, int len, int n) {
+  json_t *a = json_array();
+  int bad = json_object_set_new(o, key, a);
+  for (int i = 0; i < n; i++) bad |= json_array_append_new(a, json_string(src + (size_t)i * (size_t)len));
+  return bad ? -1 : 0;
+}
+
 int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err) {
   *out = o ? json_object_get(o, key) : NULL;
   if (*out && !json_is_object(*out)) {

@@ -88,6 +88,13 @@ PW_MUST_CHECK int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsign
  * def < 0 means required. */
 PW_MUST_CHECK int pw__enum_get(const json_t *o, const char *pre, const char *key, const char *const *names, int n,
                  int def, int *out, pw_err *err);
+/* A list of glob patterns at `path` (train.trainable, model.lora.targets):
+ * an array of 1 to max non-empty strings shorter than len bytes each, into
+ * dst (max rows of len chars), *n of them; `what` ends the array's error. */
+PW_MUST_CHECK int pw__globs_get(const json_t *a, const char *path, int max, int len, char *dst, int *n,
+                                const char *what, pw_err *err);
+/* The same list back as a JSON array set as key `key` of o. 0 or -1. */
+int pw__globs_emit(json_t *o, const char *key, const char *src, int len, int n);
 /* The member `key` of o as an object (NULL when absent); an error if it is
  * present and not an object. */
 PW_MUST_CHECK int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err);

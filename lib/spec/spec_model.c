@@ -7,6 +7,7 @@
  * kinds in a list. Shapes of a layers list (an explicit "in" that disagrees
  * with the previous layer, heads that do not divide an inferred width) are
  * model.c's: it infers them. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,7 +64,34 @@ static const pw__field model_fields[] = {
     PW__ENUM("loss", 0, T_MLP, pw_model_spec, loss, PW_LOSS_MSE, loss_names),
     PW__SKIP("input", PW__REQ, T_LAYERS),
     PW__SKIP("layers", PW__REQ, T_LAYERS),
+    PW__SKIP("lora", 0, PW__ALL), /* lora_parse */
 };
+
+static const pw__field lora_fields[] = {
+    PW__INT("rank", 0, PW__ALL, pw_model_spec, lora_rank, 8, 1, 4096),
+    PW__FLOAT("alpha", PW__LO_OPEN, PW__ALL, pw_model_spec, lora_alpha, 8, 0, PW__FLT_MAX),
+    PW__SKIP("targets", PW__REQ, PW__ALL),
+};
+
+/* model.lora: the fields, then targets, a non-empty array of globs over
+ * linear layer names (checked against the model when it is built). */
+static int lora_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
+  const json_t *l = json_object_get(o, "lora");
+  if (!l) return 0;
+  if (!json_is_object(l)) return pw_err_set(err, PW_ESPEC, "model.lora", "must be an object {rank, alpha, targets}");
+  int rc = pw__fields_parse(l, "model.lora", lora_fields, PW__N(lora_fields), PW__ALL, "", m, err);
+  if (rc) return rc;
+  return pw__globs_get(json_object_get(l, "targets"), "model.lora.targets", PW_LORA_TARGETS_MAX, PW_LORA_TARGET_LEN,
+                       m->lora_targets[0], &m->n_lora_targets,
+                       "linear layer names (e.g. [\"blocks.*.attn.qkv\"])", err);
+}
+
+static int lora_emit(json_t *o, const pw_model_spec *m) {
+  if (!m->lora_rank) return 0; /* only when set: other specs keep their canonical text */
+  json_t *l = json_object();
+  return json_object_set_new(o, "lora", l) || pw__fields_emit(l, lora_fields, PW__N(lora_fields), PW__ALL, m) ||
+         pw__globs_emit(l, "targets", m->lora_targets[0], PW_LORA_TARGET_LEN, m->n_lora_targets);
+}
 
 #define I_TOKENS (1u << PW_INPUT_TOKENS)
 #define I_FEATURES (1u << PW_INPUT_FEATURES)
@@ -219,7 +247,8 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   m->norm_eps = 1e-5f;
   m->init_std = 0.02f;
   if ((rc = pw__fields_parse(o, "model", model_fields, PW__N(model_fields), 1u << t, tmpl_ctx[t], m,
-                             err)))
+                             err)) ||
+      (rc = lora_parse(o, m, err)))
     return rc;
   m->tmpl = (pw_template)t;
 
@@ -257,7 +286,7 @@ json_t *pw__model_emit(const pw_model_spec *m) {
   json_t *o = json_object();
   if (!o) return NULL;
   unsigned mask = 1u << m->tmpl;
-  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m)) goto fail;
+  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m)) goto fail;
   if (m->tmpl != PW_TEMPLATE_LAYERS) return o;
 
   json_t *in = json_object();

@@ -28,7 +28,8 @@ int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   if ((rc = pw_model_build(&job->model, &t->model, err))) return rc;
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
                         .batch_size = job->train.batch_size, .n_slots = 1};
-  rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
+  rc = pw_model_set_trainable(&t->model, &job->train, err);
+  if (!rc) rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
   if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);
   if (!rc && t->groups > 1 &&
       !(t->group_grads = calloc((size_t)t->groups * pw_prog_grad_numel(t->prog), sizeof(float))))

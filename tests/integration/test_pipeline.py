@@ -13,6 +13,13 @@
     every activation, gradient, all-reduce arena and tied gradient crosses
     the links in chunks, and the result is still the same bits; a
     PW_WIRE_CHUNK that is not a byte count fails the run with a message;
+  - train.trainable: a frozen first stage (tied embedding frozen too) at
+    pp 2 x dp 2 under zb-h1 with checkpoints and a resume from one, and a
+    trainable tied embedding across frozen blocks: the same bits as the
+    single-process run;
+  - model.lora: adapters on some linear layers (only they train; and with
+    train.trainable adding ln_f) under zb-h1 at pp 2 x dp 2 and dualpipev:
+    the same bits as the single-process run;
   - the measured peak of saved activations per rank equals the planner's
     simulated peak (1f1b, gpipe);
   - a checkpoint directory that cannot be made fails the run, naming it;
@@ -70,7 +77,7 @@ class Suite:
     def reference(self, spec):
         """`pipewright train` on the same job (shared by runs it cannot tell apart)."""
         key = json.dumps([spec["schedule"]["microbatches"], spec["mesh"]["dp"], spec["model"]["tie_embeddings"],
-                          spec["train"]["steps"]])
+                          spec["train"]["steps"], spec["train"].get("trainable"), spec["model"].get("lora")])
         if key not in self.refs:
             d = os.path.join(self.tmp, f"ref{len(self.refs)}")
             os.makedirs(d)
@@ -118,6 +125,29 @@ def main():
         t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
         t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
+
+        # Frozen parameters (train.trainable): stage 0 wholly frozen, its W
+        # skipped; the optimizer checkpoints hold only the trainable state and
+        # a run resumes from them.
+        spec = job("zb-h1", 2, 1, 4, dp=2, tied=True)
+        spec["train"]["trainable"] = ["blocks.[4-7].*", "ln_f.*"]
+        spec["train"]["checkpoint_every"] = 5
+        out = t.equal_run("frozen-zb-h1-pp2-dp2-tied", spec)
+        if out:
+            res, d = out
+            mid = os.path.join(d, "out", "ckpt", "job-1", "step-5")
+            t.equal_run("frozen-resume-from-5", spec, "--resume", mid, "--start-step", "5", start=5)
+        spec = job("1f1b", 2, 1, 4, tied=True)
+        spec["train"]["trainable"] = ["embed.tok.weight", "blocks.7.*"]
+        t.equal_run("frozen-1f1b-pp2-tied-trains", spec)
+        # LoRA (model.lora): adapter nodes in the stage programs, only they train
+        spec = job("zb-h1", 2, 1, 4, dp=2)
+        spec["model"]["lora"] = {"rank": 4, "alpha": 8, "targets": ["blocks.*.attn.qkv", "blocks.*.mlp.fc", "lm_head"]}
+        t.equal_run("lora-zb-h1-pp2-dp2", spec)
+        spec = job("dualpipev", 2, 2, 4)
+        spec["model"]["lora"] = {"rank": 2, "targets": ["blocks.[0-3].mlp.*"]}
+        spec["train"]["trainable"] = ["*.lora_?.weight", "ln_f.*"]
+        t.equal_run("lora-dualpipev-pp2", spec)
 
         # Chunked transfers: an odd limit, so chunks split floats too.
         out = t.equal_run("zb-h1-pp2-dp2-tied-chunked", job("zb-h1", 2, 1, 4, dp=2, tied=True),

@@ -21,6 +21,17 @@ if [ ! -f "$CORPUS" ]; then
   exit 77
 fi
 
+# torch_compare JOB DIR LABEL: torch_ref.py trains JOB from DIR/init.safetensors;
+# compare.py holds it against pipewright's DIR/pw.jsonl and DIR/pw.safetensors
+# with losses to 1e-5 relative.
+torch_compare() {
+  "$PY" "$REF/torch_ref.py" --job "$1" --init "$2/init.safetensors" --data-root "$SRC" \
+      --losses "$2/ref.jsonl" --out "$2/ref.safetensors" || { echo "FAILED: torch_ref.py"; return 1; }
+  "$PY" "$REF/compare.py" --label "$3" --loss-rtol 1e-5 \
+      --a-losses "$2/pw.jsonl" --a-final "$2/pw.safetensors" \
+      --b-losses "$2/ref.jsonl" --b-final "$2/ref.safetensors"
+}
+
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1

@@ -27,6 +27,7 @@ complex-number rotation, and compare.py's check rejecting a run with a
 wrong beta2.
 """
 import argparse
+import fnmatch
 import io
 import json
 import math
@@ -87,6 +88,8 @@ def job_config(job):
         "wd": float(o.get("weight_decay", 0.01 if opt_name == "adamw" else 0.0)),
         "momentum": float(o.get("momentum", 0.0)),
         "data": job.get("data", {}),
+        "trainable": t.get("trainable"),
+        "lora": m.get("lora"),
     }
     if cfg["d"] % cfg["H"]:
         die("model.n_heads must divide d_model")
@@ -139,6 +142,15 @@ def param_shapes(cfg, h):
         s["norm_f.weight"] = (d,)
     if not cfg["tie"]:
         s["lm_head.weight"] = (V, d)
+    lo = cfg["lora"]
+    if lo:  # adapters on the linear layers a target matches: A [r, in], B [out, r]
+        r = int(lo.get("rank", 8))
+        for n, shape in list(s.items()):
+            lname = n[:-len(".weight")]
+            if n.endswith(".weight") and len(shape) == 2 and not n.startswith("embed.") and \
+                    any(fnmatch.fnmatchcase(lname, t) for t in lo["targets"]):
+                s[lname + ".lora_A.weight"] = (r, shape[1])
+                s[lname + ".lora_B.weight"] = (shape[0], r)
     return s
 
 
@@ -158,6 +170,12 @@ def load_params(cfg, path, init=None):
             + "".join(f"\n  unexpected {n}" for n in extra)
             + "".join(f"\n  {b}" for b in bad))
     params = {n: torch.nn.Parameter(torch.from_numpy(init[n].copy())) for n in want}
+    # train.trainable: a parameter no pattern matches is frozen, as a user
+    # would freeze it in PyTorch (a tied lm_head is embed.tok.weight); with
+    # LoRA and no train.trainable only the adapters train, as in PEFT
+    pats = cfg["trainable"] or (["*.lora_A.weight", "*.lora_B.weight"] if cfg["lora"] else ["*"])
+    for n, p in params.items():
+        p.requires_grad_(any(fnmatch.fnmatchcase(n, pat) for pat in pats))
     if cfg["tie"]:
         params["lm_head.weight"] = params["embed.tok.weight"]
     return params, h
@@ -226,25 +244,37 @@ def rmsnorm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
+def lin(P, name, x, cfg, bias=True):
+    """The linear layer `name`, plus its LoRA adapter when it has one, as
+    PEFT's lora.Linear: base(x) + lora_B(lora_A(x)) * (alpha / r)."""
+    y = F.linear(x, P[name + ".weight"], P[name + ".bias"] if bias else None)
+    if name + ".lora_A.weight" in P:
+        lo = cfg["lora"]
+        r = int(lo.get("rank", 8))
+        y = y + F.linear(F.linear(x, P[name + ".lora_A.weight"]), P[name + ".lora_B.weight"]) * (
+            float(lo.get("alpha", 8)) / r)
+    return y
+
+
 def gpt_block(P, p, x, cfg):
     d, eps = cfg["d"], cfg["eps"]
     a = F.layer_norm(x, (d,), P[p + "ln1.weight"], P[p + "ln1.bias"], eps)
-    q, k, v = split_heads(F.linear(a, P[p + "attn.qkv.weight"], P[p + "attn.qkv.bias"]), cfg["H"])
-    x = x + F.linear(merge_heads(attention(q, k, v)), P[p + "attn.proj.weight"], P[p + "attn.proj.bias"])
+    q, k, v = split_heads(lin(P, p + "attn.qkv", a, cfg), cfg["H"])
+    x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg)
     m = F.layer_norm(x, (d,), P[p + "ln2.weight"], P[p + "ln2.bias"], eps)
-    m = F.gelu(F.linear(m, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"]), approximate="tanh")
-    return x + F.linear(m, P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"])
+    m = F.gelu(lin(P, p + "mlp.fc", m, cfg), approximate="tanh")
+    return x + lin(P, p + "mlp.proj", m, cfg)
 
 
 def llama_block(P, p, x, cfg, cos, sin):
     eps = cfg["eps"]
     a = rmsnorm(x, P[p + "norm1.weight"], eps)
-    q, k, v = split_heads(F.linear(a, P[p + "attn.qkv.weight"]), cfg["H"])
+    q, k, v = split_heads(lin(P, p + "attn.qkv", a, cfg, False), cfg["H"])
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    x = x + F.linear(merge_heads(attention(q, k, v)), P[p + "attn.proj.weight"])
+    x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg, False)
     m = rmsnorm(x, P[p + "norm2.weight"], eps)
-    m = F.silu(F.linear(m, P[p + "mlp.gate.weight"])) * F.linear(m, P[p + "mlp.up.weight"])
-    return x + F.linear(m, P[p + "mlp.down.weight"])
+    m = F.silu(lin(P, p + "mlp.gate", m, cfg, False)) * lin(P, p + "mlp.up", m, cfg, False)
+    return x + lin(P, p + "mlp.down", m, cfg, False)
 
 
 def forward(P, cfg, idx):
@@ -261,7 +291,7 @@ def forward(P, cfg, idx):
         for i in range(cfg["L"]):
             x = llama_block(P, f"blocks.{i}.", x, cfg, cos, sin)
         x = rmsnorm(x, P["norm_f.weight"], cfg["eps"])
-    return F.linear(x, P["lm_head.weight"])
+    return lin(P, "lm_head", x, cfg, False)
 
 
 # ---------------------------------------------------------------------------
@@ -325,7 +355,7 @@ def make_optimizer(cfg, params):
 
 def train(cfg, P, train_bytes, log=None):
     """Runs cfg["steps"] steps in place on P; returns the per-step records."""
-    params = unique_params(P)
+    params = [p for p in unique_params(P) if p.requires_grad]
     opt = make_optimizer(cfg, params)
     B, M, V = cfg["B"], cfg["M"], cfg["V"]
     b = B // M

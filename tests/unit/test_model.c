@@ -108,6 +108,13 @@ static void gradcheck(pw_model_spec spec) {
   pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0};
   assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 42);
+  for (int i = 0; i < pw_prog_n_params(p); i++) { /* LoRA's B starts at 0: A's gradient would be 0 too */
+    pw_prog_param *pp = pw_prog_param_at(p, i);
+    pw_rng rb;
+    pw_rng_seed(&rb, (uint64_t)i);
+    if (strstr(pp->meta->name, ".lora_B."))
+      for (size_t k = 0; k < pp->meta->numel; k++) pp->data[k] = (float)(0.3 * pw_rng_normal(&rb));
+  }
   pw_prog_zero_grad(p);
   for (int j = 0; j < n_mb; j++) {
     float l;
@@ -152,6 +159,52 @@ static void test_gradcheck_gpt(void **st) { gradcheck(gpt_spec(0)); }
 static void test_gradcheck_gpt_tied(void **st) { gradcheck(gpt_spec(1)); }
 static void test_gradcheck_llama(void **st) { gradcheck(llama_spec()); }
 static void test_gradcheck_mlp(void **st) { gradcheck(mlp_spec()); }
+
+/* model.lora on gpt and llama (the adapter's node after each targeted
+ * linear, its A and B checked like every parameter) and the errors. */
+static pw_model_spec with_lora(pw_model_spec s, const char *const *targets, int n) {
+  s.lora_rank = 2, s.lora_alpha = 3;
+  s.n_lora_targets = n;
+  for (int i = 0; i < n; i++) snprintf(s.lora_targets[i], PW_LORA_TARGET_LEN, "%s", targets[i]);
+  return s;
+}
+static void test_gradcheck_lora(void **st) {
+  static const char *const gpt[] = {"blocks.*.attn.qkv", "blocks.1.mlp.fc", "lm_head"};
+  static const char *const llama[] = {"blocks.*.attn.*", "blocks.0.mlp.up"};
+  gradcheck(with_lora(gpt_spec(0), gpt, 3));
+  gradcheck(with_lora(llama_spec(), llama, 2));
+  pw_model m;
+  pw_err err = {0};
+  pw_model_spec s = with_lora(gpt_spec(0), gpt, 3);
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  int na = 0, nb = 0, nl = 0;
+  for (int i = 0; i < m.n_params; i++) {
+    const pw_param *p = &m.params[i];
+    if (!pw_param_is_adapter(p)) continue;
+    if (strstr(p->name, "lora_A")) na++, assert_int_equal(p->init, PW_INIT_UNIFORM);
+    else nb++, assert_int_equal(p->init, PW_INIT_ZEROS);
+  }
+  for (int i = 0; i < m.n_nodes; i++)
+    if (m.nodes[i].op == PW_OP_LORA) {
+      nl++;
+      assert_int_equal(m.nodes[i].NH, 2);
+      assert_true(m.nodes[i].base == 1.5f);
+      assert_int_equal(m.nodes[i - 1].op, PW_OP_LINEAR);
+      assert_int_equal(m.nodes[i].in[1], m.nodes[i - 1].out);
+    }
+  assert_true(na == 4 && nb == 4 && nl == 4); /* qkv x 2, fc of block 1, lm_head */
+  assert_int_equal(m.params[m.nodes[m.n_nodes - 2].w].shape[0], 2); /* lm_head's A: [r, d] */
+  /* with no train.trainable only the adapters train */
+  pw_train_spec tr = {0};
+  assert_int_equal(pw_model_set_trainable(&m, &tr, &err), 0);
+  for (int i = 0; i < m.n_params; i++) assert_int_equal(m.params[i].frozen, !pw_param_is_adapter(&m.params[i]));
+  pw_model_free(&m);
+  static const char *const typo[] = {"blocks.*.attn.qkv", "blocks.*.mlp.fcc"};
+  s = with_lora(gpt_spec(0), typo, 2);
+  assert_int_equal(pw_model_build(&s, &m, &err), PW_ESPEC);
+  assert_string_equal(err.path, "model.lora.targets[1]");
+  assert_non_null(strstr(err.msg, "'blocks.*.mlp.fcc' matches no linear layer"));
+}
 static void test_gradcheck_mlp_xent(void **st) {
   pw_model_spec s = mlp_spec();
   s.loss = PW_LOSS_CROSS_ENTROPY;
@@ -554,6 +607,7 @@ int main(void) {
       cmocka_unit_test(test_gradcheck_llama),
       cmocka_unit_test(test_gradcheck_mlp),
       cmocka_unit_test(test_gradcheck_mlp_xent),
+      cmocka_unit_test(test_gradcheck_lora),
       cmocka_unit_test(test_split_backward_equals_full),
       cmocka_unit_test(test_staged_gpt),
       cmocka_unit_test(test_staged_gpt_tied),

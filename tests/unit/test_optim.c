@@ -13,13 +13,17 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "model.h"
 #include "optim.h"
 #include "prog.h"
+#include "ckpt.h"
+#include "safetensors.h"
 
 static pw_train_spec train_spec(void) {
   pw_train_spec t;
@@ -110,6 +114,66 @@ static void test_adamw_by_hand(void **state) {
   check_first_step(100.0, (float)(1.0 / (10.0 + 1e-6))); /* norm 10: clipped to 1 */
 }
 
+/* A frozen parameter (the weight; the bias trains): no gradient or AdamW
+ * state, left out of the norm, untouched by a step (also with weight
+ * decay), and out of the optimizer checkpoint, which loads back. */
+static void test_frozen(void **state) {
+  (void)state;
+  pw_model_spec s;
+  memset(&s, 0, sizeof s);
+  s.tmpl = PW_TEMPLATE_MLP;
+  s.in_dim = 2, s.hidden_dim = 3, s.out_dim = 1, s.n_layers = 1;
+  s.activation = PW_ACT_RELU, s.loss = PW_LOSS_MSE;
+  pw_model m;
+  assert_int_equal(pw_model_build(&s, &m, NULL), 0);
+  pw_train_spec t = train_spec();
+  t.n_trainable = 1;
+  snprintf(t.trainable[0], PW_TRAINABLE_LEN, "*.bias");
+  assert_int_equal(pw_model_set_trainable(&m, &t, NULL), 0);
+  pw_prog_config cfg = {.layer_lo = 0, .layer_hi = 1, .mb_size = 1, .batch_size = 1, .n_slots = 1};
+  pw_prog *p = NULL;
+  assert_int_equal(pw_prog_create(&m, &cfg, &p, NULL), 0);
+  assert_int_equal(pw_prog_n_params(p), 2);
+  pw_prog_param *w = pw_prog_param_at(p, 0), *b = pw_prog_param_at(p, 1);
+  assert_true(w->meta->decay && w->meta->frozen && !b->meta->frozen);
+  assert_true(!w->grad && !w->m && !w->v && b->grad && b->m && b->v);
+  assert_int_equal(pw_prog_train_numel(p), b->meta->numel);
+  assert_int_equal(pw_prog_grad_numel(p), b->meta->numel);
+  for (size_t i = 0; i < w->meta->numel; i++) w->data[i] = 0.5f + 0.1f * (float)i;
+  for (size_t i = 0; i < b->meta->numel; i++) b->grad[i] = 2.0f, b->data[i] = 0.0f;
+  float w0[16];
+  memcpy(w0, w->data, w->meta->numel * sizeof(float));
+  assert_true(pw_grad_sqnorm(p, NULL, 0) == 4.0 * (double)b->meta->numel);
+  pw_step_sched sc = pw_step_sched_of(&t, 0, pw_grad_sqnorm(p, NULL, 0));
+  pw_optim_update(p, &t, &sc);
+  assert_memory_equal(w->data, w0, w->meta->numel * sizeof(float));
+  assert_true(b->data[0] != 0.0f && b->m[0] != 0.0f);
+  char path[] = "/tmp/pw_test_frozen_XXXXXX", opath[64], file[64];
+  assert_non_null(mkdtemp(path));
+  snprintf(file, sizeof file, "%s/c.safetensors", path);
+  assert_int_equal(pw_ckpt_save(p, file, 1, NULL, NULL), 0);
+  pw_ckpt_optim_path(file, opath, sizeof opath);
+  pw_st_file *f = NULL;
+  assert_int_equal(pw_st_open(opath, &f, NULL), 0);
+  char name[128];
+  snprintf(name, sizeof name, "exp_avg.%s", b->meta->name);
+  assert_int_equal(pw_st_copy(f, name, PW_ST_F32, 1, (int64_t[2]){(int64_t)b->meta->numel, 0}, w0, NULL), 0);
+  snprintf(name, sizeof name, "exp_avg.%s", w->meta->name);
+  assert_int_not_equal(pw_st_copy(f, name, PW_ST_F32, 2, (int64_t[2]){w->meta->shape[0], w->meta->shape[1]}, w0,
+                                  NULL), 0);
+  assert_int_equal(pw_st_count(f), 2); /* exp_avg, exp_avg_sq of the bias */
+  pw_st_close(f);
+  float m0 = b->m[0];
+  b->m[0] = 0;
+  assert_int_equal(pw_ckpt_load(p, file, 1, NULL, NULL), 0);
+  assert_true(b->m[0] == m0);
+  unlink(file);
+  unlink(opath);
+  rmdir(path);
+  pw_prog_free(p);
+  pw_model_free(&m);
+}
+
 /* train.on_nonfinite: "skip" leaves weights and AdamW state as they were
  * when the global norm is not finite; "fail" (the default) updates (the
  * coordinator fails the job), and a finite norm always updates. */
@@ -145,6 +209,7 @@ int main(void) {
       cmocka_unit_test(test_nonfinite),
       cmocka_unit_test(test_sched),
       cmocka_unit_test(test_adamw_by_hand),
+      cmocka_unit_test(test_frozen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

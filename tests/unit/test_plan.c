@@ -162,6 +162,91 @@ static void test_layout_by_hand(void **state) {
   pw_job_free(&job);
 }
 
+static void set_trainable(pw_job *job, const char *const *pats, int n) {
+  job->train.n_trainable = n;
+  for (int i = 0; i < n; i++) snprintf(job->train.trainable[i], PW_TRAINABLE_LEN, "%s", pats[i]);
+}
+
+/* train.trainable: with only the last block and the head training, stage 0
+ * of two (embed + blocks 0, 1) is fully frozen: its W costs exactly 0, it
+ * has no gradient or AdamW bytes; stage 1's W drops by the frozen
+ * blocks.2's; the estimate still equals what the programs allocate. */
+static void test_frozen_plan(void **state) {
+  (void)state;
+  static const char *const pats[] = {"blocks.3.*", "ln_f.*", "lm_head.weight"};
+  pw_job job;
+  pw_plan all, fr;
+  job_of(GPT, "zb-h1", 2, 1, 1, 4, 8, &job);
+  assert_int_equal(pw_plan_build(&job, NULL, &all, NULL), 0);
+  set_trainable(&job, pats, 3);
+  assert_int_equal(pw_plan_build(&job, NULL, &fr, NULL), 0);
+  /* the same cut (so the stages compare), by even layer counts */
+  assert_int_equal(fr.part.stages[0].layer_hi, all.part.stages[0].layer_hi);
+  assert_int_equal(fr.part.stages[0].layer_hi, 3); /* embed, blocks.0, blocks.1 */
+  assert_true(all.cost_w[0] > 0);
+  assert_true(fr.cost_w[0] == 0.0);
+  assert_true(fr.cost_w[1] > 0 && fr.cost_w[1] < all.cost_w[1]);
+  assert_true(fr.cost_i[0] == all.cost_i[0] && fr.cost_f[1] == all.cost_f[1]); /* I still runs */
+  assert_true(fr.sim->makespan < all.sim->makespan);
+  assert_int_equal(fr.mem[0].grads, 0);
+  assert_int_equal(fr.mem[0].adam, 0);
+  assert_int_equal(fr.mem[0].params, all.mem[0].params);
+  assert_true(fr.mem[1].grads < all.mem[1].grads && fr.mem[1].adam == 2 * fr.mem[1].grads);
+  for (int s = 0; s < 2; s++) {
+    const pw_stage *st = &fr.part.stages[s];
+    pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = fr.mb_size,
+                          .batch_size = 8, .n_slots = 1};
+    pw_prog *pg = NULL;
+    assert_int_equal(pw_prog_create(&fr.model, &cfg, &pg, NULL), 0);
+    assert_int_equal(fr.mem[s].grads, pw_prog_grad_numel(pg) * sizeof(float));
+    assert_int_equal(fr.mem[s].adam, 2 * pw_prog_train_numel(pg) * sizeof(float));
+    size_t trainable = 0;
+    for (int i = 0; i < pw_prog_n_params(pg); i++) {
+      pw_prog_param *pp = pw_prog_param_at(pg, i);
+      int frozen = strncmp(pp->meta->name, "blocks.3.", 9) && strncmp(pp->meta->name, "ln_f.", 5) &&
+                   strcmp(pp->meta->name, "lm_head.weight");
+      assert_int_equal(pp->meta->frozen, frozen);
+      assert_int_equal(pp->grad == NULL, frozen);
+      assert_int_equal(pp->m == NULL && pp->v == NULL, frozen);
+      if (!frozen) trainable += pp->meta->numel;
+    }
+    assert_int_equal(pw_prog_train_numel(pg), trainable);
+    pw_prog_free(pg);
+  }
+  pw_plan_free(&all);
+  pw_plan_free(&fr);
+  pw_job_free(&job);
+}
+
+/* A pattern matching no parameter names itself and the nearest name;
+ * a tied embedding freezes with its one parameter and leaves the shared
+ * table (no gradients to sum). */
+static void test_trainable_errors(void **state) {
+  (void)state;
+  static const char *const typo[] = {"blocks.*", "lm_haed.weight"};
+  static const char *const head[] = {"blocks.*"};
+  pw_job job;
+  pw_plan p;
+  pw_err err = {0};
+  job_of(GPT, "1f1b", 2, 1, 1, 2, 8, &job);
+  set_trainable(&job, typo, 2);
+  assert_int_equal(pw_plan_build(&job, NULL, &p, &err), PW_ESPEC);
+  assert_string_equal(err.path, "train.trainable[1]");
+  assert_non_null(strstr(err.msg, "'lm_haed.weight' matches no parameter"));
+  assert_non_null(strstr(err.msg, "did you mean lm_head.weight?"));
+  pw_job_free(&job);
+  job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 8, &job);
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  assert_int_equal(p.part.n_shared, 1);
+  pw_plan_free(&p);
+  set_trainable(&job, head, 1);
+  assert_int_equal(pw_plan_build(&job, NULL, &p, NULL), 0);
+  assert_int_equal(p.part.n_shared, 0);
+  assert_int_equal(p.mem[1].tied, 0);
+  pw_plan_free(&p);
+  pw_job_free(&job);
+}
+
 /* A rank's estimate is exactly the arenas of its stage programs grown to
  * the planned slot counts (summed through prog.h's accessors), plus the
  * step-end buffers. */
@@ -463,6 +548,8 @@ static void test_peak_slots_vs_timelines(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_tiles),
+      cmocka_unit_test(test_frozen_plan),
+      cmocka_unit_test(test_trainable_errors),
       cmocka_unit_test(test_layout_by_hand),
       cmocka_unit_test(test_rank_totals),
       cmocka_unit_test(test_tied_bytes),

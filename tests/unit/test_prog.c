@@ -196,6 +196,93 @@ static void test_gpt_tied(void **st) {
 }
 static void test_add_x_x(void **st) { check_model(PW_TEMPLATE_GPT, PW_OP_ADD); }
 static void test_swiglu_g_g(void **st) { check_model(PW_TEMPLATE_LLAMA, PW_OP_SWIGLU); }
+/* LoRA nodes: x read by the linear and its adapter, y0 by the adapter alone */
+static void test_lora(void **st) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA);
+  s.lora_rank = 3, s.lora_alpha = 6, s.n_lora_targets = 2;
+  snprintf(s.lora_targets[0], PW_LORA_TARGET_LEN, "blocks.*.mlp.*");
+  snprintf(s.lora_targets[1], PW_LORA_TARGET_LEN, "lm_head");
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  garbage_equals_zeroed(&m, 0, m.n_layers);
+  for (int cut = 1; cut < m.n_layers; cut++) {
+    garbage_equals_zeroed(&m, 0, cut);
+    garbage_equals_zeroed(&m, cut, m.n_layers);
+  }
+  pw_model_free(&m);
+}
+
+/* train.trainable: a program over the frozen model computes, bit for bit,
+ * the all-trainable program's value gradients (B and I+W: input gradients
+ * still flow through frozen layers) and its trainable parameters'
+ * gradients; frozen parameters have no gradient at all. `pats` includes
+ * half-frozen nodes (a layernorm's or a linear's bias training, its weight
+ * not). Then the garbage-equals-zeroed check on the frozen model. */
+static void check_frozen(pw_model_spec *s, const char *const *pats, int n_pats) {
+  pw_model ma, mf;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(s, &ma, &err), 0);
+  assert_int_equal(pw_model_build(s, &mf, &err), 0);
+  pw_train_spec tr = {.n_trainable = n_pats};
+  for (int i = 0; i < n_pats; i++) snprintf(tr.trainable[i], PW_TRAINABLE_LEN, "%s", pats[i]);
+  assert_int_equal(pw_model_set_trainable(&mf, &tr, &err), 0);
+  pw_prog_config cfg = {0, ma.n_layers, MB, 2 * MB, 1, 0};
+  pw_prog *pa, *pf;
+  assert_int_equal(pw_prog_create(&ma, &cfg, &pa, &err), 0);
+  assert_int_equal(pw_prog_create(&mf, &cfg, &pf, &err), 0);
+  pw_prog_init_params(pa, 17);
+  pw_prog_init_params(pf, 17);
+  assert_true(pw_prog_grad_numel(pf) < pw_prog_grad_numel(pa));
+  int n_frozen = 0;
+  for (int split = 0; split < 2; split++) {
+    size_t na, nf;
+    free(run(pa, &ma, 0.0f, split, &na));
+    free(run(pf, &mf, 0.0f, split, &nf));
+    pw_prog_grads_finalize(pa);
+    pw_prog_grads_finalize(pf);
+    for (int v = 0; v < ma.n_values; v++) {
+      const float *ga = pw_prog_grad(pa, 0, v), *gf = pw_prog_grad(pf, 0, v);
+      if (ga) assert_memory_equal(ga, gf, value_floats(&ma, v) * sizeof(float));
+    }
+    n_frozen = 0;
+    for (int i = 0; i < pw_prog_n_params(pf); i++) {
+      pw_prog_param *a = pw_prog_param_at(pa, i), *f = pw_prog_param_at(pf, i);
+      if (mf.params[f->model_index].frozen) {
+        assert_null(f->grad);
+        n_frozen++;
+        continue;
+      }
+      assert_non_null(f->grad);
+      assert_memory_equal(a->grad, f->grad, a->meta->numel * sizeof(float));
+    }
+  }
+  assert_true(n_frozen > 0);
+  garbage_equals_zeroed(&mf, 0, mf.n_layers);
+  pw_prog_free(pa);
+  pw_prog_free(pf);
+  pw_model_free(&ma);
+  pw_model_free(&mf);
+}
+
+static void test_frozen(void **st) {
+  static const char *const gpt[] = {"blocks.1.ln1.bias", "blocks.1.attn.qkv.bias", "blocks.1.attn.proj.*",
+                                    "blocks.1.ln2.*", "blocks.1.mlp.*", "ln_f.*", "lm_head.weight"};
+  static const char *const llama[] = {"blocks.1.*", "lm_head.weight"};
+  pw_model_spec s = spec_of(PW_TEMPLATE_GPT);
+  check_frozen(&s, gpt, 7);
+  s = spec_of(PW_TEMPLATE_LLAMA);
+  check_frozen(&s, llama, 2);
+}
+
+static void test_frozen_tied(void **st) {
+  static const char *const blocks[] = {"blocks.*"}; /* the tied embedding frozen */
+  static const char *const tok[] = {"embed.tok.weight"}; /* only it trains, both uses */
+  pw_model_spec s = spec_of(PW_TEMPLATE_GPT);
+  s.tie_embeddings = 1;
+  check_frozen(&s, blocks, 1);
+  check_frozen(&s, tok, 1);
+}
 
 /* The last stage of a GPT starts at a block: its input port (the residual
  * stream) is read by the block's first layernorm and by its residual add.
@@ -256,7 +343,10 @@ int main(void) {
       cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_add_x_x),
       cmocka_unit_test(test_swiglu_g_g),
+      cmocka_unit_test(test_lora),
       cmocka_unit_test(test_input_port_gradient),
+      cmocka_unit_test(test_frozen),
+      cmocka_unit_test(test_frozen_tied),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

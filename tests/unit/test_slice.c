@@ -31,7 +31,9 @@ static const char *SPEC =
     "\"schedule\":{\"name\":\"interleaved-1f1b\",\"microbatches\":4},"
     "\"partition\":{\"remat\":[true,false,false,true]},"
     "\"train\":{\"steps\":7,\"batch_size\":16,\"seed\":9007199254740993,\"grad_clip\":0.5,"
-    "\"checkpoint_every\":3,\"eval_every\":2,\"eval_batches\":3,\"on_nonfinite\":\"skip\",\"optimizer\":{\"name\":\"adamw\",\"lr\":0.003,\"min_lr\":0.0003,"
+    "\"checkpoint_every\":3,\"eval_every\":2,\"eval_batches\":3,\"on_nonfinite\":\"skip\","
+    "\"trainable\":[\"blocks.[13].*\",\"embed.tok.weight\"],"
+    "\"optimizer\":{\"name\":\"adamw\",\"lr\":0.003,\"min_lr\":0.0003,"
     "\"warmup_steps\":2,\"betas\":[0.9,0.95],\"eps\":1e-8,\"weight_decay\":0.1}},"
     "\"data\":{\"kind\":\"copy\"}}";
 
@@ -78,6 +80,9 @@ static void build(fixture *f, int rank, char **text, char hex[PW_SHA256_HEX_LEN 
 }
 
 static void expect_models_equal(const pw_model *a, const pw_model *b) {
+  int frozen = 0; /* train.trainable travels as each parameter's flag */
+  for (int i = 0; i < a->n_params; i++) frozen += a->params[i].frozen;
+  assert_true(frozen > 0 && frozen < a->n_params);
   assert_int_equal(a->n_values, b->n_values);
   assert_int_equal(a->n_nodes, b->n_nodes);
   assert_int_equal(a->n_params, b->n_params);
@@ -95,7 +100,7 @@ static void expect_models_equal(const pw_model *a, const pw_model *b) {
     const pw_param *x = &a->params[i], *y = &b->params[i];
     assert_string_equal(x->name, y->name);
     if (x->ndim != y->ndim || x->shape[0] != y->shape[0] || x->shape[1] != y->shape[1] || x->numel != y->numel ||
-        x->decay != y->decay || x->init != y->init || memcmp(&x->init_std, &y->init_std, sizeof(float)))
+        x->decay != y->decay || x->init != y->init || x->frozen != y->frozen || memcmp(&x->init_std, &y->init_std, sizeof(float)))
       fail_msg("param %d (%s) differs", i, x->name);
   }
   for (int i = 0; i < a->n_layers; i++) {
@@ -134,6 +139,8 @@ static void test_round_trip(void **state) {
     pw_train_spec want = f->job.train;
     want.keep_checkpoints = 0; /* the coordinator's alone: not in a slice */
     want.max_restarts = 0;
+    want.n_trainable = 0; /* travels as the parameters' frozen flags */
+    memset(want.trainable, 0, sizeof want.trainable);
     assert_memory_equal(&s.train, &want, sizeof s.train); /* doubles and the 64-bit seed bit for bit */
     assert_int_equal(s.data.kind, f->job.data.kind);
     assert_string_equal(s.data.path, f->job.data.path);

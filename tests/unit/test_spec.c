@@ -114,9 +114,20 @@ static const bad_case bad[] = {
     {B_GPT, "{'mesh':{'workers':'any'}}", "mesh.workers", "unknown field"},
     {B_GPT, "{'train':{'optimizer':{'beta1':0.9}}}", "train.optimizer.beta1", "unknown field"},
     {B_GPT, "{'train':{'steps':1.5}}", "train.steps", "must be an integer"},
+    {B_GPT, "{'train':{'trainable':'blocks.*'}}", "train.trainable", "must be an array of 1 to 32 glob patterns"},
+    {B_GPT, "{'train':{'trainable':[]}}", "train.trainable", "must be an array of 1 to 32 glob patterns"},
+    {B_GPT, "{'train':{'trainable':['blocks.*',3]}}", "train.trainable[1]", "must be a non-empty string"},
+    {B_GPT, "{'train':{'trainable':['']}}", "train.trainable[0]", "must be a non-empty string"},
     {B_GPT, "{'train':{'steps':3.0}}", "train.steps", "must be an integer"},
     {B_GPT, "{'train':{'steps':'10'}}", "train.steps", "must be an integer"},
     {B_GPT, "{'model':{'tie_embeddings':1}}", "model.tie_embeddings", "must be a boolean"},
+    {B_GPT, "{'model':{'lora':4}}", "model.lora", "must be an object"},
+    {B_GPT, "{'model':{'lora':{'rank':4}}}", "model.lora.targets", "required"},
+    {B_GPT, "{'model':{'lora':{'rank':0,'targets':['lm_head']}}}", "model.lora.rank", ">= 1"},
+    {B_GPT, "{'model':{'lora':{'alpha':0,'targets':['lm_head']}}}", "model.lora.alpha", "> 0"},
+    {B_GPT, "{'model':{'lora':{'targets':[]}}}", "model.lora.targets", "must be an array of 1 to 16"},
+    {B_GPT, "{'model':{'lora':{'targets':['lm_head',7]}}}", "model.lora.targets[1]", "must be a non-empty string"},
+    {B_GPT, "{'model':{'lora':{'rnak':2,'targets':['lm_head']}}}", "model.lora.rnak", "did you mean rank?"},
     {B_GPT, "{'model':'gpt'}", "model", "must be an object"},
     {B_GPT, "{'mesh':3}", "mesh", "must be an object"},
     {B_GPT, "{'train':{'optimizer':'adamw'}}", "train.optimizer", "must be an object"},
@@ -653,6 +664,10 @@ static const char *const round_trip_specs[] = {
     "{'model':{'template':'mlp','in_dim':4,'hidden_dim':16,'out_dim':3,'n_layers':3,'activation':'silu',"
     "'loss':'cross_entropy'},'data':{'kind':'classify'},"
     "'train':{'seed':123456789012,'optimizer':{'name':'sgd','lr':0.1,'momentum':0.5,'weight_decay':0.001}}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+    "'train':{'trainable':['blocks.*','lm_head.weight']}}",
+    "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,"
+    "'lora':{'rank':4,'alpha':16,'targets':['blocks.*.attn.qkv','lm_head']}},'data':{'kind':'copy'}}",
     "{'model':{'template':'mlp','in_dim':4,'out_dim':3,'n_layers':0},'data':{'kind':'regression'},"
     "'partition':{'mode':'balanced','layer_times':[0.1,0.2,3],'byte_cost':1e-9}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'data':{'kind':'copy'},"
