@@ -227,7 +227,7 @@ static void check_frozen(pw_model_spec *s, const char *const *pats, int n_pats) 
   pw_train_spec tr = {.n_trainable = n_pats};
   for (int i = 0; i < n_pats; i++) snprintf(tr.trainable[i], PW_TRAINABLE_LEN, "%s", pats[i]);
   assert_int_equal(pw_model_set_trainable(&mf, &tr, &err), 0);
-  pw_prog_config cfg = {0, ma.n_layers, MB, 2 * MB, 1, 0};
+  pw_prog_config cfg = {.layer_hi = ma.n_layers, .mb_size = MB, .batch_size = 2 * MB, .n_slots = 1};
   pw_prog *pa, *pf;
   assert_int_equal(pw_prog_create(&ma, &cfg, &pa, &err), 0);
   assert_int_equal(pw_prog_create(&mf, &cfg, &pf, &err), 0);
