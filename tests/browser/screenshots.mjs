@@ -36,6 +36,7 @@ try {
   // the example GPT at two learning rates, side by side on two workers each
   const gpt = example('gpt-tiny.json');
   gpt.train.steps = 200;
+  gpt.train.eval_every = 25; // the held-out loss beside the training loss
   const slow = structuredClone(gpt);
   slow.name = 'gpt-tiny lr 1e-3';
   slow.train.optimizer.lr = 1e-3;
