@@ -21,6 +21,20 @@ export async function waitFor(what, fn, ms) {
   throw new Error(`timed out after ${ms} ms waiting for ${what}${last ? ': ' + last.message : ''}`);
 }
 
+// A process started as {p, exited}: SIGTERM, then SIGKILL after ms.
+export async function stop(rec, ms = 10000) {
+  if (rec.exited) return rec.exited;
+  rec.p.kill('SIGTERM');
+  const t0 = Date.now();
+  while (!rec.exited && Date.now() - t0 < ms) await sleep(50);
+  if (!rec.exited) {
+    rec.p.kill('SIGKILL');
+    while (!rec.exited) await sleep(20);
+    return {code: null, sig: 'SIGKILL (did not stop on SIGTERM)'};
+  }
+  return rec.exited;
+}
+
 // new Cluster({build, source, out}): logs go to out/NAME.log.
 export class Cluster {
   constructor({build, source, out}) {
@@ -92,18 +106,7 @@ export class Cluster {
 
   async state(id) { return (await this.api(`/v1/jobs/${id}`)).json.state; }
 
-  async stop(rec, ms = 10000) {
-    if (rec.exited) return rec.exited;
-    rec.p.kill('SIGTERM');
-    const t0 = Date.now();
-    while (!rec.exited && Date.now() - t0 < ms) await sleep(50);
-    if (!rec.exited) {
-      rec.p.kill('SIGKILL');
-      while (!rec.exited) await sleep(20);
-      return {code: null, sig: 'SIGKILL (did not stop on SIGTERM)'};
-    }
-    return rec.exited;
-  }
+  stop(rec, ms) { return stop(rec, ms); }
 
   async stopAll() { for (const r of [...this.procs].reverse()) await this.stop(r); }
 }

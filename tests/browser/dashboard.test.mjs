@@ -34,7 +34,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {createRequire} from 'node:module';
-import {sleep, waitFor} from './cluster.mjs';
+import {stop, waitFor} from './cluster.mjs';
 
 const require = createRequire(import.meta.url);
 const {chromium} = require('playwright-core');
@@ -79,19 +79,6 @@ function logTail(name, n = 30) {
   try {
     return fs.readFileSync(path.join(OUT, `${name}.log`), 'utf8').split('\n').slice(-n).join('\n');
   } catch { return '(no log)'; }
-}
-
-async function stop(rec, ms = 10000) {
-  if (rec.exited) return rec.exited;
-  rec.p.kill('SIGTERM');
-  const t0 = Date.now();
-  while (!rec.exited && Date.now() - t0 < ms) await sleep(50);
-  if (!rec.exited) {
-    rec.p.kill('SIGKILL');
-    while (!rec.exited) await sleep(20);
-    return {code: null, sig: 'SIGKILL (did not stop on SIGTERM)'};
-  }
-  return rec.exited;
 }
 
 process.on('exit', () => { for (const r of procs) if (!r.exited) r.p.kill('SIGKILL'); });

@@ -21,18 +21,10 @@ BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import driver as d  # noqa: E402  (Cluster, http, wait_for, bit_diff, close_cluster)
 
-PASSED = FAILED = 0
+check = d.Checks()
 PW = os.path.join(BUILD, "pipewright")
 NAMES = ["gpipe", "1f1b", "eager1f1b", "zb-h1", "interleaved-1f1b", "interleaved-gpipe",
          "interleaved-1f1b-plus-one", "kimi-k2", "dualpipev"]
-
-
-def check(label, ok, detail=""):
-    global PASSED, FAILED
-    print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:600]) if detail and not ok else ''}", flush=True)
-    PASSED += bool(ok)
-    FAILED += not ok
-    return ok
 
 
 def spec(name, V, custom=None):
@@ -141,9 +133,9 @@ def main():
         check("GET /v1/schedules lists aliases", "Std1F1B" in (al.get("1f1b") or []) and
               "LoopedBFS" in (al.get("interleaved-gpipe") or []) and all(isinstance(v, list) for v in al.values()), al)
     finally:
-        d.close_cluster(c, tmp, check, lambda: FAILED > 0)
-    print(f"{PASSED} passed, {FAILED} failed")
-    return 1 if FAILED else 0
+        d.close_cluster(c, tmp, check, lambda: check.failed > 0)
+    print(f"{check.passed} passed, {check.failed} failed")
+    return 1 if check.failed else 0
 
 
 if __name__ == "__main__":
