@@ -351,7 +351,10 @@ static json_t *bench_job(const char *path, int do_breakdown) {
       for (int d = 0; d < 3; d++) lin_raw += raw_s[d] * count * n_mb, lin_pw += pw_s[d] * count * n_mb;
     } else if (n->op == PW_OP_ATTENTION) {
       int C = n->OC, T = n->T;
-      att_flops += 12.0 * mb * T * (double)T * C * n_mb;
+      /* only the work done: the causal half, T(T+1)/2 query-key pairs per
+       * sequence and head; Q·Kᵀ and P·V forward (2 products), twice that
+       * backward: 6 products of 2·C·T(T+1)/2 FLOPs */
+      att_flops += 6.0 * mb * C * (double)T * (T + 1) * n_mb;
       if (done[i]) continue;
       int count = 0;
       for (int j = i; j < m.n_nodes; j++)

@@ -4,7 +4,7 @@
  * A B B A ..., each process idle (blocked on its stdin) while the other
  * computes, and load from other processes hits both sides alike.
  *
- *   bench_step --job FILE [--threads N]
+ *   bench_step --job FILE [--threads N] [--sgemm-only]
  *
  * Prints "ready" once the trainer is built; then each input line
  *   step   runs pw_trainer_step (the code path of `pipewright train`: data,
@@ -15,7 +15,11 @@
  *          buffers of its own) and prints {"ms": time, "gflop": their FLOPs}:
  *          the sgemm rate on the model's shapes, measured between steps so
  *          that the step's fraction of it is not skewed by changing load;
- *   quit   (or EOF) ends. */
+ *   quit   (or EOF) ends.
+ * --sgemm-only builds the model's shapes but no trainer and answers only
+ * "sgemm": a second process whose OpenBLAS picked other kernels (the CPU's
+ * own, with OPENBLAS_CORETYPE unset) probes the native peak beside the
+ * kernels in use. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,12 +62,37 @@ static double sgemm_probe(const pw_model *m, int mb, int n_mb, double *gflop) {
   return bench_now() - t0;
 }
 
+static int serve_sgemm_only(const char *job_path, int threads) {
+  pw_job job;
+  pw_model m;
+  pw_err err = {0};
+  char buf[600], line[64];
+  openblas_set_num_threads(threads);
+  int mb;
+  if (pw_job_load_file(job_path, &job, &err) || pw_model_build(&job.model, &m, &err) ||
+      (mb = pw_job_mb_size(&job, &err)) < 0) {
+    fprintf(stderr, "bench_step: %s: %s\n", job_path, pw_err_str(&err, buf, sizeof buf));
+    return 1;
+  }
+  printf("ready\n");
+  fflush(stdout);
+  while (fgets(line, sizeof line, stdin) && strncmp(line, "sgemm", 5) == 0) {
+    double gf, sec = sgemm_probe(&m, mb, job.train.batch_size / mb, &gf);
+    printf("{\"ms\": %.3f, \"gflop\": %.6f}\n", sec * 1e3, gf);
+    fflush(stdout);
+  }
+  pw_model_free(&m);
+  pw_job_free(&job);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *job_path = NULL;
-  int threads = 1;
+  int threads = 1, sgemm_only = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--job") == 0 && i + 1 < argc) job_path = argv[++i];
     else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--sgemm-only") == 0) sgemm_only = 1;
     else {
       fprintf(stderr, "usage: bench_step --job FILE [--threads N]\n");
       return 2;
@@ -78,6 +107,7 @@ int main(int argc, char **argv) {
   pw_trainer t;
   pw_err err = {0};
   char buf[600];
+  if (sgemm_only) return serve_sgemm_only(job_path, threads);
   if (pw_job_load_file(job_path, &job, &err) || pw_trainer_init(&t, &job, &err)) {
     fprintf(stderr, "bench_step: %s: %s\n", job_path, pw_err_str(&err, buf, sizeof buf));
     return 1;

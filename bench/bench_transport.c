@@ -4,6 +4,8 @@
  *
  *   bench_transport pw   SIZE ITERS [stream]   PWF1 frames, as a worker sends them
  *   bench_transport raw  SIZE ITERS [stream]   blocking send/recv, same bytes
+ *   bench_transport spin SIZE ITERS [stream]   raw, but both ends busy-poll
+ *                                              non-blocking sockets (no sleep)
  *   bench_transport wake ITERS                 pipe ping-pong between processes
  *   bench_transport wakeidle ITERS             wake-up of a process blocked for 1 ms
  *
@@ -20,7 +22,10 @@
  * pw_frame_reader straight into a destination buffer, CRC checked as bytes
  * arrive, yielding the core while nothing comes for up to 1 ms, then
  * sleeping in poll() (worker/recv.c). raw copies the same bytes with
- * blocking write()/read() on default sockets and checks nothing.
+ * blocking write()/read() on default sockets and checks nothing; spin does
+ * the same with non-blocking calls retried in a busy loop, so neither end
+ * ever sleeps: the fastest raw path when a core is free to burn, and the
+ * bound pw is compared with besides raw.
  *
  * Prints one JSON line: {"mode", "size", "iters", "seconds", "us_per_msg",
  * "gbytes_per_s"}. */
@@ -75,11 +80,14 @@ static int connect_to(int port) {
   return fd;
 }
 
+/* spin: retry non-blocking calls without ever sleeping */
+static int g_spin;
+
 static void write_all(int fd, const void *p, size_t n) {
   const char *c = p;
   while (n) {
-    ssize_t k = write(fd, c, n);
-    if (k < 0 && errno == EINTR) continue;
+    ssize_t k = g_spin ? send(fd, c, n, MSG_DONTWAIT | MSG_NOSIGNAL) : write(fd, c, n);
+    if (k < 0 && (errno == EINTR || (g_spin && (errno == EAGAIN || errno == EWOULDBLOCK)))) continue;
     if (k <= 0) die("write");
     c += k;
     n -= (size_t)k;
@@ -89,8 +97,8 @@ static void write_all(int fd, const void *p, size_t n) {
 static void read_all(int fd, void *p, size_t n) {
   char *c = p;
   while (n) {
-    ssize_t k = read(fd, c, n);
-    if (k < 0 && errno == EINTR) continue;
+    ssize_t k = g_spin ? recv(fd, c, n, MSG_DONTWAIT) : read(fd, c, n);
+    if (k < 0 && (errno == EINTR || (g_spin && (errno == EAGAIN || errno == EWOULDBLOCK)))) continue;
     if (k <= 0) die("read");
     c += k;
     n -= (size_t)k;
@@ -298,11 +306,12 @@ int main(int argc, char **argv) {
            dt / (2.0 * iters) * 1e6);
     return 0;
   }
-  if (argc < 4 || (strcmp(argv[1], "pw") && strcmp(argv[1], "raw"))) {
-    fprintf(stderr, "usage: bench_transport pw|raw SIZE ITERS [stream] | wake ITERS\n");
+  if (argc < 4 || (strcmp(argv[1], "pw") && strcmp(argv[1], "raw") && strcmp(argv[1], "spin"))) {
+    fprintf(stderr, "usage: bench_transport pw|raw|spin SIZE ITERS [stream] | wake ITERS | wakeidle ITERS\n");
     return 2;
   }
   int pw = !strcmp(argv[1], "pw");
+  g_spin = !strcmp(argv[1], "spin");
   g_size = (size_t)atol(argv[2]) & ~(size_t)3;
   if (g_size > PW_FRAME_MAX_PAYLOAD) { /* one frame each, as measured: no chunks here */
     fprintf(stderr, "bench_transport: SIZE must be at most %u\n", PW_FRAME_MAX_PAYLOAD);

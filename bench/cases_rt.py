@@ -4,10 +4,10 @@ See bench/README.md for what each figure means."""
 import json, os, re, shutil, statistics, subprocess, tempfile, time, urllib.request
 
 import pipe
+from benchlib import Server, env_for, log, spread, torch_cmd, torch_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-CORES = os.cpu_count() or 1
 
 
 def _job(d, L, H, T, B, m, pp, V, sched, steps):
@@ -69,19 +69,77 @@ def _pipeline_row(a, env, job, tag, warmup):
             "memory": mem}
 
 
-def case_pp2_step(a, env):
-    """Case 2, pp = 2: the d256 GPT as two 1-thread workers."""
-    steps = 8 if a.quick else 16
-    job = _job(256, 4, 4, 128, 16, 8, 2, 1, "zb-h1", steps)
-    row = _pipeline_row(a, env, job, "pp2-d256", 2)
-    row["name"] = "bench-gpt-d256"
-    return row
+PP2_MODELS = {  # name: (d, layers, heads, T, B, bench job of the same model at pp = 1)
+    "bench-gpt-d256": (256, 4, 4, 128, 16, "bench/jobs/gpt-d256.json"),
+    "bench-gpt-d768": (768, 12, 12, 256, 8, "bench/jobs/gpt-d768.json"),
+}
+
+
+def case_pp2(a, env):
+    """Case 2 (pp = 2) and issue 16 part 4: a model as a pp = 2 pipeline of two 1-thread workers
+    (zb-h1 and 1f1b, m = 8) against the same model in one process on 2 OpenBLAS threads (its best
+    setting: m = 1), and against PyTorch on 2 threads (its best wait policy), in the same rounds:
+    each round runs both pipelines, then K steps of each resident single-process trainer (idle,
+    blocked on stdin, while the pipelines run). Efficiency = pipeline tokens/s ÷ (1-thread single
+    process tokens/s × 2 ranks), the 1-thread figure also measured in the round."""
+    rounds = 3
+    steps, K = (6, 2) if a.quick else (8, 4)
+    warm = 2
+    names = ["bench-gpt-d256"] if a.quick else list(PP2_MODELS)
+    out = {}
+    for name in names:
+        d, L, H, T, B, path = PP2_MODELS[name]
+        tokens = B * T
+        env_t, policy = torch_env(a, path, 2)
+        bench_step = os.path.join(a.build, "bench", "bench_step")
+        sv = {"single_2t": Server([bench_step, "--job", path, "--threads", "2"], env_for(2, a.coretype)),
+              "single_1t": Server([bench_step, "--job", path, "--threads", "1"], env),
+              "torch_2t": Server(torch_cmd(path, 2), env_t)}
+        got = {k: [] for k in ("zb-h1", "1f1b", *sv)}
+        runs = {}
+        try:
+            for s in sv.values():
+                s.step()
+            for rd in range(rounds):
+                log(f"case 2 pp = 2: {name}, round {rd + 1} of {rounds}")
+                for sched in ("zb-h1", "1f1b"):
+                    job = _job(d, L, H, T, B, 8, 2, 1, sched, steps)
+                    r = _pipeline_row(a, env, job, f"pp2-{name}-{sched}", warm)
+                    got[sched].append(r["step_period_s"] * 1e3)
+                    runs.setdefault(sched, []).append(r)
+                for k, s in sv.items():
+                    got[k].append(_med([s.step() for _ in range(K)]))
+        finally:
+            for s in sv.values():
+                s.close()
+        rows = []
+        for sched in ("zb-h1", "1f1b"):
+            per = [{"vs_single_2t": s2 / p, "vs_torch_2t": t2 / p, "efficiency": s1 / (2 * p)}
+                   for p, s2, t2, s1 in zip(got[sched], got["single_2t"], got["torch_2t"], got["single_1t"])]
+            r = dict(sorted(runs[sched], key=lambda x: x["step_period_s"])[len(runs[sched]) // 2])
+            row = {"schedule": sched, "m": 8, "rounds_ms": got[sched], "ms": _med(got[sched]),
+                   "tokens_per_s": tokens / _med(got[sched]) * 1e3,
+                   "measured_bubble": r["measured_bubble"], "planned_bubble": r["planned_bubble"],
+                   "replay_bubble": r["replay_bubble"], "memory": r["memory"], "job": r["job"], "pp": 2,
+                   "action_costs_ms": r["action_costs_ms"]}
+            for key in ("vs_single_2t", "vs_torch_2t", "efficiency"):
+                v = [x[key] for x in per]
+                row[key], row[key + "_rounds"], row[key + "_spread"] = _med(v), v, spread(v)
+            rows.append(row)
+        out[name] = {"rounds": rounds, "pipeline_steps": steps, "warmup": warm, "single_steps_per_round": K,
+                     "torch_omp_wait_policy": policy, "tokens_per_step": tokens,
+                     "single_2t_ms": _med(got["single_2t"]), "single_1t_ms": _med(got["single_1t"]),
+                     "torch_2t_ms": _med(got["torch_2t"]), "single_rounds_ms": {k: got[k] for k in sv},
+                     "rows": rows}
+    return {"models": out}
 
 
 def case_pipeline(a, env):
     """Case 3 (and case 6's memory figures): a GPT d=128 L=8 T=64 B=16, m=8. Three rounds; in each, the
     single-rank baseline then every configuration; each configuration's row is its round with the median
-    efficiency (the 2 cores are shared with whatever else runs, so single runs are noisy)."""
+    efficiency, the rounds' range beside it. Efficiency = measured tokens/s ÷ (single-rank tokens/s ×
+    ranks): what the ranks deliver of what they would alone, the bubble and the sharing of cores both
+    counted against it (pp = 4 on 2 cores cannot exceed 0.5)."""
     steps = 7 if a.quick else 14
     rounds = 3
     configs = [(pp, sched, V) for pp in (2, 4)
@@ -101,11 +159,10 @@ def case_pipeline(a, env):
             except (RuntimeError, subprocess.CalledProcessError) as e:
                 got[(pp, sched, V)].append({"schedule": sched, "pp": pp, "V": V, "m": 8, "error": str(e)[:300]})
                 continue
-            # ideal: single-rank throughput x min(pp, cores) x (1 - bubble of the replay with measured costs)
             tps1 = 16 * 64 / p1
             r["round"] = rd
             r["single_rank_tokens_per_s"] = tps1
-            r["ideal_tokens_per_s"] = tps1 * min(pp, CORES) * (1 - r["replay_bubble"])
+            r["ideal_tokens_per_s"] = tps1 * pp
             r["efficiency"] = r["tokens_per_s"] / r["ideal_tokens_per_s"]
             got[(pp, sched, V)].append(r)
     rows = []
@@ -121,19 +178,24 @@ def case_pipeline(a, env):
             "rows": rows}
 
 
-def case_overhead(a, env, wake):
-    """Case 4: tiny transformer (2 layers, d=64, batch 2, T=64, m=1) through the worker vs in-process."""
+def case_overhead(a, env):
+    """Case 4: tiny transformer (2 layers, d=64, batch 2, T=64, m=1) through the worker vs in-process.
+    Each round takes its own wake-up figure (`bench_transport wakeidle`) beside its runs, so the
+    per-action overhead above one wake-up is a difference of figures measured together; the rounds'
+    range is reported beside the median."""
     steps = 150 if a.quick else 400
     warm = 20
-    wake_us = wake["idle_us"]
-    out = {"wake_us": wake_us, "wake_hot_us": wake["hot_us"], "rows": []}
+    rounds = 3 if a.quick else 5
+    out = {"rows": [], "rounds": rounds}
     job1 = _job(64, 2, 4, 64, 2, 1, 1, 1, "1f1b", steps)
     d = tempfile.mkdtemp(dir=a.scratch)
     spec = os.path.join(d, "job.json")
     with open(spec, "w") as f:
         json.dump(job1, f)
-    inproc = []
-    for rep in range(2 if a.quick else 3):
+    inproc, wakes, hot = [], [], []
+    for rep in range(rounds):
+        wakes.append(_bt(a, "wakeidle", 300)["us_per_wakeup"])
+        hot.append(_bt(a, "wake", 5000)["us_per_wakeup"])
         for pp in (1, 2):
             job = _job(64, 2, 4, 64, 2, 1, pp, 1, "1f1b", steps)
             res = pipe.run(a.build, job, os.path.join(d, f"w{pp}"), trace_every=0, env=env)
@@ -141,12 +203,12 @@ def case_overhead(a, env, wake):
             out["rows"].append({"pp": pp, "round": rep, "worker_step_s": st,
                                 "period_s": pipe.step_period(res, warm),
                                 "actions_per_step": sum(len(x.split()) for x in res["plan"]["plan"]["ranks"])})
-        log = os.path.join(d, "train.jsonl")
-        subprocess.run([os.path.join(a.build, "pipewright"), "train", "--job", spec, "--log-json", log, "--quiet",
-                        "--threads", "1"], check=True, env=env, cwd=ROOT, capture_output=True)
-        with open(log) as f:
+        log_path = os.path.join(d, "train.jsonl")
+        subprocess.run([os.path.join(a.build, "pipewright"), "train", "--job", spec, "--log-json", log_path,
+                        "--quiet", "--threads", "1"], check=True, env=env, cwd=ROOT, capture_output=True)
+        with open(log_path) as f:
             ms = [json.loads(x)["ms"] for x in f if x.strip()]
-        inproc.append(_med(ms[warm:-1]))
+        inproc.append(_med(ms[warm:-1]) * 1e-3)
     # where the worker's step goes: its actions' own time (traced) vs the rest
     res = pipe.run(a.build, job1, os.path.join(d, "traced"), trace_every=1, env=env)
     rep = [x for x in res["reports"][0] if warm <= x["step"] < steps - 1]
@@ -157,16 +219,20 @@ def case_overhead(a, env, wake):
                          "gap_between_actions_s": _med([sum(r["actions"][i + 1][3] - r["actions"][i][4]
                                                             for i in range(len(r["actions"]) - 1)) for r in rep])}
     shutil.rmtree(d, ignore_errors=True)
-    out["inproc_step_s"] = _med(inproc) * 1e-3
-    out["inproc_rounds_ms"] = inproc
+    out["inproc_step_s"] = _med(inproc)
+    out["inproc_rounds_s"] = inproc
+    out["wake_us"], out["wake_rounds_us"] = _med(wakes), wakes
+    out["wake_hot_us"] = _med(hot)
     for pp in (1, 2):
-        rs = [r for r in out["rows"] if r["pp"] == pp]
-        w = _med([r["worker_step_s"] for r in rs])
+        rs = sorted((r for r in out["rows"] if r["pp"] == pp), key=lambda r: r["round"])
         n = rs[0]["actions_per_step"]
-        ov = w - out["inproc_step_s"]
-        out[f"pp{pp}"] = {"worker_step_s": w, "overhead_us_per_step": ov * 1e6, "actions": n,
-                          "overhead_us_per_action": ov * 1e6 / n,
-                          "over_wake_us_per_action": ov * 1e6 / n - wake_us}
+        ov = [(r["worker_step_s"] - inproc[r["round"]]) * 1e6 for r in rs]
+        above = [o / n - wakes[r["round"]] for o, r in zip(ov, rs)]
+        out[f"pp{pp}"] = {"worker_step_s": _med([r["worker_step_s"] for r in rs]), "actions": n,
+                          "overhead_us_per_step": _med(ov), "overhead_us_per_step_spread": spread(ov),
+                          "overhead_us_per_action": _med(ov) / n,
+                          "over_wake_us_per_action": _med(above), "over_wake_spread": spread(above),
+                          "over_wake_rounds": above}
     return out
 
 
@@ -176,30 +242,30 @@ def _bt(a, *args):
     return json.loads(r.stdout)
 
 
-def case_wake(a):
-    """Blocking wake-up between processes: hot (pipe ping-pong) and of a process blocked 1 ms (idle CPU)."""
-    return {"hot_us": _med([_bt(a, "wake", 5000)["us_per_wakeup"] for _ in range(3)]),
-            "idle_us": _med([_bt(a, "wakeidle", 300)["us_per_wakeup"] for _ in range(3)])}
-
-
 def case_transport(a):
+    """pw frames against the best raw path: blocking raw sockets and busy-polled raw sockets (neither end
+    ever sleeps), interleaved in rotating order; ratio = the faster raw path's time ÷ pw's."""
     rounds = 3 if a.quick else 7
+    kinds = ("pw", "raw", "spin")
     rows = []
     for size, iters in ((65536, 400), (1 << 20, 60), (16 << 20, 8 if a.quick else 16)):
         for mode in ("pingpong", "stream"):
-            pw, raw = [], []
-            for i in range(rounds):  # A B B A
-                order = ("pw", "raw") if i % 2 == 0 else ("raw", "pw")
-                for k in order:
+            got = {k: [] for k in kinds}
+            for i in range(rounds):
+                for k in kinds[i % 3:] + kinds[:i % 3]:
                     r = _bt(a, k, size, iters, *(["stream"] if mode == "stream" else []))
-                    (pw if k == "pw" else raw).append(r["us_per_msg"])
-            p, q = _med(pw), _med(raw)
-            rows.append({"size": size, "mode": mode, "iters": iters, "pw_us": p, "raw_us": q,
-                         "pw_gbytes_per_s": size / p * 1e-3, "raw_gbytes_per_s": size / q * 1e-3, "ratio": q / p,
-                         "pw_rounds_us": pw, "raw_rounds_us": raw})
-    hop_pw = _med([_bt(a, "pw", 0, 2000)["us_per_msg"] for _ in range(rounds)])
-    hop_raw = _med([_bt(a, "raw", 0, 2000)["us_per_msg"] for _ in range(rounds)])
-    return {"rows": rows, "hop_latency_us_pw": hop_pw / 2, "hop_latency_us_raw": hop_raw / 2}
+                    got[k].append(r["us_per_msg"])
+            p, q, sp = _med(got["pw"]), _med(got["raw"]), _med(got["spin"])
+            best = min(q, sp)
+            per = [min(x, y) / z for x, y, z in zip(got["raw"], got["spin"], got["pw"])]
+            rows.append({"size": size, "mode": mode, "iters": iters, "pw_us": p, "raw_us": q, "spin_us": sp,
+                         "best_raw": "spin" if sp < q else "raw",
+                         "pw_gbytes_per_s": size / p * 1e-3, "raw_gbytes_per_s": size / best * 1e-3,
+                         "ratio": _med(per), "ratio_spread": spread(per),
+                         "rounds_us": got})
+    hop = {k: _med([_bt(a, k, 0, 2000)["us_per_msg"] for _ in range(rounds)]) / 2 for k in kinds}
+    return {"rows": rows, "hop_latency_us_pw": hop["pw"], "hop_latency_us_raw": hop["raw"],
+            "hop_latency_us_spin": hop["spin"]}
 
 
 def _wrk(url, secs):

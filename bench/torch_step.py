@@ -12,7 +12,9 @@ timed steps], ...}. With --serve it speaks bench_step's protocol: prints
 "ready", then trains one step per input line "step" and prints
 {"ms": ..., "loss": ...}, until "quit" or EOF, so that the harness can
 alternate single steps with pipewright's. Threads: torch.set_num_threads(K)
-(the caller sets OMP_WAIT_POLICY).
+(the caller sets OMP_WAIT_POLICY). --foreach: the optimizer's multi-tensor
+path (PyTorch's fastest AdamW on CPU in this version; the reference uses
+the single-tensor path, whose arithmetic the contract names).
 """
 import argparse
 import json
@@ -30,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 import torch_ref  # noqa: E402
 
 
-def make_trainer(job_path):
+def make_trainer(job_path, foreach=False):
     """One training step per call of the returned function: (ms, loss)."""
     with open(job_path) as f:
         cfg = torch_ref.job_config(json.load(f))
@@ -39,6 +41,9 @@ def make_trainer(job_path):
     P, _ = torch_ref.load_params(cfg, None, torch_ref.random_init(cfg, cfg["seed"]))
     params = torch_ref.unique_params(P)
     opt = torch_ref.make_optimizer(cfg, params)
+    if foreach:
+        for g in opt.param_groups:
+            g["foreach"] = True
     train_bytes = torch_ref.load_train_split(cfg, ROOT)
     V = cfg["V"]
     k = [0]
@@ -69,10 +74,11 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--foreach", action="store_true", help="multi-tensor optimizer (fastest)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.set_default_dtype(torch.float32)
-    step, cfg = make_trainer(a.job)
+    step, cfg = make_trainer(a.job, a.foreach)
     if a.serve:
         print("ready", flush=True)
         for line in sys.stdin:
