@@ -2,6 +2,7 @@
  * will allocate, and the plan's JSON. */
 #include "plan.h"
 
+#include "collective.h"
 #include "placement.h"
 
 #include <stdint.h>
@@ -201,7 +202,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
-    r->adam += 2 * sm->train_numel * sizeof(float);
+    int zero = train && p->dp > 1 ? job->train.zero : 0;
+    r->adam += pw_dp_state_floats(sm->train_numel, p->dp, zero) * sizeof(float);
     size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     if (p->n_work[s]) {
       size_t keep = (size_t)p->peak_slots[s] * sm->keep_floats * sizeof(float);
@@ -215,7 +217,10 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     r->n_slots += p->peak_slots[s];
     r->scratch += sm->scratch_floats * sizeof(float);
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
-    if (train) r->dp += (size_t)pw_dp_arenas(p->dp) * sm->grad_numel * sizeof(float);
+    if (train) {
+      r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
+      r->dp_sent += pw_dp_step_bytes(sm->grad_numel, sm->train_numel, p->dp, zero, 0);
+    }
   }
   /* a rank holding a copy of a shared parameter keeps its block */
   for (int i = 0; i < p->part.n_shared && train; i++) {
@@ -392,6 +397,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   "remat_saved", (json_int_t)m->remat_saved, "scratch",
                                   (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
+    json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
   }
   json_t *costs = json_array();
   for (int s = 0; s < p->S; s++)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "spec_json.h"
+#include "collective.h"
 #include "plan.h"
 #include "prog.h"
 
@@ -277,7 +278,7 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
       grads += pw_prog_grad_numel(pg) * sizeof(float);
       slots += (size_t)k * pw_prog_slot_bytes(pg);
       n_slots += k;
-      if (dp > 1) dp_bytes += 2 * (size_t)dp * pw_prog_grad_numel(pg) * sizeof(float);
+      if (dp > 1) dp_bytes += (size_t)dp * pw_shard_max(pw_prog_grad_numel(pg), dp) * sizeof(float);
       pw_prog_free(pg);
     }
     const pw_plan_mem *mm = &p.mem[r];
@@ -338,23 +339,18 @@ static void test_tied_bytes(void **state) {
   pw_job_free(&job);
 }
 
-/* The step-end buffers as plan.h describes them for the worker: each DP
- * arena index (step parity, replica) is its own and within the count; a
+/* The step-end buffers as plan.h describes them for the worker: the DP
+ * exchange keeps dp shards of the arena (zero 0), or dp shards of the
+ * main part and a chunk per other replica (zero > 0), nothing at dp 1; a
  * tied block is the holders' buffers then the sum, disjoint, filling it. */
 static void test_stepend_bufs(void **state) {
   (void)state;
-  assert_int_equal(pw_dp_arenas(1), 0);
-  for (int dp = 2; dp <= 4; dp++) {
-    int seen[8] = {0};
-    assert_int_equal(pw_dp_arenas(dp), 2 * dp);
-    for (int step = 4; step < 6; step++)
-      for (int d = 0; d < dp; d++) {
-        int k = pw_dp_arena(dp, step, d);
-        assert_true(k >= 0 && k < pw_dp_arenas(dp));
-        assert_int_equal(seen[k]++, 0);
-        assert_int_equal(pw_dp_arena(dp, step + 2, d), k); /* alternates by parity */
-      }
-  }
+  assert_int_equal(pw_dp_floats(1000, 900, 1, 0, 16), 0);
+  assert_int_equal(pw_dp_floats(1000, 900, 3, 0, 16), 3 * 334);
+  assert_int_equal(pw_dp_floats(1000, 900, 3, 1, 16), 3 * 300 + 2 * 16);
+  assert_int_equal(pw_dp_state_floats(900, 1, 1), 1800); /* zero at dp 1: a no-op */
+  assert_int_equal(pw_dp_state_floats(900, 4, 0), 1800);
+  assert_int_equal(pw_dp_state_floats(901, 4, 2), 2 * 226);
   pw_job job;
   job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 4, &job);
   pw_plan p;
