@@ -12,7 +12,9 @@
  * on (train.zero 0: the all-gather of the gradients) while it sums the
  * next. With train.zero 1 or 2 the summed shard stays (the update uses
  * it and the shard's optimizer state) and the updated parameters are
- * all-gathered instead.
+ * all-gathered instead; the ranges every replica needs whole (shadows,
+ * tied parameters: pw_dp_full_ranges) are all-reduced first, packed, so
+ * every sum keeps the order of zero 0 and the single-process trainer.
  *
  * Frames: REDUCE, step = the training step, microbatch = the sending
  * replica, stage = the stage, value = what (low 4 bits, PW_DPX_*) and the
@@ -40,12 +42,15 @@ enum {
   PW_DPX_AG = 3,    /* a chunk of the sender's summed gradients (zero 0) or updated parameters */
   PW_DPX_NORM = 4,  /* zero > 0: the sender's partial squared norm of its shards (8 bytes) */
   PW_DPX_GM = 5,    /* zero > 0, to replica 0 at a checkpoint: a chunk of the sender's m shard */
-  PW_DPX_GV = 6     /* ... of its v shard */
+  PW_DPX_GV = 6,    /* ... of its v shard */
+  PW_DPX_FRS = 7,   /* zero > 0: PW_DPX_RS of the packed full ranges */
+  PW_DPX_FAG = 8    /* zero > 0: PW_DPX_AG of their sums */
 };
 
 /* Per local stage. */
 typedef struct {
-  size_t n;              /* floats exchanged: grad_numel (zero 0) or train_numel */
+  float *buf;            /* [n] what is exchanged: the gradient arena, or the packed full ranges */
+  size_t n;              /* floats exchanged: grad_numel (zero 0), train_numel, or the full ranges' */
   size_t lo, hi;         /* our shard of them */
   size_t smax;           /* the longest shard */
   int n_chunks;          /* of our shard */
@@ -57,6 +62,8 @@ typedef struct {
   int *rs_step, *rs_got; /* [n_chunks] copies of our chunk c that arrived for step rs_step[c] */
   int ag_step, ag_got, ag_need; /* all-gather chunks arrived for ag_step, of ag_need */
   int g_step, g_got, g_need;    /* gathered state chunks arrived for g_step, of g_need */
+  size_t (*full)[2];     /* zero > 0: [n_full] the ranges of the gradient arena all-reduced whole */
+  int n_full;
 } pw_dpx;
 
 /* pw_run_create: the buffers (r->cp.dpx, none when dp == 1 or forward only). */
@@ -68,8 +75,14 @@ int pw_dpx_zero(const pw_run *r);
 /* Compute thread, zero 0: every local stage's gradient arena summed over
  * the replicas in replica order (reduce-scatter, then all-gather). */
 PW_MUST_CHECK int pw_dpx_allreduce(pw_run *r);
-/* Compute thread, zero > 0: each stage's main gradients reduce-scattered
- * in place (our shard of the arena holds the sum; the rest is stale). */
+/* Compute thread, zero > 0, first: the full ranges (pw_dp_full_ranges)
+ * of every stage's gradient arena all-reduced in replica order, so the
+ * shadows can be added in and tied parameters summed over their holders
+ * as under zero 0. */
+PW_MUST_CHECK int pw_dpx_reduce_full(pw_run *r);
+/* Compute thread, zero > 0, then: each stage's main gradients
+ * reduce-scattered in place (our shard of the arena holds the sum; the
+ * full ranges keep theirs; the rest is stale). */
 PW_MUST_CHECK int pw_dpx_reduce_scatter(pw_run *r);
 /* Compute thread, zero > 0: the replicas' partial squared norms (each its
  * shards') summed in replica order into *total, the same on all. */

@@ -171,6 +171,7 @@ typedef struct {
   double lr;               /* of the step being ended */
   /* the data-parallel exchange (dpx.c), when dp > 1 and training */
   pw_dpx *dpx;             /* [n_ls] */
+  pw_dpx *dpf;             /* [n_ls] zero > 0: the full ranges' all-reduce (buf is the packed ranges) */
   size_t dp_chunk;         /* floats per chunk */
   double *dp_norm;         /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
   int *dp_norm_step;

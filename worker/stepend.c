@@ -339,16 +339,15 @@ static int checkpoint(pw_run *r) {
   return rc;
 }
 
-/* zero 0 sums in the contract's order: replicas (the whole arena, shadow
+/* Sums in the contract's order: replicas (the whole arena, shadow
  * gradients too), then each parameter's uses, then a tied parameter's
- * holders. zero > 0 reduce-scatters last, once each replica has done the
- * rest on its own gradients: the same sums in another association (equal
- * to about 1e-7), and then only the main gradients, train_numel, cross. */
+ * holders. zero > 0 all-reduces only what the uses and holders need
+ * (dpx.h), and reduce-scatters the rest after: the same sums. */
 int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   int rc, zero = pw_dpx_zero(r);
   r->cp.dp_bytes = 0;
   if (r->spec.mode != PW_MODE_FORWARD) {
-    if (r->dp > 1 && !zero && (rc = pw_dpx_allreduce(r))) return rc;
+    if (r->dp > 1 && (rc = zero ? pw_dpx_reduce_full(r) : pw_dpx_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
     if (zero && (rc = pw_dpx_reduce_scatter(r))) return rc;

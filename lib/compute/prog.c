@@ -222,6 +222,7 @@ void pw_prog_free(pw_prog *p) {
 }
 
 const pw_model *pw_prog_model(const pw_prog *p) { return p->m; }
+const pw_prog_layout *pw_prog_layout_of(const pw_prog *p) { return &p->L; }
 const pw_prog_config *pw_prog_config_of(const pw_prog *p) { return &p->cfg; }
 int pw_prog_n_params(const pw_prog *p) { return p->L.n_params; }
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i) { return &p->params[i]; }

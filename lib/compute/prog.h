@@ -71,6 +71,7 @@ void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
 const pw_prog_config *pw_prog_config_of(const pw_prog *p);
+const pw_prog_layout *pw_prog_layout_of(const pw_prog *p);
 
 int pw_prog_n_params(const pw_prog *p);
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i);

@@ -20,6 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layout.h"
+#include "model.h"
+
 /* Shard j of n elements over k members: [*lo, *hi). */
 void pw_shard_range(size_t n, int k, int j, size_t *lo, size_t *hi);
 /* The longest shard: ceil(n / k). */
@@ -53,18 +56,33 @@ uint64_t pw_coll_bytes_rs(size_t n, int k, int me);
  *    parameters are all-gathered; the rank keeps dp - 1 received shards,
  *    the packed shard it sends, one chunk from each other replica and the
  *    shard's two moments.
+ *    Gradients some replica needs whole before the reduce-scatter ends — a
+ *    parameter's second uses inside the stage (shadows, added in by
+ *    pw_prog_grads_finalize) and a parameter tied across stages (summed
+ *    over its holders) — are all-reduced first, packed (pw_dp_full_ranges),
+ *    so every sum keeps the contract's order: replicas, then uses, then
+ *    holders; the reduce-scatter leaves those ranges as they are.
  * Chunks of PW_COLL_CHUNK floats (a test may lower it: PW_COLL_CHUNK in
  * the worker's environment). */
 #define PW_COLL_CHUNK ((size_t)1 << 16)
-/* Floats of the exchange's buffers for one stage (not the optimizer state). */
-size_t pw_dp_floats(size_t grad_numel, size_t train_numel, int dp, int zero, size_t chunk);
+/* The ranges {offset, end} of stage layout L's gradient arena that zero > 0
+ * all-reduces whole: each shadow and the main gradient it adds into, and
+ * the main gradient of each model parameter in tied[] (n_tied ids; frozen
+ * ones have none), sorted and merged. out holds 2 n_shadow + n_tied
+ * entries; returns how many it got. */
+int pw_dp_full_ranges(const pw_model *m, const pw_prog_layout *L, const int *tied, int n_tied, size_t (*out)[2]);
+/* Floats in n ranges. */
+size_t pw_ranges_floats(const size_t (*r)[2], int n);
+/* Floats of the exchange's buffers for one stage (not the optimizer state);
+ * full: pw_ranges_floats of its pw_dp_full_ranges (used when zero > 0). */
+size_t pw_dp_floats(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, size_t chunk);
 /* Floats of one stage's optimizer state (m and v): 2 x train_numel, or
  * twice the longest shard under zero > 0. */
 size_t pw_dp_state_floats(size_t train_numel, int dp, int zero);
 /* Bytes a replica sends per step in the exchange of one stage: zero 0 the
  * reduce-scatter and all-gather of the gradient arena, else the
- * reduce-scatter of the main gradients and the all-gather of the updated
- * parameters (the same count). */
-uint64_t pw_dp_step_bytes(size_t grad_numel, size_t train_numel, int dp, int zero, int replica);
+ * reduce-scatter of the main gradients, the all-gather of the updated
+ * parameters (the same count) and the all-reduce of the full ranges. */
+uint64_t pw_dp_step_bytes(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, int replica);
 
 #endif

@@ -183,6 +183,23 @@ static int eval_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
+/* Floats stage s all-reduces whole under train.zero > 0 (worker/dpx.c):
+ * its shadows and the parameters it shares with other stages. */
+static int full_floats(const pw_plan *p, int s, size_t *out) {
+  const pw_stage *st = &p->part.stages[s];
+  pw_prog_layout L;
+  if (pw_prog_layout_build(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &L)) return PW_ENOMEM;
+  int tied[64], nt = 0;
+  for (int k = 0; k < p->part.n_shared && nt < 64; k++)
+    for (int j = 0; j < p->part.shared[k].n_holders; j++)
+      if (p->part.shared[k].holders[j] == s) tied[nt++] = p->part.shared[k].param;
+  size_t (*r)[2] = malloc(sizeof *r * (size_t)(2 * L.n_shadow + nt + 1));
+  if (r) *out = pw_ranges_floats((const size_t(*)[2])r, pw_dp_full_ranges(&p->model, &L, tied, nt, r));
+  free(r);
+  pw_prog_layout_free(&L);
+  return r ? 0 : PW_ENOMEM;
+}
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -218,8 +235,10 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     r->scratch += sm->scratch_floats * sizeof(float);
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
     if (train) {
-      r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
-      r->dp_sent += pw_dp_step_bytes(sm->grad_numel, sm->train_numel, p->dp, zero, 0);
+      size_t whole = 0;
+      if (zero && p->dp > 1 && full_floats(p, s, &whole)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+      r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, whole, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
+      r->dp_sent += pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
     }
   }
   /* a rank holding a copy of a shared parameter keeps its block */

@@ -121,9 +121,10 @@ static void test_rs_ag_simulated(void **state) {
   }
   assert_true(pw_coll_bytes_rs_ag(1000, 1, 0) == 0);
   /* the planner's per-step count: the gradient arena (zero 0) or the main part */
-  assert_true(pw_dp_step_bytes(1000, 900, 2, 0, 1) == 1000 * 4);
-  assert_true(pw_dp_step_bytes(1000, 900, 2, 1, 1) == 900 * 4);
-  assert_true(pw_dp_step_bytes(1000, 900, 1, 1, 0) == 0);
+  assert_true(pw_dp_step_bytes(1000, 900, 0, 2, 0, 1) == 1000 * 4);
+  assert_true(pw_dp_step_bytes(1000, 900, 0, 2, 1, 1) == 900 * 4);
+  assert_true(pw_dp_step_bytes(1000, 900, 40, 2, 1, 1) == (900 + 40) * 4);
+  assert_true(pw_dp_step_bytes(1000, 900, 0, 1, 1, 0) == 0);
 }
 
 int main(void) {

@@ -345,9 +345,10 @@ static void test_tied_bytes(void **state) {
  * tied block is the holders' buffers then the sum, disjoint, filling it. */
 static void test_stepend_bufs(void **state) {
   (void)state;
-  assert_int_equal(pw_dp_floats(1000, 900, 1, 0, 16), 0);
-  assert_int_equal(pw_dp_floats(1000, 900, 3, 0, 16), 3 * 334);
-  assert_int_equal(pw_dp_floats(1000, 900, 3, 1, 16), 3 * 300 + 2 * 16);
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 1, 0, 16), 0);
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 3, 0, 16), 3 * 334);
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 3, 1, 16), 3 * 300 + 2 * 16);
+  assert_int_equal(pw_dp_floats(1000, 900, 50, 3, 1, 16), 3 * 300 + 2 * 16 + 50 + 3 * 17);
   assert_int_equal(pw_dp_state_floats(900, 1, 1), 1800); /* zero at dp 1: a no-op */
   assert_int_equal(pw_dp_state_floats(900, 4, 0), 1800);
   assert_int_equal(pw_dp_state_floats(901, 4, 2), 2 * 226);
