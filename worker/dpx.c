@@ -103,7 +103,7 @@ int pw_dpx_alloc(pw_run *r) {
 }
 
 static void dpx_free(pw_dpx *x) {
-  free(x->rx), free(x->out), free(x->ag), free(x->m), free(x->v), free(x->gm), free(x->gv);
+  free(x->rx), free(x->out), free(x->ag), free(x->m), free(x->v), free(x->gv);
   free(x->rs_step), free(x->rs_got), free(x->full);
 }
 
@@ -309,10 +309,12 @@ static int g_ready(pw_run *r, const void *arg) {
   return 1;
 }
 
+/* The whole m goes where the gradients are (idle from the update to the
+ * step's end, when they are zeroed: pw_stepend_run), only v is made. */
 static int whole_state(pw_dpx *x) {
-  if (!x->gm) x->gm = calloc(x->n ? x->n : 1, sizeof(float));
+  x->gm = x->buf;
   if (!x->gv) x->gv = calloc(x->n ? x->n : 1, sizeof(float));
-  return x->gm && x->gv ? 0 : PW_ENOMEM;
+  return x->gv ? 0 : PW_ENOMEM;
 }
 
 int pw_dpx_state_gather(pw_run *r) {
@@ -340,7 +342,7 @@ void pw_dpx_state_release(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_dpx *x = &r->cp.dpx[li];
     pw_prog_wire_moments(r->ls[li].prog, NULL, NULL);
-    free(x->gm), free(x->gv);
+    free(x->gv);
     x->gm = x->gv = NULL;
   }
 }
@@ -359,6 +361,7 @@ void pw_dpx_load_end(pw_run *r) {
     pw_dpx *x = &r->cp.dpx[li];
     if (x->gm) memcpy(x->m, x->gm + x->lo, (x->hi - x->lo) * sizeof(float));
     if (x->gv) memcpy(x->v, x->gv + x->lo, (x->hi - x->lo) * sizeof(float));
+    pw_prog_zero_grad(r->ls[li].prog); /* m was lent the gradients' room */
   }
   pw_dpx_state_release(r);
 }

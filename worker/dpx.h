@@ -58,7 +58,8 @@ typedef struct {
   float *out;            /* [smax] what our all-gather sends: the summed gradients (zero 0), else the packed parameters */
   float *ag;             /* zero > 0: [(dp-1) * chunk] a parameter chunk from each other replica, scattered on arrival */
   float *m, *v;          /* zero > 0: the shard's optimizer state */
-  float *gm, *gv;        /* zero > 0, replica 0 at a checkpoint: [n] the state gathered (made by the first frame) */
+  float *gm, *gv;        /* zero > 0, replica 0 at a checkpoint (and at a load): [n] the whole state: m in
+                            the gradient arena (idle then), v made by the first frame */
   int *rs_step, *rs_got; /* [n_chunks] copies of our chunk c that arrived for step rs_step[c] */
   int ag_step, ag_got, ag_need; /* all-gather chunks arrived for ag_step, of ag_need */
   int g_step, g_got, g_need;    /* gathered state chunks arrived for g_step, of g_need */

@@ -291,13 +291,14 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
 }
 
 /* Under train.zero > 0 each replica updates its shards and the others'
- * come in the all-gather; the gradients are zeroed once it is complete
- * (then every reduce-scatter frame we sent from them has been read). */
+ * come in the all-gather. The gradients are zeroed at the step's end
+ * (pw_stepend_run): then every reduce-scatter frame we sent from them has
+ * been read, and a checkpoint under zero > 0 is done with their room. */
 static int update(pw_run *r, double sqnorm) {
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
   if (r->spec.mode == PW_MODE_FORWARD) return 0;
-  int zero = pw_dpx_zero(r), rc;
+  int zero = pw_dpx_zero(r);
   for (int li = 0; li < r->n_ls; li++) {
     const pw_dpx *x = zero ? &r->cp.dpx[li] : NULL;
     if (x)
@@ -305,9 +306,7 @@ static int update(pw_run *r, double sqnorm) {
     else
       pw_optim_update(r->ls[li].prog, &r->spec.train, &sc);
   }
-  if (zero && (rc = pw_dpx_allgather_params(r))) return rc;
-  for (int li = 0; li < r->n_ls; li++) pw_prog_zero_grad(r->ls[li].prog);
-  return 0;
+  return zero ? pw_dpx_allgather_params(r) : 0;
 }
 
 /* After the step's report is posted: a checkpoint is never on the
@@ -389,6 +388,8 @@ int pw_stepend_run(pw_run *r) {
   }
   if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
   if ((rc = checkpoint(r))) return rc;
+  if (r->spec.mode != PW_MODE_FORWARD)
+    for (int li = 0; li < r->n_ls; li++) pw_prog_zero_grad(r->ls[li].prog);
   uv_mutex_lock(&r->sh.mu);
   r->sh.step++;
   uv_mutex_unlock(&r->sh.mu);

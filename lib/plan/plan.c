@@ -239,6 +239,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       if (zero && p->dp > 1 && full_floats(p, s, &whole)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
       r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, whole, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
       r->dp_sent += pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
+      if (zero) r->ckpt_gather += sm->train_numel * sizeof(float);
     }
   }
   /* a rank holding a copy of a shared parameter keeps its block */
@@ -261,7 +262,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
     m->total =
-        m->params + m->grads + m->adam + m->slots + m->work + m->scratch + m->dp + m->tied + m->data + m->snapshots;
+        m->params + m->grads + m->adam + m->slots + m->work + m->scratch + m->dp + m->tied + m->data + m->snapshots +
+        m->ckpt_gather;
   }
   return 0;
 }
@@ -417,6 +419,8 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
     json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
+    if (m->ckpt_gather)
+      json_object_set_new(json_object_get(o, "memory"), "ckpt_gather", json_integer((json_int_t)m->ckpt_gather));
   }
   json_t *costs = json_array();
   for (int s = 0; s < p->S; s++)

@@ -75,6 +75,9 @@ typedef struct {
   size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats) */
   uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes; each
                          replica receives as many, within a shard's rounding) */
+  size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
+                         writes a checkpoint (m goes where the gradients are); the other
+                         replicas' peak is total minus this */
   size_t tied;     /* tied parameters held here: pw_tied_floats of each */
   size_t data;     /* ranks drawing inputs or targets: a text file whole (its
                       size where the planner can stat it, else 0), the
