@@ -297,24 +297,34 @@ static void test_reduce(void **state) {
   }
 }
 
+/* The full step end on every rank, and the reference programs' update
+ * with the expected norm (*sq); lend: the references are programs of a
+ * zero run (no moments of their own), lent whole ones. */
+static pw_step_sched step_end(mesh *m, rank_thread t[NR], pw_event steps[NR], double *sq, int lend) {
+  memset(steps, 0, sizeof *steps * NR);
+  exchange(m, 1, t, steps);
+  *sq = expected(m);
+  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, *sq);
+  assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
+  for (int pr = 0; pr < PP; pr++)
+    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
+      pw_prog *rp = m->ref[pr]->ls[li].prog;
+      if (lend)
+        pw_prog_wire_moments(rp, calloc(pw_prog_train_numel(rp) + 1, sizeof(float)),
+                             calloc(pw_prog_train_numel(rp) + 1, sizeof(float)));
+      pw_optim_update(rp, &m->f->job.train, &sc);
+    }
+  return sc;
+}
+
 /* zero > 0: parameters to 1e-6 of the reference step, the same norm on
  * every replica, and each replica's optimizer state that of its shard. */
 static void test_zero_step_end(void **state) {
   mesh *m = *state;
   rank_thread t[NR];
   pw_event steps[NR];
-  memset(steps, 0, sizeof steps);
-  exchange(m, 1, t, steps);
-  double sq = expected(m);
-  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, sq);
-  assert_true(sc.clip_coef < 1.0f);
-  for (int pr = 0; pr < PP; pr++)
-    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
-      pw_prog *rp = m->ref[pr]->ls[li].prog;
-      float *mm = calloc(pw_prog_train_numel(rp) + 1, sizeof(float)), *vv = calloc(pw_prog_train_numel(rp) + 1, 4);
-      pw_prog_wire_moments(rp, mm, vv); /* the reference is a zero run too: lend it whole moments */
-      pw_optim_update(rp, &m->f->job.train, &sc);
-    }
+  double sq;
+  step_end(m, t, steps, &sq, 1);
   for (int k = 0; k < NR; k++) {
     pw_run *r = m->run[k], *ref = m->ref[r->prank];
     assert_int_equal(r->sh.step, 1);
@@ -351,13 +361,8 @@ static void test_full_step_end(void **state) {
   mesh *m = *state;
   rank_thread t[NR];
   pw_event steps[NR];
-  memset(steps, 0, sizeof steps);
-  exchange(m, 1, t, steps);
-  double sq = expected(m);
-  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, sq);
-  assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
-  for (int pr = 0; pr < PP; pr++)
-    for (int li = 0; li < m->ref[pr]->n_ls; li++) pw_optim_update(m->ref[pr]->ls[li].prog, &m->f->job.train, &sc);
+  double sq;
+  pw_step_sched sc = step_end(m, t, steps, &sq, 0);
   double norm = sqrt(sq);
   for (int k = 0; k < NR; k++) {
     pw_run *r = m->run[k], *ref = m->ref[r->prank];
