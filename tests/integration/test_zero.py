@@ -44,8 +44,9 @@ def main():
 
         def exact(label, spec, *extra, tol="0", start=0, env=None):
             p, res, d = t.drive(label, spec, *extra, env=env)
-            if not t.check(f"{label}: run completes", p.returncode == 0 and res is not None and res["done"],
-                           (p.stdout + p.stderr)[-600:]):
+            if not t.check(f"{label}: run completes, workers exit cleanly",
+                           p.returncode == 0 and res is not None and res["done"] and
+                           res["exit_codes"] == [0] * len(res["exit_codes"]), (p.stdout + p.stderr)[-600:]):
                 return None
             ref = t.reference(spec)
             # tolerance 0: every tensor to the bit (the reference log's losses carry 9 digits)
