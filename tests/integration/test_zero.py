@@ -17,14 +17,22 @@ worker/dpx.c) and train.zero, across real pipewright-worker processes on
     optimizer file gathered from the shards: the same names and shapes as
     a zero 0 one) resumed with zero 0: the losses and weights continue as
     the uninterrupted run's, to 1e-6;
-  - spec errors: train.zero 3, and zero 1 with snapshots, name train.zero.
+  - spec errors: train.zero 3, and zero 1 with snapshots, name train.zero;
+  - on a real coordinator and 3 workers: a zero 1 job at dp 2 equals its
+    zero 0 twin (final checkpoint and the gathered optimizer checkpoint,
+    names, shapes and values, to 1e-6); a zero 1 job whose worker is
+    killed after a checkpoint resumes from it on the other two (their
+    shards from the coordinator's whole optimizer file) and ends with the
+    uninterrupted single-process run's weights to 1e-6; no sanitizer
+    report in any daemon's log.
 Usage: test_zero.py BUILD_DIR SOURCE_DIR [--quick]"""
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, signal, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
 import st  # noqa: E402
 from test_pipeline import Suite, job  # noqa: E402
+import driver as d  # noqa: E402
 
 
 def zjob(name, pp, V, m, dp, zero, tied=False, steps=6):
@@ -33,6 +41,68 @@ def zjob(name, pp, V, m, dp, zero, tied=False, steps=6):
         spec["train"]["zero"] = zero
         spec["train"]["snapshot_every"] = 0
     return spec
+
+
+def max_rel(a_blob, b_blob, tmp, tag):
+    """(largest per-tensor relative difference, names or shapes that differ)
+    of two safetensors blobs."""
+    import numpy as np
+    paths = [os.path.join(tmp, f"{tag}-{i}.safetensors") for i in range(2)]
+    for path, blob in zip(paths, (a_blob, b_blob)):
+        open(path, "wb").write(blob if isinstance(blob, bytes) else b"")
+    try:
+        a, b = st.load(paths[0])[0], st.load(paths[1])[0]
+    except Exception as e:  # a download that failed
+        return float("inf"), str(e)
+    if sorted((k, tuple(v.shape)) for k, v in a.items()) != sorted((k, tuple(v.shape)) for k, v in b.items()):
+        return float("inf"), f"{sorted(a)[:3]} vs {sorted(b)[:3]}"
+    worst = max((float(np.max(np.abs(np.asarray(a[k], np.float64) - b[k])) / (np.max(np.abs(b[k])) + 1e-30))
+                 for k in b), default=0.0)
+    return worst, f"{len(b)} tensors"
+
+
+def on_cluster(build, src, tmp, t):
+    """A real coordinator: zero 1 against zero 0, and a resume after a loss."""
+    c = d.Cluster(build, tmp, "zc", data_root=src)
+    for i in range(3):
+        c.start_worker(f"w{i}")
+    t.check("cluster: 3 workers idle", c.wait_idle(3))
+
+    def cspec(name, zero, steps=6, ce=3, model=None):
+        sp = zjob("1f1b", 1, 1, 2, 2, zero, steps=steps)
+        sp["name"], sp["train"]["checkpoint_every"], sp["train"]["max_restarts"] = name, ce, 1
+        sp["data"]["path"] = os.path.join(src, "examples/data/corpus.txt")
+        if model:
+            sp["model"].update(model)
+        return sp
+
+    jobs = {z: c.submit(cspec(f"z{z}", z)) for z in (0, 1)}
+    done = {z: c.wait_job(j) for z, j in jobs.items()}
+    if t.check("cluster: the zero 0 and zero 1 jobs succeed", all(j.get("state") == "succeeded" for j in done.values()),
+               str({z: (j.get("state"), j.get("error")) for z, j in done.items()})):
+        for what, q in (("checkpoint", ""), ("optimizer checkpoint", "?optimizer=1")):
+            blobs = [d.http(c.base, f"/v1/jobs/{jobs[z]}/checkpoint{q}", raw=True)[1] for z in (0, 1)]
+            err, why = max_rel(blobs[1], blobs[0], tmp, f"cmp{len(q)}")
+            t.check(f"cluster: zero 1's {what} = zero 0's (names, shapes, values to 1e-6)", err <= 1e-6, f"{err:.3g} {why}")
+
+    # a loss after the checkpoint of step 10: resumed from it, the same weights
+    sp = cspec("z1-loss", 1, steps=40, ce=10, model={"d_model": 64, "seq_len": 64, "n_heads": 4})
+    jid = c.submit(sp)
+    got = d.wait_for(lambda: c.step(jid) >= 13, 120, 0.01)
+    ranks = c.ranks(jid)
+    if t.check("cluster: the job to lose a worker runs past its first checkpoint", got and len(ranks) == 2,
+               str((c.step(jid), ranks))):
+        c.signal_worker(ranks[1], signal.SIGKILL)
+        job_ = c.wait_job(jid, 240)
+        ats = d.attempts(c, jid)
+        t.check("cluster: it resumes from a checkpoint and succeeds",
+                job_.get("state") == "succeeded" and len(ats) == 2 and (ats[1].get("start_step") or 0) >= 10,
+                str((job_.get("state"), job_.get("error"), [(a.get("start_step"), a.get("resumed_from")) for a in ats])))
+        ref = d.train_reference(build, sp, tmp, "z1-loss")
+        err, why = max_rel(c.checkpoint(jid), ref, tmp, "loss")
+        t.check("cluster: its final weights = the uninterrupted single-process run's (to 1e-6)", err <= 1e-6,
+                f"{err:.3g} {why}")
+    d.close_cluster(c, tmp, lambda label, ok, detail="": t.check(label, ok, str(detail)), lambda: t.failed > 0)
 
 
 def main():
@@ -130,6 +200,8 @@ def main():
                                text=True, cwd=src)
             t.check(f"spec error: {label} names {want}", p.returncode != 0 and want in p.stderr + p.stdout,
                     (p.stdout + p.stderr).strip()[-300:])
+        os.makedirs(os.path.join(tmp, "cluster"))
+        on_cluster(build, src, os.path.join(tmp, "cluster"), t)
         print(f"{t.passed} passed, {t.failed} failed")
         return 1 if t.failed else 0
 
