@@ -86,7 +86,7 @@ static void print_placement(const pw_job *job, const pw_plan *p) {
 }
 
 /* The data-parallel exchange per rank and step (worker/dpx.c), costed on
- * the link model: a chunk's latency per peer and bytes over bandwidth. */
+ * the link model (pw_plan_mem.dp_seconds). */
 static void print_dp(const pw_job *job, const pw_plan *p) {
   if (p->dp < 2 || p->sched->forward_only) return;
   int zero = job->train.zero;
@@ -96,10 +96,9 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
   printf("%-5s %12s %12s %12s %12s %10s\n", "rank", "sent MiB", "received MiB", "gradient MiB", "buffers MiB", "est ms");
   for (int k = 0; k < p->pp; k++) {
     const pw_plan_mem *m = &p->mem[k];
-    double sent = (double)m->dp_sent, chunks = sent / (PW_COLL_CHUNK * sizeof(float)) + 2 * (p->dp - 1);
+    double sent = (double)m->dp_sent;
     printf("%-5d %12.2f %12.2f %12.2f %12.2f %10.3f\n", k, sent / (1 << 20), sent / (1 << 20),
-           (double)m->grads / (1 << 20), (double)m->dp / (1 << 20),
-           (chunks * PW_PLAN_LINK_LATENCY + sent / PW_PLAN_LINK_BW) * 1e3);
+           (double)m->grads / (1 << 20), (double)m->dp / (1 << 20), m->dp_seconds * 1e3);
   }
   printf("each rank sends and receives 2(dp-1)/dp of its gradients (replica 0's figures; the others' differ by a "
          "shard's rounding)%s\n",

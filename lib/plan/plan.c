@@ -238,7 +238,10 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       size_t whole = 0;
       if (zero && p->dp > 1 && full_floats(p, s, &whole)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
       r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, whole, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
-      r->dp_sent += pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
+      uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
+      r->dp_sent += sent;
+      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * PW_PLAN_LINK_LATENCY +
+                       (double)sent / PW_PLAN_LINK_BW;
       if (zero) r->ckpt_gather += sm->train_numel * sizeof(float);
     }
   }
@@ -419,6 +422,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
     json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
+    json_object_set_new(o, "dp_seconds_per_step", json_real(m->dp_seconds));
     if (m->ckpt_gather)
       json_object_set_new(json_object_get(o, "memory"), "ckpt_gather", json_integer((json_int_t)m->ckpt_gather));
   }

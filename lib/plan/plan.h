@@ -75,6 +75,9 @@ typedef struct {
   size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats) */
   uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes; each
                          replica receives as many, within a shard's rounding) */
+  double dp_seconds; /* that exchange on the link model: PW_PLAN_LINK_LATENCY per chunk sent and
+                         dp_sent / PW_PLAN_LINK_BW (after the pipeline's last action; not in the
+                         simulated makespan) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are); the other
                          replicas' peak is total minus this */
