@@ -339,6 +339,38 @@ static void test_tied_bytes(void **state) {
   pw_job_free(&job);
 }
 
+/* train.zero 1 at dp 2: AdamW state of a half shard, the exchange's
+ * buffers and bytes as collective.h counts them (a tied embedding inside
+ * one stage adds its shadow and main gradient, all-reduced whole), and
+ * replica 0's v while it writes a checkpoint; zero 0 has none of it. */
+static void test_zero_memory(void **state) {
+  (void)state;
+  for (int tied = 0; tied < 2; tied++) {
+    pw_job job;
+    job_of(tied ? GPT_TIED : GPT, "1f1b", 1, 2, 1, 2, 4, &job);
+    pw_plan p0, p1;
+    assert_int_equal(pw_plan_build(&job, NULL, &p0, NULL), 0);
+    job.train.zero = 1;
+    assert_int_equal(pw_plan_build(&job, NULL, &p1, NULL), 0);
+    size_t tn = p0.stage_mem[0].train_numel, gn = p0.stage_mem[0].grad_numel, full = tied ? 2 * 256 * 32 : 0;
+    assert_int_equal(gn - tn, tied ? 256 * 32 : 0); /* the head's use of the embedding: a shadow */
+    assert_int_equal(p0.mem[0].adam, 2 * tn * 4);
+    assert_int_equal(p1.mem[0].adam, 2 * pw_shard_max(tn, 2) * 4);
+    assert_int_equal(p0.mem[0].dp, 2 * pw_shard_max(gn, 2) * 4);
+    assert_int_equal(p1.mem[0].dp, pw_dp_floats(gn, tn, full, 2, 1, PW_COLL_CHUNK) * 4);
+    assert_true(p0.mem[0].dp_sent == pw_coll_bytes_rs_ag(gn, 2, 0));
+    assert_true(p1.mem[0].dp_sent == pw_coll_bytes_rs_ag(tn, 2, 0) + pw_coll_bytes_rs_ag(full, 2, 0));
+    assert_int_equal(p0.mem[0].ckpt_gather, 0);
+    assert_int_equal(p1.mem[0].ckpt_gather, tn * 4);
+    assert_true(p1.mem[0].dp_seconds > 0);
+    assert_int_equal(p0.mem[0].total - p1.mem[0].total,
+                     p0.mem[0].adam - p1.mem[0].adam + p0.mem[0].dp - p1.mem[0].dp - p1.mem[0].ckpt_gather);
+    pw_plan_free(&p0);
+    pw_plan_free(&p1);
+    pw_job_free(&job);
+  }
+}
+
 /* The step-end buffers as plan.h describes them for the worker: the DP
  * exchange keeps dp shards of the arena (zero 0), or dp shards of the
  * main part and a chunk per other replica (zero > 0), nothing at dp 1; a
@@ -551,6 +583,7 @@ int main(void) {
       cmocka_unit_test(test_rank_totals),
       cmocka_unit_test(test_tied_bytes),
       cmocka_unit_test(test_stepend_bufs),
+      cmocka_unit_test(test_zero_memory),
       cmocka_unit_test(test_data_bytes),
       cmocka_unit_test(test_eval_slots),
       cmocka_unit_test(test_peak_slots_by_hand),
