@@ -13,6 +13,7 @@
 #include "args.h"
 #include "cli.h"
 #include "control.h"
+#include "collective.h"
 #include "plan.h"
 #include "slice.h"
 #include "spec.h"
@@ -84,6 +85,26 @@ static void print_placement(const pw_job *job, const pw_plan *p) {
     printf("%s (mesh.placement \"%s\")\n", p->S > 64 ? " ..." : "", pw_placement_names[kind - PW_PLACEMENT_LOOP]);
 }
 
+/* The data-parallel exchange per rank and step (worker/dpx.c), costed on
+ * the link model (pw_plan_mem.dp_seconds). */
+static void print_dp(const pw_job *job, const pw_plan *p) {
+  if (p->dp < 2 || p->sched->forward_only) return;
+  int zero = job->train.zero;
+  printf("data-parallel exchange per step (%s, in replica order; chunks of %zu floats)%s:\n",
+         zero ? "reduce-scatter of gradients, all-gather of parameters" : "reduce-scatter + all-gather of gradients",
+         (size_t)PW_COLL_CHUNK, zero ? "; optimizer state sharded (train.zero)" : "");
+  printf("%-5s %12s %12s %12s %12s %10s\n", "rank", "sent MiB", "received MiB", "gradient MiB", "buffers MiB", "est ms");
+  for (int k = 0; k < p->pp; k++) {
+    const pw_plan_mem *m = &p->mem[k];
+    double sent = (double)m->dp_sent;
+    printf("%-5d %12.2f %12.2f %12.2f %12.2f %10.3f\n", k, sent / (1 << 20), sent / (1 << 20),
+           (double)m->grads / (1 << 20), (double)m->dp / (1 << 20), m->dp_seconds * 1e3);
+  }
+  printf("each rank sends and receives 2(dp-1)/dp of its gradients (replica 0's figures; the others' differ by a "
+         "shard's rounding)%s\n",
+         zero ? "; replica 0 also holds its stages' whole AdamW v while it writes a checkpoint (in peak MiB)" : "");
+}
+
 static void print_plan(const pw_job *job, const pw_plan *p) {
   char a[32], b[32], c[32], d[32], e[32];
   printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
@@ -131,7 +152,8 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
            r->peak_pending_w[k], r->peak_held[k], p->mem[k].n_slots, (double)p->mem[k].total / (1 << 20));
   printf("peak MiB: what a worker allocates for the rank (parameters, gradients, AdamW m and v, activation "
          "slots, data set%s%s); process baseline excluded\n",
-         p->dp > 1 ? ", all-reduce arenas" : "", p->part.n_shared ? ", tied-parameter copies" : "");
+         p->dp > 1 ? ", data-parallel exchange buffers" : "", p->part.n_shared ? ", tied-parameter copies" : "");
+  print_dp(job, p);
   for (int k = 0; k < r->pp; k++)
     if (p->mem[k].work)
       printf("remat on rank %d: slots keep the stage ports (%.1f MiB), %.1f MiB of work buffers; %.1f MiB saved; "

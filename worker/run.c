@@ -150,7 +150,8 @@ static int setup_stages(pw_run *r, pw_err *err) {
     int peak = r->peak_slots[li]; /* the slice lists our stages in the order ls holds them */
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
-                          .max_slots = cap, .remat = r->n_work[li] > 0, .n_work = r->n_work[li]};
+                          .max_slots = cap, .remat = r->n_work[li] > 0, .n_work = r->n_work[li],
+                          .no_moments = pw_dpx_zero(r) > 0}; /* a shard of them in dpx.c */
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     lc->act_step = calloc((size_t)r->m, sizeof(int));
@@ -342,7 +343,16 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
   int needs_data = 0, rc;
   for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
   if (needs_data && (rc = open_data(r, err))) return rc;
-  return load_or_init(r, r->resume, err);
+  if (!pw_dpx_zero(r)) return load_or_init(r, r->resume, err);
+  /* zero > 0: whole moments lent to the programs while a file is read
+   * (the checkpoint's, the init weights'), then our shard kept */
+  if (pw_dpx_load_begin(r)) {
+    pw_dpx_state_release(r);
+    return pw_err_set(err, PW_ENOMEM, "resume", "out of memory for the optimizer state being loaded");
+  }
+  rc = load_or_init(r, r->resume, err);
+  pw_dpx_load_end(r);
+  return rc;
 }
 
 int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir, pw_run **out,

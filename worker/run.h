@@ -25,6 +25,7 @@
 
 #include "control.h"
 #include "data.h"
+#include "dpx.h"
 #include "fetch.h"
 #include "model.h"
 #include "partition.h"
@@ -48,9 +49,6 @@ typedef struct {
   int n_grad_in;           /* output ports (their gradients come back) */
   int first_input;         /* holds the model's input (draws inputs) */
   int has_target;          /* holds the targets (draws targets) */
-  /* data-parallel gradient arenas, [pw_dp_arenas(dp)] indexed by
-   * pw_dp_arena (plan.h); their contents are the compute thread's */
-  float **dp_buf;
 } pw_lstage;
 
 /* Per local stage, its slots as both threads see them (sh.ls, under
@@ -69,7 +67,6 @@ typedef struct {
   int *mb_slot;            /* [m] slot holding microbatch mb, or -1 */
   int *act_step, *act_got; /* [m] step tag and activation inputs arrived */
   int *grad_step, *grad_got; /* [m] step tag and output gradients arrived */
-  int *dp_step;            /* [pw_dp_arenas(dp)] step of the arena received, as dp_buf */
 } pw_lstage_compute;
 
 /* A sampled action timing, for the step report's timeline. */
@@ -116,6 +113,7 @@ typedef struct {
   int step, peak_act, has_loss, has_eval;
   int stage, held;         /* SNAP, CKPT (and step) */
   double step_time, loss, grad_norm, lr, eval_loss;
+  uint64_t dp_bytes;       /* STEP: payload bytes this rank sent in the data-parallel exchange */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
 } pw_event;
 
@@ -171,6 +169,13 @@ typedef struct {
   int *norm_parts_step;
   double norm_out[2];      /* our partial being sent, by step parity */
   double lr;               /* of the step being ended */
+  /* the data-parallel exchange (dpx.c), when dp > 1 and training */
+  pw_dpx *dpx;             /* [n_ls] */
+  pw_dpx *dpf;             /* [n_ls] zero > 0: the full ranges' all-reduce (buf is the packed ranges) */
+  size_t dp_chunk;         /* floats per chunk */
+  double *dp_norm;         /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
+  int *dp_norm_step;
+  uint64_t dp_bytes;       /* payload bytes sent in it this step */
   int ds_held;             /* the dataset's cache entry is held (released when the run is freed) */
   /* snapshots (snaprun.c) */
   pw_snap **rx;            /* [n_ranks] entry a peer's SNAP frames are going into, or NULL */

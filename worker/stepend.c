@@ -1,8 +1,10 @@
 /* stepend: what a rank does between its last action of a step and the next
  * step — the same arithmetic as the single-process trainer, spread over
  * ranks:
- *   1. DP: data-parallel replicas of a stage exchange gradient arenas and
- *      each sums them in replica order (so every replica gets the same bits);
+ *   1. DP: data-parallel replicas of a stage reduce-scatter its gradient
+ *      arena, each summing its shard in replica order (so every replica
+ *      gets the same bits), and all-gather the sums (dpx.c); with
+ *      train.zero > 0 the shards stay and step 4 all-gathers parameters;
  *   2. TIED: holders of a shared parameter (tied embeddings) exchange its
  *      gradient and each sums the copies in stage order;
  *   3. NORM: every pipeline rank sends its partial squared gradient norm to
@@ -14,9 +16,9 @@
  * into the buffers here while it waits (recv.c), tagging each with its
  * step (pw_stepend_dest/_frame).
  * A peer may be one step ahead of us, never more, and its early frames
- * never overwrite one still to be used: DP arenas alternate by step
- * parity, and a tied or norm frame of the next step can only be sent after
- * this rank's part in the current one. */
+ * never overwrite one still to be used (dpx.h says why for DP), and a tied
+ * or norm frame of the next step can only be sent after this rank's part
+ * in the current one. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -31,7 +33,7 @@
 #include "optim.h"
 #include "worker.h"
 
-enum { RV_DP = 0, RV_NORM_PART = 1 };
+enum { RV_NORM_PART = 1 }; /* the REDUCE values from 2 on are dpx.h's */
 
 static int holder_index(const pw_shared_param *sp, int stage) {
   for (int j = 0; j < sp->n_holders; j++)
@@ -54,23 +56,12 @@ static pw_prog_param *find_param(pw_prog *p, int model_index) {
 
 /* ---- buffers -------------------------------------------------------------- */
 
-/* What plan.h describes (and the planner counts): per local stage
- * pw_dp_arenas(dp) gradient arenas; per shared parameter with a local
- * holder one block, wired into holder j's gradient and the sum. */
+/* What plan.h and collective.h describe (and the planner counts): the
+ * data-parallel exchange's buffers (dpx.c); per shared parameter with a
+ * local holder one block, wired into holder j's gradient and the sum. */
 int pw_stepend_alloc(pw_run *r) {
-  int train = r->spec.mode != PW_MODE_FORWARD, na = pw_dp_arenas(r->dp);
-  for (int li = 0; li < r->n_ls && train && na; li++) {
-    pw_lstage *ls = &r->ls[li];
-    pw_lstage_compute *lc = &r->cp.ls[li];
-    size_t n = pw_prog_grad_numel(ls->prog);
-    ls->dp_buf = calloc((size_t)na, sizeof(float *));
-    lc->dp_step = malloc(sizeof(int) * (size_t)na);
-    if (!ls->dp_buf || !lc->dp_step) return PW_ENOMEM;
-    for (int k = 0; k < na; k++) {
-      lc->dp_step[k] = -1;
-      if (!(ls->dp_buf[k] = calloc(n ? n : 1, sizeof(float)))) return PW_ENOMEM;
-    }
-  }
+  int train = r->spec.mode != PW_MODE_FORWARD;
+  if (pw_dpx_alloc(r)) return PW_ENOMEM;
   if (r->part.n_shared == 0 || !train) return 0;
   r->cp.tied = calloc((size_t)r->part.n_shared, sizeof *r->cp.tied);
   if (!r->cp.tied) return PW_ENOMEM;
@@ -86,64 +77,11 @@ int pw_stepend_alloc(pw_run *r) {
 }
 
 void pw_stepend_free(pw_run *r) {
-  for (int li = 0; li < r->n_ls; li++) {
-    pw_lstage *ls = &r->ls[li];
-    pw_lstage_compute *lc = &r->cp.ls[li];
-    if (ls->dp_buf)
-      for (int k = 0; k < pw_dp_arenas(r->dp); k++) free(ls->dp_buf[k]);
-    free(ls->dp_buf);
-    free(lc->dp_step);
-    ls->dp_buf = NULL;
-    lc->dp_step = NULL;
-  }
+  pw_dpx_free(r);
   if (r->cp.tied)
     for (int k = 0; k < r->part.n_shared; k++) free(r->cp.tied[k].block);
   free(r->cp.tied);
   r->cp.tied = NULL;
-}
-
-/* ---- 1. data-parallel all-reduce ----------------------------------------- */
-
-static int dp_ready(pw_run *r, const void *arg) {
-  for (int li = 0; li < r->n_ls; li++)
-    for (int d = 0; d < r->dp; d++)
-      if (d != r->replica && r->cp.ls[li].dp_step[pw_dp_arena(r->dp, r->sh.step, d)] != r->sh.step) return 0;
-  return 1;
-}
-
-static int dp_allreduce(pw_run *r) {
-  for (int li = 0; li < r->n_ls; li++) {
-    pw_lstage *ls = &r->ls[li];
-    size_t n = pw_prog_grad_numel(ls->prog);
-    float *copy = ls->dp_buf[pw_dp_arena(r->dp, r->sh.step, r->replica)];
-    memcpy(copy, pw_prog_grads(ls->prog), n * sizeof(float));
-    for (int d = 0; d < r->dp; d++) {
-      if (d == r->replica) continue;
-      pw_frame_hdr h;
-      int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->sh.step, (uint32_t)r->replica,
-                                     (uint32_t)ls->stage, RV_DP, PW_DTYPE_F32, n);
-      if (rc)
-        return pw_exec_fail(r, rc, NULL, "no frame header for the %zu-float gradient arena of stage %d: %s", n,
-                            ls->stage, pw_strerror(rc));
-      rc = pw_exec_send(r, d * r->pp + r->prank, &h, copy, -1, -1);
-      if (rc) return rc;
-    }
-  }
-  int rc = pw_exec_wait(r, dp_ready, NULL);
-  if (rc) return rc;
-  /* every replica sums in replica order, so all get the same bits */
-  for (int li = 0; li < r->n_ls; li++) {
-    pw_lstage *ls = &r->ls[li];
-    float *g = pw_prog_grads(ls->prog);
-    float *const *arena = ls->dp_buf + pw_dp_arena(r->dp, r->sh.step, 0);
-    size_t n = pw_prog_grad_numel(ls->prog);
-    for (size_t i = 0; i < n; i++) {
-      float acc = 0;
-      for (int d = 0; d < r->dp; d++) acc += d == r->replica ? g[i] : arena[d][i];
-      g[i] = acc;
-    }
-  }
-  return 0;
 }
 
 /* ---- 2. tied parameters --------------------------------------------------- */
@@ -224,7 +162,9 @@ static double local_sqnorm(pw_run *r, pw_lstage *ls) {
       if (sp->holders[j] < lowest) lowest = sp->holders[j];
     if (holder_index(sp, ls->stage) >= 0 && ls->stage != lowest) skip[ns++] = sp->param;
   }
-  return pw_grad_sqnorm(ls->prog, skip, ns);
+  if (!pw_dpx_zero(r)) return pw_grad_sqnorm(ls->prog, skip, ns);
+  const pw_dpx *x = &r->cp.dpx[ls - r->ls]; /* our shard only: the rest is summed elsewhere */
+  return pw_grad_sqnorm_range(ls->prog, skip, ns, x->lo, x->hi);
 }
 
 /* Partials alternate by step parity: a rank that finished the barrier may
@@ -268,10 +208,12 @@ static int global_norm(pw_run *r, double part, double *total) {
 
 /* ---- 4. update -------------------------------------------------------------- */
 
-static int ckpt_due(const pw_run *r, int step) {
+static int ckpt_step(const pw_run *r, int step) {
   int k = step + 1, every = r->spec.train.checkpoint_every;
-  return r->replica == 0 && r->spec.mode != PW_MODE_FORWARD && (k == r->steps || (every > 0 && k % every == 0));
+  return r->spec.mode != PW_MODE_FORWARD && (k == r->steps || (every > 0 && k % every == 0));
 }
+
+static int ckpt_due(const pw_run *r, int step) { return r->replica == 0 && ckpt_step(r, step); }
 
 static void ckpt_path(const pw_run *r, int step, int stage, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/job-%llu/step-%d/stage-%d.safetensors", r->ckpt_dir, (unsigned long long)r->job, step + 1,
@@ -348,49 +290,71 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   return 0;
 }
 
-static void update(pw_run *r, double sqnorm) {
+/* Under train.zero > 0 each replica updates its shards and the others'
+ * come in the all-gather. The gradients are zeroed at the step's end
+ * (pw_stepend_run): then every reduce-scatter frame we sent from them has
+ * been read, and a checkpoint under zero > 0 is done with their room. */
+static int update(pw_run *r, double sqnorm) {
   pw_step_sched sc = pw_step_sched_of(&r->spec.train, r->sh.step, sqnorm);
   r->cp.lr = sc.lr;
-  if (r->spec.mode != PW_MODE_FORWARD)
-    for (int li = 0; li < r->n_ls; li++) {
+  if (r->spec.mode == PW_MODE_FORWARD) return 0;
+  int zero = pw_dpx_zero(r);
+  for (int li = 0; li < r->n_ls; li++) {
+    const pw_dpx *x = zero ? &r->cp.dpx[li] : NULL;
+    if (x)
+      pw_optim_update_range(r->ls[li].prog, &r->spec.train, &sc, x->lo, x->hi, x->m, x->v);
+    else
       pw_optim_update(r->ls[li].prog, &r->spec.train, &sc);
-      pw_prog_zero_grad(r->ls[li].prog);
-    }
+  }
+  return zero ? pw_dpx_allgather_params(r) : 0;
 }
 
 /* After the step's report is posted: a checkpoint is never on the
  * coordinator before the report of the step it follows, so a resume from
  * it finds every earlier step recorded. */
-static int checkpoint(pw_run *r) {
-  if (!ckpt_due(r, r->sh.step)) return 0;
-  for (int li = 0; li < r->n_ls; li++) {
-    char path[1024];
-    pw_err err = {0};
-    ckpt_path(r, r->sh.step, r->ls[li].stage, path, sizeof path);
-    if (mkdirs(path)) {
-      int e = errno;
-      return pw_exec_fail(r, PW_EIO, NULL, "checkpoint: cannot make the directories of %s: %s (errno %d)", path,
-                          strerror(e), e);
-    }
-    int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
-    if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
-    if ((rc = upload_stage(r, r->sh.step + 1, r->ls[li].stage, path))) return rc;
-    pw_event ev = {.kind = PW_EV_CKPT, .step = r->sh.step, .stage = r->ls[li].stage};
-    if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a checkpoint report");
+static int checkpoint_stage(pw_run *r, int li) {
+  char path[1024];
+  pw_err err = {0};
+  ckpt_path(r, r->sh.step, r->ls[li].stage, path, sizeof path);
+  if (mkdirs(path)) {
+    int e = errno;
+    return pw_exec_fail(r, PW_EIO, NULL, "checkpoint: cannot make the directories of %s: %s (errno %d)", path,
+                        strerror(e), e);
   }
+  int rc = pw_ckpt_save(r->ls[li].prog, path, r->sh.step + 1, NULL, &err);
+  if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
+  if ((rc = upload_stage(r, r->sh.step + 1, r->ls[li].stage, path))) return rc;
+  pw_event ev = {.kind = PW_EV_CKPT, .step = r->sh.step, .stage = r->ls[li].stage};
+  if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a checkpoint report");
   return 0;
 }
 
+static int checkpoint(pw_run *r) {
+  int rc = 0, zero = pw_dpx_zero(r);
+  if (zero && ckpt_step(r, r->sh.step) && (rc = pw_dpx_state_gather(r))) return rc;
+  if (!ckpt_due(r, r->sh.step)) return 0;
+  for (int li = 0; li < r->n_ls && !rc; li++) rc = checkpoint_stage(r, li);
+  if (zero) pw_dpx_state_release(r);
+  return rc;
+}
+
+/* Sums in the contract's order: replicas (the whole arena, shadow
+ * gradients too), then each parameter's uses, then a tied parameter's
+ * holders. zero > 0 all-reduces only what the uses and holders need
+ * (dpx.h), and reduce-scatters the rest after: the same sums. */
 int pw_stepend_reduce(pw_run *r, double *sqnorm) {
-  int rc;
+  int rc, zero = pw_dpx_zero(r);
+  r->cp.dp_bytes = 0;
   if (r->spec.mode != PW_MODE_FORWARD) {
-    if (r->dp > 1 && (rc = dp_allreduce(r))) return rc;
+    if (r->dp > 1 && (rc = zero ? pw_dpx_reduce_full(r) : pw_dpx_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
+    if (zero && (rc = pw_dpx_reduce_scatter(r))) return rc;
   }
   double part = 0;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
+  if (zero && (rc = pw_dpx_norm(r, part, &part))) return rc;
   return global_norm(r, part, sqnorm);
 }
 
@@ -402,14 +366,14 @@ int pw_stepend_barrier(pw_run *r) {
 int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0;
-  if ((rc = pw_stepend_reduce(r, &sqnorm))) return rc;
-  update(r, sqnorm);
+  if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
   double loss = r->cp.loss_sum, step_time = pw_now() - r->cp.t_step0, eval_loss = 0;
   int evaluated = 0;
   if ((rc = pw_evalrun(r, &eval_loss, &evaluated))) return rc;
   pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
-                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss};
+                 .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
+                 .dp_bytes = r->cp.dp_bytes};
   for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   ev.has_eval = ev.has_loss && evaluated;
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
@@ -424,6 +388,8 @@ int pw_stepend_run(pw_run *r) {
   }
   if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
   if ((rc = checkpoint(r))) return rc;
+  if (r->spec.mode != PW_MODE_FORWARD)
+    for (int li = 0; li < r->n_ls; li++) pw_prog_zero_grad(r->ls[li].prog);
   uv_mutex_lock(&r->sh.mu);
   r->sh.step++;
   uv_mutex_unlock(&r->sh.mu);
@@ -439,6 +405,8 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     json_object_set_new(msg, "loss", json_real(ev->loss));
     json_object_set_new(msg, "tokens", json_real((double)r->spec.train.batch_size / r->dp * r->model.seq_len));
   }
+  if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) /* what the data-parallel exchange sent */
+    json_object_set_new(msg, "dp_bytes", json_integer((json_int_t)ev->dp_bytes));
   if (ev->has_eval && isfinite(ev->eval_loss)) /* this replica's share, summed like the loss */
     json_object_set_new(msg, "eval_loss", json_real(ev->eval_loss));
   if (r->replica == 0 && r->prank == 0) {
@@ -477,14 +445,12 @@ void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev) {
 
 int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   *dst = NULL;
-  /* A pipeline peer may be one pass ahead of us, never more; a replica one
-   * step (its gradient arena, tagged with the step: it may be past the
-   * eval passes between, and the arenas alternate by step parity). */
-  int tag = (int)h->step, dp = h->kind == PW_FRAME_REDUCE && h->value == RV_DP;
-  if (dp && tag != r->sh.step && tag != r->sh.step + 1)
-    return pw_err_set(err, PW_EPROTO, "frame", "%s for step %u while at step %d", pw_frame_kind_name(h->kind), h->step,
-                      r->sh.step);
-  if (!dp && tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag)) return pw_evalrun_refuse(r, h, err);
+  /* A replica's frames are tagged with the step (dpx.c checks them); a
+   * pipeline peer's with the pass, and it may be one pass ahead of us,
+   * never more. */
+  if (h->kind == PW_FRAME_REDUCE && h->value != RV_NORM_PART) return pw_dpx_dest(r, from, h, dst, err);
+  int tag = (int)h->step;
+  if (tag != r->cp.tag && tag != pw_evalrun_next(r->cp.tag)) return pw_evalrun_refuse(r, h, err);
   if (h->kind == PW_FRAME_TIED) {
     int k = -1;
     for (int i = 0; i < r->part.n_shared; i++)
@@ -501,18 +467,6 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
     return 0;
   }
   switch (h->value) {
-    case RV_DP: {
-      int li = h->stage < (uint32_t)r->S ? r->lidx_of_stage[h->stage] : -1;
-      int d = (int)h->microbatch;
-      if (li < 0 || !r->ls[li].dp_buf || d >= r->dp || d == r->replica || from != d * r->pp + r->prank)
-        return pw_err_set(err, PW_EPROTO, "frame", "gradient all-reduce frame for stage %u from rank %d does not fit",
-                          h->stage, from);
-      if (h->dtype != PW_DTYPE_F32 || h->payload_len != pw_prog_grad_numel(r->ls[li].prog) * 4)
-        return pw_err_set(err, PW_EPROTO, "frame", "gradient arena of %llu bytes, expected %zu",
-                          (unsigned long long)h->payload_len, pw_prog_grad_numel(r->ls[li].prog) * 4);
-      *dst = r->ls[li].dp_buf[pw_dp_arena(r->dp, (int)h->step, d)];
-      return 0;
-    }
     case RV_NORM_PART:
       if (h->payload_len != 8 || h->dtype != PW_DTYPE_U8)
         return pw_err_set(err, PW_EPROTO, "frame", "bad norm reduction frame");
@@ -530,11 +484,9 @@ int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *pay
     r->cp.tied_got++;
     return 0;
   }
+  if (h->value != RV_NORM_PART) return pw_dpx_frame(r, from, h, payload, err);
   double v;
   switch (h->value) {
-    case RV_DP:
-      r->cp.ls[r->lidx_of_stage[h->stage]].dp_step[pw_dp_arena(r->dp, (int)h->step, (int)h->microbatch)] = (int)h->step;
-      return 0;
     case RV_NORM_PART:
       memcpy(&v, payload, 8);
       r->cp.norm_parts[(h->step & 1) * r->pp + h->microbatch] = v;

@@ -42,15 +42,29 @@ double pw_lr_at(const pw_optim_spec *o, int steps, int k) {
   return o->min_lr + 0.5 * (o->lr - o->min_lr) * (1.0 + cos(M_PI * prog));
 }
 
+/* The part [*a, *b) of parameter pp's gradient inside [lo, hi) of the
+ * program's gradient arena; 0 when they do not meet. */
+static int clip_range(pw_prog *p, const pw_prog_param *pp, size_t lo, size_t hi, size_t *a, size_t *b) {
+  size_t off = (size_t)(pp->grad - pw_prog_grads(p)), n = pp->meta->numel;
+  *a = lo > off ? lo - off : 0;
+  *b = hi < off + n ? (hi > off ? hi - off : 0) : n;
+  return *a < *b;
+}
+
 double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
+  return pw_grad_sqnorm_range(p, skip, n_skip, 0, pw_prog_train_numel(p));
+}
+
+double pw_grad_sqnorm_range(pw_prog *p, const int *skip, int n_skip, size_t lo, size_t hi) {
   double s = 0;
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
     int skipped = !pp->grad; /* frozen: torch's clip_grad_norm_ skips grad-less tensors */
     for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
-    if (skipped) continue;
+    size_t a, b;
+    if (skipped || !clip_range(p, pp, lo, hi, &a, &b)) continue;
     double t;
-    sqnorm16(pp->grad, pp->meta->numel, &t);
+    sqnorm16(pp->grad + a, b - a, &t);
     s += t;
   }
   return s;
@@ -62,16 +76,19 @@ float pw_clip_coef(double norm, double clip) {
   return c < 1.0 ? (float)c : 1.0f;
 }
 
-static void adamw(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
+/* Elements [a, b) of parameter pp, whose moments start at m and v. */
+static void adamw(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs, size_t a, size_t b, float *m,
+                  float *v) {
   float decay = pp->meta->decay ? (float)(1.0 - lr * o->weight_decay) : 1.0f;
   double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-  adamw_loop(pp->data, pp->grad, pp->m, pp->v, pp->meta->numel, gs, decay, (float)o->beta1, (float)o->beta2,
-             (float)o->eps, (float)(lr / bc1), (float)sqrt(bc2));
+  adamw_loop(pp->data + a, pp->grad + a, m, v, b - a, gs, decay, (float)o->beta1, (float)o->beta2, (float)o->eps,
+             (float)(lr / bc1), (float)sqrt(bc2));
 }
 
-static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs) {
-  float *w = pp->data, *g = pp->grad, *buf = pp->m;
-  size_t n = pp->meta->numel;
+static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs, size_t a, size_t b,
+                float *buf) {
+  float *w = pp->data + a, *g = pp->grad + a;
+  size_t n = b - a;
   float wd = pp->meta->decay ? (float)o->weight_decay : 0.0f, mom = (float)o->momentum;
   float flr = (float)lr;
   for (size_t i = 0; i < n; i++) {
@@ -85,13 +102,20 @@ static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, flo
 }
 
 void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale) {
+  pw_optim_step_range(p, o, t, lr, grad_scale, 0, pw_prog_train_numel(p), pw_prog_moment(p, 0), pw_prog_moment(p, 1));
+}
+
+void pw_optim_step_range(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale, size_t lo, size_t hi,
+                         float *m, float *v) {
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
-    if (!pp->grad) continue; /* frozen */
+    size_t a, b;
+    if (!pp->grad || !clip_range(p, pp, lo, hi, &a, &b)) continue; /* frozen, or not ours */
+    size_t at = (size_t)(pp->grad - pw_prog_grads(p)) + a - lo;   /* where [a, b) starts in m and v */
     if (o->kind == PW_OPT_SGD)
-      sgd(pp, o, t, lr, grad_scale);
+      sgd(pp, o, t, lr, grad_scale, a, b, m + at);
     else
-      adamw(pp, o, t, lr, grad_scale);
+      adamw(pp, o, t, lr, grad_scale, a, b, m + at, v + at);
   }
 }
 
@@ -108,4 +132,10 @@ pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm)
 void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s) {
   if (s->skip) return;
   pw_optim_step(p, &tr->optim, s->step + 1, s->lr, s->clip_coef);
+}
+
+void pw_optim_update_range(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s, size_t lo, size_t hi, float *m,
+                           float *v) {
+  if (s->skip) return;
+  pw_optim_step_range(p, &tr->optim, s->step + 1, s->lr, s->clip_coef, lo, hi, m, v);
 }

@@ -18,6 +18,10 @@ double pw_lr_at(const pw_optim_spec *o, int steps, int k);
  * parameter listed in `skip` (model parameter ids, n_skip of them) is left
  * out: with tied parameters only one holder counts them. */
 double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip);
+/* The same over elements [lo, hi) of the gradient arena's main part (a
+ * data-parallel shard, train.zero > 0): each parameter's part inside it,
+ * in parameter order. Over [0, train_numel) the same bits as above. */
+double pw_grad_sqnorm_range(pw_prog *p, const int *skip, int n_skip, size_t lo, size_t hi);
 
 /* torch.nn.utils.clip_grad_norm_: min(1, clip / (norm + 1e-6)); 1 when clip <= 0. */
 float pw_clip_coef(double norm, double clip);
@@ -29,6 +33,12 @@ float pw_clip_coef(double norm, double clip);
  * bias-corrected moments. SGD: coupled decay (g += wd*p) on the same
  * tensors, momentum buffer in m (dampening 0, as torch). */
 void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale);
+/* The same on elements [lo, hi) of the gradient arena's main part only
+ * (the same offsets in the parameters), with that range's optimizer state
+ * in m and v (hi - lo floats each; m[0] is element lo's): ZeRO's sharded
+ * update. Element by element the same arithmetic as pw_optim_step. */
+void pw_optim_step_range(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale, size_t lo, size_t hi,
+                         float *m, float *v);
 
 /* What a training step's update needs, the same on every rank once the
  * global squared gradient norm is agreed. Computed here, once, for the
@@ -48,5 +58,7 @@ pw_step_sched pw_step_sched_of(const pw_train_spec *tr, int step, double sqnorm)
 /* The optimizer step of one program for it (pw_optim_step at t = step + 1,
  * gradients scaled by the clip coefficient); nothing when s->skip. */
 void pw_optim_update(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s);
+void pw_optim_update_range(pw_prog *p, const pw_train_spec *tr, const pw_step_sched *s, size_t lo, size_t hi, float *m,
+                           float *v);
 
 #endif

@@ -155,15 +155,16 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
   p->arena_p = pw_alloc_floats(pn);
   p->arena_g = pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
-  p->arena_m = pw_alloc_floats(tn);
-  p->arena_v = pw_alloc_floats(tn);
-  if (!p->params || !p->arena_p || !p->arena_g || !p->arena_m || !p->arena_v) goto oom;
+  p->arena_m = cfg->no_moments ? NULL : pw_alloc_floats(tn);
+  p->arena_v = cfg->no_moments ? NULL : pw_alloc_floats(tn);
+  if (!p->params || !p->arena_p || !p->arena_g || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
   for (int i = 0; i < L->n_params; i++) {
     size_t go = L->param_goff[i];
     int frozen = go == NONE; /* no gradient, no optimizer state */
     p->params[i] = (pw_prog_param){.meta = &m->params[L->param_model[i]], .model_index = L->param_model[i],
                                    .data = p->arena_p + L->param_off[i], .grad = frozen ? NULL : p->arena_g + go,
-                                   .m = frozen ? NULL : p->arena_m + go, .v = frozen ? NULL : p->arena_v + go};
+                                   .m = frozen || !p->arena_m ? NULL : p->arena_m + go,
+                                   .v = frozen || !p->arena_v ? NULL : p->arena_v + go};
   }
   if (plan_grad_writes(p)) goto oom;
   p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
@@ -201,8 +202,10 @@ void pw_prog_free(pw_prog *p) {
   free(p->params);
   free(p->arena_p);
   free(p->arena_g);
-  free(p->arena_m);
-  free(p->arena_v);
+  if (!p->cfg.no_moments) { /* else lent, if anything */
+    free(p->arena_m);
+    free(p->arena_v);
+  }
   free(p->bwd_acc);
   free(p->zero);
   if (p->slots)
@@ -219,6 +222,7 @@ void pw_prog_free(pw_prog *p) {
 }
 
 const pw_model *pw_prog_model(const pw_prog *p) { return p->m; }
+const pw_prog_layout *pw_prog_layout_of(const pw_prog *p) { return &p->L; }
 const pw_prog_config *pw_prog_config_of(const pw_prog *p) { return &p->cfg; }
 int pw_prog_n_params(const pw_prog *p) { return p->L.n_params; }
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i) { return &p->params[i]; }
@@ -235,6 +239,16 @@ void pw_prog_grads_finalize(pw_prog *p) {
 }
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
 float *pw_prog_moment(pw_prog *p, int which) { return which ? p->arena_v : p->arena_m; }
+
+void pw_prog_wire_moments(pw_prog *p, float *m, float *v) {
+  p->arena_m = m, p->arena_v = v;
+  for (int i = 0; i < p->L.n_params; i++) {
+    size_t go = p->L.param_goff[i];
+    if (!p->params[i].grad) continue;
+    p->params[i].m = m ? m + go : NULL;
+    p->params[i].v = v ? v + go : NULL;
+  }
+}
 float *pw_prog_grads(pw_prog *p) { return p->arena_g; }
 size_t pw_prog_slot_bytes(const pw_prog *p) {
   return (p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats) * sizeof(float);

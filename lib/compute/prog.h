@@ -53,6 +53,9 @@ typedef struct {
                              pw_prog_slot_ensure as a pipeline needs them */
   int remat;              /* recompute the forward before the backward (above) */
   int n_work;             /* remat: work buffers made at create */
+  int no_moments;         /* 1: no m and v arenas (ZeRO keeps a shard of them
+                             elsewhere; pw_prog_wire_moments lends whole ones
+                             to a checkpoint's save or load) */
 } pw_prog_config;
 
 typedef struct {
@@ -68,6 +71,7 @@ void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
 const pw_prog_config *pw_prog_config_of(const pw_prog *p);
+const pw_prog_layout *pw_prog_layout_of(const pw_prog *p);
 
 int pw_prog_n_params(const pw_prog *p);
 pw_prog_param *pw_prog_param_at(pw_prog *p, int i);
@@ -83,6 +87,10 @@ float *pw_prog_grads(pw_prog *p);
  * parameters. */
 float *pw_prog_moment(pw_prog *p, int which);
 size_t pw_prog_grad_numel(const pw_prog *p);
+/* Points every trainable parameter's m and v into m and v (train_numel
+ * floats each, laid out as the gradients' main part), or at NULL for both
+ * NULL; pw_prog_moment then returns them. For a no_moments program. */
+void pw_prog_wire_moments(pw_prog *p, float *m, float *v);
 size_t pw_prog_train_numel(const pw_prog *p);
 /* Adds each shadow gradient into its parameter's main gradient, in node
  * order (use 1 + use 2 + ...). Once per step, after all microbatches (and

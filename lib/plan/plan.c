@@ -2,6 +2,7 @@
  * will allocate, and the plan's JSON. */
 #include "plan.h"
 
+#include "collective.h"
 #include "placement.h"
 
 #include <stdint.h>
@@ -182,6 +183,23 @@ static int eval_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
+/* Floats stage s all-reduces whole under train.zero > 0 (worker/dpx.c):
+ * its shadows and the parameters it shares with other stages. */
+static int full_floats(const pw_plan *p, int s, size_t *out) {
+  const pw_stage *st = &p->part.stages[s];
+  pw_prog_layout L;
+  if (pw_prog_layout_build(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &L)) return PW_ENOMEM;
+  int tied[64], nt = 0;
+  for (int k = 0; k < p->part.n_shared && nt < 64; k++)
+    for (int j = 0; j < p->part.shared[k].n_holders; j++)
+      if (p->part.shared[k].holders[j] == s) tied[nt++] = p->part.shared[k].param;
+  size_t (*r)[2] = malloc(sizeof *r * (size_t)(2 * L.n_shadow + nt + 1));
+  if (r) *out = pw_ranges_floats((const size_t(*)[2])r, pw_dp_full_ranges(&p->model, &L, tied, nt, r));
+  free(r);
+  pw_prog_layout_free(&L);
+  return r ? 0 : PW_ENOMEM;
+}
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -201,7 +219,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
-    r->adam += 2 * sm->train_numel * sizeof(float);
+    int zero = train && p->dp > 1 ? job->train.zero : 0;
+    r->adam += pw_dp_state_floats(sm->train_numel, p->dp, zero) * sizeof(float);
     size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     if (p->n_work[s]) {
       size_t keep = (size_t)p->peak_slots[s] * sm->keep_floats * sizeof(float);
@@ -215,7 +234,16 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     r->n_slots += p->peak_slots[s];
     r->scratch += sm->scratch_floats * sizeof(float);
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
-    if (train) r->dp += (size_t)pw_dp_arenas(p->dp) * sm->grad_numel * sizeof(float);
+    if (train) {
+      size_t whole = 0;
+      if (zero && p->dp > 1 && full_floats(p, s, &whole)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+      r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, whole, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
+      uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
+      r->dp_sent += sent;
+      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * PW_PLAN_LINK_LATENCY +
+                       (double)sent / PW_PLAN_LINK_BW;
+      if (zero) r->ckpt_gather += sm->train_numel * sizeof(float);
+    }
   }
   /* a rank holding a copy of a shared parameter keeps its block */
   for (int i = 0; i < p->part.n_shared && train; i++) {
@@ -237,7 +265,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
     m->total =
-        m->params + m->grads + m->adam + m->slots + m->work + m->scratch + m->dp + m->tied + m->data + m->snapshots;
+        m->params + m->grads + m->adam + m->slots + m->work + m->scratch + m->dp + m->tied + m->data + m->snapshots +
+        m->ckpt_gather;
   }
   return 0;
 }
@@ -392,6 +421,10 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   "remat_saved", (json_int_t)m->remat_saved, "scratch",
                                   (json_int_t)m->scratch, "dp", (json_int_t)m->dp, "tied", (json_int_t)m->tied, "data",
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
+    json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
+    json_object_set_new(o, "dp_seconds_per_step", json_real(m->dp_seconds));
+    if (m->ckpt_gather)
+      json_object_set_new(json_object_get(o, "memory"), "ckpt_gather", json_integer((json_int_t)m->ckpt_gather));
   }
   json_t *costs = json_array();
   for (int s = 0; s < p->S; s++)

@@ -34,10 +34,10 @@
 /* ---- step-end buffers ---------------------------------------------------
  * What a pipeline rank keeps for the step end (worker/stepend.c), described
  * once for the worker that allocates it and the planner that counts it:
- *  - per stage it runs, when training with dp > 1: pw_dp_arenas(dp)
- *    gradient arenas of the stage's grad_numel floats, one per replica for
- *    each step parity (a replica may be one step ahead; our own index holds
- *    the copy we send): replica d's of step t is pw_dp_arena(dp, t, d);
+ *  - per stage it runs, when training with dp > 1: the buffers of the
+ *    data-parallel reduce-scatter and all-gather, pw_dp_floats floats
+ *    (lib/model/collective.h says which), and under train.zero > 0 only
+ *    pw_dp_state_floats of optimizer state;
  *  - per shared parameter it holds a copy of: one block of
  *    pw_tied_floats() floats, wired by pw_tied_wire into holder j's
  *    gradient (received from a remote holder, or the copy a local holder
@@ -46,8 +46,6 @@
 _Static_assert(sizeof ((pw_shared_param *)0)->holders == PW_TIED_MAX_HOLDERS * sizeof(int),
                "pw_tied_bufs has one buffer per possible holder");
 
-static inline int pw_dp_arenas(int dp) { return dp > 1 ? 2 * dp : 0; }
-static inline int pw_dp_arena(int dp, int step, int replica) { return (step & 1) * dp + replica; }
 
 typedef struct {
   float *block;                          /* the one allocation */
@@ -67,14 +65,22 @@ void pw_tied_wire(pw_tied_bufs *t, float *block, const pw_model *m, const pw_sha
 typedef struct {
   size_t params;   /* parameter arenas */
   size_t grads;    /* gradient arenas (shadows included) */
-  size_t adam;     /* AdamW m and v */
+  size_t adam;     /* AdamW m and v (train.zero > 0: of the rank's shard) */
   size_t slots;    /* activation slots: per stage, slot bytes x peak slots (a
                       remat stage's slot is its keep part: the ports) */
   int n_slots;     /* peak slots over the rank's stages */
   size_t work;     /* remat stages: work bytes (slot minus keep) x n_work */
   size_t remat_saved; /* what slots + work are below the same stages without remat */
   size_t scratch;  /* attention scratch */
-  size_t dp;       /* dp > 1: pw_dp_arenas copies of each gradient arena */
+  size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats) */
+  uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes; each
+                         replica receives as many, within a shard's rounding) */
+  double dp_seconds; /* that exchange on the link model: PW_PLAN_LINK_LATENCY per chunk sent and
+                         dp_sent / PW_PLAN_LINK_BW (after the pipeline's last action; not in the
+                         simulated makespan) */
+  size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
+                         writes a checkpoint (m goes where the gradients are); the other
+                         replicas' peak is total minus this */
   size_t tied;     /* tied parameters held here: pw_tied_floats of each */
   size_t data;     /* ranks drawing inputs or targets: a text file whole (its
                       size where the planner can stat it, else 0), the

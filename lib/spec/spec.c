@@ -162,6 +162,8 @@ static const pw__field train_fields[] = {
     /* recovery (the coordinator's; snapshot_every travels in the slice) */
     PW__INT("max_restarts", 0, PW__ALL, pw_train_spec, max_restarts, 3, 0, 1000),
     PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
+    /* sharded optimizer state; omitted when 0, so older specs keep their hash */
+    PW__INT("zero", PW__OMIT0, PW__ALL, pw_train_spec, zero, 0, 0, 2),
     PW__SKIP("optimizer", 0, PW__ALL),
     PW__SKIP("trainable", 0, PW__ALL), /* trainable_parse */
 };
@@ -534,6 +536,13 @@ static int cross_check(const pw_job *job, pw_err *err) {
   int tokens = m->input == PW_INPUT_TOKENS;
   int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_COPY ||
                    d->kind == PW_DATA_REVERSE;
+  /* A snapshot copies a stage's whole optimizer state, which a ZeRO
+   * replica does not hold: refused rather than half-taken. */
+  if (job->train.zero > 0 && job->mesh.dp > 1 && job->train.snapshot_every > 0)
+    return pw_err_set(err, PW_ESPEC, "train.zero",
+                      "sharded optimizer state (zero %d over mesh.dp %d) cannot be snapshotted for recovery: set "
+                      "train.snapshot_every to 0 (recovery then resumes from the last checkpoint)",
+                      job->train.zero, job->mesh.dp);
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "a token model needs kind text, tokens, copy or reverse (got %s)", data_names[d->kind]);

@@ -180,6 +180,8 @@ typedef struct {
   int on_nonfinite;      /* pw_nonfinite: "fail" (default) | "skip" */
   int max_restarts;      /* runs that lose a worker and go back to the queue; 0..1000, default 3 */
   int snapshot_every;    /* in-memory stage snapshots on a peer every K steps; 0 = off, default 1 */
+  int zero;              /* ZeRO stage 0 | 1 | 2: optimizer state (1, 2) sharded over mesh.dp
+                            replicas; a no-op at dp 1; needs snapshot_every 0 */
   /* "trainable": glob patterns (fnmatch) over parameter names; a parameter
    * matching none is frozen (no gradient, no optimizer state). 0 patterns =
    * all train (the default, ["*"]). Checked against the model's names by

@@ -143,7 +143,7 @@ def main():
     sel.register(lsock, selectors.EVENT_READ, None)
     conns, registered = [], {}
     result = {"losses": {}, "grad_norms": {}, "tokens": {}, "checkpoints": {}, "errors": [], "done": [],
-              "peak_act": {}, "step_reports": 0, "actions": {}, "registrations": 0}
+              "peak_act": {}, "step_reports": 0, "actions": {}, "registrations": 0, "dp_bytes": {}, "vmhwm": {}}
     deadline = time.time() + a.timeout
     assigned = fuzzed = killed = False
     last_step = job["train"]["steps"] - 1
@@ -207,6 +207,8 @@ def main():
                     if "grad_norm" in m:
                         result["grad_norms"][k] = m["grad_norm"]
                     result["peak_act"][str(r)] = max(result["peak_act"].get(str(r), 0), m.get("peak_act", 0))
+                    if "dp_bytes" in m:  # what the rank sent in the data-parallel exchange, per step
+                        result["dp_bytes"].setdefault(str(r), {})[k] = m["dp_bytes"]
                     if "actions" in m and m["step"] == 1:
                         result["actions"][str(r)] = m["actions"]
                     if a.kill_rank >= 0 and not killed and m["step"] >= a.kill_at_step:
@@ -217,6 +219,12 @@ def main():
                         result["checkpoints"][str(m["stage"])] = m["path"]
                 elif t == "done":
                     result["done"].append(m["rank"])
+                    try:  # the worker's peak resident memory so far (rank r runs on worker r)
+                        with open(f"/proc/{procs[m['rank']].pid}/status") as f:
+                            hwm = [ln for ln in f if ln.startswith("VmHWM:")]
+                        result["vmhwm"][str(m["rank"])] = int(hwm[0].split()[1]) * 1024
+                    except (OSError, IndexError):
+                        pass
                 elif t == "heartbeat":
                     fds.setdefault(c.info["name"] if c.info else "?", []).append(m.get("fds"))
                 elif t == "error":

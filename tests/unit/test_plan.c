@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "spec_json.h"
+#include "collective.h"
 #include "plan.h"
 #include "prog.h"
 
@@ -277,7 +278,7 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
       grads += pw_prog_grad_numel(pg) * sizeof(float);
       slots += (size_t)k * pw_prog_slot_bytes(pg);
       n_slots += k;
-      if (dp > 1) dp_bytes += 2 * (size_t)dp * pw_prog_grad_numel(pg) * sizeof(float);
+      if (dp > 1) dp_bytes += (size_t)dp * pw_shard_max(pw_prog_grad_numel(pg), dp) * sizeof(float);
       pw_prog_free(pg);
     }
     const pw_plan_mem *mm = &p.mem[r];
@@ -338,23 +339,51 @@ static void test_tied_bytes(void **state) {
   pw_job_free(&job);
 }
 
-/* The step-end buffers as plan.h describes them for the worker: each DP
- * arena index (step parity, replica) is its own and within the count; a
+/* train.zero 1 at dp 2: AdamW state of a half shard, the exchange's
+ * buffers and bytes as collective.h counts them (a tied embedding inside
+ * one stage adds its shadow and main gradient, all-reduced whole), and
+ * replica 0's v while it writes a checkpoint; zero 0 has none of it. */
+static void test_zero_memory(void **state) {
+  (void)state;
+  for (int tied = 0; tied < 2; tied++) {
+    pw_job job;
+    job_of(tied ? GPT_TIED : GPT, "1f1b", 1, 2, 1, 2, 4, &job);
+    pw_plan p0, p1;
+    assert_int_equal(pw_plan_build(&job, NULL, &p0, NULL), 0);
+    job.train.zero = 1;
+    assert_int_equal(pw_plan_build(&job, NULL, &p1, NULL), 0);
+    size_t tn = p0.stage_mem[0].train_numel, gn = p0.stage_mem[0].grad_numel, full = tied ? 2 * 256 * 32 : 0;
+    assert_int_equal(gn - tn, tied ? 256 * 32 : 0); /* the head's use of the embedding: a shadow */
+    assert_int_equal(p0.mem[0].adam, 2 * tn * 4);
+    assert_int_equal(p1.mem[0].adam, 2 * pw_shard_max(tn, 2) * 4);
+    assert_int_equal(p0.mem[0].dp, 2 * pw_shard_max(gn, 2) * 4);
+    assert_int_equal(p1.mem[0].dp, pw_dp_floats(gn, tn, full, 2, 1, PW_COLL_CHUNK) * 4);
+    assert_true(p0.mem[0].dp_sent == pw_coll_bytes_rs_ag(gn, 2, 0));
+    assert_true(p1.mem[0].dp_sent == pw_coll_bytes_rs_ag(tn, 2, 0) + pw_coll_bytes_rs_ag(full, 2, 0));
+    assert_int_equal(p0.mem[0].ckpt_gather, 0);
+    assert_int_equal(p1.mem[0].ckpt_gather, tn * 4);
+    assert_true(p1.mem[0].dp_seconds > 0);
+    assert_int_equal(p0.mem[0].total - p1.mem[0].total,
+                     p0.mem[0].adam - p1.mem[0].adam + p0.mem[0].dp - p1.mem[0].dp - p1.mem[0].ckpt_gather);
+    pw_plan_free(&p0);
+    pw_plan_free(&p1);
+    pw_job_free(&job);
+  }
+}
+
+/* The step-end buffers as plan.h describes them for the worker: the DP
+ * exchange keeps dp shards of the arena (zero 0), or dp shards of the
+ * main part and a chunk per other replica (zero > 0), nothing at dp 1; a
  * tied block is the holders' buffers then the sum, disjoint, filling it. */
 static void test_stepend_bufs(void **state) {
   (void)state;
-  assert_int_equal(pw_dp_arenas(1), 0);
-  for (int dp = 2; dp <= 4; dp++) {
-    int seen[8] = {0};
-    assert_int_equal(pw_dp_arenas(dp), 2 * dp);
-    for (int step = 4; step < 6; step++)
-      for (int d = 0; d < dp; d++) {
-        int k = pw_dp_arena(dp, step, d);
-        assert_true(k >= 0 && k < pw_dp_arenas(dp));
-        assert_int_equal(seen[k]++, 0);
-        assert_int_equal(pw_dp_arena(dp, step + 2, d), k); /* alternates by parity */
-      }
-  }
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 1, 0, 16), 0);
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 3, 0, 16), 3 * 334);
+  assert_int_equal(pw_dp_floats(1000, 900, 0, 3, 1, 16), 3 * 300 + 2 * 16);
+  assert_int_equal(pw_dp_floats(1000, 900, 50, 3, 1, 16), 3 * 300 + 2 * 16 + 50 + 3 * 17);
+  assert_int_equal(pw_dp_state_floats(900, 1, 1), 1800); /* zero at dp 1: a no-op */
+  assert_int_equal(pw_dp_state_floats(900, 4, 0), 1800);
+  assert_int_equal(pw_dp_state_floats(901, 4, 2), 2 * 226);
   pw_job job;
   job_of(GPT_TIED, "1f1b", 2, 1, 1, 2, 4, &job);
   pw_plan p;
@@ -554,6 +583,7 @@ int main(void) {
       cmocka_unit_test(test_rank_totals),
       cmocka_unit_test(test_tied_bytes),
       cmocka_unit_test(test_stepend_bufs),
+      cmocka_unit_test(test_zero_memory),
       cmocka_unit_test(test_data_bytes),
       cmocka_unit_test(test_eval_slots),
       cmocka_unit_test(test_peak_slots_by_hand),

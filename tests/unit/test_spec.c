@@ -166,6 +166,10 @@ static const bad_case bad[] = {
     {B_GPT, "{'train':{'eval_batches':0}}", "train.eval_batches", "must be >= 1"},
     {B_GPT, "{'train':{'checkpoint_every':-1}}", "train.checkpoint_every", "must be >= 0"},
     {B_GPT, "{'train':{'keep_checkpoints':0}}", "train.keep_checkpoints", "must be >= 1 (got 0)"},
+    {B_GPT, "{'train':{'zero':3}}", "train.zero", "must be <= 2 (got 3)"},
+    {B_GPT, "{'train':{'zero':'1'}}", "train.zero", "must be an integer"},
+    {B_GPT, "{'mesh':{'dp':2},'train':{'zero':1}}", "train.zero", "cannot be snapshotted for recovery: set "
+                                                                   "train.snapshot_every to 0"},
     {B_GPT, "{'train':{'optimizer':{'lr':0}}}", "train.optimizer.lr", "must be > 0 (got 0)"},
     {B_GPT, "{'train':{'optimizer':{'min_lr':-1}}}", "train.optimizer.min_lr", "must be >= 0"},
     {B_GPT, "{'train':{'optimizer':{'warmup_steps':-5}}}", "train.optimizer.warmup_steps", ">= 0"},

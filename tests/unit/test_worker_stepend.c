@@ -10,7 +10,15 @@
  * global squared norm the sum of the pipeline ranks' partials in rank
  * order, with every tied parameter counted once. After the full step end,
  * every rank's parameters equal one optimizer step of a reference program
- * given those gradients, and its step report carries that norm. */
+ * given those gradients, and its step report carries that norm.
+ *
+ * The exchange is a reduce-scatter then an all-gather (worker/dpx.c): each
+ * rank sends exactly pw_coll_bytes_rs_ag of its arenas (2 (dp-1)/dp of
+ * them over the group), also in chunks of a few floats (PW_COLL_CHUNK).
+ * With train.zero 1 and 2 (the sums in another association) every rank's
+ * parameters equal the reference update to 1e-6, every replica reports
+ * the same norm, and each keeps optimizer state for its shard only, equal
+ * to the reference's on that range. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +29,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <stdlib.h>
+
+#include "collective.h"
 #include "optim.h"
 #include "test_worker_fixture.h"
 
@@ -31,6 +42,20 @@ static const char *SPEC =
     "\"train\":{\"steps\":10,\"batch_size\":12,\"seed\":11,\"grad_clip\":0.5,\"checkpoint_every\":0,"
     "\"optimizer\":{\"name\":\"adamw\",\"lr\":0.01,\"weight_decay\":0.1}},"
     "\"data\":{\"kind\":\"copy\"}}";
+
+/* the same job with sharded optimizer state (no snapshots: refused with it) */
+static const char *SPEC_ZERO =
+    "{\"name\":\"stepend\",\"model\":{\"template\":\"gpt\",\"vocab_size\":32,\"seq_len\":4,\"d_model\":8,"
+    "\"n_layers\":2,\"n_heads\":2,\"tie_embeddings\":true},"
+    "\"mesh\":{\"pp\":2,\"dp\":3},\"schedule\":{\"name\":\"1f1b\",\"microbatches\":2},"
+    "\"train\":{\"steps\":10,\"batch_size\":12,\"seed\":11,\"grad_clip\":0.5,\"checkpoint_every\":0,"
+    "\"zero\":ZZ,\"snapshot_every\":0,\"optimizer\":{\"name\":\"adamw\",\"lr\":0.01,\"weight_decay\":0.1}},"
+    "\"data\":{\"kind\":\"copy\"}}";
+
+typedef struct {
+  int zero;           /* train.zero */
+  const char *chunk;  /* PW_COLL_CHUNK, or NULL */
+} variant;
 
 #define PP 2
 #define DP 3
@@ -50,8 +75,17 @@ static float grad_of(int d, int stage, size_t i) {
 }
 
 static int setup(void **state) {
+  const variant *v = *state;
   mesh *m = calloc(1, sizeof *m);
-  m->f = wf_job_make(SPEC);
+  char spec[2048];
+  snprintf(spec, sizeof spec, "%s", v && v->zero ? SPEC_ZERO : SPEC);
+  char *z = strstr(spec, "ZZ");
+  if (z) z[0] = (char)('0' + v->zero), memmove(z + 1, z + 2, strlen(z + 2) + 1);
+  if (v && v->chunk)
+    setenv("PW_COLL_CHUNK", v->chunk, 1);
+  else
+    unsetenv("PW_COLL_CHUNK");
+  m->f = wf_job_make(spec);
   assert_int_equal(m->f->plan.pp, PP);
   assert_int_equal(m->f->plan.dp, DP);
   assert_true(m->f->plan.part.n_shared > 0);
@@ -244,19 +278,91 @@ static void test_reduce(void **state) {
     }
     assert_int_equal(r->sh.step, 0); /* the reduction alone does not end the step */
   }
+  /* bytes sent: each rank its formula; the group 2 (dp-1) x the arena */
+  for (int pr = 0; pr < PP; pr++) {
+    uint64_t group = 0, arena = 0;
+    for (int d = 0; d < DP; d++) {
+      pw_run *r = m->run[d * PP + pr];
+      uint64_t want = 0;
+      for (int li = 0; li < r->n_ls; li++) {
+        want += pw_coll_bytes_rs_ag(pw_prog_grad_numel(r->ls[li].prog), DP, d);
+        if (!d) arena += pw_prog_grad_numel(r->ls[li].prog) * sizeof(float);
+      }
+      if (r->cp.dp_bytes != want)
+        fail_msg("rank %d sent %llu bytes, expected %llu", r->rank, (unsigned long long)r->cp.dp_bytes,
+                 (unsigned long long)want);
+      group += r->cp.dp_bytes;
+    }
+    assert_true(group == 2 * (DP - 1) * arena);
+  }
+}
+
+/* The full step end on every rank, and the reference programs' update
+ * with the expected norm (*sq); lend: the references are programs of a
+ * zero run (no moments of their own), lent whole ones. */
+static pw_step_sched step_end(mesh *m, rank_thread t[NR], pw_event steps[NR], double *sq, int lend) {
+  memset(steps, 0, sizeof *steps * NR);
+  exchange(m, 1, t, steps);
+  *sq = expected(m);
+  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, *sq);
+  assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
+  for (int pr = 0; pr < PP; pr++)
+    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
+      pw_prog *rp = m->ref[pr]->ls[li].prog;
+      if (lend)
+        pw_prog_wire_moments(rp, calloc(pw_prog_train_numel(rp) + 1, sizeof(float)),
+                             calloc(pw_prog_train_numel(rp) + 1, sizeof(float)));
+      pw_optim_update(rp, &m->f->job.train, &sc);
+    }
+  return sc;
+}
+
+/* zero > 0: parameters to 1e-6 of the reference step, the same norm on
+ * every replica, and each replica's optimizer state that of its shard. */
+static void test_zero_step_end(void **state) {
+  mesh *m = *state;
+  rank_thread t[NR];
+  pw_event steps[NR];
+  double sq;
+  step_end(m, t, steps, &sq, 1);
+  for (int k = 0; k < NR; k++) {
+    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    assert_int_equal(r->sh.step, 1);
+    if (fabs(steps[k].grad_norm - sqrt(sq)) > 1e-6 * sqrt(sq))
+      fail_msg("rank %d: norm %.17g, expected %.17g", k, steps[k].grad_norm, sqrt(sq));
+    if (memcmp(&steps[k].grad_norm, &steps[r->prank].grad_norm, sizeof(double)))
+      fail_msg("rank %d: norm %.17g differs from replica 0's", k, steps[k].grad_norm);
+    for (int li = 0; li < r->n_ls; li++) {
+      const float *p = pw_prog_params(r->ls[li].prog), *e = pw_prog_params(ref->ls[li].prog);
+      for (size_t i = 0; i < pw_prog_numel(r->ls[li].prog); i++)
+        if (fabsf(p[i] - e[i]) > 1e-6f)
+          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, p[i], e[i]);
+      const pw_dpx *x = &r->cp.dpx[li];
+      const float *em = pw_prog_moment(ref->ls[li].prog, 0), *ev = pw_prog_moment(ref->ls[li].prog, 1);
+      size_t lo, hi;
+      pw_shard_range(pw_prog_train_numel(r->ls[li].prog), DP, r->replica, &lo, &hi);
+      assert_true(x->lo == lo && x->hi == hi);
+      assert_null(pw_prog_moment(r->ls[li].prog, 0)); /* no whole state here */
+      for (size_t i = lo; i < hi; i++)
+        if (fabsf(x->m[i - lo] - em[i]) > 1e-7f || fabsf(x->v[i - lo] - ev[i]) > 1e-9f)
+          fail_msg("rank %d stage %d moment %zu: %.9g %.9g, expected %.9g %.9g", k, r->ls[li].stage, i, x->m[i - lo],
+                   x->v[i - lo], em[i], ev[i]);
+    }
+  }
+  for (int pr = 0; pr < PP; pr++)
+    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
+      pw_prog *rp = m->ref[pr]->ls[li].prog;
+      free(pw_prog_moment(rp, 0)), free(pw_prog_moment(rp, 1));
+      pw_prog_wire_moments(rp, NULL, NULL);
+    }
 }
 
 static void test_full_step_end(void **state) {
   mesh *m = *state;
   rank_thread t[NR];
   pw_event steps[NR];
-  memset(steps, 0, sizeof steps);
-  exchange(m, 1, t, steps);
-  double sq = expected(m);
-  pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, sq);
-  assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
-  for (int pr = 0; pr < PP; pr++)
-    for (int li = 0; li < m->ref[pr]->n_ls; li++) pw_optim_update(m->ref[pr]->ls[li].prog, &m->f->job.train, &sc);
+  double sq;
+  pw_step_sched sc = step_end(m, t, steps, &sq, 0);
   double norm = sqrt(sq);
   for (int k = 0; k < NR; k++) {
     pw_run *r = m->run[k], *ref = m->ref[r->prank];
@@ -279,9 +385,14 @@ static void test_full_step_end(void **state) {
 }
 
 int main(void) {
+  static const variant chunked = {0, "5"}, zero1 = {1, NULL}, zero2 = {2, "7"};
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_reduce, setup, teardown),
+      cmocka_unit_test_prestate_setup_teardown(test_reduce, setup, teardown, (void *)&chunked),
       cmocka_unit_test_setup_teardown(test_full_step_end, setup, teardown),
+      cmocka_unit_test_prestate_setup_teardown(test_full_step_end, setup, teardown, (void *)&chunked),
+      cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero1),
+      cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""test_zero: the data-parallel exchange (reduce-scatter + all-gather,
+worker/dpx.c) and train.zero, across real pipewright-worker processes on
+127.0.0.1 driven by driver.py, against the single-process trainer.
+
+  - zero 0 at dp 3 and 4 x pp 1 and 2 (1f1b, zb-h1, interleaved-1f1b),
+    with collective chunks of a few floats (PW_COLL_CHUNK): losses and
+    final parameters equal `pipewright train`'s to the last bit
+    (tolerance 0);
+  - each rank's dp_bytes per step (its step reports) equals what the plan
+    says replica 0 sends, and over a pipeline rank's replicas they add up
+    to exactly 2 (dp-1) x its gradient arenas: 2 (dp-1)/dp each;
+  - zero 1 and 2 at dp 2 x pp 2 and dp 3 x pp 1 and 2 (tied embeddings:
+    shadows in one stage, then a parameter shared across stages): losses
+    and parameters equal the single-process run to 1e-6;
+  - a zero 0 checkpoint resumed with zero 1, and a zero 1 checkpoint (its
+    optimizer file gathered from the shards: the same names and shapes as
+    a zero 0 one) resumed with zero 0: the losses and weights continue as
+    the uninterrupted run's, to 1e-6;
+  - spec errors: train.zero 3, and zero 1 with snapshots, name train.zero;
+  - on a real coordinator and 3 workers: a zero 1 job at dp 2 equals its
+    zero 0 twin (final checkpoint and the gathered optimizer checkpoint,
+    names, shapes and values, to 1e-6); a zero 1 job whose worker is
+    killed after a checkpoint resumes from it on the other two (their
+    shards from the coordinator's whole optimizer file) and ends with the
+    uninterrupted single-process run's weights to 1e-6; no sanitizer
+    report in any daemon's log.
+Usage: test_zero.py BUILD_DIR SOURCE_DIR [--quick]"""
+import json, os, re, signal, subprocess, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
+import st  # noqa: E402
+from test_pipeline import Suite, job  # noqa: E402
+import driver as d  # noqa: E402
+
+
+def zjob(name, pp, V, m, dp, zero, tied=False, steps=6):
+    spec = job(name, pp, V, m, dp=dp, tied=tied, steps=steps, layers=4)
+    if zero:
+        spec["train"]["zero"] = zero
+        spec["train"]["snapshot_every"] = 0
+    return spec
+
+
+def max_rel(a_blob, b_blob, tmp, tag):
+    """(largest per-tensor relative difference, names or shapes that differ)
+    of two safetensors blobs."""
+    import numpy as np
+    paths = [os.path.join(tmp, f"{tag}-{i}.safetensors") for i in range(2)]
+    for path, blob in zip(paths, (a_blob, b_blob)):
+        open(path, "wb").write(blob if isinstance(blob, bytes) else b"")
+    try:
+        a, b = st.load(paths[0])[0], st.load(paths[1])[0]
+    except Exception as e:  # a download that failed
+        return float("inf"), str(e)
+    if sorted((k, tuple(v.shape)) for k, v in a.items()) != sorted((k, tuple(v.shape)) for k, v in b.items()):
+        return float("inf"), f"{sorted(a)[:3]} vs {sorted(b)[:3]}"
+    worst = max((float(np.max(np.abs(np.asarray(a[k], np.float64) - b[k])) / (np.max(np.abs(b[k])) + 1e-30))
+                 for k in b), default=0.0)
+    return worst, f"{len(b)} tensors"
+
+
+def on_cluster(build, src, tmp, t):
+    """A real coordinator: zero 1 against zero 0, and a resume after a loss."""
+    c = d.Cluster(build, tmp, "zc", data_root=src)
+    for i in range(3):
+        c.start_worker(f"w{i}")
+    t.check("cluster: 3 workers idle", c.wait_idle(3))
+
+    def cspec(name, zero, steps=6, ce=3, model=None):
+        sp = zjob("1f1b", 1, 1, 2, 2, zero, steps=steps)
+        sp["name"], sp["train"]["checkpoint_every"], sp["train"]["max_restarts"] = name, ce, 1
+        sp["data"]["path"] = os.path.join(src, "examples/data/corpus.txt")
+        if model:
+            sp["model"].update(model)
+        return sp
+
+    jobs = {z: c.submit(cspec(f"z{z}", z)) for z in (0, 1)}
+    done = {z: c.wait_job(j) for z, j in jobs.items()}
+    if t.check("cluster: the zero 0 and zero 1 jobs succeed", all(j.get("state") == "succeeded" for j in done.values()),
+               str({z: (j.get("state"), j.get("error")) for z, j in done.items()})):
+        for what, q in (("checkpoint", ""), ("optimizer checkpoint", "?optimizer=1")):
+            blobs = [d.http(c.base, f"/v1/jobs/{jobs[z]}/checkpoint{q}", raw=True)[1] for z in (0, 1)]
+            err, why = max_rel(blobs[1], blobs[0], tmp, f"cmp{len(q)}")
+            t.check(f"cluster: zero 1's {what} = zero 0's (names, shapes, values to 1e-6)", err <= 1e-6, f"{err:.3g} {why}")
+
+    # a loss after the checkpoint of step 10: resumed from it, the same weights
+    sp = cspec("z1-loss", 1, steps=40, ce=10, model={"d_model": 64, "seq_len": 64, "n_heads": 4})
+    jid = c.submit(sp)
+    got = d.wait_for(lambda: c.step(jid) >= 13, 120, 0.01)
+    ranks = c.ranks(jid)
+    if t.check("cluster: the job to lose a worker runs past its first checkpoint", got and len(ranks) == 2,
+               str((c.step(jid), ranks))):
+        c.signal_worker(ranks[1], signal.SIGKILL)
+        job_ = c.wait_job(jid, 240)
+        ats = d.attempts(c, jid)
+        t.check("cluster: it resumes from a checkpoint and succeeds",
+                job_.get("state") == "succeeded" and len(ats) == 2 and (ats[1].get("start_step") or 0) >= 10,
+                str((job_.get("state"), job_.get("error"), [(a.get("start_step"), a.get("resumed_from")) for a in ats])))
+        ref = d.train_reference(build, sp, tmp, "z1-loss")
+        err, why = max_rel(c.checkpoint(jid), ref, tmp, "loss")
+        t.check("cluster: its final weights = the uninterrupted single-process run's (to 1e-6)", err <= 1e-6,
+                f"{err:.3g} {why}")
+    d.close_cluster(c, tmp, lambda label, ok, detail="": t.check(label, ok, str(detail)), lambda: t.failed > 0)
+
+
+def main():
+    build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    quick = "--quick" in sys.argv
+    chunk = {"PW_COLL_CHUNK": "97"}
+    with tempfile.TemporaryDirectory(prefix="pw-zero-") as tmp:
+        t = Suite(build, src, tmp)
+
+        def exact(label, spec, *extra, tol="0", start=0, env=None):
+            p, res, d = t.drive(label, spec, *extra, env=env)
+            if not t.check(f"{label}: run completes, workers exit cleanly",
+                           p.returncode == 0 and res is not None and res["done"] and
+                           res["exit_codes"] == [0] * len(res["exit_codes"]), (p.stdout + p.stderr)[-600:]):
+                return None
+            ref = t.reference(spec)
+            # tolerance 0: every tensor to the bit (the reference log's losses carry 9 digits)
+            c = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_run.py"),
+                                os.path.join(d, "out", "result.json"), os.path.join(ref, "ref.jsonl"),
+                                os.path.join(ref, "ref.safetensors"), tol if tol != "0" else "1e-8", str(start)],
+                               capture_output=True, text=True)
+            ok = c.returncode == 0 and (tol != "0" or re.search(r"worst tensor \S+ 0,", c.stdout))
+            t.check(f"{label}: equals the single-process run ({'bit for bit' if tol == '0' else 'to ' + tol})", ok,
+                    (c.stdout + c.stderr).strip())
+            return res, d
+
+        def bytes_ok(label, res, d, spec):
+            plan = json.load(open(os.path.join(d, "out", "plan.json")))
+            pp, dp = spec["mesh"]["pp"], spec["mesh"]["dp"]
+            ranks = plan["analytics"]["ranks"]
+            sent = res["dp_bytes"]
+            ok, why = len(sent) == pp * dp, f"{len(sent)} ranks reported"
+            for pr in range(pp):
+                grads = ranks[pr]["memory"]["grads"]
+                total = 0
+                for d_ in range(dp):
+                    per = set(sent.get(str(d_ * pp + pr), {}).values())
+                    ok &= len(per) == 1  # the same every step
+                    total += per.pop() if per else 0
+                ok &= total == 2 * (dp - 1) * grads
+                want0 = ranks[pr]["dp_bytes_per_step"]
+                ok &= set(sent.get(str(pr), {}).values()) == {want0}
+                why += f"; pipeline rank {pr}: replicas sent {total} per step, 2(dp-1) x {grads} = " \
+                       f"{2 * (dp - 1) * grads}, replica 0 {sorted(set(sent.get(str(pr), {}).values()))} vs plan {want0}"
+            t.check(f"{label}: dp bytes per rank = 2(dp-1)/dp of the arena, as planned", ok, why)
+
+        # zero 0: the same bits as the single-process run
+        for name, pp, V, dp in [("1f1b", 1, 1, 3), ("zb-h1", 2, 1, 3), ("interleaved-1f1b", 2, 2, 4), ("1f1b", 2, 1, 4)]:
+            if quick and dp == 4 and name == "1f1b":
+                continue
+            spec = zjob(name, pp, V, 4, dp, 0)
+            out = exact(f"{name}-pp{pp}-dp{dp}", spec, env=chunk)
+            if out:
+                bytes_ok(f"{name}-pp{pp}-dp{dp}", *out, spec)
+
+        # zero 1 and 2: equal to 1e-6
+        for zero in (1, 2):
+            spec = zjob("1f1b", 2, 1, 4, 2, zero)
+            exact(f"zero{zero}-1f1b-pp2-dp2", spec, tol="1e-6", env=chunk)
+        exact("zero1-zb-h1-pp1-dp3-tied", zjob("zb-h1", 1, 1, 4, 3, 1, tied=True), tol="1e-6")
+        exact("zero2-1f1b-pp2-dp3-tied", zjob("1f1b", 2, 1, 4, 3, 2, tied=True), tol="1e-6", env=chunk)
+
+        # checkpoints: zero 0 -> zero 1 and zero 1 -> zero 0
+        for first, then in ((0, 1), (1, 0)):
+            spec = zjob("1f1b", 2, 1, 4, 2, first, steps=8)
+            spec["train"]["checkpoint_every"] = 4
+            out = exact(f"ckpt-zero{first}", spec, tol="1e-6")
+            if not out:
+                continue
+            res, d = out
+            mid = os.path.join(d, "out", "ckpt", "job-1", "step-4")
+            if first == 1:  # its optimizer files against a zero 0 run's
+                base = t.drive("ckpt-zero0-shapes", zjob("1f1b", 2, 1, 4, 2, 0, steps=4))[2]
+                shapes = [{s: sorted((k, tuple(v.shape)) for k, v in st.load(os.path.join(
+                    c, f"stage-{s}.optim.safetensors"))[0].items()) for s in range(2)}
+                    for c in (mid, os.path.join(base, "out", "ckpt", "job-1", "step-4"))]
+                t.check("zero 1 optimizer checkpoint: the names and shapes of a zero 0 one",
+                        shapes[0] == shapes[1] and len(shapes[0][0]) > 0, f"{shapes[0][0][:3]} vs {shapes[1][0][:3]}")
+            spec2 = dict(spec, train=dict(spec["train"]))
+            if then:
+                spec2["train"]["zero"] = then
+                spec2["train"]["snapshot_every"] = 0
+            else:
+                spec2["train"].pop("zero", None)
+            exact(f"resume-zero{first}-as-zero{then}", spec2, "--resume", mid, "--start-step", "4", tol="1e-6", start=4)
+
+        # spec errors name the field and the rule
+        for label, patch, want in [("zero 3", {"zero": 3}, "train.zero"),
+                                   ("zero 1 with snapshots", {"zero": 1}, "train.zero")]:
+            spec = zjob("1f1b", 2, 1, 4, 2, 0)
+            spec["train"].update(patch)
+            path = os.path.join(tmp, "bad.json")
+            json.dump(spec, open(path, "w"))
+            p = subprocess.run([os.path.join(build, "pipewright"), "plan", "--job", path], capture_output=True,
+                               text=True, cwd=src)
+            t.check(f"spec error: {label} names {want}", p.returncode != 0 and want in p.stderr + p.stdout,
+                    (p.stdout + p.stderr).strip()[-300:])
+        os.makedirs(os.path.join(tmp, "cluster"))
+        on_cluster(build, src, os.path.join(tmp, "cluster"), t)
+        print(f"{t.passed} passed, {t.failed} failed")
+        return 1 if t.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
