@@ -127,11 +127,15 @@ static const pw__field mesh_fields[] = {
 typedef struct {
   int name;
   int microbatches;
+  int regions; /* pw_schedule_spec.regions_serial */
 } sched_tmp;
+static const char *const regions_exec_names[] = {"concurrent", "serial"};
 static const pw__field sched_fields[] = {
     {"name", PW__F_ENUM, 0, PW__ALL, offsetof(sched_tmp, name), 0, 1, 0, 0, pw_schedule_names,
      sizeof pw_schedule_names / sizeof pw_schedule_names[0]},
     PW__INT("microbatches", 0, PW__ALL, sched_tmp, microbatches, 1, 1, MAX_MICROBATCHES),
+    /* a regions model's execution; left out when concurrent (the default) */
+    PW__ENUM("regions", PW__OMIT0, PW__ALL, sched_tmp, regions, 0, regions_exec_names),
 };
 
 #define P_BAL (1u << PW_PARTITION_BALANCED)
@@ -328,6 +332,7 @@ static int schedule_parse(const json_t *o, int pp, pw_schedule_spec *s, pw_err *
   if (rc) return rc;
   snprintf(s->name, sizeof s->name, "%s", is_custom ? "custom" : pw_schedule_names[tmp.name]);
   s->microbatches = tmp.microbatches;
+  s->regions_serial = tmp.regions;
   return is_custom ? custom_parse(custom, pp, s, err) : 0;
 }
 
@@ -711,7 +716,7 @@ json_t *pw_job_to_json(const pw_job *job) {
   bad |= pw__fields_emit(v, mesh_fields, PW__N(mesh_fields), PW__ALL, &job->mesh);
   bad |= pw__placement_emit(v, &job->mesh);
 
-  sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches};
+  sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches, .regions = job->schedule.regions_serial};
   for (int i = 0; i < pw_n_schedule_names; i++)
     if (strcmp(job->schedule.name, pw_schedule_names[i]) == 0) st.name = i;
   bad |= json_object_set_new(o, "schedule", v = json_object());

@@ -133,6 +133,8 @@ typedef struct {
   int microbatches;    /* default 1 */
   char **custom_ranks; /* [n_custom_ranks] malloc'ed; NULL when not custom */
   int n_custom_ranks;  /* mesh.pp when custom, else 0 */
+  int regions_serial;  /* "regions": "serial" — a regions model's regions one after another on
+                          the same ranks (to compare with the default, "concurrent") */
 } pw_schedule_spec;
 
 typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED, PW_PARTITION_EXPLICIT } pw_partition_mode;

@@ -292,8 +292,10 @@ int pw__regions_emit(json_t *o, const pw_model_spec *m) {
 
 int pw__regions_settle(pw_job *job, const json_t *mesh, pw_err *err) {
   pw_model_spec *m = &job->model;
-  if (m->tmpl != PW_TEMPLATE_REGIONS) return 0;
-  int ranks = 0;
+  if (m->tmpl != PW_TEMPLATE_REGIONS)
+    return job->schedule.regions_serial ? pw_err_set(err, PW_ESPEC, "schedule.regions", "only for a regions model "
+                                                     "(model.regions)") : 0;
+  int ranks = 0, widest = 0;
   char path[64], sum[160] = "";
   size_t n = 0;
   for (int r = 0; r < m->n_regions; r++) {
@@ -305,7 +307,14 @@ int pw__regions_settle(pw_job *job, const json_t *mesh, pw_err *err) {
     rg->dp = job->mesh.dp;
     if (!rg->schedule[0]) snprintf(rg->schedule, sizeof rg->schedule, "%s", job->schedule.name);
     ranks += rg->pp;
+    if (rg->pp > widest) widest = rg->pp;
     if (n < sizeof sum) n += (size_t)snprintf(sum + n, sizeof sum - n, "%s%s %d", r ? " + " : "", rg->name, rg->pp);
+  }
+  if (job->schedule.regions_serial) { /* one region after another, on the widest region's ranks */
+    if (mesh && json_object_get(mesh, "pp") && job->mesh.pp != widest)
+      return pw_err_set(err, PW_ESPEC, "mesh.pp", "%d, but serial regions share the widest region's %d ranks",
+                        job->mesh.pp, widest);
+    ranks = widest;
   }
   if (mesh && json_object_get(mesh, "pp") && job->mesh.pp != ranks)
     return pw_err_set(err, PW_ESPEC, "mesh.pp", "%d, but the regions run on %d ranks of their own (%s)%s", job->mesh.pp,

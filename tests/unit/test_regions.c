@@ -18,6 +18,7 @@
 #include "data.h"
 #include "kernels.h"
 #include "model.h"
+#include "plan.h"
 #include "rng.h"
 #include "spec_json.h"
 #include "train.h"
@@ -272,10 +273,106 @@ static void test_train(void **st) {
   pw_job_free(&job);
 }
 
+/* A job of three regions with the given text and vision schedules and
+ * text's virtual stages (its layers cut into pp x V stages). */
+static json_t *sched_job(const char *ts, int tv, const char *vs, const char *extra) {
+  char r[4096], tl[512] = "";
+  size_t n = 0;
+  for (int k = 0; k < 2 * tv; k++)
+    n += (size_t)snprintf(tl + n, sizeof tl - n, "%s{'type': 'gpt_block', 'n_heads': 2}", k ? ", {'stage_boundary': {}}, " : "");
+  snprintf(r, sizeof r,
+           "{'name': 'text', 'input': {'kind': 'tokens'}, 'layers': [{'type': 'embedding', 'vocab_size': 16, 'out': 16}, "
+           "%s], 'mesh': {'pp': 2, 'virtual_stages': %d}, 'schedule': {'name': '%s'}}, "
+           "{'name': 'vision', 'input': {'kind': 'features', 'dim': 4}, 'layers': [{'type': 'linear', 'out': 8}, "
+           "{'stage_boundary': {}}, {'type': 'gelu'}], 'mesh': {'pp': 2}, 'schedule': {'name': '%s'}}, %s",
+           tl, tv, ts, vs, HEAD);
+  return job_json(r, GRAPH, extra);
+}
+
+/* The joint plan: regions on disjoint ranks, the fusion stage reading the
+ * last stage of each tower; every combination of schedules is proven by the
+ * simulator, and so is the serial plan of the same stages. */
+static void test_plan(void **st) {
+  (void)st;
+  static const char *combos[][2] = {{"1f1b", "zb-h1"}, {"gpipe", "1f1b"}, {"interleaved-1f1b", "gpipe"},
+                                    {"zb-h1", "interleaved-1f1b"}, {"1f1b", "1f1b"}};
+  for (size_t c = 0; c < sizeof combos / sizeof combos[0]; c++) {
+    int tv = strncmp(combos[c][0], "interleaved", 11) ? 1 : 2;
+    for (int serial = 0; serial < 2; serial++) {
+      json_t *j = sched_job(combos[c][0], tv, strncmp(combos[c][1], "interleaved", 11) ? combos[c][1] : "1f1b",
+                            serial ? ", 'schedule': {'microbatches': 4, 'regions': 'serial'}"
+                                   : ", 'schedule': {'microbatches': 4}");
+      pw_job job;
+      pw_plan p;
+      pw_err err = {0};
+      if (pw_job_parse(j, NULL, &job, &err)) fail_msg("%s: %s", err.path, err.msg);
+      json_decref(j);
+      if (pw_plan_build(&job, NULL, &p, &err)) fail_msg("%s/%s: %s: %s", combos[c][0], combos[c][1], err.path, err.msg);
+      int S = 2 * tv + 2 + 1;
+      assert_int_equal(p.S, S);
+      assert_int_equal(p.pp, serial ? 2 : 5);
+      assert_string_equal(p.sched->name, serial ? "regions-serial" : "regions");
+      /* the fusion stage reads the last stage of each tower */
+      int preds[PW_SCHED_MAX_LINKS];
+      assert_int_equal(pw_sched_preds(p.sched, S - 1, preds), 2);
+      assert_int_equal(preds[0], 2 * tv - 1);
+      assert_int_equal(preds[1], 2 * tv + 1);
+      assert_int_equal(pw_sched_preds(p.sched, 2 * tv, preds), 0); /* vision's first reads data */
+      assert_int_equal(pw_sched_succs(p.sched, 2 * tv - 1, preds), 1);
+      assert_int_equal(preds[0], S - 1);
+      if (!serial) /* disjoint ranks: text 0-1, vision 2-3, head 4 */
+        for (int s = 0; s < S; s++)
+          assert_int_equal(p.sched->stage_to_rank[s], s < 2 * tv ? s % 2 : s < S - 1 ? 2 + s - 2 * tv : 4);
+      int counts[4];
+      pw_sched_count(p.sched, counts);
+      assert_int_equal(counts[PW_ACT_F], 4 * S);
+      json_t *doc = pw_plan_json(&job, &p);
+      json_t *cmp = json_object_get(doc, "regions");
+      assert_non_null(json_object_get(cmp, "speedup"));
+      assert_true(json_real_value(json_object_get(json_object_get(cmp, "serial"), "makespan")) > 0);
+      json_decref(doc);
+      pw_plan_free(&p);
+      pw_job_free(&job);
+    }
+  }
+}
+
+static void expect_plan_bad(json_t *j, const char *path, const char *msg) {
+  pw_job job;
+  pw_plan p;
+  pw_err err = {0};
+  if (pw_job_parse(j, NULL, &job, &err)) fail_msg("%s: %s", err.path, err.msg);
+  json_decref(j);
+  int rc = pw_plan_build(&job, NULL, &p, &err);
+  if (!rc) pw_plan_free(&p);
+  pw_job_free(&job);
+  if (rc != PW_ESPEC || strcmp(err.path, path) || !strstr(err.msg, msg))
+    fail_msg("want \"%s: ...%s...\", got %d \"%s: %s\"", path, msg, rc, err.path, err.msg);
+}
+
+static void test_plan_bad(void **st) {
+  (void)st;
+  char r[4096];
+  snprintf(r, sizeof r, "%s, %s, %s", TEXT,
+           "{'name': 'vision', 'input': {'kind': 'features', 'dim': 4}, 'layers': [{'type': 'gelu'}], 'mesh': {'pp': 2}}",
+           HEAD);
+  expect_plan_bad(job_json(r, GRAPH, ""), "model.regions[1]",
+                  "0 stage_boundary markers make 1 stage, but its mesh runs pp * virtual_stages = 2 * 1 = 2");
+  snprintf(r, sizeof r, "%s, %s, %s", TEXT,
+           "{'name': 'vision', 'input': {'kind': 'features', 'dim': 4}, 'layers': [{'type': 'gelu'}, "
+           "{'stage_boundary': {}}, {'type': 'gelu'}], 'mesh': {'pp': 2}, 'schedule': {'name': 'dualpipev'}}", HEAD);
+  expect_plan_bad(job_json(r, GRAPH, ""), "model.regions[1].mesh.virtual_stages", "");
+  snprintf(r, sizeof r, "%s, {'name': 'mid', 'layers': [{'type': 'gelu'}]}, %s", TEXT,
+           "{'name': 'head', 'layers': [{'type': 'linear', 'out': 16}, {'type': 'cross_entropy'}]}");
+  expect_plan_bad(job_json(r, "[{'to': 'mid', 'from': ['text']}, {'to': 'head', 'from': ['text', 'mid']}]", ""),
+                  "model.graph", "region 'text' feeds 2 regions");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_canonical), cmocka_unit_test(test_bad),        cmocka_unit_test(test_model),
       cmocka_unit_test(test_concat_kernel), cmocka_unit_test(test_shift_data), cmocka_unit_test(test_train),
+      cmocka_unit_test(test_plan), cmocka_unit_test(test_plan_bad),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
