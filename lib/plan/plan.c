@@ -469,7 +469,7 @@ int pw_plan_virtual_stages(const pw_job *job, const char *schedule) {
 static json_t *compare_row(const pw_job *job, const char *name) {
   pw_job j = *job; /* shallow: only mesh.virtual_stages changes */
   if (name) j.mesh.virtual_stages = pw_plan_virtual_stages(job, name);
-  const char *label = name ? name : "custom";
+  const char *label = name ? name : job->model.tmpl == PW_TEMPLATE_REGIONS ? "regions" : "custom";
   pw_plan p;
   pw_err err = {0};
   if (pw_plan_build(&j, name, &p, &err)) {
@@ -497,6 +497,10 @@ json_t *pw_plan_compare_json(const pw_job *job) {
   json_t *rows = json_array();
   int n = 0;
   const pw_sched_info *infos = pw_sched_infos(&n);
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS) { /* its regions' own schedules, one row */
+    json_array_append_new(rows, compare_row(job, NULL));
+    return json_pack("{s:s, s:o}", "job", job->name, "rows", rows);
+  }
   for (int i = 0; i < n; i++) json_array_append_new(rows, compare_row(job, infos[i].name));
   if (job->schedule.custom_ranks) json_array_append_new(rows, compare_row(job, NULL));
   return json_pack("{s:s, s:o}", "job", job->name, "rows", rows);

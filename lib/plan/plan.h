@@ -157,7 +157,8 @@ pw_sim_costs pw_plan_costs(const pw_plan *p);
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
  * with virtual_stages as pw_plan_virtual_stages gives it; a job with a
- * custom schedule gets it as a last row, "schedule": "custom".
+ * custom schedule gets it as a last row, "schedule": "custom"; a regions
+ * model one row, "schedule": "regions" (its regions' own schedules).
  * {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
  * "stages", "makespan", "bubble_ratio", "peak_activations", "peak_pending_w",
  * "peak_memory_bytes" (largest rank's pw_plan_mem.total), "actions"}]}

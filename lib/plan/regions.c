@@ -233,10 +233,15 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
   for (int r = 0; r < job->model.n_regions && !rc; r++) {
     const pw_region_spec *rg = &job->model.regions[r];
     double alone = 0;
+    json_t *from = json_array();
+    for (int k = 0; k < rg->n_from; k++) json_array_append_new(from, json_string(job->model.regions[rg->from[k]].name));
     if (!(rc = region_alone(job, r, &spans[r], c, &alone, err)))
-      json_array_append_new(rows, json_pack("{s:s, s:s, s:i, s:[i,i], s:f}", "name", rg->name, "schedule",
+      json_array_append_new(rows, json_pack("{s:s, s:s, s:i, s:[i,i], s:f, s:o, s:s}", "name", rg->name, "schedule",
                                             rg->schedule, "ranks", spans[r].rank_hi - spans[r].rank_lo, "stages",
-                                            spans[r].stage_lo, spans[r].stage_hi, "makespan", alone));
+                                            spans[r].stage_lo, spans[r].stage_hi, "makespan", alone, "from", from,
+                                            "fusion", rg->n_from > 1 ? (rg->fusion ? "add" : "concat") : ""));
+    else
+      json_decref(from);
   }
   if (!rc) rc = pw_regions_serial(job, joint, spans, &ser, err);
   if (!rc) rc = pw_sim_run(ser, c, &sr, err);

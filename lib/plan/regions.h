@@ -48,7 +48,7 @@ PW_MUST_CHECK int pw_regions_serial(const pw_job *job, const pw_sched *joint, co
 /* The joint (concurrent) plan against the serial one, replayed with the
  * same costs c (over all stages), and each region's own schedule alone on
  * its stages: {"regions": [{"name", "schedule", "ranks", "stages",
- * "makespan"}], "serial": {"makespan", "ranks", "bubble_ratio"},
+ * "makespan", "from" (the regions feeding it), "fusion"}], "serial": {"makespan", "ranks", "bubble_ratio"},
  * "concurrent": {...}, "speedup": serial / concurrent} (new reference),
  * NULL with err set. cores > 0 adds "cores": {"cores", "serial",
  * "concurrent", "speedup"}: both replayed with every rank on one host of
