@@ -60,13 +60,7 @@ def job(text_sched, vision_sched, head_sched="1f1b", text_v=1, fusion="concat", 
 class Suite:
     def __init__(self, build, src, tmp):
         self.build, self.src, self.tmp = build, src, tmp
-        self.passed, self.failed, self.n = 0, 0, 0
-
-    def check(self, label, ok, detail=""):
-        print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + detail) if detail else ''}", flush=True)
-        self.passed += ok
-        self.failed += not ok
-        return ok
+        self.check, self.n = driver.Checks(), 0
 
     def equal_run(self, label, spec):
         self.n += 1
@@ -82,9 +76,7 @@ class Suite:
         if not self.check(f"{label}: run completes", p.returncode == 0 and res is not None,
                           (p.stdout + p.stderr)[-600:]):
             return None
-        subprocess.run([os.path.join(self.build, "pipewright"), "train", "--job", path, "--quiet", "--log-json",
-                        os.path.join(d, "ref.jsonl"), "--out", os.path.join(d, "ref.safetensors")],
-                       check=True, cwd=self.src)
+        self.reference(d, path)
         c = subprocess.run([PY, os.path.join(HERE, "compare_run.py"), res_path, os.path.join(d, "ref.jsonl"),
                             os.path.join(d, "ref.safetensors"), "1e-5", "0"], capture_output=True, text=True)
         self.check(f"{label}: equals the single-process run", c.returncode == 0, (c.stdout + c.stderr).strip())
@@ -92,15 +84,18 @@ class Suite:
                    str(res["exit_codes"]))
         return res, json.load(open(os.path.join(d, "out", "plan.json")))
 
+    def reference(self, d, path):
+        """`pipewright train` of the job at path: d/ref.jsonl, d/ref.safetensors."""
+        subprocess.run([os.path.join(self.build, "pipewright"), "train", "--job", path, "--quiet", "--log-json",
+                        os.path.join(d, "ref.jsonl"), "--out", os.path.join(d, "ref.safetensors")],
+                       check=True, cwd=self.src)
+
     def coordinator_run(self, spec):
         """The job through a coordinator and its workers, against `pipewright train`."""
         d = os.path.join(self.tmp, "coord")
         os.makedirs(d)
-        path = os.path.join(d, "job.json")
-        json.dump(spec, open(path, "w"))
-        subprocess.run([os.path.join(self.build, "pipewright"), "train", "--job", path, "--quiet", "--log-json",
-                        os.path.join(d, "ref.jsonl"), "--out", os.path.join(d, "ref.safetensors")],
-                       check=True, cwd=self.src)
+        json.dump(spec, open(os.path.join(d, "job.json"), "w"))
+        self.reference(d, os.path.join(d, "job.json"))
         c = driver.Cluster(self.build, d, "rg")
         try:
             for i in range(5):
@@ -165,8 +160,8 @@ def main():
         t.check("schedules that cannot meet are refused at plan time", p.returncode == 1 and
                 "model.regions: the regions' schedules do not fit together" in p.stderr and "deadlock" in p.stderr,
                 p.stderr.strip()[-300:])
-        print(f"test_regions_pipeline: {t.passed} passed, {t.failed} failed")
-        return 1 if t.failed else 0
+        print(f"test_regions_pipeline: {t.check.passed} passed, {t.check.failed} failed")
+        return 1 if t.check.failed else 0
 
 
 if __name__ == "__main__":
