@@ -290,7 +290,7 @@ PW.views.plan = function (root, params) {
       h("h3", null, "Regions"),
       h("div", {class: "region-boxes"}, R.regions.map(function (r, k) {
         return h("div", {class: "region-box region-" + (k % 4), data: {region: r.name}},
-          h("strong", null, r.name), h("div", null, r.schedule + " \u00b7 ranks " + span(ranks[k])),
+          h("strong", null, r.name), h("div", null, r.schedule + " \u00b7 ranks " + span(ranks[k].ranks)),
           r.from && r.from.length ? h("div", {class: "region-from"}, "\u2190 " + r.from.join(" + ") +
                                       (r.fusion ? " (" + r.fusion + ")" : "")) : h("div", {class: "region-from"}, "data"));
       })),
