@@ -267,3 +267,24 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
   pw_sim_result_free(cr);
   return out;
 }
+
+json_t *pw_regions_lanes_json(const json_t *plan_doc) {
+  const json_t *rows = json_object_get(json_object_get(plan_doc, "regions"), "regions");
+  const json_t *s2r = json_object_get(plan_doc, "stage_to_rank");
+  if (!json_is_array(rows) || !json_is_array(s2r)) return NULL;
+  json_t *out = json_array();
+  size_t i;
+  const json_t *row;
+  json_array_foreach(rows, i, row) {
+    const json_t *st = json_object_get(row, "stages");
+    json_t *ranks = json_array();
+    for (json_int_t s = json_integer_value(json_array_get(st, 0)); s < json_integer_value(json_array_get(st, 1)); s++) {
+      json_int_t r = json_integer_value(json_array_get(s2r, (size_t)s));
+      int seen = 0;
+      for (size_t k = 0; k < json_array_size(ranks); k++) seen |= json_integer_value(json_array_get(ranks, k)) == r;
+      if (!seen) json_array_append_new(ranks, json_integer(r));
+    }
+    json_array_append_new(out, json_pack("{s:O, s:o}", "name", json_object_get(row, "name"), "ranks", ranks));
+  }
+  return out;
+}

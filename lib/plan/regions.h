@@ -56,4 +56,10 @@ PW_MUST_CHECK int pw_regions_serial(const pw_job *job, const pw_sched *joint, co
 json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const pw_region_span *spans,
                                 const pw_sim_costs *c, int cores, pw_err *err);
 
+/* From a plan document (pw_plan_json) of a regions model: [{"name",
+ * "ranks": [pipeline rank, ...]}], each region with the ranks its stages
+ * run on — what a timeline groups its lanes by. NULL for any other plan
+ * (new reference). */
+json_t *pw_regions_lanes_json(const json_t *plan_doc);
+
 #endif

@@ -9,14 +9,15 @@ its own schedule, fused into a head region on a fifth rank.
     in practice to the last bit), and so does the same job with the regions
     run one after another on two ranks (schedule.regions "serial");
   - other schedule combinations (gpipe, interleaved-1f1b with V 2, zb-h1),
-    and an add fusion: the same bits;
+    an add fusion, and two replicas of every region (dp 2, 10 workers):
+    the same bits;
   - schedules that cannot meet (a gpipe head after an interleaved tower):
     refused at plan time, naming model.regions and the deadlock;
   - each rank ran only its own region's stages (the fusion stage on the
     head's rank), as the plan placed them;
   - the first job through a real coordinator and 5 workers: the metrics'
     losses and the downloaded checkpoint equal the single-process run's,
-    to the last bit.
+    to the last bit, and its timeline's planned lanes name their regions.
 Usage: test_regions_pipeline.py BUILD_DIR SOURCE_DIR [--quick]"""
 import json, os, subprocess, sys, tempfile
 
@@ -119,6 +120,10 @@ class Suite:
             same = sorted(a) == sorted(b) and all(a[k].tobytes() == b[k].tobytes() for k in b)
             self.check("coordinator: the downloaded checkpoint equals the single-process run's, bit for bit", same,
                        f"{len(a)} vs {len(b)} tensors")
+            _, tl = driver.http(c.base, f"/v1/jobs/{jid}/timeline")
+            want = [{"name": "text", "ranks": [0, 1]}, {"name": "vision", "ranks": [2, 3]}, {"name": "head", "ranks": [4]}]
+            self.check("coordinator: the timeline's planned lanes name their regions",
+                       isinstance(tl, dict) and (tl.get("planned") or {}).get("regions") == want, str(tl)[:300])
             self.check("coordinator: no worker crashed", not c.crashed(), str(c.crashed()))
         finally:
             c.stop()
@@ -152,6 +157,9 @@ def main():
             t.equal_run(f"text {ts} (V {tv}) + vision {vs} + head {hs}", spec)
         if not quick:
             t.equal_run("add fusion, 1f1b everywhere", job("1f1b", "1f1b", fusion="add"))
+            spec = job("1f1b", "zb-h1")
+            spec["mesh"]["dp"] = 2
+            t.equal_run("two replicas of every region (pp 5 x dp 2)", spec)
         t.coordinator_run(job("1f1b", "zb-h1"))
         spec = job("interleaved-1f1b", "1f1b", "gpipe", text_v=2)
         path = os.path.join(tmp, "misfit.json")
