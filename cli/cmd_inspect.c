@@ -54,6 +54,8 @@ int pw_cmd_inspect(int argc, char **argv) {
     const pw_layer *l = &m.layers[i];
     for (int k = 0; k < m.n_markers; k++)
       if (m.markers[k] == i) printf("---- stage boundary ----\n");
+    if (job.model.n_regions && (i == 0 || m.layers[i - 1].region != l->region)) /* a regions model */
+      printf("==== region %s ====\n", job.model.regions[l->region].name);
     shape_str(&m, m.nodes[l->node_hi - 1].out, sh, sizeof sh);
     printf("%-4d %-12s %-16s %10s %10s %10s %10s %10s\n", i, l->name, sh, pw_cli_si((double)l->params, a, 32),
            pw_cli_si(l->flops_f, b, 32), pw_cli_si(l->flops_i + l->flops_w, d, 32),

@@ -31,6 +31,10 @@ static void usage(FILE *f) {
           "  --import-csv FILE plan the job with the per-rank lists of a PyTorch CSV as its\n"
           "                    schedule.custom (virtual_stages follows from the stages in it)\n"
           "  --compare         every schedule that fits the job, side by side\n"
+          "  --compare-regions a regions model: its regions concurrently on their own ranks\n"
+          "                    against one after another (a serial runtime), same costs\n"
+          "  --cores N         with --compare-regions: also both with every rank on one\n"
+          "                    machine of N cores (the shared-cores model)\n"
           "  --json            the same as JSON (what POST /v1/plans returns)\n"
           "  --trace FILE      the simulated timeline as Chrome trace-event JSON (Perfetto)\n"
           "  --slices          JSON: what each rank's assign message carries (slice, slice_sha256)\n"
@@ -68,6 +72,34 @@ static void print_compare(const json_t *cmp) {
            (double)json_integer_value(json_object_get(row, "peak_memory_bytes")) / (1 << 20),
            (int)json_integer_value(json_object_get(row, "actions")));
   }
+}
+
+/* pw_regions_compare_json as a table. */
+static void print_compare_regions(const json_t *r) {
+  printf("%-24s %-26s %5s %7s %16s\n", "region", "schedule", "ranks", "stages", "alone ms");
+  size_t i;
+  json_t *row;
+  json_array_foreach(json_object_get(r, "regions"), i, row) {
+    const json_t *st = json_object_get(row, "stages");
+    printf("%-24s %-26s %5d %3d..%-3d %16.3f\n", json_string_value(json_object_get(row, "name")),
+           json_string_value(json_object_get(row, "schedule")), (int)json_integer_value(json_object_get(row, "ranks")),
+           (int)json_integer_value(json_array_get(st, 0)), (int)json_integer_value(json_array_get(st, 1)) - 1,
+           json_real_value(json_object_get(row, "makespan")) * 1e3);
+  }
+  const json_t *se = json_object_get(r, "serial"), *co = json_object_get(r, "concurrent");
+  printf("\n%-48s %5s %12s %8s\n", "execution", "ranks", "step ms", "bubble");
+  printf("%-48s %5d %12.3f %8.3f\n", "serial: one region after another, same ranks",
+         (int)json_integer_value(json_object_get(se, "ranks")), json_real_value(json_object_get(se, "makespan")) * 1e3,
+         json_real_value(json_object_get(se, "bubble_ratio")));
+  printf("%-48s %5d %12.3f %8.3f\n", "concurrent: regions on disjoint ranks",
+         (int)json_integer_value(json_object_get(co, "ranks")), json_real_value(json_object_get(co, "makespan")) * 1e3,
+         json_real_value(json_object_get(co, "bubble_ratio")));
+  printf("serial / concurrent step time: %.2f\n", json_real_value(json_object_get(r, "speedup")));
+  const json_t *co2 = json_object_get(r, "cores");
+  if (co2)
+    printf("on one machine of %d cores: serial %.3f ms, concurrent %.3f ms, ratio %.2f\n",
+           (int)json_integer_value(json_object_get(co2, "cores")), json_real_value(json_object_get(co2, "serial")) * 1e3,
+           json_real_value(json_object_get(co2, "concurrent")) * 1e3, json_real_value(json_object_get(co2, "speedup")));
 }
 
 /* Where the stages run and who said so (mesh.placement, or the schedule). */
@@ -292,11 +324,12 @@ int pw_cmd_plan(int argc, char **argv) {
                                        {"trace", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
                                        {"slices", no_argument, 0, 'S'},      {"export", no_argument, 0, 'E'},
                                        {"format", required_argument, 0, 'F'}, {"import-csv", required_argument, 0, 'I'},
+                                       {"compare-regions", no_argument, 0, 'R'}, {"cores", required_argument, 0, 'C'},
                                        {0, 0, 0, 0}};
   const char *job_path = NULL, *sched = NULL, *trace = NULL, *format = NULL, *csv = NULL;
-  int compare = 0, as_json = 0, slices = 0, export = 0, c;
+  int compare = 0, as_json = 0, slices = 0, export = 0, regions = 0, cores = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:RC:", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': sched = optarg; break;
@@ -307,6 +340,10 @@ int pw_cmd_plan(int argc, char **argv) {
       case 'E': export = 1; break;
       case 'F': format = optarg; break;
       case 'I': csv = optarg; break;
+      case 'R': regions = 1; break;
+      case 'C':
+        if (pw_arg_int("--cores", optarg, 1, 1 << 20, &cores)) return 2;
+        break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -372,7 +409,23 @@ int pw_cmd_plan(int argc, char **argv) {
     pw_job_free(&job);
     return 1;
   }
-  if (export) {
+  if (regions) {
+    json_t *r = NULL;
+    pw_sim_costs costs = pw_plan_costs(&p);
+    if (!p.regions) {
+      fprintf(stderr, "error: --compare-regions: %s is not a regions model (no model.regions)\n", job_path);
+      rc = 1;
+    } else if (!(r = pw_regions_compare_json(&job, p.joint, p.regions, &costs, cores, &err))) {
+      pw_cli_report(&err);
+      rc = 1;
+    } else if (as_json) {
+      rc = print_json(r);
+    } else {
+      printf("job %s: %d microbatches; simulated with the FLOP cost model\n\n", job.name, job.schedule.microbatches);
+      print_compare_regions(r);
+    }
+    json_decref(r);
+  } else if (export) {
     rc = export_plan(&p, format);
   } else if (slices) {
     rc = print_slices(&job, &p);

@@ -94,10 +94,11 @@ static json_t *chrome_trace(const json_t *tl) {
  * preview, planned from its spec as POST /v1/plans would. NULL when
  * neither is to be had. */
 static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
-  json_t *doc = NULL, *sim = NULL;
+  json_t *doc = NULL, *sim = NULL, *regions = NULL;
   pw_err err = {0};
   if (pw_store_run_plan_json(s, r->id, &doc, &err) == 0) {
     sim = json_incref(json_object_get(doc, "analytics"));
+    regions = pw_regions_lanes_json(doc);
     json_decref(doc);
   } else {
     pw_plan p;
@@ -107,13 +108,20 @@ static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
       return NULL;
     }
     sim = pw_sim_result_json(p.sim);
+    if (p.regions && (doc = pw_plan_json(job, &p))) regions = pw_regions_lanes_json(doc);
+    json_decref(doc);
     pw_plan_free(&p);
   }
-  if (!sim) return NULL;
+  if (!sim) {
+    json_decref(regions);
+    return NULL;
+  }
   json_t *out = json_pack("{s:O*, s:O*, s:O*, s:O*}", "schedule", json_object_get(sim, "schedule"), "makespan",
                           json_object_get(sim, "makespan"), "bubble_ratio", json_object_get(sim, "bubble_ratio"),
                           "timeline", json_object_get(sim, "timeline"));
   json_decref(sim);
+  if (out && regions) json_object_set_new(out, "regions", regions); /* a regions model: lanes by region */
+  else json_decref(regions);
   return out;
 }
 

@@ -171,11 +171,14 @@ static void draw_data(pw_run *r, const pw_lstage *ls, int slot, int mb) {
   const pw_model *m = &r->model;
   int per_replica = r->spec.train.batch_size / r->dp;
   int first = r->replica * per_replica + mb * r->mb_size;
-  void *inp = ls->first_input ? pw_prog_value(ls->prog, slot, m->input_value) : NULL;
+  /* a regions model's stage may read its tokens or its features (or neither) */
+  void *inp = ls->first_input && m->input_value >= 0 ? pw_prog_value(ls->prog, slot, m->input_value) : NULL;
+  float *feat = ls->first_input && m->feature_value >= 0 ? pw_prog_value(ls->prog, slot, m->feature_value) : NULL;
   void *tgt = ls->has_target ? pw_prog_value(ls->prog, slot, m->target_value) : NULL;
-  if (inp || tgt)
-    pw_dataset_batch(r->ds, r->cp.eval ? PW_SPLIT_EVAL : PW_SPLIT_TRAIN, r->cp.eval ? r->cp.eval_batch : r->sh.step,
-                     first, r->mb_size, r->spec.train.batch_size, inp, tgt);
+  pw_split split = r->cp.eval ? PW_SPLIT_EVAL : PW_SPLIT_TRAIN;
+  long step = r->cp.eval ? r->cp.eval_batch : r->sh.step;
+  if (inp || tgt) pw_dataset_batch(r->ds, split, step, first, r->mb_size, r->spec.train.batch_size, inp, tgt);
+  if (feat) pw_dataset_features(r->ds, split, step, first, r->mb_size, r->spec.train.batch_size, feat);
 }
 
 /* The header of a tensor of `bytes` of f32 sent to stage `stage`; fails the

@@ -110,6 +110,8 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
   const pw_prog_config *pc = pw_prog_config_of(p);
   pw_decode_config c = *cfg;
   if (!m->data.tokens) return pw_err_set(err, PW_EINVAL, "decode", "a features model has no sequence to decode");
+  if (m->input_value < 0 || m->feature_value >= 0 || (m->n_layers && m->layers[m->n_layers - 1].region))
+    return pw_err_set(err, PW_EINVAL, "decode", "a regions model (towers meeting at a fusion) is not decoded");
   if (!c.max_pos) c.max_pos = m->seq_len;
   if (!c.max_rows) c.max_rows = c.max_pos;
   if (c.max_seqs < 1 || c.max_pos < 1 || c.max_rows < 1)
@@ -254,6 +256,7 @@ static void node_forward(pw_decode *d, int i) {
     case PW_OP_ATTENTION: node_per_seq(d, n, i - d->node_lo); break;
     case PW_OP_XENT:
     case PW_OP_MSE:
+    case PW_OP_CONCAT: /* regions models are refused at create */
     case PW_OP__COUNT: break;
   }
 }

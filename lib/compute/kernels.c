@@ -124,6 +124,24 @@ static void lora_w(const pw_kernel_io *io) {
                           io->rows, n->C, n->OC, n->NH, n->base);
 }
 
+/* concat: row r of out is row r of a (C floats), then of b (OC - C) */
+static void concat_f(const pw_kernel_io *io) {
+  size_t C = (size_t)io->n->C, D = (size_t)io->n->OC - C;
+  for (size_t r = 0; r < (size_t)io->rows; r++) {
+    memcpy(io->out + r * (C + D), io->in0 + r * C, C * sizeof(float));
+    memcpy(io->out + r * (C + D) + C, io->in1 + r * D, D * sizeof(float));
+  }
+}
+static void concat_part(float *din, const float *dout, size_t rows, size_t w, size_t off, size_t stride, int acc) {
+  for (size_t r = 0; r < rows; r++)
+    for (size_t k = 0; k < w; k++) din[r * w + k] = (acc ? din[r * w + k] : 0.0f) + dout[r * stride + off + k];
+}
+static void concat_i(const pw_kernel_io *io) {
+  size_t C = (size_t)io->n->C, OC = (size_t)io->n->OC;
+  if (io->din0) concat_part(io->din0, io->dout, (size_t)io->rows, C, 0, OC, io->acc0);
+  if (io->din1) concat_part(io->din1, io->dout, (size_t)io->rows, OC - C, C, OC, io->acc1);
+}
+
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
     [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
@@ -140,6 +158,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL},
     [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL},
     [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL},
+    [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

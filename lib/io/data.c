@@ -42,6 +42,17 @@
  *     regression target: (float)tanh(y[o]), (n, out_dim)
  *     classify target:   int32 argmax_o y[o] (first on ties), (n)
  *
+ * shift (tokens, vocab V, keys K): a key table E (K, D), D =
+ *   shape->feature_dim, drawn once at open: pw_rng seeded with
+ *   hash64(seed, pw_hash_str("keys")), E[c][j] = normal() in row order.
+ *   For sequence (k, i): pw_rng seeded with key(split, k, i) draws, for
+ *   t = 0 .. T-1 in turn, s[t] = 1 + below(V - 1), then c[t] = below(K).
+ *     inputs   s[t] (int32, (n, T))
+ *     features E[c[t]][j] as float ((n, T, D))
+ *     targets  1 + ((s[t] - 1 + c[t]) mod (V - 1)) (int32, (n, T))
+ *   Tokens alone leave the key unknown (loss ln K at best), features alone
+ *   the token (ln (V - 1)); both together determine the target.
+ *
  * The eval stream of synthetic kinds differs from the train stream only by
  * split_tag, so the two never share a sequence key. */
 #include "data.h"
@@ -72,8 +83,9 @@ struct pw_dataset {
   unsigned width;      /* bytes per id: 1 (text), 2 or 4 */
   size_t len;          /* L, in ids */
   size_t train_len;    /* N; the eval split is ids N .. L-1 */
-  /* regression, classify */
+  /* regression, classify; shift: the key table (keys, feature_dim) */
   double *teacher;     /* (out_dim, in_dim) */
+  int keys;            /* shift */
 };
 
 static const char *kind_name(pw_data_kind k) {
@@ -84,6 +96,7 @@ static const char *kind_name(pw_data_kind k) {
     case PW_DATA_REGRESSION: return "regression";
     case PW_DATA_CLASSIFY: return "classify";
     case PW_DATA_TOKENS: return "tokens";
+    case PW_DATA_SHIFT: return "shift";
   }
   return "?";
 }
@@ -205,11 +218,28 @@ static int open_teacher(pw_dataset *ds) {
   return 0;
 }
 
+static int open_keys(pw_dataset *ds, int keys) {
+  size_t n = (size_t)keys * (size_t)ds->shape.feature_dim;
+  ds->keys = keys;
+  if (!(ds->teacher = malloc(sizeof(double) * (n ? n : 1)))) return -1;
+  pw_rng r;
+  pw_rng_seed(&r, pw_hash64(ds->seed, pw_hash_str("keys")));
+  for (size_t k = 0; k < n; k++) ds->teacher[k] = pw_rng_normal(&r);
+  return 0;
+}
+
 int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsigned long long seed,
                     pw_dataset **out, pw_err *err) {
   *out = NULL;
   int token_kind = spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_TOKENS || spec->kind == PW_DATA_COPY ||
-                   spec->kind == PW_DATA_REVERSE;
+                   spec->kind == PW_DATA_REVERSE || spec->kind == PW_DATA_SHIFT;
+  if (spec->kind == PW_DATA_SHIFT && (shape->vocab_size < 2 || spec->keys > shape->vocab_size - 1))
+    return pw_err_set(err, PW_ESPEC, "data.keys", "'shift' data shifts symbols 1 .. vocab_size-1 by a key below "
+                      "keys: needs 1 <= keys <= vocab_size - 1 (keys %d, vocab_size %d)", spec->keys,
+                      shape->vocab_size);
+  if (spec->kind != PW_DATA_SHIFT && shape->feature_dim > 0)
+    return pw_err_set(err, PW_ESPEC, "data.kind", "the model reads features per position, which only kind shift "
+                      "gives (got '%s')", kind_name(spec->kind));
   if (token_kind && !shape->tokens)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "'%s' gives token sequences but the model takes float features",
@@ -247,6 +277,8 @@ int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsign
     rc = open_file(ds, spec, err);
   else if ((spec->kind == PW_DATA_REGRESSION || spec->kind == PW_DATA_CLASSIFY) && open_teacher(ds))
     rc = pw_err_set(err, PW_ENOMEM, "data", "out of memory for the teacher matrix");
+  else if (spec->kind == PW_DATA_SHIFT && open_keys(ds, spec->keys))
+    rc = pw_err_set(err, PW_ENOMEM, "data", "out of memory for the key table");
   if (rc) {
     pw_dataset_close(ds);
     return rc;
@@ -315,6 +347,29 @@ static void copy_sequence(const pw_dataset *ds, pw_split split, long step, int i
   if (s != stack) free(s);
 }
 
+/* shift: tokens, features (T x D) and targets of sequence (k, i); any may be NULL. */
+static void shift_sequence(const pw_dataset *ds, pw_split split, long step, int i, int32_t *in, float *x,
+                           int32_t *tg) {
+  int T = ds->shape.seq_len, D = ds->shape.feature_dim;
+  uint64_t V1 = (uint64_t)ds->shape.vocab_size - 1;
+  pw_rng r;
+  pw_rng_seed(&r, seq_key(ds, split, step, i));
+  for (int t = 0; t < T; t++) {
+    int32_t s = 1 + (int32_t)pw_rng_below(&r, V1);
+    int32_t c = (int32_t)pw_rng_below(&r, (uint64_t)ds->keys);
+    if (in) in[t] = s;
+    if (tg) tg[t] = 1 + (int32_t)(((uint64_t)(s - 1) + (uint64_t)c) % V1);
+    for (int j = 0; x && j < D; j++) x[(size_t)t * (size_t)D + (size_t)j] = (float)ds->teacher[(size_t)c * (size_t)D + (size_t)j];
+  }
+}
+
+void pw_dataset_features(const pw_dataset *ds, pw_split split, long step, int first, int n, int batch_size,
+                         float *features) {
+  PW_ASSERT(step >= 0 && first >= 0 && n >= 0 && first + n <= batch_size && ds->kind == PW_DATA_SHIFT);
+  size_t per = (size_t)ds->shape.seq_len * (size_t)ds->shape.feature_dim;
+  for (int j = 0; j < n; j++) shift_sequence(ds, split, step, first + j, NULL, features + (size_t)j * per, NULL);
+}
+
 static void feature_target(const pw_dataset *ds, const float *xbuf, void *target);
 
 static void feature_sequence(const pw_dataset *ds, pw_split split, long step, int i, float *x,
@@ -368,6 +423,10 @@ void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first
         copy_sequence(ds, split, step, i,
                       inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
                       targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);
+        break;
+      case PW_DATA_SHIFT:
+        shift_sequence(ds, split, step, i, inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL, NULL,
+                       targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);
         break;
       case PW_DATA_REGRESSION:
         feature_sequence(ds, split, step, i, inputs ? (float *)inputs + (size_t)j * (size_t)I : NULL,

@@ -22,6 +22,10 @@
  *  regression  features x ~ N(0,1) of width in_dim; target tanh(A x) of
  *              width out_dim, A a fixed teacher matrix drawn from the seed.
  *  classify    the same x; target class argmax(A x) (int32).
+ *  shift       two inputs: random tokens s[t] and, per position, a float
+ *              feature vector carrying a hidden key c[t] < keys; the target
+ *              is s[t] shifted by c[t]. Neither input alone tells the
+ *              target: the task of a two-tower (regions) model.
  * Synthetic kinds draw eval data from a disjoint stream. */
 #ifndef PW_DATA_H
 #define PW_DATA_H
@@ -51,6 +55,12 @@ void pw_dataset_close(pw_dataset *ds);
  * wants inputs only, the last targets only). */
 void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first, int n,
                       int batch_size, void *inputs, void *targets);
+
+/* A regions model's second input (shape->feature_dim > 0): float features
+ * (n, T, feature_dim) of sequences first .. first+n-1 of batch `step`, the
+ * same sequences pw_dataset_batch gives. Only kind shift has them. */
+void pw_dataset_features(const pw_dataset *ds, pw_split split, long step, int first, int n, int batch_size,
+                         float *features);
 
 /* Bytes in the train split (text) or 0. */
 size_t pw_dataset_train_len(const pw_dataset *ds);

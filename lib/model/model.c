@@ -319,26 +319,29 @@ static void build_mlp(builder *bd) {
   m->data = (pw_data_shape){.seq_len = 1, .in_dim = s->in_dim, .out_dim = s->out_dim, .tokens = 0};
 }
 
-/* An explicit layers list: a chain, each layer reading the previous
- * layer's output. Widths left out are inferred; widths given must agree. */
-static int build_layers(builder *bd, pw_err *err) {
+/* A chain of layer specs (a layers list, or one region's), each reading
+ * the previous layer's output, from value x; the output value (or the loss)
+ * in *x. Layers are named pre + "layers.i" (i the entry's index), errors
+ * say path + "[i]". Widths left out are inferred; widths given must agree.
+ * feat_std: linear layers draw from 1/sqrt(in) (a features input) rather
+ * than init_std. *vocab: the embedding's vocabulary (left alone without
+ * one); *n_out: the loss's width. */
+typedef struct {
+  const pw_layer_spec *ls;
+  int n;
+  const char *pre, *path;
+  int n_blocks, feat_std, region;
+} chain_spec;
+
+static int build_chain(builder *bd, const chain_spec *c, int *x_io, int *vocab, int *n_out, pw_err *err) {
   const pw_model_spec *s = bd->spec;
   pw_model *m = bd->m;
   float std = s->init_std > 0 ? s->init_std : 0.02f;
-  int tokens = s->input == PW_INPUT_TOKENS;
-  int T = tokens ? s->seq_len : 1;
-  char path[64], nm[48];
-  int n_blocks = 0;
-  for (int i = 0; i < s->n_layer_specs; i++)
-    n_blocks += s->layers[i].type == PW_LAYER_GPT_BLOCK || s->layers[i].type == PW_LAYER_LLAMA_BLOCK;
-
-  m->input_value = tokens ? add_value(bd, T, 1, PW_DT_I32, PW_VAL_INPUT)
-                          : add_value(bd, 1, s->input_dim, PW_DT_F32, PW_VAL_INPUT);
-  m->target_value = -1;
-  int x = m->input_value, vocab = 0, n_out = 0;
-  for (int i = 0; i < s->n_layer_specs && !bd->oom; i++) {
-    const pw_layer_spec *ls = &s->layers[i];
-    snprintf(path, sizeof path, "model.layers[%d]", i);
+  char path[96], nm[48];
+  int x = *x_io;
+  for (int i = 0; i < c->n && !bd->oom; i++) {
+    const pw_layer_spec *ls = &c->ls[i];
+    snprintf(path, sizeof path, "%s[%d]", c->path, i);
     if (ls->type == PW_LAYER_STAGE_BOUNDARY) {
       m->markers = realloc(m->markers, sizeof(int) * (size_t)(m->n_markers + 1));
       if (!m->markers) return pw_err_set(err, PW_ENOMEM, path, "out of memory");
@@ -364,12 +367,14 @@ static int build_layers(builder *bd, pw_err *err) {
     if (ls->type == PW_LAYER_LLAMA_BLOCK && (xv->width / ls->n_heads) % 2)
       return pw_err_set(err, PW_ESPEC, path, "n_heads: head_dim must be even for rotary embeddings (%d/%d = %d)", xv->width, ls->n_heads, xv->width / ls->n_heads);
     int is_block = ls->type == PW_LAYER_GPT_BLOCK || ls->type == PW_LAYER_LLAMA_BLOCK;
-    snprintf(nm, sizeof nm, "layers.%d", i);
+    snprintf(nm, sizeof nm, "%slayers.%d", c->pre, i);
     begin_layer(bd, nm, i, is_block);
+    if (bd->oom) break;
+    m->layers[bd->layer].region = c->region;
     char pn[64];
     switch (ls->type) {
       case PW_LAYER_EMBEDDING:
-        vocab = ls->vocab_size;
+        *vocab = ls->vocab_size;
         snprintf(pn, sizeof pn, "%s.weight", nm);
         x = token_embed(bd, pn, x, ls->vocab_size, ls->out, std);
         break;
@@ -378,7 +383,7 @@ static int build_layers(builder *bd, pw_err *err) {
         x = pos_embed(bd, pn, x, std);
         break;
       case PW_LAYER_LINEAR:
-        x = linear(bd, nm, x, ls->out, ls->bias, tokens ? std : 1.0f / sqrtf((float)xv->width));
+        x = linear(bd, nm, x, ls->out, ls->bias, c->feat_std ? 1.0f / sqrtf((float)xv->width) : std);
         break;
       case PW_LAYER_LAYERNORM: x = norm(bd, nm, x, 0); break;
       case PW_LAYER_RMSNORM: x = norm(bd, nm, x, 1); break;
@@ -386,35 +391,59 @@ static int build_layers(builder *bd, pw_err *err) {
       case PW_LAYER_RELU: x = unary(bd, PW_OP_RELU, x); break;
       case PW_LAYER_SILU: x = unary(bd, PW_OP_SILU, x); break;
       case PW_LAYER_GPT_BLOCK:
-        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, n_blocks, 0);
+        x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : 4 * xv->width, std, c->n_blocks, 0);
         break;
       case PW_LAYER_LLAMA_BLOCK:
         x = block(bd, nm, x, ls->n_heads, ls->hidden > 0 ? ls->hidden : pw_llama_ffn_default(xv->width), std,
-                  n_blocks, 1);
+                  c->n_blocks, 1);
         break;
       case PW_LAYER_CROSS_ENTROPY:
-        if (i != s->n_layer_specs - 1)
+        if (i != c->n - 1)
           return pw_err_set(err, PW_ESPEC, path, "a loss must be the last layer");
         m->target_value = add_value(bd, xv->rows, 1, PW_DT_I32, PW_VAL_TARGET);
-        if (tokens && vocab && xv->width != vocab)
-          return pw_err_set(err, PW_ESPEC, path, "cross_entropy over %d classes, but the vocabulary has %d tokens", xv->width, vocab);
-        m->loss_value = loss_node(bd, PW_OP_XENT, x);
+        if (*vocab && xv->width != *vocab)
+          return pw_err_set(err, PW_ESPEC, path, "cross_entropy over %d classes, but the vocabulary has %d tokens", xv->width, *vocab);
+        m->loss_value = x = loss_node(bd, PW_OP_XENT, x);
         m->layers[bd->layer].is_loss = 1;
-        n_out = xv->width;
+        *n_out = xv->width;
         break;
       case PW_LAYER_MSE:
-        if (i != s->n_layer_specs - 1)
+        if (i != c->n - 1)
           return pw_err_set(err, PW_ESPEC, path, "a loss must be the last layer");
-        if (tokens) return pw_err_set(err, PW_ESPEC, path, "mse needs a feature model (input kind features)");
+        if (*vocab) return pw_err_set(err, PW_ESPEC, path, "mse needs a feature model (input kind features)");
         m->target_value = add_value(bd, 1, xv->width, PW_DT_F32, PW_VAL_TARGET);
-        m->loss_value = loss_node(bd, PW_OP_MSE, x);
+        m->loss_value = x = loss_node(bd, PW_OP_MSE, x);
         m->layers[bd->layer].is_loss = 1;
-        n_out = xv->width;
+        *n_out = xv->width;
         break;
       case PW_LAYER_STAGE_BOUNDARY: break;
     }
     end_layer(bd);
   }
+  *x_io = x;
+  return 0;
+}
+
+static int count_blocks(const pw_layer_spec *ls, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++) k += ls[i].type == PW_LAYER_GPT_BLOCK || ls[i].type == PW_LAYER_LLAMA_BLOCK;
+  return k;
+}
+
+/* An explicit layers list: one chain from the model's input. */
+static int build_layers(builder *bd, pw_err *err) {
+  const pw_model_spec *s = bd->spec;
+  pw_model *m = bd->m;
+  int tokens = s->input == PW_INPUT_TOKENS;
+  int T = tokens ? s->seq_len : 1;
+  m->input_value = tokens ? add_value(bd, T, 1, PW_DT_I32, PW_VAL_INPUT)
+                          : add_value(bd, 1, s->input_dim, PW_DT_F32, PW_VAL_INPUT);
+  m->target_value = -1;
+  int x = m->input_value, vocab = 0, n_out = 0;
+  chain_spec c = {s->layers, s->n_layer_specs, "", "model.layers", count_blocks(s->layers, s->n_layer_specs),
+                  !tokens, 0};
+  int rc = build_chain(bd, &c, &x, &vocab, &n_out, err);
+  if (rc) return rc;
   if (bd->oom) return pw_err_set(err, PW_ENOMEM, "model", "out of memory");
   if (m->target_value < 0)
     return pw_err_set(err, PW_ESPEC, "model.layers", "the last layer must be a loss (cross_entropy or mse)");
@@ -425,6 +454,73 @@ static int build_layers(builder *bd, pw_err *err) {
                         "stage_boundary %d makes an empty stage or cuts before the loss", k);
   m->data = (pw_data_shape){.vocab_size = vocab, .seq_len = T, .in_dim = tokens ? 0 : s->input_dim,
                             .out_dim = n_out, .tokens = tokens};
+  return 0;
+}
+
+/* A regions model (model.regions): each region a chain, in the spec's
+ * order (every region after those feeding it). A source region reads the
+ * model's tokens or its per-position features; any other begins with its
+ * fusion layer "<name>.fuse" joining its upstream regions' outputs in the
+ * graph's order (left to right: ((a, b), c)), unless one region feeds it. */
+static int build_regions(builder *bd, pw_err *err) {
+  const pw_model_spec *s = bd->spec;
+  pw_model *m = bd->m;
+  int T = s->seq_len, out[PW_REGIONS_MAX], vocab = s->vocab_size, n_out = 0, g = 0;
+  char pre[40], path[64], nm[48];
+  m->input_value = m->target_value = -1;
+  for (int r = 0; r < s->n_regions && !bd->oom; r++) {
+    const pw_region_spec *rg = &s->regions[r];
+    int x, feat = rg->has_input && rg->input == PW_INPUT_FEATURES;
+    if (rg->has_input && !feat) {
+      if (m->input_value < 0) m->input_value = add_value(bd, T, 1, PW_DT_I32, PW_VAL_INPUT);
+      x = m->input_value;
+    } else if (feat) {
+      if (m->feature_value < 0) m->feature_value = add_value(bd, T, rg->input_dim, PW_DT_F32, PW_VAL_INPUT);
+      x = m->feature_value;
+      if (!bd->oom && m->values[x].width != rg->input_dim) {
+        snprintf(path, sizeof path, "model.regions[%d].input.dim", r);
+        return pw_err_set(err, PW_ESPEC, path, "%d, but the data has one features input and an earlier region reads "
+                          "it with dim %d", rg->input_dim, m->values[x].width);
+      }
+    } else {
+      snprintf(path, sizeof path, "model.graph[%d]", g++);
+      x = out[rg->from[0]];
+      if (rg->n_from > 1) {
+        snprintf(nm, sizeof nm, "%s.fuse", rg->name);
+        begin_layer(bd, nm, -1, 0);
+        if (bd->oom) break;
+        m->layers[bd->layer].region = r;
+      }
+      for (int k = 1; k < rg->n_from && !bd->oom; k++) {
+        const pw_value a = m->values[x], b = m->values[out[rg->from[k]]];
+        if (rg->fusion == PW_FUSION_ADD && a.width != b.width)
+          return pw_err_set(err, PW_ESPEC, path, "add into region '%s' needs equal widths: %s gives %d, '%s' gives %d",
+                            rg->name, k == 1 ? "the first" : "the sum so far", a.width, s->regions[rg->from[k]].name,
+                            b.width);
+        if (a.rows != b.rows)
+          return pw_err_set(err, PW_ESPEC, path, "%s into region '%s' needs the same rows per sequence (%d and %d)",
+                            rg->fusion == PW_FUSION_ADD ? "add" : "concat", rg->name, a.rows, b.rows);
+        x = rg->fusion == PW_FUSION_ADD ? binary(bd, PW_OP_ADD, x, out[rg->from[k]])
+                                        : add_node(bd, PW_OP_CONCAT, x, out[rg->from[k]], -1, -1, a.rows,
+                                                   a.width + b.width, PW_DT_F32);
+      }
+      if (rg->n_from > 1) end_layer(bd);
+    }
+    snprintf(pre, sizeof pre, "%s.", rg->name);
+    snprintf(path, sizeof path, "model.regions[%d].layers", r);
+    int v = vocab;
+    chain_spec c = {rg->layers, rg->n_layer_specs, pre, path, count_blocks(rg->layers, rg->n_layer_specs), feat, r};
+    int rc = build_chain(bd, &c, &x, &v, &n_out, err);
+    if (rc) return rc;
+    if (v != vocab) {
+      snprintf(path, sizeof path, "model.regions[%d].layers[0].vocab_size", r);
+      return pw_err_set(err, PW_ESPEC, path, "%d, but another region embeds the same tokens with %d", v, vocab);
+    }
+    out[r] = x;
+  }
+  if (bd->oom) return pw_err_set(err, PW_ENOMEM, "model", "out of memory");
+  m->data = (pw_data_shape){.vocab_size = n_out, .seq_len = T, .tokens = 1,
+                            .feature_dim = m->feature_value >= 0 ? m->values[m->feature_value].width : 0};
   return 0;
 }
 
@@ -445,6 +541,7 @@ static void count_node(pw_model *m, pw_node *n) {
 
 int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
   memset(m, 0, sizeof *m);
+  m->feature_value = -1;
   builder bd = {.m = m, .spec = spec};
   int rc = 0;
   switch (spec->tmpl) {
@@ -452,6 +549,7 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     case PW_TEMPLATE_LLAMA: build_transformer(&bd, 1); break;
     case PW_TEMPLATE_MLP: build_mlp(&bd); break;
     case PW_TEMPLATE_LAYERS: rc = build_layers(&bd, err); break;
+    case PW_TEMPLATE_REGIONS: rc = build_regions(&bd, err); break;
   }
   if (!rc && bd.oom) rc = pw_err_set(err, PW_ENOMEM, "model", "out of memory");
   for (int i = 0; !rc && spec->lora_rank && i < spec->n_lora_targets; i++)

@@ -39,6 +39,7 @@ typedef enum {
   PW_OP_MSE,        /* in: pred (r,O), targets (r,O)        out: loss */
   PW_OP_LORA,       /* in: x (r,C), y0 (r,OC) = linear(x)   out (r,OC) = y0 + scale (x A^T) B^T
                        params: w = A (NH,C), b = B (OC,NH); NH = rank, base = scale; aux h, dh (r,NH) each */
+  PW_OP_CONCAT,     /* in: a (r,C), b (r,OC-C)   out (r,OC): a's columns, then b's (a fusion) */
   PW_OP__COUNT
 } pw_op;
 
@@ -86,7 +87,8 @@ typedef struct {
 } pw_param;
 
 typedef struct {
-  char name[48];       /* "embed", "blocks.3", "head", "layers.5" */
+  char name[48];       /* "embed", "blocks.3", "head", "layers.5", "text.layers.2", "head.fuse" */
+  int region;          /* regions model: the region (model.regions index) it belongs to; else 0 */
   int node_lo, node_hi;/* nodes [lo, hi) */
   int spec_index;      /* position in the spec's layers list, or -1 for templates */
   int is_block;        /* member of the homogeneous blocks stack ("even" splits these) */
@@ -108,6 +110,8 @@ typedef struct {
   pw_layer *layers;  int n_layers;
   int *markers;      int n_markers; /* stage cut before layer markers[i] */
   int input_value, target_value, loss_value;
+  int feature_value;   /* a regions model's float features input (T, feature_dim), or -1;
+                          input_value is then its tokens input, or -1 when no region reads tokens */
   pw_data_shape data;  /* what the data must supply */
 } pw_model;
 

@@ -29,6 +29,8 @@ static const pw_op_info table[PW_OP__COUNT] = {
      * (I); dB, dh again, dA (W) */
     [PW_OP_LORA] = {"lora", 2, 3, 0, 0, 0, {N_(2, ROWS, NH, C_OC), N_(2, ROWS, NH, C_OC), N_(3, ROWS, NH, C_OC)},
                     N_(2, ROWS, NH, 1)},                                                   /* h, dh */
+    /* copies: one pass over the output each way */
+    [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_},
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }

@@ -44,13 +44,21 @@ static void take(slot_walk *w, int k, int st) {
  * B runs with. */
 static int deps_done(const slot_walk *w, const pw_action *a, const pw_action *first) {
   int k = a->mb, st = a->stage;
+  int links[PW_SCHED_MAX_LINKS], n;
   switch (a->kind) {
-    case PW_ACT_F: return st == 0 || done_at(w, PW_ACT_F, k, st - 1);
+    case PW_ACT_F:
+      n = pw_sched_preds(w->s, st, links);
+      for (int j = 0; j < n; j++)
+        if (!done_at(w, PW_ACT_F, k, links[j])) return 0;
+      return 1;
     case PW_ACT_W: return done_at(w, PW_ACT_I, k, st);
     default:
       if (!done_at(w, PW_ACT_F, k, st) && !(first && first->kind == PW_ACT_F && first->mb == k && first->stage == st))
         return 0;
-      return st == w->s->S - 1 || done_at(w, PW_ACT_B, k, st + 1) || done_at(w, PW_ACT_I, k, st + 1);
+      n = pw_sched_succs(w->s, st, links);
+      for (int j = 0; j < n; j++)
+        if (!done_at(w, PW_ACT_B, k, links[j]) && !done_at(w, PW_ACT_I, k, links[j])) return 0;
+      return 1;
   }
 }
 
@@ -63,13 +71,16 @@ static void push_rank_of(slot_walk *w, int st) {
 static void complete(slot_walk *w, int r, const pw_action *a) {
   const pw_sched *s = w->s;
   int k = a->mb, st = a->stage;
+  int succ[PW_SCHED_MAX_LINKS], pred[PW_SCHED_MAX_LINKS];
+  int ns = pw_sched_succs(s, st, succ), np = pw_sched_preds(s, st, pred);
   w->done[a->kind][st * s->m + k] = 1;
-  if (a->kind == PW_ACT_F && st + 1 < s->S && s->stage_to_rank[st + 1] == r) take(w, k, st + 1); /* arrived */
+  for (int j = 0; j < ns && a->kind == PW_ACT_F; j++)
+    if (s->stage_to_rank[succ[j]] == r) take(w, k, succ[j]); /* arrived */
   if (s->stage_to_rank[st] == r &&
       (a->kind == PW_ACT_B || a->kind == PW_ACT_W || (a->kind == PW_ACT_F && s->forward_only)))
     w->held[st]--;
-  push_rank_of(w, st + 1);
-  push_rank_of(w, st - 1);
+  for (int j = 0; j < ns; j++) push_rank_of(w, succ[j]);
+  for (int j = 0; j < np; j++) push_rank_of(w, pred[j]);
 }
 
 /* Every rank but r as far as its list and the completed actions allow. */
@@ -96,8 +107,8 @@ int pw_plan_peak_slots(const pw_sched *s, int *peak) {
   uint8_t *flags = malloc(5 * cells);
   w.held = malloc(sizeof(int) * (size_t)S);
   w.pos = malloc(sizeof(int) * (size_t)pp);
-  /* each completion pushes two ranks; plus every rank once per walk */
-  w.stack = malloc(sizeof(int) * (2 * (size_t)total + (size_t)pp + 1));
+  /* each completion pushes up to 2 x PW_SCHED_MAX_LINKS ranks; plus every rank once per walk */
+  w.stack = malloc(sizeof(int) * (2 * PW_SCHED_MAX_LINKS * (size_t)total + (size_t)pp + 1));
   int rc = flags && w.held && w.pos && w.stack ? 0 : PW_ENOMEM;
   for (int st = 0; st < S; st++) peak[st] = 0;
   for (int r = 0; r < pp && !rc; r++) {
@@ -168,6 +179,7 @@ static int eval_peak_slots(const pw_sched *s, int *peak) {
   pw_sched *f = NULL;
   int *fp = malloc(sizeof(int) * (size_t)s->S), rc = fp ? 0 : PW_ENOMEM;
   if (!rc) rc = pw_sched_new(s->pp, s->V, s->S, s->m, s->stage_to_rank, 1, &f, NULL);
+  if (!rc) rc = pw_sched_copy_graph(f, s);
   for (int r = 0; r < s->pp && !rc; r++)
     for (int i = 0; i < s->n_actions[r] && !rc; i++)
       if (s->actions[r][i].kind == PW_ACT_F) {
@@ -293,6 +305,12 @@ static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
   return rc;
 }
 
+pw_sim_costs pw_plan_costs(const pw_plan *p) {
+  return (pw_sim_costs){.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
+                        .act_bytes = p->S > 1 ? p->act_bytes : NULL, .latency = PW_PLAN_LINK_LATENCY,
+                        .bandwidth = PW_PLAN_LINK_BW};
+}
+
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
   memset(p, 0, sizeof *p);
   const char *name = schedule ? schedule : job->schedule.name;
@@ -306,14 +324,31 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   if (rc) return rc;
   rc = pw_model_set_trainable(&p->model, &job->train, err);
   if (rc) goto fail;
-  rc = schedule ? pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err)
-                : build_schedule(job, &p->sched, err);
-  if (rc) goto fail;
-  rc = pw_sched_place_mesh(p->sched, &job->mesh, err); /* mesh.placement, a name resolved there */
-  if (rc) goto fail;
-  p->S = p->sched->S;
-  rc = pw_partition_build(&p->model, &job->partition, p->S, &p->part, err);
-  if (rc) goto fail;
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS) {
+    if (schedule) {
+      rc = pw_err_set(err, PW_ESPEC, "schedule.name", "a regions model runs each region's own schedule "
+                      "(model.regions[i].schedule): not %s", schedule);
+      goto fail;
+    }
+    if (!(p->regions = calloc((size_t)job->model.n_regions, sizeof *p->regions))) {
+      rc = pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+      goto fail;
+    }
+    rc = pw_regions_plan(job, &p->model, &p->part, &p->joint, p->regions, err);
+    if (!rc && job->schedule.regions_serial) rc = pw_regions_serial(job, p->joint, p->regions, &p->sched, err);
+    if (rc) goto fail;
+    if (!p->sched) p->sched = p->joint;
+    p->S = p->sched->S;
+  } else {
+    rc = schedule ? pw_sched_build(name, p->pp, p->V, p->m, job->mode == PW_MODE_FORWARD, &p->sched, err)
+                  : build_schedule(job, &p->sched, err);
+    if (rc) goto fail;
+    rc = pw_sched_place_mesh(p->sched, &job->mesh, err); /* mesh.placement, a name resolved there */
+    if (rc) goto fail;
+    p->S = p->sched->S;
+    rc = pw_partition_build(&p->model, &job->partition, p->S, &p->part, err);
+    if (rc) goto fail;
+  }
   int S = p->S;
   p->cost_f = calloc((size_t)S, sizeof(double));
   p->cost_i = calloc((size_t)S, sizeof(double));
@@ -346,12 +381,17 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   }
   for (int e = 0; e < p->part.n_edges; e++) {
     const pw_stage_edge *ed = &p->part.edges[e];
-    if (ed->dst == ed->src + 1) p->act_bytes[ed->src] += (double)ed->bytes * p->mb_size;
+    /* a stage graph's edges all count: each from the upstream stage */
+    if (ed->dst == ed->src + 1 || p->sched->pred) p->act_bytes[ed->src] += (double)ed->bytes * p->mb_size;
   }
-  pw_sim_costs c = {.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
-                    .act_bytes = S > 1 ? p->act_bytes : NULL, .latency = PW_PLAN_LINK_LATENCY,
-                    .bandwidth = PW_PLAN_LINK_BW};
+  pw_sim_costs c = pw_plan_costs(p);
   rc = pw_sim_run(p->sched, &c, &p->sim, err);
+  if (rc == PW_EDEADLOCK && p->regions) { /* say which choice to change */
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err->msg);
+    rc = pw_err_set(err, PW_ESPEC, "model.regions", "the regions' schedules do not fit together where they meet "
+                    "(a one-stage last region under 1f1b fits any): %s", msg);
+  }
   if (rc) goto fail;
   rc = plan_memory(job, p, err);
   if (rc) goto fail;
@@ -363,6 +403,7 @@ fail:
 
 void pw_plan_free(pw_plan *p) {
   pw_sim_result_free(p->sim);
+  if (p->joint != p->sched) pw_sched_free(p->joint);
   pw_sched_free(p->sched);
   pw_partition_free(&p->part);
   pw_model_free(&p->model);
@@ -375,6 +416,7 @@ void pw_plan_free(pw_plan *p) {
   free(p->peak_slots);
   free(p->n_work);
   free(p->mem);
+  free(p->regions);
   memset(p, 0, sizeof *p);
 }
 
@@ -439,6 +481,12 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
       "microbatch_size", p->mb_size, "partition", part, "stage_to_rank", s2r, "costs", costs, "plan",
       pw_sched_to_json(p->sched), "analytics", analytics, "grid", grid ? grid : "");
   free(grid);
+  if (out && p->regions) {
+    pw_sim_costs c = pw_plan_costs(p);
+    pw_err err = {0};
+    json_t *cmp = pw_regions_compare_json(job, p->joint, p->regions, &c, 0, &err);
+    json_object_set_new(out, "regions", cmp ? cmp : json_pack("{s:s}", "error", err.msg));
+  }
   return out;
 }
 
@@ -454,7 +502,7 @@ int pw_plan_virtual_stages(const pw_job *job, const char *schedule) {
 static json_t *compare_row(const pw_job *job, const char *name) {
   pw_job j = *job; /* shallow: only mesh.virtual_stages changes */
   if (name) j.mesh.virtual_stages = pw_plan_virtual_stages(job, name);
-  const char *label = name ? name : "custom";
+  const char *label = name ? name : job->model.tmpl == PW_TEMPLATE_REGIONS ? "regions" : "custom";
   pw_plan p;
   pw_err err = {0};
   if (pw_plan_build(&j, name, &p, &err)) {
@@ -482,6 +530,10 @@ json_t *pw_plan_compare_json(const pw_job *job) {
   json_t *rows = json_array();
   int n = 0;
   const pw_sched_info *infos = pw_sched_infos(&n);
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS) { /* its regions' own schedules, one row */
+    json_array_append_new(rows, compare_row(job, NULL));
+    return json_pack("{s:s, s:o}", "job", job->name, "rows", rows);
+  }
   for (int i = 0; i < n; i++) json_array_append_new(rows, compare_row(job, infos[i].name));
   if (job->schedule.custom_ranks) json_array_append_new(rows, compare_row(job, NULL));
   return json_pack("{s:s, s:o}", "job", job->name, "rows", rows);

@@ -23,6 +23,7 @@
 #include "layout.h"
 #include "model.h"
 #include "partition.h"
+#include "regions.h"
 #include "schedule.h"
 #include "sim.h"
 #include "spec.h"
@@ -104,6 +105,8 @@ typedef struct {
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
   int *n_work;             /* [S] remat stages: work buffers (pw_plan_work); 0 = no remat */
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
+  pw_region_span *regions; /* [model.n_regions] a regions model's spans (regions.h), else NULL */
+  pw_sched *joint;         /* a regions model's concurrent plan (sched when it runs concurrently) */
 } pw_plan;
 
 /* Build and prove the plan. `schedule` (one of the nine names) overrides the
@@ -151,12 +154,17 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
  * "memory_bytes" (pw_plan_mem.total) and "memory" {"params", "grads",
  * "adam", "slots", "n_slots", "work", "remat_saved", "scratch", "dp", "tied",
  * "data", "snapshots"}. A remat stage's costs "b" and "i" include its F
- * again (the recompute). */
+ * again (the recompute). A regions model adds "regions": the comparison of
+ * pw_regions_compare_json (each region's ranks, stages, schedule and
+ * makespan alone; serial against concurrent). */
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
+/* The simulator's costs of p (its arrays; valid while p is). */
+pw_sim_costs pw_plan_costs(const pw_plan *p);
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
  * with virtual_stages as pw_plan_virtual_stages gives it; a job with a
- * custom schedule gets it as a last row, "schedule": "custom".
+ * custom schedule gets it as a last row, "schedule": "custom"; a regions
+ * model one row, "schedule": "regions" (its regions' own schedules).
  * {"job", "rows": [{"schedule", "ok", "error"?, "virtual_stages",
  * "stages", "makespan", "bubble_ratio", "peak_activations", "peak_pending_w",
  * "peak_memory_bytes" (largest rank's pw_plan_mem.total), "actions"}]}

@@ -158,7 +158,42 @@ void pw_sched_free(pw_sched *s) {
   free(s->n_actions);
   free(s->cap_);
   free(s->stage_to_rank);
+  free(s->pred_first);
+  free(s->pred);
   free(s);
+}
+
+int pw_sched_preds(const pw_sched *s, int st, int *out) {
+  if (!s->pred_first) {
+    out[0] = st - 1;
+    return st > 0;
+  }
+  int n = 0;
+  for (int j = s->pred_first[st]; j < s->pred_first[st + 1] && n < PW_SCHED_MAX_LINKS; j++) out[n++] = s->pred[j];
+  return n;
+}
+
+int pw_sched_copy_graph(pw_sched *dst, const pw_sched *src) {
+  if (!src->pred_first) return 0;
+  int n = src->pred_first[src->S];
+  dst->pred_first = malloc(sizeof(int) * (size_t)(src->S + 1));
+  dst->pred = malloc(sizeof(int) * (size_t)(n ? n : 1));
+  if (!dst->pred_first || !dst->pred) return PW_ENOMEM;
+  memcpy(dst->pred_first, src->pred_first, sizeof(int) * (size_t)(src->S + 1));
+  memcpy(dst->pred, src->pred, sizeof(int) * (size_t)n);
+  return 0;
+}
+
+int pw_sched_succs(const pw_sched *s, int st, int *out) {
+  if (!s->pred_first) {
+    out[0] = st + 1;
+    return st + 1 < s->S;
+  }
+  int n = 0;
+  for (int d = st + 1; d < s->S && n < PW_SCHED_MAX_LINKS; d++)
+    for (int j = s->pred_first[d]; j < s->pred_first[d + 1]; j++)
+      if (s->pred[j] == st) out[n++] = d;
+  return n;
 }
 
 int pw_sched_new(int pp, int V, int S, int m, const int *stage_to_rank, int forward_only,

@@ -77,7 +77,22 @@ typedef struct pw_sched {
   int *n_actions;      /* [pp] */
   pw_action **actions; /* [pp][n_actions[r]], in execution order */
   int *cap_;           /* [pp] internal: allocated length of actions[r] */
+  /* The stage graph when it is not a chain (model.regions, lib/plan/
+   * regions.h): stage st reads the outputs of pred[pred_first[st] ..
+   * pred_first[st+1]), ascending. NULL: a chain, st reads st - 1. */
+  int *pred_first;     /* [S + 1] */
+  int *pred;
 } pw_sched;
+
+/* The most stages one stage reads from, or sends to, in a stage graph. */
+#define PW_SCHED_MAX_LINKS 8
+/* The stages stage st reads (forward inputs) or feeds (whose gradients it
+ * waits for), into out[PW_SCHED_MAX_LINKS] ascending; returns the count. */
+int pw_sched_preds(const pw_sched *s, int st, int *out);
+int pw_sched_succs(const pw_sched *s, int st, int *out);
+/* Gives dst (same S) src's stage graph, copied (none when src has none).
+ * 0 or PW_ENOMEM. */
+PW_MUST_CHECK int pw_sched_copy_graph(pw_sched *dst, const pw_sched *src);
 
 /* Build the plan of schedule `name` (one of the nine names, see
  * pw_sched_infos) for pp ranks, V virtual stages per rank and m microbatches.

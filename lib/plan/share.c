@@ -24,12 +24,14 @@ typedef struct {
 static double ready_at(const share_rp *x, const pw_action *a) {
   const pw_sched *s = x->s;
   int k = a->mb, st = a->stage, m = s->m, n = 0;
-  int dk[2], ds[2];
-  if (a->kind == PW_ACT_F && st > 0) dk[n] = PW_ACT_F, ds[n++] = st - 1;
+  int dk[PW_SCHED_MAX_LINKS + 1], ds[PW_SCHED_MAX_LINKS + 1], links[PW_SCHED_MAX_LINKS];
+  if (a->kind == PW_ACT_F)
+    for (int j = 0, np = pw_sched_preds(s, st, links); j < np; j++) dk[n] = PW_ACT_F, ds[n++] = links[j];
   if (a->kind == PW_ACT_W) dk[n] = PW_ACT_I, ds[n++] = st;
   if (a->kind == PW_ACT_B || a->kind == PW_ACT_I) {
     dk[n] = PW_ACT_F, ds[n++] = st;
-    if (st < s->S - 1) dk[n] = x->has[PW_ACT_B][(st + 1) * m + k] ? PW_ACT_B : PW_ACT_I, ds[n++] = st + 1;
+    for (int j = 0, ns = pw_sched_succs(s, st, links); j < ns; j++)
+      dk[n] = x->has[PW_ACT_B][links[j] * m + k] ? PW_ACT_B : PW_ACT_I, ds[n++] = links[j];
   }
   double t = 0;
   for (int i = 0; i < n; i++) {

@@ -232,10 +232,10 @@ typedef struct {
  * no (further) input. which = 0 or 1 selects among B/I's two inputs. */
 static int input_of(const pw_sched *s, const index_t *x, const pw_action *a, int which,
                     pw_action *dep) {
-  int k = a->mb, st = a->stage;
+  int k = a->mb, st = a->stage, links[PW_SCHED_MAX_LINKS];
   if (a->kind == PW_ACT_F) {
-    if (which > 0 || st == 0) return 0;
-    *dep = mk(PW_ACT_F, k, st - 1);
+    if (which >= pw_sched_preds(s, st, links)) return 0;
+    *dep = mk(PW_ACT_F, k, links[which]);
     return 1;
   }
   if (a->kind == PW_ACT_W) {
@@ -247,9 +247,10 @@ static int input_of(const pw_sched *s, const index_t *x, const pw_action *a, int
     *dep = mk(PW_ACT_F, k, st);
     return 1;
   }
-  if (which > 1 || st == s->S - 1) return 0;
-  int j = (st + 1) * s->m + k;
-  *dep = mk(x->at[PW_ACT_B][j].rank >= 0 ? PW_ACT_B : PW_ACT_I, k, st + 1);
+  /* the gradient from each stage it feeds; none on the stage with the loss */
+  if (which - 1 >= pw_sched_succs(s, st, links)) return 0;
+  int j = links[which - 1] * s->m + k;
+  *dep = mk(x->at[PW_ACT_B][j].rank >= 0 ? PW_ACT_B : PW_ACT_I, k, links[which - 1]);
   return 1;
 }
 

@@ -42,10 +42,10 @@ static json_t *model_json(const pw_model *m) {
     json_array_append_new(layers, json_pack("[siiii]", l->name, l->node_lo, l->node_hi, l->is_block, l->is_loss));
   }
   const pw_data_shape *d = &m->data;
-  return json_pack("{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:[iiiii]}", "seq_len", m->seq_len, "values", values,
-                   "nodes", nodes, "params", params, "layers", layers, "input_value", m->input_value,
-                   "target_value", m->target_value, "loss_value", m->loss_value, "data", d->vocab_size,
-                   d->seq_len, d->in_dim, d->out_dim, d->tokens);
+  return json_pack("{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii]}", "seq_len", m->seq_len, "values",
+                   values, "nodes", nodes, "params", params, "layers", layers, "input_value", m->input_value,
+                   "target_value", m->target_value, "loss_value", m->loss_value, "feature_value", m->feature_value,
+                   "data", d->vocab_size, d->seq_len, d->in_dim, d->out_dim, d->tokens, d->feature_dim);
 }
 
 static int local_to(const pw_plan *p, int prank, int stage) { return p->sched->stage_to_rank[stage] == prank; }
@@ -106,12 +106,13 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
                             "stage_to_rank", s2r, "actions", acts);
   const pw_data_spec *d = &job->data;
   json_t *body = json_pack(
-      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:f}, s:o, s:o, s:o, "
-      "s:o, s:I}",
+      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:f, s:i}, s:o, s:o, "
+      "s:o, s:o, s:I}",
       "version", PW_SLICE_VERSION, "plan_sha256", plan_sha256, "rank", rank, "pipeline_rank", prank, "replica",
       rank / p->pp, "pp", p->pp, "dp", p->dp, "virtual_stages", p->V, "stages", p->S, "microbatches", p->m,
       "microbatch_size", p->mb_size, "mode", job->mode, "train", train_json(job), "data", "kind", d->kind, "path",
-      d->path, "dataset", d->dataset, "sampler", d->sampler, "eval_fraction", d->eval_fraction, "model", model_json(&p->model),
+      d->path, "dataset", d->dataset, "sampler", d->sampler, "eval_fraction", d->eval_fraction, "keys", d->keys,
+      "model", model_json(&p->model),
       "partition", partition_json(p, prank), "schedule", sched, "local_stages", local, "memory_budget",
       (json_int_t)p->mem[prank].total);
   if (!body) return pw_err_set(err, PW_ENOMEM, "slice", "out of memory (or a value JSON cannot hold)");
@@ -157,10 +158,11 @@ static int array_of(pw_err *err, const char *path, json_t *a, size_t elem, void 
 static int decode_model(json_t *j, pw_model *m, pw_err *err) {
   json_t *values, *nodes, *params, *layers;
   pw_data_shape *d = &m->data;
-  int rc = unpack(err, "slice.model", j, "{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:[iiiii]}", "seq_len",
+  int rc = unpack(err, "slice.model", j, "{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii]}", "seq_len",
                   &m->seq_len, "values", &values, "nodes", &nodes, "params", &params, "layers", &layers,
                   "input_value", &m->input_value, "target_value", &m->target_value, "loss_value", &m->loss_value,
-                  "data", &d->vocab_size, &d->seq_len, &d->in_dim, &d->out_dim, &d->tokens);
+                  "feature_value", &m->feature_value, "data", &d->vocab_size, &d->seq_len, &d->in_dim, &d->out_dim,
+                  &d->tokens, &d->feature_dim);
   if (rc || (rc = array_of(err, "slice.model.values", values, sizeof *m->values, (void **)&m->values, &m->n_values)) ||
       (rc = array_of(err, "slice.model.nodes", nodes, sizeof *m->nodes, (void **)&m->nodes, &m->n_nodes)) ||
       (rc = array_of(err, "slice.model.params", params, sizeof *m->params, (void **)&m->params, &m->n_params)) ||
@@ -215,8 +217,9 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
     snprintf(l->name, sizeof l->name, "%s", name);
     l->spec_index = -1;
   }
-  if (!in(m->input_value, -1, nv) || !in(m->target_value, -1, nv) || !in(m->loss_value, -1, nv))
-    return pw_err_set(err, PW_EPROTO, "slice.model", "input, target or loss value out of range");
+  if (!in(m->input_value, -1, nv) || !in(m->target_value, -1, nv) || !in(m->loss_value, -1, nv) ||
+      !in(m->feature_value, -1, nv) || d->feature_dim < 0)
+    return pw_err_set(err, PW_EPROTO, "slice.model", "input, target, loss or feature value out of range");
   return 0;
 }
 
@@ -311,20 +314,20 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   pw_train_spec *t = &s->train;
   pw_optim_spec *o = &t->optim;
   int rc = unpack(err, "slice", b,
-                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F}, s:o, "
-                  "s:o, s:o, s:o, s:I, s?o}",
+                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F, s:i}, "
+                  "s:o, s:o, s:o, s:o, s:I, s?o}",
                   "version", &version, "plan_sha256", &plan_sha, "rank", &s->rank, "pipeline_rank", &s->prank,
                   "replica", &s->replica, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
                   "microbatches", &s->m, "microbatch_size", &s->mb_size, "mode", &mode, "train", &train, "data",
                   "kind", &dkind, "path", &path, "dataset", &dataset, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
-                  "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
+                  "keys", &s->data.keys, "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
                   &budget, "init", &init);
   if (rc) return rc;
   if (version != PW_SLICE_VERSION)
     return pw_err_set(err, PW_EPROTO, "slice.version", "%d, this worker reads version %d", version, PW_SLICE_VERSION);
   if (s->pp < 1 || s->dp < 1 || s->V < 1 || s->S < 1 || s->m < 1 || s->mb_size < 1 || !in(s->prank, 0, s->pp) ||
       !in(s->replica, 0, s->dp) || s->rank != s->replica * s->pp + s->prank || budget < 0 || !in(mode, 0, 2) ||
-      !in(dkind, 0, PW_DATA_TOKENS + 1) || !in(sampler, 0, 2) || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
+      !in(dkind, 0, PW_DATA_SHIFT + 1) || !in(sampler, 0, 2) || s->data.keys < 0 || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
       strlen(path) >= sizeof s->data.path || (dataset[0] && !pw_data_id_valid(dataset)))
     return pw_err_set(err, PW_EPROTO, "slice", "mesh, rank, mode, data or plan hash out of range");
   snprintf(s->plan_sha256, sizeof s->plan_sha256, "%s", plan_sha);

@@ -96,7 +96,7 @@ const char *const *pw_schedule_aliases(const char *canon) {
 static const char *const mode_names[] = {"train", "forward"};       /* pw_mode */
 static const char *const part_names[] = {"even", "markers", "balanced", "explicit"}; /* pw_partition_mode */
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
-static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens"};
+static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
 static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
 
@@ -127,11 +127,15 @@ static const pw__field mesh_fields[] = {
 typedef struct {
   int name;
   int microbatches;
+  int regions; /* pw_schedule_spec.regions_serial */
 } sched_tmp;
+static const char *const regions_exec_names[] = {"concurrent", "serial"};
 static const pw__field sched_fields[] = {
     {"name", PW__F_ENUM, 0, PW__ALL, offsetof(sched_tmp, name), 0, 1, 0, 0, pw_schedule_names,
      sizeof pw_schedule_names / sizeof pw_schedule_names[0]},
     PW__INT("microbatches", 0, PW__ALL, sched_tmp, microbatches, 1, 1, MAX_MICROBATCHES),
+    /* a regions model's execution; left out when concurrent (the default) */
+    PW__ENUM("regions", PW__OMIT0, PW__ALL, sched_tmp, regions, 0, regions_exec_names),
 };
 
 #define P_BAL (1u << PW_PARTITION_BALANCED)
@@ -189,6 +193,7 @@ static const pw__field data_fields[] = {
     PW__ENUM("sampler", 0, D_TEXT, pw_data_spec, sampler, PW_SAMPLER_RANDOM, sampler_names),
     PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
             1),
+    PW__INT("keys", 0, 1u << PW_DATA_SHIFT, pw_data_spec, keys, 4, 1, 1 << 16),
 };
 
 static int name_parse(const json_t *root, pw_job *job, pw_err *err) {
@@ -329,6 +334,7 @@ static int schedule_parse(const json_t *o, int pp, pw_schedule_spec *s, pw_err *
   if (rc) return rc;
   snprintf(s->name, sizeof s->name, "%s", is_custom ? "custom" : pw_schedule_names[tmp.name]);
   s->microbatches = tmp.microbatches;
+  s->regions_serial = tmp.regions;
   return is_custom ? custom_parse(custom, pp, s, err) : 0;
 }
 
@@ -535,7 +541,7 @@ static int cross_check(const pw_job *job, pw_err *err) {
   const pw_data_spec *d = &job->data;
   int tokens = m->input == PW_INPUT_TOKENS;
   int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_COPY ||
-                   d->kind == PW_DATA_REVERSE;
+                   d->kind == PW_DATA_REVERSE || d->kind == PW_DATA_SHIFT;
   /* A snapshot copies a stage's whole optimizer state, which a ZeRO
    * replica does not hold: refused rather than half-taken. */
   if (job->train.zero > 0 && job->mesh.dp > 1 && job->train.snapshot_every > 0)
@@ -545,7 +551,14 @@ static int cross_check(const pw_job *job, pw_err *err) {
                       job->train.zero, job->mesh.dp);
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
-                      "a token model needs kind text, tokens, copy or reverse (got %s)", data_names[d->kind]);
+                      "a token model needs kind text, tokens, copy, reverse or shift (got %s)", data_names[d->kind]);
+  for (int r = 0; r < m->n_regions; r++)
+    if (m->regions[r].has_input && m->regions[r].input == PW_INPUT_FEATURES && d->kind != PW_DATA_SHIFT) {
+      char path[48];
+      snprintf(path, sizeof path, "model.regions[%d].input", r);
+      return pw_err_set(err, PW_ESPEC, path, "features per position come with data kind shift (got %s)",
+                        data_names[d->kind]);
+    }
   if (!tokens && token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "a features model (%s) needs kind regression or classify (got %s)",
@@ -587,6 +600,22 @@ static int cross_check(const pw_job *job, pw_err *err) {
   return 0;
 }
 
+/* Each region's schedule name (spec_regions.c keeps it as written), read
+ * as schedule.name is: one of the nine, any spelling; never custom. */
+static int regions_schedules(pw_model_spec *m, pw_err *err) {
+  for (int r = 0; r < m->n_regions; r++) {
+    char path[64], sug[96];
+    const char *canon = pw_schedule_resolve(m->regions[r].schedule);
+    snprintf(path, sizeof path, "model.regions[%d].schedule.name", r);
+    if (!canon)
+      return pw_err_set(err, PW_ESPEC, path, "must be one of the nine schedules (got %s)%s", m->regions[r].schedule,
+                        pw_suggest_text(m->regions[r].schedule, pw_schedule_names, pw_n_schedule_names, "", sug,
+                                        sizeof sug));
+    snprintf(m->regions[r].schedule, sizeof m->regions[r].schedule, "%s", canon);
+  }
+  return 0;
+}
+
 /* ---- public ---------------------------------------------------------- */
 
 static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_err *err) {
@@ -601,12 +630,15 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
       (rc = pw__obj_get(root, "", "train", &train, err)) || (rc = pw__obj_get(root, "", "data", &data, err)) ||
       (rc = pw__obj_get(root, "", "init", &init, err)))
     return rc;
-  if ((rc = pw__model_parse(model, &job->model, err))) return rc;
+  if ((rc = pw__model_parse(model, &job->model, err)) ||
+      (job->model.tmpl == PW_TEMPLATE_REGIONS && (rc = pw__regions_parse(model, &job->model, err))))
+    return rc;
   if ((rc = pw__fields_parse(mesh, "mesh", mesh_fields, PW__N(mesh_fields), PW__ALL, "", &job->mesh, err)) ||
       (rc = pw__placement_parse(mesh, &job->mesh, err)))
     return rc;
   if ((rc = schedule_parse(sched, job->mesh.pp, &job->schedule, err))) return rc;
   if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
+  if ((rc = pw__regions_settle(job, mesh, err)) || (rc = regions_schedules(&job->model, err))) return rc;
   if ((rc = train_parse(train, &job->train, err))) return rc;
   if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
   if ((rc = init_parse(init, &job->init, err))) return rc;
@@ -686,13 +718,14 @@ json_t *pw_job_to_json(const pw_job *job) {
   if (!o) return NULL;
   int bad = json_object_set_new(o, "name", json_string(job->name));
   bad |= pw__fields_emit(o, job_fields, PW__N(job_fields), PW__ALL, job);
-  bad |= json_object_set_new(o, "model", pw__model_emit(&job->model));
+  bad |= json_object_set_new(o, "model", v = pw__model_emit(&job->model));
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS) bad |= !v || pw__regions_emit(v, &job->model);
 
   bad |= json_object_set_new(o, "mesh", v = json_object());
   bad |= pw__fields_emit(v, mesh_fields, PW__N(mesh_fields), PW__ALL, &job->mesh);
   bad |= pw__placement_emit(v, &job->mesh);
 
-  sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches};
+  sched_tmp st = {.name = -1, .microbatches = job->schedule.microbatches, .regions = job->schedule.regions_serial};
   for (int i = 0; i < pw_n_schedule_names; i++)
     if (strcmp(job->schedule.name, pw_schedule_names[i]) == 0) st.name = i;
   bad |= json_object_set_new(o, "schedule", v = json_object());

@@ -14,7 +14,7 @@
 
 #include "errors.h"
 
-typedef enum { PW_TEMPLATE_GPT, PW_TEMPLATE_LLAMA, PW_TEMPLATE_MLP, PW_TEMPLATE_LAYERS } pw_template;
+typedef enum { PW_TEMPLATE_GPT, PW_TEMPLATE_LLAMA, PW_TEMPLATE_MLP, PW_TEMPLATE_LAYERS, PW_TEMPLATE_REGIONS } pw_template;
 
 /* Layer types of an explicit "layers" list. Composite blocks expand to the
  * same ops as the templates' blocks. */
@@ -53,6 +53,27 @@ typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
 typedef enum { PW_LOSS_CROSS_ENTROPY, PW_LOSS_MSE } pw_loss_kind;
 typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
 
+/* model.regions (spec_regions.c): named sub-models, each a layers list
+ * with its own mesh and schedule, joined by model.graph. A source region
+ * reads a data input (tokens, or float features per position); any other
+ * is fed by the regions its graph entry lists, joined by a fusion layer. */
+#define PW_REGIONS_MAX 8
+#define PW_REGION_NAME_CAP 24
+typedef enum { PW_FUSION_CONCAT, PW_FUSION_ADD } pw_fusion_kind;
+typedef struct {
+  char name[PW_REGION_NAME_CAP]; /* [a-z0-9_], unique */
+  int has_input;                 /* a source region: reads input/input_dim */
+  int input;                     /* pw_input_kind */
+  int input_dim;                 /* features width (per position) */
+  pw_layer_spec *layers;         /* stage_boundary entries included */
+  int n_layer_specs;
+  int pp, dp, virtual_stages;    /* its mesh: ranks of its own; dp = the job's */
+  char schedule[32];             /* canonical name; default the job's schedule.name */
+  int n_from;                    /* graph: the regions feeding it, in fusion order */
+  int from[PW_REGIONS_MAX];
+  int fusion;                    /* pw_fusion_kind */
+} pw_region_spec;
+
 typedef struct {
   pw_template tmpl;
   /* gpt, llama */
@@ -82,6 +103,10 @@ typedef struct {
   float lora_alpha;       /* default 8 (PEFT's lora_alpha); scale = alpha / rank */
   int n_lora_targets;
   char lora_targets[PW_LORA_TARGETS_MAX][PW_LORA_TARGET_LEN];
+  /* regions: in topological order (every region after those feeding it),
+   * the last the sink that ends with the loss */
+  pw_region_spec *regions;
+  int n_regions;
 } pw_model_spec;
 
 /* mesh.placement: which rank runs each stage. NONE keeps the schedule's
@@ -108,6 +133,8 @@ typedef struct {
   int microbatches;    /* default 1 */
   char **custom_ranks; /* [n_custom_ranks] malloc'ed; NULL when not custom */
   int n_custom_ranks;  /* mesh.pp when custom, else 0 */
+  int regions_serial;  /* "regions": "serial" — a regions model's regions one after another on
+                          the same ranks (to compare with the default, "concurrent") */
 } pw_schedule_spec;
 
 typedef enum { PW_PARTITION_EVEN, PW_PARTITION_MARKERS, PW_PARTITION_BALANCED, PW_PARTITION_EXPLICIT } pw_partition_mode;
@@ -192,7 +219,8 @@ typedef struct {
 } pw_train_spec;
 
 /* The numbers travel in plan slices: append, never reorder. */
-typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY, PW_DATA_TOKENS } pw_data_kind;
+typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY, PW_DATA_TOKENS,
+               PW_DATA_SHIFT } pw_data_kind;
 typedef enum { PW_SAMPLER_SEQUENTIAL, PW_SAMPLER_RANDOM } pw_sampler_kind;
 typedef struct {
   pw_data_kind kind;
@@ -203,6 +231,7 @@ typedef struct {
   char dataset[65];
   pw_sampler_kind sampler; /* text: default random */
   double eval_fraction;  /* text: trailing fraction held out for eval; default 0.1 */
+  int keys;              /* shift: distinct keys the features carry; default 4 */
 } pw_data_spec;
 
 typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD } pw_mode;
@@ -254,6 +283,7 @@ typedef struct {
   int in_dim;      /* feature models: input width */
   int out_dim;     /* feature models: regression width or number of classes */
   int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
+  int feature_dim; /* a regions model's second input: float features (B,T,feature_dim); 0 = none */
 } pw_data_shape;
 
 /* The nine schedule names, in the order docs/schedules.md gives them. */

@@ -100,10 +100,26 @@ int pw__globs_emit(json_t *o, const char *key, const char *src, int len, int n);
 PW_MUST_CHECK int pw__obj_get(const json_t *o, const char *pre, const char *key, const json_t **out, pw_err *err);
 
 /* The model section (spec_model.c): parse (the path prefix is "model"),
- * the canonical JSON, and release. */
+ * the canonical JSON, and release; of a regions model only the fields
+ * beside model.regions and model.graph (spec.c adds those). */
 PW_MUST_CHECK int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err);
 json_t *pw__model_emit(const pw_model_spec *m);
 void pw__model_free(pw_model_spec *m);
+
+/* Pieces of a layers list shared with model.regions (spec_model.c): one
+ * entry, an "input" object ({"kind", "dim"?}), and their canonical JSON
+ * (NULL when out of memory); a layer type's name. */
+PW_MUST_CHECK int pw__layer_parse(const json_t *e, const char *pre, pw_layer_spec *ls, pw_err *err);
+json_t *pw__layer_emit(const pw_layer_spec *ls);
+PW_MUST_CHECK int pw__input_parse(const json_t *in, const char *path, int *kind, int *dim, pw_err *err);
+json_t *pw__input_emit(int kind, int dim);
+const char *pw__layer_type_name(int t);
+/* model.regions and model.graph (spec_regions.c): parsed and checked on
+ * their own; then, once mesh and schedule have parsed, each region's mesh
+ * and schedule against the job's (dp, the ranks, the default schedule). */
+PW_MUST_CHECK int pw__regions_parse(const json_t *model, pw_model_spec *m, pw_err *err);
+PW_MUST_CHECK int pw__regions_emit(json_t *model, const pw_model_spec *m);
+PW_MUST_CHECK int pw__regions_settle(pw_job *job, const json_t *mesh, pw_err *err);
 
 /* Where layers and stages go (spec_layout.c): mesh.placement,
  * partition.stages (mode explicit; `a` NULL when absent), the

@@ -24,6 +24,8 @@
 #define T_LLAMA (1u << PW_TEMPLATE_LLAMA)
 #define T_MLP (1u << PW_TEMPLATE_MLP)
 #define T_LAYERS (1u << PW_TEMPLATE_LAYERS)
+#define T_REGIONS (1u << PW_TEMPLATE_REGIONS)
+#define T_LISTS (T_LAYERS | T_REGIONS)
 #define T_TF (T_GPT | T_LLAMA)
 
 _Static_assert(sizeof(pw_template) == sizeof(int), "enums are stored as int");
@@ -31,7 +33,7 @@ _Static_assert(sizeof(pw_layer_type) == sizeof(int), "enums are stored as int");
 
 static const char *const tmpl_names[] = {"gpt", "llama", "mlp"};
 static const char *const tmpl_ctx[] = {"template gpt", "template llama", "template mlp",
-                                       "a layers list"};
+                                       "a layers list", "regions"};
 static const char *const act_names[] = {"relu", "gelu", "silu"};     /* pw_act_kind */
 static const char *const loss_names[] = {"cross_entropy", "mse"};    /* pw_loss_kind */
 static const char *const input_names[] = {"tokens", "features"};     /* pw_input_kind */
@@ -46,16 +48,17 @@ static const pw__field model_fields[] = {
     PW__INT("vocab_size", 0, T_TF, pw_model_spec, vocab_size, 256, 2, MAX_VOCAB),
     PW__INT("seq_len", PW__REQ, T_TF, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
     PW__INT("seq_len", PW__NODEF, T_LAYERS, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
+    PW__INT("seq_len", PW__REQ, T_REGIONS, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
     PW__INT("d_model", PW__REQ, T_TF, pw_model_spec, d_model, 0, 1, MAX_DIM),
     PW__INT("n_layers", PW__REQ, T_TF, pw_model_spec, n_layers, 0, 1, MAX_BLOCKS),
     PW__INT("n_layers", 0, T_MLP, pw_model_spec, n_layers, 1, 0, MAX_BLOCKS),
     PW__INT("n_heads", PW__REQ, T_TF, pw_model_spec, n_heads, 0, 1, MAX_DIM),
     PW__INT("ffn_hidden", PW__NODEF, T_TF, pw_model_spec, ffn_hidden, 0, 1, MAX_DIM),
     PW__BOOL("tie_embeddings", 0, T_TF, pw_model_spec, tie_embeddings, 0),
-    PW__FLOAT("rope_base", PW__LO_OPEN, T_LLAMA | T_LAYERS, pw_model_spec, rope_base, 10000, 0,
+    PW__FLOAT("rope_base", PW__LO_OPEN, T_LLAMA | T_LISTS, pw_model_spec, rope_base, 10000, 0,
               PW__FLT_MAX),
-    PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LAYERS, pw_model_spec, norm_eps, 1e-5, 0, 1),
-    PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LAYERS, pw_model_spec, init_std, 0.02, 0,
+    PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, norm_eps, 1e-5, 0, 1),
+    PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, init_std, 0.02, 0,
               PW__FLT_MAX),
     PW__INT("in_dim", PW__REQ, T_MLP, pw_model_spec, in_dim, 0, 1, MAX_DIM),
     PW__INT("hidden_dim", PW__NODEF | PW__OMIT0, T_MLP, pw_model_spec, hidden_dim, 0, 1, MAX_DIM),
@@ -64,6 +67,8 @@ static const pw__field model_fields[] = {
     PW__ENUM("loss", 0, T_MLP, pw_model_spec, loss, PW_LOSS_MSE, loss_names),
     PW__SKIP("input", PW__REQ, T_LAYERS),
     PW__SKIP("layers", PW__REQ, T_LAYERS),
+    PW__SKIP("regions", PW__REQ, T_REGIONS), /* spec_regions.c */
+    PW__SKIP("graph", 0, T_REGIONS),
     PW__SKIP("lora", 0, PW__ALL), /* lora_parse */
 };
 
@@ -122,7 +127,7 @@ static const pw__field boundary_fields[] = {
 static int is_loss(pw_layer_type t) { return t == PW_LAYER_CROSS_ENTROPY || t == PW_LAYER_MSE; }
 
 /* One entry of a layers list: {"type": ..., fields} or {"stage_boundary": {}}. */
-static int layer_parse(const json_t *e, const char *pre, pw_layer_spec *ls, pw_err *err) {
+int pw__layer_parse(const json_t *e, const char *pre, pw_layer_spec *ls, pw_err *err) {
   char path[128];
   if (!json_is_object(e)) return pw_err_set(err, PW_ESPEC, pre, "must be an object");
   const json_t *sb = json_object_get(e, "stage_boundary");
@@ -193,15 +198,49 @@ static int layers_check(pw_model_spec *m, pw_err *err) {
   return 0;
 }
 
+int pw__input_parse(const json_t *in, const char *path, int *kind, int *dim, pw_err *err) {
+  pw_model_spec tmp = {0};
+  int rc = pw__enum_get(in, path, "kind", input_names, 2, -1, kind, err);
+  if (!rc)
+    rc = pw__fields_parse(in, path, input_fields, PW__N(input_fields), 1u << *kind,
+                          *kind == PW_INPUT_TOKENS ? "kind tokens" : "kind features", &tmp, err);
+  *dim = tmp.input_dim;
+  return rc;
+}
+
+json_t *pw__input_emit(int kind, int dim) {
+  pw_model_spec tmp = {.input = kind, .input_dim = dim};
+  json_t *in = json_object();
+  if (in && pw__fields_emit(in, input_fields, PW__N(input_fields), 1u << kind, &tmp)) {
+    json_decref(in);
+    return NULL;
+  }
+  return in;
+}
+
+json_t *pw__layer_emit(const pw_layer_spec *ls) {
+  json_t *e = json_object(), *b = NULL;
+  if (!e) return NULL;
+  int bad = ls->type == PW_LAYER_STAGE_BOUNDARY
+                ? json_object_set_new(e, "stage_boundary", b = json_object()) ||
+                      pw__fields_emit(b, boundary_fields, PW__N(boundary_fields), PW__ALL, ls)
+                : pw__fields_emit(e, layer_fields, PW__N(layer_fields), 1u << ls->type, ls);
+  if (bad) {
+    json_decref(e);
+    return NULL;
+  }
+  return e;
+}
+
+const char *pw__layer_type_name(int t) { return t >= 0 && t < N_LAYER_TYPES ? layer_names[t] : "stage_boundary"; }
+
 static int layers_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   const json_t *in;
   int rc = pw__obj_get(o, "model", "input", &in, err);
   if (rc) return rc;
   int kind;
-  if ((rc = pw__enum_get(in, "model.input", "kind", input_names, 2, -1, &kind, err))) return rc;
-  rc = pw__fields_parse(in, "model.input", input_fields, PW__N(input_fields), 1u << kind,
-                        kind == PW_INPUT_TOKENS ? "kind tokens" : "kind features", m, err);
-  if (rc) return rc;
+  if ((rc = pw__input_parse(in, "model.input", &kind, &m->input_dim, err))) return rc;
+  m->input = (pw_input_kind)kind;
 
   const json_t *arr = json_object_get(o, "layers");
   if (!json_is_array(arr)) return pw_err_set(err, PW_ESPEC, "model.layers", "must be an array");
@@ -215,7 +254,7 @@ static int layers_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   for (size_t i = 0; i < n; i++) {
     char pre[64];
     snprintf(pre, sizeof pre, "model.layers[%zu]", i);
-    if ((rc = layer_parse(json_array_get(arr, i), pre, &m->layers[i], err))) return rc;
+    if ((rc = pw__layer_parse(json_array_get(arr, i), pre, &m->layers[i], err))) return rc;
   }
   if ((rc = layers_check(m, err))) return rc;
 
@@ -234,10 +273,12 @@ static int layers_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
 
 int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   int rc, t;
-  if (json_object_get(o, "template") || !json_object_get(o, "layers")) {
+  if (json_object_get(o, "regions") && !json_object_get(o, "template")) {
+    t = PW_TEMPLATE_REGIONS;
+  } else if (json_object_get(o, "template") || !json_object_get(o, "layers")) {
     if (!json_object_get(o, "template"))
       return pw_err_set(err, PW_ESPEC, "model.template",
-                        "required: gpt, llama or mlp (or give a \"layers\" list instead)");
+                        "required: gpt, llama or mlp (or give a \"layers\" list or \"regions\" instead)");
     if ((rc = pw__enum_get(o, "model", "template", tmpl_names, 3, -1, &t, err))) return rc;
   } else {
     t = PW_TEMPLATE_LAYERS;
@@ -278,6 +319,8 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
       return 0;
     case PW_TEMPLATE_LAYERS:
       return layers_parse(o, m, err);
+    case PW_TEMPLATE_REGIONS:
+      return 0; /* spec.c goes on with pw__regions_parse */
   }
   return pw_err_set(err, PW_EINTERNAL, "model", "bad template");
 }
@@ -287,28 +330,14 @@ json_t *pw__model_emit(const pw_model_spec *m) {
   if (!o) return NULL;
   unsigned mask = 1u << m->tmpl;
   if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m)) goto fail;
-  if (m->tmpl != PW_TEMPLATE_LAYERS) return o;
+  if (m->tmpl != PW_TEMPLATE_LAYERS) return o; /* regions: spec.c adds them */
 
-  json_t *in = json_object();
-  if (json_object_set_new(o, "input", in) ||
-      pw__fields_emit(in, input_fields, PW__N(input_fields), 1u << m->input, m))
-    goto fail;
+  if (json_object_set_new(o, "input", pw__input_emit(m->input, m->input_dim))) goto fail;
   if (m->input == PW_INPUT_FEATURES) json_object_del(o, "seq_len");
   json_t *arr = json_array();
   if (json_object_set_new(o, "layers", arr)) goto fail;
-  for (int i = 0; i < m->n_layer_specs; i++) {
-    const pw_layer_spec *ls = &m->layers[i];
-    json_t *e = json_object();
-    if (json_array_append_new(arr, e)) goto fail;
-    if (ls->type == PW_LAYER_STAGE_BOUNDARY) {
-      json_t *b = json_object();
-      if (json_object_set_new(e, "stage_boundary", b) ||
-          pw__fields_emit(b, boundary_fields, PW__N(boundary_fields), PW__ALL, ls))
-        goto fail;
-    } else if (pw__fields_emit(e, layer_fields, PW__N(layer_fields), 1u << ls->type, ls)) {
-      goto fail;
-    }
-  }
+  for (int i = 0; i < m->n_layer_specs; i++)
+    if (json_array_append_new(arr, pw__layer_emit(&m->layers[i]))) goto fail;
   return o;
 fail:
   json_decref(o);
@@ -316,6 +345,10 @@ fail:
 }
 
 void pw__model_free(pw_model_spec *m) {
+  for (int r = 0; r < m->n_regions; r++) free(m->regions[r].layers);
+  free(m->regions);
+  m->regions = NULL;
+  m->n_regions = 0;
   free(m->layers);
   m->layers = NULL;
   m->n_layer_specs = 0;

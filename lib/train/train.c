@@ -59,8 +59,9 @@ int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
  * group order at the end, as the replicas' all-reduce does. */
 static double run_batch(pw_trainer *t, pw_split split, long step, int backward) {
   const pw_model *m = &t->model;
-  void *inp = pw_prog_value(t->prog, 0, m->input_value);
+  void *inp = m->input_value >= 0 ? pw_prog_value(t->prog, 0, m->input_value) : NULL;
   void *tgt = pw_prog_value(t->prog, 0, m->target_value);
+  float *feat = m->feature_value >= 0 ? pw_prog_value(t->prog, 0, m->feature_value) : NULL;
   size_t gn = pw_prog_grad_numel(t->prog);
   float *g = pw_prog_grads(t->prog);
   int per_group = t->n_mb / t->groups;
@@ -68,6 +69,7 @@ static double run_batch(pw_trainer *t, pw_split split, long step, int backward) 
   for (int j = 0; j < t->n_mb; j++) {
     float l;
     pw_dataset_batch(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, inp, tgt);
+    if (feat) pw_dataset_features(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, feat);
     pw_prog_forward(t->prog, 0, &l);
     if (backward) pw_prog_backward(t->prog, 0);
     loss += l;

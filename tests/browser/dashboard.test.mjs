@@ -19,7 +19,8 @@
 //   - the timeline of a chosen step has one lane per pipeline rank and one
 //     F block per (microbatch, stage), measured and planned alike;
 //   - the job name renders as text (no script element, no alert dialog);
-//   - the plan page compares the schedules and draws the chosen one;
+//   - the plan page compares the schedules and draws the chosen one, and a
+//     regions model's region graph with its timeline lanes by region;
 //   - with two more workers, a pp=4 job's 4 one-thread ranks share this
 //     machine's cores: the job page shows the contention note (as text,
 //     with its explanation) and the timeline a third, shared-cores bubble.
@@ -290,6 +291,24 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       const bad = await page.textContent('#plan-custom-verdict');
       assert.ok(bad.startsWith('error: ') && bad.includes(gone), `the error names ${gone}: ${bad}`);
       await shot('plan-custom');
+    });
+
+    // A regions model (examples/jobs/two-tower.json): one row, its regions'
+    // own schedules; the region graph; planned lanes labelled by region.
+    await t.test('the plan page draws a regions model: the region graph and lanes by region', async () => {
+      const tt = JSON.parse(fs.readFileSync(path.join(SOURCE, 'examples/jobs/two-tower.json'), 'utf8'));
+      await page.fill('#plan-spec', JSON.stringify(tt, null, 2));
+      await page.click('#plan-compare');
+      await page.waitForSelector('#plan-detail [data-schedule="regions"]');
+      assert.equal(await page.locator('#plan-compare-table tbody tr[data-schedule]').count(), 1);
+      assert.deepEqual(await page.locator('#plan-regions .region-box').evaluateAll((els) => els.map((e) => e.dataset.region)),
+                       ['text', 'vision', 'head']);
+      assert.match(await page.textContent('#plan-regions .region-box[data-region="head"]'), /text \+ vision \(concat\)/);
+      assert.match(await page.textContent('#plan-regions .region-box[data-region="vision"]'), /zb-h1 · ranks 2–3/);
+      assert.equal(await page.locator('#plan-timeline [data-region="text"]').count(), 2, 'text: ranks 0 and 1');
+      assert.equal(await page.locator('#plan-timeline [data-region="head"]').count(), 1);
+      assert.match(await page.textContent('#plan-timeline [data-region="vision"] .lane-label'), /^vision r2$/);
+      await shot('plan-regions');
     });
 
     // The training curves: five charts, smoothing, log scale, hover and

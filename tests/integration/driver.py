@@ -143,7 +143,8 @@ def main():
     sel.register(lsock, selectors.EVENT_READ, None)
     conns, registered = [], {}
     result = {"losses": {}, "grad_norms": {}, "tokens": {}, "checkpoints": {}, "errors": [], "done": [],
-              "peak_act": {}, "step_reports": 0, "actions": {}, "registrations": 0, "dp_bytes": {}, "vmhwm": {}}
+              "peak_act": {}, "step_reports": 0, "actions": {}, "registrations": 0, "dp_bytes": {}, "vmhwm": {},
+              "step_times": {}}
     deadline = time.time() + a.timeout
     assigned = fuzzed = killed = False
     last_step = job["train"]["steps"] - 1
@@ -209,6 +210,8 @@ def main():
                     result["peak_act"][str(r)] = max(result["peak_act"].get(str(r), 0), m.get("peak_act", 0))
                     if "dp_bytes" in m:  # what the rank sent in the data-parallel exchange, per step
                         result["dp_bytes"].setdefault(str(r), {})[k] = m["dp_bytes"]
+                    # a step takes as long as its slowest rank
+                    result["step_times"][k] = max(result["step_times"].get(k, 0.0), m.get("step_time", 0.0))
                     if "actions" in m and m["step"] == 1:
                         result["actions"][str(r)] = m["actions"]
                     if a.kill_rank >= 0 and not killed and m["step"] >= a.kill_at_step:

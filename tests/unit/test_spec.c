@@ -246,7 +246,7 @@ static const bad_case bad[] = {
     {B_GPT, "{'train':{'optimizer':{'min_lr':0.01}}}", "train.optimizer.min_lr",
      "must be <= lr (0.01 > 0.001)"},
     {B_GPT, "{'data':{'kind':'regression'}}", "data.kind",
-     "a token model needs kind text, tokens, copy or reverse (got regression)"},
+     "a token model needs kind text, tokens, copy, reverse or shift (got regression)"},
     {B_GPT, "{'model':{'vocab_size':100},'data':{'kind':'text','path':'x.txt'}}", "model.vocab_size",
      "byte-level text needs vocab_size >= 256 (got 100)"},
     {B_GPT, "{'partition':{'mode':'markers'}}", "partition.mode", "markers needs stage_boundary"},
@@ -607,6 +607,14 @@ static void test_schedule_names(void **st) {
 static void assert_jobs_equal(const pw_job *a, const pw_job *b) {
   pw_job x = *a, y = *b;
   x.model.layers = y.model.layers = NULL;
+  x.model.regions = y.model.regions = NULL;
+  for (int r = 0; r < a->model.n_regions; r++) {
+    pw_region_spec ra = a->model.regions[r], rb = b->model.regions[r];
+    ra.layers = rb.layers = NULL;
+    assert_memory_equal(&ra, &rb, sizeof ra);
+    assert_memory_equal(a->model.regions[r].layers, b->model.regions[r].layers,
+                        sizeof(pw_layer_spec) * (size_t)ra.n_layer_specs);
+  }
   x.partition.layer_times = y.partition.layer_times = NULL;
   x.mesh.placement = y.mesh.placement = NULL;
   x.partition.first = y.partition.first = NULL;

@@ -289,10 +289,22 @@ PW.views.job = function (root, params) {
     drawTimeline(measured, planned, res);
   }
 
+  /* A regions model's regions over these lanes (every replica's ranks of a
+   * region's pipeline ranks), or undefined. */
+  function laneRegions(res, lanes) {
+    var rg = res.planned && res.planned.regions, pp = res.planned && (res.planned.timeline || []).length;
+    if (!rg || !pp) return undefined;
+    return rg.map(function (r) {
+      return {name: r.name, ranks: lanes.map(function (l) { return l.rank; })
+        .filter(function (k) { return r.ranks.indexOf(k % pp) >= 0; })};
+    });
+  }
+
   function drawTimeline(measured, planned, res) {
     var ms, ps;
     if (measured.length) {
-      ms = PW.timeline.render(tlMeasured, measured, {id: "tlm", title: "measured step " + res.step});
+      ms = PW.timeline.render(tlMeasured, measured, {id: "tlm", title: "measured step " + res.step,
+                                                     regions: laneRegions(res, measured)});
       measuredHead.textContent = "Measured \u2014 step " + res.step + " \u00b7 makespan " + d.secs(ms.makespan);
       var chrome = base + "/timeline?step=" + res.step + "&format=chrome";
       traceLink.hidden = false;
@@ -314,7 +326,7 @@ PW.views.job = function (root, params) {
       tlNote.textContent = "";
     }
     if (planned.length) {
-      ps = PW.timeline.render(tlPlanned, planned, {id: "tlp", title: "planned"});
+      ps = PW.timeline.render(tlPlanned, planned, {id: "tlp", title: "planned", regions: laneRegions(res, planned)});
       plannedHead.textContent = "Planned (simulator, " + ((res.planned && res.planned.schedule) || "") +
         ") \u00b7 makespan " + d.secs(ps.makespan);
     } else {

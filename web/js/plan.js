@@ -214,9 +214,10 @@ PW.views.plan = function (root, params) {
     spec.mesh = spec.mesh || {};
     spec.mesh.virtual_stages = row.virtual_stages;
     spec.schedule = spec.schedule || {};
-    spec.schedule.name = row.schedule;
+    var own = row.schedule === "regions"; /* a regions model: its regions' own schedules */
+    if (!own) spec.schedule.name = row.schedule;
     try {
-      var p = await PW.api.post("/v1/plans?schedule=" + encodeURIComponent(row.schedule), spec);
+      var p = await PW.api.post(own ? "/v1/plans" : "/v1/plans?schedule=" + encodeURIComponent(row.schedule), spec);
       if (stopped) return;
       renderDetail(p);
     } catch (e) {
@@ -236,7 +237,7 @@ PW.views.plan = function (root, params) {
         h("span", {class: "muted"}, "pp " + (p.mesh && p.mesh.pp) + " \u00b7 " + p.stages + " stages \u00b7 " +
           p.microbatches + " microbatches of " + p.microbatch_size + " sequences \u00b7 makespan " + d.secs(an.makespan) +
           " \u00b7 bubble " + d.pct(an.bubble_ratio)), unit),
-      PW.timeline.legend(), tl,
+      regionGraph(p), PW.timeline.legend(), tl,
       h("div", {class: "cols"},
         h("div", null, h("h3", null, "Per rank"),
           h("table", {class: "grid", id: "plan-ranks"},
@@ -261,8 +262,41 @@ PW.views.plan = function (root, params) {
                 h("td", {class: "num"}, d.bytes(s.output_bytes)));
             }))))),
       h("details", null, h("summary", null, "action grid (text)"), grid)));
-    PW.timeline.render(tl, PW.timeline.fromSim(an.timeline || []), {id: "tlplan", title: "planned " + p.schedule});
+    PW.timeline.render(tl, PW.timeline.fromSim(an.timeline || []),
+                       {id: "tlplan", title: "planned " + p.schedule, regions: regionRanks(p)});
     unitBubble(p, unit);
+  }
+
+  /* A regions model's regions with the ranks their stages run on, or
+   * undefined. */
+  function regionRanks(p) {
+    var rows = p.regions && p.regions.regions;
+    if (!rows) return undefined;
+    return rows.map(function (r) {
+      var ranks = [];
+      for (var s = r.stages[0]; s < r.stages[1]; s++)
+        if (ranks.indexOf(p.stage_to_rank[s]) < 0) ranks.push(p.stage_to_rank[s]);
+      return {name: r.name, ranks: ranks};
+    });
+  }
+
+  /* The region graph: each region (its schedule and ranks) and the regions
+   * feeding it; serial against concurrent from the simulator. */
+  function regionGraph(p) {
+    var R = p.regions, ranks = regionRanks(p);
+    if (!R || !R.regions) return null;
+    var span = function (rs) { return rs.length > 1 ? rs[0] + "\u2013" + rs[rs.length - 1] : String(rs[0]); };
+    return h("div", {class: "region-graph", id: "plan-regions"},
+      h("h3", null, "Regions"),
+      h("div", {class: "region-boxes"}, R.regions.map(function (r, k) {
+        return h("div", {class: "region-box region-" + (k % 4), data: {region: r.name}},
+          h("strong", null, r.name), h("div", null, r.schedule + " \u00b7 ranks " + span(ranks[k].ranks)),
+          r.from && r.from.length ? h("div", {class: "region-from"}, "\u2190 " + r.from.join(" + ") +
+                                      (r.fusion ? " (" + r.fusion + ")" : "")) : h("div", {class: "region-from"}, "data"));
+      })),
+      h("p", {class: "note"}, "Simulated step: concurrent " + d.secs(R.concurrent.makespan) + " on " +
+        R.concurrent.ranks + " ranks, serial (one region after another) " + d.secs(R.serial.makespan) + " on " +
+        R.serial.ranks + " ranks \u2014 " + R.speedup.toFixed(2) + "\u00d7"));
   }
 
   /* The schedule's bubble without the model (unit costs), beside the

@@ -100,13 +100,14 @@ PW.timeline = (function () {
   }
 
   /* Draw lanes into container (replacing its content). opts: {width,
-   * scale (seconds for the full width; default the makespan), id}. Returns
-   * the stats. */
+   * scale (seconds for the full width; default the makespan), id,
+   * regions: [{name, ranks: [rank, ...]}] to label and group the lanes of
+   * a regions model by region}. Returns the stats. */
   function render(container, lanes, opts) {
     opts = opts || {};
     var st = stats(lanes);
     var W = Math.max(320, opts.width || container.clientWidth || 800);
-    var left = 62, right = 64, top = 24, laneH = 30, gap = 8, bottom = 6;
+    var left = opts.regions ? 96 : 62, right = 64, top = 24, laneH = 30, gap = 8, bottom = 6;
     var H = top + lanes.length * (laneH + gap) - gap + bottom;
     var span = opts.scale > 0 ? opts.scale : st.makespan > 0 ? st.makespan : 1;
     var plotW = W - left - right;
@@ -132,11 +133,17 @@ PW.timeline = (function () {
     }
     svg.appendChild(axis);
 
+    var regionOf = {};
+    (opts.regions || []).forEach(function (rg, k) {
+      rg.ranks.forEach(function (r) { regionOf[r] = {name: rg.name, k: k}; });
+    });
     lanes.forEach(function (l, i) {
-      var y = top + i * (laneH + gap);
-      var g = d.s("g", {class: "lane", data: {lane: l.rank}});
+      var y = top + i * (laneH + gap), rg = regionOf[l.rank];
+      var g = d.s("g", {class: "lane" + (rg ? " region-" + (rg.k % 4) : ""),
+                        data: rg ? {lane: l.rank, region: rg.name} : {lane: l.rank}});
       g.appendChild(d.s("text", {x: left - 8, y: y + laneH / 2 + 4, class: "lane-label", "text-anchor": "end"},
-                        "rank " + l.rank));
+                        rg ? rg.name + " r" + l.rank : "rank " + l.rank));
+      if (rg) g.appendChild(d.s("rect", {x: 1, y: y, width: 3, height: laneH, class: "region-bar"}));
       g.appendChild(d.s("rect", {x: left, y: y, width: x(st.makespan) - left, height: laneH,
                                  fill: "url(#" + uid + "-idle)", class: "lane-bg"}));
       l.actions.forEach(function (a) {
