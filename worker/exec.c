@@ -371,7 +371,7 @@ void pw_exec_main(void *arg) {
   if (r->cp.chunked)
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
             r->run_id, r->rank, (unsigned long long)r->cp.chunked, r->cp.chunk_limit, (unsigned long long)r->cp.chunks);
-  if (r->cp.act_sent) /* test_bf16 reads it: bf16 halves the bytes */
+  if (r->cp.act_sent) /* test_bf16_pipeline reads it: bf16 halves the bytes */
     pw_info("job %llu run %d: rank %d sent %llu activation frames, %llu payload bytes", (unsigned long long)r->job,
             r->run_id, r->rank, (unsigned long long)r->cp.act_sent, (unsigned long long)r->cp.act_bytes);
   if (r->cp.snaps_taken)

@@ -182,6 +182,23 @@ static int eval_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
+/* train.precision "bf16" (lib/compute/prog.h): a stage keeps a bf16 copy
+ * of its linear weights and scratch for one linear node's bf16 operands
+ * (*fixed), and per slot a bf16 send buffer of its float outputs
+ * (*per_slot). */
+static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fixed, size_t *per_slot) {
+  size_t wb = 0, sc = 0;
+  *per_slot = st->out_bytes * (size_t)mb / 2;
+  for (int i = m->layers[st->layer_lo].node_lo; i < m->layers[st->layer_hi - 1].node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    if (n->op != PW_OP_LINEAR || n->w < 0) continue;
+    size_t rows = (size_t)mb * (size_t)m->values[n->in[0]].rows, ops = rows * (size_t)(n->C + n->OC);
+    wb += (size_t)n->OC * (size_t)n->C;
+    if (ops > sc) sc = ops;
+  }
+  *fixed = (wb + sc) * 2;
+}
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -214,6 +231,12 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     }
     r->n_slots += p->peak_slots[s];
     r->scratch += sm->scratch_floats * sizeof(float);
+    if (job->train.precision == PW_PRECISION_BF16) {
+      size_t fixed, per_slot;
+      bf16_bytes(&p->model, st, p->mb_size, &fixed, &per_slot);
+      r->scratch += fixed;
+      r->slots += (size_t)p->peak_slots[s] * per_slot;
+    }
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
     if (train) r->dp += (size_t)pw_dp_arenas(p->dp) * sm->grad_numel * sizeof(float);
   }
@@ -320,7 +343,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
     if (ed->dst == ed->src + 1) p->act_bytes[ed->src] += (double)ed->bytes * p->mb_size;
   }
   pw_sim_costs c = {.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
-                    .act_bytes = S > 1 ? p->act_bytes : NULL, .latency = PW_PLAN_LINK_LATENCY,
+                    .act_bytes = S > 1 ? p->act_bytes : NULL,
+                    .act_scale = job->train.precision == PW_PRECISION_BF16 ? 0.5 : 1.0, .latency = PW_PLAN_LINK_LATENCY,
                     .bandwidth = PW_PLAN_LINK_BW};
   rc = pw_sim_run(p->sched, &c, &p->sim, err);
   if (rc) goto fail;

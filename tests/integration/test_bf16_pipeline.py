@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_bf16: train.precision "bf16" across real pipewright-worker processes
+"""test_bf16_pipeline: train.precision "bf16" across real pipewright-worker processes
 on 127.0.0.1 (driver.py), against the single-process trainer.
 
   - pp 2 x dp 2 under zb-h1 and 1f1b (4 microbatches, 3 steps of a small
@@ -12,7 +12,7 @@ on 127.0.0.1 (driver.py), against the single-process trainer.
   - the activation frames of a bf16 run carry half the payload bytes of
     the float32 run's (the workers' end-of-run log line), as many frames;
   - bf16's losses stay within 2 % of float32's over the 3 steps.
-Usage: test_bf16.py BUILD_DIR SOURCE_DIR"""
+Usage: test_bf16_pipeline.py BUILD_DIR SOURCE_DIR"""
 import json, os, re, subprocess, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
