@@ -148,7 +148,7 @@ static void decide(void) {
   if (native >= 0) return;
   native = 0;
   if (!pw_cpu_bf16()) return;
-  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return;
+  if (!engine && dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return; /* one for the process */
   native = 1;
 }
 

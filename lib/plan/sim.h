@@ -47,11 +47,11 @@ typedef struct {
   /* Bytes of one microbatch's activation crossing stage s -> s+1, length
    * S-1 (the gradient going back has the same size); NULL = 0. */
   const double *act_bytes;
+  double latency;   /* seconds per cross-rank transfer */
+  double bandwidth; /* bytes per second; 0 = infinite */
   /* The forward's activations on the wire relative to act_bytes (bf16
    * activations, float32 gradients: 0.5); 0 = 1. */
   double act_scale;
-  double latency;   /* seconds per cross-rank transfer */
-  double bandwidth; /* bytes per second; 0 = infinite */
 } pw_sim_costs;
 
 typedef struct {
