@@ -288,14 +288,32 @@ void pw_linear_backward_input_bf16(float *dinp, const float *dout, const pw_bf16
   pw_gemm_bf16(0, 0, N, C, OC, dyb, OC, wb, C, acc, dinp, C);
 }
 
-void pw_linear_backward_weight_bf16(float *dw, float *dbias, const float *dout, const float *inp, pw_bf16 *dyb,
-                                    pw_bf16 *xb, int N, int C, int OC) {
+/* have_dyb: dyb already holds dout converted */
+static void backward_weight(float *dw, float *dbias, const float *dout, const float *inp, pw_bf16 *dyb, pw_bf16 *xb,
+                            int N, int C, int OC, int have_dyb) {
   if (N <= 0 || OC <= 0) return;
   if (dw && C > 0) {
-    pw_bf16_from_f32(dyb, dout, (size_t)N * OC);
+    if (!have_dyb) pw_bf16_from_f32(dyb, dout, (size_t)N * OC);
     pw_bf16_from_f32(xb, inp, (size_t)N * C);
     /* dw (OC,C) += dout^T (OC,N) @ x (N,C) */
     pw_gemm_bf16(1, 0, OC, C, N, dyb, OC, xb, C, 1, dw, C);
   }
   pw_linear_backward_weight(NULL, dbias, dout, inp, N, C, OC); /* the bias in float32 */
+}
+
+void pw_linear_backward_weight_bf16(float *dw, float *dbias, const float *dout, const float *inp, pw_bf16 *dyb,
+                                    pw_bf16 *xb, int N, int C, int OC) {
+  backward_weight(dw, dbias, dout, inp, dyb, xb, N, C, OC, 0);
+}
+
+void pw_linear_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                             const pw_bf16 *wb, pw_bf16 *dyb, pw_bf16 *xb, int N, int C, int OC, int acc) {
+  if (N <= 0 || OC <= 0 || C <= 0) { /* the degenerate shapes: as the two calls do them */
+    pw_linear_backward_weight_bf16(dw, dbias, dout, inp, dyb, xb, N, C, OC);
+    pw_linear_backward_input_bf16(dinp, dout, wb, dyb, N, C, OC, acc);
+    return;
+  }
+  pw_bf16_from_f32(dyb, dout, (size_t)N * OC);
+  backward_weight(dw, dbias, dout, inp, dyb, xb, N, C, OC, 1);
+  pw_gemm_bf16(0, 0, N, C, OC, dyb, OC, wb, C, acc, dinp, C);
 }

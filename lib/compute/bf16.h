@@ -60,6 +60,10 @@ void pw_linear_backward_input_bf16(float *dinp, const float *dout, const pw_bf16
                                    int OC, int acc);
 void pw_linear_backward_weight_bf16(float *dw, float *dbias, const float *dout, const float *inp, pw_bf16 *dyb,
                                     pw_bf16 *xb, int N, int C, int OC);
+/* backward_weight then backward_input, dout converted once: the same bits
+ * as the two calls. */
+void pw_linear_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                             const pw_bf16 *wb, pw_bf16 *dyb, pw_bf16 *xb, int N, int C, int OC, int acc);
 
 /* 1 when pw_gemm_bf16 runs oneDNN's AVX512_BF16 kernels, 0 for the sgemm
  * path. Decided at the first call of either (PW_CPU read then). */

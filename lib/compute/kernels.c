@@ -44,6 +44,17 @@ static void linear_w(const pw_kernel_io *io) {
     pw_linear_backward_weight(io->dw, io->db, io->dout, io->in0, io->rows, io->n->C, io->n->OC);
 }
 
+/* W then I (pw_prog_backward's order) with one conversion of dout in bf16 */
+static void linear_b(const pw_kernel_io *io) {
+  if (io->wb) {
+    pw_linear_backward_bf16(io->din0, io->dw, io->db, io->dout, io->in0, io->wb, DYB(io), XB(io), io->rows, io->n->C,
+                            io->n->OC, io->acc0);
+    return;
+  }
+  linear_w(io);
+  linear_i(io);
+}
+
 /* aux: mean (rows), then rstd (rows) */
 static void layernorm_f(const pw_kernel_io *io) {
   pw_layernorm_forward(io->out, io->aux, io->aux + io->rows, io->in0, io->w, io->b, io->rows, io->n->C, io->n->eps);
@@ -140,7 +151,7 @@ static void lora_w(const pw_kernel_io *io) {
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
     [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
-    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, NULL},
+    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, linear_b},
     [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b},
     [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL},
     [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL},

@@ -17,7 +17,8 @@
  *       * the elements outside the result (the ldc padding) are untouched.
  *   - The bf16 linear layer's forward, backward-input and backward-weight
  *     against the float32 kernels (ops.h) to the bf16 tolerance, bias and
- *     its gradient in float32. */
+ *     its gradient in float32; its whole backward equals weight then input
+ *     bit for bit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -213,6 +214,15 @@ static void test_linear(void **state) {
     pw_linear_backward_weight(dw32, db32, dy, x, N, C, OC);
     assert_true(rel_err(dw, dw32, OC * C) < 0x1p-7);
     assert_memory_equal(db, db32, sizeof db); /* the bias gradient stays float32: same bits */
+    /* the whole backward (W then I, dout converted once) = the two calls, bit for bit */
+    float dx2[N * C], dw2[OC * C], db2[OC];
+    memcpy(dx2, dx, sizeof dx), memcpy(dw2, dw, sizeof dw), memcpy(db2, db, sizeof db);
+    pw_linear_backward_weight_bf16(dw, db, dy, x, dyb, xb, N, C, OC);
+    pw_linear_backward_input_bf16(dx, dy, wb, dyb, N, C, OC, 1);
+    pw_linear_backward_bf16(dx2, dw2, db2, dy, x, wb, dyb, xb, N, C, OC, 1);
+    assert_memory_equal(dx2, dx, sizeof dx);
+    assert_memory_equal(dw2, dw, sizeof dw);
+    assert_memory_equal(db2, db, sizeof db);
   }
   pw_gemm_bf16_force(1);
 }
