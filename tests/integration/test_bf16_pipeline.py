@@ -7,6 +7,8 @@ on 127.0.0.1 (driver.py), against the single-process trainer.
     `pipewright train`'s bf16 run bit for bit (docs/contracts.md: the values
     a later layer reads are rounded to bf16 where they are made, so the wire
     carries them as bf16 without loss);
+  - zb-h1 with partition.remat "full" (the forward run again before the
+    backward rounds the same values again): the same bits too;
   - the same under PW_CPU=avx2 on both sides (the path of a host without
     AVX512_BF16: bf16 operands widened, OpenBLAS sgemm);
   - the activation frames of a bf16 run carry half the payload bytes of
@@ -22,9 +24,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "ref"))
 import st  # noqa: E402  (tests/ref/st.py)
 
 
-def spec(name, precision):
+def spec(name, precision, remat=False):
     s = job(name, 2, 1, 4, dp=2, steps=3, layers=4)
     s["train"]["precision"] = precision
+    if remat:
+        s["partition"] = {"mode": "even", "remat": "full"}
     return s
 
 
@@ -48,9 +52,9 @@ def main():
             os.environ["PW_CPU"] = cpu  # the single-process reference too
             t.refs = {}
             t.tmp = os.path.join(tmp, cpu)
-            for name in ("zb-h1", "1f1b"):
-                label = f"{name}-bf16-{cpu}"
-                s = spec(name, "bf16")
+            for name, remat in [("zb-h1", False), ("1f1b", False)] + [("zb-h1", True)] * (cpu == "native"):
+                label = f"{name}{'-remat' if remat else ''}-bf16-{cpu}"
+                s = spec(name, "bf16", remat)
                 p, res, d = t.drive(label, s, env=env)
                 if not t.check(f"{label}: run completes", p.returncode == 0 and res is not None,
                                (p.stdout + p.stderr)[-600:]):
