@@ -12,10 +12,11 @@ them alike:
   pw-bf16-haswell  pipewright train.precision "bf16" (oneDNN's AVX512_BF16 matmul;
                    OpenBLAS's forced Haswell kernels for the attention's sgemms)
   pw-bf16-native   the same with OpenBLAS's own kernels for the attention
-  torch-fp32       PyTorch float32
-  torch-bf16       PyTorch, forward and loss under torch.autocast("cpu", torch.bfloat16)
-Prints the median ms per step with min-max, and the ratios; the load
-average before and after (the machine may be shared: indicative).
+  torch-fp32       PyTorch float32 (at its best: the multi-tensor AdamW, benchlib.torch_cmd)
+  torch-bf16       the same with forward and loss under torch.autocast("cpu", torch.bfloat16)
+Prints the median ms per step with min-max, and the ratios as medians of
+the per-round ratios with their range; the load average before and after
+(the machine may be shared: indicative).
 """
 import argparse
 import json
@@ -27,7 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from harness import PY, Server, env_for, loadavg  # noqa: E402
+from benchlib import Server, env_for, loadavg, spread, torch_cmd  # noqa: E402
 
 
 def main():
@@ -47,14 +48,13 @@ def main():
         jobs[prec] = os.path.join(tmp, f"{prec}.json")
         json.dump(s, open(jobs[prec], "w"))
     step = os.path.join(a.build, "bench", "bench_step")
-    torch_step = os.path.join(HERE, "torch_step.py")
     cmds = {
         "pw-fp32-haswell": ([step, "--job", jobs["fp32"], "--threads", "1"], env_for(1, "Haswell")),
         "pw-fp32-native": ([step, "--job", jobs["fp32"], "--threads", "1"], env_for(1, "auto")),
         "pw-bf16-haswell": ([step, "--job", jobs["bf16"], "--threads", "1"], env_for(1, "Haswell")),
         "pw-bf16-native": ([step, "--job", jobs["bf16"], "--threads", "1"], env_for(1, "auto")),
-        "torch-fp32": ([PY, torch_step, "--job", a.job, "--serve", "--threads", "1"], env_for(1, None)),
-        "torch-bf16": ([PY, torch_step, "--job", a.job, "--serve", "--threads", "1", "--autocast"], env_for(1, None)),
+        "torch-fp32": (torch_cmd(a.job, 1), env_for(1, None)),
+        "torch-bf16": (torch_cmd(a.job, 1) + ["--autocast"], env_for(1, None)),
     }
     la0 = loadavg()
     servers = {k: Server(c, e) for k, (c, e) in cmds.items()}
@@ -80,11 +80,18 @@ def main():
     print("|---|---|---|")
     for k in names:
         print(f"| {k} | {med[k]:.0f} ({min(ms[k]):.0f}-{max(ms[k]):.0f}) | {loss[k][-1]:.4f} |")
+
+    def ratio(slow, fast):
+        """How many times faster `fast` is: the median of the per-round ratios (min-max)."""
+        r = [x / y for x, y in zip(ms[slow], ms[fast])]
+        lo, hi = spread(r)
+        return f"{statistics.median(r):.2f}x ({lo:.2f}-{hi:.2f})"
+
     for ct in ("haswell", "native"):
-        b, f = med[f"pw-bf16-{ct}"], med[f"pw-fp32-{ct}"]
-        print(f"OpenBLAS {ct}: pw-bf16 vs pw-fp32 {f / b:.2f}x faster; vs torch-bf16 (autocast) {med['torch-bf16'] / b:.2f}x")
-    print(f"pw-bf16-haswell vs pw-fp32-native: {med['pw-fp32-native'] / med['pw-bf16-haswell']:.2f}x faster")
-    print(f"torch-bf16 vs torch-fp32: {med['torch-fp32'] / med['torch-bf16']:.2f}x faster")
+        print(f"OpenBLAS {ct}: pw-bf16 vs pw-fp32 {ratio(f'pw-fp32-{ct}', f'pw-bf16-{ct}')};"
+              f" pw-bf16 vs torch-bf16 (autocast) {ratio('torch-bf16', f'pw-bf16-{ct}')}")
+    print(f"pw-bf16-haswell vs pw-fp32-native: {ratio('pw-fp32-native', 'pw-bf16-haswell')}")
+    print(f"torch-bf16 vs torch-fp32: {ratio('torch-fp32', 'torch-bf16')}")
 
 
 if __name__ == "__main__":
