@@ -145,11 +145,12 @@ static atomic_int native = -1; /* -1: not decided */
 static char impl_name[96] = "sgemm";
 
 static void decide(void) {
+  static int told;
   if (native >= 0) return;
-  native = 0;
-  if (!pw_cpu_bf16()) return;
-  if (!engine && dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return; /* one for the process */
-  native = 1;
+  native = pw_cpu_bf16() && (engine || dnnl_engine_create(&engine, dnnl_cpu, 0) == dnnl_success); /* one engine */
+  if (!told++) /* once: which path this process's bf16 runs take */
+    pw_info("bf16 matrix multiplies: %s", native ? "oneDNN, AVX512_BF16"
+                                                 : "bf16 operands widened, OpenBLAS sgemm (no AVX512_BF16, or PW_CPU below avx512)");
 }
 
 static int make_md(dnnl_memory_desc_t *md, int rows, int cols, int trans, int ld, dnnl_data_type_t dt) {
