@@ -2,9 +2,9 @@
  *
  * The oneDNN path keeps one primitive per call shape (a linear layer has
  * three: forward, backward-input, backward-weight), made at the shape's
- * first call and kept for the process: making one costs ~50 us, running a
- * d512 layer's ~1 ms. The memory objects are made once per primitive and
- * pointed at the caller's arrays per call. */
+ * first call and kept for the process (making one generates its kernels'
+ * code). The memory objects are made once per primitive and pointed at the
+ * caller's arrays per call. */
 #include "bf16.h"
 
 #include <cblas.h>
