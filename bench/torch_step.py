@@ -2,6 +2,7 @@
 
     /usr/bin/python3 bench/torch_step.py --job JOB.json [--steps N] [--warmup W] [--threads K]
     /usr/bin/python3 bench/torch_step.py --job JOB.json --serve [--threads K]
+    ... --autocast    the forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
 
 Builds the job's GPT exactly as tests/ref/torch_ref.py does (the same
 functional model over a parameter dict, imported from it: same
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 import torch_ref  # noqa: E402
 
 
-def make_trainer(job_path, foreach=False):
+def make_trainer(job_path, foreach=False, autocast=False):
     """One training step per call of the returned function: (ms, loss)."""
     with open(job_path) as f:
         cfg = torch_ref.job_config(json.load(f))
@@ -55,8 +56,9 @@ def make_trainer(job_path, foreach=False):
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         x, y = torch_ref.batch(train_bytes, cfg, k[0])
-        logits = torch_ref.forward(P, cfg, x)
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = torch_ref.forward(P, cfg, x)
+            loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
         opt.step()
@@ -75,10 +77,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--foreach", action="store_true", help="multi-tensor optimizer (fastest)")
+    ap.add_argument("--autocast", action="store_true", help="forward and loss under bf16 autocast")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.set_default_dtype(torch.float32)
-    step, cfg = make_trainer(a.job, a.foreach)
+    step, cfg = make_trainer(a.job, a.foreach, a.autocast)
     if a.serve:
         print("ready", flush=True)
         for line in sys.stdin:

@@ -7,11 +7,12 @@
 #                                     benchmark tools
 set -euo pipefail
 
-# To build and run: the compiler, the five libraries, libcurl for the CLI,
+# To build and run: the compiler, the five libraries, oneDNN (the bf16
+# matrix multiplies of train.precision "bf16"), libcurl for the CLI,
 # curl and python3 for quickstart.sh's own requests.
 PACKAGES=(
   build-essential cmake pkg-config curl ca-certificates python3
-  libopenblas-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev
+  libopenblas-dev libdnnl-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev
   libcurl4-openssl-dev
 )
 [ "${1:-}" = --runtime ] || PACKAGES+=(

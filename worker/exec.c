@@ -181,11 +181,11 @@ static void draw_data(pw_run *r, const pw_lstage *ls, int slot, int mb) {
   if (feat) pw_dataset_features(r->ds, split, step, first, r->mb_size, r->spec.train.batch_size, feat);
 }
 
-/* The header of a tensor of `bytes` of f32 sent to stage `stage`; fails the
- * run when it cannot have one. */
-static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes) {
+/* The header of a tensor of `bytes` of f32 (in bf16 with `bf16`) sent to
+ * stage `stage`; fails the run when it cannot have one. */
+static int frame_hdr_for(pw_run *r, pw_frame_hdr *h, int kind, int mb, int stage, int value, size_t bytes, int bf16) {
   int rc = pw_frame_hdr_init_vec(h, kind, r->job, (uint32_t)r->cp.tag, (uint32_t)mb, (uint32_t)stage,
-                                 (uint32_t)value, PW_DTYPE_F32, bytes / 4);
+                                 (uint32_t)value, bf16 ? PW_DTYPE_BF16 : PW_DTYPE_F32, bytes / 4);
   if (rc)
     return pw_exec_fail(r, rc, NULL, "no %s frame header for value %d of %zu bytes to stage %d (job %llu): %s",
                         pw_frame_kind_name(kind), value, bytes, stage, (unsigned long long)r->job, pw_strerror(rc));
@@ -225,9 +225,12 @@ static int route_outputs(pw_run *r, const pw_action *a) {
     if (r->lidx_of_stage[dst] >= 0) {
       rc = route_local(r, r->lidx_of_stage[dst], a->mb, pt->value, src, pt->bytes, 0);
     } else {
+      /* bf16: the send buffer lives with the slot, held until the write is done */
+      const void *wire = pw_prog_wire_fill(ls->prog, slot, pt->value);
       pw_frame_hdr h;
-      rc = frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes);
-      if (!rc) rc = pw_exec_send(r, pw_run_global_rank(r, dst), &h, src, li, slot);
+      rc = frame_hdr_for(r, &h, PW_FRAME_ACT, a->mb, dst, pt->value, pt->bytes, wire != NULL);
+      if (!rc) rc = pw_exec_send(r, pw_run_global_rank(r, dst), &h, wire ? wire : src, li, slot);
+      r->cp.act_sent++, r->cp.act_bytes += h.payload_len;
     }
     if (rc) return rc;
   }
@@ -248,7 +251,7 @@ static int route_grads(pw_run *r, const pw_action *a) {
       rc = route_local(r, r->lidx_of_stage[src], a->mb, pt->value, g, pt->bytes, 1);
     } else {
       pw_frame_hdr h;
-      rc = frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src, pt->value, pt->bytes);
+      rc = frame_hdr_for(r, &h, PW_FRAME_GRAD, a->mb, src, pt->value, pt->bytes, 0);
       if (!rc) rc = pw_exec_send(r, pw_run_global_rank(r, src), &h, g, li, slot);
     }
     if (rc) return rc;
@@ -371,6 +374,9 @@ void pw_exec_main(void *arg) {
   if (r->cp.chunked)
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->job,
             r->run_id, r->rank, (unsigned long long)r->cp.chunked, r->cp.chunk_limit, (unsigned long long)r->cp.chunks);
+  if (r->cp.act_sent) /* test_bf16_pipeline reads it: bf16 halves the bytes */
+    pw_info("job %llu run %d: rank %d sent %llu activation frames, %llu payload bytes", (unsigned long long)r->job,
+            r->run_id, r->rank, (unsigned long long)r->cp.act_sent, (unsigned long long)r->cp.act_bytes);
   if (r->cp.snaps_taken)
     pw_info("job %llu run %d: rank %d took %d snapshots, %.2f ms each (copy and queued sends)%s",
             (unsigned long long)r->job, r->run_id, r->rank, r->cp.snaps_taken,

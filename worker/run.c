@@ -151,7 +151,8 @@ static int setup_stages(pw_run *r, pw_err *err) {
     pw_prog_config cfg = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = r->mb_size,
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap, .remat = r->n_work[li] > 0, .n_work = r->n_work[li],
-                          .no_moments = pw_dpx_zero(r) > 0}; /* a shard of them in dpx.c */
+                          .no_moments = pw_dpx_zero(r) > 0, /* a shard of them in dpx.c */
+                          .bf16 = r->spec.train.precision == PW_PRECISION_BF16};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     lc->act_step = calloc((size_t)r->m, sizeof(int));
@@ -789,9 +790,12 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   if (from != pw_run_global_rank(r, peer_stage))
     return pw_err_set(err, PW_EPROTO, "frame", "value %d comes from rank %d, not %d", v, pw_run_global_rank(r, peer_stage),
                       from);
-  if (h->dtype != PW_DTYPE_F32 || h->payload_len != pt->bytes)
-    return pw_err_set(err, PW_EPROTO, "frame", "value %d: %llu bytes of %s, expected %zu bytes of f32", v,
-                      (unsigned long long)h->payload_len, pw_frame_dtype_name(h->dtype), pt->bytes);
+  /* a bf16 run's activations come as bf16 (exec.c), widened by pw_run_frame_done */
+  int dt = act && r->spec.train.precision == PW_PRECISION_BF16 ? PW_DTYPE_BF16 : PW_DTYPE_F32;
+  if (h->dtype != dt || h->payload_len != pt->bytes / 4 * pw_frame_dtype_size(dt))
+    return pw_err_set(err, PW_EPROTO, "frame", "value %d: %llu bytes of %s, expected %zu bytes of %s", v,
+                      (unsigned long long)h->payload_len, pw_frame_dtype_name(h->dtype),
+                      pt->bytes / 4 * pw_frame_dtype_size(dt), pw_frame_dtype_name(dt));
   if (act) {
     if ((lc->act_step[mb] == (int)h->step && lc->act_got[mb] >= ls->n_act_in))
       return pw_err_set(err, PW_EPROTO, "frame", "activation for microbatch %d of stage %u sent twice", mb, h->stage);
@@ -831,6 +835,8 @@ static void frame_done(pw_run *r, const pw_frame_hdr *h) {
 
 int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
   int rc = 0;
+  if (h->kind == PW_FRAME_ACT && h->dtype == PW_DTYPE_BF16) /* in place, before anyone may read it */
+    pw_bf16_widen_inplace((void *)payload, h->payload_len / 2);
   uv_mutex_lock(&r->sh.mu);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
     rc = pw_stepend_frame(r, from, h, payload, err);

@@ -148,6 +148,7 @@ typedef struct {
   pw_lstage_compute *ls;   /* [n_ls] microbatches of each local stage */
   size_t chunk_limit;      /* frames over this many payload bytes go in chunks (wire.h; PW_WIRE_CHUNK) */
   uint64_t chunked, chunks; /* tensors sent in chunks, and their chunks */
+  uint64_t act_sent, act_bytes; /* activation frames sent to other ranks, their payload bytes */
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
   double loss_sum;         /* this replica's share of the pass's loss */

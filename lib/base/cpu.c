@@ -14,6 +14,7 @@
 
 static atomic_int level = -1;
 static pw_cpu_isa detected;
+static int detected_bf16;
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT, level_once = PTHREAD_ONCE_INIT;
 
 /* __builtin_cpu_supports also checks that the OS saves the AVX / AVX-512
@@ -25,8 +26,10 @@ static void detect(void) {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     detected = PW_CPU_AVX2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
       detected = PW_CPU_AVX512;
+      detected_bf16 = __builtin_cpu_supports("avx512bf16");
+    }
   }
 #endif
 }
@@ -52,6 +55,11 @@ pw_cpu_isa pw_cpu_level(void) {
 pw_cpu_isa pw_cpu_detected(void) {
   pthread_once(&detect_once, detect);
   return detected;
+}
+
+int pw_cpu_bf16(void) {
+  pthread_once(&detect_once, detect);
+  return detected_bf16 && pw_cpu_level() == PW_CPU_AVX512;
 }
 
 const char *pw_cpu_name(pw_cpu_isa l) {

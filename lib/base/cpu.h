@@ -46,6 +46,9 @@ int pw_cpu_parse(const char *s);
 /* For tests and benchmarks: use min(level, detected) from now on, in every
  * thread; returns that level. Not for use while kernels run elsewhere. */
 pw_cpu_isa pw_cpu_force(pw_cpu_isa level);
+/* 1 when the CPU has AVX512_BF16 (vdpbf16ps) and the level in use is
+ * PW_CPU_AVX512: PW_CPU=avx2 (or pw_cpu_force) turns it off too. */
+int pw_cpu_bf16(void);
 
 /* OpenBLAS's kernels, as a worker reports them (openblas_get_corename(),
  * whether OPENBLAS_CORETYPE chose them) and the coordinator judges them.

@@ -21,14 +21,38 @@ static void posembed_i(const pw_kernel_io *io) {
 }
 static void posembed_w(const pw_kernel_io *io) { pw_posembed_backward_weight(io->dw, io->dout, io->B, io->n->T, io->n->C); }
 
+/* bf16 (io->wb set): the operands as bf16, x in bscratch, dout after it. */
+#define XB(io) ((io)->bscratch)
+#define DYB(io) ((io)->bscratch + (size_t)(io)->rows * (size_t)(io)->n->C)
 static void linear_f(const pw_kernel_io *io) {
-  pw_linear_forward(io->out, io->in0, io->w, io->b, io->rows, io->n->C, io->n->OC);
+  if (io->wb)
+    pw_linear_forward_bf16(io->out, io->in0, io->w, io->wb, XB(io), io->b, io->rows, io->n->C, io->n->OC);
+  else
+    pw_linear_forward(io->out, io->in0, io->w, io->b, io->rows, io->n->C, io->n->OC);
 }
 static void linear_i(const pw_kernel_io *io) {
-  pw_linear_backward_input(io->din0, io->dout, io->w, io->rows, io->n->C, io->n->OC, io->acc0);
+  if (io->wb)
+    pw_linear_backward_input_bf16(io->din0, io->dout, io->wb, DYB(io), io->rows, io->n->C, io->n->OC, io->acc0);
+  else
+    pw_linear_backward_input(io->din0, io->dout, io->w, io->rows, io->n->C, io->n->OC, io->acc0);
 }
 static void linear_w(const pw_kernel_io *io) {
-  pw_linear_backward_weight(io->dw, io->db, io->dout, io->in0, io->rows, io->n->C, io->n->OC);
+  if (io->wb)
+    pw_linear_backward_weight_bf16(io->dw, io->db, io->dout, io->in0, DYB(io), XB(io), io->rows, io->n->C,
+                                   io->n->OC);
+  else
+    pw_linear_backward_weight(io->dw, io->db, io->dout, io->in0, io->rows, io->n->C, io->n->OC);
+}
+
+/* W then I (pw_prog_backward's order) with one conversion of dout in bf16 */
+static void linear_b(const pw_kernel_io *io) {
+  if (io->wb) {
+    pw_linear_backward_bf16(io->din0, io->dw, io->db, io->dout, io->in0, io->wb, DYB(io), XB(io), io->rows, io->n->C,
+                            io->n->OC, io->acc0);
+    return;
+  }
+  linear_w(io);
+  linear_i(io);
 }
 
 /* aux: mean (rows), then rstd (rows) */
@@ -145,7 +169,7 @@ static void concat_i(const pw_kernel_io *io) {
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
     [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
-    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, NULL},
+    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, linear_b},
     [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b},
     [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL},
     [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL},

@@ -6,6 +6,7 @@
 #ifndef PW_KERNELS_H
 #define PW_KERNELS_H
 
+#include "bf16.h"
 #include "model.h"
 
 /* One node's buffers for one microbatch (prog.c binds them). */
@@ -20,6 +21,8 @@ typedef struct {
   int B;                       /* microbatch sequences */
   int acc0, acc1;              /* the input gradient accumulates (1) or is overwritten (0) */
   float loss_scale;            /* microbatch losses sum to the batch mean */
+  pw_bf16 *wb;                 /* bf16 programs' linear nodes: the weight's bf16 copy */
+  pw_bf16 *bscratch;           /* and room for rows x (C + OC) bf16 operands */
 } pw_kernel_io;
 
 typedef void (*pw_kernel_fn)(const pw_kernel_io *io);

@@ -3,7 +3,8 @@
  * Shape legend: B batch (sequences), T time, C channels, OC output
  * channels, N = B*T rows (tokens), V vocabulary, NH heads, HD = C/NH.
  * Everything is float32, row-major, contiguous unless a leading dimension
- * says otherwise. Every matmul goes through OpenBLAS cblas_sgemm.
+ * says otherwise. Every matmul goes through OpenBLAS cblas_sgemm (the bf16
+ * linear layer of train.precision "bf16" is in bf16.h).
  *
  * Each op has a forward, a backward_input (gradient w.r.t. its inputs) and,
  * if it has parameters, a backward_weight (gradient w.r.t. its parameters).

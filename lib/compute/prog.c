@@ -53,6 +53,14 @@ struct pw_prog {
   int *work_of;                  /* [max_slots] work buffer slot k holds, or -1 */
   float *scratch;                /* L.sz.scratch_floats */
   float loss_scale;
+  /* bf16 only (prog.h) */
+  pw_bf16 *wb;                   /* the linear nodes' weight copies */
+  size_t *wb_off;                /* [local node] offset in wb, NONE for other nodes */
+  pw_bf16 *bscratch;             /* a linear node's converted operands */
+  unsigned char *round_out;      /* [local node] its output is read by a later layer */
+  size_t *wire_off;              /* [output port] offset in a slot's send buffer */
+  size_t wire_n;                 /* bf16 elements of a send buffer */
+  pw_bf16 **wire;                /* [max_slots] send buffers, made with their slots */
 };
 
 #define NONE PW_LAYOUT_NONE
@@ -136,6 +144,41 @@ static int plan_grad_writes(pw_prog *p) {
   return 0;
 }
 
+/* The bf16 tables: weight copies, scratch, which outputs are rounded and
+ * where the output ports go in a send buffer. */
+static int plan_bf16(pw_prog *p) {
+  const pw_model *m = p->m;
+  const pw_prog_layout *L = &p->L;
+  int nl = L->node_hi - L->node_lo;
+  p->wb_off = malloc(sizeof *p->wb_off * ((size_t)nl + 1));
+  p->round_out = calloc((size_t)nl + 1, 1);
+  p->wire_off = malloc(sizeof *p->wire_off * ((size_t)L->n_outputs + 1));
+  if (!p->wb_off || !p->round_out || !p->wire_off) return PW_ENOMEM;
+  size_t wn = 0, sn = 1;
+  for (int i = L->node_lo; i < L->node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    p->wb_off[i - L->node_lo] = NONE;
+    if (n->op == PW_OP_LINEAR && n->w >= 0) {
+      size_t rows = (size_t)p->cfg.mb_size * (size_t)m->values[n->in[0]].rows;
+      p->wb_off[i - L->node_lo] = wn;
+      wn += (size_t)n->OC * (size_t)n->C;
+      if (rows * (size_t)(n->C + n->OC) > sn) sn = rows * (size_t)(n->C + n->OC);
+    }
+    if (m->values[n->out].dtype != PW_DT_F32) continue;
+    for (int j = i + 1; j < m->n_nodes; j++) /* read by a later layer: rounded */
+      if (m->nodes[j].layer != n->layer && (m->nodes[j].in[0] == n->out || m->nodes[j].in[1] == n->out))
+        p->round_out[i - L->node_lo] = 1;
+  }
+  for (int k = 0; k < L->n_outputs; k++) {
+    p->wire_off[k] = p->wire_n;
+    if (m->values[L->outputs[k].value].dtype == PW_DT_F32) p->wire_n += L->outputs[k].bytes / sizeof(float);
+  }
+  p->wb = malloc((wn ? wn : 1) * sizeof *p->wb);
+  p->bscratch = malloc(sn * sizeof *p->bscratch);
+  p->wire = calloc((size_t)p->max_slots, sizeof *p->wire);
+  return p->wb && p->bscratch && p->wire ? 0 : PW_ENOMEM;
+}
+
 int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err) {
   *out = NULL;
   if (cfg->layer_lo < 0 || cfg->layer_hi > m->n_layers || cfg->layer_lo >= cfg->layer_hi)
@@ -170,7 +213,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
   p->slots = calloc((size_t)p->max_slots, sizeof *p->slots);
   p->scratch = calloc(L->sz.scratch_floats, sizeof(float));
-  if (!p->slots || !p->scratch) goto oom;
+  if (!p->slots || !p->scratch || (cfg->bf16 && plan_bf16(p))) goto oom;
   for (int k = 0; k < cfg->n_slots; k++)
     if (pw_prog_slot_ensure(p, k)) goto oom;
   if (cfg->remat) {
@@ -211,6 +254,14 @@ void pw_prog_free(pw_prog *p) {
   if (p->slots)
     for (int k = 0; k < p->max_slots; k++) free(p->slots[k]);
   free(p->slots);
+  if (p->wire)
+    for (int k = 0; k < p->max_slots; k++) free(p->wire[k]);
+  free(p->wire);
+  free(p->wb);
+  free(p->wb_off);
+  free(p->bscratch);
+  free(p->round_out);
+  free(p->wire_off);
   if (p->work)
     for (int k = 0; k < p->max_slots; k++) free(p->work[k]);
   free(p->work);
@@ -267,6 +318,8 @@ int pw_prog_slot_ensure(pw_prog *p, int slot) {
   if (slot < 0 || slot >= p->max_slots) return PW_EINVAL;
   if (p->slots[slot]) return 0;
   size_t n = p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats;
+  if (p->wire && p->wire_n && !p->wire[slot] && !(p->wire[slot] = malloc(p->wire_n * sizeof(pw_bf16))))
+    return PW_ENOMEM;
   float *s = pw_alloc_floats(n ? n : 1);
   if (!s) return PW_ENOMEM;
   p->slots[slot] = s;
@@ -295,6 +348,20 @@ void *pw_prog_value(pw_prog *p, int slot, int value) {
 float *pw_prog_grad(pw_prog *p, int slot, int value) {
   if (value < 0 || value >= p->m->n_values || p->L.grad_off[value] == NONE) return NULL;
   return slot_at(p, slot, p->L.grad_off[value]);
+}
+
+pw_bf16 *pw_prog_wire(pw_prog *p, int slot, int value) {
+  if (!p->wire || slot < 0 || slot >= p->max_slots || !p->wire[slot]) return NULL;
+  for (int k = 0; k < p->L.n_outputs; k++)
+    if (p->L.outputs[k].value == value && p->m->values[value].dtype == PW_DT_F32) return p->wire[slot] + p->wire_off[k];
+  return NULL;
+}
+
+const pw_bf16 *pw_prog_wire_fill(pw_prog *p, int slot, int value) {
+  pw_bf16 *w = pw_prog_wire(p, slot, value);
+  const float *v = pw_prog_value(p, slot, value);
+  if (w && v) pw_bf16_from_f32(w, v, pw_value_bytes(&p->m->values[value], p->cfg.mb_size) / sizeof(float));
+  return w && v ? w : NULL;
 }
 
 void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
@@ -356,12 +423,18 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   io->acc0 = p->bwd_acc[li] & 1;
   io->acc1 = p->bwd_acc[li] >> 1 & 1;
   io->loss_scale = p->loss_scale;
+  if (p->wb && p->wb_off[li] != NONE) {
+    io->wb = p->wb + p->wb_off[li];
+    io->bscratch = p->bscratch;
+  }
 }
 
 static void node_forward(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
   pw_kernel_of(io.n->op)->forward(&io);
+  if (p->round_out && p->round_out[i - p->L.node_lo])
+    pw_bf16_round_f32(io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
 }
 
 static void node_backward_input(pw_prog *p, int slot, int i) {

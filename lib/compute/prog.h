@@ -34,12 +34,24 @@
  * pw_prog_value of a value outside the ports is NULL while its slot holds
  * no work buffer.
  *
+ * bf16 (docs/contracts.md, "bf16"). A bf16 program runs its linear nodes
+ * with bf16 operands and float32 accumulation (bf16.h): the weight is
+ * rounded into a bf16 copy at each forward of the node (so a copy is never
+ * older than the parameters: nothing changes them between a microbatch's
+ * forward and its backward), the input or output gradient at each call,
+ * into program scratch. Everything else stays float32. And every float
+ * value a later layer reads is rounded to bf16 in place right after the
+ * node that makes it: a pipeline sends such values, and only those, so its
+ * stages send them as bf16 (pw_prog_wire) and lose nothing; the single-
+ * process run computes the same bits.
+ *
  * The model must outlive the program. */
 #ifndef PW_PROG_H
 #define PW_PROG_H
 
 #include <stddef.h>
 
+#include "bf16.h"
 #include "errors.h"
 #include "layout.h"
 #include "model.h"
@@ -56,6 +68,7 @@ typedef struct {
   int no_moments;         /* 1: no m and v arenas (ZeRO keeps a shard of them
                              elsewhere; pw_prog_wire_moments lends whole ones
                              to a checkpoint's save or load) */
+  int bf16;               /* train.precision "bf16": below */
 } pw_prog_config;
 
 typedef struct {
@@ -119,6 +132,12 @@ int pw_prog_has_loss(const pw_prog *p);
 void *pw_prog_value(pw_prog *p, int slot, int value);
 /* Gradient buffer of a float value in `slot`, or NULL if it has none. */
 float *pw_prog_grad(pw_prog *p, int slot, int value);
+/* bf16 programs: the slot's send buffer for float output port `value`
+ * (its elements as bf16, filled by pw_prog_wire_fill), else NULL. */
+pw_bf16 *pw_prog_wire(pw_prog *p, int slot, int value);
+/* Rounds output port `value` of `slot` into its send buffer (exact: the
+ * value holds bf16 numbers already) and returns it; NULL as above. */
+const pw_bf16 *pw_prog_wire_fill(pw_prog *p, int slot, int value);
 
 /* Each parameter drawn from a stream keyed by (seed, its name), so any
  * program holding a parameter initialises it identically. */

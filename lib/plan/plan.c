@@ -212,6 +212,23 @@ static int full_floats(const pw_plan *p, int s, size_t *out) {
   return r ? 0 : PW_ENOMEM;
 }
 
+/* train.precision "bf16" (lib/compute/prog.h): a stage keeps a bf16 copy
+ * of its linear weights and scratch for one linear node's bf16 operands
+ * (*fixed), and per slot a bf16 send buffer of its float outputs
+ * (*per_slot). */
+static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fixed, size_t *per_slot) {
+  size_t wb = 0, sc = 0;
+  *per_slot = st->out_bytes * (size_t)mb / 2;
+  for (int i = m->layers[st->layer_lo].node_lo; i < m->layers[st->layer_hi - 1].node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    if (n->op != PW_OP_LINEAR || n->w < 0) continue;
+    size_t rows = (size_t)mb * (size_t)m->values[n->in[0]].rows, ops = rows * (size_t)(n->C + n->OC);
+    wb += (size_t)n->OC * (size_t)n->C;
+    if (ops > sc) sc = ops;
+  }
+  *fixed = (wb + sc) * 2;
+}
+
 /* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
 static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
@@ -245,6 +262,12 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     }
     r->n_slots += p->peak_slots[s];
     r->scratch += sm->scratch_floats * sizeof(float);
+    if (job->train.precision == PW_PRECISION_BF16) {
+      size_t fixed, per_slot;
+      bf16_bytes(&p->model, st, p->mb_size, &fixed, &per_slot);
+      r->scratch += fixed;
+      r->slots += (size_t)p->peak_slots[s] * per_slot;
+    }
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
     if (train) {
       size_t whole = 0;
@@ -307,7 +330,8 @@ static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
 
 pw_sim_costs pw_plan_costs(const pw_plan *p) {
   return (pw_sim_costs){.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
-                        .act_bytes = p->S > 1 ? p->act_bytes : NULL, .latency = PW_PLAN_LINK_LATENCY,
+                        .act_bytes = p->S > 1 ? p->act_bytes : NULL, .act_scale = p->act_scale,
+                        .latency = PW_PLAN_LINK_LATENCY,
                         .bandwidth = PW_PLAN_LINK_BW};
 }
 
@@ -318,6 +342,7 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   p->dp = job->mesh.dp;
   p->V = job->mesh.virtual_stages;
   p->m = job->schedule.microbatches;
+  p->act_scale = job->train.precision == PW_PRECISION_BF16 ? 0.5 : 1.0;
   int rc = p->mb_size = pw_job_mb_size(job, err);
   if (rc < 0) return rc;
   rc = pw_model_build(&job->model, &p->model, err);

@@ -94,6 +94,7 @@ typedef struct {
 
 typedef struct {
   int pp, dp, V, S, m;     /* mesh and schedule shape */
+  double act_scale;        /* bytes on the wire per float activation byte: 0.5 under bf16 */
   int mb_size;             /* sequences per microbatch (per replica) */
   pw_model model;
   pw_partition part;

@@ -262,6 +262,7 @@ static double transfer(replay *rp, const pw_action *dep, const pw_action *a, dou
   if (src == dst || dep->stage == a->stage) return 0;
   int edge = dep->stage < a->stage ? dep->stage : a->stage;
   *bytes = rp->cost.bytes[edge];
+  if (dep->stage < a->stage && rp->c && rp->c->act_scale > 0) *bytes *= rp->c->act_scale; /* an activation */
   double t = rp->c ? rp->c->latency : 0;
   if (rp->c && rp->c->bandwidth > 0) t += *bytes / rp->c->bandwidth;
   return t;

@@ -49,6 +49,9 @@ typedef struct {
   const double *act_bytes;
   double latency;   /* seconds per cross-rank transfer */
   double bandwidth; /* bytes per second; 0 = infinite */
+  /* The forward's activations on the wire relative to act_bytes (bf16
+   * activations, float32 gradients: 0.5); 0 = 1. */
+  double act_scale;
 } pw_sim_costs;
 
 typedef struct {

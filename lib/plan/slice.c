@@ -77,10 +77,10 @@ static json_t *train_json(const pw_job *job) {
   /* The seed as text: it is unsigned 64-bit, JSON integers here are signed. */
   char seed[24];
   snprintf(seed, sizeof seed, "%llu", t->seed);
-  json_t *tj = json_pack("{s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:o}", "steps", t->steps, "batch_size",
+  json_t *tj = json_pack("{s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:o}", "steps", t->steps, "batch_size",
                         t->batch_size, "seed", seed, "grad_clip", t->grad_clip, "checkpoint_every", t->checkpoint_every,
                         "eval_batches", t->eval_batches, "eval_every", t->eval_every, "on_nonfinite", t->on_nonfinite,
-                        "snapshot_every", t->snapshot_every, "optimizer", opt);
+                        "snapshot_every", t->snapshot_every, "precision", t->precision, "optimizer", opt);
   if (tj && t->zero) json_object_set_new(tj, "zero", json_integer(t->zero)); /* absent: 0, as before */
   return tj;
 }
@@ -345,18 +345,18 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   s->mode = (pw_mode)mode;
   s->mem_budget = (size_t)budget;
   int okind;
-  if ((rc = unpack(err, "slice.train", train, "{s:i, s:i, s:s, s:F, s:i, s:i, s:i, s:i, s:i, s?i, s:o}", "steps",
+  if ((rc = unpack(err, "slice.train", train, "{s:i, s:i, s:s, s:F, s:i, s:i, s:i, s:i, s:i, s?i, s:i, s:o}", "steps",
                    &t->steps, "batch_size", &t->batch_size, "seed", &seed, "grad_clip", &t->grad_clip,
                    "checkpoint_every", &t->checkpoint_every, "eval_batches", &t->eval_batches, "eval_every",
                    &t->eval_every, "on_nonfinite", &t->on_nonfinite, "snapshot_every", &t->snapshot_every, "zero",
-                   &t->zero, "optimizer", &opt)) ||
+                   &t->zero, "precision", &t->precision, "optimizer", &opt)) ||
       (rc = unpack(err, "slice.train.optimizer", opt, "{s:i, s:F, s:F, s:i, s:F, s:F, s:F, s:F, s:F}", "kind", &okind,
                    "lr", &o->lr, "min_lr", &o->min_lr, "warmup_steps", &o->warmup_steps, "beta1", &o->beta1, "beta2",
                    &o->beta2, "eps", &o->eps, "weight_decay", &o->weight_decay, "momentum", &o->momentum)))
     return rc;
   char *end;
   t->seed = strtoull(seed, &end, 10);
-  if (!*seed || *end || !in(okind, 0, 2) || !in(t->on_nonfinite, 0, 2) || !in(t->zero, 0, 3) || t->snapshot_every < 0 || t->eval_every < 0 ||
+  if (!*seed || *end || !in(okind, 0, 2) || !in(t->on_nonfinite, 0, 2) || !in(t->zero, 0, 3) || !in(t->precision, 0, 2) || t->snapshot_every < 0 || t->eval_every < 0 ||
       t->eval_batches < 1 || t->batch_size != s->mb_size * s->m * s->dp)
     return pw_err_set(err, PW_EPROTO, "slice.train", "seed, optimizer, eval counts or batch size (%d != %d x %d x %d) bad",
                       t->batch_size, s->mb_size, s->m, s->dp);

@@ -54,7 +54,7 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 8 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work; 7: the parameters' frozen flags; 8: model.feature_value, data's feature_dim and keys (regions) */
+#define PW_SLICE_VERSION 9 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work; 7: the parameters' frozen flags; 8: model.feature_value, data's feature_dim and keys (regions); 9: train.precision */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];

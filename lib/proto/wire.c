@@ -45,6 +45,7 @@ const char *pw_frame_dtype_name(int dtype) {
     case PW_DTYPE_F32: return "f32";
     case PW_DTYPE_I32: return "i32";
     case PW_DTYPE_U8: return "u8";
+    case PW_DTYPE_BF16: return "bf16";
     default: return "?";
   }
 }
@@ -54,6 +55,7 @@ size_t pw_frame_dtype_size(int dtype) {
     case PW_DTYPE_F32: return 4;
     case PW_DTYPE_I32: return 4;
     case PW_DTYPE_U8: return 1;
+    case PW_DTYPE_BF16: return 2;
     default: return 0;
   }
 }
@@ -230,6 +232,9 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
                       "kind HELLO must carry 1..%d bytes of u8 with ndim 1 (got %s, ndim %u, %llu bytes)",
                       PW_FRAME_HELLO_MAX, pw_frame_dtype_name(h->dtype), h->ndim,
                       (unsigned long long)h->payload_len);
+  if (h->dtype == PW_DTYPE_BF16 && h->kind != PW_FRAME_ACT)
+    return pw_err_set(err, PW_EFORMAT, "frame", "dtype bf16 is only for ACT frames (got %s)",
+                      pw_frame_kind_name(h->kind));
   if (h->kind == PW_FRAME_BYE &&
       (h->dtype != PW_DTYPE_U8 || h->ndim != 1 || h->payload_len > PW_FRAME_HELLO_MAX))
     return pw_err_set(err, PW_EFORMAT, "frame",

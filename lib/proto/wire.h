@@ -48,7 +48,8 @@
  * Per-kind rules checked by the decoder: HELLO is dtype U8, ndim 1, with a
  * non-empty payload of at most PW_FRAME_HELLO_MAX bytes; BYE is u8, ndim 1,
  * with at most PW_FRAME_HELLO_MAX bytes: empty for an orderly close, else
- * the reason the sender is aborting (so its peers can name the root cause). ndim 0 is a scalar: one
+ * the reason the sender is aborting (so its peers can name the root cause).
+ * BF16 is for ACT frames only. ndim 0 is a scalar: one
  * element (e.g. a REDUCE of the squared gradient norm). */
 #ifndef PW_WIRE_H
 #define PW_WIRE_H
@@ -79,7 +80,9 @@ typedef enum {
                           snapshot for a peer to hold, or a restore */
 } pw_frame_kind;
 
-typedef enum { PW_DTYPE_F32 = 0, PW_DTYPE_I32 = 1, PW_DTYPE_U8 = 2 } pw_frame_dtype;
+/* BF16: the top half of a float32 (train.precision "bf16"); only in ACT
+ * frames. */
+typedef enum { PW_DTYPE_F32 = 0, PW_DTYPE_I32 = 1, PW_DTYPE_U8 = 2, PW_DTYPE_BF16 = 3 } pw_frame_dtype;
 
 /* Flag bits. CHUNK: the frame is one chunk of a transfer; LAST (only with
  * CHUNK): it is the transfer's last. */
@@ -109,7 +112,7 @@ typedef struct {
 
 const char *pw_frame_kind_name(int kind);   /* "ACT"; "?" when unknown */
 const char *pw_frame_dtype_name(int dtype); /* "f32"; "?" when unknown */
-size_t pw_frame_dtype_size(int dtype);      /* 4, 4, 1; 0 when unknown */
+size_t pw_frame_dtype_size(int dtype);      /* 4, 4, 1, 2; 0 when unknown */
 
 /* Fills h (version, flags 0, chunk 0, unused dims 0, payload_len =
  * product(dims) * elem size, which may exceed what one frame carries: see

@@ -99,6 +99,7 @@ static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_ki
 static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
 static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
+static const char *const precision_names[] = {"fp32", "bf16"};       /* pw_precision */
 
 _Static_assert(sizeof(pw_mode) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(pw_data_kind) == sizeof(int), "enums are stored as int");
@@ -168,6 +169,8 @@ static const pw__field train_fields[] = {
     PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
     /* sharded optimizer state; omitted when 0, so older specs keep their hash */
     PW__INT("zero", PW__OMIT0, PW__ALL, pw_train_spec, zero, 0, 0, 2),
+    /* omitted when "fp32" (the default): older specs keep their hash */
+    PW__ENUM("precision", PW__OMIT0, PW__ALL, pw_train_spec, precision, PW_PRECISION_FP32, precision_names),
     PW__SKIP("optimizer", 0, PW__ALL),
     PW__SKIP("trainable", 0, PW__ALL), /* trainable_parse */
 };

@@ -184,6 +184,9 @@ typedef enum { PW_OPT_ADAMW, PW_OPT_SGD } pw_opt_kind;
 /* What a step whose loss or gradient norm is not finite (NaN, inf) does:
  * fail the job ("diverged at step N") or skip that step's update. */
 typedef enum { PW_NONFINITE_FAIL, PW_NONFINITE_SKIP } pw_nonfinite;
+/* The linear layers' matrix multiplies: float32, or bf16 operands with
+ * float32 accumulation (docs/contracts.md says what is rounded where). */
+typedef enum { PW_PRECISION_FP32, PW_PRECISION_BF16 } pw_precision;
 typedef struct {
   pw_opt_kind kind;      /* default adamw */
   double lr;             /* default 3e-4 */
@@ -209,6 +212,7 @@ typedef struct {
   int snapshot_every;    /* in-memory stage snapshots on a peer every K steps; 0 = off, default 1 */
   int zero;              /* ZeRO stage 0 | 1 | 2: optimizer state (1, 2) sharded over mesh.dp
                             replicas; a no-op at dp 1; needs snapshot_every 0 */
+  int precision;         /* pw_precision: "fp32" (default) | "bf16" */
   /* "trainable": glob patterns (fnmatch) over parameter names; a parameter
    * matching none is frozen (no gradient, no optimizer state). 0 patterns =
    * all train (the default, ["*"]). Checked against the model's names by

@@ -27,7 +27,8 @@ int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   t->n_mb = job->schedule.microbatches * t->groups;
   if ((rc = pw_model_build(&job->model, &t->model, err))) return rc;
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
-                        .batch_size = job->train.batch_size, .n_slots = 1};
+                        .batch_size = job->train.batch_size, .n_slots = 1,
+                        .bf16 = job->train.precision == PW_PRECISION_BF16};
   rc = pw_model_set_trainable(&t->model, &job->train, err);
   if (!rc) rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
   if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);

@@ -34,6 +34,8 @@ seeds = [
     frame(2, 0, [2, 3], acts[:12], flags=2) + frame(2, 0, [2, 3], acts[12:], chunk=1, flags=3),
     # a snapshot's three parts (parameters, m, v) of a 6-float stage
     frame(7, 0, [6], acts, mb=0, value=0) + frame(7, 0, [6], acts, mb=0, value=1) + frame(7, 0, [6], acts, mb=0, value=2),
+    # a bf16 activation (train.precision "bf16"): 2 bytes an element
+    frame(2, 3, [2, 3], struct.pack("<6H", *[0x3f80 + i for i in range(6)])),
 ]
 for i, s in enumerate(seeds):
     for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads

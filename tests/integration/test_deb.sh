@@ -12,8 +12,8 @@
 # Checks:
 #  1. four packages, named and versioned from the project; Depends computed
 #     (coordinator: libjansson4 libuv1 libmicrohttpd12 libsqlite3-0 and no
-#     libopenblas0; worker: libopenblas0 libjansson4 libuv1 libcurl4; CLI:
-#     libopenblas0 libcurl4; the daemons = pipewright-common of the same
+#     libopenblas0 or libdnnl2; worker: libopenblas0 libdnnl2 libjansson4 libuv1
+#     libcurl4; CLI: libopenblas0 libdnnl2 libcurl4; the daemons = pipewright-common of the same
 #     version); the conffiles are the two configs; the units are in
 #     /usr/lib/systemd/system pointing at /usr/bin; no token is packaged;
 #     every maintainer script passes `sh -n`;
@@ -98,9 +98,9 @@ depends_on() { # PACKAGE DEP...: each DEP is in its Depends (by name)
     esac
   done
 }
-depends_on pipewright-coordinator libjansson4 libuv1 libmicrohttpd12 libsqlite3-0 '!libopenblas0' "pipewright-common \\(= $V\\)"
-depends_on pipewright-worker libopenblas0 libjansson4 libuv1 libcurl4 "pipewright-common \\(= $V\\)"
-depends_on pipewright libopenblas0 libcurl4 libjansson4 '!pipewright-common'
+depends_on pipewright-coordinator libjansson4 libuv1 libmicrohttpd12 libsqlite3-0 '!libopenblas0' '!libdnnl2' "pipewright-common \\(= $V\\)"
+depends_on pipewright-worker libopenblas0 libdnnl2 libjansson4 libuv1 libcurl4 "pipewright-common \\(= $V\\)"
+depends_on pipewright libopenblas0 libdnnl2 libcurl4 libjansson4 '!pipewright-common'
 depends_on pipewright-common adduser
 [ "$(cat "$T/ctrl/pipewright-coordinator/conffiles")" = /etc/pipewright/coordinator.conf ] &&
   [ "$(cat "$T/ctrl/pipewright-worker/conffiles")" = /etc/pipewright/worker.conf ] ||

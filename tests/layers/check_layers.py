@@ -22,6 +22,7 @@ SYSTEM_HEADERS = {  # header -> the CMake target that provides it
     "jansson.h": "PkgConfig::JANSSON", "cblas.h": "PkgConfig::OPENBLAS",
     "uv.h": "PkgConfig::LIBUV", "microhttpd.h": "PkgConfig::MHD",
     "sqlite3.h": "PkgConfig::SQLITE", "curl/curl.h": "PkgConfig::CURL",
+    "dnnl.h": "PW::dnnl",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 

@@ -243,7 +243,7 @@ static void test_job_agreement(void **st) {
     assert_non_null(c);
     for (int k = 0; k < 4; k++)
       for (int s = 0; s < S; s++) c[k * S + s] = pw_analytics_unit_costs[k] / cases[i].v;
-    pw_sim_costs sc = {c, c + S, c + 2 * S, c + 3 * S, NULL, 0, 0};
+    pw_sim_costs sc = {c, c + S, c + 2 * S, c + 3 * S, NULL, 0, 0, 0};
     pw_sim_result *u = NULL;
     assert_int_equal(pw_sim_run(p.sched, &sc, &u, NULL), 0);
     assert_true(fabs(u->bubble_ratio - num(j, "bubble_ratio")) < EPS);

@@ -219,6 +219,42 @@ static void test_frozen_plan(void **state) {
   pw_job_free(&job);
 }
 
+/* train.precision "bf16": the forward's activations cross the link in half
+ * the bytes, the gradients coming back in the same; each rank holds its
+ * stages' bf16 weight copies and operand scratch, and a bf16 send buffer
+ * per slot of what it sends (the last stage sends nothing). */
+static void test_bf16_plan(void **state) {
+  (void)state;
+  pw_job job;
+  pw_plan f32, b16;
+  job_of(GPT, "1f1b", 2, 1, 1, 4, 8, &job);
+  assert_int_equal(pw_plan_build(&job, NULL, &f32, NULL), 0);
+  job.train.precision = PW_PRECISION_BF16;
+  assert_int_equal(pw_plan_build(&job, NULL, &b16, NULL), 0);
+  double fwd = f32.sim->link_bytes[0 * 2 + 1], bwd = f32.sim->link_bytes[1 * 2 + 0];
+  assert_true(fwd > 0 && bwd == fwd);
+  assert_true(b16.sim->link_bytes[0 * 2 + 1] == fwd / 2);
+  assert_true(b16.sim->link_bytes[1 * 2 + 0] == bwd);
+  const pw_stage *s0 = &b16.part.stages[0];
+  assert_int_equal(b16.mem[0].slots, f32.mem[0].slots + (size_t)b16.peak_slots[0] * s0->out_bytes * b16.mb_size / 2);
+  assert_int_equal(b16.mem[1].slots, f32.mem[1].slots);
+  /* stage 1 (blocks 2, 3 and the head): 4 linear weights a block, the
+   * head's lm_head, and the widest node's operands (the MLP's fc) */
+  const pw_model *m = &b16.model;
+  size_t wb = 0, ops = 0;
+  for (int i = m->layers[b16.part.stages[1].layer_lo].node_lo; i < m->n_nodes; i++)
+    if (m->nodes[i].op == PW_OP_LINEAR) {
+      size_t rows = (size_t)b16.mb_size * (size_t)m->values[m->nodes[i].in[0]].rows;
+      wb += (size_t)m->nodes[i].C * (size_t)m->nodes[i].OC;
+      if (rows * (size_t)(m->nodes[i].C + m->nodes[i].OC) > ops) ops = rows * (size_t)(m->nodes[i].C + m->nodes[i].OC);
+    }
+  assert_int_equal(b16.mem[1].scratch, f32.mem[1].scratch + 2 * (wb + ops));
+  assert_true(b16.mem[0].total > f32.mem[0].total);
+  pw_plan_free(&f32);
+  pw_plan_free(&b16);
+  pw_job_free(&job);
+}
+
 /* A pattern matching no parameter names itself and the nearest name;
  * a tied embedding freezes with its one parameter and leaves the shared
  * table (no gradients to sum). */
@@ -578,6 +614,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_tiles),
       cmocka_unit_test(test_frozen_plan),
+      cmocka_unit_test(test_bf16_plan),
       cmocka_unit_test(test_trainable_errors),
       cmocka_unit_test(test_layout_by_hand),
       cmocka_unit_test(test_rank_totals),

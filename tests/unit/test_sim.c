@@ -191,8 +191,8 @@ static void test_sweep(void **st) {
   fill(w, 16, 0.7, 0.125);
   for (int k = 0; k < 16; k++) b[k] = i_[k] + w[k];
   fill(bytes, 16, 1000, 500);
-  pw_sim_costs unit = {unit1, unit2, unit1, unit1, NULL, 0, 0};
-  pw_sim_costs skew = {f, b, i_, w, bytes, 0.3, 4000};
+  pw_sim_costs unit = {unit1, unit2, unit1, unit1, NULL, 0, 0, 0};
+  pw_sim_costs skew = {f, b, i_, w, bytes, 0.3, 4000, 0};
   for (int si = 0; si < n; si++)
     for (int pi = 0; pi < 5; pi++) {
       int pp = pps[pi], ms[4] = {1, pp, 2 * pp + 1, 4 * pp};
@@ -388,7 +388,7 @@ static void test_links(void **st) {
    * r0 F0 0-1 F1 1-2; r1 F0 2-3 B0 3-5 F1 5-6 B1 6-8; r0 B0 6-8 B1 9-11. */
   pw_sched *s = build("1f1b", 2, 1, 2);
   double bytes[1] = {50};
-  pw_sim_costs c = {NULL, NULL, NULL, NULL, bytes, 0.5, 100};
+  pw_sim_costs c = {NULL, NULL, NULL, NULL, bytes, 0.5, 100, 0};
   pw_sim_result *r = run(s, &c);
   assert_true(fabs(r->makespan - 11) < EPS);
   double want0[4][2] = {{0, 1}, {1, 2}, {6, 8}, {9, 11}};
@@ -406,7 +406,7 @@ static void test_links(void **st) {
   /* Same-rank transfers are free: DualPipeV on one rank never pays. */
   s = build("dualpipev", 1, 2, 4);
   double b2[1] = {1e9};
-  pw_sim_costs slow = {NULL, NULL, NULL, NULL, b2, 10, 1};
+  pw_sim_costs slow = {NULL, NULL, NULL, NULL, b2, 10, 1, 0};
   r = run(s, &slow);
   assert_true(fabs(r->makespan - 24) < EPS);
   assert_int_equal(r->link_transfers[0], 0);
@@ -418,11 +418,11 @@ static void test_costs(void **st) {
   pw_sched *s = build("gpipe", 1, 1, 2);
   /* b defaults to i + w; i and w to b / 2 */
   double f[1] = {3}, i_[1] = {1.5}, w[1] = {0.25}, b[1] = {5};
-  pw_sim_costs c1 = {f, NULL, i_, w, NULL, 0, 0};
+  pw_sim_costs c1 = {f, NULL, i_, w, NULL, 0, 0, 0};
   pw_sim_result *r = run(s, &c1);
   assert_true(fabs(r->makespan - 2 * (3 + 1.75)) < EPS);
   pw_sim_result_free(r);
-  pw_sim_costs c2 = {NULL, b, NULL, NULL, NULL, 0, 0};
+  pw_sim_costs c2 = {NULL, b, NULL, NULL, NULL, 0, 0, 0};
   r = run(s, &c2);
   assert_true(fabs(r->makespan - 2 * (1 + 5)) < EPS);
   pw_sim_result_free(r);
@@ -435,11 +435,11 @@ static void test_costs(void **st) {
 
   s = build("1f1b", 2, 1, 2);
   double neg[2] = {1, -1};
-  pw_sim_costs bad = {neg, NULL, NULL, NULL, NULL, 0, 0};
+  pw_sim_costs bad = {neg, NULL, NULL, NULL, NULL, 0, 0, 0};
   pw_err e = {0};
   assert_int_equal(pw_sim_run(s, &bad, &r, &e), PW_EINVAL);
   assert_string_equal(e.path, "costs.f[1]");
-  pw_sim_costs badlat = {NULL, NULL, NULL, NULL, NULL, -1, 0};
+  pw_sim_costs badlat = {NULL, NULL, NULL, NULL, NULL, -1, 0, 0};
   assert_int_equal(pw_sim_run(s, &badlat, &r, &e), PW_EINVAL);
   pw_sched_free(s);
 }
@@ -449,7 +449,7 @@ static void test_costs(void **st) {
 static void test_json_and_trace(void **st) {
   pw_sched *s = build("dualpipev", 2, 2, 4);
   double bytes[3] = {10, 20, 30};
-  pw_sim_costs c = {NULL, NULL, NULL, NULL, bytes, 0, 0};
+  pw_sim_costs c = {NULL, NULL, NULL, NULL, bytes, 0, 0, 0};
   pw_sim_result *r = run(s, &c);
   json_t *j = pw_sim_result_json(r);
   assert_string_equal(json_string_value(json_object_get(j, "schedule")), "dualpipev");
@@ -508,7 +508,7 @@ static void test_grid(void **st) {
   /* V > 1 shows stages; the cell is the smallest duration (0.5 here). */
   s = build("interleaved-1f1b", 2, 2, 2);
   double half[4] = {0.5, 0.5, 0.5, 0.5};
-  pw_sim_costs c = {half, NULL, NULL, NULL, NULL, 0, 0};
+  pw_sim_costs c = {half, NULL, NULL, NULL, NULL, 0, 0, 0};
   pw_sim_result *r = run(s, &c);
   n = pw_sched_grid(s, r, buf, sizeof buf);
   assert_true(n > 0 && n < (int)sizeof buf);

@@ -223,6 +223,8 @@ static const bad_case bad[] = {
     {B_GPT, "{'data':{'kind':'text','path':'x','sampler':'shuffle'}}", "data.sampler",
      "must be one of sequential, random"},
     {B_GPT, "{'partition':{'mode':'auto'}}", "partition.mode", "must be one of even, markers, balanced"},
+    {B_GPT, "{'train':{'precision':'fp16'}}", "train.precision", "must be one of fp32, bf16 (got \"fp16\")"},
+    {B_GPT, "{'train':{'precision':16}}", "train.precision", "must be"},
     /* name */
     {B_GPT, "{'name':''}", "name", "must not be empty"},
     {B_GPT, "{'name':'a\\nb'}", "name", "control characters (0x0a at byte 1)"},

@@ -117,7 +117,22 @@ static void test_hdr_init(void **state) {
   /* sizes over one frame, the job's width: test_wire_chunk.c */
   assert_int_equal(pw_frame_hdr_init(&h, 0, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, 8, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 3, 1, d4), PW_EINVAL);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 4, 1, d4), PW_EINVAL);
+  /* bf16: 2 bytes an element, and only in ACT frames */
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_BF16, 4, d4), 0);
+  assert_int_equal(h.payload_len, 2 * 3 * 4 * 5 * 2);
+  assert_string_equal(pw_frame_dtype_name(PW_DTYPE_BF16), "bf16");
+  static const uint8_t zeros[2 * 3 * 4 * 5 * 2];
+  uint8_t enc[PW_FRAME_HDR_SIZE];
+  pw_frame_hdr back;
+  pw_err err = {0};
+  pw_frame_hdr_encode(&h, zeros, enc);
+  assert_int_equal(pw_frame_hdr_decode(enc, 1 << 20, &back, &err), 0);
+  assert_int_equal(back.dtype, PW_DTYPE_BF16);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_GRAD, 1, 0, 0, 0, 0, PW_DTYPE_BF16, 4, d4), 0);
+  pw_frame_hdr_encode(&h, zeros, enc);
+  assert_int_equal(pw_frame_hdr_decode(enc, 1 << 20, &back, &err), PW_EFORMAT);
+  assert_non_null(strstr(err.msg, "dtype bf16 is only for ACT frames (got GRAD)"));
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_F32, 5, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, NULL), PW_EINVAL);
   assert_int_equal(pw_frame_dtype_size(PW_DTYPE_U8), 1);
@@ -146,7 +161,8 @@ static const corruption corruptions[] = {
     {"flags", 34, 2, 0x8001, 1, PW_EPROTO, "flags 0x8001 has unknown bits 0x8000"},
     {"last alone", 34, 2, PW_FRAME_FLAG_LAST, 1, PW_EPROTO, "flag LAST without flag CHUNK"},
     {"chunk alone", 12, 4, 3, 1, PW_EPROTO, "chunk 3 without flag CHUNK"}, /* chunk frames: test_wire_chunk.c */
-    {"dtype", 32, 1, 3, 1, PW_EFORMAT, "dtype 3 is unknown"},
+    {"dtype", 32, 1, 4, 1, PW_EFORMAT, "dtype 4 is unknown"},
+    {"dtype bf16", 32, 1, PW_DTYPE_BF16, 1, PW_EFORMAT, "payload_len 24 does not match dims [2,3] of bf16 (12 bytes)"},
     {"ndim", 33, 1, 5, 1, PW_EFORMAT, "ndim 5 is over 4"},
     {"unused dim", 36 + 12, 4, 1, 1, PW_EFORMAT, "dims[3] is 1 but ndim is 2 (must be 0)"},
     {"dims vs len", 36, 4, 3, 1, PW_EFORMAT, "payload_len 24 does not match dims [3,3] of f32 (36 bytes)"},
