@@ -46,7 +46,9 @@ struct pw_gen {
   int failed;            /* with error below */
   int err_code;
   char error[300];
-  int final_sent;        /* stream: the last event is written */
+  int final_sent;        /* stream: the last event is made */
+  char *out;             /* stream: events made, not yet all read */
+  size_t out_len, out_off, out_cap;
   int suspended;         /* its connection is suspended, waiting for us */
   int refs;              /* the table's and (streaming) the response's */
   pw_req *r;             /* not streaming: the parked request (valid while suspended) */
@@ -68,6 +70,7 @@ static double mono(void) {
 static void gen_free(pw_gen *g) {
   for (int i = 0; i < g->k; i++) free(g->seq[i].prompt), free(g->seq[i].tok);
   free(g->seq);
+  free(g->out);
   free(g);
 }
 
@@ -107,8 +110,9 @@ static json_t *text_of(const int32_t *t, int n) {
     for (int k = 1; ok && k < len; k++) ok = ((unsigned char)t[i + k] & 0xc0) == 0x80;
     char tmp[4];
     for (int k = 0; ok && k < len; k++) tmp[k] = (char)t[i + k];
-    if (ok && json_stringn(tmp, (size_t)len) == NULL) ok = 0; /* overlong, surrogate: jansson says */
-    else if (ok) json_decref(json_stringn(tmp, (size_t)len));
+    json_t *probe = ok ? json_stringn(tmp, (size_t)len) : NULL; /* overlong, surrogate: jansson says */
+    ok = probe != NULL;
+    json_decref(probe);
     if (ok) {
       memcpy(o, tmp, (size_t)len), o += len, i += len;
     } else {
@@ -165,43 +169,56 @@ static void fail(pw_gen *g, int code, const char *why) {
 
 /* ---- streaming --------------------------------------------------------------- */
 
-static ssize_t put(char *buf, size_t max, json_t *j, const char *event) {
+/* Appends one event (steals j) to g's pending output. mu held. */
+static int put(pw_gen *g, json_t *j, const char *event) {
   char *s = j ? pw_json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   if (!s) return -1;
-  int n = snprintf(buf, max, "%s%s%sdata: %s\n\n", event ? "event: " : "", event ? event : "", event ? "\n" : "", s);
+  size_t need = g->out_len + strlen(s) + (event ? strlen(event) : 0) + 32;
+  if (need > g->out_cap) {
+    size_t cap = g->out_cap ? g->out_cap : 4096;
+    while (cap < need) cap *= 2;
+    char *p = realloc(g->out, cap);
+    if (!p) {
+      free(s);
+      return -1;
+    }
+    g->out = p, g->out_cap = cap;
+  }
+  g->out_len += (size_t)sprintf(g->out + g->out_len, "%s%s%sdata: %s\n\n", event ? "event: " : "", event ? event : "",
+                                event ? "\n" : "", s);
   free(s);
-  return n < 0 || (size_t)n >= max ? -1 : n;
+  return 0;
 }
 
+/* The response's reader: what has come since the last call, as events (one
+ * per token, then done or error); with nothing new it suspends the
+ * connection until the loop resumes it. */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   pw_gen *g = cls;
-  ssize_t n = 0;
   pthread_mutex_lock(&mu);
-  for (int i = 0; i < g->k; i++) {
-    gseq *q = &g->seq[i];
-    while (q->streamed < q->n_tok) {
-      ssize_t w = put(buf + n, max - (size_t)n,
-                      json_pack("{s:i, s:i, s:i}", "index", i, "n", q->streamed, "token", q->tok[q->streamed]), NULL);
-      if (w < 0) break; /* no room: the rest next call */
-      n += w;
-      q->streamed++;
+  if (g->out_off == g->out_len) {
+    g->out_off = g->out_len = 0;
+    for (int i = 0; i < g->k; i++)
+      for (gseq *q = &g->seq[i]; q->streamed < q->n_tok; q->streamed++)
+        if (put(g, json_pack("{s:i, s:i, s:i}", "index", i, "n", q->streamed, "token", q->tok[q->streamed]), NULL))
+          break;
+    if (g->out_len == 0 && !g->final_sent && (g->failed || g->left == 0)) {
+      json_t *e = g->failed ? json_pack("{s:{s:s, s:s, s:s}}", "error", "code", pw_err_api_code(g->err_code),
+                                        "message", g->error, "path", "")
+                            : result_json(g);
+      if (!put(g, e, g->failed ? "error" : "done")) g->final_sent = 1;
     }
   }
-  if (n == 0 && g->final_sent) {
-    pthread_mutex_unlock(&mu);
-    return MHD_CONTENT_READER_END_OF_STREAM;
-  }
-  if (n == 0 && (g->failed || g->left == 0)) {
-    json_t *e = g->failed ? json_pack("{s:{s:s, s:s, s:s}}", "error", "code", pw_err_api_code(g->err_code), "message",
-                                      g->error, "path", "")
-                          : result_json(g);
-    n = put(buf, max, e, g->failed ? "error" : "done");
-    if (n < 0) n = 0;
-    else g->final_sent = 1;
-  }
-  if (n == 0) { /* nothing new: wait for the loop's resume */
+  ssize_t n = 0;
+  if (g->out_off < g->out_len) {
+    n = (ssize_t)(g->out_len - g->out_off < max ? g->out_len - g->out_off : max);
+    memcpy(buf, g->out + g->out_off, (size_t)n);
+    g->out_off += (size_t)n;
+  } else if (g->final_sent) {
+    n = MHD_CONTENT_READER_END_OF_STREAM;
+  } else { /* nothing new: wait for the loop's resume */
     g->suspended = 1;
     MHD_suspend_connection(g->conn);
   }
