@@ -28,6 +28,7 @@ typedef struct {
   int32_t *prompt;
   int32_t *tok;          /* [max_tokens] */
   int n_tok, sent, streamed;
+  int replica;           /* where it was sent */
   double t_first, t_last;
 } gseq;
 
@@ -242,12 +243,12 @@ static int read_prompt(pw_req *r, const pw_job *job, const json_t *p, const char
   int V = job->model.vocab_size, L = job->serve.max_len;
   size_t n = json_is_string(p) ? json_string_length(p) : json_array_size(p);
   if (!json_is_string(p) && !json_is_array(p))
-    return pw_reply_error(r, PW_EINVAL, path, "must be a string (text) or an array of token ids"), -1;
+    return pw_reply_error(r, PW_EREQUEST, path, "must be a string (text) or an array of token ids"), -1;
   if (json_is_string(p) && job->data.kind != PW_DATA_TEXT)
-    return pw_reply_error(r, PW_EINVAL, path, "the job's data is not text (bytes as tokens): give token ids"), -1;
-  if (n < 1) return pw_reply_error(r, PW_EINVAL, path, "is empty: give at least one token"), -1;
+    return pw_reply_error(r, PW_EREQUEST, path, "the job's data is not text (bytes as tokens): give token ids"), -1;
+  if (n < 1) return pw_reply_error(r, PW_EREQUEST, path, "is empty: give at least one token"), -1;
   if (n > (size_t)L)
-    return pw_reply_error(r, PW_EINVAL, path, "is %zu tokens; serve.max_len is %d", n, L), -1;
+    return pw_reply_error(r, PW_EREQUEST, path, "is %zu tokens; serve.max_len is %d", n, L), -1;
   if (!(q->prompt = malloc(sizeof *q->prompt * n))) return pw_reply_oom(r), -1;
   q->n_prompt = (int)n;
   for (size_t i = 0; i < n; i++) {
@@ -257,7 +258,7 @@ static int read_prompt(pw_req *r, const pw_job *job, const json_t *p, const char
     }
     json_t *t = json_array_get(p, i);
     if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= V)
-      return pw_reply_error(r, PW_EINVAL, path, "item %zu must be a token id in 0..%d", i, V - 1), -1;
+      return pw_reply_error(r, PW_EREQUEST, path, "item %zu must be a token id in 0..%d", i, V - 1), -1;
     q->prompt[i] = (int32_t)json_integer_value(t);
   }
   return 0;
@@ -269,7 +270,7 @@ static int num_arg(pw_req *r, const char *key, double def, double lo, double hi,
   if (!v) return 0;
   if (!json_is_number(v) || !(json_number_value(v) > lo || (!lo_open && json_number_value(v) == lo)) ||
       !(json_number_value(v) <= hi))
-    return pw_reply_error(r, PW_EINVAL, key, "must be a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi), -1;
+    return pw_reply_error(r, PW_EREQUEST, key, "must be a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi), -1;
   *out = json_number_value(v);
   return 0;
 }
@@ -279,7 +280,7 @@ static int int_arg(pw_req *r, const char *key, int64_t def, int64_t lo, int64_t 
   *out = def;
   if (!v) return 0;
   if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-    return pw_reply_error(r, PW_EINVAL, key, "must be an integer in %lld..%lld", (long long)lo, (long long)hi), -1;
+    return pw_reply_error(r, PW_EREQUEST, key, "must be an integer in %lld..%lld", (long long)lo, (long long)hi), -1;
   *out = json_integer_value(v);
   return 0;
 }
@@ -295,13 +296,13 @@ static int read_body(pw_req *r, const pw_job *job, pw_gen *g) {
     size_t i = 0;
     while (i < sizeof known / sizeof known[0] && strcmp(key, known[i])) i++;
     if (i == sizeof known / sizeof known[0])
-      return pw_reply_error(r, PW_EINVAL, key, "unknown field (prompt, max_tokens, temperature, top_k, top_p, seed, stream)"), -1;
+      return pw_reply_error(r, PW_EREQUEST, key, "unknown field (prompt, max_tokens, temperature, top_k, top_p, seed, stream)"), -1;
   }
   json_t *p = json_object_get(r->body, "prompt");
   int list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
-  if (!p) return pw_reply_error(r, PW_EINVAL, "prompt", "is required"), -1;
+  if (!p) return pw_reply_error(r, PW_EREQUEST, "prompt", "is required"), -1;
   g->k = list ? (int)json_array_size(p) : 1;
-  if (g->k > MAX_PROMPTS) return pw_reply_error(r, PW_EINVAL, "prompt", "lists %d prompts; at most %d", g->k, MAX_PROMPTS), -1;
+  if (g->k > MAX_PROMPTS) return pw_reply_error(r, PW_EREQUEST, "prompt", "lists %d prompts; at most %d", g->k, MAX_PROMPTS), -1;
   if (!(g->seq = calloc((size_t)g->k, sizeof *g->seq))) return pw_reply_oom(r), -1;
   int shortest = INT32_MAX;
   for (int i = 0; i < g->k; i++) {
@@ -319,11 +320,11 @@ static int read_body(pw_req *r, const pw_job *job, pw_gen *g) {
       num_arg(r, "temperature", 0, 0, 1e6, 0, &g->temperature) || num_arg(r, "top_p", 1, 0, 1, 1, &g->top_p))
     return -1;
   if (mt > fit)
-    return pw_reply_error(r, PW_EINVAL, "max_tokens",
+    return pw_reply_error(r, PW_EREQUEST, "max_tokens",
                           "%lld new tokens after a prompt of %d need %lld positions; serve.max_len is %d (at most %d)",
                           (long long)mt, longest, (long long)(longest + mt - 1), L, fit), -1;
   json_t *sv = json_object_get(r->body, "stream");
-  if (sv && !json_is_boolean(sv)) return pw_reply_error(r, PW_EINVAL, "stream", "must be true or false"), -1;
+  if (sv && !json_is_boolean(sv)) return pw_reply_error(r, PW_EREQUEST, "stream", "must be true or false"), -1;
   st = json_is_true(sv);
   g->max_tokens = (int)mt;
   g->top_k = (int)tk;
@@ -398,6 +399,21 @@ out:
 
 /* ---- the loop ------------------------------------------------------------------- */
 
+/* mu held: the replica of job with the fewest sequences sent and not
+ * complete (each replica's rank 0 queues what it cannot start). */
+static int least_loaded(pw_coord *c, int64_t job, int dp) {
+  int best = 0, *load = calloc((size_t)dp, sizeof *load);
+  if (!load) return 0;
+  for (pw_gen *g = table; g; g = g->next)
+    if (g->c == c && g->job == job && !g->failed)
+      for (int i = 0; i < g->k; i++)
+        if (g->seq[i].sent && g->seq[i].n_tok < g->max_tokens && g->seq[i].replica < dp) load[g->seq[i].replica]++;
+  for (int r = 1; r < dp; r++)
+    if (load[r] < load[best]) best = r;
+  free(load);
+  return best;
+}
+
 static pw_jobrt *serving_run(pw_coord *c, int64_t job) {
   for (pw_jobrt *jr = ((pw_ctl *)c->ctl)->jobs; jr; jr = jr->next)
     if (jr->job == job && jr->run > 0 && !jr->planning && jr->n_stages > 0) return jr;
@@ -423,7 +439,8 @@ void pw_gen_pump(pw_coord *c) {
         break;
       }
       int pp = jr->n_stages, dp = jr->n_ranks / pp;
-      pw_wconn *w = jr->ranks[(int)(q->id % dp) * pp];
+      q->replica = least_loaded(c, g->job, dp);
+      pw_wconn *w = jr->ranks[q->replica * pp];
       json_t *prompt = json_array();
       for (int k = 0; k < q->n_prompt; k++) json_array_append_new(prompt, json_integer(q->prompt[k]));
       json_t *msg = PW_CONTROL_BUILD(PW_MSG_GENERATE, pw_msg_generate, NULL, .job = g->job, .run = jr->run,

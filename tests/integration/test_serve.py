@@ -15,7 +15,7 @@ served from their checkpoints ("init": {job, step}). Asserts:
     tokens are the same;
   - `pipewright generate --coordinator URL --job ID --stream` prints the
     oracle's text;
-  - bad requests get a 4xx naming the field: a prompt longer than
+  - bad requests get a 4xx naming the field (422 invalid_request for a field): a prompt longer than
     serve.max_len, max_tokens past it, temperature / top_p / top_k out of
     range, an unknown field, an unknown job (404), a job that is not a
     serve job (409), a body over the bound (413), more prompts than the
@@ -159,14 +159,14 @@ def big_body(c, jid, n):
 
 
 def bad_requests(c, sid, train_id):
-    cases = [({"prompt": "x" * 33}, 400, "prompt"),
-             ({"prompt": "abc", "max_tokens": 31}, 400, "max_tokens"),
-             ({"prompt": "abc", "temperature": -1}, 400, "temperature"),
-             ({"prompt": "abc", "top_p": 0}, 400, "top_p"),
-             ({"prompt": "abc", "top_k": -2}, 400, "top_k"),
-             ({"prompt": [1, 2, 300]}, 400, "prompt"),
-             ({"prompt": "abc", "tempurature": 1}, 400, "tempurature"),
-             ({"max_tokens": 3}, 400, "prompt")]
+    cases = [({"prompt": "x" * 33}, 422, "prompt"),
+             ({"prompt": "abc", "max_tokens": 31}, 422, "max_tokens"),
+             ({"prompt": "abc", "temperature": -1}, 422, "temperature"),
+             ({"prompt": "abc", "top_p": 0}, 422, "top_p"),
+             ({"prompt": "abc", "top_k": -2}, 422, "top_k"),
+             ({"prompt": [1, 2, 300]}, 422, "prompt"),
+             ({"prompt": "abc", "tempurature": 1}, 422, "tempurature"),
+             ({"max_tokens": 3}, 422, "prompt")]
     for body, want, path in cases:
         st, r = generate(c, sid, body)
         check(f"bad request {json.dumps(body)[:40]}: {want} naming {path}",
