@@ -28,7 +28,9 @@ ROOT = os.path.dirname(HERE)
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
+sys.path.insert(0, HERE)
 import driver as D  # noqa: E402
+import generate  # noqa: E402  (bench/generate.py: the model, PyTorch's decode)
 
 
 def stream(port, jid, body):
@@ -86,17 +88,11 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args()
     pw = os.path.join(a.build, "pipewright")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     tmp = tempfile.mkdtemp(prefix="pw-bench-serve-")
-    job = json.load(open(os.path.join(HERE, "jobs", "gpt-d256.json")))
-    job["model"]["seq_len"] = 256
-    job["data"]["path"] = os.path.join(ROOT, job["data"]["path"])
-    jpath, ckpt = os.path.join(tmp, "job.json"), os.path.join(tmp, "init.safetensors")
-    json.dump(job, open(jpath, "w"))
-    subprocess.run([pw, "train", "--job", jpath, "--steps", "0", "--out", ckpt, "--quiet"], check=True, env=env)
+    job, jpath, ckpt = generate.d256(tmp, pw, env)
     prompt = open(os.path.join(ROOT, "examples/data/corpus.txt"), "rb").read(a.prompt_len)
     ids = ",".join(map(str, prompt))
 
@@ -110,21 +106,16 @@ def main():
         rates.append((a.tokens - 1) / ms * 1e3)
     oracle = statistics.median(rates)
 
-    torch_rate = None
-    if not a.no_torch:
-        import torch
-        import generate_ref as G
-        import torch_ref as R
-        torch.set_num_threads(1)
-        cfg = R.job_config(job)
-        P, _ = R.load_params(cfg, ckpt)
-        G.generate(P, cfg, list(prompt), a.tokens, G.Sampler())
-        tr = []
-        for _ in range(a.rounds):
-            t0 = time.perf_counter()
-            G.generate(P, cfg, list(prompt), a.tokens, G.Sampler())
-            tr.append(a.tokens / (time.perf_counter() - t0))
-        torch_rate = statistics.median(tr)
+    generate.torch.set_num_threads(1)
+    cfg = generate.R.job_config(job)
+    P, _ = generate.R.load_params(cfg, ckpt)
+    generate.G.generate(P, cfg, list(prompt), a.tokens, generate.G.Sampler())  # warm-up
+    tr = []
+    for _ in range(a.rounds):
+        t0 = time.perf_counter()
+        generate.G.generate(P, cfg, list(prompt), a.tokens, generate.G.Sampler())
+        tr.append(a.tokens / (time.perf_counter() - t0))
+    torch_rate = statistics.median(tr)
 
     c = D.Cluster(a.build, tmp, "bench", data_root=ROOT)
     for i in range(a.pp):
@@ -168,8 +159,8 @@ def main():
         agg_json[n] = statistics.median(whole_rate)
         print(f"{n:>10} {1e3 * pct(ttft, 50):>12.2f} {1e3 * pct(itl, 50):>11.2f} {1e3 * pct(itl, 99):>11.2f} "
               f"{agg[n]:>13.0f} {agg_json[n]:>12.0f}")
-    print(f"oracle (pipewright generate, one sequence): {oracle:.0f} decode tokens/s"
-          + (f"; PyTorch KV cache: {torch_rate:.0f} tokens/s" if torch_rate else ""))
+    print(f"oracle (pipewright generate, one sequence): {oracle:.0f} decode tokens/s; "
+          f"PyTorch KV cache: {torch_rate:.0f} tokens/s")
     print(f"serve pp={a.pp} at {2 * a.pp} concurrent / oracle: {agg[2 * a.pp] / oracle:.2f}x streamed, "
           f"{agg_json[2 * a.pp] / oracle:.2f}x answered whole (target 1.6x at pp=2)")
     print("served tokens equal the oracle's:", "yes" if ok else "NO")
