@@ -186,7 +186,8 @@ static int parse(int argc, char **argv, gen_args *a) {
   if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(a->job_path, "--job FILE") ||
       (!a->coordinator && pw_args_required(a->ckpt, "--checkpoint CKPT")))
     return -1;
-  if (a->coordinator && a->ckpt) return pw_cli_usage_error("--checkpoint: not with --coordinator (the job has its weights)"), -1;
+  if (a->coordinator && a->ckpt)
+    return pw_cli_usage_error("--checkpoint: not with --coordinator (the job has its weights)"), -1;
   if (!a->coordinator && a->stream) return pw_cli_usage_error("--stream: only with --coordinator"), -1;
   if (!a->prompt == !a->prompt_tokens)
     return pw_cli_usage_error("give one of --prompt TEXT and --prompt-tokens IDS"), -1;
@@ -314,7 +315,8 @@ static int remote_generate(const gen_args *a) {
   if (a->stream) r.on_data = sse_data, r.ud = &e;
   pw_http_resp resp = {0};
   json_t *out = NULL;
-  int rc = text ? pw_remote_call(&r, "POST", target, text, strlen(text), 0, &resp, a->stream ? NULL : &out) : PW_CALL_NET;
+  int rc = text ? pw_remote_call(&r, "POST", target, text, strlen(text), 0, &resp, a->stream ? NULL : &out)
+                : PW_CALL_NET;
   free(text);
   if (rc == PW_CALL_OK && a->stream) {
     if (e.done) print_result(json_array_get(json_object_get(e.done, "results"), 0), e.bytes, 1);

@@ -106,7 +106,11 @@ static json_t *text_of(const int32_t *t, int n) {
   if (!s) return NULL;
   for (int i = 0; i < n;) {
     unsigned char b = (unsigned char)t[i];
-    int len = b < 0x80 ? 1 : (b & 0xe0) == 0xc0 && b >= 0xc2 ? 2 : (b & 0xf0) == 0xe0 ? 3 : (b & 0xf8) == 0xf0 && b <= 0xf4 ? 4 : 0;
+    int len = b < 0x80                             ? 1
+              : (b & 0xe0) == 0xc0 && b >= 0xc2    ? 2
+              : (b & 0xf0) == 0xe0                 ? 3
+              : (b & 0xf8) == 0xf0 && b <= 0xf4    ? 4
+                                                   : 0;
     int ok = len > 0 && i + len <= n;
     for (int k = 1; ok && k < len; k++) ok = ((unsigned char)t[i + k] & 0xc0) == 0x80;
     char tmp[4];
@@ -296,13 +300,15 @@ static int read_body(pw_req *r, const pw_job *job, pw_gen *g) {
     size_t i = 0;
     while (i < sizeof known / sizeof known[0] && strcmp(key, known[i])) i++;
     if (i == sizeof known / sizeof known[0])
-      return pw_reply_error(r, PW_EREQUEST, key, "unknown field (prompt, max_tokens, temperature, top_k, top_p, seed, stream)"), -1;
+      return pw_reply_error(r, PW_EREQUEST, key,
+                            "unknown field (prompt, max_tokens, temperature, top_k, top_p, seed, stream)"), -1;
   }
   json_t *p = json_object_get(r->body, "prompt");
   int list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
   if (!p) return pw_reply_error(r, PW_EREQUEST, "prompt", "is required"), -1;
   g->k = list ? (int)json_array_size(p) : 1;
-  if (g->k > MAX_PROMPTS) return pw_reply_error(r, PW_EREQUEST, "prompt", "lists %d prompts; at most %d", g->k, MAX_PROMPTS), -1;
+  if (g->k > MAX_PROMPTS)
+    return pw_reply_error(r, PW_EREQUEST, "prompt", "lists %d prompts; at most %d", g->k, MAX_PROMPTS), -1;
   if (!(g->seq = calloc((size_t)g->k, sizeof *g->seq))) return pw_reply_oom(r), -1;
   int shortest = INT32_MAX;
   for (int i = 0; i < g->k; i++) {

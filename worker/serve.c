@@ -89,7 +89,8 @@ static double getd(const int32_t *lo) {
 
 int pw_serve_alloc(pw_run *r, const pw_msg_assign *a, pw_err *err) {
   if (a->serve_seqs < 1 || a->serve_len < 1 || a->serve_queue < 0)
-    return pw_err_set(err, PW_EPROTO, "assign.serve_seqs", "a serve job's assign needs serve_seqs, serve_len and serve_queue");
+    return pw_err_set(err, PW_EPROTO, "assign.serve_seqs",
+                      "a serve job's assign needs serve_seqs, serve_len and serve_queue");
   if (r->n_ls != 1 || r->S != r->pp || r->rank_of_stage[r->ls[0].stage] != r->ls[0].stage)
     return pw_err_set(err, PW_ENOTSUP, "mesh.virtual_stages", "serving runs one stage per pipeline rank, in order");
   if (a->serve_len > r->model.seq_len)
@@ -258,7 +259,8 @@ int pw_serve_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err
                       pw_frame_kind_name(h->kind), h->value, j);
   if (h->payload_len != (uint64_t)b->rows * (uint64_t)s->in_width * sizeof(float))
     return pw_err_set(err, PW_EPROTO, "frame", "ACT for microbatch %u: %llu bytes, its %d rows are %zu", j,
-                      (unsigned long long)h->payload_len, b->rows, (size_t)b->rows * (size_t)s->in_width * sizeof(float));
+                      (unsigned long long)h->payload_len, b->rows,
+                      (size_t)b->rows * (size_t)s->in_width * sizeof(float));
   *dst = b->act_in;
   return 0;
 }
@@ -297,7 +299,8 @@ static int pending_zero(pw_run *r, const void *arg) {
 
 static int send_on(pw_run *r, pw_serve *s, int j, int kind, const void *payload, uint32_t d0, uint32_t d1) {
   pw_frame_hdr h;
-  int dtype = kind == PW_FRAME_ACT ? PW_DTYPE_F32 : PW_DTYPE_I32, to = kind == PW_FRAME_TOKENS ? s->head_rank : s->next_rank;
+  int dtype = kind == PW_FRAME_ACT ? PW_DTYPE_F32 : PW_DTYPE_I32;
+  int to = kind == PW_FRAME_TOKENS ? s->head_rank : s->next_rank;
   uint32_t dims[2] = {d0, d1};
   int rc = pw_frame_hdr_init(&h, kind, r->job, 0, (uint32_t)j, kind == PW_FRAME_TOKENS ? 0u : (uint32_t)s->stage + 1,
                              kind == PW_FRAME_ACT ? (uint32_t)s->out_value : 0u, dtype, kind == PW_FRAME_TOKENS ? 1 : 2,

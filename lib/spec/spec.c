@@ -136,7 +136,8 @@ static int serve_parse(const json_t *o, pw_job *job, pw_err *err) {
   if (job->model.input != PW_INPUT_TOKENS)
     return pw_err_set(err, PW_ESPEC, "mode", "serve needs a token model (gpt, llama, or a layers list on tokens)");
   if (!job->init.checkpoint[0] && !job->init.job)
-    return pw_err_set(err, PW_ESPEC, "init", "mode serve needs init: the weights to serve (init.checkpoint, or init.job and init.step)");
+    return pw_err_set(err, PW_ESPEC, "init",
+                      "mode serve needs init: the weights to serve (init.checkpoint, or init.job and init.step)");
   if (job->serve.max_len == 0) job->serve.max_len = job->model.seq_len;
   if (job->serve.max_len > job->model.seq_len)
     return pw_err_set(err, PW_ESPEC, "serve.max_len", "must be at most model.seq_len (%d > %d)", job->serve.max_len,

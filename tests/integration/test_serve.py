@@ -6,8 +6,8 @@ A GPT and a Llama are trained by pipewright (pp=2, the text corpus), then
 served from their checkpoints ("init": {job, step}). Asserts:
   - every answer equals `pipewright generate` (the single-process oracle)
     on the same checkpoint, token for token, greedy and with seeded
-    temperature/top-k/top-p sampling: GPT at pp=2 and pp=4, Llama at pp=2
-    x dp=2, with several clients at once (each request's tokens do not
+    temperature/top-k/top-p sampling: GPT at pp=2, pp=4 and pp=1 x dp=2,
+    Llama at pp=2 x dp=2, with several clients at once (each request's tokens do not
     depend on what else is served), a list of prompts in one request too;
   - 200 concurrent streaming requests all complete: each stream's token
     events come in order (n = 0, 1, ...), hold exactly its own prompt's
@@ -218,6 +218,12 @@ def main():
     check("gpt pp=4: serving", wait_serving(c, sid), c.job(sid))
     equal_cases(c, sid, og, "gpt pp=4", n=3)
     cancel(c, sid, 4, "gpt pp=4")
+
+    # GPT at pp=1 x dp=2: rank 0 is the last stage too
+    sid = c.submit(serving(gpt, gid, 30, pp=1, dp=2))
+    check("gpt pp=1 dp=2: serving", wait_serving(c, sid), c.job(sid))
+    equal_cases(c, sid, og, "gpt pp=1 dp=2", n=3)
+    cancel(c, sid, 4, "gpt pp=1 dp=2")
 
     # Llama at pp=2 x dp=2, two sequences per replica and no queue
     sid = c.submit(serving(llama, lid, 30, pp=2, dp=2, seqs=2, queue=0))
