@@ -14,10 +14,12 @@ the gaps between tokens as the events arrive. At 1, pp and 4*pp
 concurrent requests (a wave of that many, --rounds waves each) it prints
 time to first token (p50), inter-token latency (p50, p99) and aggregate
 decode tokens/s (new tokens after each request's first, over the wave's
-span from the first first-token to the last token); then the oracle's and
-PyTorch's tokens/s on one sequence (the oracle serves one at a time: that
-is its aggregate) and the ratio of the serve job's at 2*pp concurrent
-requests to the oracle's. Every served output is checked against the
+span from the first first-token to the last token), and the same over
+whole (non-streamed) answers; then the oracle's and PyTorch's tokens/s on
+one sequence (the oracle serves one at a time: that is its aggregate) and
+the ratio of the serve job's at 2*pp concurrent requests to the oracle's,
+paired by round (the oracle runs right before each wave, under the same
+load) with its median and range. Every served output is checked against the
 oracle's. A measurement on a machine that may be shared: `uptime` is
 printed with the figures.
 """
@@ -97,14 +99,15 @@ def main():
     ids = ",".join(map(str, prompt))
 
     # the oracle: one sequence, its own tokens/s line
-    rates, want = [], None
-    for _ in range(a.rounds):
+    def oracle_once():
+        """The oracle's decode tokens/s on one sequence, and its tokens."""
         r = subprocess.run([pw, "generate", "--job", jpath, "--checkpoint", ckpt, "--prompt-tokens", ids,
                             "--max-tokens", str(a.tokens)], capture_output=True, text=True, env=env, check=True)
-        want = [int(t) for t in r.stdout.strip().split(",")]
         ms = float(r.stderr.split("decode steps")[1].split("ms")[0])
-        rates.append((a.tokens - 1) / ms * 1e3)
-    oracle = statistics.median(rates)
+        return (a.tokens - 1) / ms * 1e3, [int(t) for t in r.stdout.strip().split(",")]
+
+    rates = [oracle_once()[0] for _ in range(a.rounds)]
+    oracle, want = statistics.median(rates), oracle_once()[1]
 
     generate.torch.set_num_threads(1)
     cfg = generate.R.job_config(job)
@@ -138,15 +141,18 @@ def main():
           f"worker; load average before: {' '.join(up)}")
     print(f"{'concurrent':>10} {'ttft p50 ms':>12} {'itl p50 ms':>11} {'itl p99 ms':>11} {'decode tok/s':>13}"
           f" {'tok/s, json':>12}")
-    agg, agg_json, ok = {}, {}, True
+    agg, agg_json, ok, paired = {}, {}, True, []
     for n in sorted({1, a.pp, 2 * a.pp, 4 * a.pp}):
         ttft, itl, rate = [], [], []
         for _ in range(a.rounds):
+            base = oracle_once()[0] if n == 2 * a.pp else None  # paired: the same moment's load
             res = wave(c.http_port, jid, n, body)
             ok &= all([t for _, t in ev] == want for _, ev in res)
             first = min(ev[0][0] for _, ev in res)
             last = max(ev[-1][0] for _, ev in res)
             rate.append(sum(len(ev) - 1 for _, ev in res) / (last - first))
+            if base:
+                paired.append(rate[-1] / base)
             for t0, ev in res:
                 ttft.append(ev[0][0] - t0)
                 itl += [b[0] - a_[0] for a_, b in zip(ev, ev[1:])]
@@ -161,8 +167,9 @@ def main():
               f"{agg[n]:>13.0f} {agg_json[n]:>12.0f}")
     print(f"oracle (pipewright generate, one sequence): {oracle:.0f} decode tokens/s; "
           f"PyTorch KV cache: {torch_rate:.0f} tokens/s")
-    print(f"serve pp={a.pp} at {2 * a.pp} concurrent / oracle: {agg[2 * a.pp] / oracle:.2f}x streamed, "
-          f"{agg_json[2 * a.pp] / oracle:.2f}x answered whole (target 1.6x at pp=2)")
+    print(f"serve pp={a.pp} at {2 * a.pp} concurrent / oracle, paired by round: {statistics.median(paired):.2f}x "
+          f"(range {min(paired):.2f}-{max(paired):.2f}; target 1.6x at pp=2); answered whole, against the median "
+          f"oracle: {agg_json[2 * a.pp] / oracle:.2f}x")
     print("served tokens equal the oracle's:", "yes" if ok else "NO")
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     D.http(c.base, f"/v1/jobs/{jid}", "DELETE")
