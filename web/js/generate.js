@@ -83,6 +83,7 @@ PW.views.generate = function (root, params) {
     stopBtn.disabled = false;
     ctrl = new AbortController();
     var t0 = performance.now(), tFirst = null, tLast = null, n = 0, ids = [], dec = new TextDecoder("utf-8");
+    var server = null; /* the coordinator's own figures, from the done event */
     try {
       var resp = await fetch("/v1/jobs/" + encodeURIComponent(id) + "/generate",
                              {method: "POST", headers: hdr, body: JSON.stringify(body), signal: ctrl.signal});
@@ -105,7 +106,10 @@ PW.views.generate = function (root, params) {
           });
           if (!data) continue;
           if (ev === "error") throw new PW.api.Error(409, data.error.code, data.error.message, data.error.path);
-          if (ev === "done") continue;
+          if (ev === "done") {
+            server = data.results && data.results[0];
+            continue;
+          }
           var now = performance.now();
           if (tFirst === null) tFirst = now;
           tLast = now;
@@ -119,10 +123,13 @@ PW.views.generate = function (root, params) {
       if (e.name !== "AbortError") showError(e);
     }
     var total = (performance.now() - t0) / 1e3;
+    /* tokens that came in one read share a time: no rate from them here */
     var rec = {job: id, prompt: prompt.value, n: n, ttft: tFirst === null ? null : (tFirst - t0) / 1e3,
-               rate: n > 1 ? (n - 1) / ((tLast - tFirst) / 1e3) : null, total: total};
-    stats.textContent = n + " tokens; time to first token " + (rec.ttft === null ? "\u2014" : (rec.ttft * 1e3).toFixed(1) + " ms") +
-      "; " + (rec.rate === null ? "\u2014" : rec.rate.toFixed(1)) + " tokens/s after it";
+               rate: n > 1 && tLast > tFirst ? (n - 1) / ((tLast - tFirst) / 1e3) : null, total: total};
+    var ms = function (s) { return s === null ? "\u2014" : (s * 1e3).toFixed(1) + " ms"; };
+    var rate = function (x) { return x === null ? "\u2014" : x.toFixed(1); };
+    stats.textContent = n + " tokens; time to first token " + ms(rec.ttft) + "; " + rate(rec.rate) + " tokens/s after it" +
+      (server ? " (coordinator: " + ms(server.time_to_first_token) + ", " + rate(server.tokens_per_s) + " tokens/s)" : "");
     history.push(rec);
     if (!stopped) row(rec);
     goBtn.disabled = false;
