@@ -163,9 +163,12 @@ static void wake(pw_gen *g) {
   }
 }
 
-/* mu held. */
+/* mu held (and c->mu may be taken under it, never the other way round). */
 static void fail(pw_gen *g, int code, const char *why) {
   if (g->failed || g->left == 0) return;
+  pthread_mutex_lock(&g->c->mu);
+  g->c->gen_failed += (uint64_t)g->left;
+  pthread_mutex_unlock(&g->c->mu);
   g->failed = 1;
   g->err_code = code;
   snprintf(g->error, sizeof g->error, "%s", why);
@@ -483,6 +486,7 @@ int pw_gen_on_tokens(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
   if (!w->job || w->job->job != t->job || w->job->run != t->run) return 0; /* not (or no longer) its run */
   size_t n = json_array_size(t->items);
   double now = mono();
+  uint64_t tokens = 0, done = 0;
   pthread_mutex_lock(&mu);
   for (size_t k = 0; k + 1 < n; k += 2) {
     int i;
@@ -493,11 +497,16 @@ int pw_gen_on_tokens(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
     q->tok[q->n_tok++] = (int32_t)json_integer_value(json_array_get(t->items, k + 1));
     if (q->n_tok == 1) q->t_first = now;
     q->t_last = now;
-    if (q->n_tok == g->max_tokens) g->left--;
+    tokens++;
+    if (q->n_tok == g->max_tokens) g->left--, done += !g->failed;
     if (!g->failed) wake(g);
     if (g->left == 0 && !g->stream) unlink_gen(g);
   }
   pthread_mutex_unlock(&mu);
+  pthread_mutex_lock(&c->mu);
+  c->gen_tokens += tokens;
+  c->gen_sequences += done;
+  pthread_mutex_unlock(&c->mu);
   return 0;
 }
 

@@ -128,6 +128,17 @@ def equal_cases(c, jid, oracle, tag, n=6):
           st == 200 and [x["tokens"] for x in r["results"]] == want, (st, r, want))
 
 
+def metrics(c):
+    """{series: value} of the coordinator's /metrics, the generate series."""
+    st, text = d.http(c.base, "/metrics")
+    out = {}
+    for line in (text if isinstance(text, str) else "").splitlines():
+        if line.startswith("pipewright_generate_"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
 def wait_serving(c, jid):
     return d.wait_for(lambda: c.job(jid).get("state") == "running" and c.job(jid).get("status") == "serving", 120)
 
@@ -206,6 +217,11 @@ def main():
            or [t["token"] for t in r[1]] != want[i] or r[2] != "done" or r[3]["results"][0]["tokens"] != want[i]]
     check("200 concurrent streams complete, each with its own oracle tokens in order, then done",
           not bad, [(i, r, want[i]) for i, r in bad[:2]])
+    m = metrics(c)
+    # 12 + 3 sequences of equal_cases (6 and 5 tokens), then the 200 streams' 4
+    check("/metrics counts every sequence and token served so far",
+          m.get('pipewright_generate_sequences_total{outcome="complete"}') == 12 + 3 + 200
+          and m.get("pipewright_generate_tokens_total") == 12 * 6 + 3 * 5 + 200 * 4, m)
     cli = subprocess.run([os.path.join(BUILD, "pipewright"), "generate", "--coordinator", c.base, "--job", str(sid),
                           "--prompt", "It was a", "--max-tokens", "8", "--stream"], capture_output=True, env=ENV)
     check("pipewright generate --coordinator --stream prints the oracle's text",
