@@ -8,6 +8,7 @@
 #include "serve.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,7 +208,8 @@ void pw_serve_submit(pw_run *r, const pw_msg_generate *g) {
   if (n < 1 || n > (size_t)s->len || g->max_tokens > s->len - (int64_t)n + 1)
     return refuse(r, g->req, "%zu prompt tokens and %lld new ones do not fit serve.max_len %d", n,
                   (long long)g->max_tokens, s->len);
-  if (g->top_k > V || !(g->top_p <= 1)) return refuse(r, g->req, "top_k or top_p out of range");
+  if (!(g->top_p <= 1) || g->top_k > INT32_MAX) /* a top_k past V takes them all */
+    return refuse(r, g->req, "top_p %g over 1, or top_k %lld over %d", g->top_p, (long long)g->top_k, INT32_MAX);
   int32_t *p = malloc(sizeof *p * n);
   if (!p) return refuse(r, g->req, "out of memory");
   for (size_t i = 0; i < n; i++) {
@@ -444,7 +446,7 @@ static int form(pw_run *r, pw_serve *s, int j) {
       e[F_POS] = q->n_gen ? q->n_prompt + q->n_gen - 1 : 0;
       e[F_LEN] = len;
       e[F_FLAGS] = q->n_gen ? 0 : SEQ_FIRST;
-      put64((int32_t *)e + F_REQ_LO, (uint64_t)q->req);
+      put64(e + F_REQ_LO, (uint64_t)q->req);
       e[F_TOP_K] = q->sc.top_k;
       put64(e + F_SEED_LO, q->sc.seed);
       putd(e + F_TEMP_LO, q->sc.temperature);
