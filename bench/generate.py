@@ -34,6 +34,17 @@ import generate_ref as G  # noqa: E402
 import torch_ref as R  # noqa: E402
 
 
+def d256(tmp, pw, env):
+    """The benchmark's model in tmp: (job, its file, its initial parameters)."""
+    job = json.load(open(os.path.join(HERE, "jobs", "gpt-d256.json")))
+    job["model"]["seq_len"] = 256
+    job["data"]["path"] = os.path.join(ROOT, job["data"]["path"])
+    jpath, ckpt = os.path.join(tmp, "job.json"), os.path.join(tmp, "init.safetensors")
+    json.dump(job, open(jpath, "w"))
+    subprocess.run([pw, "train", "--job", jpath, "--steps", "0", "--out", ckpt, "--quiet"], check=True, env=env)
+    return job, jpath, ckpt
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -45,12 +56,7 @@ def main():
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        job = json.load(open(os.path.join(HERE, "jobs", "gpt-d256.json")))
-        job["model"]["seq_len"] = 256
-        job["data"]["path"] = os.path.join(ROOT, job["data"]["path"])
-        jpath, ckpt = os.path.join(tmp, "job.json"), os.path.join(tmp, "init.safetensors")
-        json.dump(job, open(jpath, "w"))
-        subprocess.run([pw, "train", "--job", jpath, "--steps", "0", "--out", ckpt, "--quiet"], check=True, env=env)
+        job, jpath, ckpt = d256(tmp, pw, env)
         prompt = list(open(os.path.join(ROOT, "examples/data/corpus.txt"), "rb").read(a.prompt_len))
         ids = ",".join(map(str, prompt))
         cfg = R.job_config(job)

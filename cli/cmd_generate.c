@@ -4,7 +4,11 @@
  *
  * The whole model is one stage program and one decoder (lib/compute/
  * decode.h): the prompt in one prefill call, then one call per token. The
- * sampler is lib/compute/sample.h's (docs/contracts.md, "Generation"). */
+ * sampler is lib/compute/sample.h's (docs/contracts.md, "Generation").
+ *
+ * With --coordinator, a serve job answers instead (docs/serving.md): the
+ * same options, sent to POST /v1/jobs/{id}/generate; --stream prints each
+ * token as its server-sent event arrives. */
 #include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
@@ -18,6 +22,7 @@
 #include <time.h>
 
 #include "args.h"
+#include "remote.h"
 #include "ckpt.h"
 #include "cli.h"
 #include "decode.h"
@@ -29,6 +34,10 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: pipewright generate --job FILE --checkpoint CKPT (--prompt TEXT | --prompt-tokens IDS) [options]\n"
+          "       pipewright generate --coordinator URL --job ID (--prompt TEXT | --prompt-tokens IDS) [--stream]\n"
+          "  --coordinator URL     ask a serve job of that coordinator (--job is its id; no --checkpoint)\n"
+          "  --token-file FILE     bearer token for the coordinator's API\n"
+          "  --stream              print the tokens as they arrive\n"
           "  --job FILE            job spec (JSON): the model\n"
           "  --checkpoint CKPT     parameters: a model file (train --out, or a job's checkpoint download),\n"
           "                        or a step folder of stage-S.safetensors files\n"
@@ -122,8 +131,8 @@ static int load_step_dir(pw_prog *p, const char *dir, pw_err *err) {
 }
 
 typedef struct {
-  const char *job_path, *ckpt, *prompt, *prompt_tokens;
-  int max_tokens, threads;
+  const char *job_path, *ckpt, *prompt, *prompt_tokens, *coordinator, *token_file;
+  int max_tokens, threads, stream;
   pw_sample_config sc;
 } gen_args;
 
@@ -134,7 +143,9 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"max-tokens", required_argument, 0, 'n'},  {"temperature", required_argument, 0, 'T'},
       {"top-k", required_argument, 0, 'k'},       {"top-p", required_argument, 0, 'r'},
       {"seed", required_argument, 0, 's'},        {"threads", required_argument, 0, 't'},
-      {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
+      {"coordinator", required_argument, 0, 'C'}, {"token-file", required_argument, 0, 'F'},
+      {"stream", no_argument, 0, 'S'},            {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   *a = (gen_args){.max_tokens = -1, .threads = 1, .sc = {.top_p = 1, .seed = 1}};
   long long seed;
   int c;
@@ -165,13 +176,19 @@ static int parse(int argc, char **argv, gen_args *a) {
       case 't':
         if (pw_arg_int("--threads", optarg, 1, MAX_THREADS, &a->threads)) return -1;
         break;
+      case 'C': a->coordinator = optarg; break;
+      case 'F': a->token_file = optarg; break;
+      case 'S': a->stream = 1; break;
       case 'h': return 1;
       default: return -1;
     }
   }
   if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(a->job_path, "--job FILE") ||
-      pw_args_required(a->ckpt, "--checkpoint CKPT"))
+      (!a->coordinator && pw_args_required(a->ckpt, "--checkpoint CKPT")))
     return -1;
+  if (a->coordinator && a->ckpt)
+    return pw_cli_usage_error("--checkpoint: not with --coordinator (the job has its weights)"), -1;
+  if (!a->coordinator && a->stream) return pw_cli_usage_error("--stream: only with --coordinator"), -1;
   if (!a->prompt == !a->prompt_tokens)
     return pw_cli_usage_error("give one of --prompt TEXT and --prompt-tokens IDS"), -1;
   if (a->prompt && !*a->prompt) return pw_cli_usage_error("--prompt: empty (give at least one byte)"), -1;
@@ -198,10 +215,127 @@ static int generate(pw_decode *d, const pw_model *m, const int32_t *prompt, int 
   return rc;
 }
 
+/* ---- a serve job ------------------------------------------------------------ */
+
+/* Server-sent events as they arrive: each token printed at once. */
+typedef struct {
+  char line[1 << 16];
+  size_t n;
+  int bytes, failed;
+  char event[32];
+  json_t *done;
+} sse;
+
+static void sse_line(sse *e) {
+  if (!strncmp(e->line, "event: ", 7)) {
+    snprintf(e->event, sizeof e->event, "%s", e->line + 7);
+    return;
+  }
+  if (strncmp(e->line, "data: ", 6)) return;
+  json_t *j = json_loads(e->line + 6, 0, NULL);
+  if (!e->event[0] && j) {
+    int t = (int)json_integer_value(json_object_get(j, "token"));
+    if (e->bytes) putchar(t & 0xff);
+    else printf("%s%d", json_integer_value(json_object_get(j, "n")) ? "," : "", t);
+    fflush(stdout);
+  } else if (!strcmp(e->event, "error")) {
+    json_t *er = json_object_get(j, "error");
+    fprintf(stderr, "error: %s\n", json_string_value(json_object_get(er, "message")));
+    e->failed = 1;
+  } else if (!strcmp(e->event, "done") && !e->done) {
+    e->done = json_incref(j);
+  }
+  json_decref(j);
+  e->event[0] = 0;
+}
+
+static void sse_data(void *ud, const char *p, size_t n) {
+  sse *e = ud;
+  for (size_t i = 0; i < n; i++) {
+    if (p[i] != '\n') {
+      if (e->n < sizeof e->line - 1) e->line[e->n++] = p[i];
+      continue;
+    }
+    e->line[e->n] = 0;
+    if (e->n) sse_line(e);
+    e->n = 0;
+  }
+}
+
+/* The tokens (unless streamed: printed already), a newline, the figures. */
+static void print_result(const json_t *res, int bytes, int streamed) {
+  json_t *toks = json_object_get(res, "tokens"), *t;
+  size_t i;
+  json_array_foreach(toks, i, t) {
+    if (streamed) break;
+    if (bytes) putchar((int)json_integer_value(t) & 0xff);
+    else printf(i ? ",%d" : "%d", (int)json_integer_value(t));
+  }
+  putchar('\n');
+  fprintf(stderr, "generated %zu tokens after a prompt of %d: time to first token %.2f ms, %.1f tokens/s after it\n",
+          json_array_size(toks), (int)json_integer_value(json_object_get(res, "prompt_tokens")),
+          1e3 * json_real_value(json_object_get(res, "time_to_first_token")),
+          json_real_value(json_object_get(res, "tokens_per_s")));
+}
+
+static int remote_generate(const gen_args *a) {
+  long long id;
+  if (pw_arg_ll("--job", a->job_path, 1, LLONG_MAX, &id)) return 2;
+  pw_remote_opts o = {.coordinator = a->coordinator, .token_file = a->token_file, .timeout = 3600};
+  pw_remote r;
+  if (pw_remote_init(&r, &o)) return 1;
+  json_t *body = json_pack("{s:f, s:i, s:f, s:I, s:b}", "temperature", a->sc.temperature, "top_k", a->sc.top_k,
+                           "top_p", a->sc.top_p, "seed", (json_int_t)a->sc.seed, "stream", a->stream);
+  if (a->max_tokens > 0) json_object_set_new(body, "max_tokens", json_integer(a->max_tokens));
+  if (a->prompt) {
+    json_object_set_new(body, "prompt", json_string(a->prompt));
+  } else {
+    json_t *ids = json_array();
+    const char *p = a->prompt_tokens;
+    for (char *end; *p; p = *end ? end + 1 : end) {
+      long long v = strtoll(p, &end, 10);
+      if (end == p || (*end && *end != ',')) {
+        json_decref(body), json_decref(ids);
+        return pw_cli_usage_error("--prompt-tokens: want ids like 1,2,3"), 2;
+      }
+      json_array_append_new(ids, json_integer(v));
+    }
+    json_object_set_new(body, "prompt", ids);
+  }
+  if (!json_object_get(body, "prompt")) { /* --prompt not UTF-8: jansson refused the string */
+    json_decref(body);
+    return pw_cli_usage_error("--prompt: not UTF-8 text; give --prompt-tokens"), 2;
+  }
+  char *text = json_dumps(body, JSON_COMPACT), target[64];
+  json_decref(body);
+  snprintf(target, sizeof target, "/v1/jobs/%lld/generate", id);
+  static sse e;
+  memset(&e, 0, sizeof e);
+  e.bytes = a->prompt != NULL;
+  if (a->stream) r.on_data = sse_data, r.ud = &e;
+  pw_http_resp resp = {0};
+  json_t *out = NULL;
+  int rc = text ? pw_remote_call(&r, "POST", target, text, strlen(text), 0, &resp, a->stream ? NULL : &out)
+                : PW_CALL_NET;
+  free(text);
+  if (rc == PW_CALL_OK && a->stream) {
+    if (e.done) print_result(json_array_get(json_object_get(e.done, "results"), 0), e.bytes, 1);
+    else if (!e.failed) fprintf(stderr, "error: the stream ended before its last event\n");
+    rc = e.done ? 0 : 1;
+  } else if (rc == PW_CALL_OK) {
+    print_result(json_array_get(json_object_get(out, "results"), 0), e.bytes, 0);
+  }
+  json_decref(out);
+  json_decref(e.done);
+  pw_http_resp_free(&resp);
+  return rc ? 1 : 0;
+}
+
 int pw_cmd_generate(int argc, char **argv) {
   gen_args a;
   int prc = parse(argc, argv, &a);
   if (prc) return usage(prc > 0 ? stdout : stderr), prc > 0 ? 0 : 2;
+  if (a.coordinator) return remote_generate(&a);
   openblas_set_num_threads(a.threads);
   pw_job job;
   if (pw_cli_load_job(a.job_path, &job)) return 1;

@@ -152,6 +152,7 @@ typedef struct {
   size_t len, cap, max;
   int over, nomem;
   long long announced; /* the last Content-Length seen, -1 for none */
+  const pw_http_opts *o;
 } sink;
 
 /* Only to name the size of a body refused for its Content-Length: libcurl
@@ -189,6 +190,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   }
   memcpy(s->p + s->len, data, k);
   s->len += k;
+  if (s->o && s->o->on_data) s->o->on_data(s->o->ud, data, k);
   return k;
 }
 
@@ -328,7 +330,7 @@ static int perform(const pw_http_url *url, const char *method, const char *targe
     else
       hdrs_oom = 1;
   }
-  sink s = {.max = max_body, .announced = -1};
+  sink s = {.max = max_body, .announced = -1, .o = opts};
   char errbuf[CURL_ERROR_SIZE] = "";
   CURLcode cc = CURLE_OK;
   SETOPT(CURLOPT_URL, full);

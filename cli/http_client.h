@@ -38,6 +38,9 @@ typedef struct {
   const char *cacert; /* PEM file of the CAs to trust; NULL: the system store */
   const char *proxy;  /* NULL: the environment's (never for loopback); "": none;
                          else this proxy for every host, loopback included */
+  void (*on_data)(void *ud, const char *data, size_t n); /* NULL, or each piece of the body as it
+                                                           arrives (a stream of events) */
+  void *ud;
 } pw_http_opts;
 
 typedef struct {

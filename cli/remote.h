@@ -23,6 +23,8 @@ typedef struct {
   double timeout;             /* per request; an upload's stall bound */
   const char *cacert, *proxy; /* see pw_http_opts */
   char net_err[600];          /* the last transport error, as printed */
+  void (*on_data)(void *ud, const char *data, size_t n); /* pw_http_opts' */
+  void *ud;
 } pw_remote;
 
 enum { PW_CALL_OK = 0, PW_CALL_API = 1, PW_CALL_NET = 2 };

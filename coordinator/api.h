@@ -84,6 +84,8 @@ struct pw_req {
   int64_t run;        /* the {run}, {step} and {stage} of the pattern, 0 when it has none */
   int step, stage;
   void *stream;       /* PW_ROUTE_STREAM: the sink's state (begin sets it, done frees it) */
+  int parked;         /* the handler suspended the connection and left no reply: whoever
+                         sets it resumes the connection, whose next access call sends it */
   json_t *body;       /* PW_ROUTE_BODY routes: the parsed body (borrowed) */
   /* the reply, set by the pw_reply_* helpers */
   int status;
@@ -146,6 +148,8 @@ void pw_api_job_cancel(pw_req *r);
 void pw_api_job_retry(pw_req *r);
 void pw_api_job_metrics(pw_req *r);
 void pw_api_job_events(pw_req *r);
+/* api_generate.c (gen.h): text from a serve job */
+void pw_api_job_generate(pw_req *r);
 /* api_datasets.c */
 void pw_api_dataset_upload(pw_req *r);
 void pw_api_dataset_list(pw_req *r);

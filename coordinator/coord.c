@@ -330,6 +330,16 @@ char *pw_coord_metrics_text(pw_coord *c) {
                 "# HELP pipewright_http_busy_total Requests answered 429: the pool and its queue were full.\n"
                 "# TYPE pipewright_http_busy_total counter\npipewright_http_busy_total %llu\n",
             a.running, a.queued, a.workers, a.queue, (unsigned long long)a.busy);
+  pthread_mutex_lock(&c->mu);
+  uint64_t gs = c->gen_sequences, gt = c->gen_tokens, gf = c->gen_failed;
+  pthread_mutex_unlock(&c->mu);
+  sb_printf(&b, "# HELP pipewright_generate_sequences_total Prompts of serve jobs answered, by outcome.\n"
+                "# TYPE pipewright_generate_sequences_total counter\n"
+                "pipewright_generate_sequences_total{outcome=\"complete\"} %llu\n"
+                "pipewright_generate_sequences_total{outcome=\"failed\"} %llu\n"
+                "# HELP pipewright_generate_tokens_total Tokens serve jobs generated.\n"
+                "# TYPE pipewright_generate_tokens_total counter\npipewright_generate_tokens_total %llu\n",
+            (unsigned long long)gs, (unsigned long long)gf, (unsigned long long)gt);
   return b.s;
 }
 

@@ -88,6 +88,8 @@ struct pw_coord {
   uint64_t step_hist[PW_HIST_BUCKETS + 1]; /* step times: le 0.001 * 2^i s, then +Inf */
   double step_time_sum;
   uint64_t step_count;
+  uint64_t gen_sequences, gen_tokens, gen_failed; /* serving (api_generate.c): sequences answered,
+                                                     tokens generated, sequences failed */
 
   /* the store as the loop's writes find it (store_retry.h) */
   uint64_t store_failures;          /* writes that failed */

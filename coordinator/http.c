@@ -382,7 +382,7 @@ static void dispatch(http_req *h) {
     }
   }
   h->route->fn(r);
-  if (!r->resp) {
+  if (!r->resp && !r->parked) {
     pw_error("http: %s %s: the handler left no reply", h->method, h->path);
     pw_reply_error(r, PW_EINTERNAL, "", "no reply");
   }
@@ -525,6 +525,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   dispatch(h);
+  if (r->parked && !r->resp) { /* suspended by its handler: the reply comes with the resume */
+    h->pooled = 1;
+    return MHD_YES;
+  }
   return send_reply(h);
 }
 

@@ -36,6 +36,7 @@
 #include "spec_json.h"
 #include "contention.h"
 #include "ctl_int.h"
+#include "gen.h"
 #include "log.h"
 #include "plan.h"
 #include "budget.h"
@@ -94,6 +95,7 @@ static void jobrt_remove(pw_coord *c, pw_jobrt *jr) {
 static void end_run(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_state, const char *reason,
                     const char *cancel_reason) {
   release_workers(c, jr, cancel_reason);
+  pw_gen_job_ended(c, jr->job, reason); /* a serve job's open requests */
   if (jr->run) {
     pw_write w = {.kind = PW_W_RUN_FINISH, .run = jr->run, .job = jr->job, .text = run_state,
                   .text2 = strcmp(run_state, "succeeded") ? reason : NULL};
@@ -353,6 +355,7 @@ static void plan_done(uv_work_t *req, int status) {
   for (int r = 0; r < jr->n_ranks; r++)
     json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", jr->ranks[r]->addr));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
+  int serve = job->mode == PW_MODE_SERVE; /* runs until cancelled: its steps are not run */
   char names[512] = "";
   for (int r = 0; r < jr->n_ranks; r++) {
     pw_wconn *w = jr->ranks[r];
@@ -360,7 +363,10 @@ static void plan_done(uv_work_t *req, int status) {
                                   .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
                                   .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
                                   .resume = resume[0] ? resume : NULL, .trace_every = trace_every,
-                                  .restore_step = snap ? snap : -1, .restore_from = from);
+                                  .restore_step = snap ? snap : -1, .restore_from = from,
+                                  .serve_seqs = serve ? job->serve.max_sequences : -1,
+                                  .serve_len = serve ? job->serve.max_len : -1,
+                                  .serve_queue = serve ? job->serve.max_queue : -1);
     pw_rec_snapshots_keep(w, jr->job); /* the worker keeps only this job's from here */
     pw_registry_update(c, w);
     pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};
@@ -379,7 +385,7 @@ static void plan_done(uv_work_t *req, int status) {
              start);
   }
   write_state(c, jr->job, PW_JOB_RUNNING, b, NULL);
-  write_status(c, jr->job, "");
+  write_status(c, jr->job, serve ? "serving" : "");
   planwork_free(pw);
 }
 
@@ -449,6 +455,7 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
 static void sched_tick(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   if (!ctl || c->stopping) return;
+  pw_gen_pump(c);
   /* Writes kept while the store failed go first; no new run starts while
    * some are pending (its own writes would only join the queue). */
   int pending = pw_write_flush(c);
@@ -766,11 +773,13 @@ static void on_shutdown(pw_coord *c) {
     end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down; the job will run again",
             "coordinator shutting down");
   }
+  pw_gen_job_ended(c, 0, "the coordinator is shutting down");
 }
 
 static const pw_ctl_hooks hooks = {
     .msgs = {.on = {[PW_MSG_STEP] = on_step, [PW_MSG_CHECKPOINT] = on_checkpoint, [PW_MSG_DONE] = on_done,
-                    [PW_MSG_ERROR] = on_error, [PW_MSG_SNAPSHOT] = on_snapshot}},
+                    [PW_MSG_ERROR] = on_error, [PW_MSG_SNAPSHOT] = on_snapshot, [PW_MSG_TOKENS] = pw_gen_on_tokens,
+                    [PW_MSG_GEN_FAILED] = pw_gen_on_failed}},
     .tick = sched_tick,
     .lost = on_lost,
     .shutdown = on_shutdown,

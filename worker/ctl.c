@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "serve.h"
 #include "worker.h"
 
 #define BACKOFF_MIN_MS 100
@@ -163,6 +164,18 @@ static int on_cancel(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
   return 0;
 }
 
+static int on_generate(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  const pw_msg_generate *g = &m->GENERATE;
+  if (w->run && (int64_t)w->run->job == g->job && w->run->run_id == g->run) {
+    pw_serve_submit(w->run, g);
+    return 0;
+  }
+  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_GEN_FAILED, pw_msg_gen_failed, NULL, .job = g->job, .run = g->run,
+                                  .rank = 0, .req = g->req, .message = "this worker does not serve that run"));
+  return 0;
+}
+
 static int on_shutdown(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_info("coordinator asked us to shut down");
   raise(SIGTERM);
@@ -173,6 +186,7 @@ static const pw_control_handlers handlers = {.on = {[PW_MSG_WELCOME] = on_welcom
                                                     [PW_MSG_REFUSED] = on_refused,
                                                     [PW_MSG_ASSIGN] = on_assign,
                                                     [PW_MSG_CANCEL] = on_cancel,
+                                                    [PW_MSG_GENERATE] = on_generate,
                                                     [PW_MSG_SHUTDOWN] = on_shutdown}};
 
 static void on_ctl_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "serve.h"
 #include "worker.h"
 
 double pw_now(void) {
@@ -366,7 +367,8 @@ void pw_exec_main(void *arg) {
    * path naming something other than a file must not stall the worker. */
   int rc = pw_exec_chunk_limit(r);
   if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
-  while (!rc && r->sh.step < r->steps) {
+  if (!rc && r->serve) rc = pw_serve_run(r);
+  while (!rc && !r->serve && r->sh.step < r->steps) {
     r->cp.tag = pw_evalrun_tag(r, r->sh.step);
     rc = pw_exec_actions(r, r->acts, r->n_acts);
     if (!rc) rc = pw_stepend_run(r);

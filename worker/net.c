@@ -331,8 +331,11 @@ static void on_send_done(uv_write_t *req, int status) {
   pw_link *l = req->handle->data;
   if (status < 0 && status != UV_ECANCELED && !l->closing) link_fail(l, uv_strerror(status));
   if (s->run && s->hello && status == 0 && !l->closing) pw_run_on_link_up(s->run, l);
+  if (s->pending) { /* before the run may be freed: serving waits on it */
+    atomic_fetch_sub(s->pending, 1);
+    if (s->run) pw_exec_wake(s->run);
+  }
   if (s->run) pw_run_send_done(s->run, s->to, s->li, s->slot);
-  if (s->pending) atomic_fetch_sub(s->pending, 1);
   free(s->owned);
   free(s);
 }

@@ -32,6 +32,7 @@
 #include "ckpt.h"
 #include "ckptxfer.h"
 #include "log.h"
+#include "serve.h"
 #include "slice.h"
 #include "worker.h"
 
@@ -342,7 +343,7 @@ static int open_data(pw_run *r, pw_err *err) {
 
 int pw_run_open_files(pw_run *r, pw_err *err) {
   int needs_data = 0, rc;
-  for (int li = 0; li < r->n_ls; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
+  for (int li = 0; li < r->n_ls && !r->serve; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
   if (needs_data && (rc = open_data(r, err))) return rc;
   if (!pw_dpx_zero(r)) return load_or_init(r, r->resume, err);
   /* zero > 0: whole moments lent to the programs while a file is read
@@ -464,6 +465,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   if ((rc = pw_snaprun_assign(r, a, err))) goto fail;
   r->snap_holder = pw_snaprun_holder(r, r->rank);
   if ((rc = setup_stages(r, err))) goto fail;
+  if (r->spec.mode == PW_MODE_SERVE && (rc = pw_serve_alloc(r, a, err))) goto fail;
   r->acts = r->sched->actions[r->prank];
   r->n_acts = r->sched->n_actions[r->prank];
   r->cp.timings = calloc((size_t)(r->n_acts ? r->n_acts : 1), sizeof *r->cp.timings);
@@ -526,6 +528,7 @@ int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err 
 }
 
 static void run_destroy(pw_run *r) {
+  pw_serve_free(r);
   pw_stepend_free(r);
   pw_snaprun_free(r);
   free(r->restore_from);
@@ -729,6 +732,10 @@ static void on_event(pw_run *r, pw_event *ev) {
       pw_run_fail(r, "%s", why);
       return;
     }
+    case PW_EV_CTL:
+      if (r->w && !r->lp.closing) pw_ctl_send(r->w, ev->msg);
+      else json_decref(ev->msg);
+      return;
     case PW_EV_EXIT:
       uv_thread_join(&r->lp.thread);
       r->lp.thread_running = 0;
@@ -766,6 +773,7 @@ static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw
   if (h->job != r->job) return pw_err_set(err, PW_EPROTO, "frame", "job %llu is not ours", (unsigned long long)h->job);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_dest(r, from, h, dst, err);
   if (h->kind == PW_FRAME_SNAP) return pw_snaprun_dest(r, from, h, dst, err);
+  if (r->serve) return pw_serve_dest(r, from, h, dst, err);
   if (h->kind != PW_FRAME_ACT && h->kind != PW_FRAME_GRAD)
     return pw_err_set(err, PW_EPROTO, "frame", "unexpected %s frame", pw_frame_kind_name(h->kind));
   int act = h->kind == PW_FRAME_ACT;
@@ -842,6 +850,8 @@ int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
     rc = pw_stepend_frame(r, from, h, payload, err);
   else if (h->kind == PW_FRAME_SNAP)
     rc = pw_snaprun_frame(r, from, h, err);
+  else if (r->serve)
+    pw_serve_frame(r, h);
   else
     frame_done(r, h);
   uv_mutex_unlock(&r->sh.mu);

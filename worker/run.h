@@ -96,6 +96,7 @@ typedef enum {
   PW_EV_FAIL,              /* failed with sh.error */
   PW_EV_SNAP,              /* a snapshot of `stage` after `step` steps is in memory (held: a peer's) */
   PW_EV_CKPT,              /* `stage`'s checkpoint after `step` steps is written (and uploaded) */
+  PW_EV_CTL,               /* send msg to the coordinator (serving's tokens) */
   PW_EV_EXIT               /* the compute thread has returned */
 } pw_event_kind;
 
@@ -115,6 +116,7 @@ typedef struct {
   double step_time, loss, grad_norm, lr, eval_loss;
   uint64_t dp_bytes;       /* STEP: payload bytes this rank sent in the data-parallel exchange */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
+  json_t *msg;             /* CTL: the message (the loop's reference) */
 } pw_event;
 
 /* Both threads, under mu (wl under wmu; wake_fd and abort without a lock). */
@@ -246,6 +248,7 @@ struct pw_run {
   const pw_action *acts;   /* this rank's list */
   int n_acts;
   char (*peer_addr)[64];   /* [n_ranks] */
+  struct pw_serve *serve;  /* mode serve: the serving loop's state (serve.h), else NULL */
 
   pw_run_shared sh;        /* both threads: under sh.mu / sh.wmu */
   pw_run_compute cp;       /* compute thread only */

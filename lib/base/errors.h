@@ -39,7 +39,8 @@
   X(EBUDGET,   "over the resource budget",      422, "over_budget")        \
   X(EBUSY,     "too many requests",             429, "busy")               \
   X(EUNAVAIL,  "service unavailable",           503, "unavailable")        \
-  X(ENOSPC,    "no space left",                 507, "insufficient_storage")
+  X(ENOSPC,    "no space left",                 507, "insufficient_storage") \
+  X(EREQUEST,  "invalid request",               422, "invalid_request")
 
 typedef enum {
   PW_OK = 0,

@@ -7,7 +7,10 @@
  * and rotary embeddings run per sequence at its offset, and attention reads
  * and appends the sequence's cache (pw_attention_kv_forward). A linear over
  * a single row is one sgemv (a decode step of one sequence: sgemm's packing
- * costs more than the product). Loss nodes are skipped: the last stage
+ * costs more than the product). Linears run per sequence, on its rows
+ * alone: sgemm's rounding can depend on how many rows it multiplies, and a
+ * served sequence's tokens must not depend on its batch-mates (they equal
+ * the oracle's, which decodes one sequence). Loss nodes are skipped: the last stage
  * hands out their input, the logits. Never allocates after create. */
 #include "decode.h"
 
@@ -230,6 +233,23 @@ static void node_per_seq(pw_decode *d, const pw_node *n, int li) {
   }
 }
 
+/* A linear (or its LoRA) over each sequence's rows in turn. */
+static void linear_per_seq(pw_decode *d, const pw_node *n, float *out, const float *in, const float *in1,
+                           const float *w, const float *b) {
+  int C = n->C, OC = n->OC, r = 0;
+  for (int s = 0; s < d->n_seqs; r += d->seqs[s++].len) {
+    int N = d->seqs[s].len;
+    float *o = out + (size_t)r * (size_t)OC;
+    const float *x = in + (size_t)r * (size_t)C;
+    if (n->op == PW_OP_LINEAR) {
+      linear_rows(o, x, w, b, N, C, OC);
+      continue;
+    }
+    memcpy(o, in1 + (size_t)r * (size_t)OC, (size_t)N * (size_t)OC * sizeof(float));
+    pw_lora_forward(o, d->aux, x, w, b, N, C, OC, n->NH, n->base);
+  }
+}
+
 static void node_forward(pw_decode *d, int i) {
   const pw_node *n = &d->m->nodes[i];
   int N = d->rows, C = n->C;
@@ -239,7 +259,8 @@ static void node_forward(pw_decode *d, int i) {
   float *out = val(d, n->out);
   switch ((pw_op)n->op) {
     case PW_OP_EMBED: pw_embed_forward(out, (const int32_t *)in, w, N, n->OC); break;
-    case PW_OP_LINEAR: linear_rows(out, in, w, b, N, C, n->OC); break;
+    case PW_OP_LINEAR:
+    case PW_OP_LORA: linear_per_seq(d, n, out, in, in1, w, b); break;
     case PW_OP_LAYERNORM: pw_layernorm_forward(out, d->aux, d->aux + N, in, w, b, N, C, n->eps); break;
     case PW_OP_RMSNORM: pw_rmsnorm_forward(out, d->aux, in, w, N, C, n->eps); break;
     case PW_OP_GELU: pw_gelu_forward(out, d->aux, in, (int)NC); break;
@@ -247,10 +268,6 @@ static void node_forward(pw_decode *d, int i) {
     case PW_OP_SILU: pw_silu_forward(out, in, (int)NC); break;
     case PW_OP_SWIGLU: pw_swiglu_forward(out, in, in1, (int)NC); break;
     case PW_OP_ADD: pw_add_forward(out, in, in1, (int)NC); break;
-    case PW_OP_LORA:
-      memcpy(out, in1, (size_t)N * (size_t)n->OC * sizeof(float));
-      pw_lora_forward(out, d->aux, in, w, b, N, C, n->OC, n->NH, n->base);
-      break;
     case PW_OP_POSEMBED:
     case PW_OP_ROPE:
     case PW_OP_ATTENTION: node_per_seq(d, n, i - d->node_lo); break;

@@ -12,15 +12,22 @@ int pw_argmax(const float *logits, int V) {
   return best;
 }
 
-int pw_sampler_init(pw_sampler *s, int V, const pw_sample_config *cfg, pw_err *err) {
-  s->cand = NULL;
-  if (V < 1 || !(cfg->temperature >= 0) || cfg->top_k < 0 || !(cfg->top_p > 0 && cfg->top_p <= 1))
+int pw_sampler_reset(pw_sampler *s, const pw_sample_config *cfg, pw_err *err) {
+  if (!(cfg->temperature >= 0) || cfg->top_k < 0 || !(cfg->top_p > 0 && cfg->top_p <= 1))
     return pw_err_set(err, PW_EINVAL, "sample",
                       "temperature must be >= 0, top_k >= 0 and top_p in (0, 1] (got %g, %d, %g)",
                       cfg->temperature, cfg->top_k, cfg->top_p);
   s->cfg = *cfg;
-  s->V = V;
   pw_rng_seed(&s->rng, pw_hash64(cfg->seed, pw_hash_str("generate")));
+  return 0;
+}
+
+int pw_sampler_init(pw_sampler *s, int V, const pw_sample_config *cfg, pw_err *err) {
+  s->cand = NULL;
+  if (V < 1) return pw_err_set(err, PW_EINVAL, "sample", "V must be >= 1 (got %d)", V);
+  int rc = pw_sampler_reset(s, cfg, err);
+  if (rc) return rc;
+  s->V = V;
   if (!(s->cand = malloc(sizeof *s->cand * (size_t)V))) return pw_err_set(err, PW_ENOMEM, "sample", "out of memory");
   return 0;
 }

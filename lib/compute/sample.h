@@ -40,6 +40,9 @@ typedef struct {
  * (0, 1], V < 1), PW_ENOMEM. */
 PW_MUST_CHECK int pw_sampler_init(pw_sampler *s, int V, const pw_sample_config *cfg, pw_err *err);
 void pw_sampler_free(pw_sampler *s);
+/* The sampler made anew for cfg (its stream from cfg->seed), keeping its
+ * scratch: a served sequence's sampler, reused by the next request. */
+PW_MUST_CHECK int pw_sampler_reset(pw_sampler *s, const pw_sample_config *cfg, pw_err *err);
 /* The next token for logits (V); never allocates. */
 int pw_sampler_next(pw_sampler *s, const float *logits);
 /* The greedy token: the first index of the largest logit. */

@@ -326,7 +326,7 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   if (version != PW_SLICE_VERSION)
     return pw_err_set(err, PW_EPROTO, "slice.version", "%d, this worker reads version %d", version, PW_SLICE_VERSION);
   if (s->pp < 1 || s->dp < 1 || s->V < 1 || s->S < 1 || s->m < 1 || s->mb_size < 1 || !in(s->prank, 0, s->pp) ||
-      !in(s->replica, 0, s->dp) || s->rank != s->replica * s->pp + s->prank || budget < 0 || !in(mode, 0, 2) ||
+      !in(s->replica, 0, s->dp) || s->rank != s->replica * s->pp + s->prank || budget < 0 || !in(mode, 0, PW_MODE_SERVE + 1) ||
       !in(dkind, 0, PW_DATA_SHIFT + 1) || !in(sampler, 0, 2) || s->data.keys < 0 || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
       strlen(path) >= sizeof s->data.path || (dataset[0] && !pw_data_id_valid(dataset)))
     return pw_err_set(err, PW_EPROTO, "slice", "mesh, rank, mode, data or plan hash out of range");

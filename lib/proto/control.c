@@ -95,7 +95,23 @@ static const field f_pw_msg_assign[] = {
     REQ(S, slice, F_STR),             REQ(S, slice_sha256, F_STR),       REQ(S, peers, F_PEERS),
     REQ_MIN(S, steps, F_INT, 0),      REQ_MIN(S, start_step, F_INT, 0),  OPT(S, checkpoint_dir, F_STR),
     OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), OPT_MIN(S, restore_step, F_INT, 1),
-    OPT(S, restore_from, F_INTS),     END};
+    OPT(S, restore_from, F_INTS),     OPT_MIN(S, serve_seqs, F_INT, 1), OPT_MIN(S, serve_len, F_INT, 1),
+    OPT_MIN(S, serve_queue, F_INT, 0), END};
+#undef S
+#define S pw_msg_generate
+static const field f_pw_msg_generate[] = {
+    REQ_MIN(S, job, F_INT, 0),        REQ_MIN(S, run, F_INT, 0),   REQ_MIN(S, req, F_INT, 0),
+    REQ(S, prompt, F_INTS),           REQ_MIN(S, max_tokens, F_INT, 1), REQ_MIN(S, temperature, F_NUM, 0),
+    REQ_MIN(S, top_k, F_INT, 0),      FLD(S, top_p, F_NUM, 0, 0, 1, 1), REQ_MIN(S, seed, F_INT, 0), END};
+#undef S
+#define S pw_msg_tokens
+static const field f_pw_msg_tokens[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0),
+                                        REQ_MIN(S, rank, F_INT, 0), REQ(S, items, F_INTS), END};
+#undef S
+#define S pw_msg_gen_failed
+static const field f_pw_msg_gen_failed[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0),
+                                            REQ_MIN(S, rank, F_INT, 0), REQ_MIN(S, req, F_INT, 0),
+                                            REQ(S, message, F_STR), END};
 #undef S
 #define S pw_msg_cancel
 static const field f_pw_msg_cancel[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ(S, reason, F_STR),

@@ -55,6 +55,11 @@
  *               longer here; the coordinator restarts from a checkpoint),
  *               peer_aborted?:int (the run failed because that peer rank
  *               aborted: a consequence, not a cause — the peer says why)
+ *   tokens      job:int, run:int, rank:int, items:[req, token, req, token,
+ *               ...] (a serve job's last stage: the tokens it sampled, each
+ *               request's in order)
+ *   gen_failed  job:int, run:int, rank:int, req:int, message:str (a serve
+ *               job's rank 0 cannot take the request)
  *   snapshot    job:int, run:int, rank:int, stage:int, step:int>=1,
  *               held:int (0: a copy of the worker's own stage, 1: of a peer's
  *               stage it holds) — the state of `stage` after `step` steps is
@@ -77,6 +82,13 @@
  *               the run's global rank that holds that stage's snapshot of
  *               step restore_step in memory and sends it to every rank of
  *               the stage; the run starts at restore_step)
+ *               serve_seqs?:int>=1, serve_len?:int>=1, serve_queue?:int (a job
+ *               of mode serve: KV slots per stage, positions per slot, and
+ *               requests rank 0 queues beyond them; docs/serving.md)
+ *   generate    job:int, run:int, req:int, prompt:[int, ...] (token ids),
+ *               max_tokens:int>=1, temperature:number>=0, top_k:int,
+ *               top_p:number>0, seed:int — one request for a serve job's
+ *               replica, to its rank 0 (the coordinator checked it)
  *   cancel      job:int, run:int (0: any run of the job), reason:str
  *   shutdown    (no fields)
  *
@@ -120,7 +132,12 @@ typedef struct { int64_t job, run, rank, stage, step, held; } pw_msg_snapshot;
 typedef struct { int64_t version, worker_id; double heartbeat_interval; const char *http_url; } pw_msg_welcome;
 typedef struct { const char *reason; } pw_msg_refused;
 typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
-                 const char *checkpoint_dir, *resume; int64_t trace_every, restore_step; json_t *restore_from; } pw_msg_assign;
+                 const char *checkpoint_dir, *resume; int64_t trace_every, restore_step; json_t *restore_from;
+                 int64_t serve_seqs, serve_len, serve_queue; } pw_msg_assign;
+typedef struct { int64_t job, run, req; json_t *prompt; int64_t max_tokens; double temperature; int64_t top_k;
+                 double top_p; int64_t seed; } pw_msg_generate;
+typedef struct { int64_t job, run, rank; json_t *items; } pw_msg_tokens;
+typedef struct { int64_t job, run, rank, req; const char *message; } pw_msg_gen_failed;
 typedef struct { int64_t job, run; const char *reason; } pw_msg_cancel;
 typedef struct { char unused; } pw_msg_shutdown;
 
@@ -133,9 +150,12 @@ typedef struct { char unused; } pw_msg_shutdown;
   X(DONE,       "done",       PW_CONTROL_TO_COORD,  pw_msg_done)             \
   X(ERROR,      "error",      PW_CONTROL_TO_COORD,  pw_msg_error)            \
   X(SNAPSHOT,   "snapshot",   PW_CONTROL_TO_COORD,  pw_msg_snapshot)         \
+  X(TOKENS,     "tokens",     PW_CONTROL_TO_COORD,  pw_msg_tokens)           \
+  X(GEN_FAILED, "gen_failed", PW_CONTROL_TO_COORD,  pw_msg_gen_failed)       \
   X(WELCOME,    "welcome",    PW_CONTROL_TO_WORKER, pw_msg_welcome)          \
   X(REFUSED,    "refused",    PW_CONTROL_TO_WORKER, pw_msg_refused)          \
   X(ASSIGN,     "assign",     PW_CONTROL_TO_WORKER, pw_msg_assign)           \
+  X(GENERATE,   "generate",   PW_CONTROL_TO_WORKER, pw_msg_generate)         \
   X(CANCEL,     "cancel",     PW_CONTROL_TO_WORKER, pw_msg_cancel)           \
   X(SHUTDOWN,   "shutdown",   PW_CONTROL_TO_WORKER, pw_msg_shutdown)
 

@@ -33,7 +33,7 @@ static uint32_t get32(const uint8_t *p) {
 
 /* ---- names ---------------------------------------------------------------- */
 
-static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "REDUCE", "TIED", "BYE", "SNAP"};
+static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "REDUCE", "TIED", "BYE", "SNAP", "SEQS", "TOKENS"};
 #define N_KINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
 const char *pw_frame_kind_name(int kind) {
@@ -189,7 +189,8 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
     return pw_err_set(err, PW_EPROTO, "frame", "flag LAST without flag CHUNK");
   if (!chunked && h->chunk)
     return pw_err_set(err, PW_EPROTO, "frame", "chunk %u without flag CHUNK", h->chunk);
-  if (chunked && (h->kind == PW_FRAME_HELLO || h->kind == PW_FRAME_BYE))
+  if (chunked && (h->kind == PW_FRAME_HELLO || h->kind == PW_FRAME_BYE || h->kind == PW_FRAME_SEQS ||
+                  h->kind == PW_FRAME_TOKENS))
     return pw_err_set(err, PW_EPROTO, "frame", "kind %s cannot be chunked", pw_frame_kind_name(h->kind));
   size_t esize = pw_frame_dtype_size(h->dtype);
   if (!esize) return pw_err_set(err, PW_EFORMAT, "frame", "dtype %u is unknown", h->dtype);
@@ -241,6 +242,13 @@ int pw_frame_hdr_decode(const uint8_t in[PW_FRAME_HDR_SIZE], size_t max_payload,
                       "kind BYE must carry 0..%d bytes of u8 with ndim 1 (got %s, ndim %u, %llu bytes)",
                       PW_FRAME_HELLO_MAX, pw_frame_dtype_name(h->dtype), h->ndim,
                       (unsigned long long)h->payload_len);
+  if (h->kind == PW_FRAME_SEQS &&
+      (h->dtype != PW_DTYPE_I32 || h->ndim != 2 || h->dims[0] == 0 || h->dims[1] != PW_FRAME_SEQ_FIELDS))
+    return pw_err_set(err, PW_EFORMAT, "frame", "kind SEQS must carry i32 [n >= 1, %d] (got %s, ndim %u, dims[1] %u)",
+                      PW_FRAME_SEQ_FIELDS, pw_frame_dtype_name(h->dtype), h->ndim, h->dims[1]);
+  if (h->kind == PW_FRAME_TOKENS && (h->dtype != PW_DTYPE_I32 || h->ndim != 1 || h->dims[0] == 0))
+    return pw_err_set(err, PW_EFORMAT, "frame", "kind TOKENS must carry i32 [n >= 1] (got %s, ndim %u)",
+                      pw_frame_dtype_name(h->dtype), h->ndim);
   return 0;
 }
 

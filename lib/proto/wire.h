@@ -48,8 +48,10 @@
  * Per-kind rules checked by the decoder: HELLO is dtype U8, ndim 1, with a
  * non-empty payload of at most PW_FRAME_HELLO_MAX bytes; BYE is u8, ndim 1,
  * with at most PW_FRAME_HELLO_MAX bytes: empty for an orderly close, else
- * the reason the sender is aborting (so its peers can name the root cause).
- * BF16 is for ACT frames only. ndim 0 is a scalar: one
+ * the reason the sender is aborting (so its peers can name the root cause);
+ * SEQS is i32, ndim 2, dims [n >= 1, PW_FRAME_SEQ_FIELDS]; TOKENS is i32,
+ * ndim 1, dims [n >= 1]; neither is chunked. BF16 is for ACT frames only.
+ * ndim 0 is a scalar: one
  * element (e.g. a REDUCE of the squared gradient norm). */
 #ifndef PW_WIRE_H
 #define PW_WIRE_H
@@ -75,10 +77,16 @@ typedef enum {
   PW_FRAME_REDUCE = 4, /* all-reduce chunk or scalar reduction */
   PW_FRAME_TIED = 5,   /* tied-parameter gradient */
   PW_FRAME_BYE = 6,    /* close; empty = orderly, else the abort reason (text) */
-  PW_FRAME_SNAP = 7    /* a stage's state (value 0 parameters, 1 and 2 the
+  PW_FRAME_SNAP = 7,   /* a stage's state (value 0 parameters, 1 and 2 the
                           optimizer moments) after `step` steps: an in-memory
                           snapshot for a peer to hold, or a restore */
+  PW_FRAME_SEQS = 8,   /* serving: the sequences of a microbatch, i32
+                          [n, PW_FRAME_SEQ_FIELDS] (worker/serve.h), before its ACT */
+  PW_FRAME_TOKENS = 9  /* serving: a microbatch's sampled tokens, i32 [n], in
+                          its SEQS order, last stage -> rank 0 */
 } pw_frame_kind;
+
+#define PW_FRAME_SEQ_FIELDS 14 /* i32 per sequence of a SEQS frame */
 
 /* BF16: the top half of a float32 (train.precision "bf16"); only in ACT
  * frames. */

@@ -93,7 +93,7 @@ const char *const *pw_schedule_aliases(const char *canon) {
 
 /* ---- the sections ---------------------------------------------------- */
 
-static const char *const mode_names[] = {"train", "forward"};       /* pw_mode */
+static const char *const mode_names[] = {"train", "forward", "serve"}; /* pw_mode */
 static const char *const part_names[] = {"even", "markers", "balanced", "explicit"}; /* pw_partition_mode */
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
 static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift"};
@@ -114,7 +114,37 @@ static const pw__field job_fields[] = {
     PW__SKIP("train", 0, PW__ALL),
     PW__SKIP("data", PW__REQ, PW__ALL),
     PW__SKIP("init", 0, PW__ALL),
+    PW__SKIP("serve", 0, PW__ALL),
 };
+
+static const pw__field serve_fields[] = {
+    PW__INT("max_sequences", 0, PW__ALL, pw_serve_spec, max_sequences, 8, 1, 1024),
+    PW__INT("max_len", 0, PW__ALL, pw_serve_spec, max_len, 0, 0, 1 << 20),
+    PW__INT("max_queue", 0, PW__ALL, pw_serve_spec, max_queue, 64, 0, 4096),
+};
+
+/* "serve" only with mode serve; a serve job needs init (the weights it
+ * serves) and a token model; max_len 0 is the model's seq_len, the most
+ * learned positions allow. */
+static int serve_parse(const json_t *o, pw_job *job, pw_err *err) {
+  if (json_object_get(o, "serve") && job->mode != PW_MODE_SERVE)
+    return pw_err_set(err, PW_ESPEC, "serve", "only with \"mode\": \"serve\"");
+  if (job->mode != PW_MODE_SERVE) return 0;
+  const json_t *sv;
+  int rc = pw__obj_get(o, "", "serve", &sv, err);
+  if (!rc) rc = pw__fields_parse(sv, "serve", serve_fields, PW__N(serve_fields), PW__ALL, "", &job->serve, err);
+  if (rc) return rc;
+  if (job->model.input != PW_INPUT_TOKENS)
+    return pw_err_set(err, PW_ESPEC, "mode", "serve needs a token model (gpt, llama, or a layers list on tokens)");
+  if (!job->init.checkpoint[0] && !job->init.job)
+    return pw_err_set(err, PW_ESPEC, "init",
+                      "mode serve needs init: the weights to serve (init.checkpoint, or init.job and init.step)");
+  if (job->serve.max_len == 0) job->serve.max_len = job->model.seq_len;
+  if (job->serve.max_len > job->model.seq_len)
+    return pw_err_set(err, PW_ESPEC, "serve.max_len", "must be at most model.seq_len (%d > %d)", job->serve.max_len,
+                      job->model.seq_len);
+  return 0;
+}
 
 static const pw__field mesh_fields[] = {
     PW__INT("pp", 0, PW__ALL, pw_mesh_spec, pp, 1, 1, MAX_MESH),
@@ -645,6 +675,7 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
   if ((rc = train_parse(train, &job->train, err))) return rc;
   if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
   if ((rc = init_parse(init, &job->init, err))) return rc;
+  if ((rc = serve_parse(root, job, err))) return rc;
   return cross_check(job, err);
 }
 
@@ -775,6 +806,10 @@ json_t *pw_job_to_json(const pw_job *job) {
   bad |= pw__fields_emit(v, data_fields, PW__N(data_fields), 1u << job->data.kind, &job->data);
   /* only when set: specs without init keep their canonical text (and plan hash) */
   if (job->init.checkpoint[0] || job->init.job) bad |= json_object_set_new(o, "init", init_emit(&job->init));
+  if (job->mode == PW_MODE_SERVE) {
+    bad |= json_object_set_new(o, "serve", v = json_object());
+    bad |= pw__fields_emit(v, serve_fields, PW__N(serve_fields), PW__ALL, &job->serve);
+  }
   if (bad) {
     json_decref(o);
     return NULL;

@@ -238,7 +238,17 @@ typedef struct {
   int keys;              /* shift: distinct keys the features carry; default 4 */
 } pw_data_spec;
 
-typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD } pw_mode;
+typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD, PW_MODE_SERVE } pw_mode;
+
+/* mode "serve" (docs/serving.md): the workers keep the init weights loaded
+ * and generate text for POST /v1/jobs/{id}/generate. Each stage's KV cache
+ * is one slab of max_sequences slots of max_len positions, made at start;
+ * a request beyond them waits in a queue of max_queue, then is refused. */
+typedef struct {
+  int max_sequences; /* sequences in flight per replica; default 8 */
+  int max_len;       /* positions per sequence (prompt + new tokens - 1); default model seq_len */
+  int max_queue;     /* requests waiting for a slot, per job; default 64 */
+} pw_serve_spec;
 
 /* Where the parameters start from instead of the seed ("init"): a stored
  * weights object (its sha256), or a job's retained checkpoint step, which
@@ -266,6 +276,7 @@ typedef struct {
   pw_train_spec train;
   pw_data_spec data;
   pw_init_spec init;
+  pw_serve_spec serve; /* mode serve only */
 } pw_job;
 
 /* Releases what pw_job_parse (spec_json.h) allocated. */

@@ -21,6 +21,9 @@
 //   - the job name renders as text (no script element, no alert dialog);
 //   - the plan page compares the schedules and draws the chosen one, and a
 //     regions model's region graph with its timeline lanes by region;
+//   - the generate page, on a serve job of the first job's weights, streams
+//     the API's tokens, shows the request's latency, and the prompt (markup)
+//     as text;
 //   - with two more workers, a pp=4 job's 4 one-thread ranks share this
 //     machine's cores: the job page shows the contention note (as text,
 //     with its explanation) and the timeline a third, shared-cores bubble.
@@ -492,6 +495,40 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.equal(await items.nth(1).locator('.chart-legend-value').textContent(), fmt3(rows[5].eval_loss),
                    'the last eval loss (step 6)');
       await shot('job-eval');
+    });
+
+    await t.test('the generate page: a serve job\'s tokens stream in, with their latency; the prompt is text', async () => {
+      const r = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(
+        {...SPEC, name: 'dash-serve', mode: 'serve', init: {job: id, step: STEPS}, serve: {max_sequences: 2}})});
+      assert.equal(r.status, 201, JSON.stringify(r.json));
+      const gid = r.json.id;
+      await waitFor(`job ${gid} to serve`, async () => {
+        const j = (await api(`/v1/jobs/${gid}`)).json;
+        return j.state === 'running' && j.status === 'serving';
+      }, 60000 * SLOW);
+      try {
+        const prompt = '<b>hi</b>'; /* 9 bytes and 8 new tokens: the 16 positions of seq_len */
+        const want = (await api(`/v1/jobs/${gid}/generate`, {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                                             body: JSON.stringify({prompt, max_tokens: 8})})).json;
+        assert.ok(want.results, JSON.stringify(want));
+        const tokens = want.results[0].tokens;
+        await page.goto(`${base}/#/generate?job=${gid}`);
+        await page.waitForSelector(`#gen-job option[value="${gid}"]`, {state: 'attached'});
+        assert.equal(await page.inputValue('#gen-job'), String(gid), 'the job from the URL is picked');
+        await page.fill('#gen-prompt', prompt);
+        await page.fill('#gen-max', '8');
+        await page.click('#gen-go');
+        await page.waitForSelector('#gen-history tr');
+        assert.equal(await page.textContent('#gen-out'),
+                     new TextDecoder().decode(new Uint8Array(tokens), {stream: true}), 'the same tokens as the API\'s');
+        assert.match(await page.textContent('#gen-stats'),
+                     /^8 tokens; time to first token [0-9.]+ ms; ([0-9.]+|\u2014) tokens\/s after it \(coordinator: [0-9.]+ ms, [0-9.]+ tokens\/s\)$/);
+        assert.equal(await page.textContent('#gen-history tr td.mono'), prompt, 'the prompt shows as typed');
+        assert.equal(await page.locator('#view b').count(), 0, 'no markup made from the prompt or the output');
+        await shot('generate');
+      } finally {
+        assert.equal((await api(`/v1/jobs/${gid}`, {method: 'DELETE'})).status, 200);
+      }
     });
 
     await t.test('user data renders as text: no script, no alert', async () => {

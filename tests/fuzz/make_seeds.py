@@ -36,6 +36,9 @@ seeds = [
     frame(7, 0, [6], acts, mb=0, value=0) + frame(7, 0, [6], acts, mb=0, value=1) + frame(7, 0, [6], acts, mb=0, value=2),
     # a bf16 activation (train.precision "bf16"): 2 bytes an element
     frame(2, 3, [2, 3], struct.pack("<6H", *[0x3f80 + i for i in range(6)])),
+    # serving: a microbatch's sequences, its activation, the sampled tokens back
+    frame(8, 1, [1, 14], struct.pack("<14i", 0, 0, 2, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0)) + frame(2, 0, [2, 3], acts),
+    frame(9, 1, [2], struct.pack("<2i", 65, 66)),
 ]
 for i, s in enumerate(seeds):
     for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads
@@ -60,11 +63,22 @@ msgs = [
     {"type": "cancel", "job": 1, "run": 1, "reason": "user"},
     {"type": "shutdown"},
 ]
+msgs_serve = [
+    {"type": "generate", "job": 1, "run": 2, "req": 7, "prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0.8,
+     "top_k": 5, "top_p": 0.9, "seed": 11},
+    {"type": "tokens", "job": 1, "run": 2, "rank": 1, "items": [7, 65, 8, 66]},
+    {"type": "gen_failed", "job": 1, "run": 2, "rank": 0, "req": 7, "message": "queue full"},
+    {"type": "assign", "job": 1, "run": 2, "rank": 0, "slice": "{}", "slice_sha256": "ab", "peers": [],
+     "steps": 0, "start_step": 0, "serve_seqs": 4, "serve_len": 32, "serve_queue": 8},
+]
 for i, m in enumerate(msgs):
     body = json.dumps(m).encode()
     put("fuzz_control", i, bytes([255]) + struct.pack(">I", len(body)) + body)
 put("fuzz_control", len(msgs), bytes([3]) + b"".join(
     struct.pack(">I", len(json.dumps(m))) + json.dumps(m).encode() for m in msgs[:3]))
+for i, m in enumerate(msgs_serve):  # indexes of their own
+    body = json.dumps(m).encode()
+    put("fuzz_control", 50 + i, bytes([255]) + struct.pack(">I", len(body)) + body)
 # register with the machine's identity (host, hostname); an index of its own
 reg_host = json.dumps(dict(msgs[0], host="3d1219c7c4c5404aaa1f6d2a48adfda4", hostname="node-a")).encode()
 put("fuzz_control", 40, bytes([255]) + struct.pack(">I", len(reg_host)) + reg_host)

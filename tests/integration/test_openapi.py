@@ -509,6 +509,31 @@ def job_gauges(cl):
     print(f"ok   /metrics: job {j}'s pipewright_job_* gauges are step {match[-1]}'s row; its name label escaped")
 
 
+def serve_checks(cl, j):
+    """A serve job from TINY's last step: generate as JSON and as an event
+    stream, its errors, its cancel (tests/integration/test_serve.py holds
+    the tokens to the oracle)."""
+    made, _ = cl.call("POST", "/v1/jobs", dict(TINY, name="openapi-serve", mode="serve", init={"job": j, "step": 6},
+                                               serve={"max_sequences": 2, "max_queue": 0}), status=201)
+    s = made["id"]
+    t = time.time() + 60
+    while time.time() < t:
+        job, _ = cl.call("GET", f"/v1/jobs/{s}")
+        if job["state"] == "running" and job.get("status") == "serving":
+            break
+        time.sleep(0.2)
+    out, _ = cl.call("POST", f"/v1/jobs/{s}/generate", {"prompt": "ab", "max_tokens": 3})
+    assert len(out["results"][0]["tokens"]) == 3 and "text" in out["results"][0], out
+    data, hs = cl.call("POST", f"/v1/jobs/{s}/generate", {"prompt": [97, 98], "max_tokens": 2, "stream": True})
+    assert hs["content-type"].startswith("text/event-stream") and b"event: done" in data, data
+    err, _ = cl.call("POST", f"/v1/jobs/{s}/generate", {"prompt": "ab", "top_p": 2}, status=422)
+    assert err["error"]["path"] == "top_p", err
+    err, _ = cl.call("POST", f"/v1/jobs/{s}/generate", {"prompt": ["a", "b", "c"]}, status=429)
+    assert err["error"]["path"] == "serve.max_queue", err
+    cl.call("POST", f"/v1/jobs/{j}/generate", {"prompt": "ab"}, status=409)
+    cl.call("DELETE", f"/v1/jobs/{s}")
+
+
 def run_job(cl, build, tmp, ctl_port):
     """Two real workers run TINY; every view with data is validated."""
     procs = []
@@ -595,6 +620,7 @@ def run_job(cl, build, tmp, ctl_port):
         cl.call("GET", f"/v1/jobs/{j}/checkpoint?step=4", status=404)
         cl.call("GET", "/v1/workers")
         job_gauges(cl)
+        serve_checks(cl, j)
         cl.call("DELETE", f"/v1/jobs/{j}", status=409)
         cl.call("DELETE", f"/v1/jobs/{j}?purge=1")
         cl.call("GET", f"/v1/jobs/{j}/checkpoint", status=404)

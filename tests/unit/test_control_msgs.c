@@ -32,11 +32,16 @@ static const char *const full[] = {
     "{\"type\":\"done\",\"job\":1,\"run\":2,\"rank\":3}",
     "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\",\"lost_rank\":4,\"restore_failed\":1,\"peer_aborted\":2}",
     "{\"type\":\"snapshot\",\"job\":1,\"run\":2,\"rank\":3,\"stage\":4,\"step\":5,\"held\":1}",
+    "{\"type\":\"tokens\",\"job\":1,\"run\":2,\"rank\":3,\"items\":[4,5,6,7]}",
+    "{\"type\":\"gen_failed\",\"job\":1,\"run\":2,\"rank\":3,\"req\":4,\"message\":\"m\"}",
     "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":0.5}",
     "{\"type\":\"refused\",\"reason\":\"r\"}",
     "{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
     "\"peers\":[{\"rank\":0,\"addr\":\"h:1\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
-    "\"resume\":\"/r\",\"trace_every\":6,\"restore_step\":7,\"restore_from\":[3,0,2]}",
+    "\"resume\":\"/r\",\"trace_every\":6,\"restore_step\":7,\"restore_from\":[3,0,2],\"serve_seqs\":8,"
+    "\"serve_len\":9,\"serve_queue\":10}",
+    "{\"type\":\"generate\",\"job\":1,\"run\":2,\"req\":3,\"prompt\":[4,5],\"max_tokens\":6,\"temperature\":0.5,"
+    "\"top_k\":7,\"top_p\":0.25,\"seed\":8}",
     "{\"type\":\"cancel\",\"job\":1,\"run\":2,\"reason\":\"r\"}",
     "{\"type\":\"shutdown\"}",
 };

@@ -14,7 +14,10 @@
  *   single decoder's logits bit for bit (each stage runs the same kernels
  *   on the same rows: a pipeline will equal the oracle);
  * - greedy tokens equal a naive decode that recomputes the whole prefix
- *   for every token.
+ *   for every token;
+ * - a sequence's logits do not depend on its batch-mates: four sequences
+ *   prefilled and stepped in shared calls give, bit for bit, the logits of
+ *   each decoded alone (what serving's determinism rests on).
  * Rotary rows at an offset are the whole sequence's bit for bit. Bad calls
  * are refused with nothing computed. The sampler: greedy takes
  * the first maximum, top-k 1 and a tiny top-p are greedy, a seed repeats
@@ -178,6 +181,64 @@ static void check_prefill_then_steps_of(const pw_model_spec *s, int k) {
 static void check_prefill_then_steps(int tmpl, int tie, int k) {
   pw_model_spec s = spec_of(tmpl, tie);
   check_prefill_then_steps_of(&s, k);
+}
+
+/* Four sequences in shared calls (prefills of different lengths in one,
+ * then single rows of all four) against each one alone, bit for bit. */
+static void check_batch_mates_of(const pw_model_spec *s) {
+  enum { N = 4, STEPS = 4 };
+  static const int len[N] = {3, 4, 1, 4}; /* 12 rows: max_rows is max_pos, T */
+  fixture f;
+  fixture_init_spec(&f, s);
+  int32_t tok[N][T];
+  for (int q = 0; q < N; q++) random_tokens(tok[q], T, 300 + (uint64_t)q);
+  pw_decode *both = decoder(f.full, N), *one = decoder(f.full, 1);
+  int32_t *in = pw_decode_value(both, f.m.input_value), *in1 = pw_decode_value(one, f.m.input_value);
+  const float *lg = pw_decode_value(both, f.logits), *lg1 = pw_decode_value(one, f.logits);
+  float got[N][STEPS + 1][V];
+  pw_decode_seq call[N];
+  int rows = 0;
+  for (int q = 0; q < N; q++) {
+    memcpy(in + rows, tok[q], sizeof(int32_t) * (size_t)len[q]);
+    call[q] = (pw_decode_seq){N - 1 - q, 0, len[q]}; /* slots in another order than the rows */
+    rows += len[q];
+  }
+  run(both, call, N);
+  for (int q = 0, r = 0; q < N; r += len[q++]) memcpy(got[q][0], lg + (size_t)(r + len[q] - 1) * V, sizeof got[q][0]);
+  for (int k = 1; k <= STEPS; k++) {
+    for (int q = 0; q < N; q++) {
+      in[q] = tok[q][len[q] + k - 1];
+      call[q] = (pw_decode_seq){N - 1 - q, len[q] + k - 1, 1};
+    }
+    run(both, call, N);
+    for (int q = 0; q < N; q++) memcpy(got[q][k], lg + (size_t)q * V, sizeof got[q][k]);
+  }
+  for (int q = 0; q < N; q++) {
+    memcpy(in1, tok[q], sizeof(int32_t) * (size_t)len[q]);
+    run(one, &(pw_decode_seq){0, 0, len[q]}, 1);
+    for (int k = 0; k <= STEPS; k++) {
+      if (k) {
+        in1[0] = tok[q][len[q] + k - 1];
+        run(one, &(pw_decode_seq){0, len[q] + k - 1, 1}, 1);
+      }
+      const float *want = k ? lg1 : lg1 + (size_t)(len[q] - 1) * V;
+      if (memcmp(got[q][k], want, sizeof got[q][k]))
+        fail_msg("sequence %d, step %d: its logits in a shared call differ from its own decode", q, k);
+    }
+  }
+  pw_decode_free(both);
+  pw_decode_free(one);
+  fixture_free(&f);
+}
+
+static void test_batch_mates(void **st) {
+  (void)st;
+  pw_model_spec g = spec_of(PW_TEMPLATE_GPT, 0), l = spec_of(PW_TEMPLATE_LLAMA, 1);
+  check_batch_mates_of(&g);
+  check_batch_mates_of(&l);
+  pw_layer_spec list[14];
+  pw_model_spec ls = layers_spec(list);
+  check_batch_mates_of(&ls);
 }
 
 static void test_gpt_untied(void **st) {
@@ -464,9 +525,16 @@ static void test_sampler_seeded(void **st) {
     differ += x != pw_sampler_next(&c, l);
   }
   assert_true(differ > 50);
+  /* reset (a served slot's sampler taken by the next request) draws as a fresh one */
+  pw_err err = {0};
+  assert_int_equal(pw_sampler_reset(&c, &(pw_sample_config){.temperature = 1, .top_p = 1, .seed = 42}, &err), 0);
+  pw_sampler d = sampler(1, 0, 1, 42, V);
+  for (int i = 0; i < 50; i++) assert_int_equal(pw_sampler_next(&c, l), pw_sampler_next(&d, l));
+  assert_int_equal(pw_sampler_reset(&c, &(pw_sample_config){.temperature = 1, .top_p = 0}, &err), PW_EINVAL);
   pw_sampler_free(&a);
   pw_sampler_free(&b);
   pw_sampler_free(&c);
+  pw_sampler_free(&d);
 }
 
 /* Frequencies of N draws against the renormalised probabilities. */
@@ -501,7 +569,7 @@ int main(void) {
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),
       cmocka_unit_test(test_sampler_greedy),     cmocka_unit_test(test_sampler_seeded),
-      cmocka_unit_test(test_sampler_distribution),
+      cmocka_unit_test(test_sampler_distribution), cmocka_unit_test(test_batch_mates),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,6 +147,15 @@ static const bad_case bad[] = {
     {B_MLP, "{'data':{'kind':'tokens','path':'x.tok'}}", "data.kind", "needs kind regression"},
     /* ranges */
     {B_GPT, "{'train':{'steps':-1}}", "train.steps", "must be >= 0 (got -1)"},
+    {B_GPT, "{'mode':'serve'}", "init", "mode serve needs init"},
+    {B_GPT, "{'serve':{'max_len':8}}", "serve", "only with \"mode\": \"serve\""},
+    {B_GPT, "{'mode':'serve','init':{'job':1,'step':2},'serve':{'max_len':17}}", "serve.max_len",
+     "must be at most model.seq_len (17 > 16)"},
+    {B_GPT, "{'mode':'serve','init':{'job':1,'step':2},'serve':{'max_sequences':0}}", "serve.max_sequences", ">= 1"},
+    {B_GPT, "{'mode':'serve','init':{'job':1,'step':2},'serve':{'max_sequence':4}}", "serve.max_sequence",
+     "did you mean max_sequences?"},
+    {B_GPT, "{'mode':'serve','init':{'job':1,'step':2},'serve':[]}", "serve", "must be an object"},
+    {B_MLP, "{'mode':'serve','init':{'job':1,'step':2}}", "mode", "serve needs a token model"},
     {B_GPT, "{'train':{'steps':4294967296}}", "train.steps", "must be <= 2147483647"},
     {B_GPT, "{'model':{'d_model':0}}", "model.d_model", "must be >= 1 (got 0)"},
     {B_GPT, "{'model':{'seq_len':0}}", "model.seq_len", "must be >= 1 (got 0)"},
@@ -682,6 +691,8 @@ static const char *const round_trip_specs[] = {
     "'train':{'trainable':['blocks.*','lm_head.weight']}}",
     "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,"
     "'lora':{'rank':4,'alpha':16,'targets':['blocks.*.attn.qkv','lm_head']}},'data':{'kind':'copy'}}",
+    "{'mode':'serve','model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},"
+    "'data':{'kind':'copy'},'init':{'job':3,'step':4},'serve':{'max_sequences':5,'max_queue':0}}",
     "{'model':{'template':'mlp','in_dim':4,'out_dim':3,'n_layers':0},'data':{'kind':'regression'},"
     "'partition':{'mode':'balanced','layer_times':[0.1,0.2,3],'byte_cost':1e-9}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'data':{'kind':'copy'},"
@@ -719,6 +730,29 @@ static void test_eval_every(void **st) {
   assert_string_equal(canon[0], canon[1]);
   assert_string_not_equal(canon[0], canon[2]);
   for (int i = 0; i < 3; i++) free(canon[i]);
+}
+
+/* mode serve: defaults (max_len the model's seq_len), and the serve object
+ * emitted only for it. */
+static void test_serve(void **st) {
+  (void)st;
+  pw_job job = parse_ok("{'mode':'serve','model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,"
+                        "'n_heads':2},'data':{'kind':'copy'},'init':{'job':3,'step':4}}");
+  assert_int_equal(job.mode, PW_MODE_SERVE);
+  assert_int_equal(job.serve.max_sequences, 8);
+  assert_int_equal(job.serve.max_len, 8);
+  assert_int_equal(job.serve.max_queue, 64);
+  json_t *j = pw_job_to_json(&job);
+  assert_string_equal(json_string_value(json_object_get(j, "mode")), "serve");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "serve"), "max_len")), 8);
+  json_decref(j);
+  pw_job_free(&job);
+  job = parse_ok("{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},"
+                 "'data':{'kind':'copy'}}");
+  j = pw_job_to_json(&job);
+  assert_null(json_object_get(j, "serve")); /* a training spec's canonical text is unchanged */
+  json_decref(j);
+  pw_job_free(&job);
 }
 
 static void test_round_trip(void **st) {
@@ -945,11 +979,12 @@ static void test_schema(void **st) {
   if (!schema) fail_msg("%s: line %d: %s", path, je.line, je.text);
   assert_string_equal(json_string_value(json_object_get(schema, "$schema")),
                       "https://json-schema.org/draft/2020-12/schema");
-  static const char *const top[] = {"name", "mode", "model", "mesh", "schedule", "partition", "train", "data", "init"};
+  static const char *const top[] = {"name", "mode",  "model", "mesh", "schedule",
+                                    "partition", "train", "data", "init", "serve"};
   json_t *props = json_object_get(schema, "properties");
-  for (int i = 0; i < 9; i++)
+  for (int i = 0; i < 10; i++)
     if (!json_object_get(props, top[i])) fail_msg("schema: top-level field %s missing", top[i]);
-  assert_int_equal(json_object_size(props), 9);
+  assert_int_equal(json_object_size(props), 10);
   /* the schema's schedule names are ours, in order */
   json_t *sched = schema_resolve(schema, json_object_get(props, "schedule"));
   json_t *names = json_object_get(json_object_get(json_object_get(sched, "properties"), "name"), "enum");
@@ -958,12 +993,13 @@ static void test_schema(void **st) {
     assert_string_equal(json_string_value(json_array_get(names, (size_t)i)), pw_schedule_names[i]);
   assert_string_equal(json_string_value(json_array_get(names, (size_t)pw_n_schedule_names)), "custom");
   /* and it names every field of every canonical spec we emit */
-  json_t *specs[16];
+  json_t *specs[32];
   int n = 0;
   specs[n++] = jq(design_example);
   for (size_t i = 0; i < sizeof round_trip_specs / sizeof round_trip_specs[0]; i++)
     specs[n++] = jq(round_trip_specs[i]);
   for (int b = B_GPT; b <= B_FEAT; b++) specs[n++] = spec_of(b, NULL);
+  assert_true(n <= (int)(sizeof specs / sizeof specs[0]));
   for (int i = 0; i < n; i++) {
     pw_job job;
     pw_err err;
@@ -984,6 +1020,7 @@ int main(void) {
       cmocka_unit_test(test_design_example), cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_serve),
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_load_file),      cmocka_unit_test(test_examples),
       cmocka_unit_test(test_string_limits), cmocka_unit_test(test_null_args),

@@ -116,7 +116,7 @@ static void test_hdr_init(void **state) {
   assert_true(h.payload_len == 65536ull * 65535); /* just under 4 GiB */
   /* sizes over one frame, the job's width: test_wire_chunk.c */
   assert_int_equal(pw_frame_hdr_init(&h, 0, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
-  assert_int_equal(pw_frame_hdr_init(&h, 8, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
+  assert_int_equal(pw_frame_hdr_init(&h, 10, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 4, 1, d4), PW_EINVAL);
   /* bf16: 2 bytes an element, and only in ACT frames */
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_BF16, 4, d4), 0);
@@ -156,7 +156,7 @@ static const corruption corruptions[] = {
     {"header crc", 60, 4, 0xdeadbeef, 0, PW_EPROTO, "header_crc 0xdeadbeef does not match"},
     {"unfixed step", 16, 4, 99, 0, PW_EPROTO, "header_crc"},
     {"kind 0", 6, 2, 0, 1, PW_EPROTO, "kind 0 is unknown"},
-    {"kind 8", 6, 2, 8, 1, PW_EPROTO, "kind 8 is unknown"},
+    {"kind 10", 6, 2, 10, 1, PW_EPROTO, "kind 10 is unknown"},
     {"kind huge", 6, 2, 0xffff, 1, PW_EPROTO, "kind 65535 is unknown"},
     {"flags", 34, 2, 0x8001, 1, PW_EPROTO, "flags 0x8001 has unknown bits 0x8000"},
     {"last alone", 34, 2, PW_FRAME_FLAG_LAST, 1, PW_EPROTO, "flag LAST without flag CHUNK"},
@@ -214,6 +214,46 @@ static void test_hdr_corrupt_each_field(void **state) {
     b[bit / 8] ^= (uint8_t)(1u << (bit % 8));
     assert_true(pw_frame_hdr_decode(b, 256, &d, &err) < 0);
   }
+}
+
+/* Serving's SEQS ([n, PW_FRAME_SEQ_FIELDS] i32) and TOKENS ([n] i32): any
+ * other shape or dtype, an empty one, or a chunk of one is refused. */
+static void test_serve_kinds(void **state) {
+  (void)state;
+  struct {
+    int kind, dtype, ndim;
+    uint32_t d0, d1;
+    uint16_t flags;
+    int ok;
+  } cases[] = {
+      {PW_FRAME_SEQS, PW_DTYPE_I32, 2, 3, PW_FRAME_SEQ_FIELDS, 0, 1},
+      {PW_FRAME_SEQS, PW_DTYPE_I32, 2, 3, PW_FRAME_SEQ_FIELDS - 1, 0, 0},
+      {PW_FRAME_SEQS, PW_DTYPE_I32, 2, 0, PW_FRAME_SEQ_FIELDS, 0, 0},
+      {PW_FRAME_SEQS, PW_DTYPE_F32, 2, 3, PW_FRAME_SEQ_FIELDS, 0, 0},
+      {PW_FRAME_SEQS, PW_DTYPE_I32, 1, 3 * PW_FRAME_SEQ_FIELDS, 0, 0, 0},
+      {PW_FRAME_SEQS, PW_DTYPE_I32, 2, 3, PW_FRAME_SEQ_FIELDS, PW_FRAME_FLAG_CHUNK | PW_FRAME_FLAG_LAST, 0},
+      {PW_FRAME_TOKENS, PW_DTYPE_I32, 1, 5, 0, 0, 1},
+      {PW_FRAME_TOKENS, PW_DTYPE_I32, 1, 0, 0, 0, 0},
+      {PW_FRAME_TOKENS, PW_DTYPE_U8, 1, 5, 0, 0, 0},
+      {PW_FRAME_TOKENS, PW_DTYPE_I32, 2, 5, 1, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    pw_frame_hdr h, d;
+    uint32_t dims[2] = {cases[i].d0, cases[i].d1};
+    assert_int_equal(pw_frame_hdr_init(&h, cases[i].kind, 1, 0, 0, 0, 0, cases[i].dtype, cases[i].ndim, dims), 0);
+    h.flags = cases[i].flags;
+    static const uint8_t zeros[1024];
+    uint8_t b[PW_FRAME_HDR_SIZE];
+    assert_true(h.payload_len <= sizeof zeros);
+    pw_frame_hdr_encode(&h, zeros, b);
+    pw_err err = {0};
+    int rc = pw_frame_hdr_decode(b, 1 << 20, &d, &err);
+    if (cases[i].ok != (rc == 0)) fail_msg("case %zu: decode gave %d: %s", i, rc, err.msg);
+    if (!cases[i].ok && !strstr(err.msg, pw_frame_kind_name(cases[i].kind)) && !strstr(err.msg, "chunk"))
+      fail_msg("case %zu: the error does not name the kind: %s", i, err.msg);
+  }
+  assert_string_equal(pw_frame_kind_name(PW_FRAME_SEQS), "SEQS");
+  assert_string_equal(pw_frame_kind_name(PW_FRAME_TOKENS), "TOKENS");
 }
 
 static void test_hello(void **state) {
@@ -821,6 +861,7 @@ int main(void) {
       cmocka_unit_test(test_hdr_init),
       cmocka_unit_test(test_hdr_corrupt_each_field),
       cmocka_unit_test(test_hello),
+      cmocka_unit_test(test_serve_kinds),
       cmocka_unit_test(test_reader_chunkings),
       cmocka_unit_test(test_reader_zero_copy),
       cmocka_unit_test(test_reader_missing),

@@ -1,5 +1,6 @@
 /* app: the dashboard's shell — hash routing between the views
- * (#/ overview, #/jobs/ID job page, #/plan[?job=ID] plan page), the
+ * (#/ overview, #/jobs/ID job page, #/plan[?job=ID] plan page,
+ * #/generate[?job=ID] a serve job's prompt page), the
  * polling helper every view uses, and the token dialog's buttons.
  * Each view is PW.views.NAME(root, params) and returns a function that
  * stops it (its timers, charts) when the route changes. */
@@ -41,6 +42,7 @@ PW.poll = function (fn, ms) {
     var m;
     if ((m = /^\/jobs\/(\d+)\/?$/.exec(path))) { params.id = m[1]; return {view: "job", nav: "overview", params: params}; }
     if (/^\/plan\/?$/.test(path)) return {view: "plan", nav: "plan", params: params};
+    if (/^\/generate\/?$/.test(path)) return {view: "generate", nav: "generate", params: params};
     return {view: "overview", nav: "overview", params: params};
   }
 
@@ -51,7 +53,8 @@ PW.poll = function (fn, ms) {
     document.querySelectorAll("[data-nav]").forEach(function (a) {
       a.classList.toggle("active", a.getAttribute("data-nav") === r.nav);
     });
-    document.title = (r.view === "plan" ? "Plan" : r.view === "job" ? "Job " + r.params.id : "Overview") + " \u00b7 pipewright";
+    document.title = (r.view === "plan" ? "Plan" : r.view === "generate" ? "Generate" :
+                      r.view === "job" ? "Job " + r.params.id : "Overview") + " \u00b7 pipewright";
     PW.dom.clear(root);
     root.setAttribute("data-view", r.view);
     dispose = PW.views[r.view](root, r.params) || null;
