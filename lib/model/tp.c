@@ -127,3 +127,20 @@ void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, 
       }
     }
 }
+
+void pw_tp_shrink_sizes(const pw_model *m, const uint8_t *kinds, int node_lo, int node_hi, int tp,
+                        pw_prog_sizes *sz) {
+  for (int i = node_lo; i < node_hi; i++)
+    for (int t = 0; t < 2; t++) {
+      int id = t ? m->nodes[i].b : m->nodes[i].w;
+      if (id < 0 || kinds[id] == PW_TP_REPLICATED) continue;
+      const pw_param *p = &m->params[id];
+      size_t cut = p->numel - pw_tp_numel(p, (pw_tp_kind)kinds[id], tp);
+      int first = 1; /* a use before this one in the range: this is a shadow */
+      for (int j = node_lo; j < i && first; j++) first = m->nodes[j].w != id && m->nodes[j].b != id;
+      if (first) sz->numel -= cut;
+      if (p->frozen) continue;
+      if (first) sz->train_numel -= cut;
+      sz->grad_numel -= cut;
+    }
+}

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "errors.h"
+#include "layout.h"
 #include "model.h"
 #include "spec.h"
 
@@ -70,5 +71,12 @@ typedef struct {
   int n_fwd, n_bwd;
 } pw_tp_comm;
 void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out);
+
+/* Shrinks sz, the tp = 1 sizes of nodes [node_lo, node_hi) (layout.h), to
+ * what one of tp ranks holds: each split parameter's arena, gradient (and a
+ * second use's shadow) and optimizer state by 1/tp. Activations and
+ * scratch are left whole (an upper bound). */
+void pw_tp_shrink_sizes(const pw_model *m, const uint8_t *kinds, int node_lo, int node_hi, int tp,
+                        pw_prog_sizes *sz);
 
 #endif

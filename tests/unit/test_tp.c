@@ -27,21 +27,30 @@
 #include "collective.h"
 #include "model.h"
 #include "ops.h"
+#include "plan.h"
 #include "rng.h"
 #include "spec.h"
 #include "spec_json.h"
 #include "tp.h"
 
-static int job_of(const char *model, int tp, pw_job *job, pw_model *m, pw_err *err) {
+/* A job around model with mesh {pp, tp, virtual_stages} and schedule sched
+ * of 4 microbatches. */
+static int parse_job(const char *model, int pp, int tp, int V, const char *sched, pw_job *job, pw_err *err) {
   char buf[1024];
   snprintf(buf, sizeof buf,
-           "{\"name\": \"t\", \"model\": {%s}, \"mesh\": {\"tp\": %d},"
-           " \"train\": {\"steps\": 1, \"batch_size\": 2}, \"data\": {\"kind\": \"%s\"}}",
-           model, tp, strstr(model, "mlp\"") ? "regression" : "copy");
+           "{\"name\": \"t\", \"model\": {%s}, \"mesh\": {\"pp\": %d, \"tp\": %d, \"virtual_stages\": %d},"
+           " \"schedule\": {\"name\": \"%s\", \"microbatches\": 4},"
+           " \"train\": {\"steps\": 1, \"batch_size\": 8}, \"data\": {\"kind\": \"%s\"}}",
+           model, pp, tp, V, sched, strstr(model, "mlp\"") ? "regression" : "copy");
   json_t *j = json_loads(buf, 0, NULL);
   assert_non_null(j);
   int rc = pw_job_parse(j, NULL, job, err);
   json_decref(j);
+  return rc;
+}
+
+static int job_of(const char *model, int tp, pw_job *job, pw_model *m, pw_err *err) {
+  int rc = parse_job(model, 1, tp, 1, "1f1b", job, err);
   if (rc) return rc;
   assert_int_equal(pw_model_build(&job->model, m, err), 0);
   rc = pw_tp_check(job, m, err);
@@ -302,10 +311,63 @@ static void test_comm(void **state) {
   }
 }
 
+/* The plan at tp 2 against tp 1: each rank's parameters and AdamW state
+ * are its shards, its F, I and W a half of the FLOPs' cost plus the
+ * all-reduces, its tp bytes per step the model's all-reduced floats; and
+ * every schedule is still proved by the simulator. */
+static void test_plan(void **state) {
+  (void)state;
+  enum { T = 8, C = 16, L = 2, MB = 2, M = 4 };
+  pw_job j1, j2;
+  pw_plan p1, p2;
+  pw_err err = {0};
+  assert_int_equal(parse_job(GPT, 1, 1, 1, "1f1b", &j1, &err), 0);
+  assert_int_equal(parse_job(GPT, 1, 2, 1, "1f1b", &j2, &err), 0);
+  assert_int_equal(pw_plan_build(&j1, NULL, &p1, &err), 0);
+  assert_int_equal(pw_plan_build(&j2, NULL, &p2, &err), 0);
+  size_t whole = 0, split = 0;
+  for (int i = 0; i < p2.model.n_params; i++)
+    *(p2.tp_kinds[i] == PW_TP_REPLICATED ? &whole : &split) += p2.model.params[i].numel;
+  assert_int_equal(p1.mem[0].params, (whole + split) * 4);
+  assert_int_equal(p2.mem[0].params, (whole + split / 2) * 4);
+  assert_int_equal(p2.mem[0].adam, 2 * (whole + split / 2) * 4);
+  assert_int_equal(p1.mem[0].tp_sent, 0);
+  size_t fwd = T * C + L * 2 * T * C + 3 * T, bwd = L * 2 * T * C + T * C; /* test_comm */
+  assert_int_equal(p2.mem[0].tp_sent, (fwd + bwd) * MB * M * 4);    /* 2(tp-1)/tp = 1 */
+  double link = (double)fwd * MB * 4 / PW_PLAN_LINK_BW + (1 + 2 * L + 2) * 2 * PW_PLAN_LINK_LATENCY;
+  assert_float_equal(p2.cost_f[0], p1.cost_f[0] / 2 + link, 1e-12);
+  assert_float_equal(p2.cost_w[0], p1.cost_w[0] / 2, 1e-12);
+  pw_plan_free(&p1), pw_plan_free(&p2);
+  pw_job_free(&j1), pw_job_free(&j2);
+  static const struct {
+    const char *sched;
+    int pp, V;
+  } cases[] = {{"1f1b", 2, 1}, {"zb-h1", 2, 1}, {"interleaved-1f1b", 4, 2}, {"dualpipev", 2, 2}, {"gpipe", 2, 1}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int v = 0; v < 2; v++) {
+      const char *model = v ? LLAMA ", \"n_layers\": 8" : GPT ", \"n_layers\": 8, \"tie_embeddings\": true";
+      pw_job job;
+      assert_int_equal(parse_job(model, cases[i].pp, 2, cases[i].V, cases[i].sched, &job, &err), 0);
+      pw_plan p;
+      if (pw_plan_build(&job, NULL, &p, &err)) fail_msg("%s: %s: %s", cases[i].sched, err.path, err.msg);
+      uint64_t sent = 0;
+      for (int r = 0; r < p.pp; r++) sent += p.mem[r].tp_sent;
+      assert_true(sent > 0);
+      pw_plan_free(&p);
+      pw_job_free(&job);
+    }
+  pw_job job;
+  assert_int_equal(parse_job(GPT, 2, 3, 1, "1f1b", &job, &err), 0);
+  assert_int_equal(pw_plan_build(&job, NULL, &p1, &err), PW_ESPEC);
+  assert_string_equal(err.path, "mesh.tp");
+  pw_job_free(&job);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kinds),      cmocka_unit_test(test_shards_tile), cmocka_unit_test(test_block_shards),
       cmocka_unit_test(test_vocab_parallel_xent), cmocka_unit_test(test_errors), cmocka_unit_test(test_comm),
+      cmocka_unit_test(test_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
