@@ -135,6 +135,15 @@ float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *
 void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
                                     int N, int V, float scale, int acc);
 
+/* Vocab-parallel token embedding (ops_tp.c): wte (V,C) holds rows [v0,
+ * v0+V) of the whole table; a token outside them gives a zero row, so the
+ * tensor-parallel group's all-reduce of out (N,C) is pw_embed_forward of
+ * the whole table (each row is one rank's plus zeros). The backward adds
+ * into the rows it holds only. */
+void pw_embed_vp_forward(float *out, const int32_t *tok, const float *wte, int N, int C, int V, int v0);
+void pw_embed_vp_backward_weight(float *dwte, const float *dout, const int32_t *tok, int N, int C, int V,
+                                 int v0);
+
 /* Vocab-parallel softmax cross-entropy (ops_tp.c): each tensor-parallel
  * rank holds logits (N,V) of vocabulary rows [v0, v0+V); targets (N) are
  * global ids. Three steps around two all-reduces of the tp group:

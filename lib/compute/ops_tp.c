@@ -2,6 +2,7 @@
  * (ops.h, lib/model/tp.h): each rank holds the logits of its vocabulary
  * shard only, and the row statistics meet in two all-reduces. */
 #include <math.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "ops.h"
@@ -44,5 +45,27 @@ PW_CPU_DISPATCH(pw_xent_vp_backward_input, (float *dlogits, const float *probs, 
     for (int v = 0; v < V; v++) d[v] = pw__acc(acc, d[v], scale * p[v]);
     int t = targets[n] - v0;
     if (t >= 0 && t < V) d[t] -= scale;
+  }
+}
+
+void pw_embed_vp_forward(float *out, const int32_t *tok, const float *wte, int N, int C, int V, int v0) {
+  for (int n = 0; n < N; n++) {
+    int t = tok[n] - v0;
+    float *o = out + (size_t)n * C;
+    if (t >= 0 && t < V)
+      memcpy(o, wte + (size_t)t * C, (size_t)C * sizeof(float));
+    else
+      memset(o, 0, (size_t)C * sizeof(float));
+  }
+}
+
+void pw_embed_vp_backward_weight(float *dwte, const float *dout, const int32_t *tok, int N, int C, int V,
+                                 int v0) {
+  for (int n = 0; n < N; n++) {
+    int t = tok[n] - v0;
+    if (t < 0 || t >= V) continue;
+    float *dw = dwte + (size_t)t * C;
+    const float *d = dout + (size_t)n * C;
+    for (int c = 0; c < C; c++) dw[c] += d[c];
   }
 }

@@ -263,6 +263,28 @@ static void test_vocab_parallel_xent(void **state) {
   }
 }
 
+/* The vocab-parallel embedding: the ordered sum of the ranks' rows is the
+ * whole table's lookup (every other rank adds a zero), and each rank's
+ * gradient is its rows of the whole gradient, bit for bit. */
+static void test_vocab_parallel_embed(void **state) {
+  (void)state;
+  enum { N = 7, C = 5, V = 12, TP = 3, VR = V / TP };
+  static float wte[V * C], out[N * C], dout[N * C], dw[V * C], o_r[TP][N * C], dw_r[TP][VR * C], sum[N * C];
+  int32_t tok[N] = {0, 11, 4, 4, 7, 3, 8};
+  fill(wte, V * C, 17);
+  fill(dout, N * C, 18);
+  pw_embed_forward(out, tok, wte, N, C);
+  pw_embed_backward_weight(dw, dout, tok, N, C);
+  for (int r = 0; r < TP; r++) {
+    pw_embed_vp_forward(o_r[r], tok, wte + r * VR * C, N, C, VR, r * VR);
+    pw_embed_vp_backward_weight(dw_r[r], dout, tok, N, C, VR, r * VR);
+    assert_memory_equal(dw_r[r], dw + r * VR * C, sizeof dw_r[r]);
+  }
+  const float *in[TP] = {o_r[0], o_r[1], o_r[2]};
+  pw_reduce_ordered(sum, in, TP, N * C);
+  assert_memory_equal(sum, out, sizeof out);
+}
+
 static void test_errors(void **state) {
   (void)state;
   static const struct {
@@ -367,6 +389,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kinds),      cmocka_unit_test(test_shards_tile), cmocka_unit_test(test_block_shards),
       cmocka_unit_test(test_vocab_parallel_xent), cmocka_unit_test(test_errors), cmocka_unit_test(test_comm),
+      cmocka_unit_test(test_vocab_parallel_embed),
       cmocka_unit_test(test_plan),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
