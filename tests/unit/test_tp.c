@@ -28,6 +28,7 @@
 #include "model.h"
 #include "ops.h"
 #include "plan.h"
+#include "prog.h"
 #include "rng.h"
 #include "spec.h"
 #include "spec_json.h"
@@ -285,6 +286,121 @@ static void test_vocab_parallel_embed(void **state) {
   assert_memory_equal(sum, out, sizeof out);
 }
 
+/* A whole model's forward at tp ranks, node by node on the kernels with
+ * the split of tp.h — what a tensor-parallel stage computes — against the
+ * single-process program's loss. Values are per rank: [tp][value]. */
+enum { XB = 2, XMAX = 4 };
+
+static void allreduce(float *const *v, int tp, size_t n) {
+  const float *in[XMAX] = {0};
+  for (int r = 0; r < tp; r++) in[r] = v[r];
+  pw_reduce_ordered(v[0], in, tp, n);
+  for (int r = 1; r < tp; r++) memcpy(v[r], v[0], n * sizeof(float));
+}
+
+static float tp_forward(const pw_model *m, pw_prog *ref, const uint8_t *k, int tp, const int32_t *tok,
+                        const int32_t *tg) {
+  float *val[XMAX][256] = {{0}}, *w[XMAX][256] = {{0}}, loss = 0;
+  assert_true(m->n_values < 256 && m->n_params < 256);
+  for (int i = 0; i < pw_prog_n_params(ref); i++) {
+    pw_prog_param *pp = pw_prog_param_at(ref, i);
+    for (int r = 0; r < tp; r++) {
+      w[r][pp->model_index] = malloc(pp->meta->numel * sizeof(float));
+      pw_tp_shard(w[r][pp->model_index], pp->data, pp->meta, (pw_tp_kind)k[pp->model_index], tp, r);
+    }
+  }
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    const pw_value *o = &m->values[n->out];
+    int N = XB * m->values[n->in[0]].rows, Cin = m->values[n->in[0]].width;
+    float *out[XMAX];
+    for (int r = 0; r < tp; r++) val[r][n->out] = out[r] = calloc((size_t)N * (size_t)(o->width ? o->width : 1), 4);
+    int kw = n->w >= 0 ? k[n->w] : PW_TP_REPLICATED, split = kw != PW_TP_REPLICATED && kw != PW_TP_ROW;
+    for (int r = 0; r < tp; r++) {
+      float *x = val[r][n->in[0]], *x2 = n->in[1] >= 0 ? val[r][n->in[1]] : NULL;
+      float *W = n->w >= 0 ? w[r][n->w] : NULL, *bias = n->b >= 0 ? w[r][n->b] : NULL;
+      static float aux[1 << 16], aux2[1 << 16];
+      int C = o->width, wc = split ? C / tp : C, hc = Cin / (n->op == PW_OP_ATTENTION || n->op == PW_OP_ROPE ? 3 : 1);
+      switch ((pw_op)n->op) {
+        case PW_OP_EMBED: {
+          int V = m->params[n->w].shape[0] / tp;
+          pw_embed_vp_forward(out[r], tok, W, N, C, V, r * V);
+          break;
+        }
+        case PW_OP_POSEMBED: pw_posembed_forward(out[r], x, W, XB, m->values[n->out].rows, C); break;
+        case PW_OP_LAYERNORM: pw_layernorm_forward(out[r], aux, aux2, x, W, bias, N, C, n->eps); break;
+        case PW_OP_RMSNORM: pw_rmsnorm_forward(out[r], aux, x, W, N, C, n->eps); break;
+        case PW_OP_LINEAR:
+          if (kw == PW_TP_ROW) pw_linear_forward(out[r], x, W, NULL, N, Cin / tp, C);
+          else pw_linear_forward(out[r], x, W, bias, N, Cin, wc);
+          break;
+        case PW_OP_ROPE: pw_rope_forward(out[r], x, XB, n->T, hc / tp, n->NH / tp, n->base); break;
+        case PW_OP_ATTENTION: pw_attention_forward(out[r], aux, x, XB, n->T, hc / tp, n->NH / tp); break;
+        case PW_OP_GELU: pw_gelu_forward(out[r], aux, x, N * C / tp); break;
+        case PW_OP_SWIGLU: pw_swiglu_forward(out[r], x, x2, N * C / tp); break;
+        case PW_OP_ADD: pw_add_forward(out[r], x, x2, N * C); break;
+        case PW_OP_XENT: {
+          int V = Cin / tp; /* the logits' width on a rank */
+          static float mx[XMAX][64], part[XMAX][128], gmx[64];
+          assert_true(N <= 64);
+          pw_xent_vp_max(mx[r], x, N, V);
+          if (r < tp - 1) break;
+          for (int j = 0; j < N; j++)
+            for (int q = 0; q < tp; q++) gmx[j] = q ? fmaxf(gmx[j], mx[q][j]) : mx[0][j];
+          float *parts[XMAX];
+          for (int q = 0; q < tp; q++) {
+            pw_xent_vp_partial(part[q], aux, val[q][n->in[0]], gmx, tg, N, V, q * V);
+            parts[q] = part[q];
+          }
+          allreduce(parts, tp, 2 * (size_t)N);
+          loss = pw_xent_vp_finish(aux, part[0], N, V, 1.0f / (float)N);
+          break;
+        }
+        default: fail_msg("op %s", pw_op_name((pw_op)n->op));
+      }
+    }
+    if (n->op == PW_OP_EMBED || kw == PW_TP_ROW) allreduce(out, tp, (size_t)N * (size_t)o->width);
+    if (kw == PW_TP_ROW && n->b >= 0)
+      for (int r = 0; r < tp; r++)
+        for (int j = 0; j < N * o->width; j++) out[r][j] += w[r][n->b][j % o->width];
+  }
+  for (int r = 0; r < tp; r++) {
+    for (int v = 0; v < 256; v++) free(val[r][v]);
+    for (int v = 0; v < 256; v++) free(w[r][v]);
+  }
+  return loss;
+}
+
+static void test_model_forward(void **state) {
+  (void)state;
+  static const char *const models[] = {GPT ", \"tie_embeddings\": false", GPT ", \"tie_embeddings\": true", LLAMA};
+  for (int v = 0; v < 3; v++) {
+    pw_job job;
+    pw_model m;
+    pw_err err = {0};
+    assert_int_equal(job_of(models[v], 4, &job, &m, &err), 0);
+    uint8_t k[256];
+    pw_tp_kinds(&m, k);
+    pw_prog_config cfg = {.layer_hi = m.n_layers, .mb_size = XB, .batch_size = XB, .n_slots = 1};
+    pw_prog *p;
+    assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
+    pw_prog_init_params(p, 11);
+    int32_t *tok = pw_prog_value(p, 0, m.input_value), *tg = pw_prog_value(p, 0, m.target_value);
+    for (int i = 0; i < XB * 8; i++) tok[i] = (i * 37 + 5) % 64, tg[i] = (i * 11 + 3) % 64;
+    float want;
+    pw_prog_forward(p, 0, &want);
+    for (int tp = 1; tp <= 4; tp *= 2) {
+      float got = tp_forward(&m, p, k, tp, tok, tg);
+      printf("model %d tp %d: loss %.9g, single process %.9g, relative %.2e\n", v, tp, (double)got, (double)want,
+             fabs((double)got - want) / want);
+      assert_float_equal(got, want, 1e-5 * want);
+    }
+    pw_prog_free(p);
+    pw_model_free(&m);
+    pw_job_free(&job);
+  }
+}
+
 static void test_errors(void **state) {
   (void)state;
   static const struct {
@@ -389,6 +505,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kinds),      cmocka_unit_test(test_shards_tile), cmocka_unit_test(test_block_shards),
       cmocka_unit_test(test_vocab_parallel_xent), cmocka_unit_test(test_errors), cmocka_unit_test(test_comm),
+      cmocka_unit_test(test_model_forward),
       cmocka_unit_test(test_vocab_parallel_embed),
       cmocka_unit_test(test_plan),
   };
