@@ -962,8 +962,9 @@ static void test_schema(void **st) {
     assert_string_equal(json_string_value(json_array_get(names, (size_t)i)), pw_schedule_names[i]);
   assert_string_equal(json_string_value(json_array_get(names, (size_t)pw_n_schedule_names)), "custom");
   /* and it names every field of every canonical spec we emit */
-  json_t *specs[16];
+  json_t *specs[32];
   int n = 0;
+  _Static_assert(sizeof round_trip_specs / sizeof round_trip_specs[0] + 1 + B_FEAT <= 32, "specs[] holds them all");
   specs[n++] = jq(design_example);
   for (size_t i = 0; i < sizeof round_trip_specs / sizeof round_trip_specs[0]; i++)
     specs[n++] = jq(round_trip_specs[i]);
