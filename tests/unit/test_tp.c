@@ -77,17 +77,22 @@ static void expect(const pw_model *m, const uint8_t *k, const char *name, pw_tp_
   if (k[i] != want) fail_msg("%s: %s, expected %s", name, pw_tp_kind_name(k[i]), pw_tp_kind_name(want));
 }
 
+/* gpt untied, gpt tied, llama (v = 0, 1, 2) at tp, and its split. */
+static void model_of(int v, int tp, pw_job *job, pw_model *m, uint8_t *k) {
+  static const char *const models[] = {GPT ", \"tie_embeddings\": false", GPT ", \"tie_embeddings\": true", LLAMA};
+  pw_err err = {0};
+  assert_int_equal(job_of(models[v], tp, job, m, &err), 0);
+  assert_true(m->n_params < 256);
+  pw_tp_kinds(m, k);
+}
+
 static void test_kinds(void **state) {
   (void)state;
-  static const char *const models[] = {GPT ", \"tie_embeddings\": false", GPT ", \"tie_embeddings\": true", LLAMA};
   for (int v = 0; v < 3; v++) {
     pw_job job;
     pw_model m;
-    pw_err err = {0};
-    assert_int_equal(job_of(models[v], 2, &job, &m, &err), 0);
     uint8_t k[256];
-    assert_true(m.n_params < 256);
-    pw_tp_kinds(&m, k);
+    model_of(v, 2, &job, &m, k);
     expect(&m, k, "embed.tok.weight", PW_TP_VOCAB);
     expect(&m, k, "blocks.1.attn.qkv.weight", PW_TP_QKV);
     expect(&m, k, "blocks.1.attn.proj.weight", PW_TP_ROW);
@@ -373,14 +378,12 @@ static float tp_forward(const pw_model *m, pw_prog *ref, const uint8_t *k, int t
 
 static void test_model_forward(void **state) {
   (void)state;
-  static const char *const models[] = {GPT ", \"tie_embeddings\": false", GPT ", \"tie_embeddings\": true", LLAMA};
   for (int v = 0; v < 3; v++) {
     pw_job job;
     pw_model m;
     pw_err err = {0};
-    assert_int_equal(job_of(models[v], 4, &job, &m, &err), 0);
     uint8_t k[256];
-    pw_tp_kinds(&m, k);
+    model_of(v, 4, &job, &m, k);
     pw_prog_config cfg = {.layer_hi = m.n_layers, .mb_size = XB, .batch_size = XB, .n_slots = 1};
     pw_prog *p;
     assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
