@@ -137,6 +137,22 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
          zero ? "; replica 0 also holds its stages' whole AdamW v while it writes a checkpoint (in peak MiB)" : "");
 }
 
+/* The tensor-parallel all-reduces per rank and step (lib/model/tp.h),
+ * costed on the link model inside the simulated F and I. */
+static void print_tp(const pw_plan *p) {
+  if (p->tp < 2) return;
+  printf("tensor-parallel all-reduces per step (tp %d, in tp-rank order: row linears' outputs and the embedding "
+         "forward, column linears' input gradients backward, the vocab-parallel loss's row statistics):\n", p->tp);
+  printf("%-5s %12s %12s %12s\n", "rank", "sent MiB", "params MiB", "est ms");
+  for (int k = 0; k < p->pp; k++) {
+    const pw_plan_mem *m = &p->mem[k];
+    printf("%-5d %12.2f %12.2f %12.3f\n", k, (double)m->tp_sent / (1 << 20), (double)m->params / (1 << 20),
+           m->tp_seconds * 1e3);
+  }
+  printf("each tp rank sends (and receives) 2(tp-1)/tp of every all-reduced activation; parameters, gradients and "
+         "optimizer state are one rank's shard\n");
+}
+
 static void print_plan(const pw_job *job, const pw_plan *p) {
   char a[32], b[32], c[32], d[32], e[32];
   printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
@@ -186,6 +202,7 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
          "slots, data set%s%s); process baseline excluded\n",
          p->dp > 1 ? ", data-parallel exchange buffers" : "", p->part.n_shared ? ", tied-parameter copies" : "");
   print_dp(job, p);
+  print_tp(p);
   for (int k = 0; k < r->pp; k++)
     if (p->mem[k].work)
       printf("remat on rank %d: slots keep the stage ports (%.1f MiB), %.1f MiB of work buffers; %.1f MiB saved; "

@@ -135,6 +135,33 @@ float pw_crossentropy_forward(float *probs, const float *logits, const int32_t *
 void pw_crossentropy_backward_input(float *dlogits, const float *probs, const int32_t *targets,
                                     int N, int V, float scale, int acc);
 
+/* Vocab-parallel token embedding (ops_tp.c): wte (V,C) holds rows [v0,
+ * v0+V) of the whole table; a token outside them gives a zero row, so the
+ * tensor-parallel group's all-reduce of out (N,C) is pw_embed_forward of
+ * the whole table (each row is one rank's plus zeros). The backward adds
+ * into the rows it holds only. */
+void pw_embed_vp_forward(float *out, const int32_t *tok, const float *wte, int N, int C, int V, int v0);
+void pw_embed_vp_backward_weight(float *dwte, const float *dout, const int32_t *tok, int N, int C, int V,
+                                 int v0);
+
+/* Vocab-parallel softmax cross-entropy (ops_tp.c): each tensor-parallel
+ * rank holds logits (N,V) of vocabulary rows [v0, v0+V); targets (N) are
+ * global ids. Three steps around two all-reduces of the tp group:
+ *  1. pw_xent_vp_max: mx (N), each row's local max -> all-reduce (max);
+ *  2. pw_xent_vp_partial: probs = exp(logits - mx), part (N,2) = [the
+ *     shard's sum of them, the target's logit - mx on the rank holding
+ *     it, else 0] -> all-reduce (sum, in tp-rank order);
+ *  3. pw_xent_vp_finish: normalizes probs and returns scale * sum_n
+ *     (log part[n][0] - part[n][1]), accumulated in double.
+ * At one rank (v0 0, V the vocabulary) this is pw_crossentropy_forward up
+ * to the float rounding of the row sums. */
+void pw_xent_vp_max(float *mx, const float *logits, int N, int V);
+void pw_xent_vp_partial(float *part, float *probs, const float *logits, const float *mx,
+                        const int32_t *targets, int N, int V, int v0);
+float pw_xent_vp_finish(float *probs, const float *part, int N, int V, float scale);
+void pw_xent_vp_backward_input(float *dlogits, const float *probs, const int32_t *targets, int N, int V,
+                               int v0, float scale, int acc);
+
 /* Mean-squared error: returns scale * sum_i (pred_i - target_i)^2 over n
  * elements (scale = 1/(elements in the whole batch)). */
 float pw_mse_forward(const float *pred, const float *target, int n, float scale);

@@ -246,6 +246,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     if (pw_prog_sizes_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s]))
       return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
+    pw_plan_tp_rank(p, s, &p->stage_mem[s], r);
     r->params += sm->numel * sizeof(float);
     r->grads += sm->grad_numel * sizeof(float);
     int zero = train && p->dp > 1 ? job->train.zero : 0;
@@ -404,6 +405,7 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
     if (p->n_work[s]) p->cost_i[s] += p->cost_f[s]; /* remat: the forward again, before B or I */
     p->cost_b[s] = p->cost_i[s] + p->cost_w[s];
   }
+  if ((rc = pw_plan_tp(job, p, err))) goto fail;
   for (int e = 0; e < p->part.n_edges; e++) {
     const pw_stage_edge *ed = &p->part.edges[e];
     /* a stage graph's edges all count: each from the upstream stage */
@@ -441,6 +443,7 @@ void pw_plan_free(pw_plan *p) {
   free(p->peak_slots);
   free(p->n_work);
   free(p->mem);
+  free(p->tp_kinds);
   free(p->regions);
   memset(p, 0, sizeof *p);
 }
@@ -490,6 +493,10 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
     json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
     json_object_set_new(o, "dp_seconds_per_step", json_real(m->dp_seconds));
+    if (p->tp > 1) {
+      json_object_set_new(o, "tp_bytes_per_step", json_integer((json_int_t)m->tp_sent));
+      json_object_set_new(o, "tp_seconds_per_step", json_real(m->tp_seconds));
+    }
     if (m->ckpt_gather)
       json_object_set_new(json_object_get(o, "memory"), "ckpt_gather", json_integer((json_int_t)m->ckpt_gather));
   }
@@ -506,6 +513,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
       "microbatch_size", p->mb_size, "partition", part, "stage_to_rank", s2r, "costs", costs, "plan",
       pw_sched_to_json(p->sched), "analytics", analytics, "grid", grid ? grid : "");
   free(grid);
+  if (out && p->tp > 1) json_object_set_new(json_object_get(out, "mesh"), "tp", json_integer(p->tp));
   if (out && p->regions) {
     pw_sim_costs c = pw_plan_costs(p);
     pw_err err = {0};

@@ -82,6 +82,10 @@ typedef struct {
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are); the other
                          replicas' peak is total minus this */
+  uint64_t tp_sent;  /* mesh.tp > 1: bytes tp rank 0 of each of its stages sends per step in the
+                        tensor-parallel all-reduces (lib/model/tp.h; the others within a shard's
+                        rounding) */
+  double tp_seconds; /* those on the link model (in the simulated F and I: plan_tp.c) */
   size_t tied;     /* tied parameters held here: pw_tied_floats of each */
   size_t data;     /* ranks drawing inputs or targets: a text file whole (its
                       size where the planner can stat it, else 0), the
@@ -94,6 +98,8 @@ typedef struct {
 
 typedef struct {
   int pp, dp, V, S, m;     /* mesh and schedule shape */
+  int tp;                  /* ranks per stage (tensor parallel); 1 = none */
+  uint8_t *tp_kinds;       /* tp > 1: [model.n_params] pw_tp_kind of each parameter */
   double act_scale;        /* bytes on the wire per float activation byte: 0.5 under bf16 */
   int mb_size;             /* sequences per microbatch (per replica) */
   pw_model model;
@@ -109,6 +115,13 @@ typedef struct {
   pw_region_span *regions; /* [model.n_regions] a regions model's spans (regions.h), else NULL */
   pw_sched *joint;         /* a regions model's concurrent plan (sched when it runs concurrently) */
 } pw_plan;
+
+/* Tensor parallel (plan_tp.c): checks mesh.tp and splits each stage's
+ * costs over its tp ranks, adding the all-reduces (called by
+ * pw_plan_build before the simulation); and per stage s, shrinks its
+ * layout sizes to one tp rank's and adds its all-reduces to rank r's step. */
+PW_MUST_CHECK int pw_plan_tp(const pw_job *job, pw_plan *p, pw_err *err);
+void pw_plan_tp_rank(const pw_plan *p, int s, pw_prog_sizes *sz, pw_plan_mem *r);
 
 /* Build and prove the plan. `schedule` (one of the nine names) overrides the
  * job's schedule when not NULL; else the job's own is used: its name, or

@@ -150,6 +150,7 @@ static const pw__field mesh_fields[] = {
     PW__INT("pp", 0, PW__ALL, pw_mesh_spec, pp, 1, 1, MAX_MESH),
     PW__INT("dp", 0, PW__ALL, pw_mesh_spec, dp, 1, 1, MAX_MESH),
     PW__INT("virtual_stages", 0, PW__ALL, pw_mesh_spec, virtual_stages, 1, 1, MAX_MESH),
+    PW__INT("tp", PW__OMITDEF, PW__ALL, pw_mesh_spec, tp, 1, 1, MAX_MESH),
     PW__SKIP("placement", 0, PW__ALL), /* spec_layout.c */
 };
 

@@ -119,6 +119,7 @@ extern const int pw_n_placement_names;
 
 typedef struct {
   int pp, dp, virtual_stages; /* defaults 1, 1, 1 */
+  int tp;                     /* tensor-parallel ranks per stage (lib/model/tp.h); default 1 */
   int placement_kind;         /* pw_placement_kind; default none */
   int *placement;             /* ARRAY: stage s on rank placement[s], each in 0 .. pp-1 */
   int n_placement;

@@ -219,6 +219,7 @@ int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const
       case PW__F_SKIP: continue;
       case PW__F_INT:
         if ((f->flags & PW__OMIT0) && *(const int *)p == 0) continue;
+        if ((f->flags & PW__OMITDEF) && *(const int *)p == (int)f->def) continue;
         v = json_integer(*(const int *)p);
         break;
       case PW__F_U64: v = json_integer((json_int_t) * (const unsigned long long *)p); break;

@@ -176,6 +176,8 @@ static const bad_case bad[] = {
     {B_GPT, "{'train':{'checkpoint_every':-1}}", "train.checkpoint_every", "must be >= 0"},
     {B_GPT, "{'train':{'keep_checkpoints':0}}", "train.keep_checkpoints", "must be >= 1 (got 0)"},
     {B_GPT, "{'train':{'zero':3}}", "train.zero", "must be <= 2 (got 3)"},
+    {B_GPT, "{'mesh':{'tp':0}}", "mesh.tp", "must be >= 1 (got 0)"},
+    {B_GPT, "{'mesh':{'tp':'2'}}", "mesh.tp", "must be an integer"},
     {B_GPT, "{'train':{'zero':'1'}}", "train.zero", "must be an integer"},
     {B_GPT, "{'mesh':{'dp':2},'train':{'zero':1}}", "train.zero", "cannot be snapshotted for recovery: set "
                                                                    "train.snapshot_every to 0"},
@@ -703,6 +705,8 @@ static const char *const round_trip_specs[] = {
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'mesh':{'pp':2},"
     "'schedule':{'microbatches':2,'custom':{'ranks':['F0@s0 F1@s0 B0@s0 B1@s0','F0@s1  B0@s1 F1@s1+B1@s1']}},"
     "'train':{'batch_size':4},'data':{'kind':'copy'}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'mesh':{'pp':2,'tp':2},"
+    "'data':{'kind':'copy'}}",
 };
 
 /* train.eval_every: in the canonical spec when set, left out when 0 (so
@@ -995,6 +999,7 @@ static void test_schema(void **st) {
   /* and it names every field of every canonical spec we emit */
   json_t *specs[32];
   int n = 0;
+  _Static_assert(sizeof round_trip_specs / sizeof round_trip_specs[0] + 1 + B_FEAT <= 32, "specs[] holds them all");
   specs[n++] = jq(design_example);
   for (size_t i = 0; i < sizeof round_trip_specs / sizeof round_trip_specs[0]; i++)
     specs[n++] = jq(round_trip_specs[i]);

@@ -1,0 +1,146 @@
+/* tp: which parameters split how, their shards, and the all-reduces a
+ * tensor-parallel stage makes (tp.h). */
+#include "tp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *pw_tp_kind_name(pw_tp_kind k) {
+  static const char *const names[] = {"replicated", "column", "qkv", "row", "vocab"};
+  return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+/* The op of the first node reading value v, or -1. */
+static int consumer_op(const pw_model *m, int v) {
+  for (int j = 0; j < m->n_nodes; j++)
+    if (m->nodes[j].in[0] == v || m->nodes[j].in[1] == v) return m->nodes[j].op;
+  return -1;
+}
+
+static int producer_op(const pw_model *m, int v) {
+  int p = m->values[v].producer;
+  return p >= 0 ? m->nodes[p].op : -1;
+}
+
+static pw_tp_kind linear_kind(const pw_model *m, const pw_node *n) {
+  int c = consumer_op(m, n->out), p = producer_op(m, n->in[0]);
+  if (c == PW_OP_ROPE || c == PW_OP_ATTENTION) return PW_TP_QKV;
+  if (c == PW_OP_XENT) return PW_TP_VOCAB;
+  if (c == PW_OP_GELU || c == PW_OP_SWIGLU || c == PW_OP_RELU || c == PW_OP_SILU) return PW_TP_COLUMN;
+  if (p == PW_OP_ATTENTION || p == PW_OP_GELU || p == PW_OP_SWIGLU || p == PW_OP_RELU || p == PW_OP_SILU)
+    return PW_TP_ROW;
+  return PW_TP_REPLICATED;
+}
+
+void pw_tp_kinds(const pw_model *m, uint8_t *kinds) {
+  memset(kinds, PW_TP_REPLICATED, (size_t)m->n_params);
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    if (n->op == PW_OP_EMBED) kinds[n->w] = PW_TP_VOCAB;
+    if (n->op != PW_OP_LINEAR) continue;
+    pw_tp_kind k = linear_kind(m, n);
+    kinds[n->w] = (uint8_t)k;
+    if (n->b >= 0) kinds[n->b] = (uint8_t)(k == PW_TP_ROW ? PW_TP_REPLICATED : k);
+  }
+}
+
+int pw_tp_check(const pw_job *job, const pw_model *m, pw_err *err) {
+  int tp = job->mesh.tp;
+  if (tp <= 1) return 0;
+  const pw_model_spec *s = &job->model;
+  if (s->tmpl != PW_TEMPLATE_GPT && s->tmpl != PW_TEMPLATE_LLAMA)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) splits the gpt and llama templates only", tp);
+  if (s->lora_rank)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split LoRA adapters", tp);
+  if (s->n_heads % tp)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide model.n_heads (%d %% %d != 0)", s->n_heads, tp);
+  if (s->vocab_size % tp)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide model.vocab_size (%d %% %d != 0)", s->vocab_size, tp);
+  uint8_t *kinds = malloc((size_t)m->n_params + 1);
+  if (!kinds) return pw_err_set(err, PW_ENOMEM, "mesh.tp", "out of memory");
+  pw_tp_kinds(m, kinds);
+  int rc = 0;
+  for (int i = 0; i < m->n_params && !rc; i++)
+    if (kinds[i] == PW_TP_COLUMN && m->params[i].shape[0] % tp)
+      rc = pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide the MLP width (model.ffn_hidden: %d %% %d != 0)",
+                      m->params[i].shape[0], tp);
+  free(kinds);
+  return rc;
+}
+
+size_t pw_tp_numel(const pw_param *p, pw_tp_kind k, int tp) {
+  return k == PW_TP_REPLICATED ? p->numel : p->numel / (size_t)tp;
+}
+
+/* Walks rank r's shard as runs of contiguous floats of the canonical
+ * tensor: (canonical offset, length) in shard order. */
+typedef void (*run_fn)(float *dst, const float *src, size_t canon, size_t shard, size_t n);
+
+static void walk(float *dst, const float *src, const pw_param *p, pw_tp_kind k, int tp, int r, run_fn f) {
+  size_t rows = (size_t)p->shape[0], cols = p->ndim > 1 ? (size_t)p->shape[1] : 1, at = 0;
+  if (k == PW_TP_REPLICATED) {
+    f(dst, src, 0, 0, p->numel);
+  } else if (k == PW_TP_ROW) {
+    size_t w = cols / (size_t)tp;
+    for (size_t i = 0; i < rows; i++, at += w) f(dst, src, i * cols + (size_t)r * w, at, w);
+  } else {
+    int blocks = k == PW_TP_QKV ? 3 : 1;
+    size_t per = rows / (size_t)blocks, mine = per / (size_t)tp;
+    for (int b = 0; b < blocks; b++, at += mine * cols)
+      f(dst, src, ((size_t)b * per + (size_t)r * mine) * cols, at, mine * cols);
+  }
+}
+
+static void to_shard(float *dst, const float *src, size_t canon, size_t shard, size_t n) {
+  memcpy(dst + shard, src + canon, n * sizeof(float));
+}
+
+static void to_canon(float *dst, const float *src, size_t canon, size_t shard, size_t n) {
+  memcpy(dst + canon, src + shard, n * sizeof(float));
+}
+
+void pw_tp_shard(float *dst, const float *src, const pw_param *p, pw_tp_kind k, int tp, int r) {
+  walk(dst, src, p, k, tp, r, to_shard);
+}
+
+void pw_tp_unshard(float *dst, const float *src, const pw_param *p, pw_tp_kind k, int tp, int r) {
+  walk(dst, src, p, k, tp, r, to_canon);
+}
+
+void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out) {
+  memset(out, 0, sizeof *out);
+  for (int l = lo; l < hi; l++)
+    for (int i = m->layers[l].node_lo; i < m->layers[l].node_hi; i++) {
+      const pw_node *n = &m->nodes[i];
+      const pw_value *o = &m->values[n->out];
+      if (n->op == PW_OP_EMBED || (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW)) {
+        out->fwd += (size_t)o->rows * (size_t)o->width;
+        out->n_fwd++;
+      } else if (n->op == PW_OP_XENT) {
+        out->fwd += 3 * (size_t)m->values[n->in[0]].rows;
+        out->n_fwd += 2;
+      }
+      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED) {
+        const pw_value *x = &m->values[n->in[0]];
+        out->bwd += (size_t)x->rows * (size_t)x->width;
+        out->n_bwd++;
+      }
+    }
+}
+
+void pw_tp_shrink_sizes(const pw_model *m, const uint8_t *kinds, int node_lo, int node_hi, int tp,
+                        pw_prog_sizes *sz) {
+  for (int i = node_lo; i < node_hi; i++)
+    for (int t = 0; t < 2; t++) {
+      int id = t ? m->nodes[i].b : m->nodes[i].w;
+      if (id < 0 || kinds[id] == PW_TP_REPLICATED) continue;
+      const pw_param *p = &m->params[id];
+      size_t cut = p->numel - pw_tp_numel(p, (pw_tp_kind)kinds[id], tp);
+      int first = 1; /* a use before this one in the range: this is a shadow */
+      for (int j = node_lo; j < i && first; j++) first = m->nodes[j].w != id && m->nodes[j].b != id;
+      if (first) sz->numel -= cut;
+      if (p->frozen) continue;
+      if (first) sz->train_numel -= cut;
+      sz->grad_numel -= cut;
+    }
+}
