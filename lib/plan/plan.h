@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "cost.h"
 #include "errors.h"
 #include "layout.h"
 #include "model.h"
@@ -108,7 +109,21 @@ typedef struct {
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
   pw_region_span *regions; /* [model.n_regions] a regions model's spans (regions.h), else NULL */
   pw_sched *joint;         /* a regions model's concurrent plan (sched when it runs concurrently) */
+  /* the cost model (cost.h): a calibration profile, else the FLOP model */
+  int calibrated;          /* costs from a profile */
+  double latency, bandwidth; /* the link the simulator costs transfers on */
+  double step_end;         /* profile: the slowest rank's step end (seconds), else 0 */
+  double predicted;        /* predicted step: makespan (ranks sharing cores when the
+                              cost model says so) + step_end */
 } pw_plan;
+
+/* What pw_plan_build_costed costs a plan with: a profile (NULL: the FLOP
+ * model), and cores > 0 when every rank runs on one host of that many
+ * cores (share.h's model enters the prediction). */
+typedef struct {
+  const pw_cost_profile *profile;
+  int cores;
+} pw_cost_model;
 
 /* Build and prove the plan. `schedule` (one of the nine names) overrides the
  * job's schedule when not NULL; else the job's own is used: its name, or
@@ -116,7 +131,16 @@ typedef struct {
  * mesh.pp x mesh.virtual_stages stages. Errors carry the JSON path of what
  * to change. */
 PW_MUST_CHECK int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
+/* pw_plan_build under cost model cm (NULL: the FLOP model on separate hosts). */
+PW_MUST_CHECK int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_model *cm, pw_plan *out,
+                                       pw_err *err);
 void pw_plan_free(pw_plan *p);
+/* Sets p->step_end and p->predicted from p's simulation and memory under
+ * cm (cost_plan.c; pw_plan_build_costed calls it): the makespan, replayed
+ * with every rank (pp x dp) on one host of cm->cores cores when that
+ * oversubscribes it, plus the slowest rank's step end (the profile's cost
+ * for its gradients, and its data-parallel exchange). */
+PW_MUST_CHECK int pw_plan_predict(pw_plan *p, const pw_cost_model *cm, pw_err *err);
 /* The virtual_stages schedule `schedule` is planned with when the job's
  * do not suit it, as --compare does: its fixed value (dualpipev 2, the
  * flat ones 1), else max(2, the job's) for the interleaved ones. Unknown
