@@ -150,9 +150,9 @@ static void test_plan_exact(void **st) {
   pw_job_free(&job);
 }
 
-/* The microbatch count of the best 1f1b row under a profile base +
- * per_seq x size (*pp: the best row's pp over all schedules). */
-static int auto_m(double base, double per_seq, int max_pp, int *pp) {
+/* pw_plan_auto on the MLP job (batch 16) under a profile base + per_seq x
+ * size, pp up to max_pp, each rank under mem bytes (0: no bound). */
+static int auto_rows(double base, double per_seq, int max_pp, size_t mem, pw_auto_row **rows, int *n) {
   pw_job job;
   job_of("1f1b", 1, 1, 16, &job);
   int mb[] = {1, 16};
@@ -163,9 +163,20 @@ static int auto_m(double base, double per_seq, int max_pp, int *pp) {
   pw_cost_model cm = {.profile = &prof};
   pw_budget b;
   pw_budget_init(&b);
+  b.max_rank_memory = mem;
+  int rc = pw_plan_auto(&job, &cm, &b, max_pp, rows, n, &err);
+  pw_cost_free(&prof);
+  json_decref(j);
+  pw_job_free(&job);
+  return rc;
+}
+
+/* The microbatch count of the best 1f1b row (*pp: the best row's pp over
+ * all schedules). */
+static int auto_m(double base, double per_seq, int max_pp, int *pp) {
   pw_auto_row *rows = NULL;
   int n = 0;
-  assert_int_equal(pw_plan_auto(&job, &cm, &b, max_pp, &rows, &n, &err), 0);
+  assert_int_equal(auto_rows(base, per_seq, max_pp, 0, &rows, &n), 0);
   assert_true(n > 1);
   for (int k = 1; k < n; k++) assert_true(rows[k].predicted >= rows[0].predicted);
   int m = 0;
@@ -173,9 +184,6 @@ static int auto_m(double base, double per_seq, int max_pp, int *pp) {
     if (!strcmp(rows[k].schedule, "1f1b")) m = rows[k].m;
   *pp = rows[0].pp;
   free(rows);
-  pw_cost_free(&prof);
-  json_decref(j);
-  pw_job_free(&job);
   return m;
 }
 
@@ -190,28 +198,34 @@ static void test_auto_follows_profile(void **st) {
   assert_int_equal(pp, 2);
 }
 
-/* Under a memory bound only fitting rows may win; a bound nothing meets is
- * PW_EBUDGET. */
+/* Under a memory bound the choice is the fastest row that fits, rows over
+ * it rank after every fitting one; a bound nothing meets is PW_EBUDGET. */
 static void test_auto_memory(void **st) {
   (void)st;
-  pw_job job;
-  job_of("1f1b", 1, 1, 16, &job);
-  int mb[] = {1};
-  json_t *j = profile_for(&job, mb, 1, 0, 1e-3);
-  pw_cost_profile prof;
-  pw_err err = {0};
-  assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
-  pw_cost_model cm = {.profile = &prof};
-  pw_budget b;
-  pw_budget_init(&b);
-  b.max_rank_memory = 1;
   pw_auto_row *rows = NULL;
   int n = 0;
-  assert_int_equal(pw_plan_auto(&job, &cm, &b, 2, &rows, &n, &err), PW_EBUDGET);
+  assert_int_equal(auto_rows(0, 1e-3, 2, 0, &rows, &n), 0);
+  size_t lo = rows[0].peak_memory, hi = rows[0].peak_memory;
+  for (int k = 0; k < n; k++) {
+    if (rows[k].peak_memory < lo) lo = rows[k].peak_memory;
+    if (rows[k].peak_memory > hi) hi = rows[k].peak_memory;
+  }
+  free(rows);
+  assert_true(lo < hi);
+  size_t bound = lo + (hi - lo) / 2;
+  assert_int_equal(auto_rows(0, 1e-3, 2, bound, &rows, &n), 0);
+  assert_true(rows[0].fits && rows[0].peak_memory <= bound);
+  int seen_over = 0;
+  for (int k = 0; k < n; k++) {
+    assert_int_equal(rows[k].fits, rows[k].peak_memory <= bound);
+    if (!rows[k].fits) seen_over = 1;
+    else assert_false(seen_over); /* no fitting row after one over */
+  }
+  assert_true(seen_over);
+  free(rows);
+  rows = NULL;
+  assert_int_equal(auto_rows(0, 1e-3, 2, 1, &rows, &n), PW_EBUDGET);
   assert_null(rows);
-  pw_cost_free(&prof);
-  json_decref(j);
-  pw_job_free(&job);
 }
 
 int main(void) {
