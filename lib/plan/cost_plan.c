@@ -4,7 +4,7 @@
 
 #include <stdlib.h>
 
-int pw_plan_predict(pw_plan *p, const pw_cost_model *cm, pw_err *err) {
+int pw_plan_predict(pw_plan *p, const pw_sim_costs *c, const pw_cost_model *cm, pw_err *err) {
   double makespan = p->sim->makespan, end = 0;
   int threads = cm && cm->profile ? cm->profile->threads : 1, n = p->pp * p->dp;
   if (cm && cm->cores > 0 && n * threads > cm->cores) {
@@ -16,9 +16,8 @@ int pw_plan_predict(pw_plan *p, const pw_cost_model *cm, pw_err *err) {
     }
     for (int r = 0; r < n; r++) thr[r] = threads;
     pw_share sh = {.n_ranks = n, .host = host, .threads = thr, .n_hosts = 1, .cores = &cm->cores};
-    pw_sim_costs c = pw_plan_costs(p);
     pw_sim_result *res = NULL;
-    int rc = pw_sim_run_shared(p->sched, &c, &sh, &res, err);
+    int rc = pw_sim_run_shared(p->sched, c, &sh, &res, err);
     free(host);
     free(thr);
     if (rc) return rc;

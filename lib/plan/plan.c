@@ -431,7 +431,7 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
   if (rc) goto fail;
   rc = plan_memory(job, p, err);
   if (rc) goto fail;
-  rc = pw_plan_predict(p, cm, err);
+  rc = pw_plan_predict(p, &c, cm, err);
   if (rc) goto fail;
   return 0;
 fail:

@@ -7,7 +7,9 @@
  * Costs for the simulator come from the cost model: each stage's F, I and
  * W FLOPs for one microbatch over an assumed compute rate, and each cut's
  * activation bytes over an assumed link (defaults below; measured per-layer
- * times from partition.layer_times replace FLOPs when given).
+ * times from partition.layer_times replace FLOPs when given) — or, given a
+ * calibration profile (cost.h, pw_plan_build_costed), the host's measured
+ * layer times and link.
  *
  * Memory per rank (pw_plan_mem) is what the worker will allocate for the
  * plan, counted from the model and the action lists alone — the programs'
@@ -136,11 +138,12 @@ PW_MUST_CHECK int pw_plan_build_costed(const pw_job *job, const char *schedule, 
                                        pw_err *err);
 void pw_plan_free(pw_plan *p);
 /* Sets p->step_end and p->predicted from p's simulation and memory under
- * cm (cost_plan.c; pw_plan_build_costed calls it): the makespan, replayed
+ * cm, c being p's costs (cost_plan.c; pw_plan_build_costed calls it): the
+ * makespan, replayed
  * with every rank (pp x dp) on one host of cm->cores cores when that
  * oversubscribes it, plus the slowest rank's step end (the profile's cost
  * for its gradients, and its data-parallel exchange). */
-PW_MUST_CHECK int pw_plan_predict(pw_plan *p, const pw_cost_model *cm, pw_err *err);
+PW_MUST_CHECK int pw_plan_predict(pw_plan *p, const pw_sim_costs *c, const pw_cost_model *cm, pw_err *err);
 /* The virtual_stages schedule `schedule` is planned with when the job's
  * do not suit it, as --compare does: its fixed value (dualpipev 2, the
  * flat ones 1), else max(2, the job's) for the interleaved ones. Unknown
