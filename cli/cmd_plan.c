@@ -512,9 +512,10 @@ int pw_cmd_plan(int argc, char **argv) {
     json_decref(j);
   } else {
     print_plan(&job, &p);
-    printf("predicted step (%s%s): %.3f ms = makespan %.3f ms%s + step end %.3f ms\n", cost_model_name(&cm),
-           cm.cores ? ", ranks sharing one host's cores" : "", p.predicted * 1e3,
-           (p.predicted - p.step_end) * 1e3, cm.cores ? " (shared cores)" : "", p.step_end * 1e3);
+    char where[64] = "";
+    if (cm.cores) snprintf(where, sizeof where, ", every rank on one host of %d cores", cm.cores);
+    printf("predicted step (%s%s): %.3f ms = makespan %.3f ms + step end %.3f ms\n", cost_model_name(&cm), where,
+           p.predicted * 1e3, (p.predicted - p.step_end) * 1e3, p.step_end * 1e3);
   }
   if (trace) {
     json_t *t = pw_sim_trace_json(p.sim);
