@@ -19,6 +19,8 @@ int pw_cmd_generate(int argc, char **argv); /* cmd_generate.c */
 int pw_cmd_inspect(int argc, char **argv);
 int pw_cmd_export(int argc, char **argv); /* cmd_export.c: LoRA adapters / merge */
 int pw_cmd_plan(int argc, char **argv);
+/* cmd_calibrate.c: measure this host for the calibrated cost model */
+int pw_cmd_calibrate(int argc, char **argv);
 /* cmd_schedules.c: the catalogue, and a schedule's figures without a model */
 int pw_cmd_schedules(int argc, char **argv);
 /* cmd_remote.c: the coordinator's REST API */

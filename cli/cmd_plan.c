@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "control.h"
 #include "collective.h"
+#include "cost_auto.h"
 #include "plan.h"
 #include "slice.h"
 #include "spec.h"
@@ -33,8 +34,16 @@ static void usage(FILE *f) {
           "  --compare         every schedule that fits the job, side by side\n"
           "  --compare-regions a regions model: its regions concurrently on their own ranks\n"
           "                    against one after another (a serial runtime), same costs\n"
-          "  --cores N         with --compare-regions: also both with every rank on one\n"
-          "                    machine of N cores (the shared-cores model)\n"
+          "  --cores N         every rank on one machine of N cores (the shared-cores model)\n"
+          "                    in the predicted step; with --compare-regions: also both so\n"
+          "  --profile FILE    cost the plan with a calibration profile (pipewright calibrate)\n"
+          "                    instead of the FLOP model; ranks on the profile's host unless\n"
+          "                    --cores says otherwise\n"
+          "  --auto            rank every pp (up to --max-pp), schedule, virtual stages and\n"
+          "                    microbatch count by predicted step time and pick the fastest\n"
+          "                    that fits --max-rank-memory\n"
+          "  --max-pp N        with --auto: largest pp tried (default 8)\n"
+          "  --max-rank-memory MIB  with --auto: each rank's memory bound\n"
           "  --json            the same as JSON (what POST /v1/plans returns)\n"
           "  --trace FILE      the simulated timeline as Chrome trace-event JSON (Perfetto)\n"
           "  --slices          JSON: what each rank's assign message carries (slice, slice_sha256)\n"
@@ -237,6 +246,50 @@ static int print_slices(const pw_job *job, const pw_plan *p) {
   return rc ? 1 : 0;
 }
 
+static const char *cost_model_name(const pw_cost_model *cm) {
+  return cm->profile ? "calibrated profile" : "FLOP model";
+}
+
+/* --auto: the ranking and the choice, with why. */
+static int run_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp, int as_json) {
+  pw_auto_row *rows = NULL;
+  int n = 0;
+  pw_err err = {0};
+  if (pw_plan_auto(job, cm, b, max_pp, &rows, &n, &err)) {
+    pw_cli_report(&err);
+    return 1;
+  }
+  if (as_json) {
+    json_t *j = pw_auto_json(rows, n, cost_model_name(cm));
+    int rc = print_json(j);
+    json_decref(j);
+    free(rows);
+    return rc;
+  }
+  printf("job %s: %d configurations planned (pp 1..%d, dp %d, batch %d), costed with the %s%s\n\n", job->name, n,
+         max_pp, job->mesh.dp, job->train.batch_size, cost_model_name(cm),
+         cm->cores ? " on one host's cores" : "");
+  printf("%-4s %-3s %-26s %3s %4s %4s %12s %12s %10s %8s %9s\n", "rank", "pp", "schedule", "V", "m", "mb",
+         "predicted ms", "makespan ms", "step end", "bubble", "peak MiB");
+  for (int k = 0; k < n && k < 20; k++) {
+    const pw_auto_row *r = &rows[k];
+    printf("%-4d %-3d %-26s %3d %4d %4d %12.3f %12.3f %10.3f %8.3f %9.1f%s\n", k + 1, r->pp, r->schedule, r->V, r->m,
+           r->mb_size, r->predicted * 1e3, (r->predicted - r->step_end) * 1e3, r->step_end * 1e3, r->bubble,
+           (double)r->peak_memory / (1 << 20), r->fits ? "" : "  over memory");
+  }
+  const pw_auto_row *c = &rows[0];
+  printf("\nchosen: pp %d, %s, virtual_stages %d, %d microbatches of %d: predicted %.3f ms a step (bubble %.3f, "
+         "peak %.1f MiB a rank)",
+         c->pp, c->schedule, c->V, c->m, c->mb_size, c->predicted * 1e3, c->bubble, (double)c->peak_memory / (1 << 20));
+  if (n > 1 && rows[1].fits)
+    printf("; the next, pp %d %s V %d m %d, is %.1f %% slower", rows[1].pp, rows[1].schedule, rows[1].V, rows[1].m,
+           100 * (rows[1].predicted / c->predicted - 1));
+  printf("\nset: \"mesh\": {\"pp\": %d, \"virtual_stages\": %d}, \"schedule\": {\"name\": \"%s\", "
+         "\"microbatches\": %d}\n", c->pp, c->V, c->schedule, c->m);
+  free(rows);
+  return 0;
+}
+
 /* --schedule: the canonical name of one of the nine (other spellings and
  * other systems' names as a job spec takes them), or NULL after naming
  * them all and the nearest. */
@@ -342,11 +395,13 @@ int pw_cmd_plan(int argc, char **argv) {
                                        {"slices", no_argument, 0, 'S'},      {"export", no_argument, 0, 'E'},
                                        {"format", required_argument, 0, 'F'}, {"import-csv", required_argument, 0, 'I'},
                                        {"compare-regions", no_argument, 0, 'R'}, {"cores", required_argument, 0, 'C'},
+                                       {"profile", required_argument, 0, 'P'}, {"auto", no_argument, 0, 'A'},
+                                       {"max-pp", required_argument, 0, 'M'}, {"max-rank-memory", required_argument, 0, 'm'},
                                        {0, 0, 0, 0}};
-  const char *job_path = NULL, *sched = NULL, *trace = NULL, *format = NULL, *csv = NULL;
-  int compare = 0, as_json = 0, slices = 0, export = 0, regions = 0, cores = 0, c;
+  const char *job_path = NULL, *sched = NULL, *trace = NULL, *format = NULL, *csv = NULL, *profile = NULL;
+  int compare = 0, as_json = 0, slices = 0, export = 0, regions = 0, cores = 0, c, autop = 0, max_pp = 8, mem_mib = 0;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:RC:", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:RC:P:AM:m:", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 's': sched = optarg; break;
@@ -360,6 +415,14 @@ int pw_cmd_plan(int argc, char **argv) {
       case 'R': regions = 1; break;
       case 'C':
         if (pw_arg_int("--cores", optarg, 1, 1 << 20, &cores)) return 2;
+        break;
+      case 'P': profile = optarg; break;
+      case 'A': autop = 1; break;
+      case 'M':
+        if (pw_arg_int("--max-pp", optarg, 1, 64, &max_pp)) return 2;
+        break;
+      case 'm':
+        if (pw_arg_int("--max-rank-memory", optarg, 1, 1 << 30, &mem_mib)) return 2;
         break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
@@ -414,15 +477,26 @@ int pw_cmd_plan(int argc, char **argv) {
     pw_job_free(&job);
     return rc;
   }
-  pw_plan p;
-  if (pw_plan_build(&job, sched, &p, &err)) {
+  pw_cost_profile prof = {0};
+  if (profile && pw_cost_load(profile, &prof, &err)) {
     pw_cli_report(&err);
     pw_job_free(&job);
     return 1;
   }
-  if (pw_plan_check_fit(&job, &p, &budget, &err)) {
+  pw_cost_model cm = {.profile = profile ? &prof : NULL, .cores = cores ? cores : profile ? prof.cores : 0};
+  if (autop) {
+    budget.max_rank_memory = (size_t)mem_mib << 20;
+    snprintf(budget.memory_from, sizeof budget.memory_from, "--max-rank-memory");
+    rc = run_auto(&job, &cm, &budget, max_pp, as_json);
+    pw_cost_free(&prof);
+    pw_job_free(&job);
+    return rc;
+  }
+  pw_plan p;
+  if (pw_plan_build_costed(&job, sched, &cm, &p, &err) || pw_plan_check_fit(&job, &p, &budget, &err)) {
     pw_cli_report(&err);
-    pw_plan_free(&p);
+    if (p.sched) pw_plan_free(&p);
+    pw_cost_free(&prof);
     pw_job_free(&job);
     return 1;
   }
@@ -448,10 +522,17 @@ int pw_cmd_plan(int argc, char **argv) {
     rc = print_slices(&job, &p);
   } else if (as_json) {
     json_t *j = pw_plan_json(&job, &p);
+    json_object_set_new(j, "cost_model", json_string(cost_model_name(&cm)));
+    json_object_set_new(j, "predicted_step", json_pack("{s:f, s:f, s:i}", "seconds", p.predicted, "step_end",
+                                                       p.step_end, "cores", cm.cores));
     rc = print_json(j);
     json_decref(j);
   } else {
     print_plan(&job, &p);
+    char where[64] = "";
+    if (cm.cores) snprintf(where, sizeof where, ", every rank on one host of %d cores", cm.cores);
+    printf("predicted step (%s%s): %.3f ms = makespan %.3f ms + step end %.3f ms\n", cost_model_name(&cm), where,
+           p.predicted * 1e3, (p.predicted - p.step_end) * 1e3, p.step_end * 1e3);
   }
   if (trace) {
     json_t *t = pw_sim_trace_json(p.sim);
@@ -462,6 +543,7 @@ int pw_cmd_plan(int argc, char **argv) {
     json_decref(t);
   }
   pw_plan_free(&p);
+  pw_cost_free(&prof);
   pw_job_free(&job);
   return rc;
 }

@@ -20,6 +20,7 @@ static const pw_cli_cmd commands[] = {
      "partition, per-rank schedule and simulated analytics; --compare for all schedules; --export and "
      "--import-csv for custom ones",
      pw_cmd_plan},
+    {"calibrate", "measure this host's layer times, step end and link for `plan --profile`", pw_cmd_calibrate},
     {"schedules", "the nine schedules; with NAME --pp P --m M, one's bubble, steps and grid without a model",
      pw_cmd_schedules},
     {"submit", "send a job to the coordinator (POST /v1/jobs)", pw_cmd_submit},

@@ -332,12 +332,19 @@ static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
 pw_sim_costs pw_plan_costs(const pw_plan *p) {
   return (pw_sim_costs){.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
                         .act_bytes = p->S > 1 ? p->act_bytes : NULL, .act_scale = p->act_scale,
-                        .latency = PW_PLAN_LINK_LATENCY,
-                        .bandwidth = PW_PLAN_LINK_BW};
+                        .latency = p->latency, .bandwidth = p->bandwidth};
 }
 
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
+  return pw_plan_build_costed(job, schedule, NULL, p, err);
+}
+
+int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_model *cm, pw_plan *p, pw_err *err) {
   memset(p, 0, sizeof *p);
+  const pw_cost_profile *prof = cm ? cm->profile : NULL;
+  p->calibrated = prof != NULL;
+  p->latency = prof ? prof->latency : PW_PLAN_LINK_LATENCY;
+  p->bandwidth = prof ? prof->bandwidth : PW_PLAN_LINK_BW;
   const char *name = schedule ? schedule : job->schedule.name;
   p->pp = job->mesh.pp;
   p->dp = job->mesh.dp;
@@ -402,6 +409,10 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
     p->cost_f[s] = st->flops_f * p->mb_size * scale;
     p->cost_i[s] = st->flops_i * p->mb_size * scale;
     p->cost_w[s] = st->flops_w * p->mb_size * scale;
+  }
+  if (prof && (rc = pw_cost_stages(prof, &p->model, &p->part, p->mb_size, p->cost_f, p->cost_i, p->cost_w, err)))
+    goto fail;
+  for (int s = 0; s < S; s++) {
     if (p->n_work[s]) p->cost_i[s] += p->cost_f[s]; /* remat: the forward again, before B or I */
     p->cost_b[s] = p->cost_i[s] + p->cost_w[s];
   }
@@ -421,6 +432,8 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
   }
   if (rc) goto fail;
   rc = plan_memory(job, p, err);
+  if (rc) goto fail;
+  rc = pw_plan_predict(p, &c, cm, err);
   if (rc) goto fail;
   return 0;
 fail:

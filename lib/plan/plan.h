@@ -7,7 +7,9 @@
  * Costs for the simulator come from the cost model: each stage's F, I and
  * W FLOPs for one microbatch over an assumed compute rate, and each cut's
  * activation bytes over an assumed link (defaults below; measured per-layer
- * times from partition.layer_times replace FLOPs when given).
+ * times from partition.layer_times replace FLOPs when given) — or, given a
+ * calibration profile (cost.h, pw_plan_build_costed), the host's measured
+ * layer times and link.
  *
  * Memory per rank (pw_plan_mem) is what the worker will allocate for the
  * plan, counted from the model and the action lists alone — the programs'
@@ -19,6 +21,7 @@
 
 #include <jansson.h>
 
+#include "cost.h"
 #include "errors.h"
 #include "layout.h"
 #include "model.h"
@@ -114,6 +117,12 @@ typedef struct {
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
   pw_region_span *regions; /* [model.n_regions] a regions model's spans (regions.h), else NULL */
   pw_sched *joint;         /* a regions model's concurrent plan (sched when it runs concurrently) */
+  /* the cost model (cost.h): a calibration profile, else the FLOP model */
+  int calibrated;          /* costs from a profile */
+  double latency, bandwidth; /* the link the simulator costs transfers on */
+  double step_end;         /* profile: the slowest rank's step end (seconds), else 0 */
+  double predicted;        /* predicted step: makespan (ranks sharing cores when the
+                              cost model says so) + step_end */
 } pw_plan;
 
 /* Tensor parallel (plan_tp.c): checks mesh.tp and splits each stage's
@@ -123,13 +132,31 @@ typedef struct {
 PW_MUST_CHECK int pw_plan_tp(const pw_job *job, pw_plan *p, pw_err *err);
 void pw_plan_tp_rank(const pw_plan *p, int s, pw_prog_sizes *sz, pw_plan_mem *r);
 
+/* What pw_plan_build_costed costs a plan with: a profile (NULL: the FLOP
+ * model), and cores > 0 when every rank runs on one host of that many
+ * cores (share.h's model enters the prediction). */
+typedef struct {
+  const pw_cost_profile *profile;
+  int cores;
+} pw_cost_model;
+
 /* Build and prove the plan. `schedule` (one of the nine names) overrides the
  * job's schedule when not NULL; else the job's own is used: its name, or
  * its custom lists (schedule.custom, pw_sched_from_ranks), which must make
  * mesh.pp x mesh.virtual_stages stages. Errors carry the JSON path of what
  * to change. */
 PW_MUST_CHECK int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *out, pw_err *err);
+/* pw_plan_build under cost model cm (NULL: the FLOP model on separate hosts). */
+PW_MUST_CHECK int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_model *cm, pw_plan *out,
+                                       pw_err *err);
 void pw_plan_free(pw_plan *p);
+/* Sets p->step_end and p->predicted from p's simulation and memory under
+ * cm, c being p's costs (cost_plan.c; pw_plan_build_costed calls it): the
+ * makespan, replayed
+ * with every rank (pp x dp) on one host of cm->cores cores when that
+ * oversubscribes it, plus the slowest rank's step end (the profile's cost
+ * for its gradients, and its data-parallel exchange). */
+PW_MUST_CHECK int pw_plan_predict(pw_plan *p, const pw_sim_costs *c, const pw_cost_model *cm, pw_err *err);
 /* The virtual_stages schedule `schedule` is planned with when the job's
  * do not suit it, as --compare does: its fixed value (dualpipev 2, the
  * flat ones 1), else max(2, the job's) for the interleaved ones. Unknown

@@ -1,0 +1,238 @@
+/* test_cost: the calibration profile (lib/plan/cost.h) — its parser's named
+ * errors, interpolation between microbatch sizes, a plan costed with a
+ * synthetic profile (an exactly predictable step), and --auto's choice
+ * (cost_auto.h) following the profile. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cost.h"
+#include "cost_auto.h"
+#include "plan.h"
+#include "spec_json.h"
+
+static const char *MLP = "\"template\": \"mlp\", \"in_dim\": 12, \"hidden_dim\": 40, \"n_layers\": 4,"
+                         " \"out_dim\": 5, \"activation\": \"gelu\", \"loss\": \"mse\"";
+
+static void job_of(const char *sched, int pp, int m, int batch, pw_job *job) {
+  char buf[1024];
+  snprintf(buf, sizeof buf,
+           "{\"name\": \"t\", \"model\": {%s}, \"mesh\": {\"pp\": %d, \"dp\": 1, \"virtual_stages\": 1},"
+           " \"schedule\": {\"name\": \"%s\", \"microbatches\": %d}, \"partition\": {\"mode\": \"even\"},"
+           " \"train\": {\"steps\": 1, \"batch_size\": %d, \"optimizer\": {\"name\": \"adamw\", \"lr\": 1e-3}},"
+           " \"data\": {\"kind\": \"regression\"}}",
+           MLP, pp, sched, m, batch);
+  json_t *j = json_loads(buf, 0, NULL);
+  assert_non_null(j);
+  pw_err err = {0};
+  assert_int_equal(pw_job_parse(j, NULL, job, &err), 0);
+  json_decref(j);
+}
+
+/* A profile for job's model: every layer's F, I, W at each size = base +
+ * per_seq x size (seconds). */
+static json_t *profile_for(const pw_job *job, const int *mb, int n_mb, double base, double per_seq) {
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&job->model, &m, &err), 0);
+  json_t *layers = json_array(), *mbs = json_array();
+  for (int k = 0; k < n_mb; k++) json_array_append_new(mbs, json_integer(mb[k]));
+  for (int l = 0; l < m.n_layers; l++) {
+    json_t *f = json_array();
+    for (int k = 0; k < n_mb; k++) json_array_append_new(f, json_real(base + per_seq * mb[k]));
+    json_array_append_new(layers, json_pack("{s:s, s:O, s:O, s:o}", "name", m.layers[l].name, "f", f, "i", f, "w", f));
+  }
+  pw_model_free(&m);
+  return json_pack("{s:i, s:s, s:i, s:o, s:o, s:{s:f, s:f}, s:{s:f, s:f}}", "version", 1, "host", "t", "cores", 64,
+                   "mb_sizes", mbs, "layers", layers, "step", "per_param_s", 1e-9, "fixed_s", 2e-3, "link",
+                   "latency_s", 0.0, "bandwidth_Bps", 0.0);
+}
+
+/* text parses to an error at path. */
+static void bad(const char *text, const char *path, const char *words) {
+  json_t *j = json_loads(text, 0, NULL);
+  assert_non_null(j);
+  pw_cost_profile p;
+  pw_err err = {0};
+  assert_int_equal(pw_cost_parse(j, &p, &err), PW_EFORMAT);
+  if (strcmp(err.path, path) || !strstr(err.msg, words))
+    print_error("got %s: %s (wanted %s: ...%s...)\n", err.path, err.msg, path, words);
+  assert_string_equal(err.path, path);
+  assert_non_null(strstr(err.msg, words));
+  json_decref(j);
+}
+
+#define L1 "\"layers\": [{\"name\": \"a\", \"f\": [1], \"i\": [1], \"w\": [1]}]"
+
+static void test_parse_errors(void **st) {
+  (void)st;
+  bad("[]", "profile", "object");
+  bad("{\"version\": 2}", "profile.version", "must be 1");
+  bad("{\"version\": 1, \"mb_sizes\": []," L1 "}", "profile.mb_sizes", "1..16");
+  bad("{\"version\": 1, \"mb_sizes\": [2, 2]," L1 "}", "profile.mb_sizes[1]", "ascend");
+  bad("{\"version\": 1, \"mb_sizes\": [0]," L1 "}", "profile.mb_sizes[0]", "integer in 1..");
+  bad("{\"version\": 1, \"mb_sizes\": [1, 2]," L1 "}", "profile.layers[0].f", "2 numbers");
+  bad("{\"version\": 1, \"mb_sizes\": [1], \"layers\": [{\"name\": \"a\", \"f\": [1], \"i\": [-1], \"w\": [1]}]}",
+      "profile.layers[0].i[0]", ">= 0");
+  bad("{\"version\": 1, \"mb_sizes\": [1], \"layers\": [{\"name\": \"a\", \"f\": [1], \"i\": [1], \"w\": [1]},"
+      " {\"name\": \"a\", \"f\": [1], \"i\": [1], \"w\": [1]}]}",
+      "profile.layers[1].name", "twice");
+  bad("{\"version\": 1, \"mb_sizes\": [1]," L1 ", \"link\": {\"latency_s\": \"x\"}}", "profile.link.latency_s", ">= 0");
+  bad("{\"version\": 1, \"mb_sizes\": [1]," L1 ", \"cores\": 0}", "profile.cores", "integer");
+  bad("{\"version\": 1, \"mb_sizes\": [1], \"layers\": [{\"f\": [1]}]}", "profile.layers[0].name", "layer name");
+}
+
+static void test_interpolate_and_round_trip(void **st) {
+  (void)st;
+  const char *text = "{\"version\": 1, \"mb_sizes\": [1, 4], \"layers\": [{\"name\": \"a\", \"f\": [1, 7],"
+                     " \"i\": [2, 2], \"w\": [0, 3]}]}";
+  json_t *j = json_loads(text, 0, NULL);
+  pw_cost_profile p, q;
+  pw_err err = {0};
+  assert_int_equal(pw_cost_parse(j, &p, &err), 0);
+  double f, i, w;
+  pw_cost_layer(&p, 0, 2, &f, &i, &w); /* a third of the way from 1 to 4 */
+  assert_true(fabs(f - 3) < 1e-12 && fabs(i - 2) < 1e-12 && fabs(w - 1) < 1e-12);
+  pw_cost_layer(&p, 0, 8, &f, &i, &w); /* past the last: per sequence of mb 4 */
+  assert_true(fabs(f - 14) < 1e-12 && fabs(w - 6) < 1e-12);
+  json_t *back = pw_cost_json(&p);
+  assert_int_equal(pw_cost_parse(back, &q, &err), 0);
+  assert_int_equal(q.n_mb, 2);
+  assert_string_equal(q.names[0], "a");
+  assert_true(q.f[1] == 7 && q.latency == p.latency);
+  pw_cost_free(&p);
+  pw_cost_free(&q);
+  json_decref(back);
+  json_decref(j);
+}
+
+/* pp 1, 1f1b, m microbatches: the step is m x the layers' F + I + W (no
+ * bubble with one rank) plus the step end for every trainable parameter. */
+static void test_plan_exact(void **st) {
+  (void)st;
+  pw_job job;
+  job_of("1f1b", 1, 4, 16, &job);
+  int mb[] = {2, 4, 8};
+  json_t *j = profile_for(&job, mb, 3, 1e-3, 1e-4); /* mb 4: 1.4 ms a layer and direction */
+  pw_cost_profile prof;
+  pw_err err = {0};
+  assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
+  pw_cost_model cm = {.profile = &prof};
+  pw_plan p;
+  assert_int_equal(pw_plan_build_costed(&job, NULL, &cm, &p, &err), 0);
+  assert_true(p.calibrated);
+  int L = p.model.n_layers;
+  double want = 4 * L * 3 * 1.4e-3;
+  assert_true(fabs(p.sim->makespan - want) < 1e-9);
+  double end = 2e-3 + 1e-9 * (double)(p.mem[0].grads / sizeof(float));
+  assert_true(fabs(p.step_end - end) < 1e-12);
+  assert_true(fabs(p.predicted - want - end) < 1e-9);
+  pw_plan_free(&p);
+  /* a layer the profile lacks is named */
+  pw_cost_profile bad;
+  json_t *one = json_loads("{\"version\": 1, \"mb_sizes\": [1], " L1 "}", 0, NULL);
+  assert_int_equal(pw_cost_parse(one, &bad, &err), 0);
+  cm.profile = &bad;
+  assert_int_equal(pw_plan_build_costed(&job, NULL, &cm, &p, &err), PW_EFORMAT);
+  assert_string_equal(err.path, "profile.layers");
+  assert_non_null(strstr(err.msg, "no entry for layer"));
+  pw_cost_free(&bad);
+  json_decref(one);
+  pw_cost_free(&prof);
+  json_decref(j);
+  pw_job_free(&job);
+}
+
+/* pw_plan_auto on the MLP job (batch 16) under a profile base + per_seq x
+ * size, pp up to max_pp, each rank under mem bytes (0: no bound). */
+static int auto_rows(double base, double per_seq, int max_pp, size_t mem, pw_auto_row **rows, int *n) {
+  pw_job job;
+  job_of("1f1b", 1, 1, 16, &job);
+  int mb[] = {1, 16};
+  json_t *j = profile_for(&job, mb, 2, base, per_seq);
+  pw_cost_profile prof;
+  pw_err err = {0};
+  assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
+  pw_cost_model cm = {.profile = &prof};
+  pw_budget b;
+  pw_budget_init(&b);
+  b.max_rank_memory = mem;
+  int rc = pw_plan_auto(&job, &cm, &b, max_pp, rows, n, &err);
+  pw_cost_free(&prof);
+  json_decref(j);
+  pw_job_free(&job);
+  return rc;
+}
+
+/* The microbatch count of the best 1f1b row (*pp: the best row's pp over
+ * all schedules). */
+static int auto_m(double base, double per_seq, int max_pp, int *pp) {
+  pw_auto_row *rows = NULL;
+  int n = 0;
+  assert_int_equal(auto_rows(base, per_seq, max_pp, 0, &rows, &n), 0);
+  assert_true(n > 1);
+  for (int k = 1; k < n; k++) assert_true(rows[k].predicted >= rows[0].predicted);
+  int m = 0;
+  for (int k = n - 1; k >= 0; k--)
+    if (!strcmp(rows[k].schedule, "1f1b")) m = rows[k].m;
+  *pp = rows[0].pp;
+  free(rows);
+  return m;
+}
+
+static void test_auto_follows_profile(void **st) {
+  (void)st;
+  int pp;
+  /* a microbatch costs mostly a fixed overhead: one microbatch of 16 wins */
+  assert_int_equal(auto_m(10e-3, 1e-6, 1, &pp), 1);
+  /* time proportional to the sequences: on two ranks, more microbatches
+   * shrink the bubble, so the most (16) wins, on two ranks */
+  assert_int_equal(auto_m(0, 1e-3, 2, &pp), 16);
+  assert_int_equal(pp, 2);
+}
+
+/* Under a memory bound the choice is the fastest row that fits, rows over
+ * it rank after every fitting one; a bound nothing meets is PW_EBUDGET. */
+static void test_auto_memory(void **st) {
+  (void)st;
+  pw_auto_row *rows = NULL;
+  int n = 0;
+  assert_int_equal(auto_rows(0, 1e-3, 2, 0, &rows, &n), 0);
+  size_t lo = rows[0].peak_memory, hi = rows[0].peak_memory;
+  for (int k = 0; k < n; k++) {
+    if (rows[k].peak_memory < lo) lo = rows[k].peak_memory;
+    if (rows[k].peak_memory > hi) hi = rows[k].peak_memory;
+  }
+  free(rows);
+  assert_true(lo < hi);
+  size_t bound = lo + (hi - lo) / 2;
+  assert_int_equal(auto_rows(0, 1e-3, 2, bound, &rows, &n), 0);
+  assert_true(rows[0].fits && rows[0].peak_memory <= bound);
+  int seen_over = 0;
+  for (int k = 0; k < n; k++) {
+    assert_int_equal(rows[k].fits, rows[k].peak_memory <= bound);
+    if (!rows[k].fits) seen_over = 1;
+    else assert_false(seen_over); /* no fitting row after one over */
+  }
+  assert_true(seen_over);
+  free(rows);
+  rows = NULL;
+  assert_int_equal(auto_rows(0, 1e-3, 2, 1, &rows, &n), PW_EBUDGET);
+  assert_null(rows);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_errors),          cmocka_unit_test(test_interpolate_and_round_trip),
+      cmocka_unit_test(test_plan_exact),            cmocka_unit_test(test_auto_follows_profile),
+      cmocka_unit_test(test_auto_memory),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
