@@ -374,6 +374,7 @@ void pw_dpx_load_end(pw_run *r) {
 static int chunk_fits(pw_run *r, int from, const pw_frame_hdr *h, pw_dpx **x, int *li, int *d, size_t *lo, size_t *off,
                       pw_err *err) {
   int what = (int)(h->value & 15), c = (int)(h->value >> 4), full = what == PW_DPX_FRS || what == PW_DPX_FAG;
+  *x = NULL, *lo = *off = 0; /* set on every path: -O3 cannot see that callers only read them on success */
   *li = h->stage < (uint32_t)r->S ? r->lidx_of_stage[h->stage] : -1;
   *d = (int)h->microbatch;
   if (*li < 0 || !r->cp.dpx || (full && !r->cp.dpf) || *d >= r->dp || *d == r->replica || from != peer(r, *d) ||
