@@ -9,9 +9,10 @@ an order that rotates every round, so load from other processes hits all of
 them alike:
   pw-fp32-haswell  pipewright float32, OPENBLAS_CORETYPE=Haswell (CI's forced AVX2)
   pw-fp32-native   pipewright float32, OPENBLAS_CORETYPE unset (AVX-512 sgemm here)
-  pw-bf16-haswell  pipewright train.precision "bf16" (oneDNN's AVX512_BF16 matmul;
-                   OpenBLAS's forced Haswell kernels for the attention's sgemms)
-  pw-bf16-native   the same with OpenBLAS's own kernels for the attention
+  pw-bf16-haswell  pipewright train.precision "bf16" (oneDNN's AVX512_BF16 matmul),
+                   OPENBLAS_CORETYPE=Haswell
+  pw-bf16-native   the same with OpenBLAS's own kernels (since attention's products
+                   run in bf16 too, a bf16 step calls no sgemm: the two should agree)
   torch-fp32       PyTorch float32 (at its best: the multi-tensor AdamW, benchlib.torch_cmd)
   torch-bf16       the same with forward and loss under torch.autocast("cpu", torch.bfloat16)
 Prints the median ms per step with min-max, and the ratios as medians of

@@ -135,7 +135,7 @@ typedef struct {
   pthread_mutex_t lock;  /* one call at a time per primitive (its memory objects) */
 } entry;
 
-#define MAX_PRIMS 256
+#define MAX_PRIMS 1024
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *table[MAX_PRIMS];

@@ -65,6 +65,21 @@ void pw_linear_backward_weight_bf16(float *dw, float *dbias, const float *dout, 
 void pw_linear_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                              const pw_bf16 *wb, pw_bf16 *dyb, pw_bf16 *xb, int N, int C, int OC, int acc);
 
+/* Causal attention (ops.h's pw_attention_*) with the four products on bf16
+ * operands (pw_gemm_bf16): Q K^T on bf16 q and k, then the scale in
+ * float32; P V on bf16(P) and v; dP = dO V^T on bf16 dout and v; dQ and dK
+ * on bf16(scale * dS) with k and q; dV on bf16(P) and dout. Softmax, its
+ * gradient and the saved P (att) stay float32. bs holds at least
+ * pw_attention_bf16_scratch(B, T, C) bf16; scratch T*T floats as ops.h's. */
+static inline size_t pw_attention_bf16_scratch(int B, int T, int C) {
+  return 4 * (size_t)B * T * C + 2 * (size_t)T * T; /* the planner counts it too */
+}
+void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
+                               int NH);
+void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C, int NH,
+                                      int acc);
+
 /* 1 when pw_gemm_bf16 runs oneDNN's AVX512_BF16 kernels, 0 for the sgemm
  * path. Decided at the first call of either (PW_CPU read then). */
 int pw_gemm_bf16_native(void);

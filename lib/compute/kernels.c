@@ -103,10 +103,20 @@ static void rope_f(const pw_kernel_io *io) {
 static void rope_i(const pw_kernel_io *io) {
   pw_rope_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C / 3, io->n->NH, io->n->base, io->acc0);
 }
+/* bf16 programs bind bscratch for attention too (pw_attention_*_bf16) */
 static void attention_f(const pw_kernel_io *io) {
+  if (io->bscratch) {
+    pw_attention_forward_bf16(io->out, io->aux, io->bscratch, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH);
+    return;
+  }
   pw_attention_forward(io->out, io->aux, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH);
 }
 static void attention_i(const pw_kernel_io *io) {
+  if (io->bscratch) {
+    pw_attention_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->in0, io->aux, io->B,
+                                     io->n->T, io->n->C / 3, io->n->NH, io->acc0);
+    return;
+  }
   pw_attention_backward_input(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, io->n->T, io->n->C / 3,
                               io->n->NH, io->acc0);
 }

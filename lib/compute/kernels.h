@@ -22,7 +22,7 @@ typedef struct {
   int acc0, acc1;              /* the input gradient accumulates (1) or is overwritten (0) */
   float loss_scale;            /* microbatch losses sum to the batch mean */
   pw_bf16 *wb;                 /* bf16 programs' linear nodes: the weight's bf16 copy */
-  pw_bf16 *bscratch;           /* and room for rows x (C + OC) bf16 operands */
+  pw_bf16 *bscratch;           /* and room for rows x (C + OC) bf16 operands; attention nodes too */
 } pw_kernel_io;
 
 typedef void (*pw_kernel_fn)(const pw_kernel_io *io);

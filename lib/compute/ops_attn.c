@@ -8,13 +8,16 @@
  * halves the work for long sequences. Never allocates: the forward uses
  * `att` itself as the score buffer, the backward a T*T scratch. Softmax
  * rows use ops_math.h (vectorized exact exp, lane-wise max and sums). The
- * loops around the sgemms are PW_CPU_DISPATCH functions (cpu.h). */
+ * loops around the sgemms are PW_CPU_DISPATCH functions (cpu.h).
+ * train.precision "bf16" runs the same blocks with the products on bf16
+ * operands (pw_gemm_bf16, bf16.h; the rule in docs/contracts.md#bf16). */
 #include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "cpu.h"
 #include "log.h"
 #include "ops_math.h"
@@ -205,6 +208,97 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, 1.0f,
                     P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta,
                     dv + (size_t)c0 * C3, C3);
+      }
+    }
+}
+
+/* ---- attention with bf16 products (train.precision "bf16") --------------- */
+
+/* The same blocks and softmax as above; the four products take bf16
+ * operands through pw_gemm_bf16 (float32 accumulation): q, k, v and dout
+ * converted once per call, P and scale * dS per row block. bs layout:
+ * qkv (B*T*3C), then forward P's block (ATTN_BLOCK*T <= 2T*T) or backward
+ * dout (B*T*C), P (T*T) and scale * dS (T*T). */
+/* rows x n of src into dst, both with row length ld */
+static void rows_to_bf16(pw_bf16 *dst, const float *src, int ld, int rows, int n) {
+  for (int i = 0; i < rows; i++) pw_bf16_from_f32(dst + (size_t)i * ld, src + (size_t)i * ld, (size_t)n);
+}
+
+/* rows x n of x (row length ld) times s */
+static void scale_rows(float *x, int ld, int rows, int n, float s) {
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < n; j++) x[(size_t)i * ld + j] *= s;
+}
+
+void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
+                               int NH) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  int HD = C / NH;
+  int C3 = 3 * C;
+  float scale = 1.0f / sqrtf((float)HD);
+  pw_bf16 *qkvb = bs, *pb = bs + (size_t)B * T * C3;
+  pw_bf16_from_f32(qkvb, qkv, (size_t)B * T * C3);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
+      const pw_bf16 *k = q + C;
+      const pw_bf16 *v = q + 2 * (size_t)C;
+      float *o = out + (size_t)b * T * C + (size_t)h * HD;
+      float *P = att + ((size_t)b * NH + h) * T * T;
+      for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
+        int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
+        int rows = r1 - r0;
+        /* S[r0:r1, 0:r1] = Q[r0:r1] K[0:r1]^T, then times scale in float32 */
+        pw_gemm_bf16(0, 1, rows, r1, HD, q + (size_t)r0 * C3, C3, k, C3, 0, P + (size_t)r0 * T, T);
+        scale_rows(P + (size_t)r0 * T, T, rows, r1, scale);
+        softmax_block(P, T, r0, r1);
+        /* O[r0:r1] = bf16(P[r0:r1, 0:r1]) V[0:r1]; P itself stays float32 */
+        rows_to_bf16(pb, P + (size_t)r0 * T, T, rows, r1);
+        pw_gemm_bf16(0, 0, rows, HD, r1, pb, T, v, C3, 0, o + (size_t)r0 * C, C);
+      }
+    }
+}
+
+void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C, int NH,
+                                      int acc) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  int HD = C / NH;
+  int C3 = 3 * C;
+  float scale = 1.0f / sqrtf((float)HD);
+  pw_bf16 *qkvb = bs, *dob = bs + (size_t)B * T * C3;
+  pw_bf16 *pb = dob + (size_t)B * T * C, *dsb = pb + (size_t)T * T;
+  pw_bf16_from_f32(qkvb, qkv, (size_t)B * T * C3);
+  pw_bf16_from_f32(dob, dout, (size_t)B * T * C);
+  float *dS = scratch; /* (T,T): dP, then dS in place, then scale * dS */
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++) {
+      const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
+      const pw_bf16 *k = q + C;
+      const pw_bf16 *v = q + 2 * (size_t)C;
+      float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
+      float *dk = dq + C;
+      float *dv = dq + 2 * (size_t)C;
+      const pw_bf16 *dO = dob + (size_t)b * T * C + (size_t)h * HD;
+      const float *P = att + ((size_t)b * NH + h) * T * T;
+      for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
+        int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
+        int rows = r1 - r0;
+        pw_gemm_bf16(0, 1, rows, r1, HD, dO + (size_t)r0 * C, C, v, C3, 0, dS + (size_t)r0 * T, T);
+        softmax_grad_block(dS, P, T, r0, r1);
+        /* the later products read rows [r0, r1) up to column r1 only */
+        scale_rows(dS + (size_t)r0 * T, T, rows, r1, scale);
+        rows_to_bf16(dsb + (size_t)r0 * T, dS + (size_t)r0 * T, T, rows, r1);
+        rows_to_bf16(pb + (size_t)r0 * T, P + (size_t)r0 * T, T, rows, r1);
+        pw_gemm_bf16(0, 0, rows, HD, r1, dsb + (size_t)r0 * T, T, k, C3, acc, dq + (size_t)r0 * C3, C3);
+      }
+      for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
+        int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
+        int cols = c1 - c0;
+        pw_gemm_bf16(1, 0, cols, HD, T - c0, dsb + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, acc,
+                     dk + (size_t)c0 * C3, C3);
+        pw_gemm_bf16(1, 0, cols, HD, T - c0, pb + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, acc,
+                     dv + (size_t)c0 * C3, C3);
       }
     }
 }

@@ -164,6 +164,10 @@ static int plan_bf16(pw_prog *p) {
       wn += (size_t)n->OC * (size_t)n->C;
       if (rows * (size_t)(n->C + n->OC) > sn) sn = rows * (size_t)(n->C + n->OC);
     }
+    if (n->op == PW_OP_ATTENTION) {
+      size_t an = pw_attention_bf16_scratch(p->cfg.mb_size, n->T, n->C / 3);
+      if (an > sn) sn = an;
+    }
     if (m->values[n->out].dtype != PW_DT_F32) continue;
     for (int j = i + 1; j < m->n_nodes; j++) /* read by a later layer: rounded */
       if (m->nodes[j].layer != n->layer && (m->nodes[j].in[0] == n->out || m->nodes[j].in[1] == n->out))
@@ -427,6 +431,7 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
     io->wb = p->wb + p->wb_off[li];
     io->bscratch = p->bscratch;
   }
+  if (p->wb && n->op == PW_OP_ATTENTION) io->bscratch = p->bscratch;
 }
 
 static void node_forward(pw_prog *p, int slot, int i) {

@@ -227,12 +227,92 @@ static void test_linear(void **state) {
   pw_gemm_bf16_force(1);
 }
 
+/* Attention with bf16 products: B 2, T 80 (a full and a partial causal
+ * block), C 32, NH 2. */
+enum { AB = 2, AT = 80, AC = 32, ANH = 2, AHD = AC / ANH };
+
+static float rb(float x) { return pw_bf16_value(pw_bf16_of(x)); }
+
+static void test_attention(void **state) {
+  (void)state;
+  size_t nq = (size_t)AB * AT * 3 * AC, no = (size_t)AB * AT * AC, na = (size_t)AB * ANH * AT * AT;
+  float *qkv = malloc(nq * sizeof(float)), *dout = malloc(no * sizeof(float));
+  float *o = malloc(no * sizeof(float)), *o32 = malloc(no * sizeof(float));
+  float *att = malloc(na * sizeof(float)), *att32 = malloc(na * sizeof(float));
+  float *dq = malloc(nq * sizeof(float)), *dq32 = malloc(nq * sizeof(float)), *dq0 = malloc(nq * sizeof(float));
+  float *scratch = malloc((size_t)AT * AT * sizeof(float));
+  pw_bf16 *bs = malloc(pw_attention_bf16_scratch(AB, AT, AC) * sizeof(pw_bf16));
+  assert_non_null(qkv), assert_non_null(dout), assert_non_null(o), assert_non_null(o32), assert_non_null(att);
+  assert_non_null(att32), assert_non_null(dq), assert_non_null(dq32), assert_non_null(dq0);
+  assert_non_null(scratch), assert_non_null(bs);
+  fill(qkv, nq, 31, 1.0f);
+  fill(dout, no, 32, 0.01f);
+  for (int paths = 0; paths < 2; paths++) {
+    pw_gemm_bf16_force(!paths);
+    pw_attention_forward(o32, att32, qkv, AB, AT, AC, ANH); /* o32 is reused below */
+    pw_attention_forward_bf16(o, att, bs, qkv, AB, AT, AC, ANH);
+    assert_true(rel_err(o, o32, no) < 0x1p-6);
+    assert_true(rel_err(att, att32, na) < 0x1p-6);
+    /* the rule: O = bf16(P) bf16(v) with float32 accumulation, P the saved
+     * float32 probabilities; upper triangle zero */
+    for (int b = 0; b < AB; b++)
+      for (int h = 0; h < ANH; h++)
+        for (int i = 0; i < AT; i++) {
+          const float *P = att + (((size_t)b * ANH + h) * AT + i) * AT;
+          for (int j = i + 1; j < AT; j++) assert_true(P[j] == 0.0f);
+          for (int d = 0; d < AHD; d++) {
+            double ref = 0, mag = 0;
+            for (int j = 0; j <= i; j++) {
+              double t = (double)rb(P[j]) * rb(qkv[((size_t)b * AT + j) * 3 * AC + 2 * AC + h * AHD + d]);
+              ref += t, mag += fabs(t);
+            }
+            double got = o[((size_t)b * AT + i) * AC + h * AHD + d];
+            assert_true(fabs(got - ref) <= (i + 2) * 0x1p-23 * mag + 1e-30);
+          }
+        }
+    /* backward: against float32 to the bf16 tolerance, overwrite and
+     * accumulate (acc adds to what was there: equal to overwrite + prior) */
+    pw_attention_backward_input(dq32, scratch, dout, qkv, att32, AB, AT, AC, ANH, 0);
+    pw_attention_backward_input_bf16(dq, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, 0);
+    for (int part = 0; part < 3; part++) { /* dq, dk and dv each, as columns of dqkv */
+      float *g = o, *g32 = o32; /* (AB*AT, AC) each: the forward's checks are done */
+      for (size_t r = 0; r < (size_t)AB * AT; r++) {
+        memcpy(g + r * AC, dq + r * 3 * AC + part * AC, AC * sizeof(float));
+        memcpy(g32 + r * AC, dq32 + r * 3 * AC + part * AC, AC * sizeof(float));
+      }
+      assert_true(rel_err(g, g32, no) < 0x1p-5);
+    }
+    fill(dq0, nq, 33, 0.001f);
+    memcpy(dq32, dq0, nq * sizeof(float));
+    pw_attention_backward_input_bf16(dq32, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, 1);
+    for (size_t i = 0; i < nq; i++) assert_true(fabsf(dq32[i] - (dq0[i] + dq[i])) <= 0x1p-20 * (fabsf(dq0[i]) + fabsf(dq[i])) + 1e-30f);
+    /* dV = bf16(P)^T bf16(dout): the rule, exactly as stated */
+    for (int b = 0; b < AB; b++)
+      for (int h = 0; h < ANH; h++)
+        for (int j = 0; j < AT; j++)
+          for (int d = 0; d < AHD; d++) {
+            double ref = 0, mag = 0;
+            for (int i = j; i < AT; i++) {
+              double t = (double)rb(att[(((size_t)b * ANH + h) * AT + i) * AT + j]) *
+                         rb(dout[((size_t)b * AT + i) * AC + h * AHD + d]);
+              ref += t, mag += fabs(t);
+            }
+            double got = dq[((size_t)b * AT + j) * 3 * AC + 2 * AC + h * AHD + d];
+            assert_true(fabs(got - ref) <= (AT + 2) * 0x1p-23 * mag + 1e-30);
+          }
+  }
+  pw_gemm_bf16_force(1);
+  free(qkv), free(dout), free(o), free(o32), free(att), free(att32), free(dq), free(dq32), free(dq0);
+  free(scratch), free(bs);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round),
       cmocka_unit_test(test_levels_and_inplace),
       cmocka_unit_test(test_gemm_paths),
       cmocka_unit_test(test_linear),
+      cmocka_unit_test(test_attention),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

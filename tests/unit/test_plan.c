@@ -13,6 +13,7 @@
 
 #include "spec_json.h"
 #include "collective.h"
+#include "bf16.h"
 #include "plan.h"
 #include "prog.h"
 
@@ -239,7 +240,8 @@ static void test_bf16_plan(void **state) {
   assert_int_equal(b16.mem[0].slots, f32.mem[0].slots + (size_t)b16.peak_slots[0] * s0->out_bytes * b16.mb_size / 2);
   assert_int_equal(b16.mem[1].slots, f32.mem[1].slots);
   /* stage 1 (blocks 2, 3 and the head): 4 linear weights a block, the
-   * head's lm_head, and the widest node's operands (the MLP's fc) */
+   * head's lm_head, and the widest node's operands (the MLP's fc, or
+   * attention's) */
   const pw_model *m = &b16.model;
   size_t wb = 0, ops = 0;
   for (int i = m->layers[b16.part.stages[1].layer_lo].node_lo; i < m->n_nodes; i++)
@@ -247,6 +249,9 @@ static void test_bf16_plan(void **state) {
       size_t rows = (size_t)b16.mb_size * (size_t)m->values[m->nodes[i].in[0]].rows;
       wb += (size_t)m->nodes[i].C * (size_t)m->nodes[i].OC;
       if (rows * (size_t)(m->nodes[i].C + m->nodes[i].OC) > ops) ops = rows * (size_t)(m->nodes[i].C + m->nodes[i].OC);
+    } else if (m->nodes[i].op == PW_OP_ATTENTION) { /* or attention's (bf16.h) */
+      size_t at = pw_attention_bf16_scratch(b16.mb_size, m->nodes[i].T, m->nodes[i].C / 3);
+      if (at > ops) ops = at;
     }
   assert_int_equal(b16.mem[1].scratch, f32.mem[1].scratch + 2 * (wb + ops));
   assert_true(b16.mem[0].total > f32.mem[0].total);
