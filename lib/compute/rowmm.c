@@ -77,26 +77,28 @@ static int make_prim(pw_rowmm *r, int m, dnnl_memory_desc_t *wmd) {
   return bad;
 }
 
-/* w (OC, C) row-major is B = w^T (C, OC) stored column-major: tag ba. */
-static int pack(pw_rowmm *r, const dnnl_memory_desc_t *wmd) {
+/* w (OC, C) and bias into the packed weights (made on the first call).
+ * w row-major is B = w^T (C, OC) stored column-major: tag ba. */
+static int pack(pw_rowmm *r, const dnnl_memory_desc_t *wmd, const float *w, const float *bias) {
   dnnl_memory_desc_t plain, bmd;
   dnnl_memory_t from = NULL;
   dnnl_primitive_desc_t pd = NULL;
   dnnl_primitive_t re = NULL;
   int bad = md2(&plain, r->C, r->OC, dnnl_ba) ||
-            dnnl_memory_create(&from, &plain, engine, (void *)r->w) != dnnl_success ||
-            dnnl_memory_create(&r->wmem, wmd, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
+            dnnl_memory_create(&from, &plain, engine, (void *)w) != dnnl_success ||
+            (!r->wmem && dnnl_memory_create(&r->wmem, wmd, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success) ||
             dnnl_reorder_primitive_desc_create(&pd, &plain, engine, wmd, engine, NULL) != dnnl_success ||
             dnnl_primitive_create(&re, pd) != dnnl_success;
   if (!bad) {
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, r->wmem}};
     bad = dnnl_primitive_execute(re, r->st, 2, args) != dnnl_success || dnnl_stream_wait(r->st) != dnnl_success;
   }
-  if (!bad && r->bias) {
+  if (!bad && bias) {
     void *h = NULL;
-    bad = md2(&bmd, 1, r->OC, dnnl_ab) || dnnl_memory_create(&r->bmem, &bmd, engine, DNNL_MEMORY_ALLOCATE) ||
+    bad = (!r->bmem && (md2(&bmd, 1, r->OC, dnnl_ab) ||
+                        dnnl_memory_create(&r->bmem, &bmd, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success)) ||
           dnnl_memory_get_data_handle(r->bmem, &h) != dnnl_success || !h;
-    if (!bad) memcpy(h, r->bias, sizeof(float) * (size_t)r->OC);
+    if (!bad) memcpy(h, bias, sizeof(float) * (size_t)r->OC);
   }
   if (re) dnnl_primitive_destroy(re);
   if (pd) dnnl_primitive_desc_destroy(pd);
@@ -119,26 +121,26 @@ static void chunk(pw_rowmm *r, float *out, const float *inp, int m) {
   }
 }
 
-/* Random rows at every chunk size and position against each row alone:
- * 0 when all are the same bits, else the first chunk size that differs. */
-static int probe(pw_rowmm *r) {
+/* Random weights (and bias) packed, random rows at every chunk size and
+ * position against each row alone: 0 when all are the same bits, else the
+ * first chunk size that differs. Not the layer's own weights: zeros (a
+ * program not loaded yet) would agree under any summation order. */
+static int probe(pw_rowmm *r, const dnnl_memory_desc_t *wmd) {
   int M = r->M, bad = 0;
-  float *x = malloc(sizeof(float) * (size_t)M * (size_t)r->C);
-  float *one = malloc(sizeof(float) * (size_t)M * (size_t)r->OC);
-  float *all = malloc(sizeof(float) * (size_t)M * (size_t)r->OC);
-  if (!x || !one || !all) {
-    bad = 1;
-  } else {
-    pw_rng g;
-    pw_rng_seed(&g, pw_hash64((uint64_t)r->C, (uint64_t)r->OC));
-    for (size_t i = 0; i < (size_t)M * (size_t)r->C; i++) x[i] = (float)(2 * pw_rng_uniform(&g) - 1);
-    for (int p = 0; p < M; p++) chunk(r, one + (size_t)p * r->OC, x + (size_t)p * r->C, 1);
-    for (int m = 2; m <= M && !bad; m++) {
-      chunk(r, all, x, m);
-      if (memcmp(all, one, sizeof(float) * (size_t)m * (size_t)r->OC)) bad = m;
-    }
+  size_t nw = (size_t)r->OC * (size_t)r->C, nx = (size_t)M * (size_t)r->C, ny = (size_t)M * (size_t)r->OC;
+  float *w = malloc(sizeof(float) * (nw + (size_t)r->OC + nx + 2 * ny));
+  if (!w) return 1;
+  float *b = w + nw, *x = b + r->OC, *one = x + nx, *all = one + ny;
+  pw_rng g;
+  pw_rng_seed(&g, pw_hash64((uint64_t)r->C, (uint64_t)r->OC));
+  for (size_t i = 0; i < nw + (size_t)r->OC + nx; i++) w[i] = (float)(2 * pw_rng_uniform(&g) - 1);
+  bad = pack(r, wmd, w, r->bias ? b : NULL);
+  for (int p = 0; p < M && !bad; p++) chunk(r, one + (size_t)p * r->OC, x + (size_t)p * r->C, 1);
+  for (int m = 2; m <= M && !bad; m++) {
+    chunk(r, all, x, m);
+    if (memcmp(all, one, sizeof(float) * (size_t)m * (size_t)r->OC)) bad = m;
   }
-  free(x), free(one), free(all);
+  free(w);
   return bad;
 }
 
@@ -172,10 +174,10 @@ int pw_rowmm_create(const float *w, const float *bias, int C, int OC, pw_rowmm *
     int bad = dnnl_stream_create(&r->st, engine, dnnl_stream_default_flags) != dnnl_success, m = 0;
     for (int k = 1; k <= PW_ROWMM_MAX_M && !bad; k++) bad = make_prim(r, k, &wmd);
     r->M = PW_ROWMM_MAX_M;
-    if (bad || pack(r, &wmd)) {
-      snprintf(r->path, sizeof r->path, "sgemv (oneDNN: no fast kernel with one weight format)");
+    if (bad || (m = probe(r, &wmd)) == 1 || (!m && pack(r, &wmd, w, bias))) {
+      snprintf(r->path, sizeof r->path, "sgemv (oneDNN: no fast kernel with one weight format, or no memory)");
       release(r);
-    } else if ((m = probe(r))) {
+    } else if (m) {
       char impl[64];
       snprintf(impl, sizeof impl, "%.60s", r->path);
       snprintf(r->path, sizeof r->path, "sgemv (%s rounds rows of %d otherwise)", impl, m);

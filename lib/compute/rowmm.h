@@ -16,11 +16,13 @@
  * Two paths, chosen per rowmm at create:
  *   - "onednn:<impl>": the weights packed once; a call runs in chunks of
  *     at most PW_ROWMM_MAX_M rows, one primitive per chunk size. Taken only
- *     if the PROBE at create passes: random rows multiplied at every chunk
- *     size 1..PW_ROWMM_MAX_M, each row's result compared bit for bit with
- *     the row alone. Summation order does not depend on the data, so random
- *     data catches any kernel whose order changes with the row count or
- *     position (AVX2 hosts' gemm:jit, where one row differs from two).
+ *     if the PROBE at create passes: random weights of the layer's shape
+ *     packed, random rows multiplied at every chunk size 1..PW_ROWMM_MAX_M,
+ *     each row's result compared bit for bit with the row alone. Summation
+ *     order does not depend on the data, so random data catches any kernel
+ *     whose order changes with the row count or position (AVX2 hosts'
+ *     gemm:jit, where one row differs from two); the layer's own weights
+ *     might not (zeros agree under any order). Then the layer's are packed.
  *   - "sgemv": one OpenBLAS sgemv per row, reading w and bias in place:
  *     when the probe fails, oneDNN has no fast kernel, PW_CPU is below
  *     avx512 (oneDNN's kernels are capped at that level too), or a test

@@ -10,6 +10,8 @@
  *     the d256 shapes (oneDNN 2.6's brgemm passes the probe there), and
  *     PW_CPU=avx2 does not (its gemm:jit rounds one row otherwise; CI's
  *     sanitized suite runs PW_CPU=avx2);
+ *   - the probe does not trust the layer's weights: all-zero ones (which
+ *     any summation order multiplies alike) take the path random ones do;
  *   - bad shapes are refused. */
 #include <math.h>
 #include <setjmp.h>
@@ -101,6 +103,23 @@ static void test_sgemv_forced(void **st) {
   pw_rowmm_force_sgemv(0);
 }
 
+static void test_probe_ignores_weights(void **st) {
+  (void)st;
+  float *w = randoms(256 * 768, 4), *z = calloc(256 * 768 + 768, sizeof(float));
+  assert_non_null(z);
+  pw_rowmm *a = NULL, *b = NULL;
+  pw_err err = {0};
+  assert_int_equal(pw_rowmm_create(w, w, 256, 768, &a, &err), 0);
+  assert_int_equal(pw_rowmm_create(z, z + 256 * 768, 256, 768, &b, &err), 0);
+  assert_string_equal(pw_rowmm_path(a), pw_rowmm_path(b));
+  float x[256], y[768];
+  for (int i = 0; i < 256; i++) x[i] = (float)i;
+  pw_rowmm_run(b, y, x, 1);
+  for (int o = 0; o < 768; o++) assert_true(y[o] == 0.0f);
+  pw_rowmm_free(a), pw_rowmm_free(b);
+  free(w), free(z);
+}
+
 static void test_bad_shape(void **st) {
   (void)st;
   pw_rowmm *r = NULL;
@@ -116,6 +135,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_probed_path),
       cmocka_unit_test(test_sgemv_forced),
+      cmocka_unit_test(test_probe_ignores_weights),
       cmocka_unit_test(test_bad_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
