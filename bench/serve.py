@@ -21,7 +21,8 @@ the ratio of the serve job's at 2*pp concurrent requests to the oracle's,
 paired by round (the oracle runs right before each wave, under the same
 load) with its median and range. Every served output is checked against the
 oracle's. A measurement on a machine that may be shared: `uptime` is
-printed with the figures.
+printed with the figures, and the linear layers' kernel path (the oracle's,
+which the workers on this host take too: docs/serving.md) in the header.
 """
 import argparse, http.client, json, os, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 
@@ -104,6 +105,7 @@ def main():
         r = subprocess.run([pw, "generate", "--job", jpath, "--checkpoint", ckpt, "--prompt-tokens", ids,
                             "--max-tokens", str(a.tokens)], capture_output=True, text=True, env=env, check=True)
         ms = float(r.stderr.split("decode steps")[1].split("ms")[0])
+        oracle_once.path = r.stderr.split("(linears: ")[-1].split(")\n")[0]
         return (a.tokens - 1) / ms * 1e3, [int(t) for t in r.stdout.strip().split(",")]
 
     rates = [oracle_once()[0] for _ in range(a.rounds)]
@@ -138,7 +140,7 @@ def main():
     wave(c.http_port, jid, 1, body)  # warm-up
     up = open("/proc/loadavg").read().split()[:3]
     print(f"d256 L4 gpt, prompt {a.prompt_len}, {a.tokens} new tokens, greedy; serve job pp={a.pp}, 1 thread per "
-          f"worker; load average before: {' '.join(up)}")
+          f"worker; linears {oracle_once.path}; load average before: {' '.join(up)}")
     print(f"{'concurrent':>10} {'ttft p50 ms':>12} {'itl p50 ms':>11} {'itl p99 ms':>11} {'decode tok/s':>13}"
           f" {'tok/s, json':>12}")
     agg, agg_json, ok, paired = {}, {}, True, []

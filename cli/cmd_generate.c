@@ -402,8 +402,9 @@ int pw_cmd_generate(int argc, char **argv) {
       }
       putchar('\n');
       fflush(stdout);
-      fprintf(stderr, "generated %d tokens after a prompt of %d: prefill %.2f ms, %d decode steps %.2f ms, %.1f tokens/s\n",
-              n_gen, n, t_prefill * 1e3, n_gen - 1, (t - t_prefill) * 1e3, n_gen / t);
+      fprintf(stderr, "generated %d tokens after a prompt of %d: prefill %.2f ms, %d decode steps %.2f ms, %.1f tokens/s"
+              " (linears: %s)\n", n_gen, n, t_prefill * 1e3, n_gen - 1, (t - t_prefill) * 1e3, n_gen / t,
+              pw_decode_path(d));
     }
   }
   free(out);

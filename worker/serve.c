@@ -175,10 +175,11 @@ static int setup(pw_run *r, pw_serve *s, pw_err *err) {
       return pw_err_set(err, PW_ENOMEM, "serve", "out of memory");
     if (s->last && (rc = pw_sampler_init(&s->smp[i], s->V, &(pw_sample_config){.top_p = 1}, err))) return rc;
   }
-  pw_info("job %llu: rank %d serves stage %d: %d sequences of %d positions, KV cache %.1f MiB",
+  pw_info("job %llu: rank %d serves stage %d: %d sequences of %d positions, KV cache %.1f MiB, linears %s",
           (unsigned long long)r->job, r->rank, s->stage, s->seqs, s->len,
           (double)pw_decode_kv_floats(m, r->part.stages[s->stage].layer_lo, r->part.stages[s->stage].layer_hi, s->len) *
-              4.0 * s->seqs / (1 << 20));
+              4.0 * s->seqs / (1 << 20),
+          pw_decode_path(s->d));
   return 0;
 }
 

@@ -5,22 +5,28 @@
  * Each node runs the kernel its training forward runs (ops.h) on the call's
  * packed rows, except where a row's position matters: learned positions
  * and rotary embeddings run per sequence at its offset, and attention reads
- * and appends the sequence's cache (pw_attention_kv_forward). A linear over
- * a single row is one sgemv (a decode step of one sequence: sgemm's packing
- * costs more than the product). Linears run per sequence, on its rows
- * alone: sgemm's rounding can depend on how many rows it multiplies, and a
- * served sequence's tokens must not depend on its batch-mates (they equal
- * the oracle's, which decodes one sequence). Loss nodes are skipped: the last stage
- * hands out their input, the logits. Never allocates after create. */
+ * and appends the sequence's cache (pw_attention_kv_forward). A served
+ * sequence's tokens must not depend on its batch-mates (they equal the
+ * oracle's, which decodes one sequence), so every row of a linear must be
+ * the same bits whatever rows it is multiplied with. Each linear's weights
+ * are packed at create into a pw_rowmm (rowmm.h); when its probe passes
+ * (oneDNN on AVX-512 hosts) all the call's rows, decode steps and prefills
+ * of every sequence, go through it at once. Otherwise (sgemv path) each
+ * sequence's rows run alone, as before: a single row is one sgemv, a
+ * prefill one sgemm (whose rounding depends on how many rows it multiplies,
+ * so it never sees another sequence's). LoRA adapters run per sequence.
+ * Loss nodes are skipped: the last stage hands out their input, the logits.
+ * Never allocates after create. */
 #include "decode.h"
 
-#include <cblas.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "lora.h"
 #include "ops.h"
+#include "rowmm.h"
 
 #define NONE ((size_t)-1)
 
@@ -32,6 +38,8 @@ struct pw_decode {
   const float **wdata;   /* [model n_params] the program's parameter data, NULL if not held */
   size_t *val_off;       /* [model n_values] float offset in act, or NONE */
   size_t *kv_off;        /* [local nodes] attention: offset of K in a slot (V follows), else NONE */
+  pw_rowmm **mm;         /* [local nodes] a linear's packed weights, else NULL */
+  char path[192];        /* the linears' kernel path (pw_decode_path) */
   size_t kv_slot;        /* floats per sequence slot */
   int *ports;            /* inputs, then outputs (value ids) */
   int n_in, n_out;
@@ -107,6 +115,23 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
   return 0;
 }
 
+/* Every linear's weights into a rowmm; the path of the first, and how
+ * many others took another (the probe runs per weight matrix). */
+static int pack_linears(pw_decode *d, pw_err *err) {
+  int n = 0, packed = 0, rc;
+  for (int i = d->node_lo; i < d->node_hi; i++) {
+    const pw_node *nd = &d->m->nodes[i];
+    if (nd->op != PW_OP_LINEAR || nd->C < 1 || nd->OC < 1) continue;
+    pw_rowmm **r = &d->mm[i - d->node_lo];
+    if ((rc = pw_rowmm_create(d->wdata[nd->w], nd->b >= 0 ? d->wdata[nd->b] : NULL, nd->C, nd->OC, r, err))) return rc;
+    if (n++ == 0) snprintf(d->path, sizeof d->path, "%s", pw_rowmm_path(*r));
+    packed += pw_rowmm_packed(*r);
+  }
+  if (!n) snprintf(d->path, sizeof d->path, "no linear");
+  else if (packed && packed < n) snprintf(d->path, sizeof d->path, "oneDNN on %d of %d linears, sgemv on the rest", packed, n);
+  return 0;
+}
+
 int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, pw_err *err) {
   *out = NULL;
   const pw_model *m = pw_prog_model(p);
@@ -133,10 +158,12 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
   d->wdata = calloc((size_t)m->n_params + 1, sizeof *d->wdata);
   d->val_off = calloc((size_t)m->n_values + 1, sizeof *d->val_off);
   d->kv_off = calloc((size_t)nn + 1, sizeof *d->kv_off);
+  d->mm = calloc((size_t)nn + 1, sizeof *d->mm);
   d->filled = calloc((size_t)c.max_seqs, sizeof *d->filled);
   d->seen = calloc((size_t)c.max_seqs, 1);
   size_t act = 0, aux = 0;
-  if (!d->wdata || !d->val_off || !d->kv_off || !d->filled || !d->seen || plan_values(d, &act, &aux)) goto oom;
+  int rc;
+  if (!d->wdata || !d->val_off || !d->kv_off || !d->mm || !d->filled || !d->seen || plan_values(d, &act, &aux)) goto oom;
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
     d->wdata[pp->model_index] = pp->data;
@@ -153,6 +180,10 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
       d->kv_off[i - d->node_lo] = d->kv_slot;
       d->kv_slot += 2 * (size_t)c.max_pos * (size_t)(n->C / 3);
     }
+  }
+  if ((rc = pack_linears(d, err))) {
+    pw_decode_free(d);
+    return rc;
   }
   size_t scratch = pw_attention_kv_scratch(c.max_rows < c.max_pos ? c.max_rows : c.max_pos, c.max_pos);
   d->kv = pw_alloc_floats(d->kv_slot * (size_t)c.max_seqs + 1);
@@ -172,6 +203,8 @@ void pw_decode_free(pw_decode *d) {
   free(d->wdata);
   free(d->val_off);
   free(d->kv_off);
+  for (int i = 0; d->mm && i < d->node_hi - d->node_lo; i++) pw_rowmm_free(d->mm[i]);
+  free(d->mm);
   free(d->ports);
   free(d->filled);
   free(d->seen);
@@ -181,6 +214,7 @@ void pw_decode_free(pw_decode *d) {
 }
 
 const pw_decode_config *pw_decode_config_of(const pw_decode *d) { return &d->cfg; }
+const char *pw_decode_path(const pw_decode *d) { return d->path; }
 int pw_decode_n_inputs(const pw_decode *d) { return d->n_in; }
 int pw_decode_input(const pw_decode *d, int i) { return d->ports[i]; }
 int pw_decode_n_outputs(const pw_decode *d) { return d->n_out; }
@@ -197,16 +231,6 @@ void *pw_decode_value(pw_decode *d, int value) {
 /* ---- per node -------------------------------------------------------- */
 
 static float *val(pw_decode *d, int v) { return d->act + d->val_off[v]; }
-
-/* out (N,OC) = inp (N,C) @ w^T + bias; one row as a matrix-vector product. */
-static void linear_rows(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-  if (N != 1 || C <= 0) {
-    pw_linear_forward(out, inp, w, bias, N, C, OC);
-    return;
-  }
-  if (bias) memcpy(out, bias, (size_t)OC * sizeof(float));
-  cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, w, C, inp, 1, bias ? 1.0f : 0.0f, out, 1);
-}
 
 /* The ops whose rows depend on their position: per sequence. */
 static void node_per_seq(pw_decode *d, const pw_node *n, int li) {
@@ -233,16 +257,23 @@ static void node_per_seq(pw_decode *d, const pw_node *n, int li) {
   }
 }
 
-/* A linear (or its LoRA) over each sequence's rows in turn. */
-static void linear_per_seq(pw_decode *d, const pw_node *n, float *out, const float *in, const float *in1,
-                           const float *w, const float *b) {
+/* A linear over all the call's rows at once when its rowmm is packed;
+ * else (and a LoRA) over each sequence's rows in turn: one row through the
+ * rowmm (an sgemv), several through sgemm. */
+static void linear_forward(pw_decode *d, const pw_node *n, pw_rowmm *mm, float *out, const float *in,
+                           const float *in1, const float *w, const float *b) {
   int C = n->C, OC = n->OC, r = 0;
+  if (mm && pw_rowmm_packed(mm)) {
+    pw_rowmm_run(mm, out, in, d->rows);
+    return;
+  }
   for (int s = 0; s < d->n_seqs; r += d->seqs[s++].len) {
     int N = d->seqs[s].len;
     float *o = out + (size_t)r * (size_t)OC;
     const float *x = in + (size_t)r * (size_t)C;
     if (n->op == PW_OP_LINEAR) {
-      linear_rows(o, x, w, b, N, C, OC);
+      if (mm && N == 1) pw_rowmm_run(mm, o, x, 1);
+      else pw_linear_forward(o, x, w, b, N, C, OC);
       continue;
     }
     memcpy(o, in1 + (size_t)r * (size_t)OC, (size_t)N * (size_t)OC * sizeof(float));
@@ -260,7 +291,7 @@ static void node_forward(pw_decode *d, int i) {
   switch ((pw_op)n->op) {
     case PW_OP_EMBED: pw_embed_forward(out, (const int32_t *)in, w, N, n->OC); break;
     case PW_OP_LINEAR:
-    case PW_OP_LORA: linear_per_seq(d, n, out, in, in1, w, b); break;
+    case PW_OP_LORA: linear_forward(d, n, d->mm[i - d->node_lo], out, in, in1, w, b); break;
     case PW_OP_LAYERNORM: pw_layernorm_forward(out, d->aux, d->aux + N, in, w, b, N, C, n->eps); break;
     case PW_OP_RMSNORM: pw_rmsnorm_forward(out, d->aux, in, w, N, C, n->eps); break;
     case PW_OP_GELU: pw_gelu_forward(out, d->aux, in, (int)NC); break;

@@ -26,9 +26,10 @@
  * the call's order; its outputs read back the same way after it. The last
  * stage's output is the logits (the loss's input): (rows, vocab).
  *
- * The program (and its model) must outlive the decoder; its parameters are
- * read in place, so loading a checkpoint into the program after create is
- * fine. Not thread-safe: one call at a time per decoder. */
+ * The program (and its model) must outlive the decoder. Its parameters are
+ * read at create: the linears' weights are packed then (rowmm.h), so load
+ * the checkpoint first, and make a new decoder for new weights. Not
+ * thread-safe: one call at a time per decoder. */
 #ifndef PW_DECODE_H
 #define PW_DECODE_H
 
@@ -65,6 +66,10 @@ void pw_decode_free(pw_decode *d);
 size_t pw_decode_kv_floats(const pw_model *m, int layer_lo, int layer_hi, int max_pos);
 
 const pw_decode_config *pw_decode_config_of(const pw_decode *d);
+/* The kernel path of the stage's linears, for logs: "onednn:<impl>" (all
+ * rows of a call at once), "sgemv (why)" (each sequence's rows alone),
+ * or a mix. */
+const char *pw_decode_path(const pw_decode *d);
 int pw_decode_n_inputs(const pw_decode *d);
 int pw_decode_input(const pw_decode *d, int i);   /* value id */
 int pw_decode_n_outputs(const pw_decode *d);

@@ -4,8 +4,9 @@
  * The reference is the training forward (pw_prog_forward) over a whole
  * sequence: attention is causal, so its logits at row t are those of the
  * prefix 0..t. The cached decode must give every row's logits within 1e-5
- * of the row's largest |logit| (the matmuls sum in another order: sgemv
- * against sgemm, a few keys against T), for gpt and llama, tied and untied,
+ * of the row's largest |logit| (the matmuls sum in another order: oneDNN's
+ * packed kernels or sgemv against sgemm, a few keys against T), for gpt and
+ * llama, tied and untied,
  * and a layers list holding every op a token model can:
  * - a prefill of k tokens, then one token at a time to the end of seq_len;
  * - two sequences in one batch (slots 2 and 0 of 3) of different lengths,
@@ -17,7 +18,9 @@
  *   for every token;
  * - a sequence's logits do not depend on its batch-mates: four sequences
  *   prefilled and stepped in shared calls give, bit for bit, the logits of
- *   each decoded alone (what serving's determinism rests on).
+ *   each decoded alone (what serving's determinism rests on), on the
+ *   linears' path this host takes (oneDNN on AVX-512, checked) and on the
+ *   sgemv path forced.
  * Rotary rows at an offset are the whole sequence's bit for bit. Bad calls
  * are refused with nothing computed. The sampler: greedy takes
  * the first maximum, top-k 1 and a tiny top-p are greedy, a seed repeats
@@ -34,11 +37,13 @@
 
 #include <cmocka.h>
 
+#include "cpu.h"
 #include "decode.h"
 #include "model.h"
 #include "ops.h"
 #include "prog.h"
 #include "rng.h"
+#include "rowmm.h"
 #include "sample.h"
 
 enum { V = 23, T = 12, SEED = 7 };
@@ -231,14 +236,28 @@ static void check_batch_mates_of(const pw_model_spec *s) {
   fixture_free(&f);
 }
 
+/* On the kernel path this host takes (oneDNN on AVX-512: every row of a
+ * call at once) and on the sgemv path forced (each sequence's rows alone). */
 static void test_batch_mates(void **st) {
   (void)st;
   pw_model_spec g = spec_of(PW_TEMPLATE_GPT, 0), l = spec_of(PW_TEMPLATE_LLAMA, 1);
-  check_batch_mates_of(&g);
-  check_batch_mates_of(&l);
   pw_layer_spec list[14];
   pw_model_spec ls = layers_spec(list);
-  check_batch_mates_of(&ls);
+  for (int forced = 0; forced < 2; forced++) {
+    pw_rowmm_force_sgemv(forced);
+    fixture f;
+    fixture_init(&f, PW_TEMPLATE_GPT, 1);
+    pw_decode *d = decoder(f.full, 1);
+    const char *want = forced ? "sgemv (forced)" : pw_cpu_level() == PW_CPU_AVX512 ? "onednn:" : "";
+    if (strncmp(pw_decode_path(d), want, strlen(want)))
+      fail_msg("the linears' path is %s, expected %s", pw_decode_path(d), want);
+    pw_decode_free(d);
+    fixture_free(&f);
+    check_batch_mates_of(&g);
+    check_batch_mates_of(&l);
+    check_batch_mates_of(&ls);
+  }
+  pw_rowmm_force_sgemv(0);
 }
 
 static void test_gpt_untied(void **st) {
