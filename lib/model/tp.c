@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "optable.h"
+
 const char *pw_tp_kind_name(pw_tp_kind k) {
   static const char *const names[] = {"replicated", "column", "qkv", "row", "vocab"};
   return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
@@ -105,6 +107,55 @@ void pw_tp_shard(float *dst, const float *src, const pw_param *p, pw_tp_kind k, 
 
 void pw_tp_unshard(float *dst, const float *src, const pw_param *p, pw_tp_kind k, int tp, int r) {
   walk(dst, src, p, k, tp, r, to_canon);
+}
+
+static void *dup(const void *src, size_t n, size_t size) {
+  void *d = malloc(n * size + 1);
+  if (d && n) memcpy(d, src, n * size);
+  return d;
+}
+
+int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds) {
+  *out = *m;
+  out->values = dup(m->values, (size_t)m->n_values, sizeof *m->values);
+  out->nodes = dup(m->nodes, (size_t)m->n_nodes, sizeof *m->nodes);
+  out->params = dup(m->params, (size_t)m->n_params, sizeof *m->params);
+  out->layers = dup(m->layers, (size_t)m->n_layers, sizeof *m->layers);
+  out->markers = dup(m->markers, (size_t)m->n_markers, sizeof *m->markers);
+  if (!out->values || !out->nodes || !out->params || !out->layers || !out->markers) {
+    pw_model_free(out);
+    return PW_ENOMEM;
+  }
+  pw_tp_kinds(m, kinds);
+  if (tp <= 1) return 0;
+  for (int i = 0; i < m->n_params; i++) {
+    pw_param *p = &out->params[i];
+    if (kinds[i] == PW_TP_REPLICATED) continue;
+    p->shape[kinds[i] == PW_TP_ROW ? 1 : 0] /= tp;
+    p->numel /= (size_t)tp;
+  }
+  /* a value is split when a split linear makes it, or an op reads a split
+   * one (attention, the activations) — up to a row linear or the loss */
+  for (int i = 0; i < out->n_nodes; i++) {
+    pw_node *n = &out->nodes[i];
+    pw_value *o = &out->values[n->out];
+    int in_split = out->values[n->in[0]].producer >= 0 && out->values[n->in[0]].width != m->values[n->in[0]].width;
+    if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_REPLICATED && kinds[n->w] != PW_TP_ROW) {
+      n->OC /= tp;
+      o->width /= tp;
+    } else if (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW) {
+      n->C /= tp;
+    } else if (in_split) {
+      n->C /= tp;
+      n->NH /= tp;
+      if (n->op != PW_OP_XENT) {
+        n->OC /= tp;
+        o->width /= tp;
+      }
+    }
+    n->aux = pw_op_aux(n, &out->values[n->in[0]]);
+  }
+  return 0;
 }
 
 void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out) {

@@ -72,6 +72,16 @@ typedef struct {
 } pw_tp_comm;
 void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out);
 
+/* The graph one of tp ranks runs: a copy of m with each split
+ * parameter's shape (and numel) divided by tp along its split, each split
+ * linear's output width, the heads (NH / tp) and the widths of the values
+ * between a column (qkv, vocab) linear and the row linear (or loss) after
+ * it divided too, aux sizes recomputed. Ids of values, nodes, parameters
+ * and layers are m's; the ports between layers (the residual stream) keep
+ * their widths. kinds (m->n_params) receives the split. Free with
+ * pw_model_free. PW_ENOMEM only. */
+PW_MUST_CHECK int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds);
+
 /* Shrinks sz, the tp = 1 sizes of nodes [node_lo, node_hi) (layout.h), to
  * what one of tp ranks holds: each split parameter's arena, gradient (and a
  * second use's shadow) and optimizer state by 1/tp. Activations and
