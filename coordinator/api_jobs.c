@@ -78,9 +78,6 @@ void pw_api_job_submit(pw_req *r) {
   char *params_mem = NULL;
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
-    if (!rc && job.mesh.tp > 1) /* planned (POST /v1/plans), not yet run */
-      rc = pw_err_set(&err, PW_ESPEC, "mesh.tp", "the workers do not run tensor-parallel stages yet (tp %d); "
-                      "POST /v1/plans and pipewright plan show its plan", job.mesh.tp);
     vocab = p.model.data.vocab_size;
     if (!rc && (job.init.checkpoint[0] || job.init.job)) { /* the model's parameters, for the init check */
       n_params = p.model.n_params;
@@ -136,8 +133,8 @@ void pw_api_job_submit(pw_req *r) {
     pw_job_free(&job);
     return;
   }
-  pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d)", (long long)id, job.name, model, job.schedule.name,
-          job.mesh.pp, job.mesh.dp);
+  pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d x tp %d)", (long long)id, job.name, model, job.schedule.name,
+          job.mesh.pp, job.mesh.dp, job.mesh.tp);
   pw_job_free(&job);
   pw_coord_wake(r->c);
   char loc[64];

@@ -54,6 +54,12 @@ int pw_tp_check(const pw_job *job, const pw_model *m, pw_err *err) {
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) splits the gpt and llama templates only", tp);
   if (s->lora_rank)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split LoRA adapters", tp);
+  if (job->train.precision != PW_PRECISION_FP32)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs train.precision \"fp32\" only", tp);
+  if (job->train.zero)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs with train.zero 0 only", tp);
+  if (job->mode != PW_MODE_TRAIN)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) trains only (mode \"train\")", tp);
   if (s->n_heads % tp)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide model.n_heads (%d %% %d != 0)", s->n_heads, tp);
   if (s->vocab_size % tp)
