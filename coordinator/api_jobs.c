@@ -169,8 +169,12 @@ void pw_api_job_list(pw_req *r) {
     pw_reply_json(r, MHD_HTTP_OK, out);
 }
 
-/* [{"rank", "worker", "stages": [...]}] of the latest run; [] before any. */
-static json_t *ranks_json(pw_store *s, int64_t id) {
+/* [{"rank", "worker", "coordinate", "stages": [...]}] of the latest run;
+ * [] before any. A rank runs the stages of its pipeline rank (spec's mesh). */
+static json_t *ranks_json(pw_store *s, int64_t id, const json_t *spec) {
+  const json_t *mesh = json_object_get(spec, "mesh");
+  int pp = (int)json_integer_value(json_object_get(mesh, "pp")), tp = (int)json_integer_value(json_object_get(mesh, "tp"));
+  pp = pp > 0 ? pp : 1, tp = tp > 0 ? tp : 1;
   json_t *run = NULL, *out = json_array();
   if (pw_store_run_json(s, id, &run, NULL)) return out;
   json_t *stages = json_object_get(run, "stages"), *rk;
@@ -179,11 +183,12 @@ static json_t *ranks_json(pw_store *s, int64_t id) {
     json_int_t rank = json_integer_value(json_object_get(rk, "rank"));
     json_t *ss = json_array(), *st;
     json_array_foreach(stages, k, st) {
-      if (json_integer_value(json_object_get(st, "rank")) == rank)
+      if (json_integer_value(json_object_get(st, "rank")) == rank / tp % pp)
         json_array_append(ss, json_object_get(st, "stage"));
     }
     json_t *w = json_object_get(rk, "worker");
-    json_array_append_new(out, json_pack("{s:I, s:O, s:o}", "rank", rank, "worker", w ? w : json_null(), "stages", ss));
+    json_array_append_new(out, json_pack("{s:I, s:O, s:o, s:o}", "rank", rank, "worker", w ? w : json_null(), "coordinate",
+                                         pw_coord_coordinate_json((int)rank, pp, tp), "stages", ss));
   }
   json_decref(run);
   return out;
@@ -246,7 +251,7 @@ void pw_api_job_get(pw_req *r) {
     json_decref(j);
     return;
   }
-  json_object_set_new(j, "ranks", ranks_json(s, r->id));
+  json_object_set_new(j, "ranks", ranks_json(s, r->id, json_object_get(j, "spec")));
   json_object_set_new(j, "contention", contention_json(r->c, s, r->id));
   json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
   json_object_set_new(j, "max_restarts", max_restarts_json(json_object_get(j, "spec")));

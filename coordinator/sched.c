@@ -414,6 +414,8 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
   }
   jr->job = id;
   jr->n_ranks = n;
+  jr->pp = job->mesh.pp;
+  jr->tp = job->mesh.tp;
   jr->steps = job->train.steps;
   jr->on_nonfinite = job->train.on_nonfinite;
   jr->max_restarts = job->train.max_restarts;

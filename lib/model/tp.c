@@ -177,7 +177,10 @@ void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, 
         out->fwd += 3 * (size_t)m->values[n->in[0]].rows;
         out->n_fwd += 2;
       }
-      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED) {
+      int again = 0; /* llama's gate and up read one input: its gradient is summed once, for both */
+      for (int j = m->layers[l].node_lo; j < i; j++)
+        again |= m->nodes[j].op == PW_OP_LINEAR && m->nodes[j].in[0] == n->in[0];
+      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED && !again) {
         const pw_value *x = &m->values[n->in[0]];
         out->bwd += (size_t)x->rows * (size_t)x->width;
         out->n_bwd++;

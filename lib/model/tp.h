@@ -21,7 +21,8 @@
  *  - REPLICATED: norms, position embeddings, row biases.
  * Communication, all-reduces of (rows, C) activations in tp-rank order:
  * forward after each ROW linear and the embedding, backward at each COLUMN
- * or VOCAB linear's input gradient; the cross-entropy all-reduces 3 floats
+ * or VOCAB linear's input gradient (once per input, before its producer's
+ * backward); the cross-entropy all-reduces 3 floats
  * per row (max, sum of exponentials, target logit). Weight gradients need
  * none: a ZeroBubble W stays local.
  *
@@ -65,7 +66,8 @@ void pw_tp_unshard(float *dst, const float *src, const pw_param *p, pw_tp_kind k
 /* The all-reduces over the tp group in layers [lo, hi), per sequence:
  * floats and count, forward (after ROW linears and the embedding; the
  * cross-entropy's max, then its sum and target logit: 3 floats per row in
- * 2) and backward (at COLUMN, QKV and VOCAB linears' input gradients). */
+ * 2) and backward (at COLUMN, QKV and VOCAB linears' input gradients,
+ * once per input: llama's gate and up add theirs, then one all-reduce). */
 typedef struct {
   size_t fwd, bwd; /* floats */
   int n_fwd, n_bwd;
