@@ -321,7 +321,7 @@ static int compute(pw_run *r, const pw_action *acts, int pc) {
 /* ---- the step loop -------------------------------------------------------- */
 
 int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
-  if (!r->cp.eval) r->cp.t_step0 = pw_now(), r->cp.tp_bytes = 0;
+  if (!r->cp.eval) r->cp.t_step0 = pw_now(), r->cp.tp_bytes = 0, r->cp.tp_seconds = 0;
   r->cp.loss_sum = 0;
   for (int pc = 0; pc < n_acts;) {
     unit u = {acts + pc, (acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < n_acts ? 2 : 1};

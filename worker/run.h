@@ -117,6 +117,7 @@ typedef struct {
   double step_time, loss, grad_norm, lr, eval_loss;
   uint64_t dp_bytes;       /* STEP: payload bytes this rank sent in the data-parallel exchange */
   uint64_t tp_bytes;       /* STEP: ... in the tensor-parallel all-reduces of the step's actions */
+  double tp_seconds;       /* STEP: spent in them (sending, waiting, adding) */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
   json_t *msg;             /* CTL: the message (the loop's reference) */
 } pw_event;
@@ -185,6 +186,7 @@ typedef struct {
   /* the tensor-parallel all-reduces (tpx.c), when tp > 1 */
   pw_tpx *tpx;
   uint64_t tp_bytes;       /* payload bytes sent in them since the step began */
+  double tp_seconds;       /* and the time spent in them */
   /* snapshots (snaprun.c) */
   pw_snap **rx;            /* [n_ranks] entry a peer's SNAP frames are going into, or NULL */
   int *rx_next;            /* [n_ranks] part expected next from that peer */

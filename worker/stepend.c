@@ -380,8 +380,9 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   if (r->tp > 1) { /* summed as floats: one value, in member order */
     float f = (float)split;
     uint64_t b = r->cp.tp_bytes; /* not the step's actions' */
+    double sec = r->cp.tp_seconds;
     if ((rc = pw_tpx_allreduce(r, &f, 1, PW_PROG_SUM))) return rc;
-    r->cp.tp_bytes = b;
+    r->cp.tp_bytes = b, r->cp.tp_seconds = sec;
     part += f;
   }
   if (zero && (rc = pw_dpx_norm(r, part, &part))) return rc;
@@ -403,7 +404,8 @@ int pw_stepend_run(pw_run *r) {
   pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
-                 .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes};
+                 .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes,
+                 .tp_seconds = r->cp.tp_seconds};
   for (int li = 0; li < r->n_ls && r->tp_rank == 0; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   ev.has_eval = ev.has_loss && evaluated;
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
@@ -437,7 +439,10 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
   }
   if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) /* what the data-parallel exchange sent */
     json_object_set_new(msg, "dp_bytes", json_integer((json_int_t)ev->dp_bytes));
-  if (r->tp > 1) json_object_set_new(msg, "tp_bytes", json_integer((json_int_t)ev->tp_bytes));
+  if (r->tp > 1) {
+    json_object_set_new(msg, "tp_bytes", json_integer((json_int_t)ev->tp_bytes));
+    json_object_set_new(msg, "tp_seconds", json_real(ev->tp_seconds));
+  }
   if (ev->has_eval && isfinite(ev->eval_loss)) /* this replica's share, summed like the loss */
     json_object_set_new(msg, "eval_loss", json_real(ev->eval_loss));
   if (r->replica == 0 && r->prank == 0) {
