@@ -4,8 +4,9 @@
  *
  * A group is an ordered list of the run's global ranks (the data-parallel
  * replicas of one pipeline rank: worker/dpx.c; the tp members of a stage:
- * worker/tpx.c). The order is the sum order: every reduction adds the members' copies in
- * group order, ((0 + x_0) + x_1) + ..., the same bits on every member and
+ * worker/tpx.c). The order is the sum order: every reduction adds the
+ * members' copies in group order, ((0 + x_0) + x_1) + ..., the same bits
+ * on every member and
  * the same as the single-process trainer adding replicas in order.
  *
  * Shards: n elements over k members are k contiguous ranges, the first
