@@ -157,7 +157,7 @@ static int setup_stages(pw_run *r, pw_err *err) {
                           .no_moments = pw_dpx_zero(r) > 0, /* a shard of them in dpx.c */
                           .bf16 = r->spec.train.precision == PW_PRECISION_BF16};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
-    if (r->tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->tp, r->tp_rank, pw_tpx_allreduce, r))) break;
+    if (r->tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->tp_rank, pw_tpx_allreduce, r))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     lc->act_step = calloc((size_t)r->m, sizeof(int));
     lc->act_got = calloc((size_t)r->m, sizeof(int));

@@ -64,7 +64,7 @@ struct pw_prog {
   size_t wire_n;                 /* bf16 elements of a send buffer */
   pw_bf16 **wire;                /* [max_slots] send buffers, made with their slots */
   /* tp > 1 only (pw_prog_set_tp) */
-  int tp, tp_rank, tp_rc;
+  int tp_rank, tp_rc;
   pw_prog_allreduce_fn tp_fn;
   void *tp_ctx;
   unsigned char *tp_node;        /* [local node] TP_* below */
@@ -448,7 +448,7 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
 
 /* ---- tensor parallel -------------------------------------------------- */
 
-int pw_prog_set_tp(pw_prog *p, int tp, int rank, pw_prog_allreduce_fn fn, void *ctx) {
+int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx) {
   const pw_model *m = p->m;
   int nl = p->L.node_hi - p->L.node_lo;
   uint8_t *kinds = malloc((size_t)m->n_params + 1);
@@ -458,7 +458,6 @@ int pw_prog_set_tp(pw_prog *p, int tp, int rank, pw_prog_allreduce_fn fn, void *
     free(kinds);
     return PW_ENOMEM;
   }
-  p->tp = tp;
   p->tp_rank = rank;
   p->tp_fn = fn;
   p->tp_ctx = ctx;

@@ -124,7 +124,7 @@ static void *member_main(void *arg) {
     pw_tp_shard(pp->data, whole, &me->canon->params[pp->model_index], (pw_tp_kind)me->kinds[pp->model_index],
                 me->g->tp, me->rank);
   }
-  if (!(me->rc = pw_prog_set_tp(me->p, me->g->tp, me->rank, allreduce, me)))
+  if (!(me->rc = pw_prog_set_tp(me->p, me->rank, allreduce, me)))
     me->rc = run_stage(me->p, me->lo ? me->ref : NULL, me->shard, me->loss);
   return NULL;
 }
