@@ -32,8 +32,8 @@ def plan(build, spec_path):
                                      check=True, capture_output=True, text=True).stdout)
 
 
-def run(build, job, out, trace_every=1, env=None, timeout=300):
-    """Runs job (a dict) on pp*dp fresh workers; returns a dict with plan, per-rank step reports and samples."""
+def run(build, job, out, trace_every=1, env=None, timeout=300, worker_args=()):
+    """Runs job (a dict) on pp*dp*tp fresh workers; returns a dict with plan, per-rank step reports and samples."""
     os.makedirs(out, exist_ok=True)
     spec_path = os.path.join(out, "job.json")
     with open(spec_path, "w") as f:
@@ -41,7 +41,7 @@ def run(build, job, out, trace_every=1, env=None, timeout=300):
     pl = plan(build, spec_path)
     slices = json.loads(subprocess.run([os.path.join(build, "pipewright"), "plan", "--job", spec_path, "--slices"],
                                        check=True, capture_output=True, text=True).stdout)["slices"]
-    pp = job["mesh"].get("pp", 1) * job["mesh"].get("dp", 1)
+    pp = job["mesh"].get("pp", 1) * job["mesh"].get("dp", 1) * job["mesh"].get("tp", 1)
     lsock = socket.socket()
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     lsock.bind(("127.0.0.1", 0))
@@ -52,7 +52,8 @@ def run(build, job, out, trace_every=1, env=None, timeout=300):
         log = open(os.path.join(out, f"w{i}.log"), "w")
         procs.append(subprocess.Popen(
             [os.path.join(build, "pipewright-worker"), "--coordinator", f"127.0.0.1:{port}", "--listen",
-             "127.0.0.1:0", "--name", f"w{i}", "--state-dir", os.path.join(out, f"w{i}"), "--log-level", "warn"],
+             "127.0.0.1:0", "--name", f"w{i}", "--state-dir", os.path.join(out, f"w{i}"), "--log-level", "warn",
+             *worker_args],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     sel = selectors.DefaultSelector()
     sel.register(lsock, selectors.EVENT_READ, None)

@@ -234,7 +234,7 @@ static int print_slices(const pw_job *job, const pw_plan *p) {
   int rc = pw_slice_plan_text(pj, &text, plan_sha);
   json_decref(pj);
   free(text);
-  for (int r = 0; !rc && r < p->pp * p->dp; r++) {
+  for (int r = 0; !rc && r < p->pp * p->dp * p->tp; r++) {
     if ((rc = pw_slice_build(job, p, r, plan_sha, &text, sha, &err))) break;
     json_array_append_new(arr, json_pack("{s:i, s:s, s:s}", "rank", r, "slice", text, "slice_sha256", sha));
     free(text);
@@ -457,7 +457,7 @@ int pw_cmd_plan(int argc, char **argv) {
    * refuse is refused here too, in milliseconds. */
   pw_budget budget;
   pw_budget_init(&budget);
-  budget.max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job.mesh.pp * job.mesh.dp);
+  budget.max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job.mesh.pp * job.mesh.dp * job.mesh.tp);
   pw_err err = {0};
   if (pw_plan_check_budget(&job, sched, compare, &budget, &err)) {
     pw_cli_report(&err);

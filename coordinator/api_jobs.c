@@ -78,9 +78,6 @@ void pw_api_job_submit(pw_req *r) {
   char *params_mem = NULL;
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
-    if (!rc && job.mesh.tp > 1) /* planned (POST /v1/plans), not yet run */
-      rc = pw_err_set(&err, PW_ESPEC, "mesh.tp", "the workers do not run tensor-parallel stages yet (tp %d); "
-                      "POST /v1/plans and pipewright plan show its plan", job.mesh.tp);
     vocab = p.model.data.vocab_size;
     if (!rc && (job.init.checkpoint[0] || job.init.job)) { /* the model's parameters, for the init check */
       n_params = p.model.n_params;
@@ -136,8 +133,8 @@ void pw_api_job_submit(pw_req *r) {
     pw_job_free(&job);
     return;
   }
-  pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d)", (long long)id, job.name, model, job.schedule.name,
-          job.mesh.pp, job.mesh.dp);
+  pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d x tp %d)", (long long)id, job.name, model, job.schedule.name,
+          job.mesh.pp, job.mesh.dp, job.mesh.tp);
   pw_job_free(&job);
   pw_coord_wake(r->c);
   char loc[64];
@@ -172,8 +169,12 @@ void pw_api_job_list(pw_req *r) {
     pw_reply_json(r, MHD_HTTP_OK, out);
 }
 
-/* [{"rank", "worker", "stages": [...]}] of the latest run; [] before any. */
-static json_t *ranks_json(pw_store *s, int64_t id) {
+/* [{"rank", "worker", "coordinate", "stages": [...]}] of the latest run;
+ * [] before any. A rank runs the stages of its pipeline rank (spec's mesh). */
+static json_t *ranks_json(pw_store *s, int64_t id, const json_t *spec) {
+  const json_t *mesh = json_object_get(spec, "mesh");
+  int pp = (int)json_integer_value(json_object_get(mesh, "pp")), tp = (int)json_integer_value(json_object_get(mesh, "tp"));
+  pp = pp > 0 ? pp : 1, tp = tp > 0 ? tp : 1;
   json_t *run = NULL, *out = json_array();
   if (pw_store_run_json(s, id, &run, NULL)) return out;
   json_t *stages = json_object_get(run, "stages"), *rk;
@@ -182,11 +183,12 @@ static json_t *ranks_json(pw_store *s, int64_t id) {
     json_int_t rank = json_integer_value(json_object_get(rk, "rank"));
     json_t *ss = json_array(), *st;
     json_array_foreach(stages, k, st) {
-      if (json_integer_value(json_object_get(st, "rank")) == rank)
+      if (json_integer_value(json_object_get(st, "rank")) == rank / tp % pp)
         json_array_append(ss, json_object_get(st, "stage"));
     }
     json_t *w = json_object_get(rk, "worker");
-    json_array_append_new(out, json_pack("{s:I, s:O, s:o}", "rank", rank, "worker", w ? w : json_null(), "stages", ss));
+    json_array_append_new(out, json_pack("{s:I, s:O, s:o, s:o}", "rank", rank, "worker", w ? w : json_null(), "coordinate",
+                                         pw_coord_coordinate_json((int)rank, pp, tp), "stages", ss));
   }
   json_decref(run);
   return out;
@@ -249,7 +251,7 @@ void pw_api_job_get(pw_req *r) {
     json_decref(j);
     return;
   }
-  json_object_set_new(j, "ranks", ranks_json(s, r->id));
+  json_object_set_new(j, "ranks", ranks_json(s, r->id, json_object_get(j, "spec")));
   json_object_set_new(j, "contention", contention_json(r->c, s, r->id));
   json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
   json_object_set_new(j, "max_restarts", max_restarts_json(json_object_get(j, "spec")));

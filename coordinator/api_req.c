@@ -167,7 +167,7 @@ void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b) {
   pw_coord *c = r->c;
   pw_budget_init(b);
   if (c->max_plan_actions > 0) b->max_actions = c->max_plan_actions;
-  b->max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job->mesh.pp * job->mesh.dp);
+  b->max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, (int64_t)job->mesh.pp * job->mesh.dp * job->mesh.tp);
   if (c->max_rank_memory) {
     b->max_rank_memory = c->max_rank_memory;
     snprintf(b->memory_from, sizeof b->memory_from, "--max-rank-memory");

@@ -62,6 +62,11 @@ static json_t *worker_warnings(const pw_worker_info *w) {
   return a;
 }
 
+json_t *pw_coord_coordinate_json(int rank, int pp, int tp) {
+  pp = pp > 0 ? pp : 1, tp = tp > 0 ? tp : 1;
+  return json_pack("{s:i, s:i, s:i}", "pipeline_rank", rank / tp % pp, "replica", rank / tp / pp, "tp_rank", rank % tp);
+}
+
 json_t *pw_coord_workers_json(pw_coord *c) {
   json_t *arr = json_array();
   double now = pw_store_now();
@@ -73,6 +78,7 @@ json_t *pw_coord_workers_json(pw_coord *c) {
                           w->cores, "threads", w->threads, "software", w->software);
     json_object_set_new(o, "job", w->job ? json_integer((json_int_t)w->job) : json_null());
     json_object_set_new(o, "rank", w->job ? json_integer(w->rank) : json_null());
+    json_object_set_new(o, "coordinate", w->job ? pw_coord_coordinate_json(w->rank, w->pp, w->tp) : json_null());
     json_object_set_new(o, "memory", w->memory > 0 ? json_integer((json_int_t)w->memory) : json_null());
     json_object_set_new(o, "blas_core", str_or_null(w->blas_core));
     json_object_set_new(o, "blas_forced", w->blas_forced >= 0 ? json_boolean(w->blas_forced) : json_null());

@@ -41,6 +41,7 @@ typedef struct {
   double last_heartbeat;  /* epoch seconds */
   int64_t job;            /* job it runs, 0 if idle */
   int rank;               /* its rank in that job */
+  int pp, tp;             /* that job's mesh (its coordinate: pw_coord_coordinate_json) */
 } pw_worker_info;
 
 /* HTTP admission as it stands, kept by http.c for /metrics. */
@@ -112,8 +113,10 @@ struct pw_coord {
 pw_store *pw_coord_store(pw_coord *c);
 /* Tell the loop to look at the jobs again (thread-safe). */
 void pw_coord_wake(pw_coord *c);
+/* {"pipeline_rank", "replica", "tp_rank"} of rank `rank` of a pp x dp x tp mesh. */
+json_t *pw_coord_coordinate_json(int rank, int pp, int tp);
 /* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",
- *   "heartbeat_age","job","rank","cores","threads","software","host",
+ *   "heartbeat_age","job","rank","coordinate","cores","threads","software","host",
  *   "hostname"}]} (new ref). */
 json_t *pw_coord_workers_json(pw_coord *c);
 /* The store's health for /healthz: 0 when the loop's writes work (and

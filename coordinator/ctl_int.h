@@ -55,6 +55,7 @@ typedef struct {
 struct pw_jobrt {
   int64_t job, run;        /* run is 0 until the plan is recorded */
   int n_ranks, n_stages, steps, start_step;
+  int pp, tp;              /* the mesh: rank r is pipeline rank r / tp % pp, replica r / tp / pp, tp rank r % tp */
   pw_wconn **ranks;        /* [n_ranks]: reserved while planning, then assigned */
   int planning;            /* its plan is being built on a worker thread */
   int ended;               /* ended while planning: freed when the plan is back */

@@ -39,6 +39,8 @@ void pw_registry_update(pw_coord *c, pw_wconn *w) {
     wi->connected = w->registered && !w->closing;
     wi->job = w->job ? w->job->job : 0;
     wi->rank = w->rank;
+    wi->pp = w->job ? w->job->pp : 1;
+    wi->tp = w->job ? w->job->tp : 1;
     wi->last_heartbeat = pw_store_now() - (pw_mono() - w->last_seen);
   }
   pthread_mutex_unlock(&c->mu);

@@ -394,7 +394,7 @@ static void plan_done(uv_work_t *req, int status) {
 static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn **ws) {
   pw_err err = {0};
   char b[600];
-  int n = job->mesh.pp * job->mesh.dp;
+  int n = job->mesh.pp * job->mesh.dp * job->mesh.tp;
   int rc = pw_store_job_set_state(s, id, PW_JOB_PLANNING, "enough idle workers", NULL, &err);
   if (rc) { /* stays queued: the next pass tries again */
     pw_error("job %lld: cannot start planning: %s", (long long)id, pw_err_str(&err, b, sizeof b));
@@ -414,6 +414,8 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
   }
   jr->job = id;
   jr->n_ranks = n;
+  jr->pp = job->mesh.pp;
+  jr->tp = job->mesh.tp;
   jr->steps = job->train.steps;
   jr->on_nonfinite = job->train.on_nonfinite;
   jr->max_restarts = job->train.max_restarts;
@@ -503,7 +505,7 @@ static void sched_tick(pw_coord *c) {
       continue;
     }
     json_decref(spec);
-    int need = job.mesh.pp * job.mesh.dp, idle_n, busy, lost;
+    int need = job.mesh.pp * job.mesh.dp * job.mesh.tp, idle_n, busy, lost;
     pw_wconn *ws[1024];
     idle_n = idle_workers(c, ws, 1024);
     if (pending) {

@@ -16,7 +16,7 @@ int pw_dpx_zero(const pw_run *r) {
 
 static int slot_of(const pw_run *r, int d) { return d - (d > r->replica); }
 
-static int peer(const pw_run *r, int d) { return d * r->pp + r->prank; }
+static int peer(const pw_run *r, int d) { return pw_run_rank_of(r, d, r->prank); }
 
 static size_t chunk_len(size_t len, size_t chunk, int c) {
   size_t off = (size_t)c * chunk;

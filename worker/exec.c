@@ -286,6 +286,7 @@ static int compute(pw_run *r, const pw_action *acts, int pc) {
     case PW_ACT_I: rc = pw_prog_backward_input(ls->prog, slot); break;
     case PW_ACT_W: rc = pw_prog_backward_weight(ls->prog, slot); break;
   }
+  if (rc && rc != PW_ENOMEM && rc != PW_EINVAL) return rc; /* a tensor-parallel all-reduce failed: said there */
   if (rc) /* remat only: no work buffer to recompute into */
     return pw_exec_fail(r, rc, NULL, "stage %d, microbatch %d: %s", a->stage, a->mb,
                         rc == PW_ENOMEM ? "out of memory for a recompute buffer" : "W before its I");
@@ -320,7 +321,7 @@ static int compute(pw_run *r, const pw_action *acts, int pc) {
 /* ---- the step loop -------------------------------------------------------- */
 
 int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
-  if (!r->cp.eval) r->cp.t_step0 = pw_now();
+  if (!r->cp.eval) r->cp.t_step0 = pw_now(), r->cp.tp_bytes = 0, r->cp.tp_seconds = 0;
   r->cp.loss_sum = 0;
   for (int pc = 0; pc < n_acts;) {
     unit u = {acts + pc, (acts[pc].flags & PW_ACTION_FUSED) && pc + 1 < n_acts ? 2 : 1};

@@ -60,7 +60,9 @@ int pw_run_consumer(const pw_run *r, int v) {
   return -1;
 }
 
-int pw_run_global_rank(const pw_run *r, int stage) { return r->replica * r->pp + r->rank_of_stage[stage]; }
+int pw_run_rank_of(const pw_run *r, int d, int prank) { return (d * r->pp + prank) * r->tp + r->tp_rank; }
+
+int pw_run_global_rank(const pw_run *r, int stage) { return pw_run_rank_of(r, r->replica, r->rank_of_stage[stage]); }
 
 int pw_run_slot_for(pw_run *r, int li, int mb, pw_err *err) {
   const pw_lstage *ls = &r->ls[li];
@@ -155,6 +157,7 @@ static int setup_stages(pw_run *r, pw_err *err) {
                           .no_moments = pw_dpx_zero(r) > 0, /* a shard of them in dpx.c */
                           .bf16 = r->spec.train.precision == PW_PRECISION_BF16};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
+    if (r->tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->tp_rank, pw_tpx_allreduce, r))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->m);
     lc->act_step = calloc((size_t)r->m, sizeof(int));
     lc->act_got = calloc((size_t)r->m, sizeof(int));
@@ -345,6 +348,7 @@ int pw_run_open_files(pw_run *r, pw_err *err) {
   int needs_data = 0, rc;
   for (int li = 0; li < r->n_ls && !r->serve; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
   if (needs_data && (rc = open_data(r, err))) return rc;
+  if (r->tp > 1) return pw_tpx_load(r, load_or_init, err);
   if (!pw_dpx_zero(r)) return load_or_init(r, r->resume, err);
   /* zero > 0: whole moments lent to the programs while a file is read
    * (the checkpoint's, the init weights'), then our shard kept */
@@ -403,7 +407,9 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   snprintf(r->init_optim_sha256, sizeof r->init_optim_sha256, "%s", sl.init_optim_sha256);
   r->pp = sl.pp;
   r->dp = sl.dp;
-  r->n_ranks = r->pp * r->dp;
+  r->tp = sl.tp;
+  r->tp_rank = sl.tp_rank;
+  r->n_ranks = r->pp * r->dp * r->tp;
   r->m = sl.m;
   r->S = sl.S;
   r->mb_size = sl.mb_size;
@@ -417,8 +423,9 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
     rc = pw_err_set(err, PW_EPROTO, "assign.steps", "steps %d before start_step %d", r->steps, r->start_step);
     goto fail;
   }
-  r->prank = r->rank % r->pp;
-  r->replica = r->rank / r->pp;
+  r->prank = r->rank / r->tp % r->pp;
+  r->replica = r->rank / r->tp / r->pp;
+  if (r->tp > 1 && (rc = pw_tpx_setup(r, err))) goto fail;
   int *rank_of_stage = malloc(sizeof(int) * (size_t)r->S), *lidx_of_stage = malloc(sizeof(int) * (size_t)r->S);
   r->rank_of_stage = rank_of_stage; /* const from here: filled below, then only read */
   r->lidx_of_stage = lidx_of_stage;
@@ -475,7 +482,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->sh.evq_cap = 64;
   r->sh.evq = malloc(sizeof *r->sh.evq * (size_t)r->sh.evq_cap);
   if (!r->cp.timings || !r->sh.trace_buf || !r->cp.norm_parts || !r->cp.norm_parts_step || !r->sh.evq ||
-      pw_stepend_alloc(r) || pw_snaprun_alloc(r) || pw_evalrun_alloc(r)) {
+      pw_stepend_alloc(r) || pw_snaprun_alloc(r) || pw_evalrun_alloc(r) || pw_tpx_alloc(r)) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
@@ -562,7 +569,10 @@ static void run_destroy(pw_run *r) {
   if (r->cp.ds_held) pw_dscache_release(r->cache, r->spec.data.dataset); /* (the compute thread is joined) */
   pw_sched_free(r->sched);
   pw_partition_free(&r->part);
+  pw_tpx_free(r);
   pw_model_free(&r->model);
+  pw_model_free(&r->canon);
+  free(r->tp_kinds);
   free(r->peak_slots);
   free(r->n_work);
   json_decref(r->assign);
@@ -769,8 +779,13 @@ static void on_events(uv_async_t *h) {
 
 /* ---- frames from peers -------------------------------------------------- */
 
+static int tp_frame(const pw_frame_hdr *h) {
+  return h->kind == PW_FRAME_REDUCE && (h->value == PW_TPX_RS || h->value == PW_TPX_AG);
+}
+
 static int frame_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
   if (h->job != r->job) return pw_err_set(err, PW_EPROTO, "frame", "job %llu is not ours", (unsigned long long)h->job);
+  if (tp_frame(h)) return pw_tpx_dest(r, from, h, dst, err);
   if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED) return pw_stepend_dest(r, from, h, dst, err);
   if (h->kind == PW_FRAME_SNAP) return pw_snaprun_dest(r, from, h, dst, err);
   if (r->serve) return pw_serve_dest(r, from, h, dst, err);
@@ -846,7 +861,9 @@ int pw_run_frame_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
   if (h->kind == PW_FRAME_ACT && h->dtype == PW_DTYPE_BF16) /* in place, before anyone may read it */
     pw_bf16_widen_inplace((void *)payload, h->payload_len / 2);
   uv_mutex_lock(&r->sh.mu);
-  if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
+  if (tp_frame(h))
+    rc = pw_tpx_frame(r, from, h, err);
+  else if (h->kind == PW_FRAME_REDUCE || h->kind == PW_FRAME_TIED)
     rc = pw_stepend_frame(r, from, h, payload, err);
   else if (h->kind == PW_FRAME_SNAP)
     rc = pw_snaprun_frame(r, from, h, err);

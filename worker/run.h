@@ -34,6 +34,7 @@
 #include "schedule.h"
 #include "spec.h"
 #include "snap.h"
+#include "tpx.h"
 #include "wire.h"
 
 typedef struct pw_worker pw_worker;
@@ -115,6 +116,8 @@ typedef struct {
   int stage, held;         /* SNAP, CKPT (and step) */
   double step_time, loss, grad_norm, lr, eval_loss;
   uint64_t dp_bytes;       /* STEP: payload bytes this rank sent in the data-parallel exchange */
+  uint64_t tp_bytes;       /* STEP: ... in the tensor-parallel all-reduces of the step's actions */
+  double tp_seconds;       /* STEP: spent in them (sending, waiting, adding) */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
   json_t *msg;             /* CTL: the message (the loop's reference) */
 } pw_event;
@@ -180,6 +183,10 @@ typedef struct {
   int *dp_norm_step;
   uint64_t dp_bytes;       /* payload bytes sent in it this step */
   int ds_held;             /* the dataset's cache entry is held (released when the run is freed) */
+  /* the tensor-parallel all-reduces (tpx.c), when tp > 1 */
+  pw_tpx *tpx;
+  uint64_t tp_bytes;       /* payload bytes sent in them since the step began */
+  double tp_seconds;       /* and the time spent in them */
   /* snapshots (snaprun.c) */
   pw_snap **rx;            /* [n_ranks] entry a peer's SNAP frames are going into, or NULL */
   int *rx_next;            /* [n_ranks] part expected next from that peer */
@@ -209,8 +216,9 @@ struct pw_run {
   json_t *assign;          /* the assignment message (owned; a's strings point into it), or NULL */
   uint64_t job;
   int run_id;
-  int rank;                /* global rank: replica * pp + pipeline rank */
+  int rank;                /* global rank: (replica * pp + pipeline rank) * tp + tp rank */
   int prank, replica;      /* pipeline rank, data-parallel replica */
+  int tp, tp_rank;         /* tensor-parallel ranks per stage (1: none), and ours among them */
   int pp, dp, n_ranks;
   int steps, start_step, trace_every;
   char ckpt_dir[512];
@@ -224,7 +232,9 @@ struct pw_run {
    * spec); model is the compiled graph; part the partition as far as this
    * rank uses it; sched stage -> rank and only this rank's action list. */
   pw_job spec;
-  pw_model model;
+  pw_model model;          /* tp > 1: the group's graph, split shapes (pw_tp_model) */
+  pw_model canon;          /* tp > 1: the slice's graph, tp = 1 shapes (checkpoints); else empty */
+  uint8_t *tp_kinds;       /* tp > 1: [model.n_params] pw_tp_kind of each */
   pw_partition part;
   pw_sched *sched;
   int *peak_slots;         /* [n_ls] activation slots each local stage grows to (the plan's) */
@@ -306,6 +316,8 @@ void pw_run_slot_release(pw_run *r, int li, int mb);
 int pw_run_producer(const pw_run *r, int value);
 int pw_run_consumer(const pw_run *r, int value);
 int pw_run_global_rank(const pw_run *r, int stage);
+/* The global rank of pipeline rank prank of replica d in our tp place. */
+int pw_run_rank_of(const pw_run *r, int d, int prank);
 
 /* ---- exec.c: the compute thread ------------------------------------------ */
 

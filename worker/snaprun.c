@@ -163,7 +163,7 @@ int pw_snaprun_restore(pw_run *r, pw_err *err) {
     if (!e) return restore_fail(r, err, st, "this worker's memory any more");
     rc = 0;
     for (int d = 0; d < r->dp && !rc; d++) {
-      int to = d * r->pp + r->rank_of_stage[st];
+      int to = pw_run_rank_of(r, d, r->rank_of_stage[st]);
       if (to != r->rank) rc = send_entry(r, e, to, SNAP_RESTORE);
     }
     pw_snap_release(r->snaps, e);

@@ -153,7 +153,7 @@ static int tied_exchange(pw_run *r) {
 
 /* ---- 3. global norm ------------------------------------------------------- */
 
-static double local_sqnorm(pw_run *r, pw_lstage *ls) {
+static double local_sqnorm(pw_run *r, pw_lstage *ls, double *split) {
   int skip[16], ns = 0;
   for (int k = 0; k < r->part.n_shared && ns < 16; k++) {
     const pw_shared_param *sp = &r->part.shared[k];
@@ -161,6 +161,10 @@ static double local_sqnorm(pw_run *r, pw_lstage *ls) {
     for (int j = 1; j < sp->n_holders; j++)
       if (sp->holders[j] < lowest) lowest = sp->holders[j];
     if (holder_index(sp, ls->stage) >= 0 && ls->stage != lowest) skip[ns++] = sp->param;
+  }
+  if (r->tp > 1) { /* the split part in *split, summed over the group by the caller */
+    *split += pw_tpx_sqnorm(r, ls->prog, skip, ns, 1);
+    return pw_tpx_sqnorm(r, ls->prog, skip, ns, 0);
   }
   if (!pw_dpx_zero(r)) return pw_grad_sqnorm(ls->prog, skip, ns);
   const pw_dpx *x = &r->cp.dpx[ls - r->ls]; /* our shard only: the rest is summed elsewhere */
@@ -190,7 +194,7 @@ static int global_norm(pw_run *r, double part, double *total) {
     if ((rc = pw_frame_hdr_init(&h, PW_FRAME_REDUCE, r->job, (uint32_t)r->cp.tag, (uint32_t)r->prank, 0, RV_NORM_PART,
                                 PW_DTYPE_U8, 1, dims)))
       return pw_exec_fail(r, rc, NULL, "no frame header for the norm partial: %s", pw_strerror(rc));
-    if ((rc = pw_exec_send(r, r->replica * r->pp + k, &h, &r->cp.norm_out[par], -1, -1))) return rc;
+    if ((rc = pw_exec_send(r, pw_run_rank_of(r, r->replica, k), &h, &r->cp.norm_out[par], -1, -1))) return rc;
   }
   if ((rc = pw_exec_wait(r, parts_ready, NULL))) return rc;
   /* Summed in the order of each rank's first stage, not of rank numbers:
@@ -329,10 +333,29 @@ static int checkpoint_stage(pw_run *r, int li) {
   return 0;
 }
 
+/* tp > 1: the group gathers canonical programs, its first member writes
+ * them (docs/contracts.md: checkpoints have the tp = 1 names and shapes). */
+static int checkpoint_tp(pw_run *r) {
+  pw_err err = {0};
+  int rc = pw_tpx_canon(r, &err);
+  if (rc) return pw_exec_fail(r, rc, &err, "checkpoint");
+  if (!(rc = pw_tpx_gather(r)) && r->tp_rank == 0) {
+    pw_prog **own = malloc(sizeof *own * (size_t)r->n_ls);
+    if (!own) rc = pw_exec_fail(r, PW_ENOMEM, NULL, "out of memory for a checkpoint");
+    for (int li = 0; own && li < r->n_ls; li++) own[li] = r->ls[li].prog, r->ls[li].prog = r->cp.tpx->canon[li];
+    for (int li = 0; own && li < r->n_ls && !rc; li++) rc = checkpoint_stage(r, li);
+    for (int li = 0; own && li < r->n_ls; li++) r->ls[li].prog = own[li];
+    free(own);
+  }
+  pw_tpx_canon_free(r);
+  return rc;
+}
+
 static int checkpoint(pw_run *r) {
   int rc = 0, zero = pw_dpx_zero(r);
   if (zero && ckpt_step(r, r->sh.step) && (rc = pw_dpx_state_gather(r))) return rc;
   if (!ckpt_due(r, r->sh.step)) return 0;
+  if (r->tp > 1) return checkpoint_tp(r);
   for (int li = 0; li < r->n_ls && !rc; li++) rc = checkpoint_stage(r, li);
   if (zero) pw_dpx_state_release(r);
   return rc;
@@ -351,9 +374,17 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
     if (zero && (rc = pw_dpx_reduce_scatter(r))) return rc;
   }
-  double part = 0;
+  double part = 0, split = 0;
   if (r->spec.mode != PW_MODE_FORWARD)
-    for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li]);
+    for (int li = 0; li < r->n_ls; li++) part += local_sqnorm(r, &r->ls[li], &split);
+  if (r->tp > 1) { /* summed as floats: one value, in member order */
+    float f = (float)split;
+    uint64_t b = r->cp.tp_bytes; /* not the step's actions' */
+    double sec = r->cp.tp_seconds;
+    if ((rc = pw_tpx_allreduce(r, &f, 1, PW_PROG_SUM))) return rc;
+    r->cp.tp_bytes = b, r->cp.tp_seconds = sec;
+    part += f;
+  }
   if (zero && (rc = pw_dpx_norm(r, part, &part))) return rc;
   return global_norm(r, part, sqnorm);
 }
@@ -373,8 +404,9 @@ int pw_stepend_run(pw_run *r) {
   pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
-                 .dp_bytes = r->cp.dp_bytes};
-  for (int li = 0; li < r->n_ls; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
+                 .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes,
+                 .tp_seconds = r->cp.tp_seconds};
+  for (int li = 0; li < r->n_ls && r->tp_rank == 0; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   ev.has_eval = ev.has_loss && evaluated;
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
     uv_mutex_lock(&r->sh.mu);
@@ -407,6 +439,10 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
   }
   if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) /* what the data-parallel exchange sent */
     json_object_set_new(msg, "dp_bytes", json_integer((json_int_t)ev->dp_bytes));
+  if (r->tp > 1) {
+    json_object_set_new(msg, "tp_bytes", json_integer((json_int_t)ev->tp_bytes));
+    json_object_set_new(msg, "tp_seconds", json_real(ev->tp_seconds));
+  }
   if (ev->has_eval && isfinite(ev->eval_loss)) /* this replica's share, summed like the loss */
     json_object_set_new(msg, "eval_loss", json_real(ev->eval_loss));
   if (r->replica == 0 && r->prank == 0) {
@@ -471,7 +507,7 @@ int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_e
       if (h->payload_len != 8 || h->dtype != PW_DTYPE_U8)
         return pw_err_set(err, PW_EPROTO, "frame", "bad norm reduction frame");
       if (h->microbatch >= (uint32_t)r->pp || (int)h->microbatch == r->prank ||
-          from != r->replica * r->pp + (int)h->microbatch)
+          from != pw_run_rank_of(r, r->replica, (int)h->microbatch))
         return pw_err_set(err, PW_EPROTO, "frame", "norm partial from rank %d does not fit", from);
       return 0; /* the reader's buffer */
     default: return pw_err_set(err, PW_EPROTO, "frame", "unknown reduction %u", h->value);

@@ -27,7 +27,9 @@
 
 #include "kernels.h"
 #include "optable.h"
+#include "ops.h"
 #include "rng.h"
+#include "tp.h"
 
 struct pw_prog {
   const pw_model *m;
@@ -61,7 +63,15 @@ struct pw_prog {
   size_t *wire_off;              /* [output port] offset in a slot's send buffer */
   size_t wire_n;                 /* bf16 elements of a send buffer */
   pw_bf16 **wire;                /* [max_slots] send buffers, made with their slots */
+  /* tp > 1 only (pw_prog_set_tp) */
+  int tp_rank, tp_rc;
+  pw_prog_allreduce_fn tp_fn;
+  void *tp_ctx;
+  unsigned char *tp_node;        /* [local node] TP_* below */
+  float *tp_buf;                 /* the cross-entropy's 3 floats per row */
 };
+
+enum { TP_ROW = 1, TP_EMBED = 2, TP_XENT = 4, TP_DOUT = 8 }; /* tp_node bits */
 
 #define NONE PW_LAYOUT_NONE
 
@@ -272,6 +282,8 @@ void pw_prog_free(pw_prog *p) {
   free(p->work_busy);
   free(p->work_of);
   free(p->scratch);
+  free(p->tp_node);
+  free(p->tp_buf);
   pw_prog_layout_free(&p->L);
   free(p);
 }
@@ -434,10 +446,94 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   if (p->wb && n->op == PW_OP_ATTENTION) io->bscratch = p->bscratch;
 }
 
+/* ---- tensor parallel -------------------------------------------------- */
+
+int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx) {
+  const pw_model *m = p->m;
+  int nl = p->L.node_hi - p->L.node_lo;
+  uint8_t *kinds = malloc((size_t)m->n_params + 1);
+  p->tp_node = calloc((size_t)nl + 1, 1);
+  p->tp_buf = malloc(sizeof(float) * (3 * (size_t)p->cfg.mb_size * (size_t)m->seq_len + 1));
+  if (!kinds || !p->tp_node || !p->tp_buf) {
+    free(kinds);
+    return PW_ENOMEM;
+  }
+  p->tp_rank = rank;
+  p->tp_fn = fn;
+  p->tp_ctx = ctx;
+  pw_tp_kinds(m, kinds);
+  for (int i = p->L.node_lo; i < p->L.node_hi; i++) {
+    const pw_node *n = &m->nodes[i];
+    unsigned char *f = &p->tp_node[i - p->L.node_lo];
+    if (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW) *f |= TP_ROW;
+    if (n->op == PW_OP_EMBED) *f |= TP_EMBED;
+    if (n->op == PW_OP_XENT) *f |= TP_XENT;
+    int split = 0, whole = 0; /* readers of the output adding partial input gradients, or not */
+    for (int j = 0; j < m->n_nodes; j++) {
+      const pw_node *c = &m->nodes[j];
+      if (c->in[0] != n->out && c->in[1] != n->out) continue;
+      if (c->op == PW_OP_LINEAR && kinds[c->w] != PW_TP_REPLICATED && kinds[c->w] != PW_TP_ROW)
+        split = 1;
+      else
+        whole = 1;
+    }
+    if (split && !whole) *f |= TP_DOUT;
+  }
+  free(kinds);
+  return 0;
+}
+
+static void tp_reduce(pw_prog *p, float *buf, size_t n, int op) {
+  if (p->tp_rc) return;
+  p->tp_rc = p->tp_fn(p->tp_ctx, buf, n, op);
+}
+
+static int tp_flags(const pw_prog *p, int i) { return p->tp_node ? p->tp_node[i - p->L.node_lo] : 0; }
+
+/* The vocabulary rows [v0, v0 + V) this rank holds. */
+static int tp_v0(const pw_prog *p, int V) { return p->tp_rank * V; }
+
+/* The forward of a node the group computes together; 0 for the others. */
+static int tp_forward(pw_prog *p, const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  int f = tp_flags(p, (int)(n - p->m->nodes)), N = io->rows;
+  if (f & TP_EMBED) {
+    int V = p->m->params[n->w].shape[0];
+    pw_embed_vp_forward(io->out, (const int32_t *)io->in0, io->w, N, n->OC, V, tp_v0(p, V));
+    tp_reduce(p, io->out, (size_t)N * (size_t)n->OC, PW_PROG_SUM);
+  } else if (f & TP_ROW) { /* the partial products summed, then the bias once */
+    pw_kernel_io nb = *io;
+    nb.b = NULL;
+    pw_kernel_of(n->op)->forward(&nb);
+    tp_reduce(p, io->out, (size_t)N * (size_t)n->OC, PW_PROG_SUM);
+    for (int r = 0; io->b && r < N; r++)
+      for (int c = 0; c < n->OC; c++) io->out[(size_t)r * (size_t)n->OC + (size_t)c] += io->b[c];
+  } else if (f & TP_XENT) {
+    float *mx = p->tp_buf, *part = p->tp_buf + N;
+    pw_xent_vp_max(mx, io->in0, N, n->C);
+    tp_reduce(p, mx, (size_t)N, PW_PROG_MAX);
+    pw_xent_vp_partial(part, io->aux, io->in0, mx, (const int32_t *)io->in1, N, n->C, tp_v0(p, n->C));
+    tp_reduce(p, part, 2 * (size_t)N, PW_PROG_SUM);
+    io->out[0] = pw_xent_vp_finish(io->aux, part, N, n->C, io->loss_scale);
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+/* Before node i's backward: its output's gradient summed over the group
+ * when the readers each added a partial one. */
+static void tp_dout(pw_prog *p, int slot, int i) {
+  if (!(tp_flags(p, i) & TP_DOUT)) return;
+  const pw_node *n = &p->m->nodes[i];
+  float *g = pw_prog_grad(p, slot, n->out);
+  if (g) tp_reduce(p, g, pw_value_bytes(&p->m->values[n->out], p->cfg.mb_size) / sizeof(float), PW_PROG_SUM);
+}
+
 static void node_forward(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
-  pw_kernel_of(io.n->op)->forward(&io);
+  if (!tp_forward(p, &io)) pw_kernel_of(io.n->op)->forward(&io);
   if (p->round_out && p->round_out[i - p->L.node_lo])
     pw_bf16_round_f32(io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
 }
@@ -448,7 +544,11 @@ static void node_backward_input(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
   if (!io.din0 && !io.din1) return; /* nothing upstream wants a gradient */
-  f(&io);
+  if (tp_flags(p, i) & TP_XENT)
+    pw_xent_vp_backward_input(io.din0, io.aux, (const int32_t *)io.in1, io.rows, io.n->C,
+                              tp_v0(p, io.n->C), io.loss_scale, io.acc0);
+  else
+    f(&io);
 }
 
 static void node_backward_weight(pw_prog *p, int slot, int i) {
@@ -458,7 +558,12 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
   if (!io.dw && !io.db) return; /* frozen: no W */
-  f(&io);
+  if (tp_flags(p, i) & TP_EMBED) {
+    int V = p->m->params[n->w].shape[0];
+    pw_embed_vp_backward_weight(io.dw, io.dout, (const int32_t *)io.in0, io.rows, n->OC, V, tp_v0(p, V));
+  } else {
+    f(&io);
+  }
 }
 
 /* ---- remat's work buffers ------------------------------------------------ */
@@ -496,7 +601,7 @@ int pw_prog_forward(pw_prog *p, int slot, float *loss) {
   run_forward(p, slot);
   if (loss) *loss = p->L.has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
   work_give(p, slot);
-  return 0;
+  return p->tp_rc;
 }
 
 /* Remat: a work buffer for the backward, filled by the forward again. */
@@ -515,8 +620,11 @@ int pw_prog_backward_input(pw_prog *p, int slot) {
   int rc = recompute(p, slot);
   if (rc) return rc;
   zero_value_grads(p, slot);
-  for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) node_backward_input(p, slot, i);
-  return 0; /* remat: the work buffer stays with the slot until its W */
+  for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
+    tp_dout(p, slot, i);
+    node_backward_input(p, slot, i);
+  }
+  return p->tp_rc; /* remat: the work buffer stays with the slot until its W */
 }
 
 int pw_prog_backward_weight(pw_prog *p, int slot) {
@@ -543,10 +651,11 @@ int pw_prog_backward(pw_prog *p, int slot) {
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
+    tp_dout(p, slot, i);
     if (node_backward_fused(p, slot, i)) continue;
     node_backward_weight(p, slot, i);
     node_backward_input(p, slot, i);
   }
   work_give(p, slot);
-  return 0;
+  return p->tp_rc;
 }

@@ -163,6 +163,21 @@ int pw_prog_backward_weight(pw_prog *p, int slot);
 /* Both halves (a full B), node by node. */
 int pw_prog_backward(pw_prog *p, int slot);
 
+/* Tensor parallel (lib/model/tp.h, docs/contracts.md "Tensor parallel").
+ * A program of rank `rank` of a tp group is made over the group's graph
+ * (pw_tp_model: split shapes, which say the group's size) and then told its
+ * place here, once, before any entry point. It then all-reduces through `fn` (blocking, the same
+ * calls in the same order on every member): a row linear's output before
+ * its bias is added, the vocab-parallel embedding's output, the
+ * cross-entropy's row maxima (PW_PROG_MAX) and its row sums, and in the
+ * backward a value's gradient before its producer's backward when every
+ * reader of the value is a column, qkv or vocab linear (each adds a
+ * partial sum). fn returns 0 or a negative code; the first failure is
+ * kept and returned by the entry point (the numbers are garbage then). */
+enum { PW_PROG_SUM, PW_PROG_MAX };
+typedef int (*pw_prog_allreduce_fn)(void *ctx, float *buf, size_t n, int op);
+PW_MUST_CHECK int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx);
+
 /* n zeroed floats with every page mapped now (2 MiB aligned, transparent
  * huge pages asked for, from 2 MiB up): the arenas of programs and of
  * their KV caches (decode.h). NULL when out of memory; freed with free(). */

@@ -3,10 +3,11 @@
  * and the planner (which counts them). Pure: no frames, no threads.
  *
  * A group is an ordered list of the run's global ranks (the data-parallel
- * replicas of one pipeline rank today; a tensor-parallel group later). The
- * order is the sum order: every reduction adds the members' copies in
- * group order, ((0 + x_0) + x_1) + ..., the same bits on every member and
- * the same as the single-process trainer adding replicas in order.
+ * replicas of one pipeline rank: worker/dpx.c; the tp members of a stage:
+ * worker/tpx.c). The order is the sum order: every reduction adds the
+ * members' copies in group order, ((0 + x_0) + x_1) + ..., the same bits
+ * on every member and the same as the single-process trainer adding
+ * replicas in order.
  *
  * Shards: n elements over k members are k contiguous ranges, the first
  * n % k of them one element longer (shard j starts at j * (n / k) +

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "optable.h"
+
 const char *pw_tp_kind_name(pw_tp_kind k) {
   static const char *const names[] = {"replicated", "column", "qkv", "row", "vocab"};
   return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
@@ -52,6 +54,12 @@ int pw_tp_check(const pw_job *job, const pw_model *m, pw_err *err) {
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) splits the gpt and llama templates only", tp);
   if (s->lora_rank)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split LoRA adapters", tp);
+  if (job->train.precision != PW_PRECISION_FP32)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs train.precision \"fp32\" only", tp);
+  if (job->train.zero)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs with train.zero 0 only", tp);
+  if (job->mode != PW_MODE_TRAIN)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) trains only (mode \"train\")", tp);
   if (s->n_heads % tp)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide model.n_heads (%d %% %d != 0)", s->n_heads, tp);
   if (s->vocab_size % tp)
@@ -107,6 +115,55 @@ void pw_tp_unshard(float *dst, const float *src, const pw_param *p, pw_tp_kind k
   walk(dst, src, p, k, tp, r, to_canon);
 }
 
+static void *dup(const void *src, size_t n, size_t size) {
+  void *d = malloc(n * size + 1);
+  if (d && n) memcpy(d, src, n * size);
+  return d;
+}
+
+int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds) {
+  *out = *m;
+  out->values = dup(m->values, (size_t)m->n_values, sizeof *m->values);
+  out->nodes = dup(m->nodes, (size_t)m->n_nodes, sizeof *m->nodes);
+  out->params = dup(m->params, (size_t)m->n_params, sizeof *m->params);
+  out->layers = dup(m->layers, (size_t)m->n_layers, sizeof *m->layers);
+  out->markers = dup(m->markers, (size_t)m->n_markers, sizeof *m->markers);
+  if (!out->values || !out->nodes || !out->params || !out->layers || !out->markers) {
+    pw_model_free(out);
+    return PW_ENOMEM;
+  }
+  pw_tp_kinds(m, kinds);
+  if (tp <= 1) return 0;
+  for (int i = 0; i < m->n_params; i++) {
+    pw_param *p = &out->params[i];
+    if (kinds[i] == PW_TP_REPLICATED) continue;
+    p->shape[kinds[i] == PW_TP_ROW ? 1 : 0] /= tp;
+    p->numel /= (size_t)tp;
+  }
+  /* a value is split when a split linear makes it, or an op reads a split
+   * one (attention, the activations) — up to a row linear or the loss */
+  for (int i = 0; i < out->n_nodes; i++) {
+    pw_node *n = &out->nodes[i];
+    pw_value *o = &out->values[n->out];
+    int in_split = out->values[n->in[0]].producer >= 0 && out->values[n->in[0]].width != m->values[n->in[0]].width;
+    if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_REPLICATED && kinds[n->w] != PW_TP_ROW) {
+      n->OC /= tp;
+      o->width /= tp;
+    } else if (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW) {
+      n->C /= tp;
+    } else if (in_split) {
+      n->C /= tp;
+      n->NH /= tp;
+      if (n->op != PW_OP_XENT) {
+        n->OC /= tp;
+        o->width /= tp;
+      }
+    }
+    n->aux = pw_op_aux(n, &out->values[n->in[0]]);
+  }
+  return 0;
+}
+
 void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out) {
   memset(out, 0, sizeof *out);
   for (int l = lo; l < hi; l++)
@@ -120,7 +177,10 @@ void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, 
         out->fwd += 3 * (size_t)m->values[n->in[0]].rows;
         out->n_fwd += 2;
       }
-      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED) {
+      int again = 0; /* llama's gate and up read one input: its gradient is summed once, for both */
+      for (int j = m->layers[l].node_lo; j < i; j++)
+        again |= m->nodes[j].op == PW_OP_LINEAR && m->nodes[j].in[0] == n->in[0];
+      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED && !again) {
         const pw_value *x = &m->values[n->in[0]];
         out->bwd += (size_t)x->rows * (size_t)x->width;
         out->n_bwd++;

@@ -21,7 +21,8 @@
  *  - REPLICATED: norms, position embeddings, row biases.
  * Communication, all-reduces of (rows, C) activations in tp-rank order:
  * forward after each ROW linear and the embedding, backward at each COLUMN
- * or VOCAB linear's input gradient; the cross-entropy all-reduces 3 floats
+ * or VOCAB linear's input gradient (once per input, before its producer's
+ * backward); the cross-entropy all-reduces 3 floats
  * per row (max, sum of exponentials, target logit). Weight gradients need
  * none: a ZeroBubble W stays local.
  *
@@ -65,12 +66,23 @@ void pw_tp_unshard(float *dst, const float *src, const pw_param *p, pw_tp_kind k
 /* The all-reduces over the tp group in layers [lo, hi), per sequence:
  * floats and count, forward (after ROW linears and the embedding; the
  * cross-entropy's max, then its sum and target logit: 3 floats per row in
- * 2) and backward (at COLUMN, QKV and VOCAB linears' input gradients). */
+ * 2) and backward (at COLUMN, QKV and VOCAB linears' input gradients,
+ * once per input: llama's gate and up add theirs, then one all-reduce). */
 typedef struct {
   size_t fwd, bwd; /* floats */
   int n_fwd, n_bwd;
 } pw_tp_comm;
 void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, pw_tp_comm *out);
+
+/* The graph one of tp ranks runs: a copy of m with each split
+ * parameter's shape (and numel) divided by tp along its split, each split
+ * linear's output width, the heads (NH / tp) and the widths of the values
+ * between a column (qkv, vocab) linear and the row linear (or loss) after
+ * it divided too, aux sizes recomputed. Ids of values, nodes, parameters
+ * and layers are m's; the ports between layers (the residual stream) keep
+ * their widths. kinds (m->n_params) receives the split. Free with
+ * pw_model_free. PW_ENOMEM only. */
+PW_MUST_CHECK int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds);
 
 /* Shrinks sz, the tp = 1 sizes of nodes [node_lo, node_hi) (layout.h), to
  * what one of tp ranks holds: each split parameter's arena, gradient (and a

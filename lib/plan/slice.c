@@ -88,9 +88,10 @@ static json_t *train_json(const pw_job *job) {
 int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *plan_sha256, char **text,
                    char hex[PW_SHA256_HEX_LEN + 1], pw_err *err) {
   *text = NULL;
-  if (rank < 0 || rank >= p->pp * p->dp)
-    return pw_err_set(err, PW_EINVAL, "rank", "%d is not a rank of a %d x %d mesh", rank, p->pp, p->dp);
-  int prank = rank % p->pp;
+  int tp = p->tp > 1 ? p->tp : 1;
+  if (rank < 0 || rank >= p->pp * p->dp * tp)
+    return pw_err_set(err, PW_EINVAL, "rank", "%d is not a rank of a %d x %d x %d mesh", rank, p->pp, p->dp, tp);
+  int prank = rank / tp % p->pp;
   json_t *local = json_array(), *s2r = json_array(), *acts = json_array();
   for (int s = 0; s < p->S; s++) {
     json_array_append_new(s2r, json_integer(p->sched->stage_to_rank[s]));
@@ -106,10 +107,10 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
                             "stage_to_rank", s2r, "actions", acts);
   const pw_data_spec *d = &job->data;
   json_t *body = json_pack(
-      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:f, s:i}, s:o, s:o, "
-      "s:o, s:o, s:I}",
+      "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:f, s:i}, "
+      "s:o, s:o, s:o, s:o, s:I}",
       "version", PW_SLICE_VERSION, "plan_sha256", plan_sha256, "rank", rank, "pipeline_rank", prank, "replica",
-      rank / p->pp, "pp", p->pp, "dp", p->dp, "virtual_stages", p->V, "stages", p->S, "microbatches", p->m,
+      rank / tp / p->pp, "tp", tp, "tp_rank", rank % tp, "pp", p->pp, "dp", p->dp, "virtual_stages", p->V, "stages", p->S, "microbatches", p->m,
       "microbatch_size", p->mb_size, "mode", job->mode, "train", train_json(job), "data", "kind", d->kind, "path",
       d->path, "dataset", d->dataset, "sampler", d->sampler, "eval_fraction", d->eval_fraction, "keys", d->keys,
       "model", model_json(&p->model),
@@ -314,10 +315,10 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   pw_train_spec *t = &s->train;
   pw_optim_spec *o = &t->optim;
   int rc = unpack(err, "slice", b,
-                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F, s:i}, "
+                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F, s:i}, "
                   "s:o, s:o, s:o, s:o, s:I, s?o}",
                   "version", &version, "plan_sha256", &plan_sha, "rank", &s->rank, "pipeline_rank", &s->prank,
-                  "replica", &s->replica, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
+                  "replica", &s->replica, "tp", &s->tp, "tp_rank", &s->tp_rank, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
                   "microbatches", &s->m, "microbatch_size", &s->mb_size, "mode", &mode, "train", &train, "data",
                   "kind", &dkind, "path", &path, "dataset", &dataset, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
                   "keys", &s->data.keys, "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
@@ -326,7 +327,8 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   if (version != PW_SLICE_VERSION)
     return pw_err_set(err, PW_EPROTO, "slice.version", "%d, this worker reads version %d", version, PW_SLICE_VERSION);
   if (s->pp < 1 || s->dp < 1 || s->V < 1 || s->S < 1 || s->m < 1 || s->mb_size < 1 || !in(s->prank, 0, s->pp) ||
-      !in(s->replica, 0, s->dp) || s->rank != s->replica * s->pp + s->prank || budget < 0 || !in(mode, 0, PW_MODE_SERVE + 1) ||
+      !in(s->replica, 0, s->dp) || !in(s->tp, 1, 4097) || !in(s->tp_rank, 0, s->tp) ||
+      s->rank != (s->replica * s->pp + s->prank) * s->tp + s->tp_rank || budget < 0 || !in(mode, 0, PW_MODE_SERVE + 1) ||
       !in(dkind, 0, PW_DATA_SHIFT + 1) || !in(sampler, 0, 2) || s->data.keys < 0 || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
       strlen(path) >= sizeof s->data.path || (dataset[0] && !pw_data_id_valid(dataset)))
     return pw_err_set(err, PW_EPROTO, "slice", "mesh, rank, mode, data or plan hash out of range");

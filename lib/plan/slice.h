@@ -2,7 +2,8 @@
  * from the plan it built once, so no worker re-partitions, re-plans or
  * parses the model spec.
  *
- * A slice holds, for one rank (replica * pp + pipeline rank):
+ * A slice holds, for one rank ((replica * pp + pipeline rank) * tp + tp
+ * rank: the tp members of a stage group are neighbours):
  *   - the compiled model graph (pw_model: values, nodes, parameter table
  *     with each parameter's frozen flag from train.trainable, layers). The WHOLE graph, not only its stages' nodes: prog.c indexes
  *     values, nodes and parameters by their model-wide ids and finds a
@@ -54,11 +55,12 @@
 #include "sha256.h"
 #include "spec.h"
 
-#define PW_SLICE_VERSION 9 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work; 7: the parameters' frozen flags; 8: model.feature_value, data's feature_dim and keys (regions); 9: train.precision */
+#define PW_SLICE_VERSION 10 /* 2: data.dataset; 3: init; 4: train.snapshot_every; 5: train.eval_every; 6: local_stages' n_work; 7: the parameters' frozen flags; 8: model.feature_value, data's feature_dim and keys (regions); 9: train.precision; 10: tp, tp_rank */
 
 typedef struct {
   char plan_sha256[PW_SHA256_HEX_LEN + 1];
-  int rank, prank, replica;     /* global rank = replica * pp + prank */
+  int rank, prank, replica;     /* global rank = (replica * pp + prank) * tp + tp_rank */
+  int tp, tp_rank;              /* tensor-parallel ranks per stage, and this one's place among them */
   int pp, dp, V, S, m;
   int mb_size;                  /* sequences per microbatch (per replica) */
   pw_mode mode;

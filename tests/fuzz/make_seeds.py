@@ -39,6 +39,8 @@ seeds = [
     # serving: a microbatch's sequences, its activation, the sampled tokens back
     frame(8, 1, [1, 14], struct.pack("<14i", 0, 0, 2, 1, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0)) + frame(2, 0, [2, 3], acts),
     frame(9, 1, [2], struct.pack("<2i", 65, 66)),
+    # tensor parallel: a call's reduce-scatter shard (value 9), then its sum back (value 10)
+    frame(4, 0, [6], acts, step=0, mb=1, stage=0, value=9) + frame(4, 0, [6], acts, step=0, mb=1, stage=0, value=10),
 ]
 for i, s in enumerate(seeds):
     for mode in (2, 3, 2 | (7 << 2)):  # fix CRCs; + set_dest; + 8-byte reads

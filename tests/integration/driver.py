@@ -118,8 +118,8 @@ def main():
     spec_path = os.path.join(a.out, "job.json")
     json.dump(job, open(spec_path, "w"), indent=1)
     mesh = job.get("mesh", {})
-    pp, dp = mesh.get("pp", 1), mesh.get("dp", 1)
-    n = pp * dp
+    pp, dp, tp = mesh.get("pp", 1), mesh.get("dp", 1), mesh.get("tp", 1)
+    n = pp * dp * tp
     plan = json.loads(subprocess.run([os.path.join(a.build, "pipewright"), "plan", "--job", spec_path, "--json"],
                                      check=True, capture_output=True, text=True).stdout)
     json.dump(plan, open(os.path.join(a.out, "plan.json"), "w"), indent=1)
@@ -210,6 +210,8 @@ def main():
                     result["peak_act"][str(r)] = max(result["peak_act"].get(str(r), 0), m.get("peak_act", 0))
                     if "dp_bytes" in m:  # what the rank sent in the data-parallel exchange, per step
                         result["dp_bytes"].setdefault(str(r), {})[k] = m["dp_bytes"]
+                    if "tp_bytes" in m:  # ... in the tensor-parallel all-reduces
+                        result.setdefault("tp_bytes", {}).setdefault(str(r), {})[k] = m["tp_bytes"]
                     # a step takes as long as its slowest rank
                     result["step_times"][k] = max(result["step_times"].get(k, 0.0), m.get("step_time", 0.0))
                     if "actions" in m and m["step"] == 1:

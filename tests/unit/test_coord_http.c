@@ -660,12 +660,13 @@ static void test_hostile_table(void **state) {
   snprintf(long_url, sizeof long_url, "/v1/jobs?x=");
   memset(long_url + 11, 'a', 3000);
   long_url[3011] = 0;
-  static char bad_type[1024], bad_plan[1024], tp2[1024], tp3[1024], not_object[] = "[1, 2]";
+  static char bad_type[1024], bad_plan[1024], bad_tp[1024], tp2[1024], tp3[1024], not_object[] = "[1, 2]";
   replace(SPEC, "\"d_model\": 16", "\"d_model\": \"big\"", bad_type, sizeof bad_type);
   /* valid as a spec, refused by the planner: dualpipev needs two stages per rank */
   replace(SPEC, "\"1f1b\"", "\"dualpipev\"", bad_plan, sizeof bad_plan);
-  /* tensor parallel: planned, not yet run; a tp not dividing n_heads refused by the planner */
-  replace(SPEC, "\"pp\": 2", "\"pp\": 2, \"tp\": 2", tp2, sizeof tp2);
+  /* tensor parallel: not with bf16; a tp not dividing n_heads refused by the planner */
+  replace(SPEC, "\"batch_size\": 4", "\"batch_size\": 4, \"precision\": \"bf16\"", bad_tp, sizeof bad_tp);
+  replace(bad_tp, "\"pp\": 2}", "\"pp\": 2, \"tp\": 2}", tp2, sizeof tp2);
   replace(SPEC, "\"pp\": 2", "\"pp\": 2, \"tp\": 3", tp3, sizeof tp3);
   const hostile cases[] = {
       {"POST", "/v1/jobs", "{\"name\": ", NULL, 400, "malformed_json", "", "line 1", NULL},
@@ -678,7 +679,7 @@ static void test_hostile_table(void **state) {
       {"POST", "/v1/jobs", bad_plan, NULL, 422, "invalid_spec", "mesh.virtual_stages", "dualpipev", NULL},
       {"POST", "/v1/jobs", "{\"model\": {\"template\": \"gpt\"}, \"data\": {\"kind\": \"copy\"}, \"bogus\": 1}", NULL,
        422, "invalid_spec", "bogus", "", NULL},
-      {"POST", "/v1/jobs", tp2, NULL, 422, "invalid_spec", "mesh.tp", "do not run tensor-parallel stages yet", NULL},
+      {"POST", "/v1/jobs", tp2, NULL, 422, "invalid_spec", "mesh.tp", "runs train.precision \"fp32\" only", NULL},
       {"POST", "/v1/plans", tp3, NULL, 422, "invalid_spec", "mesh.tp", "must divide model.n_heads (2 % 3", NULL},
       {"POST", "/v1/plans?compare=maybe", SPEC, NULL, 400, "invalid_argument", "compare", "maybe", NULL},
       {"POST", "/v1/plans?schedule=nope", SPEC, NULL, 400, "invalid_argument", "schedule", "nope", NULL},

@@ -1,0 +1,289 @@
+/* tpx: the tensor-parallel all-reduces of tpx.h over real frames, and the
+ * canonical programs of checkpoints. Never sums out of member order:
+ * pw_reduce_ordered does the adding. */
+#include "tpx.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collective.h"
+#include "optim.h"
+#include "tp.h"
+#include "worker.h"
+
+static int member(const pw_run *r, int t) { return r->rank - r->tp_rank + t; }
+
+static int slot_of(const pw_run *r, int t) { return t - (t > r->tp_rank); }
+
+/* ---- buffers ---------------------------------------------------------------- */
+
+/* The largest all-reduce: a float value of a microbatch (the activations,
+ * their gradients; the cross-entropy's 2 per row are fewer). */
+static size_t max_floats(const pw_run *r) {
+  size_t n = 1;
+  for (int v = 0; v < r->model.n_values; v++) {
+    size_t b = pw_value_bytes(&r->model.values[v], r->mb_size) / sizeof(float);
+    if (b > n) n = b;
+  }
+  return n;
+}
+
+int pw_tpx_alloc(pw_run *r) {
+  if (r->tp < 2) return 0;
+  pw_tpx *x = r->cp.tpx = calloc(1, sizeof *x);
+  if (!x) return PW_ENOMEM;
+  x->smax = pw_shard_max(max_floats(r), r->tp);
+  for (int p = 0; p < 2; p++) {
+    x->rx[p] = pw_alloc_floats((size_t)(r->tp - 1) * x->smax);
+    x->rx_len[p] = calloc((size_t)r->tp, sizeof(uint32_t));
+    x->rs_call[p] = UINT32_MAX;
+    if (!x->rx[p] || !x->rx_len[p]) return PW_ENOMEM;
+  }
+  x->out = pw_alloc_floats(x->smax);
+  return x->out ? 0 : PW_ENOMEM;
+}
+
+void pw_tpx_free(pw_run *r) {
+  pw_tpx *x = r->cp.tpx;
+  if (!x) return;
+  pw_tpx_canon_free(r);
+  for (int p = 0; p < 2; p++) free(x->rx[p]), free(x->rx_len[p]);
+  free(x->out);
+  free(x);
+  r->cp.tpx = NULL;
+}
+
+/* ---- the all-reduce ------------------------------------------------------------ */
+
+static int send_shard(pw_run *r, int t, int what, const float *src, size_t n) {
+  pw_tpx *x = r->cp.tpx;
+  pw_frame_hdr h;
+  int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, x->call, (uint32_t)r->tp_rank, 0, (uint32_t)what,
+                                 PW_DTYPE_F32, n);
+  if (rc) return pw_exec_fail(r, rc, NULL, "no frame header for a %zu-float tensor-parallel shard: %s", n, pw_strerror(rc));
+  r->cp.tp_bytes += n * sizeof(float);
+  return pw_exec_send(r, member(r, t), &h, src, -1, -1);
+}
+
+static int rs_ready(pw_run *r, const void *arg) {
+  const pw_tpx *x = r->cp.tpx;
+  int p = x->call & 1;
+  return x->rs_call[p] == x->call && x->rs_got[p] == r->tp - 1;
+}
+
+static int ag_ready(pw_run *r, const void *arg) { return r->cp.tpx->ag_got >= r->cp.tpx->ag_want; }
+
+/* out[i] = the largest of in[0][i], ..., in[k-1][i] (out may be one of them). */
+static void max_ordered(float *out, const float *const *in, int k, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float m = in[0][i];
+    for (int j = 1; j < k; j++) m = fmaxf(m, in[j][i]);
+    out[i] = m;
+  }
+}
+
+static int allreduce(pw_run *r, float *buf, size_t n, int op);
+
+int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op) {
+  pw_run *r = ctx;
+  double t0 = pw_now();
+  int rc = allreduce(r, buf, n, op);
+  r->cp.tp_seconds += pw_now() - t0;
+  return rc;
+}
+
+static int allreduce(pw_run *r, float *buf, size_t n, int op) {
+  pw_tpx *x = r->cp.tpx;
+  int tp = r->tp, p = x->call & 1, rc = 0;
+  if (pw_shard_max(n, tp) > x->smax)
+    return pw_exec_fail(r, PW_EINTERNAL, NULL, "a tensor-parallel all-reduce of %zu floats: more than planned", n);
+  x->buf = buf, x->n = n, x->ag_got = 0;
+  pw_shard_range(n, tp, r->tp_rank, &x->lo, &x->hi);
+  for (int t = 0; t < tp && !rc; t++) {
+    size_t lo, hi;
+    pw_shard_range(n, tp, t, &lo, &hi);
+    if (t != r->tp_rank && hi > lo) rc = send_shard(r, t, PW_TPX_RS, buf + lo, hi - lo);
+  }
+  size_t mine = x->hi - x->lo;
+  if (!rc && mine) rc = pw_exec_wait(r, rs_ready, NULL);
+  if (rc) return rc;
+  const float *in[PW_DPX_MAX];
+  for (int t = 0; t < tp; t++) {
+    if (t != r->tp_rank && mine && x->rx_len[p][t] != mine * sizeof(float))
+      return pw_exec_fail(r, PW_EPROTO, NULL, "tensor-parallel call %u: %u bytes of our shard from rank %d, expected %zu",
+                          x->call, x->rx_len[p][t], member(r, t), mine * sizeof(float));
+    in[t] = t == r->tp_rank ? buf + x->lo : x->rx[p] + (size_t)slot_of(r, t) * x->smax;
+  }
+  if (op == PW_PROG_MAX)
+    max_ordered(x->out, in, tp, mine);
+  else
+    pw_reduce_ordered(x->out, in, tp, mine);
+  memcpy(buf + x->lo, x->out, mine * sizeof(float));
+  x->rs_got[p] = 0;
+  for (int t = 0; t < tp && !rc; t++)
+    if (t != r->tp_rank && mine) rc = send_shard(r, t, PW_TPX_AG, x->out, mine);
+  /* every other member's non-empty shard comes back summed */
+  x->ag_want = 0;
+  for (int t = 0; t < tp; t++) {
+    size_t lo, hi;
+    pw_shard_range(n, tp, t, &lo, &hi);
+    x->ag_want += t != r->tp_rank && hi > lo;
+  }
+  if (!rc) rc = pw_exec_wait(r, ag_ready, NULL);
+  x->buf = NULL;
+  x->call++;
+  return rc;
+}
+
+/* ---- frames (compute thread, sh.mu held) ----------------------------------------- */
+
+int pw_tpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
+  pw_tpx *x = r->cp.tpx;
+  int t = (int)h->microbatch;
+  *dst = NULL;
+  if (!x || t >= r->tp || t == r->tp_rank || from != member(r, t) || h->dtype != PW_DTYPE_F32)
+    return pw_err_set(err, PW_EPROTO, "frame", "tensor-parallel frame (value %u) from rank %d does not fit", h->value, from);
+  if (h->value == PW_TPX_RS) {
+    if (h->step != x->call && h->step != x->call + 1)
+      return pw_err_set(err, PW_EPROTO, "frame", "tensor-parallel call %u from rank %d while at call %u", h->step, from,
+                        x->call);
+    if (h->payload_len > x->smax * sizeof(float))
+      return pw_err_set(err, PW_EPROTO, "frame", "tensor-parallel shard of %llu bytes: more than %zu",
+                        (unsigned long long)h->payload_len, x->smax * sizeof(float));
+    *dst = x->rx[h->step & 1] + (size_t)slot_of(r, t) * x->smax;
+    return 0;
+  }
+  size_t lo, hi;
+  if (!x->buf || h->step != x->call)
+    return pw_err_set(err, PW_EPROTO, "frame", "tensor-parallel sum of call %u from rank %d while at call %u", h->step,
+                      from, x->call);
+  pw_shard_range(x->n, r->tp, t, &lo, &hi);
+  if (h->payload_len != (hi - lo) * sizeof(float))
+    return pw_err_set(err, PW_EPROTO, "frame", "tensor-parallel sum of %llu bytes from rank %d, expected %zu",
+                      (unsigned long long)h->payload_len, from, (hi - lo) * sizeof(float));
+  *dst = x->buf + lo;
+  return 0;
+}
+
+int pw_tpx_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err) {
+  pw_tpx *x = r->cp.tpx;
+  if (h->value == PW_TPX_AG) {
+    x->ag_got++;
+    return 0;
+  }
+  int p = h->step & 1;
+  if (x->rs_call[p] != h->step) x->rs_call[p] = h->step, x->rs_got[p] = 0;
+  x->rs_got[p]++;
+  x->rx_len[p][h->microbatch] = (uint32_t)h->payload_len;
+  return 0;
+}
+
+/* ---- norms ------------------------------------------------------------------------ */
+
+double pw_tpx_sqnorm(const pw_run *r, pw_prog *p, const int *skip, int ns, int split) {
+  int n = pw_prog_n_params(p), k = 0;
+  int *sk = malloc(sizeof(int) * (size_t)(ns + n + 1));
+  if (!sk) return NAN;
+  for (int i = 0; i < ns; i++) sk[k++] = skip[i];
+  for (int i = 0; i < n; i++) {
+    int id = pw_prog_param_at(p, i)->model_index;
+    if ((r->tp_kinds[id] != PW_TP_REPLICATED) != split) sk[k++] = id;
+  }
+  double s = pw_grad_sqnorm(p, sk, k);
+  free(sk);
+  return s;
+}
+
+/* ---- canonical programs --------------------------------------------------------- */
+
+int pw_tpx_canon(pw_run *r, pw_err *err) {
+  pw_tpx *x = r->cp.tpx;
+  if (!(x->canon = calloc((size_t)r->n_ls, sizeof *x->canon))) return pw_err_set(err, PW_ENOMEM, "tp", "out of memory");
+  for (int li = 0; li < r->n_ls; li++) {
+    const pw_prog_config *c = pw_prog_config_of(r->ls[li].prog);
+    pw_prog_config cfg = {.layer_lo = c->layer_lo, .layer_hi = c->layer_hi, .mb_size = c->mb_size,
+                          .batch_size = c->batch_size, .max_slots = 1};
+    int rc = pw_prog_create(&r->canon, &cfg, &x->canon[li], err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+void pw_tpx_canon_free(pw_run *r) {
+  pw_tpx *x = r->cp.tpx;
+  for (int li = 0; x->canon && li < r->n_ls; li++) pw_prog_free(x->canon[li]);
+  free(x->canon);
+  x->canon = NULL;
+}
+
+/* The three tensors of a parameter: data, m, v (NULL when it has none). */
+static float *part_of(pw_prog_param *pp, int k) { return k == 0 ? pp->data : k == 1 ? pp->m : pp->v; }
+
+int pw_tpx_gather(pw_run *r) {
+  pw_tpx *x = r->cp.tpx;
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_prog *p = r->ls[li].prog, *c = x->canon[li];
+    for (int i = 0; i < pw_prog_n_params(p); i++) {
+      pw_prog_param *pp = pw_prog_param_at(p, i), *cp = pw_prog_param_at(c, i);
+      const pw_param *meta = cp->meta;
+      pw_tp_kind k = (pw_tp_kind)r->tp_kinds[pp->model_index];
+      for (int part = 0; part < 3; part++) {
+        float *src = part_of(pp, part), *dst = part_of(cp, part);
+        if (!src || !dst) continue;
+        if (k == PW_TP_REPLICATED) { /* the same bits on every member */
+          memcpy(dst, src, meta->numel * sizeof(float));
+          continue;
+        }
+        memset(dst, 0, meta->numel * sizeof(float));
+        pw_tp_unshard(dst, src, meta, k, r->tp, r->tp_rank);
+        size_t step = x->smax * (size_t)r->tp; /* no call over what the buffers hold */
+        for (size_t o = 0; o < meta->numel; o += step) {
+          int rc = pw_tpx_allreduce(r, dst + o, meta->numel - o < step ? meta->numel - o : step, PW_PROG_SUM);
+          if (rc) return rc;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+void pw_tpx_scatter(pw_run *r) {
+  pw_tpx *x = r->cp.tpx;
+  for (int li = 0; li < r->n_ls; li++) {
+    pw_prog *p = r->ls[li].prog, *c = x->canon[li];
+    for (int i = 0; i < pw_prog_n_params(p); i++) {
+      pw_prog_param *pp = pw_prog_param_at(p, i), *cp = pw_prog_param_at(c, i);
+      for (int part = 0; part < 3; part++)
+        if (part_of(pp, part) && part_of(cp, part))
+          pw_tp_shard(part_of(pp, part), part_of(cp, part), cp->meta, (pw_tp_kind)r->tp_kinds[pp->model_index], r->tp,
+                      r->tp_rank);
+    }
+  }
+}
+
+/* ---- setup and loads ------------------------------------------------------------ */
+
+int pw_tpx_setup(pw_run *r, pw_err *err) {
+  r->canon = r->model;
+  memset(&r->model, 0, sizeof r->model);
+  r->spec.train.snapshot_every = 0;
+  if (!(r->tp_kinds = malloc((size_t)r->canon.n_params + 1)) || pw_tp_model(&r->canon, r->tp, &r->model, r->tp_kinds))
+    return pw_err_set(err, PW_ENOMEM, "assign", "out of memory for the tensor-parallel graph");
+  return 0;
+}
+
+int pw_tpx_load(pw_run *r, int (*load)(pw_run *, const char *, pw_err *), pw_err *err) {
+  int rc = pw_tpx_canon(r, err);
+  pw_prog **own = malloc(sizeof *own * (size_t)(r->n_ls + 1));
+  if (!rc && !own) rc = pw_err_set(err, PW_ENOMEM, "tp", "out of memory");
+  if (!rc) {
+    for (int li = 0; li < r->n_ls; li++) own[li] = r->ls[li].prog, r->ls[li].prog = r->cp.tpx->canon[li];
+    rc = load(r, r->resume, err);
+    for (int li = 0; li < r->n_ls; li++) r->ls[li].prog = own[li];
+  }
+  if (!rc) pw_tpx_scatter(r);
+  free(own);
+  pw_tpx_canon_free(r);
+  return rc;
+}
