@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "collective.h"
+#include "log.h"
 #include "optim.h"
 #include "tp.h"
 #include "worker.h"
@@ -267,6 +268,9 @@ void pw_tpx_scatter(pw_run *r) {
 int pw_tpx_setup(pw_run *r, pw_err *err) {
   r->canon = r->model;
   memset(&r->model, 0, sizeof r->model);
+  if (r->spec.train.snapshot_every > 0 && r->tp_rank == 0)
+    pw_info("tensor parallel (tp %d): no in-memory snapshots (train.snapshot_every %d ignored); a lost worker resumes "
+            "from the last checkpoint", r->tp, r->spec.train.snapshot_every);
   r->spec.train.snapshot_every = 0;
   if (!(r->tp_kinds = malloc((size_t)r->canon.n_params + 1)) || pw_tp_model(&r->canon, r->tp, &r->model, r->tp_kinds))
     return pw_err_set(err, PW_ENOMEM, "assign", "out of memory for the tensor-parallel graph");
