@@ -649,6 +649,11 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
         assert.deepEqual(await page.$$eval('#tl-measured g.lane .lane-label', (ts) => ts.map((x) => x.textContent)),
                          ['pp0 dp0 tp0', 'pp0 dp0 tp1', 'pp1 dp0 tp0', 'pp1 dp0 tp1']);
         assert.equal(await attr('#tl-planned', 'data-lanes'), '2');
+        // each member's tensor-parallel all-reduces: strips inside its F and B blocks, their time on the lane
+        for (let k = 0; k < 4; k++) {
+          assert.ok(await page.locator(`#tl-measured g.lane[data-lane="${k}"] g.k-T`).count() > 0, `rank ${k}: T strips`);
+          assert.match(await attr(`#tl-measured g.lane[data-lane="${k}"]`, 'data-coll'), /^tp [0-9.]+ (ms|\u00b5s|s)$/);
+        }
         await shot('job-mesh-tp');
       } finally {
         assert.equal((await api(`/v1/jobs/${tid}`, {method: 'DELETE'})).status, 200);

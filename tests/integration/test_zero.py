@@ -84,6 +84,23 @@ def on_cluster(build, src, tmp, t):
     t.check("cluster: the zero 1 job (snapshot_every left out) says its snapshots are off and why; zero 0 takes them",
             snaps[0] == {"every": 1, "note": None} and snaps[1]["every"] == 0 and "train.zero" in snaps[1]["note"]
             and done[1]["spec"]["train"]["snapshot_every"] == 0, str(snaps))
+    # the sampled step's timeline: each rank's data-parallel exchange (D) after its last action, apart from the bubble
+    st_, tl = d.http(c.base, f"/v1/jobs/{jobs[1]}/timeline")
+    lanes = (tl or {}).get("ranks") or []
+    ok = st_ == 200 and len(lanes) == 2
+    for lane in lanes:
+        acts = lane["actions"]
+        ds = [a for a in acts if a["kind"] == "D"]
+        pipe = [a for a in acts if a["kind"] in "FBIW"]
+        ok = ok and len(ds) == 1 and len(pipe) + 1 == len(acts) and pipe and ds[0]["start"] >= max(a["end"] for a in pipe) \
+            and ds[0]["end"] > ds[0]["start"]
+    t.check("cluster: a sampled step's timeline has each rank's dp exchange (D) after its last action", ok,
+            str([[a for a in lane["actions"] if a["kind"] not in "FBIW"] for lane in lanes])[:400])
+    p = subprocess.run([os.path.join(build, "pipewright"), "timeline", str(jobs[1]), "--coordinator", c.base],
+                       capture_output=True, text=True)
+    t.check("cluster: `pipewright timeline` sums each rank's dp exchange apart",
+            p.returncode == 0 and len(re.findall(r"^[01] .*dp exchange [0-9.]+ m?s$", p.stdout, re.M)) == 2,
+            p.stdout + p.stderr)
     if t.check("cluster: the zero 0 and zero 1 jobs succeed", all(j.get("state") == "succeeded" for j in done.values()),
                str({z: (j.get("state"), j.get("error")) for z, j in done.items()})):
         for what, q in (("checkpoint", ""), ("optimizer checkpoint", "?optimizer=1")):

@@ -21,7 +21,9 @@ var PW = window.PW || (window.PW = {});
 PW.timeline = (function () {
   var d = PW.dom;
   var KINDS = {F: "forward", B: "backward", I: "backward (input grad)", W: "backward (weight grad)",
-               D: "data-parallel exchange"};
+               D: "data-parallel exchange", T: "tensor-parallel all-reduce"};
+  /* collectives: not the schedule's actions (the bubble leaves them out) */
+  var COLL = {D: 1, T: 1};
 
   function act(kind, mb, stage, start, end, fused) {
     /* the store may keep the kind as a letter or as 0..3 (schedule.h) */
@@ -67,25 +69,37 @@ PW.timeline = (function () {
   }
 
   /* makespan, per-rank busy/idle, bubble ratio = idle / (ranks * makespan),
-   * as the simulator defines it. Overlapping actions (fused pairs) count
-   * once. */
+   * as the simulator defines it, over the schedule's actions; end: the
+   * step with its collectives (a dp exchange after the last action), and
+   * per rank their seconds (tp, dp). Overlapping actions (fused pairs)
+   * count once. */
   function stats(lanes) {
-    var makespan = 0;
-    lanes.forEach(function (l) { l.actions.forEach(function (a) { if (a.end > makespan) makespan = a.end; }); });
+    var makespan = 0, end = 0;
+    lanes.forEach(function (l) {
+      l.actions.forEach(function (a) {
+        if (!COLL[a.kind] && a.end > makespan) makespan = a.end;
+        if (a.end > end) end = a.end;
+      });
+    });
     var idleSum = 0;
     var per = lanes.map(function (l) {
-      var busy = 0, reach = 0;
+      var busy = 0, reach = 0, tp = 0, dp = 0;
       l.actions.forEach(function (a) {
+        if (COLL[a.kind]) {
+          if (a.kind === "T") tp += a.end - a.start;
+          else dp += a.end - a.start;
+          return;
+        }
         var s = Math.max(a.start, reach);
         if (a.end > s) busy += a.end - s;
         if (a.end > reach) reach = a.end;
       });
       var idle = Math.max(0, makespan - busy);
       idleSum += idle;
-      return {rank: l.rank, busy: busy, idle: idle};
+      return {rank: l.rank, busy: busy, idle: idle, tp: tp, dp: dp};
     });
     var bubble = makespan > 0 && lanes.length ? idleSum / (lanes.length * makespan) : 0;
-    return {makespan: makespan, ranks: per, bubble: bubble};
+    return {makespan: makespan, end: Math.max(end, makespan), ranks: per, bubble: bubble};
   }
 
   /* A "nice" tick step for a span split into about n parts. */
@@ -125,7 +139,7 @@ PW.timeline = (function () {
       ys.push(yy);
     });
     var H = (lanes.length ? yy + laneH : top) + bottom;
-    var span = opts.scale > 0 ? opts.scale : st.makespan > 0 ? st.makespan : 1;
+    var span = opts.scale > 0 ? opts.scale : st.end > 0 ? st.end : 1;
     var plotW = W - left - right;
     var x = function (t) { return left + (t / span) * plotW; };
     var uid = opts.id || "tl";
@@ -162,10 +176,17 @@ PW.timeline = (function () {
       if (rg) g.appendChild(d.s("rect", {x: 1, y: y, width: 3, height: laneH, class: "region-bar"}));
       if (c) g.appendChild(d.s("rect", {x: 1, y: y - (c.tp_rank ? 2 : 0), width: 3, height: laneH + (c.tp_rank ? 2 : 0),
                                         class: "tp-bar"}));
-      g.appendChild(d.s("rect", {x: left, y: y, width: x(st.makespan) - left, height: laneH,
+      g.appendChild(d.s("rect", {x: left, y: y, width: x(st.end) - left, height: laneH,
                                  fill: "url(#" + uid + "-idle)", class: "lane-bg"}));
       l.actions.forEach(function (a) {
         var x0 = x(a.start), w = Math.max(1, x(a.end) - x0);
+        if (a.kind === "T") { /* inside an F or B block: a strip along the lane's foot */
+          g.appendChild(d.s("g", {class: "act coll k-T", data: {kind: "T"}},
+            d.s("title", null, KINDS.T + "\n" + d.secs(a.start) + " \u2192 " + d.secs(a.end) + " (" +
+                d.secs(a.end - a.start) + ")"),
+            d.s("rect", {x: x0, y: y + laneH - 6, width: w, height: 5})));
+          return;
+        }
         var dp = a.kind === "D", name = dp ? "DP" : a.kind + a.mb + "@s" + a.stage;
         var ga = d.s("g", {class: "act k-" + a.kind + (a.fused ? " fused" : ""),
                            data: dp ? {kind: a.kind} : {kind: a.kind, mb: a.mb, stage: a.stage}},
@@ -179,7 +200,12 @@ PW.timeline = (function () {
       });
       var r = st.ranks[i];
       g.appendChild(d.s("text", {x: W - right + 8, y: y + laneH / 2 + 4, class: "lane-idle"},
-                        "idle " + d.pct(st.makespan > 0 ? r.idle / st.makespan : 0)));
+                        "idle " + d.pct(st.makespan > 0 ? r.idle / st.makespan : 0),
+                        r.tp > 0 || r.dp > 0 ? d.s("title", null, (r.tp > 0 ? "tensor-parallel all-reduces " +
+                          d.secs(r.tp) : "") + (r.tp > 0 && r.dp > 0 ? ", " : "") +
+                          (r.dp > 0 ? "data-parallel exchange " + d.secs(r.dp) : "")) : null));
+      if (r.tp > 0 || r.dp > 0) g.setAttribute("data-coll", (r.tp > 0 ? "tp " + d.secs(r.tp) : "") +
+                                               (r.tp > 0 && r.dp > 0 ? ", " : "") + (r.dp > 0 ? "dp " + d.secs(r.dp) : ""));
       svg.appendChild(g);
     });
 
