@@ -30,7 +30,9 @@
 //   - a pp 2 x tp 2 job: the overview's workers show their coordinates, the
 //     job page a grid of which worker holds each (pipeline rank, replica, tp
 //     rank), the partition a stage's tp group, why snapshots are off, and
-//     the measured timeline its lanes by coordinate in two tp groups.
+//     the measured timeline its lanes by coordinate in two tp groups with
+//     their all-reduce strips; the plan page at pp 2 x dp 2 x tp 2 gives
+//     each rank's dp and tp bytes per step and a DP block at its step's end.
 // Screenshots go to PW_DASHBOARD_OUT (the pictures in docs/screenshots/ come
 // from screenshots.mjs: a cluster doing real work). Run through
 // tests/browser/run.sh.
@@ -655,6 +657,26 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
           assert.match(await attr(`#tl-measured g.lane[data-lane="${k}"]`, 'data-coll'), /^tp [0-9.]+ (ms|\u00b5s|s)$/);
         }
         await shot('job-mesh-tp');
+
+        // the plan page at pp 2 x dp 2 x tp 2: each rank's dp and tp volume per step, and its DP block at the step's end
+        const mspec = {...spec, name: 'dash-mesh-plan', mesh: {pp: 2, dp: 2, tp: 2, virtual_stages: 1},
+                       train: {...spec.train, batch_size: 16}};
+        const plan = (await api('/v1/plans', {method: 'POST', body: JSON.stringify(mspec)})).json;
+        assert.ok(plan.analytics && plan.analytics.step_makespan > plan.analytics.makespan, JSON.stringify(plan).slice(0, 300));
+        await page.goto(`${base}/#/plan`);
+        await page.fill('#plan-spec', JSON.stringify(mspec));
+        await page.click('#plan-compare');
+        await page.waitForSelector('#plan-detail [data-schedule="1f1b"]');
+        const fmtB = (x) => { let i = 0; const u = ['B', 'KiB', 'MiB']; while (x >= 1024 && i < 2) { x /= 1024; i++; }
+                              return (i ? x.toFixed(1) : x.toFixed(0)) + ' ' + u[i]; };
+        for (const [k, r] of plan.analytics.ranks.entries()) {
+          assert.equal(await page.locator(`#plan-timeline g.lane[data-lane="${k}"] [data-kind="D"]`).count(), 1, `rank ${k}: a DP block`);
+          for (const what of ['dp', 'tp']) {
+            assert.ok((await page.textContent(`#plan-ranks tbody tr:nth-child(${k + 1}) .plan-${what}`))
+              .startsWith(`${what} ${fmtB(r[what + '_bytes_per_step'])} \u00b7 `), `rank ${k} ${what}`);
+          }
+        }
+        await shot('plan-mesh');
       } finally {
         assert.equal((await api(`/v1/jobs/${tid}`, {method: 'DELETE'})).status, 200);
       }
