@@ -69,6 +69,17 @@ static int parse_sharing(const json_t *sh, pw_cost_profile *p, pw_err *err) {
     if (rc) return rc;
     if (p->speed[k] <= 0 || p->speed[k] > 1) return pw_err_set(err, PW_EFORMAT, at, "must be a rate in (0, 1]");
   }
+  const json_t *w = json_object_get(sh, "wake_s");
+  if (!w) return 0;
+  if (!json_is_array(w) || (int)json_array_size(w) != p->n_speed)
+    return pw_err_set(err, PW_EFORMAT, "profile.sharing.wake_s", "must be an array of %d numbers (one per speed)",
+                      p->n_speed);
+  for (int k = 0; k < p->n_speed; k++) {
+    char at[64];
+    snprintf(at, sizeof at, "profile.sharing.wake_s[%d]", k);
+    int rc = num(json_array_get(w, (size_t)k), &p->wake_busy[k], at, err);
+    if (rc) return rc;
+  }
   return 0;
 }
 
@@ -176,7 +187,9 @@ json_t *pw_cost_json(const pw_cost_profile *p) {
                         PW_COST_VERSION, "host", p->host, "cores", p->cores, "threads", p->threads, "mb_sizes", mbs,
                         "layers", layers, "step", "per_param_s", p->per_param, "fixed_s", p->fixed, "link",
                         "latency_s", p->latency, "bandwidth_Bps", p->bandwidth, "wake_s", p->wake);
-  if (j && p->n_speed) json_object_set_new(j, "sharing", json_pack("{s:o}", "speed", arr(p->speed, p->n_speed)));
+  if (j && p->n_speed)
+    json_object_set_new(j, "sharing", json_pack("{s:o, s:o}", "speed", arr(p->speed, p->n_speed), "wake_s",
+                                                arr(p->wake_busy, p->n_speed)));
   return j;
 }
 
@@ -226,4 +239,8 @@ int pw_cost_stages(const pw_cost_profile *p, const pw_model *m, const pw_partiti
 
 double pw_cost_step_end(const pw_cost_profile *p, size_t params) { return p->fixed + p->per_param * (double)params; }
 
-double pw_cost_transfer_latency(const pw_cost_profile *p) { return p->latency + 2 * p->wake; }
+double pw_cost_transfer_latency(const pw_cost_profile *p, int n) {
+  int k = n < p->n_speed ? n : p->n_speed;
+  double wake = k > 1 && p->wake_busy[k - 1] > 0 ? p->wake_busy[k - 1] : p->wake;
+  return p->latency + 2 * wake;
+}

@@ -17,11 +17,12 @@
  *    "layers": [{"name": "embed", "f": [..], "i": [..], "w": [..]}, ...],
  *    "step": {"per_param_s": 2e-9, "fixed_s": 1e-4},
  *    "link": {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "wake_s": 2e-5},
- *    "sharing": {"speed": [1, 0.97, 0.62, 0.45]}}
+ *    "sharing": {"speed": [1, 0.97, 0.62, 0.45], "wake_s": [2e-5, ...]}}
  *
  * sharing.speed[n-1] is each process's rate with n busy at once, relative
  * to one alone (1 then; at most 1/(n/cores) times a little above the
- * cores). Version 1 profiles (no wake_s, no sharing) still read: a zero
+ * cores); sharing.wake_s[n-1] (optional, as long) a thread's wake-up with
+ * n processes busy beside it. Version 1 profiles (no wake_s, no sharing) still read: a zero
  * wake-up, ideal sharing.
  *
  * A layer at a microbatch size between two measured ones costs the linear
@@ -59,6 +60,7 @@ typedef struct {
   double wake;               /* seconds to wake a waiting thread */
   int n_speed;               /* 0: ideal sharing */
   double speed[PW_COST_MAX_SHARE]; /* [n-1]: each of n busy processes' rate */
+  double wake_busy[PW_COST_MAX_SHARE]; /* [n-1]: the wake-up beside n busy (0: not measured) */
 } pw_cost_profile;
 
 /* Reads a profile. Errors are PW_EFORMAT naming the JSON path and the rule
@@ -82,8 +84,10 @@ PW_MUST_CHECK int pw_cost_stages(const pw_cost_profile *p, const pw_model *m, co
 
 /* Seconds of the step end on a rank holding `params` trainable parameters. */
 double pw_cost_step_end(const pw_cost_profile *p, size_t params);
-/* Seconds a cross-rank transfer costs before its bytes: the link's
- * latency and two wake-ups. */
-double pw_cost_transfer_latency(const pw_cost_profile *p);
+/* Seconds a cross-rank transfer costs before its bytes when n ranks
+ * compute on the host: the link's latency and two wake-ups (the one
+ * measured beside n busy processes when the profile has it, the last
+ * measured past its end; n <= 1: the plain one). */
+double pw_cost_transfer_latency(const pw_cost_profile *p, int n);
 
 #endif

@@ -347,7 +347,8 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
   memset(p, 0, sizeof *p);
   const pw_cost_profile *prof = cm ? cm->profile : NULL;
   p->calibrated = prof != NULL;
-  p->latency = prof ? pw_cost_transfer_latency(prof) : PW_PLAN_LINK_LATENCY;
+  p->latency = prof ? pw_cost_transfer_latency(prof, cm->cores ? job->mesh.pp * job->mesh.dp : 1)
+                    : PW_PLAN_LINK_LATENCY;
   p->bandwidth = prof ? prof->bandwidth : PW_PLAN_LINK_BW;
   const char *name = schedule ? schedule : job->schedule.name;
   p->pp = job->mesh.pp;

@@ -115,63 +115,6 @@ static int time_unit(const pw_job *job, const pw_model *m, int lo, int hi, int m
   return rc;
 }
 
-/* ---- core sharing: n busy processes at once --------------------------------- */
-
-/* n children run p's microbatch from t0 for dur seconds; each one's rate
- * (microbatches per second) summed into *sum. */
-static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *sum) {
-  int fds[2];
-  if (pipe(fds)) return -1;
-  double t0 = now() + 0.02; /* every child forked before any starts */
-  int started = 0;
-  for (; started < n; started++) {
-    pid_t pid = fork();
-    if (pid < 0) break;
-    if (pid == 0) {
-      close(fds[0]);
-      double t[4], last = 0, rate = 0;
-      int reps = 0;
-      while (now() < t0) {}
-      while (now() < t0 + dur && !run_once(job, p, t)) reps++, last = now();
-      if (reps && last > t0) rate = reps / (last - t0);
-      ssize_t k = write(fds[1], &rate, sizeof rate);
-      _exit(k == (ssize_t)sizeof rate ? 0 : 1);
-    }
-  }
-  close(fds[1]);
-  int ok = started == n;
-  *sum = 0;
-  for (int k = 0; k < started; k++) {
-    double rate = 0;
-    if (read(fds[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
-    *sum += rate;
-  }
-  while (started-- > 0) {
-    int st;
-    if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) ok = 0;
-  }
-  close(fds[0]);
-  return ok ? 0 : -1;
-}
-
-/* speed[n-1] for n = 1..n_max: each of n busy one-thread processes' rate
- * on the largest unit (layers [lo, hi)) at mb, relative to one alone. */
-static int measure_sharing(const pw_job *job, const pw_model *m, int lo, int hi, int mb, int n_max, double dur,
-                           double *speed, pw_err *err) {
-  pw_prog *p = NULL;
-  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
-  if (rc) return rc;
-  double t[4], alone = 0, sum = 0;
-  if ((rc = run_once(job, p, t))) rc = pw_err_set(err, rc, "calibrate.sharing", "a kernel failed");
-  for (int n = 1; n <= n_max && !rc; n++) {
-    if (busy_round(job, p, n, dur, &sum)) rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
-    else if (n == 1) alone = sum;
-    if (!rc) speed[n - 1] = fmin(1.0, sum / n / alone);
-  }
-  pw_prog_free(p);
-  return rc;
-}
-
 /* ---- a thread's wake-up: a condition variable ping-pong --------------------- */
 
 #define WAKE_ROUNDS 2000
@@ -195,26 +138,37 @@ static void *wake_peer(void *arg) {
   return NULL;
 }
 
-/* Half the median round trip of a turn handed to a waiting thread and back. */
-static int measure_wake(double *wake, pw_err *err) {
+/* Half the mean round trip of a turn handed to a waiting thread and back:
+ * WAKE_ROUNDS back to back, or with `until` > 0, one every millisecond
+ * until then (so the two threads mostly sleep, as a rank waiting for a
+ * frame does, and busy processes beside them keep the cores). */
+static int measure_wake(double until, double *wake, pw_err *err) {
   wake_pp w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   pthread_t th;
   if (pthread_create(&th, NULL, wake_peer, &w)) return pw_err_set(err, PW_EIO, "calibrate.link", "no thread");
   double *rt = malloc(WAKE_ROUNDS * sizeof *rt);
   pthread_mutex_lock(&w.mu);
-  for (int k = 0; k < WAKE_ROUNDS; k++) {
+  int n = 0;
+  for (; n < WAKE_ROUNDS && (until <= 0 || n < 16 || now() < until); n++) {
+    if (until > 0) {
+      pthread_mutex_unlock(&w.mu);
+      nanosleep(&(struct timespec){0, 1000000}, NULL);
+      pthread_mutex_lock(&w.mu);
+    }
     double t0 = now();
     w.turn = 1;
     pthread_cond_broadcast(&w.cv);
     while (w.turn == 1) pthread_cond_wait(&w.cv, &w.mu);
-    if (rt) rt[k] = (now() - t0) / 2;
+    if (rt) rt[n] = (now() - t0) / 2;
   }
   w.turn = -1;
   pthread_cond_broadcast(&w.cv);
   pthread_mutex_unlock(&w.mu);
   pthread_join(th, NULL);
   if (!rt) return pw_err_set(err, PW_ENOMEM, "calibrate.link", "out of memory");
-  *wake = median(rt, WAKE_ROUNDS);
+  double sum = 0;
+  for (int k = 0; k < n; k++) sum += rt[k];
+  *wake = sum / n;
   free(rt);
   return 0;
 }
@@ -302,6 +256,71 @@ static json_t *series(const double *v, int n) {
   return a;
 }
 
+/* ---- core sharing: n busy processes at once --------------------------------- */
+
+/* n children run p's microbatch from t0 for dur seconds; each one's rate
+ * (microbatches per second) summed into *sum, and a wake-up measured
+ * beside them (measure_wake) into *wake. */
+static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *sum, double *wake) {
+  int fds[2];
+  if (pipe(fds)) return -1;
+  double t0 = now() + 0.02; /* every child forked before any starts */
+  int started = 0;
+  for (; started < n; started++) {
+    pid_t pid = fork();
+    if (pid < 0) break;
+    if (pid == 0) {
+      close(fds[0]);
+      double t[4], last = 0, rate = 0;
+      int reps = 0;
+      while (now() < t0) {}
+      do { /* at least one: a rate even when one microbatch outlasts dur */
+        if (run_once(job, p, t)) break;
+        reps++, last = now();
+      } while (last < t0 + dur);
+      if (reps && last > t0) rate = reps / (last - t0);
+      ssize_t k = write(fds[1], &rate, sizeof rate);
+      _exit(k == (ssize_t)sizeof rate ? 0 : 1);
+    }
+  }
+  close(fds[1]);
+  int ok = started == n;
+  pw_err werr = {0};
+  while (now() < t0) {}
+  if (measure_wake(t0 + dur, wake, &werr)) ok = 0;
+  *sum = 0;
+  for (int k = 0; k < started; k++) {
+    double rate = 0;
+    if (read(fds[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
+    *sum += rate;
+  }
+  while (started-- > 0) {
+    int st;
+    if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) ok = 0;
+  }
+  close(fds[0]);
+  return ok ? 0 : -1;
+}
+
+/* speed[n-1] for n = 1..n_max: each of n busy one-thread processes' rate
+ * on the largest unit (layers [lo, hi)) at mb, relative to one alone;
+ * wake[n-1] a thread's wake-up beside them. */
+static int measure_sharing(const pw_job *job, const pw_model *m, int lo, int hi, int mb, int n_max, double dur,
+                           double *speed, double *wake, pw_err *err) {
+  pw_prog *p = NULL;
+  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
+  if (rc) return rc;
+  double t[4], alone = 0, sum = 0;
+  if ((rc = run_once(job, p, t))) rc = pw_err_set(err, rc, "calibrate.sharing", "a kernel failed");
+  for (int n = 1; n <= n_max && !rc; n++) {
+    if (busy_round(job, p, n, dur, &sum, &wake[n - 1])) rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
+    else if (n == 1) alone = sum;
+    if (!rc) speed[n - 1] = fmin(1.0, sum / n / alone);
+  }
+  pw_prog_free(p);
+  return rc;
+}
+
 /* The step end per program: fixed + per_param x params, least squares
  * over the units (x params, y seconds); a negative intercept is 0. */
 static void step_fit(const double *x, const double *y, int n, double *fixed, double *per_param) {
@@ -349,14 +368,16 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
     json_array_append_new(layers, json_pack("{s:s, s:o, s:o, s:o}", "name", m.layers[l].name, "f", series(c, n_mb),
                                             "i", series(c + n_mb, n_mb), "w", series(c + 2 * n_mb, n_mb)));
   }
-  double latency = 50e-6, bandwidth = 3e9, wake = 0, fixed = 0, per_param = 0, speed[PW_CALIB_MAX_SHARE];
+  double latency = 50e-6, bandwidth = 3e9, wake = 0, fixed = 0, per_param = 0, speed[PW_CALIB_MAX_SHARE],
+         wake_busy[PW_CALIB_MAX_SHARE];
   int n_speed = o->share ? (2 * cores < PW_CALIB_MAX_SHARE ? 2 * cores : PW_CALIB_MAX_SHARE) : 0;
   if (!rc && o->link) rc = measure_link(&latency, &bandwidth, err);
-  if (!rc && o->link) rc = measure_wake(&wake, err);
+  if (!rc && o->link) rc = measure_wake(0, &wake, err);
   if (!rc && n_speed) {
     int hi = big + 1;
     while (hi < L && m.layers[hi].is_loss) hi++;
-    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.3, speed, err);
+    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.3, speed, wake_busy,
+                         err);
   }
   step_fit(ux, uy, n_units, &fixed, &per_param);
   if (!rc) {
@@ -368,7 +389,9 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
                      "cores", cores, "threads", o->threads > 0 ? o->threads : 1, "mb_sizes", mbs, "layers", layers,
                      "step", "per_param_s", per_param, "fixed_s", fixed, "link", "latency_s", latency, "bandwidth_Bps",
                      bandwidth, "wake_s", wake);
-    if (*out && n_speed) json_object_set_new(*out, "sharing", json_pack("{s:o}", "speed", series(speed, n_speed)));
+    if (*out && n_speed)
+      json_object_set_new(*out, "sharing", json_pack("{s:o, s:o}", "speed", series(speed, n_speed), "wake_s",
+                                                     series(wake_busy, n_speed)));
     if (!*out) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
   }
   json_decref(layers);
