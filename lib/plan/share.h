@@ -30,8 +30,8 @@
  * on its host (processor sharing). Workers' timelines on an
  * oversubscribed host show that: a rank's actions stretch (4 one-thread
  * ranks on 2 cores: 8 ms units took 13-16 ms), and with the measured
- * speeds this model's step came within 2-8 % of the measured one where
- * the slots' came within 4-9 % (docs/architecture.md, "Ranks that share
+ * speeds this model's step came 2-8 % below the measured one where the
+ * slots' came 4-9 % below (docs/architecture.md, "Ranks that share
  * cores").
  *
  * Limits: no scheduler is this tidy (long actions are preempted and
