@@ -45,16 +45,21 @@ def pw(build, *args):
                           text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1")).stdout
 
 
+def bench_args(ap, out, rounds, steps):
+    """The options every predicted-vs-measured script takes."""
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default=out)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--models", default="d256")
     ap.add_argument("--pp", default="1,2,4")
     ap.add_argument("--m", default="2,4,8,16")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default="costmodel")
+    bench_args(ap, "costmodel", 2, 8)
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-cost-")

@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import pipe  # noqa: E402
-from costmodel import pw, write  # noqa: E402
+from costmodel import bench_args, pw, write  # noqa: E402
 
 
 def variant(base, serial, steps):
@@ -36,12 +36,8 @@ def variant(base, serial, steps):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--job", default=os.path.join(ROOT, "examples", "jobs", "two-tower.json"))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default="regions-cost")
+    bench_args(ap, "regions-cost", 3, 12)
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-regions-cost-")

@@ -42,6 +42,15 @@ static pw_sim_result *shared(const pw_sched *s, int cores, int other) {
   return r;
 }
 
+/* Each rank's four actions start and end at the times given. */
+static void same_times(const pw_sim_result *r, const double r0[4][2], const double r1[4][2]) {
+  for (int i = 0; i < 4; i++) {
+    const pw_sim_event *a = &r->events[r->rank_first[0] + i], *b = &r->events[r->rank_first[1] + i];
+    assert_true(fabs(a->start - r0[i][0]) < EPS && fabs(a->end - r0[i][1]) < EPS);
+    assert_true(fabs(b->start - r1[i][0]) < EPS && fabs(b->end - r1[i][1]) < EPS);
+  }
+}
+
 static void one_core(void **state) {
   (void)state;
   pw_sched *s = build("1f1b", 2, 2);
@@ -50,11 +59,7 @@ static void one_core(void **state) {
   assert_true(fabs(r->bubble_ratio - 0.5) < EPS);
   assert_true(fabs(r->busy[0] - 6) < EPS && fabs(r->busy[1] - 6) < EPS);
   static const double r0[4][2] = {{0, 1}, {1, 2}, {8, 10}, {10, 12}}, r1[4][2] = {{2, 3}, {3, 5}, {5, 6}, {6, 8}};
-  for (int i = 0; i < 4; i++) {
-    const pw_sim_event *a = &r->events[r->rank_first[0] + i], *b = &r->events[r->rank_first[1] + i];
-    assert_true(fabs(a->start - r0[i][0]) < EPS && fabs(a->end - r0[i][1]) < EPS);
-    assert_true(fabs(b->start - r1[i][0]) < EPS && fabs(b->end - r1[i][1]) < EPS);
-  }
+  same_times(r, r0, r1);
   pw_sim_result_free(r);
   pw_sched_free(s);
 }
@@ -146,11 +151,7 @@ static void measured_speed(void **state) {
   assert_true(fabs(r->makespan - 12) < EPS);
   assert_true(fabs(r->bubble_ratio - 0.25) < EPS);
   static const double r0[4][2] = {{0, 1}, {1, 3}, {5, 9}, {10, 12}}, r1[4][2] = {{1, 3}, {3, 5}, {5, 7}, {7, 10}};
-  for (int i = 0; i < 4; i++) {
-    const pw_sim_event *a = &r->events[r->rank_first[0] + i], *b = &r->events[r->rank_first[1] + i];
-    assert_true(fabs(a->start - r0[i][0]) < EPS && fabs(a->end - r0[i][1]) < EPS);
-    assert_true(fabs(b->start - r1[i][0]) < EPS && fabs(b->end - r1[i][1]) < EPS);
-  }
+  same_times(r, r0, r1);
   pw_sim_result_free(r);
   speed[1] = 1;
   assert_int_equal(pw_sim_run_shared(s, &cs, &sh, &r, &e), 0);
