@@ -302,20 +302,33 @@ static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *
   return ok ? 0 : -1;
 }
 
+#define SHARE_REPS 3
+
 /* speed[n-1] for n = 1..n_max: each of n busy one-thread processes' rate
- * on the largest unit (layers [lo, hi)) at mb, relative to one alone;
- * wake[n-1] a thread's wake-up beside them. */
+ * on the largest unit (layers [lo, hi)) at mb, relative to one alone in
+ * the same pass; wake[n-1] a thread's wake-up beside them. The median of
+ * SHARE_REPS passes over n = 1..n_max: other work that comes and goes on
+ * the host moves one pass, not the figure. */
 static int measure_sharing(const pw_job *job, const pw_model *m, int lo, int hi, int mb, int n_max, double dur,
                            double *speed, double *wake, pw_err *err) {
   pw_prog *p = NULL;
   int rc = unit_prog(job, m, lo, hi, mb, &p, err);
   if (rc) return rc;
-  double t[4], alone = 0, sum = 0;
+  double t[4], sp[PW_CALIB_MAX_SHARE][SHARE_REPS], wk[PW_CALIB_MAX_SHARE][SHARE_REPS];
   if ((rc = run_once(job, p, t))) rc = pw_err_set(err, rc, "calibrate.sharing", "a kernel failed");
+  for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
+    double alone = 0, sum = 0;
+    for (int n = 1; n <= n_max && !rc; n++) {
+      if (busy_round(job, p, n, dur, &sum, &wk[n - 1][rep]))
+        rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
+      else if (n == 1)
+        alone = sum;
+      if (!rc) sp[n - 1][rep] = fmin(1.0, sum / n / alone);
+    }
+  }
   for (int n = 1; n <= n_max && !rc; n++) {
-    if (busy_round(job, p, n, dur, &sum, &wake[n - 1])) rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
-    else if (n == 1) alone = sum;
-    if (!rc) speed[n - 1] = fmin(1.0, sum / n / alone);
+    speed[n - 1] = median(sp[n - 1], SHARE_REPS);
+    wake[n - 1] = median(wk[n - 1], SHARE_REPS);
   }
   pw_prog_free(p);
   return rc;
@@ -376,7 +389,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   if (!rc && n_speed) {
     int hi = big + 1;
     while (hi < L && m.layers[hi].is_loss) hi++;
-    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.3, speed, wake_busy,
+    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.2, speed, wake_busy,
                          err);
   }
   step_fit(ux, uy, n_units, &fixed, &per_param);
