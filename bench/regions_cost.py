@@ -11,7 +11,7 @@ every rank on this host's cores (the profile's measured sharing) plus the
 slowest rank's step end. Measured: bench/pipe.py on fresh one-thread
 workers, the median step period after the warm-up, in interleaved rounds.
 
-  bench/regions_cost.py [--build DIR] [--job FILE] [--rounds 3] [--steps 12] [--warmup 2] [--out NAME]
+  bench/regions_cost.py [--build DIR] [--job FILE] [--rounds 5] [--steps 30] [--warmup 2] [--out NAME]
 
 Writes bench/results/NAME.{json,md} (default regions-cost) and prints the markdown."""
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
@@ -37,7 +37,7 @@ def variant(base, serial, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--job", default=os.path.join(ROOT, "examples", "jobs", "two-tower.json"))
-    bench_args(ap, "regions-cost", 3, 12)
+    bench_args(ap, "regions-cost", 5, 30)
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-regions-cost-")
@@ -46,7 +46,9 @@ def main():
     mb = base["train"]["batch_size"] // m
     spec = write(os.path.join(scratch, "job.json"), variant(base, False, a.steps))
     prof = os.path.join(scratch, "profile.json")
-    pw(a.build, "calibrate", "--job", spec, "--mb", ",".join(str(x) for x in sorted({1, mb, 2 * mb})), "--out", prof)
+    # its layers take a millisecond or less: 100 ms of repeats per layer and size steady the medians
+    pw(a.build, "calibrate", "--job", spec, "--mb", ",".join(str(x) for x in sorted({1, mb, 2 * mb})), "--target-ms",
+       "100", "--out", prof)
     cmp = json.loads(pw(a.build, "plan", "--job", spec, "--profile", prof, "--compare-regions", "--json"))
     pred = cmp["predicted"]
     kinds = ["concurrent", "serial"]
