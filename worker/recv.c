@@ -120,7 +120,7 @@ static int drain_all(pw_run *r) {
   return done;
 }
 
-int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
+static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
   double spin_until = 0;
   for (;;) {
     if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
@@ -149,6 +149,17 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
     }
     spin_until = 0;
   }
+}
+
+/* Counts the time it blocks in cp.waited (the trace's "waiting for a
+ * frame"); ready at once, it reads no clock. */
+int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
+  if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
+  if (ready(r, arg)) return 0;
+  double t0 = pw_now();
+  int rc = wait_slow(r, ready, arg);
+  r->cp.waited += pw_now() - t0;
+  return rc;
 }
 
 void pw_exec_wake(pw_run *r) {
