@@ -6,8 +6,9 @@
 
 Runs, interleaved over --rounds (A B C, then rotated), on fresh 1-thread workers (pipe.py):
   A  the job as a pp-rank pipeline, every step traced;
-  B  the same plan serialized: batch = one microbatch and m = 1, so no two ranks compute at the
-     same time — each stage's layers alone, at the same thread count, on the same microbatch shape;
+  B  the same plan serialized: batch = one microbatch and m = 1, so the ranks take turns — each
+     stage's layers alone (only actions no other rank overlapped count), at the same thread
+     count, on the same microbatch shape;
   C  the single process (pp = 1, one thread, the same microbatches), for the whole model's sum.
 For every timed step (after --warmup, not the last) of A each rank's step is split from its own
 traces (worker step reports: `actions` and `trace`): compute per action kind, waiting for a frame
@@ -173,7 +174,9 @@ def main():
     rounds = [per_rank(r, w, n) for r in got["pipelined"]]
     period = [pipe.step_period(r, w) for r in got["pipelined"]]
     mb_pipe = [per_mb(r, w, n) for r in got["pipelined"]]
-    mb_alone = [per_mb(r, w, n) for r in got["alone"]]
+    # the serialized run's actions no other rank overlapped (under zb-h1 the last stage's W runs
+    # beside the stage before's I even at m = 1)
+    mb_alone = [{k: med(lo) for k, (lo, _hi) in overlap(r, w, n).items() if lo} for r in got["alone"]]
     mb_single = [per_mb(r, w, n) for r in got["single"]]
     ov = {}
     for r in got["pipelined"]:
