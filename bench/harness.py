@@ -354,11 +354,12 @@ def cases_rt_md(res):
                          "`bench/trace_step.py`'s split: wait = an action's input not yet there, send = handing its "
                          "output on, end wait / end work = the step end waiting for the peer's norm partial / reducing "
                          "and updating, after = the snapshot after the step's mark, in the period but not the step time):\n")
-                L.append("| rank | step | F | B | wait | send | end wait | end work | other | after |")
-                L.append("|---|---|---|---|---|---|---|---|---|---|")
+                L.append("| rank | step | F | B | wait | send | end wait | end work | other | after | waits that slept |")
+                L.append("|---|---|---|---|---|---|---|---|---|---|---|")
                 for r, x in enumerate(o["pp2_traced"]):
                     L.append(f"| {r} | " + " | ".join(f"{x[k] * 1e6:.0f}" for k in
-                             ("step", "F", "B", "wait", "send", "end_wait", "end_work", "other", "after")) + " |")
+                             ("step", "F", "B", "wait", "send", "end_wait", "end_work", "other", "after"))
+                             + f" | {x.get('sleeps', 0):g} |")
             t = o.get("pp1_traced")
             if t:
                 L.append(f"\nWhere the pp = 1 worker step goes (traced run): step {t['step_s'] * 1e6:.0f} µs, of which its "

@@ -56,7 +56,7 @@ def split_step(rep):
     """One rank's traced step report -> its parts in seconds."""
     acts, tr = rep["actions"], rep["trace"]
     out = {"step": rep["step_time"], "wait": 0.0, "send": 0.0, "end_wait": tr["end_wait"],
-           "end_work": tr["end_work"], "after": tr["after"]}
+           "end_work": tr["end_work"], "after": tr["after"], "sleeps": tr.get("sleeps", 0)}
     per = {k: [] for k in KINDS}
     for (kind, _mb, _st, t0, t1), ready, routed in zip(acts, tr["ready"], tr["routed"]):
         per[kind].append(t1 - t0)
@@ -235,15 +235,17 @@ def render(res):
          "Per rank, ms per step (median of the rounds' medians). wait = an action's inputs not yet there; "
          "send = handing its outputs on; end wait / end work = the step end waiting for peers / reducing and "
          "updating; other = the step's time the traces do not cover; after = eval and snapshot, after the "
-         "step's mark (in the period, not in the step time).",
+         "step's mark (in the period, not in the step time); waits that slept = waits that went to sleep in "
+         "poll() after spinning 1 ms, each paying a wake-up (per step).",
          "",
-         "| rank | stages | step | F | B | I | W | wait | send | end wait | end work | other | after |",
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+         "| rank | stages | step | F | B | I | W | wait | send | end wait | end work | other | after | waits that slept |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in range(len(res["ranks"][0])):
         v = {k: med([rd[r][k] for rd in res["ranks"]]) for k in res["ranks"][0][r] if k != "stages"}
         L.append(f"| {r} | {','.join(map(str, res['ranks'][0][r]['stages']))} | {ms(v['step'])} | "
                  + " | ".join(ms(v[k]) if v[k + '_n'] else "–" for k in KINDS) + " | "
-                 + " | ".join(ms(v[k]) for k in ("wait", "send", "end_wait", "end_work", "other", "after")) + " |")
+                 + " | ".join(ms(v[k]) for k in ("wait", "send", "end_wait", "end_work", "other", "after"))
+                 + f" | {v['sleeps']:g} |")
     L += ["", "Compute per action (one microbatch) beside the same stage's action alone (the serialized run: no "
           "other rank computing), ms; ratio > 1: slower beside the other ranks.", "",
           "| stage | rank | kind | pipelined | alone | ratio (min–max) |", "|---|---|---|---|---|---|"]

@@ -348,9 +348,10 @@ int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
   return 0;
 }
 
-/* The chunk limit: PW_FRAME_SEND_CHUNK (wire.h says why), or PW_WIRE_CHUNK bytes. That variable is
- * for tests: a small limit sends every larger tensor through the chunked
- * path, so a run can prove it equal to one with fewer chunks. */
+/* The chunk limit: PW_FRAME_SEND_CHUNK (wire.h says why), or PW_WIRE_CHUNK
+ * bytes. That variable is for tests: a small limit sends every larger
+ * tensor through the chunked path, so a run can prove it equal to one with
+ * fewer chunks. */
 int pw_exec_chunk_limit(pw_run *r) {
   const char *s = getenv("PW_WIRE_CHUNK");
   r->cp.chunk_limit = PW_FRAME_SEND_CHUNK;

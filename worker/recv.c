@@ -143,6 +143,7 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
     fds[n++] = (struct pollfd){.fd = r->sh.wake_fd, .events = POLLIN};
     for (int k = 0; k < r->n_ranks && n <= MAX_POLL; k++)
       if (r->cp.in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->cp.in[k].fd, .events = POLLIN};
+    r->cp.sleeps++;
     if (poll(fds, n, -1) > 0 && fds[0].revents & POLLIN) {
       uint64_t drained;
       if (read(r->sh.wake_fd, &drained, sizeof drained) < 0) drained = 0;

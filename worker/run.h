@@ -121,6 +121,7 @@ typedef struct {
   double end_wait, end_work; /* STEP: the step end's seconds waiting for peers, and the rest of it */
   double after;            /* STEP: seconds after step_time's mark (eval, snapshot) before the report */
   double t0;               /* STEP: the step's start, CLOCK_MONOTONIC seconds (ranks on a host share it) */
+  int sleeps;              /* STEP: waits that slept in poll() since the last report */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
   json_t *msg;             /* CTL: the message (the loop's reference) */
 } pw_event;
@@ -154,12 +155,13 @@ typedef struct {
 /* The compute thread only. */
 typedef struct {
   pw_lstage_compute *ls;   /* [n_ls] microbatches of each local stage */
-  size_t chunk_limit;      /* frames over this many payload bytes go in chunks (exec.c; PW_WIRE_CHUNK) */
+  size_t chunk_limit;      /* frames over this many payload bytes go in chunks (wire.h; PW_WIRE_CHUNK) */
   uint64_t chunked, chunks; /* tensors sent in chunks, and their chunks */
   uint64_t act_sent, act_bytes; /* activation frames sent to other ranks, their payload bytes */
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
   double waited;           /* seconds pw_exec_wait has blocked, all told (the step end's share is traced) */
+  int sleeps, sleeps_told; /* its waits that slept in poll() (each paid a wake-up), and those reported */
   double loss_sum;         /* this replica's share of the pass's loss */
   /* Frames of ACT, GRAD, TIED and the norm exchange are tagged with the
    * pass they belong to, not the step: a step's pass, then the eval passes
