@@ -17,7 +17,7 @@
  * answer after the last. pw does what a worker's compute thread does: the
  * sender encodes a PWF1 header with the payload's crc32c and writes header
  * + payload with one non-blocking sendmsg (a message over the worker's
- * chunk limit, PW_FRAME_SEND_CHUNK or PW_WIRE_CHUNK, as chunk frames), waiting for the socket only for
+ * chunk limit, PW_FRAME_CHUNK_DEFAULT or PW_WIRE_CHUNK, as chunk frames), waiting for the socket only for
  * what it did not take (worker/exec.c pw_exec_send; the worker's loop
  * thread writes that rest); the receiver reads without blocking through
  * pw_frame_reader straight into a destination buffer, CRC checked as bytes
@@ -59,7 +59,7 @@ static void die(const char *what) {
   exit(1);
 }
 
-static size_t g_size, g_chunk = PW_FRAME_SEND_CHUNK; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
+static size_t g_size, g_chunk = PW_FRAME_CHUNK_DEFAULT; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
 static int g_iters, g_stream;
 
 static int listen_any(int *port) {
@@ -328,7 +328,7 @@ int main(int argc, char **argv) {
   g_iters = atoi(argv[3]);
   const char *ch = getenv("PW_WIRE_CHUNK");
   if (ch && *ch) g_chunk = (size_t)strtoull(ch, NULL, 10);
-  if (!g_chunk) g_chunk = PW_FRAME_SEND_CHUNK;
+  if (!g_chunk) g_chunk = PW_FRAME_CHUNK_DEFAULT;
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);
   pid_t pid = fork();

@@ -377,7 +377,6 @@ def cases_rt_md(res):
         else:
             L.append("`bench_transport` (C): pw = what a worker's compute thread does (PWF1 header with the payload's "
                      "crc32c, header + payload in one non-blocking sendmsg, waiting for the socket only for the rest; "
-                     "a message over 1 MiB as 1 MiB chunk frames, each CRC'd just before it goes, as the worker sends; "
                      "receiver: non-blocking reads through pw_frame_reader straight into a destination buffer, CRC "
                      "checked, yielding the core for up to 1 ms while nothing comes, then poll()); raw = blocking "
                      "write()/read() of the same bytes, no checks; spin = raw with non-blocking calls retried in a "

@@ -36,8 +36,8 @@
  * pw_frame_hdr keeps job and payload_len as u64.
  *
  * Chunks. A sender splits a tensor of more than its chunk limit (at most
- * PW_FRAME_MAX_PAYLOAD bytes; a worker's is PW_FRAME_SEND_CHUNK, or
- * PW_WIRE_CHUNK=bytes for tests) into consecutive frames on
+ * PW_FRAME_MAX_PAYLOAD bytes; PW_FRAME_CHUNK_DEFAULT unless lowered for
+ * tests: the worker reads PW_WIRE_CHUNK=bytes) into consecutive frames on
  * one link, nothing between them: each repeats the tensor's header (dims
  * describe the whole tensor) with flag CHUNK, chunk 0, 1, 2, ... and
  * payload_len its share (the limit, less for the last), and the last also
@@ -68,13 +68,6 @@
 #define PW_FRAME_MAX_PAYLOAD 0xffffffffu /* bytes in one frame */
 #define PW_FRAME_MAX_JOB 0xffffffffu
 #define PW_FRAME_CHUNK_DEFAULT ((size_t)1 << 30)
-/* A worker sends tensors over 1 MiB in chunks of 1 MiB: a chunk's CRC is
- * computed just before it goes, so the sender's CRC of the next overlaps
- * the receiver reading this one, where a whole frame's CRC had to finish
- * before its first byte left (16 MiB ping-pong on loopback, bench_transport:
- * 7.1 ms a message against 8.2 ms as one frame; 256 KiB and 4 MiB chunks
- * measured slower). */
-#define PW_FRAME_SEND_CHUNK ((size_t)1 << 20)
 #define PW_FRAME_HELLO_MAX 4096
 
 typedef enum {
