@@ -24,8 +24,12 @@ sys.path.insert(0, HERE)
 import pipe  # noqa: E402
 
 
+MIN_BATCH = 1  # raised to the grid's largest m: every cell splits the same batch
+
+
 def job(model, pp, m, steps, sched="1f1b", V=1):
     j = json.load(open(os.path.join(HERE, "jobs", f"gpt-{model}.json")))
+    j["train"]["batch_size"] = max(j["train"]["batch_size"], MIN_BATCH)
     j["name"] = f"cost-{model}-pp{pp}-m{m}"
     j["mesh"] = {"pp": pp, "dp": 1, "virtual_stages": V}
     j["schedule"] = {"name": sched, "microbatches": m}
@@ -65,6 +69,8 @@ def main():
     scratch = tempfile.mkdtemp(prefix="pw-cost-")
     models, pps, ms = a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")]
     cells, pred, meas, prof = [], {}, {}, {}
+    global MIN_BATCH
+    MIN_BATCH = max(ms)
     for model in models:
         batch = job(model, 1, 1, 1)["train"]["batch_size"]
         sizes = sorted({batch // m for m in ms} | {1})
@@ -115,7 +121,7 @@ def main():
     out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "load_1min": load, "cpus": os.cpu_count(), "rows": rows, "auto": choice}
     md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", "",
-          f"{out['when']}; bench models {', '.join(models)} (bench/jobs), schedule 1f1b unless marked, one-thread "
+          f"{out['when']}; bench models {', '.join(models)} (bench/jobs; batch raised to {MIN_BATCH} where smaller, so every m splits it), schedule 1f1b unless marked, one-thread "
           f"workers on this host ({os.cpu_count()} CPUs: pp 4 shares them), {a.rounds} interleaved rounds of "
           f"{a.steps} steps (the first {a.warmup} not timed). Predicted: `pipewright plan --profile` after "
           f"`pipewright calibrate` (the makespan with ranks sharing the host's cores, plus the step end); measured: "
