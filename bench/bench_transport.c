@@ -16,7 +16,8 @@
  * time is one hop plus a 1-byte return. stream: messages back to back, one
  * answer after the last. pw does what a worker's compute thread does: the
  * sender encodes a PWF1 header with the payload's crc32c and writes header
- * + payload with one non-blocking sendmsg, waiting for the socket only for
+ * + payload with one non-blocking sendmsg (a message over the worker's
+ * chunk limit, PW_FRAME_CHUNK_DEFAULT or PW_WIRE_CHUNK, as chunk frames), waiting for the socket only for
  * what it did not take (worker/exec.c pw_exec_send; the worker's loop
  * thread writes that rest); the receiver reads without blocking through
  * pw_frame_reader straight into a destination buffer, CRC checked as bytes
@@ -58,7 +59,7 @@ static void die(const char *what) {
   exit(1);
 }
 
-static size_t g_size;
+static size_t g_size, g_chunk = PW_FRAME_CHUNK_DEFAULT; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
 static int g_iters, g_stream;
 
 static int listen_any(int *port) {
@@ -223,8 +224,15 @@ static double pw_send(int port) {
       fprintf(stderr, "bench_transport: frame header for %zu bytes: %s\n", g_size, pw_strerror(rc));
       exit(1);
     }
-    pw_frame_hdr_encode(&h, payload, hdr);
-    pw_send_frame(fd, hdr, payload, g_size);
+    /* over the worker's chunk limit, chunk frames, each CRC'd just before it goes (exec.c send_chunked) */
+    pw_frame_hdr c = h;
+    uint64_t off = 0;
+    do {
+      if (h.payload_len > g_chunk && pw_frame_chunk(&h, g_chunk, off, &c)) die("pw_frame_chunk");
+      pw_frame_hdr_encode(&c, (const uint8_t *)payload + off, hdr);
+      pw_send_frame(fd, hdr, (const uint8_t *)payload + off, c.payload_len);
+      off += c.payload_len;
+    } while (off < h.payload_len);
     if (!g_stream || i == g_iters - 1) recv_wait(fd, &ack, 1);
   }
   double dt = now() - t0;
@@ -313,11 +321,14 @@ int main(int argc, char **argv) {
   int pw = !strcmp(argv[1], "pw");
   g_spin = !strcmp(argv[1], "spin");
   g_size = (size_t)atol(argv[2]) & ~(size_t)3;
-  if (g_size > PW_FRAME_MAX_PAYLOAD) { /* one frame each, as measured: no chunks here */
+  if (g_size > PW_FRAME_MAX_PAYLOAD) { /* a u32 dim of floats */
     fprintf(stderr, "bench_transport: SIZE must be at most %u\n", PW_FRAME_MAX_PAYLOAD);
     return 2;
   }
   g_iters = atoi(argv[3]);
+  const char *ch = getenv("PW_WIRE_CHUNK");
+  if (ch && *ch) g_chunk = (size_t)strtoull(ch, NULL, 10);
+  if (!g_chunk) g_chunk = PW_FRAME_CHUNK_DEFAULT;
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);
   pid_t pid = fork();

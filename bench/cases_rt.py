@@ -4,6 +4,7 @@ See bench/README.md for what each figure means."""
 import json, os, re, shutil, statistics, subprocess, tempfile, time, urllib.request
 
 import pipe
+import trace_step
 from benchlib import Server, env_for, log, spread, torch_cmd, torch_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -182,7 +183,9 @@ def case_overhead(a, env):
     """Case 4: tiny transformer (2 layers, d=64, batch 2, T=64, m=1) through the worker vs in-process.
     Each round takes its own wake-up figure (`bench_transport wakeidle`) beside its runs, so the
     per-action overhead above one wake-up is a difference of figures measured together; the rounds'
-    range is reported beside the median."""
+    range is reported beside the median. The job's default snapshot_every 1 gives the figures; the same
+    runs with snapshot_every 0, in the same rounds, say what the snapshots cost. A traced pp = 2 run is
+    split per rank as bench/trace_step.py does."""
     steps = 150 if a.quick else 400
     warm = 20
     rounds = 3 if a.quick else 5
@@ -196,11 +199,13 @@ def case_overhead(a, env):
     for rep in range(rounds):
         wakes.append(_bt(a, "wakeidle", 300)["us_per_wakeup"])
         hot.append(_bt(a, "wake", 5000)["us_per_wakeup"])
-        for pp in (1, 2):
+        # snapshot_every 1 is the job's default (the figure); 0 beside it says what the snapshots cost
+        for pp, snap in ((1, 1), (2, 1), (1, 0), (2, 0)):
             job = _job(64, 2, 4, 64, 2, 1, pp, 1, "1f1b", steps)
+            job["train"]["snapshot_every"] = snap
             res = pipe.run(a.build, job, os.path.join(d, f"w{pp}"), trace_every=0, env=env)
             st = _med([max(rep_[k]["step_time"] for rep_ in res["reports"]) for k in range(warm, steps - 1)])
-            out["rows"].append({"pp": pp, "round": rep, "worker_step_s": st,
+            out["rows"].append({"pp": pp, "snapshot_every": snap, "round": rep, "worker_step_s": st,
                                 "period_s": pipe.step_period(res, warm),
                                 "actions_per_step": sum(len(x.split()) for x in res["plan"]["plan"]["ranks"])})
         log_path = os.path.join(d, "train.jsonl")
@@ -209,9 +214,18 @@ def case_overhead(a, env):
         with open(log_path) as f:
             ms = [json.loads(x)["ms"] for x in f if x.strip()]
         inproc.append(_med(ms[warm:-1]) * 1e-3)
+    # where the pp = 2 step goes, per rank (bench/trace_step.py's split of the traced reports)
+    res = pipe.run(a.build, _job(64, 2, 4, 64, 2, 1, 2, 1, "1f1b", steps), os.path.join(d, "traced2"),
+                   trace_every=1, env=env)
+    try:
+        out["pp2_traced"] = [{k: v for k, v in row.items() if k != "stages"}
+                             for row in trace_step.per_rank(res, warm, steps)]
+    except (RuntimeError, KeyError):  # a worker without the step reports' trace
+        pass
     # where the worker's step goes: its actions' own time (traced) vs the rest
     res = pipe.run(a.build, job1, os.path.join(d, "traced"), trace_every=1, env=env)
-    rep = [x for x in res["reports"][0] if warm <= x["step"] < steps - 1]
+    # a step that found no free trace buffer went untraced
+    rep = [x for x in res["reports"][0] if warm <= x["step"] < steps - 1 and "actions" in x]
     out["pp1_traced"] = {"step_s": _med([x["step_time"] for x in rep]),
                          "actions_s": _med([sum(t1 - t0 for *_, t0, t1 in x["actions"]) for x in rep]),
                          "first_action_start_s": _med([min(x[3] for x in r["actions"]) for r in rep]),
@@ -223,12 +237,12 @@ def case_overhead(a, env):
     out["inproc_rounds_s"] = inproc
     out["wake_us"], out["wake_rounds_us"] = _med(wakes), wakes
     out["wake_hot_us"] = _med(hot)
-    for pp in (1, 2):
-        rs = sorted((r for r in out["rows"] if r["pp"] == pp), key=lambda r: r["round"])
+    for pp, snap in ((1, 1), (2, 1), (1, 0), (2, 0)):
+        rs = sorted((r for r in out["rows"] if r["pp"] == pp and r["snapshot_every"] == snap), key=lambda r: r["round"])
         n = rs[0]["actions_per_step"]
         ov = [(r["worker_step_s"] - inproc[r["round"]]) * 1e6 for r in rs]
         above = [o / n - wakes[r["round"]] for o, r in zip(ov, rs)]
-        out[f"pp{pp}"] = {"worker_step_s": _med([r["worker_step_s"] for r in rs]), "actions": n,
+        out[f"pp{pp}" + ("" if snap else "_nosnap")] = {"worker_step_s": _med([r["worker_step_s"] for r in rs]), "actions": n,
                           "overhead_us_per_step": _med(ov), "overhead_us_per_step_spread": spread(ov),
                           "overhead_us_per_action": _med(ov) / n,
                           "over_wake_us_per_action": _med(above), "over_wake_spread": spread(above),

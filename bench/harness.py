@@ -337,14 +337,29 @@ def cases_rt_md(res):
                      "SpectraX reports ≈ 150 µs per step on this case.\n")
             L.append("| pp | worker µs/step | overhead µs/step | actions | µs/action | µs/action above one wake-up | target |")
             L.append("|---|---|---|---|---|---|---|")
-            for pp in (1, 2):
-                x = o[f"pp{pp}"]
+            for key in ("pp1", "pp2", "pp1_nosnap", "pp2_nosnap"):
+                if key not in o:
+                    continue
+                x, pp = o[key], int(key[2])
                 tgt = f"≤ 20 µs/step: {yn(x['overhead_us_per_step'] <= 20)}" if pp == 1 else \
                     f"≤ 5 µs/action above wake-up: {yn(x['over_wake_us_per_action'] <= 5)}"
+                if key.endswith("nosnap"):
+                    pp, tgt = f"{pp}, snapshot_every 0", "(not the target's job: what the snapshots cost)"
                 L.append(f"| {pp} | {x['worker_step_s'] * 1e6:.0f} "
                          f"| {rng((x['overhead_us_per_step'], x.get('overhead_us_per_step_spread')), 0)} | {x['actions']} "
                          f"| {x['overhead_us_per_action']:.1f} "
                          f"| {rng((x['over_wake_us_per_action'], x.get('over_wake_spread')), 1)} | {tgt} |")
+            if o.get("pp2_traced"):
+                L.append("\nWhere the pp = 2 worker step goes (traced run, per rank, µs per step, medians; "
+                         "`bench/trace_step.py`'s split: wait = an action's input not yet there, send = handing its "
+                         "output on, end wait / end work = the step end waiting for the peer's norm partial / reducing "
+                         "and updating, after = the snapshot after the step's mark, in the period but not the step time):\n")
+                L.append("| rank | step | F | B | wait | send | end wait | end work | other | after | waits that slept |")
+                L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                for r, x in enumerate(o["pp2_traced"]):
+                    L.append(f"| {r} | " + " | ".join(f"{x[k] * 1e6:.0f}" for k in
+                             ("step", "F", "B", "wait", "send", "end_wait", "end_work", "other", "after"))
+                             + f" | {x.get('sleeps', 0):g} |")
             t = o.get("pp1_traced")
             if t:
                 L.append(f"\nWhere the pp = 1 worker step goes (traced run): step {t['step_s'] * 1e6:.0f} µs, of which its "

@@ -20,6 +20,8 @@ static void usage(FILE *f) {
           "  --cores N         cores the profile records for this host (default: online CPUs)\n"
           "  --threads N       threads a rank computes with (default 1: OPENBLAS_NUM_THREADS=1)\n"
           "  --no-link         keep the default link instead of measuring loopback TCP\n"
+          "  --no-share        do not measure core sharing (n busy processes at once)\n"
+          "  --share-ms MS     time per number of busy processes, 3 passes (default 200)\n"
           "  --out FILE        write the profile here (default: stdout)\n"
           "  --help\n");
 }
@@ -46,14 +48,15 @@ int pw_cmd_calibrate(int argc, char **argv) {
   static const struct option opts[] = {{"job", required_argument, 0, 'j'},     {"mb", required_argument, 0, 'm'},
                                        {"target-ms", required_argument, 0, 't'}, {"cores", required_argument, 0, 'C'},
                                        {"threads", required_argument, 0, 'T'},  {"no-link", no_argument, 0, 'L'},
+                                       {"no-share", no_argument, 0, 'S'},       {"share-ms", required_argument, 0, 's'},
                                        {"out", required_argument, 0, 'o'},      {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   const char *job_path = NULL, *out_path = NULL;
   int mb[PW_COST_MAX_MB] = {1, 2, 4, 8}, c;
-  double ms = 20;
-  pw_calib_opts o = {.mb = mb, .n_mb = 4, .link = 1};
+  double ms = 20, share_ms = 200;
+  pw_calib_opts o = {.mb = mb, .n_mb = 4, .link = 1, .share = 1};
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:m:t:C:T:Lo:h", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:m:t:C:T:LSs:o:h", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 'm':
@@ -69,6 +72,10 @@ int pw_cmd_calibrate(int argc, char **argv) {
         if (pw_arg_int("--threads", optarg, 1, 1 << 16, &o.threads)) return 2;
         break;
       case 'L': o.link = 0; break;
+      case 'S': o.share = 0; break;
+      case 's':
+        if (pw_arg_num("--share-ms", optarg, 1, 60000, &share_ms)) return 2;
+        break;
       case 'o': out_path = optarg; break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
@@ -79,6 +86,7 @@ int pw_cmd_calibrate(int argc, char **argv) {
     return 2;
   }
   o.target_s = ms / 1e3;
+  o.share_s = share_ms / 1e3;
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   json_t *prof = NULL;

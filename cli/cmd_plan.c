@@ -33,7 +33,8 @@ static void usage(FILE *f) {
           "                    schedule.custom (virtual_stages follows from the stages in it)\n"
           "  --compare         every schedule that fits the job, side by side\n"
           "  --compare-regions a regions model: its regions concurrently on their own ranks\n"
-          "                    against one after another (a serial runtime), same costs\n"
+          "                    against one after another (a serial runtime), same costs;\n"
+          "                    with --profile: both steps predicted on the profile's host\n"
           "  --cores N         every rank on one machine of N cores (the shared-cores model)\n"
           "                    in the predicted step; with --compare-regions: also both so\n"
           "  --profile FILE    cost the plan with a calibration profile (pipewright calibrate)\n"
@@ -109,6 +110,11 @@ static void print_compare_regions(const json_t *r) {
     printf("on one machine of %d cores: serial %.3f ms, concurrent %.3f ms, ratio %.2f\n",
            (int)json_integer_value(json_object_get(co2, "cores")), json_real_value(json_object_get(co2, "serial")) * 1e3,
            json_real_value(json_object_get(co2, "concurrent")) * 1e3, json_real_value(json_object_get(co2, "speedup")));
+  const json_t *pr = json_object_get(r, "predicted");
+  if (pr)
+    printf("predicted step (makespan there + step end): serial %.3f ms, concurrent %.3f ms, ratio %.2f\n",
+           json_real_value(json_object_get(pr, "serial")) * 1e3, json_real_value(json_object_get(pr, "concurrent")) * 1e3,
+           json_real_value(json_object_get(pr, "speedup")));
 }
 
 /* Where the stages run and who said so (mesh.placement, or the schedule). */
@@ -510,13 +516,14 @@ int pw_cmd_plan(int argc, char **argv) {
     if (!p.regions) {
       fprintf(stderr, "error: --compare-regions: %s is not a regions model (no model.regions)\n", job_path);
       rc = 1;
-    } else if (!(r = pw_regions_compare_json(&job, p.joint, p.regions, &costs, cores, &err))) {
+    } else if (!(r = pw_regions_compare_json(&job, p.joint, p.regions, &costs, cm.cores, cm.profile, &p.part, &err))) {
       pw_cli_report(&err);
       rc = 1;
     } else if (as_json) {
       rc = print_json(r);
     } else {
-      printf("job %s: %d microbatches; simulated with the FLOP cost model\n\n", job.name, job.schedule.microbatches);
+      printf("job %s: %d microbatches; simulated with the %s\n\n", job.name, job.schedule.microbatches,
+             cost_model_name(&cm));
       print_compare_regions(r);
     }
     json_decref(r);

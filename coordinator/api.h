@@ -196,6 +196,15 @@ void pw_api_budget(pw_req *r, const pw_job *job, int for_run, pw_budget *b);
  * caller's to free. */
 PW_MUST_CHECK int pw_api_job_read(pw_req *r, const char *schedule, int compare, int for_run, pw_job *job, pw_budget *b);
 
+/* api_auto.c: "schedule": {"name": "auto"} at POST /v1/jobs. _take: 1
+ * when the body asks for it (schedule.name set to a placeholder, its
+ * schedule.profile moved into *prof, *has_prof), 0 when not, -1 replied.
+ * _choose: applies the least predicted configuration to job (read with the
+ * placeholder) and writes why into msg; nonzero replied. */
+PW_MUST_CHECK int pw_api_auto_take(pw_req *r, pw_cost_profile *prof, int *has_prof);
+PW_MUST_CHECK int pw_api_auto_choose(pw_req *r, pw_job *job, const pw_budget *b, const pw_cost_profile *prof,
+                                     char *msg, size_t cap);
+
 /* api_req.c, shared by the job handlers: the store of this thread, or a 500 reply and
  * NULL. */
 pw_store *pw_api_store(pw_req *r);

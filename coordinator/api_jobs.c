@@ -65,7 +65,16 @@ void pw_api_job_submit(pw_req *r) {
   pw_job job;
   pw_budget budget;
   pw_err err = {0};
-  if (pw_api_job_read(r, NULL, 0, 1, &job, &budget)) return; /* the cheap bounds, before planning */
+  pw_cost_profile prof;
+  char why[1024] = "";
+  int has_prof = 0, is_auto = pw_api_auto_take(r, &prof, &has_prof); /* "auto": chosen below */
+  if (is_auto < 0) return;
+  int bad = pw_api_job_read(r, NULL, 0, 1, &job, &budget); /* the cheap bounds, before planning */
+  if (!bad && is_auto && (bad = pw_api_auto_choose(r, &job, &budget, has_prof ? &prof : NULL, why, sizeof why)))
+    pw_job_free(&job);
+  if (!bad && is_auto) pw_api_budget(r, &job, 1, &budget); /* the chosen mesh's bounds */
+  if (has_prof) pw_cost_free(&prof);
+  if (bad) return;
   char real[PATH_MAX];
   if (pw_api_data_check(r, s, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
     pw_job_free(&job);
@@ -135,6 +144,7 @@ void pw_api_job_submit(pw_req *r) {
   }
   pw_info("job %lld queued: %s (%s, %s, pp %d x dp %d x tp %d)", (long long)id, job.name, model, job.schedule.name,
           job.mesh.pp, job.mesh.dp, job.mesh.tp);
+  if (is_auto && pw_store_event(s, id, "auto", why, &err)) pw_warn("job %lld: the auto event: %s", (long long)id, err.msg);
   pw_job_free(&job);
   pw_coord_wake(r->c);
   char loc[64];

@@ -120,7 +120,7 @@ static int drain_all(pw_run *r) {
   return done;
 }
 
-int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
+static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
   double spin_until = 0;
   for (;;) {
     if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
@@ -143,12 +143,24 @@ int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *ar
     fds[n++] = (struct pollfd){.fd = r->sh.wake_fd, .events = POLLIN};
     for (int k = 0; k < r->n_ranks && n <= MAX_POLL; k++)
       if (r->cp.in[k].fd >= 0) fds[n++] = (struct pollfd){.fd = r->cp.in[k].fd, .events = POLLIN};
+    r->cp.sleeps++;
     if (poll(fds, n, -1) > 0 && fds[0].revents & POLLIN) {
       uint64_t drained;
       if (read(r->sh.wake_fd, &drained, sizeof drained) < 0) drained = 0;
     }
     spin_until = 0;
   }
+}
+
+/* Counts the time it blocks in cp.waited (the trace's "waiting for a
+ * frame"); ready at once, it reads no clock. */
+int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
+  if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
+  if (ready(r, arg)) return 0;
+  double t0 = pw_now();
+  int rc = wait_slow(r, ready, arg);
+  r->cp.waited += pw_now() - t0;
+  return rc;
 }
 
 void pw_exec_wake(pw_run *r) {

@@ -70,10 +70,13 @@ typedef struct {
   int *grad_step, *grad_got; /* [m] step tag and output gradients arrived */
 } pw_lstage_compute;
 
-/* A sampled action timing, for the step report's timeline. */
+/* A sampled action timing, for the step report's timeline (seconds from
+ * the step's start): waiting for its inputs from `ready` to `start`,
+ * computing to `end`, handing its outputs on (sends, local copies) to
+ * `routed`. */
 typedef struct {
   pw_action a;
-  double start, end;       /* seconds from the step's start */
+  double ready, start, end, routed;
 } pw_timing;
 
 /* An inbound link as the compute thread reads it (recv.c). */
@@ -120,6 +123,10 @@ typedef struct {
   double tp_seconds;       /* STEP: spent in them (sending, waiting, adding) */
   double dp_seconds;       /* STEP: spent in the data-parallel exchange (dpx.c) */
   json_t *colls;           /* STEP, traced: the collectives' timeline entries (the loop's reference), or NULL */
+  double end_wait, end_work; /* STEP: the step end's seconds waiting for peers, and the rest of it */
+  double after;            /* STEP: seconds after step_time's mark (eval, snapshot) before the report */
+  double t0;               /* STEP: the step's start, CLOCK_MONOTONIC seconds (ranks on a host share it) */
+  int sleeps;              /* STEP: waits that slept in poll() since the last report */
   pw_timing *timings;      /* [n_acts] on traced steps (one of trace_buf's), else NULL */
   json_t *msg;             /* CTL: the message (the loop's reference) */
 } pw_event;
@@ -158,6 +165,8 @@ typedef struct {
   uint64_t act_sent, act_bytes; /* activation frames sent to other ranks, their payload bytes */
   pw_inlink *in;           /* [n_ranks] inbound links it reads (recv.c) */
   double t_step0;          /* monotonic time the step began */
+  double waited;           /* seconds pw_exec_wait has blocked, all told (the step end's share is traced) */
+  int sleeps, sleeps_told; /* its waits that slept in poll() (each paid a wake-up), and those reported */
   double loss_sum;         /* this replica's share of the pass's loss */
   /* Frames of ACT, GRAD, TIED and the norm exchange are tagged with the
    * pass they belong to, not the step: a step's pass, then the eval passes

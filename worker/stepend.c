@@ -411,16 +411,19 @@ static json_t *colls_json(pw_run *r) {
 
 int pw_stepend_run(pw_run *r) {
   int rc;
-  double sqnorm = 0;
+  double sqnorm = 0, t0 = pw_now(), waited = r->cp.waited;
   if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
-  double loss = r->cp.loss_sum, step_time = pw_now() - r->cp.t_step0, eval_loss = 0;
+  double loss = r->cp.loss_sum, t1 = pw_now(), step_time = t1 - r->cp.t_step0, eval_loss = 0;
+  double end_wait = r->cp.waited - waited; /* before the eval passes wait for theirs */
   int evaluated = 0;
   if ((rc = pw_evalrun(r, &eval_loss, &evaluated))) return rc;
   pw_snaprun_take(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
-                 .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes,
-                 .tp_seconds = r->cp.tp_seconds, .dp_seconds = r->cp.dp_seconds};
+                 .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes, .tp_seconds = r->cp.tp_seconds,
+                 .dp_seconds = r->cp.dp_seconds, .end_wait = end_wait, .end_work = t1 - t0 - end_wait,
+                 .after = pw_now() - t1, .t0 = r->cp.t_step0, .sleeps = r->cp.sleeps - r->cp.sleeps_told};
+  r->cp.sleeps_told = r->cp.sleeps;
   for (int li = 0; li < r->n_ls && r->tp_rank == 0; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   ev.has_eval = ev.has_loss && evaluated;
   if (r->trace_every > 0 && r->sh.step % r->trace_every == 0) {
@@ -486,6 +489,18 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     }
     if (ev->colls) json_array_extend(acts, ev->colls);
     json_object_set_new(msg, "actions", acts);
+    /* what the timeline leaves out, for bench/trace_step.py: when each
+     * action's wait began and its hand-off ended, the step end's parts,
+     * the step's start on the host's monotonic clock (to line ranks up),
+     * the waits that slept (each paid a wake-up) */
+    json_t *ready = json_array(), *routed = json_array();
+    for (int i = 0; i < r->n_acts; i++) {
+      json_array_append_new(ready, json_real(ev->timings[i].ready));
+      json_array_append_new(routed, json_real(ev->timings[i].routed));
+    }
+    json_object_set_new(msg, "trace", json_pack("{s:o, s:o, s:f, s:f, s:f, s:f, s:i}", "ready", ready, "routed",
+                                                 routed, "end_wait", ev->end_wait, "end_work", ev->end_work,
+                                                 "after", ev->after, "t0", ev->t0, "sleeps", ev->sleeps));
   }
   pw_ctl_send(r->w, msg);
 }

@@ -53,11 +53,41 @@ static int series(const json_t *layer, const char *key, int li, int n_mb, double
   return 0;
 }
 
+/* sharing.speed: 1..PW_COST_MAX_SHARE rates in (0, 1]. */
+static int parse_sharing(const json_t *sh, pw_cost_profile *p, pw_err *err) {
+  if (!sh) return 0;
+  if (!json_is_object(sh)) return pw_err_set(err, PW_EFORMAT, "profile.sharing", "must be an object");
+  const json_t *a = json_object_get(sh, "speed");
+  if (!json_is_array(a) || json_array_size(a) < 1 || json_array_size(a) > PW_COST_MAX_SHARE)
+    return pw_err_set(err, PW_EFORMAT, "profile.sharing.speed", "must be an array of 1..%d rates (n busy: [n-1])",
+                      PW_COST_MAX_SHARE);
+  p->n_speed = (int)json_array_size(a);
+  for (int k = 0; k < p->n_speed; k++) {
+    char at[64];
+    snprintf(at, sizeof at, "profile.sharing.speed[%d]", k);
+    int rc = num(json_array_get(a, (size_t)k), &p->speed[k], at, err);
+    if (rc) return rc;
+    if (p->speed[k] <= 0 || p->speed[k] > 1) return pw_err_set(err, PW_EFORMAT, at, "must be a rate in (0, 1]");
+  }
+  const json_t *w = json_object_get(sh, "wake_s");
+  if (!w) return 0;
+  if (!json_is_array(w) || (int)json_array_size(w) != p->n_speed)
+    return pw_err_set(err, PW_EFORMAT, "profile.sharing.wake_s", "must be an array of %d numbers (one per speed)",
+                      p->n_speed);
+  for (int k = 0; k < p->n_speed; k++) {
+    char at[64];
+    snprintf(at, sizeof at, "profile.sharing.wake_s[%d]", k);
+    int rc = num(json_array_get(w, (size_t)k), &p->wake_busy[k], at, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 static int parse(const json_t *j, pw_cost_profile *p, pw_err *err) {
   if (!json_is_object(j)) return pw_err_set(err, PW_EFORMAT, "profile", "must be an object");
   const json_t *v = json_object_get(j, "version");
-  if (!json_is_integer(v) || json_integer_value(v) != 1)
-    return pw_err_set(err, PW_EFORMAT, "profile.version", "must be 1");
+  if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > PW_COST_VERSION)
+    return pw_err_set(err, PW_EFORMAT, "profile.version", "must be 1 or %d", PW_COST_VERSION);
   v = json_object_get(j, "host");
   if (v && (!json_is_string(v) || strlen(json_string_value(v)) >= sizeof p->host))
     return pw_err_set(err, PW_EFORMAT, "profile.host", "must be a string of at most %zu bytes", sizeof p->host - 1);
@@ -110,9 +140,10 @@ static int parse(const json_t *j, pw_cost_profile *p, pw_err *err) {
   if ((rc = opt_num(step, "per_param_s", &p->per_param, "profile.step", err)) ||
       (rc = opt_num(step, "fixed_s", &p->fixed, "profile.step", err)) ||
       (rc = opt_num(link, "latency_s", &p->latency, "profile.link", err)) ||
-      (rc = opt_num(link, "bandwidth_Bps", &p->bandwidth, "profile.link", err)))
+      (rc = opt_num(link, "bandwidth_Bps", &p->bandwidth, "profile.link", err)) ||
+      (rc = opt_num(link, "wake_s", &p->wake, "profile.link", err)))
     return rc;
-  return 0;
+  return parse_sharing(json_object_get(j, "sharing"), p, err);
 }
 
 int pw_cost_parse(const json_t *j, pw_cost_profile *out, pw_err *err) {
@@ -152,9 +183,14 @@ json_t *pw_cost_json(const pw_cost_profile *p) {
     json_array_append_new(layers, json_pack("{s:s, s:o, s:o, s:o}", "name", p->names[li], "f", arr(p->f + o, p->n_mb),
                                             "i", arr(p->i + o, p->n_mb), "w", arr(p->w + o, p->n_mb)));
   }
-  return json_pack("{s:i, s:s, s:i, s:i, s:o, s:o, s:{s:f, s:f}, s:{s:f, s:f}}", "version", 1, "host", p->host, "cores",
-                   p->cores, "threads", p->threads, "mb_sizes", mbs, "layers", layers, "step", "per_param_s",
-                   p->per_param, "fixed_s", p->fixed, "link", "latency_s", p->latency, "bandwidth_Bps", p->bandwidth);
+  json_t *j = json_pack("{s:i, s:s, s:i, s:i, s:o, s:o, s:{s:f, s:f}, s:{s:f, s:f, s:f}}", "version",
+                        PW_COST_VERSION, "host", p->host, "cores", p->cores, "threads", p->threads, "mb_sizes", mbs,
+                        "layers", layers, "step", "per_param_s", p->per_param, "fixed_s", p->fixed, "link",
+                        "latency_s", p->latency, "bandwidth_Bps", p->bandwidth, "wake_s", p->wake);
+  if (j && p->n_speed)
+    json_object_set_new(j, "sharing", json_pack("{s:o, s:o}", "speed", arr(p->speed, p->n_speed), "wake_s",
+                                                arr(p->wake_busy, p->n_speed)));
+  return j;
 }
 
 /* One series at mb sequences: interpolated between the measured sizes
@@ -202,3 +238,9 @@ int pw_cost_stages(const pw_cost_profile *p, const pw_model *m, const pw_partiti
 }
 
 double pw_cost_step_end(const pw_cost_profile *p, size_t params) { return p->fixed + p->per_param * (double)params; }
+
+double pw_cost_transfer_latency(const pw_cost_profile *p, int n) {
+  int k = n < p->n_speed ? n : p->n_speed;
+  double wake = k > 1 && p->wake_busy[k - 1] > 0 ? p->wake_busy[k - 1] : p->wake;
+  return p->latency + 2 * wake;
+}

@@ -5,14 +5,25 @@
  * host, the measured seconds of each layer's F, I and W for one microbatch
  * at a few microbatch sizes (GEMM shapes change with it, so the rate does),
  * the step end's cost (AdamW and gradient work: seconds per trainable
- * parameter, plus a fixed part), the host's cores, and a link (latency,
- * bandwidth) measured between two processes:
+ * parameter, plus a fixed part per rank), the host's cores, a link
+ * (latency, bandwidth) measured between two threads over loopback TCP plus
+ * the wake-up of a waiting thread (a transfer wakes two: the receiving
+ * rank's loop, then its compute thread), and how fast each of n busy
+ * one-thread processes computes on the host next to one alone (core
+ * sharing: caches, memory bandwidth, and above the cores, time slicing):
  *
- *   {"version": 1, "host": "h1", "cores": 2, "threads": 1,
+ *   {"version": 2, "host": "h1", "cores": 2, "threads": 1,
  *    "mb_sizes": [1, 2, 4],
  *    "layers": [{"name": "embed", "f": [..], "i": [..], "w": [..]}, ...],
  *    "step": {"per_param_s": 2e-9, "fixed_s": 1e-4},
- *    "link": {"latency_s": 5e-5, "bandwidth_Bps": 3e9}}
+ *    "link": {"latency_s": 5e-5, "bandwidth_Bps": 3e9, "wake_s": 2e-5},
+ *    "sharing": {"speed": [1, 0.97, 0.62, 0.45], "wake_s": [2e-5, ...]}}
+ *
+ * sharing.speed[n-1] is each process's rate with n busy at once, relative
+ * to one alone (1 then; at most 1/(n/cores) times a little above the
+ * cores); sharing.wake_s[n-1] (optional, as long) a thread's wake-up with
+ * n processes busy beside it. Version 1 profiles (no wake_s, no sharing) still read: a zero
+ * wake-up, ideal sharing.
  *
  * A layer at a microbatch size between two measured ones costs the linear
  * interpolation of the two; outside them, the nearest one's time per
@@ -31,8 +42,10 @@
 #include "model.h"
 #include "partition.h"
 
+#define PW_COST_VERSION 2        /* what pw_cost_json writes; 1 still reads */
 #define PW_COST_MAX_MB 16        /* microbatch sizes in a profile */
 #define PW_COST_MAX_LAYERS 4096  /* layers in a profile */
+#define PW_COST_MAX_SHARE 64     /* busy processes sharing.speed covers */
 
 typedef struct {
   char host[64];
@@ -44,6 +57,10 @@ typedef struct {
   double *f, *i, *w;         /* [n_layers * n_mb] seconds per microbatch */
   double per_param, fixed;   /* step end: seconds per trainable parameter, and fixed */
   double latency, bandwidth; /* link: seconds per transfer, bytes per second */
+  double wake;               /* seconds to wake a waiting thread */
+  int n_speed;               /* 0: ideal sharing */
+  double speed[PW_COST_MAX_SHARE]; /* [n-1]: each of n busy processes' rate */
+  double wake_busy[PW_COST_MAX_SHARE]; /* [n-1]: the wake-up beside n busy (0: not measured) */
 } pw_cost_profile;
 
 /* Reads a profile. Errors are PW_EFORMAT naming the JSON path and the rule
@@ -67,5 +84,10 @@ PW_MUST_CHECK int pw_cost_stages(const pw_cost_profile *p, const pw_model *m, co
 
 /* Seconds of the step end on a rank holding `params` trainable parameters. */
 double pw_cost_step_end(const pw_cost_profile *p, size_t params);
+/* Seconds a cross-rank transfer costs before its bytes when n ranks
+ * compute on the host: the link's latency and two wake-ups (the one
+ * measured beside n busy processes when the profile has it, the last
+ * measured past its end; n <= 1: the plain one). */
+double pw_cost_transfer_latency(const pw_cost_profile *p, int n);
 
 #endif

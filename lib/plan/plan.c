@@ -358,7 +358,8 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
   memset(p, 0, sizeof *p);
   const pw_cost_profile *prof = cm ? cm->profile : NULL;
   p->calibrated = prof != NULL;
-  p->latency = prof ? prof->latency : PW_PLAN_LINK_LATENCY;
+  p->latency = prof ? pw_cost_transfer_latency(prof, cm->cores ? job->mesh.pp * job->mesh.dp : 1)
+                    : PW_PLAN_LINK_LATENCY;
   p->bandwidth = prof ? prof->bandwidth : PW_PLAN_LINK_BW;
   const char *name = schedule ? schedule : job->schedule.name;
   p->pp = job->mesh.pp;
@@ -546,7 +547,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
   if (out && p->regions) {
     pw_sim_costs c = pw_plan_costs(p);
     pw_err err = {0};
-    json_t *cmp = pw_regions_compare_json(job, p->joint, p->regions, &c, 0, &err);
+    json_t *cmp = pw_regions_compare_json(job, p->joint, p->regions, &c, 0, NULL, NULL, &err);
     json_object_set_new(out, "regions", cmp ? cmp : json_pack("{s:s}", "error", err.msg));
   }
   return out;

@@ -208,14 +208,17 @@ static int region_alone(const pw_job *job, int r, const pw_region_span *sp, cons
 }
 
 /* Plan s replayed with every rank on one host of `cores` cores, one
- * thread each (share.h); its makespan, or -1 on error. */
-static double shared_makespan(const pw_sched *s, const pw_sim_costs *c, int cores, pw_err *err) {
+ * thread each (share.h; prof's measured sharing when it has one); its
+ * makespan, or -1 on error. */
+static double shared_makespan(const pw_sched *s, const pw_sim_costs *c, int cores, const pw_cost_profile *prof,
+                              pw_err *err) {
   int *host = calloc((size_t)s->pp, sizeof(int)), *threads = malloc(sizeof(int) * (size_t)s->pp);
   double out = -1;
   pw_sim_result *res = NULL;
   if (host && threads) {
     for (int r = 0; r < s->pp; r++) threads[r] = 1;
-    pw_share sh = {.n_ranks = s->pp, .host = host, .threads = threads, .n_hosts = 1, .cores = &cores};
+    pw_share sh = {.n_ranks = s->pp, .host = host, .threads = threads, .n_hosts = 1, .cores = &cores,
+                   .speed = prof ? prof->speed : NULL, .n_speed = prof ? prof->n_speed : 0};
     if (!pw_sim_run_shared(s, c, &sh, &res, err)) out = res->makespan;
   }
   pw_sim_result_free(res);
@@ -224,8 +227,22 @@ static double shared_makespan(const pw_sched *s, const pw_sim_costs *c, int core
   return out;
 }
 
+/* The slowest rank's step end under prof: each rank's stages' parameters. */
+static double step_end(const pw_sched *s, const pw_partition *part, const pw_cost_profile *prof) {
+  double end = 0;
+  for (int r = 0; r < s->pp; r++) {
+    size_t params = 0;
+    for (int st = 0; st < s->S; st++)
+      if (s->stage_to_rank[st] == r) params += part->stages[st].params;
+    double e = pw_cost_step_end(prof, params);
+    if (e > end) end = e;
+  }
+  return end;
+}
+
 json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const pw_region_span *spans,
-                                const pw_sim_costs *c, int cores, pw_err *err) {
+                                const pw_sim_costs *c, int cores, const pw_cost_profile *prof,
+                                const pw_partition *part, pw_err *err) {
   json_t *rows = json_array();
   pw_sched *ser = NULL;
   pw_sim_result *sr = NULL, *cr = NULL;
@@ -253,13 +270,18 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
                                cr->bubble_ratio, "speedup", cr->makespan > 0 ? sr->makespan / cr->makespan : 0.0);
   if (rc) json_decref(rows);
   if (out && cores > 0) {
-    double ss = shared_makespan(ser, c, cores, err), cs = shared_makespan(joint, c, cores, err);
+    double ss = shared_makespan(ser, c, cores, prof, err), cs = shared_makespan(joint, c, cores, prof, err);
     if (ss < 0 || cs < 0) {
       json_decref(out);
       out = NULL;
     } else {
       json_object_set_new(out, "cores", json_pack("{s:i, s:f, s:f, s:f}", "cores", cores, "serial", ss, "concurrent",
                                                   cs, "speedup", cs > 0 ? ss / cs : 0.0));
+    }
+    if (out && prof && part && !joint->forward_only) { /* the predicted steps: the step end too */
+      double se = ss + step_end(ser, part, prof), ce = cs + step_end(joint, part, prof);
+      json_object_set_new(out, "predicted", json_pack("{s:f, s:f, s:f}", "serial", se, "concurrent", ce, "speedup",
+                                                      ce > 0 ? se / ce : 0.0));
     }
   }
   pw_sched_free(ser);

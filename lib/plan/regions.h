@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "cost.h"
 #include "errors.h"
 #include "partition.h"
 #include "schedule.h"
@@ -52,9 +53,14 @@ PW_MUST_CHECK int pw_regions_serial(const pw_job *job, const pw_sched *joint, co
  * "concurrent": {...}, "speedup": serial / concurrent} (new reference),
  * NULL with err set. cores > 0 adds "cores": {"cores", "serial",
  * "concurrent", "speedup"}: both replayed with every rank on one host of
- * that many cores (share.h), as on one machine. */
+ * that many cores (share.h, with prof's measured sharing when prof is
+ * given), as on one machine; with prof and part (the plan's partition)
+ * also "predicted": {"serial", "concurrent", "speedup"}, those makespans
+ * plus the slowest rank's step end (cost.h) — the steps the calibrated
+ * model predicts. */
 json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const pw_region_span *spans,
-                                const pw_sim_costs *c, int cores, pw_err *err);
+                                const pw_sim_costs *c, int cores, const pw_cost_profile *prof,
+                                const pw_partition *part, pw_err *err);
 
 /* From a plan document (pw_plan_json) of a regions model: [{"name",
  * "ranks": [pipeline rank, ...]}], each region with the ranks its stages

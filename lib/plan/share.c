@@ -48,6 +48,8 @@ static double ready_at(const share_rp *x, const pw_action *a) {
   return t;
 }
 
+static int measured(const pw_share *sh) { return sh->speed && sh->n_speed > 0; }
+
 static int check_share(const pw_sched *s, const pw_share *sh, pw_err *err) {
   if (!sh || sh->n_ranks < s->pp || sh->n_ranks % s->pp || sh->n_hosts < 1 || !sh->host || !sh->threads ||
       !sh->cores)
@@ -62,9 +64,18 @@ static int check_share(const pw_sched *s, const pw_share *sh, pw_err *err) {
   return 0;
 }
 
+/* Measured sharing: each of n busy threads' rate on a host, the table's
+ * entry, or past its end its last one time sliced further. */
+static double speed_of(const pw_share *sh, double n) {
+  if (n <= 1) return 1;
+  int k = (int)n;
+  return k <= sh->n_speed ? sh->speed[k - 1] : sh->speed[sh->n_speed - 1] * sh->n_speed / n;
+}
+
 /* Each pipeline rank's rate now: min(1, cores / threads computing) of
  * its host — below 1 only for a rank with more threads than cores, or
- * with other work there — the slowest of its replicas' hosts. */
+ * with other work there — or with measured sharing the table's speed
+ * for the threads computing there; the slowest of its replicas' hosts. */
 static void rates(const share_rp *x, const int *cur, double *load, double *rate) {
   const pw_share *sh = x->sh;
   int pp = x->s->pp;
@@ -73,15 +84,17 @@ static void rates(const share_rp *x, const int *cur, double *load, double *rate)
     if (cur[j % pp] >= 0) load[sh->host[j]] += sh->threads[j];
   for (int r = 0; r < pp; r++) rate[r] = 1;
   for (int j = 0; j < sh->n_ranks; j++) {
-    double h = sh->cores[sh->host[j]] / load[sh->host[j]];
+    double h = measured(sh) ? speed_of(sh, load[sh->host[j]]) : sh->cores[sh->host[j]] / load[sh->host[j]];
     if (h < rate[j % pp]) rate[j % pp] = h;
   }
 }
 
 /* Whether rank r's threads fit on all its hosts now: the threads computing
- * there and r's within the cores, or nothing of the job computing there. */
+ * there and r's within the cores, or nothing of the job computing there;
+ * with measured sharing always (the host time-slices them). */
 static int fits(const share_rp *x, const int *cur, int r) {
   const pw_share *sh = x->sh;
+  if (measured(sh)) return 1;
   int pp = x->s->pp;
   for (int j = r; j < sh->n_ranks; j += pp) {
     int h = sh->host[j], busy = 0;

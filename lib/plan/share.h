@@ -21,6 +21,19 @@
  * was above both, and near this model's (docs/architecture.md, "Ranks
  * that share cores", has the figures).
  *
+ * Measured sharing (speed, from a calibration profile: cost.h): n busy
+ * one-thread processes on a host each compute at speed[n-1] of one alone,
+ * as measured by running n at once — below 1 even within the cores
+ * (shared caches, memory bandwidth), and above them the time slicing with
+ * its own cost (switches, caches refilled). Then no rank waits for a
+ * core: every ready rank computes, at the speed of the threads computing
+ * on its host (processor sharing). Workers' timelines on an
+ * oversubscribed host show that: a rank's actions stretch (4 one-thread
+ * ranks on 2 cores: 8 ms units took 13-16 ms), and with the measured
+ * speeds this model's step came 2-8 % below the measured one where the
+ * slots' came 4-9 % below (docs/architecture.md, "Ranks that share
+ * cores").
+ *
  * Limits: no scheduler is this tidy (long actions are preempted and
  * stretch; waking a rank costs time), transfers and the step end cost no
  * CPU, and with dp > 1 a pipeline rank waits for cores on every replica's
@@ -39,11 +52,13 @@ typedef struct {
   int n_hosts;
   const int *cores;   /* [n_hosts] >= 1 */
   const int *other;   /* [n_hosts] threads of other busy work there, or NULL */
+  const double *speed; /* [n_speed] measured speed of each of n busy threads ([n-1]), or NULL: slots */
+  int n_speed;         /* beyond it: speed[n_speed-1] x n_speed / n */
 } pw_share;
 
 /* Replays s under sharing sh (sim.h's model otherwise, c as there). A
- * host whose threads never exceed its cores changes nothing: with no
- * oversubscription the result equals pw_sim_run's. Errors: pw_sim_run's,
+ * host whose threads never exceed its cores changes nothing unless sh has
+ * measured speeds: with neither the result equals pw_sim_run's. Errors: pw_sim_run's,
  * and PW_EINVAL for an sh that does not fit s (path "share"). */
 PW_MUST_CHECK int pw_sim_run_shared(const pw_sched *s, const pw_sim_costs *c, const pw_share *sh, pw_sim_result **out,
                                     pw_err *err);

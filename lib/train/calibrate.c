@@ -2,12 +2,14 @@
 #include "calibrate.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,42 +53,53 @@ static void fill_ports(pw_prog *p, const pw_model *m) {
   }
 }
 
+static int unit_prog(const pw_job *job, const pw_model *m, int lo, int hi, int mb, pw_prog **p, pw_err *err) {
+  pw_prog_config cfg = {.layer_lo = lo, .layer_hi = hi, .mb_size = mb, .batch_size = job->train.batch_size,
+                        .n_slots = 1, .bf16 = job->train.precision == PW_PRECISION_BF16};
+  int rc = pw_prog_create(m, &cfg, p, err);
+  if (rc) return rc;
+  pw_prog_init_params(*p, 1);
+  fill_ports(*p, m);
+  return 0;
+}
+
+/* One microbatch through p: F, then (training) I, W and the step end;
+ * the four durations into t. */
+static int run_once(const pw_job *job, pw_prog *p, double t[4]) {
+  int rc, fwd = job->mode == PW_MODE_FORWARD;
+  double t0 = now();
+  float loss;
+  if ((rc = pw_prog_forward(p, 0, &loss))) return rc;
+  double t1 = now();
+  if (!fwd && (rc = pw_prog_backward_input(p, 0))) return rc;
+  double t2 = now();
+  if (!fwd && (rc = pw_prog_backward_weight(p, 0))) return rc;
+  double t3 = now();
+  if (!fwd) {
+    pw_prog_grads_finalize(p);
+    pw_step_sched sc = pw_step_sched_of(&job->train, 0, pw_grad_sqnorm(p, NULL, 0));
+    pw_optim_update(p, &job->train, &sc);
+    pw_prog_zero_grad(p);
+  }
+  t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = now() - t3;
+  return 0;
+}
+
 /* Layers [lo, hi) at mb sequences: median F, I, W into f, i, w; the step
  * end's seconds and the program's trainable parameters into *opt, *params. */
 static int time_unit(const pw_job *job, const pw_model *m, int lo, int hi, int mb, double target, double *f, double *i,
                      double *w, double *opt, size_t *params, pw_err *err) {
-  pw_prog_config cfg = {.layer_lo = lo, .layer_hi = hi, .mb_size = mb, .batch_size = job->train.batch_size,
-                        .n_slots = 1, .bf16 = job->train.precision == PW_PRECISION_BF16};
   pw_prog *p = NULL;
-  int rc = pw_prog_create(m, &cfg, &p, err);
+  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
   if (rc) return rc;
-  pw_prog_init_params(p, 1);
-  fill_ports(p, m);
-  double tf[MAX_REPS], ti[MAX_REPS], tw[MAX_REPS], to[MAX_REPS];
-  int n = 0, fwd = job->mode == PW_MODE_FORWARD;
+  double tf[MAX_REPS], ti[MAX_REPS], tw[MAX_REPS], to[MAX_REPS], t[4];
+  int n = 0;
   double t_end = now() + target;
   /* one untimed round first: page faults and caches */
   for (int warm = 1; n < MAX_REPS && (warm || n < 3 || now() < t_end); warm = 0) {
-    double t0 = now();
-    float loss;
-    if ((rc = pw_prog_forward(p, 0, &loss))) break;
-    double t1 = now();
-    if (!fwd && (rc = pw_prog_backward_input(p, 0))) break;
-    double t2 = now();
-    if (!fwd && (rc = pw_prog_backward_weight(p, 0))) break;
-    double t3 = now();
-    if (!fwd) {
-      pw_prog_grads_finalize(p);
-      pw_step_sched sc = pw_step_sched_of(&job->train, 0, pw_grad_sqnorm(p, NULL, 0));
-      pw_optim_update(p, &job->train, &sc);
-      pw_prog_zero_grad(p);
-    }
-    double t4 = now();
+    if ((rc = run_once(job, p, t))) break;
     if (warm) continue;
-    tf[n] = t1 - t0;
-    ti[n] = t2 - t1;
-    tw[n] = t3 - t2;
-    to[n] = t4 - t3;
+    tf[n] = t[0], ti[n] = t[1], tw[n] = t[2], to[n] = t[3];
     n++;
   }
   if (!rc) {
@@ -100,6 +113,64 @@ static int time_unit(const pw_job *job, const pw_model *m, int lo, int hi, int m
   }
   pw_prog_free(p);
   return rc;
+}
+
+/* ---- a thread's wake-up: a condition variable ping-pong --------------------- */
+
+#define WAKE_ROUNDS 2000
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int turn; /* 0: the main thread's, 1: the peer's; -1 ends */
+} wake_pp;
+
+static void *wake_peer(void *arg) {
+  wake_pp *w = arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (w->turn == 0) pthread_cond_wait(&w->cv, &w->mu);
+    if (w->turn < 0) break;
+    w->turn = 0;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+/* Half the mean round trip of a turn handed to a waiting thread and back:
+ * WAKE_ROUNDS back to back, or with `until` > 0, one every millisecond
+ * until then (so the two threads mostly sleep, as a rank waiting for a
+ * frame does, and busy processes beside them keep the cores). */
+static int measure_wake(double until, double *wake, pw_err *err) {
+  wake_pp w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  pthread_t th;
+  if (pthread_create(&th, NULL, wake_peer, &w)) return pw_err_set(err, PW_EIO, "calibrate.link", "no thread");
+  double *rt = malloc(WAKE_ROUNDS * sizeof *rt);
+  pthread_mutex_lock(&w.mu);
+  int n = 0;
+  for (; n < WAKE_ROUNDS && (until <= 0 || n < 16 || now() < until); n++) {
+    if (until > 0) {
+      pthread_mutex_unlock(&w.mu);
+      nanosleep(&(struct timespec){0, 1000000}, NULL);
+      pthread_mutex_lock(&w.mu);
+    }
+    double t0 = now();
+    w.turn = 1;
+    pthread_cond_broadcast(&w.cv);
+    while (w.turn == 1) pthread_cond_wait(&w.cv, &w.mu);
+    if (rt) rt[n] = (now() - t0) / 2;
+  }
+  w.turn = -1;
+  pthread_cond_broadcast(&w.cv);
+  pthread_mutex_unlock(&w.mu);
+  pthread_join(th, NULL);
+  if (!rt) return pw_err_set(err, PW_ENOMEM, "calibrate.link", "out of memory");
+  double sum = 0;
+  for (int k = 0; k < n; k++) sum += rt[k];
+  *wake = sum / n;
+  free(rt);
+  return 0;
 }
 
 /* ---- the link: two threads over loopback TCP ---------------------------- */
@@ -185,6 +256,95 @@ static json_t *series(const double *v, int n) {
   return a;
 }
 
+/* ---- core sharing: n busy processes at once --------------------------------- */
+
+/* n children run p's microbatch from t0 for dur seconds; each one's rate
+ * (microbatches per second) summed into *sum, and a wake-up measured
+ * beside them (measure_wake) into *wake. */
+static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *sum, double *wake) {
+  int fds[2];
+  if (pipe(fds)) return -1;
+  double t0 = now() + 0.02; /* every child forked before any starts */
+  int started = 0;
+  for (; started < n; started++) {
+    pid_t pid = fork();
+    if (pid < 0) break;
+    if (pid == 0) {
+      close(fds[0]);
+      double t[4], last = 0, rate = 0;
+      int reps = 0;
+      while (now() < t0) {}
+      do { /* at least one: a rate even when one microbatch outlasts dur */
+        if (run_once(job, p, t)) break;
+        reps++, last = now();
+      } while (last < t0 + dur);
+      if (reps && last > t0) rate = reps / (last - t0);
+      ssize_t k = write(fds[1], &rate, sizeof rate);
+      _exit(k == (ssize_t)sizeof rate ? 0 : 1);
+    }
+  }
+  close(fds[1]);
+  int ok = started == n;
+  pw_err werr = {0};
+  while (now() < t0) {}
+  if (measure_wake(t0 + dur, wake, &werr)) ok = 0;
+  *sum = 0;
+  for (int k = 0; k < started; k++) {
+    double rate = 0;
+    if (read(fds[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
+    *sum += rate;
+  }
+  while (started-- > 0) {
+    int st;
+    if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) ok = 0;
+  }
+  close(fds[0]);
+  return ok ? 0 : -1;
+}
+
+#define SHARE_REPS 3
+
+/* speed[n-1] for n = 1..n_max: each of n busy one-thread processes' rate
+ * on the largest unit (layers [lo, hi)) at mb, relative to one alone in
+ * the same pass; wake[n-1] a thread's wake-up beside them. The median of
+ * SHARE_REPS passes over n = 1..n_max: other work that comes and goes on
+ * the host moves one pass, not the figure. */
+static int measure_sharing(const pw_job *job, const pw_model *m, int lo, int hi, int mb, int n_max, double dur,
+                           double *speed, double *wake, pw_err *err) {
+  pw_prog *p = NULL;
+  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
+  if (rc) return rc;
+  double t[4], sp[PW_CALIB_MAX_SHARE][SHARE_REPS], wk[PW_CALIB_MAX_SHARE][SHARE_REPS];
+  if ((rc = run_once(job, p, t))) rc = pw_err_set(err, rc, "calibrate.sharing", "a kernel failed");
+  for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
+    double alone = 0, sum = 0;
+    for (int n = 1; n <= n_max && !rc; n++) {
+      if (busy_round(job, p, n, dur, &sum, &wk[n - 1][rep]))
+        rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
+      else if (n == 1)
+        alone = sum;
+      if (!rc) sp[n - 1][rep] = fmin(1.0, sum / n / alone);
+    }
+  }
+  for (int n = 1; n <= n_max && !rc; n++) {
+    speed[n - 1] = median(sp[n - 1], SHARE_REPS);
+    wake[n - 1] = median(wk[n - 1], SHARE_REPS);
+  }
+  pw_prog_free(p);
+  return rc;
+}
+
+/* The step end per program: fixed + per_param x params, least squares
+ * over the units (x params, y seconds); a negative intercept is 0. */
+static void step_fit(const double *x, const double *y, int n, double *fixed, double *per_param) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int k = 0; k < n; k++) sx += x[k], sy += y[k], sxx += x[k] * x[k], sxy += x[k] * y[k];
+  double d = n * sxx - sx * sx;
+  *per_param = d > 0 ? (n * sxy - sx * sy) / d : 0;
+  *fixed = d > 0 ? (sy - *per_param * sx) / n : 0;
+  if (*fixed < 0 || *per_param < 0) *fixed = 0, *per_param = sx > 0 ? sy / sx : 0;
+}
+
 int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err *err) {
   pw_model m;
   int rc = pw_model_build(&job->model, &m, err);
@@ -193,46 +353,64 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
     pw_model_free(&m);
     return rc;
   }
-  int L = m.n_layers, n_mb = o->n_mb;
-  double target = o->target_s > 0 ? o->target_s : 0.02, opt_s = 0, opt_params = 0;
+  int L = m.n_layers, n_mb = o->n_mb, n_units = 0, big = 0;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int cores = o->cores > 0 ? o->cores : (int)(cpus > 0 ? cpus : 1);
+  double target = o->target_s > 0 ? o->target_s : 0.02;
   double *t = calloc((size_t)L * 3 * (size_t)n_mb, sizeof(double));
+  double *ux = calloc((size_t)L, sizeof(double)), *uy = calloc((size_t)L, sizeof(double));
   json_t *layers = json_array();
-  if (!t) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
+  if (!t || !ux || !uy) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
   for (int lo = 0, hi; lo < L && !rc; lo = hi) {
     for (hi = lo + 1; hi < L && m.layers[hi].is_loss;) hi++;
+    double *c = t + ((size_t)lo * 3) * (size_t)n_mb;
     for (int k = 0; k < n_mb && !rc; k++) {
-      double *c = t + ((size_t)lo * 3) * (size_t)n_mb;
       double opt = 0;
       size_t params = 0;
       rc = time_unit(job, &m, lo, hi, o->mb[k], target, &c[k], &c[n_mb + k], &c[2 * n_mb + k], &opt, &params, err);
       if (k == 0) { /* the optimizer does not depend on the microbatch size */
-        opt_s += opt;
-        opt_params += (double)params;
+        ux[n_units] = (double)params;
+        uy[n_units] = opt;
       }
     }
+    if (!rc && c[n_mb / 2] > t[(size_t)big * 3 * (size_t)n_mb + (size_t)n_mb / 2]) big = lo;
+    n_units++;
   }
   for (int l = 0; l < L && !rc; l++) {
     double *c = t + ((size_t)l * 3) * (size_t)n_mb;
     json_array_append_new(layers, json_pack("{s:s, s:o, s:o, s:o}", "name", m.layers[l].name, "f", series(c, n_mb),
                                             "i", series(c + n_mb, n_mb), "w", series(c + 2 * n_mb, n_mb)));
   }
-  double latency = 50e-6, bandwidth = 3e9;
+  double latency = 50e-6, bandwidth = 3e9, wake = 0, fixed = 0, per_param = 0, speed[PW_CALIB_MAX_SHARE],
+         wake_busy[PW_CALIB_MAX_SHARE];
+  int n_speed = o->share ? (2 * cores < PW_CALIB_MAX_SHARE ? 2 * cores : PW_CALIB_MAX_SHARE) : 0;
   if (!rc && o->link) rc = measure_link(&latency, &bandwidth, err);
+  if (!rc && o->link) rc = measure_wake(0, &wake, err);
+  if (!rc && n_speed) {
+    int hi = big + 1;
+    while (hi < L && m.layers[hi].is_loss) hi++;
+    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.2, speed, wake_busy,
+                         err);
+  }
+  step_fit(ux, uy, n_units, &fixed, &per_param);
   if (!rc) {
     json_t *mbs = json_array();
     for (int k = 0; k < n_mb; k++) json_array_append_new(mbs, json_integer(o->mb[k]));
     char host[64] = "";
     gethostname(host, sizeof host - 1);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    *out = json_pack("{s:i, s:s, s:i, s:i, s:o, s:O, s:{s:f, s:f}, s:{s:f, s:f}}", "version", 1, "host", host, "cores",
-                     o->cores > 0 ? o->cores : (int)(cpus > 0 ? cpus : 1), "threads", o->threads > 0 ? o->threads : 1,
-                     "mb_sizes", mbs, "layers", layers, "step", "per_param_s",
-                     opt_params > 0 ? opt_s / opt_params : 0.0, "fixed_s", 0.0, "link", "latency_s", latency,
-                     "bandwidth_Bps", bandwidth);
+    *out = json_pack("{s:i, s:s, s:i, s:i, s:o, s:O, s:{s:f, s:f}, s:{s:f, s:f, s:f}}", "version", 2, "host", host,
+                     "cores", cores, "threads", o->threads > 0 ? o->threads : 1, "mb_sizes", mbs, "layers", layers,
+                     "step", "per_param_s", per_param, "fixed_s", fixed, "link", "latency_s", latency, "bandwidth_Bps",
+                     bandwidth, "wake_s", wake);
+    if (*out && n_speed)
+      json_object_set_new(*out, "sharing", json_pack("{s:o, s:o}", "speed", series(speed, n_speed), "wake_s",
+                                                     series(wake_busy, n_speed)));
     if (!*out) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
   }
   json_decref(layers);
   free(t);
+  free(ux);
+  free(uy);
   pw_model_free(&m);
   return rc;
 }

@@ -1,7 +1,11 @@
 /* calibrate: measures what the planner's calibrated cost model reads
  * (lib/plan/cost.h): each layer's F, I and W for one microbatch at a few
- * microbatch sizes, the step end's cost per trainable parameter, and a
- * loopback TCP link between two threads — on scratch buffers, with the
+ * microbatch sizes, the step end's cost (fixed per program and per
+ * trainable parameter: a least-squares line over the layers' programs), a
+ * loopback TCP link between two threads and a thread's wake-up, and core
+ * sharing: n = 1..2 x cores one-thread processes (fork) running the
+ * costliest layer at once, each one's rate against one alone — on scratch
+ * buffers, with the
  * stage programs the workers run (lib/compute/prog.h), so the shapes and
  * kernels are the real ones.
  *
@@ -24,8 +28,12 @@ typedef struct {
   double target_s;   /* time to spend per layer and size; 0: 0.02 */
   int cores;         /* recorded in the profile (0: the online CPUs) */
   int threads;       /* threads a rank computes with (recorded; 0: 1) */
-  int link;          /* measure the loopback link (else the profile keeps the defaults) */
+  int link;          /* measure the loopback link and the wake-up (else the defaults) */
+  int share;         /* measure core sharing (else the profile has none: ideal) */
+  double share_s;    /* seconds per number of busy processes and pass; 0: 0.2 */
 } pw_calib_opts;
+
+#define PW_CALIB_MAX_SHARE 8 /* busy processes measured at most */
 
 /* The profile's JSON (cost.h's form) for job's model; PW_ESPEC from the
  * model, PW_ENOMEM, PW_EIO (the link measurement's sockets). */

@@ -25,7 +25,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       }
     json_t *back = pw_cost_json(&p);
     if (!back || pw_cost_parse(back, &q, &err)) abort(); /* what it writes it reads */
-    if (q.n_layers != p.n_layers || q.n_mb != p.n_mb) abort();
+    if (q.n_layers != p.n_layers || q.n_mb != p.n_mb || q.n_speed != p.n_speed) abort();
+    for (int k = 0; k < p.n_speed; k++)
+      if (!(p.speed[k] > 0 && p.speed[k] <= 1) || q.speed[k] != p.speed[k] || q.wake_busy[k] != p.wake_busy[k]) abort();
+    if (!(pw_cost_transfer_latency(&p, 3) >= p.latency)) abort();
     pw_cost_free(&q);
     json_decref(back);
     pw_cost_free(&p);

@@ -216,6 +216,7 @@ def main():
                     result["step_times"][k] = max(result["step_times"].get(k, 0.0), m.get("step_time", 0.0))
                     if "actions" in m and m["step"] == 1:
                         result["actions"][str(r)] = m["actions"]
+                        result.setdefault("trace", {})[str(r)] = dict(m.get("trace", {}), step_time=m["step_time"])
                     if a.kill_rank >= 0 and not killed and m["step"] >= a.kill_at_step:
                         procs[a.kill_rank].send_signal(signal.SIGKILL)
                         killed = True

@@ -2,9 +2,11 @@
 # test_cli_calibrate: `pipewright calibrate` on the tiny GPT writes a profile
 # with every layer of the model at each asked size, and `plan --profile`
 # costs the plan with it: the stage costs are the profile's layer sums, the
-# predicted step is the makespan plus the step end; --auto ranks every
-# configuration and picks the first row; bad profiles and options are
-# refused with the field named.
+# predicted step is the makespan plus the step end; the measured core
+# sharing slows the prediction as its speeds say; --compare-regions
+# predicts a regions job's serial and concurrent steps from a profile;
+# --auto ranks every configuration and picks the first row; bad profiles
+# and options are refused with the field named.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -14,7 +16,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 PY=/usr/bin/python3
 JOB=examples/jobs/gpt-tiny.json
 
-OPENBLAS_NUM_THREADS=1 "$PW" calibrate --job "$JOB" --mb 1,2 --target-ms 1 --out "$T/prof.json"
+OPENBLAS_NUM_THREADS=1 "$PW" calibrate --job "$JOB" --mb 1,2 --target-ms 1 --share-ms 20 --out "$T/prof.json"
 "$PW" inspect --job "$JOB" > "$T/inspect.txt"
 "$PW" plan --job "$JOB" --profile "$T/prof.json" --json > "$T/plan.json"
 "$PW" plan --job "$JOB" --profile "$T/prof.json" > "$T/plan.txt"
@@ -22,7 +24,10 @@ grep -q 'predicted step (calibrated profile' "$T/plan.txt" || fail "no predicted
 $PY - "$T/prof.json" "$T/plan.json" <<'P'
 import json, sys
 prof = json.load(open(sys.argv[1])); plan = json.load(open(sys.argv[2]))
-assert prof["version"] == 1 and prof["mb_sizes"] == [1, 2], prof["mb_sizes"]
+assert prof["version"] == 2 and prof["mb_sizes"] == [1, 2], prof["mb_sizes"]
+sp = prof["sharing"]["speed"]                # n = 1 .. 2 x cores busy processes, capped at 8
+assert len(sp) == min(2 * prof["cores"], 8) and sp[0] == 1 and all(0 < v <= 1 for v in sp), sp
+assert prof["link"]["wake_s"] > 0 and prof["step"]["fixed_s"] >= 0
 names = [l["name"] for l in prof["layers"]]
 assert names[0] == "embed" and names[-1] == "head" and "blocks.0" in names, names
 for l in prof["layers"]:
@@ -38,6 +43,44 @@ for st, c in zip(plan["partition"]["stages"], plan["costs"]):
 ps = plan["predicted_step"]
 assert abs(ps["seconds"] - plan["analytics"]["makespan"] - ps["step_end"]) < 1e-9 or ps["cores"] > 0, ps
 assert ps["step_end"] > 0
+P
+
+# measured sharing: two ranks on one host, each at half speed when both compute, take longer
+$PY - "$T/prof.json" "$T" <<'P'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["cores"] = 2
+p["sharing"] = {"speed": [1, 1]}; json.dump(p, open(sys.argv[2] + "/free.json", "w"))
+p["sharing"] = {"speed": [1, 0.5]}; json.dump(p, open(sys.argv[2] + "/half.json", "w"))
+j = json.load(open("examples/jobs/gpt-tiny.json")); j["mesh"]["pp"] = 2; j["schedule"]["name"] = "1f1b"
+json.dump(j, open(sys.argv[2] + "/pp2.json", "w"))
+P
+"$PW" plan --job "$T/pp2.json" --profile "$T/free.json" --json > "$T/free-plan.json"
+"$PW" plan --job "$T/pp2.json" --profile "$T/half.json" --json > "$T/half-plan.json"
+$PY - "$T/free-plan.json" "$T/half-plan.json" <<'P'
+import json, sys
+free, half = (json.load(open(f)) for f in sys.argv[1:])
+a, b = free["predicted_step"], half["predicted_step"]
+# speed 1 for both: the plain makespan; half speed: slower, at most twice
+assert abs(a["seconds"] - free["analytics"]["makespan"] - a["step_end"]) < 1e-9, a
+assert a["seconds"] < b["seconds"] <= 2 * a["seconds"] + 1e-9, (a, b)
+P
+
+# a regions job: serial and concurrent steps predicted from its calibration
+RJ=examples/jobs/two-tower.json
+OPENBLAS_NUM_THREADS=1 "$PW" calibrate --job "$RJ" --mb 1,4 --target-ms 1 --share-ms 20 --out "$T/rprof.json"
+"$PW" plan --job "$RJ" --profile "$T/rprof.json" --compare-regions --json > "$T/regions.json"
+"$PW" plan --job "$RJ" --profile "$T/rprof.json" --compare-regions > "$T/regions.txt"
+grep -q 'simulated with the calibrated profile' "$T/regions.txt" || fail "regions: $(head -1 "$T/regions.txt")"
+grep -q '^predicted step (makespan there + step end): serial ' "$T/regions.txt" || fail "no regions prediction line"
+$PY - "$T/regions.json" <<'P'
+import json, sys
+r = json.load(open(sys.argv[1]))
+c, p = r["cores"], r["predicted"]
+assert c["cores"] >= 1
+for k in ("serial", "concurrent"):                # the step end on top of the shared makespan
+    assert p[k] > c[k] > 0, (k, c, p)
+assert abs(p["speedup"] - p["serial"] / p["concurrent"]) < 1e-9, p
 P
 
 "$PW" plan --job "$JOB" --profile "$T/prof.json" --auto --max-pp 2 --json > "$T/auto.json"

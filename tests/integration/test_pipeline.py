@@ -104,6 +104,30 @@ class Suite:
         return res, d
 
 
+def check_trace(t, label, res):
+    """A traced step's report splits it in order: each action waits (ready .. start), computes (.. end) and
+    hands its outputs on (.. routed) before the next one's wait begins, and the step end's wait and work fit
+    after the last; a rank that waits for its peer's frames shows it (bench/trace_step.py reads these)."""
+    bad, waits = [], []
+    for r, acts in res["actions"].items():
+        tr = res.get("trace", {}).get(r, {})
+        if len(tr.get("ready", [])) != len(acts) or len(tr.get("routed", [])) != len(acts):
+            bad.append(f"rank {r}: {len(acts)} actions, trace {sorted(tr)}")
+            continue
+        prev, w = 0.0, 0.0
+        for (kind, mb, st, t0, t1), ready, routed in zip(acts, tr["ready"], tr["routed"]):
+            if not prev - 1e-9 <= ready <= t0 <= t1 <= routed:
+                bad.append(f"rank {r} {kind}{mb}@s{st}: ready {ready} start {t0} end {t1} routed {routed} after {prev}")
+            prev, w = routed, w + t0 - ready
+        waits.append(w)
+        if not (tr["end_wait"] >= 0 and tr["end_work"] >= 0 and tr["after"] >= 0 and tr["t0"] > 0 and
+                tr["sleeps"] >= 0 and prev + tr["end_wait"] + tr["end_work"] <= tr["step_time"] + 1e-6):
+            bad.append(f"rank {r}: step end {tr}")
+    t.check(f"{label}: the traced step splits in order into wait, compute, send and step end", not bad, str(bad[:3]))
+    t.check(f"{label}: a rank waits for its peer's frames, and the trace shows it", waits and max(waits) > 0,
+            str(waits))
+
+
 def main():
     build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     quick = "--quick" in sys.argv
@@ -121,6 +145,7 @@ def main():
                     want = {str(r["rank"]): r["peak_activations"] for r in plan["analytics"]["ranks"]}
                     t.check(f"{name}-pp{pp}: measured peak activations = simulated", res["peak_act"] == want,
                             f"measured {res['peak_act']}, planned {want}")
+                    check_trace(t, f"{name}-pp{pp}", res)
         t.equal_run("1f1b-pp2-dp2", job("1f1b", 2, 1, 4, dp=2))
         t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))

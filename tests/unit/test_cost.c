@@ -74,7 +74,14 @@ static void bad(const char *text, const char *path, const char *words) {
 static void test_parse_errors(void **st) {
   (void)st;
   bad("[]", "profile", "object");
-  bad("{\"version\": 2}", "profile.version", "must be 1");
+  bad("{\"version\": 3}", "profile.version", "must be 1 or 2");
+  bad("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"sharing\": {\"speed\": [1, 1.5]}}", "profile.sharing.speed[1]",
+      "(0, 1]");
+  bad("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"sharing\": {\"speed\": []}}", "profile.sharing.speed", "1..64");
+  bad("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"sharing\": []}", "profile.sharing", "object");
+  bad("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"sharing\": {\"speed\": [1, 1], \"wake_s\": [0]}}",
+      "profile.sharing.wake_s", "2 numbers");
+  bad("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"link\": {\"wake_s\": -1}}", "profile.link.wake_s", ">= 0");
   bad("{\"version\": 1, \"mb_sizes\": []," L1 "}", "profile.mb_sizes", "1..16");
   bad("{\"version\": 1, \"mb_sizes\": [2, 2]," L1 "}", "profile.mb_sizes[1]", "ascend");
   bad("{\"version\": 1, \"mb_sizes\": [0]," L1 "}", "profile.mb_sizes[0]", "integer in 1..");
@@ -107,6 +114,25 @@ static void test_interpolate_and_round_trip(void **st) {
   assert_int_equal(q.n_mb, 2);
   assert_string_equal(q.names[0], "a");
   assert_true(q.f[1] == 7 && q.latency == p.latency);
+  assert_int_equal(q.n_speed, 0); /* version 1: no sharing measured, no wake-up */
+  assert_true(pw_cost_transfer_latency(&q, 4) == q.latency);
+  pw_cost_free(&p);
+  pw_cost_free(&q);
+  json_decref(back);
+  json_decref(j);
+  /* version 2: the wake-up counts twice per transfer; sharing round-trips */
+  j = json_loads("{\"version\": 2, \"mb_sizes\": [1]," L1 ", \"link\": {\"latency_s\": 1e-5, \"wake_s\": 2e-5},"
+                 " \"sharing\": {\"speed\": [1, 0.9, 0.6], \"wake_s\": [2e-5, 3e-5, 4e-5]}}",
+                 0, NULL);
+  assert_int_equal(pw_cost_parse(j, &p, &err), 0);
+  assert_true(fabs(pw_cost_transfer_latency(&p, 1) - 5e-5) < 1e-15); /* alone: the plain wake-up */
+  assert_true(fabs(pw_cost_transfer_latency(&p, 2) - 7e-5) < 1e-15); /* beside 2 busy */
+  assert_true(fabs(pw_cost_transfer_latency(&p, 9) - 9e-5) < 1e-15); /* past the table: its last */
+  back = pw_cost_json(&p);
+  assert_int_equal(json_integer_value(json_object_get(back, "version")), 2);
+  assert_int_equal(pw_cost_parse(back, &q, &err), 0);
+  assert_int_equal(q.n_speed, 3);
+  assert_true(q.speed[1] == 0.9 && q.speed[2] == 0.6 && q.wake == 2e-5 && q.wake_busy[2] == 4e-5);
   pw_cost_free(&p);
   pw_cost_free(&q);
   json_decref(back);

@@ -42,6 +42,15 @@ static pw_sim_result *shared(const pw_sched *s, int cores, int other) {
   return r;
 }
 
+/* Each rank's four actions start and end at the times given. */
+static void same_times(const pw_sim_result *r, const double r0[4][2], const double r1[4][2]) {
+  for (int i = 0; i < 4; i++) {
+    const pw_sim_event *a = &r->events[r->rank_first[0] + i], *b = &r->events[r->rank_first[1] + i];
+    assert_true(fabs(a->start - r0[i][0]) < EPS && fabs(a->end - r0[i][1]) < EPS);
+    assert_true(fabs(b->start - r1[i][0]) < EPS && fabs(b->end - r1[i][1]) < EPS);
+  }
+}
+
 static void one_core(void **state) {
   (void)state;
   pw_sched *s = build("1f1b", 2, 2);
@@ -50,11 +59,7 @@ static void one_core(void **state) {
   assert_true(fabs(r->bubble_ratio - 0.5) < EPS);
   assert_true(fabs(r->busy[0] - 6) < EPS && fabs(r->busy[1] - 6) < EPS);
   static const double r0[4][2] = {{0, 1}, {1, 2}, {8, 10}, {10, 12}}, r1[4][2] = {{2, 3}, {3, 5}, {5, 6}, {6, 8}};
-  for (int i = 0; i < 4; i++) {
-    const pw_sim_event *a = &r->events[r->rank_first[0] + i], *b = &r->events[r->rank_first[1] + i];
-    assert_true(fabs(a->start - r0[i][0]) < EPS && fabs(a->end - r0[i][1]) < EPS);
-    assert_true(fabs(b->start - r1[i][0]) < EPS && fabs(b->end - r1[i][1]) < EPS);
-  }
+  same_times(r, r0, r1);
   pw_sim_result_free(r);
   pw_sched_free(s);
 }
@@ -125,8 +130,41 @@ static void bad_share(void **state) {
   pw_sched_free(s);
 }
 
+/* Measured sharing (speed {1, 0.5}: two busy threads each at half speed),
+ * same plan and costs, both ranks on one host: processor sharing, no rank
+ * waits for a core.
+ *   0-1 r0 F0 alone;  1-3 r0 F1 and r1 F0 together at 0.5;
+ *   3-5 r1 B0 alone (r0 waits for it);  5-7 r1 F1 at 0.5 beside r0's B0;
+ *   7-9 r0 B0's second half at 0.5 beside r1's B1 (half of it done);
+ *   9-10 r1 B1's rest alone;  10-12 r0 B1 alone.
+ * Makespan 12; busy 9 each; bubble 6/24 = 1/4. */
+static void measured_speed(void **state) {
+  (void)state;
+  pw_sched *s = build("1f1b", 2, 2);
+  int host[2] = {0, 0}, threads[2] = {1, 1}, c[1] = {1};
+  double speed[2] = {1, 0.5};
+  pw_share sh = {.n_ranks = 2, .host = host, .threads = threads, .n_hosts = 1, .cores = c, .speed = speed, .n_speed = 2};
+  pw_sim_costs cs = {.f = F, .b = B};
+  pw_sim_result *r = NULL;
+  pw_err e = {0};
+  assert_int_equal(pw_sim_run_shared(s, &cs, &sh, &r, &e), 0);
+  assert_true(fabs(r->makespan - 12) < EPS);
+  assert_true(fabs(r->bubble_ratio - 0.25) < EPS);
+  static const double r0[4][2] = {{0, 1}, {1, 3}, {5, 9}, {10, 12}}, r1[4][2] = {{1, 3}, {3, 5}, {5, 7}, {7, 10}};
+  same_times(r, r0, r1);
+  pw_sim_result_free(r);
+  speed[1] = 1;
+  assert_int_equal(pw_sim_run_shared(s, &cs, &sh, &r, &e), 0);
+  pw_sim_result *plain = NULL;
+  assert_int_equal(pw_sim_run(s, &cs, &plain, &e), 0);
+  assert_true(fabs(r->makespan - plain->makespan) < EPS); /* speed 1 for both: as on cores of their own */
+  pw_sim_result_free(plain);
+  pw_sim_result_free(r);
+  pw_sched_free(s);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(one_core), cmocka_unit_test(no_sharing),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(measured_speed), cmocka_unit_test(one_core), cmocka_unit_test(no_sharing),
                                      cmocka_unit_test(other_work), cmocka_unit_test(own_hosts),
                                      cmocka_unit_test(bad_share)};
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1028,10 +1028,11 @@ static void test_schema(void **st) {
   /* the schema's schedule names are ours, in order */
   json_t *sched = schema_resolve(schema, json_object_get(props, "schedule"));
   json_t *names = json_object_get(json_object_get(json_object_get(sched, "properties"), "name"), "enum");
-  assert_int_equal(json_array_size(names), (size_t)pw_n_schedule_names + 1);
+  assert_int_equal(json_array_size(names), (size_t)pw_n_schedule_names + 2); /* + custom, auto (POST /v1/jobs) */
   for (int i = 0; i < pw_n_schedule_names; i++)
     assert_string_equal(json_string_value(json_array_get(names, (size_t)i)), pw_schedule_names[i]);
   assert_string_equal(json_string_value(json_array_get(names, (size_t)pw_n_schedule_names)), "custom");
+  assert_string_equal(json_string_value(json_array_get(names, (size_t)pw_n_schedule_names + 1)), "auto");
   /* and it names every field of every canonical spec we emit */
   json_t *specs[32];
   int n = 0;

@@ -27,6 +27,8 @@ PW.views.job = function (root, params) {
   var loadErr = h("div", {class: "banner error", hidden: true, role: "alert"});
   /* ranks that share a host's cores (the job's "contention"): why measured bubbles run high */
   var contentionBox = h("div", {class: "banner warn", id: "job-contention", hidden: true, role: "note"});
+  /* "schedule": "auto": what the coordinator chose and why (the job's "auto" event) */
+  var autoBox = h("div", {class: "banner", id: "job-auto", hidden: true, role: "note"});
   var actionMsg = h("span", {class: "muted small", id: "job-action-msg"});
   var cancelBtn = h("button", {type: "button", class: "danger", id: "job-cancel", hidden: true, on: {click: cancel}},
                     "Cancel job");
@@ -69,7 +71,7 @@ PW.views.job = function (root, params) {
       h("div", {class: "title-row"}, title, state),
       statusLine,
       h("div", {class: "actions"}, cancelBtn, retryBtn, ckptLink, planLink, actionMsg)),
-    loadErr, errorBox, contentionBox,
+    loadErr, errorBox, contentionBox, autoBox,
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Progress")),
       progBox, facts),
@@ -277,6 +279,10 @@ PW.views.job = function (root, params) {
         h("td", null, h("span", {class: "tag kind-" + String(e.kind).replace(/[^a-z_-]/gi, "")}, e.kind)),
         h("td", {class: "msg"}, e.message));
       eventsBody.insertBefore(row, eventsBody.firstChild);
+      if (e.kind === "auto") {
+        d.fill(autoBox, h("strong", null, "Configuration chosen by the coordinator. "), h("span", null, e.message));
+        autoBox.hidden = false;
+      }
     });
   }
 
