@@ -170,8 +170,10 @@ static void print_tp(const pw_plan *p) {
 
 static void print_plan(const pw_job *job, const pw_plan *p) {
   char a[32], b[32], c[32], d[32], e[32];
-  printf("job %s: schedule %s, pp %d x dp %d, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
-         job->name, p->sched->name, p->pp, p->dp, p->S, p->S == 1 ? "" : "s", p->V, p->m, p->mb_size);
+  char tp[24] = "";
+  if (p->tp > 1) snprintf(tp, sizeof tp, " x tp %d", p->tp);
+  printf("job %s: schedule %s, pp %d x dp %d%s, %d stage%s (virtual_stages %d), %d microbatches of %d sequences\n\n",
+         job->name, p->sched->name, p->pp, p->dp, tp, p->S, p->S == 1 ? "" : "s", p->V, p->m, p->mb_size);
   printf("%-5s %-4s %-28s %9s %9s %9s %9s %9s %5s\n", "stage", "rank", "layers", "params", "F FLOPs", "B FLOPs",
          "act bytes", "sends", "remat");
   for (int s = 0; s < p->S; s++) {
@@ -207,7 +209,9 @@ static void print_plan(const pw_job *job, const pw_plan *p) {
     }
   }
   const pw_sim_result *r = p->sim;
-  printf("\nsimulated step: %.3f ms, bubble %.3f (idle time / rank time)\n", r->makespan * 1e3, r->bubble_ratio);
+  printf("\nsimulated step: %.3f ms, bubble %.3f (idle time / rank time)", r->makespan * 1e3, r->bubble_ratio);
+  if (r->dp_start) printf("; %.3f ms with each rank's data-parallel exchange after its last action", r->step_makespan * 1e3);
+  printf("\n");
   printf("%-5s %10s %10s %9s %9s %9s %6s %9s\n", "rank", "busy ms", "idle ms", "peak act", "pending W", "peak held",
          "slots", "peak MiB");
   for (int k = 0; k < r->pp; k++)

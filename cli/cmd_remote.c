@@ -55,8 +55,10 @@ static const char *fmt_duration(double s, char *buf, int cap) {
 
 static const char *fmt_mesh(const json_t *job, char *buf, int cap) {
   const json_t *m = json_object_get(job, "mesh");
-  long long v = pw_jint(m, "virtual_stages", 1);
+  /* tp: the job view's spec says it (the list's mesh has pp, dp, v only) */
+  long long v = pw_jint(m, "virtual_stages", 1), tp = pw_jint(json_object_get(json_object_get(job, "spec"), "mesh"), "tp", 1);
   int n = snprintf(buf, (size_t)cap, "pp%lld x dp%lld", pw_jint(m, "pp", 0), pw_jint(m, "dp", 0));
+  if (tp > 1 && n < cap) n += snprintf(buf + n, (size_t)(cap - n), " x tp%lld", tp);
   if (v > 1 && n < cap) snprintf(buf + n, (size_t)(cap - n), " v%lld", v);
   return buf;
 }
@@ -117,6 +119,15 @@ static void print_job_table(const json_t *list) {
     printf("(%lld of %lld jobs; --limit N for more)\n", shown, total);
 }
 
+/* A rank's place in the mesh (the API's coordinate): "pp1 dp0 tp1" —
+ * pipeline rank, replica, tp rank; "" without one (an older coordinator). */
+static const char *fmt_coord(const json_t *c, char *buf, size_t n) {
+  if (!json_is_object(c)) return "";
+  snprintf(buf, n, "pp%lld dp%lld tp%lld", pw_jint(c, "pipeline_rank", 0), pw_jint(c, "replica", 0),
+           pw_jint(c, "tp_rank", 0));
+  return buf;
+}
+
 /* One line per attempt: "attempt 2 (run 5) interrupted at TIME workers
  * w0,w1, resumed at step 12 from snapshot: REASON". */
 static void print_attempts(const json_t *job) {
@@ -175,8 +186,11 @@ static void print_job(const json_t *job) {
     printf("  %-10s", "ranks");
     json_array_foreach(ranks, i, rk) {
       const json_t *w = json_object_get(rk, "worker");
-      printf("%s%lld -> %s", i ? ", " : " ", pw_jint(rk, "rank", -1),
-             json_is_string(w) ? json_string_value(w) : json_is_object(w) ? pw_jstr(w, "name", "?") : "-");
+      char co[64];
+      const char *cs = fmt_coord(json_object_get(rk, "coordinate"), co, sizeof co);
+      printf("%s%lld -> %s%s%s%s", i ? ", " : " ", pw_jint(rk, "rank", -1),
+             json_is_string(w) ? json_string_value(w) : json_is_object(w) ? pw_jstr(w, "name", "?") : "-",
+             *cs ? " (" : "", cs, *cs ? ")" : "");
     }
     printf("\n");
   }
@@ -460,23 +474,25 @@ int pw_cmd_workers(int argc, char **argv) {
   } else {
     const json_t *ws = json_object_get(j, "workers"), *w;
     size_t i;
-    int nw = 4, aw = 7, hw = 4;
+    int nw = 4, aw = 7, hw = 4, jw = 12;
     json_array_foreach(ws, i, w) {
+      if (json_is_object(json_object_get(w, "coordinate"))) jw = 26; /* "12 (rank 3: pp1 dp0 tp1)" */
       int n = (int)strlen(pw_jstr(w, "name", "")), a = (int)strlen(pw_jstr(w, "addr", ""));
       int h = (int)strlen(pw_jstr(w, "hostname", "-"));
       if (n > nw) nw = n > 32 ? 32 : n;
       if (a > aw) aw = a > 48 ? 48 : a;
       if (h > hw) hw = h > 32 ? 32 : h;
     }
-    printf("%-*s %-*s %-*s %-6s %-10s %-12s %-7s %-22s %s\n", nw, "NAME", aw, "ADDRESS", hw, "HOST", "STATE",
-           "HEARTBEAT", "JOB", "THREADS", "KERNEL", "SGEMM");
+    printf("%-*s %-*s %-*s %-6s %-10s %-*s %-7s %-22s %s\n", nw, "NAME", aw, "ADDRESS", hw, "HOST", "STATE",
+           "HEARTBEAT", jw, "JOB", "THREADS", "KERNEL", "SGEMM");
     json_array_foreach(ws, i, w) {
-      char age[32], hb[40], jb[40] = "-";
+      char age[32], hb[40], jb[64] = "-", cbuf[40];
       snprintf(hb, sizeof hb, "%s ago", fmt_duration(pw_jnum(w, "heartbeat_age"), age, 32));
       if (pw_jint(w, "job", 0) > 0) {
         long long rank = pw_jint(w, "rank", -1);
+        const char *cs = fmt_coord(json_object_get(w, "coordinate"), cbuf, sizeof cbuf);
         if (rank >= 0)
-          snprintf(jb, sizeof jb, "%lld (rank %lld)", pw_jint(w, "job", 0), rank);
+          snprintf(jb, sizeof jb, "%lld (rank %lld%s%s)", pw_jint(w, "job", 0), rank, *cs ? ": " : "", cs);
         else
           snprintf(jb, sizeof jb, "%lld", pw_jint(w, "job", 0));
       }
@@ -488,8 +504,8 @@ int pw_cmd_workers(int argc, char **argv) {
       double g = pw_jnum(w, "gemm_gflops");
       if (g > 0) snprintf(gf, sizeof gf, "%.0f GF/s", g);
       /* its machine's name: workers on one host share its cores; "-" for an older worker */
-      printf("%-*.*s %-*.*s %-*.*s %-6s %-10s %-12s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
-             pw_jstr(w, "addr", ""), hw, hw, pw_jstr(w, "hostname", "-"), pw_jstr(w, "state", "?"), hb, jb,
+      printf("%-*.*s %-*.*s %-*.*s %-6s %-10s %-*s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
+             pw_jstr(w, "addr", ""), hw, hw, pw_jstr(w, "hostname", "-"), pw_jstr(w, "state", "?"), hb, jw, jb,
              pw_jint(w, "threads", 0), kern, gf);
       const json_t *wv;
       size_t k;

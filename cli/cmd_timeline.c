@@ -46,6 +46,15 @@ static const char *fmt_pct(const json_t *v, char *buf, int cap) {
 }
 
 /* The summary of a timeline answer (openapi.yaml's Timeline). */
+/* F, B, I or W: a pipeline action. The collectives a worker reports with
+ * them (T a tensor-parallel all-reduce, inside those; D the data-parallel
+ * exchange at the step's end) are summed apart, and the bubble leaves them
+ * out, as the API's does. */
+static int pipeline_action(const json_t *a) {
+  const char *k = pw_jstr(a, "kind", "");
+  return json_is_integer(json_object_get(a, "kind")) || (k[0] && strchr("FBIW", k[0]));
+}
+
 static void print_summary(long long id, const json_t *tl) {
   const json_t *bubble = json_object_get(tl, "bubble"), *planned = json_object_get(tl, "planned");
   char a[32], b[32], c[32];
@@ -68,6 +77,7 @@ static void print_summary(long long id, const json_t *tl) {
   const json_t *rk, *act;
   size_t i, k;
   json_array_foreach(json_object_get(tl, "ranks"), i, rk) json_array_foreach(json_object_get(rk, "actions"), k, act) {
+    if (!pipeline_action(act)) continue;
     t0 = fmin(t0, pw_jnum(act, "start"));
     t1 = fmax(t1, pw_jnum(act, "end"));
   }
@@ -75,14 +85,22 @@ static void print_summary(long long id, const json_t *tl) {
   printf("step    %s measured\n", fmt_secs(span, a, 32));
   printf("%-5s %8s %12s %7s\n", "RANK", "ACTIONS", "BUSY", "IDLE");
   json_array_foreach(json_object_get(tl, "ranks"), i, rk) {
-    double busy = 0;
+    double busy = 0, coll[2] = {0, 0}; /* T, D */
+    size_t n = 0;
     json_array_foreach(json_object_get(rk, "actions"), k, act) {
       double d = pw_jnum(act, "end") - pw_jnum(act, "start");
+      if (!pipeline_action(act)) {
+        if (d > 0) coll[pw_jstr(act, "kind", "")[0] == 'D'] += d;
+        continue;
+      }
+      n++;
       if (d > 0) busy += d;
     }
     snprintf(c, sizeof c, span > 0 ? "%.1f%%" : "-", span > 0 ? 100 * (1 - busy / span) : 0);
-    printf("%-5lld %8zu %12s %7s\n", pw_jint(rk, "rank", -1), json_array_size(json_object_get(rk, "actions")),
-           fmt_secs(busy, b, 32), c);
+    printf("%-5lld %8zu %12s %7s", pw_jint(rk, "rank", -1), n, fmt_secs(busy, b, 32), c);
+    if (coll[0] > 0 || coll[1] > 0)
+      printf("  tp all-reduce %s, dp exchange %s", fmt_secs(coll[0], a, 32), fmt_secs(coll[1], b, 32));
+    printf("\n");
   }
 }
 

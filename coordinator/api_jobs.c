@@ -250,6 +250,22 @@ static json_t *max_restarts_json(json_t *spec) {
   return json_integer(json_is_integer(v) ? json_integer_value(v) : 3);
 }
 
+/* {"every", "note"}: the in-memory snapshots the run takes (every K steps,
+ * 0 = none) and, when the spec's setting is not what runs, why. A spec
+ * stored before the field existed runs with its default, 1. */
+static json_t *snapshots_json(json_t *spec) {
+  json_t *t = json_object_get(spec, "train"), *m = json_object_get(spec, "mesh"), *v = json_object_get(t, "snapshot_every");
+  json_int_t every = json_is_integer(v) ? json_integer_value(v) : 1, zero = json_integer_value(json_object_get(t, "zero"));
+  const char *note = NULL;
+  if (json_integer_value(json_object_get(m, "tp")) > 1 && every > 0)
+    every = 0, note = "off: a tensor-parallel run (mesh.tp > 1) takes no in-memory snapshots; a lost worker "
+                      "resumes from the last checkpoint";
+  else if (zero > 0 && json_integer_value(json_object_get(m, "dp")) > 1 && every == 0)
+    note = "off: train.zero shards the optimizer state over the mesh.dp replicas, which a snapshot cannot copy; a "
+           "lost worker resumes from the last checkpoint";
+  return json_pack("{s:I, s:s?}", "every", every, "note", note);
+}
+
 void pw_api_job_get(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
@@ -265,6 +281,7 @@ void pw_api_job_get(pw_req *r) {
   json_object_set_new(j, "contention", contention_json(r->c, s, r->id));
   json_object_set_new(j, "eta_seconds", eta_json(s, r->id, j));
   json_object_set_new(j, "max_restarts", max_restarts_json(json_object_get(j, "spec")));
+  json_object_set_new(j, "snapshots", snapshots_json(json_object_get(j, "spec")));
   json_object_set_new(j, "attempts", attempts);
   pw_reply_json(r, MHD_HTTP_OK, j);
 }

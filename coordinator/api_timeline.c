@@ -29,13 +29,18 @@ static char kind_letter(const json_t *k) {
   return json_is_integer(k) && v >= 0 && v < 4 ? "FBIW"[v] : '?';
 }
 
-/* Start of the step and its span over every rank's measured actions. */
+/* A pipeline action, not a collective (T, D: the step report's, worker/stepend.c):
+ * the bubble is the schedule's, as the planner's is. */
+static int pipeline_action(const json_t *a) { return strchr("FBIW", kind_letter(json_object_get(a, "kind"))) != NULL; }
+
+/* Start of the step and its span over every rank's measured pipeline actions. */
 static int measured_span(const json_t *tl, double *t0, double *t1) {
   size_t i, k;
   json_t *rk, *a;
   int n = 0;
   json_array_foreach(json_object_get(tl, "ranks"), i, rk) {
     json_array_foreach(json_object_get(rk, "actions"), k, a) {
+      if (!pipeline_action(a)) continue;
       double s = json_number_value(json_object_get(a, "start")), e = json_number_value(json_object_get(a, "end"));
       if (!n++ || s < *t0) *t0 = s;
       if (n == 1 || e > *t1) *t1 = e;
@@ -54,6 +59,7 @@ static json_t *measured_bubble(const json_t *tl) {
   double busy = 0;
   json_array_foreach(ranks, i, rk) {
     json_array_foreach(json_object_get(rk, "actions"), k, a) {
+      if (!pipeline_action(a)) continue;
       double d = json_number_value(json_object_get(a, "end")) - json_number_value(json_object_get(a, "start"));
       if (d > 0) busy += d;
     }

@@ -216,7 +216,20 @@ static int reduce_scatter(pw_run *r, pw_dpx *xs, int rs, int ag) {
   return rc || !ag ? rc : pw_exec_wait(r, ag_ready, xs);
 }
 
-int pw_dpx_allreduce(pw_run *r) { return reduce_scatter(r, r->cp.dpx, PW_DPX_RS, PW_DPX_AG); }
+/* Every part of the step's exchange is timed: the step report carries the
+ * sum, a traced step's timeline the span from the first to the last. */
+static int timed(pw_run *r, double t0, int rc) {
+  double t1 = pw_now();
+  r->cp.dp_seconds += t1 - t0;
+  if (r->cp.dp_t0 < 0) r->cp.dp_t0 = t0 - r->cp.t_step0;
+  r->cp.dp_t1 = t1 - r->cp.t_step0;
+  return rc;
+}
+
+int pw_dpx_allreduce(pw_run *r) {
+  double t0 = pw_now();
+  return timed(r, t0, reduce_scatter(r, r->cp.dpx, PW_DPX_RS, PW_DPX_AG));
+}
 
 /* Copies between the gradient arena and the packed full ranges. */
 static void full_pack(pw_run *r, int li, int to_pack) {
@@ -233,13 +246,17 @@ static void full_pack(pw_run *r, int li, int to_pack) {
 }
 
 int pw_dpx_reduce_full(pw_run *r) {
+  double t0 = pw_now();
   for (int li = 0; li < r->n_ls; li++) full_pack(r, li, 1);
   int rc = reduce_scatter(r, r->cp.dpf, PW_DPX_FRS, PW_DPX_FAG);
   for (int li = 0; li < r->n_ls && !rc; li++) full_pack(r, li, 0);
-  return rc;
+  return timed(r, t0, rc);
 }
 
-int pw_dpx_reduce_scatter(pw_run *r) { return reduce_scatter(r, r->cp.dpx, PW_DPX_RS, 0); }
+int pw_dpx_reduce_scatter(pw_run *r) {
+  double t0 = pw_now();
+  return timed(r, t0, reduce_scatter(r, r->cp.dpx, PW_DPX_RS, 0));
+}
 
 /* ---- norm --------------------------------------------------------------------- */
 
@@ -250,7 +267,14 @@ static int norm_ready(pw_run *r, const void *arg) {
   return 1;
 }
 
+static int norm(pw_run *r, double part, double *total);
+
 int pw_dpx_norm(pw_run *r, double part, double *total) {
+  double t0 = pw_now();
+  return timed(r, t0, norm(r, part, total));
+}
+
+static int norm(pw_run *r, double part, double *total) {
   int par = r->sh.step & 1, rc;
   r->cp.dp_norm[par * r->dp + r->replica] = part;
   r->cp.dp_norm_step[par * r->dp + r->replica] = r->sh.step;
@@ -289,7 +313,14 @@ static void params_range(pw_prog *p, size_t lo, size_t n, float *packed, int to_
   }
 }
 
+static int allgather_params(pw_run *r);
+
 int pw_dpx_allgather_params(pw_run *r) {
+  double t0 = pw_now();
+  return timed(r, t0, allgather_params(r));
+}
+
+static int allgather_params(pw_run *r) {
   int rc = 0;
   for (int li = 0; li < r->n_ls && !rc; li++) {
     pw_dpx *x = &r->cp.dpx[li];

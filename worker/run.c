@@ -719,6 +719,7 @@ static void on_event(pw_run *r, pw_event *ev) {
       return;
     case PW_EV_STEP:
       if (!r->lp.closing) pw_stepend_report(r, ev);
+      json_decref(ev->colls);
       if (ev->timings) {
         uv_mutex_lock(&r->sh.mu);
         r->sh.trace_busy[(ev->timings - r->sh.trace_buf) / r->n_acts] = 0;

@@ -121,6 +121,8 @@ typedef struct {
   uint64_t dp_bytes;       /* STEP: payload bytes this rank sent in the data-parallel exchange */
   uint64_t tp_bytes;       /* STEP: ... in the tensor-parallel all-reduces of the step's actions */
   double tp_seconds;       /* STEP: spent in them (sending, waiting, adding) */
+  double dp_seconds;       /* STEP: spent in the data-parallel exchange (dpx.c) */
+  json_t *colls;           /* STEP, traced: the collectives' timeline entries (the loop's reference), or NULL */
   double end_wait, end_work; /* STEP: the step end's seconds waiting for peers, and the rest of it */
   double after;            /* STEP: seconds after step_time's mark (eval, snapshot) before the report */
   double t0;               /* STEP: the step's start, CLOCK_MONOTONIC seconds (ranks on a host share it) */
@@ -191,6 +193,8 @@ typedef struct {
   double *dp_norm;         /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
   int *dp_norm_step;
   uint64_t dp_bytes;       /* payload bytes sent in it this step */
+  double dp_seconds;       /* and the time spent in it */
+  double dp_t0, dp_t1;     /* its first start and last end, from the step's start (t0 < 0: none yet) */
   int ds_held;             /* the dataset's cache entry is held (released when the run is freed) */
   /* the tensor-parallel all-reduces (tpx.c), when tp > 1 */
   pw_tpx *tpx;

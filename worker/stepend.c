@@ -367,7 +367,7 @@ static int checkpoint(pw_run *r) {
  * (dpx.h), and reduce-scatters the rest after: the same sums. */
 int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   int rc, zero = pw_dpx_zero(r);
-  r->cp.dp_bytes = 0;
+  r->cp.dp_bytes = 0, r->cp.dp_seconds = 0, r->cp.dp_t0 = -1;
   if (r->spec.mode != PW_MODE_FORWARD) {
     if (r->dp > 1 && (rc = zero ? pw_dpx_reduce_full(r) : pw_dpx_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
@@ -394,6 +394,21 @@ int pw_stepend_barrier(pw_run *r) {
   return global_norm(r, 0, &unused);
 }
 
+/* A traced step's collectives as timeline entries [kind, 0, stage, start,
+ * end] (stage: the rank's first): "T" each tensor-parallel all-reduce (back
+ * to back ones merged; inside the F and B blocks), "D" the data-parallel
+ * exchange from its first part's start to its last part's end (after the
+ * rank's last action). NULL when there are none. */
+static json_t *colls_json(pw_run *r) {
+  if (r->tp < 2 && !(r->dp > 1 && r->cp.dp_t0 >= 0)) return NULL;
+  json_t *a = json_array();
+  int stage = r->n_ls ? r->ls[0].stage : 0;
+  if (r->tp > 1) pw_tpx_spans(r, a, stage);
+  if (a && r->dp > 1 && r->cp.dp_t0 >= 0)
+    json_array_append_new(a, json_pack("[s, i, i, f, f]", "D", 0, stage, r->cp.dp_t0, r->cp.dp_t1));
+  return a;
+}
+
 int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0, t0 = pw_now(), waited = r->cp.waited;
@@ -406,8 +421,8 @@ int pw_stepend_run(pw_run *r) {
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
                  .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes, .tp_seconds = r->cp.tp_seconds,
-                 .end_wait = end_wait, .end_work = t1 - t0 - end_wait, .after = pw_now() - t1, .t0 = r->cp.t_step0,
-                 .sleeps = r->cp.sleeps - r->cp.sleeps_told};
+                 .dp_seconds = r->cp.dp_seconds, .end_wait = end_wait, .end_work = t1 - t0 - end_wait,
+                 .after = pw_now() - t1, .t0 = r->cp.t_step0, .sleeps = r->cp.sleeps - r->cp.sleeps_told};
   r->cp.sleeps_told = r->cp.sleeps;
   for (int li = 0; li < r->n_ls && r->tp_rank == 0; li++) ev.has_loss |= pw_prog_has_loss(r->ls[li].prog);
   ev.has_eval = ev.has_loss && evaluated;
@@ -420,8 +435,13 @@ int pw_stepend_run(pw_run *r) {
       }
     uv_mutex_unlock(&r->sh.mu);
     if (ev.timings) memcpy(ev.timings, r->cp.timings, sizeof *ev.timings * (size_t)r->n_acts);
+    if (ev.timings) ev.colls = colls_json(r);
   }
-  if ((rc = pw_exec_post(r, &ev))) return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
+  if (r->tp > 1) pw_tpx_spans(r, NULL, 0); /* an untraced step's (none) or one left out */
+  if ((rc = pw_exec_post(r, &ev))) {
+    json_decref(ev.colls);
+    return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
+  }
   if ((rc = checkpoint(r))) return rc;
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) pw_prog_zero_grad(r->ls[li].prog);
@@ -440,8 +460,10 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
     json_object_set_new(msg, "loss", json_real(ev->loss));
     json_object_set_new(msg, "tokens", json_real((double)r->spec.train.batch_size / r->dp * r->model.seq_len));
   }
-  if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) /* what the data-parallel exchange sent */
+  if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) { /* what the data-parallel exchange sent, and its time */
     json_object_set_new(msg, "dp_bytes", json_integer((json_int_t)ev->dp_bytes));
+    json_object_set_new(msg, "dp_seconds", json_real(ev->dp_seconds));
+  }
   if (r->tp > 1) {
     json_object_set_new(msg, "tp_bytes", json_integer((json_int_t)ev->tp_bytes));
     json_object_set_new(msg, "tp_seconds", json_real(ev->tp_seconds));
@@ -465,6 +487,7 @@ void pw_stepend_report(pw_run *r, const pw_event *ev) {
       json_array_append_new(acts, json_pack("[s, i, i, f, f]", kinds[t->a.kind & 3], t->a.mb, t->a.stage, t->start,
                                             t->end));
     }
+    if (ev->colls) json_array_extend(acts, ev->colls);
     json_object_set_new(msg, "actions", acts);
     /* what the timeline leaves out, for bench/trace_step.py: when each
      * action's wait began and its hand-off ended, the step end's parts,

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "collective.h"
+#include "log.h"
 #include "optim.h"
 #include "tp.h"
 #include "worker.h"
@@ -50,6 +51,7 @@ void pw_tpx_free(pw_run *r) {
   pw_tpx_canon_free(r);
   for (int p = 0; p < 2; p++) free(x->rx[p]), free(x->rx_len[p]);
   free(x->out);
+  free(x->iv);
   free(x);
   r->cp.tpx = NULL;
 }
@@ -85,11 +87,40 @@ static void max_ordered(float *out, const float *const *in, int k, size_t n) {
 
 static int allreduce(pw_run *r, float *buf, size_t n, int op);
 
+/* A traced step's all-reduce [t0, t1) for its timeline; one that starts
+ * within 10 us of the last one's end extends it (a few per layer, else). */
+static void trace_span(pw_run *r, double t0, double t1) {
+  pw_tpx *x = r->cp.tpx;
+  if (r->trace_every <= 0 || r->sh.step % r->trace_every || r->cp.eval) return;
+  t0 -= r->cp.t_step0, t1 -= r->cp.t_step0;
+  if (x->n_iv && t0 - x->iv[2 * x->n_iv - 1] < 1e-5) {
+    x->iv[2 * x->n_iv - 1] = t1;
+    return;
+  }
+  if (x->n_iv == x->cap_iv) {
+    int cap = x->cap_iv ? 2 * x->cap_iv : 64;
+    double *iv = cap <= 1 << 16 ? realloc(x->iv, sizeof *iv * 2 * (size_t)cap) : NULL;
+    if (!iv) return; /* a sample: left out */
+    x->iv = iv, x->cap_iv = cap;
+  }
+  x->iv[2 * x->n_iv] = t0, x->iv[2 * x->n_iv + 1] = t1;
+  x->n_iv++;
+}
+
+void pw_tpx_spans(pw_run *r, json_t *acts, int stage) {
+  pw_tpx *x = r->cp.tpx;
+  for (int i = 0; x && acts && i < x->n_iv; i++)
+    json_array_append_new(acts, json_pack("[s, i, i, f, f]", "T", 0, stage, x->iv[2 * i], x->iv[2 * i + 1]));
+  if (x) x->n_iv = 0;
+}
+
 int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op) {
   pw_run *r = ctx;
   double t0 = pw_now();
   int rc = allreduce(r, buf, n, op);
-  r->cp.tp_seconds += pw_now() - t0;
+  double t1 = pw_now();
+  r->cp.tp_seconds += t1 - t0;
+  trace_span(r, t0, t1);
   return rc;
 }
 
@@ -267,6 +298,9 @@ void pw_tpx_scatter(pw_run *r) {
 int pw_tpx_setup(pw_run *r, pw_err *err) {
   r->canon = r->model;
   memset(&r->model, 0, sizeof r->model);
+  if (r->spec.train.snapshot_every > 0 && r->tp_rank == 0)
+    pw_info("tensor parallel (tp %d): no in-memory snapshots (train.snapshot_every %d ignored); a lost worker resumes "
+            "from the last checkpoint", r->tp, r->spec.train.snapshot_every);
   r->spec.train.snapshot_every = 0;
   if (!(r->tp_kinds = malloc((size_t)r->canon.n_params + 1)) || pw_tp_model(&r->canon, r->tp, &r->model, r->tp_kinds))
     return pw_err_set(err, PW_ENOMEM, "assign", "out of memory for the tensor-parallel graph");

@@ -32,6 +32,7 @@
 #ifndef PW_TPX_H
 #define PW_TPX_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,6 +56,10 @@ typedef struct {
   int ag_got, ag_want;
   float *out;            /* [smax] our summed shard, as sent */
   pw_prog **canon;       /* [n_ls] pw_tpx_canon's programs, or NULL */
+  /* a traced step's all-reduces (from the step's start), back to back
+   * ones merged: [2 * n_iv], for the step report's timeline (pw_tpx_spans) */
+  double *iv;
+  int n_iv, cap_iv;
 } pw_tpx;
 
 /* pw_run_create, tp > 1, once the slice is decoded: the slice's graph
@@ -69,6 +74,9 @@ PW_MUST_CHECK int pw_tpx_alloc(pw_run *r);
 void pw_tpx_free(pw_run *r);
 /* pw_prog_allreduce_fn for the run's programs (ctx: the pw_run). */
 int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op);
+/* Compute thread, at a traced step's end: its all-reduces as timeline
+ * entries ["T", 0, stage, start, end] (appended to acts), then none. */
+void pw_tpx_spans(pw_run *r, json_t *acts, int stage);
 /* The squared gradient norm of p's split parameters (split 1) or of its
  * replicated ones (0), the model ids in skip[ns] left out: a tp = 1
  * rank's is the first summed over the group plus the second. */

@@ -333,6 +333,17 @@ static int build_schedule(const pw_job *job, pw_sched **out, pw_err *err) {
   return rc;
 }
 
+/* The simulated step ends with each rank's data-parallel exchange, at its
+ * link-model cost (plan_memory's dp_seconds). */
+static int plan_dp_action(pw_plan *p, pw_err *err) {
+  double *sec = malloc(sizeof *sec * (size_t)p->pp);
+  if (!sec) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+  for (int r = 0; r < p->pp; r++) sec[r] = p->mem[r].dp_seconds;
+  int rc = pw_sim_add_dp(p->sim, sec, err);
+  free(sec);
+  return rc;
+}
+
 pw_sim_costs pw_plan_costs(const pw_plan *p) {
   return (pw_sim_costs){.f = p->cost_f, .b = p->cost_b, .i = p->cost_i, .w = p->cost_w,
                         .act_bytes = p->S > 1 ? p->act_bytes : NULL, .act_scale = p->act_scale,
@@ -438,6 +449,7 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
   if (rc) goto fail;
   rc = plan_memory(job, p, err);
   if (rc) goto fail;
+  if (p->dp > 1 && !p->sched->forward_only && (rc = plan_dp_action(p, err))) goto fail;
   rc = pw_plan_predict(p, &c, cm, err);
   if (rc) goto fail;
   return 0;

@@ -161,7 +161,32 @@ void pw_sim_result_free(pw_sim_result *r) {
   free(r->link_transfers);
   free(r->events);
   free(r->rank_first);
+  free(r->dp_start);
+  free(r->dp_end);
   free(r);
+}
+
+int pw_sim_add_dp(pw_sim_result *r, const double *seconds, pw_err *err) {
+  for (int k = 0; k < r->pp; k++)
+    if (!(seconds[k] >= 0) || !isfinite(seconds[k]))
+      return pw_err_set(err, PW_EINVAL, "dp_seconds", "rank %d: the exchange's cost must be a finite number >= 0 "
+                        "(got %g)", k, seconds[k]);
+  if (!r->dp_start && (!(r->dp_start = calloc((size_t)r->pp, sizeof(double))) ||
+                       !(r->dp_end = calloc((size_t)r->pp, sizeof(double))))) {
+    free(r->dp_start);
+    r->dp_start = NULL;
+    return pw_err_set(err, PW_ENOMEM, "dp_seconds", "out of memory");
+  }
+  r->step_makespan = r->makespan;
+  for (int k = 0; k < r->pp; k++) {
+    double last = 0;
+    for (int e = r->rank_first[k]; e < r->rank_first[k + 1]; e++)
+      if (r->events[e].end > last) last = r->events[e].end;
+    r->dp_start[k] = last;
+    r->dp_end[k] = last + seconds[k];
+    if (r->dp_end[k] > r->step_makespan) r->step_makespan = r->dp_end[k];
+  }
+  return 0;
 }
 
 /* Resolved per-stage costs. */

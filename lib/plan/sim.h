@@ -76,6 +76,11 @@ typedef struct {
   int n_events;
   pw_sim_event *events; /* rank 0's list in order, then rank 1's, ... */
   int *rank_first;      /* [pp + 1] rank r's events are [rank_first[r], rank_first[r+1]) */
+  /* The data-parallel exchange at the step's end (pw_sim_add_dp): rank r's
+   * runs [dp_start[r], dp_end[r]) right after its last action; NULL
+   * without one. step_makespan: the step with it (set with them). */
+  double *dp_start, *dp_end;
+  double step_makespan;
 } pw_sim_result;
 
 /* Structural checks only (no timing): PW_ESCHEDULE with the first violation,
@@ -94,13 +99,24 @@ PW_MUST_CHECK int pw_sim_check(const pw_sched *s, pw_err *err);
 PW_MUST_CHECK int pw_sim_run(const pw_sched *s, const pw_sim_costs *c, pw_sim_result **out, pw_err *err);
 void pw_sim_result_free(pw_sim_result *r);
 
+/* Adds the data-parallel gradient exchange as each rank's last action:
+ * seconds[r] (latency + bytes / bandwidth of the link model: the planner's
+ * dp_seconds) from the end of rank r's last action, which is when a worker
+ * has every gradient of its stages. The pipeline's makespan, busy, idle
+ * and bubble stay the schedule's; step_makespan is the step with the
+ * exchange. Again replaces the previous one. PW_EINVAL for a negative or
+ * non-finite cost, PW_ENOMEM. */
+PW_MUST_CHECK int pw_sim_add_dp(pw_sim_result *r, const double *seconds, pw_err *err);
+
 /* Analytics and timeline (new reference):
  * {"schedule", "pp", "virtual_stages", "stages", "microbatches",
  *  "forward_only", "makespan", "bubble_ratio",
  *  "ranks": [{"rank", "busy", "idle", "peak_activations", "peak_pending_w",
  *             "peak_held", "actions"}],
  *  "links": [{"src", "dst", "bytes", "transfers"}]   (pairs that moved data),
- *  "timeline": [[{"action": "F0@s0", "start", "end", "fused"?}], ...]} */
+ *  "timeline": [[{"action": "F0@s0", "start", "end", "fused"?}], ...]}
+ * with a data-parallel exchange (pw_sim_add_dp) also "step_makespan" and,
+ * last in each rank's row, {"action": "DP", "start", "end"}. */
 json_t *pw_sim_result_json(const pw_sim_result *r);
 
 /* Chrome trace-event JSON (opens in Perfetto): {"traceEvents": [...],

@@ -23,6 +23,7 @@ json_t *pw_sim_result_json(const pw_sim_result *r) {
   json_object_set_new(j, "forward_only", json_boolean(r->forward_only));
   json_object_set_new(j, "makespan", json_real(r->makespan));
   json_object_set_new(j, "bubble_ratio", json_real(r->bubble_ratio));
+  if (r->dp_start) json_object_set_new(j, "step_makespan", json_real(r->step_makespan));
   json_t *ranks = json_array(), *links = json_array(), *tl = json_array();
   for (int k = 0; k < r->pp; k++) {
     json_t *o = json_object();
@@ -46,6 +47,9 @@ json_t *pw_sim_result_json(const pw_sim_result *r) {
       if (ev->act.flags & PW_ACTION_FUSED) json_object_set_new(x, "fused", json_true());
       json_array_append_new(row, x);
     }
+    if (r->dp_start) /* the exchange at the step's end */
+      json_array_append_new(row, json_pack("{s:s, s:f, s:f}", "action", "DP", "start", r->dp_start[k], "end",
+                                           r->dp_end[k]));
     json_array_append_new(tl, row);
   }
   for (int a = 0; a < r->pp; a++)
@@ -88,6 +92,10 @@ json_t *pw_sim_trace_json(const pw_sim_result *r) {
                                          ev->start * 1e6, "dur", (ev->end - ev->start) * 1e6,
                                          "pid", 0, "tid", ev->rank, "args", args));
   }
+  for (int k = 0; r->dp_start && k < r->pp; k++)
+    json_array_append_new(evs, json_pack("{s:s, s:s, s:s, s:f, s:f, s:i, s:i}", "name", "DP", "cat", "DP", "ph", "X",
+                                         "ts", r->dp_start[k] * 1e6, "dur", (r->dp_end[k] - r->dp_start[k]) * 1e6,
+                                         "pid", 0, "tid", k));
   return json_pack("{s:o, s:s}", "traceEvents", evs, "displayTimeUnit", "ms");
 }
 

@@ -577,11 +577,12 @@ static int cross_check(const pw_job *job, pw_err *err) {
   int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_COPY ||
                    d->kind == PW_DATA_REVERSE || d->kind == PW_DATA_SHIFT;
   /* A snapshot copies a stage's whole optimizer state, which a ZeRO
-   * replica does not hold: refused rather than half-taken. */
+   * replica does not hold: asked for explicitly, refused rather than
+   * half-taken (left out, it defaults to 0: pw_job_parse). */
   if (job->train.zero > 0 && job->mesh.dp > 1 && job->train.snapshot_every > 0)
     return pw_err_set(err, PW_ESPEC, "train.zero",
                       "sharded optimizer state (zero %d over mesh.dp %d) cannot be snapshotted for recovery: set "
-                      "train.snapshot_every to 0 (recovery then resumes from the last checkpoint)",
+                      "train.snapshot_every to 0 or leave it out (recovery then resumes from the last checkpoint)",
                       job->train.zero, job->mesh.dp);
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
@@ -674,6 +675,10 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
   if ((rc = partition_parse(part, &job->model, &job->partition, err))) return rc;
   if ((rc = pw__regions_settle(job, mesh, err)) || (rc = regions_schedules(&job->model, err))) return rc;
   if ((rc = train_parse(train, &job->train, err))) return rc;
+  /* A ZeRO replica holds a shard of the optimizer state, which a snapshot
+   * cannot copy: unless the spec asks for snapshots, they default to off. */
+  if (job->train.zero > 0 && job->mesh.dp > 1 && !json_object_get(train, "snapshot_every"))
+    job->train.snapshot_every = 0;
   if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
   if ((rc = init_parse(init, &job->init, err))) return rc;
   if ((rc = serve_parse(root, job, err))) return rc;

@@ -26,7 +26,13 @@
 //     as text;
 //   - with two more workers, a pp=4 job's 4 one-thread ranks share this
 //     machine's cores: the job page shows the contention note (as text,
-//     with its explanation) and the timeline a third, shared-cores bubble.
+//     with its explanation) and the timeline a third, shared-cores bubble;
+//   - a pp 2 x tp 2 job: the overview's workers show their coordinates, the
+//     job page a grid of which worker holds each (pipeline rank, replica, tp
+//     rank), the partition a stage's tp group, why snapshots are off, and
+//     the measured timeline its lanes by coordinate in two tp groups with
+//     their all-reduce strips; the plan page at pp 2 x dp 2 x tp 2 gives
+//     each rank's dp and tp bytes per step and a DP block at its step's end.
 // Screenshots go to PW_DASHBOARD_OUT (the pictures in docs/screenshots/ come
 // from screenshots.mjs: a cluster doing real work). Run through
 // tests/browser/run.sh.
@@ -587,6 +593,93 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       await page.waitForSelector('#timeline-bubble-planned');
       assert.equal(await page.isHidden('#job-contention'), true, 'no contention note');
       assert.equal(await page.locator('#timeline-bubble-shared').count(), 0, 'no shared-cores bubble');
+      assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
+    });
+
+    await t.test('a pp 2 x tp 2 job: the mesh grid, the workers\' coordinates, tp groups in the timeline', async () => {
+      const have = (await api('/v1/workers')).json.workers.length;
+      for (let i = have; i < 4; i++) {
+        start(`worker${i}`, 'pipewright-worker', ['--coordinator', `127.0.0.1:${ports.control}`, '--listen',
+          '127.0.0.1:0', '--name', `dash-w${i}`, '--state-dir', path.join(tmp, `w${i}`)]);
+      }
+      await waitFor('4 idle workers', async () =>
+        (await api('/v1/workers')).json.workers.filter((w) => w.state === 'idle').length === 4, 20000 * SLOW);
+      const spec = {...SPEC, name: 'dash-tp', mesh: {pp: 2, dp: 1, tp: 2, virtual_stages: 1},
+                    train: {...SPEC.train, steps: 100000, checkpoint_every: 0}};
+      const r = await api('/v1/jobs', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                                       body: JSON.stringify(spec)});
+      assert.equal(r.status, 201, JSON.stringify(r.json));
+      const tid = r.json.id;
+      try {
+        const j = await waitFor(`job ${tid} to run a sampled step`, async () => {
+          const x = (await api(`/v1/jobs/${tid}`)).json;
+          return x.state === 'running' && (x.progress || {}).step >= 1 && x.ranks.length === 4 && x;
+        }, 60000 * SLOW);
+        const label = (c) => `pp${c.pipeline_rank} dp${c.replica} tp${c.tp_rank}`;
+        assert.deepEqual(j.ranks.map((k) => label(k.coordinate)),
+                         ['pp0 dp0 tp0', 'pp0 dp0 tp1', 'pp1 dp0 tp0', 'pp1 dp0 tp1'], 'rank = (pp rank) x tp + tp rank');
+        assert.equal(j.snapshots.every, 0);
+        assert.match(j.snapshots.note, /tensor-parallel/);
+
+        // the workers table: each busy worker's job, rank and coordinate
+        await page.goto(base + '/#/');
+        await page.waitForSelector(`#workers-table tr[data-worker] .worker-coord`);
+        for (const k of j.ranks) {
+          assert.equal(await page.textContent(`#workers-table tr[data-worker="${k.worker}"] .worker-coord`),
+                       ' \u00b7 ' + label(k.coordinate), `worker ${k.worker}`);
+        }
+
+        // the job page: a grid pp x tp per replica, each cell the worker at that coordinate
+        await page.goto(`${base}/#/jobs/${tid}`);
+        await page.waitForSelector('#job-mesh[data-tp="2"]');
+        assert.equal(await page.locator('#job-mesh .mesh-replica').count(), 1, 'one replica');
+        assert.equal(await page.locator('#job-mesh td.mesh-cell').count(), 4);
+        for (const k of j.ranks) {
+          const c = k.coordinate;
+          assert.equal(await attr(`#job-mesh td[data-coord="${c.pipeline_rank},${c.replica},${c.tp_rank}"]`, 'data-worker'),
+                       k.worker, label(c));
+        }
+        assert.equal(await page.textContent('#job-snapshots'), j.snapshots.note, 'the note, as the API says it');
+        await page.waitForSelector('#partition-table tbody tr[data-stage="1"]');
+        assert.equal(await page.textContent('#partition-table tr[data-stage="1"] td:nth-child(3)'),
+                     j.ranks.filter((k) => k.coordinate.pipeline_rank === 1).map((k) => k.worker).join(', '),
+                     'a stage\'s workers: its tp group');
+        // the measured timeline: 4 lanes labelled by coordinate, two tp groups of two; the plan: a lane per pp rank
+        await page.waitForSelector('#tl-measured[data-lanes="4"]');
+        assert.deepEqual(await page.$$eval('#tl-measured g.lane', (gs) => gs.map((g) => g.getAttribute('data-tpgroup'))),
+                         ['0', '0', '1', '1']);
+        assert.deepEqual(await page.$$eval('#tl-measured g.lane .lane-label', (ts) => ts.map((x) => x.textContent)),
+                         ['pp0 dp0 tp0', 'pp0 dp0 tp1', 'pp1 dp0 tp0', 'pp1 dp0 tp1']);
+        assert.equal(await attr('#tl-planned', 'data-lanes'), '2');
+        // each member's tensor-parallel all-reduces: strips inside its F and B blocks, their time on the lane
+        for (let k = 0; k < 4; k++) {
+          assert.ok(await page.locator(`#tl-measured g.lane[data-lane="${k}"] g.k-T`).count() > 0, `rank ${k}: T strips`);
+          assert.match(await attr(`#tl-measured g.lane[data-lane="${k}"]`, 'data-coll'), /^tp [0-9.]+ (ms|\u00b5s|s)$/);
+        }
+        await shot('job-mesh-tp');
+
+        // the plan page at pp 2 x dp 2 x tp 2: each rank's dp and tp volume per step, and its DP block at the step's end
+        const mspec = {...spec, name: 'dash-mesh-plan', mesh: {pp: 2, dp: 2, tp: 2, virtual_stages: 1},
+                       train: {...spec.train, batch_size: 16}};
+        const plan = (await api('/v1/plans', {method: 'POST', body: JSON.stringify(mspec)})).json;
+        assert.ok(plan.analytics && plan.analytics.step_makespan > plan.analytics.makespan, JSON.stringify(plan).slice(0, 300));
+        await page.goto(`${base}/#/plan`);
+        await page.fill('#plan-spec', JSON.stringify(mspec));
+        await page.click('#plan-compare');
+        await page.waitForSelector('#plan-detail [data-schedule="1f1b"]');
+        const fmtB = (x) => { let i = 0; const u = ['B', 'KiB', 'MiB']; while (x >= 1024 && i < 2) { x /= 1024; i++; }
+                              return (i ? x.toFixed(1) : x.toFixed(0)) + ' ' + u[i]; };
+        for (const [k, r] of plan.analytics.ranks.entries()) {
+          assert.equal(await page.locator(`#plan-timeline g.lane[data-lane="${k}"] [data-kind="D"]`).count(), 1, `rank ${k}: a DP block`);
+          for (const what of ['dp', 'tp']) {
+            assert.ok((await page.textContent(`#plan-ranks tbody tr:nth-child(${k + 1}) .plan-${what}`))
+              .startsWith(`${what} ${fmtB(r[what + '_bytes_per_step'])} \u00b7 `), `rank ${k} ${what}`);
+          }
+        }
+        await shot('plan-mesh');
+      } finally {
+        assert.equal((await api(`/v1/jobs/${tid}`, {method: 'DELETE'})).status, 200);
+      }
       assert.deepEqual(pageErrors, [], 'no uncaught errors in the page');
     });
   } finally {

@@ -239,8 +239,8 @@ def fleet_worker(name, port, **kw):
 FLEET = {"workers": [
     fleet_worker("w0", 4411, blas_core="Haswell", blas_forced=True, cpu_level="avx512", gemm_gflops=121.7,
                  warnings=[FORCED_WARNING], host="m-1", hostname="node-a"),
-    fleet_worker("w1", 4412, state="busy", job=3, rank=1, blas_core="Cooperlake", blas_forced=False,
-                 cpu_level="avx512", gemm_gflops=215.2, host="m-1", hostname="node-a"),
+    fleet_worker("w1", 4412, state="busy", job=3, rank=3, coordinate={"pipeline_rank": 1, "replica": 0, "tp_rank": 1},
+                 blas_core="Cooperlake", blas_forced=False, cpu_level="avx512", gemm_gflops=215.2, host="m-1", hostname="node-a"),
     fleet_worker("old", 4413),  # a worker from before the kernel report
 ]}
 

@@ -4,7 +4,9 @@
 # Chrome trace, and a schedule the job cannot run; --schedule takes other
 # spellings and other systems' names (as a job spec does), and an unknown
 # one is answered with all nine and the nearest; a virtual schedule on a
-# flat job is planned with virtual_stages 2; --export and --import-csv.
+# flat job is planned with virtual_stages 2; --export and --import-csv; a
+# pp 2 x dp 2 x tp 2 mesh's per-rank dp and tp volumes, and its simulated
+# step ending with each rank's data-parallel exchange (DP).
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -105,4 +107,29 @@ plan_usage "pipewright plan: --format goes with --export" --job examples/jobs/gp
 plan_usage "pipewright plan: --format: 'yaml' is not one of text, csv, json" --job examples/jobs/gpt-tiny.json --export --format yaml
 plan_usage "pipewright plan: --export prints the action lists only: not with --compare, --slices or --json" \
   --job examples/jobs/gpt-tiny.json --export --json
+# the collectives of a pp 2 x dp 2 x tp 2 mesh: per-rank volumes in the text and the JSON, and the
+# simulated step ending with each rank's data-parallel exchange (a DP action at the link model's cost)
+sed 's/"dp": 1,/"dp": 2, "tp": 2,/' examples/jobs/gpt-tiny.json > "$T/mesh.json"
+"$PW" plan --job "$T/mesh.json" > "$T/mesh.txt" 2> "$T/err" || { cat "$T/err"; fail "a pp 2 x dp 2 x tp 2 plan refused"; }
+grep -q '^job gpt-tiny: schedule 1f1b, pp 2 x dp 2 x tp 2, ' "$T/mesh.txt" || { head -1 "$T/mesh.txt"; fail "no tp in the header"; }
+grep -q '^data-parallel exchange per step' "$T/mesh.txt" && grep -q '^tensor-parallel all-reduces per step' "$T/mesh.txt" ||
+  fail "no per-rank dp and tp volumes"
+grep -Eq "^simulated step: [0-9.]+ ms, .*; [0-9.]+ ms with each rank's data-parallel exchange after its last action$" \
+  "$T/mesh.txt" || { grep '^simulated' "$T/mesh.txt"; fail "no step with the dp exchange"; }
+"$PW" plan --job "$T/mesh.json" --json --trace "$T/mesh-trace.json" > "$T/mesh-plan.json"
+$PY - "$T/mesh-plan.json" "$T/mesh-trace.json" <<'P'
+import json, sys
+p = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2]))
+a = p["analytics"]
+ends = []
+for r, (row, rk) in enumerate(zip(a["timeline"], a["ranks"])):
+    assert rk["dp_bytes_per_step"] > 0 and rk["tp_bytes_per_step"] > 0, rk
+    dp = row[-1]
+    assert dp["action"] == "DP" and all(x["action"] != "DP" for x in row[:-1]), row[-2:]
+    assert dp["start"] == max(x["end"] for x in row[:-1]), (r, dp)   # when the rank's gradients are all done
+    assert abs(dp["end"] - dp["start"] - rk["dp_seconds_per_step"]) < 1e-12, (dp, rk["dp_seconds_per_step"])
+    ends.append(dp["end"])
+assert a["step_makespan"] == max(ends) > a["makespan"], (a["step_makespan"], a["makespan"])
+assert sum(1 for e in t["traceEvents"] if e.get("name") == "DP") == 2
+P
 echo "1 passed, 0 failed"

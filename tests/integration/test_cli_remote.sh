@@ -140,8 +140,8 @@ fi
 
 "$PW" status "$ID" "${R[@]}" > "$T/status.txt" 2>&1
 if grep -q "^job $ID (cli-remote): succeeded" "$T/status.txt" && grep -Eq '^ +progress +10/10 ' "$T/status.txt" &&
-  grep -Eq '^ +loss +[0-9]+\.[0-9]{4}$' "$T/status.txt" && grep -Eq '^ +ranks +0 -> w[12], 1 -> w[12]$' "$T/status.txt"; then
-  ok "status ID: succeeded, 10/10, loss, ranks -> workers"
+  grep -Eq '^ +loss +[0-9]+\.[0-9]{4}$' "$T/status.txt" && grep -Eq '^ +ranks +0 -> w[12] \(pp0 dp0 tp0\), 1 -> w[12] \(pp1 dp0 tp0\)$' "$T/status.txt"; then
+  ok "status ID: succeeded, 10/10, loss, ranks -> workers with their mesh coordinates"
 else
   bad "status ID"; show "$T/status.txt"
 fi
@@ -548,11 +548,11 @@ if start_helper odd odd; then
   rc=$?
   if [ $rc -eq 0 ] && grep -Eq '^NAME +ADDRESS +HOST +STATE +HEARTBEAT +JOB +THREADS +KERNEL +SGEMM$' "$T/odd11.txt" &&
     grep -Eqx 'w0 +127\.0\.0\.1:4411 +node-a +idle +[0-9.]+s ago +- +1 +Haswell \(forced\) +122 GF/s' "$T/odd11.txt" &&
-    grep -Eqx 'w1 +127\.0\.0\.1:4412 +node-a +busy .*3 \(rank 1\) +1 +Cooperlake +215 GF/s' "$T/odd11.txt" &&
+    grep -Eqx 'w1 +127\.0\.0\.1:4412 +node-a +busy .*3 \(rank 3: pp1 dp0 tp1\) +1 +Cooperlake +215 GF/s' "$T/odd11.txt" &&
     grep -Eqx 'old +127\.0\.0\.1:4413 +- +idle .* +1 +- +-' "$T/odd11.txt" &&
     [ "$(grep -c '^  warning: ' "$T/odd11.txt")" = 1 ] &&
     [ "$(sed -n '/^w0 /{n;p}' "$T/odd11.txt")" = "  warning: OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels (about 2x sgemm): unset it" ]; then
-    ok "workers: host, kernel, forced flag, sgemm rate and the warning under its worker"
+    ok "workers: host, job with rank and mesh coordinate, kernel, forced flag, sgemm rate and the warning under its worker"
   else
     bad "workers with kernels: exit $rc"; show "$T/odd11.txt"
   fi

@@ -23,9 +23,12 @@ real coordinator), against `pipewright train` of the same job at tp = 1.
   - every schedule's plan at tp 2 passes the simulator (pipewright plan);
   - on a real coordinator and 2 workers a tp 2 job succeeds, its metrics
     equal the reference, and the workers list shows each one's place
-    (stage group, replica, tp rank).
+    (stage group, replica, tp rank); a tp 2 job with partition.remat
+    "full" and train.eval_every 3 equals the reference's losses, its
+    eval_loss is `pipewright eval` of its checkpoints, and its job view
+    says in-memory snapshots are off (tensor parallel).
 Prints the largest differences seen. Usage: BUILD_DIR SOURCE_DIR [--quick]"""
-import json, os, subprocess, sys, tempfile
+import json, os, re, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
@@ -187,6 +190,37 @@ def on_cluster(r):
                          x["stages"]) for x in jr)
         r.t.check("cluster: the job's ranks show each one's coordinate and stages",
                   places == [(0, 0, 0, [0]), (0, 0, 1, [0])], str(jr)[:400])
+    # tp with remat and train.eval_every, snapshots left at their default (1): the job view says they are off
+    spec = spec_of("1f1b", 1, 1, 1, 2)
+    spec["name"], spec["partition"] = "tp-remat-eval", {"mode": "even", "remat": "full"}
+    spec["train"].update(eval_every=3, eval_batches=2, checkpoint_every=3)
+    del spec["train"]["snapshot_every"]
+    spec["data"]["path"] = os.path.join(r.src, spec["data"]["path"])
+    jid = c.submit(spec)
+    job = c.wait_job(jid)
+    if r.t.check("cluster: a tp 2 job with remat full and eval_every 3 succeeds", job.get("state") == "succeeded",
+                 str((job.get("state"), job.get("error")))):
+        sn = job.get("snapshots") or {}
+        r.t.check("cluster: its job view says snapshots are off under tensor parallel",
+                  sn.get("every") == 0 and "tensor-parallel" in (sn.get("note") or ""), str(sn))
+        log, _ = reference(r.build, r.src, r.tmp, spec, "cluster-remat-eval")
+        rows = {m["step"]: m for m in d.all_metrics(c, jid)}
+        worst = max(abs(rows[e["step"]]["loss"] - e["loss"]) / abs(e["loss"]) for e in log)
+        r.t.check("cluster: the remat + eval job's losses equal the tp = 1 run's (1e-5)", worst <= 1e-5, f"{worst:.2e}")
+        evals = {}
+        for k in (2, 5):
+            st_, blob = d.http(c.base, f"/v1/jobs/{jid}/checkpoint?step={k + 1}", raw=True)
+            ck, jf = os.path.join(r.tmp, f"ev-{k}.safetensors"), os.path.join(r.tmp, f"ev-{k}.json")
+            open(ck, "wb").write(blob if st_ == 200 else b"")
+            json.dump(at_tp(spec, 1), open(jf, "w"))
+            p = subprocess.run([os.path.join(r.build, "pipewright"), "eval", "--job", jf, "--checkpoint", ck],
+                               capture_output=True, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+            m = re.search(r"eval loss ([0-9.]+)", p.stdout)
+            evals[k] = (rows.get(k, {}).get("eval_loss"), float(m.group(1)) if m else p.stdout + p.stderr)
+        r.t.check("cluster: its eval_loss at steps 3 and 6 is `pipewright eval` on that checkpoint at tp 1 (1e-5)",
+                  all(isinstance(g, float) and isinstance(w, float) and abs(g - w) <= 1e-5 * abs(w) + 5e-7
+                      for g, w in evals.values()) and all(rows[k].get("eval_loss") is None for k in rows if k not in (2, 5)),
+                  str(evals))
     d.close_cluster(c, r.tmp, lambda label, ok, detail="": r.t.check(label, ok, str(detail)), lambda: r.t.failed > 0)
 
 

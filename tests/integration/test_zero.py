@@ -17,8 +17,11 @@ worker/dpx.c) and train.zero, across real pipewright-worker processes on
     optimizer file gathered from the shards: the same names and shapes as
     a zero 0 one) resumed with zero 0: the losses and weights continue as
     the uninterrupted run's, to 1e-6;
-  - spec errors: train.zero 3, and zero 1 with snapshots, name train.zero;
-  - on a real coordinator and 3 workers: a zero 1 job at dp 2 equals its
+  - spec errors: train.zero 3, and zero 1 asking for snapshots, name
+    train.zero (left out, snapshot_every is 0 with zero at dp > 1);
+  - on a real coordinator and 3 workers: a zero 1 job at dp 2 (its spec
+    without snapshot_every; the job view says snapshots are off, naming
+    train.zero) equals its
     zero 0 twin (final checkpoint and the gathered optimizer checkpoint,
     names, shapes and values, to 1e-6); a zero 1 job whose worker is
     killed after a checkpoint resumes from it on the other two (their
@@ -38,8 +41,7 @@ import driver as d  # noqa: E402
 def zjob(name, pp, V, m, dp, zero, tied=False, steps=6):
     spec = job(name, pp, V, m, dp=dp, tied=tied, steps=steps, layers=4)
     if zero:
-        spec["train"]["zero"] = zero
-        spec["train"]["snapshot_every"] = 0
+        spec["train"]["zero"] = zero  # snapshot_every left out: 0 at dp > 1
     return spec
 
 
@@ -78,6 +80,27 @@ def on_cluster(build, src, tmp, t):
 
     jobs = {z: c.submit(cspec(f"z{z}", z)) for z in (0, 1)}
     done = {z: c.wait_job(j) for z, j in jobs.items()}
+    snaps = {z: j.get("snapshots") for z, j in done.items()}
+    t.check("cluster: the zero 1 job (snapshot_every left out) says its snapshots are off and why; zero 0 takes them",
+            snaps[0] == {"every": 1, "note": None} and snaps[1]["every"] == 0 and "train.zero" in snaps[1]["note"]
+            and done[1]["spec"]["train"]["snapshot_every"] == 0, str(snaps))
+    # the sampled step's timeline: each rank's data-parallel exchange (D) after its last action, apart from the bubble
+    st_, tl = d.http(c.base, f"/v1/jobs/{jobs[1]}/timeline")
+    lanes = (tl or {}).get("ranks") or []
+    ok = st_ == 200 and len(lanes) == 2
+    for lane in lanes:
+        acts = lane["actions"]
+        ds = [a for a in acts if a["kind"] == "D"]
+        pipe = [a for a in acts if a["kind"] in "FBIW"]
+        ok = ok and len(ds) == 1 and len(pipe) + 1 == len(acts) and pipe and ds[0]["start"] >= max(a["end"] for a in pipe) \
+            and ds[0]["end"] > ds[0]["start"]
+    t.check("cluster: a sampled step's timeline has each rank's dp exchange (D) after its last action", ok,
+            str([[a for a in lane["actions"] if a["kind"] not in "FBIW"] for lane in lanes])[:400])
+    p = subprocess.run([os.path.join(build, "pipewright"), "timeline", str(jobs[1]), "--coordinator", c.base],
+                       capture_output=True, text=True)
+    t.check("cluster: `pipewright timeline` sums each rank's dp exchange apart",
+            p.returncode == 0 and len(re.findall(r"^[01] .*dp exchange [0-9.]+ m?s$", p.stdout, re.M)) == 2,
+            p.stdout + p.stderr)
     if t.check("cluster: the zero 0 and zero 1 jobs succeed", all(j.get("state") == "succeeded" for j in done.values()),
                str({z: (j.get("state"), j.get("error")) for z, j in done.items()})):
         for what, q in (("checkpoint", ""), ("optimizer checkpoint", "?optimizer=1")):
@@ -184,14 +207,13 @@ def main():
             spec2 = dict(spec, train=dict(spec["train"]))
             if then:
                 spec2["train"]["zero"] = then
-                spec2["train"]["snapshot_every"] = 0
             else:
                 spec2["train"].pop("zero", None)
             exact(f"resume-zero{first}-as-zero{then}", spec2, "--resume", mid, "--start-step", "4", tol="1e-6", start=4)
 
         # spec errors name the field and the rule
         for label, patch, want in [("zero 3", {"zero": 3}, "train.zero"),
-                                   ("zero 1 with snapshots", {"zero": 1}, "train.zero")]:
+                                   ("zero 1 with snapshots", {"zero": 1, "snapshot_every": 1}, "train.zero")]:
             spec = zjob("1f1b", 2, 1, 4, 2, 0)
             spec["train"].update(patch)
             path = os.path.join(tmp, "bad.json")

@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "spec_json.h"
@@ -344,6 +345,16 @@ static void check_rank_totals(const char *model, const char *sched, int pp, int 
     json_t *o = json_array_get(ranks, (size_t)r);
     assert_int_equal(json_integer_value(json_object_get(o, "memory_bytes")), p.mem[r].total);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(o, "memory"), "slots")), p.mem[r].slots);
+    /* dp > 1: the simulated step ends with the rank's exchange, at the memory model's link cost */
+    json_t *row = json_array_get(json_object_get(json_object_get(j, "analytics"), "timeline"), (size_t)r);
+    json_t *last = json_array_get(row, json_array_size(row) - 1);
+    assert_int_equal(!strcmp(json_string_value(json_object_get(last, "action")), "DP"), dp > 1);
+    if (dp > 1) {
+      assert_true(p.mem[r].dp_seconds > 0);
+      assert_true(fabs(json_real_value(json_object_get(last, "end")) - json_real_value(json_object_get(last, "start")) -
+                       p.mem[r].dp_seconds) < 1e-12);
+      assert_true(p.sim->step_makespan >= p.sim->dp_end[r] && p.sim->step_makespan > p.sim->makespan);
+    }
   }
   json_t *st0 = json_array_get(json_object_get(json_object_get(j, "partition"), "stages"), 0);
   assert_int_equal(json_integer_value(json_object_get(st0, "slot_bytes")), p.stage_mem[0].slot_floats * sizeof(float));

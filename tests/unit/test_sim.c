@@ -492,6 +492,56 @@ static void test_json_and_trace(void **st) {
   pw_sched_free(s);
 }
 
+/* The data-parallel exchange: each rank's starts when its own last action
+ * ends (not at the makespan), takes its cost, and the step's end is the
+ * latest; the schedule's makespan and bubble stay what they were. */
+static void test_dp_action(void **st) {
+  (void)st;
+  pw_sched *s = build("1f1b", 2, 1, 4);
+  pw_sim_result *r = run(s, NULL);
+  double makespan = r->makespan, bubble = r->bubble_ratio, last[2] = {0, 0}, sec[2] = {0.5, 3};
+  json_t *j = pw_sim_result_json(r);
+  assert_null(json_object_get(j, "step_makespan"));
+  json_decref(j);
+  for (int k = 0; k < 2; k++)
+    for (int e = r->rank_first[k]; e < r->rank_first[k + 1]; e++) last[k] = fmax(last[k], r->events[e].end);
+  assert_true(last[1] < last[0]); /* 1f1b: the last stage is done first */
+  pw_err err = {0};
+  double bad[2] = {0.5, -1};
+  assert_int_equal(pw_sim_add_dp(r, bad, &err), PW_EINVAL);
+  assert_string_equal(err.path, "dp_seconds");
+  assert_null(r->dp_start);
+  assert_int_equal(pw_sim_add_dp(r, sec, &err), 0);
+  for (int k = 0; k < 2; k++) {
+    assert_true(fabs(r->dp_start[k] - last[k]) < EPS);
+    assert_true(fabs(r->dp_end[k] - last[k] - sec[k]) < EPS);
+  }
+  assert_true(fabs(r->step_makespan - fmax(last[0] + sec[0], last[1] + sec[1])) < EPS);
+  assert_true(r->step_makespan > makespan);
+  assert_true(fabs(r->makespan - makespan) < EPS && fabs(r->bubble_ratio - bubble) < EPS);
+
+  j = pw_sim_result_json(r);
+  assert_true(fabs(json_real_value(json_object_get(j, "step_makespan")) - r->step_makespan) < EPS);
+  for (int k = 0; k < 2; k++) {
+    json_t *row = json_array_get(json_object_get(j, "timeline"), (size_t)k);
+    assert_int_equal(json_array_size(row), (size_t)s->n_actions[k] + 1);
+    json_t *dp = json_array_get(row, json_array_size(row) - 1);
+    assert_string_equal(json_string_value(json_object_get(dp, "action")), "DP");
+    assert_true(fabs(json_real_value(json_object_get(dp, "start")) - last[k]) < EPS);
+    assert_true(fabs(json_real_value(json_object_get(dp, "end")) - last[k] - sec[k]) < EPS);
+  }
+  json_decref(j);
+  json_t *t = pw_sim_trace_json(r), *ev = json_object_get(t, "traceEvents");
+  assert_int_equal(json_array_size(ev), (size_t)r->n_events + 2 + 2);
+  json_t *x = json_array_get(ev, json_array_size(ev) - 1);
+  assert_string_equal(json_string_value(json_object_get(x, "name")), "DP");
+  assert_int_equal(json_integer_value(json_object_get(x, "tid")), 1);
+  assert_true(fabs(json_real_value(json_object_get(x, "dur")) - 3e6) < 1e-3);
+  json_decref(t);
+  pw_sim_result_free(r);
+  pw_sched_free(s);
+}
+
 static void test_grid(void **st) {
   pw_sched *s = build("1f1b", 2, 1, 2);
   char buf[512];
@@ -524,6 +574,7 @@ int main(void) {
       cmocka_unit_test(test_deadlock),       cmocka_unit_test(test_broken_plans),
       cmocka_unit_test(test_links),          cmocka_unit_test(test_costs),
       cmocka_unit_test(test_json_and_trace), cmocka_unit_test(test_grid),
+      cmocka_unit_test(test_dp_action),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

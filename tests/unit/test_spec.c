@@ -179,7 +179,8 @@ static const bad_case bad[] = {
     {B_GPT, "{'mesh':{'tp':0}}", "mesh.tp", "must be >= 1 (got 0)"},
     {B_GPT, "{'mesh':{'tp':'2'}}", "mesh.tp", "must be an integer"},
     {B_GPT, "{'train':{'zero':'1'}}", "train.zero", "must be an integer"},
-    {B_GPT, "{'mesh':{'dp':2},'train':{'zero':1}}", "train.zero", "cannot be snapshotted for recovery: set "
+    {B_GPT, "{'mesh':{'dp':2},'train':{'zero':1,'snapshot_every':1}}", "train.zero",
+     "cannot be snapshotted for recovery: set "
                                                                    "train.snapshot_every to 0"},
     {B_GPT, "{'train':{'optimizer':{'lr':0}}}", "train.optimizer.lr", "must be > 0 (got 0)"},
     {B_GPT, "{'train':{'optimizer':{'min_lr':-1}}}", "train.optimizer.min_lr", "must be >= 0"},
@@ -736,6 +737,41 @@ static void test_eval_every(void **st) {
   for (int i = 0; i < 3; i++) free(canon[i]);
 }
 
+/* train.zero over dp > 1 turns the snapshots' default off (a replica holds
+ * a shard of the optimizer state); every other spec keeps the default 1,
+ * and the canonical spec says 0, so it parses back the same. */
+static void test_zero_snapshots(void **st) {
+  (void)st;
+  static const struct {
+    const char *text;
+    int every;
+  } cases[] = {
+      {"{'mesh':{'dp':2},'train':{'zero':1}}", 0},
+      {"{'mesh':{'dp':2},'train':{'zero':2,'batch_size':8}}", 0},
+      {"{'mesh':{'dp':2},'train':{'zero':1,'snapshot_every':0}}", 0},
+      {"{'mesh':{'dp':1},'train':{'zero':1}}", 1},
+      {"{'mesh':{'dp':2}}", 1},
+  };
+  static const char *const base = "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},"
+                                  "'data':{'kind':'copy'},";
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char text[512];
+    snprintf(text, sizeof text, "%s%s", base, cases[i].text + 1);
+    pw_job job = parse_ok(text);
+    assert_int_equal(job.train.snapshot_every, cases[i].every);
+    json_t *j = pw_job_to_json(&job);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "train"), "snapshot_every")),
+                     cases[i].every);
+    pw_job again;
+    pw_err err = {0};
+    assert_int_equal(pw_job_parse(j, NULL, &again, &err), 0);
+    assert_int_equal(again.train.snapshot_every, cases[i].every);
+    json_decref(j);
+    pw_job_free(&again);
+    pw_job_free(&job);
+  }
+}
+
 /* mode serve: defaults (max_len the model's seq_len), and the serve object
  * emitted only for it. */
 static void test_serve(void **st) {
@@ -1026,6 +1062,7 @@ int main(void) {
       cmocka_unit_test(test_design_example), cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_zero_snapshots),
       cmocka_unit_test(test_serve),
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_load_file),      cmocka_unit_test(test_examples),

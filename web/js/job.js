@@ -3,8 +3,9 @@
  * pipeline timeline of a sampled step (measured against planned), every
  * attempt (attempts.js), events, cancel, retry and checkpoint download.
  *
- * Data: GET /v1/jobs/{id} (with its spec, ranks, restarts, attempts and
- * eta_seconds), POST /v1/jobs/{id}/retry,
+ * Data: GET /v1/jobs/{id} (with its spec, ranks and their mesh
+ * coordinates (mesh.js), snapshots, restarts, attempts and eta_seconds),
+ * POST /v1/jobs/{id}/retry,
  * /metrics?since, /events?since, /timeline?step (and ?format=chrome),
  * /checkpoint, DELETE /v1/jobs/{id}, and POST /v1/plans with the job's spec
  * for the partition table (stage -> rank -> layers, params). Polls while
@@ -41,6 +42,7 @@ PW.views.job = function (root, params) {
 
   var progBox = h("div", {class: "progress-big"});
   var facts = h("dl", {class: "facts", id: "job-facts"});
+  var meshBox = h("div", {id: "job-mesh-box"});
   var specBox = h("dl", {class: "facts", id: "job-spec"});
   var specRaw = h("pre", {class: "code"});
   var partBody = h("tbody");
@@ -73,6 +75,10 @@ PW.views.job = function (root, params) {
     h("section", {class: "card"},
       h("div", {class: "card-head"}, h("h2", null, "Progress")),
       progBox, facts),
+    h("section", {class: "card", id: "mesh-card"},
+      h("div", {class: "card-head"}, h("h2", null, "Mesh"),
+        h("span", {class: "muted small"}, "which worker holds each (pipeline rank, replica, tp rank)")),
+      meshBox),
     curves.el,
     h("section", {class: "card", id: "timeline-card"},
       h("div", {class: "card-head"}, h("h2", null, "Pipeline timeline"),
@@ -185,7 +191,8 @@ PW.views.job = function (root, params) {
         (p.step || 0) + " of " + (p.total || "?") + " steps" +
         (j.state === "running" && d.isNum(j.eta_seconds) ? " \u00b7 ETA " + d.dur(j.eta_seconds) : "")));
     var ranks = (j.ranks || []).map(function (r) {
-      return "rank " + r.rank + ": " + (r.worker || "?") + (r.stages && r.stages.length ? " (s" + r.stages.join(",s") + ")" : "");
+      return "rank " + r.rank + ": " + (r.worker || "?") + (r.stages && r.stages.length ? " (s" + r.stages.join(",s") + ")" : "") +
+        (r.coordinate ? " [" + PW.mesh.label(r.coordinate) + "]" : "");
     }).join(" \u00b7 ");
     d.fill(facts,
       fact("state", j.state), fact("latest loss", d.num(j.loss, 4), {id: "job-loss"}),
@@ -197,7 +204,19 @@ PW.views.job = function (root, params) {
       fact("attempt / run", d.isNum(j.run) ? "run " + j.run : d.DASH),
       fact("restarts", (d.isNum(j.restarts) ? j.restarts : 0) + " of " +
            (d.isNum(j.max_restarts) ? j.max_restarts : d.DASH), {id: "job-restarts"}),
-      fact("workers", ranks || d.DASH));
+      fact("workers", ranks || d.DASH),
+      fact("snapshots", snapshotsText(j.snapshots), {id: "job-snapshots"}));
+    var mk = JSON.stringify([j.ranks || [], (j.spec || {}).mesh || {}]);
+    if (meshBox.getAttribute("data-key") !== mk) {
+      meshBox.setAttribute("data-key", mk);
+      d.fill(meshBox, PW.mesh.grid(j.ranks, (j.spec || {}).mesh));
+    }
+  }
+
+  /* the in-memory snapshots the runs take; when off, the job view's note says why */
+  function snapshotsText(sn) {
+    if (!sn) return d.DASH;
+    return sn.every > 0 ? "every " + (sn.every === 1 ? "step" : sn.every + " steps") : sn.note || "off";
   }
 
   function renderSpec(spec) {
@@ -209,7 +228,8 @@ PW.views.job = function (root, params) {
       : (m.layers ? m.layers.length + " explicit layers" : d.DASH);
     d.fill(specBox,
       fact("model", model),
-      fact("mesh", "pp " + me.pp + " \u00b7 dp " + me.dp + " \u00b7 virtual stages " + (me.virtual_stages || 1)),
+      fact("mesh", "pp " + me.pp + " \u00b7 dp " + me.dp + " \u00b7 tp " + (me.tp || 1) + " \u00b7 virtual stages " +
+           (me.virtual_stages || 1)),
       fact("schedule", (sc.name || d.DASH) + " \u00b7 " + sc.microbatches + " microbatches"),
       fact("partition", pa.mode || "even"),
       fact("training", tr.steps + " steps \u00b7 batch " + tr.batch_size + " \u00b7 seed " + tr.seed +
@@ -226,8 +246,11 @@ PW.views.job = function (root, params) {
     var key = JSON.stringify(j.spec) + JSON.stringify(j.ranks || []);
     if (partitionFor === key) return;
     partitionFor = key;
-    var workerOf = {};
-    (j.ranks || []).forEach(function (r) { workerOf[r.rank] = r.worker; });
+    var workerOf = {}; /* pipeline rank -> its workers (every replica's and tp member's) */
+    (j.ranks || []).forEach(function (r) {
+      var p = (r.coordinate || PW.mesh.coord(r.rank, (j.spec || {}).mesh)).pipeline_rank;
+      workerOf[p] = (workerOf[p] ? workerOf[p] + ", " : "") + (r.worker || "?");
+    });
     try {
       var plan = await PW.api.post("/v1/plans", j.spec);
       var st = (plan.partition && plan.partition.stages) || [], total = 0;
@@ -309,8 +332,9 @@ PW.views.job = function (root, params) {
   function drawTimeline(measured, planned, res) {
     var ms, ps;
     if (measured.length) {
+      var mesh = job && job.spec ? job.spec.mesh : null;
       ms = PW.timeline.render(tlMeasured, measured, {id: "tlm", title: "measured step " + res.step,
-                                                     regions: laneRegions(res, measured)});
+                                                     regions: laneRegions(res, measured), mesh: mesh});
       measuredHead.textContent = "Measured \u2014 step " + res.step + " \u00b7 makespan " + d.secs(ms.makespan);
       var chrome = base + "/timeline?step=" + res.step + "&format=chrome";
       traceLink.hidden = false;
@@ -322,7 +346,9 @@ PW.views.job = function (root, params) {
       tlNote.textContent = "Each lane is one pipeline rank; a block is one action (F forward, B backward, I input " +
         "gradient, W weight gradient) labelled microbatch\u00b7stage; hatched gaps are idle time (the bubble). " +
         "Planned times come from the planner's FLOP cost model, so compare the shapes and bubble ratios rather " +
-        "than absolute times.";
+        "than absolute times." + (mesh && mesh.tp > 1 ? " Lanes bracketed together are one stage's tensor-parallel " +
+        "group (its members run the same actions on their shards); the planned timeline has one lane per pipeline " +
+        "rank." : "");
     } else {
       d.fill(tlMeasured, h("p", {class: "empty"}, "No step has been sampled yet: workers report action timings " +
         "for sampled steps while the job runs."));

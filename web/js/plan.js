@@ -226,6 +226,11 @@ PW.views.plan = function (root, params) {
     }
   }
 
+  /* a collective's bytes per step and time on the link model; nothing without one */
+  function comm(what, bytes, secs) {
+    return bytes > 0 ? h("div", {class: "plan-" + what}, what + " " + d.bytes(bytes) + " \u00b7 " + d.secs(secs)) : null;
+  }
+
   function renderDetail(p) {
     current = p;
     var an = p.analytics || {}, part = p.partition || {};
@@ -236,6 +241,7 @@ PW.views.plan = function (root, params) {
       h("div", {class: "card-head"}, h("h2", null, "Schedule " + p.schedule),
         h("span", {class: "muted"}, "pp " + (p.mesh && p.mesh.pp) + " \u00b7 " + p.stages + " stages \u00b7 " +
           p.microbatches + " microbatches of " + p.microbatch_size + " sequences \u00b7 makespan " + d.secs(an.makespan) +
+          (d.isNum(an.step_makespan) ? " (" + d.secs(an.step_makespan) + " with the dp exchange)" : "") +
           " \u00b7 bubble " + d.pct(an.bubble_ratio)), unit),
       regionGraph(p), PW.timeline.legend(), tl,
       h("div", {class: "cols"},
@@ -243,14 +249,19 @@ PW.views.plan = function (root, params) {
           h("table", {class: "grid", id: "plan-ranks"},
             h("thead", null, h("tr", null, h("th", {class: "num"}, "rank"), h("th", null, "stages"),
               h("th", {class: "num"}, "busy"), h("th", {class: "num"}, "idle"), h("th", {class: "num"}, "peak act."),
-              h("th", {class: "num"}, "pending W"), h("th", {class: "num"}, "actions"))),
+              h("th", {class: "num"}, "pending W"), h("th", {class: "num"}, "actions"),
+              h("th", {class: "num", title: "bytes sent per step in the data-parallel exchange (replica 0's) and the " +
+                "tensor-parallel all-reduces, and their time on the link model"}, "collectives / step"))),
             h("tbody", null, (an.ranks || []).map(function (r) {
               var stages = (part.stages || []).filter(function (s) { return s.rank === r.rank; })
                 .map(function (s) { return "s" + s.stage; }).join(" ");
               return h("tr", null, h("td", {class: "num"}, r.rank), h("td", null, stages),
                 h("td", {class: "num"}, d.secs(r.busy)), h("td", {class: "num"}, d.secs(r.idle)),
                 h("td", {class: "num"}, r.peak_activations), h("td", {class: "num"}, r.peak_pending_w),
-                h("td", {class: "num"}, r.actions));
+                h("td", {class: "num"}, r.actions),
+                h("td", {class: "num"}, comm("dp", r.dp_bytes_per_step, r.dp_seconds_per_step),
+                  comm("tp", r.tp_bytes_per_step, r.tp_seconds_per_step),
+                  r.dp_bytes_per_step > 0 || r.tp_bytes_per_step > 0 ? null : d.DASH));
             })))),
         h("div", null, h("h3", null, "Partition"),
           h("table", {class: "grid", id: "plan-partition"},

@@ -12,13 +12,18 @@
  *   fromMeasured(): GET /v1/jobs/{id}/timeline's "ranks" (objects, or the
  *                   store's [kind, mb, stage, start, end] rows);
  *   fromSim():      the simulator's "timeline" ([[{"action": "F0@s0", start,
- *                   end, fused?}], ...]) as POST /v1/plans returns it. */
+ *                   end, fused?}], ...]) as POST /v1/plans returns it; a
+ *                   "DP" entry (dp > 1: the gradient exchange at the step's
+ *                   end) is a block of kind D. */
 "use strict";
 var PW = window.PW || (window.PW = {});
 
 PW.timeline = (function () {
   var d = PW.dom;
-  var KINDS = {F: "forward", B: "backward", I: "backward (input grad)", W: "backward (weight grad)"};
+  var KINDS = {F: "forward", B: "backward", I: "backward (input grad)", W: "backward (weight grad)",
+               D: "data-parallel exchange", T: "tensor-parallel all-reduce"};
+  /* collectives: not the schedule's actions (the bubble leaves them out) */
+  var COLL = {D: 1, T: 1};
 
   function act(kind, mb, stage, start, end, fused) {
     /* the store may keep the kind as a letter or as 0..3 (schedule.h) */
@@ -57,31 +62,44 @@ PW.timeline = (function () {
       (lane || []).forEach(function (e) {
         var m = ACTION_RE.exec(String(e.action || ""));
         if (m) acts.push(act(m[1], m[2], m[3], e.start, e.end, e.fused));
+        else if (e.action === "DP") acts.push(act("D", 0, -1, e.start, e.end, false)); /* the step's dp exchange */
       });
       return {rank: r, actions: acts};
     }));
   }
 
   /* makespan, per-rank busy/idle, bubble ratio = idle / (ranks * makespan),
-   * as the simulator defines it. Overlapping actions (fused pairs) count
-   * once. */
+   * as the simulator defines it, over the schedule's actions; end: the
+   * step with its collectives (a dp exchange after the last action), and
+   * per rank their seconds (tp, dp). Overlapping actions (fused pairs)
+   * count once. */
   function stats(lanes) {
-    var makespan = 0;
-    lanes.forEach(function (l) { l.actions.forEach(function (a) { if (a.end > makespan) makespan = a.end; }); });
+    var makespan = 0, end = 0;
+    lanes.forEach(function (l) {
+      l.actions.forEach(function (a) {
+        if (!COLL[a.kind] && a.end > makespan) makespan = a.end;
+        if (a.end > end) end = a.end;
+      });
+    });
     var idleSum = 0;
     var per = lanes.map(function (l) {
-      var busy = 0, reach = 0;
+      var busy = 0, reach = 0, tp = 0, dp = 0;
       l.actions.forEach(function (a) {
+        if (COLL[a.kind]) {
+          if (a.kind === "T") tp += a.end - a.start;
+          else dp += a.end - a.start;
+          return;
+        }
         var s = Math.max(a.start, reach);
         if (a.end > s) busy += a.end - s;
         if (a.end > reach) reach = a.end;
       });
       var idle = Math.max(0, makespan - busy);
       idleSum += idle;
-      return {rank: l.rank, busy: busy, idle: idle};
+      return {rank: l.rank, busy: busy, idle: idle, tp: tp, dp: dp};
     });
     var bubble = makespan > 0 && lanes.length ? idleSum / (lanes.length * makespan) : 0;
-    return {makespan: makespan, ranks: per, bubble: bubble};
+    return {makespan: makespan, end: Math.max(end, makespan), ranks: per, bubble: bubble};
   }
 
   /* A "nice" tick step for a span split into about n parts. */
@@ -92,6 +110,7 @@ PW.timeline = (function () {
   }
 
   function label(a, w) {
+    if (a.kind === "D") return w >= 24 ? "dp" : null;
     var full = a.kind + a.mb + "\u00b7s" + a.stage, mid = a.kind + a.mb, per = 7.2;
     if (w >= full.length * per + 6) return full;
     if (w >= mid.length * per + 5) return mid;
@@ -102,14 +121,25 @@ PW.timeline = (function () {
   /* Draw lanes into container (replacing its content). opts: {width,
    * scale (seconds for the full width; default the makespan), id,
    * regions: [{name, ranks: [rank, ...]}] to label and group the lanes of
-   * a regions model by region}. Returns the stats. */
+   * a regions model by region, mesh: {pp, dp, tp} to label lanes by
+   * coordinate and draw a tensor-parallel group's members (one stage's
+   * ranks) as one block of lanes, close together and bracketed}. Returns
+   * the stats. */
   function render(container, lanes, opts) {
     opts = opts || {};
     var st = stats(lanes);
     var W = Math.max(320, opts.width || container.clientWidth || 800);
-    var left = opts.regions ? 96 : 62, right = 64, top = 24, laneH = 30, gap = 8, bottom = 6;
-    var H = top + lanes.length * (laneH + gap) - gap + bottom;
-    var span = opts.scale > 0 ? opts.scale : st.makespan > 0 ? st.makespan : 1;
+    var tp = opts.mesh && opts.mesh.tp > 1 ? opts.mesh.tp : 1;
+    var left = opts.regions ? 96 : tp > 1 ? 112 : 62, right = 64, top = 24, laneH = 30, gap = 8, bottom = 6;
+    /* a tp group's members: 2 px apart; groups and pipeline ranks: gap */
+    var group = function (r) { return tp > 1 ? Math.floor(r / tp) : r; };
+    var ys = [], yy = top;
+    lanes.forEach(function (l, i) {
+      if (i) yy += laneH + (group(l.rank) === group(lanes[i - 1].rank) ? 2 : gap);
+      ys.push(yy);
+    });
+    var H = (lanes.length ? yy + laneH : top) + bottom;
+    var span = opts.scale > 0 ? opts.scale : st.end > 0 ? st.end : 1;
     var plotW = W - left - right;
     var x = function (t) { return left + (t / span) * plotW; };
     var uid = opts.id || "tl";
@@ -138,21 +168,30 @@ PW.timeline = (function () {
       rg.ranks.forEach(function (r) { regionOf[r] = {name: rg.name, k: k}; });
     });
     lanes.forEach(function (l, i) {
-      var y = top + i * (laneH + gap), rg = regionOf[l.rank];
+      var y = ys[i], rg = regionOf[l.rank], c = tp > 1 ? PW.mesh.coord(l.rank, opts.mesh) : null;
       var g = d.s("g", {class: "lane" + (rg ? " region-" + (rg.k % 4) : ""),
-                        data: rg ? {lane: l.rank, region: rg.name} : {lane: l.rank}});
+                        data: {lane: l.rank, region: rg && rg.name, tpgroup: c && group(l.rank)}});
       g.appendChild(d.s("text", {x: left - 8, y: y + laneH / 2 + 4, class: "lane-label", "text-anchor": "end"},
-                        rg ? rg.name + " r" + l.rank : "rank " + l.rank));
+                        rg ? rg.name + " r" + l.rank : c ? PW.mesh.label(c) : "rank " + l.rank));
       if (rg) g.appendChild(d.s("rect", {x: 1, y: y, width: 3, height: laneH, class: "region-bar"}));
-      g.appendChild(d.s("rect", {x: left, y: y, width: x(st.makespan) - left, height: laneH,
+      if (c) g.appendChild(d.s("rect", {x: 1, y: y - (c.tp_rank ? 2 : 0), width: 3, height: laneH + (c.tp_rank ? 2 : 0),
+                                        class: "tp-bar"}));
+      g.appendChild(d.s("rect", {x: left, y: y, width: x(st.end) - left, height: laneH,
                                  fill: "url(#" + uid + "-idle)", class: "lane-bg"}));
       l.actions.forEach(function (a) {
         var x0 = x(a.start), w = Math.max(1, x(a.end) - x0);
-        var name = a.kind + a.mb + "@s" + a.stage;
+        if (a.kind === "T") { /* inside an F or B block: a strip along the lane's foot */
+          g.appendChild(d.s("g", {class: "act coll k-T", data: {kind: "T"}},
+            d.s("title", null, KINDS.T + "\n" + d.secs(a.start) + " \u2192 " + d.secs(a.end) + " (" +
+                d.secs(a.end - a.start) + ")"),
+            d.s("rect", {x: x0, y: y + laneH - 6, width: w, height: 5})));
+          return;
+        }
+        var dp = a.kind === "D", name = dp ? "DP" : a.kind + a.mb + "@s" + a.stage;
         var ga = d.s("g", {class: "act k-" + a.kind + (a.fused ? " fused" : ""),
-                           data: {kind: a.kind, mb: a.mb, stage: a.stage}},
-          d.s("title", null, name + " \u2014 " + (KINDS[a.kind] || a.kind) + ", microbatch " + a.mb + ", stage " +
-              a.stage + (a.fused ? " (fused)" : "") + "\n" + d.secs(a.start) + " \u2192 " + d.secs(a.end) +
+                           data: dp ? {kind: a.kind} : {kind: a.kind, mb: a.mb, stage: a.stage}},
+          d.s("title", null, name + " \u2014 " + (KINDS[a.kind] || a.kind) + (dp ? " at the step's end" : ", microbatch " +
+              a.mb + ", stage " + a.stage) + (a.fused ? " (fused)" : "") + "\n" + d.secs(a.start) + " \u2192 " + d.secs(a.end) +
               " (" + d.secs(a.end - a.start) + ")"),
           d.s("rect", {x: x0, y: y + 1, width: w, height: laneH - 2, rx: 2}));
         var lb = label(a, w);
@@ -161,7 +200,12 @@ PW.timeline = (function () {
       });
       var r = st.ranks[i];
       g.appendChild(d.s("text", {x: W - right + 8, y: y + laneH / 2 + 4, class: "lane-idle"},
-                        "idle " + d.pct(st.makespan > 0 ? r.idle / st.makespan : 0)));
+                        "idle " + d.pct(st.makespan > 0 ? r.idle / st.makespan : 0),
+                        r.tp > 0 || r.dp > 0 ? d.s("title", null, (r.tp > 0 ? "tensor-parallel all-reduces " +
+                          d.secs(r.tp) : "") + (r.tp > 0 && r.dp > 0 ? ", " : "") +
+                          (r.dp > 0 ? "data-parallel exchange " + d.secs(r.dp) : "")) : null));
+      if (r.tp > 0 || r.dp > 0) g.setAttribute("data-coll", (r.tp > 0 ? "tp " + d.secs(r.tp) : "") +
+                                               (r.tp > 0 && r.dp > 0 ? ", " : "") + (r.dp > 0 ? "dp " + d.secs(r.dp) : ""));
       svg.appendChild(g);
     });
 
