@@ -36,6 +36,12 @@ from benchlib import env_for, loadavg, log  # noqa: E402
 KINDS = ("F", "B", "I", "W")
 
 
+
+def sched_actions(rep):
+    """The schedule's actions of a step report (F, B, I, W): the collectives' T and D entries
+    that follow them in tp / dp runs are not the schedule's."""
+    return [a for a in rep["actions"] if a[0] in ("F", "B", "I", "W")]
+
 def med(x):
     return statistics.median(x) if x else None
 
@@ -54,7 +60,7 @@ def job_of(path, pp, sched, m, batch, steps):
 
 def split_step(rep):
     """One rank's traced step report -> its parts in seconds."""
-    acts, tr = rep["actions"], rep["trace"]
+    acts, tr = sched_actions(rep), rep["trace"]
     out = {"step": rep["step_time"], "wait": 0.0, "send": 0.0, "end_wait": tr["end_wait"],
            "end_work": tr["end_work"], "after": tr["after"], "sleeps": tr.get("sleeps", 0)}
     per = {k: [] for k in KINDS}
@@ -88,7 +94,7 @@ def per_mb(res, warmup, steps):
     for rep in res["reports"]:
         for x in rep:
             if warmup <= x["step"] < steps - 1 and "actions" in x:
-                for kind, _mb, st, t0, t1 in x["actions"]:
+                for kind, _mb, st, t0, t1 in sched_actions(x):
                     d.setdefault((st, kind), []).append(t1 - t0)
     return {k: med(v) for k, v in d.items()}
 
@@ -102,7 +108,7 @@ def overlap(res, warmup, steps):
         for x in rep:
             if warmup <= x["step"] < steps - 1 and "actions" in x and "trace" in x:
                 b = x["trace"]["t0"]
-                iv.setdefault(x["step"], {})[r] = [(b + t0, b + t1, st, k) for k, _mb, st, t0, t1 in x["actions"]]
+                iv.setdefault(x["step"], {})[r] = [(b + t0, b + t1, st, k) for k, _mb, st, t0, t1 in sched_actions(x)]
     out = {}
     for ranks in iv.values():
         for r, acts in ranks.items():
