@@ -38,6 +38,38 @@ def job(model, pp, m, steps, sched="1f1b", V=1):
     return j
 
 
+class OtherCpu:
+    """The share of the host's CPUs that processes other than this one and its reaped children (the
+    ranks, calibrate, plan) used since it was made: the load average counts the benchmark's own ranks."""
+
+    def __init__(self):
+        self.t0 = self.busy(), self.ours(), time.monotonic()
+
+    @staticmethod
+    def busy():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+    @staticmethod
+    def ours():
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def share(self):
+        b0, o0, w0 = self.t0
+        return max(0.0, (self.busy() - b0) - (self.ours() - o0)) / ((time.monotonic() - w0) * os.cpu_count())
+
+
+def quiet_note(other):
+    """The results' sentence on what else ran: indicative above 5 % of the CPUs."""
+    line = f"Other processes used {100 * other:.1f} % of the {os.cpu_count()} CPUs while this ran."
+    if other <= 0.05:
+        return line
+    return (f"**Indicative**: {line} The prediction assumes the host's cores free for the job's ranks and the "
+            "calibration ran slowed too; the per-round spread shows how much that moved each cell.")
+
+
 def write(path, obj):
     with open(path, "w") as f:
         json.dump(obj, f, indent=1)
@@ -65,6 +97,7 @@ def main():
     ap.add_argument("--m", default="2,4,8,16")
     bench_args(ap, "costmodel", 2, 8)
     a = ap.parse_args()
+    watch = OtherCpu()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-cost-")
     models, pps, ms = a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")]
@@ -117,15 +150,15 @@ def main():
         ch = next(r for r in mine if r["auto"])
         choice.append({"model": model, "auto": ch, "fastest": best,
                        "within_5pct": ch["measured_ms"] <= 1.05 * best["measured_ms"]})
-    load = os.getloadavg()[0]
+    other = watch.share()
     out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
-           "load_1min": load, "cpus": os.cpu_count(), "rows": rows, "auto": choice}
+           "other_cpu": other, "cpus": os.cpu_count(), "rows": rows, "auto": choice}
     md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", "",
           f"{out['when']}; bench models {', '.join(models)} (bench/jobs; batch raised to {MIN_BATCH} where smaller, so every m splits it), schedule 1f1b unless marked, one-thread "
           f"workers on this host ({os.cpu_count()} CPUs: pp 4 shares them), {a.rounds} interleaved rounds of "
           f"{a.steps} steps (the first {a.warmup} not timed). Predicted: `pipewright plan --profile` after "
           f"`pipewright calibrate` (the makespan with ranks sharing the host's cores, plus the step end); measured: "
-          f"bench/pipe.py, the median step period over the rounds. Load average at the end: {load:.1f}.", "",
+          f"bench/pipe.py, the median step period over the rounds. " + quiet_note(other), "",
           "The full grid (pp 1, 2, 4 x m 2, 4, 8, 16 x d256, d512, d768, 5 rounds) is for a quiet machine: "
           "`bench/costmodel.py --models d256,d512,d768 --rounds 5 --steps 12`.", "",
           "| model | pp | m | schedule | predicted ms | measured ms | per round | error | within 10 % |",
@@ -137,11 +170,6 @@ def main():
                   f"{'yes' if r['within_10pct'] else 'no'} |")
     ok = sum(r["within_10pct"] for r in rows)
     md += ["", f"{ok} of {len(rows)} cells within 10 %."]
-    if load > 0.5:
-        md += ["", f"**Indicative**: the load ({load:.1f} on {os.cpu_count()} CPUs) says other processes held "
-               "cores: the prediction assumes the host's cores free for the job's ranks (pp 2 and 4 count on a "
-               "second core), and the calibration itself ran slowed; the per-round spread shows how much the "
-               "load moved each cell."]
     md += ["", "| model | --auto chose | its measured ms | "
            "fastest measured | its ms | auto within 5 % |", "|---|---|---|---|---|---|"]
     for c in choice:

@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import pipe  # noqa: E402
-from costmodel import bench_args, pw, write  # noqa: E402
+from costmodel import OtherCpu, bench_args, pw, quiet_note, write  # noqa: E402
 
 
 def variant(base, serial, steps):
@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--job", default=os.path.join(ROOT, "examples", "jobs", "two-tower.json"))
     bench_args(ap, "regions-cost", 5, 30)
     a = ap.parse_args()
+    watch = OtherCpu()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-regions-cost-")
     base = json.load(open(a.job))
@@ -67,9 +68,9 @@ def main():
                      "rounds_ms": [x * 1e3 for x in meas[k]], "error": pred[k] / mm - 1,
                      "within_10pct": abs(pred[k] / mm - 1) <= 0.10})
     ratio_meas = rows[1]["measured_ms"] / rows[0]["measured_ms"]
-    load = os.getloadavg()[0]
+    other = watch.share()
     out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "job": os.path.relpath(a.job, ROOT), "rounds": a.rounds,
-           "steps": a.steps, "warmup": a.warmup, "load_1min": load, "cpus": os.cpu_count(),
+           "steps": a.steps, "warmup": a.warmup, "other_cpu": other, "cpus": os.cpu_count(),
            "cores_in_profile": cmp["cores"]["cores"], "rows": rows, "ratio_predicted": pred["speedup"],
            "ratio_measured": ratio_meas}
     md = ["# Regions: predicted vs measured step, concurrent and serial (issue 19)", "",
@@ -77,8 +78,7 @@ def main():
           f"({os.cpu_count()} CPUs, shared by every rank), {a.rounds} interleaved rounds of {a.steps} steps (the "
           f"first {a.warmup} not timed). Predicted: `pipewright plan --compare-regions --profile` after "
           "`pipewright calibrate` (the makespan with the ranks sharing the host's cores at the profile's measured "
-          f"speeds, plus the step end); measured: bench/pipe.py, the median step period. Load average at the end: "
-          f"{load:.1f}.", "",
+          f"speeds, plus the step end); measured: bench/pipe.py, the median step period. " + quiet_note(other), "",
           "| execution | ranks | predicted ms | measured ms | per round | error | within 10 % |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -86,9 +86,6 @@ def main():
                   f"{', '.join(f'{x:.2f}' for x in r['rounds_ms'])} | {100 * r['error']:+.1f} % | "
                   f"{'yes' if r['within_10pct'] else 'no'} |")
     md += ["", f"Serial / concurrent step: predicted {pred['speedup']:.2f}, measured {ratio_meas:.2f}."]
-    if load > 0.5:
-        md += ["", f"**Indicative**: the load ({load:.1f} on {os.cpu_count()} CPUs) says other processes held cores "
-               "while this ran (the calibration's sharing speeds included)."]
     text = "\n".join(md) + "\n"
     base_out = os.path.join(HERE, "results", a.out)
     os.makedirs(os.path.dirname(base_out), exist_ok=True)
