@@ -17,6 +17,7 @@
 
 #include "cpu.h"
 #include "log.h"
+#include "onednn.h"
 #include "ops.h"
 
 /* ---- conversions ---------------------------------------------------------- */
@@ -147,7 +148,7 @@ static char impl_name[96] = "sgemm";
 static void decide(void) {
   static int told;
   if (native >= 0) return;
-  native = pw_cpu_bf16() && (engine || dnnl_engine_create(&engine, dnnl_cpu, 0) == dnnl_success); /* one engine */
+  native = pw_cpu_bf16() && (engine = pw_onednn_engine()) != NULL;
   if (!told++) /* once: which path this process's bf16 runs take */
     pw_info("bf16 matrix multiplies: %s", native ? "oneDNN, AVX512_BF16"
                                                  : "bf16 operands widened, OpenBLAS sgemm (no AVX512_BF16, or PW_CPU below avx512)");

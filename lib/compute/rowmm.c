@@ -8,14 +8,13 @@
 
 #include <cblas.h>
 #include <dnnl.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu.h"
 #include "log.h"
+#include "onednn.h"
 #include "rng.h"
 
 /* Debian's oneDNN runs on OpenMP (libgomp): see bf16.c. */
@@ -32,17 +31,7 @@ struct pw_rowmm {
   char path[160];
 };
 
-static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
-static dnnl_engine_t engine; /* one per process, never destroyed (as bf16.c's) */
 static atomic_int forced;
-
-static void engine_init(void) {
-  /* PW_CPU below avx512 caps oneDNN's kernels too; only possible before
-   * its first primitive, and bf16.c makes none below avx512 */
-  pw_cpu_isa l = pw_cpu_level();
-  if (l < PW_CPU_AVX512) dnnl_set_max_cpu_isa(l == PW_CPU_AVX2 ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
-  if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) engine = NULL;
-}
 
 void pw_rowmm_force_sgemv(int on) { atomic_store(&forced, !!on); }
 
@@ -62,7 +51,7 @@ static int make_prim(pw_rowmm *r, int m, dnnl_memory_desc_t *wmd) {
   int bad = md2(&a, m, r->C, dnnl_ab) || md2(&b, r->C, r->OC, dnnl_format_tag_any) ||
             md2(&bias, 1, r->OC, dnnl_ab) || md2(&c, m, r->OC, dnnl_ab) ||
             dnnl_matmul_desc_init(&mm, &a, &b, r->bias ? &bias : NULL, &c) != dnnl_success ||
-            dnnl_primitive_desc_create(&pd, &mm, NULL, engine, NULL) != dnnl_success ||
+            dnnl_primitive_desc_create(&pd, &mm, NULL, pw_onednn_engine(), NULL) != dnnl_success ||
             dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
             !impl || strstr(impl, "ref"); /* a reference kernel is far slower than sgemv */
   const dnnl_memory_desc_t *w = bad ? NULL : dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
@@ -71,8 +60,8 @@ static int make_prim(pw_rowmm *r, int m, dnnl_memory_desc_t *wmd) {
     snprintf(r->path, sizeof r->path, "onednn:%s", impl);
   }
   bad = bad || !dnnl_memory_desc_equal(wmd, w) || dnnl_primitive_create(&r->prim[m - 1], pd) != dnnl_success ||
-        dnnl_memory_create(&r->src[m - 1], &a, engine, DNNL_MEMORY_NONE) != dnnl_success ||
-        dnnl_memory_create(&r->dst[m - 1], &c, engine, DNNL_MEMORY_NONE) != dnnl_success;
+        dnnl_memory_create(&r->src[m - 1], &a, pw_onednn_engine(), DNNL_MEMORY_NONE) != dnnl_success ||
+        dnnl_memory_create(&r->dst[m - 1], &c, pw_onednn_engine(), DNNL_MEMORY_NONE) != dnnl_success;
   if (pd) dnnl_primitive_desc_destroy(pd);
   return bad;
 }
@@ -84,10 +73,10 @@ static int pack(pw_rowmm *r, const dnnl_memory_desc_t *wmd, const float *w, cons
   dnnl_memory_t from = NULL;
   dnnl_primitive_desc_t pd = NULL;
   dnnl_primitive_t re = NULL;
-  int bad = md2(&plain, r->C, r->OC, dnnl_ba) ||
-            dnnl_memory_create(&from, &plain, engine, (void *)w) != dnnl_success ||
-            (!r->wmem && dnnl_memory_create(&r->wmem, wmd, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success) ||
-            dnnl_reorder_primitive_desc_create(&pd, &plain, engine, wmd, engine, NULL) != dnnl_success ||
+  dnnl_engine_t eng = pw_onednn_engine();
+  int bad = md2(&plain, r->C, r->OC, dnnl_ba) || dnnl_memory_create(&from, &plain, eng, (void *)w) != dnnl_success ||
+            (!r->wmem && dnnl_memory_create(&r->wmem, wmd, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success) ||
+            dnnl_reorder_primitive_desc_create(&pd, &plain, eng, wmd, eng, NULL) != dnnl_success ||
             dnnl_primitive_create(&re, pd) != dnnl_success;
   if (!bad) {
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, r->wmem}};
@@ -96,7 +85,7 @@ static int pack(pw_rowmm *r, const dnnl_memory_desc_t *wmd, const float *w, cons
   if (!bad && bias) {
     void *h = NULL;
     bad = (!r->bmem && (md2(&bmd, 1, r->OC, dnnl_ab) ||
-                        dnnl_memory_create(&r->bmem, &bmd, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success)) ||
+                        dnnl_memory_create(&r->bmem, &bmd, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)) ||
           dnnl_memory_get_data_handle(r->bmem, &h) != dnnl_success || !h;
     if (!bad) memcpy(h, bias, sizeof(float) * (size_t)r->OC);
   }
@@ -165,13 +154,12 @@ int pw_rowmm_create(const float *w, const float *bias, int C, int OC, pw_rowmm *
   if (!r) return pw_err_set(err, PW_ENOMEM, "rowmm", "out of memory");
   *r = (pw_rowmm){.C = C, .OC = OC, .w = w, .bias = bias};
   snprintf(r->path, sizeof r->path, "sgemv");
-  pthread_once(&engine_once, engine_init);
   if (atomic_load(&forced)) {
     snprintf(r->path, sizeof r->path, "sgemv (forced)");
-  } else if (engine) {
+  } else if (pw_onednn_engine()) {
     omp_set_num_threads(1);
     dnnl_memory_desc_t wmd;
-    int bad = dnnl_stream_create(&r->st, engine, dnnl_stream_default_flags) != dnnl_success, m = 0;
+    int bad = dnnl_stream_create(&r->st, pw_onednn_engine(), dnnl_stream_default_flags) != dnnl_success, m = 0;
     for (int k = 1; k <= PW_ROWMM_MAX_M && !bad; k++) bad = make_prim(r, k, &wmd);
     r->M = PW_ROWMM_MAX_M;
     if (bad || (m = probe(r, &wmd)) == 1 || (!m && pack(r, &wmd, w, bias))) {
