@@ -666,7 +666,8 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
         await page.goto(`${base}/#/plan`);
         await page.fill('#plan-spec', JSON.stringify(mspec));
         await page.click('#plan-compare');
-        await page.waitForSelector('#plan-detail [data-schedule="1f1b"]');
+        // the page's first example may have been planned already (also 1f1b): wait for this spec's dp column
+        await page.waitForSelector('#plan-detail [data-schedule="1f1b"] #plan-ranks .plan-dp');
         const fmtB = (x) => { let i = 0; const u = ['B', 'KiB', 'MiB']; while (x >= 1024 && i < 2) { x /= 1024; i++; }
                               return (i ? x.toFixed(1) : x.toFixed(0)) + ' ' + u[i]; };
         for (const [k, r] of plan.analytics.ranks.entries()) {

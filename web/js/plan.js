@@ -45,6 +45,9 @@ PW.EXAMPLE_SPECS = [
 PW.views.plan = function (root, params) {
   var d = PW.dom, h = d.h;
   var stopped = false, lastSpec = null, rows = [], chosen = null, current = null;
+  /* each compare or pick bumps it; an answer to an older request is dropped
+   * (the page's first example and the user's own spec can be in flight at once) */
+  var asked = 0;
 
   var pick = h("select", {id: "plan-pick", "aria-label": "pick a spec", on: {change: onPick}},
     h("option", {value: ""}, "pick a spec\u2026"),
@@ -182,9 +185,10 @@ PW.views.plan = function (root, params) {
     try { spec = parseSpec(); } catch (e) { showError(e); return; }
     compareBtn.disabled = true;
     msg.textContent = "planning\u2026";
+    var mine = ++asked;
     try {
       var res = await PW.api.post("/v1/plans?compare=1", spec);
-      if (stopped) return;
+      if (stopped || mine !== asked) return;
       lastSpec = spec;
       rows = res.rows || [];
       var okRows = rows.filter(function (r) { return r.ok; }).length;
@@ -216,9 +220,10 @@ PW.views.plan = function (root, params) {
     spec.schedule = spec.schedule || {};
     var own = row.schedule === "regions"; /* a regions model: its regions' own schedules */
     if (!own) spec.schedule.name = row.schedule;
+    var mine = ++asked;
     try {
       var p = await PW.api.post(own ? "/v1/plans" : "/v1/plans?schedule=" + encodeURIComponent(row.schedule), spec);
-      if (stopped) return;
+      if (stopped || mine !== asked) return;
       renderDetail(p);
     } catch (e) {
       d.fill(detail, h("section", {class: "card"}, h("p", {class: "banner error"}, "Could not plan " + row.schedule + ": " +
