@@ -55,8 +55,7 @@ static const char *fmt_duration(double s, char *buf, int cap) {
 
 static const char *fmt_mesh(const json_t *job, char *buf, int cap) {
   const json_t *m = json_object_get(job, "mesh");
-  /* tp: the job view's spec says it (the list's mesh has pp, dp, v only) */
-  long long v = pw_jint(m, "virtual_stages", 1), tp = pw_jint(json_object_get(json_object_get(job, "spec"), "mesh"), "tp", 1);
+  long long v = pw_jint(m, "virtual_stages", 1), tp = pw_jint(m, "tp", 1);
   int n = snprintf(buf, (size_t)cap, "pp%lld x dp%lld", pw_jint(m, "pp", 0), pw_jint(m, "dp", 0));
   if (tp > 1 && n < cap) n += snprintf(buf + n, (size_t)(cap - n), " x tp%lld", tp);
   if (v > 1 && n < cap) snprintf(buf + n, (size_t)(cap - n), " v%lld", v);

@@ -12,7 +12,8 @@
  * (the list selects NULL for spec). */
 #define PW__JOB_COLS                                                                          \
   "id, name, state, status, error, model, schedule, pp, dp, vstages, microbatches, steps_done, " \
-  "steps, loss, tokens_per_s, created, started, finished, run, COALESCE(restarts, 0), eval_loss"
+  "steps, loss, tokens_per_s, created, started, finished, run, COALESCE(restarts, 0), eval_loss, " \
+  "COALESCE(json_extract(spec, '$.mesh.tp'), 1)" /* no column of its own: the spec holds it */
 
 /* The weights row as its views read it (h-init). */
 #define PW__W_COLS "id, size, kind, name, source, created, n_tensors, params"

@@ -82,6 +82,7 @@ static json_t *job_row(sqlite3_stmt *st, int with_spec) {
   COL(mesh, "pp", st, 7);
   COL(mesh, "dp", st, 8);
   COL(mesh, "virtual_stages", st, 9);
+  COL(mesh, "tp", st, 21);
   json_object_set_new(o, "mesh", mesh);
   COL(o, "microbatches", st, 10);
   COL(prog, "step", st, 11);
@@ -95,7 +96,7 @@ static json_t *job_row(sqlite3_stmt *st, int with_spec) {
   COL(o, "run", st, 18);
   COL(o, "restarts", st, 19);
   COL(o, "eval_loss", st, 20);
-  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 21));
+  if (with_spec) json_object_set_new(o, "spec", pw__store_col_parsed(st, 22));
   return o;
 }
 

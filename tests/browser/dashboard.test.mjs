@@ -27,7 +27,7 @@
 //   - with two more workers, a pp=4 job's 4 one-thread ranks share this
 //     machine's cores: the job page shows the contention note (as text,
 //     with its explanation) and the timeline a third, shared-cores bubble;
-//   - a pp 2 x tp 2 job: the overview's workers show their coordinates, the
+//   - a pp 2 x tp 2 job: the job list and overview show its tp, the overview's workers their coordinates, the
 //     job page a grid of which worker holds each (pipeline rank, replica, tp
 //     rank), the partition a stage's tp group, why snapshots are off, and
 //     the measured timeline its lanes by coordinate in two tp groups with
@@ -621,8 +621,13 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
         assert.equal(j.snapshots.every, 0);
         assert.match(j.snapshots.note, /tensor-parallel/);
 
+        // the job list carries tp (from the spec) and the overview's mesh column shows it
+        const listed = (await api('/v1/jobs')).json.jobs.find((x) => x.id === tid);
+        assert.deepEqual(listed.mesh, {pp: 2, dp: 1, virtual_stages: 1, tp: 2});
         // the workers table: each busy worker's job, rank and coordinate
         await page.goto(base + '/#/');
+        await page.waitForSelector(`#jobs-table tr[data-job="${tid}"]`);
+        assert.equal(await page.textContent(`#jobs-table tr[data-job="${tid}"] td:nth-child(5)`), 'pp 2 \u00d7 dp 1 \u00d7 tp 2');
         await page.waitForSelector(`#workers-table tr[data-worker] .worker-coord`);
         for (const k of j.ranks) {
           assert.equal(await page.textContent(`#workers-table tr[data-worker="${k.worker}"] .worker-coord`),

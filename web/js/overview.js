@@ -77,7 +77,7 @@ PW.views.overview = function (root) {
 
   function meshText(m) {
     if (!m) return d.DASH;
-    var t = "pp " + m.pp + " \u00d7 dp " + m.dp;
+    var t = "pp " + m.pp + " \u00d7 dp " + m.dp + (m.tp > 1 ? " \u00d7 tp " + m.tp : "");
     if (m.virtual_stages > 1) t += " \u00d7 v " + m.virtual_stages;
     return t;
   }
