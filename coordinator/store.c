@@ -1,10 +1,11 @@
 /* store: the coordinator's SQLite store — opening a connection (pragmas,
- * versioned migrations), the statement cache, and every write: workers,
- * jobs and their state machine, runs, partitions, schedules, metrics,
- * timings, checkpoints, events. The JSON views live in store_query.c.
+ * versioned migrations), the statement cache, and the writes of workers
+ * and of jobs with their state machine. The JSON views live in
+ * store_query.c.
  *
  * Each write that belongs together is one BEGIN IMMEDIATE transaction, so
- * a kill -9 leaves either all of it or none. This file must never hold a
+ * a kill -9 leaves either all of it or none. Runs and what they record
+ * are store_runs.c's. This file must never hold a
  * transaction open across a return: every error path rolls back. */
 #include "store_int.h"
 
@@ -197,8 +198,7 @@ sqlite3_stmt *pw__store_stmt(pw_store *s, int id, pw_err *err) {
   return st;
 }
 
-/* Runs a statement that returns no rows; resets it. */
-static int exec_done(pw_store *s, sqlite3_stmt *st, pw_err *err, const char *what) {
+int pw__store_exec(pw_store *s, sqlite3_stmt *st, pw_err *err, const char *what) {
   int rc = sqlite3_step(st);
   int ret = rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : pw__store_fail(s, rc, err, what);
   sqlite3_reset(st);
@@ -208,12 +208,12 @@ static int exec_done(pw_store *s, sqlite3_stmt *st, pw_err *err, const char *wha
 int pw__store_begin(pw_store *s, int write, pw_err *err) {
   if (!sqlite3_get_autocommit(s->db)) pw__store_rollback(s); /* never nest into a stray one */
   sqlite3_stmt *st = pw__store_stmt(s, write ? PW_ST_BEGIN_W : PW_ST_BEGIN_R, err);
-  return st ? exec_done(s, st, err, "begin") : (err ? err->code : PW_EIO);
+  return st ? pw__store_exec(s, st, err, "begin") : (err ? err->code : PW_EIO);
 }
 
 int pw__store_commit(pw_store *s, pw_err *err) {
   sqlite3_stmt *st = pw__store_stmt(s, PW_ST_COMMIT, err);
-  int rc = st ? exec_done(s, st, err, "commit") : (err ? err->code : PW_EIO);
+  int rc = st ? pw__store_exec(s, st, err, "commit") : (err ? err->code : PW_EIO);
   if (rc) pw__store_rollback(s);
   return rc;
 }
@@ -221,7 +221,7 @@ int pw__store_commit(pw_store *s, pw_err *err) {
 void pw__store_rollback(pw_store *s) {
   if (sqlite3_get_autocommit(s->db)) return;
   sqlite3_stmt *st = pw__store_stmt(s, PW_ST_ROLLBACK, NULL);
-  if (st) exec_done(s, st, NULL, "rollback");
+  if (st) pw__store_exec(s, st, NULL, "rollback");
 }
 
 int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err) {
@@ -234,17 +234,6 @@ int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err) {
   if (rc == SQLITE_DONE) return pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)id);
   return pw__store_fail(s, rc, err, "job lookup");
 }
-
-#define FAULT(what)                          \
-  do {                                       \
-    int frc_ = pw__store_fault(s, err, (what)); \
-    if (frc_) return frc_;                   \
-  } while (0)
-
-/* The prepare-or-fail preamble of every function. */
-#define STMT(var, id)                           \
-  sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
-  if (!var) return err ? err->code : PW_EIO
 
 /* ---- open / close -------------------------------------------------------- */
 
@@ -396,9 +385,8 @@ int pw_store_worker_register(pw_store *s, const char *name, const char *addr, in
   return ret;
 }
 
-/* An UPDATE by id: PW_ENOENT when it touched nothing. */
-static int update_one(pw_store *s, sqlite3_stmt *st, const char *what, int64_t id, pw_err *err) {
-  int rc = exec_done(s, st, err, what);
+int pw__store_update_one(pw_store *s, sqlite3_stmt *st, const char *what, int64_t id, pw_err *err) {
+  int rc = pw__store_exec(s, st, err, what);
   if (rc) return rc;
   if (sqlite3_changes(s->db) == 0) return pw_err_set(err, PW_ENOENT, what, "%s %lld not found", what, (long long)id);
   return 0;
@@ -410,18 +398,18 @@ int pw_store_worker_seen(pw_store *s, int64_t id, const char *state, pw_err *err
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_double(st, 2, pw_store_now());
   sqlite3_bind_text(st, 3, state, -1, SQLITE_STATIC);
-  return update_one(s, st, "worker", id, err);
+  return pw__store_update_one(s, st, "worker", id, err);
 }
 
 /* ---- jobs ---------------------------------------------------------------- */
 
-static int add_event(pw_store *s, int64_t job_id, double t, const char *kind, const char *message, pw_err *err) {
+int pw__store_add_event(pw_store *s, int64_t job_id, double t, const char *kind, const char *message, pw_err *err) {
   STMT(st, PW_ST_EVENT_INSERT);
   sqlite3_bind_int64(st, 1, job_id);
   sqlite3_bind_double(st, 2, t);
   sqlite3_bind_text(st, 3, kind, -1, SQLITE_STATIC);
   sqlite3_bind_text(st, 4, message, -1, SQLITE_STATIC);
-  return exec_done(s, st, err, "event");
+  return pw__store_exec(s, st, err, "event");
 }
 
 /* Inside the job's insert: the link to its dataset, which must be stored. */
@@ -436,7 +424,7 @@ static int job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err) {
   STMT(ins, PW_ST_JOB_DS_INSERT);
   sqlite3_bind_int64(ins, 1, job);
   sqlite3_bind_text(ins, 2, id, -1, SQLITE_STATIC);
-  return exec_done(s, ins, err, "job dataset");
+  return pw__store_exec(s, ins, err, "job dataset");
 }
 
 /* Inside the job's insert: the link to init weights, which must be stored
@@ -482,7 +470,7 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   sqlite3_bind_int(st, 8, j->microbatches);
   sqlite3_bind_text(st, 9, j->schedule, -1, SQLITE_STATIC);
   sqlite3_bind_text(st, 10, j->model, -1, SQLITE_STATIC);
-  if ((rc = exec_done(s, st, err, "insert job"))) goto fail;
+  if ((rc = pw__store_exec(s, st, err, "insert job"))) goto fail;
   int64_t job = sqlite3_last_insert_rowid(s->db);
   /* in the same transaction as the check, so a concurrent delete of the
    * dataset either sees this job or makes this insert fail */
@@ -490,7 +478,7 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   for (int k = 0; k < 2 && !rc; k++)
     if (j->weights[k] && j->weights[k][0]) rc = job_weights(s, job, j->weights[k], err);
   if (rc) goto fail;
-  if ((rc = add_event(s, job, now, "state", "queued", err)) || (rc = pw__store_commit(s, err))) goto fail;
+  if ((rc = pw__store_add_event(s, job, now, "state", "queued", err)) || (rc = pw__store_commit(s, err))) goto fail;
   if (id) *id = job;
   return 0;
 fail:
@@ -526,12 +514,12 @@ static int transition(pw_store *s, int64_t id, int from, int to, const char *rea
   sqlite3_bind_text(st, 3, error, -1, SQLITE_STATIC);
   sqlite3_bind_double(st, 4, now);
   sqlite3_bind_int(st, 5, pw_job_state_terminal(to));
-  int rc = exec_done(s, st, err, "job state");
+  int rc = pw__store_exec(s, st, err, "job state");
   if (rc) return rc;
   char *msg = reason && *reason ? sqlite3_mprintf("%s -> %s: %s", state_names[from], state_names[to], reason)
                                  : sqlite3_mprintf("%s -> %s", state_names[from], state_names[to]);
   if (!msg) return pw_err_set(err, PW_ENOMEM, "event", "out of memory");
-  rc = add_event(s, id, now, "state", msg, err);
+  rc = pw__store_add_event(s, id, now, "state", msg, err);
   sqlite3_free(msg);
   return rc;
 }
@@ -561,7 +549,7 @@ int pw_store_job_set_status(pw_store *s, int64_t id, const char *status, pw_err 
   STMT(st, PW_ST_JOB_SET_STATUS);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC);
-  return update_one(s, st, "job", id, err);
+  return pw__store_update_one(s, st, "job", id, err);
 }
 
 int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, double tokens_per_s, pw_err *err) {
@@ -571,7 +559,7 @@ int pw_store_job_progress(pw_store *s, int64_t id, int steps_done, double loss, 
   sqlite3_bind_int(st, 2, steps_done);
   sqlite3_bind_double(st, 3, loss); /* NaN binds as NULL */
   sqlite3_bind_double(st, 4, tokens_per_s);
-  return update_one(s, st, "job", id, err);
+  return pw__store_update_one(s, st, "job", id, err);
 }
 
 int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *err) {
@@ -579,7 +567,7 @@ int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *er
   STMT(st, PW_ST_JOB_EVAL_LOSS);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_double(st, 2, eval_loss);
-  return update_one(s, st, "job", id, err);
+  return pw__store_update_one(s, st, "job", id, err);
 }
 
 int pw_store_job_set_restarts(pw_store *s, int64_t id, int restarts, pw_err *err) {
@@ -588,7 +576,7 @@ int pw_store_job_set_restarts(pw_store *s, int64_t id, int restarts, pw_err *err
   STMT(st, PW_ST_JOB_SET_RESTARTS);
   sqlite3_bind_int64(st, 1, id);
   sqlite3_bind_int(st, 2, restarts);
-  return update_one(s, st, "job", id, err);
+  return pw__store_update_one(s, st, "job", id, err);
 }
 
 /* Outside the lifecycle (terminal states are final to transition_allowed):
@@ -609,8 +597,8 @@ int pw_store_job_retry(pw_store *s, int64_t id, pw_err *err) {
     goto fail;
   }
   sqlite3_bind_int64(st, 1, id);
-  if ((rc = exec_done(s, st, err, "job retry")) ||
-      (rc = add_event(s, id, pw_store_now(), "retry", "retried by request: resumes from its newest state", err)) ||
+  if ((rc = pw__store_exec(s, st, err, "job retry")) ||
+      (rc = pw__store_add_event(s, id, pw_store_now(), "retry", "retried by request: resumes from its newest state", err)) ||
       (rc = pw__store_commit(s, err)))
     goto fail;
   return 0;
@@ -713,7 +701,7 @@ int pw_store_recover(pw_store *s, const char *reason, pw_err *err) {
     sqlite3_bind_int64(st, 1, ids[i]);
     sqlite3_bind_text(st, 2, reason, -1, SQLITE_STATIC);
     sqlite3_bind_double(st, 3, now);
-    if ((rc = exec_done(s, st, err, "recover runs")) ||
+    if ((rc = pw__store_exec(s, st, err, "recover runs")) ||
         (rc = transition(s, ids[i], from[i], PW_JOB_QUEUED, reason, NULL, now, err)))
       goto fail;
   }
@@ -726,163 +714,4 @@ fail:
   free(ids);
   free(from);
   return rc;
-}
-
-/* ---- runs, partition, schedule ------------------------------------------- */
-
-int pw_store_run_insert(pw_store *s, int64_t job_id, const char *plan_json, int64_t *run_id, pw_err *err) {
-  FAULT("insert run");
-  int rc = pw__store_begin(s, 1, err);
-  if (rc) return rc;
-  sqlite3_stmt *st;
-  int64_t attempt = 1, run = 0;
-  if ((rc = pw__store_job_exists(s, job_id, err))) goto fail;
-  if (!(st = pw__store_stmt(s, PW_ST_RUN_NEXT_ATTEMPT, err))) goto fail_stmt;
-  sqlite3_bind_int64(st, 1, job_id);
-  if ((rc = sqlite3_step(st)) == SQLITE_ROW) attempt = sqlite3_column_int64(st, 0);
-  sqlite3_reset(st);
-  if (rc != SQLITE_ROW) {
-    rc = pw__store_fail(s, rc, err, "run attempt");
-    goto fail;
-  }
-  if (!(st = pw__store_stmt(s, PW_ST_RUN_INSERT, err))) goto fail_stmt;
-  sqlite3_bind_int64(st, 1, job_id);
-  sqlite3_bind_int64(st, 2, attempt);
-  sqlite3_bind_double(st, 3, pw_store_now());
-  sqlite3_bind_text(st, 4, plan_json, -1, SQLITE_STATIC);
-  if ((rc = exec_done(s, st, err, "insert run"))) goto fail;
-  run = sqlite3_last_insert_rowid(s->db);
-  if (!(st = pw__store_stmt(s, PW_ST_JOB_SET_RUN, err))) goto fail_stmt;
-  sqlite3_bind_int64(st, 1, job_id);
-  sqlite3_bind_int64(st, 2, run);
-  if ((rc = exec_done(s, st, err, "job run")) || (rc = pw__store_commit(s, err))) goto fail;
-  if (run_id) *run_id = run;
-  return 0;
-fail_stmt:
-  rc = err ? err->code : PW_EIO;
-fail:
-  pw__store_rollback(s);
-  return rc;
-}
-
-int pw_store_run_finish(pw_store *s, int64_t run_id, const char *state, const char *error, pw_err *err) {
-  FAULT("run");
-  if (!state || !*state) return pw_err_set(err, PW_EINVAL, "state", "a finished run needs a state");
-  STMT(st, PW_ST_RUN_FINISH);
-  sqlite3_bind_int64(st, 1, run_id);
-  sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
-  sqlite3_bind_text(st, 3, error, -1, SQLITE_STATIC);
-  sqlite3_bind_double(st, 4, pw_store_now());
-  return update_one(s, st, "run", run_id, err);
-}
-
-int pw_store_run_resume(pw_store *s, int64_t run_id, int start_step, const char *from, pw_err *err) {
-  FAULT("run start");
-  if (!from || (strcmp(from, "snapshot") && strcmp(from, "checkpoint") && strcmp(from, "start")))
-    return pw_err_set(err, PW_EINVAL, "resumed_from", "a run resumes from \"snapshot\", \"checkpoint\" or \"start\"");
-  if (start_step < 0) return pw_err_set(err, PW_EINVAL, "start_step", "a run starts at step >= 0 (got %d)", start_step);
-  STMT(st, PW_ST_RUN_RESUME);
-  sqlite3_bind_int64(st, 1, run_id);
-  sqlite3_bind_int(st, 2, start_step);
-  sqlite3_bind_text(st, 3, from, -1, SQLITE_STATIC);
-  return update_one(s, st, "run", run_id, err);
-}
-
-/* A text argument that must hold JSON of the given type (array, object). */
-static int check_json(const char *text, json_type type, const char *what, pw_err *err) {
-  json_t *v = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
-  int ok = v && json_typeof(v) == type;
-  json_decref(v);
-  return ok ? 0 : pw_err_set(err, PW_EINVAL, what, "%s must be a JSON %s", what, type == JSON_ARRAY ? "array" : "object");
-}
-
-int pw_store_stage_insert(pw_store *s, int64_t run_id, int stage, int rank, const char *layers_json, int64_t params,
-                          double flops, pw_err *err) {
-  FAULT("stage");
-  int rc = check_json(layers_json, JSON_ARRAY, "layers", err);
-  if (rc) return rc;
-  STMT(st, PW_ST_STAGE_INSERT);
-  sqlite3_bind_int64(st, 1, run_id);
-  sqlite3_bind_int(st, 2, stage);
-  sqlite3_bind_int(st, 3, rank);
-  sqlite3_bind_text(st, 4, layers_json, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 5, params);
-  sqlite3_bind_double(st, 6, flops);
-  return exec_done(s, st, err, "stage");
-}
-
-int pw_store_assignment_insert(pw_store *s, int64_t run_id, int rank, int64_t worker_id, const char *worker_name,
-                               pw_err *err) {
-  FAULT("assignment");
-  STMT(st, PW_ST_ASSIGN_INSERT);
-  sqlite3_bind_int64(st, 1, run_id);
-  sqlite3_bind_int(st, 2, rank);
-  sqlite3_bind_int64(st, 3, worker_id);
-  sqlite3_bind_text(st, 4, worker_name, -1, SQLITE_STATIC);
-  return exec_done(s, st, err, "assignment");
-}
-
-int pw_store_actions_insert(pw_store *s, int64_t run_id, int rank, const char *actions, pw_err *err) {
-  FAULT("actions");
-  if (!actions) return pw_err_set(err, PW_EINVAL, "actions", "no action list");
-  STMT(st, PW_ST_ACTIONS_INSERT);
-  sqlite3_bind_int64(st, 1, run_id);
-  sqlite3_bind_int(st, 2, rank);
-  sqlite3_bind_text(st, 3, actions, -1, SQLITE_STATIC);
-  return exec_done(s, st, err, "actions");
-}
-
-/* ---- metrics, timings, checkpoints, events ------------------------------- */
-
-int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t run_id, const pw_metric *m, pw_err *err) {
-  FAULT("metric");
-  STMT(st, PW_ST_METRIC_UPSERT);
-  sqlite3_bind_int64(st, 1, job_id);
-  sqlite3_bind_int64(st, 2, run_id);
-  sqlite3_bind_int(st, 3, m->step);
-  sqlite3_bind_double(st, 4, m->loss);
-  sqlite3_bind_double(st, 5, m->step_time);
-  sqlite3_bind_double(st, 6, m->tokens);
-  sqlite3_bind_double(st, 7, m->tokens_per_s);
-  sqlite3_bind_double(st, 8, m->grad_norm);
-  sqlite3_bind_double(st, 9, m->lr);
-  sqlite3_bind_double(st, 10, pw_store_now());
-  sqlite3_bind_double(st, 11, m->eval_loss);
-  return exec_done(s, st, err, "metric");
-}
-
-int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank, const char *actions_json,
-                           pw_err *err) {
-  FAULT("timing");
-  int rc = check_json(actions_json, JSON_ARRAY, "actions", err);
-  if (rc) return rc;
-  STMT(st, PW_ST_TIMING_UPSERT);
-  sqlite3_bind_int64(st, 1, job_id);
-  sqlite3_bind_int64(st, 2, run_id);
-  sqlite3_bind_int(st, 3, step);
-  sqlite3_bind_int(st, 4, rank);
-  sqlite3_bind_text(st, 5, actions_json, -1, SQLITE_STATIC);
-  return exec_done(s, st, err, "timing");
-}
-
-int pw_store_checkpoint_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int stage, int rank,
-                               const char *path, int64_t bytes, pw_err *err) {
-  FAULT("checkpoint");
-  if (!path || !*path) return pw_err_set(err, PW_EINVAL, "path", "a checkpoint needs a path");
-  STMT(st, PW_ST_CKPT_INSERT);
-  sqlite3_bind_int64(st, 1, job_id);
-  sqlite3_bind_int64(st, 2, run_id);
-  sqlite3_bind_int(st, 3, step);
-  sqlite3_bind_int(st, 4, stage);
-  sqlite3_bind_int(st, 5, rank);
-  sqlite3_bind_text(st, 6, path, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 7, bytes);
-  sqlite3_bind_double(st, 8, pw_store_now());
-  return exec_done(s, st, err, "checkpoint");
-}
-
-int pw_store_event(pw_store *s, int64_t job_id, const char *kind, const char *message, pw_err *err) {
-  FAULT("event");
-  if (!kind || !*kind) return pw_err_set(err, PW_EINVAL, "kind", "an event needs a kind");
-  return add_event(s, job_id, pw_store_now(), kind, message, err);
 }

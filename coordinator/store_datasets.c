@@ -6,10 +6,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define STMT(var, id)                               \
-  sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
-  if (!var) return err ? err->code : PW_EIO
-
 /* A row of PW__DS_COLS as the API's dataset object. */
 static json_t *ds_row(sqlite3_stmt *st) {
   json_t *o = json_object();

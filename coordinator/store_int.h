@@ -183,8 +183,26 @@ int pw__store_fail(pw_store *s, int rc, pw_err *err, const char *what);
 PW_MUST_CHECK int pw__store_begin(pw_store *s, int write, pw_err *err);
 PW_MUST_CHECK int pw__store_commit(pw_store *s, pw_err *err);
 void pw__store_rollback(pw_store *s);
+/* Runs a statement that returns no rows; resets it. */
+int pw__store_exec(pw_store *s, sqlite3_stmt *st, pw_err *err, const char *what);
+/* An UPDATE by id: PW_ENOENT when it touched nothing. */
+PW_MUST_CHECK int pw__store_update_one(pw_store *s, sqlite3_stmt *st, const char *what, int64_t id, pw_err *err);
+/* A job's event row, inside the caller's transaction. */
+PW_MUST_CHECK int pw__store_add_event(pw_store *s, int64_t job_id, double t, const char *kind, const char *message,
+                                      pw_err *err);
 /* PW_ENOENT naming the job when it does not exist. */
 PW_MUST_CHECK int pw__store_job_exists(pw_store *s, int64_t id, pw_err *err);
+/* The prepare-or-fail preamble of a function returning a PW_E* code. */
+#define STMT(var, id)                               \
+  sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
+  if (!var) return err ? err->code : PW_EIO
+/* A write's fault-injection point (store_fault.c). */
+#define FAULT(what)                                \
+  do {                                             \
+    int frc_ = pw__store_fault(s, err, (what));    \
+    if (frc_) return frc_;                         \
+  } while (0)
+
 /* store_fault.c: PW_EIO as SQLITE_FULL would give when this write is to
  * fail (fault injection), else 0; and reading PW_STORE_FAIL_* once. */
 int pw__store_fault(pw_store *s, pw_err *err, const char *what);

@@ -52,11 +52,6 @@ json_t *pw__store_col_parsed(sqlite3_stmt *st, int i) {
 
 #define COL(o, key, st, i) json_object_set_new((o), (key), pw__store_col((st), (i)))
 
-/* The prepare-or-fail preamble. */
-#define STMT(var, id)                               \
-  sqlite3_stmt *var = pw__store_stmt(s, (id), err); \
-  if (!var) return err ? err->code : PW_EIO
-
 /* A read that spans statements: one snapshot. */
 static int read_begin(pw_store *s, pw_err *err) { return pw__store_begin(s, 0, err); }
 static void read_end(pw_store *s) { pw__store_rollback(s); }
