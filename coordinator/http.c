@@ -537,8 +537,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   http_req *h = *con_cls;
   if (!h) return;
   *con_cls = NULL;
-  pw_debug("http %s %s -> %d (%.1f ms)%s", h->method[0] ? h->method : "?", h->path, h->r.status,
-           (mono() - h->t0) * 1e3, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (not completed)");
+  /* a plan, timeline or merge over 10 s is said: it held a pool thread or waited for one (uploads take their time) */
+  double ms = (mono() - h->t0) * 1e3;
+  int slow = h->pooled && ms > 10e3 && !(h->route && (h->route->flags & PW_ROUTE_STREAM));
+  PW_LOG(slow ? PW_LOG_WARN : PW_LOG_DEBUG, "http %s %s -> %d (%.1f ms)%s",
+         h->method[0] ? h->method : "?", h->path, h->r.status, ms,
+         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (not completed)");
   if (h->route && (h->route->flags & PW_ROUTE_STREAM)) h->route->sink->done(&h->r);
   if (h->r.resp) MHD_destroy_response(h->r.resp);
   json_decref(h->r.body);

@@ -671,8 +671,16 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
         await page.goto(`${base}/#/plan`);
         await page.fill('#plan-spec', JSON.stringify(mspec));
         await page.click('#plan-compare');
-        // the page's first example may have been planned already (also 1f1b): wait for this spec's dp column
-        await page.waitForSelector('#plan-detail [data-schedule="1f1b"] #plan-ranks .plan-dp');
+        // the page's first example may have been planned already (also 1f1b): wait for this spec's dp column,
+        // or an error (said, not a timeout)
+        const failed = '#plan-error:not([hidden]), #plan-detail .banner.error';
+        try {
+          await page.waitForSelector(`#plan-detail [data-schedule="1f1b"] #plan-ranks .plan-dp, ${failed}`);
+        } catch (e) { // say what the coordinator's pool of expensive requests was doing
+          const m = await (await fetch(base + '/metrics', {headers: auth})).text();
+          throw new Error(`${e.message}\n${m.split('\n').filter((l) => l.startsWith('pipewright_http_pool')).join('; ')}`);
+        }
+        assert.equal(await page.locator(failed).count(), 0, await page.locator(failed).allTextContents().then((t) => t.join('; ')));
         const fmtB = (x) => { let i = 0; const u = ['B', 'KiB', 'MiB']; while (x >= 1024 && i < 2) { x /= 1024; i++; }
                               return (i ? x.toFixed(1) : x.toFixed(0)) + ' ' + u[i]; };
         for (const [k, r] of plan.analytics.ranks.entries()) {

@@ -8,7 +8,9 @@
  * fetch as well, so they carry the header too.
  *
  * Errors: the API answers {"error": {"code", "message", "path"}}; request()
- * rejects with a PW.api.Error carrying those fields and the HTTP status. */
+ * rejects with a PW.api.Error carrying those fields and the HTTP status.
+ * A 429 (the coordinator's pool for plans and timelines is full) is retried
+ * after its Retry-After, up to five times. */
 "use strict";
 var PW = window.PW || (window.PW = {});
 
@@ -89,7 +91,7 @@ PW.api = (function () {
   /* fetch with the token; asks for one on 401 and retries. Resolves with
    * the Response when it is ok, rejects with ApiError otherwise. */
   async function send(method, path, body) {
-    for (;;) {
+    for (var busy = 0;; busy++) {
       var init = {method: method, headers: headers(body !== undefined ? {"Content-Type": "application/json"} : null),
                   cache: "no-store"};
       if (body !== undefined) init.body = typeof body === "string" ? body : JSON.stringify(body);
@@ -104,6 +106,13 @@ PW.api = (function () {
         var t = await askToken(had);
         if (t) continue;
         throw await errorOf(resp);
+      }
+      /* the pool of expensive requests is full (plans, timelines): it says
+       * when to come back; a few tries before showing the error */
+      if (resp.status === 429 && busy < 5) {
+        var after = Math.min(5, Math.max(1, parseInt(resp.headers.get("Retry-After"), 10) || 1));
+        await new Promise(function (r) { setTimeout(r, after * 1000); });
+        continue;
       }
       if (!resp.ok) throw await errorOf(resp);
       return resp;
