@@ -261,8 +261,15 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
       json_decref(from);
   }
   if (!rc) rc = pw_regions_serial(job, joint, spans, &ser, err);
-  if (!rc) rc = pw_sim_run(ser, c, &sr, err);
-  if (!rc) rc = pw_sim_run(joint, c, &cr, err);
+  /* on shared cores a transfer's wake-ups cost what they do beside each
+   * plan's own ranks (c's latency is for the job's mesh, either one) */
+  pw_sim_costs sc = *c, jc = *c;
+  if (!rc && prof && cores > 0) {
+    sc.latency = pw_cost_transfer_latency(prof, ser->pp * job->mesh.dp);
+    jc.latency = pw_cost_transfer_latency(prof, joint->pp * job->mesh.dp);
+  }
+  if (!rc) rc = pw_sim_run(ser, &sc, &sr, err);
+  if (!rc) rc = pw_sim_run(joint, &jc, &cr, err);
   json_t *out = rc ? NULL
                    : json_pack("{s:o, s:{s:f, s:i, s:f}, s:{s:f, s:i, s:f}, s:f}", "regions", rows, "serial",
                                "makespan", sr->makespan, "ranks", sr->pp, "bubble_ratio", sr->bubble_ratio,
@@ -270,7 +277,7 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
                                cr->bubble_ratio, "speedup", cr->makespan > 0 ? sr->makespan / cr->makespan : 0.0);
   if (rc) json_decref(rows);
   if (out && cores > 0) {
-    double ss = shared_makespan(ser, c, cores, prof, err), cs = shared_makespan(joint, c, cores, prof, err);
+    double ss = shared_makespan(ser, &sc, cores, prof, err), cs = shared_makespan(joint, &jc, cores, prof, err);
     if (ss < 0 || cs < 0) {
       json_decref(out);
       out = NULL;
