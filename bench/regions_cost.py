@@ -21,7 +21,7 @@ workers measured (sum of its actions) and the rest of the step (waiting).
                         [--trace] [--nice N] [--out NAME]
 
 Writes bench/results/NAME.{json,md} (default regions-cost-d256) and prints the markdown."""
-import argparse, json, os, statistics, sys, tempfile, time
+import argparse, json, os, shutil, statistics, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -204,6 +204,7 @@ def main():
     os.makedirs(os.path.dirname(base_out), exist_ok=True)
     write(base_out + ".json", out)
     open(base_out + ".md", "w").write(text)
+    shutil.rmtree(scratch)  # the ranks' state dirs: gigabytes over a run
     print(text)
 
 
