@@ -172,7 +172,7 @@ def main():
            "size (step end, wake-ups per transfer). Serial is what the runtime runs for `\"schedule\": "
            "{\"regions\": \"serial\"}`: the same stages on the widest region's 2 ranks, each rank running the "
            "towers' forwards, the head's whole list, then the towers' backwards; the head region (pp 1) then "
-           "computes on one rank while the other waits. Both on this host, each at its own best m of "
+           "computes on one rank while the other mostly waits. Both on this host, each at its own best m of "
            f"{', '.join(map(str, ms))}.", "",
            f"One-thread workers on this host ({os.cpu_count()} CPUs shared by every rank), {a.rounds} interleaved "
            f"rounds of {a.steps} steps (the first {a.warmup} not timed). Predicted: `pipewright plan "
