@@ -209,17 +209,23 @@ static int region_alone(const pw_job *job, int r, const pw_region_span *sp, cons
 
 /* Plan s replayed with every rank on one host of `cores` cores, one
  * thread each (share.h; prof's measured sharing when it has one); its
- * makespan, or -1 on error. */
+ * makespan, or -1 on error; *busy (new reference) each rank's time
+ * computing in that replay, wall time, to set beside a traced run's. */
 static double shared_makespan(const pw_sched *s, const pw_sim_costs *c, int cores, const pw_cost_profile *prof,
-                              pw_err *err) {
+                              json_t **busy, pw_err *err) {
   int *host = calloc((size_t)s->pp, sizeof(int)), *threads = malloc(sizeof(int) * (size_t)s->pp);
   double out = -1;
   pw_sim_result *res = NULL;
+  *busy = NULL;
   if (host && threads) {
     for (int r = 0; r < s->pp; r++) threads[r] = 1;
     pw_share sh = {.n_ranks = s->pp, .host = host, .threads = threads, .n_hosts = 1, .cores = &cores,
                    .speed = prof ? prof->speed : NULL, .n_speed = prof ? prof->n_speed : 0};
-    if (!pw_sim_run_shared(s, c, &sh, &res, err)) out = res->makespan;
+    if (!pw_sim_run_shared(s, c, &sh, &res, err)) {
+      out = res->makespan;
+      *busy = json_array();
+      for (int r = 0; r < s->pp; r++) json_array_append_new(*busy, json_real(res->busy[r]));
+    }
   }
   pw_sim_result_free(res);
   free(host);
@@ -261,8 +267,15 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
       json_decref(from);
   }
   if (!rc) rc = pw_regions_serial(job, joint, spans, &ser, err);
-  if (!rc) rc = pw_sim_run(ser, c, &sr, err);
-  if (!rc) rc = pw_sim_run(joint, c, &cr, err);
+  /* on shared cores a transfer's wake-ups cost what they do beside each
+   * plan's own ranks (c's latency is for the job's mesh, either one) */
+  pw_sim_costs sc = *c, jc = *c;
+  if (!rc && prof && cores > 0) {
+    sc.latency = pw_cost_transfer_latency(prof, ser->pp * job->mesh.dp);
+    jc.latency = pw_cost_transfer_latency(prof, joint->pp * job->mesh.dp);
+  }
+  if (!rc) rc = pw_sim_run(ser, &sc, &sr, err);
+  if (!rc) rc = pw_sim_run(joint, &jc, &cr, err);
   json_t *out = rc ? NULL
                    : json_pack("{s:o, s:{s:f, s:i, s:f}, s:{s:f, s:i, s:f}, s:f}", "regions", rows, "serial",
                                "makespan", sr->makespan, "ranks", sr->pp, "bubble_ratio", sr->bubble_ratio,
@@ -270,13 +283,18 @@ json_t *pw_regions_compare_json(const pw_job *job, const pw_sched *joint, const 
                                cr->bubble_ratio, "speedup", cr->makespan > 0 ? sr->makespan / cr->makespan : 0.0);
   if (rc) json_decref(rows);
   if (out && cores > 0) {
-    double ss = shared_makespan(ser, c, cores, prof, err), cs = shared_makespan(joint, c, cores, prof, err);
+    json_t *sb, *cb;
+    double ss = shared_makespan(ser, &sc, cores, prof, &sb, err);
+    double cs = shared_makespan(joint, &jc, cores, prof, &cb, err);
     if (ss < 0 || cs < 0) {
+      json_decref(sb);
+      json_decref(cb);
       json_decref(out);
       out = NULL;
     } else {
-      json_object_set_new(out, "cores", json_pack("{s:i, s:f, s:f, s:f}", "cores", cores, "serial", ss, "concurrent",
-                                                  cs, "speedup", cs > 0 ? ss / cs : 0.0));
+      json_object_set_new(out, "cores", json_pack("{s:i, s:f, s:f, s:f, s:o, s:o}", "cores", cores, "serial", ss,
+                                                  "concurrent", cs, "speedup", cs > 0 ? ss / cs : 0.0, "serial_busy", sb,
+                                                  "concurrent_busy", cb));
     }
     if (out && prof && part && !joint->forward_only) { /* the predicted steps: the step end too */
       double se = ss + step_end(ser, part, prof), ce = cs + step_end(joint, part, prof);

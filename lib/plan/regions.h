@@ -52,9 +52,10 @@ PW_MUST_CHECK int pw_regions_serial(const pw_job *job, const pw_sched *joint, co
  * "makespan", "from" (the regions feeding it), "fusion"}], "serial": {"makespan", "ranks", "bubble_ratio"},
  * "concurrent": {...}, "speedup": serial / concurrent} (new reference),
  * NULL with err set. cores > 0 adds "cores": {"cores", "serial",
- * "concurrent", "speedup"}: both replayed with every rank on one host of
- * that many cores (share.h, with prof's measured sharing when prof is
- * given), as on one machine; with prof and part (the plan's partition)
+ * "concurrent", "speedup", "serial_busy", "concurrent_busy"}: both
+ * replayed with every rank on one host of that many cores (share.h, with
+ * prof's measured sharing when prof is given), as on one machine, each
+ * rank's wall time computing in the replay in the _busy arrays; with prof and part (the plan's partition)
  * also "predicted": {"serial", "concurrent", "speedup"}, those makespans
  * plus the slowest rank's step end (cost.h) — the steps the calibrated
  * model predicts. */

@@ -40,6 +40,7 @@ static double ready_at(const share_rp *x, const pw_action *a) {
     if (s->stage_to_rank[ds[i]] != s->stage_to_rank[st] && ds[i] != st) {
       int edge = ds[i] < st ? ds[i] : st;
       double bytes = x->c && x->c->act_bytes ? x->c->act_bytes[edge] : 0;
+      if (ds[i] < st && x->c && x->c->act_scale > 0) bytes *= x->c->act_scale; /* an activation, as sim.c sends it */
       e += x->c ? x->c->latency : 0;
       if (x->c && x->c->bandwidth > 0) e += bytes / x->c->bandwidth;
     }

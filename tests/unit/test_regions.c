@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "plan.h"
+#include "regions.h"
 #include "rng.h"
 #include "spec_json.h"
 #include "train.h"
@@ -368,11 +369,63 @@ static void test_plan_bad(void **st) {
                   "model.graph", "region 'text' feeds 2 regions");
 }
 
+/* The compare's shared-cores replay on a profile whose wake-up beside 5
+ * busy processes is 5 ms (nothing below): every transfer of the concurrent
+ * plan (5 ranks) pays two, the serial plan (2 ranks) none, whichever of the
+ * two the job's mesh runs. */
+static double compare_on_cores(const char *sched_extra, double wake5, const char *key) {
+  json_t *j = sched_job("1f1b", 1, "zb-h1", sched_extra);
+  pw_job job;
+  pw_plan p;
+  pw_err err = {0};
+  if (pw_job_parse(j, NULL, &job, &err)) fail_msg("%s: %s", err.path, err.msg);
+  json_decref(j);
+  pw_model m;
+  assert_int_equal(pw_model_build(&job.model, &m, &err), 0);
+  json_t *layers = json_array();
+  for (int l = 0; l < m.n_layers; l++)
+    json_array_append_new(layers, json_pack("{s:s, s:[f], s:[f], s:[f]}", "name", m.layers[l].name, "f", 1e-3, "i",
+                                            1e-3, "w", 1e-3));
+  pw_model_free(&m);
+  json_t *pj = json_pack("{s:i, s:i, s:[i], s:o, s:{s:f, s:f}, s:{s:f, s:f, s:f}, s:{s:[f,f,f,f,f], s:[f,f,f,f,f]}}",
+                         "version", 2, "cores", 2, "mb_sizes", 4, "layers", layers, "step", "per_param_s", 0.0,
+                         "fixed_s", 0.0, "link", "latency_s", 0.0, "bandwidth_Bps", 0.0, "wake_s", 0.0, "sharing",
+                         "speed", 1.0, 1.0, 0.5, 0.5, 0.4, "wake_s", 0.0, 0.0, 0.0, 0.0, wake5);
+  pw_cost_profile prof;
+  assert_int_equal(pw_cost_parse(pj, &prof, &err), 0);
+  json_decref(pj);
+  pw_cost_model cm = {.profile = &prof, .cores = 2};
+  if (pw_plan_build_costed(&job, NULL, &cm, &p, &err)) fail_msg("%s: %s", err.path, err.msg);
+  pw_sim_costs c = pw_plan_costs(&p);
+  json_t *cmp = pw_regions_compare_json(&job, p.joint, p.regions, &c, 2, &prof, &p.part, &err);
+  if (!cmp) fail_msg("%s: %s", err.path, err.msg);
+  double v = json_real_value(json_object_get(json_object_get(cmp, "cores"), key));
+  json_decref(cmp);
+  pw_plan_free(&p);
+  pw_cost_free(&prof);
+  pw_job_free(&job);
+  return v;
+}
+
+static void test_compare_wake(void **st) {
+  (void)st;
+  const char *conc = ", 'schedule': {'microbatches': 4}", *ser = ", 'schedule': {'microbatches': 4, 'regions': 'serial'}";
+  double s0 = compare_on_cores(conc, 0, "serial");
+  assert_true(s0 > 0);
+  /* serial: no transfer wakes beside 5, from either mesh */
+  assert_true(compare_on_cores(conc, 5e-3, "serial") == s0);
+  assert_true(compare_on_cores(ser, 5e-3, "serial") == s0);
+  /* concurrent: at least text's hop, the fusion and head's gradient back, each 10 ms, on its critical path */
+  double c0 = compare_on_cores(conc, 0, "concurrent");
+  assert_true(compare_on_cores(conc, 5e-3, "concurrent") > c0 + 30e-3);
+  assert_true(compare_on_cores(ser, 5e-3, "concurrent") > c0 + 30e-3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_canonical), cmocka_unit_test(test_bad),        cmocka_unit_test(test_model),
       cmocka_unit_test(test_concat_kernel), cmocka_unit_test(test_shift_data), cmocka_unit_test(test_train),
-      cmocka_unit_test(test_plan), cmocka_unit_test(test_plan_bad),
+      cmocka_unit_test(test_plan), cmocka_unit_test(test_plan_bad), cmocka_unit_test(test_compare_wake),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,6 +117,29 @@ static void own_hosts(void **state) {
   pw_sched_free(s);
 }
 
+/* Transfers priced as the plain replay prices them: an activation sent as
+ * bf16 (act_scale 0.5) takes half its float bytes' time, its gradient all
+ * of it. Own hosts, so any difference is the links'. */
+static void scaled_links(void **state) {
+  (void)state;
+  pw_sched *s = build("1f1b", 2, 2);
+  int host[2] = {0, 1}, threads[2] = {1, 1}, c[2] = {1, 1};
+  pw_share sh = {.n_ranks = 2, .host = host, .threads = threads, .n_hosts = 2, .cores = c};
+  double bytes[1] = {4};
+  pw_sim_costs cs = {.f = F, .b = B, .act_bytes = bytes, .bandwidth = 1, .act_scale = 0.5};
+  pw_sim_result *r = NULL, *plain = NULL;
+  pw_err e = {0};
+  assert_int_equal(pw_sim_run_shared(s, &cs, &sh, &r, &e), 0);
+  assert_int_equal(pw_sim_run(s, &cs, &plain, &e), 0);
+  /* F0@s1 starts when F0@s0's 2 seconds of bf16 bytes arrive at 1 + 2 */
+  assert_true(fabs(r->events[r->rank_first[1]].start - 3) < EPS);
+  assert_true(fabs(r->makespan - plain->makespan) < EPS);
+  for (int i = 0; i < r->n_events; i++) assert_true(fabs(r->events[i].end - plain->events[i].end) < EPS);
+  pw_sim_result_free(plain);
+  pw_sim_result_free(r);
+  pw_sched_free(s);
+}
+
 static void bad_share(void **state) {
   (void)state;
   pw_sched *s = build("1f1b", 2, 2);
@@ -165,7 +188,7 @@ static void measured_speed(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(measured_speed), cmocka_unit_test(one_core), cmocka_unit_test(no_sharing),
-                                     cmocka_unit_test(other_work), cmocka_unit_test(own_hosts),
+                                     cmocka_unit_test(other_work), cmocka_unit_test(own_hosts), cmocka_unit_test(scaled_links),
                                      cmocka_unit_test(bad_share)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
