@@ -75,8 +75,9 @@ def blas_core(env):
 
 
 def other_kernel():
-    """(OPENBLAS_CORETYPE, its kernel name) differing from the kernel this environment gives: every x86-64
-    OpenBLAS with DYNAMIC_ARCH has Sandybridge and Haswell kernels; None when neither changes it."""
+    """(an OPENBLAS_CORETYPE, the kernel it gives, the kernel this environment gives), the first two differing
+    from the third: every x86-64 OpenBLAS built with DYNAMIC_ARCH has Sandybridge and Haswell kernels; Nones
+    when neither changes the kernel."""
     ctypes.CDLL("libopenblas.so.0")  # fail loudly here if the library is missing
     mine = blas_core(os.environ)
     for want in ("SandyBridge", "Haswell"):
