@@ -61,13 +61,13 @@ class OtherCpu:
         return max(0.0, (self.busy() - b0) - (self.ours() - o0)) / ((time.monotonic() - w0) * os.cpu_count())
 
 
-def quiet_note(other):
-    """The results' sentence on what else ran: indicative above 5 % of the CPUs."""
+def quiet_note(other, why="The prediction assumes the host's cores free for the job's ranks and the calibration "
+                           "ran slowed too; the per-round spread shows how much that moved each cell."):
+    """The results' sentence on what else ran: indicative above 5 % of the CPUs (why: what that does)."""
     line = f"Other processes used {100 * other:.1f} % of the {os.cpu_count()} CPUs while this ran."
     if other <= 0.05:
         return line
-    return (f"**Indicative**: {line} The prediction assumes the host's cores free for the job's ranks and the "
-            "calibration ran slowed too; the per-round spread shows how much that moved each cell.")
+    return f"**Indicative**: {line} {why}"
 
 
 def write(path, obj):

@@ -3,23 +3,15 @@
 processes on 127.0.0.1 (driver.py plays the coordinator; the last case a
 real coordinator), against `pipewright train` of the same job at tp = 1.
 
-  - pp x dp x tp in 1x1x2, 2x1x2, 1x2x2, 2x2x2, 4x1x2 over zb-h1,
-    interleaved-1f1b, dualpipev and 1f1b; gpt untied and tied (within a
-    stage and across stages) and llama: every step's loss equals the
-    single-process run's to 1e-5 relative, every final tensor (the
-    checkpoint the tp group gathers: tp = 1 names and shapes) to 1e-4 of
-    its largest value. The jobs train with SGD and momentum: AdamW divides
-    each gradient element by its own running size, so an element whose
-    gradient is near zero (the keys' bias has exactly zero gradient in exact
-    arithmetic: softmax ignores a shift of a query's scores) moves by ~lr on
-    rounding noise alone, and summing in another order (tp partial sums)
-    changes the noise. Two AdamW cases check the losses to 1e-5 and the
-    weights to 1e-3 (measured: ~3e-4, one element of a row linear);
+  - the mesh x schedule x model matrix, its tolerances and what they
+    measure: test_tp_matrix.py, which drives its jobs with Run below;
   - the bytes each worker sends per step in the tp all-reduces equal the
-    planner's tp_bytes_per_step of its pipeline rank, every step;
+    planner's tp_bytes_per_step of its pipeline rank, every step (Run, used
+    by both files);
   - a checkpoint written at tp 2 resumed at tp 1, and one written at tp 1
-    resumed at tp 2: the losses and weights continue as the uninterrupted
-    run's (1e-5 / 1e-4 as above);
+    resumed at tp 2: the losses continue as the uninterrupted run's to 1e-5
+    relative and every final tensor equals its to 1e-4 of its largest value
+    (SGD with momentum);
   - every schedule's plan at tp 2 passes the simulator (pipewright plan);
   - on a real coordinator and 2 workers a tp 2 job succeeds, its metrics
     equal the reference, and the workers list shows each one's place
@@ -27,7 +19,7 @@ real coordinator), against `pipewright train` of the same job at tp = 1.
     "full" and train.eval_every 3 equals the reference's losses, its
     eval_loss is `pipewright eval` of its checkpoints, and its job view
     says in-memory snapshots are off (tensor parallel).
-Prints the largest differences seen. Usage: BUILD_DIR SOURCE_DIR [--quick]"""
+Prints the largest differences seen. Usage: BUILD_DIR SOURCE_DIR"""
 import json, os, re, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,9 +76,9 @@ class Run:
     def __init__(self, build, src, tmp):
         self.build, self.src, self.tmp = build, src, tmp
         self.t = Suite(build, src, tmp)
-        self.max_loss, self.max_w, self.max_adam = 0.0, 0.0, 0.0
+        self.max_loss, self.max_w = 0.0, 0.0
 
-    def check_equal(self, label, res, ref_log, ref_w, start=0, wtol=1e-4):
+    def check_equal(self, label, res, ref_log, ref_w, start=0):
         worst = 0.0
         for e in ref_log[start:]:
             got = res["losses"].get(str(e["step"]))
@@ -94,12 +86,9 @@ class Run:
             worst = max(worst, rel)
         wrel, wname = weight_diff(st.load(res["merged"])[0], ref_w)
         self.max_loss = max(self.max_loss, worst)
-        if wtol > 1e-4:
-            self.max_adam = max(self.max_adam, wrel)
-        else:
-            self.max_w = max(self.max_w, wrel)
-        self.t.check(f"{label}: losses and weights equal the tp = 1 run", worst <= 1e-5 and wrel <= wtol,
-                     f"losses {worst:.2e} (1e-5), weights {wrel:.2e} at {wname} ({wtol:g})")
+        self.max_w = max(self.max_w, wrel)
+        self.t.check(f"{label}: losses and weights equal the tp = 1 run", worst <= 1e-5 and wrel <= 1e-4,
+                     f"losses {worst:.2e} (1e-5), weights {wrel:.2e} at {wname} (1e-4)")
 
     def check_bytes(self, label, res, outdir, spec):
         plan = json.load(open(os.path.join(outdir, "plan.json")))
@@ -123,14 +112,6 @@ class Run:
         self.t.check(f"{label}: run completes on {len(res['exit_codes']) if res else '?'} workers, which exit cleanly", ok,
                      (p.stdout + p.stderr)[-800:])
         return res if ok else None, os.path.join(dd, "out")
-
-    def case(self, label, spec, wtol=1e-4):
-        res, out = self.drive(label, spec)
-        if not res:
-            return
-        log, w = reference(self.build, self.src, self.tmp, spec, label)
-        self.check_equal(label, res, log, w, wtol=wtol)
-        self.check_bytes(label, res, out, spec)
 
     def resume(self, first, then):
         label = f"resume-tp{first}-as-tp{then}"
@@ -226,30 +207,13 @@ def on_cluster(r):
 
 def main():
     build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
-    quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="pw-tp-") as tmp:
         r = Run(build, src, tmp)
-        cases = [("1x1x2-zb-h1-gpt", spec_of("zb-h1", 1, 1, 1, 2)),
-                 ("2x1x2-interleaved-1f1b-gpt-tied", spec_of("interleaved-1f1b", 2, 2, 1, 2, tied=True)),
-                 ("1x2x2-zb-h1-llama", spec_of("zb-h1", 1, 1, 2, 2, model="llama")),
-                 ("2x2x2-dualpipev-gpt", spec_of("dualpipev", 2, 2, 2, 2)),
-                 ("4x1x2-1f1b-llama", spec_of("1f1b", 4, 1, 1, 2, model="llama")),
-                 ("1x1x2-zb-h1-gpt-tied", spec_of("zb-h1", 1, 1, 1, 2, tied=True))]
-        for label, spec in cases:
-            if quick and label.startswith(("2x2x2", "4x1x2")):
-                continue
-            r.case(label, spec)
-        adam = {"name": "adamw", "lr": 3e-3, "warmup_steps": 3, "weight_decay": 0.1}
-        for label, spec in (("adamw-1x1x2-zb-h1-gpt", spec_of("zb-h1", 1, 1, 1, 2)),
-                            ("adamw-2x1x2-interleaved-1f1b-gpt-tied", spec_of("interleaved-1f1b", 2, 2, 1, 2, tied=True))):
-            spec["train"]["optimizer"] = adam
-            r.case(label, spec, wtol=1e-3)
         r.resume(2, 1)
         r.resume(1, 2)
         plans_at_tp2(r)
         on_cluster(r)
-        print(f"largest differences from tp = 1: losses {r.max_loss:.2e}, weights {r.max_w:.2e} (SGD), "
-              f"{r.max_adam:.2e} (AdamW), relative")
+        print(f"largest differences from tp = 1: losses {r.max_loss:.2e}, weights {r.max_w:.2e}, relative")
         print(f"{r.t.passed} passed, {r.t.failed} failed")
         return 1 if r.t.failed else 0
 
