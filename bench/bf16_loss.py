@@ -11,8 +11,10 @@ per-step loss of one batch is noisy). Exit 1 when it is not. Prints both
 curves every 50 steps.
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pw-bf16-loss-")
+    atexit.register(shutil.rmtree, tmp, True)  # ranks' state and checkpoints: gigabytes
     procs, logs = {}, {}
     for prec in ("fp32", "bf16"):
         s = json.load(open(a.job))

@@ -20,8 +20,10 @@ the per-round ratios with their range; the load average before and after
 (the machine may be shared: indicative).
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -41,6 +43,7 @@ def main():
     a = ap.parse_args()
     spec = json.load(open(a.job))
     tmp = tempfile.mkdtemp(prefix="pw-bf16-step-")
+    atexit.register(shutil.rmtree, tmp, True)  # ranks' state and checkpoints: gigabytes
     jobs = {}
     for prec in ("fp32", "bf16"):
         s = json.loads(json.dumps(spec))

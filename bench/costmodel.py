@@ -16,7 +16,7 @@ its choice is run too and compared with the fastest cell measured.
                      [--rounds 2] [--steps 8] [--warmup 2] [--out NAME]
 
 Writes bench/results/NAME.{json,md} (default costmodel) and prints the markdown."""
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -100,6 +100,7 @@ def main():
     watch = OtherCpu()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-cost-")
+    atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
     models, pps, ms = a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")]
     cells, pred, meas, prof = [], {}, {}, {}
     global MIN_BATCH

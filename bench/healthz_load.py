@@ -12,10 +12,11 @@ target: /healthz within 100 ms).
 
     python3 bench/healthz_load.py BUILD_DIR
 """
-import json, os, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
+import atexit, json, os, shutil, socket, subprocess, sys, tempfile, threading, time, urllib.error, urllib.request
 
 B = sys.argv[1]
 T = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, T, True)  # ranks' state and checkpoints: gigabytes
 c = subprocess.Popen([f"{B}/pipewright-coordinator", "--http", "127.0.0.1:0", "--control", "127.0.0.1:0",
                       "--state-dir", f"{T}/c", "--ready-file", f"{T}/ready",
                       "--max-plan-actions", "2000000"], stdout=open(f"{T}/c.log", "w"),

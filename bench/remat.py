@@ -17,7 +17,7 @@ frame buffers — is outside the plan).
   bench/remat.py [--build DIR] [--schedule 1f1b] [--rounds 3] [--steps 12] [--warmup 2]
 
 Writes bench/results/remat-<schedule>.{json,md} and prints the markdown."""
-import argparse, json, os, statistics, sys, tempfile, time
+import argparse, atexit, json, os, shutil, statistics, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,6 +47,7 @@ def main():
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-remat-")
+    atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
     kinds = ("full", "none")
     period = {k: [] for k in kinds}
     hwm = {k: [] for k in kinds}     # per run: [rank0, rank1]

@@ -24,7 +24,7 @@ oracle's. A measurement on a machine that may be shared: `uptime` is
 printed with the figures, and the linear layers' kernel path (the oracle's,
 which the workers on this host take too: docs/serving.md) in the header.
 """
-import argparse, http.client, json, os, statistics, subprocess, sys, tempfile, threading, time, urllib.request
+import argparse, atexit, http.client, json, os, shutil, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -95,6 +95,7 @@ def main():
     pw = os.path.join(a.build, "pipewright")
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     tmp = tempfile.mkdtemp(prefix="pw-bench-serve-")
+    atexit.register(shutil.rmtree, tmp, True)  # ranks' state and checkpoints: gigabytes
     job, jpath, ckpt = generate.d256(tmp, pw, env)
     prompt = open(os.path.join(ROOT, "examples/data/corpus.txt"), "rb").read(a.prompt_len)
     ids = ",".join(map(str, prompt))

@@ -17,7 +17,7 @@ snapshot (parameters + AdamW m + v of its stages).
 kernels; the CPU's own run sgemm about twice as fast, so the snapshot's
 fixed cost weighs more). Writes bench/results/snapshot-cost[-native].{json,md}
 and prints the markdown."""
-import argparse, copy, json, os, statistics, sys, tempfile, time
+import argparse, atexit, json, os, shutil, statistics, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,6 +47,7 @@ def main():
     if a.native:
         env.pop("OPENBLAS_CORETYPE", None)
     scratch = tempfile.mkdtemp(prefix="pw-snap-")
+    atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
     periods = {0: [], 1: []}
     bytes_per_rank = None
     for rnd in range(a.rounds):

@@ -17,7 +17,7 @@ plan's tp_bytes_per_step).
 
 Writes bench/results/tp-d512.{json,md} and prints the markdown. Indicative:
 the machine is shared."""
-import argparse, json, os, statistics, sys, tempfile
+import argparse, atexit, json, os, shutil, statistics, sys, tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,6 +49,7 @@ def main():
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-tp-bench-")
+    atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
     period = {k: [] for k in KINDS}
     split = {"F": [], "B": [], "allreduce": [], "step": []}
     sent, planned = set(), None
