@@ -44,12 +44,16 @@ def job(dp, zero, d_model=512, layers=8):
 
 
 def measure(build, dp, zero, scratch, **model):
-    """Per rank: (peak RSS at step 1, planned bytes without the checkpoint's gather), and the plan's memory."""
+    """Per rank: (peak RSS at step 1, planned bytes without the checkpoint's gather), the plan's memory, and
+    (rank 0's dp bytes sent per step, the plan's, the slowest rank's last step time in s)."""
     res = pipe.run(build, job(dp, zero, **model), os.path.join(scratch, f"dp{dp}-z{zero}"), trace_every=0,
                    env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    mem = res["plan"]["analytics"]["ranks"][0]["memory"]
+    rank0 = res["plan"]["analytics"]["ranks"][0]
+    mem = rank0["memory"]
     planned = sum(v for k, v in mem.items() if k not in ("n_slots", "remat_saved", "ckpt_gather", "total"))
-    return [res["reports"][r][1]["hwm"] for r in range(dp)], planned, mem
+    traffic = (res["reports"][0][1].get("dp_bytes"), rank0["dp_bytes_per_step"],
+               max(res["reports"][r][-1]["step_time"] for r in range(dp)))
+    return [res["reports"][r][1]["hwm"] for r in range(dp)], planned, mem, traffic
 
 
 def main():
@@ -62,7 +66,9 @@ def main():
     for dp in a.dp:
         got = {z: measure(a.build, dp, z, scratch) for z in (0, 1, 2)}
         for z in (0, 1, 2):
-            out["runs"][f"dp{dp}-z{z}"] = {"hwm": got[z][0], "planned": got[z][1], "memory": got[z][2]}
+            out["runs"][f"dp{dp}-z{z}"] = {"hwm": got[z][0], "planned": got[z][1], "memory": got[z][2],
+                                           "dp_bytes": got[z][3][0], "dp_bytes_planned": got[z][3][1],
+                                           "step_time": got[z][3][2]}
             print(f"dp {dp} zero {z}: peak RSS {[round(x / MiB, 1) for x in got[z][0]]} MiB, planned "
                   f"{got[z][1] / MiB:.1f} MiB", file=sys.stderr, flush=True)
         for z in (1, 2):
@@ -83,6 +89,13 @@ def main():
         md.append(f"| {x['dp']} | {x['zero']} | {x['rank']} | {x['rss0'] / MiB:.1f} MiB | {x['rss'] / MiB:.1f} MiB | "
                   f"{x['plan0'] / MiB:.1f} MiB | {x['plan'] / MiB:.1f} MiB | {x['drop_measured'] / MiB:.1f} MiB | "
                   f"{x['drop_planned'] / MiB:.1f} MiB | {x['ratio']:.3f} | {'yes' if x['within_10pct'] else 'no'} |")
+    md += ["", "Traffic and time (rank 0's dp bytes sent in step 1, the plan's; the slowest rank's last step, one "
+           "run: a sample on a shared 2-core machine, not a benchmark):", "",
+           "| dp | zero | dp MiB sent / step | planned | step ms |", "|---|---|---|---|---|"]
+    for k, v in out["runs"].items():
+        dp, z = k[2:].split("-z")
+        md.append(f"| {dp} | {z} | {v['dp_bytes'] / MiB:.1f} | {v['dp_bytes_planned'] / MiB:.1f} | "
+                  f"{v['step_time'] * 1e3:.0f} |")
     md += ["", "The absolute RSS sits above the plan by the process baseline (about the same for every zero); the "
            "drop is what sharding saves: zero 1 AdamW m and v to a 1/dp shard (and no whole-arena receive "
            "buffers), zero 2 also the gradient arena to its shard plus one node's weight gradients of scratch "

@@ -18,7 +18,10 @@
  * With train.zero 1 and 2 (the sums in another association) every rank's
  * parameters equal the reference update to 1e-6, every replica reports
  * the same norm, and each keeps optimizer state for its shard only, equal
- * to the reference's on that range. */
+ * to the reference's on that range. Under zero 2 a rank's gradient arena
+ * holds what the reduce-scatter inside the actions leaves (worker/gradrs.c):
+ * the replicas' sum in its shard, its own gradients in the ranges summed
+ * whole, nothing elsewhere (unmapped). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +68,7 @@ typedef struct {
   wf_job *f;
   pw_run *run[NR];  /* rank = replica * PP + pipeline rank */
   pw_run *ref[PP];  /* reference programs of each pipeline rank */
+  float *ref_grads[PP][8]; /* zero 2: a whole gradient arena lent to each reference program */
   int fds[2 * NR * NR];
   int n_fds;
 } mesh;
@@ -97,6 +101,13 @@ static int setup(void **state) {
   for (int pr = 0; pr < PP; pr++) {
     m->ref[pr] = wf_run(m->f, pr, 10);
     assert_int_equal(pw_run_open_files(m->ref[pr], &err), 0);
+    for (int li = 0; v && v->zero == 2 && li < m->ref[pr]->n_ls; li++) { /* its own is replica 0's shard */
+      pw_prog *rp = m->ref[pr]->ls[li].prog;
+      size_t whole[1][2] = {{0, pw_prog_grad_numel(rp)}};
+      assert_true(li < 8 && (m->ref_grads[pr][li] = calloc(whole[0][1] + 1, sizeof(float))));
+      assert_int_equal(pw_prog_set_wgrad(rp, m->ref_grads[pr][li], (const size_t(*)[2])whole, 1, NULL, 0, NULL, NULL,
+                                         NULL), 0);
+    }
   }
   /* a link a -> b: a writes wl[b], b reads in_fd[a] */
   for (int a = 0; a < NR; a++)
@@ -113,7 +124,18 @@ static int setup(void **state) {
     pw_run *r = m->run[k];
     for (int li = 0; li < r->n_ls; li++) {
       float *g = pw_prog_grads(r->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) g[i] = grad_of(r->replica, r->ls[li].stage, i);
+      const pw_dpx *x = v && v->zero == 2 ? &r->cp.dpx[li] : NULL;
+      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) {
+        int whole = !x;
+        for (int f = 0; x && f < x->n_full; f++) whole |= x->full[f][0] <= i && i < x->full[f][1];
+        if (whole) {
+          g[i] = grad_of(r->replica, r->ls[li].stage, i);
+        } else if (i >= x->lo && i < x->hi) { /* zero 2: what the flushes left in our shard (gradrs.c) */
+          float acc = 0;
+          for (int d = 0; d < DP; d++) acc += grad_of(d, r->ls[li].stage, i);
+          g[i] = acc;
+        } /* else not ours: not even mapped */
+      }
     }
   }
   *state = m;
@@ -124,7 +146,10 @@ static int teardown(void **state) {
   mesh *m = *state;
   for (int i = 0; i < m->n_fds; i++) close(m->fds[i]);
   for (int k = 0; k < NR; k++) wf_run_free(m->f, m->run[k]);
-  for (int pr = 0; pr < PP; pr++) wf_run_free(m->f, m->ref[pr]);
+  for (int pr = 0; pr < PP; pr++) {
+    wf_run_free(m->f, m->ref[pr]);
+    for (int li = 0; li < 8; li++) free(m->ref_grads[pr][li]);
+  }
   wf_job_free(m->f);
   free(m);
   return 0;
