@@ -426,7 +426,8 @@ static int chunk_fits(pw_run *r, int from, const pw_frame_hdr *h, pw_dpx **x, in
   pw_shard_range((*x)->n, r->dp, what == PW_DPX_RS || what == PW_DPX_FRS ? r->replica : *d, lo, &hi);
   int n_chunks = pw_chunk_count(hi - *lo, r->cp.dp_chunk);
   if (c >= n_chunks || h->payload_len != chunk_len(hi - *lo, r->cp.dp_chunk, c) * sizeof(float) ||
-      ((what == PW_DPX_GM || what == PW_DPX_GV) && (r->replica != 0 || !pw_dpx_zero(r))))
+      ((what == PW_DPX_GM || what == PW_DPX_GV) && (r->replica != 0 || !pw_dpx_zero(r))) ||
+      (what == PW_DPX_RS && pw_dpx_zero(r) == 2)) /* no step-end reduce-scatter of the main gradients: no buffer */
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel chunk %d (value %u, %llu bytes) of stage %u does not fit",
                       c, h->value, (unsigned long long)h->payload_len, h->stage);
   *off = (size_t)c * r->cp.dp_chunk;

@@ -409,6 +409,54 @@ static void test_full_step_end(void **state) {
   }
 }
 
+/* zero 2: where a peer's gradient piece goes (gradrs.c), and what is
+ * refused, naming why: a piece past the receive buffer, a flush two
+ * ahead, the wrong sender, another stage, an empty piece of a flush two
+ * ahead (it reaches only pw_run_frame_done), and a step-end
+ * reduce-scatter chunk of the main gradients, which zero 2 has no buffer
+ * for. */
+static void test_zero2_frames(void **state) {
+  mesh *m = *state;
+  pw_run *r = m->run[0]; /* replica 0, pipeline rank 0 */
+  pw_gradrs *g = r->cp.gradrs;
+  assert_non_null(g);
+  int stage = r->ls[0].stage, from = 1 * PP + 0; /* replica 1's rank of pipeline rank 0 */
+  size_t cap = g->st[0].cap;
+  assert_true(cap > 4);
+  struct {
+    int from, stage;
+    uint32_t call, off;
+    size_t n;
+    const char *why;
+  } cases[] = {{from, stage, 0, 2, 3, NULL},   {from, stage, 1, 0, cap, NULL},
+               {from, stage, 0, (uint32_t)cap - 1, 2, "does not fit"}, {from, stage, 2, 0, 1, "does not fit"},
+               {1, stage, 0, 0, 1, "does not fit"}, {from, 99, 0, 0, 1, "does not fit"}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    pw_frame_hdr h;
+    pw_err err = {0};
+    void *dst = NULL;
+    assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, cases[c].call, 1, (uint32_t)cases[c].stage,
+                                           PW_GRADRS_PIECE | cases[c].off << 4, PW_DTYPE_F32, cases[c].n), 0);
+    int rc = pw_run_frame_dest(r, cases[c].from, &h, &dst, &err);
+    if (!cases[c].why) {
+      if (rc) fail_msg("case %zu refused: %s", c, err.msg);
+      assert_ptr_equal(dst, g->st[0].rx[cases[c].call & 1] + cases[c].off); /* replica 1: slot 0 */
+    } else if (!rc || !strstr(err.msg, cases[c].why)) {
+      fail_msg("case %zu: rc %d, '%s' (expected a refusal saying '%s')", c, rc, err.msg, cases[c].why);
+    }
+  }
+  pw_frame_hdr h;
+  pw_err err = {0};
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 2, 1, (uint32_t)stage, PW_GRADRS_PIECE,
+                                         PW_DTYPE_F32, 0), 0);
+  assert_int_not_equal(pw_run_frame_done(r, from, &h, NULL, &err), 0);
+  void *dst = NULL;
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 0, 1, (uint32_t)stage, PW_DPX_RS,
+                                         PW_DTYPE_F32, 1), 0);
+  assert_int_not_equal(pw_run_frame_dest(r, from, &h, &dst, &err), 0);
+  assert_null(dst);
+}
+
 int main(void) {
   static const variant chunked = {0, "5"}, zero1 = {1, NULL}, zero2 = {2, "7"};
   const struct CMUnitTest tests[] = {
@@ -418,6 +466,7 @@ int main(void) {
       cmocka_unit_test_prestate_setup_teardown(test_full_step_end, setup, teardown, (void *)&chunked),
       cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero1),
       cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero2),
+      cmocka_unit_test_prestate_setup_teardown(test_zero2_frames, setup, teardown, (void *)&zero2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
