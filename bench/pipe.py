@@ -4,8 +4,8 @@ Plays the coordinator's side of the control protocol like
 tests/integration/driver.py (which it follows), but keeps every step report
 (step_time, peak_act, the traced actions), the wall-clock time each step's
 last report arrived, and, at each report, the reporting worker's minor page
-faults, RSS and data-segment size from /proc/PID/{stat,status}; VmHWM (peak
-RSS) is read before shutdown. Also: replay(), a Python copy of lib/plan/sim.h's
+faults, RSS, data-segment size and VmHWM (peak RSS so far) from
+/proc/PID/{stat,status}. Also: replay(), a Python copy of lib/plan/sim.h's
 execution model, to replay a plan with measured per-action costs."""
 import json, os, selectors, socket, struct, subprocess, time
 
@@ -93,8 +93,7 @@ def run(build, job, out, trace_every=1, env=None, timeout=300, worker_args=()):
                         m["minflt"], m["rss"], m["vmdata"] = flt, st.get("VmRSS", 0), st.get("VmData", 0)
                         res["reports"][r].append(m)
                         res["step_wall"][m["step"]] = time.time()
-                        if m["step"] == steps - 1:
-                            m["hwm"] = st.get("VmHWM", 0)
+                        m["hwm"] = st.get("VmHWM", 0)  # the peak so far (the last step's: remat.py)
                     elif t == "done":
                         res["done"].append(m["rank"])
                     elif t == "error":

@@ -138,8 +138,13 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
   if (p->dp < 2 || p->sched->forward_only) return;
   int zero = job->train.zero;
   printf("data-parallel exchange per step (%s, in replica order; chunks of %zu floats)%s:\n",
-         zero ? "reduce-scatter of gradients, all-gather of parameters" : "reduce-scatter + all-gather of gradients",
-         (size_t)PW_COLL_CHUNK, zero ? "; optimizer state sharded (train.zero)" : "");
+         zero == 2 ? "each microbatch's weight gradients reduce-scattered as W makes them, all-gather of parameters"
+         : zero    ? "reduce-scatter of gradients, all-gather of parameters"
+                   : "reduce-scatter + all-gather of gradients",
+         (size_t)PW_COLL_CHUNK,
+         zero == 2 ? "; optimizer state and gradients sharded (train.zero 2)"
+         : zero    ? "; optimizer state sharded (train.zero)"
+                   : "");
   printf("%-5s %12s %12s %12s %12s %10s\n", "rank", "sent MiB", "received MiB", "gradient MiB", "buffers MiB", "est ms");
   for (int k = 0; k < p->pp; k++) {
     const pw_plan_mem *m = &p->mem[k];
@@ -147,9 +152,14 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
     printf("%-5d %12.2f %12.2f %12.2f %12.2f %10.3f\n", k, sent / (1 << 20), sent / (1 << 20),
            (double)m->grads / (1 << 20), (double)m->dp / (1 << 20), m->dp_seconds * 1e3);
   }
-  printf("each rank sends and receives 2(dp-1)/dp of its gradients (replica 0's figures; the others' differ by a "
-         "shard's rounding)%s\n",
-         zero ? "; replica 0 also holds its stages' whole AdamW v while it writes a checkpoint (in peak MiB)" : "");
+  if (zero == 2)
+    printf("each rank sends (m + 1)(dp-1)/dp of its gradients, m x zero 1's reduce-scatter and the parameters' "
+           "all-gather, and keeps a 1/dp shard of them (replica 0's figures); replica 0 also holds its stages' whole "
+           "AdamW m and v while it writes a checkpoint (in peak MiB)\n");
+  else
+    printf("each rank sends and receives 2(dp-1)/dp of its gradients (replica 0's figures; the others' differ by a "
+           "shard's rounding)%s\n",
+           zero ? "; replica 0 also holds its stages' whole AdamW v while it writes a checkpoint (in peak MiB)" : "");
 }
 
 /* The tensor-parallel all-reduces per rank and step (lib/model/tp.h),

@@ -34,10 +34,11 @@ static size_t coll_chunk(void) {
   return v > 0 && v <= PW_COLL_CHUNK && !*end ? (size_t)v : PW_COLL_CHUNK;
 }
 
-/* Shards, chunks and receive buffers of x over n floats at buf. Touched
- * now (pw_alloc_floats), as the programs' arenas are: the planner counts
- * them (pw_dp_floats). */
-static int dpx_init(pw_run *r, pw_dpx *x, float *buf, size_t n) {
+/* Shards, chunks and receive buffers of x over n floats at buf (rs: the
+ * received shards of a reduce-scatter; zero 2's main gradients have none).
+ * Touched now (pw_alloc_floats), as the programs' arenas are: the planner
+ * counts them (pw_dp_floats). */
+static int dpx_init(pw_run *r, pw_dpx *x, float *buf, size_t n, int rs) {
   int dp = r->dp;
   x->buf = buf, x->n = n;
   pw_shard_range(n, dp, r->replica, &x->lo, &x->hi);
@@ -51,7 +52,7 @@ static int dpx_init(pw_run *r, pw_dpx *x, float *buf, size_t n) {
     if (d != 0) x->g_need += 2 * pw_chunk_count(hi - lo, r->cp.dp_chunk);
   }
   size_t sm = x->smax ? x->smax : 1;
-  x->rx = pw_alloc_floats((size_t)(dp - 1) * sm);
+  x->rx = pw_alloc_floats(rs ? (size_t)(dp - 1) * sm : 1);
   x->out = pw_alloc_floats(sm);
   x->rs_step = malloc(sizeof(int) * (size_t)(x->n_chunks + 1));
   x->rs_got = calloc((size_t)x->n_chunks + 1, sizeof(int));
@@ -75,7 +76,7 @@ static int full_init(pw_run *r, int li) {
   size_t n = pw_ranges_floats((const size_t(*)[2])x->full, x->n_full);
   float *pack = pw_alloc_floats(n ? n : 1);
   if (!pack) return PW_ENOMEM;
-  return dpx_init(r, &r->cp.dpf[li], pack, n);
+  return dpx_init(r, &r->cp.dpf[li], pack, n, 1);
 }
 
 int pw_dpx_alloc(pw_run *r) {
@@ -88,16 +89,21 @@ int pw_dpx_alloc(pw_run *r) {
   r->cp.dp_norm_step = malloc(sizeof(int) * (size_t)(2 * dp));
   if (!r->cp.dpx || (zero && !r->cp.dpf) || !r->cp.dp_norm || !r->cp.dp_norm_step) return PW_ENOMEM;
   for (int k = 0; k < 2 * dp; k++) r->cp.dp_norm_step[k] = -1;
+  for (int li = 0; li < r->n_ls && zero; li++)
+    if (full_init(r, li)) return PW_ENOMEM;
+  int rc = zero == 2 ? pw_gradrs_alloc(r) : 0; /* the programs' arenas: before they are exchanged */
+  if (rc) return rc;
   for (int li = 0; li < r->n_ls; li++) {
     pw_dpx *x = &r->cp.dpx[li];
     pw_prog *p = r->ls[li].prog;
-    if (dpx_init(r, x, pw_prog_grads(p), zero ? pw_prog_train_numel(p) : pw_prog_grad_numel(p))) return PW_ENOMEM;
+    if (dpx_init(r, x, pw_prog_grads(p), zero ? pw_prog_train_numel(p) : pw_prog_grad_numel(p), zero != 2))
+      return PW_ENOMEM;
     if (!zero) continue;
     size_t sm = x->smax ? x->smax : 1;
     x->ag = pw_alloc_floats((size_t)(dp - 1) * r->cp.dp_chunk);
     x->m = pw_alloc_floats(sm);
     x->v = pw_alloc_floats(sm);
-    if (!x->ag || !x->m || !x->v || full_init(r, li)) return PW_ENOMEM;
+    if (!x->ag || !x->m || !x->v) return PW_ENOMEM;
   }
   return 0;
 }
@@ -108,6 +114,7 @@ static void dpx_free(pw_dpx *x) {
 }
 
 void pw_dpx_free(pw_run *r) {
+  pw_gradrs_free(r);
   for (int li = 0; r->cp.dpx && li < r->n_ls; li++) {
     if (r->ls[li].prog && pw_dpx_zero(r)) pw_prog_wire_moments(r->ls[li].prog, NULL, NULL);
     dpx_free(&r->cp.dpx[li]);
@@ -341,11 +348,12 @@ static int g_ready(pw_run *r, const void *arg) {
 }
 
 /* The whole m goes where the gradients are (idle from the update to the
- * step's end, when they are zeroed: pw_stepend_run), only v is made. */
-static int whole_state(pw_dpx *x) {
-  x->gm = x->buf;
+ * step's end, when they are zeroed: pw_stepend_run), only v is made;
+ * zero 2 keeps no whole gradient arena: m is made too. */
+static int whole_state(const pw_run *r, pw_dpx *x) {
+  if (!x->gm) x->gm = pw_dpx_zero(r) == 2 ? calloc(x->n ? x->n : 1, sizeof(float)) : x->buf;
   if (!x->gv) x->gv = calloc(x->n ? x->n : 1, sizeof(float));
-  return x->gv ? 0 : PW_ENOMEM;
+  return x->gm && x->gv ? 0 : PW_ENOMEM;
 }
 
 int pw_dpx_state_gather(pw_run *r) {
@@ -361,7 +369,7 @@ int pw_dpx_state_gather(pw_run *r) {
   if ((rc = pw_exec_wait(r, g_ready, NULL))) return rc;
   for (int li = 0; li < r->n_ls; li++) {
     pw_dpx *x = &r->cp.dpx[li];
-    if (whole_state(x)) return pw_exec_fail(r, PW_ENOMEM, NULL, "out of memory gathering optimizer state");
+    if (whole_state(r, x)) return pw_exec_fail(r, PW_ENOMEM, NULL, "out of memory gathering optimizer state");
     memcpy(x->gm + x->lo, x->m, (x->hi - x->lo) * sizeof(float));
     memcpy(x->gv + x->lo, x->v, (x->hi - x->lo) * sizeof(float));
     pw_prog_wire_moments(r->ls[li].prog, x->gm, x->gv);
@@ -373,6 +381,7 @@ void pw_dpx_state_release(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_dpx *x = &r->cp.dpx[li];
     pw_prog_wire_moments(r->ls[li].prog, NULL, NULL);
+    if (x->gm != x->buf) free(x->gm);
     free(x->gv);
     x->gm = x->gv = NULL;
   }
@@ -381,7 +390,7 @@ void pw_dpx_state_release(pw_run *r) {
 int pw_dpx_load_begin(pw_run *r) {
   for (int li = 0; li < r->n_ls; li++) {
     pw_dpx *x = &r->cp.dpx[li];
-    if (whole_state(x)) return PW_ENOMEM;
+    if (whole_state(r, x)) return PW_ENOMEM;
     pw_prog_wire_moments(r->ls[li].prog, x->gm, x->gv);
   }
   return 0;
@@ -417,7 +426,8 @@ static int chunk_fits(pw_run *r, int from, const pw_frame_hdr *h, pw_dpx **x, in
   pw_shard_range((*x)->n, r->dp, what == PW_DPX_RS || what == PW_DPX_FRS ? r->replica : *d, lo, &hi);
   int n_chunks = pw_chunk_count(hi - *lo, r->cp.dp_chunk);
   if (c >= n_chunks || h->payload_len != chunk_len(hi - *lo, r->cp.dp_chunk, c) * sizeof(float) ||
-      ((what == PW_DPX_GM || what == PW_DPX_GV) && (r->replica != 0 || !pw_dpx_zero(r))))
+      ((what == PW_DPX_GM || what == PW_DPX_GV) && (r->replica != 0 || !pw_dpx_zero(r))) ||
+      (what == PW_DPX_RS && pw_dpx_zero(r) == 2)) /* no step-end reduce-scatter of the main gradients: no buffer */
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel chunk %d (value %u, %llu bytes) of stage %u does not fit",
                       c, h->value, (unsigned long long)h->payload_len, h->stage);
   *off = (size_t)c * r->cp.dp_chunk;
@@ -429,6 +439,7 @@ int pw_dpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *
   size_t lo, off;
   pw_dpx *x;
   *dst = NULL;
+  if (what == PW_GRADRS_PIECE) return pw_gradrs_dest(r, from, h, dst, err);
   if ((int)h->step != r->sh.step && (int)h->step != r->sh.step + 1)
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel frame for step %u while at step %d", h->step, r->sh.step);
   if (what == PW_DPX_NORM) {
@@ -448,7 +459,7 @@ int pw_dpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *
       *dst = what == PW_DPX_AG && pw_dpx_zero(r) ? x->ag + (size_t)slot_of(r, d) * r->cp.dp_chunk : x->buf + lo + off;
       return 0;
     default: /* GM, GV */
-      if (whole_state(x)) return pw_err_set(err, PW_ENOMEM, "frame", "out of memory gathering optimizer state");
+      if (whole_state(r, x)) return pw_err_set(err, PW_ENOMEM, "frame", "out of memory gathering optimizer state");
       *dst = (what == PW_DPX_GM ? x->gm : x->gv) + lo + off;
       return 0;
   }
@@ -456,6 +467,7 @@ int pw_dpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *
 
 int pw_dpx_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err) {
   int what = (int)(h->value & 15), step = (int)h->step, li, d;
+  if (what == PW_GRADRS_PIECE) return pw_gradrs_frame(r, from, h, err);
   if (what == PW_DPX_NORM) {
     double v;
     memcpy(&v, payload, 8);

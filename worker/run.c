@@ -155,6 +155,7 @@ static int setup_stages(pw_run *r, pw_err *err) {
                           .batch_size = r->spec.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap, .remat = r->n_work[li] > 0, .n_work = r->n_work[li],
                           .no_moments = pw_dpx_zero(r) > 0, /* a shard of them in dpx.c */
+                          .no_grads = pw_dpx_zero(r) == 2,  /* lent by gradrs.c */
                           .bf16 = r->spec.train.precision == PW_PRECISION_BF16};
     if ((rc = pw_prog_create(&r->model, &cfg, &ls->prog, err))) break;
     if (r->tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->tp_rank, pw_tpx_allreduce, r))) break;

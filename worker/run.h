@@ -26,6 +26,7 @@
 #include "control.h"
 #include "data.h"
 #include "dpx.h"
+#include "gradrs.h"
 #include "fetch.h"
 #include "model.h"
 #include "partition.h"
@@ -192,6 +193,7 @@ typedef struct {
   size_t dp_chunk;         /* floats per chunk */
   double *dp_norm;         /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
   int *dp_norm_step;
+  pw_gradrs *gradrs;       /* zero 2: the reduce-scatter inside W and B actions (gradrs.c) */
   uint64_t dp_bytes;       /* payload bytes sent in it this step */
   double dp_seconds;       /* and the time spent in it */
   double dp_t0, dp_t1;     /* its first start and last end, from the step's start (t0 < 0: none yet) */

@@ -367,12 +367,12 @@ static int checkpoint(pw_run *r) {
  * (dpx.h), and reduce-scatters the rest after: the same sums. */
 int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   int rc, zero = pw_dpx_zero(r);
-  r->cp.dp_bytes = 0, r->cp.dp_seconds = 0, r->cp.dp_t0 = -1;
+  r->cp.dp_t0 = -1; /* (bytes and seconds count from the step's start: zero 2 sends inside actions) */
   if (r->spec.mode != PW_MODE_FORWARD) {
     if (r->dp > 1 && (rc = zero ? pw_dpx_reduce_full(r) : pw_dpx_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;
-    if (zero && (rc = pw_dpx_reduce_scatter(r))) return rc;
+    if (zero == 1 && (rc = pw_dpx_reduce_scatter(r))) return rc; /* zero 2's shards are summed already */
   }
   double part = 0, split = 0;
   if (r->spec.mode != PW_MODE_FORWARD)
@@ -443,6 +443,7 @@ int pw_stepend_run(pw_run *r) {
     return pw_exec_fail(r, rc, NULL, "out of memory for a step report");
   }
   if ((rc = checkpoint(r))) return rc;
+  r->cp.dp_bytes = 0, r->cp.dp_seconds = 0; /* the next step's, from its first action (not a checkpoint's) */
   if (r->spec.mode != PW_MODE_FORWARD)
     for (int li = 0; li < r->n_ls; li++) pw_prog_zero_grad(r->ls[li].prog);
   uv_mutex_lock(&r->sh.mu);

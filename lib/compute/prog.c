@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "collective.h"
 #include "kernels.h"
 #include "optable.h"
 #include "ops.h"
@@ -69,6 +70,14 @@ struct pw_prog {
   void *tp_ctx;
   unsigned char *tp_node;        /* [local node] TP_* below */
   float *tp_buf;                 /* the cross-entropy's 3 floats per row */
+  /* ZeRO-2 only (pw_prog_set_wgrad): arena_g is lent */
+  size_t (*live)[2];             /* [n_live] the ranges of arena_g that exist */
+  int n_live;
+  unsigned char *wg_part;        /* [local node] bit k: part k (w, b) goes through the scratch */
+  float *wg_scratch;
+  pw_prog_wgrad_fn wg_fn;
+  void *wg_ctx;
+  int wg_rc;
 };
 
 enum { TP_ROW = 1, TP_EMBED = 2, TP_XENT = 4, TP_DOUT = 8 }; /* tp_node bits */
@@ -89,7 +98,11 @@ static void first_touch(float *a, size_t n) {
  * "madvise" mode): a step streams through hundreds of MB of slot and
  * arenas, and OpenBLAS's packing walks many rows at once; with 4 KiB pages
  * each 4 KiB is a TLB miss. Measured on a d256 step: about even on a quiet
- * machine, 1-6 % faster while other processes load it. Freed with free(). */
+ * machine, 1-6 % faster while other processes load it. Only the whole huge
+ * pages inside the n floats are asked for: one over the tail would map up to
+ * 2 MiB nobody uses, which the planner does not count (measured: a ZeRO-2
+ * worker's three 2.4 MB buffers held 5 MiB more than planned). Freed with
+ * free(). */
 float *pw_alloc_floats(size_t n) {
   size_t bytes = n * sizeof(float);
   float *a;
@@ -102,7 +115,7 @@ float *pw_alloc_floats(size_t n) {
   size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
   if (posix_memalign(&v, HUGE_PAGE, rounded)) return NULL;
 #ifdef MADV_HUGEPAGE
-  madvise(v, rounded, MADV_HUGEPAGE); /* a hint: if refused, 4 KiB pages */
+  madvise(v, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* a hint: if refused, 4 KiB pages */
 #endif
   memset(v, 0, bytes);
   return v;
@@ -211,15 +224,16 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   size_t pn = L->sz.numel ? L->sz.numel : 1, tn = L->sz.train_numel ? L->sz.train_numel : 1;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
   p->arena_p = pw_alloc_floats(pn);
-  p->arena_g = pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
+  p->arena_g = cfg->no_grads ? NULL : pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
   p->arena_m = cfg->no_moments ? NULL : pw_alloc_floats(tn);
   p->arena_v = cfg->no_moments ? NULL : pw_alloc_floats(tn);
-  if (!p->params || !p->arena_p || !p->arena_g || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
+  if (!p->params || !p->arena_p || (!cfg->no_grads && !p->arena_g) || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
   for (int i = 0; i < L->n_params; i++) {
     size_t go = L->param_goff[i];
     int frozen = go == NONE; /* no gradient, no optimizer state */
     p->params[i] = (pw_prog_param){.meta = &m->params[L->param_model[i]], .model_index = L->param_model[i],
-                                   .data = p->arena_p + L->param_off[i], .grad = frozen ? NULL : p->arena_g + go,
+                                   .data = p->arena_p + L->param_off[i],
+                                   .grad = frozen || !p->arena_g ? NULL : p->arena_g + go,
                                    .m = frozen || !p->arena_m ? NULL : p->arena_m + go,
                                    .v = frozen || !p->arena_v ? NULL : p->arena_v + go};
   }
@@ -258,7 +272,9 @@ void pw_prog_free(pw_prog *p) {
   if (!p) return;
   free(p->params);
   free(p->arena_p);
-  free(p->arena_g);
+  if (!p->cfg.no_grads) free(p->arena_g); /* else lent */
+  free(p->live);
+  free(p->wg_part);
   if (!p->cfg.no_moments) { /* else lent, if anything */
     free(p->arena_m);
     free(p->arena_v);
@@ -405,7 +421,56 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
   }
 }
 
-void pw_prog_zero_grad(pw_prog *p) { memset(p->arena_g, 0, p->L.sz.grad_numel * sizeof(float)); }
+void pw_prog_zero_grad(pw_prog *p) {
+  if (!p->cfg.no_grads) {
+    memset(p->arena_g, 0, p->L.sz.grad_numel * sizeof(float));
+    return;
+  }
+  for (int k = 0; p->arena_g && k < p->n_live; k++)
+    memset(p->arena_g + p->live[k][0], 0, (p->live[k][1] - p->live[k][0]) * sizeof(float));
+}
+
+/* ---- ZeRO-2's lent arena and weight-gradient scratch --------------------- */
+
+int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
+                      int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx) {
+  const pw_prog_layout *L = &p->L;
+  int nl = L->node_hi - L->node_lo;
+  p->arena_g = g;
+  for (int i = 0; i < L->n_params; i++)
+    if (L->param_goff[i] != NONE) p->params[i].grad = g + L->param_goff[i];
+  free(p->live), free(p->wg_part);
+  p->live = malloc(sizeof *p->live * (size_t)(n_live + 1));
+  p->wg_part = calloc((size_t)nl + 1, 1);
+  if (!p->live || !p->wg_part) return PW_ENOMEM;
+  memcpy(p->live, live, sizeof *p->live * (size_t)n_live);
+  p->n_live = n_live;
+  for (int i = 0; i < nl; i++) p->wg_part[i] = (unsigned char)pw_dp_wgrad_parts(p->m, L, i, direct, n_direct);
+  p->wg_scratch = scratch, p->wg_fn = fn, p->wg_ctx = ctx;
+  return 0;
+}
+
+/* Points node i's redirected weight gradients into the zeroed scratch;
+ * their arena spans in spans. Returns how many (0: all direct). */
+static int wg_begin(pw_prog *p, int i, pw_kernel_io *io, size_t (*spans)[2]) {
+  int li = i - p->L.node_lo, ns = 0;
+  if (!p->wg_part || !p->wg_part[li]) return 0;
+  const pw_node *n = &p->m->nodes[i];
+  size_t at = 0;
+  for (int k = 0; k < 2; k++) {
+    if (!(p->wg_part[li] >> k & 1)) continue;
+    size_t off = k ? p->L.node_db[li] : p->L.node_dw[li], len = p->m->params[k ? n->b : n->w].numel;
+    *(k ? &io->db : &io->dw) = p->wg_scratch + at;
+    spans[ns][0] = off, spans[ns][1] = len, ns++;
+    at += len;
+  }
+  memset(p->wg_scratch, 0, at * sizeof(float));
+  return ns;
+}
+
+static void wg_end(pw_prog *p, const size_t (*spans)[2], int ns) {
+  if (ns && !p->wg_rc) p->wg_rc = p->wg_fn(p->wg_ctx, p->wg_scratch, spans, ns);
+}
 
 /* ---- per node -------------------------------------------------------- */
 
@@ -558,12 +623,15 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
   if (!io.dw && !io.db) return; /* frozen: no W */
+  size_t spans[2][2];
+  int ns = wg_begin(p, i, &io, spans);
   if (tp_flags(p, i) & TP_EMBED) {
     int V = p->m->params[n->w].shape[0];
     pw_embed_vp_backward_weight(io.dw, io.dout, (const int32_t *)io.in0, io.rows, n->OC, V, tp_v0(p, V));
   } else {
     f(&io);
   }
+  wg_end(p, (const size_t(*)[2])spans, ns);
 }
 
 /* ---- remat's work buffers ------------------------------------------------ */
@@ -631,7 +699,7 @@ int pw_prog_backward_weight(pw_prog *p, int slot) {
   if (p->cfg.remat && p->work_of[slot] < 0) return PW_EINVAL;
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) node_backward_weight(p, slot, i);
   work_give(p, slot);
-  return 0;
+  return p->wg_rc;
 }
 
 /* Both halves in one pass where the op has one (the layernorm: the bits
@@ -642,7 +710,10 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
   if (!io.din0 || !io.dw || (io.n->b >= 0 && !io.db)) return 0; /* frozen: I alone */
+  size_t spans[2][2];
+  int ns = wg_begin(p, i, &io, spans);
   f(&io);
+  wg_end(p, (const size_t(*)[2])spans, ns);
   return 1;
 }
 
@@ -657,5 +728,5 @@ int pw_prog_backward(pw_prog *p, int slot) {
     node_backward_input(p, slot, i);
   }
   work_give(p, slot);
-  return p->tp_rc;
+  return p->tp_rc ? p->tp_rc : p->wg_rc;
 }

@@ -69,6 +69,8 @@ typedef struct {
                              elsewhere; pw_prog_wire_moments lends whole ones
                              to a checkpoint's save or load) */
   int bf16;               /* train.precision "bf16": below */
+  int no_grads;           /* 1: no gradient arena of its own (ZeRO-2 lends one:
+                             pw_prog_set_wgrad) */
 } pw_prog_config;
 
 typedef struct {
@@ -177,6 +179,22 @@ int pw_prog_backward(pw_prog *p, int slot);
 enum { PW_PROG_SUM, PW_PROG_MAX };
 typedef int (*pw_prog_allreduce_fn)(void *ctx, float *buf, size_t n, int op);
 PW_MUST_CHECK int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx);
+
+/* ZeRO-2 (worker/gradrs.c, docs/contracts.md "Data-parallel sums and
+ * shards"). A no_grads program is lent its gradient arena `g`: grad_numel
+ * floats of address space of which only the n_live ranges {offset, end}
+ * `live` exist (pw_prog_zero_grad zeroes those, nothing else). A node's
+ * weight gradients accumulate in the arena only where their range lies
+ * inside one of the n_direct ranges `direct`; the others (the parameters
+ * of one node, w's then b's) are computed per microbatch into `scratch`
+ * (zeroed first; pw_dp_wgrad_floats floats) and handed to fn right after
+ * the node's backward-weight: spans[k] = {arena offset, floats} of
+ * scratch's consecutive parts. fn adds them where they belong and returns
+ * 0 or a negative code; the first failure is kept and returned by the
+ * entry point. Once, before any entry point. */
+typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans);
+PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
+                                     int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx);
 
 /* n zeroed floats with every page mapped now (2 MiB aligned, transparent
  * huge pages asked for, from 2 MiB up): the arenas of programs and of

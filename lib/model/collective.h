@@ -75,15 +75,47 @@ int pw_dp_full_ranges(const pw_model *m, const pw_prog_layout *L, const int *tie
 /* Floats in n ranges. */
 size_t pw_ranges_floats(const size_t (*r)[2], int n);
 /* Floats of the exchange's buffers for one stage (not the optimizer state);
- * full: pw_ranges_floats of its pw_dp_full_ranges (used when zero > 0). */
+ * full: pw_ranges_floats of its pw_dp_full_ranges (used when zero > 0).
+ * zero 2 has no step-end reduce-scatter of the main gradients, so no
+ * received shards (and pw_dp_wgrad_bufs_floats on top). */
 size_t pw_dp_floats(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, size_t chunk);
+/* ---- ZeRO-2: weight gradients reduce-scattered as they are made ----------
+ * (worker/gradrs.c). A replica keeps, of a stage's gradient arena, only
+ * its shard of the main part and the full ranges (pw_dp_live_ranges; the
+ * rest is address space never touched). A node's weight gradients whose
+ * range is not inside a full range (pw_dp_wgrad_parts) are computed per
+ * microbatch into a scratch of pw_dp_wgrad_floats floats, and at once
+ * reduce-scattered over the replicas: shard j of each span to replica j,
+ * which adds the dp copies in replica order and that sum into its shard
+ * (pw_reduce_ordered_add). Buffers: the scratch and, per call parity, a
+ * piece from each other replica (pw_dp_wgrad_bufs_floats). */
+/* Bit k set: part k (0 the node's w, 1 its b) of local node `node` (0 =
+ * L->node_lo) has a gradient outside the n_full ranges `full`. */
+int pw_dp_wgrad_parts(const pw_model *m, const pw_prog_layout *L, int node, const size_t (*full)[2], int n_full);
+/* The largest node's such gradients: the scratch. */
+size_t pw_dp_wgrad_floats(const pw_model *m, const pw_prog_layout *L, const size_t (*full)[2], int n_full);
+/* Scratch plus receive buffers: 2 parities x (dp - 1) pieces of at most
+ * min(scratch, the longest shard of train_numel) floats. */
+size_t pw_dp_wgrad_bufs_floats(size_t scratch, size_t train_numel, int dp);
+/* Bytes replica `me` sends per microbatch of a stage: every span but the
+ * part in its own shard. */
+uint64_t pw_dp_wgrad_bytes(const pw_model *m, const pw_prog_layout *L, const size_t (*full)[2], int n_full, int dp,
+                           int me);
+/* The ranges of the gradient arena replica `me` keeps: its shard of
+ * [0, train_numel) and the n_full ranges, sorted and merged into out (n_full
+ * + 1 entries); returns how many. */
+int pw_dp_live_ranges(size_t train_numel, int dp, int me, const size_t (*full)[2], int n_full, size_t (*out)[2]);
+/* acc[i] += ((0 + in[0][i]) + in[1][i]) + ... + in[k-1][i]. */
+void pw_reduce_ordered_add(float *acc, const float *const *in, int k, size_t n);
+
 /* Floats of one stage's optimizer state (m and v): 2 x train_numel, or
  * twice the longest shard under zero > 0. */
 size_t pw_dp_state_floats(size_t train_numel, int dp, int zero);
 /* Bytes a replica sends per step in the exchange of one stage: zero 0 the
  * reduce-scatter and all-gather of the gradient arena, else the
  * reduce-scatter of the main gradients, the all-gather of the updated
- * parameters (the same count) and the all-reduce of the full ranges. */
+ * parameters (the same count) and the all-reduce of the full ranges; zero
+ * 2 without the reduce-scatter (add m x pw_dp_wgrad_bytes). */
 uint64_t pw_dp_step_bytes(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, int replica);
 
 #endif

@@ -195,21 +195,43 @@ static int eval_peak_slots(const pw_sched *s, int *peak) {
   return rc;
 }
 
-/* Floats stage s all-reduces whole under train.zero > 0 (worker/dpx.c):
- * its shadows and the parameters it shares with other stages. */
-static int full_floats(const pw_plan *p, int s, size_t *out) {
+/* Stage s's exchange under train.zero > 0 (worker/dpx.c, gradrs.c): the
+ * floats it all-reduces whole (its shadows and the parameters it shares
+ * with other stages) in *full and, zero 2, what its replica 0 keeps of
+ * the gradient arena (*live), its weight-gradient buffers (*wbufs), the
+ * bytes it sends per microbatch (*wsent) and its flushes per microbatch
+ * (*flushes). */
+typedef struct {
+  size_t full, live, wbufs;
+  uint64_t wsent;
+  int flushes;
+} zero_sizes;
+
+static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
   const pw_stage *st = &p->part.stages[s];
   pw_prog_layout L;
+  memset(z, 0, sizeof *z);
   if (pw_prog_layout_build(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &L)) return PW_ENOMEM;
   int tied[64], nt = 0;
   for (int k = 0; k < p->part.n_shared && nt < 64; k++)
     for (int j = 0; j < p->part.shared[k].n_holders; j++)
       if (p->part.shared[k].holders[j] == s) tied[nt++] = p->part.shared[k].param;
-  size_t (*r)[2] = malloc(sizeof *r * (size_t)(2 * L.n_shadow + nt + 1));
-  if (r) *out = pw_ranges_floats((const size_t(*)[2])r, pw_dp_full_ranges(&p->model, &L, tied, nt, r));
-  free(r);
+  size_t(*r)[2] = malloc(sizeof *r * (size_t)(2 * L.n_shadow + nt + 2));
+  size_t(*live)[2] = malloc(sizeof *live * (size_t)(2 * L.n_shadow + nt + 2));
+  if (r && live) {
+    int nf = pw_dp_full_ranges(&p->model, &L, tied, nt, r);
+    const size_t(*f)[2] = (const size_t(*)[2])r;
+    z->full = pw_ranges_floats(f, nf);
+    if (zero == 2) {
+      z->live = pw_ranges_floats((const size_t(*)[2])live, pw_dp_live_ranges(L.sz.train_numel, p->dp, 0, f, nf, live));
+      z->wbufs = pw_dp_wgrad_bufs_floats(pw_dp_wgrad_floats(&p->model, &L, f, nf), L.sz.train_numel, p->dp);
+      z->wsent = pw_dp_wgrad_bytes(&p->model, &L, f, nf, p->dp, 0);
+      for (int i = 0; i < L.node_hi - L.node_lo; i++) z->flushes += pw_dp_wgrad_parts(&p->model, &L, i, f, nf) != 0;
+    }
+  }
+  free(r), free(live);
   pw_prog_layout_free(&L);
-  return r ? 0 : PW_ENOMEM;
+  return r && live ? 0 : PW_ENOMEM;
 }
 
 /* train.precision "bf16" (lib/compute/prog.h): a stage keeps a bf16 copy
@@ -251,9 +273,11 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     pw_plan_tp_rank(p, s, &p->stage_mem[s], r);
-    r->params += sm->numel * sizeof(float);
-    r->grads += sm->grad_numel * sizeof(float);
     int zero = train && p->dp > 1 ? job->train.zero : 0;
+    zero_sizes z = {0};
+    if (zero && zero_sizes_of(p, s, zero, &z)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+    r->params += sm->numel * sizeof(float);
+    r->grads += (zero == 2 ? z.live : sm->grad_numel) * sizeof(float);
     r->adam += pw_dp_state_floats(sm->train_numel, p->dp, zero) * sizeof(float);
     size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     if (p->n_work[s]) {
@@ -275,14 +299,16 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
     }
     if (sm->draws_data) r->data = data_bytes(job, &p->model); /* once per rank */
     if (train) {
-      size_t whole = 0;
-      if (zero && p->dp > 1 && full_floats(p, s, &whole)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
-      r->dp += pw_dp_floats(sm->grad_numel, sm->train_numel, whole, p->dp, zero, PW_COLL_CHUNK) * sizeof(float);
-      uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, whole, p->dp, zero, 0);
+      r->dp += (pw_dp_floats(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, PW_COLL_CHUNK) + z.wbufs) *
+               sizeof(float);
+      uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, 0);
+      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * PW_PLAN_LINK_LATENCY;
+      /* zero 2: every microbatch's flushes, one exchange each (gradrs.c) */
+      sent += (uint64_t)p->m * z.wsent;
+      r->dp_seconds += (double)p->m * z.flushes * PW_PLAN_LINK_LATENCY + (double)sent / PW_PLAN_LINK_BW;
       r->dp_sent += sent;
-      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * PW_PLAN_LINK_LATENCY +
-                       (double)sent / PW_PLAN_LINK_BW;
-      if (zero) r->ckpt_gather += sm->train_numel * sizeof(float);
+      /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too */
+      if (zero) r->ckpt_gather += (zero == 2 ? 2 : 1) * sm->train_numel * sizeof(float);
     }
   }
   /* a rank holding a copy of a shared parameter keeps its block */

@@ -68,7 +68,8 @@ void pw_tied_wire(pw_tied_bufs *t, float *block, const pw_model *m, const pw_sha
  * stacks, OpenBLAS's workspace: about 6 MiB here) is excluded. */
 typedef struct {
   size_t params;   /* parameter arenas */
-  size_t grads;    /* gradient arenas (shadows included) */
+  size_t grads;    /* gradient arenas (shadows included); train.zero 2: what replica 0 keeps of
+                      them, its shard of the main part and the full ranges (pw_dp_live_ranges) */
   size_t adam;     /* AdamW m and v (train.zero > 0: of the rank's shard) */
   size_t slots;    /* activation slots: per stage, slot bytes x peak slots (a
                       remat stage's slot is its keep part: the ports) */
@@ -76,14 +77,17 @@ typedef struct {
   size_t work;     /* remat stages: work bytes (slot minus keep) x n_work */
   size_t remat_saved; /* what slots + work are below the same stages without remat */
   size_t scratch;  /* attention scratch */
-  size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats) */
-  uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes; each
+  size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats; zero 2 also
+                      pw_dp_wgrad_bufs_floats: the weight-gradient scratch and its pieces) */
+  uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes, zero 2
+                         plus m x pw_dp_wgrad_bytes: m x the zero 1 reduce-scatter; each
                          replica receives as many, within a shard's rounding) */
   double dp_seconds; /* that exchange on the link model: PW_PLAN_LINK_LATENCY per chunk sent and
                          dp_sent / PW_PLAN_LINK_BW (after the pipeline's last action; not in the
                          simulated makespan) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
-                         writes a checkpoint (m goes where the gradients are); the other
+                         writes a checkpoint (m goes where the gradients are; zero 2 has no
+                         whole gradient arena: m and v); the other
                          replicas' peak is total minus this */
   uint64_t tp_sent;  /* mesh.tp > 1: bytes tp rank 0 of each of its stages sends per step in the
                         tensor-parallel all-reduces (lib/model/tp.h; the others within a shard's

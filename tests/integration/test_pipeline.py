@@ -77,7 +77,8 @@ class Suite:
     def reference(self, spec):
         """`pipewright train` on the same job (shared by runs it cannot tell apart)."""
         key = json.dumps([spec["schedule"]["microbatches"], spec["mesh"]["dp"], spec["model"]["tie_embeddings"],
-                          spec["train"]["steps"], spec["train"].get("trainable"), spec["model"].get("lora")])
+                          spec["train"]["steps"], spec["train"].get("trainable"), spec["model"].get("lora"),
+                          spec["train"].get("optimizer")])
         if key not in self.refs:
             d = os.path.join(self.tmp, f"ref{len(self.refs)}")
             os.makedirs(d)

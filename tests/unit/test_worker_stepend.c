@@ -18,7 +18,10 @@
  * With train.zero 1 and 2 (the sums in another association) every rank's
  * parameters equal the reference update to 1e-6, every replica reports
  * the same norm, and each keeps optimizer state for its shard only, equal
- * to the reference's on that range. */
+ * to the reference's on that range. Under zero 2 a rank's gradient arena
+ * holds what the reduce-scatter inside the actions leaves (worker/gradrs.c):
+ * the replicas' sum in its shard, its own gradients in the ranges summed
+ * whole, nothing elsewhere (unmapped). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +68,7 @@ typedef struct {
   wf_job *f;
   pw_run *run[NR];  /* rank = replica * PP + pipeline rank */
   pw_run *ref[PP];  /* reference programs of each pipeline rank */
+  float *ref_grads[PP][8]; /* zero 2: a whole gradient arena lent to each reference program */
   int fds[2 * NR * NR];
   int n_fds;
 } mesh;
@@ -97,6 +101,13 @@ static int setup(void **state) {
   for (int pr = 0; pr < PP; pr++) {
     m->ref[pr] = wf_run(m->f, pr, 10);
     assert_int_equal(pw_run_open_files(m->ref[pr], &err), 0);
+    for (int li = 0; v && v->zero == 2 && li < m->ref[pr]->n_ls; li++) { /* its own is replica 0's shard */
+      pw_prog *rp = m->ref[pr]->ls[li].prog;
+      size_t whole[1][2] = {{0, pw_prog_grad_numel(rp)}};
+      assert_true(li < 8 && (m->ref_grads[pr][li] = calloc(whole[0][1] + 1, sizeof(float))));
+      assert_int_equal(pw_prog_set_wgrad(rp, m->ref_grads[pr][li], (const size_t(*)[2])whole, 1, NULL, 0, NULL, NULL,
+                                         NULL), 0);
+    }
   }
   /* a link a -> b: a writes wl[b], b reads in_fd[a] */
   for (int a = 0; a < NR; a++)
@@ -113,7 +124,18 @@ static int setup(void **state) {
     pw_run *r = m->run[k];
     for (int li = 0; li < r->n_ls; li++) {
       float *g = pw_prog_grads(r->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) g[i] = grad_of(r->replica, r->ls[li].stage, i);
+      const pw_dpx *x = v && v->zero == 2 ? &r->cp.dpx[li] : NULL;
+      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) {
+        int whole = !x;
+        for (int f = 0; x && f < x->n_full; f++) whole |= x->full[f][0] <= i && i < x->full[f][1];
+        if (whole) {
+          g[i] = grad_of(r->replica, r->ls[li].stage, i);
+        } else if (i >= x->lo && i < x->hi) { /* zero 2: what the flushes left in our shard (gradrs.c) */
+          float acc = 0;
+          for (int d = 0; d < DP; d++) acc += grad_of(d, r->ls[li].stage, i);
+          g[i] = acc;
+        } /* else not ours: not even mapped */
+      }
     }
   }
   *state = m;
@@ -124,7 +146,10 @@ static int teardown(void **state) {
   mesh *m = *state;
   for (int i = 0; i < m->n_fds; i++) close(m->fds[i]);
   for (int k = 0; k < NR; k++) wf_run_free(m->f, m->run[k]);
-  for (int pr = 0; pr < PP; pr++) wf_run_free(m->f, m->ref[pr]);
+  for (int pr = 0; pr < PP; pr++) {
+    wf_run_free(m->f, m->ref[pr]);
+    for (int li = 0; li < 8; li++) free(m->ref_grads[pr][li]);
+  }
   wf_job_free(m->f);
   free(m);
   return 0;
@@ -384,6 +409,54 @@ static void test_full_step_end(void **state) {
   }
 }
 
+/* zero 2: where a peer's gradient piece goes (gradrs.c), and what is
+ * refused, naming why: a piece past the receive buffer, a flush two
+ * ahead, the wrong sender, another stage, an empty piece of a flush two
+ * ahead (it reaches only pw_run_frame_done), and a step-end
+ * reduce-scatter chunk of the main gradients, which zero 2 has no buffer
+ * for. */
+static void test_zero2_frames(void **state) {
+  mesh *m = *state;
+  pw_run *r = m->run[0]; /* replica 0, pipeline rank 0 */
+  pw_gradrs *g = r->cp.gradrs;
+  assert_non_null(g);
+  int stage = r->ls[0].stage, from = 1 * PP + 0; /* replica 1's rank of pipeline rank 0 */
+  size_t cap = g->st[0].cap;
+  assert_true(cap > 4);
+  struct {
+    int from, stage;
+    uint32_t call, off;
+    size_t n;
+    const char *why;
+  } cases[] = {{from, stage, 0, 2, 3, NULL},   {from, stage, 1, 0, cap, NULL},
+               {from, stage, 0, (uint32_t)cap - 1, 2, "does not fit"}, {from, stage, 2, 0, 1, "does not fit"},
+               {1, stage, 0, 0, 1, "does not fit"}, {from, 99, 0, 0, 1, "does not fit"}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    pw_frame_hdr h;
+    pw_err err = {0};
+    void *dst = NULL;
+    assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, cases[c].call, 1, (uint32_t)cases[c].stage,
+                                           PW_GRADRS_PIECE | cases[c].off << 4, PW_DTYPE_F32, cases[c].n), 0);
+    int rc = pw_run_frame_dest(r, cases[c].from, &h, &dst, &err);
+    if (!cases[c].why) {
+      if (rc) fail_msg("case %zu refused: %s", c, err.msg);
+      assert_ptr_equal(dst, g->st[0].rx[cases[c].call & 1] + cases[c].off); /* replica 1: slot 0 */
+    } else if (!rc || !strstr(err.msg, cases[c].why)) {
+      fail_msg("case %zu: rc %d, '%s' (expected a refusal saying '%s')", c, rc, err.msg, cases[c].why);
+    }
+  }
+  pw_frame_hdr h;
+  pw_err err = {0};
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 2, 1, (uint32_t)stage, PW_GRADRS_PIECE,
+                                         PW_DTYPE_F32, 0), 0);
+  assert_int_not_equal(pw_run_frame_done(r, from, &h, NULL, &err), 0);
+  void *dst = NULL;
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 0, 1, (uint32_t)stage, PW_DPX_RS,
+                                         PW_DTYPE_F32, 1), 0);
+  assert_int_not_equal(pw_run_frame_dest(r, from, &h, &dst, &err), 0);
+  assert_null(dst);
+}
+
 int main(void) {
   static const variant chunked = {0, "5"}, zero1 = {1, NULL}, zero2 = {2, "7"};
   const struct CMUnitTest tests[] = {
@@ -393,6 +466,7 @@ int main(void) {
       cmocka_unit_test_prestate_setup_teardown(test_full_step_end, setup, teardown, (void *)&chunked),
       cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero1),
       cmocka_unit_test_prestate_setup_teardown(test_zero_step_end, setup, teardown, (void *)&zero2),
+      cmocka_unit_test_prestate_setup_teardown(test_zero2_frames, setup, teardown, (void *)&zero2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
