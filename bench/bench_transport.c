@@ -21,7 +21,7 @@
  * what it did not take (worker/exec.c pw_exec_send; the worker's loop
  * thread writes that rest); the receiver reads without blocking through
  * pw_frame_reader straight into a destination buffer, CRC checked as bytes
- * arrive, yielding the core while nothing comes for up to 1 ms, then
+ * arrive, polling the socket while nothing comes for up to 1 ms, then
  * sleeping in poll() (worker/recv.c). raw copies the same bytes with
  * blocking write()/read() on default sockets and checks nothing; spin does
  * the same with non-blocking calls retried in a busy loop, so neither end
@@ -34,7 +34,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +60,7 @@ static void die(const char *what) {
 
 static size_t g_size, g_chunk = PW_FRAME_CHUNK_DEFAULT; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
 static int g_iters, g_stream;
+static size_t g_piece;
 
 static int listen_any(int *port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -138,10 +138,11 @@ static double raw_send(int port) {
 
 /* ---- pw: what a worker's compute thread does (worker/exec.c, recv.c) ---- */
 
-#define SPIN_SECONDS 1e-3 /* recv.c: poll the socket, yielding, before sleeping */
+#define SPIN_SECONDS 1e-3 /* recv.c: poll the socket before sleeping (a rank with a core of its own) */
 
-/* recv.c's wait: a non-blocking read; while nothing comes, yield the core
- * for up to SPIN_SECONDS, then sleep in poll(). Returns bytes read (> 0). */
+/* recv.c's wait: a non-blocking read; while nothing comes, poll the socket
+ * again for up to SPIN_SECONDS (never yielding the core), then sleep in
+ * poll(). Returns bytes read (> 0). */
 static size_t recv_wait(int fd, void *buf, size_t len) {
   double spin_until = 0;
   for (;;) {
@@ -152,7 +153,9 @@ static size_t recv_wait(int fd, void *buf, size_t len) {
     double t = now();
     if (spin_until == 0) spin_until = t + SPIN_SECONDS;
     if (t < spin_until) {
-      sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
       continue;
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -196,6 +199,7 @@ static void pw_recv(int lfd) {
     size_t len;
     pw_frame_reader_next_buf(&rd, &buf, &len);
     if (!len) die("frame reader");
+    if (g_piece && len > g_piece) len = g_piece;
     size_t n = recv_wait(fd, buf, len);
     pw_frame_event ev;
     pw_err err = {0};
@@ -329,6 +333,7 @@ int main(int argc, char **argv) {
   const char *ch = getenv("PW_WIRE_CHUNK");
   if (ch && *ch) g_chunk = (size_t)strtoull(ch, NULL, 10);
   if (!g_chunk) g_chunk = PW_FRAME_CHUNK_DEFAULT;
+  if (getenv("BT_PIECE")) g_piece = (size_t)atol(getenv("BT_PIECE"));
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);
   pid_t pid = fork();

@@ -374,6 +374,7 @@ void pw_exec_main(void *arg) {
   /* Files are opened here, never on the loop thread: a slow disk or a
    * path naming something other than a file must not stall the worker. */
   int rc = pw_exec_chunk_limit(r);
+  pw_exec_spin_init(r);
   if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
   if (!rc && r->serve) rc = pw_serve_run(r);
   while (!rc && !r->serve && r->sh.step < r->steps) {

@@ -5,23 +5,30 @@
  * reads every link without blocking, each frame straight into the slot its
  * header names (run.c decides where), so a frame reaches the action that
  * needs it without waking another thread. It spins a little on the sockets
- * before it sleeps in poll(). While it computes, the kernel's socket
- * buffers hold what arrives, and a sender whose socket is full lets its
- * loop thread write the rest. */
+ * before it sleeps in poll() (when its rank has a core of its own), and
+ * takes a due snapshot (snaprun.c) in the first wait that would idle. While
+ * it computes, the kernel's socket buffers hold what arrives, and a sender
+ * whose socket is full lets its loop thread write the rest. */
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "worker.h"
 
-/* How long a waiting compute thread polls its sockets before it sleeps. A
- * sleeping thread's wake-up costs 50-80 us on the VMs we measure (its core
- * goes idle); polling costs nothing that another thread wants, since it
- * yields the core between polls. */
+/* How long a waiting compute thread polls its sockets before it sleeps in
+ * poll(): a sleeping thread's wake-up costs 20-80 us on the VMs we measure
+ * (its core goes idle), and the waits of a pipeline whose ranks each have a
+ * core are mostly shorter than this (bench/README.md, Notes). The spin
+ * never calls sched_yield: that hands the core to any runnable thread for
+ * a scheduler slice, so an arrival waits milliseconds on a loaded host.
+ * Ranks that share cores (more compute threads on the host than CPUs) do
+ * not spin at all: the core a spinner burns is one a peer needs. */
 #define SPIN_SECONDS 1e-3
 #define MAX_POLL 64 /* links polled at once; beyond, the eventfd and the spin still catch arrivals */
 /* No bound of its own: frame_dest (run.c) checks every frame's size, a
@@ -120,6 +127,33 @@ static int drain_all(pw_run *r) {
   return done;
 }
 
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+int pw_exec_same_host(const pw_run *r, int a, int b) {
+  char ha[64], hb[64];
+  int port;
+  if (pw_addr_split(r->peer_addr[a], ha, sizeof ha, &port) || pw_addr_split(r->peer_addr[b], hb, sizeof hb, &port))
+    return -1;
+  return !strcmp(ha, hb);
+}
+
+void pw_exec_spin_init(pw_run *r) {
+  int local = 0;
+  for (int k = 0; k < r->n_ranks; k++) /* an address we cannot read counts as this host */
+    local += pw_exec_same_host(r, r->rank, k) != 0;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  long threads = (long)local * (r->w ? r->w->threads : 1);
+  r->cp.spin = cpus > 0 && threads > cpus ? 0 : SPIN_SECONDS;
+}
+
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
   double spin_until = 0;
   for (;;) {
@@ -132,10 +166,14 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       spin_until = 0;
       continue;
     }
+    if (r->cp.snap_due) { /* idle time: the snapshot costs no step anything here */
+      pw_snaprun_take(r);
+      continue;
+    }
     double now = pw_now();
-    if (spin_until == 0) spin_until = now + SPIN_SECONDS;
+    if (spin_until == 0) spin_until = now + r->cp.spin;
     if (now < spin_until) {
-      sched_yield(); /* a thread that needs this core (a peer's, our loop) goes first */
+      cpu_relax();
       continue;
     }
     struct pollfd fds[MAX_POLL + 1];
