@@ -10,6 +10,7 @@
  * it computes, the kernel's socket buffers hold what arrives, and a sender
  * whose socket is full lets its loop thread write the rest. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
@@ -28,8 +29,16 @@
  * never calls sched_yield: that hands the core to any runnable thread for
  * a scheduler slice, so an arrival waits milliseconds on a loaded host.
  * Ranks that share cores (more compute threads on the host than CPUs) do
- * not spin at all: the core a spinner burns is one a peer needs. */
+ * not spin at all, nor any rank while the host's load (the kernel's
+ * 1-minute average of runnable threads) exceeds its CPUs by half a CPU:
+ * the core a spinner burns is one a peer or another process needs (under
+ * load 8-15 on 2 cores, spinning doubled the tiny pp = 2 case's step). */
 #define SPIN_SECONDS 1e-3
+#define LOAD_EVERY 0.5 /* seconds between reads of /proc/loadavg */
+/* Bytes read at once: the reader's CRC then runs on what the copy just
+ * put in this core's L2 (a read of a whole 16 MiB tensor left most of it
+ * in memory for the CRC to fetch again). */
+#define RECV_PIECE ((size_t)256 << 10)
 #define MAX_POLL 64 /* links polled at once; beyond, the eventfd and the spin still catch arrivals */
 /* No bound of its own: frame_dest (run.c) checks every frame's size, a
  * chunked tensor's whole size too, against where it goes before a byte of
@@ -61,7 +70,7 @@ static int drain(pw_run *r, int k) {
     size_t len;
     pw_frame_reader_next_buf(&in->rd, &buf, &len);
     if (!len) return lost(r, k, "out of memory for a frame");
-    ssize_t n = recv(in->fd, buf, len, MSG_DONTWAIT);
+    ssize_t n = recv(in->fd, buf, len < RECV_PIECE ? len : RECV_PIECE, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return done;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -152,6 +161,22 @@ void pw_exec_spin_init(pw_run *r) {
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
   long threads = (long)local * (r->w ? r->w->threads : 1);
   r->cp.spin = cpus > 0 && threads > cpus ? 0 : SPIN_SECONDS;
+  r->cp.cpus = cpus > 0 ? (int)cpus : 1;
+  r->cp.load_next = 0;
+}
+
+/* Whether the host is busier than its CPUs, re-read every LOAD_EVERY
+ * seconds (no allocation: the compute thread's heap stays as it is). */
+static int host_busy(pw_run *r, double now) {
+  if (now < r->cp.load_next) return r->cp.busy;
+  r->cp.load_next = now + LOAD_EVERY;
+  char b[64] = "";
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, b, sizeof b - 1) : -1;
+  if (fd >= 0) close(fd);
+  b[n > 0 ? n : 0] = 0;
+  r->cp.busy = n > 0 && strtod(b, NULL) > r->cp.cpus + 0.5;
+  return r->cp.busy;
 }
 
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
@@ -171,7 +196,7 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       continue;
     }
     double now = pw_now();
-    if (spin_until == 0) spin_until = now + r->cp.spin;
+    if (spin_until == 0) spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) ? r->cp.spin : 0);
     if (now < spin_until) {
       cpu_relax();
       continue;

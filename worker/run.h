@@ -210,6 +210,8 @@ typedef struct {
   int snaps_taken, snaps_skipped;
   int snap_due;            /* a snapshot of the state after this many steps is to be taken (0: none) */
   double spin;             /* seconds a wait polls its links before it sleeps (recv.c) */
+  int cpus, busy;          /* the CPUs we may run on; the host's load exceeded them at the last look */
+  double load_next;        /* when to look at the load again */
 } pw_run_compute;
 
 /* The loop thread only. */
