@@ -67,15 +67,6 @@ static void rank_main(void *arg) {
   atomic_store(&t->done, 1);
 }
 
-static void write_all(int fd, const void *p, size_t n) {
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    assert_true(w > 0);
-    p = (const uint8_t *)p + w;
-    n -= (size_t)w;
-  }
-}
-
 static void test_snapshot_after_the_update(void **state) {
   (void)state;
   wf_job *f = wf_job_make(SPEC);
@@ -123,9 +114,9 @@ static void test_snapshot_after_the_update(void **state) {
         if (ev.kind == PW_EV_SNAP) snaps[k][ev.held]++;
         if (ev.kind != PW_EV_SEND) continue;
         int fd = r->sh.wl[ev.to].fd;
-        if (ev.off < PW_FRAME_HDR_SIZE) write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
+        if (ev.off < PW_FRAME_HDR_SIZE) wf_write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
         uint64_t poff = ev.off > PW_FRAME_HDR_SIZE ? ev.off - PW_FRAME_HDR_SIZE : 0;
-        write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
+        wf_write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
         if (ev.pending) atomic_fetch_sub(ev.pending, 1);
         r->lp.sends_inflight++; /* pw_run_send_done counts it back */
         pw_run_send_done(r, ev.to, ev.li, ev.slot);
