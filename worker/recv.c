@@ -59,11 +59,13 @@ static int lost_link(pw_run *r, int k, const char *why) {
   return lost(r, k, why);
 }
 
-/* Reads what link k has, without blocking. Returns the frames completed
- * (>= 0) or a negative code with r->sh.error set. */
+/* Reads what link k has, without blocking, up to the end of the first
+ * frame it completes: the waiter then looks whether its input is in
+ * before reading on (a peer's snapshot behind an activation is read in a
+ * later wait, not before the action the activation starts). Returns the
+ * frames completed (0 or 1) or a negative code with r->sh.error set. */
 static int drain(pw_run *r, int k) {
   pw_inlink *in = &r->cp.in[k];
-  int done = 0;
   char b[512];
   while (in->fd >= 0) {
     void *buf;
@@ -71,12 +73,12 @@ static int drain(pw_run *r, int k) {
     pw_frame_reader_next_buf(&in->rd, &buf, &len);
     if (!len) return lost(r, k, "out of memory for a frame");
     ssize_t n = recv(in->fd, buf, len < RECV_PIECE ? len : RECV_PIECE, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return done;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       if (n == 0 && in->bye) { /* an orderly end after its BYE */
         in->fd = -1;
-        return done;
+        return 0;
       }
       return lost_link(r, k, n == 0 ? "peer closed the link" : strerror(errno));
     }
@@ -108,10 +110,10 @@ static int drain(pw_run *r, int k) {
         continue;
       }
       if (pw_run_frame_done(r, k, &ev.hdr, ev.payload, &err)) return lost(r, k, pw_err_str(&err, b, sizeof b));
-      done++;
+      return 1;
     }
   }
-  return done;
+  return 0;
 }
 
 /* Links the loop admitted since we last looked. */
