@@ -367,8 +367,9 @@ def cases_rt_md(res):
                 L.append("\nWhere the pp = 2 worker step goes (traced run, per rank, µs per step, medians; "
                          "`bench/trace_step.py`'s split: wait = an action's input not yet there, send = handing its "
                          "output on, end wait / end work = the step end waiting for the peer's norm partial / reducing "
-                         "and updating (with a snapshot no wait of the step took), after = eval passes after the step's "
-                         "mark, in the period but not the step time):\n")
+                         "and updating (and a snapshot no wait of the step took), after = eval passes (a one-rank run's "
+                         "snapshot) after the step's mark, in the period but not the step time; a snapshot taken in a "
+                         "wait counts in wait):\n")
                 L.append("| rank | step | F | B | wait | send | end wait | end work | other | after | waits that slept |")
                 L.append("|---|---|---|---|---|---|---|---|---|---|---|")
                 for r, x in enumerate(o["pp2_traced"]):

@@ -113,7 +113,17 @@ void pw_snaprun_due(pw_run *r) {
   int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
   if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
   r->cp.snap_due = done;
-  if (r->n_ranks == 1) pw_snaprun_take(r); /* it never waits: no later point is cheaper */
+  if (r->n_ranks == 1 || r->cp.snap_now) pw_snaprun_take(r); /* no later point is cheaper */
+}
+
+/* At the step end the copy delays the exchange every rank waits on: a
+ * rank whose waits found its inputs there (the last stage, whose one wait
+ * of the step, for the first activation, is short) copies right after its
+ * update from then on, while it would wait for that activation anyway. */
+void pw_snaprun_overdue(pw_run *r) {
+  if (!r->cp.snap_due) return;
+  r->cp.snap_now = 1;
+  pw_snaprun_take(r);
 }
 
 /* In the next step's first wait that finds nothing to read (recv.c), when

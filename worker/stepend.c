@@ -412,7 +412,7 @@ static json_t *colls_json(pw_run *r) {
 int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0, t0 = pw_now(), waited = r->cp.waited;
-  pw_snaprun_take(r); /* not taken in a wait of this step's actions (snaprun.c) */
+  pw_snaprun_overdue(r); /* not taken in a wait of this step's actions (snaprun.c) */
   if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
   double loss = r->cp.loss_sum, t1 = pw_now(), step_time = t1 - r->cp.t_step0, eval_loss = 0;
   double end_wait = r->cp.waited - waited; /* before the eval passes wait for theirs */
