@@ -181,6 +181,17 @@ static int host_busy(pw_run *r, double now) {
   return r->cp.busy;
 }
 
+/* Frames our loop thread is still writing (a snapshot's, a large
+ * tensor's): it needs a core for them, and a spinning compute thread would
+ * take this one while a peer computes on the other. */
+static int loop_writing(pw_run *r) {
+  int n = 0;
+  uv_mutex_lock(&r->sh.wmu);
+  for (int k = 0; k < r->n_ranks && !n; k++) n = r->sh.wl[k].queued;
+  uv_mutex_unlock(&r->sh.wmu);
+  return n > 0;
+}
+
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
   double spin_until = 0;
   for (;;) {
@@ -194,11 +205,11 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       continue;
     }
     if (r->cp.snap_due) { /* idle time: the snapshot costs no step anything here */
-      pw_snaprun_take(r);
+      pw_snaprun_idle(r);
       continue;
     }
     double now = pw_now();
-    if (spin_until == 0) spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) ? r->cp.spin : 0);
+    if (spin_until == 0) spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) && !loop_writing(r) ? r->cp.spin : 0);
     if (now < spin_until) {
       cpu_relax();
       continue;

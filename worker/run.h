@@ -209,7 +209,7 @@ typedef struct {
   double snap_seconds;     /* spent taking snapshots (copies and queueing their sends) */
   int snaps_taken, snaps_skipped;
   int snap_due;            /* a snapshot of the state after this many steps is to be taken (0: none) */
-  int snap_now;            /* take them right after the update (no wait of a step found time for one) */
+  int snap_late;           /* snapshots left to the step end, net of those a wait took (snaprun.c) */
   double spin;             /* seconds a wait polls its links before it sleeps (recv.c) */
   int cpus, busy;          /* the CPUs we may run on; the host's load exceeded them at the last look */
   double load_next;        /* when to look at the load again */
@@ -383,11 +383,10 @@ int pw_snaprun_holder(const pw_run *r, int g);
  * snapshot is marked for the next step (cp.snap_due). */
 void pw_snaprun_due(pw_run *r);
 /* Compute thread: the due snapshot, if any — a copy of each local stage
- * into the store and to the holder. Never fails the run: a snapshot that
- * cannot be taken is logged and skipped. */
-void pw_snaprun_take(pw_run *r);
-/* Compute thread, at the step end: the due snapshot no wait took (and the
- * later ones right after their update). */
+ * into the store and to the holder — in a wait that would idle (idle), or
+ * at the step end when no wait took it (overdue). Never fails the run: a
+ * snapshot that cannot be taken is logged and skipped. */
+void pw_snaprun_idle(pw_run *r);
 void pw_snaprun_overdue(pw_run *r);
 /* Compute thread, before the first step of a run with restore_step: each
  * local stage's state from memory (its own or sent by restore_from), and

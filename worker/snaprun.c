@@ -26,6 +26,7 @@
 #include "worker.h"
 
 enum { SNAP_HOLD = 0, SNAP_RESTORE = 1 };
+#define SNAP_LATE 3 /* snapshots left to the step end, net of those taken in a wait, before a rank copies after its update */
 
 int pw_snaprun_holder(const pw_run *r, int g) {
   if (r->n_ranks < 2) return -1;
@@ -105,27 +106,6 @@ static void copy_out(pw_prog *p, float *dst, size_t n) {
   memcpy(dst + 2 * n, pw_prog_moment(p, 1), tn * sizeof(float));
 }
 
-/* Not at the step's end: the parameters and moments stay as they are
- * until the next step's update, and a copy there delayed the next step's
- * first action, and with it every rank that waits on it (~90 us of the
- * pp = 2 case's step). */
-void pw_snaprun_due(pw_run *r) {
-  int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
-  if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
-  r->cp.snap_due = done;
-  if (r->n_ranks == 1 || r->cp.snap_now) pw_snaprun_take(r); /* no later point is cheaper */
-}
-
-/* At the step end the copy delays the exchange every rank waits on: a
- * rank whose waits found its inputs there (the last stage, whose one wait
- * of the step, for the first activation, is short) copies right after its
- * update from then on, while it would wait for that activation anyway. */
-void pw_snaprun_overdue(pw_run *r) {
-  if (!r->cp.snap_due) return;
-  r->cp.snap_now = 1;
-  pw_snaprun_take(r);
-}
-
 /* In the next step's first wait that finds nothing to read (recv.c), when
  * the rank would idle; else at that step's end, before any of its
  * exchanges (stepend.c). So a peer finishes a step only after this rank
@@ -133,7 +113,7 @@ void pw_snaprun_overdue(pw_run *r) {
  * stay at most a step apart, as snap.h's two generations need. In one go:
  * copying a piece per wait measured slower (the pieces delayed the inputs
  * they waited for, and the sends landed mid-step). */
-void pw_snaprun_take(pw_run *r) {
+static void take(pw_run *r) {
   int done = r->cp.snap_due;
   r->cp.snap_due = 0;
   if (!done) return;
@@ -157,6 +137,34 @@ void pw_snaprun_take(pw_run *r) {
   }
   r->cp.snaps_taken++;
   r->cp.snap_seconds += pw_now() - t0;
+}
+
+/* Not at the step's end: the parameters and moments stay as they are
+ * until the next step's update, and a copy there delayed the next step's
+ * first action, and with it every rank that waits on it (~90 us of the
+ * pp = 2 case's step). */
+void pw_snaprun_due(pw_run *r) {
+  int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
+  if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
+  r->cp.snap_due = done;
+  if (r->n_ranks == 1 || r->cp.snap_late >= SNAP_LATE) take(r); /* no later point is cheaper */
+}
+
+void pw_snaprun_idle(pw_run *r) {
+  if (!r->cp.snap_due) return;
+  if (r->cp.snap_late > 0) r->cp.snap_late--;
+  take(r);
+}
+
+/* At the step end the copy delays the exchange every rank waits on: a
+ * rank whose waits keep finding their inputs there (the last stage, whose
+ * one wait of a step, for its first activation, is short) copies right
+ * after its update instead, where it would wait for that activation
+ * anyway. */
+void pw_snaprun_overdue(pw_run *r) {
+  if (!r->cp.snap_due) return;
+  if (r->cp.snap_late < SNAP_LATE) r->cp.snap_late++;
+  take(r);
 }
 
 /* ---- restoring ---------------------------------------------------------------- */
