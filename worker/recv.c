@@ -25,16 +25,22 @@
 /* How long a waiting compute thread polls its sockets before it sleeps in
  * poll(): a sleeping thread's wake-up costs 20-80 us on the VMs we measure
  * (its core goes idle), and the waits of a pipeline whose ranks each have a
- * core are mostly shorter than this (bench/README.md, Notes). The spin
- * never calls sched_yield: that hands the core to any runnable thread for
- * a scheduler slice, so an arrival waits milliseconds on a loaded host.
+ * core are mostly shorter than this (bench/README.md). The spin calls
+ * sched_yield only every YIELD_EVERY, not between polls: a yield hands the
+ * core to any runnable thread for a scheduler slice, so an arrival waited
+ * milliseconds on a loaded host.
  * Ranks that share cores (more compute threads on the host than CPUs) do
  * not spin at all, nor any rank while the host's load (the kernel's
  * 1-minute average of runnable threads) exceeds its CPUs by half a CPU:
  * the core a spinner burns is one a peer or another process needs (under
- * load 8-15 on 2 cores, spinning doubled the tiny pp = 2 case's step). */
+ * load 8-15 on 2 cores, spinning doubled the tiny pp = 2 case's step); nor
+ * while our loop thread writes queued frames (loop_writing). */
 #define SPIN_SECONDS 1e-3
 #define LOAD_EVERY 0.5 /* seconds between reads of /proc/loadavg */
+/* A spin yields every so often all the same: on a quiet host that only
+ * lets our own loop thread send its step reports (without it they went
+ * out a step late, two at a time, at pp = 2 on 2 cores). */
+#define YIELD_EVERY 100e-6
 /* Bytes read at once: the reader's CRC then runs on what the copy just
  * put in this core's L2 (a read of a whole 16 MiB tensor left most of it
  * in memory for the CRC to fetch again). */
@@ -193,7 +199,7 @@ static int loop_writing(pw_run *r) {
 }
 
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
-  double spin_until = 0;
+  double spin_until = 0, yield_at = 0;
   for (;;) {
     if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
     if (ready(r, arg)) return 0;
@@ -209,9 +215,13 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       continue;
     }
     double now = pw_now();
-    if (spin_until == 0) spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) && !loop_writing(r) ? r->cp.spin : 0);
+    if (spin_until == 0) yield_at = now + YIELD_EVERY, spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) && !loop_writing(r) ? r->cp.spin : 0);
     if (now < spin_until) {
       cpu_relax();
+      if (now >= yield_at) { /* our loop thread (step reports, heartbeats) may want this core */
+        sched_yield();
+        yield_at = now + YIELD_EVERY;
+      }
       continue;
     }
     struct pollfd fds[MAX_POLL + 1];
