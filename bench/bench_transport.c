@@ -17,12 +17,14 @@
  * answer after the last. pw does what a worker's compute thread does: the
  * sender encodes a PWF1 header with the payload's crc32c and writes header
  * + payload with one non-blocking sendmsg (a message over the worker's
- * chunk limit, PW_FRAME_CHUNK_DEFAULT or PW_WIRE_CHUNK, as chunk frames), waiting for the socket only for
+ * chunk limit, PW_FRAME_CHUNK_DEFAULT = 256 KiB or PW_WIRE_CHUNK, as chunk
+ * frames, each CRC'd just before it goes), waiting for the socket only for
  * what it did not take (worker/exec.c pw_exec_send; the worker's loop
- * thread writes that rest); the receiver reads without blocking through
- * pw_frame_reader straight into a destination buffer, CRC checked as bytes
- * arrive, yielding the core while nothing comes for up to 1 ms, then
- * sleeping in poll() (worker/recv.c). raw copies the same bytes with
+ * thread writes that rest); the receiver reads at most 256 KiB at a time
+ * without blocking through pw_frame_reader straight into a destination
+ * buffer, CRC checked as bytes arrive, polling the socket while nothing
+ * comes for up to 1 ms (not at all when the host's load exceeds its CPUs),
+ * then sleeping in poll() (worker/recv.c). raw copies the same bytes with
  * blocking write()/read() on default sockets and checks nothing; spin does
  * the same with non-blocking calls retried in a busy loop, so neither end
  * ever sleeps: the fastest raw path when a core is free to burn, and the
@@ -61,6 +63,19 @@ static void die(const char *what) {
 
 static size_t g_size, g_chunk = PW_FRAME_CHUNK_DEFAULT; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
 static int g_iters, g_stream;
+/* recv.c: poll the socket before sleeping, unless the host's load exceeds
+ * its CPUs by half a CPU; read at most this much at once */
+#define SPIN_SECONDS_MAX 1e-3
+#define RECV_PIECE ((size_t)256 << 10)
+
+static int host_busy(void) {
+  FILE *f = fopen("/proc/loadavg", "r");
+  double l = 0;
+  int got = f && fscanf(f, "%lf", &l) == 1;
+  if (f) fclose(f);
+  return got && l > sysconf(_SC_NPROCESSORS_ONLN) + 0.5;
+}
+static double g_spin_s = SPIN_SECONDS_MAX; /* 0 when the host is busier than its CPUs */
 
 static int listen_any(int *port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -138,21 +153,23 @@ static double raw_send(int port) {
 
 /* ---- pw: what a worker's compute thread does (worker/exec.c, recv.c) ---- */
 
-#define SPIN_SECONDS 1e-3 /* recv.c: poll the socket, yielding, before sleeping */
-
-/* recv.c's wait: a non-blocking read; while nothing comes, yield the core
- * for up to SPIN_SECONDS, then sleep in poll(). Returns bytes read (> 0). */
+/* recv.c's wait: a non-blocking read; while nothing comes, poll the socket
+ * again for up to g_spin_s (yielding the core every 100 us), then sleep in
+ * poll(). Returns bytes read (> 0). */
 static size_t recv_wait(int fd, void *buf, size_t len) {
-  double spin_until = 0;
+  double spin_until = 0, yield_at = 0;
   for (;;) {
     ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
     if (n > 0) return (size_t)n;
     if (n == 0) die("peer closed");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("recv");
     double t = now();
-    if (spin_until == 0) spin_until = t + SPIN_SECONDS;
+    if (spin_until == 0) spin_until = t + g_spin_s, yield_at = t + 100e-6;
     if (t < spin_until) {
-      sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (t >= yield_at) sched_yield(), yield_at = t + 100e-6;
       continue;
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -196,6 +213,7 @@ static void pw_recv(int lfd) {
     size_t len;
     pw_frame_reader_next_buf(&rd, &buf, &len);
     if (!len) die("frame reader");
+    if (len > RECV_PIECE) len = RECV_PIECE;
     size_t n = recv_wait(fd, buf, len);
     pw_frame_event ev;
     pw_err err = {0};
@@ -329,6 +347,7 @@ int main(int argc, char **argv) {
   const char *ch = getenv("PW_WIRE_CHUNK");
   if (ch && *ch) g_chunk = (size_t)strtoull(ch, NULL, 10);
   if (!g_chunk) g_chunk = PW_FRAME_CHUNK_DEFAULT;
+  g_spin_s = host_busy() ? 0 : SPIN_SECONDS_MAX;
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);
   pid_t pid = fork();

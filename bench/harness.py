@@ -195,14 +195,17 @@ def run_rt_cases(a, res, cases):
     a.scratch = tempfile.mkdtemp(prefix="pw-bench-")
     env = env_for(1, a.coretype)
 
+    from costmodel import OtherCpu
+
     def guard(key, fn, *args):
-        la0 = loadavg()
+        la0, other = loadavg(), OtherCpu()
         try:
             res[key] = fn(*args)
         except Exception as e:  # a failed case is reported, the run goes on
             res[key] = {"error": f"{type(e).__name__}: {e}"[:400]}
         if isinstance(res[key], dict):
             res[key]["loadavg"] = [la0, loadavg()]
+            res[key]["other_cpu"] = other.share()
 
     if "2" in cases:
         log("case 2: pp = 2 pipelines of two 1-thread workers against one process on 2 threads")
@@ -291,12 +294,22 @@ def targets_md(res):
     return L
 
 
+def other_note(x):
+    """What else ran during a case (costmodel.py's OtherCpu): figures are indicative above 5 %."""
+    if not isinstance(x, dict) or x.get("other_cpu") is None:
+        return ""
+    o = x["other_cpu"]
+    return (f"Other processes used {100 * o:.0f} % of the machine's CPUs during this case"
+            + (": **indicative** figures (the lead re-runs them quietly).\n" if o > 0.05 else ".\n"))
+
+
 def cases_rt_md(res):
     L = []
     p = res.get("pipeline")
     if p:
         L.append("## Case 3: pipeline efficiency (GPT d=128, 8 layers, T=64, B=16, m = 8; 1-thread workers sharing "
                  f"{res['machine']['cores']} cores)\n")
+        L.append(other_note(p))
         if "error" in p:
             L.append(f"failed: {p['error']}\n")
         else:
@@ -324,6 +337,7 @@ def cases_rt_md(res):
     o = res.get("overhead")
     if o:
         L.append("## Case 4: runtime overhead (GPT 2 layers, d=64, T=64, batch 2, m = 1)\n")
+        L.append(other_note(o))
         if "error" in o:
             L.append(f"failed: {o['error']}\n")
         else:
@@ -353,7 +367,9 @@ def cases_rt_md(res):
                 L.append("\nWhere the pp = 2 worker step goes (traced run, per rank, µs per step, medians; "
                          "`bench/trace_step.py`'s split: wait = an action's input not yet there, send = handing its "
                          "output on, end wait / end work = the step end waiting for the peer's norm partial / reducing "
-                         "and updating, after = the snapshot after the step's mark, in the period but not the step time):\n")
+                         "and updating (and a snapshot no wait of the step took), after = eval passes (a one-rank run's "
+                         "snapshot) after the step's mark, in the period but not the step time; a snapshot taken in a "
+                         "wait counts in wait):\n")
                 L.append("| rank | step | F | B | wait | send | end wait | end work | other | after | waits that slept |")
                 L.append("|---|---|---|---|---|---|---|---|---|---|---|")
                 for r, x in enumerate(o["pp2_traced"]):
@@ -372,13 +388,16 @@ def cases_rt_md(res):
     tr = res.get("transport")
     if tr:
         L.append("## Case 5: transport, pipewright frames vs the best raw socket path (loopback TCP, two processes)\n")
+        L.append(other_note(tr))
         if "error" in tr:
             L.append(f"failed: {tr['error']}\n")
         else:
             L.append("`bench_transport` (C): pw = what a worker's compute thread does (PWF1 header with the payload's "
-                     "crc32c, header + payload in one non-blocking sendmsg, waiting for the socket only for the rest; "
-                     "receiver: non-blocking reads through pw_frame_reader straight into a destination buffer, CRC "
-                     "checked, yielding the core for up to 1 ms while nothing comes, then poll()); raw = blocking "
+                     "crc32c, header + payload in one non-blocking sendmsg, a tensor over 256 KiB as 256 KiB chunk "
+                     "frames each CRC'd just before it goes, waiting for the socket only for the rest; "
+                     "receiver: non-blocking reads of at most 256 KiB through pw_frame_reader straight into a "
+                     "destination buffer, CRC checked, polling the socket for up to 1 ms while nothing comes (not at "
+                     "all while the host's load exceeds its CPUs), then poll()); raw = blocking "
                      "write()/read() of the same bytes, no checks; spin = raw with non-blocking calls retried in a "
                      "busy loop (neither end ever sleeps). "
                      "pingpong: a 1-byte answer after every message (time = one hop + a tiny return); stream: back to "

@@ -14,8 +14,8 @@ For every timed step (after --warmup, not the last) of A each rank's step is spl
 traces (worker step reports: `actions` and `trace`): compute per action kind, waiting for a frame
 (an action's inputs not yet there), handing outputs on (sends, local copies), the step end's wait
 for peers (norm partials, tied and data-parallel exchanges) and its own work (reductions, the
-optimizer), and what the trace does not cover; `after` is the eval and snapshot work after the
-step's mark. Compute per microbatch is then set against B's for the same stage and kind: a ratio
+optimizer), and what the trace does not cover; `after` is the eval work after the step's mark (a
+pipeline rank's snapshot is taken in the next step's first idle wait, so it counts in wait). Compute per microbatch is then set against B's for the same stage and kind: a ratio
 > 1 is the layers running slower beside another rank (shared caches, memory bandwidth, a core
 shared with the loop threads) than alone. Medians over steps, then over rounds (min-max beside).
 Writes OUT.json (everything) and OUT.md (the tables) and prints the markdown."""
@@ -244,9 +244,10 @@ def render(res):
          "the compute comparison below is not of the same layers.**\n",
          "Per rank, ms per step (median of the rounds' medians). wait = an action's inputs not yet there; "
          "send = handing its outputs on; end wait / end work = the step end waiting for peers / reducing and "
-         "updating; other = the step's time the traces do not cover; after = eval and snapshot, after the "
-         "step's mark (in the period, not in the step time); waits that slept = waits that went to sleep in "
-         "poll() after spinning 1 ms, each paying a wake-up (per step).",
+         "updating; other = the step's time the traces do not cover; after = eval, after the step's mark (in "
+         "the period, not in the step time; a snapshot counts in wait, taken in the first idle wait); waits "
+         "that slept = waits that went to sleep in poll() (after a spin of up to 1 ms, none on a busy host), "
+         "each paying a wake-up (per step).",
          "",
          "| rank | stages | step | F | B | I | W | wait | send | end wait | end work | other | after | waits that slept |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

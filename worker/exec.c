@@ -351,9 +351,7 @@ int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
 
 /* The chunk limit: PW_FRAME_CHUNK_DEFAULT, or PW_WIRE_CHUNK bytes. That
  * variable is for tests: a small limit sends every larger tensor through
- * the chunked path, so a run can prove it equal to an unchunked one. (1 MiB
- * chunks, whose CRC overlaps the transfer, measured no better on loopback:
- * 16 MiB ping-pong -2 %, stream -7 %, 4 MiB stream +9 %.) */
+ * the chunked path, so a run can prove it equal to an unchunked one. */
 int pw_exec_chunk_limit(pw_run *r) {
   const char *s = getenv("PW_WIRE_CHUNK");
   r->cp.chunk_limit = PW_FRAME_CHUNK_DEFAULT;
@@ -374,6 +372,7 @@ void pw_exec_main(void *arg) {
   /* Files are opened here, never on the loop thread: a slow disk or a
    * path naming something other than a file must not stall the worker. */
   int rc = pw_exec_chunk_limit(r);
+  pw_exec_spin_init(r);
   if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
   if (!rc && r->serve) rc = pw_serve_run(r);
   while (!rc && !r->serve && r->sh.step < r->steps) {

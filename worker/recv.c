@@ -5,24 +5,46 @@
  * reads every link without blocking, each frame straight into the slot its
  * header names (run.c decides where), so a frame reaches the action that
  * needs it without waking another thread. It spins a little on the sockets
- * before it sleeps in poll(). While it computes, the kernel's socket
- * buffers hold what arrives, and a sender whose socket is full lets its
- * loop thread write the rest. */
+ * before it sleeps in poll() (when its rank has a core of its own), and
+ * takes a due snapshot (snaprun.c) in the first wait that would idle. While
+ * it computes, the kernel's socket buffers hold what arrives, and a sender
+ * whose socket is full lets its loop thread write the rest. */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "worker.h"
 
-/* How long a waiting compute thread polls its sockets before it sleeps. A
- * sleeping thread's wake-up costs 50-80 us on the VMs we measure (its core
- * goes idle); polling costs nothing that another thread wants, since it
- * yields the core between polls. */
+/* How long a waiting compute thread polls its sockets before it sleeps in
+ * poll(): a sleeping thread's wake-up costs 20-80 us on the VMs we measure
+ * (its core goes idle), and the waits of a pipeline whose ranks each have a
+ * core are mostly shorter than this (bench/README.md). The spin calls
+ * sched_yield only every YIELD_EVERY, not between polls: a yield hands the
+ * core to any runnable thread for a scheduler slice, so an arrival waited
+ * milliseconds on a loaded host.
+ * Ranks that share cores (more compute threads on the host than CPUs) do
+ * not spin at all, nor any rank while the host's load (the kernel's
+ * 1-minute average of runnable threads) exceeds its CPUs by half a CPU:
+ * the core a spinner burns is one a peer or another process needs (under
+ * load 8-15 on 2 cores, spinning doubled the tiny pp = 2 case's step); nor
+ * while our loop thread writes queued frames (loop_writing). */
 #define SPIN_SECONDS 1e-3
+#define LOAD_EVERY 0.5 /* seconds between reads of /proc/loadavg */
+/* A spin yields every so often all the same: on a quiet host that only
+ * lets our own loop thread send its step reports (without it they went
+ * out a step late, two at a time, at pp = 2 on 2 cores). */
+#define YIELD_EVERY 100e-6
+/* Bytes read at once: the reader's CRC then runs on what the copy just
+ * put in this core's L2 (a read of a whole 16 MiB tensor left most of it
+ * in memory for the CRC to fetch again). */
+#define RECV_PIECE ((size_t)256 << 10)
 #define MAX_POLL 64 /* links polled at once; beyond, the eventfd and the spin still catch arrivals */
 /* No bound of its own: frame_dest (run.c) checks every frame's size, a
  * chunked tensor's whole size too, against where it goes before a byte of
@@ -43,24 +65,26 @@ static int lost_link(pw_run *r, int k, const char *why) {
   return lost(r, k, why);
 }
 
-/* Reads what link k has, without blocking. Returns the frames completed
- * (>= 0) or a negative code with r->sh.error set. */
+/* Reads what link k has, without blocking, up to the end of the first
+ * frame it completes: the waiter then looks whether its input is in
+ * before reading on (a peer's snapshot behind an activation is read in a
+ * later wait, not before the action the activation starts). Returns the
+ * frames completed (0 or 1) or a negative code with r->sh.error set. */
 static int drain(pw_run *r, int k) {
   pw_inlink *in = &r->cp.in[k];
-  int done = 0;
   char b[512];
   while (in->fd >= 0) {
     void *buf;
     size_t len;
     pw_frame_reader_next_buf(&in->rd, &buf, &len);
     if (!len) return lost(r, k, "out of memory for a frame");
-    ssize_t n = recv(in->fd, buf, len, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return done;
+    ssize_t n = recv(in->fd, buf, len < RECV_PIECE ? len : RECV_PIECE, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       if (n == 0 && in->bye) { /* an orderly end after its BYE */
         in->fd = -1;
-        return done;
+        return 0;
       }
       return lost_link(r, k, n == 0 ? "peer closed the link" : strerror(errno));
     }
@@ -92,10 +116,10 @@ static int drain(pw_run *r, int k) {
         continue;
       }
       if (pw_run_frame_done(r, k, &ev.hdr, ev.payload, &err)) return lost(r, k, pw_err_str(&err, b, sizeof b));
-      done++;
+      return 1;
     }
   }
-  return done;
+  return 0;
 }
 
 /* Links the loop admitted since we last looked. */
@@ -120,8 +144,62 @@ static int drain_all(pw_run *r) {
   return done;
 }
 
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+int pw_exec_same_host(const pw_run *r, int a, int b) {
+  char ha[64], hb[64];
+  int port;
+  if (pw_addr_split(r->peer_addr[a], ha, sizeof ha, &port) || pw_addr_split(r->peer_addr[b], hb, sizeof hb, &port))
+    return -1;
+  return !strcmp(ha, hb);
+}
+
+void pw_exec_spin_init(pw_run *r) {
+  int local = 0;
+  for (int k = 0; k < r->n_ranks; k++) /* an address we cannot read counts as this host */
+    local += pw_exec_same_host(r, r->rank, k) != 0;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  long threads = (long)local * (r->w ? r->w->threads : 1);
+  r->cp.spin = cpus > 0 && threads > cpus ? 0 : SPIN_SECONDS;
+  r->cp.cpus = cpus > 0 ? (int)cpus : 1;
+  r->cp.load_next = 0;
+}
+
+/* Whether the host is busier than its CPUs, re-read every LOAD_EVERY
+ * seconds (no allocation: the compute thread's heap stays as it is). */
+static int host_busy(pw_run *r, double now) {
+  if (now < r->cp.load_next) return r->cp.busy;
+  r->cp.load_next = now + LOAD_EVERY;
+  char b[64] = "";
+  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  ssize_t n = fd >= 0 ? read(fd, b, sizeof b - 1) : -1;
+  if (fd >= 0) close(fd);
+  b[n > 0 ? n : 0] = 0;
+  r->cp.busy = n > 0 && strtod(b, NULL) > r->cp.cpus + 0.5;
+  return r->cp.busy;
+}
+
+/* Frames our loop thread is still writing (a snapshot's, a large
+ * tensor's): it needs a core for them, and a spinning compute thread would
+ * take this one while a peer computes on the other. */
+static int loop_writing(pw_run *r) {
+  int n = 0;
+  uv_mutex_lock(&r->sh.wmu);
+  for (int k = 0; k < r->n_ranks && !n; k++) n = r->sh.wl[k].queued;
+  uv_mutex_unlock(&r->sh.wmu);
+  return n > 0;
+}
+
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
-  double spin_until = 0;
+  double spin_until = 0, yield_at = 0;
   for (;;) {
     if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
     if (ready(r, arg)) return 0;
@@ -132,10 +210,18 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       spin_until = 0;
       continue;
     }
+    if (r->cp.snap_due) { /* idle time: the snapshot costs no step anything here */
+      pw_snaprun_idle(r);
+      continue;
+    }
     double now = pw_now();
-    if (spin_until == 0) spin_until = now + SPIN_SECONDS;
+    if (spin_until == 0) yield_at = now + YIELD_EVERY, spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) && !loop_writing(r) ? r->cp.spin : 0);
     if (now < spin_until) {
-      sched_yield(); /* a thread that needs this core (a peer's, our loop) goes first */
+      cpu_relax();
+      if (now >= yield_at) { /* our loop thread (step reports, heartbeats) may want this core */
+        sched_yield();
+        yield_at = now + YIELD_EVERY;
+      }
       continue;
     }
     struct pollfd fds[MAX_POLL + 1];

@@ -210,6 +210,11 @@ typedef struct {
   int report_stage, report_step; /* a held snapshot completed, to report (report_step 0: none) */
   double snap_seconds;     /* spent taking snapshots (copies and queueing their sends) */
   int snaps_taken, snaps_skipped;
+  int snap_due;            /* a snapshot of the state after this many steps is to be taken (0: none) */
+  int snap_late;           /* snapshots left to the step end, net of those a wait took (snaprun.c) */
+  double spin;             /* seconds a wait polls its links before it sleeps (recv.c) */
+  int cpus, busy;          /* the CPUs we may run on; the host's load exceeded them at the last look */
+  double load_next;        /* when to look at the load again */
 } pw_run_compute;
 
 /* The loop thread only. */
@@ -338,9 +343,16 @@ int pw_run_rank_of(const pw_run *r, int d, int prank);
 
 void pw_exec_main(void *arg);
 /* recv.c, compute thread: reads the inbound links until ready(r, arg)
- * holds (spinning a little, then sleeping in poll), or the run is aborted
+ * holds (spinning a little, then sleeping in poll; a due snapshot is taken
+ * first), or the run is aborted
  * (PW_ECANCELED) or a link fails (sh.error set). */
 PW_MUST_CHECK int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg);
+/* Compute thread, before the first wait: cp.spin, 0 when the host has
+ * fewer CPUs than the run's compute threads on it. */
+void pw_exec_spin_init(pw_run *r);
+/* Whether ranks a and b run on one host (the host part of their
+ * addresses): 1, 0, or -1 when an address does not say. */
+int pw_exec_same_host(const pw_run *r, int a, int b);
 /* Any thread: wake the compute thread from poll(). */
 void pw_exec_wake(pw_run *r);
 /* Compute thread: queue a frame to rank `to` (CRC computed here); a
@@ -369,10 +381,15 @@ double pw_now(void);
 /* The rank that keeps rank g's snapshots: the next rank (cyclically) on
  * another host, else the next rank; -1 for a one-rank run. */
 int pw_snaprun_holder(const pw_run *r, int g);
-/* Compute thread, after a step's update: when the step is due, a copy of
- * each local stage into the store and to the holder. Never fails the run:
- * a snapshot that cannot be taken is logged and skipped. */
-void pw_snaprun_take(pw_run *r);
+/* Compute thread, after a step's update: when the step is due, its
+ * snapshot is marked for the next step (cp.snap_due). */
+void pw_snaprun_due(pw_run *r);
+/* Compute thread: the due snapshot, if any — a copy of each local stage
+ * into the store and to the holder — in a wait that would idle (idle), or
+ * at the step end when no wait took it (overdue). Never fails the run: a
+ * snapshot that cannot be taken is logged and skipped. */
+void pw_snaprun_idle(pw_run *r);
+void pw_snaprun_overdue(pw_run *r);
 /* Compute thread, before the first step of a run with restore_step: each
  * local stage's state from memory (its own or sent by restore_from), and
  * what this rank holds sent to the ranks that need it. */

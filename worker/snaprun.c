@@ -22,25 +22,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "addr.h"
 #include "log.h"
 #include "worker.h"
 
 enum { SNAP_HOLD = 0, SNAP_RESTORE = 1 };
-
-static int host_of(const pw_run *r, int g, char *host, size_t cap) {
-  int port;
-  return pw_addr_split(r->peer_addr[g], host, cap, &port);
-}
+#define SNAP_LATE 3 /* snapshots left to the step end, net of those taken in a wait, before a rank copies after its update */
 
 int pw_snaprun_holder(const pw_run *r, int g) {
   if (r->n_ranks < 2) return -1;
-  char mine[64], other[64];
-  if (host_of(r, g, mine, sizeof mine) == 0)
-    for (int i = 1; i < r->n_ranks; i++) {
-      int k = (g + i) % r->n_ranks;
-      if (host_of(r, k, other, sizeof other) == 0 && strcmp(mine, other)) return k;
-    }
+  for (int i = 1; i < r->n_ranks; i++) {
+    int k = (g + i) % r->n_ranks;
+    if (pw_exec_same_host(r, g, k) == 0) return k;
+  }
   return (g + 1) % r->n_ranks;
 }
 
@@ -113,12 +106,17 @@ static void copy_out(pw_prog *p, float *dst, size_t n) {
   memcpy(dst + 2 * n, pw_prog_moment(p, 1), tn * sizeof(float));
 }
 
-/* At the step's end, while its state is hot in cache: copying it a piece
- * at a time in the next step's waits measured slower (the pieces delayed
- * the inputs they waited for, and the sends landed mid-step). */
-void pw_snaprun_take(pw_run *r) {
-  int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
-  if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
+/* In the next step's first wait that finds nothing to read (recv.c), when
+ * the rank would idle; else at that step's end, before any of its
+ * exchanges (stepend.c). So a peer finishes a step only after this rank
+ * took the snapshot of the step before, and the ranks' newest snapshots
+ * stay at most a step apart, as snap.h's two generations need. In one go:
+ * copying a piece per wait measured slower (the pieces delayed the inputs
+ * they waited for, and the sends landed mid-step). */
+static void take(pw_run *r) {
+  int done = r->cp.snap_due;
+  r->cp.snap_due = 0;
+  if (!done) return;
   if (atomic_load(&r->sh.abort)) return; /* cancelled: its restart may be about to read the older ones */
   double t0 = pw_now();
   for (int li = 0; li < r->n_ls; li++) {
@@ -139,6 +137,34 @@ void pw_snaprun_take(pw_run *r) {
   }
   r->cp.snaps_taken++;
   r->cp.snap_seconds += pw_now() - t0;
+}
+
+/* Not at the step's end: the parameters and moments stay as they are
+ * until the next step's update, and a copy there delayed the next step's
+ * first action, and with it every rank that waits on it (~90 us of the
+ * pp = 2 case's step). */
+void pw_snaprun_due(pw_run *r) {
+  int k = r->spec.train.snapshot_every, done = r->sh.step + 1;
+  if (!r->snaps || k <= 0 || done % k || done >= r->steps || r->spec.mode == PW_MODE_FORWARD) return;
+  r->cp.snap_due = done;
+  if (r->n_ranks == 1 || r->cp.snap_late >= SNAP_LATE) take(r); /* no later point is cheaper */
+}
+
+void pw_snaprun_idle(pw_run *r) {
+  if (!r->cp.snap_due) return;
+  if (r->cp.snap_late > 0) r->cp.snap_late--;
+  take(r);
+}
+
+/* At the step end the copy delays the exchange every rank waits on: a
+ * rank whose waits keep finding their inputs there (the last stage, whose
+ * one wait of a step, for its first activation, is short) copies right
+ * after its update instead, where it would wait for that activation
+ * anyway. */
+void pw_snaprun_overdue(pw_run *r) {
+  if (!r->cp.snap_due) return;
+  if (r->cp.snap_late < SNAP_LATE) r->cp.snap_late++;
+  take(r);
 }
 
 /* ---- restoring ---------------------------------------------------------------- */

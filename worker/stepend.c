@@ -412,12 +412,13 @@ static json_t *colls_json(pw_run *r) {
 int pw_stepend_run(pw_run *r) {
   int rc;
   double sqnorm = 0, t0 = pw_now(), waited = r->cp.waited;
+  pw_snaprun_overdue(r); /* not taken in a wait of this step's actions (snaprun.c) */
   if ((rc = pw_stepend_reduce(r, &sqnorm)) || (rc = update(r, sqnorm))) return rc;
   double loss = r->cp.loss_sum, t1 = pw_now(), step_time = t1 - r->cp.t_step0, eval_loss = 0;
   double end_wait = r->cp.waited - waited; /* before the eval passes wait for theirs */
   int evaluated = 0;
   if ((rc = pw_evalrun(r, &eval_loss, &evaluated))) return rc;
-  pw_snaprun_take(r);
+  pw_snaprun_due(r);
   pw_event ev = {.kind = PW_EV_STEP, .step = r->sh.step, .step_time = step_time, .loss = loss,
                  .grad_norm = sqrt(sqnorm), .lr = r->cp.lr, .peak_act = r->cp.peak_act, .eval_loss = eval_loss,
                  .dp_bytes = r->cp.dp_bytes, .tp_bytes = r->cp.tp_bytes, .tp_seconds = r->cp.tp_seconds,

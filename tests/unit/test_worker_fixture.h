@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "plan.h"
 #include "run.h"
@@ -66,6 +67,17 @@ static pw_run *wf_run(wf_job *f, int rank, int steps) {
   free(text);
   assert_int_equal(pw_exec_chunk_limit(r), 0);
   return r;
+}
+
+/* Writes all n bytes to fd (blocking), as a run's loop writes what a
+ * socket did not take at once. */
+static inline void wf_write_all(int fd, const void *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    assert_true(w > 0);
+    p = (const uint8_t *)p + w;
+    n -= (size_t)w;
+  }
 }
 
 /* Frees a run the way the daemon does, closing its handle on the loop (one

@@ -171,15 +171,6 @@ static void rank_main(void *arg) {
   atomic_store(&t->done, 1);
 }
 
-static void write_all(int fd, const void *p, size_t n) {
-  while (n) {
-    ssize_t w = write(fd, p, n);
-    assert_true(w > 0);
-    p = (const uint8_t *)p + w;
-    n -= (size_t)w;
-  }
-}
-
 /* This thread as every run's loop: the rest of each frame a socket did not
  * take, in order; the step reports kept in steps[]. */
 static void exchange(mesh *m, int full, rank_thread t[NR], pw_event steps[NR]) {
@@ -203,9 +194,9 @@ static void exchange(mesh *m, int full, rank_thread t[NR], pw_event steps[NR]) {
         assert_int_equal(ev.kind, PW_EV_SEND);
         assert_int_equal(ev.li, -1);
         int fd = r->sh.wl[ev.to].fd;
-        if (ev.off < PW_FRAME_HDR_SIZE) write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
+        if (ev.off < PW_FRAME_HDR_SIZE) wf_write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
         uint64_t poff = ev.off > PW_FRAME_HDR_SIZE ? ev.off - PW_FRAME_HDR_SIZE : 0;
-        write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
+        wf_write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
         uv_mutex_lock(&r->sh.wmu);
         r->sh.wl[ev.to].queued--;
         uv_mutex_unlock(&r->sh.wmu);
