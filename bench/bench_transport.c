@@ -23,7 +23,7 @@
  * thread writes that rest); the receiver reads at most 256 KiB at a time
  * without blocking through pw_frame_reader straight into a destination
  * buffer, CRC checked as bytes arrive, polling the socket while nothing
- * comes for up to 1 ms (not at all when the host's load exceeds its CPUs),
+ * comes for up to 1 ms (yielding the core every 100 us),
  * then sleeping in poll() (worker/recv.c). raw copies the same bytes with
  * blocking write()/read() on default sockets and checks nothing; spin does
  * the same with non-blocking calls retried in a busy loop, so neither end
@@ -63,19 +63,11 @@ static void die(const char *what) {
 
 static size_t g_size, g_chunk = PW_FRAME_CHUNK_DEFAULT; /* the worker's chunk limit (or PW_WIRE_CHUNK) */
 static int g_iters, g_stream;
-/* recv.c: poll the socket before sleeping, unless the host's load exceeds
- * its CPUs by half a CPU; read at most this much at once */
+/* recv.c: poll the socket for up to this long before sleeping; read at
+ * most this much at once */
 #define SPIN_SECONDS_MAX 1e-3
 #define RECV_PIECE ((size_t)256 << 10)
-
-static int host_busy(void) {
-  FILE *f = fopen("/proc/loadavg", "r");
-  double l = 0;
-  int got = f && fscanf(f, "%lf", &l) == 1;
-  if (f) fclose(f);
-  return got && l > sysconf(_SC_NPROCESSORS_ONLN) + 0.5;
-}
-static double g_spin_s = SPIN_SECONDS_MAX; /* 0 when the host is busier than its CPUs */
+static double g_spin_s = SPIN_SECONDS_MAX;
 
 static int listen_any(int *port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -347,7 +339,6 @@ int main(int argc, char **argv) {
   const char *ch = getenv("PW_WIRE_CHUNK");
   if (ch && *ch) g_chunk = (size_t)strtoull(ch, NULL, 10);
   if (!g_chunk) g_chunk = PW_FRAME_CHUNK_DEFAULT;
-  g_spin_s = host_busy() ? 0 : SPIN_SECONDS_MAX;
   g_stream = argc > 4 && !strcmp(argv[4], "stream");
   int port, lfd = listen_any(&port);
   pid_t pid = fork();

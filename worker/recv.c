@@ -10,11 +10,9 @@
  * it computes, the kernel's socket buffers hold what arrives, and a sender
  * whose socket is full lets its loop thread write the rest. */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,13 +28,12 @@
  * core to any runnable thread for a scheduler slice, so an arrival waited
  * milliseconds on a loaded host.
  * Ranks that share cores (more compute threads on the host than CPUs) do
- * not spin at all, nor any rank while the host's load (the kernel's
- * 1-minute average of runnable threads) exceeds its CPUs by half a CPU:
- * the core a spinner burns is one a peer or another process needs (under
- * load 8-15 on 2 cores, spinning doubled the tiny pp = 2 case's step); nor
- * while our loop thread writes queued frames (loop_writing). */
+ * not spin at all: the core a spinner burns is one a peer needs; nor while
+ * our loop thread writes queued frames (loop_writing). The host's load
+ * average is no guide: a pipeline's own spinning ranks raise it, and a
+ * guard on it switched the spin off after every busy minute (64 KiB hops
+ * 3x slower in bench_transport). */
 #define SPIN_SECONDS 1e-3
-#define LOAD_EVERY 0.5 /* seconds between reads of /proc/loadavg */
 /* A spin yields every so often all the same: on a quiet host that only
  * lets our own loop thread send its step reports (without it they went
  * out a step late, two at a time, at pp = 2 on 2 cores). */
@@ -169,22 +166,6 @@ void pw_exec_spin_init(pw_run *r) {
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
   long threads = (long)local * (r->w ? r->w->threads : 1);
   r->cp.spin = cpus > 0 && threads > cpus ? 0 : SPIN_SECONDS;
-  r->cp.cpus = cpus > 0 ? (int)cpus : 1;
-  r->cp.load_next = 0;
-}
-
-/* Whether the host is busier than its CPUs, re-read every LOAD_EVERY
- * seconds (no allocation: the compute thread's heap stays as it is). */
-static int host_busy(pw_run *r, double now) {
-  if (now < r->cp.load_next) return r->cp.busy;
-  r->cp.load_next = now + LOAD_EVERY;
-  char b[64] = "";
-  int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  ssize_t n = fd >= 0 ? read(fd, b, sizeof b - 1) : -1;
-  if (fd >= 0) close(fd);
-  b[n > 0 ? n : 0] = 0;
-  r->cp.busy = n > 0 && strtod(b, NULL) > r->cp.cpus + 0.5;
-  return r->cp.busy;
 }
 
 /* Frames our loop thread is still writing (a snapshot's, a large
@@ -215,7 +196,7 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       continue;
     }
     double now = pw_now();
-    if (spin_until == 0) yield_at = now + YIELD_EVERY, spin_until = now + (r->cp.spin > 0 && !host_busy(r, now) && !loop_writing(r) ? r->cp.spin : 0);
+    if (spin_until == 0) yield_at = now + YIELD_EVERY, spin_until = now + (r->cp.spin > 0 && !loop_writing(r) ? r->cp.spin : 0);
     if (now < spin_until) {
       cpu_relax();
       if (now >= yield_at) { /* our loop thread (step reports, heartbeats) may want this core */

@@ -213,8 +213,6 @@ typedef struct {
   int snap_due;            /* a snapshot of the state after this many steps is to be taken (0: none) */
   int snap_late;           /* snapshots left to the step end, net of those a wait took (snaprun.c) */
   double spin;             /* seconds a wait polls its links before it sleeps (recv.c) */
-  int cpus, busy;          /* the CPUs we may run on; the host's load exceeded them at the last look */
-  double load_next;        /* when to look at the load again */
 } pw_run_compute;
 
 /* The loop thread only. */
