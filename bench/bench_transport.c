@@ -23,7 +23,7 @@
  * thread writes that rest); the receiver reads at most 256 KiB at a time
  * without blocking through pw_frame_reader straight into a destination
  * buffer, CRC checked as bytes arrive, polling the socket while nothing
- * comes for up to 1 ms (yielding the core every 100 us),
+ * comes for up to 1 ms (yielding the core between polls),
  * then sleeping in poll() (worker/recv.c). raw copies the same bytes with
  * blocking write()/read() on default sockets and checks nothing; spin does
  * the same with non-blocking calls retried in a busy loop, so neither end
@@ -146,22 +146,19 @@ static double raw_send(int port) {
 /* ---- pw: what a worker's compute thread does (worker/exec.c, recv.c) ---- */
 
 /* recv.c's wait: a non-blocking read; while nothing comes, poll the socket
- * again for up to g_spin_s (yielding the core every 100 us), then sleep in
+ * again for up to g_spin_s (yielding the core between polls), then sleep in
  * poll(). Returns bytes read (> 0). */
 static size_t recv_wait(int fd, void *buf, size_t len) {
-  double spin_until = 0, yield_at = 0;
+  double spin_until = 0;
   for (;;) {
     ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
     if (n > 0) return (size_t)n;
     if (n == 0) die("peer closed");
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("recv");
     double t = now();
-    if (spin_until == 0) spin_until = t + g_spin_s, yield_at = t + 100e-6;
+    if (spin_until == 0) spin_until = t + g_spin_s;
     if (t < spin_until) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      if (t >= yield_at) sched_yield(), yield_at = t + 100e-6;
+      sched_yield();
       continue;
     }
     struct pollfd p = {.fd = fd, .events = POLLIN};

@@ -397,7 +397,7 @@ def cases_rt_md(res):
                      "frames each CRC'd just before it goes, waiting for the socket only for the rest; "
                      "receiver: non-blocking reads of at most 256 KiB through pw_frame_reader straight into a "
                      "destination buffer, CRC checked, polling the socket for up to 1 ms while nothing comes (yielding the "
-                     "core every 100 µs), then poll()); raw = blocking "
+                     "core between polls), then poll()); raw = blocking "
                      "write()/read() of the same bytes, no checks; spin = raw with non-blocking calls retried in a "
                      "busy loop (neither end ever sleeps). "
                      "pingpong: a 1-byte answer after every message (time = one hop + a tiny return); stream: back to "

@@ -23,21 +23,16 @@
 /* How long a waiting compute thread polls its sockets before it sleeps in
  * poll(): a sleeping thread's wake-up costs 20-80 us on the VMs we measure
  * (its core goes idle), and the waits of a pipeline whose ranks each have a
- * core are mostly shorter than this (bench/README.md). The spin calls
- * sched_yield only every YIELD_EVERY, not between polls: a yield hands the
- * core to any runnable thread for a scheduler slice, so an arrival waited
- * milliseconds on a loaded host.
+ * core are mostly shorter than this (bench/README.md). It yields between
+ * polls: a peer or our own loop thread placed on this core runs at once
+ * (yielding only every 100 us, or spinning on `pause`, made a 64 KiB
+ * ping-pong 12.5 -> 18-30 us a hop on a quiet 2-core VM).
  * Ranks that share cores (more compute threads on the host than CPUs) do
  * not spin at all: the core a spinner burns is one a peer needs; nor while
  * our loop thread writes queued frames (loop_writing). The host's load
  * average is no guide: a pipeline's own spinning ranks raise it, and a
- * guard on it switched the spin off after every busy minute (64 KiB hops
- * 3x slower in bench_transport). */
+ * guard on it switched the spin off after every busy minute. */
 #define SPIN_SECONDS 1e-3
-/* A spin yields every so often all the same: on a quiet host that only
- * lets our own loop thread send its step reports (without it they went
- * out a step late, two at a time, at pp = 2 on 2 cores). */
-#define YIELD_EVERY 100e-6
 /* Bytes read at once: the reader's CRC then runs on what the copy just
  * put in this core's L2 (a read of a whole 16 MiB tensor left most of it
  * in memory for the CRC to fetch again). */
@@ -141,14 +136,6 @@ static int drain_all(pw_run *r) {
   return done;
 }
 
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ volatile("yield");
-#endif
-}
-
 int pw_exec_same_host(const pw_run *r, int a, int b) {
   char ha[64], hb[64];
   int port;
@@ -180,7 +167,7 @@ static int loop_writing(pw_run *r) {
 }
 
 static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void *arg) {
-  double spin_until = 0, yield_at = 0;
+  double spin_until = 0;
   for (;;) {
     if (atomic_load(&r->sh.abort)) return PW_ECANCELED;
     if (ready(r, arg)) return 0;
@@ -196,13 +183,9 @@ static int wait_slow(pw_run *r, int (*ready)(pw_run *, const void *), const void
       continue;
     }
     double now = pw_now();
-    if (spin_until == 0) yield_at = now + YIELD_EVERY, spin_until = now + (r->cp.spin > 0 && !loop_writing(r) ? r->cp.spin : 0);
+    if (spin_until == 0) spin_until = now + (r->cp.spin > 0 && !loop_writing(r) ? r->cp.spin : 0);
     if (now < spin_until) {
-      cpu_relax();
-      if (now >= yield_at) { /* our loop thread (step reports, heartbeats) may want this core */
-        sched_yield();
-        yield_at = now + YIELD_EVERY;
-      }
+      sched_yield();
       continue;
     }
     struct pollfd fds[MAX_POLL + 1];
