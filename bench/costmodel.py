@@ -152,10 +152,12 @@ def main():
         choice.append({"model": model, "auto": ch, "fastest": best,
                        "within_5pct": ch["measured_ms"] <= 1.05 * best["measured_ms"]})
     other = watch.share()
-    out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
            "other_cpu": other, "cpus": os.cpu_count(), "rows": rows, "auto": choice}
     md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", "",
-          f"{out['when']}; bench models {', '.join(models)} (bench/jobs; batch raised to {MIN_BATCH} where smaller, so every m splits it), schedule 1f1b unless marked, one-thread "
+          f"{out['when']}, pipewright {commit}; bench models {', '.join(models)} (bench/jobs; batch raised to {MIN_BATCH} where smaller, so every m splits it), schedule 1f1b unless marked, one-thread "
           f"workers on this host ({os.cpu_count()} CPUs: pp 4 shares them), {a.rounds} interleaved rounds of "
           f"{a.steps} steps (the first {a.warmup} not timed). Predicted: `pipewright plan --profile` after "
           f"`pipewright calibrate` (the makespan with ranks sharing the host's cores, plus the step end); measured: "

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,47 +259,72 @@ static json_t *series(const double *v, int n) {
 
 /* ---- core sharing: n busy processes at once --------------------------------- */
 
-/* n children run p's microbatch from t0 for dur seconds; each one's rate
- * (microbatches per second) summed into *sum, and a wake-up measured
- * beside them (measure_wake) into *wake. */
+/* n children run p's microbatch; each one's rate (microbatches per
+ * second) summed into *sum, and a wake-up measured beside them
+ * (measure_wake) into *wake. Each child first runs one untimed microbatch
+ * (its copy-on-write faults and cold caches would otherwise weigh on the
+ * one or two timed ones of a crowded round), then all start together, and
+ * each keeps computing after its own window until every child has
+ * measured: a child that stopped early would speed up the others. */
 static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *sum, double *wake) {
-  int fds[2];
-  if (pipe(fds)) return -1;
-  double t0 = now() + 0.02; /* every child forked before any starts */
+  int ready[2], go[2], res[2];
+  if (pipe(ready)) return -1;
+  if (pipe(go)) {
+    close(ready[0]), close(ready[1]);
+    return -1;
+  }
+  if (pipe(res)) {
+    close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
+    return -1;
+  }
   int started = 0;
   for (; started < n; started++) {
     pid_t pid = fork();
     if (pid < 0) break;
     if (pid == 0) {
-      close(fds[0]);
-      double t[4], last = 0, rate = 0;
-      int reps = 0;
-      while (now() < t0) {}
-      do { /* at least one: a rate even when one microbatch outlasts dur */
-        if (run_once(job, p, t)) break;
-        reps++, last = now();
-      } while (last < t0 + dur);
+      close(ready[0]), close(go[1]), close(res[0]);
+      double t[4], last = 0, rate = 0, t0;
+      int reps = 0, ok = run_once(job, p, t) == 0;
+      char c = ok;
+      if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1 || c != 1) _exit(1);
+      t0 = now();
+      while (ok) { /* at least one: a rate even when one microbatch outlasts dur */
+        if (run_once(job, p, t)) ok = 0;
+        else reps++, last = now();
+        if (last >= t0 + dur) break;
+      }
       if (reps && last > t0) rate = reps / (last - t0);
-      ssize_t k = write(fds[1], &rate, sizeof rate);
-      _exit(k == (ssize_t)sizeof rate ? 0 : 1);
+      if (write(res[1], &rate, sizeof rate) != (ssize_t)sizeof rate) _exit(1);
+      /* go's write end closes when every rate is in: load until then */
+      struct pollfd pf = {.fd = go[0], .events = POLLIN};
+      while (ok && poll(&pf, 1, 0) == 0) (void)run_once(job, p, t);
+      _exit(ok ? 0 : 1);
     }
   }
-  close(fds[1]);
+  close(ready[1]), close(go[0]), close(res[1]);
   int ok = started == n;
+  char c = 1;
+  for (int k = 0; k < started; k++) {
+    char r = 0;
+    if (read(ready[0], &r, 1) != 1 || r != 1) ok = 0;
+  }
+  if (!ok) c = 0;
+  for (int k = 0; k < started; k++)
+    if (write(go[1], &c, 1) != 1) ok = 0;
   pw_err werr = {0};
-  while (now() < t0) {}
-  if (measure_wake(t0 + dur, wake, &werr)) ok = 0;
+  if (ok && measure_wake(now() + dur, wake, &werr)) ok = 0;
   *sum = 0;
   for (int k = 0; k < started; k++) {
     double rate = 0;
-    if (read(fds[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
+    if (read(res[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
     *sum += rate;
   }
+  close(go[1]);
   while (started-- > 0) {
     int st;
     if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) ok = 0;
   }
-  close(fds[0]);
+  close(ready[0]), close(res[0]);
   return ok ? 0 : -1;
 }
 
@@ -389,7 +415,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   if (!rc && n_speed) {
     int hi = big + 1;
     while (hi < L && m.layers[hi].is_loss) hi++;
-    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.2, speed, wake_busy,
+    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.5, speed, wake_busy,
                          err);
   }
   step_fit(ux, uy, n_units, &fixed, &per_param);
