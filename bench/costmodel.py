@@ -90,52 +90,48 @@ def bench_args(ap, out, rounds, steps):
     ap.add_argument("--out", default=out)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="d256")
-    ap.add_argument("--pp", default="1,2,4")
-    ap.add_argument("--m", default="2,4,8,16")
-    bench_args(ap, "costmodel", 2, 8)
-    a = ap.parse_args()
+def grid(build, models, pps, ms, rounds, steps, warmup):
+    """Calibrates each model, then measures every cell (and --auto's choice) in interleaved rounds;
+    returns the result object (rows, auto, what else ran)."""
     watch = OtherCpu()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-cost-")
     atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
-    models, pps, ms = a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")]
     cells, pred, meas, prof = [], {}, {}, {}
     global MIN_BATCH
     MIN_BATCH = max(ms)
     for model in models:
         batch = job(model, 1, 1, 1)["train"]["batch_size"]
         sizes = sorted({batch // m for m in ms} | {1})
-        spec = write(os.path.join(scratch, f"{model}.json"), job(model, 1, 1, a.steps))
+        spec = write(os.path.join(scratch, f"{model}.json"), job(model, 1, 1, steps))
         prof[model] = os.path.join(scratch, f"{model}-profile.json")
-        pw(a.build, "calibrate", "--job", spec, "--mb", ",".join(map(str, sizes)), "--out", prof[model])
+        pw(build, "calibrate", "--job", spec, "--mb", ",".join(map(str, sizes)), "--out", prof[model])
         for pp in pps:
             for m in ms:
                 cells.append((model, pp, m, "1f1b", 1))
     # --auto's choice per model, run alongside the grid
     auto = {}
     for model in models:
-        spec = write(os.path.join(scratch, f"{model}-auto.json"), job(model, 1, 1, a.steps))
-        ch = json.loads(pw(a.build, "plan", "--job", spec, "--profile", prof[model], "--auto", "--max-pp",
+        spec = write(os.path.join(scratch, f"{model}-auto.json"), job(model, 1, 1, steps))
+        ch = json.loads(pw(build, "plan", "--job", spec, "--profile", prof[model], "--auto", "--max-pp",
                            str(max(pps)), "--json"))["chosen"]
         auto[model] = (model, ch["pp"], ch["microbatches"], ch["schedule"], ch["virtual_stages"])
         if auto[model] not in cells:
             cells.append(auto[model])
     for c in cells:
         model, pp, m, sched, V = c
-        spec = write(os.path.join(scratch, "pred.json"), job(model, pp, m, a.steps, sched, V))
-        pred[c] = json.loads(pw(a.build, "plan", "--job", spec, "--profile", prof[model], "--json"))["predicted_step"]
+        spec = write(os.path.join(scratch, "pred.json"), job(model, pp, m, steps, sched, V))
+        pred[c] = json.loads(pw(build, "plan", "--job", spec, "--profile", prof[model], "--json"))["predicted_step"]
         meas[c] = []
-    for rnd in range(a.rounds):
+    for rnd in range(rounds):
         for c in cells if rnd % 2 == 0 else cells[::-1]:
             model, pp, m, sched, V = c
-            res = pipe.run(a.build, job(model, pp, m, a.steps, sched, V),
+            res = pipe.run(build, job(model, pp, m, steps, sched, V),
                            os.path.join(scratch, f"r{rnd}-{model}-{pp}-{m}-{sched}"), trace_every=0, env=env)
-            meas[c].append(pipe.step_period(res, a.warmup))
+            meas[c].append(pipe.step_period(res, warmup))
             print(f"round {rnd}: {model} pp {pp} m {m} {sched}: {meas[c][-1] * 1e3:.1f} ms/step "
                   f"(predicted {pred[c]['seconds'] * 1e3:.1f})", file=sys.stderr, flush=True)
+    shutil.rmtree(scratch, True)
     rows = []
     for c in cells:
         model, pp, m, sched, V = c
@@ -151,35 +147,54 @@ def main():
         ch = next(r for r in mine if r["auto"])
         choice.append({"model": model, "auto": ch, "fastest": best,
                        "within_5pct": ch["measured_ms"] <= 1.05 * best["measured_ms"]})
-    other = watch.share()
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    out = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
-           "other_cpu": other, "cpus": os.cpu_count(), "rows": rows, "auto": choice}
-    md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", "",
-          f"{out['when']}, pipewright {commit}; bench models {', '.join(models)} (bench/jobs; batch raised to {MIN_BATCH} where smaller, so every m splits it), schedule 1f1b unless marked, one-thread "
-          f"workers on this host ({os.cpu_count()} CPUs: pp 4 shares them), {a.rounds} interleaved rounds of "
-          f"{a.steps} steps (the first {a.warmup} not timed). Predicted: `pipewright plan --profile` after "
-          f"`pipewright calibrate` (the makespan with ranks sharing the host's cores, plus the step end); measured: "
-          f"bench/pipe.py, the median step period over the rounds. " + quiet_note(other), "",
-          "The full grid (pp 1, 2, 4 x m 2, 4, 8, 16 x d256, d512, d768, 5 rounds) is for a quiet machine: "
-          "`bench/costmodel.py --models d256,d512,d768 --rounds 5 --steps 12`.", "",
+    return {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit, "rounds": rounds, "steps": steps,
+            "warmup": warmup, "other_cpu": watch.share(), "cpus": os.cpu_count(), "models": models,
+            "min_batch": MIN_BATCH, "rows": rows, "auto": choice}
+
+
+def md_lines(out):
+    """The result object as markdown lines: how it was measured, the table, --auto's choice."""
+    md = [f"{out['when']}, pipewright {out.get('commit', '?')}; bench models {', '.join(out.get('models', []))} "
+          f"(bench/jobs; batch raised to {out.get('min_batch', '?')} where smaller, so every m splits it), schedule "
+          f"1f1b unless marked, one-thread workers on this host ({out['cpus']} CPUs: pp 4 shares them), "
+          f"{out['rounds']} interleaved rounds of {out['steps']} steps (the first {out['warmup']} not timed). "
+          "Predicted: `pipewright plan --profile` after `pipewright calibrate` (the makespan with ranks sharing "
+          "the host's cores, plus the step end); measured: bench/pipe.py, the median step period over the rounds. "
+          + quiet_note(out["other_cpu"]), "",
           "| model | pp | m | schedule | predicted ms | measured ms | per round | error | within 10 % |",
           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in out["rows"]:
         md.append(f"| {r['model']} | {r['pp']} | {r['m']} | {r['schedule']}{' (auto)' if r['auto'] else ''} | "
                   f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | "
                   f"{', '.join(f'{x:.1f}' for x in r['rounds_ms'])} | {100 * r['error']:+.1f} % | "
                   f"{'yes' if r['within_10pct'] else 'no'} |")
-    ok = sum(r["within_10pct"] for r in rows)
-    md += ["", f"{ok} of {len(rows)} cells within 10 %."]
-    md += ["", "| model | --auto chose | its measured ms | "
-           "fastest measured | its ms | auto within 5 % |", "|---|---|---|---|---|---|"]
-    for c in choice:
+    ok = sum(r["within_10pct"] for r in out["rows"])
+    md += ["", f"{ok} of {len(out['rows'])} cells within 10 %."]
+    md += ["", "| model | --auto chose | its measured ms | fastest measured | its ms | auto within 5 % |",
+           "|---|---|---|---|---|---|"]
+    for c in out["auto"]:
         x, b = c["auto"], c["fastest"]
         md.append(f"| {c['model']} | pp {x['pp']} {x['schedule']} V {x['virtual_stages']} m {x['m']} | "
                   f"{x['measured_ms']:.1f} | pp {b['pp']} {b['schedule']} m {b['m']} | {b['measured_ms']:.1f} | "
                   f"{'yes' if c['within_5pct'] else 'no'} |")
+    return md
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="d256")
+    ap.add_argument("--pp", default="1,2,4")
+    ap.add_argument("--m", default="2,4,8,16")
+    bench_args(ap, "costmodel", 2, 8)
+    a = ap.parse_args()
+    out = grid(a.build, a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")],
+               a.rounds, a.steps, a.warmup)
+    md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", ""] + md_lines(out)
+    md += ["", "The full grid (pp 1, 2, 4 x m 2, 4, 8, 16 x d256, d512, d768) on a quiet machine: "
+           "`bench/costmodel.py --models d256,d512,d768 --rounds 2 --steps 5` (about 40 min on 2 cores), "
+           "or case 8 of `bench/run.sh`."]
     text = "\n".join(md) + "\n"
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     base = os.path.join(HERE, "results", a.out)

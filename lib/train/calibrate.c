@@ -64,56 +64,67 @@ static int unit_prog(const pw_job *job, const pw_model *m, int lo, int hi, int m
   return 0;
 }
 
-/* One microbatch through p: F, then (training) I, W and the step end;
- * the four durations into t. */
-static int run_once(const pw_job *job, pw_prog *p, double t[4]) {
-  int rc, fwd = job->mode == PW_MODE_FORWARD;
-  double t0 = now();
-  float loss;
-  if ((rc = pw_prog_forward(p, 0, &loss))) return rc;
-  double t1 = now();
-  if (!fwd && (rc = pw_prog_backward_input(p, 0))) return rc;
-  double t2 = now();
-  if (!fwd && (rc = pw_prog_backward_weight(p, 0))) return rc;
-  double t3 = now();
-  if (!fwd) {
-    pw_prog_grads_finalize(p);
-    pw_step_sched sc = pw_step_sched_of(&job->train, 0, pw_grad_sqnorm(p, NULL, 0));
-    pw_optim_update(p, &job->train, &sc);
-    pw_prog_zero_grad(p);
+/* Every unit (a layer, with a loss layer after it) at mb sequences, as a
+ * microbatch passes through a stage holding the whole model: each unit's F
+ * in order, then its I and W in reverse, so that between two uses of a
+ * layer the others' weights, gradients and activations have gone through
+ * the caches as in a run (timed one layer at a time, a small model's
+ * layers stayed cached and measured up to 10 % fast at one sequence).
+ * Repeated until about target seconds per unit (at least 3 times, one
+ * untimed pass first); the medians into c (the table's rows at size k:
+ * c[lo * 3 * n_mb + d * n_mb + k], d = F, I, W). With opt: each unit's
+ * step end, timed after the pass, into opt[u] and its trainable
+ * parameters into params[u]. */
+static int time_units(const pw_job *job, const pw_model *m, int mb, double target, double *c, int k, int n_mb,
+                      double *opt, double *params, pw_err *err) {
+  int L = m->n_layers, n = 0, rc = 0, reps = 0;
+  int *lo = calloc((size_t)L + 1, sizeof(int));
+  pw_prog **p = calloc((size_t)L, sizeof *p);
+  double *tm = calloc((size_t)L * 4 * MAX_REPS, sizeof(double)); /* [u][d][rep] */
+  if (!lo || !p || !tm) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
+  for (int l = 0; l < L && !rc; n++) {
+    lo[n] = l;
+    for (l++; l < L && m->layers[l].is_loss;) l++;
+    lo[n + 1] = l;
+    rc = unit_prog(job, m, lo[n], l, mb, &p[n], err);
   }
-  t[0] = t1 - t0, t[1] = t2 - t1, t[2] = t3 - t2, t[3] = now() - t3;
-  return 0;
-}
-
-/* Layers [lo, hi) at mb sequences: median F, I, W into f, i, w; the step
- * end's seconds and the program's trainable parameters into *opt, *params. */
-static int time_unit(const pw_job *job, const pw_model *m, int lo, int hi, int mb, double target, double *f, double *i,
-                     double *w, double *opt, size_t *params, pw_err *err) {
-  pw_prog *p = NULL;
-  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
-  if (rc) return rc;
-  double tf[MAX_REPS], ti[MAX_REPS], tw[MAX_REPS], to[MAX_REPS], t[4];
-  int n = 0;
-  double t_end = now() + target;
-  /* one untimed round first: page faults and caches */
-  for (int warm = 1; n < MAX_REPS && (warm || n < 3 || now() < t_end); warm = 0) {
-    if ((rc = run_once(job, p, t))) break;
-    if (warm) continue;
-    tf[n] = t[0], ti[n] = t[1], tw[n] = t[2], to[n] = t[3];
-    n++;
+  int fwd = job->mode == PW_MODE_FORWARD;
+  double t_end = now() + target * n;
+  for (int pass = 0; !rc && pass <= MAX_REPS && (pass < 4 || now() < t_end); pass++) {
+    double *row = pass ? tm + reps : NULL; /* pass 0: untimed */
+    float loss;
+    for (int u = 0; u < n && !rc; u++) {
+      double t0 = now();
+      rc = pw_prog_forward(p[u], 0, &loss);
+      if (row) row[(u * 4 + 0) * MAX_REPS] = now() - t0;
+    }
+    for (int u = n - 1; u >= 0 && !rc && !fwd; u--) {
+      double t0 = now();
+      rc = pw_prog_backward_input(p[u], 0);
+      double t1 = now();
+      if (!rc) rc = pw_prog_backward_weight(p[u], 0);
+      if (row) row[(u * 4 + 1) * MAX_REPS] = t1 - t0, row[(u * 4 + 2) * MAX_REPS] = now() - t1;
+    }
+    for (int u = 0; u < n && !rc && !fwd && opt; u++) {
+      double t0 = now();
+      pw_prog_grads_finalize(p[u]);
+      pw_step_sched sc = pw_step_sched_of(&job->train, 0, pw_grad_sqnorm(p[u], NULL, 0));
+      pw_optim_update(p[u], &job->train, &sc);
+      pw_prog_zero_grad(p[u]);
+      if (row) row[(u * 4 + 3) * MAX_REPS] = now() - t0;
+    }
+    if (row) reps++;
   }
-  if (!rc) {
-    *f = median(tf, n);
-    *i = median(ti, n);
-    *w = median(tw, n);
-    *opt = median(to, n);
-    *params = pw_prog_train_numel(p);
-  } else {
-    rc = pw_err_set(err, rc, "calibrate", "layers %s..%s: a kernel failed", m->layers[lo].name, m->layers[hi - 1].name);
+  if (rc && !err->code) rc = pw_err_set(err, rc, "calibrate", "microbatch size %d: a kernel failed", mb);
+  for (int u = 0; u < n && !rc; u++) {
+    for (int d = 0; d < 3; d++) c[((size_t)lo[u] * 3 + (size_t)d) * (size_t)n_mb + (size_t)k] = median(tm + (u * 4 + d) * MAX_REPS, reps);
+    if (opt) opt[u] = median(tm + (u * 4 + 3) * MAX_REPS, reps), params[u] = (double)pw_prog_train_numel(p[u]);
   }
-  pw_prog_free(p);
-  return rc;
+  for (int u = 0; p && u < n; u++) pw_prog_free(p[u]);
+  free(lo);
+  free(p);
+  free(tm);
+  return rc ? rc : n;
 }
 
 /* ---- a thread's wake-up: a condition variable ping-pong --------------------- */
@@ -259,14 +270,24 @@ static json_t *series(const double *v, int n) {
 
 /* ---- core sharing: n busy processes at once --------------------------------- */
 
-/* n children run p's microbatch; each one's rate (microbatches per
- * second) summed into *sum, and a wake-up measured beside them
- * (measure_wake) into *wake. Each child first runs one untimed microbatch
- * (its copy-on-write faults and cold caches would otherwise weigh on the
- * one or two timed ones of a crowded round), then all start together, and
- * each keeps computing after its own window until every child has
- * measured: a child that stopped early would speed up the others. */
-static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *sum, double *wake) {
+/* One microbatch through p's F, I and W, no step end: the sharing rounds
+ * time what the layer table holds (gradients just accumulate). */
+static int run_fiw(const pw_job *job, pw_prog *p) {
+  float loss;
+  int rc = pw_prog_forward(p, 0, &loss);
+  if (!rc && job->mode != PW_MODE_FORWARD && !(rc = pw_prog_backward_input(p, 0))) rc = pw_prog_backward_weight(p, 0);
+  return rc;
+}
+
+/* n children, child c running p[c]'s microbatch; each one's rate
+ * (microbatches per second) into rate[c], and a wake-up measured beside
+ * them (measure_wake) into *wake. Each child first runs one untimed
+ * microbatch (its copy-on-write faults and cold caches would otherwise
+ * weigh on the one or two timed ones of a crowded round), then all start
+ * together, and each keeps computing after its own window until every
+ * child has measured: a child that stopped early would speed up the
+ * others. */
+static int busy_round(const pw_job *job, pw_prog **p, int n, double dur, double *rate, double *wake) {
   int ready[2], go[2], res[2];
   if (pipe(ready)) return -1;
   if (pipe(go)) {
@@ -283,21 +304,22 @@ static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *
     if (pid < 0) break;
     if (pid == 0) {
       close(ready[0]), close(go[1]), close(res[0]);
-      double t[4], last = 0, rate = 0, t0;
-      int reps = 0, ok = run_once(job, p, t) == 0;
+      pw_prog *q = p[started];
+      double last = 0, r[2] = {started, 0}, t0;
+      int reps = 0, ok = run_fiw(job, q) == 0;
       char c = ok;
       if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1 || c != 1) _exit(1);
       t0 = now();
       while (ok) { /* at least one: a rate even when one microbatch outlasts dur */
-        if (run_once(job, p, t)) ok = 0;
+        if (run_fiw(job, q)) ok = 0;
         else reps++, last = now();
         if (last >= t0 + dur) break;
       }
-      if (reps && last > t0) rate = reps / (last - t0);
-      if (write(res[1], &rate, sizeof rate) != (ssize_t)sizeof rate) _exit(1);
+      if (reps && last > t0) r[1] = reps / (last - t0);
+      if (write(res[1], r, sizeof r) != (ssize_t)sizeof r) _exit(1);
       /* go's write end closes when every rate is in: load until then */
       struct pollfd pf = {.fd = go[0], .events = POLLIN};
-      while (ok && poll(&pf, 1, 0) == 0) (void)run_once(job, p, t);
+      while (ok && poll(&pf, 1, 0) == 0) (void)run_fiw(job, q);
       _exit(ok ? 0 : 1);
     }
   }
@@ -313,11 +335,10 @@ static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *
     if (write(go[1], &c, 1) != 1) ok = 0;
   pw_err werr = {0};
   if (ok && measure_wake(now() + dur, wake, &werr)) ok = 0;
-  *sum = 0;
   for (int k = 0; k < started; k++) {
-    double rate = 0;
-    if (read(res[0], &rate, sizeof rate) != (ssize_t)sizeof rate || rate <= 0) ok = 0;
-    *sum += rate;
+    double r[2] = {-1, 0};
+    if (read(res[0], r, sizeof r) != (ssize_t)sizeof r || r[0] < 0 || r[0] >= n || r[1] <= 0) ok = 0;
+    else rate[(int)r[0]] = r[1];
   }
   close(go[1]);
   while (started-- > 0) {
@@ -330,33 +351,56 @@ static int busy_round(const pw_job *job, pw_prog *p, int n, double dur, double *
 
 #define SHARE_REPS 3
 
-/* speed[n-1] for n = 1..n_max: each of n busy one-thread processes' rate
- * on the largest unit (layers [lo, hi)) at mb, relative to one alone in
- * the same pass; wake[n-1] a thread's wake-up beside them. The median of
- * SHARE_REPS passes over n = 1..n_max: other work that comes and goes on
- * the host moves one pass, not the figure. */
-static int measure_sharing(const pw_job *job, const pw_model *m, int lo, int hi, int mb, int n_max, double dur,
+/* speed[n-1] for n = 1..n_max: n one-thread processes, each running one
+ * of n contiguous parts of the model (as n pipeline ranks on this host
+ * would: together they hold the whole model, so caches and memory are
+ * shared as in a pipeline run) at mb; each one's rate times its part's
+ * time alone (fiw[l]: layer l's F + I + W from the table), averaged over
+ * the n and taken relative to n = 1 in the same pass. wake[n-1]: a
+ * thread's wake-up beside them. The median of SHARE_REPS passes: other
+ * work that comes and goes on the host moves one pass, not the figure. */
+static int measure_sharing(const pw_job *job, const pw_model *m, const double *fiw, int mb, int n_max, double dur,
                            double *speed, double *wake, pw_err *err) {
-  pw_prog *p = NULL;
-  int rc = unit_prog(job, m, lo, hi, mb, &p, err);
-  if (rc) return rc;
-  double t[4], sp[PW_CALIB_MAX_SHARE][SHARE_REPS], wk[PW_CALIB_MAX_SHARE][SHARE_REPS];
-  if ((rc = run_once(job, p, t))) rc = pw_err_set(err, rc, "calibrate.sharing", "a kernel failed");
+  int L = m->n_layers, rc = 0;
+  double total = 0, sp[PW_CALIB_MAX_SHARE][SHARE_REPS], wk[PW_CALIB_MAX_SHARE][SHARE_REPS];
+  double alone[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE], rate[PW_CALIB_MAX_SHARE];
+  pw_prog *p[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE] = {{0}};
+  for (int l = 0; l < L; l++) total += fiw[l];
+  for (int n = 1; n <= n_max && !rc; n++) /* part c ends where the running time passes (c + 1) / n of the total */
+    for (int c = 0, lo = 0; c < n && !rc; c++) {
+      int hi = lo;
+      double t = 0, done = 0;
+      for (int l = 0; l < lo; l++) done += fiw[l];
+      while (hi < L && (hi == lo || c == n - 1 || done + t + fiw[hi] / 2 <= total * (c + 1) / n)) {
+        t += fiw[hi++];
+        while (hi < L && m->layers[hi].is_loss) hi++;
+      } /* more parts than layers: the last ones stay empty */
+      alone[n - 1][c] = t;
+      if (hi > lo && (rc = unit_prog(job, m, lo, hi, mb, &p[n - 1][c], err))) break;
+      lo = hi;
+    }
   for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
-    double alone = 0, sum = 0;
+    double one = 0;
     for (int n = 1; n <= n_max && !rc; n++) {
-      if (busy_round(job, p, n, dur, &sum, &wk[n - 1][rep]))
-        rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", n);
-      else if (n == 1)
-        alone = sum;
-      if (!rc) sp[n - 1][rep] = fmin(1.0, sum / n / alone);
+      int k = 0;
+      while (k < n && p[n - 1][k]) k++; /* the parts that have layers */
+      if (busy_round(job, p[n - 1], k, dur, rate, &wk[n - 1][rep])) {
+        rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", k);
+        break;
+      }
+      double s = 0;
+      for (int c = 0; c < k; c++) s += rate[c] * alone[n - 1][c];
+      s /= n; /* an empty part: a process less, counted as idle */
+      if (n == 1) one = s;
+      sp[n - 1][rep] = fmin(1.0, s / one);
     }
   }
   for (int n = 1; n <= n_max && !rc; n++) {
     speed[n - 1] = median(sp[n - 1], SHARE_REPS);
     wake[n - 1] = median(wk[n - 1], SHARE_REPS);
   }
-  pw_prog_free(p);
+  for (int n = 0; n < PW_CALIB_MAX_SHARE; n++)
+    for (int c = 0; c < PW_CALIB_MAX_SHARE; c++) pw_prog_free(p[n][c]);
   return rc;
 }
 
@@ -379,7 +423,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
     pw_model_free(&m);
     return rc;
   }
-  int L = m.n_layers, n_mb = o->n_mb, n_units = 0, big = 0;
+  int L = m.n_layers, n_mb = o->n_mb, n_units = 0;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int cores = o->cores > 0 ? o->cores : (int)(cpus > 0 ? cpus : 1);
   double target = o->target_s > 0 ? o->target_s : 0.02;
@@ -387,20 +431,9 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   double *ux = calloc((size_t)L, sizeof(double)), *uy = calloc((size_t)L, sizeof(double));
   json_t *layers = json_array();
   if (!t || !ux || !uy) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
-  for (int lo = 0, hi; lo < L && !rc; lo = hi) {
-    for (hi = lo + 1; hi < L && m.layers[hi].is_loss;) hi++;
-    double *c = t + ((size_t)lo * 3) * (size_t)n_mb;
-    for (int k = 0; k < n_mb && !rc; k++) {
-      double opt = 0;
-      size_t params = 0;
-      rc = time_unit(job, &m, lo, hi, o->mb[k], target, &c[k], &c[n_mb + k], &c[2 * n_mb + k], &opt, &params, err);
-      if (k == 0) { /* the optimizer does not depend on the microbatch size */
-        ux[n_units] = (double)params;
-        uy[n_units] = opt;
-      }
-    }
-    if (!rc && c[n_mb / 2] > t[(size_t)big * 3 * (size_t)n_mb + (size_t)n_mb / 2]) big = lo;
-    n_units++;
+  for (int k = 0; k < n_mb && !rc; k++) { /* the step end does not depend on the microbatch size */
+    rc = time_units(job, &m, o->mb[k], target, t, k, n_mb, k ? NULL : uy, k ? NULL : ux, err);
+    if (rc > 0) n_units = rc, rc = 0;
   }
   for (int l = 0; l < L && !rc; l++) {
     double *c = t + ((size_t)l * 3) * (size_t)n_mb;
@@ -413,10 +446,13 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   if (!rc && o->link) rc = measure_link(&latency, &bandwidth, err);
   if (!rc && o->link) rc = measure_wake(0, &wake, err);
   if (!rc && n_speed) {
-    int hi = big + 1;
-    while (hi < L && m.layers[hi].is_loss) hi++;
-    rc = measure_sharing(job, &m, big, hi, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.5, speed, wake_busy,
-                         err);
+    double *fiw = calloc((size_t)L, sizeof(double));
+    for (int l = 0; fiw && l < L; l++)
+      for (int d = 0; d < 3; d++) fiw[l] += t[((size_t)l * 3 + (size_t)d) * (size_t)n_mb + (size_t)n_mb / 2];
+    rc = fiw ? measure_sharing(job, &m, fiw, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.5, speed,
+                               wake_busy, err)
+             : pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
+    free(fiw);
   }
   step_fit(ux, uy, n_units, &fixed, &per_param);
   if (!rc) {
