@@ -2,8 +2,8 @@
 """costmodel: the calibrated cost model (lib/plan/cost.h, issue 16 part 3)
 against measured steps.
 
-Per bench model (bench/jobs/gpt-d*.json): `pipewright calibrate` once (the
-microbatch sizes the grid needs), then for every pp x m of the grid
+Per round and bench model (bench/jobs/gpt-d*.json): `pipewright calibrate`
+(the microbatch sizes the grid needs), then for every pp x m of the grid
 (schedule 1f1b, even partition, one-thread workers on this host) the
 planner's predicted step (`plan --profile --json`: the makespan, with the
 ranks sharing this host's cores, plus the step end) against the measured
@@ -91,55 +91,54 @@ def bench_args(ap, out, rounds, steps):
 
 
 def grid(build, models, pps, ms, rounds, steps, warmup):
-    """Calibrates each model, then measures every cell (and --auto's choice) in interleaved rounds;
-    returns the result object (rows, auto, what else ran)."""
+    """Each round, per model: `pipewright calibrate`, then every cell (and --auto's choice, taken from the
+    first round's calibration) predicted from that calibration and measured right after it, so that
+    the host's speed, which drifts by several % over minutes on a VM, is the same for both; returns the
+    result object (rows with per-round predictions, measurements and errors, auto, what else ran)."""
     watch = OtherCpu()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     scratch = tempfile.mkdtemp(prefix="pw-cost-")
     atexit.register(shutil.rmtree, scratch, True)  # ranks' state and checkpoints: gigabytes
-    cells, pred, meas, prof = [], {}, {}, {}
     global MIN_BATCH
     MIN_BATCH = max(ms)
-    for model in models:
-        batch = job(model, 1, 1, 1)["train"]["batch_size"]
-        sizes = sorted({batch // m for m in ms} | {1})
-        spec = write(os.path.join(scratch, f"{model}.json"), job(model, 1, 1, steps))
-        prof[model] = os.path.join(scratch, f"{model}-profile.json")
-        pw(build, "calibrate", "--job", spec, "--mb", ",".join(map(str, sizes)), "--out", prof[model])
-        for pp in pps:
-            for m in ms:
-                cells.append((model, pp, m, "1f1b", 1))
-    # --auto's choice per model, run alongside the grid
-    auto = {}
-    for model in models:
-        spec = write(os.path.join(scratch, f"{model}-auto.json"), job(model, 1, 1, steps))
-        ch = json.loads(pw(build, "plan", "--job", spec, "--profile", prof[model], "--auto", "--max-pp",
-                           str(max(pps)), "--json"))["chosen"]
-        auto[model] = (model, ch["pp"], ch["microbatches"], ch["schedule"], ch["virtual_stages"])
-        if auto[model] not in cells:
-            cells.append(auto[model])
-    for c in cells:
-        model, pp, m, sched, V = c
-        spec = write(os.path.join(scratch, "pred.json"), job(model, pp, m, steps, sched, V))
-        pred[c] = json.loads(pw(build, "plan", "--job", spec, "--profile", prof[model], "--json"))["predicted_step"]
-        meas[c] = []
+    cells = {model: [(model, pp, m, "1f1b", 1) for pp in pps for m in ms] for model in models}
+    pred, meas, auto = {}, {}, {}
     for rnd in range(rounds):
-        for c in cells if rnd % 2 == 0 else cells[::-1]:
-            model, pp, m, sched, V = c
-            res = pipe.run(build, job(model, pp, m, steps, sched, V),
-                           os.path.join(scratch, f"r{rnd}-{model}-{pp}-{m}-{sched}"), trace_every=0, env=env)
-            meas[c].append(pipe.step_period(res, warmup))
-            print(f"round {rnd}: {model} pp {pp} m {m} {sched}: {meas[c][-1] * 1e3:.1f} ms/step "
-                  f"(predicted {pred[c]['seconds'] * 1e3:.1f})", file=sys.stderr, flush=True)
+        for model in models if rnd % 2 == 0 else models[::-1]:
+            batch = job(model, 1, 1, 1)["train"]["batch_size"]
+            sizes = sorted({batch // m for m in ms} | {1})
+            spec = write(os.path.join(scratch, f"{model}.json"), job(model, 1, 1, steps))
+            prof = os.path.join(scratch, f"{model}-profile-r{rnd}.json")
+            pw(build, "calibrate", "--job", spec, "--mb", ",".join(map(str, sizes)), "--out", prof)
+            if model not in auto:  # --auto's choice, run alongside the grid
+                ch = json.loads(pw(build, "plan", "--job", spec, "--profile", prof, "--auto", "--max-pp",
+                                   str(max(pps)), "--json"))["chosen"]
+                auto[model] = (model, ch["pp"], ch["microbatches"], ch["schedule"], ch["virtual_stages"])
+                if auto[model] not in cells[model]:
+                    cells[model].append(auto[model])
+            for c in cells[model] if rnd % 2 == 0 else cells[model][::-1]:
+                _, pp, m, sched, V = c
+                j = job(model, pp, m, steps, sched, V)
+                spec = write(os.path.join(scratch, "pred.json"), j)
+                p = json.loads(pw(build, "plan", "--job", spec, "--profile", prof, "--json"))["predicted_step"]
+                res = pipe.run(build, j, os.path.join(scratch, f"r{rnd}-{model}-{pp}-{m}-{sched}"), trace_every=0,
+                               env=env)
+                pred.setdefault(c, []).append(p["seconds"])
+                meas.setdefault(c, []).append(pipe.step_period(res, warmup))
+                shutil.rmtree(os.path.join(scratch, f"r{rnd}-{model}-{pp}-{m}-{sched}"), True)
+                print(f"round {rnd}: {model} pp {pp} m {m} {sched}: {meas[c][-1] * 1e3:.1f} ms/step "
+                      f"(predicted {pred[c][-1] * 1e3:.1f})", file=sys.stderr, flush=True)
     shutil.rmtree(scratch, True)
     rows = []
-    for c in cells:
-        model, pp, m, sched, V = c
-        mm = statistics.median(meas[c])
-        p = pred[c]["seconds"]
-        rows.append({"model": model, "pp": pp, "m": m, "schedule": sched, "virtual_stages": V,
-                     "predicted_ms": p * 1e3, "measured_ms": mm * 1e3, "rounds_ms": [x * 1e3 for x in meas[c]],
-                     "error": p / mm - 1, "within_10pct": abs(p / mm - 1) <= 0.10, "auto": c == auto[model]})
+    for model in models:
+        for c in cells[model]:
+            _, pp, m, sched, V = c
+            err = statistics.median(p / x - 1 for p, x in zip(pred[c], meas[c]))
+            rows.append({"model": model, "pp": pp, "m": m, "schedule": sched, "virtual_stages": V,
+                         "predicted_ms": statistics.median(pred[c]) * 1e3,
+                         "measured_ms": statistics.median(meas[c]) * 1e3,
+                         "rounds_ms": [x * 1e3 for x in meas[c]], "rounds_predicted_ms": [x * 1e3 for x in pred[c]],
+                         "error": err, "within_10pct": abs(err) <= 0.10, "auto": c == auto[model]})
     choice = []
     for model in models:
         mine = [r for r in rows if r["model"] == model]
@@ -151,7 +150,7 @@ def grid(build, models, pps, ms, rounds, steps, warmup):
                             text=True).stdout.strip() or "unknown"
     return {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit, "rounds": rounds, "steps": steps,
             "warmup": warmup, "other_cpu": watch.share(), "cpus": os.cpu_count(), "models": models,
-            "min_batch": MIN_BATCH, "rows": rows, "auto": choice}
+            "min_batch": MIN_BATCH, "per_round_calibration": True, "rows": rows, "auto": choice}
 
 
 def md_lines(out):
@@ -160,15 +159,20 @@ def md_lines(out):
           f"(bench/jobs; batch raised to {out.get('min_batch', '?')} where smaller, so every m splits it), schedule "
           f"1f1b unless marked, one-thread workers on this host ({out['cpus']} CPUs: pp 4 shares them), "
           f"{out['rounds']} interleaved rounds of {out['steps']} steps (the first {out['warmup']} not timed). "
-          "Predicted: `pipewright plan --profile` after `pipewright calibrate` (the makespan with ranks sharing "
-          "the host's cores, plus the step end); measured: bench/pipe.py, the median step period over the rounds. "
+          "Predicted: `pipewright plan --profile` (the makespan with ranks sharing the host's cores, plus the step "
+          "end) after `pipewright calibrate`" + (", calibrated again in each round right before that model's cells "
+          "(this VM's speed drifts by several % over minutes: calibration and runs then see the same host)"
+          if out.get("per_round_calibration") else "") + "; measured: bench/pipe.py, the median step period "
+          "between steps. Error: the median over the rounds of predicted ÷ measured − 1. "
           + quiet_note(out["other_cpu"]), "",
-          "| model | pp | m | schedule | predicted ms | measured ms | per round | error | within 10 % |",
+          "| model | pp | m | schedule | predicted ms | measured ms | per round: measured (predicted) | error "
+          "| within 10 % |",
           "|---|---|---|---|---|---|---|---|---|"]
     for r in out["rows"]:
+        pr = r.get("rounds_predicted_ms") or [None] * len(r["rounds_ms"])
+        per = ", ".join(f"{x:.1f}" + (f" ({q:.1f})" if q else "") for x, q in zip(r["rounds_ms"], pr))
         md.append(f"| {r['model']} | {r['pp']} | {r['m']} | {r['schedule']}{' (auto)' if r['auto'] else ''} | "
-                  f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | "
-                  f"{', '.join(f'{x:.1f}' for x in r['rounds_ms'])} | {100 * r['error']:+.1f} % | "
+                  f"{r['predicted_ms']:.1f} | {r['measured_ms']:.1f} | {per} | {100 * r['error']:+.1f} % | "
                   f"{'yes' if r['within_10pct'] else 'no'} |")
     ok = sum(r["within_10pct"] for r in out["rows"])
     md += ["", f"{ok} of {len(out['rows'])} cells within 10 %."]
@@ -193,7 +197,7 @@ def main():
                a.rounds, a.steps, a.warmup)
     md = ["# Calibrated cost model: predicted vs measured step (issue 16 part 3)", ""] + md_lines(out)
     md += ["", "The full grid (pp 1, 2, 4 x m 2, 4, 8, 16 x d256, d512, d768) on a quiet machine: "
-           "`bench/costmodel.py --models d256,d512,d768 --rounds 2 --steps 5` (about 40 min on 2 cores), "
+           "`bench/costmodel.py --models d256,d512,d768 --rounds 3 --steps 5` (about 70 min on 2 cores), "
            "or case 8 of `bench/run.sh`."]
     text = "\n".join(md) + "\n"
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)

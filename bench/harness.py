@@ -226,7 +226,7 @@ def run_rt_cases(a, res, cases):
         log("case 8: the calibrated cost model, predicted vs measured step (pp x m x model)")
         import costmodel
         models = ["d256"] if a.quick else ["d256", "d512", "d768"]
-        guard("costmodel", costmodel.grid, a.build, models, [1, 2, 4], [2, 4, 8, 16], 1 if a.quick else 2, 5, 2)
+        guard("costmodel", costmodel.grid, a.build, models, [1, 2, 4], [2, 4, 8, 16], 1 if a.quick else 3, 5, 2)
     import shutil
     shutil.rmtree(a.scratch, ignore_errors=True)
 

@@ -11,7 +11,7 @@ after the warm-up. Reported: the median of the per-round ratios (with 1 /
 without) and their min-max, and the bytes each rank copies and sends per
 snapshot (parameters + AdamW m + v of its stages).
 
-  bench/snapshot_cost.py [--build DIR] [--rounds 4] [--steps 14] [--warmup 3] [--native]
+  bench/snapshot_cost.py [--build DIR] [--rounds 4] [--steps 14] [--warmup 3] [--native] [--model d768]
 
 --native unsets OPENBLAS_CORETYPE (this environment forces Haswell's AVX2
 kernels; the CPU's own run sgemm about twice as fast, so the snapshot's
@@ -25,8 +25,8 @@ sys.path.insert(0, HERE)
 import pipe  # noqa: E402
 
 
-def job(every, steps):
-    j = json.load(open(os.path.join(HERE, "jobs", "gpt-d256.json")))
+def job(every, steps, model="d256"):
+    j = json.load(open(os.path.join(HERE, "jobs", f"gpt-{model}.json")))
     j["name"] = f"snapshot-every-{every}"
     j["mesh"] = {"pp": 2, "dp": 1, "virtual_stages": 1}
     j["schedule"] = {"name": "zb-h1", "microbatches": 8}
@@ -42,6 +42,7 @@ def main():
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--native", action="store_true", help="OpenBLAS picks its kernels for this CPU")
+    ap.add_argument("--model", default="d256", help="bench/jobs/gpt-MODEL.json (d256, d512, d768)")
     a = ap.parse_args()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     if a.native:
@@ -53,8 +54,8 @@ def main():
     for rnd in range(a.rounds):
         order = (1, 0) if rnd % 2 == 0 else (0, 1)  # A B, B A, ...
         for every in order:
-            res = pipe.run(a.build, job(every, a.steps), os.path.join(scratch, f"r{rnd}-e{every}"), trace_every=0,
-                           env=env)
+            res = pipe.run(a.build, job(every, a.steps, a.model), os.path.join(scratch, f"r{rnd}-e{every}"),
+                           trace_every=0, env=env, timeout=1200)
             p = pipe.step_period(res, a.warmup)
             periods[every].append(p)
             if every and bytes_per_rank is None:
@@ -63,7 +64,7 @@ def main():
     ratios = [w / wo for w, wo in zip(periods[1], periods[0])]
     out = {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "model": "bench/jobs/gpt-d256.json as pp = 2 (zb-h1, m = 8), two 1-thread workers",
+        "model": f"bench/jobs/gpt-{a.model}.json as pp = 2 (zb-h1, m = 8), two 1-thread workers",
         "coretype": env.get("OPENBLAS_CORETYPE", "(unset: the CPU's own kernels)"),
         "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
         "ms_with": [x * 1e3 for x in periods[1]], "ms_without": [x * 1e3 for x in periods[0]],
@@ -85,7 +86,7 @@ def main():
         " (parameters + AdamW m and v of its stages), every step.",
     ]
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    stem = "snapshot-cost-native" if a.native else "snapshot-cost"
+    stem = "snapshot-cost" + ("" if a.model == "d256" else "-" + a.model) + ("-native" if a.native else "")
     with open(os.path.join(HERE, "results", stem + ".json"), "w") as f:
         json.dump(out, f, indent=1)
     with open(os.path.join(HERE, "results", stem + ".md"), "w") as f:

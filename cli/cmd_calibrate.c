@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "  --threads N       threads a rank computes with (default 1: OPENBLAS_NUM_THREADS=1)\n"
           "  --no-link         keep the default link instead of measuring loopback TCP\n"
           "  --no-share        do not measure core sharing (n busy processes at once)\n"
-          "  --share-ms MS     time per number of busy processes, 3 passes (default 500)\n"
+          "  --share-ms MS     time per number of busy processes, 5 passes (default 300)\n"
           "  --out FILE        write the profile here (default: stdout)\n"
           "  --help\n");
 }
@@ -53,7 +53,7 @@ int pw_cmd_calibrate(int argc, char **argv) {
                                        {0, 0, 0, 0}};
   const char *job_path = NULL, *out_path = NULL;
   int mb[PW_COST_MAX_MB] = {1, 2, 4, 8}, c;
-  double ms = 20, share_ms = 500;
+  double ms = 20, share_ms = 300;
   pw_calib_opts o = {.mb = mb, .n_mb = 4, .link = 1, .share = 1};
   optind = 1;
   while ((c = pw_getopt(argc, argv, "j:m:t:C:T:LSs:o:h", opts)) != -1) {

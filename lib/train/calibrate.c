@@ -349,7 +349,7 @@ static int busy_round(const pw_job *job, pw_prog **p, int n, double dur, double 
   return ok ? 0 : -1;
 }
 
-#define SHARE_REPS 3
+#define SHARE_REPS 5
 
 /* speed[n-1] for n = 1..n_max: n one-thread processes, each running one
  * of n contiguous parts of the model (as n pipeline ranks on this host
@@ -449,7 +449,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
     double *fiw = calloc((size_t)L, sizeof(double));
     for (int l = 0; fiw && l < L; l++)
       for (int d = 0; d < 3; d++) fiw[l] += t[((size_t)l * 3 + (size_t)d) * (size_t)n_mb + (size_t)n_mb / 2];
-    rc = fiw ? measure_sharing(job, &m, fiw, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.5, speed,
+    rc = fiw ? measure_sharing(job, &m, fiw, o->mb[n_mb / 2], n_speed, o->share_s > 0 ? o->share_s : 0.3, speed,
                                wake_busy, err)
              : pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
     free(fiw);

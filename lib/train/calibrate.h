@@ -30,7 +30,7 @@ typedef struct {
   int threads;       /* threads a rank computes with (recorded; 0: 1) */
   int link;          /* measure the loopback link and the wake-up (else the defaults) */
   int share;         /* measure core sharing (else the profile has none: ideal) */
-  double share_s;    /* seconds per number of busy processes and pass; 0: 0.5 */
+  double share_s;    /* seconds per number of busy processes and pass; 0: 0.3 */
 } pw_calib_opts;
 
 #define PW_CALIB_MAX_SHARE 8 /* busy processes measured at most */
