@@ -302,10 +302,10 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       r->dp += (pw_dp_floats(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, PW_COLL_CHUNK) + z.wbufs) *
                sizeof(float);
       uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, 0);
-      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * PW_PLAN_LINK_LATENCY;
+      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * p->latency;
       /* zero 2: every microbatch's flushes, one exchange each (gradrs.c) */
       sent += (uint64_t)p->m * z.wsent;
-      r->dp_seconds += (double)p->m * z.flushes * PW_PLAN_LINK_LATENCY + (double)sent / PW_PLAN_LINK_BW;
+      r->dp_seconds += (double)p->m * z.flushes * p->latency + (p->bandwidth > 0 ? (double)sent / p->bandwidth : 0);
       r->dp_sent += sent;
       /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too */
       if (zero) r->ckpt_gather += (zero == 2 ? 2 : 1) * sm->train_numel * sizeof(float);

@@ -82,8 +82,8 @@ typedef struct {
   uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes, zero 2
                          plus m x pw_dp_wgrad_bytes: m x the zero 1 reduce-scatter; each
                          replica receives as many, within a shard's rounding) */
-  double dp_seconds; /* that exchange on the link model: PW_PLAN_LINK_LATENCY per chunk sent and
-                         dp_sent / PW_PLAN_LINK_BW (after the pipeline's last action; not in the
+  double dp_seconds; /* that exchange on the plan's link (latency per chunk sent and
+                         dp_sent / bandwidth; after the pipeline's last action, not in the
                          simulated makespan) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are; zero 2 has no

@@ -1,10 +1,12 @@
 /* plan_tp: a tensor-parallel stage in the plan (lib/model/tp.h). Each of a
  * stage's mesh.tp ranks does 1/tp of its FLOPs (the matmuls and attention
  * split; the norms and elementwise ops they do whole are counted split too:
- * small), plus the group's all-reduces on the link model: a ring of tp
- * members takes 2 (tp - 1) steps of PW_PLAN_LINK_LATENCY each and moves
- * 2 (tp - 1)/tp of the buffer per member (pw_coll_bytes_rs_ag). F carries
+ * small), plus the group's all-reduces on the plan's link (the profile's
+ * when the plan is costed with one, else the FLOP model's): a ring of tp
+ * members takes 2 (tp - 1) steps of its latency each and moves 2 (tp - 1)/tp
+ * of the buffer per member (pw_coll_bytes_rs_ag) at its bandwidth. F carries
  * the forward ones, I (and so B) the input gradients' ones; W none. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "collective.h"
@@ -19,9 +21,10 @@ static void stage_comm(const pw_plan *p, int s, uint64_t *bytes, double *fsec, d
   pw_tp_comm_layers(&p->model, p->tp_kinds, st->layer_lo, st->layer_hi, &c);
   size_t mb = (size_t)p->mb_size;
   uint64_t fb = pw_coll_bytes_rs_ag(c.fwd * mb, p->tp, 0), bb = pw_coll_bytes_rs_ag(c.bwd * mb, p->tp, 0);
-  double steps = 2.0 * (p->tp - 1) * PW_PLAN_LINK_LATENCY;
-  *fsec = c.n_fwd * steps + (double)fb / PW_PLAN_LINK_BW;
-  *bsec = c.n_bwd * steps + (double)bb / PW_PLAN_LINK_BW;
+  double steps = 2.0 * (p->tp - 1) * p->latency;
+  double bw = p->bandwidth > 0 ? p->bandwidth : INFINITY; /* a profile without a measured link: free */
+  *fsec = c.n_fwd * steps + (double)fb / bw;
+  *bsec = c.n_bwd * steps + (double)bb / bw;
   int train = !p->sched->forward_only;
   *bytes = fb + (train ? bb + (p->n_work[s] ? fb : 0) : 0);
   if (train && p->n_work[s]) *bsec += *fsec;

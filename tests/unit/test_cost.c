@@ -176,6 +176,75 @@ static void test_plan_exact(void **st) {
   pw_job_free(&job);
 }
 
+/* The data-parallel exchange and tensor parallel's all-reduces cost what
+ * the profile's link says: the same job under two profiles that differ
+ * only in bandwidth moves the same bytes, in bytes / bandwidth seconds;
+ * without a profile the FLOP model's link stays. */
+static void plan_with_bw(const char *spec, double bw, pw_plan *p) {
+  json_t *sj = json_loads(spec, 0, NULL);
+  assert_non_null(sj);
+  pw_job job;
+  pw_err err = {0};
+  int rc = pw_job_parse(sj, NULL, &job, &err);
+  if (rc) print_error("%s: %s\n", err.path, err.msg);
+  assert_int_equal(rc, 0);
+  json_decref(sj);
+  if (bw <= 0) {
+    assert_int_equal(pw_plan_build(&job, NULL, p, &err), 0);
+  } else {
+    int mb[] = {1, 4};
+    json_t *j = profile_for(&job, mb, 2, 1e-3, 1e-4);
+    json_object_set_new(j, "link", json_pack("{s:f, s:f}", "latency_s", 0.0, "bandwidth_Bps", bw));
+    pw_cost_profile prof;
+    assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
+    pw_cost_model cm = {.profile = &prof};
+    assert_int_equal(pw_plan_build_costed(&job, NULL, &cm, p, &err), 0);
+    pw_cost_free(&prof);
+    json_decref(j);
+  }
+  pw_job_free(&job);
+}
+
+static void test_collectives_on_profile_link(void **st) {
+  (void)st;
+  char dp[1024], tp[1024];
+  snprintf(dp, sizeof dp,
+           "{\"name\": \"t\", \"model\": {%s}, \"mesh\": {\"pp\": 1, \"dp\": 2, \"virtual_stages\": 1},"
+           " \"schedule\": {\"name\": \"1f1b\", \"microbatches\": 2}, \"partition\": {\"mode\": \"even\"},"
+           " \"train\": {\"steps\": 1, \"batch_size\": 16, \"optimizer\": {\"name\": \"adamw\", \"lr\": 1e-3}},"
+           " \"data\": {\"kind\": \"regression\"}}",
+           MLP);
+  snprintf(tp, sizeof tp, "%s",
+           "{\"name\": \"t\", \"model\": {\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 16, \"d_model\": 32,"
+           " \"n_layers\": 2, \"n_heads\": 4}, \"mesh\": {\"pp\": 1, \"dp\": 1, \"tp\": 2, \"virtual_stages\": 1},"
+           " \"schedule\": {\"name\": \"1f1b\", \"microbatches\": 2}, \"partition\": {\"mode\": \"even\"},"
+           " \"train\": {\"steps\": 1, \"batch_size\": 4, \"optimizer\": {\"name\": \"adamw\", \"lr\": 1e-3}},"
+           " \"data\": {\"kind\": \"text\", \"path\": \"x.txt\"}}");
+  pw_plan a, b, f;
+  plan_with_bw(dp, 1e9, &a);
+  plan_with_bw(dp, 1e8, &b);
+  plan_with_bw(dp, 0, &f);
+  double sent = (double)a.mem[0].dp_sent;
+  assert_true(sent > 0 && a.mem[0].dp_sent == b.mem[0].dp_sent && f.mem[0].dp_sent == a.mem[0].dp_sent);
+  assert_true(fabs(a.mem[0].dp_seconds - sent / 1e9) < 1e-12);
+  assert_true(fabs(b.mem[0].dp_seconds - sent / 1e8) < 1e-12);
+  assert_true(f.mem[0].dp_seconds > sent / PW_PLAN_LINK_BW); /* the FLOP model's link: its latency too */
+  assert_true(fabs(f.mem[0].dp_seconds - sent / PW_PLAN_LINK_BW) < 1e-3);
+  /* the slower link's exchange lengthens the predicted step by exactly the difference */
+  assert_true(fabs((b.predicted - a.predicted) - (sent / 1e8 - sent / 1e9)) < 1e-9);
+  pw_plan_free(&a);
+  pw_plan_free(&b);
+  pw_plan_free(&f);
+  plan_with_bw(tp, 1e9, &a);
+  plan_with_bw(tp, 1e8, &b);
+  double tsent = (double)a.mem[0].tp_sent;
+  assert_true(tsent > 0 && a.mem[0].tp_sent == b.mem[0].tp_sent);
+  assert_true(fabs(a.mem[0].tp_seconds - tsent / 1e9) < 1e-12);
+  assert_true(fabs(b.mem[0].tp_seconds - tsent / 1e8) < 1e-12);
+  pw_plan_free(&a);
+  pw_plan_free(&b);
+}
+
 /* pw_plan_auto on the MLP job (batch 16) under a profile base + per_seq x
  * size, pp up to max_pp, each rank under mem bytes (0: no bound). */
 static int auto_rows(double base, double per_seq, int max_pp, size_t mem, pw_auto_row **rows, int *n) {
@@ -258,7 +327,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parse_errors),          cmocka_unit_test(test_interpolate_and_round_trip),
       cmocka_unit_test(test_plan_exact),            cmocka_unit_test(test_auto_follows_profile),
-      cmocka_unit_test(test_auto_memory),
+      cmocka_unit_test(test_auto_memory),           cmocka_unit_test(test_collectives_on_profile_link),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
