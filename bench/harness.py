@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cases_rt  # noqa: E402
+import costmodel  # noqa: E402
 from benchlib import PY, Server, env_for, loadavg, log, spread, torch_cmd, torch_env  # noqa: E402,F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,10 +196,8 @@ def run_rt_cases(a, res, cases):
     a.scratch = tempfile.mkdtemp(prefix="pw-bench-")
     env = env_for(1, a.coretype)
 
-    from costmodel import OtherCpu
-
     def guard(key, fn, *args):
-        la0, other = loadavg(), OtherCpu()
+        la0, other = loadavg(), costmodel.OtherCpu()
         try:
             res[key] = fn(*args)
         except Exception as e:  # a failed case is reported, the run goes on
@@ -224,7 +223,6 @@ def run_rt_cases(a, res, cases):
         guard("control", cases_rt.case_control, a)
     if "8" in cases:
         log("case 8: the calibrated cost model, predicted vs measured step (pp x m x model)")
-        import costmodel
         models = ["d256"] if a.quick else ["d256", "d512", "d768"]
         guard("costmodel", costmodel.grid, a.build, models, [1, 2, 4], [2, 4, 8, 16], 1 if a.quick else 3, 5, 2)
     import shutil
@@ -567,7 +565,6 @@ def markdown(res):
         if "error" in cm:
             L.append(f"failed: {cm['error']}\n")
         else:
-            import costmodel
             if cm.get("separate_run"):
                 L.append(f"Measured in a separate run ({cm['separate_run']}), not in this one's rounds.\n")
             L.extend(costmodel.md_lines(cm))

@@ -305,7 +305,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * p->latency;
       /* zero 2: every microbatch's flushes, one exchange each (gradrs.c) */
       sent += (uint64_t)p->m * z.wsent;
-      r->dp_seconds += (double)p->m * z.flushes * p->latency + (p->bandwidth > 0 ? (double)sent / p->bandwidth : 0);
+      r->dp_seconds += (double)p->m * z.flushes * p->latency + pw_plan_wire_seconds(p, (double)sent);
       r->dp_sent += sent;
       /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too */
       if (zero) r->ckpt_gather += (zero == 2 ? 2 : 1) * sm->train_numel * sizeof(float);
@@ -375,6 +375,8 @@ pw_sim_costs pw_plan_costs(const pw_plan *p) {
                         .act_bytes = p->S > 1 ? p->act_bytes : NULL, .act_scale = p->act_scale,
                         .latency = p->latency, .bandwidth = p->bandwidth};
 }
+
+double pw_plan_wire_seconds(const pw_plan *p, double bytes) { return p->bandwidth > 0 ? bytes / p->bandwidth : 0; }
 
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
   return pw_plan_build_costed(job, schedule, NULL, p, err);

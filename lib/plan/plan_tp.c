@@ -6,7 +6,6 @@
  * members takes 2 (tp - 1) steps of its latency each and moves 2 (tp - 1)/tp
  * of the buffer per member (pw_coll_bytes_rs_ag) at its bandwidth. F carries
  * the forward ones, I (and so B) the input gradients' ones; W none. */
-#include <math.h>
 #include <stdlib.h>
 
 #include "collective.h"
@@ -22,9 +21,8 @@ static void stage_comm(const pw_plan *p, int s, uint64_t *bytes, double *fsec, d
   size_t mb = (size_t)p->mb_size;
   uint64_t fb = pw_coll_bytes_rs_ag(c.fwd * mb, p->tp, 0), bb = pw_coll_bytes_rs_ag(c.bwd * mb, p->tp, 0);
   double steps = 2.0 * (p->tp - 1) * p->latency;
-  double bw = p->bandwidth > 0 ? p->bandwidth : INFINITY; /* a profile without a measured link: free */
-  *fsec = c.n_fwd * steps + (double)fb / bw;
-  *bsec = c.n_bwd * steps + (double)bb / bw;
+  *fsec = c.n_fwd * steps + pw_plan_wire_seconds(p, (double)fb);
+  *bsec = c.n_bwd * steps + pw_plan_wire_seconds(p, (double)bb);
   int train = !p->sched->forward_only;
   *bytes = fb + (train ? bb + (p->n_work[s] ? fb : 0) : 0);
   if (train && p->n_work[s]) *bsec += *fsec;

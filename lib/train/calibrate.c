@@ -366,19 +366,20 @@ static int measure_sharing(const pw_job *job, const pw_model *m, const double *f
   double alone[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE], rate[PW_CALIB_MAX_SHARE];
   pw_prog *p[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE] = {{0}};
   for (int l = 0; l < L; l++) total += fiw[l];
-  for (int n = 1; n <= n_max && !rc; n++) /* part c ends where the running time passes (c + 1) / n of the total */
-    for (int c = 0, lo = 0; c < n && !rc; c++) {
-      int hi = lo;
-      double t = 0, done = 0;
-      for (int l = 0; l < lo; l++) done += fiw[l];
+  /* part c ends where the running time passes (c + 1) / n of the total */
+  for (int n = 1; n <= n_max && !rc; n++) {
+    double done = 0; /* the time of parts 0 .. c-1 */
+    for (int c = 0, lo = 0, hi = 0; c < n && !rc; c++, lo = hi) {
+      double t = 0;
       while (hi < L && (hi == lo || c == n - 1 || done + t + fiw[hi] / 2 <= total * (c + 1) / n)) {
         t += fiw[hi++];
         while (hi < L && m->layers[hi].is_loss) hi++;
       } /* more parts than layers: the last ones stay empty */
       alone[n - 1][c] = t;
-      if (hi > lo && (rc = unit_prog(job, m, lo, hi, mb, &p[n - 1][c], err))) break;
-      lo = hi;
+      done += t;
+      if (hi > lo) rc = unit_prog(job, m, lo, hi, mb, &p[n - 1][c], err);
     }
+  }
   for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
     double one = 0;
     for (int n = 1; n <= n_max && !rc; n++) {
