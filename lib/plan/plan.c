@@ -376,8 +376,6 @@ pw_sim_costs pw_plan_costs(const pw_plan *p) {
                         .latency = p->latency, .bandwidth = p->bandwidth};
 }
 
-double pw_plan_wire_seconds(const pw_plan *p, double bytes) { return p->bandwidth > 0 ? bytes / p->bandwidth : 0; }
-
 int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *err) {
   return pw_plan_build_costed(job, schedule, NULL, p, err);
 }

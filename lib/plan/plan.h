@@ -207,7 +207,9 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
 pw_sim_costs pw_plan_costs(const pw_plan *p);
 /* bytes over the plan's link bandwidth (0 when it has none: a profile
  * without a measured link prices transfers as free, as the simulator does) */
-double pw_plan_wire_seconds(const pw_plan *p, double bytes);
+static inline double pw_plan_wire_seconds(const pw_plan *p, double bytes) {
+  return p->bandwidth > 0 ? bytes / p->bandwidth : 0;
+}
 
 /* Every schedule that can run the job, side by side: the job's own mesh,
  * with virtual_stages as pw_plan_virtual_stages gives it; a job with a
