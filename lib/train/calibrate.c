@@ -24,6 +24,14 @@ static double now(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* This thread's CPU time: against the wall clock, the share of a core the
+ * timed layers got (below 1: something else ran on the host). */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -432,10 +440,12 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   double *ux = calloc((size_t)L, sizeof(double)), *uy = calloc((size_t)L, sizeof(double));
   json_t *layers = json_array();
   if (!t || !ux || !uy) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
+  double wall0 = now(), cpu0 = cpu_now();
   for (int k = 0; k < n_mb && !rc; k++) { /* the step end does not depend on the microbatch size */
     rc = time_units(job, &m, o->mb[k], target, t, k, n_mb, k ? NULL : uy, k ? NULL : ux, err);
     if (rc > 0) n_units = rc, rc = 0;
   }
+  double cpu_share = (cpu_now() - cpu0) / (now() - wall0 + 1e-12);
   for (int l = 0; l < L && !rc; l++) {
     double *c = t + ((size_t)l * 3) * (size_t)n_mb;
     json_array_append_new(layers, json_pack("{s:s, s:o, s:o, s:o}", "name", m.layers[l].name, "f", series(c, n_mb),
@@ -465,6 +475,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
                      "cores", cores, "threads", o->threads > 0 ? o->threads : 1, "mb_sizes", mbs, "layers", layers,
                      "step", "per_param_s", per_param, "fixed_s", fixed, "link", "latency_s", latency, "bandwidth_Bps",
                      bandwidth, "wake_s", wake);
+    if (*out) json_object_set_new(*out, "cpu_share", json_real(round(fmin(cpu_share, 1) * 1000) / 1000));
     if (*out && n_speed)
       json_object_set_new(*out, "sharing", json_pack("{s:o, s:o}", "speed", series(speed, n_speed), "wake_s",
                                                      series(wake_busy, n_speed)));
