@@ -118,7 +118,9 @@ typedef struct {
   pw_partition part;
   pw_sched *sched;
   pw_sim_result *sim;
-  double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch */
+  double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch (with the exchanges run
+                                                inside them: tensor parallel's in F and I, ZeRO-2's
+                                                reduce-scatter in W and B) */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
   pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
