@@ -97,6 +97,14 @@ int pw_cmd_calibrate(int argc, char **argv) {
     pw_cli_report(&err);
     return 1;
   }
+  /* a loaded host times every layer slow and every sharing speed low,
+   * and the plans priced with it believe so */
+  double share = json_number_value(json_object_get(prof, "cpu_share"));
+  if (share < 0.9)
+    fprintf(stderr,
+            "warning: the layers were timed with %.0f %% of a core (cpu_share): something else ran on this host, "
+            "so the profile reads slower than the host is; calibrate on an idle host\n",
+            100 * share);
   char *text = pw_json_dumps(prof, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
   json_decref(prof);
   FILE *f = out_path ? fopen(out_path, "w") : stdout;

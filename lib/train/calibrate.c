@@ -24,6 +24,14 @@ static double now(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* This thread's CPU time: against the wall clock, the share of a core the
+ * timed layers got (below 1: something else ran on the host). */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -351,57 +359,77 @@ static int busy_round(const pw_job *job, pw_prog **p, int n, double dur, double 
 
 #define SHARE_REPS 5
 
-/* speed[n-1] for n = 1..n_max: n one-thread processes, each running one
- * of n contiguous parts of the model (as n pipeline ranks on this host
- * would: together they hold the whole model, so caches and memory are
- * shared as in a pipeline run) at mb; each one's rate times its part's
- * time alone (fiw[l]: layer l's F + I + W from the table), averaged over
- * the n and taken relative to n = 1 in the same pass. wake[n-1]: a
- * thread's wake-up beside them. The median of SHARE_REPS passes: other
- * work that comes and goes on the host moves one pass, not the figure. */
+/* The parts of the model n processes would run (as n pipeline ranks on
+ * this host: contiguous, together the whole model): part c ends where the
+ * running time passes (c + 1) / n of the total; alone[c], its time alone
+ * (fiw[l]: layer l's F + I + W from the table). More parts than layers:
+ * the last ones stay empty (NULL). */
+static int build_parts(const pw_job *job, const pw_model *m, const double *fiw, int mb, int n, pw_prog **p,
+                       double *alone, pw_err *err) {
+  int L = m->n_layers, rc = 0;
+  double total = 0, done = 0; /* done: the time of parts 0 .. c-1 */
+  for (int l = 0; l < L; l++) total += fiw[l];
+  for (int c = 0, lo = 0, hi = 0; c < n && !rc; c++, lo = hi) {
+    double t = 0;
+    while (hi < L && (hi == lo || c == n - 1 || done + t + fiw[hi] / 2 <= total * (c + 1) / n)) {
+      t += fiw[hi++];
+      while (hi < L && m->layers[hi].is_loss) hi++;
+    }
+    alone[c] = t;
+    done += t;
+    p[c] = NULL;
+    if (hi > lo) rc = unit_prog(job, m, lo, hi, mb, &p[c], err);
+  }
+  return rc;
+}
+
+/* One round of n processes on parts p: the mean over the n of a process's
+ * rate times its part's time alone (an empty part counts as an idle
+ * process); the wake-up beside them into *wake. */
+static int share_round(const pw_job *job, pw_prog **p, const double *alone, int n, double dur, double *s,
+                       double *wake, pw_err *err) {
+  double rate[PW_CALIB_MAX_SHARE];
+  int k = 0;
+  while (k < n && p[k]) k++; /* the parts that have layers */
+  if (busy_round(job, p, k, dur, rate, wake))
+    return pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", k);
+  *s = 0;
+  for (int c = 0; c < k; c++) *s += rate[c] * alone[c];
+  *s /= n;
+  return 0;
+}
+
+#define SHARE_REPS 5
+
+/* speed[n-1] for n = 1..n_max: n one-thread processes at once, each
+ * running one of n parts of the model at mb (build_parts), so caches and
+ * memory are shared as in a pipeline run, against n = 1 in the round just
+ * before (other work that comes and goes on the host moves a pair, not
+ * the figure); the median of SHARE_REPS pairs. wake[n-1]: a thread's
+ * wake-up beside them. Only n = 1's program and the current n's parts are
+ * built at a time: two copies of the model, whatever n_max. */
 static int measure_sharing(const pw_job *job, const pw_model *m, const double *fiw, int mb, int n_max, double dur,
                            double *speed, double *wake, pw_err *err) {
-  int L = m->n_layers, rc = 0;
-  double total = 0, sp[PW_CALIB_MAX_SHARE][SHARE_REPS], wk[PW_CALIB_MAX_SHARE][SHARE_REPS];
-  double alone[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE], rate[PW_CALIB_MAX_SHARE];
-  pw_prog *p[PW_CALIB_MAX_SHARE][PW_CALIB_MAX_SHARE] = {{0}};
-  for (int l = 0; l < L; l++) total += fiw[l];
-  /* part c ends where the running time passes (c + 1) / n of the total */
-  for (int n = 1; n <= n_max && !rc; n++) {
-    double done = 0; /* the time of parts 0 .. c-1 */
-    for (int c = 0, lo = 0, hi = 0; c < n && !rc; c++, lo = hi) {
-      double t = 0;
-      while (hi < L && (hi == lo || c == n - 1 || done + t + fiw[hi] / 2 <= total * (c + 1) / n)) {
-        t += fiw[hi++];
-        while (hi < L && m->layers[hi].is_loss) hi++;
-      } /* more parts than layers: the last ones stay empty */
-      alone[n - 1][c] = t;
-      done += t;
-      if (hi > lo) rc = unit_prog(job, m, lo, hi, mb, &p[n - 1][c], err);
+  double sp[SHARE_REPS], wk[SHARE_REPS], wk1[PW_CALIB_MAX_SHARE * SHARE_REPS], one_alone, alone[PW_CALIB_MAX_SHARE];
+  pw_prog *one = NULL, *p[PW_CALIB_MAX_SHARE] = {0};
+  int rc = build_parts(job, m, fiw, mb, 1, &one, &one_alone, err), n1 = 0;
+  for (int n = 2; n <= n_max && !rc; n++) {
+    rc = build_parts(job, m, fiw, mb, n, p, alone, err);
+    for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
+      double s1 = 1, s = 0;
+      if (!(rc = share_round(job, &one, &one_alone, 1, dur, &s1, &wk1[n1++], err)))
+        rc = share_round(job, p, alone, n, dur, &s, &wk[rep], err);
+      if (!rc) sp[rep] = fmin(1.0, s / s1);
     }
+    if (!rc) speed[n - 1] = median(sp, SHARE_REPS), wake[n - 1] = median(wk, SHARE_REPS);
+    for (int c = 0; c < n; c++) pw_prog_free(p[c]), p[c] = NULL;
   }
-  for (int rep = 0; rep < SHARE_REPS && !rc; rep++) {
-    double one = 0;
-    for (int n = 1; n <= n_max && !rc; n++) {
-      int k = 0;
-      while (k < n && p[n - 1][k]) k++; /* the parts that have layers */
-      if (busy_round(job, p[n - 1], k, dur, rate, &wk[n - 1][rep])) {
-        rc = pw_err_set(err, PW_EIO, "calibrate.sharing", "%d busy processes failed", k);
-        break;
-      }
-      double s = 0;
-      for (int c = 0; c < k; c++) s += rate[c] * alone[n - 1][c];
-      s /= n; /* an empty part: a process less, counted as idle */
-      if (n == 1) one = s;
-      sp[n - 1][rep] = fmin(1.0, s / one);
-    }
+  for (int rep = 0; n_max == 1 && rep < SHARE_REPS && !rc; rep++) { /* n = 1 alone still has a wake-up */
+    double s1 = 0;
+    rc = share_round(job, &one, &one_alone, 1, dur, &s1, &wk1[n1++], err);
   }
-  for (int n = 1; n <= n_max && !rc; n++) {
-    speed[n - 1] = median(sp[n - 1], SHARE_REPS);
-    wake[n - 1] = median(wk[n - 1], SHARE_REPS);
-  }
-  for (int n = 0; n < PW_CALIB_MAX_SHARE; n++)
-    for (int c = 0; c < PW_CALIB_MAX_SHARE; c++) pw_prog_free(p[n][c]);
+  if (!rc) speed[0] = 1, wake[0] = median(wk1, n1);
+  pw_prog_free(one);
   return rc;
 }
 
@@ -432,10 +460,12 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   double *ux = calloc((size_t)L, sizeof(double)), *uy = calloc((size_t)L, sizeof(double));
   json_t *layers = json_array();
   if (!t || !ux || !uy) rc = pw_err_set(err, PW_ENOMEM, "calibrate", "out of memory");
+  double wall0 = now(), cpu0 = cpu_now();
   for (int k = 0; k < n_mb && !rc; k++) { /* the step end does not depend on the microbatch size */
     rc = time_units(job, &m, o->mb[k], target, t, k, n_mb, k ? NULL : uy, k ? NULL : ux, err);
     if (rc > 0) n_units = rc, rc = 0;
   }
+  double cpu_share = (cpu_now() - cpu0) / (now() - wall0 + 1e-12);
   for (int l = 0; l < L && !rc; l++) {
     double *c = t + ((size_t)l * 3) * (size_t)n_mb;
     json_array_append_new(layers, json_pack("{s:s, s:o, s:o, s:o}", "name", m.layers[l].name, "f", series(c, n_mb),
@@ -465,6 +495,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
                      "cores", cores, "threads", o->threads > 0 ? o->threads : 1, "mb_sizes", mbs, "layers", layers,
                      "step", "per_param_s", per_param, "fixed_s", fixed, "link", "latency_s", latency, "bandwidth_Bps",
                      bandwidth, "wake_s", wake);
+    if (*out) json_object_set_new(*out, "cpu_share", json_real(round(fmin(cpu_share, 1) * 1000) / 1000));
     if (*out && n_speed)
       json_object_set_new(*out, "sharing", json_pack("{s:o, s:o}", "speed", series(speed, n_speed), "wake_s",
                                                      series(wake_busy, n_speed)));

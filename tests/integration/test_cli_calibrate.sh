@@ -34,6 +34,7 @@ for l in prof["layers"]:
     assert all(len(l[k]) == 2 and all(v >= 0 for v in l[k]) for k in "fiw"), l
 assert prof["layers"][1]["f"][0] > 0, "a block's forward took no time"
 assert prof["step"]["per_param_s"] > 0 and prof["link"]["bandwidth_Bps"] > 0
+assert 0 < prof["cpu_share"] <= 1, prof["cpu_share"]
 assert plan["cost_model"] == "calibrated profile"
 mb = plan["microbatch_size"]            # gpt-tiny: 16 / 4 = 4, past the profile's 2: scaled per sequence
 by = {l["name"]: l for l in prof["layers"]}
@@ -44,6 +45,17 @@ ps = plan["predicted_step"]
 assert abs(ps["seconds"] - plan["analytics"]["makespan"] - ps["step_end"]) < 1e-9 or ps["cores"] > 0, ps
 assert ps["step_end"] > 0
 P
+
+# a loaded host: two busy processes per CPU leave the timed layers at most a third of a core, and
+# calibrate says so (the profile's cpu_share, and a warning naming it)
+busy=()
+trap 'kill "${busy[@]}" 2>/dev/null || true; rm -rf "$T"' EXIT
+for _ in $(seq $((2 * $(nproc)))); do sh -c 'while :; do :; done' & busy+=($!); done
+OPENBLAS_NUM_THREADS=1 "$PW" calibrate --job "$JOB" --mb 1 --target-ms 1 --no-share --no-link \
+  --out "$T/loaded.json" 2> "$T/loaded.err"
+kill "${busy[@]}"; wait "${busy[@]}" 2>/dev/null || true; busy=()
+grep -q 'warning: the layers were timed with .* of a core (cpu_share)' "$T/loaded.err" || fail "loaded: $(cat "$T/loaded.err")"
+$PY -c 'import json, sys; s = json.load(open(sys.argv[1]))["cpu_share"]; assert 0 < s < 0.9, s' "$T/loaded.json"
 
 # measured sharing: two ranks on one host, each at half speed when both compute, take longer
 $PY - "$T/prof.json" "$T" <<'P'

@@ -18,10 +18,15 @@ worker/dpx.c) and train.zero, across real pipewright-worker processes on
     split I and W (tied: shadows in one stage) and dp 3 x pp 2 (tied
     across stages): with SGD + momentum losses and parameters equal the
     single-process run to 1e-6 (the sum order differs, docs/contracts.md);
-    with AdamW the losses to 1e-6 and the parameters to 1e-4 (AdamW divides
-    by sqrt(v): the attention key bias, whose exact gradient is 0, moves by
-    lr-sized steps of rounding noise); each rank's dp_bytes per step is
-    the plan's (m x the zero 1 reduce-scatter, and the all-gather);
+    with AdamW (dp 2 x pp 2) the losses and the whole model's relative norm
+    difference to 1e-6, and no element (absolute) or tensor (max|a-b| /
+    max|b|) further than 2x what the same plain run moves by under another
+    OpenBLAS kernel (AdamW divides by sqrt(v): the attention key bias,
+    whose exact gradient is 0, moves on rounding noise whichever order sums
+    it). Measured: losses 1.1e-8, whole model 9.0e-8, elements 3.5e-7,
+    tensors 3.3e-5 (the qkv bias); the kernel change 1.3e-7, 5.7e-7,
+    5.3e-5; each rank's dp_bytes per step is the plan's (m x the zero 1
+    reduce-scatter, and the all-gather);
   - a zero 0 checkpoint resumed with zero 1 and 2, and zero 1 and 2
     checkpoints (their optimizer files gathered from the shards: the same
     names and shapes as a zero 0 one) resumed with zero 0: the losses and
@@ -50,6 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import st  # noqa: E402
 from test_pipeline import Suite, job  # noqa: E402
 import driver as d  # noqa: E402
+import test_tp_matrix as tpm  # noqa: E402
 
 
 SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "warmup_steps": 3, "weight_decay": 0.1}
@@ -103,6 +109,42 @@ def max_rel(a_blob, b_blob, tmp, tag):
     worst = max((float(np.max(np.abs(np.asarray(a[k], np.float64) - b[k])) / (np.max(np.abs(b[k])) + 1e-30))
                  for k in b), default=0.0)
     return worst, f"{len(b)} tensors"
+
+
+def adamw_zero2(t, spec, env):
+    """ZeRO-2 under AdamW against plain dp (the single-process run, which zero 0 equals bit for bit),
+    measured against the floor of the trainer's own arithmetic: the same plain run with another
+    OpenBLAS kernel. AdamW divides each element by its own running size, so noise-sized gradients
+    (the keys' bias, 0 in exact arithmetic) move by whatever the last bits say; any change of sum
+    order moves them, ZeRO-2's as much as a kernel change (docs/contracts.md)."""
+    label = "zero2-adamw-1f1b-pp2-dp2"
+    p, res, d = t.drive(label, spec, env=env)
+    if not t.check(f"{label}: run completes, workers exit cleanly", p.returncode == 0 and res is not None
+                   and res["done"] and res["exit_codes"] == [0] * len(res["exit_codes"]), (p.stdout + p.stderr)[-600:]):
+        return
+    ref = t.reference(spec)
+    alt, alt_core, core = tpm.other_kernel()
+    if not t.check("an OpenBLAS kernel other than this environment's exists", alt is not None,
+                   f"only {core}" if alt is None else f"{alt_core} vs {core}"):
+        return
+    path = os.path.join(ref, "ref.safetensors")
+    plain = st.load(path)[0]
+    alt_path = os.path.join(d, f"plain-{alt}.safetensors")
+    subprocess.run([os.path.join(t.build, "pipewright"), "train", "--job", os.path.join(ref, "job.json"), "--quiet",
+                    "--out", alt_path], check=True, cwd=t.src, env=dict(os.environ, OPENBLAS_CORETYPE=alt))
+    z2, noise = tpm.diffs(st.load(res["merged"])[0], plain), tpm.diffs(st.load(alt_path)[0], plain)
+    losses = [json.loads(line) for line in open(os.path.join(ref, "ref.jsonl"))]
+    loss = max(abs(res["losses"][str(e["step"])] - e["loss"]) / abs(e["loss"]) for e in losses)
+    fig = lambda x: (f"whole model rel norm {x['model']:.2e}, max abs {x['max_abs']:.2e}, largest per-tensor "
+                     f"max|a-b|/max|b| {x['scaled']:.2e} ({x['where'].get('scaled')})")
+    line = f"losses {loss:.2e}; zero 2: {fig(z2)}; plain dp, kernel {alt_core} vs {core}: {fig(noise)}"
+    print("note adamw:", line, flush=True)
+    # 1e-6 where a float sum in another order can promise it; the elements against the kernel floor
+    t.check(f"{label}: losses (1e-6) and the whole model (rel norm 1e-6) equal plain dp's; no element or tensor "
+            f"further than the same plain run moves under another OpenBLAS kernel (x2)",
+            z2 is not None and noise is not None and loss <= 1e-6 and z2["model"] <= 1e-6 and
+            z2["max_abs"] <= 2 * noise["max_abs"] and z2["scaled"] <= 2 * noise["scaled"] and
+            z2["model"] <= 2 * noise["model"], line)
 
 
 def on_cluster(build, src, tmp, t):
@@ -243,7 +285,7 @@ def main():
                 got = {r: sorted(set(sent.get(r, {}).values())) for r in want}
                 t.check(f"{label}: replica 0's dp bytes per step = the plan's", all(got[r] == [want[r]] for r in want),
                         f"{got} vs {want}")
-        exact("zero2-adamw-1f1b-pp2-dp2", zjob("1f1b", 2, 1, 4, 2, 2), tol="1e-6", wtol="1e-4", env=chunk)
+        adamw_zero2(t, zjob("1f1b", 2, 1, 4, 2, 2), chunk)
 
         # checkpoints: zero 0 -> 1 and 2, and 1 and 2 -> 0 (SGD with zero 2: its sums are not bit for bit)
         for first, then in ((0, 1), (1, 0), (0, 2), (2, 0)):
