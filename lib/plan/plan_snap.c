@@ -28,7 +28,7 @@ void pw_plan_snap(const pw_job *job, pw_plan *p) {
    * one rank alone has no holder: it copies, and sends nothing. */
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
-    size_t own = 3 * m->params, prev = 3 * p->mem[(r + p->pp - 1) % p->pp].params;
+    size_t own = PW_PLAN_SNAP_FRAMES * m->params, prev = PW_PLAN_SNAP_FRAMES * p->mem[(r + p->pp - 1) % p->pp].params;
     m->snapshots = PW_PLAN_SNAP_GENS * (own + (alone ? 0 : prev));
     m->snap_sent = alone ? 0 : own;
     m->snap_seconds = alone ? 0 : (PW_PLAN_SNAP_FRAMES * p->latency + pw_plan_wire_seconds(p, (double)own)) / k;
