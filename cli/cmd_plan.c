@@ -154,8 +154,9 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
   }
   if (zero == 2)
     printf("each rank sends (m + 1)(dp-1)/dp of its gradients, m x zero 1's reduce-scatter and the parameters' "
-           "all-gather, and keeps a 1/dp shard of them (replica 0's figures); replica 0 also holds its stages' whole "
-           "AdamW m and v while it writes a checkpoint (in peak MiB)\n");
+           "all-gather, and keeps a 1/dp shard of them (replica 0's figures); est ms is the step end's all-gather: "
+           "each microbatch's reduce-scatter is in the W (or B) that makes it, in the simulated step; replica 0 also "
+           "holds its stages' whole AdamW m and v while it writes a checkpoint (in peak MiB)\n");
   else
     printf("each rank sends and receives 2(dp-1)/dp of its gradients (replica 0's figures; the others' differ by a "
            "shard's rounding)%s\n",
@@ -176,6 +177,20 @@ static void print_tp(const pw_plan *p) {
   }
   printf("each tp rank sends (and receives) 2(tp-1)/tp of every all-reduced activation; parameters, gradients and "
          "optimizer state are one rank's shard\n");
+}
+
+/* The in-memory snapshots' bytes per rank and step, on the link model,
+ * against the predicted step (plan_snap.c), and the note above 5 %. */
+static void print_snap(const pw_plan *p) {
+  if (!p->snapshot_every || p->pp * p->dp == 1) return;
+  printf("in-memory snapshots (train.snapshot_every %d: each rank's parameters, AdamW m and v to its holder, "
+         "overlapped with the step, not in it):\n", p->snapshot_every);
+  printf("%-5s %14s %10s %12s\n", "rank", "MiB per step", "est ms", "% of step");
+  for (int k = 0; k < p->pp; k++)
+    printf("%-5d %14.2f %10.3f %12.2f\n", k, (double)p->mem[k].snap_sent / p->snapshot_every / (1 << 20),
+           p->mem[k].snap_seconds * 1e3, 100 * pw_plan_snap_share(p, k));
+  char note[512];
+  if (pw_plan_snap_note(p, note, sizeof note)) printf("note: %s\n", note);
 }
 
 static void print_plan(const pw_job *job, const pw_plan *p) {
@@ -554,6 +569,7 @@ int pw_cmd_plan(int argc, char **argv) {
     if (cm.cores) snprintf(where, sizeof where, ", every rank on one host of %d cores", cm.cores);
     printf("predicted step (%s%s): %.3f ms = makespan %.3f ms + step end %.3f ms\n", cost_model_name(&cm), where,
            p.predicted * 1e3, (p.predicted - p.step_end) * 1e3, p.step_end * 1e3);
+    print_snap(&p);
   }
   if (trace) {
     json_t *t = pw_sim_trace_json(p.sim);

@@ -169,8 +169,6 @@ static size_t data_bytes(const pw_job *job, const pw_model *m) {
   }
 }
 
-#define PW_PLAN_SNAP_GENS 2 /* worker/snap.h's PW_SNAP_GENS */
-
 /* train.eval_every: the eval passes run the forward-only lists of the same
  * schedule in the same slots, where a stage may hold more microbatches at
  * once than in training (its upstream runs ahead with nothing to wait
@@ -255,8 +253,31 @@ static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fi
   *fixed = (wb + sc) * 2;
 }
 
-/* Stage layouts, peak slots and each rank's sum (pw_plan_mem). */
-static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
+/* train.zero > 0 at dp > 1 in training: each stage's zero_sizes into
+ * *out ([S], NULL otherwise). Zero 2 reduce-scatters a microbatch's weight
+ * gradients inside the W (or B) that makes them, node by node, each
+ * node's pieces travelling while the next node computes (worker/gradrs.c):
+ * so the action lasts the longer of its compute and its exchange (one
+ * latency per flush and the bytes over the bandwidth). The last node's
+ * pieces are finished by the next flush or at the step end, which this
+ * leaves out, as it leaves out the first node's compute the exchange
+ * cannot overlap: one node either way. */
+static int plan_zero(const pw_job *job, pw_plan *p, zero_sizes **out, pw_err *err) {
+  int zero = p->sched->forward_only || p->dp < 2 ? 0 : job->train.zero;
+  *out = NULL;
+  if (!zero) return 0;
+  zero_sizes *z = *out = calloc((size_t)p->S, sizeof *z);
+  for (int s = 0; s < p->S; s++) {
+    if (!z || zero_sizes_of(p, s, zero, &z[s])) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+    double x = z[s].flushes * p->latency + pw_plan_wire_seconds(p, (double)z[s].wsent);
+    if (x > p->cost_w[s]) p->cost_w[s] = x;
+    if (x > p->cost_b[s]) p->cost_b[s] = x;
+  }
+  return 0;
+}
+
+/* Stage layouts, peak slots and each rank's sum (pw_plan_mem); zs: plan_zero's. */
+static int plan_memory(const pw_job *job, pw_plan *p, const zero_sizes *zs, pw_err *err) {
   p->stage_mem = calloc((size_t)p->S, sizeof *p->stage_mem);
   p->peak_slots = calloc((size_t)p->S, sizeof(int));
   p->mem = calloc((size_t)p->pp, sizeof *p->mem);
@@ -273,9 +294,8 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     pw_plan_tp_rank(p, s, &p->stage_mem[s], r);
-    int zero = train && p->dp > 1 ? job->train.zero : 0;
-    zero_sizes z = {0};
-    if (zero && zero_sizes_of(p, s, zero, &z)) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+    int zero = zs ? job->train.zero : 0;
+    zero_sizes z = zs ? zs[s] : (zero_sizes){0};
     r->params += sm->numel * sizeof(float);
     r->grads += (zero == 2 ? z.live : sm->grad_numel) * sizeof(float);
     r->adam += pw_dp_state_floats(sm->train_numel, p->dp, zero) * sizeof(float);
@@ -302,11 +322,9 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       r->dp += (pw_dp_floats(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, PW_COLL_CHUNK) + z.wbufs) *
                sizeof(float);
       uint64_t sent = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, z.full, p->dp, zero, 0);
-      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * p->latency;
-      /* zero 2: every microbatch's flushes, one exchange each (gradrs.c) */
-      sent += (uint64_t)p->m * z.wsent;
-      r->dp_seconds += (double)p->m * z.flushes * p->latency + pw_plan_wire_seconds(p, (double)sent);
-      r->dp_sent += sent;
+      r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * p->latency +
+                       pw_plan_wire_seconds(p, (double)sent);
+      r->dp_sent += sent + (uint64_t)p->m * z.wsent; /* zero 2: every microbatch's, priced in its W (plan_zero) */
       /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too */
       if (zero) r->ckpt_gather += (zero == 2 ? 2 : 1) * sm->train_numel * sizeof(float);
     }
@@ -321,13 +339,7 @@ static int plan_memory(const pw_job *job, pw_plan *p, pw_err *err) {
       if (here) p->mem[r].tied += bytes;
     }
   }
-  /* Each rank keeps its stages' snapshots and holds those of the rank
-   * before it (global rank g - 1, whose pipeline rank is r - 1 mod pp). */
-  if (train && job->train.snapshot_every > 0)
-    for (int r = 0; r < p->pp; r++) {
-      size_t own = 3 * p->mem[r].params, prev = 3 * p->mem[(r + p->pp - 1) % p->pp].params;
-      p->mem[r].snapshots = PW_PLAN_SNAP_GENS * (own + (p->pp * p->dp > 1 ? prev : 0));
-    }
+  pw_plan_snap(job, p);
   for (int r = 0; r < p->pp; r++) {
     pw_plan_mem *m = &p->mem[r];
     m->total =
@@ -382,6 +394,7 @@ int pw_plan_build(const pw_job *job, const char *schedule, pw_plan *p, pw_err *e
 
 int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_model *cm, pw_plan *p, pw_err *err) {
   memset(p, 0, sizeof *p);
+  zero_sizes *zs = NULL;
   const pw_cost_profile *prof = cm ? cm->profile : NULL;
   p->calibrated = prof != NULL;
   p->latency = prof ? pw_cost_transfer_latency(prof, cm->cores ? job->mesh.pp * job->mesh.dp : 1)
@@ -458,7 +471,7 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
     if (p->n_work[s]) p->cost_i[s] += p->cost_f[s]; /* remat: the forward again, before B or I */
     p->cost_b[s] = p->cost_i[s] + p->cost_w[s];
   }
-  if ((rc = pw_plan_tp(job, p, err))) goto fail;
+  if ((rc = pw_plan_tp(job, p, err)) || (rc = plan_zero(job, p, &zs, err))) goto fail;
   for (int e = 0; e < p->part.n_edges; e++) {
     const pw_stage_edge *ed = &p->part.edges[e];
     /* a stage graph's edges all count: each from the upstream stage */
@@ -473,13 +486,15 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
                     "(a one-stage last region under 1f1b fits any): %s", msg);
   }
   if (rc) goto fail;
-  rc = plan_memory(job, p, err);
+  rc = plan_memory(job, p, zs, err);
   if (rc) goto fail;
   if (p->dp > 1 && !p->sched->forward_only && (rc = plan_dp_action(p, err))) goto fail;
   rc = pw_plan_predict(p, &c, cm, err);
   if (rc) goto fail;
+  free(zs);
   return 0;
 fail:
+  free(zs);
   pw_plan_free(p);
   return rc;
 }
@@ -549,6 +564,10 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
                                   (json_int_t)m->data, "snapshots", (json_int_t)m->snapshots));
     json_object_set_new(o, "dp_bytes_per_step", json_integer((json_int_t)m->dp_sent));
     json_object_set_new(o, "dp_seconds_per_step", json_real(m->dp_seconds));
+    json_object_set_new(o, "snapshot_bytes_per_step",
+                        json_real(p->snapshot_every ? (double)m->snap_sent / p->snapshot_every : 0));
+    json_object_set_new(o, "snapshot_seconds_per_step", json_real(m->snap_seconds));
+    json_object_set_new(o, "snapshot_share", json_real(pw_plan_snap_share(p, r)));
     if (p->tp > 1) {
       json_object_set_new(o, "tp_bytes_per_step", json_integer((json_int_t)m->tp_sent));
       json_object_set_new(o, "tp_seconds_per_step", json_real(m->tp_seconds));
@@ -570,6 +589,7 @@ json_t *pw_plan_json(const pw_job *job, const pw_plan *p) {
       pw_sched_to_json(p->sched), "analytics", analytics, "grid", grid ? grid : "");
   free(grid);
   if (out && p->tp > 1) json_object_set_new(json_object_get(out, "mesh"), "tp", json_integer(p->tp));
+  if (out && !p->sched->forward_only) json_object_set_new(out, "snapshots", pw_plan_snap_json(p));
   if (out && p->regions) {
     pw_sim_costs c = pw_plan_costs(p);
     pw_err err = {0};

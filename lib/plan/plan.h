@@ -82,9 +82,11 @@ typedef struct {
   uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes, zero 2
                          plus m x pw_dp_wgrad_bytes: m x the zero 1 reduce-scatter; each
                          replica receives as many, within a shard's rounding) */
-  double dp_seconds; /* that exchange on the plan's link (latency per chunk sent and
-                         dp_sent / bandwidth; after the pipeline's last action, not in the
-                         simulated makespan) */
+  double dp_seconds; /* the step end's part of it on the plan's link (latency per chunk sent and
+                         its bytes / bandwidth; after the pipeline's last action, not in the
+                         simulated makespan); zero 2's per-microbatch reduce-scatters are not
+                         here but in the W (or B) that makes them (cost_w, cost_b: at least
+                         that long) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are; zero 2 has no
                          whole gradient arena: m and v); the other
@@ -100,6 +102,10 @@ typedef struct {
   size_t snapshots; /* train.snapshot_every > 0: two generations of its own
                        stages' state (parameters, m, v) and two of the
                        previous rank's, which it holds (worker/snap.h) */
+  uint64_t snap_sent; /* bytes one snapshot sends to the holder: its stages' parameters, m and
+                         v, 3 x params (0 without snapshots, or with one rank: no holder) */
+  double snap_seconds; /* per step on the plan's link: three frames' latency and snap_sent /
+                          bandwidth, over snapshot_every (not in the predicted step: plan_snap.c) */
   size_t total;    /* the sum */
 } pw_plan_mem;
 
@@ -113,7 +119,10 @@ typedef struct {
   pw_partition part;
   pw_sched *sched;
   pw_sim_result *sim;
-  double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch */
+  double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch (with the exchanges run
+                                                inside them: tensor parallel's added to F and I;
+                                                W and B at least ZeRO-2's reduce-scatter, which
+                                                overlaps their compute) */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
   pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
@@ -127,7 +136,29 @@ typedef struct {
   double step_end;         /* profile: the slowest rank's step end (seconds), else 0 */
   double predicted;        /* predicted step: makespan (ranks sharing cores when the
                               cost model says so) + step_end */
+  int snapshot_every;      /* a training plan's train.snapshot_every, else 0 */
 } pw_plan;
+
+/* ---- in-memory snapshots (plan_snap.c) ------------------------------------
+ * Their memory and link time per rank (pw_plan_mem.snapshots, snap_sent,
+ * snap_seconds), and what share of the predicted step that time is: the
+ * plan warns above PW_PLAN_SNAP_SHARE. */
+#define PW_PLAN_SNAP_SHARE 0.05
+/* Sets p->snapshot_every and each rank's snapshot fields from its params. */
+void pw_plan_snap(const pw_job *job, pw_plan *p);
+/* Rank r's snap_seconds over p->predicted (0 when there is none). */
+double pw_plan_snap_share(const pw_plan *p, int r);
+/* The rank whose snapshots take the most seconds (the first of equals). */
+int pw_plan_snap_worst(const pw_plan *p);
+/* The smallest snapshot_every whose share (the worst rank's) is at most
+ * PW_PLAN_SNAP_SHARE; 0 without snapshots. */
+int pw_plan_snap_every(const pw_plan *p);
+/* When the worst rank's share exceeds PW_PLAN_SNAP_SHARE: writes a note
+ * naming it, its bytes and train.snapshot_every's pw_plan_snap_every into
+ * buf, returns 1; else 0. */
+int pw_plan_snap_note(const pw_plan *p, char *buf, size_t cap);
+/* {"every", "share", "rank", "suggested_every", "note": string or null}. */
+json_t *pw_plan_snap_json(const pw_plan *p);
 
 /* Tensor parallel (plan_tp.c): checks mesh.tp and splits each stage's
  * costs over its tp ranks, adding the all-reduces (called by
@@ -198,8 +229,12 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
  * stages: one work buffer and how many), each analytics rank
  * "memory_bytes" (pw_plan_mem.total) and "memory" {"params", "grads",
  * "adam", "slots", "n_slots", "work", "remat_saved", "scratch", "dp", "tied",
- * "data", "snapshots"}. A remat stage's costs "b" and "i" include its F
- * again (the recompute). A regions model adds "regions": the comparison of
+ * "data", "snapshots"}, "dp_bytes_per_step", "dp_seconds_per_step" and
+ * "snapshot_bytes_per_step", "snapshot_seconds_per_step", "snapshot_share";
+ * a training plan "snapshots" (pw_plan_snap_json). A remat stage's costs
+ * "b" and "i" include its F again (the recompute); a zero 2 stage's "w"
+ * and "b" are at least its reduce-scatter of the microbatch's weight
+ * gradients, which overlaps their compute. A regions model adds "regions": the comparison of
  * pw_regions_compare_json (each region's ranks, stages, schedule and
  * makespan alone; serial against concurrent). */
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);

@@ -6,7 +6,8 @@
 # one is answered with all nine and the nearest; a virtual schedule on a
 # flat job is planned with virtual_stages 2; --export and --import-csv; a
 # pp 2 x dp 2 x tp 2 mesh's per-rank dp and tp volumes, and its simulated
-# step ending with each rank's data-parallel exchange (DP).
+# step ending with each rank's data-parallel exchange (DP); the in-memory
+# snapshots' rows (none under tensor parallel).
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -18,6 +19,9 @@ PY=/usr/bin/python3
 "$PW" plan --job examples/jobs/gpt-tiny.json > "$T/plan.txt"
 grep -q '^r0 | F0' "$T/plan.txt" || fail "no grid row for rank 0"
 grep -q 'bubble' "$T/plan.txt" || fail "no analytics"
+# in-memory snapshots (snapshot_every 1 by default): a row per rank after the predicted step
+sed -n '/^in-memory snapshots (train.snapshot_every 1: /,$p' "$T/plan.txt" | grep -Eq '^1 +[0-9.]+ +[0-9.]+ +[0-9.]+$' ||
+  fail "no in-memory snapshot row for rank 1"
 
 "$PW" plan --job examples/jobs/gpt-tiny.json --compare > "$T/cmp.txt"
 for s in gpipe 1f1b eager1f1b zb-h1 interleaved-1f1b interleaved-gpipe interleaved-1f1b-plus-one kimi-k2 dualpipev; do
@@ -37,6 +41,7 @@ assert kinds.count("I") == 8 and kinds.count("W") == 8, kinds   # 4 mb x 2 stage
 assert len(p["partition"]["stages"]) == 2
 ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
 assert len(ev) == 24, len(ev)                                    # F, I, W per (mb, stage)
+assert p["snapshots"]["every"] == 1 and all(r["snapshot_bytes_per_step"] > 0 for r in a["ranks"]), p["snapshots"]
 P
 
 sed 's/"name": "1f1b", "microbatches": 4/"name": "dualpipev", "microbatches": 2/' examples/jobs/gpt-tiny.json > "$T/bad.json"
@@ -116,6 +121,7 @@ grep -q '^data-parallel exchange per step' "$T/mesh.txt" && grep -q '^tensor-par
   fail "no per-rank dp and tp volumes"
 grep -Eq "^simulated step: [0-9.]+ ms, .*; [0-9.]+ ms with each rank's data-parallel exchange after its last action$" \
   "$T/mesh.txt" || { grep '^simulated' "$T/mesh.txt"; fail "no step with the dp exchange"; }
+grep -q '^in-memory snapshots' "$T/mesh.txt" && fail "tensor parallel takes no snapshots, but the plan prices some"
 "$PW" plan --job "$T/mesh.json" --json --trace "$T/mesh-trace.json" > "$T/mesh-plan.json"
 $PY - "$T/mesh-plan.json" "$T/mesh-trace.json" <<'P'
 import json, sys

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "collective.h"
 #include "cost.h"
 #include "cost_auto.h"
 #include "plan.h"
@@ -180,28 +181,41 @@ static void test_plan_exact(void **st) {
  * the profile's link says: the same job under two profiles that differ
  * only in bandwidth moves the same bytes, in bytes / bandwidth seconds;
  * without a profile the FLOP model's link stays. */
-static void plan_with_bw(const char *spec, double bw, pw_plan *p) {
+static void job_from(const char *spec, pw_job *job) {
   json_t *sj = json_loads(spec, 0, NULL);
   assert_non_null(sj);
-  pw_job job;
   pw_err err = {0};
-  int rc = pw_job_parse(sj, NULL, &job, &err);
+  int rc = pw_job_parse(sj, NULL, job, &err);
   if (rc) print_error("%s: %s\n", err.path, err.msg);
   assert_int_equal(rc, 0);
   json_decref(sj);
+}
+
+/* job planned under a profile whose link has bandwidth bw and no latency
+ * (bw <= 0: the FLOP model) */
+static void plan_job_bw(const pw_job *job, double bw, pw_plan *p) {
+  pw_err err = {0};
   if (bw <= 0) {
-    assert_int_equal(pw_plan_build(&job, NULL, p, &err), 0);
-  } else {
-    int mb[] = {1, 4};
-    json_t *j = profile_for(&job, mb, 2, 1e-3, 1e-4);
-    json_object_set_new(j, "link", json_pack("{s:f, s:f}", "latency_s", 0.0, "bandwidth_Bps", bw));
-    pw_cost_profile prof;
-    assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
-    pw_cost_model cm = {.profile = &prof};
-    assert_int_equal(pw_plan_build_costed(&job, NULL, &cm, p, &err), 0);
-    pw_cost_free(&prof);
-    json_decref(j);
+    assert_int_equal(pw_plan_build(job, NULL, p, &err), 0);
+    return;
   }
+  int mb[] = {1, 4};
+  json_t *j = profile_for(job, mb, 2, 1e-3, 1e-4);
+  json_object_set_new(j, "link", json_pack("{s:f, s:f}", "latency_s", 0.0, "bandwidth_Bps", bw));
+  pw_cost_profile prof;
+  assert_int_equal(pw_cost_parse(j, &prof, &err), 0);
+  pw_cost_model cm = {.profile = &prof};
+  int rc = pw_plan_build_costed(job, NULL, &cm, p, &err);
+  if (rc) print_error("%s: %s\n", err.path, err.msg);
+  assert_int_equal(rc, 0);
+  pw_cost_free(&prof);
+  json_decref(j);
+}
+
+static void plan_with_bw(const char *spec, double bw, pw_plan *p) {
+  pw_job job;
+  job_from(spec, &job);
+  plan_job_bw(&job, bw, p);
   pw_job_free(&job);
 }
 
@@ -243,6 +257,194 @@ static void test_collectives_on_profile_link(void **st) {
   assert_true(fabs(b.mem[0].tp_seconds - tsent / 1e8) < 1e-12);
   pw_plan_free(&a);
   pw_plan_free(&b);
+}
+
+/* ZeRO-2 reduce-scatters each microbatch's weight gradients inside the W
+ * (or B) that makes them, a node's pieces travelling while the next node
+ * computes (worker/gradrs.c): a zero 2 stage's W and B last the longer of
+ * zero 1's and the exchange (its flushes' latency and the bytes
+ * pw_dp_wgrad_bytes counts over the link), F and I as zero 1's; the step
+ * end keeps only the all-gather, so it is the all-at-the-end figure less
+ * m x the exchange; the bytes (dp_bytes_per_step) do not change. Zero 0
+ * and 1 price nothing inside W. */
+#define GPT_DP2 \
+  "{\"name\": \"t\", \"model\": {\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 16, \"d_model\": 32," \
+  " \"n_layers\": 2, \"n_heads\": 4, \"tie_embeddings\": false}, \"mesh\": {\"pp\": 2, \"dp\": 2, \"virtual_stages\": 1}," \
+  " \"schedule\": {\"name\": \"zb-h1\", \"microbatches\": 2}, \"partition\": {\"mode\": \"even\"}," \
+  " \"train\": {\"steps\": 1, \"batch_size\": 8, \"zero\": %d, \"optimizer\": {\"name\": \"adamw\", \"lr\": 1e-3}}," \
+  " \"data\": {\"kind\": \"text\", \"path\": \"x.txt\"}}"
+
+static void plan_zero(int zero, double bw, pw_plan *p) {
+  char spec[1024];
+  snprintf(spec, sizeof spec, GPT_DP2, zero);
+  plan_with_bw(spec, bw, p);
+}
+
+/* Stage s's bytes per microbatch in ZeRO-2's reduce-scatter (replica 0),
+ * and its flushes (nodes with a redirected part); untied: no full ranges. */
+static uint64_t wgrad_of(const pw_plan *p, int s, int *flushes) {
+  const pw_stage *st = &p->part.stages[s];
+  pw_prog_layout L;
+  assert_int_equal(pw_prog_layout_build(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &L), 0);
+  assert_int_equal(L.n_shadow, 0);
+  uint64_t b = pw_dp_wgrad_bytes(&p->model, &L, NULL, 0, p->dp, 0);
+  *flushes = 0;
+  for (int i = 0; i < L.node_hi - L.node_lo; i++) *flushes += pw_dp_wgrad_parts(&p->model, &L, i, NULL, 0) != 0;
+  pw_prog_layout_free(&L);
+  return b;
+}
+
+/* z1, z2: the zero 1 and zero 2 plans at one link; each W (and B) of z2
+ * lasts max(zero 1's, x[s]), x[s] the stage's exchange; returns whether
+ * the exchange was the longer on every stage. */
+static int check_zero2(const pw_plan *z1, const pw_plan *z2, const double *x) {
+  int longer = 1;
+  for (int s = 0; s < 2; s++) {
+    assert_true(z2->cost_f[s] == z1->cost_f[s] && z2->cost_i[s] == z1->cost_i[s]);
+    assert_true(z2->cost_w[s] == fmax(z1->cost_w[s], x[s]) && z2->cost_b[s] == fmax(z1->cost_b[s], x[s]));
+    longer &= x[s] > z1->cost_w[s];
+    /* the replay shows it where it happens: every W of stage s lasts its cost */
+    int ws = 0;
+    for (int e = 0; e < z2->sim->n_events; e++) {
+      const pw_sim_event *ev = &z2->sim->events[e];
+      if (ev->act.kind != PW_ACT_W || ev->act.stage != s) continue;
+      assert_true(fabs(ev->end - ev->start - z2->cost_w[s]) < 1e-12);
+      ws++;
+    }
+    assert_int_equal(ws, z2->m);
+  }
+  return longer;
+}
+
+static void test_zero2_in_w(void **st) {
+  (void)st;
+  /* a fast link hides the exchange in W's compute, a slow one sets W's length */
+  const double bws[] = {1e9, 1e6};
+  for (int k = 0; k < 2; k++) {
+    double bw = bws[k], x[2];
+    pw_plan z0, z1, z2;
+    plan_zero(0, bw, &z0);
+    plan_zero(1, bw, &z1);
+    plan_zero(2, bw, &z2);
+    assert_int_equal(z2.S, 2);
+    for (int s = 0; s < 2; s++) {
+      int flushes;
+      uint64_t wb = wgrad_of(&z2, s, &flushes);
+      assert_true(wb > 0 && flushes > 0);
+      x[s] = (double)wb / bw; /* the profile's link has no latency */
+      assert_true(z0.cost_w[s] == z1.cost_w[s] && z0.cost_b[s] == z1.cost_b[s]); /* zero 1: nothing inside W */
+      /* rank s runs stage s: its step end keeps the all-gather only */
+      const pw_prog_sizes *sm = &z2.stage_mem[s];
+      uint64_t end = pw_dp_step_bytes(sm->grad_numel, sm->train_numel, 0, 2, 2, 0);
+      assert_true(z2.mem[s].dp_sent == end + (uint64_t)z2.m * wb); /* what the worker sends: unchanged */
+      assert_true(fabs(z2.mem[s].dp_seconds - (double)end / bw) < 1e-12);
+      /* the step end shrank by exactly the m exchanges now inside the W actions */
+      assert_true(fabs(z2.mem[s].dp_seconds + z2.m * x[s] - (double)z2.mem[s].dp_sent / bw) < 1e-12);
+      assert_true(fabs(z1.mem[s].dp_seconds - (double)z1.mem[s].dp_sent / bw) < 1e-12);
+    }
+    int longer = check_zero2(&z1, &z2, x);
+    assert_int_equal(longer, k == 1);
+    if (k == 0) assert_true(z2.sim->makespan == z1.sim->makespan); /* hidden: the same pipeline */
+    else assert_true(z2.sim->makespan > z1.sim->makespan);
+    pw_plan_free(&z0);
+    pw_plan_free(&z1);
+    pw_plan_free(&z2);
+  }
+  /* the FLOP model's link: a latency per flush too */
+  pw_plan z1, z2;
+  plan_zero(1, 0, &z1);
+  plan_zero(2, 0, &z2);
+  double x[2];
+  for (int s = 0; s < 2; s++) {
+    int flushes;
+    uint64_t wb = wgrad_of(&z2, s, &flushes);
+    x[s] = flushes * PW_PLAN_LINK_LATENCY + (double)wb / PW_PLAN_LINK_BW;
+  }
+  check_zero2(&z1, &z2, x);
+  pw_plan_free(&z1);
+  pw_plan_free(&z2);
+}
+
+/* In-memory snapshots: each rank sends its stages' parameters, m and v
+ * (3 x 4 bytes a parameter) every snapshot_every steps; their seconds on
+ * the link and the share of the predicted step are reported, not added to
+ * it; above 5 % a note names train.snapshot_every and the smallest k that
+ * brings the share to 5 % or less. */
+static void plan_snap(pw_job *job, int every, double bw, pw_plan *p) {
+  job->train.snapshot_every = every;
+  plan_job_bw(job, bw, p);
+}
+
+static void test_snapshot_link(void **st) {
+  (void)st;
+  pw_job job;
+  job_of("1f1b", 2, 2, 16, &job);
+  const double bw = 1e6;
+  pw_plan p1, p3, p0;
+  plan_snap(&job, 1, bw, &p1);
+  plan_snap(&job, 3, bw, &p3);
+  plan_snap(&job, 0, bw, &p0);
+  for (int r = 0; r < 2; r++) {
+    uint64_t params = 0;
+    for (int s = 0; s < p1.S; s++)
+      if (p1.sched->stage_to_rank[s] == r) params += p1.part.stages[s].params;
+    assert_true(params > 0);
+    assert_true(p1.mem[r].snap_sent == 3 * 4 * params && p3.mem[r].snap_sent == p1.mem[r].snap_sent);
+    assert_true(fabs(p1.mem[r].snap_seconds - (double)p1.mem[r].snap_sent / bw) < 1e-12);
+    assert_true(fabs(p3.mem[r].snap_seconds - (double)p1.mem[r].snap_sent / bw / 3) < 1e-12);
+    assert_true(fabs(pw_plan_snap_share(&p1, r) - p1.mem[r].snap_seconds / p1.predicted) < 1e-12);
+    assert_true(p0.mem[r].snap_sent == 0 && p0.mem[r].snap_seconds == 0 && pw_plan_snap_share(&p0, r) == 0);
+  }
+  /* overlapped with the step: the prediction does not move */
+  assert_true(p1.predicted == p0.predicted && p3.predicted == p0.predicted);
+  /* the smallest k whose share is at most 5 %, by brute force */
+  int w = pw_plan_snap_worst(&p1), k = 1;
+  double one = p1.mem[w].snap_seconds;
+  assert_true(one / p1.predicted > 0.05);
+  while (one / k > 0.05 * p1.predicted) k++;
+  assert_true(k > 3);
+  assert_int_equal(pw_plan_snap_every(&p1), k);
+  assert_int_equal(pw_plan_snap_every(&p3), k);
+  assert_int_equal(pw_plan_snap_every(&p0), 0);
+  char note[512], want[64];
+  snprintf(want, sizeof want, "\"train\": {\"snapshot_every\": %d}", k);
+  assert_int_equal(pw_plan_snap_note(&p1, note, sizeof note), 1);
+  assert_non_null(strstr(note, want));
+  assert_int_equal(pw_plan_snap_note(&p0, note, sizeof note), 0);
+  /* the JSON says the same */
+  json_t *j = pw_plan_json(&job, &p3);
+  json_t *r0 = json_array_get(json_object_get(json_object_get(j, "analytics"), "ranks"), 0);
+  assert_true(fabs(json_real_value(json_object_get(r0, "snapshot_bytes_per_step")) - (double)p3.mem[0].snap_sent / 3) <
+              1e-6);
+  assert_true(json_real_value(json_object_get(r0, "snapshot_seconds_per_step")) == p3.mem[0].snap_seconds);
+  json_t *sn = json_object_get(j, "snapshots");
+  assert_int_equal(json_integer_value(json_object_get(sn, "every")), 3);
+  assert_int_equal(json_integer_value(json_object_get(sn, "suggested_every")), k);
+  assert_non_null(strstr(json_string_value(json_object_get(sn, "note")), want));
+  json_decref(j);
+  pw_plan_free(&p1);
+  pw_plan_free(&p3);
+  pw_plan_free(&p0);
+  /* at k the share is at most 5 %: no note; at k - 1 there is one */
+  plan_snap(&job, k, bw, &p1);
+  assert_true(pw_plan_snap_share(&p1, w) <= 0.05);
+  assert_int_equal(pw_plan_snap_note(&p1, note, sizeof note), 0);
+  assert_int_equal(pw_plan_snap_every(&p1), k);
+  j = pw_plan_json(&job, &p1);
+  assert_true(json_is_null(json_object_get(json_object_get(j, "snapshots"), "note")));
+  json_decref(j);
+  pw_plan_free(&p1);
+  plan_snap(&job, k - 1, bw, &p1);
+  assert_int_equal(pw_plan_snap_note(&p1, note, sizeof note), 1);
+  pw_plan_free(&p1);
+  /* one rank alone has no holder: it sends nothing */
+  pw_job_free(&job);
+  job_of("1f1b", 1, 2, 16, &job);
+  plan_snap(&job, 1, bw, &p1);
+  assert_true(p1.mem[0].snap_sent == 0 && p1.mem[0].snap_seconds == 0 && p1.mem[0].snapshots > 0);
+  assert_int_equal(pw_plan_snap_note(&p1, note, sizeof note), 0);
+  pw_plan_free(&p1);
+  pw_job_free(&job);
 }
 
 /* pw_plan_auto on the MLP job (batch 16) under a profile base + per_seq x
@@ -328,6 +530,7 @@ int main(void) {
       cmocka_unit_test(test_parse_errors),          cmocka_unit_test(test_interpolate_and_round_trip),
       cmocka_unit_test(test_plan_exact),            cmocka_unit_test(test_auto_follows_profile),
       cmocka_unit_test(test_auto_memory),           cmocka_unit_test(test_collectives_on_profile_link),
+      cmocka_unit_test(test_zero2_in_w),            cmocka_unit_test(test_snapshot_link),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
