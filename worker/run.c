@@ -435,11 +435,12 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->cp.ls = calloc((size_t)r->S, sizeof *r->cp.ls);
   r->lp.out = calloc((size_t)r->n_ranks, sizeof *r->lp.out);
   r->peer_addr = calloc((size_t)r->n_ranks, sizeof *r->peer_addr);
+  r->peer_host = calloc((size_t)r->n_ranks, sizeof *r->peer_host);
   r->sh.wl = calloc((size_t)r->n_ranks, sizeof *r->sh.wl);
   r->sh.in_fd = malloc(sizeof(int) * (size_t)r->n_ranks);
   r->cp.in = calloc((size_t)r->n_ranks, sizeof *r->cp.in);
   if (!r->rank_of_stage || !r->lidx_of_stage || !r->ls || !r->sh.ls || !r->cp.ls || !r->lp.out || !r->peer_addr ||
-      !r->sh.wl || !r->sh.in_fd || !r->cp.in) {
+      !r->peer_host || !r->sh.wl || !r->sh.in_fd || !r->cp.in) {
     rc = pw_err_set(err, PW_ENOMEM, "assign", "out of memory");
     goto fail;
   }
@@ -464,10 +465,17 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
       goto fail;
     }
     snprintf(r->peer_addr[pr], sizeof r->peer_addr[pr], "%s", json_string_value(json_object_get(pe, "addr")));
+    const char *host = json_string_value(json_object_get(pe, "host"));
+    if (!host[0] || strlen(host) >= sizeof r->peer_host[pr]) {
+      rc = pw_err_set(err, PW_EPROTO, "assign.peers", "rank %d's host must be 1..%zu bytes", pr,
+                      sizeof r->peer_host[pr] - 1);
+      goto fail;
+    }
+    memcpy(r->peer_host[pr], host, strlen(host) + 1);
   }
   for (int k = 0; k < r->n_ranks; k++)
-    if (k != r->rank && !r->peer_addr[k][0]) {
-      rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no address for rank %d", k);
+    if ((k != r->rank && !r->peer_addr[k][0]) || !r->peer_host[k][0]) { /* its own address it need not know */
+      rc = pw_err_set(err, PW_EPROTO, "assign.peers", "no %s for rank %d", r->peer_host[k][0] ? "address" : "host", k);
       goto fail;
     }
   if ((rc = pw_snaprun_assign(r, a, err))) goto fail;
@@ -561,6 +569,7 @@ static void run_destroy(pw_run *r) {
   free((int *)r->lidx_of_stage);
   free(r->lp.out);
   free(r->peer_addr);
+  free(r->peer_host);
   free(r->cp.timings);
   free(r->sh.trace_buf);
   free(r->cp.norm_parts);

@@ -276,6 +276,7 @@ struct pw_run {
   const pw_action *acts;   /* this rank's list */
   int n_acts;
   char (*peer_addr)[64];   /* [n_ranks] */
+  char (*peer_host)[64];   /* [n_ranks]: its machine (assign.peers[].host) */
   struct pw_serve *serve;  /* mode serve: the serving loop's state (serve.h), else NULL */
 
   pw_run_shared sh;        /* both threads: under sh.mu / sh.wmu */
@@ -348,8 +349,9 @@ PW_MUST_CHECK int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), 
 /* Compute thread, before the first wait: cp.spin, 0 when the host has
  * fewer CPUs than the run's compute threads on it. */
 void pw_exec_spin_init(pw_run *r);
-/* Whether ranks a and b run on one host (the host part of their
- * addresses): 1, 0, or -1 when an address does not say. */
+/* Whether ranks a and b run on one machine: 1 when the coordinator named
+ * one host for both (assign.peers[].host), whatever addresses reach them;
+ * else 0. */
 int pw_exec_same_host(const pw_run *r, int a, int b);
 /* Any thread: wake the compute thread from poll(). */
 void pw_exec_wake(pw_run *r);
