@@ -29,6 +29,7 @@ struct pw_wconn {
   int64_t id;              /* store id once registered */
   char name[64];
   char addr[96];
+  char host[64];           /* its machine (register.host), "worker:<name>" without one: a host of its own */
   int64_t memory;          /* bytes it reported at register, 0: unknown */
   double last_seen;        /* monotonic seconds */
   pw_jobrt *job;           /* the run it serves, or NULL */

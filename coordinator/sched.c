@@ -353,7 +353,8 @@ static void plan_done(uv_work_t *req, int status) {
   record_start(c, jr, start, snap ? "snapshot" : resume[0] ? "checkpoint" : "start");
   json_t *peers = json_array();
   for (int r = 0; r < jr->n_ranks; r++)
-    json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", r, "addr", jr->ranks[r]->addr));
+    json_array_append_new(peers, json_pack("{s:i, s:s, s:s}", "rank", r, "addr", jr->ranks[r]->addr, "host",
+                                           jr->ranks[r]->host));
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
   int serve = job->mode == PW_MODE_SERVE; /* runs until cancelled: its steps are not run */
   char names[512] = "";

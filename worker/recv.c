@@ -17,7 +17,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "addr.h"
 #include "worker.h"
 
 /* How long a waiting compute thread polls its sockets before it sleeps in
@@ -137,17 +136,12 @@ static int drain_all(pw_run *r) {
 }
 
 int pw_exec_same_host(const pw_run *r, int a, int b) {
-  char ha[64], hb[64];
-  int port;
-  if (pw_addr_split(r->peer_addr[a], ha, sizeof ha, &port) || pw_addr_split(r->peer_addr[b], hb, sizeof hb, &port))
-    return -1;
-  return !strcmp(ha, hb);
+  return !strcmp(r->peer_host[a], r->peer_host[b]);
 }
 
 void pw_exec_spin_init(pw_run *r) {
   int local = 0;
-  for (int k = 0; k < r->n_ranks; k++) /* an address we cannot read counts as this host */
-    local += pw_exec_same_host(r, r->rank, k) != 0;
+  for (int k = 0; k < r->n_ranks; k++) local += pw_exec_same_host(r, r->rank, k);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);

@@ -276,6 +276,7 @@ struct pw_run {
   const pw_action *acts;   /* this rank's list */
   int n_acts;
   char (*peer_addr)[64];   /* [n_ranks] */
+  char (*peer_host)[64];   /* [n_ranks]: its machine (assign.peers[].host) */
   struct pw_serve *serve;  /* mode serve: the serving loop's state (serve.h), else NULL */
 
   pw_run_shared sh;        /* both threads: under sh.mu / sh.wmu */
@@ -283,12 +284,12 @@ struct pw_run {
   pw_run_loop lp;          /* loop thread only */
 };
 
-/* ---- run.c ---------------------------------------------------------------- */
+/* ---- run.c, run_setup.c, run_files.c ----------------------------------------- */
 
-/* Loop thread. Makes the run of assignment a (as: the message itself, kept
- * for the run's life, or NULL when a's strings outlive the run) from its
- * slice: the tables, the stage programs and their slots, the step-end
- * buffers; its event queue wakes `loop`. Opens no file (pw_run_open_files
+/* Loop thread (run_setup.c). Makes the run of assignment a (as: the
+ * message itself, kept for the run's life, or NULL when a's strings
+ * outlive the run) from its slice: the tables, the stage programs and
+ * their slots, the step-end buffers; its event queue wakes `loop`. Opens no file (pw_run_open_files
  * does, on the compute thread) and connects nothing (pw_run_start does).
  * ckpt_dir: where checkpoints go when a names none. */
 PW_MUST_CHECK int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, const char *ckpt_dir,
@@ -296,10 +297,10 @@ PW_MUST_CHECK int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const j
 /* Loop thread: pw_run_create, then the run becomes w's and connects to its
  * peers; its compute thread starts once every link is up. */
 PW_MUST_CHECK int pw_run_start(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err);
-/* Compute thread, before the first step: the dataset and the parameters
- * (from the checkpoint to resume, else from the init weights fetched
- * through the cache, else drawn from the seed). Only regular
- * files are read (a FIFO or a device is refused, never waited on). */
+/* Compute thread (run_files.c), before the first step: the dataset and
+ * the parameters (from the checkpoint to resume, else from the init
+ * weights fetched through the cache, else drawn from the seed). Only
+ * regular files are read (a FIFO or a device is refused, never waited on). */
 PW_MUST_CHECK int pw_run_open_files(pw_run *r, pw_err *err);
 /* Loop thread. */
 void pw_run_cancel(pw_run *r, const char *reason);
@@ -316,6 +317,9 @@ int pw_run_event_next(pw_run *r, pw_event *ev);
 /* Loop thread, once the compute thread has been joined (or never started):
  * frees the run (its async handle closes on its loop first). */
 void pw_run_free(pw_run *r);
+/* Loop thread: the compute thread's events queued (the run's async
+ * handle's callback, which pw_run_create installs). */
+void pw_run_on_events(uv_async_t *h);
 /* Any thread: the step the run is at (for status lines). */
 int pw_run_step(pw_run *r);
 /* Compute thread (recv.c): a frame header from peer `from` arrived: where
@@ -348,8 +352,9 @@ PW_MUST_CHECK int pw_exec_wait(pw_run *r, int (*ready)(pw_run *, const void *), 
 /* Compute thread, before the first wait: cp.spin, 0 when the host has
  * fewer CPUs than the run's compute threads on it. */
 void pw_exec_spin_init(pw_run *r);
-/* Whether ranks a and b run on one host (the host part of their
- * addresses): 1, 0, or -1 when an address does not say. */
+/* Whether ranks a and b run on one machine: 1 when the coordinator named
+ * one host for both (assign.peers[].host), whatever addresses reach them;
+ * else 0. */
 int pw_exec_same_host(const pw_run *r, int a, int b);
 /* Any thread: wake the compute thread from poll(). */
 void pw_exec_wake(pw_run *r);

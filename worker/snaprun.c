@@ -32,7 +32,7 @@ int pw_snaprun_holder(const pw_run *r, int g) {
   if (r->n_ranks < 2) return -1;
   for (int i = 1; i < r->n_ranks; i++) {
     int k = (g + i) % r->n_ranks;
-    if (pw_exec_same_host(r, g, k) == 0) return k;
+    if (!pw_exec_same_host(r, g, k)) return k;
   }
   return (g + 1) % r->n_ranks;
 }

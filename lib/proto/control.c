@@ -192,7 +192,7 @@ static int check_action(const json_t *a, const char *path, pw_err *err) {
 
 static int check_peer(const json_t *o, const char *path, pw_err *err) {
   char p[160];
-  if (!json_is_object(o)) return bad(err, path, "must be an object {rank, addr}");
+  if (!json_is_object(o)) return bad(err, path, "must be an object {rank, addr, host}");
   snprintf(p, sizeof p, "%.100s.rank", path);
   json_t *rank = json_object_get(o, "rank");
   if (!rank) return bad(err, p, "is required");
@@ -202,6 +202,10 @@ static int check_peer(const json_t *o, const char *path, pw_err *err) {
   json_t *addr = json_object_get(o, "addr");
   if (!addr) return bad(err, p, "is required");
   if (!json_is_string(addr)) return bad(err, p, "must be a string");
+  snprintf(p, sizeof p, "%.100s.host", path);
+  json_t *host = json_object_get(o, "host");
+  if (!host) return bad(err, p, "is required");
+  if (!json_is_string(host)) return bad(err, p, "must be a string");
   return 0;
 }
 

@@ -75,7 +75,10 @@
  *   assign      job:int, run:int, rank:int, slice:str (the rank's slice
  *               of the plan: canonical JSON text, lib/plan/slice.h),
  *               slice_sha256:str (SHA-256 hex of slice's bytes),
- *               peers:[{rank:int, addr:str}, ...],
+ *               peers:[{rank:int, addr:str, host:str}, ...] (host: the
+ *               machine id the rank's worker registered with, or a name of
+ *               its own when it sent none; ranks with one host share a
+ *               machine, whatever addresses reach them),
  *               steps:int, start_step:int, checkpoint_dir?:str,
  *               resume?:str, trace_every?:int, restore_step?:int>=1,
  *               restore_from?:[int, ...] (with restore_step: for each stage,
@@ -104,8 +107,9 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 3 /* 2: assign carries the plan slice, not the spec; 3: runs are
-                              epochs (HELLO names its run), snapshots, restores */
+#define PW_PROTO_VERSION 4 /* 2: assign carries the plan slice, not the spec; 3: runs are
+                              epochs (HELLO names its run), snapshots, restores; 4: assign's
+                              peers name each rank's host */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 

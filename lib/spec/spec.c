@@ -5,16 +5,17 @@
  * one emitter; the rules that tie sections together (batch divisible by
  * microbatches * dp, data kind vs model, partition markers vs mesh) are
  * checked once every section has parsed. This file never builds the model
- * graph or judges a schedule against a plan: model.c and schedule.c do. */
+ * graph or judges a schedule against a plan: model.c and schedule.c do.
+ * The sections of their own files: the model (spec_model.c, its regions
+ * spec_regions.c), where stages go (spec_layout.c), data and init
+ * (spec_data.c); the schedule names and their spellings: spec_schedules.c. */
 #include "spec_json.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "spec_field.h"
 #include "suggest.h"
@@ -26,78 +27,11 @@
 #define MAX_LAYER_TIMES 100000
 #define INT_MAXD 2147483647.0
 
-const char *const pw_schedule_names[] = {"gpipe",
-                                         "1f1b",
-                                         "eager1f1b",
-                                         "zb-h1",
-                                         "interleaved-1f1b",
-                                         "interleaved-gpipe",
-                                         "interleaved-1f1b-plus-one",
-                                         "kimi-k2",
-                                         "dualpipev"};
-const int pw_n_schedule_names = (int)(sizeof pw_schedule_names / sizeof pw_schedule_names[0]);
-
-/* name folded: lowercase, without '-' and '_'; 0 if it does not fit. */
-static int fold_name(const char *name, char *buf, size_t cap) {
-  size_t n = 0;
-  for (; *name; name++) {
-    if (*name == '-' || *name == '_') continue;
-    if (n + 1 >= cap) return 0;
-    buf[n++] = (char)tolower((unsigned char)*name);
-  }
-  buf[n] = 0;
-  return 1;
-}
-
-/* Other systems' names, as they write them: [0] is the canonical name.
- * Each folds (and loses a "Schedule" prefix) like any spelling does. Not
- * here, as they are not one of ours: Shardy's CIRCULAR (GPipe in rounds of
- * pp microbatches through the local stages), PyTorch's
- * ScheduleInterleavedZeroBubble and ScheduleZBVZeroBubble (split backwards
- * on an interleaved or V layout; ZB-V is not DualPipeV's order). */
-static const char *const alias_table[][6] = {
-    {"gpipe", "GPipe", "GPIPE", "ScheduleGPipe", NULL},
-    {"1f1b", "1F1B", "Std1F1B", "ONE_FWD_ONE_BWD", "Schedule1F1B"},
-    {"eager1f1b", "Eager1F1B", NULL},
-    {"zb-h1", "ZeroBubbleH1", "ZERO_BUBBLE_H1", "ZB_H1", NULL},
-    {"interleaved-1f1b", "Interleaved1F1B", "InterleavedH1", "ScheduleInterleaved1F1B", NULL},
-    {"interleaved-gpipe", "InterleavedGPipe", "LoopedBFS", "ScheduleLoopedBFS", NULL},
-    {"interleaved-1f1b-plus-one", "Interleaved1F1BPlusOne", NULL},
-    {"kimi-k2", "KimiK2", NULL},
-    {"dualpipev", "DualPipeV", "ScheduleDualPipeV", NULL},
-};
-#define N_ALIAS_ROWS ((int)(sizeof alias_table / sizeof alias_table[0]))
-
-/* fold_name without a leading "schedule" (PyTorch's class names). */
-static const char *fold_bare(const char *name, char *buf, size_t cap) {
-  if (!name || !fold_name(name, buf, cap)) return NULL;
-  return strncmp(buf, "schedule", 8) == 0 && buf[8] ? buf + 8 : buf;
-}
-
-const char *pw_schedule_resolve(const char *name) {
-  char want[64], have[64];
-  const char *w = fold_bare(name, want, sizeof want), *h;
-  if (!w) return NULL;
-  for (int i = 0; i < N_ALIAS_ROWS; i++)
-    for (int k = 0; k < 6 && alias_table[i][k]; k++)
-      if ((h = fold_bare(alias_table[i][k], have, sizeof have)) && strcmp(w, h) == 0) return alias_table[i][0];
-  return NULL;
-}
-
-const char *const *pw_schedule_aliases(const char *canon) {
-  static const char *const none[] = {NULL};
-  for (int i = 0; i < N_ALIAS_ROWS; i++)
-    if (canon && strcmp(canon, alias_table[i][0]) == 0) return &alias_table[i][1];
-  return none;
-}
-
 /* ---- the sections ---------------------------------------------------- */
 
 static const char *const mode_names[] = {"train", "forward", "serve"}; /* pw_mode */
 static const char *const part_names[] = {"even", "markers", "balanced", "explicit"}; /* pw_partition_mode */
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
-static const char *const data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift"};
-static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
 static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
 static const char *const precision_names[] = {"fp32", "bf16"};       /* pw_precision */
 
@@ -217,17 +151,6 @@ static const pw__field opt_fields[] = {
     PW__NUM("eps", PW__LO_OPEN, O_ADAMW, pw_optim_spec, eps, 1e-8, 0, PW__NOLIM),
     PW__NUM("weight_decay", PW__NODEF, PW__ALL, pw_optim_spec, weight_decay, 0, 0, PW__NOLIM),
     PW__NUM("momentum", PW__HI_OPEN, O_SGD, pw_optim_spec, momentum, 0, 0, 1),
-};
-
-#define D_TEXT ((1u << PW_DATA_TEXT) | (1u << PW_DATA_TOKENS)) /* kinds read from a file */
-static const pw__field data_fields[] = {
-    PW__ENUM("kind", PW__REQ, PW__ALL, pw_data_spec, kind, 0, data_names),
-    PW__STR("path", 0, D_TEXT, pw_data_spec, path),
-    PW__STR("dataset", 0, D_TEXT, pw_data_spec, dataset),
-    PW__ENUM("sampler", 0, D_TEXT, pw_data_spec, sampler, PW_SAMPLER_RANDOM, sampler_names),
-    PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
-            1),
-    PW__INT("keys", 0, 1u << PW_DATA_SHIFT, pw_data_spec, keys, 4, 1, 1 << 16),
 };
 
 static int name_parse(const json_t *root, pw_job *job, pw_err *err) {
@@ -455,110 +378,6 @@ static int partition_parse(const json_t *o, const pw_model_spec *m, pw_partition
   return 0;
 }
 
-int pw_data_id_valid(const char *s) {
-  size_t n = 0;
-  for (; s[n]; n++)
-    if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f'))) return 0;
-  return n == 64;
-}
-
-/* data.path as given if it exists from here; else base_dir/path if that
- * exists; else as given (the dataset opener reports it missing). */
-static void data_path_resolve(pw_data_spec *d, const char *base_dir) {
-  if (d->path[0] == '/' || access(d->path, F_OK) == 0 || !base_dir || !base_dir[0]) return;
-  char joined[sizeof d->path];
-  int n = snprintf(joined, sizeof joined, "%s/%s", base_dir, d->path);
-  if (n > 0 && (size_t)n < sizeof joined && access(joined, F_OK) == 0) memcpy(d->path, joined, (size_t)n + 1);
-}
-
-static int data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_err *err) {
-  int kind = 0, rc;
-  if ((rc = pw__enum_get(o, "data", "kind", data_names, PW__N(data_names), -1, &kind, err))) return rc;
-  char ctx[32];
-  snprintf(ctx, sizeof ctx, "kind %s", data_names[kind]);
-  if ((rc = pw__fields_parse(o, "data", data_fields, PW__N(data_fields), 1u << kind, ctx, d, err)))
-    return rc;
-  if (!((1u << kind) & D_TEXT)) return 0;
-  if (!d->path[0] && !d->dataset[0])
-    return pw_err_set(err, PW_ESPEC, "data", "kind %s needs data.path (a file) or data.dataset (a stored dataset's id)",
-                      data_names[kind]);
-  if (d->dataset[0] && !pw_data_id_valid(d->dataset))
-    return pw_err_set(err, PW_ESPEC, "data.dataset", "must be a dataset id: 64 lowercase hex digits (its sha256)");
-  if (d->path[0] && !d->dataset[0]) data_path_resolve(d, base_dir);
-  return 0;
-}
-
-/* "init": {"checkpoint": ID} or {"job": J, "step": N[, "optimizer": true]};
- * the coordinator's resolved form has both (and optimizer_checkpoint). */
-static int init_id(const json_t *o, const char *key, char out[65], pw_err *err) {
-  const json_t *v = json_object_get(o, key);
-  if (!v) return 0;
-  char path[48];
-  snprintf(path, sizeof path, "init.%s", key);
-  if (!json_is_string(v) || !pw_data_id_valid(json_string_value(v)))
-    return pw_err_set(err, PW_ESPEC, path, "must be a stored weights id: 64 lowercase hex digits (its sha256)");
-  memcpy(out, json_string_value(v), 65);
-  return 0;
-}
-
-static int init_parse(const json_t *o, pw_init_spec *in, pw_err *err) {
-  memset(in, 0, sizeof *in);
-  if (!o) return 0;
-  const char *key;
-  const json_t *v;
-  static const char *const keys[] = {"checkpoint", "job", "step", "optimizer", "optimizer_checkpoint"};
-  const int n_keys = (int)(sizeof keys / sizeof keys[0]);
-  json_object_foreach((json_t *)o, key, v) {
-    int known = 0;
-    for (int i = 0; i < n_keys; i++) known |= !strcmp(key, keys[i]);
-    char near[96];
-    if (!known)
-      return pw_err_set(err, PW_ESPEC, "init", "unknown field \"%.64s\" (checkpoint, or job and step, optimizer)%s",
-                        key, pw_suggest_text(key, keys, n_keys, "", near, sizeof near));
-  }
-  int rc;
-  if ((rc = init_id(o, "checkpoint", in->checkpoint, err)) ||
-      (rc = init_id(o, "optimizer_checkpoint", in->optimizer_checkpoint, err)))
-    return rc;
-  const json_t *job = json_object_get(o, "job"), *step = json_object_get(o, "step"), *opt = json_object_get(o, "optimizer");
-  if (job && (!json_is_integer(job) || json_integer_value(job) < 1))
-    return pw_err_set(err, PW_ESPEC, "init.job", "must be a job id (an integer >= 1)");
-  if (step && (!json_is_integer(step) || json_integer_value(step) < 0 || json_integer_value(step) > 2147483647))
-    return pw_err_set(err, PW_ESPEC, "init.step", "must be a step (an integer >= 0)");
-  if (!!job != !!step)
-    return pw_err_set(err, PW_ESPEC, job ? "init.step" : "init.job", "init.job and init.step go together");
-  if (opt && !json_is_boolean(opt)) return pw_err_set(err, PW_ESPEC, "init.optimizer", "must be true or false");
-  in->job = job ? (long long)json_integer_value(job) : 0;
-  in->step = step ? (int)json_integer_value(step) : 0;
-  in->optimizer = opt && json_is_true(opt);
-  if (!in->job && !in->checkpoint[0])
-    return pw_err_set(err, PW_ESPEC, "init", "give init.checkpoint (a stored weights id) or init.job and init.step");
-  if (in->optimizer && !in->job)
-    return pw_err_set(err, PW_ESPEC, "init.optimizer", "carrying the optimizer state needs init.job and init.step");
-  if (in->optimizer_checkpoint[0] && !in->optimizer)
-    return pw_err_set(err, PW_ESPEC, "init.optimizer_checkpoint", "is only used with \"optimizer\": true");
-  return 0;
-}
-
-static json_t *init_emit(const pw_init_spec *in) {
-  json_t *o = json_object();
-  if (!o) return NULL;
-  int bad = 0;
-  if (in->checkpoint[0]) bad |= json_object_set_new(o, "checkpoint", json_string(in->checkpoint));
-  if (in->job) {
-    bad |= json_object_set_new(o, "job", json_integer(in->job));
-    bad |= json_object_set_new(o, "step", json_integer(in->step));
-  }
-  if (in->optimizer) bad |= json_object_set_new(o, "optimizer", json_true());
-  if (in->optimizer_checkpoint[0])
-    bad |= json_object_set_new(o, "optimizer_checkpoint", json_string(in->optimizer_checkpoint));
-  if (bad) {
-    json_decref(o);
-    return NULL;
-  }
-  return o;
-}
-
 /* ---- rules across sections ------------------------------------------- */
 
 int pw_job_mb_size(const pw_job *job, pw_err *err) {
@@ -586,25 +405,26 @@ static int cross_check(const pw_job *job, pw_err *err) {
                       job->train.zero, job->mesh.dp);
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
-                      "a token model needs kind text, tokens, copy, reverse or shift (got %s)", data_names[d->kind]);
+                      "a token model needs kind text, tokens, copy, reverse or shift (got %s)",
+                      pw__data_names[d->kind]);
   for (int r = 0; r < m->n_regions; r++)
     if (m->regions[r].has_input && m->regions[r].input == PW_INPUT_FEATURES && d->kind != PW_DATA_SHIFT) {
       char path[48];
       snprintf(path, sizeof path, "model.regions[%d].input", r);
       return pw_err_set(err, PW_ESPEC, path, "features per position come with data kind shift (got %s)",
-                        data_names[d->kind]);
+                        pw__data_names[d->kind]);
     }
   if (!tokens && token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "a features model (%s) needs kind regression or classify (got %s)",
-                      m->tmpl == PW_TEMPLATE_MLP ? "mlp" : "features input", data_names[d->kind]);
+                      m->tmpl == PW_TEMPLATE_MLP ? "mlp" : "features input", pw__data_names[d->kind]);
   if (!tokens) {
     int want = m->loss == PW_LOSS_MSE ? PW_DATA_REGRESSION : PW_DATA_CLASSIFY;
     if ((int)d->kind != want)
       return pw_err_set(err, PW_ESPEC, "data.kind", "%s with loss %s needs kind %s (got %s)",
                         m->tmpl == PW_TEMPLATE_MLP ? "mlp" : "a layers list",
-                        m->loss == PW_LOSS_MSE ? "mse" : "cross_entropy", data_names[want],
-                        data_names[d->kind]);
+                        m->loss == PW_LOSS_MSE ? "mse" : "cross_entropy", pw__data_names[want],
+                        pw__data_names[d->kind]);
   }
   if (d->kind == PW_DATA_TEXT && m->vocab_size < 256)
     return pw_err_set(err, PW_ESPEC,
@@ -679,8 +499,8 @@ static int job_parse(const json_t *root, const char *base_dir, pw_job *job, pw_e
    * cannot copy: unless the spec asks for snapshots, they default to off. */
   if (job->train.zero > 0 && job->mesh.dp > 1 && !json_object_get(train, "snapshot_every"))
     job->train.snapshot_every = 0;
-  if ((rc = data_parse(data, base_dir, &job->data, err))) return rc;
-  if ((rc = init_parse(init, &job->init, err))) return rc;
+  if ((rc = pw__data_parse(data, base_dir, &job->data, err))) return rc;
+  if ((rc = pw__init_parse(init, &job->init, err))) return rc;
   if ((rc = serve_parse(root, job, err))) return rc;
   return cross_check(job, err);
 }
@@ -809,9 +629,9 @@ json_t *pw_job_to_json(const pw_job *job) {
     bad |= json_object_set_new(ov, "betas", json_pack("[ff]", op->beta1, op->beta2));
 
   bad |= json_object_set_new(o, "data", v = json_object());
-  bad |= pw__fields_emit(v, data_fields, PW__N(data_fields), 1u << job->data.kind, &job->data);
+  bad |= pw__data_emit(v, &job->data);
   /* only when set: specs without init keep their canonical text (and plan hash) */
-  if (job->init.checkpoint[0] || job->init.job) bad |= json_object_set_new(o, "init", init_emit(&job->init));
+  if (job->init.checkpoint[0] || job->init.job) bad |= json_object_set_new(o, "init", pw__init_emit(&job->init));
   if (job->mode == PW_MODE_SERVE) {
     bad |= json_object_set_new(o, "serve", v = json_object());
     bad |= pw__fields_emit(v, serve_fields, PW__N(serve_fields), PW__ALL, &job->serve);

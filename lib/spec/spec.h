@@ -302,8 +302,9 @@ typedef struct {
   int feature_dim; /* a regions model's second input: float features (B,T,feature_dim); 0 = none */
 } pw_data_shape;
 
-/* The nine schedule names, in the order docs/schedules.md gives them. */
-extern const char *const pw_schedule_names[];
+/* The nine schedule names, in the order docs/schedules.md gives them
+ * (spec_schedules.c; sized here, so the field table of spec.c can count them). */
+extern const char *const pw_schedule_names[9];
 extern const int pw_n_schedule_names;
 /* The canonical name of a schedule written another way, or NULL: case,
  * '-' and '_' do not count ("GPipe", "ZB_H1", "KimiK2", "Interleaved1F1B"),

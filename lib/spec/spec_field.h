@@ -122,6 +122,16 @@ PW_MUST_CHECK int pw__regions_parse(const json_t *model, pw_model_spec *m, pw_er
 PW_MUST_CHECK int pw__regions_emit(json_t *model, const pw_model_spec *m);
 PW_MUST_CHECK int pw__regions_settle(pw_job *job, const json_t *mesh, pw_err *err);
 
+/* The data and init sections (spec_data.c): the data kinds' names (by
+ * pw_data_kind), parse (the path prefixes are "data" and "init"; a
+ * relative data.path is tried from here, then from base_dir), and the
+ * canonical JSON (init: NULL when out of memory). */
+extern const char *const pw__data_names[];
+PW_MUST_CHECK int pw__data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_err *err);
+PW_MUST_CHECK int pw__data_emit(json_t *data, const pw_data_spec *d);
+PW_MUST_CHECK int pw__init_parse(const json_t *o, pw_init_spec *in, pw_err *err);
+json_t *pw__init_emit(const pw_init_spec *in);
+
 /* Where layers and stages go (spec_layout.c): mesh.placement,
  * partition.stages (mode explicit; `a` NULL when absent), the
  * stage_boundary hints of m copied into p (after p->mode is set: markers

@@ -150,7 +150,8 @@ def main():
     last_step = job["train"]["steps"] - 1
 
     def assign_all():
-        peers = [{"rank": r, "addr": registered[f"w{r}"].info["data_addr"]} for r in range(n)]
+        peers = [{"rank": r, "addr": registered[f"w{r}"].info["data_addr"],
+                  "host": registered[f"w{r}"].info.get("host") or f"worker:w{r}"} for r in range(n)]
         for r in range(n):
             c = registered[f"w{r}"]
             c.rank = r
@@ -197,7 +198,7 @@ def main():
                     result["registrations"] += 1
                     c.info = m
                     registered[m["name"]] = c
-                    send_msg(c.sock, {"type": "welcome", "version": 3, "worker_id": len(registered),
+                    send_msg(c.sock, {"type": "welcome", "version": 4, "worker_id": len(registered),
                                       "heartbeat_interval": 0.5, **({"http_url": a.http_url} if a.http_url else {})})
                 elif t == "step":
                     result["step_reports"] += 1

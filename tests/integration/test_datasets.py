@@ -212,7 +212,7 @@ def refusals(api, root, tok):
 
 def welcome(ports):
     s = socket.create_connection(("127.0.0.1", ports["control"]), timeout=10)
-    reg = json.dumps({"type": "register", "version": 3, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
+    reg = json.dumps({"type": "register", "version": 4, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
                       "cores": 1, "threads": 1, "software": "test"}).encode()
     s.sendall(struct.pack(">I", len(reg)) + reg)
     buf = b""

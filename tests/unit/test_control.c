@@ -81,7 +81,8 @@ static const example examples[] = {
     {"refused", PW_CONTROL_TO_WORKER, "{\"type\":\"refused\",\"reason\":\"wrong token\"}", "reason:s", ""},
     {"assign", PW_CONTROL_TO_WORKER,
      "{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{\\\"version\\\":1}\","
-     "\"slice_sha256\":\"9b1f\",\"peers\":[{\"rank\":0,\"addr\":\"127.0.0.1:7000\"},{\"rank\":1,\"addr\":\"127.0.0.1:7001\"}],"
+     "\"slice_sha256\":\"9b1f\",\"peers\":[{\"rank\":0,\"addr\":\"127.0.0.1:7000\",\"host\":\"m1\"},"
+     "{\"rank\":1,\"addr\":\"127.0.0.1:7001\",\"host\":\"m1\"}],"
      "\"steps\":10,\"start_step\":0,\"checkpoint_dir\":\"/ck\",\"resume\":\"/ck/5\",\"trace_every\":5}",
      "job:i run:i rank:i slice:s slice_sha256:s peers:P steps:i start_step:i",
      "checkpoint_dir:s resume:s trace_every:i"},
@@ -174,8 +175,14 @@ static void test_validate_details(void **state) {
       {"{\"type\":\"\"}", "type: unknown message type \"\""},
       /* assign: nested */
       {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
-       "\"peers\":[{\"rank\":0,\"addr\":\"a:1\"},{\"rank\":1,\"addr\":7}],\"steps\":1,\"start_step\":0}",
+       "\"peers\":[{\"rank\":0,\"addr\":\"a:1\",\"host\":\"m\"},{\"rank\":1,\"addr\":7}],\"steps\":1,\"start_step\":0}",
        "assign.peers[1].addr: must be a string"},
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
+       "\"peers\":[{\"rank\":0,\"addr\":\"a:1\"}],\"steps\":1,\"start_step\":0}",
+       "assign.peers[0].host: is required"},
+      {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
+       "\"peers\":[{\"rank\":0,\"addr\":\"a:1\",\"host\":3}],\"steps\":1,\"start_step\":0}",
+       "assign.peers[0].host: must be a string"},
       {"{\"type\":\"assign\",\"job\":1,\"run\":0,\"rank\":1,\"slice\":\"{}\",\"slice_sha256\":\"0\","
        "\"peers\":[{\"addr\":\"a:1\"}],\"steps\":1,\"start_step\":0}",
        "assign.peers[0].rank: is required"},

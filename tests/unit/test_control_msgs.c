@@ -37,7 +37,7 @@ static const char *const full[] = {
     "{\"type\":\"welcome\",\"version\":2,\"worker_id\":4,\"heartbeat_interval\":0.5}",
     "{\"type\":\"refused\",\"reason\":\"r\"}",
     "{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
-    "\"peers\":[{\"rank\":0,\"addr\":\"h:1\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
+    "\"peers\":[{\"rank\":0,\"addr\":\"h:1\",\"host\":\"m\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
     "\"resume\":\"/r\",\"trace_every\":6,\"restore_step\":7,\"restore_from\":[3,0,2],\"serve_seqs\":8,"
     "\"serve_len\":9,\"serve_queue\":10}",
     "{\"type\":\"generate\",\"job\":1,\"run\":2,\"req\":3,\"prompt\":[4,5],\"max_tokens\":6,\"temperature\":0.5,"

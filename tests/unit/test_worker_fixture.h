@@ -56,8 +56,8 @@ static pw_run *wf_run(wf_job *f, int rank, int steps) {
   if (pw_slice_build(&f->job, &f->plan, rank, f->plan_sha, &text, hex, &err))
     fail_msg("slice of rank %d: %s", rank, pw_err_str(&err, b, sizeof b));
   json_t *peers = json_array();
-  for (int k = 0; k < f->plan.pp * f->plan.dp; k++)
-    if (k != rank) json_array_append_new(peers, json_pack("{s:i, s:s}", "rank", k, "addr", "127.0.0.1:9"));
+  for (int k = 0; k < f->plan.pp * f->plan.dp; k++) /* one machine */
+    json_array_append_new(peers, json_pack("{s:i, s:s, s:s}", "rank", k, "addr", "127.0.0.1:9", "host", "m"));
   pw_msg_assign a = {.job = WF_JOB, .run = 1, .rank = rank, .slice = text, .slice_sha256 = hex, .peers = peers,
                      .steps = steps, .start_step = 0, .trace_every = 0};
   pw_run *r = NULL;

@@ -14,7 +14,9 @@
  *
  * SNAP frames (worker/snaprun.c): a peer's snapshot is taken only from a
  * rank this one is the holder of (pw_snaprun_holder: the next rank on
- * another host), for a stage that rank runs, in part order 0, 1, 2, and
+ * another host, as the coordinator's host ids say, not the addresses: one
+ * machine reached at two addresses is one host, two machines behind one
+ * address are two; the spin before poll counts the same way), for a stage that rank runs, in part order 0, 1, 2, and
  * lands in a HELD entry of the run's store, reported once complete; a
  * restore only from the rank the assignment names for a local stage, at
  * its step, exactly the stage's size, into a RESTORE entry; header fields
@@ -25,6 +27,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -453,8 +456,22 @@ static int setup_dp(void **state) {
   return 0;
 }
 
-static void hosts(pw_run *r, const char *a, const char *b) {
-  for (int k = 0; k < r->n_ranks; k++) snprintf(r->peer_addr[k], sizeof r->peer_addr[k], "%s:%d", k < 2 ? a : b, 7001 + k);
+/* Ranks 0 and 1 are reached at address a on machine ma, ranks 2 and 3
+ * at b on mb: the coordinator's host ids decide, never the addresses. */
+static void hosts(pw_run *r, const char *a, const char *b, const char *ma, const char *mb) {
+  for (int k = 0; k < r->n_ranks; k++) {
+    snprintf(r->peer_addr[k], sizeof r->peer_addr[k], "%s:%d", k < 2 ? a : b, 7001 + k);
+    snprintf(r->peer_host[k], sizeof r->peer_host[k], "%s", k < 2 ? ma : mb);
+  }
+}
+
+/* cp.spin as pw_exec_spin_init sets it for `local` compute threads on
+ * this machine (one each: the run has no worker). */
+static double spin_for(int local) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  return cpus > 0 && local > cpus ? 0 : 1e-3;
 }
 
 static void test_snap_holder_by_host(void **state) {
@@ -464,17 +481,27 @@ static void test_snap_holder_by_host(void **state) {
   float data[3 * N];
   fill(data, 3 * N, 5.0f);
   pw_frame_hdr h;
-  /* one host: each rank's holder is the next rank; this one holds rank 3's */
-  hosts(r, "127.0.0.1", "127.0.0.1");
+  /* one host reached at two addresses (loopback, its LAN address): each
+   * rank's holder is the next rank; this one holds rank 3's */
+  hosts(r, "127.0.0.1", "192.168.1.7", "m1", "m1");
+  assert_int_equal(pw_exec_same_host(r, 0, 3), 1);
+  assert_int_equal(pw_snaprun_holder(r, 1), 2);
   assert_int_equal(pw_snaprun_holder(r, 2), 3);
+  pw_exec_spin_init(r); /* four compute threads here */
+  assert_true(r->cp.spin == spin_for(4));
   h = snap_hdr(1, HOLD, 0, 0, N);
   refused(r, 2, &h, "does not fit");
   snap_part(r, 3, 1, HOLD, 1, 0, data, N);
   snap_part(r, 3, 1, HOLD, 1, 1, data, N);
   snap_part(r, 3, 1, HOLD, 1, 2, data, N);
-  /* two hosts: a snapshot goes to the next rank on the other host, so
-   * this rank holds rank 2's and 3's, and no longer rank 1's */
-  hosts(r, "10.0.0.1", "10.0.0.2");
+  /* two hosts behind one address (a NAT): a snapshot goes to the next rank
+   * on the other host, so this rank holds rank 2's and 3's, and no longer
+   * rank 1's; two compute threads here */
+  hosts(r, "203.0.113.9", "203.0.113.9", "m1", "m2");
+  assert_int_equal(pw_exec_same_host(r, 0, 1), 1);
+  assert_int_equal(pw_exec_same_host(r, 0, 2), 0);
+  pw_exec_spin_init(r);
+  assert_true(r->cp.spin == spin_for(2));
   assert_int_equal(pw_snaprun_holder(r, 1), 2);
   assert_int_equal(pw_snaprun_holder(r, 2), 0);
   assert_int_equal(pw_snaprun_holder(r, 3), 0);
@@ -503,7 +530,7 @@ static void test_snap_holder_by_host(void **state) {
 static void test_snap_stage_out_of_range(void **state) {
   fx *x = *state;
   pw_run *r = x->r;
-  hosts(r, "10.0.0.1", "10.0.0.2"); /* rank 2 (pipeline rank 0) sends its snapshots here */
+  hosts(r, "10.0.0.1", "10.0.0.2", "m1", "m2"); /* rank 2 (pipeline rank 0) sends its snapshots here */
   /* a restore, as the assignment allows one from rank 2 of every stage */
   r->restore_step = 1;
   r->restore_from = malloc(2 * sizeof(int)); /* freed with the run */
@@ -525,7 +552,7 @@ static void test_snap_stage_out_of_range(void **state) {
 static void test_snap_purpose_out_of_range(void **state) {
   fx *x = *state;
   pw_run *r = x->r;
-  hosts(r, "10.0.0.1", "10.0.0.2");
+  hosts(r, "10.0.0.1", "10.0.0.2", "m1", "m2");
   pw_frame_hdr h = snap_hdr(1, 2, 0, 0, 8);
   refused(r, 2, &h, "unexpected SNAP frame");
   h = snap_hdr(1, 0, 0, 0, 8);
