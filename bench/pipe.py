@@ -99,7 +99,8 @@ def run(build, job, out, trace_every=1, env=None, timeout=300, worker_args=()):
                     elif t == "error":
                         res["errors"].append(m.get("message"))
             if not assigned and len(reg) == pp:
-                peers = [{"rank": r, "addr": reg[f"w{r}"][1]["data_addr"]} for r in range(pp)]
+                peers = [{"rank": r, "addr": reg[f"w{r}"][1]["data_addr"],
+                          "host": reg[f"w{r}"][1].get("host") or f"worker:w{r}"} for r in range(pp)]
                 for r in range(pp):
                     _send(reg[f"w{r}"][0], {
                         "type": "assign", "job": 1, "run": 1, "rank": r, "slice": slices[r]["slice"],
