@@ -97,7 +97,7 @@ def main():
         md.append(f"| {dp} | {z} | {v['dp_bytes'] / MiB:.1f} | {v['dp_bytes_planned'] / MiB:.1f} | "
                   f"{v['step_time'] * 1e3:.0f} |")
     md += ["", "The absolute RSS sits above the plan by the process baseline (about the same for every zero); the "
-           "drop is what sharding saves: zero 1 AdamW m and v to a 1/dp shard, zero 2 also the gradient arena to its shard plus two scratches of one node's weight gradients "
+           "drop is what sharding saves: zero 1 AdamW m and v to a 1/dp shard, zero 2 also the gradient arena to its shard plus one node's weight gradients of scratch "
            "and their pieces."]
     text = "\n".join(md) + "\n"
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
