@@ -46,11 +46,9 @@ static int stage_alloc(pw_run *r, int li) {
   if (arena_map(s, pw_prog_grad_numel(p))) return PW_ENOMEM;
   s->cap = pw_shard_max(tn, r->dp) < sc ? pw_shard_max(tn, r->dp) : sc;
   if (s->cap >= (size_t)1 << 28) return PW_ENOTSUP; /* a piece's offset goes in the value's 28 bits */
-  for (int k = 0; k < 2; k++) {
-    s->scratch[k] = pw_alloc_floats(sc ? sc : 1);
-    s->rx[k] = pw_alloc_floats(s->cap ? (size_t)(r->dp - 1) * s->cap : 1);
-    if (!s->scratch[k] || !s->rx[k]) return PW_ENOMEM;
-  }
+  s->scratch = pw_alloc_floats(sc ? sc : 1);
+  for (int k = 0; k < 2; k++) s->rx[k] = pw_alloc_floats(s->cap ? (size_t)(r->dp - 1) * s->cap : 1);
+  if (!s->scratch || !s->rx[0] || !s->rx[1]) return PW_ENOMEM;
   int rc = pw_prog_set_wgrad(p, s->arena, (const size_t(*)[2])s->live, s->n_live, full, x->n_full, s->scratch,
                              pw_gradrs_flush, s);
   if (!rc) pw_prog_zero_grad(p); /* maps the live pages now, as every arena is */
@@ -75,7 +73,7 @@ void pw_gradrs_free(pw_run *r) {
   for (int li = 0; g->st && li < r->n_ls; li++) {
     pw_gradrs_stage *s = &g->st[li];
     if (s->arena) munmap(s->arena, s->arena_bytes);
-    free(s->live), free(s->scratch[0]), free(s->scratch[1]), free(s->rx[0]), free(s->rx[1]);
+    free(s->live), free(s->scratch), free(s->rx[0]), free(s->rx[1]);
   }
   free(g->st);
   free(g);
@@ -119,15 +117,14 @@ static int meet(size_t a, size_t b, size_t lo, size_t hi, size_t *ia, size_t *ib
   return *ia < *ib;
 }
 
-/* Sends shard j of each span to replica j (an empty frame when none meets
- * it: every replica's pieces of every flush arrive, so none runs more than
- * one flush ahead) and makes this flush the pending one. */
-static int send_flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)[2], int ns) {
+static int flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)[2], int ns) {
   pw_run *r = s->run;
   pw_gradrs *g = r->cp.gradrs;
-  pw_gradrs_pend *q = &g->pend;
-  size_t tn = pw_prog_train_numel(r->ls[s->li].prog), ia, ib;
+  size_t tn = pw_prog_train_numel(r->ls[s->li].prog), mine = 0, ia, ib;
   int rc = 0, met = 0;
+  /* shard j of each span to replica j, at `off` in its part; an empty
+   * frame when none meets it: every flush waits for every replica, so
+   * none runs more than one flush ahead */
   for (int j = 0; j < r->dp && !rc; j++) {
     size_t lo, hi, off = 0, at = 0;
     int n = 0;
@@ -138,58 +135,34 @@ static int send_flush(pw_gradrs_stage *s, const float *scratch, const size_t (*s
       off += ib - ia, n++;
     }
     if (j != r->replica && !n && !rc) rc = send_piece(r, s->li, j, 0, scratch, 0);
-    if (j == r->replica) met = n;
+    if (j == r->replica) mine = off, met = n;
   }
+  rx_ref want = {g->call, (size_t)(r->dp - 1) * (size_t)(met ? met : 1)};
+  if (!rc) rc = pw_exec_wait(r, rx_ready, &want);
   if (rc) return rc;
-  q->s = s, q->scratch = scratch, q->ns = ns, q->call = g->call++, q->want = (size_t)(r->dp - 1) * (size_t)(met ? met : 1);
-  memcpy(q->spans, spans, sizeof *spans * (size_t)ns);
-  return 0;
-}
-
-/* The pending flush: waits for the other replicas' pieces, adds the dp
- * copies of our part in replica order into our shard, and waits until our
- * own sends are written (its scratch is the node after next's). */
-static int finish_flush(pw_run *r) {
-  pw_gradrs *g = r->cp.gradrs;
-  pw_gradrs_pend *q = &g->pend;
-  if (!q->s) return 0;
-  pw_gradrs_stage *s = q->s;
-  rx_ref want = {q->call, q->want};
-  int rc = pw_exec_wait(r, rx_ready, &want);
-  if (rc) return rc;
+  /* our part: the dp copies in replica order, added into our shard */
   const float *in[PW_DPX_MAX];
-  size_t tn = pw_prog_train_numel(r->ls[s->li].prog), lo, hi, off = 0, at = 0, ia, ib;
+  size_t lo, hi, off = 0, at = 0;
   pw_shard_range(tn, r->dp, r->replica, &lo, &hi);
-  for (int k = 0; k < q->ns; at += q->spans[k][1], k++) {
-    if (!meet(q->spans[k][0], q->spans[k][0] + q->spans[k][1], lo, hi, &ia, &ib)) continue;
+  for (int k = 0; k < ns && mine; at += spans[k][1], k++) {
+    if (!meet(spans[k][0], spans[k][0] + spans[k][1], lo, hi, &ia, &ib)) continue;
     for (int d = 0; d < r->dp; d++)
-      in[d] = d == r->replica ? q->scratch + at + (ia - q->spans[k][0])
-                              : s->rx[q->call & 1] + (size_t)slot_of(r, d) * s->cap + off;
+      in[d] = d == r->replica ? scratch + at + (ia - spans[k][0])
+                              : s->rx[g->call & 1] + (size_t)slot_of(r, d) * s->cap + off;
     pw_reduce_ordered_add(s->arena + ia, in, r->dp, ib - ia);
     off += ib - ia;
   }
+  /* the scratch is the next node's once the loop wrote our pieces */
   if ((rc = pw_exec_wait(r, sent, NULL))) return rc;
-  q->s = NULL;
+  g->call++;
   return 0;
 }
 
-/* A node's pieces go out and the compute thread goes on to the next node
- * while they travel; the flush before is finished first (the program's
- * other scratch is the next node's, so it must be free). */
 int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans) {
   pw_gradrs_stage *s = ctx;
   double t0 = pw_now();
-  int rc = n_spans > 2 ? PW_EINVAL : finish_flush(s->run);
-  if (!rc) rc = send_flush(s, scratch, spans, n_spans);
+  int rc = flush(s, scratch, spans, n_spans);
   s->run->cp.dp_seconds += pw_now() - t0;
-  return rc;
-}
-
-int pw_gradrs_drain(pw_run *r) {
-  if (!r->cp.gradrs) return 0;
-  double t0 = pw_now();
-  int rc = finish_flush(r);
-  r->cp.dp_seconds += pw_now() - t0;
   return rc;
 }
 
@@ -203,11 +176,11 @@ static int fits(pw_run *r, int from, const pw_frame_hdr *h, int *li, pw_err *err
   size_t off = h->value >> 4, n = (size_t)(h->payload_len / sizeof(float));
   *li = h->stage < (uint32_t)r->S ? r->lidx_of_stage[h->stage] : -1;
   if (!g || *li < 0 || d >= r->dp || d == r->replica || from != peer(r, d) || h->dtype != PW_DTYPE_F32 ||
-      (h->step != g->call - 1 && h->step != g->call) || off + n > g->st[*li].cap)
+      (h->step != g->call && h->step != g->call + 1) || off + n > g->st[*li].cap)
     return pw_err_set(err, PW_EPROTO, "frame",
                       "gradient piece (flush %u, offset %zu, %zu floats) for stage %u from rank %d does not fit (at "
                       "flush %u)",
-                      h->step, off, n, h->stage, from, g ? g->call - 1 : 0);
+                      h->step, off, n, h->stage, from, g ? g->call : 0);
   return 0;
 }
 

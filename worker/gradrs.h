@@ -13,18 +13,15 @@
  * other node's gradients to pw_gradrs_flush from a scratch
  * (pw_prog_set_wgrad).
  *
- * The flush runs inside the action, the k-th flush of a run being the
- * same one on every replica (they run the same action lists over the same
- * programs): shard j of each span goes to replica j (an empty frame when
- * no span meets shard j), and the compute thread goes on to the next node
- * while the pieces travel. The next flush (or pw_gradrs_drain at the step
- * end) first finishes this one: waits for the other replicas' frames,
- * adds the dp copies of our part in replica order and that sum into our
- * shard, and waits until our own sends are written — the program writes
- * the node after next into this scratch (it has two, taking turns). A
- * replica is at most one flush ahead of us (to send flush k+1 it must
- * have finished k, which needs our frames of k), so the copies land in one
- * of two buffers by the flush's parity.
+ * The flush is blocking, inside the action, the k-th flush of a run being
+ * the same one on every replica (they run the same action lists over the
+ * same programs): shard j of each span goes to replica j (an empty frame
+ * when no span meets shard j); we wait for the other replicas' frames,
+ * add the dp copies of our part in replica order and that sum into our
+ * shard, and wait until our own sends are written (the scratch is the
+ * next node's). A replica is at most one flush ahead of us (it needs our
+ * frame to finish its own), so the copies land in one of two buffers by
+ * the flush's parity.
  *
  * Frames: REDUCE with step = the flush's index over the run, microbatch =
  * the sender's replica, stage = the stage, value = PW_GRADRS_PIECE | off <<
@@ -50,24 +47,14 @@ typedef struct {
   size_t arena_bytes;    /* of the mapping */
   size_t (*live)[2];     /* [n_live] {offset, end}: our shard of the main part, the full ranges */
   int n_live;
-  float *scratch[2];     /* [pw_dp_wgrad_floats] one node's gradients of one microbatch, in turns */
+  float *scratch;        /* [pw_dp_wgrad_floats] one node's gradients of one microbatch */
   float *rx[2];          /* per flush parity: [(dp-1) * cap] our part from each other replica */
   size_t cap;            /* floats of a piece at most */
 } pw_gradrs_stage;
 
-typedef struct {         /* the flush sent, not finished */
-  pw_gradrs_stage *s;     /* NULL: none */
-  const float *scratch;   /* its parts, which the program leaves alone until then */
-  size_t spans[2][2];
-  int ns;
-  uint32_t call;
-  size_t want;            /* frames from the other replicas */
-} pw_gradrs_pend;
-
 typedef struct {
   pw_gradrs_stage *st;   /* [n_ls] */
-  uint32_t call;         /* flushes sent over the run */
-  pw_gradrs_pend pend;
+  uint32_t call;         /* flushes done over the run */
   uint32_t rx_call[2];   /* the flush whose pieces rx[parity] holds */
   size_t rx_got[2];      /* frames of them arrived */
   atomic_int pending;    /* our sends the loop thread still writes */
@@ -81,9 +68,6 @@ void pw_gradrs_free(pw_run *r);
 
 /* The programs' pw_prog_wgrad_fn (ctx: the stage's pw_gradrs_stage). */
 int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans);
-/* Compute thread, before the step end reads the shards: finishes the last
- * flush. 0 without ZeRO-2. */
-PW_MUST_CHECK int pw_gradrs_drain(pw_run *r);
 
 /* Compute thread, sh.mu held: a REDUCE frame whose value's low 4 bits are
  * PW_GRADRS_PIECE. */

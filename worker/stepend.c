@@ -369,7 +369,6 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
   int rc, zero = pw_dpx_zero(r);
   r->cp.dp_t0 = -1; /* (bytes and seconds count from the step's start: zero 2 sends inside actions) */
   if (r->spec.mode != PW_MODE_FORWARD) {
-    if ((rc = pw_gradrs_drain(r))) return rc; /* zero 2's last node */
     if (r->dp > 1 && (rc = zero ? pw_dpx_reduce_full(r) : pw_dpx_allreduce(r))) return rc;
     for (int li = 0; li < r->n_ls; li++) pw_prog_grads_finalize(r->ls[li].prog);
     if (r->part.n_shared && (rc = tied_exchange(r))) return rc;

@@ -74,8 +74,7 @@ struct pw_prog {
   size_t (*live)[2];             /* [n_live] the ranges of arena_g that exist */
   int n_live;
   unsigned char *wg_part;        /* [local node] bit k: part k (w, b) goes through the scratch */
-  float *wg_scratch[2];          /* alternating: fn may still read the last one */
-  int wg_turn;
+  float *wg_scratch;
   pw_prog_wgrad_fn wg_fn;
   void *wg_ctx;
   int wg_rc;
@@ -434,7 +433,7 @@ void pw_prog_zero_grad(pw_prog *p) {
 /* ---- ZeRO-2's lent arena and weight-gradient scratch --------------------- */
 
 int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
-                      int n_direct, float *const scratch[2], pw_prog_wgrad_fn fn, void *ctx) {
+                      int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx) {
   const pw_prog_layout *L = &p->L;
   int nl = L->node_hi - L->node_lo;
   p->arena_g = g;
@@ -447,8 +446,7 @@ int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live,
   memcpy(p->live, live, sizeof *p->live * (size_t)n_live);
   p->n_live = n_live;
   for (int i = 0; i < nl; i++) p->wg_part[i] = (unsigned char)pw_dp_wgrad_parts(p->m, L, i, direct, n_direct);
-  p->wg_scratch[0] = scratch ? scratch[0] : NULL, p->wg_scratch[1] = scratch ? scratch[1] : NULL;
-  p->wg_fn = fn, p->wg_ctx = ctx;
+  p->wg_scratch = scratch, p->wg_fn = fn, p->wg_ctx = ctx;
   return 0;
 }
 
@@ -462,17 +460,16 @@ static int wg_begin(pw_prog *p, int i, pw_kernel_io *io, size_t (*spans)[2]) {
   for (int k = 0; k < 2; k++) {
     if (!(p->wg_part[li] >> k & 1)) continue;
     size_t off = k ? p->L.node_db[li] : p->L.node_dw[li], len = p->m->params[k ? n->b : n->w].numel;
-    *(k ? &io->db : &io->dw) = p->wg_scratch[p->wg_turn] + at;
+    *(k ? &io->db : &io->dw) = p->wg_scratch + at;
     spans[ns][0] = off, spans[ns][1] = len, ns++;
     at += len;
   }
-  memset(p->wg_scratch[p->wg_turn], 0, at * sizeof(float));
+  memset(p->wg_scratch, 0, at * sizeof(float));
   return ns;
 }
 
 static void wg_end(pw_prog *p, const size_t (*spans)[2], int ns) {
-  if (ns && !p->wg_rc) p->wg_rc = p->wg_fn(p->wg_ctx, p->wg_scratch[p->wg_turn], spans, ns);
-  p->wg_turn ^= ns != 0;
+  if (ns && !p->wg_rc) p->wg_rc = p->wg_fn(p->wg_ctx, p->wg_scratch, spans, ns);
 }
 
 /* ---- per node -------------------------------------------------------- */

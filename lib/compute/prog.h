@@ -186,18 +186,15 @@ PW_MUST_CHECK int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, 
  * `live` exist (pw_prog_zero_grad zeroes those, nothing else). A node's
  * weight gradients accumulate in the arena only where their range lies
  * inside one of the n_direct ranges `direct`; the others (the parameters
- * of one node, w's then b's) are computed per microbatch into a scratch
+ * of one node, w's then b's) are computed per microbatch into `scratch`
  * (zeroed first; pw_dp_wgrad_floats floats) and handed to fn right after
  * the node's backward-weight: spans[k] = {arena offset, floats} of
- * scratch's consecutive parts. The two scratches take turns, so fn may
- * keep reading one until its next call (the next node writes the other);
- * a fn done with it at once may pass the same buffer twice. fn adds the
- * parts where they belong and returns 0 or a negative code; the first
- * failure is kept and returned by the entry point. Once, before any entry
- * point. */
+ * scratch's consecutive parts. fn adds them where they belong and returns
+ * 0 or a negative code; the first failure is kept and returned by the
+ * entry point. Once, before any entry point. */
 typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans);
 PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
-                                     int n_direct, float *const scratch[2], pw_prog_wgrad_fn fn, void *ctx);
+                                     int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx);
 
 /* n zeroed floats with every page mapped now (2 MiB aligned, transparent
  * huge pages asked for, from 2 MiB up): the arenas of programs and of

@@ -132,7 +132,7 @@ size_t pw_dp_wgrad_floats(const pw_model *m, const pw_prog_layout *L, const size
 
 size_t pw_dp_wgrad_bufs_floats(size_t scratch, size_t train_numel, int dp) {
   size_t smax = pw_shard_max(train_numel, dp), piece = scratch < smax ? scratch : smax;
-  return dp < 2 ? 0 : 2 * scratch + 2 * (size_t)(dp - 1) * piece;
+  return dp < 2 ? 0 : scratch + 2 * (size_t)(dp - 1) * piece;
 }
 
 uint64_t pw_dp_wgrad_bytes(const pw_model *m, const pw_prog_layout *L, const size_t (*full)[2], int n_full, int dp,

@@ -87,16 +87,15 @@ size_t pw_dp_floats(size_t grad_numel, size_t train_numel, size_t full, int dp, 
  * microbatch into a scratch of pw_dp_wgrad_floats floats, and at once
  * reduce-scattered over the replicas: shard j of each span to replica j,
  * which adds the dp copies in replica order and that sum into its shard
- * (pw_reduce_ordered_add). Buffers: two scratches (a node's exchange
- * overlaps the next node's computing) and, per call parity, a piece from
- * each other replica (pw_dp_wgrad_bufs_floats). */
+ * (pw_reduce_ordered_add). Buffers: the scratch and, per call parity, a
+ * piece from each other replica (pw_dp_wgrad_bufs_floats). */
 /* Bit k set: part k (0 the node's w, 1 its b) of local node `node` (0 =
  * L->node_lo) has a gradient outside the n_full ranges `full`. */
 int pw_dp_wgrad_parts(const pw_model *m, const pw_prog_layout *L, int node, const size_t (*full)[2], int n_full);
 /* The largest node's such gradients: the scratch. */
 size_t pw_dp_wgrad_floats(const pw_model *m, const pw_prog_layout *L, const size_t (*full)[2], int n_full);
-/* Two scratches plus receive buffers: 2 parities x (dp - 1) pieces of at
- * most min(scratch, the longest shard of train_numel) floats. */
+/* Scratch plus receive buffers: 2 parities x (dp - 1) pieces of at most
+ * min(scratch, the longest shard of train_numel) floats. */
 size_t pw_dp_wgrad_bufs_floats(size_t scratch, size_t train_numel, int dp);
 /* Bytes replica `me` sends per microbatch of a stage: every span but the
  * part in its own shard. */

@@ -10,13 +10,11 @@
  *     bytes per microbatch: over the replicas exactly (dp - 1) x the
  *     redirected floats;
  *   - a GPT with tied embeddings (a shadow: a full range) trained one
- *     microbatch through a lent arena and the two scratches, each call's
- *     spans added by the sink into the arena only at the next call (as
- *     gradrs.c overlaps a node's exchange with the next node), has the
- *     plain program's gradients bit for bit (0 + g is g); two microbatches
- *     agree to float rounding (the scratch sums each microbatch apart); the
- *     sink saw every redirected part once per microbatch, never a full
- *     range, and never the scratch it still held. */
+ *     microbatch through a lent arena and the scratch, its spans added by
+ *     the sink into the arena, has the plain program's gradients bit for
+ *     bit (0 + g is g); two microbatches agree to float rounding (the
+ *     scratch sums each microbatch apart); the sink saw every redirected
+ *     part once per microbatch and never a full range. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -108,9 +106,9 @@ static void test_sizes(void **st) {
                redirected);
   }
   assert_int_equal(pw_dp_wgrad_bytes(&m, &L, f, nf, 1, 0), 0);
-  /* 2 scratches + 2 parities x (dp-1) pieces of min(scratch, longest shard) */
-  assert_int_equal(pw_dp_wgrad_bufs_floats(10, 100, 3), 2 * 10 + 2 * 2 * 10);
-  assert_int_equal(pw_dp_wgrad_bufs_floats(100, 100, 3), 2 * 100 + 2 * 2 * 34);
+  /* scratch + 2 parities x (dp-1) pieces of min(scratch, longest shard) */
+  assert_int_equal(pw_dp_wgrad_bufs_floats(10, 100, 3), 10 + 2 * 2 * 10);
+  assert_int_equal(pw_dp_wgrad_bufs_floats(100, 100, 3), 100 + 2 * 2 * 34);
   assert_int_equal(pw_dp_wgrad_bufs_floats(100, 100, 1), 0);
   /* zero 2 keeps one shard (the one sent), no received ones; sends no reduce-scatter at the step end */
   assert_int_equal(pw_dp_floats(1000, 900, 0, 3, 2, 16), 300 + 2 * 16);
@@ -121,38 +119,20 @@ static void test_sizes(void **st) {
 
 /* ---- the program's scratch ----------------------------------------------------- */
 
-/* Adds each call's parts at the next call (or drain), as worker/gradrs.c
- * does: right only if the program wrote the next node into the other
- * scratch. */
 typedef struct {
   float *arena;
   const size_t (*full)[2];
   int n_full, calls;
-  const float *pend; /* the last call's scratch, not added yet */
-  size_t pend_spans[2][2];
-  int pend_n;
 } sink;
-
-static void drain(sink *s) {
-  const float *scratch = s->pend;
-  for (int k = 0; k < s->pend_n; k++) {
-    for (size_t i = 0; i < s->pend_spans[k][1]; i++) s->arena[s->pend_spans[k][0] + i] += scratch[i];
-    scratch += s->pend_spans[k][1];
-  }
-  s->pend_n = 0;
-}
 
 static int add_spans(void *ctx, const float *scratch, const size_t (*spans)[2], int n) {
   sink *s = ctx;
-  if (n > 2) fail_msg("%d spans: a node has a weight and a bias", n);
-  if (s->pend_n && scratch == s->pend) fail_msg("call %d: the scratch the last call's parts are still in", s->calls);
-  drain(s);
   for (int k = 0; k < n; k++) {
     for (int r = 0; r < s->n_full; r++)
       if (spans[k][0] < s->full[r][1] && s->full[r][0] < spans[k][0] + spans[k][1]) fail_msg("a full range redirected");
-    s->pend_spans[k][0] = spans[k][0], s->pend_spans[k][1] = spans[k][1];
+    for (size_t i = 0; i < spans[k][1]; i++) s->arena[spans[k][0] + i] += scratch[i];
+    scratch += spans[k][1];
   }
-  s->pend = scratch, s->pend_n = n;
   s->calls++;
   return 0;
 }
@@ -185,10 +165,9 @@ static void test_scratch_equals_arena(void **st) {
   int nf = pw_dp_full_ranges(&m, L, NULL, 0, full);
   const size_t(*f)[2] = (const size_t(*)[2])full;
   size_t gn = pw_prog_grad_numel(lent);
-  size_t sc = pw_dp_wgrad_floats(&m, L, f, nf);
-  float *arena = malloc(gn * sizeof(float)), *const two[2] = {malloc(sc * sizeof(float)), malloc(sc * sizeof(float))};
-  sink s = {arena, f, nf, 0, NULL, {{0}}, 0};
-  assert_int_equal(pw_prog_set_wgrad(lent, arena, (const size_t(*)[2])whole, 1, f, nf, two, add_spans, &s), 0);
+  float *arena = malloc(gn * sizeof(float)), *scratch = malloc(pw_dp_wgrad_floats(&m, L, f, nf) * sizeof(float));
+  sink s = {arena, f, nf, 0};
+  assert_int_equal(pw_prog_set_wgrad(lent, arena, (const size_t(*)[2])whole, 1, f, nf, scratch, add_spans, &s), 0);
   for (size_t i = 0; i < gn; i++) arena[i] = 1.0f;
   pw_prog_zero_grad(lent); /* the live ranges: here the whole arena */
   pw_prog_zero_grad(plain);
@@ -196,7 +175,6 @@ static void test_scratch_equals_arena(void **st) {
   for (int i = 0; i < L->node_hi - L->node_lo; i++) flushes += pw_dp_wgrad_parts(&m, L, i, f, nf) != 0;
   for (int mb = 0; mb < 2; mb++) {
     microbatch(plain, &m, 40 + (uint64_t)mb), microbatch(lent, &m, 40 + (uint64_t)mb);
-    drain(&s); /* the step end's */
     assert_int_equal(s.calls, (mb + 1) * flushes);
     const float *a = pw_prog_grads(plain);
     assert_ptr_equal(pw_prog_grads(lent), arena);
@@ -208,7 +186,7 @@ static void test_scratch_equals_arena(void **st) {
     }
   }
   pw_prog_free(plain), pw_prog_free(lent);
-  free(arena), free(two[0]), free(two[1]);
+  free(arena), free(scratch);
   pw_model_free(&m);
 }
 
