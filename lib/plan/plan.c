@@ -254,14 +254,9 @@ static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fi
 }
 
 /* train.zero > 0 at dp > 1 in training: each stage's zero_sizes into
- * *out ([S], NULL otherwise). Zero 2 reduce-scatters a microbatch's weight
- * gradients inside the W (or B) that makes them, node by node, each
- * node's pieces travelling while the next node computes (worker/gradrs.c):
- * so the action lasts the longer of its compute and its exchange (one
- * latency per flush and the bytes over the bandwidth). The last node's
- * pieces are finished by the next flush or at the step end, which this
- * leaves out, as it leaves out the first node's compute the exchange
- * cannot overlap: one node either way. */
+ * *out ([S], NULL otherwise); zero 2's reduce-scatter of one microbatch's
+ * weight gradients runs inside the W (or B) that makes them, blocking, one
+ * exchange per flush (worker/gradrs.c): it goes into those actions' costs. */
 static int plan_zero(const pw_job *job, pw_plan *p, zero_sizes **out, pw_err *err) {
   int zero = p->sched->forward_only || p->dp < 2 ? 0 : job->train.zero;
   *out = NULL;
@@ -269,9 +264,9 @@ static int plan_zero(const pw_job *job, pw_plan *p, zero_sizes **out, pw_err *er
   zero_sizes *z = *out = calloc((size_t)p->S, sizeof *z);
   for (int s = 0; s < p->S; s++) {
     if (!z || zero_sizes_of(p, s, zero, &z[s])) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
-    double x = z[s].flushes * p->latency + pw_plan_wire_seconds(p, (double)z[s].wsent);
-    if (x > p->cost_w[s]) p->cost_w[s] = x;
-    if (x > p->cost_b[s]) p->cost_b[s] = x;
+    double sec = z[s].flushes * p->latency + pw_plan_wire_seconds(p, (double)z[s].wsent);
+    p->cost_w[s] += sec;
+    p->cost_b[s] += sec;
   }
   return 0;
 }

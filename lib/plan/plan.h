@@ -85,8 +85,7 @@ typedef struct {
   double dp_seconds; /* the step end's part of it on the plan's link (latency per chunk sent and
                          its bytes / bandwidth; after the pipeline's last action, not in the
                          simulated makespan); zero 2's per-microbatch reduce-scatters are not
-                         here but in the W (or B) that makes them (cost_w, cost_b: at least
-                         that long) */
+                         here but in the W (or B) that makes them (cost_w, cost_b) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are; zero 2 has no
                          whole gradient arena: m and v); the other
@@ -120,9 +119,8 @@ typedef struct {
   pw_sched *sched;
   pw_sim_result *sim;
   double *cost_f, *cost_i, *cost_w, *cost_b; /* [S] seconds per microbatch (with the exchanges run
-                                                inside them: tensor parallel's added to F and I;
-                                                W and B at least ZeRO-2's reduce-scatter, which
-                                                overlaps their compute) */
+                                                inside them: tensor parallel's in F and I, ZeRO-2's
+                                                reduce-scatter in W and B) */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
   pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
@@ -232,9 +230,8 @@ int pw_plan_rank_stages(const pw_plan *p, int r, int *stages, int cap);
  * "data", "snapshots"}, "dp_bytes_per_step", "dp_seconds_per_step" and
  * "snapshot_bytes_per_step", "snapshot_seconds_per_step", "snapshot_share";
  * a training plan "snapshots" (pw_plan_snap_json). A remat stage's costs
- * "b" and "i" include its F again (the recompute); a zero 2 stage's "w"
- * and "b" are at least its reduce-scatter of the microbatch's weight
- * gradients, which overlaps their compute. A regions model adds "regions": the comparison of
+ * "b" and "i" include its F again (the recompute), a zero 2 stage's "w"
+ * and "b" its reduce-scatter of the microbatch's weight gradients. A regions model adds "regions": the comparison of
  * pw_regions_compare_json (each region's ranks, stages, schedule and
  * makespan alone; serial against concurrent). */
 json_t *pw_plan_json(const pw_job *job, const pw_plan *p);
