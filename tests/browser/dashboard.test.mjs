@@ -259,6 +259,14 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
       assert.equal(await page.locator('#plan-timeline [data-lane]').count(), PP);
       assert.equal(await page.locator('#plan-timeline [data-kind="W"]').count(), MICROBATCHES * PP,
                    'zb-h1 splits every backward: a W per microbatch and stage');
+      // each rank's in-memory snapshot bytes per step (snapshot_every defaults to 1), as the API plans them
+      const zb = (await api('/v1/plans?schedule=zb-h1', {method: 'POST', body: JSON.stringify(SPEC)})).json;
+      const kib = (x) => (x >= 1024 ? (x / 1024).toFixed(1) + ' KiB' : x.toFixed(0) + ' B');
+      for (const [k, r] of zb.analytics.ranks.entries()) {
+        assert.ok(r.snapshot_bytes_per_step > 0, `rank ${k}: the plan has snapshot bytes`);
+        assert.ok((await page.textContent(`#plan-ranks tbody tr:nth-child(${k + 1}) .plan-snap`))
+          .startsWith(`snap ${kib(r.snapshot_bytes_per_step)} \u00b7 `), `rank ${k} snap`);
+      }
       await shot('plan');
     });
 

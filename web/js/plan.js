@@ -255,8 +255,9 @@ PW.views.plan = function (root, params) {
             h("thead", null, h("tr", null, h("th", {class: "num"}, "rank"), h("th", null, "stages"),
               h("th", {class: "num"}, "busy"), h("th", {class: "num"}, "idle"), h("th", {class: "num"}, "peak act."),
               h("th", {class: "num"}, "pending W"), h("th", {class: "num"}, "actions"),
-              h("th", {class: "num", title: "bytes sent per step in the data-parallel exchange (replica 0's) and the " +
-                "tensor-parallel all-reduces, and their time on the link model"}, "collectives / step"))),
+              h("th", {class: "num", title: "bytes sent per step in the data-parallel exchange (replica 0's), the " +
+                "tensor-parallel all-reduces and the in-memory snapshots (per step: over train.snapshot_every), and " +
+                "their time on the link model"}, "sent / step"))),
             h("tbody", null, (an.ranks || []).map(function (r) {
               var stages = (part.stages || []).filter(function (s) { return s.rank === r.rank; })
                 .map(function (s) { return "s" + s.stage; }).join(" ");
@@ -266,8 +267,10 @@ PW.views.plan = function (root, params) {
                 h("td", {class: "num"}, r.actions),
                 h("td", {class: "num"}, comm("dp", r.dp_bytes_per_step, r.dp_seconds_per_step),
                   comm("tp", r.tp_bytes_per_step, r.tp_seconds_per_step),
-                  r.dp_bytes_per_step > 0 || r.tp_bytes_per_step > 0 ? null : d.DASH));
-            })))),
+                  comm("snap", r.snapshot_bytes_per_step, r.snapshot_seconds_per_step),
+                  r.dp_bytes_per_step > 0 || r.tp_bytes_per_step > 0 || r.snapshot_bytes_per_step > 0 ? null : d.DASH));
+            }))),
+          p.snapshots && p.snapshots.note ? h("p", {class: "note", id: "plan-snapshot-note"}, p.snapshots.note) : null),
         h("div", null, h("h3", null, "Partition"),
           h("table", {class: "grid", id: "plan-partition"},
             h("thead", null, h("tr", null, h("th", {class: "num"}, "stage"), h("th", {class: "num"}, "rank"),
