@@ -89,6 +89,19 @@ def fuzz_control(conn, seed):
         pass
 
 
+def proc_mem(pid):
+    """[minor faults, VmRSS, VmData] of a process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            flt = int(f.read().rsplit(")", 1)[1].split()[7])
+        with open(f"/proc/{pid}/status") as f:
+            st = {k: int(v.split()[0]) * 1024 for k, _, v in (ln.partition(":") for ln in f)
+                  if k in ("VmRSS", "VmData")}
+        return [flt, st.get("VmRSS", 0), st.get("VmData", 0)]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--job", required=True)
@@ -215,6 +228,8 @@ def main():
                         result.setdefault("tp_bytes", {}).setdefault(str(r), {})[k] = m["tp_bytes"]
                     # a step takes as long as its slowest rank
                     result["step_times"][k] = max(result["step_times"].get(k, 0.0), m.get("step_time", 0.0))
+                    # its worker's minor faults, VmRSS and VmData (bytes) as the report arrives
+                    result.setdefault("mem", {}).setdefault(str(r), {})[k] = proc_mem(procs[r].pid)
                     if "actions" in m and m["step"] == 1:
                         result["actions"][str(r)] = m["actions"]
                         result.setdefault("trace", {})[str(r)] = dict(m.get("trace", {}), step_time=m["step_time"])
