@@ -429,7 +429,7 @@ def cases_rt_md(res):
                          f"| {rng((r['ratio'], r.get('ratio_spread')))} {yn(r['ratio'] >= 0.9)} |")
             L.append("")
     if mem_runs(res):
-        L.append("## Case 6: steady-state memory per rank (after a third of the steps, at least 2, as warm-up)\n")
+        L.append(f"## Case 6: steady-state memory per rank (from step {mem_runs(res)[0].get('memory_warmup', 2)} on: the timed steps)\n")
         L.append("Sampled from /proc/PID/stat (minor faults) and /proc/PID/status (VmRSS, VmData, VmHWM) of each "
                  "worker when its step report arrives; per step = difference over the timed steps ÷ their number. "
                  "Heap growth is seen as VmData / VmRSS growth (a malloc'd and touched byte shows up there). Plan "
