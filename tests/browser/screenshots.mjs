@@ -25,6 +25,7 @@ const example = (f) => JSON.parse(fs.readFileSync(path.join(SOURCE, 'examples', 
 const say = (m) => console.log(`screenshots: ${m}`);
 
 const c = new Cluster({build: BUILD, source: SOURCE, out: OUT});
+let ok = false;
 try {
   await c.coordinator();
   await c.workers(4, 'w');
@@ -91,6 +92,10 @@ try {
   await shot('plan');
   await ctx.close();
   await done(waiting);
+  ok = true;
 } finally {
   await c.stopAll();
+  // the daemons' state and chromium's profile (~33 MB a run): kept only to read a failure's logs
+  if (ok) fs.rmSync(c.tmp, {recursive: true, force: true});
+  else say(`scratch kept: ${c.tmp}`);
 }
