@@ -47,10 +47,8 @@ static int contention_of(pw_coord *c, int64_t job, const char *const *names, int
       if (!strcmp(c->workers[i].name, names[r])) w = &c->workers[i];
     char key[64];
     /* an older worker, or one the registry forgot: a host of its own */
-    if (w && w->host[0])
-      snprintf(key, sizeof key, "%s", w->host);
-    else if (names[r])
-      snprintf(key, sizeof key, "worker:%.56s", names[r]);
+    if (names[r]) /* w, when found, is names[r]'s */
+      pw_host_key(key, sizeof key, w ? w->host : NULL, names[r]);
     else /* no worker recorded for the rank */
       snprintf(key, sizeof key, "rank:%d", r);
     int h = host_index(ct, key);

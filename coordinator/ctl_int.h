@@ -4,6 +4,8 @@
 #ifndef PW_CTL_INT_H
 #define PW_CTL_INT_H
 
+#include <stdio.h>
+
 #include "coord.h"
 
 typedef struct pw_wconn pw_wconn;
@@ -134,5 +136,15 @@ void pw_rec_choose(pw_coord *c, int64_t job, int need, pw_wconn **idle, int n_id
  * the stage's own when one holds it). 0 when there is none. */
 int pw_rec_restore_point(const pw_jobrt *jr, int S, int pp, const int *stage_rank, int after, int before,
                          json_t **from);
+
+/* A worker's host: the machine id it registered with, or "worker:<name>"
+ * (a host of its own) when it sent none. Ranks on one host share its cores
+ * (contention.c) and a worker's peers learn it (assign.peers[].host). */
+static inline void pw_host_key(char *key, size_t cap, const char *host, const char *name) {
+  if (host && host[0])
+    snprintf(key, cap, "%s", host);
+  else
+    snprintf(key, cap, "worker:%.56s", name);
+}
 
 #endif

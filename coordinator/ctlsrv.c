@@ -236,10 +236,7 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   }
   snprintf(w->name, sizeof w->name, "%s", reg->name);
   snprintf(w->addr, sizeof w->addr, "%s", reg->data_addr);
-  if (reg->host && reg->host[0])
-    snprintf(w->host, sizeof w->host, "%s", reg->host);
-  else
-    snprintf(w->host, sizeof w->host, "worker:%.56s", w->name);
+  pw_host_key(w->host, sizeof w->host, reg->host, w->name);
   pw_store *s = pw_coord_store(c);
   pw_err serr = {0};
   if (!s || pw_store_worker_register(s, w->name, w->addr, (int)reg->cores, (int)reg->threads, reg->software, &w->id,
