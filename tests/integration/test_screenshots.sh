@@ -11,9 +11,12 @@ T=$(mktemp -d /tmp/pw-shots-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 rc=0
 PW_SCREENSHOTS_DIR=$T PW_DASHBOARD_OUT=$T/logs bash "$SOURCE_DIR/tests/browser/run.sh" "$BUILD_DIR" "$SOURCE_DIR" \
-  screenshots.mjs || rc=$?
+  screenshots.mjs >"$T/script.out" 2>&1 || rc=$?
+cat "$T/script.out"
 [ "$rc" = 77 ] && exit 77
-[ "$rc" = 0 ] || { tail -n 20 "$T"/logs/*.log 2>/dev/null; echo "FAIL screenshots.mjs exited $rc"; exit 1; }
+# the daemons' logs first, the script's own error last: a CI excerpt shows the tail
+[ "$rc" = 0 ] || { tail -n 20 "$T"/logs/*.log 2>/dev/null; echo "--- screenshots.mjs, last lines:";
+                   tail -n 15 "$T/script.out"; echo "FAIL screenshots.mjs exited $rc"; exit 1; }
 for f in overview job plan; do
   png=$T/$f.png
   [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] ||
