@@ -399,8 +399,6 @@ static int share_round(const pw_job *job, pw_prog **p, const double *alone, int 
   return 0;
 }
 
-#define SHARE_REPS 5
-
 /* speed[n-1] for n = 1..n_max: n one-thread processes at once, each
  * running one of n parts of the model at mb (build_parts), so caches and
  * memory are shared as in a pipeline run, against n = 1 in the round just
