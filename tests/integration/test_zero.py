@@ -94,9 +94,8 @@ def memory(t, build, src, tmp):
 
 
 def max_rel(a_blob, b_blob, tmp, tag):
-    """(largest per-tensor relative difference, names or shapes that differ)
+    """(largest per-tensor max|a-b| / max|b|, what was compared or why not)
     of two safetensors blobs."""
-    import numpy as np
     paths = [os.path.join(tmp, f"{tag}-{i}.safetensors") for i in range(2)]
     for path, blob in zip(paths, (a_blob, b_blob)):
         open(path, "wb").write(blob if isinstance(blob, bytes) else b"")
@@ -104,11 +103,10 @@ def max_rel(a_blob, b_blob, tmp, tag):
         a, b = st.load(paths[0])[0], st.load(paths[1])[0]
     except Exception as e:  # a download that failed
         return float("inf"), str(e)
-    if sorted((k, tuple(v.shape)) for k, v in a.items()) != sorted((k, tuple(v.shape)) for k, v in b.items()):
+    d = tpm.diffs(a, b)
+    if d is None:  # names or shapes differ
         return float("inf"), f"{sorted(a)[:3]} vs {sorted(b)[:3]}"
-    worst = max((float(np.max(np.abs(np.asarray(a[k], np.float64) - b[k])) / (np.max(np.abs(b[k])) + 1e-30))
-                 for k in b), default=0.0)
-    return worst, f"{len(b)} tensors"
+    return d["scaled"], f"{len(b)} tensors"
 
 
 def adamw_zero2(t, spec, env):
