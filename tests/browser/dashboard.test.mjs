@@ -44,7 +44,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {createRequire} from 'node:module';
-import {stop, waitFor} from './cluster.mjs';
+import {sleep, stop, waitFor} from './cluster.mjs';
 
 const require = createRequire(import.meta.url);
 const {chromium} = require('playwright-core');
@@ -676,7 +676,14 @@ test('dashboard in a real browser', {timeout: 600000 * SLOW}, async (t) => {
                        train: {...spec.train, batch_size: 16}};
         const plan = (await api('/v1/plans', {method: 'POST', body: JSON.stringify(mspec)})).json;
         assert.ok(plan.analytics && plan.analytics.step_makespan > plan.analytics.makespan, JSON.stringify(plan).slice(0, 300));
+        // the first example is in the box as soon as the box is, not after the page's first request (the
+        // job list, held back here): set then, it once landed inside this fill
+        const held = (r) => sleep(1500).then(() => r.continue());
+        await page.route('**/v1/jobs?limit=*', held);
         await page.goto(`${base}/#/plan`);
+        await page.waitForSelector('#plan-spec');
+        assert.ok((await page.inputValue('#plan-spec')).startsWith('{'), 'the first example comes with the page');
+        await page.unroute('**/v1/jobs?limit=*', held);
         await page.fill('#plan-spec', JSON.stringify(mspec));
         await page.click('#plan-compare');
         // the page's first example may have been planned already (also 1f1b): wait for this spec's dp column,

@@ -443,23 +443,28 @@ PW.views.plan = function (root, params) {
     }
   }
 
-  /* start: the job's spec when #/plan?job=ID, else the first example */
+  function firstExample() {
+    text.value = JSON.stringify(PW.EXAMPLE_SPECS[0].spec, null, 2);
+    pick.value = "ex:0";
+    compare();
+  }
+
+  /* start: the job's spec when #/plan?job=ID, else the first example, set
+   * with the page: set when a request returned, it could land on what the
+   * user (or a test) had begun to type */
+  if (!params.job) firstExample();
   (async function () {
     await loadJobs();
-    if (params.job) {
-      pick.value = "job:" + params.job;
-      if (pick.value === "job:" + params.job) { onPick(); return; }
-      try {
-        var j = await PW.api.get("/v1/jobs/" + encodeURIComponent(params.job));
-        text.value = JSON.stringify(j.spec || {}, null, 2);
-        compare();
-        return;
-      } catch (e) { showError(e); }
-    }
-    if (!text.value) {
-      text.value = JSON.stringify(PW.EXAMPLE_SPECS[0].spec, null, 2);
-      pick.value = "ex:0";
+    if (!params.job) return;
+    pick.value = "job:" + params.job;
+    if (pick.value === "job:" + params.job) { onPick(); return; }
+    try {
+      var j = await PW.api.get("/v1/jobs/" + encodeURIComponent(params.job));
+      text.value = JSON.stringify(j.spec || {}, null, 2);
       compare();
+    } catch (e) {
+      showError(e);
+      if (!text.value) firstExample();
     }
   })();
 
