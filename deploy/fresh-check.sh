@@ -16,7 +16,7 @@
 # Needs root, mount and network access to a Debian mirror (PW_MIRROR, default
 # http://deb.debian.org/debian). Where the host reaches the network through
 # a TLS-intercepting proxy, the host's CA bundle ($NODE_EXTRA_CA_CERTS or
-# $SSL_CERT_FILE) is copied in and handed to npm and node. The summary is
+# $SSL_CERT_FILE) is copied in and handed to pip. The summary is
 # appended to deploy/fresh-check.log; each command's output is in ROOT.NAME.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -115,7 +115,7 @@ in_root() {
   local d=$1; shift
   local env=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
              LANG=C.UTF-8 TERM=dumb CI=true PW_EXPECTED_SKIPS="$CHROOT_SKIPS")
-  [ -z "$CA" ] || env+=(NODE_EXTRA_CA_CERTS="$CA" npm_config_cafile="$CA")
+  [ -z "$CA" ] || env+=(PIP_CERT="$CA" SSL_CERT_FILE="$CA")
   chroot "$d" /usr/bin/env -i "${env[@]}" bash -c "cd /root/pipewright && $*"
 }
 debs() { find "$1/var/cache/apt/archives" -maxdepth 1 -name '*.deb' -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }

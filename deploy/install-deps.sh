@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # install-deps.sh: the Debian packages pipewright needs. Safe to re-run:
 # apt-get skips what is installed.
-#   deploy/install-deps.sh            build, run and test (deploy/test.sh)
+#   deploy/install-deps.sh            build, run and test (deploy/test.sh):
+#                                     also the test tools' virtual environment
+#                                     (.venv/, PyPI, pinned: deploy/venv.sh)
 #   deploy/install-deps.sh --runtime  build and run only (deploy/quickstart.sh):
-#                                     no PyTorch, browser, Node.js, fuzzing or
+#                                     no PyTorch, browser, fuzzing or
 #                                     benchmark tools
+# Nothing here reaches npm.
 set -euo pipefail
 
 # To build and run: the compiler, the five libraries, oneDNN (the bf16
@@ -20,15 +23,11 @@ PACKAGES=(
   libcmocka-dev
   clang libclang-rt-14-dev                # libFuzzer harnesses (tests/fuzz/)
   python3-numpy python3-torch python3-jsonschema python3-yaml           # PyTorch reference, schema checks
-  chromium fonts-dejavu-core              # the dashboard's browser test
+  python3-venv                            # .venv/: the PyPI test tools (deploy/venv.sh)
+  chromium fonts-dejavu-core              # the dashboard's browser test (driven by Playwright from .venv/)
   iproute2 systemd                        # multi-host (netns) and unit tests
   wrk                                     # control-plane benchmark
 )
-# Node.js for the browser test: Debian's, unless a node and npm are already
-# installed (Debian's npm conflicts with a newer Node.js from elsewhere).
-if [ "${1:-}" != --runtime ] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
-  PACKAGES+=(nodejs npm)
-fi
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -42,10 +41,12 @@ for p in "${PACKAGES[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "install-deps: done"
 fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "install-deps: done"
+# The PyPI tools of the tests, in one pinned virtual environment.
+[ "${1:-}" = --runtime ] || echo "install-deps: test tools in $(bash "$(dirname "$0")/venv.sh")"

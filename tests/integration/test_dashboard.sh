@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# test_dashboard: the web dashboard in a real headless browser (Debian
-# chromium + playwright-core) against a real coordinator and two workers:
-# the job appears and succeeds, its loss chart has a point per step, the
-# pipeline timeline has a lane per rank and an F block per (microbatch,
-# stage), a <script> job name renders as text, and the API token prompt
-# works. Screenshots: BUILD_DIR/test-output/dashboard/.
+# test_dashboard: the web dashboard in a real headless browser (Debian's
+# chromium driven by Playwright from PyPI, tests/browser/test_dashboard.py)
+# against a real coordinator and workers: the token prompt, the overview,
+# the job page's charts and timeline, the plan, generate and mesh pages,
+# user data as text (the full list is the script's docstring).
+# Screenshots: BUILD_DIR/test-output/dashboard/.
 # Usage (ctest): test_dashboard.sh BUILD_DIR SOURCE_DIR. Exit 77 = skipped
 # (chromium cannot be installed on this machine; the reason is printed).
 set -euo pipefail
