@@ -309,10 +309,12 @@ static int read_body(pw_req *r, const pw_job *job, pw_gen *g) {
   json_t *p = json_object_get(r->body, "prompt");
   int list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
   if (!p) return pw_reply_error(r, PW_EREQUEST, "prompt", "is required"), -1;
-  g->k = list ? (int)json_array_size(p) : 1;
-  if (g->k > MAX_PROMPTS)
-    return pw_reply_error(r, PW_EREQUEST, "prompt", "lists %d prompts; at most %d", g->k, MAX_PROMPTS), -1;
-  if (!(g->seq = calloc((size_t)g->k, sizeof *g->seq))) return pw_reply_oom(r), -1;
+  size_t k = list ? json_array_size(p) : 1;
+  if (k > MAX_PROMPTS)
+    return pw_reply_error(r, PW_EREQUEST, "prompt", "lists %zu prompts; at most %d", k, MAX_PROMPTS), -1;
+  /* g->k counts the sequences gen_free frees: set only once they exist */
+  if (!(g->seq = calloc(k, sizeof *g->seq))) return pw_reply_oom(r), -1;
+  g->k = (int)k;
   int shortest = INT32_MAX;
   for (int i = 0; i < g->k; i++) {
     char path[32];

@@ -251,6 +251,11 @@ def main():
     st, r = generate(c, sid, {"prompt": PROMPTS[:5], "max_tokens": 4})
     check("more prompts than the job takes: 429 naming serve.max_queue",
           st == 429 and r["error"]["path"] == "serve.max_queue", (st, r))
+    # 65 prompts: refused before any sequence exists (its error path once freed them and crashed the coordinator)
+    st, r = generate(c, sid, {"prompt": ["a"] * 65, "max_tokens": 1})
+    check("65 prompts: 422 naming prompt, and the coordinator still answers",
+          st == 422 and r["error"]["path"] == "prompt" and "at most 64" in r["error"]["message"]
+          and c.job(sid)["state"] == "running", (st, r))
     res = concurrently([lambda i=i: generate(c, sid, {"prompt": PROMPTS[i], "max_tokens": 5, "seed": i,
                                                       "temperature": 1.0}) for i in range(4)])
     bad = [(i, g) for i, g in enumerate(res) if g[0] != 200 or g[1]["results"][0]["tokens"] != ol(PROMPTS[i], 5, 1.0, 0, 1, i)]
