@@ -5,6 +5,7 @@
  * API accepted is lost (and a kill -9 loses nothing committed either: at
  * start, jobs caught mid-flight are queued again). */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "coord.h"
 #include "addr.h"
@@ -63,6 +65,40 @@ static int read_token(const char *path, char *buf, size_t cap) {
     fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
     return -1;
   }
+  return 0;
+}
+
+/* One coordinator per state directory: a second one would queue the
+ * first's running jobs again and both would write the store. A write lock
+ * on DIR/lock (held until exit: the descriptor is never closed) refuses the
+ * second, naming the holder's pid as the kernel reports it. */
+static int lock_state_dir(const char *dir) {
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/lock", dir) >= (int)sizeof path) {
+    fprintf(stderr, "pipewright-coordinator: --state-dir is too long\n");
+    return -1;
+  }
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    fprintf(stderr, "pipewright-coordinator: cannot open %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_SETLK, &fl)) {
+    int e = errno;
+    struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if ((e == EACCES || e == EAGAIN) && !fcntl(fd, F_GETLK, &who) && who.l_type != F_UNLCK)
+      fprintf(stderr, "pipewright-coordinator: state directory %s is in use by another coordinator (pid %ld holds %s)\n",
+              dir, (long)who.l_pid, path);
+    else
+      fprintf(stderr, "pipewright-coordinator: cannot lock %s: %s\n", path, strerror(e));
+    close(fd);
+    return -1;
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) /* for people; the lock is what counts */
+    pw_warn("cannot write the pid into %s: %s", path, strerror(errno));
   return 0;
 }
 
@@ -247,6 +283,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "pipewright-coordinator: cannot create %s: %s\n", c->state_dir, strerror(errno));
     return 1;
   }
+  if (lock_state_dir(c->state_dir)) return 1;
   if (db)
     snprintf(c->db_path, sizeof c->db_path, "%s", db);
   else

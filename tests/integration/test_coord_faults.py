@@ -18,6 +18,9 @@ real workers on loopback, with the coordinator's store made to fail.
      dropped with a 2 s timeout), cancelling it works, and the workers run
      the next job.
   5. --worker-expiry 1: a killed worker is shown lost, then leaves /v1/workers.
+  6. Two coordinators on one state directory: the second refuses to start,
+     naming the first's pid, and the first goes on; once the first is
+     killed (-9), a new one starts there.
 Usage: test_coord_faults.py BUILD_DIR SOURCE_DIR"""
 import json, os, signal, sqlite3, subprocess, sys, tempfile, time, urllib.error, urllib.request
 
@@ -285,10 +288,44 @@ def expiry(tmp):
         s.stop()
 
 
+def second_coordinator(tmp):
+    s = System(tmp, "two")
+    try:
+        s.start_workers(2)
+        check("two: workers", wait(lambda: s.n_workers("idle") == 2, 30))
+        jid = s.submit(tiny(100000))
+        check("two: the first's job runs", wait(lambda: s.job(jid)["state"] == "running" and s.n_workers("busy") == 2, 30),
+              s.job(jid))
+        try:  # (one that starts runs until killed at the timeout)
+            second = subprocess.run([os.path.join(BUILD, "pipewright-coordinator"), "--http", "127.0.0.1:0",
+                                     "--control", "127.0.0.1:0", "--state-dir", s.state], capture_output=True,
+                                    text=True, timeout=30)
+            said = (second.returncode, second.stderr)
+        except subprocess.TimeoutExpired:
+            said = (None, "the second coordinator started and ran for 30 s")
+        check("two: the second exits 1, naming the holder's pid",
+              said[0] == 1 and f"in use by another coordinator (pid {s.coord.pid} " in said[1], said)
+        check("two: the first's job still runs, on its worker",
+              s.job(jid)["state"] == "running" and s.n_workers("busy") == 2, (s.job(jid), s.workers()))
+        s.coord.kill()
+        s.coord.wait()
+        t = System(tmp, "two-after", state=s.state)
+        try:
+            check("two: after kill -9 a new coordinator starts there and has the job",
+                  t.job(jid).get("state") in ("queued", "running"), t.job(jid))
+            http(t.base, f"/v1/jobs/{jid}", "DELETE")
+        finally:
+            t.stop()
+    finally:
+        for p in s.procs:
+            p.kill()
+            p.wait()
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pw-faults-") as tmp:
         try:
-            for part in (expiry, divergence, planning, injected_outage, tmpfs_outage):
+            for part in (second_coordinator, expiry, divergence, planning, injected_outage, tmpfs_outage):
                 part(tmp)
         finally:
             if FAILED:
