@@ -2,6 +2,7 @@
 #include <cblas.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +112,7 @@ int pw_cmd_train(int argc, char **argv) {
            t.step ? resumed_note(t.step, nbuf, sizeof nbuf) : "");
   int tty = isatty(2) && !quiet;
   pw_step_stats st = {0};
+  int diverged = 0;
   if (job.mode == PW_MODE_FORWARD) {
     /* batches, not steps (nothing trains), counted as everything a person reads: N done of M */
     for (int k = t.step; k < stop; k++) printf("batch %d/%d  loss %.6f\n", k + 1, stop, pw_trainer_forward(&t, k));
@@ -131,11 +133,26 @@ int pw_cmd_train(int argc, char **argv) {
       fflush(stdout);
       if (tty) progress(t.step, stop, st.loss);
     }
+    /* As the cluster does: a step whose loss or gradient norm is not finite
+     * fails the run (no checkpoint of what it made), unless
+     * train.on_nonfinite is "skip" (the optimizer skipped that update). */
+    if (!isfinite(st.loss) || !isfinite(st.grad_norm)) {
+      const char *what = !isfinite(st.loss) && !isfinite(st.grad_norm) ? "the loss and the gradient norm are"
+                         : !isfinite(st.loss)                           ? "the loss is"
+                                                                        : "the gradient norm is";
+      if (job.train.on_nonfinite != PW_NONFINITE_SKIP) {
+        fprintf(stderr, "error: diverged at step %d: %s not finite; %s (train.on_nonfinite \"skip\" skips such steps)\n",
+                st.step, what, out ? "the final checkpoint is not written" : "stopped");
+        diverged = 1;
+        break;
+      }
+      fprintf(stderr, "warning: step %d skipped: %s not finite (train.on_nonfinite: skip)\n", st.step, what);
+    }
     if (out && job.train.checkpoint_every > 0 && t.step % job.train.checkpoint_every == 0 &&
         t.step < stop && (rc = pw_trainer_save(&t, out, &err)))
       break;
   }
-  if (!rc && out) {
+  if (!rc && !diverged && out) {
     rc = pw_trainer_save(&t, out, &err);
     if (!rc && !quiet) printf("wrote %s (step %d)\n", out, t.step);
   }
@@ -143,7 +160,7 @@ int pw_cmd_train(int argc, char **argv) {
   if (log) fclose(log);
   pw_trainer_free(&t);
   pw_job_free(&job);
-  return rc ? 1 : 0;
+  return rc || diverged ? 1 : 0;
 }
 
 int pw_cmd_eval(int argc, char **argv) {

@@ -13,7 +13,10 @@
 #    that are not whole or out of range, a missing --job, unknown options
 #    (with "did you mean"); a field typo in the spec gets "did you mean";
 #  - per-step lines count steps done ("step N/M"), as watch and the API do;
-#  - --resume without --out warns that nothing will be saved.
+#  - --resume without --out warns that nothing will be saved;
+#  - a diverged run (lr 1e6) fails as the cluster's does: exit 1, "diverged
+#    at step N", no checkpoint; with train.on_nonfinite "skip" it goes on,
+#    says which steps it skipped, and its checkpoint is finite (eval loads it).
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -83,13 +86,23 @@ python3 -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[
   "$T/flip.safetensors"
 if "$PW" eval --job "$T/job.json" --checkpoint "$T/flip.safetensors" 2> "$T/err"; then fail "a flipped bit was accepted"; fi
 grep -q "checksum mismatch" "$T/err" || { cat "$T/err"; fail "no checksum error"; }
-# A diverged run (lr 1e30) writes NaN weights; nothing loads them.
-sed 's/"lr": 3e-3/"lr": 1e30/' "$T/job.json" > "$T/div.json"
-"$PW" train --job "$T/div.json" --quiet --steps 3 --out "$T/div.safetensors" || true
-[ -f "$T/div.safetensors" ] || fail "the diverged run wrote no checkpoint to refuse"
-if "$PW" eval --job "$T/job.json" --checkpoint "$T/div.safetensors" 2> "$T/err"; then fail "NaN weights were loaded"; fi
+# NaN weights (what a diverged run would have saved; pipewright train no
+# longer writes them, below): one element of a tensor made NaN, its checksum
+# dropped (st.py, tests/ref: an independent writer). Nothing loads them.
+/usr/bin/python3 - "$T/a.safetensors" "$T/nan.safetensors" <<'PY' || fail "could not make a NaN checkpoint"
+import sys
+sys.path.insert(0, "tests/ref")
+import st
+tensors, meta = st.load(sys.argv[1])
+name = sorted(n for n in tensors if n.endswith(".weight"))[0]
+t = tensors[name].copy()
+t.flat[1] = float("nan")
+tensors[name] = t
+st.save(sys.argv[2], tensors, {k: v for k, v in meta.items() if k != "pw.crc32c." + name})
+PY
+if "$PW" eval --job "$T/job.json" --checkpoint "$T/nan.safetensors" 2> "$T/err"; then fail "NaN weights were loaded"; fi
 grep -q "holds a non-finite value" "$T/err" || { cat "$T/err"; fail "no non-finite error"; }
-if "$PW" train --job "$T/job.json" --quiet --resume "$T/div.safetensors" --steps 4 2> "$T/err"; then
+if "$PW" train --job "$T/job.json" --quiet --resume "$T/nan.safetensors" --steps 4 2> "$T/err"; then
   fail "a run resumed from NaN weights"
 fi
 grep -q "holds a non-finite value" "$T/err" || { cat "$T/err"; fail "resume: no non-finite error"; }
@@ -141,4 +154,21 @@ grep -q 'resumed after step 3$' "$T/lines.txt" || { cat "$T/lines.txt"; fail "no
 grep -qx "warning: --resume without --out: the trained parameters will not be saved" "$T/err" || { cat "$T/err"; fail "no --resume warning"; }
 "$PW" train --job "$T/job.json" --quiet --resume "$T/half.safetensors" --steps 4 --out "$T/r4.safetensors" 2> "$T/err"
 [ ! -s "$T/err" ] || { cat "$T/err"; fail "--resume with --out warned"; }
+
+# A diverged run fails (the cluster fails the job "diverged at step N"); nothing is written.
+sed 's/"lr": 3e-3/"lr": 1e6/; s/"grad_clip": 1.0/"grad_clip": 0/' "$T/job.json" > "$T/div.json"
+grep -q '"lr": 1e6' "$T/div.json" || fail "div.json was not made"
+rc=0; "$PW" train --job "$T/div.json" --out "$T/div.safetensors" > "$T/lines.txt" 2> "$T/err" || rc=$?
+[ "$rc" = 1 ] || { cat "$T/lines.txt" "$T/err"; fail "a diverged run exited $rc, not 1"; }
+grep -qE '^error: diverged at step [0-9]+: the (loss|gradient norm|loss and the gradient norm) (is|are) not finite; the final checkpoint is not written' "$T/err" ||
+  { cat "$T/err"; fail "no 'diverged at step N' message"; }
+[ ! -e "$T/div.safetensors" ] || fail "a diverged run wrote its checkpoint"
+# ... and with train.on_nonfinite "skip" it goes on, skipping those updates; its weights stay finite
+sed 's/"warmup_steps": 2}/"warmup_steps": 2}, "on_nonfinite": "skip"/' "$T/div.json" > "$T/skip.json"
+grep -q '"on_nonfinite": "skip"' "$T/skip.json" || fail "skip.json was not made"
+"$PW" train --job "$T/skip.json" --out "$T/skip.safetensors" > "$T/lines.txt" 2> "$T/err" ||
+  { cat "$T/err"; fail "on_nonfinite skip: the run failed"; }
+grep -qE '^warning: step [0-9]+ skipped: .* not finite \(train.on_nonfinite: skip\)$' "$T/err" || { cat "$T/err"; fail "no skipped step said"; }
+"$PW" eval --job "$T/skip.json" --checkpoint "$T/skip.safetensors" > /dev/null 2> "$T/err" ||
+  { cat "$T/err"; fail "on_nonfinite skip: its checkpoint does not load (non-finite weights?)"; }
 echo "1 passed, 0 failed"
