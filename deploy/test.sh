@@ -5,11 +5,15 @@
 #   deploy/test.sh            both builds
 #   deploy/test.sh --plain    only the plain build (quicker, while developing)
 # After the sanitizer build, the libFuzzer harnesses (tests/fuzz/run.sh) run
-# FUZZ_SECONDS (default 20) each.
+# FUZZ_SECONDS (default 20) each, one per core at a time.
+# The builds that come next (build-release, build-asan, build-fuzz) compile
+# at nice 19 while a suite runs: on 2 cores they take only the time the
+# tests leave idle, and the tests keep the cores when they want them.
 # A test that cannot run here exits 77 (ctest's skip) and prints
 # "SKIP name: why"; the run ends with the list of skips and their reasons.
 # With CI=true a skip fails the run unless its name is in PW_EXPECTED_SKIPS
 # (space-separated; deploy/fresh-check.sh names what a chroot cannot give).
+# Each stage's seconds are printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -19,12 +23,38 @@ bash deploy/install-deps.sh
 
 SKIPS=()          # "dir name: why" for every skipped test of every build
 
-run_suite() {
+STAGES=()        # "seconds stage" for the summary
+stage_start() { STAGE_T0=$(date +%s); }
+stage_end() { STAGES+=("$(printf '%5d s  %s' $(($(date +%s) - STAGE_T0)) "$1")"); }
+
+# configure DIR ARGS...: a build directory (quick; the builds come later).
+configure() {
   local dir=$1; shift
   echo "== configure $dir ($*)"
   cmake -S "$ROOT" -B "$ROOT/$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-  echo "== build $dir"
-  cmake --build "$ROOT/$dir" -j "$JOBS"
+}
+
+# build_bg LOG CMD...: a build (a command or a function) in the background
+# at nice 19; bg_wait waits and says how it went.
+BG_PID=""
+trap '[ -z "$BG_PID" ] || { pkill -TERM -P "$BG_PID"; kill "$BG_PID"; } 2>/dev/null || true' EXIT
+build_bg() {
+  local log=$1; shift
+  BG_LOG=$log
+  (renice -n 19 -p "$BASHPID" >/dev/null && "$@") >"$log" 2>&1 &
+  BG_PID=$!
+}
+bg_wait() {
+  [ -n "$BG_PID" ] || return 0
+  local rc=0
+  wait "$BG_PID" || rc=$?
+  BG_PID=""
+  if [ "$rc" -ne 0 ]; then tail -n 40 "$BG_LOG"; echo "== build FAILED (log: $BG_LOG)"; exit "$rc"; fi
+}
+
+# run_suite DIR: ctest in a built directory.
+run_suite() {
+  local dir=$1
   echo "== test $dir"
   local rc=0
   (cd "$ROOT/$dir" && ctest --output-on-failure -j "$JOBS" --timeout 900) | tee "$ROOT/$dir/ctest.out" || rc=$?
@@ -58,23 +88,55 @@ check_skips() {
 }
 
 export OPENBLAS_NUM_THREADS=1
-# The Release flags (-O3) warn about other things than -O2:
-# build them too, so quickstart and the benchmarks always compile.
-echo "== build build-release (Release, no tests)"
-cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
-cmake --build "$ROOT/build-release" -j "$JOBS"
-run_suite build -DPW_WERROR=ON
-if [ "${1:-}" != "--plain" ]; then
-  # detect_leaks: every allocation must be freed by shutdown.
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  # PW_CPU=avx2 (lib/base/cpu.h): the sanitized suite runs without AVX-512,
-  # the plain one with what this host has, so CI covers both code paths.
-  PW_CPU=avx2 run_suite build-asan -DPW_SANITIZE=ON -DPW_WERROR=ON
-  # The fuzz harnesses, FUZZ_SECONDS (default 20) each, under ASan + UBSan.
+T_ALL=$(date +%s)
+PLAIN=0; [ "${1:-}" = "--plain" ] && PLAIN=1
+ASAN_ENV=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PW_CPU=avx2)
+configure build -DPW_WERROR=ON
+# The Release flags (-O3) warn about other things than -O2: build them too,
+# so quickstart and the benchmarks always compile (no tests in it).
+configure build-release -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF
+# detect_leaks: every allocation must be freed by shutdown. PW_CPU=avx2
+# (lib/base/cpu.h): the sanitized suite runs without AVX-512, the plain one
+# with what this host has, so CI covers both code paths.
+[ "$PLAIN" = 1 ] || configure build-asan -DPW_SANITIZE=ON -DPW_WERROR=ON
+
+stage_start
+echo "== build build"
+cmake --build "$ROOT/build" -j "$JOBS"
+stage_end "build build (plain)"
+
+# While the plain suite runs: build-release, then build-asan, at nice 19.
+bg_builds() {
+  cmake --build "$ROOT/build-release" -j "$JOBS" || return
+  [ "$PLAIN" = 1 ] || cmake --build "$ROOT/build-asan" -j "$JOBS"
+}
+build_bg "$ROOT/build-release/bg-build.log" bg_builds
+stage_start
+run_suite build
+stage_end "test build (plain suite; build-release and build-asan compiled beside it)"
+stage_start
+bg_wait
+stage_end "rest of build-release and build-asan"
+
+if [ "$PLAIN" = 0 ]; then
+  # While the sanitizer suite runs: the fuzz harnesses, at nice 19.
+  mkdir -p "$ROOT/build-fuzz"
+  build_bg "$ROOT/build-fuzz/bg-build.log" bash tests/fuzz/run.sh --build-only
+  stage_start
+  export "${ASAN_ENV[@]}"
+  run_suite build-asan
+  stage_end "test build-asan (sanitizer suite; build-fuzz compiled beside it)"
+  stage_start
+  bg_wait
+  stage_end "rest of build-fuzz"
+  stage_start
   echo "== fuzz (tests/fuzz/run.sh, ${FUZZ_SECONDS:-20} s per harness)"
   bash tests/fuzz/run.sh || { report_skips; echo "== FAILED: a fuzz harness found something"; exit 1; }
+  stage_end "fuzz"
 fi
 report_skips
 check_skips || { echo "== FAILED: unexpected skips (set PW_EXPECTED_SKIPS to allow them by name)"; exit 1; }
-echo "== all tests passed"
+echo "== stages:"
+printf '   %s\n' "${STAGES[@]}"
+echo "== all tests passed in $(($(date +%s) - T_ALL)) s (after installing)"

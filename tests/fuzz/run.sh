@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run.sh: build the libFuzzer harnesses with clang and run each one.
-#   tests/fuzz/run.sh [NAME...]       default: every tests/fuzz/fuzz_*.c
+#   tests/fuzz/run.sh [--build-only] [NAME...]   default: every tests/fuzz/fuzz_*.c
+# --build-only builds the harnesses and stops (deploy/test.sh builds them
+# while the sanitizer suite runs, then runs them).
 # FUZZ_SECONDS (default 20) per harness, FUZZ_JOBS (default: the cores)
 # harnesses at once; BUILD (default build-fuzz) the build dir. Each harness starts from its seed corpus in corpus/NAME/ (in
 # the repo) and writes what it finds to BUILD/fuzz-out/NAME/ (a fresh copy
@@ -17,11 +19,14 @@ command -v clang >/dev/null || { echo "fuzz: clang is missing (deploy/install-de
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPW_SANITIZE=ON -DPW_FUZZ=ON -DPW_TESTS=OFF -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link >/dev/null
+BUILD_ONLY=0
+[ "${1:-}" = --build-only ] && { BUILD_ONLY=1; shift; }
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for f in "$HERE"/fuzz_*.c; do names+=("$(basename "$f" .c)"); done
 fi
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target "${names[@]}"
+[ "$BUILD_ONLY" = 0 ] || exit 0
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export OPENBLAS_NUM_THREADS=1
