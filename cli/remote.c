@@ -42,6 +42,14 @@ int pw_remote_parse_only(int argc, char **argv, void (*usage)(FILE *), pw_remote
 
 int pw_remote_init(pw_remote *r, const pw_remote_opts *o) {
   memset(r, 0, sizeof *r);
+  /* An empty --coordinator is a mistake (an unset shell variable), not a
+   * wish for the default: said, not silently sent to localhost. An empty
+   * PIPEWRIGHT_COORDINATOR is as good as unset, as for most tools. */
+  if (o->coordinator && !*o->coordinator) {
+    fprintf(stderr, "error: --coordinator is empty (give a URL such as %s, or leave the option out)\n",
+            PW_DEFAULT_COORDINATOR);
+    return 1;
+  }
   r->url_text = o->coordinator ? o->coordinator : getenv("PIPEWRIGHT_COORDINATOR");
   if (!r->url_text || !*r->url_text) r->url_text = PW_DEFAULT_COORDINATOR;
   r->json = o->json;

@@ -194,6 +194,28 @@ static void http_url_for(pw_coord *c, pw_wconn *w, char *out, size_t cap) {
   if (!out[0]) pw_warn("worker %s: no URL of the API to give it (set --advertise-url)", w->name);
 }
 
+/* Whether s holds a control character (a newline would forge lines of the
+ * log, an escape sequence would drive the terminal that shows it). */
+static int has_control(const char *s) {
+  for (; *s; s++)
+    if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
+  return 0;
+}
+
+/* s for the log: control characters as \xNN, at most cap - 1 bytes. */
+static const char *loggable(const char *s, char *buf, size_t cap) {
+  size_t n = 0;
+  for (; *s && n + 5 < cap; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch < 0x20 || ch == 0x7f)
+      n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", ch);
+    else
+      buf[n++] = (char)ch;
+  }
+  buf[n] = 0;
+  return buf;
+}
+
 static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_coord *c = ctx;
   pw_wconn *w = conn;
@@ -207,8 +229,13 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
     snprintf(reason, sizeof reason, "wrong cluster token");
   else if (!reg->name[0] || strlen(reg->name) >= sizeof w->name)
     snprintf(reason, sizeof reason, "worker name must be 1..%zu bytes", sizeof w->name - 1);
+  else if (has_control(reg->name))
+    snprintf(reason, sizeof reason, "worker name must not hold control characters (newlines, tabs, escapes)");
+  else if (reg->host && has_control(reg->host))
+    snprintf(reason, sizeof reason, "worker host id must not hold control characters");
   if (reason[0]) {
-    pw_warn("refusing worker '%s': %s", reg->name, reason);
+    char shown[300];
+    pw_warn("refusing worker '%s': %s", loggable(reg->name, shown, sizeof shown), reason);
     refuse(w, reason);
     pw_ctl_drop(w, NULL);
     return 0;

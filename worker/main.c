@@ -153,6 +153,11 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  for (const char *p = w.name; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) { /* the coordinator refuses it too: said here first */
+      fprintf(stderr, "pipewright-worker: --name must not hold control characters (newlines, tabs, escapes)\n");
+      return 2;
+    }
   if (pw_addr_split(coord, w.coord_host, sizeof w.coord_host, &w.coord_port) || w.coord_port == 0) {
     fprintf(stderr, "pipewright-worker: --coordinator must be HOST:PORT, got '%s'\n", coord);
     return 2;

@@ -300,6 +300,14 @@ for bad_url in "ftp://127.0.0.1:$HTTP1|unsupported URL scheme" "http://127.0.0.1
     bad "URL ${bad_url%%|*}: exit $rc"; show "$T/url.txt"
   fi
 done
+# an empty --coordinator (an unset shell variable) is said, not taken for the default URL
+"$PW" workers --coordinator "" > "$T/url.txt" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^error: --coordinator is empty" "$T/url.txt"; then
+  ok "an empty --coordinator is refused"
+else
+  bad "empty --coordinator: exit $rc"; show "$T/url.txt"
+fi
 # a bare host:port is http; a path prefix is kept (the coordinator has none: 404 under it)
 if "$PW" workers --coordinator "127.0.0.1:$HTTP1" > "$T/url2.txt" 2>&1 && grep -q '^w1 ' "$T/url2.txt"; then
   ok "a bare host:port is taken as http://"

@@ -21,8 +21,11 @@ real workers on loopback, with the coordinator's store made to fail.
   6. Two coordinators on one state directory: the second refuses to start,
      naming the first's pid, and the first goes on; once the first is
      killed (-9), a new one starts there.
+  7. A worker whose name holds a newline (a forged log line): refused with
+     a reason, the log shows the name escaped on one line, no forged line;
+     pipewright-worker itself refuses such a --name.
 Usage: test_coord_faults.py BUILD_DIR SOURCE_DIR"""
-import json, os, signal, sqlite3, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import json, os, signal, socket, sqlite3, struct, subprocess, sys, tempfile, time, urllib.error, urllib.request
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 PASSED = FAILED = 0
@@ -322,10 +325,45 @@ def second_coordinator(tmp):
             p.wait()
 
 
+def control_names(tmp):
+    s = System(tmp, "names")
+    try:
+        forged = "FORGED ERROR coordinator: every job deleted"
+        reg = {"type": "register", "version": 4, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
+               "cores": 1, "threads": 1, "software": "test"}
+        with socket.create_connection(("127.0.0.1", s.ctl_port), timeout=10) as sock:
+            body = json.dumps(reg).encode()
+            sock.sendall(struct.pack(">I", len(body)) + body)
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        reply = json.loads(buf[4:4 + struct.unpack(">I", buf[:4])[0]]) if len(buf) >= 4 else {}
+        check("names: a name with a newline is refused, saying why",
+              reply.get("type") == "refused" and "control characters" in reply.get("reason", ""), reply)
+        check("names: it is not a worker", s.workers() == [], s.workers())
+        log = s.log_text()
+        check("names: the log shows it escaped on one line, no forged line",
+              "refusing worker 'evil\\x0a" + forged + "'" in log and
+              not any(line.startswith(forged) for line in log.splitlines()), log[-600:])
+        try:  # (one that starts keeps trying to register until killed at the timeout)
+            w = subprocess.run([os.path.join(BUILD, "pipewright-worker"), "--coordinator", f"127.0.0.1:{s.ctl_port}",
+                                "--name", "a\tb", "--state-dir", os.path.join(tmp, "names-w")],
+                               capture_output=True, text=True, timeout=20)
+            said = (w.returncode, w.stderr)
+        except subprocess.TimeoutExpired:
+            said = (None, "the worker started and ran for 20 s")
+        check("names: pipewright-worker refuses such a --name", said[0] == 2 and "control characters" in said[1], said)
+    finally:
+        s.stop()
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pw-faults-") as tmp:
         try:
-            for part in (second_coordinator, expiry, divergence, planning, injected_outage, tmpfs_outage):
+            for part in (control_names, second_coordinator, expiry, divergence, planning, injected_outage, tmpfs_outage):
                 part(tmp)
         finally:
             if FAILED:
