@@ -159,14 +159,14 @@ void pw_api_dataset_delete(pw_req *r);
 extern const pw_stream_sink pw_api_dataset_sink;
 /* api_data.c, for submit. pw_api_data_check, before planning: data.path
  * checked against --data-root (422 at data.path naming the path and the
- * root), data.dataset against the store (422 when unknown), not both;
- * real gets the resolved file ("" when the job names no path; cap: its
- * room). pw_api_data_resolve, after: the file imported into the dataset
- * store and the job switched to data.dataset, then the dataset held to
- * the job (kind tokens needs a token file within model_vocab). Both reply
- * and return nonzero on failure. */
-PW_MUST_CHECK int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap);
-PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab);
+ * root) and opened once beneath it, data.dataset checked against the store
+ * (422 when unknown), not both; *fd gets the open file (-1 when the job
+ * names no path; the caller closes it). pw_api_data_resolve, after: the
+ * file (fd) imported into the dataset store and the job switched to
+ * data.dataset, then the dataset held to the job (kind tokens needs a token
+ * file within model_vocab). Both reply and return nonzero on failure. */
+PW_MUST_CHECK int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, int *fd);
+PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, int fd, int model_vocab);
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
 /* api_ckpt.c: checkpoints in the coordinator's store (checkpoints.h) */

@@ -1,20 +1,27 @@
 /* api_data: a submitted job's data, before it is queued.
  *
  * data.path is a file on the coordinator's host, so it is read only under
- * --data-root (none by default: every path is refused): the path, joined to
- * the root when relative, is resolved (symlinks and "..") and must land
- * inside the root on a regular file the coordinator can read; anything else
- * is a 422 at data.path naming the path and the root. An accepted file is
- * imported into the dataset store (hashed and copied, on the pool thread
- * the submission runs on) and the job reads that dataset: workers on other
- * hosts fetch it by its id, never by a path. */
+ * --data-root (none by default: every path is refused). The path, joined to
+ * the root when relative and folded ("." and ".."), must be inside the root
+ * by its spelling; then it is opened once, beneath the root (openat2
+ * RESOLVE_BENEATH: no symlink or ".." out of it; where the kernel has no
+ * openat2, a walk that follows no symlink at all), non-blocking (a FIFO
+ * cannot hold the request), and checked on the open descriptor: a regular
+ * file. Everything after reads that descriptor, so nothing swapped in
+ * between check and use is read. Anything else is a 422 at data.path naming
+ * the path and the root. An accepted file is imported into the dataset store
+ * (hashed and copied, on the pool thread the submission runs on) and the job
+ * reads that dataset: workers on other hosts fetch it by its id, never by a
+ * path. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -51,9 +58,57 @@ static void fold(char *path) {
   *out = 0;
 }
 
-int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, size_t cap) {
+/* rel (a folded path relative to the directory dfd, no "." or "..")
+ * opened for reading by a walk that follows no symlink: the fallback for
+ * kernels without openat2. Returns a descriptor or -1 with errno. */
+static int open_walk(int dfd, const char *rel, int flags) {
+  char part[PATH_MAX];
+  int cur = dfd;
+  for (;;) {
+    const char *slash = strchr(rel, '/');
+    if (!slash) break;
+    size_t n = (size_t)(slash - rel);
+    if (n >= sizeof part) {
+      errno = ENAMETOOLONG;
+      goto fail;
+    }
+    memcpy(part, rel, n);
+    part[n] = 0;
+    int next = openat(cur, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) goto fail;
+    if (cur != dfd) close(cur);
+    cur = next;
+    rel = slash + 1;
+  }
+  int fd = openat(cur, rel, flags | O_NOFOLLOW);
+  int e = errno;
+  if (cur != dfd) close(cur);
+  errno = e;
+  return fd;
+fail:
+  e = errno;
+  if (cur != dfd) close(cur);
+  errno = e;
+  return -1;
+}
+
+/* rel opened beneath root: never a file outside it, by symlink or "..". */
+static int open_beneath(const char *root, const char *rel, int flags) {
+  int dfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return -1;
+  struct open_how how = {.flags = (unsigned long long)flags, .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+  int fd = (int)syscall(SYS_openat2, dfd, rel, &how, sizeof how);
+  if (fd < 0 && (errno == ENOSYS || errno == EPERM)) /* no openat2 here (old kernel, a seccomp filter) */
+    fd = open_walk(dfd, rel, flags);
+  int e = errno;
+  close(dfd);
+  errno = e;
+  return fd;
+}
+
+int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, int *fd) {
   const char *given = job->data.path, *root = r->c->data_root;
-  real[0] = 0;
+  *fd = -1;
   if (job->data.kind != PW_DATA_TEXT && job->data.kind != PW_DATA_TOKENS) return 0;
   if (given[0] && job->data.dataset[0]) {
     pw_reply_error(r, PW_ESPEC, "data", "give data.path or data.dataset, not both");
@@ -79,7 +134,7 @@ int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, siz
                    given);
     return PW_ESPEC;
   }
-  char joined[PATH_MAX * 2], res[PATH_MAX];
+  char joined[PATH_MAX * 2];
   snprintf(joined, sizeof joined, given[0] == '/' ? "%s" : "%s/%s", given[0] == '/' ? given : root, given);
   /* outside by its very spelling: refused before the file is looked at, so
    * the answer says nothing about what exists outside the root */
@@ -88,58 +143,56 @@ int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, char *real, siz
     pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
     return PW_ESPEC;
   }
-  if (!realpath(joined, res)) {
+  size_t n = strlen(root) == 1 ? 0 : strlen(root); /* joined minus the root and its slash */
+  const char *rel = joined[n] == '/' ? joined + n + 1 : joined + n;
+  if (!rel[0]) rel = ".";
+  int f = open_beneath(root, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (f < 0) {
     int e = errno;
-    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": %s under the data root %s", given,
-                   e == ENOENT || e == ENOTDIR ? "no such file" : strerror(e), root);
+    if (e == EXDEV || e == ELOOP) /* a link (or "..") that leads out, or a link where none may be */
+      pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
+    else if (e == ENOENT || e == ENOTDIR)
+      pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": no such file under the data root %s", given, root);
+    else
+      pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" cannot be read: %s (data root %s)", given, strerror(e),
+                     root);
     return PW_ESPEC;
   }
-  /* the resolved path is not shown: it would map the host's files for the client */
-  if (!under_root(res, root)) {
-    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" resolves outside the data root %s", given, root);
-    return PW_ESPEC;
-  }
+  /* the resolved path is never shown: it would map the host's files for the client */
   struct stat st;
-  if (stat(res, &st) || !S_ISREG(st.st_mode)) {
+  if (fstat(f, &st) || !S_ISREG(st.st_mode)) {
+    close(f);
     pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" is not a regular file (data root %s)", given, root);
     return PW_ESPEC;
   }
-  if (access(res, R_OK)) {
-    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\" cannot be read: %s (data root %s)", given, strerror(errno),
-                   root);
-    return PW_ESPEC;
-  }
-  if (strlen(res) >= cap) {
-    pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": the resolved path is too long", given);
-    return PW_ESPEC;
-  }
-  memcpy(real, res, strlen(res) + 1);
+  *fd = f;
   return 0;
 }
 
-/* Imports the file at real; a token file whose header is wrong is the
+/* Imports the open file fd; a token file whose header is wrong is the
  * spec's fault (422 at data.path), anything else the coordinator's. */
-static int import(pw_req *r, pw_store *s, const char *given, const char *real, pw_ds_info *info) {
+static int import(pw_req *r, pw_store *s, const char *given, int fd, pw_ds_info *info) {
   pw_err err = {0};
-  int rc = pw_ds_import(r->c->state_dir, real, "data.path", info, &err);
+  int rc = pw_ds_import(r->c->state_dir, fd, "data.path", info, &err);
   if (!rc) {
     pw_dataset_new d = {.id = info->id,
                         .size = info->size,
                         .format = info->format,
-                        .name = strrchr(real, '/') ? strrchr(real, '/') + 1 : real,
+                        .name = strrchr(given, '/') ? strrchr(given, '/') + 1 : given,
                         .vocab_size = info->vocab_size,
                         .width = info->width,
                         .n_tokens = info->n_tokens};
     int created = 0;
     rc = pw_store_dataset_insert(s, &d, &created, NULL, &err);
     if (!rc && created)
-      pw_info("dataset %s imported from %s: %lld bytes, %s", info->id, real, (long long)info->size, info->format);
+      pw_info("dataset %s imported from data.path \"%.300s\": %lld bytes, %s", info->id, given, (long long)info->size,
+              info->format);
   }
   if (rc == PW_EFORMAT) {
     pw_reply_error(r, PW_ESPEC, "data.path", "\"%.300s\": %s", given, err.msg);
   } else if (rc) {
     char b[600];
-    pw_error("submit: importing %s: %s", real, pw_err_str(&err, b, sizeof b));
+    pw_error("submit: importing data.path \"%.300s\": %s", given, pw_err_str(&err, b, sizeof b));
     pw_reply_err(r, &err);
   }
   return rc;
@@ -164,16 +217,16 @@ static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab
   return 0;
 }
 
-int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, const char *real, int model_vocab) {
-  const char *where = real[0] ? "data.path" : "data.dataset";
+int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, int fd, int model_vocab) {
+  const char *where = fd >= 0 ? "data.path" : "data.dataset";
   char name[400]; /* what the user wrote */
-  if (real[0])
+  if (fd >= 0)
     snprintf(name, sizeof name, "\"%.300s\"", job->data.path);
   else
     snprintf(name, sizeof name, "dataset %.12s...", job->data.dataset);
-  if (real[0]) {
+  if (fd >= 0) {
     pw_ds_info info;
-    if (import(r, s, job->data.path, real, &info)) return -1;
+    if (import(r, s, job->data.path, fd, &info)) return -1;
     memcpy(job->data.dataset, info.id, sizeof job->data.dataset);
     job->data.path[0] = 0; /* workers fetch it by id, on any host */
   }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "json_short.h"
 #include "spec_json.h"
@@ -75,8 +76,8 @@ void pw_api_job_submit(pw_req *r) {
   if (!bad && is_auto) pw_api_budget(r, &job, 1, &budget); /* the chosen mesh's bounds */
   if (has_prof) pw_cost_free(&prof);
   if (bad) return;
-  char real[PATH_MAX];
-  if (pw_api_data_check(r, s, &job, real, sizeof job.data.path)) { /* --data-root; fits data.path */
+  int data_fd; /* data.path, opened once: what is imported below is what was checked */
+  if (pw_api_data_check(r, s, &job, &data_fd)) { /* --data-root; fits data.path */
     pw_job_free(&job);
     return;
   }
@@ -106,10 +107,12 @@ void pw_api_job_submit(pw_req *r) {
     pw_job_free(&job);
     free(params);
     free(params_mem);
+    if (data_fd >= 0) close(data_fd);
     return;
   }
-  if (!rc && pw_api_data_resolve(r, s, &job, real, vocab)) /* a path becomes a dataset, read by id on any host */
+  if (!rc && pw_api_data_resolve(r, s, &job, data_fd, vocab)) /* a path becomes a dataset, read by id on any host */
     rc = -1;
+  if (data_fd >= 0) close(data_fd);
   /* init: job + step gathered into stored weights; the file holds every parameter with its shape */
   if (!rc && (rc = pw_w_init_resolve(s, r->c->state_dir, &job.init, params, n_params, &err))) pw_reply_err(r, &err);
   free(params);

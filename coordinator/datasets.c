@@ -225,9 +225,7 @@ void pw_ds_writer_free(pw_ds_writer *w) {
   free(w);
 }
 
-int pw_ds_import(const char *state_dir, const char *src, const char *what, pw_ds_info *info, pw_err *err) {
-  int fd = open(src, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return pw_err_set(err, PW_EIO, what, "cannot open %s: %s", src, strerror(errno));
+int pw_ds_import(const char *state_dir, int fd, const char *what, pw_ds_info *info, pw_err *err) {
   pw_ds_writer *w = NULL;
   enum { PIECE = 1 << 20 };
   char *buf = malloc(PIECE);
@@ -235,14 +233,13 @@ int pw_ds_import(const char *state_dir, const char *src, const char *what, pw_ds
   while (!rc) {
     ssize_t k = read(fd, buf, PIECE);
     if (k < 0 && errno == EINTR) continue;
-    if (k < 0) rc = pw_err_set(err, PW_EIO, what, "cannot read %s: %s", src, strerror(errno));
+    if (k < 0) rc = pw_err_set(err, PW_EIO, what, "cannot read the file: %s", strerror(errno));
     if (k <= 0) break;
     rc = pw_ds_writer_write(w, buf, (size_t)k, err);
   }
   if (!rc) rc = pw_ds_writer_commit(w, what, info, err);
   pw_ds_writer_free(w);
   free(buf);
-  close(fd);
   return rc;
 }
 

@@ -66,10 +66,10 @@ const char *pw_ds_writer_tmp_path(const pw_ds_writer *w);
 /* Closes; removes the temporary file unless committed. NULL is fine. */
 void pw_ds_writer_free(pw_ds_writer *w);
 
-/* Copies the regular file at src into the store (streamed: hashed and
- * written piece by piece) and commits it. */
-PW_MUST_CHECK int pw_ds_import(const char *state_dir, const char *src, const char *what, pw_ds_info *info,
-                               pw_err *err);
+/* Copies what the open file fd holds, from where it stands, into the store
+ * (streamed: hashed and written piece by piece) and commits it. fd stays
+ * the caller's. */
+PW_MUST_CHECK int pw_ds_import(const char *state_dir, int fd, const char *what, pw_ds_info *info, pw_err *err);
 /* Removes <id>'s file (missing is fine). */
 PW_MUST_CHECK int pw_ds_unlink(const char *state_dir, const char *id, pw_err *err);
 /* Removes temporary files a crash left in <state_dir>/datasets; returns

@@ -14,6 +14,10 @@ pipewright-coordinator (API token and cluster token set, --data-root given).
      GET /v1/jobs unchanged. An accepted path is imported: the stored spec
      names data.dataset (the file's sha256) and no path. A coordinator
      without --data-root refuses every path, saying so.
+  3b. The same path swapped while submissions run (a thread renames a
+     symlink out of the root, or a FIFO, over a file under it, over and
+     over): no job ever imports the outside file, every submission answers
+     (201 or 422) and none holds a pool thread; the API plans afterwards.
   4. welcome.http_url: a worker registering on the control port is told the
      API's URL.
   5. A 1 GiB upload, generated as it is sent: stored with the right sha256
@@ -43,8 +47,8 @@ class Api:
     def __init__(self, port):
         self.port = port
 
-    def call(self, method, path, body=None, token=TOKEN, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+    def call(self, method, path, body=None, token=TOKEN, headers=None, timeout=120):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         hd = dict(headers or {})
         if token:
             hd["Authorization"] = "Bearer " + token
@@ -210,6 +214,75 @@ def refusals(api, root, tok):
         api.call("DELETE", f"/v1/jobs/{made['id']}")
 
 
+def races(api, root):
+    """data.path swapped between a file under the root and a symlink out of it (or a FIFO) while jobs are
+    submitted: what is imported is always the file under the root."""
+    import threading
+    outside = tempfile.NamedTemporaryFile(prefix="pw-ds-secret-", delete=False)
+    outside.write(b"SECRET outside the root\n" * 50)
+    outside.close()
+    inside = b"inside the root\n" * 50
+    target = os.path.join(root, "race.txt")
+    for kind in ("symlink", "fifo"):
+        stop_flag = threading.Event()
+
+        def flip():
+            reg, odd = os.path.join(root, ".race.reg"), os.path.join(root, ".race.odd")
+            while not stop_flag.is_set():
+                with open(reg, "wb") as f:
+                    f.write(inside)
+                os.replace(reg, target)
+                time.sleep(0.002)  # mostly the file under the root: checks pass, then the swap lands after
+                if os.path.lexists(odd):
+                    os.unlink(odd)
+                if kind == "symlink":
+                    os.symlink(outside.name, odd)
+                else:
+                    os.mkfifo(odd)
+                os.replace(odd, target)
+                time.sleep(0.001)
+        with open(target, "wb") as f:
+            f.write(inside)
+        t = threading.Thread(target=flip, daemon=True)
+        t.start()
+        answers, leaked, ids = {}, [], set()
+        try:
+            for i in range(40):
+                try:  # (a FIFO opened for reading blocks until a writer comes: a request held)
+                    st, made, _ = api.call("POST", "/v1/jobs", dict(SPEC, name=f"race-{kind}-{i}",
+                                                                    data={"kind": "text", "path": "race.txt"}),
+                                           timeout=20)
+                except (socket.timeout, TimeoutError):
+                    answers["no answer in 20 s"] = 1
+                    break
+                answers[st] = answers.get(st, 0) + 1
+                if st == 201:
+                    ds = api.call("GET", f"/v1/jobs/{made['id']}")[1]["spec"]["data"]["dataset"]
+                    ids.add(ds)
+                    content = api.call("GET", f"/v1/datasets/{ds}/content")[1]
+                    if b"SECRET" in (content if isinstance(content, bytes) else json.dumps(content).encode()):
+                        leaked.append(made["id"])
+                    api.call("DELETE", f"/v1/jobs/{made['id']}")
+        finally:
+            stop_flag.set()
+            t.join()
+        check(f"race ({kind}): 40 submissions each answered 201 or 422 ({answers})",
+              sum(answers.get(k, 0) for k in (201, 422)) == 40, answers)
+        check(f"race ({kind}): no job imported the file outside the root", not leaked, leaked)
+        try:
+            st, plan, _ = api.call("POST", "/v1/plans", dict(SPEC, data={"kind": "text", "path": "corpus.txt"}),
+                                   timeout=20)
+        except (socket.timeout, TimeoutError):
+            st, plan = "no answer in 20 s", None
+        check(f"race ({kind}): the API still plans (no pool thread held)", st == 200, (st, plan))
+        for ds in ids:
+            api.call("DELETE", f"/v1/datasets/{ds}")
+    os.unlink(outside.name)
+    for f in ("race.txt", ".race.reg", ".race.odd"):
+        if os.path.lexists(os.path.join(root, f)):
+            os.unlink(os.path.join(root, f))
+
+
 def welcome(ports):
     s = socket.create_connection(("127.0.0.1", ports["control"]), timeout=10)
     reg = json.dumps({"type": "register", "version": 4, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
@@ -288,6 +361,7 @@ def main():
         ds, tok = crud(api, os.path.join(tmp, "c1"))
         in_use(api, ds)
         refusals(api, root, tok)
+        races(api, root)
         welcome(ports)
         big_upload(api, p.pid, tmp)
         check("no upload file is left behind at the end", not uploads_left(os.path.join(tmp, "c1")))
