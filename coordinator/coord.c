@@ -336,6 +336,16 @@ char *pw_coord_metrics_text(pw_coord *c) {
                 "# HELP pipewright_http_busy_total Requests answered 429: the pool and its queue were full.\n"
                 "# TYPE pipewright_http_busy_total counter\npipewright_http_busy_total %llu\n",
             a.running, a.queued, a.workers, a.queue, (unsigned long long)a.busy);
+  sb_printf(&b, "# HELP pipewright_http_upload_pool Workers' checkpoint uploads (their own lane of the pool).\n"
+                "# TYPE pipewright_http_upload_pool gauge\npipewright_http_upload_pool{state=\"running\"} %d\n"
+                "pipewright_http_upload_pool{state=\"queued\"} %d\n"
+                "# HELP pipewright_http_upload_pool_capacity Upload lane workers and queue places.\n"
+                "# TYPE pipewright_http_upload_pool_capacity gauge\n"
+                "pipewright_http_upload_pool_capacity{kind=\"workers\"} %d\n"
+                "pipewright_http_upload_pool_capacity{kind=\"queue\"} %d\n"
+                "# HELP pipewright_http_upload_busy_total Checkpoint uploads answered 429: their lane was full.\n"
+                "# TYPE pipewright_http_upload_busy_total counter\npipewright_http_upload_busy_total %llu\n",
+            a.c_running, a.c_queued, a.c_workers, a.c_queue, (unsigned long long)a.c_busy);
   pthread_mutex_lock(&c->mu);
   uint64_t gs = c->gen_sequences, gt = c->gen_tokens, gf = c->gen_failed;
   pthread_mutex_unlock(&c->mu);

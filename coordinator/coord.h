@@ -47,6 +47,8 @@ typedef struct {
 /* HTTP admission as it stands, kept by http.c for /metrics. */
 typedef struct {
   int workers, queue, running, queued;    /* the pool for expensive requests */
+  int c_workers, c_queue, c_running, c_queued; /* the cluster lane: workers' checkpoint uploads */
+  uint64_t c_busy;                        /* 429s of the cluster lane */
   int max_conns, max_per_ip, open;        /* connection bounds and open connections */
   uint64_t busy;                          /* 429s: pool and queue full */
   uint64_t refused_total, refused_per_ip; /* connections refused at accept, by bound */

@@ -30,9 +30,11 @@
  * A handler that plans, merges checkpoints or renders a timeline (pooled
  * below) runs on our own worker threads: the last access call suspends the
  * connection and queues the request; a worker runs the handler and resumes
- * the connection, whose next access call sends the reply. At most
- * workers + queue such requests are admitted at once; the next gets 429
- * with Retry-After. Connections are bounded in total and per client
+ * the connection, whose next access call sends the reply. The pool has two
+ * lanes, each with its threads and queue: users' requests, and the
+ * workers' checkpoint uploads (never turned away by a flood of plans). At
+ * most threads + queue requests are admitted to a lane at once; the next
+ * gets 429 with Retry-After. Connections are bounded in total and per client
  * address (refused at accept, logged, counted in /metrics), and an idle
  * connection is closed after the idle timeout. The total bound is kept
  * well above any client's share (and under the process's file limit), so
@@ -158,23 +160,32 @@ static int pooled_route(const pw_route *rt) {
   return 0;
 }
 
+/* The lane a pooled request queues in: a worker's checkpoint upload (a
+ * cluster route's streamed body) in the cluster lane, the rest in the
+ * users'. */
+static http_lane *lane_of(http_srv *srv, const http_req *h) {
+  int cluster = h->route && (h->route->flags & PW_ROUTE_CLUSTER) && (h->route->flags & PW_ROUTE_STREAM);
+  return cluster ? &srv->cluster : &srv->user;
+}
+
 static void *pool_main(void *arg) {
-  http_srv *srv = arg;
+  http_lane *l = arg;
+  http_srv *srv = l->srv;
   pthread_mutex_lock(&srv->c->mu);
   for (;;) {
-    while (!srv->head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->c->mu);
-    http_req *h = srv->head;
+    while (!l->head && !srv->stopping) pthread_cond_wait(&l->cv, &srv->c->mu);
+    http_req *h = l->head;
     if (!h) break; /* stopping, nothing left */
-    srv->head = h->next;
-    if (!srv->head) srv->tail = NULL;
-    srv->c->http_adm.queued--;
-    srv->c->http_adm.running++;
+    l->head = h->next;
+    if (!l->head) l->tail = NULL;
+    (*l->queued)--;
+    (*l->running)++;
     pthread_mutex_unlock(&srv->c->mu);
     pw_http_pool_hook hook = atomic_load(&pool_hook);
     if (hook) hook(h->path);
     dispatch(h);
     pthread_mutex_lock(&srv->c->mu);
-    srv->c->http_adm.running--;
+    (*l->running)--;
     pthread_mutex_unlock(&srv->c->mu);
     MHD_resume_connection(h->r.conn); /* its next access call sends the reply */
     pthread_mutex_lock(&srv->c->mu);
@@ -183,38 +194,39 @@ static void *pool_main(void *arg) {
   return NULL;
 }
 
-/* Admit h to the pool, or set its reply: 429 when workers and queue are
- * full, 503 when stopping. Either way the connection is suspended here and
- * resumed once the reply is set (by a worker, or at once), and its next
- * access call sends it. Suspended first, outside c->mu (no libmicrohttpd
- * call is made under our lock): a resume must follow its suspend. */
+/* Admit h to its lane, or set its reply: 429 when the lane's threads and
+ * queue are full, 503 when stopping. Either way the connection is
+ * suspended here and resumed once the reply is set (by a thread, or at
+ * once), and its next access call sends it. Suspended first, outside c->mu
+ * (no libmicrohttpd call is made under our lock): a resume must follow its
+ * suspend. */
 static void pool_admit(http_srv *srv, http_req *h) {
+  http_lane *l = lane_of(srv, h);
   h->pooled = 1;
   MHD_suspend_connection(h->r.conn);
   pthread_mutex_lock(&srv->c->mu);
-  int n = srv->c->http_adm.queued + srv->c->http_adm.running;
-  int full = n >= srv->n_threads + srv->queue_max, stopping = srv->stopping;
-  uint64_t busy = full && !stopping ? ++srv->c->http_adm.busy : 0;
+  int n = *l->queued + *l->running;
+  int full = n >= l->n_threads + l->queue_max, stopping = srv->stopping;
+  uint64_t busy = full && !stopping ? ++*l->busy : 0;
   if (!full && !stopping) {
     h->next = NULL;
-    if (srv->tail) srv->tail->next = h;
-    else srv->head = h;
-    srv->tail = h;
-    srv->c->http_adm.queued++;
-    pthread_cond_signal(&srv->cv);
+    if (l->tail) l->tail->next = h;
+    else l->head = h;
+    l->tail = h;
+    (*l->queued)++;
+    pthread_cond_signal(&l->cv);
   }
   pthread_mutex_unlock(&srv->c->mu);
   if (!full && !stopping) return;
   if (stopping) {
     pw_reply_error(&h->r, PW_EUNAVAIL, "", "the server is stopping");
   } else {
-    pw_reply_error(&h->r, PW_EBUSY, "",
-                   "%d expensive requests (plans, submissions, timelines, checkpoints) are running or queued, "
-                   "the most admitted: try again shortly", n);
+    pw_reply_error(&h->r, PW_EBUSY, "", "%d %s are running or queued, the most admitted: try again shortly", n,
+                   l->what);
     pw_reply_header(&h->r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (busy == 1 || busy % 100 == 0) /* the first, then every 100th: a flood does not flood the log */
-      pw_warn("http: %s %s answered 429: %d expensive requests running or queued (%llu so far)", h->method, h->path,
-              n, (unsigned long long)busy);
+      pw_warn("http: %s %s answered 429: %d %s running or queued (%llu so far)", h->method, h->path, n, l->what,
+              (unsigned long long)busy);
   }
   MHD_resume_connection(h->r.conn);
 }
@@ -305,20 +317,35 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ---- start and stop ---------------------------------------------------------- */
 
 static void srv_free(http_srv *srv) {
-  pthread_cond_destroy(&srv->cv);
-  free(srv->threads);
+  pthread_cond_destroy(&srv->user.cv);
+  pthread_cond_destroy(&srv->cluster.cv);
+  free(srv->user.threads);
+  free(srv->cluster.threads);
   free(srv->ips);
   free(srv);
 }
 
-/* Stops the pool: queued requests answer 503, running ones finish. */
-static void pool_stop(http_srv *srv) {
+/* Starts a lane of nt threads; 0, or -1 when not every thread started. */
+static int lane_start(http_srv *srv, http_lane *l, const char *what, int nt, int queue_max, int *running, int *queued,
+                      uint64_t *busy) {
+  l->srv = srv;
+  l->what = what;
+  l->queue_max = queue_max;
+  l->running = running, l->queued = queued, l->busy = busy;
+  pthread_cond_init(&l->cv, NULL);
+  if (!(l->threads = calloc((size_t)nt, sizeof *l->threads))) return -1;
+  for (; l->n_threads < nt; l->n_threads++)
+    if (pthread_create(&l->threads[l->n_threads], NULL, pool_main, l)) break;
+  return l->n_threads < nt ? -1 : 0;
+}
+
+/* A lane's queued requests answer 503 (after srv->stopping is set). */
+static void lane_drain(http_srv *srv, http_lane *l) {
   pthread_mutex_lock(&srv->c->mu);
-  srv->stopping = 1;
-  http_req *h = srv->head;
-  srv->head = srv->tail = NULL;
-  srv->c->http_adm.queued = 0;
-  pthread_cond_broadcast(&srv->cv);
+  http_req *h = l->head;
+  l->head = l->tail = NULL;
+  *l->queued = 0;
+  pthread_cond_broadcast(&l->cv);
   pthread_mutex_unlock(&srv->c->mu);
   while (h) {
     http_req *next = h->next;
@@ -326,8 +353,19 @@ static void pool_stop(http_srv *srv) {
     MHD_resume_connection(h->r.conn);
     h = next;
   }
-  for (int i = 0; i < srv->n_threads; i++) pthread_join(srv->threads[i], NULL);
-  srv->n_threads = 0;
+}
+
+/* Stops the pool: queued requests answer 503, running ones finish. */
+static void pool_stop(http_srv *srv) {
+  pthread_mutex_lock(&srv->c->mu);
+  srv->stopping = 1;
+  pthread_mutex_unlock(&srv->c->mu);
+  http_lane *lanes[] = {&srv->user, &srv->cluster};
+  for (int k = 0; k < 2; k++) lane_drain(srv, lanes[k]);
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < lanes[k]->n_threads; i++) pthread_join(lanes[k]->threads[i], NULL);
+    lanes[k]->n_threads = 0;
+  }
 }
 
 int pw_http_start(pw_coord *c, pw_err *err) {
@@ -356,25 +394,29 @@ int pw_http_start(pw_coord *c, pw_err *err) {
       break;
     }
   http_srv *srv = calloc(1, sizeof *srv);
-  int nt = c->http_workers > 0 ? c->http_workers : 2;
-  if (srv) srv->threads = calloc((size_t)nt, sizeof *srv->threads);
-  if (!srv || !srv->threads) {
-    if (srv) free(srv);
+  if (!srv) {
     freeaddrinfo(ai);
     return pw_err_set(err, PW_ENOMEM, "http", "out of memory");
   }
   srv->c = c;
-  pthread_cond_init(&srv->cv, NULL);
-  srv->queue_max = c->http_queue > 0 ? c->http_queue : 8;
+  int nt = c->http_workers > 0 ? c->http_workers : 2;
+  /* The cluster lane: 2 threads (an upload's finish is an fsync and a
+   * checksum, not CPU) and room for every rank of a large job at once; the
+   * workers retry a 429 with backoff. */
+  int bad = lane_start(srv, &srv->user, "expensive requests (plans, submissions, timelines, checkpoints)", nt,
+                       c->http_queue > 0 ? c->http_queue : 8, &c->http_adm.running, &c->http_adm.queued,
+                       &c->http_adm.busy);
+  bad |= lane_start(srv, &srv->cluster, "checkpoint uploads from workers", 2, 256, &c->http_adm.c_running,
+                    &c->http_adm.c_queued, &c->http_adm.c_busy);
   srv->max_conns = pw__http_conn_limit(c);
   srv->max_per_ip = c->http_max_conns_per_ip > 0 ? c->http_max_conns_per_ip : 256;
   if (srv->max_per_ip > srv->max_conns) srv->max_per_ip = srv->max_conns;
   unsigned idle = c->http_idle_timeout > 0 ? (unsigned)c->http_idle_timeout : 30;
-  for (; srv->n_threads < nt; srv->n_threads++)
-    if (pthread_create(&srv->threads[srv->n_threads], NULL, pool_main, srv)) break;
   pthread_mutex_lock(&c->mu);
-  c->http_adm.workers = srv->n_threads;
-  c->http_adm.queue = srv->queue_max;
+  c->http_adm.workers = srv->user.n_threads;
+  c->http_adm.queue = srv->user.queue_max;
+  c->http_adm.c_workers = srv->cluster.n_threads;
+  c->http_adm.c_queue = srv->cluster.queue_max;
   c->http_adm.max_conns = srv->max_conns;
   c->http_adm.max_per_ip = srv->max_per_ip;
   pthread_mutex_unlock(&c->mu);
@@ -383,7 +425,7 @@ int pw_http_start(pw_coord *c, pw_err *err) {
   if (a->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   /* libmicrohttpd's own bound sits above ours (on_accept refuses first,
    * logged and counted); it splits it over its threads. */
-  struct MHD_Daemon *d = srv->n_threads < nt ? NULL : MHD_start_daemon(
+  struct MHD_Daemon *d = bad ? NULL : MHD_start_daemon(
       flags, (uint16_t)c->http_port, pw__http_on_accept, srv, on_request, c, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
       c, MHD_OPTION_SOCK_ADDR, a->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)2, MHD_OPTION_URI_LOG_CALLBACK,
       on_uri, c, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c, MHD_OPTION_NOTIFY_CONNECTION, pw__http_on_connection,
@@ -399,10 +441,10 @@ int pw_http_start(pw_coord *c, pw_err *err) {
   srv->d = d;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   if (info && info->port) c->http_port = info->port;
-  pw_info("http: listening on %s:%d%s; %d workers + %d queued for expensive requests; at most %d connections, %d "
-          "per address, idle ones closed after %u s",
-          host, c->http_port, c->api_token[0] ? " (bearer token required)" : "", srv->n_threads, srv->queue_max,
-          srv->max_conns, srv->max_per_ip, idle);
+  pw_info("http: listening on %s:%d%s; %d workers + %d queued for expensive requests, %d + %d for workers' "
+          "checkpoint uploads; at most %d connections, %d per address, idle ones closed after %u s",
+          host, c->http_port, c->api_token[0] ? " (bearer token required)" : "", srv->user.n_threads,
+          srv->user.queue_max, srv->cluster.n_threads, srv->cluster.queue_max, srv->max_conns, srv->max_per_ip, idle);
   return 0;
 }
 

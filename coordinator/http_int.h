@@ -36,19 +36,33 @@ typedef struct {
   int n;
 } ip_count;
 
-/* The server: the daemon, the pool for expensive handlers, the counts. */
+typedef struct http_srv http_srv;
+
+/* One lane of the pool: its threads and its queue. Users' expensive
+ * requests take one lane, the workers' checkpoint uploads the other, so a
+ * flood of plans never turns a finished job's upload away. */
 typedef struct {
+  http_srv *srv;
+  const char *what;         /* for the 429's message and the log */
+  pthread_cond_t cv;        /* with c->mu: the lane's queue */
+  pthread_t *threads;
+  int n_threads, queue_max;
+  http_req *head, *tail;    /* admitted, waiting for a thread */
+  int *running, *queued;    /* its counts in c->http_adm (/metrics) */
+  uint64_t *busy;
+} http_lane;
+
+/* The server: the daemon, the pool's two lanes, the counts. */
+struct http_srv {
   pw_coord *c;
   struct MHD_Daemon *d;
-  pthread_cond_t cv;        /* with c->mu: the pool's queue */
-  pthread_t *threads;
-  int n_threads, queue_max, stopping;
-  http_req *head, *tail;   /* admitted, waiting for a worker */
+  http_lane user, cluster;
+  int stopping;
   int max_conns, max_per_ip;
   ip_count *ips;           /* addresses with open connections */
   int n_ips;
-} http_srv; /* mutable fields guarded by c->mu (held briefly, never across a
-               libmicrohttpd call); the counts /metrics shows are c->http_adm */
+}; /* mutable fields guarded by c->mu (held briefly, never across a
+      libmicrohttpd call); the counts /metrics shows are c->http_adm */
 
 static inline size_t pw__http_max_body(const pw_coord *c) {
   return c->max_body ? c->max_body : PW_HTTP_DEFAULT_MAX_BODY;

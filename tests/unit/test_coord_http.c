@@ -9,6 +9,7 @@
  * message), with the server still answering after each. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <setjmp.h>
@@ -27,6 +28,7 @@
 
 #include "httptest.h"
 
+#include "api.h"
 #include "coord.h"
 #include "plan.h"
 #include "crc32c.h"
@@ -826,12 +828,107 @@ static void test_counted(void **state) {
   resp_free(&r);
 }
 
+/* ---- the pool's lanes ---------------------------------------------------------- */
+
+static pthread_mutex_t lane_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t lane_cv = PTHREAD_COND_INITIALIZER;
+static int plans_held, plans_released;
+
+/* Holds every plan until released; lets anything else through. */
+static void plans_hook(const char *path) {
+  if (strncmp(path, "/v1/plans", 9)) return;
+  pthread_mutex_lock(&lane_mu);
+  plans_held++;
+  pthread_cond_broadcast(&lane_cv);
+  while (!plans_released) pthread_cond_wait(&lane_cv, &lane_mu);
+  pthread_mutex_unlock(&lane_mu);
+}
+
+static long long metric_value(const char *name) {
+  resp r;
+  req("GET", "/metrics", NULL, &r);
+  assert_int_equal(r.status, 200);
+  char key[160];
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *p = strstr(r.body, key);
+  assert_non_null(p);
+  long long v = atoll(p + strlen(key));
+  resp_free(&r);
+  return v;
+}
+
+/* Workers' checkpoint uploads have a lane of their own: with every thread
+ * and queue place of the users' lane taken by plans (held here), a plan
+ * gets 429 and a shard is still stored (it used to get 429 too, and after
+ * the worker's three tries the model of that step was lost). */
+static void test_uploads_own_lane(void **state) {
+  (void)state;
+  pw_err err = {0};
+  resp r;
+  req("POST", "/v1/jobs", SPEC, &r);
+  assert_int_equal(r.status, 201);
+  json_t *j = body_json(&r);
+  int64_t id = json_integer_value(json_object_get(j, "id")), run = 0;
+  json_decref(j);
+  resp_free(&r);
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_PLANNING, "t", NULL, &err), 0);
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_DISPATCHING, "t", NULL, &err), 0);
+  assert_int_equal(pw_store_run_insert(S, id, NULL, &run, &err), 0);
+  for (int k = 0; k < 2; k++) assert_int_equal(pw_store_stage_insert(S, run, k, k, "[]", 100, 1e6, &err), 0);
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_RUNNING, "t", NULL, &err), 0);
+  float a[6] = {1, 2, 3, 4, 5, 6};
+  pw_st_tensor t0[1] = {{"embed.tok.weight", PW_ST_F32, 2, {2, 3}, a}};
+  char f0[128];
+  snprintf(f0, sizeof f0, "%s/lane.safetensors", tmpdir);
+  assert_int_equal(pw_st_write(f0, t0, 1, NULL, 0, &err), 0);
+
+  plans_held = plans_released = 0;
+  pw_http_set_pool_hook(plans_hook);
+  int n = C.http_adm.workers + C.http_adm.queue, fds[64];
+  assert_true(n <= 64);
+  for (int i = 0; i < n; i++) {
+    fds[i] = ht_dial(C.http_port, 0);
+    ht_send(fds[i], "POST", "/v1/plans", NULL, SPEC);
+  }
+  for (int tries = 0; tries < 6000; tries++) { /* until the lane is full (a guard, not a timing) */
+    pthread_mutex_lock(&lane_mu);
+    int held = plans_held;
+    pthread_mutex_unlock(&lane_mu);
+    if (held == C.http_adm.workers && metric_value("pipewright_http_pool{state=\"queued\"}") == C.http_adm.queue)
+      break;
+    usleep(10000);
+  }
+  assert_int_equal(metric_value("pipewright_http_pool{state=\"queued\"}"), C.http_adm.queue);
+  req("POST", "/v1/plans", SPEC, &r);
+  check_error(&r, 429, "busy", "", "try again");
+  resp_free(&r);
+
+  put_shard(id, run, 1, 0, 0, f0, NULL, &r);
+  if (r.status != 201) fprintf(stderr, "upload: %d %s\n", r.status, r.body);
+  assert_int_equal(r.status, 201);
+  resp_free(&r);
+  assert_int_equal(metric_value("pipewright_http_upload_busy_total"), 0);
+
+  pthread_mutex_lock(&lane_mu);
+  plans_released = 1;
+  pthread_cond_broadcast(&lane_cv);
+  pthread_mutex_unlock(&lane_mu);
+  pw_http_set_pool_hook(NULL);
+  for (int i = 0; i < n; i++) {
+    ht_read(fds[i], &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+  }
+  assert_int_equal(pw_store_job_set_state(S, id, PW_JOB_CANCELLED, "t", NULL, &err), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_health_metrics_workers_schedules),
       cmocka_unit_test(test_plans_equal_cli),
       cmocka_unit_test(test_submit_list_get),
       cmocka_unit_test(test_run_views),
+      cmocka_unit_test(test_uploads_own_lane),
       cmocka_unit_test(test_static_files),
       cmocka_unit_test(test_hostile_table),
       cmocka_unit_test(test_huge_bodies),
