@@ -63,6 +63,7 @@ struct pw_jobrt {
   int planning;            /* its plan is being built on a worker thread */
   int ended;               /* ended while planning: freed when the plan is back */
   int on_nonfinite;        /* pw_nonfinite of the spec */
+  int final_ckpt;          /* a training job: its last step's checkpoint must be stored before it succeeds */
   int max_restarts;        /* train.max_restarts */
   int steps_done;          /* steps every rank has reported (start_step at first) */
   int done;

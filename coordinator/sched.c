@@ -28,12 +28,15 @@
  * run starts while writes are pending. A step whose loss or gradient norm
  * is not finite is recorded as such and fails the job ("diverged at step
  * N") unless the spec's train.on_nonfinite is "skip". Loop thread only. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "spec_json.h"
+#include "checkpoints.h"
 #include "contention.h"
 #include "ctl_int.h"
 #include "gen.h"
@@ -419,6 +422,7 @@ static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn
   jr->tp = job->mesh.tp;
   jr->steps = job->train.steps;
   jr->on_nonfinite = job->train.on_nonfinite;
+  jr->final_ckpt = job->mode == PW_MODE_TRAIN;
   jr->max_restarts = job->train.max_restarts;
   jr->planning = 1;
   for (int r = 0; r < n; r++) { /* reserved: no other job takes them meanwhile */
@@ -648,6 +652,39 @@ static int on_checkpoint(void *ctx, void *conn, const pw_msg_any *msg, const jso
   return 0;
 }
 
+/* A training job succeeds only with its model: its last step's
+ * checkpoint complete in the store. Ranks say done only once their shards
+ * of it are stored (they retry until then), so this holds unless an upload
+ * was refused; then why says which stages are missing and where they are,
+ * and the job fails. 0 when the checkpoint is there (or none is due). */
+static int final_missing(pw_coord *c, const pw_jobrt *jr, char *why, size_t cap) {
+  if (!jr->final_ckpt || jr->steps <= 0) return 0;
+  pw_store *s = pw_coord_store(c);
+  pw_err err = {0};
+  int n = 0, rc = s ? pw_store_ckpt_step(s, jr->job, jr->steps, &n, &err) : PW_EIO;
+  if (!rc) return 0;
+  size_t l = (size_t)snprintf(why, cap, "all ranks done, but the final checkpoint (step %d) is not stored: ", jr->steps);
+  if (rc != PW_ENOENT) { /* the store cannot say: not a success either */
+    char b[400];
+    snprintf(why + l, cap - l, "the store cannot be read (%s)", pw_err_str(&err, b, sizeof b));
+    return 1;
+  }
+  l += (size_t)snprintf(why + l, cap - l, "missing");
+  for (int st = 0; st < jr->n_stages && l < cap; st++) {
+    char m[PATH_MAX], o[PATH_MAX];
+    if (pw_ck_shard_path(c->state_dir, jr->job, jr->steps, st, 0, m, sizeof m, NULL) ||
+        pw_ck_shard_path(c->state_dir, jr->job, jr->steps, st, 1, o, sizeof o, NULL))
+      continue;
+    int hm = access(m, F_OK) == 0, ho = access(o, F_OK) == 0;
+    if (!hm || !ho)
+      l += (size_t)snprintf(why + l, cap - l, " stage %d (%s)", st, !hm && !ho ? "model and optimizer" : !hm ? "model" : "optimizer");
+  }
+  if (l < cap)
+    snprintf(why + l, cap - l, "; the workers keep their files (job-%lld/step-%d/stage-K.safetensors in their "
+             "checkpoint folder; their logs name each one)", (long long)jr->job, jr->steps);
+  return 1;
+}
+
 static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
   pw_coord *c = ctx;
   pw_jobrt *jr = current_run(conn, raw, msg->DONE.job, msg->DONE.run);
@@ -655,7 +692,14 @@ static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
   if (++jr->done == jr->n_ranks) {
     for (int r = 0; r < jr->n_ranks; r++) /* the workers drop them once done */
       if (jr->ranks[r]) pw_rec_snapshots_keep(jr->ranks[r], 0);
-    end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+    char why[1500];
+    if (final_missing(c, jr, why, sizeof why)) {
+      pw_error("job %lld: %s", (long long)jr->job, why);
+      event(c, jr->job, "checkpoint", why);
+      end_run(c, jr, "failed", PW_JOB_FAILED, why, NULL);
+    } else {
+      end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+    }
   }
   sched_tick(c);
   return 0;

@@ -177,12 +177,13 @@ int pw_write_do(pw_coord *c, const pw_write *w, pw_err *err) {
   }
   if (!q || (pending >= PW_WRITEQ_MAX && !critical_kind(w->kind)) || keep(q, w)) {
     pw_error("store: %s LOST: %s (%d writes pending)", d, pw_err_str(&e, b, sizeof b), pending);
-    set_health(c, pending, 1, 1, &e);
+    set_health(c, pending, 1, 1, pending ? NULL : &e);
     return PW_ETOOBIG;
   }
   pw_error("store: %s failed: %s; kept in memory for a retry (%d pending)", d, pw_err_str(&e, b, sizeof b),
            pending + 1);
-  set_health(c, pending + 1, 1, 0, &e);
+  /* queued behind earlier writes: the health keeps their error (the cause) */
+  set_health(c, pending + 1, 1, 0, pending ? NULL : &e);
   return 1;
 }
 

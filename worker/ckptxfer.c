@@ -141,8 +141,14 @@ static int make_url(const pw_xfer *x, const char *url_path, char *url, size_t ca
   return k < 0 || (size_t)k >= cap ? pw_err_set(err, PW_EINVAL, WHERE, "http_url is too long") : 0;
 }
 
-int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, pw_err *err) {
+int pw_xfer_retryable(int rc, long status) {
+  if (rc == PW_ECANCELED || rc == PW_EAUTH) return 0;
+  return rc == PW_EPEER || status == 0 || status == 429 || status >= 500;
+}
+
+int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, long *status, pw_err *err) {
   char url[1200], crc[9];
+  *status = 0;
   int rc = make_url(x, url_path, url, sizeof url, err);
   if (rc || (rc = pw_xfer_file_crc(path, crc, err))) return rc;
   FILE *f = fopen(path, "rbe");
@@ -155,6 +161,7 @@ int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, pw_err
   xfer d = {.url = url, .fd = -1, .abort = x->abort};
   rc = perform(&d, x, "PUT", f, (uint64_t)size, crc, err);
   fclose(f);
+  *status = d.status;
   return rc;
 }
 

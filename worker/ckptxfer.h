@@ -30,8 +30,13 @@ PW_MUST_CHECK int pw_xfer_file_crc(const char *path, char hex[9], pw_err *err);
 
 /* PUT the file at path to base_url + url_path with its CRC32C. 0 once the
  * coordinator answered 2xx; else an error naming the URL and the answer
- * (a 4xx: what the coordinator refused). */
-PW_MUST_CHECK int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, pw_err *err);
+ * (a 4xx: what the coordinator refused). *status gets the HTTP status (0
+ * when none came back). */
+PW_MUST_CHECK int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, long *status, pw_err *err);
+/* Whether a failed PUT may succeed later: no answer at all, the
+ * coordinator busy (429, 503) or its disk full (507), or another 5xx. A
+ * refusal (4xx) or a cancel is final. */
+int pw_xfer_retryable(int rc, long status);
 
 /* GET base_url + url_path into the file at path (a temporary file beside
  * it, fsynced and renamed), at most max bytes. A 404 is PW_ENOENT. */

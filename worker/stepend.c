@@ -241,8 +241,25 @@ static int mkdirs(const char *path) {
  * lose. On the compute thread (never the loop): the next step starts once
  * the coordinator confirmed, so a run's last checkpoint is stored before
  * its rank says done. Without an http_url (no coordinator HTTP API: a run
- * made by a test harness) the files stay where they were written. */
-#define UPLOAD_TRIES 3
+ * made by a test harness) the files stay where they were written.
+ *
+ * A coordinator that cannot take it now (busy: 429, 503; its disk full:
+ * 507; unreachable) is tried again, waiting 0.2 s, 0.4 s, ... up to 10 s
+ * between tries: the run's last checkpoint for as long as the run lives
+ * (its rank says done only once it is stored, so a job never ends
+ * succeeded without its model), an earlier one for UPLOAD_PATIENCE
+ * seconds, then the run goes on and the files stay here (the next
+ * checkpoint supersedes it). A refusal (4xx) is final at once. */
+#define UPLOAD_PATIENCE 60.0
+
+/* Sleeps s seconds unless the run is aborted meanwhile (1 then). */
+static int nap(pw_run *r, double s) {
+  for (double t = 0; t < s; t += 0.05) {
+    if (atomic_load(&r->sh.abort)) return 1;
+    usleep(50000);
+  }
+  return atomic_load(&r->sh.abort) != 0;
+}
 
 static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   if (!r->http_url[0]) return 0;
@@ -250,27 +267,49 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   pw_ckpt_optim_path(path, opath, sizeof opath);
   pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
   double t0 = pw_now();
+  int last = step == r->steps;
   struct stat sm, so;
   for (int opt = 1; opt >= 0; opt--) { /* the optimizer first, as ckpt.c writes them */
     pw_err err = {0};
     snprintf(url, sizeof url, "/v1/jobs/%llu/runs/%d/checkpoints/%d/stages/%d%s", (unsigned long long)r->job,
              r->run_id, step, stage, opt ? "/optimizer" : "");
-    int rc = 0;
-    for (int attempt = 0; attempt < UPLOAD_TRIES; attempt++) {
-      if (attempt) usleep(200000u << attempt); /* 0.4 s, 0.8 s: a coordinator briefly busy */
-      if (!(rc = pw_xfer_put(&x, url, opt ? opath : path, &err)) || rc == PW_ECANCELED) break;
+    int rc = 0, tries = 0;
+    long status = 0;
+    double wait = 0.2, began = pw_now();
+    for (;;) {
+      tries++;
+      if (!(rc = pw_xfer_put(&x, url, opt ? opath : path, &status, &err)) || !pw_xfer_retryable(rc, status)) break;
+      if (!last && pw_now() - began + wait > UPLOAD_PATIENCE) break;
+      if (tries == 1 || (tries & (tries - 1)) == 0) { /* the first, then the 2nd, 4th, 8th... try: said, not flooded */
+        char b[700];
+        pw_warn("job %llu: checkpoint of step %d, stage %d: try %d not stored, again in %.1f s%s: %s",
+                (unsigned long long)r->job, step, stage, tries, wait, last ? " (the run's last: until stored)" : "",
+                pw_err_str(&err, b, sizeof b));
+      }
+      if (nap(r, wait)) {
+        rc = pw_err_set(&err, PW_ECANCELED, "checkpoint", "cancelled while the upload waited to be tried again");
+        break;
+      }
+      wait = wait * 2 > 10 ? 10 : wait * 2;
     }
     if (rc == PW_ECANCELED) return pw_exec_fail(r, rc, &err, "checkpoint of step %d, stage %d", step, stage);
+    if (rc && last) /* refused (a 4xx): the job must not end as if its model were stored */
+      return pw_exec_fail(r, rc, &err, "the run's last checkpoint (step %d, stage %d, kept at %s) was refused", step,
+                          stage, path);
     if (rc) {
-      /* The coordinator cannot store it now (its disk or store failing):
-       * the run goes on and the files stay here, named in the log and in
-       * the checkpoint report; the step is not complete on the
-       * coordinator, so a resume takes an earlier one. */
+      /* The coordinator did not store it: the run goes on and the files
+       * stay here, named in the log and in the checkpoint report; the step
+       * is not complete on the coordinator, so a resume takes an earlier
+       * one. */
       char b[700];
-      pw_warn("job %llu: checkpoint of step %d, stage %d kept at %s: the coordinator did not store it after %d tries: %s",
-              (unsigned long long)r->job, step, stage, path, UPLOAD_TRIES, pw_err_str(&err, b, sizeof b));
+      pw_warn("job %llu: checkpoint of step %d, stage %d kept at %s: the coordinator did not store it after %d tries "
+              "in %.0f s: %s",
+              (unsigned long long)r->job, step, stage, path, tries, pw_now() - began, pw_err_str(&err, b, sizeof b));
       return 0;
     }
+    if (tries > 1)
+      pw_info("job %llu: checkpoint of step %d, stage %d stored at try %d, after %.1f s", (unsigned long long)r->job,
+              step, stage, tries, pw_now() - began);
   }
   int sized = stat(path, &sm) == 0 && stat(opath, &so) == 0;
   pw_info("job %llu: checkpoint of step %d, stage %d uploaded (%lld bytes, %.1f ms)", (unsigned long long)r->job, step,

@@ -159,9 +159,17 @@ def store_outage(tmp, tag, fail, recover, state=None, env=None):
         jid = s.submit(medium(steps))
         check(f"{tag}: the job runs", wait(lambda: s.job(jid)["progress"]["step"] >= 5, 60), s.job(jid))
         fail()
-        # the ranks finish while nothing can be recorded
-        check(f"{tag}: the ranks finish", wait(lambda: s.n_workers("idle") == 2 and
-                                               s.job(jid)["state"] == "running", 120), s.workers())
+        # the ranks run to the end while nothing can be recorded; their last
+        # checkpoint cannot be stored, so they try it again and again (they
+        # used to give up after three tries, and the job then ended
+        # succeeded without its model)
+        wlogs = [os.path.join(tmp, f"{tag}-w{i}.log") for i in range(2)]
+        final = f"checkpoint of step {steps}, stage "
+        check(f"{tag}: the ranks reach the last step and retry its checkpoint",
+              wait(lambda: all(final in t and "(the run's last: until stored)" in t
+                               for t in (open(f, errors="replace").read() for f in wlogs)), 120),
+              [open(f, errors="replace").read()[-400:] for f in wlogs])
+        check(f"{tag}: the workers stay on the job meanwhile", s.n_workers("busy") == 2, s.workers())
         j = s.job(jid)
         check(f"{tag}: the job is not recorded as done yet", j["state"] == "running" and j["progress"]["step"] < steps, j)
         st, h = http(s.base, "/healthz")
@@ -176,6 +184,11 @@ def store_outage(tmp, tag, fail, recover, state=None, env=None):
         recover()
         j = s.wait_job(jid, timeout=60)
         check(f"{tag}: once the store works the job ends succeeded", j["state"] == "succeeded", j)
+        ck = http(s.base, f"/v1/jobs/{jid}/checkpoints")[1]
+        ck = ck.get("checkpoints", ck) if isinstance(ck, dict) else ck
+        check(f"{tag}: with its final checkpoint stored", steps in [c["step"] for c in ck], ck)
+        st, _ = http(s.base, f"/v1/jobs/{jid}/checkpoint")
+        check(f"{tag}: and downloadable", st == 200, st)
         rows = http(s.base, f"/v1/jobs/{jid}/metrics")[1]["metrics"]
         check(f"{tag}: every step's row is recorded", [r["step"] for r in rows] == list(range(steps)),
               [r["step"] for r in rows][:10])
