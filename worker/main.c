@@ -23,7 +23,7 @@ static void usage(FILE *f) {
           "usage: pipewright-worker --coordinator HOST:PORT [options]\n"
           "  --coordinator HOST:PORT  control link (default 127.0.0.1:7070)\n"
           "  --listen ADDR:PORT       data plane for peer workers (default 127.0.0.1:0 = ephemeral)\n"
-          "  --name NAME              worker name (default: hostname-pid)\n"
+          "  --name NAME              worker name (default: hostname-pid; no control characters)\n"
           "  --threads N              OpenBLAS threads for compute (default 1)\n"
           "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
           "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
