@@ -26,6 +26,7 @@ PACKAGES=(
   python3-venv                            # .venv/: the PyPI test tools (deploy/venv.sh)
   chromium fonts-dejavu-core              # the dashboard's browser test (driven by Playwright from .venv/)
   iproute2 systemd                        # multi-host (netns) and unit tests
+  file                                    # test_deb: cpack's DEB generator runs it (dpkg-shlibdeps)
   wrk                                     # control-plane benchmark
 )
 
