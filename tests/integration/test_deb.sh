@@ -186,8 +186,9 @@ for i in 1 2 3; do
   WPIDS+=($!)
   PIDS+=($!)
 done
-# On h0, as its operator: the installed CLI with the installed token.
-on_h0() { nsenter --target "$CPID" --mount --uts --net env PIPEWRIGHT_COORDINATOR="$API" \
+# On h0, as its operator: the installed CLI with the installed token (--root:
+# the coordinator's root, a chroot's when the test runs in one, not the namespace's).
+on_h0() { nsenter --target "$CPID" --root --mount --uts --net env PIPEWRIGHT_COORDINATOR="$API" \
             PIPEWRIGHT_TOKEN_FILE=/etc/pipewright/api.token "$@"; }
 for _ in $(seq 200); do
   on_h0 /usr/bin/pipewright workers >"$T/workers.txt" 2>&1
