@@ -396,6 +396,8 @@ static void plan_done(uv_work_t *req, int status) {
   char names[512] = "";
   for (int r = 0; r < jr->n_ranks; r++) {
     pw_wconn *w = jr->ranks[r];
+    char upload[65];
+    pw_coord_upload_token(c, jr->job, jr->run, r, upload);
     json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = jr->job, .run = jr->run, .rank = r,
                                   .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
                                   .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
@@ -403,7 +405,7 @@ static void plan_done(uv_work_t *req, int status) {
                                   .restore_step = snap ? snap : -1, .restore_from = from,
                                   .serve_seqs = serve ? job->serve.max_sequences : -1,
                                   .serve_len = serve ? job->serve.max_len : -1,
-                                  .serve_queue = serve ? job->serve.max_queue : -1);
+                                  .serve_queue = serve ? job->serve.max_queue : -1, .upload_token = upload);
     pw_rec_snapshots_keep(w, jr->job); /* the worker keeps only this job's from here */
     pw_registry_update(c, w);
     pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};
