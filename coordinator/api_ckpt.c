@@ -55,13 +55,45 @@ static int keep_of(const char *spec) {
   return keep;
 }
 
-/* The stage count of the job's latest run, 0 when it has none. */
-static int run_stages(pw_store *s, int64_t job) {
-  json_t *run = NULL;
+/* The stage count of the job's latest run (0 when it has none) and the
+ * pipeline rank that holds `stage` in it (-1 when none does). */
+static int run_stages(pw_store *s, int64_t job, int stage, int *prank) {
+  json_t *run = NULL, *g;
   int n = 0;
-  if (!pw_store_run_json(s, job, &run, NULL)) n = (int)json_array_size(json_object_get(run, "stages"));
+  size_t i;
+  *prank = -1;
+  if (!pw_store_run_json(s, job, &run, NULL)) {
+    json_t *stages = json_object_get(run, "stages");
+    n = (int)json_array_size(stages);
+    json_array_foreach(stages, i, g) if (json_integer_value(json_object_get(g, "stage")) == stage) *prank =
+        (int)json_integer_value(json_object_get(g, "rank"));
+  }
   json_decref(run);
   return n;
+}
+
+/* An integer of a stored spec at obj.key, def when absent. */
+static int spec_int(const char *spec, const char *obj, const char *key, int def) {
+  json_t *j = spec ? json_loads(spec, 0, NULL) : NULL;
+  json_t *v = json_object_get(json_object_get(j, obj), key);
+  int out = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT_MAX
+                ? (int)json_integer_value(v)
+                : def;
+  json_decref(j);
+  return out;
+}
+
+/* Whether the request carries the upload token of the rank that uploads
+ * `stage` (replica 0, tp rank 0 of its pipeline rank prank): compared in
+ * constant time. */
+static int uploader(pw_req *r, int prank, int tp) {
+  const char *got = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Pipewright-Upload-Token");
+  char want[65];
+  pw_coord_upload_token(r->c, r->id, r->run, prank * tp, want);
+  if (!got || strlen(got) != 64) return 0;
+  unsigned diff = 0;
+  for (int i = 0; i < 64; i++) diff |= (unsigned)(got[i] ^ want[i]);
+  return diff == 0;
 }
 
 /* ---- upload ------------------------------------------------------------------- */
@@ -95,7 +127,8 @@ static int upload_begin(pw_req *r, int64_t declared) {
   if (!s) return -1;
   pw_job_brief b;
   if (brief(r, s, &b)) return -1;
-  int keep = keep_of(b.spec), n_stages = run_stages(s, r->id);
+  int prank = -1, keep = keep_of(b.spec), n_stages = run_stages(s, r->id, r->stage, &prank);
+  int tp = spec_int(b.spec, "mesh", "tp", 1), every = spec_int(b.spec, "train", "checkpoint_every", 0);
   free(b.spec);
   if (b.run != r->run) {
     pw_reply_error(r, PW_ECONFLICT, "run", "run %lld is not job %lld's current run (%d)", (long long)r->run,
@@ -112,9 +145,24 @@ static int upload_begin(pw_req *r, int64_t declared) {
                    b.steps);
     return -1;
   }
-  if (r->stage >= n_stages) {
+  if (r->stage >= n_stages || prank < 0) {
     pw_reply_error(r, PW_ENOENT, "stage", "job %lld's run %lld has %d stages: no stage %d", (long long)r->id,
                    (long long)r->run, n_stages, r->stage);
+    return -1;
+  }
+  if (r->step != b.steps && (every <= 0 || r->step % every)) {
+    pw_reply_error(r, PW_EINVAL, "step",
+                   "job %lld checkpoints at every %d steps and at its last (%d): not at step %d", (long long)r->id,
+                   every, b.steps, r->step);
+    return -1;
+  }
+  /* The cluster token says a worker of this cluster; the upload token, the
+   * one worker assigned this stage in this run (a token holder otherwise
+   * could store a "complete" step of any job and push out the real ones). */
+  if (!uploader(r, prank, tp < 1 ? 1 : tp)) {
+    pw_reply_error(r, PW_EFORBIDDEN, "X-Pipewright-Upload-Token",
+                   "only the worker assigned stage %d in run %lld uploads its checkpoint (its assign's upload_token)",
+                   r->stage, (long long)r->run);
     return -1;
   }
   upload *u = calloc(1, sizeof *u);

@@ -240,3 +240,18 @@ int pw_ck_remove(const char *state_dir, int64_t job, int step, pw_err *err) {
   int rc = pw_ck_dir(state_dir, job, step, dir, sizeof dir, err);
   return rc ? rc : remove_tree(dir, step < 0 ? 1 : 0, err);
 }
+
+int pw_ck_step_check(const char *state_dir, int64_t job, int step, int n_stages, pw_err *err) {
+  for (int st = 0; st < n_stages; st++)
+    for (int opt = 0; opt < 2; opt++) {
+      char path[PATH_MAX];
+      pw_st_file *f = NULL;
+      int rc = pw_ck_shard_path(state_dir, job, step, st, opt, path, sizeof path, err);
+      if (!rc && access(path, R_OK))
+        rc = pw_err_set(err, PW_ENOENT, "checkpoint", "%s is missing: %s", path, strerror(errno));
+      if (!rc) rc = pw_st_open(path, &f, err);
+      pw_st_close(f);
+      if (rc) return rc;
+    }
+  return 0;
+}

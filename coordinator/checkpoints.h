@@ -50,6 +50,12 @@ PW_MUST_CHECK int pw_ck_writer_commit(pw_ck_writer *w, pw_err *err);
 /* Closes; removes the temporary file unless committed. NULL is fine. */
 void pw_ck_writer_free(pw_ck_writer *w);
 
+/* Whether step `step` of job `job` reads back intact: every stage's model
+ * and optimizer file opens as safetensors and matches the checksums it
+ * carries. 0, or the first failure naming the file (PW_ENOENT when one is
+ * gone). Reads every byte: off the control loop. */
+PW_MUST_CHECK int pw_ck_step_check(const char *state_dir, int64_t job, int step, int n_stages, pw_err *err);
+
 /* Gathers step `step` of job `job` (stages 0..n_stages-1) into ONE
  * safetensors file at out: the whole model, or with optimizer its
  * optimizer state (exp_avg.*, exp_avg_sq.*). A tensor held by several

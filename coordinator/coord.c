@@ -9,6 +9,7 @@
 
 #include "cpu.h"
 #include "log.h"
+#include "sha256.h"
 
 static _Thread_local pw_store *tls_store;
 static _Thread_local pw_coord *tls_owner;
@@ -40,6 +41,14 @@ pw_store *pw_coord_store(pw_coord *c) {
 
 void pw_coord_wake(pw_coord *c) {
   if (c->loop) uv_async_send(&c->wake);
+}
+
+void pw_coord_upload_token(const pw_coord *c, int64_t job, int64_t run, int rank, char out[65]) {
+  char msg[96];
+  int n = snprintf(msg, sizeof msg, "pipewright upload %lld %lld %d", (long long)job, (long long)run, rank);
+  uint8_t mac[PW_SHA256_LEN];
+  pw_hmac_sha256(c->upload_key, sizeof c->upload_key, msg, (size_t)n, mac);
+  pw_sha256_to_hex(mac, out);
 }
 
 static const char *worker_state(const pw_worker_info *w) {

@@ -65,6 +65,7 @@ struct pw_coord {
   char state_dir[512];
   char api_token[PW_CONTROL_TOKEN_MAX + 1];     /* empty: no auth */
   char cluster_token[PW_CONTROL_TOKEN_MAX + 1]; /* empty: none */
+  unsigned char upload_key[32]; /* random at start: the ranks' upload tokens (pw_coord_upload_token) */
   double heartbeat_interval, heartbeat_timeout;
   double worker_expiry;   /* a lost worker leaves the registry after this long (0: never) */
   size_t max_body;        /* request body bound (bytes) */
@@ -115,6 +116,11 @@ struct pw_coord {
 pw_store *pw_coord_store(pw_coord *c);
 /* Tell the loop to look at the jobs again (thread-safe). */
 void pw_coord_wake(pw_coord *c);
+/* The token rank `rank` of run `run` of job `job` sends with its
+ * checkpoint shards: HMAC-SHA256 under c->upload_key, in hex. Only that
+ * rank is told it (in its assign), so holding the cluster token is not
+ * enough to store a checkpoint of a job. */
+void pw_coord_upload_token(const pw_coord *c, int64_t job, int64_t run, int rank, char out[65]);
 /* {"pipeline_rank", "replica", "tp_rank"} of rank `rank` of a pp x dp x tp mesh. */
 json_t *pw_coord_coordinate_json(int rank, int pp, int tp);
 /* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -284,6 +285,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (lock_state_dir(c->state_dir)) return 1;
+  if (getrandom(c->upload_key, sizeof c->upload_key, 0) != (ssize_t)sizeof c->upload_key) {
+    fprintf(stderr, "pipewright-coordinator: cannot get random bytes for the upload key: %s\n", strerror(errno));
+    return 1;
+  }
   if (db)
     snprintf(c->db_path, sizeof c->db_path, "%s", db);
   else

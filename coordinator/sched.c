@@ -156,6 +156,8 @@ typedef struct {
   int *stage_rank;           /* [S] */
   int64_t *params;           /* [S] */
   double *flops;             /* [S] */
+  int ckpt_upto;             /* resume from a checkpoint of at most this step */
+  char skipped[600];         /* the checkpoints passed over as unreadable, said in the job's events */
 } planwork;
 
 static void planwork_free(planwork *pw) {
@@ -183,8 +185,32 @@ static char *actions_text(const pw_sched *sc, int r) {
 
 /* Worker thread: the plan (once per run), its canonical text and hash,
  * every rank's slice, and what the store records of it. */
+/* The newest complete checkpoint whose shards all read back intact: one
+ * damaged on disk (a flipped bit, a lost file) is passed over, and said,
+ * rather than handed to the workers, whose load would fail the run again
+ * at every retry. Reads the shards: on the planning thread. */
+static void intact_checkpoint(planwork *pw) {
+  pw_store *s = pw_coord_store(pw->c);
+  int upto = INT_MAX;
+  size_t l = 0;
+  pw->ckpt_upto = INT_MAX;
+  pw->skipped[0] = 0;
+  for (int tries = 0; s && tries < 64; tries++) {
+    int step = 0, have = 0;
+    if (pw_store_ckpt_latest_upto(s, pw->jr->job, upto, &step, &have, NULL)) return;
+    pw_err err = {0};
+    if (!pw_ck_step_check(pw->c->state_dir, pw->jr->job, step, have, &err)) return;
+    char b[400];
+    if (l < sizeof pw->skipped)
+      l += (size_t)snprintf(pw->skipped + l, sizeof pw->skipped - l, "%sthe checkpoint of step %d (%s)", l ? "; " : "",
+                            step, pw_err_str(&err, b, sizeof b));
+    pw->ckpt_upto = upto = step - 1;
+  }
+}
+
 static void plan_work(uv_work_t *req) {
   planwork *pw = req->data;
+  intact_checkpoint(pw);
   pw_plan p;
   if ((pw->rc = pw_plan_build(&pw->job, NULL, &p, &pw->err))) return;
   /* Submit checked the workers connected then; these may be smaller. */
@@ -344,7 +370,14 @@ static void plan_done(uv_work_t *req, int status) {
   if (!pw_store_job_brief(s, jr->job, &jb, &err)) recorded = jb.steps_done;
   free(jb.spec);
   char resume[1024] = "";
-  int start = resume_point(s, jr->job, pw->S, recorded, resume, sizeof resume);
+  if (pw->skipped[0]) {
+    char msg[700];
+    snprintf(msg, sizeof msg, "passed over as unreadable: %s", pw->skipped);
+    pw_warn("job %lld: %s", (long long)jr->job, msg);
+    event(c, jr->job, "resume", msg);
+  }
+  int start = resume_point(s, jr->job, pw->S, recorded < pw->ckpt_upto ? recorded : pw->ckpt_upto, resume,
+                           sizeof resume);
   if (start >= job->train.steps) start = 0, resume[0] = 0;
   json_t *from = NULL; /* the in-memory snapshots, when newer than the checkpoint */
   int before = recorded + 1 < job->train.steps ? recorded + 1 : job->train.steps;
@@ -363,6 +396,8 @@ static void plan_done(uv_work_t *req, int status) {
   char names[512] = "";
   for (int r = 0; r < jr->n_ranks; r++) {
     pw_wconn *w = jr->ranks[r];
+    char upload[65];
+    pw_coord_upload_token(c, jr->job, jr->run, r, upload);
     json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = jr->job, .run = jr->run, .rank = r,
                                   .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
                                   .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
@@ -370,7 +405,7 @@ static void plan_done(uv_work_t *req, int status) {
                                   .restore_step = snap ? snap : -1, .restore_from = from,
                                   .serve_seqs = serve ? job->serve.max_sequences : -1,
                                   .serve_len = serve ? job->serve.max_len : -1,
-                                  .serve_queue = serve ? job->serve.max_queue : -1);
+                                  .serve_queue = serve ? job->serve.max_queue : -1, .upload_token = upload);
     pw_rec_snapshots_keep(w, jr->job); /* the worker keeps only this job's from here */
     pw_registry_update(c, w);
     pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};

@@ -89,6 +89,10 @@ static int perform(xfer *d, const pw_xfer *x, const char *method, FILE *up, uint
   if (up) {
     snprintf(line, sizeof line, "X-Pipewright-Crc32c: %s", crc);
     oom |= !(t = curl_slist_append(hdrs, line)), hdrs = t ? t : hdrs;
+    if (x->upload_token && *x->upload_token && strlen(x->upload_token) < 200 && !strpbrk(x->upload_token, "\r\n")) {
+      snprintf(line, sizeof line, "X-Pipewright-Upload-Token: %s", x->upload_token);
+      oom |= !(t = curl_slist_append(hdrs, line)), hdrs = t ? t : hdrs;
+    }
     oom |= !(t = curl_slist_append(hdrs, "Content-Type: application/octet-stream")), hdrs = t ? t : hdrs;
     oom |= !(t = curl_slist_append(hdrs, "Expect:")), hdrs = t ? t : hdrs; /* no wait for 100-continue */
   }

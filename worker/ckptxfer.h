@@ -23,6 +23,7 @@ typedef struct {
   const char *base_url; /* the coordinator's HTTP API, e.g. "http://10.0.0.1:8080" */
   const char *token;    /* the cluster token, or NULL / "" */
   atomic_int *abort;    /* when not NULL: a transfer stops once it is nonzero (PW_ECANCELED) */
+  const char *upload_token; /* PUT: the assign's upload token (X-Pipewright-Upload-Token), or NULL */
 } pw_xfer;
 
 /* The file's CRC32C as 8 lowercase hex digits into hex[9]. */

@@ -268,6 +268,7 @@ struct pw_run {
   pw_dscache *cache;
   char http_url[512];
   const char *token;
+  const char *upload_token; /* the assign's: sent with each checkpoint shard (NULL: none) */
   int m, mb_size, S;
   const int *rank_of_stage; /* [S] pipeline rank */
   const int *lidx_of_stage; /* [S] local stage index or -1 */

@@ -106,6 +106,7 @@ int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const json_t *as, con
   r->trace_every = a->trace_every > 0 ? (int)a->trace_every : 0;
   snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", absdir);
   r->resume = a->resume;
+  r->upload_token = a->upload_token;
   pw_slice sl;
   int rc = pw_slice_decode(a->slice, strlen(a->slice), a->slice_sha256, &sl, err);
   if (rc) goto fail;

@@ -265,7 +265,7 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   if (!r->http_url[0]) return 0;
   char opath[1024], url[256];
   pw_ckpt_optim_path(path, opath, sizeof opath);
-  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
+  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort, .upload_token = r->upload_token};
   double t0 = pw_now();
   int last = step == r->steps;
   struct stat sm, so;

@@ -40,7 +40,8 @@
   X(EBUSY,     "too many requests",             429, "busy")               \
   X(EUNAVAIL,  "service unavailable",           503, "unavailable")        \
   X(ENOSPC,    "no space left",                 507, "insufficient_storage") \
-  X(EREQUEST,  "invalid request",               422, "invalid_request")
+  X(EREQUEST,  "invalid request",               422, "invalid_request")    \
+  X(EFORBIDDEN, "forbidden",                    403, "forbidden")
 
 typedef enum {
   PW_OK = 0,

@@ -90,3 +90,19 @@ void pw_sha256_hex(const void *data, size_t n, char out[PW_SHA256_HEX_LEN + 1]) 
   pw_sha256(data, n, d);
   pw_sha256_to_hex(d, out);
 }
+
+void pw_hmac_sha256(const void *key, size_t klen, const void *msg, size_t n, uint8_t out[PW_SHA256_LEN]) {
+  uint8_t k[64] = {0}, pad[64], inner[PW_SHA256_LEN];
+  memcpy(k, key, klen < sizeof k ? klen : sizeof k);
+  pw_sha256_ctx c;
+  for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+  pw_sha256_init(&c);
+  pw_sha256_update(&c, pad, sizeof pad);
+  pw_sha256_update(&c, msg, n);
+  pw_sha256_final(&c, inner);
+  for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+  pw_sha256_init(&c);
+  pw_sha256_update(&c, pad, sizeof pad);
+  pw_sha256_update(&c, inner, sizeof inner);
+  pw_sha256_final(&c, out);
+}

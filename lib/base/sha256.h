@@ -30,5 +30,7 @@ void pw_sha256(const void *data, size_t n, uint8_t out[PW_SHA256_LEN]);
 void pw_sha256_hex(const void *data, size_t n, char out[PW_SHA256_HEX_LEN + 1]);
 /* digest -> lowercase hex, NUL-terminated. */
 void pw_sha256_to_hex(const uint8_t d[PW_SHA256_LEN], char out[PW_SHA256_HEX_LEN + 1]);
+/* HMAC-SHA256 (RFC 2104) of msg under key (at most 64 bytes). */
+void pw_hmac_sha256(const void *key, size_t klen, const void *msg, size_t n, uint8_t out[PW_SHA256_LEN]);
 
 #endif

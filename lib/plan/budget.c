@@ -15,6 +15,7 @@ void pw_budget_init(pw_budget *b) {
   memset(b, 0, sizeof *b);
   b->max_actions = PW_BUDGET_MAX_ACTIONS;
   b->max_stages = PW_BUDGET_MAX_STAGES;
+  b->max_layer_ranks = PW_BUDGET_MAX_LAYER_RANKS;
   b->max_plan_bytes = PW_BUDGET_MAX_PLAN_BYTES;
 }
 
@@ -82,6 +83,17 @@ int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, c
     return pw_err_set(err, PW_EBUDGET, "mesh.pp", "%d ranks x %d virtual stages give %lld stages%s; the limit is %d",
                       job->mesh.pp, V, (long long)job->mesh.pp * V, compare ? " for the largest schedule compared" : "",
                       b->max_stages);
+  /* the layers each rank's slice describes: blocks of a template, the
+   * entries of a layers list or of every region's */
+  int64_t layers = job->model.tmpl == PW_TEMPLATE_LAYERS ? job->model.n_layer_specs : job->model.n_layers;
+  for (int k = 0; k < job->model.n_regions; k++) layers += job->model.regions[k].n_layer_specs;
+  int64_t ranks = (int64_t)job->mesh.pp * job->mesh.dp * (job->mesh.tp > 0 ? job->mesh.tp : 1);
+  if (b->max_layer_ranks > 0 && layers * ranks > b->max_layer_ranks)
+    return pw_err_set(err, PW_EBUDGET, job->model.tmpl == PW_TEMPLATE_LAYERS || job->model.n_regions ? "mesh.pp" : "model.n_layers",
+                      "%lld layers on %lld ranks (pp %d x dp %d x tp %d): planning describes every layer to every "
+                      "rank, %lld in all; the limit is %lld: fewer layers or ranks",
+                      (long long)layers, (long long)ranks, job->mesh.pp, job->mesh.dp, job->mesh.tp > 0 ? job->mesh.tp : 1,
+                      (long long)(layers * ranks), (long long)b->max_layer_ranks);
   if (b->max_actions > 0 && n > b->max_actions)
     return pw_err_set(err, PW_EBUDGET, "schedule.microbatches",
                       "%d microbatches x %d stages (mesh.pp %d x %d virtual) x %d give %lld actions%s; the limit "

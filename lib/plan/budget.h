@@ -31,10 +31,15 @@
 #define PW_BUDGET_MAX_ACTIONS (1 << 15)                /* ~0.5 s of planning, a ~5 MiB plan */
 #define PW_BUDGET_MAX_STAGES 1024                      /* the simulator's link tables grow as ranks^2 */
 #define PW_BUDGET_MAX_PLAN_BYTES ((size_t)32 << 20)    /* runs.plan in the store */
+/* Layers x ranks: every rank's slice describes every layer, and the
+ * slices are built whole (measured on 2 cores: 4096 blocks x 64 ranks took
+ * 27 s of one core, ~0.1 ms each; the bound is ~7 s). */
+#define PW_BUDGET_MAX_LAYER_RANKS (1 << 16)
 
 typedef struct {
   int64_t max_actions;    /* actions over every pipeline rank's list; 0: no bound */
   int max_stages;         /* pipeline stages (mesh.pp x virtual stages); 0: no bound */
+  int64_t max_layer_ranks; /* the model's layers x the job's ranks (pp x dp x tp); 0: no bound */
   size_t max_plan_bytes;  /* the plan's canonical text; 0: no bound */
   size_t max_slice_bytes; /* one rank's slice (it travels in one assign
                              message: the coordinator passes its message
@@ -64,7 +69,8 @@ int64_t pw_plan_actions_bound(const pw_job *job, const char *schedule, int compa
 /* The spec-only checks (see above). 0, PW_ESPEC from reading the canonical
  * spec back (path of the derived field, the message saying it is derived
  * when the caller's JSON lacks it is the caller's business), PW_EBUDGET
- * ("schedule.microbatches" for the action bound, "mesh.pp" for the stages), PW_ENOMEM. */
+ * ("schedule.microbatches" for the action bound, "mesh.pp" for the stages,
+ * "model.n_layers" or "mesh.pp" for layers x ranks), PW_ENOMEM. */
 PW_MUST_CHECK int pw_plan_check_budget(const pw_job *job, const char *schedule, int compare, const pw_budget *b, pw_err *err);
 
 /* The built plan's checks (see above). 0, PW_EBUDGET naming the field to

@@ -96,7 +96,7 @@ static const field f_pw_msg_assign[] = {
     REQ_MIN(S, steps, F_INT, 0),      REQ_MIN(S, start_step, F_INT, 0),  OPT(S, checkpoint_dir, F_STR),
     OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), OPT_MIN(S, restore_step, F_INT, 1),
     OPT(S, restore_from, F_INTS),     OPT_MIN(S, serve_seqs, F_INT, 1), OPT_MIN(S, serve_len, F_INT, 1),
-    OPT_MIN(S, serve_queue, F_INT, 0), END};
+    OPT_MIN(S, serve_queue, F_INT, 0), OPT(S, upload_token, F_STR), END};
 #undef S
 #define S pw_msg_generate
 static const field f_pw_msg_generate[] = {

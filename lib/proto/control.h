@@ -87,7 +87,10 @@
  *               the stage; the run starts at restore_step)
  *               serve_seqs?:int>=1, serve_len?:int>=1, serve_queue?:int (a job
  *               of mode serve: KV slots per stage, positions per slot, and
- *               requests rank 0 queues beyond them; docs/serving.md)
+ *               requests rank 0 queues beyond them; docs/serving.md),
+ *               upload_token?:str (to a rank that uploads checkpoints: sent
+ *               with each shard, X-Pipewright-Upload-Token; the coordinator
+ *               takes a shard of a stage only with its uploader's token)
  *   generate    job:int, run:int, req:int, prompt:[int, ...] (token ids),
  *               max_tokens:int>=1, temperature:number>=0, top_k:int,
  *               top_p:number>0, seed:int — one request for a serve job's
@@ -107,9 +110,10 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 4 /* 2: assign carries the plan slice, not the spec; 3: runs are
+#define PW_PROTO_VERSION 5 /* 2: assign carries the plan slice, not the spec; 3: runs are
                               epochs (HELLO names its run), snapshots, restores; 4: assign's
-                              peers name each rank's host */
+                              peers name each rank's host; 5: assign's upload_token, which
+                              checkpoint uploads must carry */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 
@@ -137,7 +141,7 @@ typedef struct { int64_t version, worker_id; double heartbeat_interval; const ch
 typedef struct { const char *reason; } pw_msg_refused;
 typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
                  const char *checkpoint_dir, *resume; int64_t trace_every, restore_step; json_t *restore_from;
-                 int64_t serve_seqs, serve_len, serve_queue; } pw_msg_assign;
+                 int64_t serve_seqs, serve_len, serve_queue; const char *upload_token; } pw_msg_assign;
 typedef struct { int64_t job, run, req; json_t *prompt; int64_t max_tokens; double temperature; int64_t top_k;
                  double top_p; int64_t seed; } pw_msg_generate;
 typedef struct { int64_t job, run, rank; json_t *items; } pw_msg_tokens;

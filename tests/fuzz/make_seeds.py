@@ -60,7 +60,7 @@ msgs = [
     {"type": "snapshot", "job": 1, "run": 2, "rank": 0, "stage": 0, "step": 4, "held": 1},
     {"type": "assign", "job": 1, "run": 2, "rank": 0, "slice": "{}", "slice_sha256": "ab",
      "peers": [{"rank": 0, "addr": "127.0.0.1:7001", "host": "m1"}, {"rank": 1, "addr": "10.0.0.2:7002", "host": "m1"}],
-     "steps": 9, "start_step": 4, "restore_step": 4, "restore_from": [1, 0]},
+     "steps": 9, "start_step": 4, "restore_step": 4, "restore_from": [1, 0], "upload_token": "ab" * 32},
     {"type": "welcome", "version": 1, "worker_id": 2, "heartbeat_interval": 1.0},
     {"type": "refused", "reason": "token"},
     {"type": "cancel", "job": 1, "run": 1, "reason": "user"},

@@ -12,7 +12,11 @@ coordinator and real workers on loopback.
      (coordinator SIGTERM: the job goes back to queued) once a step is
      stored; its workers are killed and fresh ones start with new, empty
      state dirs; the restarted coordinator resumes the job from that step
-     and its final weights equal an uninterrupted run's bit for bit.
+     and its final weights equal an uninterrupted run's bit for bit. The
+     newest stored step has a bit flipped on the coordinator's disk
+     meanwhile: the job resumes from the one before, and an event names the
+     step passed over and why (it used to hand the damaged one to the
+     workers, whose load failed the job at every retry).
 Usage: test_ckpt_store.py BUILD_DIR SOURCE_DIR"""
 import json, os, shutil, signal, sqlite3, subprocess, sys, tempfile, time, urllib.error, urllib.request
 
@@ -169,14 +173,23 @@ def resume(tmp):
         check("2 workers (resume)", wait(lambda: sum(w["state"] == "idle" for w in http(c.base, "/v1/workers")[1]["workers"]) == 2, 30))
         _, r = http(c.base, "/v1/jobs", "POST", sp)
         j = r["id"]
-        got = wait(lambda: http(c.base, f"/v1/jobs/{j}/checkpoints")[1].get("checkpoints"), 120, 0.05)
+        got = wait(lambda: len(http(c.base, f"/v1/jobs/{j}/checkpoints")[1].get("checkpoints") or []) >= 2, 120,
+                   0.05)
         job = http(c.base, f"/v1/jobs/{j}")[1]
-        check("a step is stored while the job runs", got and job["state"] == "running", job)
+        check("two steps are stored while the job runs", got and job["state"] == "running", job)
     finally:
         c.stop()  # first: the running job goes back to the queue
         for w in ws:
             w.kill()
             w.wait()
+    db = sqlite3.connect(os.path.join(state, "pipewright.db"))
+    stored = [r[0] for r in db.execute("SELECT step FROM ckpt_steps WHERE job_id = ? ORDER BY step DESC", (j,))]
+    db.close()
+    newest = stored[0]
+    shard = os.path.join(state, "checkpoints", f"job-{j}", f"step-{newest}", "stage-1.safetensors")
+    b = bytearray(open(shard, "rb").read())
+    b[-1] ^= 0x10  # the last byte is tensor data
+    open(shard, "wb").write(b)
     # fresh workers, empty state dirs: only the coordinator has the checkpoint
     for i in range(2):
         shutil.rmtree(os.path.join(tmp, "cwd", f"rs{i}"), ignore_errors=True)
@@ -187,8 +200,11 @@ def resume(tmp):
         check("the interrupted job succeeds after the restart", job["state"] == "succeeded", job)
         _, ev = http(c.base, f"/v1/jobs/{j}/events")
         msgs = [e["message"] for e in ev["events"]]
-        check("it resumed from the coordinator's checkpoint", any("from the checkpoint of step" in m for m in msgs),
-              msgs[-6:])
+        check(f"it resumed from the checkpoint before the damaged one (step {stored[1]})",
+              any(f"from the checkpoint of step {stored[1]}" in m for m in msgs), msgs[-6:])
+        check(f"an event names step {newest}, passed over, and why",
+              any(f"passed over as unreadable: the checkpoint of step {newest} (" in m and "checksum mismatch" in m
+                  for m in msgs), msgs[-6:])
         code, a = http(c.base, f"/v1/jobs/{j}/checkpoint", raw=True)
         _, r2 = http(c.base, "/v1/jobs", "POST", dict(sp, name="resume"))
         job2 = job_state(c, r2["id"], timeout=240)

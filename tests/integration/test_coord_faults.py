@@ -342,7 +342,7 @@ def control_names(tmp):
     s = System(tmp, "names")
     try:
         forged = "FORGED ERROR coordinator: every job deleted"
-        reg = {"type": "register", "version": 4, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
+        reg = {"type": "register", "version": 5, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
                "cores": 1, "threads": 1, "software": "test"}
         with socket.create_connection(("127.0.0.1", s.ctl_port), timeout=10) as sock:
             body = json.dumps(reg).encode()

@@ -285,7 +285,7 @@ def races(api, root):
 
 def welcome(ports):
     s = socket.create_connection(("127.0.0.1", ports["control"]), timeout=10)
-    reg = json.dumps({"type": "register", "version": 4, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
+    reg = json.dumps({"type": "register", "version": 5, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
                       "cores": 1, "threads": 1, "software": "test"}).encode()
     s.sendall(struct.pack(">I", len(reg)) + reg)
     buf = b""

@@ -47,7 +47,8 @@ static char tmpdir[64];
 static const char *SPEC =
     "{\"name\": \"tiny\", \"model\": {\"template\": \"gpt\", \"vocab_size\": 256, \"seq_len\": 8, \"d_model\": 16,"
     " \"n_layers\": 2, \"n_heads\": 2}, \"mesh\": {\"pp\": 2}, \"schedule\": {\"name\": \"1f1b\", \"microbatches\": 2},"
-    " \"train\": {\"steps\": 10, \"batch_size\": 4}, \"data\": {\"kind\": \"text\", \"path\": \"examples/data/corpus.txt\"}}";
+    " \"train\": {\"steps\": 10, \"batch_size\": 4, \"checkpoint_every\": 2}, \"data\": {\"kind\": \"text\","
+    " \"path\": \"examples/data/corpus.txt\"}}";
 
 /* ---- the HTTP client (httptest.h) ----------------------------------------- */
 
@@ -68,8 +69,13 @@ static void req(const char *method, const char *target, const char *body, resp *
   req_port(C.http_port, method, target, NULL, body, out);
 }
 
+/* The upload token of the rank that holds stage `stage` in the test's
+ * runs (stage k on pipeline rank k, tp 1); -1: none is sent. */
+static int token_rank = -2; /* -2: the stage's own */
+
 /* PUT a checkpoint shard: the file's bytes with hdr as the checksum
- * header (NULL: the right X-Pipewright-Crc32c; "": none). */
+ * header (NULL: the right X-Pipewright-Crc32c; "": none), and the upload
+ * token of token_rank. */
 static void put_shard(int64_t id, int64_t run, int step, int stage, int opt, const char *file, const char *hdr,
                       resp *out) {
   FILE *f = fopen(file, "rb");
@@ -77,14 +83,18 @@ static void put_shard(int64_t id, int64_t run, int step, int stage, int opt, con
   static char body[1 << 16];
   size_t n = fread(body, 1, sizeof body, f);
   fclose(f);
-  char crc[64];
+  char crc[64], tok[128] = "", hex[65];
   snprintf(crc, sizeof crc, "X-Pipewright-Crc32c: %08x\r\n", pw_crc32c(0, body, n));
+  if (token_rank != -1) {
+    pw_coord_upload_token(&C, id, run, token_rank == -2 ? stage : token_rank, hex);
+    snprintf(tok, sizeof tok, "X-Pipewright-Upload-Token: %s\r\n", hex);
+  }
   char *req = malloc(n + 1024);
   assert_non_null(req);
   int k = snprintf(req, 1024,
                    "PUT /v1/jobs/%lld/runs/%lld/checkpoints/%d/stages/%d%s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                   "Connection: close\r\n%sContent-Length: %zu\r\n\r\n",
-                   (long long)id, (long long)run, step, stage, opt ? "/optimizer" : "", hdr ? hdr : crc, n);
+                   "Connection: close\r\n%s%sContent-Length: %zu\r\n\r\n",
+                   (long long)id, (long long)run, step, stage, opt ? "/optimizer" : "", hdr ? hdr : crc, tok, n);
   memcpy(req + k, body, n);
   ht_exchange(dial(C.http_port), req, (size_t)k + n, out);
   free(req);
@@ -512,6 +522,20 @@ static void test_run_views(void **state) {
   put_shard(id, run, 2, 2, 0, f1, NULL, &r);
   check_error(&r, 404, "not_found", "stage", "no stage 2");
   resp_free(&r);
+  /* the cluster token alone stores nothing: no upload token, another
+   * rank's, or a step the job does not checkpoint (it checkpoints at 2) */
+  token_rank = -1;
+  put_shard(id, run, 2, 1, 0, f1, NULL, &r);
+  check_error(&r, 403, "forbidden", "X-Pipewright-Upload-Token", "only the worker assigned stage 1");
+  resp_free(&r);
+  token_rank = 0;
+  put_shard(id, run, 2, 1, 0, f1, NULL, &r);
+  check_error(&r, 403, "forbidden", "X-Pipewright-Upload-Token", "only the worker assigned stage 1");
+  resp_free(&r);
+  token_rank = -2;
+  put_shard(id, run, 3, 1, 0, f1, NULL, &r);
+  check_error(&r, 400, "invalid_argument", "step", "not at step 3");
+  resp_free(&r);
   put_shard(id, run, 2, 1, 0, f1, NULL, &r);
   assert_int_equal(r.status, 201);
   resp_free(&r);
@@ -903,7 +927,7 @@ static void test_uploads_own_lane(void **state) {
   check_error(&r, 429, "busy", "", "try again");
   resp_free(&r);
 
-  put_shard(id, run, 1, 0, 0, f0, NULL, &r);
+  put_shard(id, run, 2, 0, 0, f0, NULL, &r);
   if (r.status != 201) fprintf(stderr, "upload: %d %s\n", r.status, r.body);
   assert_int_equal(r.status, 201);
   resp_free(&r);

@@ -79,11 +79,26 @@ static void test_splits_and_edges(void **state) {
   expect_hex(z, 64, "f5a5fd42d16a20302798ef6ed309979b43003d2320d9f0e8ea9831a92759fb4b");
 }
 
+/* RFC 4231, test cases 1 and 2. */
+static void test_hmac_vectors(void **state) {
+  (void)state;
+  uint8_t key1[20], mac[PW_SHA256_LEN];
+  char hex[PW_SHA256_HEX_LEN + 1];
+  memset(key1, 0x0b, sizeof key1);
+  pw_hmac_sha256(key1, sizeof key1, "Hi There", 8, mac);
+  pw_sha256_to_hex(mac, hex);
+  assert_string_equal(hex, "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  pw_hmac_sha256("Jefe", 4, "what do ya want for nothing?", 28, mac);
+  pw_sha256_to_hex(mac, hex);
+  assert_string_equal(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fips_vectors),
       cmocka_unit_test(test_million_a),
       cmocka_unit_test(test_splits_and_edges),
+      cmocka_unit_test(test_hmac_vectors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
