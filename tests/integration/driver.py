@@ -24,6 +24,32 @@ def send_msg(sock, obj):
     sock.sendall(struct.pack(">I", len(body)) + body)
 
 
+def control_exchange(port, msg, timeout=10):
+    """Sends one control message to a coordinator's control port and
+    returns its first answer ({} when the link closes first)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        send_msg(sock, msg)
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    n = struct.unpack(">I", buf[:4])[0] if len(buf) >= 4 else 0
+    return json.loads(buf[4:4 + n]) if len(buf) >= 4 + n and n else {}
+
+
+def fill_disk(path):
+    """Writes zeros to the file at path until its file system is full."""
+    try:  # a disk already full is full
+        with open(path, "wb") as f:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    except OSError:
+        pass
+
+
 class Conn:
     def __init__(self, sock):
         self.sock, self.buf, self.info, self.rank = sock, b"", None, None

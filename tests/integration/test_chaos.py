@@ -16,9 +16,19 @@ kills, within a time limit. Then:
   - afterwards all seven workers are idle.
 Prints the seed (PW_TEST_SEED repeats the choices) and each kill's
 recovery time (kill -> the job's next attempt's first step recorded).
+
+Then a storm on one job (a coordinator of its own, its state dir on a
+small tmpfs): heavy plans from twelve clients at once (the users' lane of
+the HTTP pool full: they get 429s), the state disk full for a few seconds
+while checkpoints are being uploaded, a worker kill -9, and a coordinator
+kill -9 restarted on the same state dir. Checked: the job succeeds with
+its final checkpoint stored, and its model equals its uninterrupted
+`pipewright train` run bit for bit; the plans were turned away while no
+checkpoint upload was; nothing said succeeded while a checkpoint was
+missing. (Without mount permission the disk part is left out, said.)
 Under PW_SANITIZE=ON the jobs are shorter and there are fewer kills.
 Usage: test_chaos.py BUILD_DIR SOURCE_DIR"""
-import os, random, re, signal, sys, tempfile, threading, time
+import os, random, re, signal, subprocess, sys, tempfile, threading, time
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +37,7 @@ import driver as d  # noqa: E402  (Cluster, http, wait_for, bit_diff, train_refe
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 SLOW = 3 if SANITIZE else 1
 STEPS = 2000 if SANITIZE else 3200
+STORM_STEPS = 200 if SANITIZE else 400
 N_KILLS = 4 if SANITIZE else 6
 TIME_LIMIT = 40 * SLOW  # the kill loop's
 HB = 2
@@ -88,6 +99,124 @@ def chaos(c, jobs):
         c.start_worker(victim)
         next_kill = k["time"] + RND.uniform(2, 4)
     return kills
+
+
+def storm_spec():
+    return {"name": "storm",
+            "model": {"template": "gpt", "vocab_size": 256, "seq_len": 32, "d_model": 32, "n_layers": 2,
+                      "n_heads": 2},
+            "mesh": {"pp": 2}, "schedule": {"name": "1f1b", "microbatches": 4},
+            "train": {"steps": STORM_STEPS, "batch_size": 8, "seed": 21, "checkpoint_every": 10,
+                      "keep_checkpoints": 2, "snapshot_every": 1, "max_restarts": 20,
+                      "optimizer": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5}},
+            "data": {"kind": "text", "path": os.path.join(SRC, "examples/data/corpus.txt"), "sampler": "random"}}
+
+
+# A plan of ~1 s of CPU, well inside the budget (512 blocks x 64 ranks x 1 tp): twelve clients keep the
+# users' lane (2 threads, 8 queued) full.
+HEAVY = {"name": "heavy", "model": {"template": "gpt", "vocab_size": 256, "seq_len": 16, "d_model": 16,
+                                    "n_layers": 128, "n_heads": 2},
+         "mesh": {"pp": 64}, "schedule": {"name": "1f1b", "microbatches": 64},
+         "train": {"steps": 1, "batch_size": 64}, "data": {"kind": "copy"}}
+
+
+def storm(tmp):
+    """The storm phase (see the module's docstring)."""
+    state = os.path.join(tmp, "storm-coord")
+    os.makedirs(state)
+    disk = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", state], capture_output=True).returncode == 0
+    if not disk:
+        print("     note: mount -t tmpfs is not permitted here: the storm goes without a full disk", flush=True)
+    sp = storm_spec()
+    ref = {}
+    ref_thread = threading.Thread(target=lambda: ref.update(m=d.train_reference(BUILD, sp, tmp, "storm", nice=15)),
+                                  daemon=True)
+    ref_thread.start()
+    c = d.Cluster(BUILD, tmp, "storm", args=["--heartbeat-timeout", str(HB)], data_root=SRC)
+    stop, said = threading.Event(), {"busy": 0, "ok": 0, "other": []}
+    seen_succeeded_without = []
+
+    def plans():
+        while not stop.is_set():
+            st_, r = d.http(c.base, "/v1/plans", "POST", HEAVY, timeout=120)
+            if st_ == 429:
+                said["busy"] += 1
+                time.sleep(0.2)
+            elif st_ == 200:
+                said["ok"] += 1
+            elif st_ != 0:  # 0: the coordinator was being killed
+                said["other"].append((st_, str(r)[:200]))
+
+    def watch(jid):  # nothing says succeeded while the final checkpoint is missing
+        while not stop.is_set():
+            j = c.job(jid)
+            if j.get("state") == "succeeded":
+                st_, ck = d.http(c.base, f"/v1/jobs/{jid}/checkpoints")
+                steps = [x["step"] for x in (ck.get("checkpoints", ck) if isinstance(ck, dict) else ck or [])]
+                if STORM_STEPS not in steps:
+                    seen_succeeded_without.append(steps)
+                return
+            time.sleep(0.05)
+
+    filler = os.path.join(state, "filler")
+    threads = []
+    try:
+        for n in ("s0", "s1", "s2"):
+            c.start_worker(n)
+        check("storm: three idle workers", c.wait_idle(3, 30 * SLOW), c.worker_rows())
+        jid = c.submit(sp)
+        threads = [threading.Thread(target=plans, daemon=True) for _ in range(12)]
+        threads.append(threading.Thread(target=watch, args=(jid,), daemon=True))
+        for t in threads:
+            t.start()
+        at = lambda k: d.wait_for(lambda: c.step(jid) >= k or c.job(jid).get("state") in  # noqa: E731
+                                  ("succeeded", "failed", "cancelled"), 120 * SLOW, 0.05)
+        check("storm: the job steps under the plans", at(STORM_STEPS // 5), c.job(jid))
+        if disk:  # the state disk full while checkpoints come in
+            d.fill_disk(filler)
+            time.sleep(3)
+            os.unlink(filler)
+            print(f"     disk full for 3 s at step {c.step(jid)}", flush=True)
+        at(2 * STORM_STEPS // 5)
+        busy = sorted(w["name"] for w in c.worker_rows() if w.get("state") == "busy" and w.get("job") == jid)
+        if busy:
+            victim = RND.choice(busy)
+            print(f"     kill -9 worker {victim} at step {c.step(jid)}", flush=True)
+            c.signal_worker(victim, signal.SIGKILL)
+            time.sleep(1.0)
+            c.start_worker(victim)
+        at(3 * STORM_STEPS // 5)
+        print(f"     kill -9 the coordinator at step {c.step(jid)}", flush=True)
+        c.kill_coordinator()
+        time.sleep(1.0)
+        c.start_coordinator()
+        j = c.wait_job(jid, timeout=300 * SLOW)
+        stop.set()
+        for t in threads:
+            t.join(150)
+        ref_thread.join(600 * SLOW)
+        check("storm: the job succeeds", j.get("state") == "succeeded", {k: j.get(k) for k in ("state", "error")})
+        st_, ck = d.http(c.base, f"/v1/jobs/{jid}/checkpoints")
+        steps = [x["step"] for x in (ck.get("checkpoints", ck) if isinstance(ck, dict) else ck or [])]
+        check(f"storm: its final checkpoint (step {STORM_STEPS}) is stored", STORM_STEPS in steps, steps)
+        diff = d.bit_diff(c.checkpoint(jid), ref.get("m"))
+        check("storm: its model equals its `pipewright train` run bit for bit", not diff, diff)
+        check(f"storm: the heavy plans were turned away ({said['busy']} x 429, {said['ok']} planned), nothing else",
+              said["busy"] > 0 and not said["other"], said)
+        st_, m = d.http(c.base, "/metrics")
+        up = [ln for ln in str(m).splitlines() if ln.startswith("pipewright_http_upload_busy_total ")]
+        check("storm: no checkpoint upload was turned away since the restart", up == ["pipewright_http_upload_busy_total 0"],
+              up)
+        check("storm: nothing said succeeded while its final checkpoint was missing", not seen_succeeded_without,
+              seen_succeeded_without)
+        log = open(c.log, errors="replace").read()
+        check("storm: no upload was answered 429 before the restart either",
+              not re.search(r"PUT /v1/jobs/\d+/runs/.* answered 429", log), log[-600:])
+    finally:
+        stop.set()
+        d.close_cluster(c, tmp, check, lambda: FAILED)
+        if disk:
+            subprocess.run(["umount", "-l", state])
 
 
 def main():
@@ -187,6 +316,7 @@ def main():
                   f"max {max(ok):.2f} s (chaos phase {t_chaos:.0f} s)")
     finally:
         d.close_cluster(c, tmp, check, lambda: FAILED)
+    storm(tempfile.mkdtemp(prefix="pw-storm-"))
     print(f"{PASSED} passed, {FAILED} failed ({time.time() - t_all:.0f} s, seed {SEED})")
     return 1 if FAILED else 0
 

@@ -25,7 +25,9 @@ real workers on loopback, with the coordinator's store made to fail.
      a reason, the log shows the name escaped on one line, no forged line;
      pipewright-worker itself refuses such a --name.
 Usage: test_coord_faults.py BUILD_DIR SOURCE_DIR"""
-import json, os, signal, socket, sqlite3, struct, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import json, os, signal, sqlite3, subprocess, sys, tempfile, time, urllib.error, urllib.request
+
+import driver
 
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 PASSED = FAILED = 0
@@ -219,13 +221,7 @@ def tmpfs_outage(tmp):
     def fill():
         used = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(mnt) for f in fs)
         print(f"     (the state dir holds {used} bytes; filling the rest)", flush=True)
-        try:  # a disk already full is full
-            with open(filler, "wb") as f:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-        except OSError:
-            pass
+        driver.fill_disk(filler)
 
     try:
         store_outage(tmp, "tmpfs", fill, lambda: os.path.exists(filler) and os.unlink(filler),
@@ -344,16 +340,7 @@ def control_names(tmp):
         forged = "FORGED ERROR coordinator: every job deleted"
         reg = {"type": "register", "version": 5, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
                "cores": 1, "threads": 1, "software": "test"}
-        with socket.create_connection(("127.0.0.1", s.ctl_port), timeout=10) as sock:
-            body = json.dumps(reg).encode()
-            sock.sendall(struct.pack(">I", len(body)) + body)
-            buf = b""
-            while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        reply = json.loads(buf[4:4 + struct.unpack(">I", buf[:4])[0]]) if len(buf) >= 4 else {}
+        reply = driver.control_exchange(s.ctl_port, reg)
         check("names: a name with a newline is refused, saying why",
               reply.get("type") == "refused" and "control characters" in reply.get("reason", ""), reply)
         check("names: it is not a worker", s.workers() == [], s.workers())

@@ -27,6 +27,8 @@ pipewright-coordinator (API token and cluster token set, --data-root given).
 Usage: test_datasets.py BUILD_DIR SOURCE_DIR"""
 import hashlib, http.client, json, os, shutil, socket, struct, subprocess, sys, tempfile, time
 
+import driver
+
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 TOKEN, CLUSTER = "ds-api-token", "ds-cluster-token"
 SPEC = {"name": "ds", "model": {"template": "gpt", "vocab_size": 256, "seq_len": 8, "d_model": 16, "n_layers": 2,
@@ -284,18 +286,9 @@ def races(api, root):
 
 
 def welcome(ports):
-    s = socket.create_connection(("127.0.0.1", ports["control"]), timeout=10)
-    reg = json.dumps({"type": "register", "version": 5, "name": "fake", "token": CLUSTER, "data_addr": "127.0.0.1:1",
-                      "cores": 1, "threads": 1, "software": "test"}).encode()
-    s.sendall(struct.pack(">I", len(reg)) + reg)
-    buf = b""
-    while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
-        k = s.recv(65536)
-        if not k:
-            break
-        buf += k
-    s.close()
-    msg = json.loads(buf[4:4 + struct.unpack(">I", buf[:4])[0]]) if len(buf) >= 4 else {}
+    msg = driver.control_exchange(ports["control"], {"type": "register", "version": 5, "name": "fake", "token": CLUSTER,
+                                                     "data_addr": "127.0.0.1:1", "cores": 1, "threads": 1,
+                                                     "software": "test"})
     want = f"http://127.0.0.1:{ports['http']}"
     check("welcome.http_url is the API's URL", msg.get("type") == "welcome" and msg.get("http_url") == want, msg)
 
