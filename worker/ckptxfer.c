@@ -147,6 +147,7 @@ static int make_url(const pw_xfer *x, const char *url_path, char *url, size_t ca
 
 int pw_xfer_retryable(int rc, long status) {
   if (rc == PW_ECANCELED || rc == PW_EAUTH) return 0;
+  if (status == 501 || status == 505) return 0; /* a server that takes no uploads at all */
   return rc == PW_EPEER || status == 0 || status == 429 || status >= 500;
 }
 

@@ -35,8 +35,9 @@ PW_MUST_CHECK int pw_xfer_file_crc(const char *path, char hex[9], pw_err *err);
  * when none came back). */
 PW_MUST_CHECK int pw_xfer_put(const pw_xfer *x, const char *url_path, const char *path, long *status, pw_err *err);
 /* Whether a failed PUT may succeed later: no answer at all, the
- * coordinator busy (429, 503) or its disk full (507), or another 5xx. A
- * refusal (4xx) or a cancel is final. */
+ * coordinator busy (429, 503) or its disk full (507), or another 5xx but
+ * 501 and 505 (a server that takes no uploads). A refusal (4xx) or a
+ * cancel is final. */
 int pw_xfer_retryable(int rc, long status);
 
 /* GET base_url + url_path into the file at path (a temporary file beside
