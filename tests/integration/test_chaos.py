@@ -36,8 +36,8 @@ import driver as d  # noqa: E402  (Cluster, http, wait_for, bit_diff, train_refe
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 SLOW = 3 if SANITIZE else 1
-STEPS = 2000 if SANITIZE else 3200
-STORM_STEPS = 200 if SANITIZE else 400
+STEPS = 1200 if SANITIZE else 3200
+STORM_STEPS = 120 if SANITIZE else 400
 N_KILLS = 4 if SANITIZE else 6
 TIME_LIMIT = 40 * SLOW  # the kill loop's
 HB = 2
