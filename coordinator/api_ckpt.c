@@ -43,18 +43,6 @@ static int brief(pw_req *r, pw_store *s, pw_job_brief *b) {
   return rc;
 }
 
-/* train.keep_checkpoints of a stored spec (3 when a spec from before the
- * field lacks it). */
-static int keep_of(const char *spec) {
-  json_t *j = spec ? json_loads(spec, 0, NULL) : NULL;
-  json_t *k = json_object_get(json_object_get(j, "train"), "keep_checkpoints");
-  int keep = json_is_integer(k) && json_integer_value(k) >= 1 && json_integer_value(k) <= INT_MAX
-                 ? (int)json_integer_value(k)
-                 : 3;
-  json_decref(j);
-  return keep;
-}
-
 /* The stage count of the job's latest run (0 when it has none) and the
  * pipeline rank that holds `stage` in it (-1 when none does). */
 static int run_stages(pw_store *s, int64_t job, int stage, int *prank) {
@@ -72,15 +60,12 @@ static int run_stages(pw_store *s, int64_t job, int stage, int *prank) {
   return n;
 }
 
-/* An integer of a stored spec at obj.key, def when absent. */
-static int spec_int(const char *spec, const char *obj, const char *key, int def) {
-  json_t *j = spec ? json_loads(spec, 0, NULL) : NULL;
-  json_t *v = json_object_get(json_object_get(j, obj), key);
-  int out = json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= INT_MAX
-                ? (int)json_integer_value(v)
-                : def;
-  json_decref(j);
-  return out;
+/* An integer of a spec at obj.key, def when absent or below lo. */
+static int spec_int(const json_t *spec, const char *obj, const char *key, int lo, int def) {
+  json_t *v = json_object_get(json_object_get(spec, obj), key);
+  return json_is_integer(v) && json_integer_value(v) >= lo && json_integer_value(v) <= INT_MAX
+             ? (int)json_integer_value(v)
+             : def;
 }
 
 /* Whether the request carries the upload token of the rank that uploads
@@ -127,9 +112,13 @@ static int upload_begin(pw_req *r, int64_t declared) {
   if (!s) return -1;
   pw_job_brief b;
   if (brief(r, s, &b)) return -1;
-  int prank = -1, keep = keep_of(b.spec), n_stages = run_stages(s, r->id, r->stage, &prank);
-  int tp = spec_int(b.spec, "mesh", "tp", 1), every = spec_int(b.spec, "train", "checkpoint_every", 0);
+  json_t *spec = b.spec ? json_loads(b.spec, 0, NULL) : NULL;
   free(b.spec);
+  /* keep_checkpoints: 3 for a spec from before the field */
+  int prank = -1, keep = spec_int(spec, "train", "keep_checkpoints", 1, 3);
+  int tp = spec_int(spec, "mesh", "tp", 1, 1), every = spec_int(spec, "train", "checkpoint_every", 0, 0);
+  json_decref(spec);
+  int n_stages = run_stages(s, r->id, r->stage, &prank);
   if (b.run != r->run) {
     pw_reply_error(r, PW_ECONFLICT, "run", "run %lld is not job %lld's current run (%d)", (long long)r->run,
                    (long long)r->id, b.run);

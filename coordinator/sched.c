@@ -183,8 +183,6 @@ static char *actions_text(const pw_sched *sc, int r) {
   return t;
 }
 
-/* Worker thread: the plan (once per run), its canonical text and hash,
- * every rank's slice, and what the store records of it. */
 /* The newest complete checkpoint whose shards all read back intact: one
  * damaged on disk (a flipped bit, a lost file) is passed over, and said,
  * rather than handed to the workers, whose load would fail the run again
@@ -208,6 +206,8 @@ static void intact_checkpoint(planwork *pw) {
   }
 }
 
+/* Worker thread: the plan (once per run), its canonical text and hash,
+ * every rank's slice, and what the store records of it. */
 static void plan_work(uv_work_t *req) {
   planwork *pw = req->data;
   intact_checkpoint(pw);
