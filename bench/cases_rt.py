@@ -49,7 +49,7 @@ def _pipeline_row(a, env, job, tag, warmup):
         params = sum(pl["partition"]["stages"][s]["params"] for s in stages)
         act = max(pl["partition"]["stages"][s]["activation_bytes"] for s in stages)
         peak_act = pl["analytics"]["ranks"][r]["peak_activations"]
-        est = pl["analytics"]["ranks"][r].get("memory_bytes")  # the planner's figure (lib/plan/plan.h pw_plan_mem)
+        est = pl["analytics"]["ranks"][r].get("memory_bytes")  # the planner's figure (common/plan/plan.h pw_plan_mem)
         mem.append({"rank": r, "minflt_per_step": (t[-1]["minflt"] - t[0]["minflt"]) / n if n > 0 else None,
                     "rss_growth_per_step": (t[-1]["rss"] - t[0]["rss"]) / n if n > 0 else None,
                     "vmdata_growth_per_step": (t[-1]["vmdata"] - t[0]["vmdata"]) / n if n > 0 else None,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""costmodel: the calibrated cost model (lib/plan/cost.h, issue 16 part 3)
+"""costmodel: the calibrated cost model (common/plan/cost.h, issue 16 part 3)
 against measured steps.
 
 Per round and bench model (bench/jobs/gpt-d*.json): `pipewright calibrate`

@@ -5,7 +5,7 @@ tests/integration/driver.py (which it follows), but keeps every step report
 (step_time, peak_act, the traced actions), the wall-clock time each step's
 last report arrived, and, at each report, the reporting worker's minor page
 faults, RSS, data-segment size and VmHWM (peak RSS so far) from
-/proc/PID/{stat,status}. Also: replay(), a Python copy of lib/plan/sim.h's
+/proc/PID/{stat,status}. Also: replay(), a Python copy of common/plan/sim.h's
 execution model, to replay a plan with measured per-action costs."""
 import json, os, selectors, socket, struct, subprocess, time
 
@@ -141,7 +141,7 @@ def _parse(tok):
 
 
 def replay(plan_obj, cost):
-    """lib/plan/sim.h's model with zero transfer cost: rank lists run in order,
+    """common/plan/sim.h's model with zero transfer cost: rank lists run in order,
     a fused pair (A+B) as one unit; F k@s needs F k@s-1; B/I k@s needs F k@s
     and B/I k@s+1 (the last stage: its F); W needs I. cost(kind, mb, stage)
     gives seconds. Returns makespan, bubble ratio, per-rank busy and end."""

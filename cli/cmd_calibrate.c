@@ -1,6 +1,6 @@
 /* cmd_calibrate: `pipewright calibrate` — measures this host for the
- * planner's calibrated cost model (lib/train/calibrate.h) and writes the
- * profile `pipewright plan --profile` reads (lib/plan/cost.h). */
+ * planner's calibrated cost model (common/train/calibrate.h) and writes the
+ * profile `pipewright plan --profile` reads (common/plan/cost.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * bytes (api/openapi.yaml, /v1/datasets). upload streams the file from
  * disk (never whole in memory), and only when the coordinator does not
  * already hold those bytes; convert and check work on local files only
- * (lib/io/tokfile.h). Exit codes: 0 success, 1 an error, 2 bad usage. */
+ * (common/io/tokfile.h). Exit codes: 0 success, 1 an error, 2 bad usage. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>

@@ -1,5 +1,5 @@
 /* cmd_export: `pipewright export` — a LoRA fine-tune's checkpoint as PEFT
- * adapters or merged into the base weights (lib/compute/lora_export.h). */
+ * adapters or merged into the base weights (common/compute/lora_export.h). */
 #include <getopt.h>
 #include <stdio.h>
 #include <errno.h>

@@ -2,9 +2,9 @@
  * process, with a KV cache: the oracle a served pipeline's greedy output
  * must equal.
  *
- * The whole model is one stage program and one decoder (lib/compute/
+ * The whole model is one stage program and one decoder (common/compute/
  * decode.h): the prompt in one prefill call, then one call per token. The
- * sampler is lib/compute/sample.h's (docs/contracts.md, "Generation").
+ * sampler is common/compute/sample.h's (docs/contracts.md, "Generation").
  *
  * With --coordinator, a serve job answers instead (docs/serving.md): the
  * same options, sent to POST /v1/jobs/{id}/generate; --stream prints each

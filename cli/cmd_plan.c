@@ -163,7 +163,7 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
            zero ? "; replica 0 also holds its stages' whole AdamW v while it writes a checkpoint (in peak MiB)" : "");
 }
 
-/* The tensor-parallel all-reduces per rank and step (lib/model/tp.h),
+/* The tensor-parallel all-reduces per rank and step (common/model/tp.h),
  * costed on the link model inside the simulated F and I. */
 static void print_tp(const pw_plan *p) {
   if (p->tp < 2) return;

@@ -1,5 +1,5 @@
 /* cmd_schedules: `pipewright schedules` — the schedule catalogue, or one
- * schedule's figures without a model (lib/plan/analytics.h: what
+ * schedule's figures without a model (common/plan/analytics.h: what
  * GET /v1/schedules/{name}/analytics returns). Offline, like `plan`. */
 #include <getopt.h>
 #include <stdio.h>

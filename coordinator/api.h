@@ -8,7 +8,7 @@
  * request (path id, parsed body, query arguments) and answers through the
  * pw_reply_* helpers, so every reply — errors above all — has one shape:
  *   {"error": {"code": "<api code>", "message": "...", "path": "..."}}
- * with the status and code from lib/base/errors.h's table. */
+ * with the status and code from common/base/errors.h's table. */
 #ifndef PW_API_H
 #define PW_API_H
 
@@ -185,7 +185,7 @@ void pw_api_weights_content(pw_req *r);
 void pw_api_weights_delete(pw_req *r);
 extern const pw_stream_sink pw_api_weights_sink;
 
-/* api_req.c: the budget this coordinator holds a spec to (lib/plan/budget.h):
+/* api_req.c: the budget this coordinator holds a spec to (common/plan/budget.h):
  * its options (--max-plan-actions, --max-rank-memory), the assign message's
  * bound for the job's ranks, and — for a job to run (for_run), not a dry-run
  * plan — the smallest memory a connected worker reported. */

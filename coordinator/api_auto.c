@@ -1,6 +1,6 @@
 /* api_auto: "schedule": {"name": "auto"} at POST /v1/jobs — the coordinator
  * picks pp, schedule, virtual stages and microbatches as `pipewright plan
- * --auto` does (lib/plan/cost_auto.h), before the job is validated, planned
+ * --auto` does (common/plan/cost_auto.h), before the job is validated, planned
  * and stored: what is stored and run is the chosen configuration, and the
  * choice with why is the job's "auto" event.
  *

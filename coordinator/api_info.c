@@ -46,7 +46,7 @@ void pw_api_schedules(pw_req *r) {
 }
 
 /* GET /v1/schedules/{name}/analytics?pp=&m=[&v=][&costs=F,B,I,W]: what
- * `pipewright schedules NAME --json` prints (lib/plan/analytics.h). pp and
+ * `pipewright schedules NAME --json` prints (common/plan/analytics.h). pp and
  * m are required; v defaults to the schedule's least. A malformed number
  * is a 400 here; one out of bounds or against the schedule's constraints
  * a 422 naming the parameter, an unknown name a 404 with "did you mean". */

@@ -247,7 +247,7 @@ static json_t *eta_json(pw_store *s, int64_t id, json_t *job) {
 }
 
 /* train.max_restarts of the stored spec; a spec stored before the field
- * existed runs with its default, 3 (lib/spec/spec.c). */
+ * existed runs with its default, 3 (common/spec/spec.c). */
 static json_t *max_restarts_json(json_t *spec) {
   json_t *v = json_object_get(json_object_get(spec, "train"), "max_restarts");
   return json_integer(json_is_integer(v) ? json_integer_value(v) : 3);

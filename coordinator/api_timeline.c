@@ -132,7 +132,7 @@ static json_t *planned_json(pw_req *r, pw_store *s, const pw_job *job) {
 }
 
 /* The bubble the plan expects when its ranks share cores as ct says: the
- * plan replayed with each host's cores as slots (lib/plan/share.h). null
+ * plan replayed with each host's cores as slots (common/plan/share.h). null
  * when it cannot be had (logged). */
 static json_t *shared_bubble(const pw_job *job, const pw_contention *ct) {
   pw_plan p;

@@ -1,7 +1,7 @@
 /* checkpoints: the coordinator's copy of every job's checkpoint shards.
  *
  * Each rank of replica 0 uploads, at each checkpoint step, its stages'
- * model file and optimizer file (lib/compute/ckpt.h's two safetensors
+ * model file and optimizer file (common/compute/ckpt.h's two safetensors
  * files). They live at
  *   <state_dir>/checkpoints/job-<J>/step-<S>/stage-<K>.safetensors
  *   <state_dir>/checkpoints/job-<J>/step-<S>/stage-<K>.optim.safetensors

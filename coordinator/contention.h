@@ -7,7 +7,7 @@
  * too). A host whose threads exceed its cores is oversubscribed: each
  * thread gets about cores / threads of a core while all are busy. The job
  * JSON carries the note, the dispatch event says it once, and the timeline
- * compares with the plan replayed under that sharing (lib/plan/share.h).
+ * compares with the plan replayed under that sharing (common/plan/share.h).
  *
  * Counted from the registry of this coordinator's workers as it stands: a
  * worker gone from it (expired) counts as a host of its own, an older

@@ -72,7 +72,7 @@ struct pw_coord {
   uint64_t max_upload;    /* a streamed upload's bound (bytes); 0: PW_HTTP_DEFAULT_MAX_UPLOAD */
   char data_root[4096];   /* --data-root, its real path: where data.path may point ("": nowhere) */
   char advertise_url[256]; /* --advertise-url: the base URL workers fetch datasets from ("": derived) */
-  /* admission (http.c, lib/plan/budget.h); 0 takes the default */
+  /* admission (http.c, common/plan/budget.h); 0 takes the default */
   size_t max_rank_memory; /* bytes any pipeline rank may need (with the workers' memory) */
   int64_t max_plan_actions;
   int http_workers, http_queue;      /* the pool for expensive requests and its queue */

@@ -9,7 +9,7 @@
  * fsyncs the folder. A writer freed without commit removes its file.
  *
  * Formats: "tokens" when the file starts with "PWTOKENS" (a token file,
- * lib/io/tokfile.h; its header is read into the info), else "text" (any
+ * common/io/tokfile.h; its header is read into the info), else "text" (any
  * bytes). This module knows files only; the store keeps the rows
  * (store.h), the API the routes (api_datasets.c). Thread-safe: writers
  * share nothing. */

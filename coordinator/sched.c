@@ -7,7 +7,7 @@
  * `pipewright plan`) once per run: the plan's canonical text is stored
  * (runs.plan) and hashed, its partition, action lists and rank -> worker
  * assignments are recorded, and each worker gets only its own slice of it
- * (lib/plan/slice.h), which carries the plan's hash. Step reports are collected from every
+ * (common/plan/slice.h), which carries the plan's hash. Step reports are collected from every
  * rank and recorded as one metrics row per step. A worker that errs fails
  * the run with a reason naming it, and the others are told to stop; a
  * cancelled job's workers are stopped and freed. A worker that is lost (its

@@ -5,7 +5,7 @@
  * or are gathered at submit from a job's retained checkpoint step.
  *
  * Nothing is stored unchecked: the file must be a valid safetensors file
- * (lib/io/safetensors.h: header, offsets, and the per-tensor CRC32C
+ * (common/io/safetensors.h: header, offsets, and the per-tensor CRC32C
  * metadata when present) whose every tensor is F32 and finite. The rows
  * are the store's (store.h), the routes api_weights.c's. */
 #ifndef PW_WEIGHTS_H

@@ -113,7 +113,7 @@ configure build -DPW_WERROR=ON
 # so quickstart and the benchmarks always compile (no tests in it).
 configure build-release -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF
 # detect_leaks: every allocation must be freed by shutdown. PW_CPU=avx2
-# (lib/base/cpu.h): the sanitized suite runs without AVX-512, the plain one
+# (common/base/cpu.h): the sanitized suite runs without AVX-512, the plain one
 # with what this host has, so CI covers both code paths.
 [ "$PLAIN" = 1 ] || configure build-asan -DPW_SANITIZE=ON -DPW_WERROR=ON
 

@@ -2,7 +2,7 @@
  * stages with the same rank of the other replicas — a reduce-scatter and
  * an all-gather over each stage's flat buffers, chunked, the frames and
  * their bookkeeping. The arithmetic (shards, chunks, the ordered sum, what
- * is kept) is lib/compute/collective.h's; stepend.c decides when each
+ * is kept) is common/compute/collective.h's; stepend.c decides when each
  * runs.
  *
  * The group is the replicas in replica order (global ranks d * pp +
@@ -33,7 +33,7 @@
 
 typedef struct pw_run pw_run;
 
-#define PW_DPX_MAX 4096 /* replicas summed at once: mesh.dp's bound (lib/spec) */
+#define PW_DPX_MAX 4096 /* replicas summed at once: mesh.dp's bound (common/spec) */
 
 /* What a REDUCE frame carries (its value's low 4 bits). 1 is the pipeline
  * ranks' norm partial (stepend.c). */

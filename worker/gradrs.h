@@ -1,7 +1,7 @@
 /* gradrs: ZeRO-2 (train.zero 2) — each node's weight gradients of a
  * microbatch reduce-scattered over the data-parallel replicas the moment
  * the W (or B) action makes them, so a replica accumulates only its shard
- * (lib/model/collective.h has the arithmetic and what is kept; the
+ * (common/model/collective.h has the arithmetic and what is kept; the
  * contract's sum order is docs/contracts.md's "Data-parallel sums and
  * shards").
  *

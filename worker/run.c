@@ -1,7 +1,7 @@
 /* run: one assignment — a rank of a job — from the assign message to done.
  *
  * Everything the rank runs comes from the assignment's slice of the plan
- * (lib/plan/slice.h: the compiled graph, its stages and their slots, its
+ * (common/plan/slice.h: the compiled graph, its stages and their slots, its
  * action list, the tied table, the training config), checked against its
  * SHA-256 first; the worker builds its stage programs from it and never
  * re-partitions, re-plans or reads the model spec. pw_run_create makes a

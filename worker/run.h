@@ -245,7 +245,7 @@ struct pw_run {
   int *restore_from;       /* [S] global rank sending each stage's snapshot, or NULL */
   pw_snapstore *snaps;     /* the worker's snapshots, or NULL (none taken) */
   int snap_holder;         /* global rank this rank's snapshots go to, or -1 */
-  /* From the assignment's slice (lib/plan/slice.h), never rebuilt here:
+  /* From the assignment's slice (common/plan/slice.h), never rebuilt here:
    * spec holds only mode, train and data (the worker never sees the model
    * spec); model is the compiled graph; part the partition as far as this
    * rank uses it; sched stage -> rank and only this rank's action list. */

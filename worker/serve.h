@@ -1,7 +1,7 @@
 /* serve: a rank of a serve job (mode "serve", docs/serving.md) — the
  * compute thread's loop that replaces the training steps.
  *
- * Each pipeline rank holds one stage and one decoder (lib/compute/
+ * Each pipeline rank holds one stage and one decoder (common/compute/
  * decode.h) whose KV slab has serve_seqs slots of serve_len positions,
  * made at start: nothing grows while serving. Rank 0 of a replica owns the
  * batching: the coordinator's "generate" messages queue there (at most

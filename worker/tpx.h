@@ -1,4 +1,4 @@
-/* tpx: the tensor-parallel all-reduces of a stage group (lib/model/tp.h)
+/* tpx: the tensor-parallel all-reduces of a stage group (common/model/tp.h)
  * over the data plane, and the group's canonical view of its parameters
  * for checkpoints and loads.
  *

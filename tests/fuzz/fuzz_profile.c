@@ -1,4 +1,4 @@
-/* fuzz_profile: the calibration profile's reader (lib/plan/cost.h) on any
+/* fuzz_profile: the calibration profile's reader (common/plan/cost.h) on any
  * text — a profile is a file a user or a worker hands the planner. What it
  * accepts must cost every layer at any microbatch size without reading
  * out of bounds, and write back the same profile. */

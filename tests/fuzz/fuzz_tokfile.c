@@ -1,4 +1,4 @@
-/* fuzz_tokfile: token files (lib/io/tokfile.h) on any file contents, and
+/* fuzz_tokfile: token files (common/io/tokfile.h) on any file contents, and
  * the dataset opener that trains on them.
  *
  * Properties: the file check and the in-memory header + id checks agree;

@@ -103,7 +103,7 @@ h0 += b" " * (-len(h0) % 8)
 put("fuzz_safetensors", 1, struct.pack("<Q", len(h0)) + h0)
 
 
-# token files (lib/io/tokfile.h): width 2 and 4, a tiny vocabulary, and text.
+# token files (common/io/tokfile.h): width 2 and 4, a tiny vocabulary, and text.
 def tok(width, vocab, ids):
     fmt = "<H" if width == 2 else "<I"
     return b"PWTOKENS" + struct.pack("<IIIIQ", 1, width, vocab, 0, len(ids)) + b"".join(struct.pack(fmt, i) for i in ids)

@@ -55,7 +55,7 @@ assert crc32c(b"123456789") == 0xE3069283  # the standard check value
 
 
 def frame(kind, job, body):
-    """A u8 frame (HELLO, BYE) as lib/proto/wire.h lays it out."""
+    """A u8 frame (HELLO, BYE) as common/proto/wire.h lays it out."""
     n = len(body)
     head = struct.pack("<4sHHIIIIIIBBH4II", b"PWF1", 2, kind, job, 0, 0, 0, 0, 0, 2, 1, 0, n, 0, 0, 0, n)
     head += struct.pack("<I", crc32c(body))

@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
-"""check_layers: the layering that lib/CMakeLists.txt declares holds in the code.
+"""check_layers: the layering that common/CMakeLists.txt declares holds in the code.
 
   check_layers.py SOURCE_DIR [BUILD_DIR]
 
-1. Every quoted #include in lib/LAYER/ names a header of LAYER itself or of a
+1. Every quoted #include in common/LAYER/ names a header of LAYER itself or of a
    layer in its DEPS (direct, as declared: a layer says what it uses).
 2. An outside library's header (<jansson.h>, <cblas.h>, ...) appears only in
    a layer whose SYSTEM names that library, and never in a public header of
    a layer that must stay free of it (compute and model headers: no jansson).
 3. The layer graph has no cycle, and no header includes itself through others.
 4. With BUILD_DIR: no two object files of the coordinator, or of one layer
-   of lib/, need symbols from each other, directly or around a longer
+   of common/, need symbols from each other, directly or around a longer
    circle (read from `nm` of the built objects).
 5. No coordinator file writes an HTTP error status of its own: every error
    reply goes through pw_reply_error(code), whose status and API code come
-   from lib/base/errors.h's table.
+   from common/base/errors.h's table.
 Exit 0 when all hold; otherwise each violation on a line, exit 1."""
 import glob, os, re, subprocess, sys
 
@@ -28,7 +28,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 
 
 def layers(src):
-    text = open(os.path.join(src, "lib/CMakeLists.txt")).read()
+    text = open(os.path.join(src, "common/CMakeLists.txt")).read()
     out = {}
     for m in re.finditer(r"^pw_layer\((\w+)([^)]*)\)", text, re.M):
         deps, system, cur = [], [], None
@@ -73,26 +73,26 @@ def check_sources(src):
     errs = []
     decl = layers(src)
     if not decl:
-        return ["lib/CMakeLists.txt declares no pw_layer"]
+        return ["common/CMakeLists.txt declares no pw_layer"]
     owner = {}  # header file name -> layer
     for layer in decl:
-        for h in glob.glob(os.path.join(src, "lib", layer, "*.h")):
+        for h in glob.glob(os.path.join(src, "common", layer, "*.h")):
             name = os.path.basename(h)
             if name in owner:
-                errs.append(f"header {name} is in both lib/{owner[name]} and lib/{layer}")
+                errs.append(f"header {name} is in both common/{owner[name]} and common/{layer}")
             owner[name] = layer
     for layer, (deps, system) in decl.items():
         for d in deps:
             if d not in decl:
-                errs.append(f"lib/CMakeLists.txt: {layer} depends on unknown layer {d}")
+                errs.append(f"common/CMakeLists.txt: {layer} depends on unknown layer {d}")
     cyc = find_cycle({l: d for l, (d, _) in decl.items()})
     if cyc:
         errs.append("layer cycle: " + " -> ".join(cyc))
     header_graph = {}
     for layer, (deps, system) in decl.items():
-        files = sorted(glob.glob(os.path.join(src, "lib", layer, "*.[ch]")))
+        files = sorted(glob.glob(os.path.join(src, "common", layer, "*.[ch]")))
         if not files:
-            errs.append(f"lib/{layer}/ has no source")
+            errs.append(f"common/{layer}/ has no source")
         for f in files:
             rel = os.path.relpath(f, src)
             text = open(f).read()
@@ -100,7 +100,7 @@ def check_sources(src):
                 if kind == '"':
                     to = owner.get(os.path.basename(inc))
                     if to is None:
-                        errs.append(f"{rel}: includes \"{inc}\", which no layer of lib/ has")
+                        errs.append(f"{rel}: includes \"{inc}\", which no layer of common/ has")
                     elif to != layer and to not in deps:
                         errs.append(f"{rel}: includes \"{inc}\" of layer {to}, "
                                     f"which {layer} does not list in DEPS")
@@ -111,7 +111,7 @@ def check_sources(src):
                                 f"{SYSTEM_HEADERS[inc]} in SYSTEM")
     # The public headers of the layers below the JSON and BLAS boundary.
     for layer in ("base", "model", "compute"):
-        for h in glob.glob(os.path.join(src, "lib", layer, "*.h")):
+        for h in glob.glob(os.path.join(src, "common", layer, "*.h")):
             seen, todo = set(), [os.path.basename(h)]
             while todo:
                 n = todo.pop()
@@ -121,12 +121,12 @@ def check_sources(src):
                 lay = owner.get(n)
                 if lay is None:
                     continue
-                text = open(os.path.join(src, "lib", lay, n)).read()
+                text = open(os.path.join(src, "common", lay, n)).read()
                 for kind, inc in INCLUDE.findall(text):
                     if kind == '"':
                         todo.append(os.path.basename(inc))
                     elif inc == "jansson.h":
-                        errs.append(f"lib/{layer}/{os.path.basename(h)} pulls in <jansson.h> (through {n})")
+                        errs.append(f"common/{layer}/{os.path.basename(h)} pulls in <jansson.h> (through {n})")
     cyc = find_cycle(header_graph)
     if cyc:
         errs.append("include cycle: " + " -> ".join(cyc))
@@ -189,7 +189,7 @@ def main():
     if len(sys.argv) > 2:
         errs += check_objects(sys.argv[2], "pwcoord")
         for layer in layers(src):
-            errs += check_objects(os.path.join(sys.argv[2], "lib"), "pw_" + layer)
+            errs += check_objects(os.path.join(sys.argv[2], "common"), "pw_" + layer)
     for e in errs:
         print("check_layers:", e)
     print(f"check_layers: {len(layers(src))} layers, {'ok' if not errs else f'{len(errs)} violations'}")

@@ -14,7 +14,7 @@ per layer a preallocated (1, H, Tmax, hd) K and V, the prompt in one
 forward, then one token per forward, each new query attending over the
 cached keys of positions 0 .. its own. Learned positions and rotary angles
 are taken at the absolute position. The sampler is a second implementation
-of the contract's algorithm, with pipewright's RNG (lib/base/rng.h) in
+of the contract's algorithm, with pipewright's RNG (common/base/rng.h) in
 plain Python integers, so a seeded sample can be compared token for token.
 """
 import argparse
@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 import torch_ref as R  # noqa: E402
 
 # ---------------------------------------------------------------------------
-# pipewright's RNG (lib/base/rng.h), mod 2^64.
+# pipewright's RNG (common/base/rng.h), mod 2^64.
 
 M64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15

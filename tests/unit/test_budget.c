@@ -1,4 +1,4 @@
-/* test_budget: the planner's resource bounds (lib/plan/budget.h). The
+/* test_budget: the planner's resource bounds (common/plan/budget.h). The
  * action bound holds every schedule's real plan and refuses a huge spec
  * before it is planned; a derived field out of range is caught as the
  * store would catch it; each post-planning bound refuses one byte over and

@@ -1,4 +1,4 @@
-/* test_collective: the shard and chunk arithmetic of lib/model/collective.h
+/* test_collective: the shard and chunk arithmetic of common/model/collective.h
  * and the order of its sum, on in-memory buffers:
  *   - shards tile [0, n) contiguously in member order, differ by at most
  *     one element, the longer ones first (what docs/contracts.md tells a

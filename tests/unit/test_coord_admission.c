@@ -1,5 +1,5 @@
 /* test_coord_admission: what the coordinator's REST API admits — the
- * resource budget of a spec (lib/plan/budget.h) at POST /v1/jobs and
+ * resource budget of a spec (common/plan/budget.h) at POST /v1/jobs and
  * POST /v1/plans, the bounded pool for expensive handlers, and the
  * connection bounds — over real HTTP on 127.0.0.1, as test_coord_http.c
  * does (no control loop runs).

@@ -1,4 +1,4 @@
-/* test_cost: the calibration profile (lib/plan/cost.h) — its parser's named
+/* test_cost: the calibration profile (common/plan/cost.h) — its parser's named
  * errors, interpolation between microbatch sizes, a plan costed with a
  * synthetic profile (an exactly predictable step), and --auto's choice
  * (cost_auto.h) following the profile. */

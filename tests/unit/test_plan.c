@@ -71,7 +71,7 @@ static void assert_tiles(span *sp, int n, size_t lo, size_t hi, const char *what
   assert_int_equal(at, hi);
 }
 
-/* For every layer range of each model, the one layout (lib/model/layout.h)
+/* For every layer range of each model, the one layout (common/model/layout.h)
  * the planner counts and the program allocates: the slot is exactly the
  * values, their gradients and the auxiliaries, each once; the parameter
  * arena exactly the stage's parameters; the gradient arena those plus one

@@ -1,4 +1,4 @@
-/* test_slice: a worker's slice of a plan (lib/plan/slice.h).
+/* test_slice: a worker's slice of a plan (common/plan/slice.h).
  *
  * Round trip: every rank's slice of a tied, interleaved, data-parallel GPT
  * plan decodes to exactly the plan's tables — the whole graph, the stage

@@ -1,5 +1,5 @@
 /* test_suggest: the edit distance and the "did you mean" every message of
- * the CLI and the spec parser uses (lib/spec/suggest.h). */
+ * the CLI and the spec parser uses (common/spec/suggest.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

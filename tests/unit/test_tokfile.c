@@ -1,5 +1,5 @@
-/* test_tokfile: token files (lib/io/tokfile.h) and datasets read from
- * them and from stored copies (lib/io/data.c).
+/* test_tokfile: token files (common/io/tokfile.h) and datasets read from
+ * them and from stored copies (common/io/data.c).
  *
  * The anchor: a text file and its byte-level conversion give the same
  * batches, train and eval, for both samplers. Then a width-4 file with

@@ -1,4 +1,4 @@
-/* test_tp: tensor parallel's arithmetic (lib/model/tp.h) and the
+/* test_tp: tensor parallel's arithmetic (common/model/tp.h) and the
  * vocab-parallel cross-entropy (ops.h, pw_xent_vp_*):
  *   - the split of every parameter of gpt (tied and untied) and llama:
  *     qkv by heads, fc / gate / up by columns, proj / down by rows, the

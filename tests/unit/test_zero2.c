@@ -1,4 +1,4 @@
-/* test_zero2: ZeRO-2's arithmetic (lib/model/collective.h) and the
+/* test_zero2: ZeRO-2's arithmetic (common/model/collective.h) and the
  * program's weight-gradient scratch (pw_prog_set_wgrad):
  *   - the live ranges are the shard and the full ranges, sorted and merged
  *     (overlapping, touching, apart), for every replica;

@@ -13,7 +13,7 @@
  *
  * Memory per rank (pw_plan_mem) is what the worker will allocate for the
  * plan, counted from the model and the action lists alone — the programs'
- * layout (lib/model/layout.h) and the step-end buffers below, the same
+ * layout (common/model/layout.h) and the step-end buffers below, the same
  * descriptions the worker allocates from — so a plan that does not fit is
  * seen before any worker starts. */
 #ifndef PW_PLAN_H
@@ -40,7 +40,7 @@
  * once for the worker that allocates it and the planner that counts it:
  *  - per stage it runs, when training with dp > 1: the buffers of the
  *    data-parallel reduce-scatter and all-gather, pw_dp_floats floats
- *    (lib/model/collective.h says which), and under train.zero > 0 only
+ *    (common/model/collective.h says which), and under train.zero > 0 only
  *    pw_dp_state_floats of optimizer state;
  *  - per shared parameter it holds a copy of: one block of
  *    pw_tied_floats() floats, wired by pw_tied_wire into holder j's
@@ -91,7 +91,7 @@ typedef struct {
                          whole gradient arena: m and v); the other
                          replicas' peak is total minus this */
   uint64_t tp_sent;  /* mesh.tp > 1: bytes tp rank 0 of each of its stages sends per step in the
-                        tensor-parallel all-reduces (lib/model/tp.h; the others within a shard's
+                        tensor-parallel all-reduces (common/model/tp.h; the others within a shard's
                         rounding) */
   double tp_seconds; /* those on the link model (in the simulated F and I: plan_tp.c) */
   size_t tied;     /* tied parameters held here: pw_tied_floats of each */
@@ -122,7 +122,7 @@ typedef struct {
                                                 inside them: tensor parallel's in F and I, ZeRO-2's
                                                 reduce-scatter in W and B) */
   double *act_bytes;       /* [S-1] bytes crossing s -> s+1 per microbatch */
-  pw_prog_sizes *stage_mem; /* [S] each stage program's layout (lib/model/layout.h) */
+  pw_prog_sizes *stage_mem; /* [S] each stage program's layout (common/model/layout.h) */
   int *peak_slots;         /* [S] activation slots stage s's program grows to */
   int *n_work;             /* [S] remat stages: work buffers (pw_plan_work); 0 = no remat */
   pw_plan_mem *mem;        /* [pp] per pipeline rank (every replica alike) */
@@ -211,7 +211,7 @@ PW_MUST_CHECK int pw_plan_peak_slots(const pw_sched *s, int *peak);
 /* Work buffers each remat stage (remat[s] != 0) needs, into n_work[S] (0
  * for the others): its rank runs its list in order, and a stage's program
  * holds a work buffer during each F, B and I, and from an I until its W
- * (lib/compute/prog.h) — so the most microbatches between I and W at any
+ * (common/compute/prog.h) — so the most microbatches between I and W at any
  * F, B or I, plus that one. */
 void pw_plan_work(const pw_sched *s, const int *remat, int *n_work);
 

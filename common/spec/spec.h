@@ -111,7 +111,7 @@ typedef struct {
 
 /* mesh.placement: which rank runs each stage. NONE keeps the schedule's
  * own layout; a name or an array must be that layout up to a relabeling of
- * ranks (lib/plan/placement.h). */
+ * ranks (common/plan/placement.h). */
 typedef enum { PW_PLACEMENT_NONE, PW_PLACEMENT_ARRAY, PW_PLACEMENT_LOOP, PW_PLACEMENT_V, PW_PLACEMENT_CONTIGUOUS } pw_placement_kind;
 /* The names of the named kinds, "loop", "v", "contiguous" (index kind - PW_PLACEMENT_LOOP). */
 extern const char *const pw_placement_names[];
@@ -119,7 +119,7 @@ extern const int pw_n_placement_names;
 
 typedef struct {
   int pp, dp, virtual_stages; /* defaults 1, 1, 1 */
-  int tp;                     /* tensor-parallel ranks per stage (lib/model/tp.h); default 1 */
+  int tp;                     /* tensor-parallel ranks per stage (common/model/tp.h); default 1 */
   int placement_kind;         /* pw_placement_kind; default none */
   int *placement;             /* ARRAY: stage s on rank placement[s], each in 0 .. pp-1 */
   int n_placement;
@@ -128,7 +128,7 @@ typedef struct {
 /* A custom schedule ("schedule": {"custom": {"ranks": [...]}}) is one
  * action list per pipeline rank in schedule.h's text form, stored as given;
  * name is then "custom". The spec only checks the shape (mesh.pp strings);
- * the planner proves the lists (pw_sched_from_ranks, lib/plan). */
+ * the planner proves the lists (pw_sched_from_ranks, common/plan). */
 typedef struct {
   char name[32];       /* one of the nine schedule names, or "custom"; default "1f1b" */
   int microbatches;    /* default 1 */
@@ -169,7 +169,7 @@ typedef struct {
   /* recomputation (partition.remat): "none" (default), "full" (remat_all),
    * or one entry per stage (remat[n_remat], n_remat = pp x virtual_stages):
    * a remat stage keeps only its ports per microbatch and re-runs its
-   * forward before its backward (lib/compute/prog.h) */
+   * forward before its backward (common/compute/prog.h) */
   int remat_all;
   unsigned char *remat;
   int n_remat;

@@ -2,7 +2,7 @@
  * redis declares its commands. This is the model layer's half: name,
  * arity, which input gradients the backward writes, FLOPs and saved
  * auxiliaries, so the planner (which links no kernels) and the programs
- * read the same facts. lib/compute/kernels.c is the other half: the kernel
+ * read the same facts. common/compute/kernels.c is the other half: the kernel
  * functions, indexed by the same pw_op. Nothing else switches on an op. */
 #ifndef PW_OPTABLE_H
 #define PW_OPTABLE_H

@@ -1,4 +1,4 @@
-/* kernels: the compute layer's half of the op table (lib/model/optable.h
+/* kernels: the compute layer's half of the op table (common/model/optable.h
  * is the other): for each pw_op, the kernels (ops.h) that run it forward
  * and backward, one row per op, called through one argument block.
  * A NULL entry: the op has no such half (no weights, or no input that

@@ -1,7 +1,7 @@
 /* layout: where everything of a stage program lives, computed from the
  * model alone — written once, for the program that allocates it
- * (lib/compute/prog.c) and the planner that counts it before any worker
- * starts (lib/plan/plan.c), which links no compute layer.
+ * (common/compute/prog.c) and the planner that counts it before any worker
+ * starts (common/plan/plan.c), which links no compute layer.
  *
  * A program over layers [lo, hi) with mb sequences per microbatch has:
  *   - a parameter arena of `numel` floats (the parameters its nodes use, in

@@ -77,7 +77,7 @@ typedef struct pw_sched {
   int *n_actions;      /* [pp] */
   pw_action **actions; /* [pp][n_actions[r]], in execution order */
   int *cap_;           /* [pp] internal: allocated length of actions[r] */
-  /* The stage graph when it is not a chain (model.regions, lib/plan/
+  /* The stage graph when it is not a chain (model.regions, common/plan/
    * regions.h): stage st reads the outputs of pred[pred_first[st] ..
    * pred_first[st+1]), ascending. NULL: a chain, st reads st - 1. */
   int *pred_first;     /* [S + 1] */

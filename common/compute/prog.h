@@ -2,7 +2,7 @@
  *
  * A program owns four flat arenas for its parameters (params, grads, AdamW
  * m and v, llm.c style: one allocation each, tensors wired into it, laid
- * out by lib/model/layout.h, which the planner reads too; a frozen
+ * out by common/model/layout.h, which the planner reads too; a frozen
  * parameter, pw_param.frozen, has no gradient and no m or v, and a node
  * whose parameters are all frozen skips its backward-weight) and
  * n_slots activation slots. A slot holds everything one microbatch needs
@@ -165,7 +165,7 @@ int pw_prog_backward_weight(pw_prog *p, int slot);
 /* Both halves (a full B), node by node. */
 int pw_prog_backward(pw_prog *p, int slot);
 
-/* Tensor parallel (lib/model/tp.h, docs/contracts.md "Tensor parallel").
+/* Tensor parallel (common/model/tp.h, docs/contracts.md "Tensor parallel").
  * A program of rank `rank` of a tp group is made over the group's graph
  * (pw_tp_model: split shapes, which say the group's size) and then told its
  * place here, once, before any entry point. It then all-reduces through `fn` (blocking, the same

@@ -1,4 +1,4 @@
-/* plan_tp: a tensor-parallel stage in the plan (lib/model/tp.h). Each of a
+/* plan_tp: a tensor-parallel stage in the plan (common/model/tp.h). Each of a
  * stage's mesh.tp ranks does 1/tp of its FLOPs (the matmuls and attention
  * split; the norms and elementwise ops they do whole are counted split too:
  * small), plus the group's all-reduces on the plan's link (the profile's

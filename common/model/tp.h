@@ -16,7 +16,7 @@
  *  - VOCAB (the token embedding, lm_head, or the tied embedding serving as
  *    both): vocabulary rows split. The embedding's output is all-reduced
  *    (each token's row lives on one rank, the others add zeros); the loss
- *    is a vocab-parallel cross-entropy (lib/compute/ops.h, pw_xent_vp_*): no
+ *    is a vocab-parallel cross-entropy (common/compute/ops.h, pw_xent_vp_*): no
  *    rank ever holds a row's whole logits.
  *  - REPLICATED: norms, position embeddings, row biases.
  * Communication, all-reduces of (rows, C) activations in tp-rank order:

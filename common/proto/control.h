@@ -73,7 +73,7 @@
  *               datasets are fetched from <http_url>/v1/datasets/<id>/content)
  *   refused     reason:str
  *   assign      job:int, run:int, rank:int, slice:str (the rank's slice
- *               of the plan: canonical JSON text, lib/plan/slice.h),
+ *               of the plan: canonical JSON text, common/plan/slice.h),
  *               slice_sha256:str (SHA-256 hex of slice's bytes),
  *               peers:[{rank:int, addr:str, host:str}, ...] (host: the
  *               machine id the rank's worker registered with, or a name of

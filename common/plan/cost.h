@@ -1,7 +1,7 @@
 /* cost: a calibrated cost model — what the planner predicts a step takes
  * on a host it has measured, in place of the FLOP model's assumed rate.
  *
- * A profile (`pipewright calibrate`, lib/train/calibrate.h) holds, for one
+ * A profile (`pipewright calibrate`, common/train/calibrate.h) holds, for one
  * host, the measured seconds of each layer's F, I and W for one microbatch
  * at a few microbatch sizes (GEMM shapes change with it, so the rate does),
  * the step end's cost (AdamW and gradient work: seconds per trainable

@@ -3,7 +3,7 @@
  * stage_boundary hints copied for the partitioner (spec_field.h). Only the
  * form is judged here: layer names are resolved against the model graph and
  * placements against the schedule's layout when the plan is built
- * (lib/plan/partition.c, lib/plan/placement.c). */
+ * (common/plan/partition.c, common/plan/placement.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -157,7 +157,7 @@ void pw_plan_work(const pw_sched *s, const int *remat, int *n_work) {
   }
 }
 
-/* What pw_dataset_open keeps in memory (lib/io/data.c). */
+/* What pw_dataset_open keeps in memory (common/io/data.c). */
 static size_t data_bytes(const pw_job *job, const pw_model *m) {
   struct stat st;
   switch (job->data.kind) {
@@ -232,7 +232,7 @@ static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
   return r && live ? 0 : PW_ENOMEM;
 }
 
-/* train.precision "bf16" (lib/compute/prog.h): a stage keeps a bf16 copy
+/* train.precision "bf16" (common/compute/prog.h): a stage keeps a bf16 copy
  * of its linear weights and scratch for one linear or attention node's
  * bf16 operands (*fixed), and per slot a bf16 send buffer of its float outputs
  * (*per_slot). */

@@ -1,12 +1,12 @@
 /* calibrate: measures what the planner's calibrated cost model reads
- * (lib/plan/cost.h): each layer's F, I and W for one microbatch at a few
+ * (common/plan/cost.h): each layer's F, I and W for one microbatch at a few
  * microbatch sizes, the step end's cost (fixed per program and per
  * trainable parameter: a least-squares line over the layers' programs), a
  * loopback TCP link between two threads and a thread's wake-up, and core
  * sharing: n = 1..2 x cores one-thread processes (fork) at once, each
  * running one of n contiguous parts of the model as n pipeline ranks would,
  * their rates against the parts' times alone — on scratch buffers, with
- * the stage programs the workers run (lib/compute/prog.h), so the shapes
+ * the stage programs the workers run (common/compute/prog.h), so the shapes
  * and kernels are the real ones.
  *
  * A layer that holds only the loss (pw_layer.is_loss) cannot start a

@@ -1,6 +1,6 @@
 /* prog: runs a stage program's nodes forward and backward over flat arenas.
  *
- * Every offset comes from the layout (lib/model/layout.h), computed once
+ * Every offset comes from the layout (common/model/layout.h), computed once
  * at create; each node runs through its row of the kernel table
  * (kernels.h). The per-step path is pointer arithmetic and kernel calls,
  * nothing else.

@@ -1,5 +1,5 @@
 /* ops_tp: the vocab-parallel cross-entropy of a tensor-parallel head
- * (ops.h, lib/model/tp.h): each rank holds the logits of its vocabulary
+ * (ops.h, common/model/tp.h): each rank holds the logits of its vocabulary
  * shard only, and the row statistics meet in two all-reduces. */
 #include <math.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* sha256: SHA-256 (FIPS 180-4) of bytes, whole or streamed, and its hex form.
  *
  * Used to name content: a run's plan and each worker's slice of it
- * (lib/plan/slice.h), and content-addressed data later. Plain C, no
+ * (common/plan/slice.h), and content-addressed data later. Plain C, no
  * allocation, no I/O; not constant-time (nothing secret is hashed). */
 #ifndef PW_SHA256_H
 #define PW_SHA256_H
