@@ -311,10 +311,10 @@ static void on_event(pw_run *r, pw_event *ev) {
                                          .held = ev->held));
       return;
     case PW_EV_CKPT:
-      if (!r->lp.closing) pw_stepend_report_ckpt(r, ev);
+      if (!r->lp.closing) pw_report_ckpt(r, ev);
       return;
     case PW_EV_STEP:
-      if (!r->lp.closing) pw_stepend_report(r, ev);
+      if (!r->lp.closing) pw_report_step(r, ev);
       json_decref(ev->colls);
       if (ev->timings) {
         uv_mutex_lock(&r->sh.mu);

@@ -438,8 +438,13 @@ PW_MUST_CHECK int pw_stepend_reduce(pw_run *r, double *sqnorm);
 /* Compute thread: the pipeline ranks of the replica wait for each other
  * (the norm exchange with nothing to sum), at the end of an eval pass. */
 PW_MUST_CHECK int pw_stepend_barrier(pw_run *r);
-void pw_stepend_report(pw_run *r, const pw_event *ev);      /* loop thread */
-void pw_stepend_report_ckpt(pw_run *r, const pw_event *ev); /* loop thread */
+/* Where stage's checkpoint after step + 1 steps is written. */
+void pw_stepend_ckpt_path(const pw_run *r, int step, int stage, char *buf, size_t cap);
+
+/* ---- report.c: the messages a run sends the coordinator (loop thread) ----- */
+
+void pw_report_step(pw_run *r, const pw_event *ev);  /* a step is complete */
+void pw_report_ckpt(pw_run *r, const pw_event *ev);  /* where a stage's checkpoint went */
 /* Compute thread, sh.mu held: REDUCE and TIED frames (run.c routes them). */
 PW_MUST_CHECK int pw_stepend_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 PW_MUST_CHECK int pw_stepend_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
