@@ -15,7 +15,7 @@ its choice is run too and compared with the fastest cell measured.
   bench/costmodel.py [--build DIR] [--models d256,d512] [--pp 1,2,4] [--m 2,4,8,16]
                      [--rounds 2] [--steps 8] [--warmup 2] [--out NAME]
 
-Writes bench/results/NAME.{json,md} (default costmodel) and prints the markdown."""
+Writes bench/results/costmodel/NAME.{json,md} (default grid) and prints the markdown."""
 import argparse, atexit, json, os, shutil, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -191,7 +191,7 @@ def main():
     ap.add_argument("--models", default="d256")
     ap.add_argument("--pp", default="1,2,4")
     ap.add_argument("--m", default="2,4,8,16")
-    bench_args(ap, "costmodel", 2, 8)
+    bench_args(ap, "grid", 2, 8)
     a = ap.parse_args()
     out = grid(a.build, a.models.split(","), [int(x) for x in a.pp.split(",")], [int(x) for x in a.m.split(",")],
                a.rounds, a.steps, a.warmup)
@@ -200,8 +200,8 @@ def main():
            "`bench/costmodel.py --models d256,d512,d768 --rounds 3 --steps 5` (about 70 min on 2 cores), "
            "or case 8 of `bench/run.sh`."]
     text = "\n".join(md) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", a.out)
+    os.makedirs(os.path.join(HERE, "results", "costmodel"), exist_ok=True)
+    base = os.path.join(HERE, "results", "costmodel", a.out)
     write(base + ".json", out)
     open(base + ".md", "w").write(text)
     print(text)

@@ -20,7 +20,7 @@ steps after the warm-up, with min-max.
   bench/dp.py [--build DIR] [--rounds 3] [--steps 6] [--warmup 2] [--raw-rounds 10]
               [--models d256,d512] [--dp 2,3] [--out dp-allreduce]
 
-Writes bench/results/OUT.{json,md} and prints the markdown. The other
+Writes bench/results/dp/OUT.{json,md} (default allreduce) and prints the markdown. The other
 processes' CPU share while it ran is recorded (costmodel.OtherCpu): above
 5 % the figures are indicative."""
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile, time
@@ -58,7 +58,7 @@ def raw(build, k, n, rounds):
 
 def main():
     ap = argparse.ArgumentParser()
-    bench_args(ap, "dp-allreduce", 3, 6)
+    bench_args(ap, "allreduce", 3, 6)
     ap.add_argument("--raw-rounds", type=int, default=10)
     ap.add_argument("--models", default="d256,d512")
     ap.add_argument("--dp", default="2,3")
@@ -130,8 +130,8 @@ def main():
                   f"{ms(r['raw_s'])} | {r['ratio_least_over_raw']:.2f} | {r['ratio_most_over_raw']:.2f} | "
                   f"{r['ratio_min_least_over_min_raw']:.2f} |")
     text = "\n".join(md) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", a.out)
+    os.makedirs(os.path.join(HERE, "results", "dp"), exist_ok=True)
+    base = os.path.join(HERE, "results", "dp", a.out)
     json.dump(out, open(base + ".json", "w"), indent=1)
     open(base + ".md", "w").write(text)
     print(text)

@@ -1,4 +1,4 @@
-"""harness: runs the cases of bench/run.sh and writes bench/results/latest.{json,md}.
+"""harness: runs the cases of bench/run.sh and writes bench/results/harness/latest.{json,md}.
 
     /usr/bin/python3 bench/harness.py --build BUILD_DIR [--quick] [--out DIR]
                                       [--coretype NAME] [--cases 1,2]
@@ -626,7 +626,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", help="build directory (required unless --rewrite)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "harness"))
     ap.add_argument("--name", default="latest", help="result file stem (default latest)")
     ap.add_argument("--coretype", default="",
                     help="OPENBLAS_CORETYPE for both sides: a core name, or auto (unset: OpenBLAS detects "

@@ -20,7 +20,7 @@ workers measured (sum of its actions) and the rest of the step (waiting).
   bench/regions_cost.py [--build DIR] [--job FILE] [--m 4,8,16] [--rounds 3] [--steps 14] [--warmup 2]
                         [--trace] [--nice N] [--out NAME]
 
-Writes bench/results/NAME.{json,md} (default regions-cost-d256) and prints the markdown."""
+Writes bench/results/regions/NAME.{json,md} (default two-tower-d256) and prints the markdown."""
 import argparse, json, os, shutil, statistics, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--m", default="4,8,16")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--nice", type=int, default=0, help="run at this niceness (negative: ahead of other work)")
-    bench_args(ap, "regions-cost-d256", 3, 14)
+    bench_args(ap, "two-tower-d256", 3, 14)
     a = ap.parse_args()
     if a.nice:
         ahead(a.nice)
@@ -200,7 +200,7 @@ def main():
         md += [f"| {x['rank']} | {x['alone_ms']:.1f} | {x['predicted_ms']:.1f} | {x['compute_ms']:.1f} | "
                f"{x['slowdown']:.2f} | {x['period_ms']:.1f} |" for x in tr["ranks"]]
     text = "\n".join(md) + "\n"
-    base_out = os.path.join(HERE, "results", a.out)
+    base_out = os.path.join(HERE, "results", "regions", a.out)
     os.makedirs(os.path.dirname(base_out), exist_ok=True)
     write(base_out + ".json", out)
     open(base_out + ".md", "w").write(text)

@@ -16,7 +16,7 @@ frame buffers — is outside the plan).
 
   bench/remat.py [--build DIR] [--schedule 1f1b] [--rounds 3] [--steps 12] [--warmup 2]
 
-Writes bench/results/remat-<schedule>.{json,md} and prints the markdown."""
+Writes bench/results/remat/<schedule>.{json,md} and prints the markdown."""
 import argparse, atexit, json, os, shutil, statistics, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,8 +98,8 @@ def main():
     md.append("Planned = the plan's memory_bytes (pw_plan_mem.total): the process baseline is outside it, so the "
               "absolute RSS sits above it by about the same amount both ways; the drop is what remat saves.")
     text = "\n".join(md) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", f"remat-{a.schedule}")
+    os.makedirs(os.path.join(HERE, "results", "remat"), exist_ok=True)
+    base = os.path.join(HERE, "results", "remat", a.schedule)
     json.dump(out, open(base + ".json", "w"), indent=1)
     open(base + ".md", "w").write(text)
     print(text)

@@ -1,14 +1,14 @@
 """rt_ab: two builds of the worker runtime side by side (issue 16 part 5: the idle wait, snapshots off
 the critical path), interleaved A B / B A in every round:
 
-    /usr/bin/python3 bench/rt_ab.py --base OLD_BUILD --new NEW_BUILD [--rounds 5] [--name runtime-ab]
+    /usr/bin/python3 bench/rt_ab.py --base OLD_BUILD --new NEW_BUILD [--rounds 5] [--name ab]
 
 Each round, per build: the wake-up of a process blocked 1 ms (`bench_transport wakeidle`), then
   - tiny pp = 2: case 4's job (GPT 2 layers, d=64, T=64, batch 2, m = 1, 1f1b), 300 steps: the
     ranks' worker step time (median of steps 20..298, the slower rank's) and the step period;
   - d128 pp = 2 and pp = 4 (four ranks sharing 2 cores): case 3's job (GPT d=128, 8 layers, T=64,
     B=16, m = 8, 1f1b), 14 steps, the period after 2 warm-up steps.
-Writes results/NAME.{json,md}: per build the medians with the rounds' range, and the median of the
+Writes bench/results/runtime/NAME.{json,md}: per build the medians with the rounds' range, and the median of the
 paired ratios base ÷ new (> 1: the new build is faster), with the other processes' CPU share
 (costmodel.py's OtherCpu): above 5 % the figures are indicative."""
 import argparse, json, os, shutil, statistics, subprocess, tempfile
@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--base", required=True)
     ap.add_argument("--new", required=True)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--name", default="runtime-ab")
+    ap.add_argument("--name", default="ab")
     a = ap.parse_args()
     builds = {"base": os.path.abspath(a.base), "new": os.path.abspath(a.new)}
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
@@ -91,7 +91,8 @@ def main():
         L.append(f"| {r['case']} | {r['base_step_us']:.0f} | {r['new_step_us']:.0f} | {rr('step_us')} "
                  f"| {r['base_period_us']:.0f} | {r['new_period_us']:.0f} | {rr('period_us')} |")
     md = "\n".join(L) + "\n"
-    out = os.path.join(HERE, "results", a.name)
+    os.makedirs(os.path.join(HERE, "results", "runtime"), exist_ok=True)
+    out = os.path.join(HERE, "results", "runtime", a.name)
     with open(out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     with open(out + ".md", "w") as f:

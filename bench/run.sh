@@ -6,7 +6,7 @@
 #
 # Builds pipewright in Release in its own build directory (build-bench, or
 # $PW_BENCH_BUILD), runs every case through bench/harness.py, writes
-# bench/results/latest.json and bench/results/latest.md and prints the
+# bench/results/harness/latest.json and latest.md and prints the
 # markdown. --quick (a few minutes on 2 cores) uses fewer repetitions.
 # Case 7 needs wrk (Debian package wrk); without it that case reports an error.
 # Single-thread cases use one core; only the two-thread rows use both.

@@ -15,7 +15,7 @@ snapshot (parameters + AdamW m + v of its stages).
 
 --native unsets OPENBLAS_CORETYPE (this environment forces Haswell's AVX2
 kernels; the CPU's own run sgemm about twice as fast, so the snapshot's
-fixed cost weighs more). Writes bench/results/snapshot-cost[-native].{json,md}
+fixed cost weighs more). Writes bench/results/snapshot/MODEL[-native].{json,md}
 and prints the markdown."""
 import argparse, atexit, json, os, shutil, statistics, sys, tempfile, time
 
@@ -85,11 +85,11 @@ def main():
         ", ".join(f"rank {r}: {b / 2**20:.1f} MiB" for r, b in enumerate(bytes_per_rank or [])) +
         " (parameters + AdamW m and v of its stages), every step.",
     ]
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    stem = "snapshot-cost" + ("" if a.model == "d256" else "-" + a.model) + ("-native" if a.native else "")
-    with open(os.path.join(HERE, "results", stem + ".json"), "w") as f:
+    os.makedirs(os.path.join(HERE, "results", "snapshot"), exist_ok=True)
+    stem = os.path.join(HERE, "results", "snapshot", a.model + ("-native" if a.native else ""))
+    with open(stem + ".json", "w") as f:
         json.dump(out, f, indent=1)
-    with open(os.path.join(HERE, "results", stem + ".md"), "w") as f:
+    with open(stem + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
 

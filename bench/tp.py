@@ -15,7 +15,7 @@ plan's tp_bytes_per_step).
 
   bench/tp.py [--build DIR] [--rounds 3] [--steps 8] [--warmup 2]
 
-Writes bench/results/tp-d512.{json,md} and prints the markdown. Indicative:
+Writes bench/results/tp/d512.{json,md} and prints the markdown. Indicative:
 the machine is shared."""
 import argparse, atexit, json, os, shutil, statistics, sys, tempfile
 
@@ -80,8 +80,8 @@ def main():
            "tp2_split_median": {k: median(v) for k, v in split.items()},
            "tp2_bytes_sent_per_step": sorted(x for x in sent if x is not None), "planned_bytes_per_step": planned,
            "cores": os.cpu_count(), "load": os.getloadavg()}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    json.dump(out, open(os.path.join(HERE, "results", "tp-d512.json"), "w"), indent=1)
+    os.makedirs(os.path.join(HERE, "results", "tp"), exist_ok=True)
+    json.dump(out, open(os.path.join(HERE, "results", "tp", "d512.json"), "w"), indent=1)
     sp = out["tp2_split_median"]
     r1, r2 = out["tp2_over_tp1_1thread"], out["tp2_over_tp1_2threads"]
     md = [f"# tp = 2 vs tp = 1, d512 (bench/tp.py; {a.rounds} rounds x {a.steps} steps, {os.cpu_count()} cores, "
@@ -95,7 +95,7 @@ def main():
            f"({100 * sp['allreduce'] / sp['step']:.0f} % of the step); the rest of the step is the update and "
            f"step end. Bytes sent per worker per step: {out['tp2_bytes_sent_per_step']} (plan: {planned})."]
     text = "\n".join(md) + "\n"
-    open(os.path.join(HERE, "results", "tp-d512.md"), "w").write(text)
+    open(os.path.join(HERE, "results", "tp", "d512.md"), "w").write(text)
     print(text)
 
 

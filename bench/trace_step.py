@@ -2,7 +2,7 @@
 """trace_step: where a pipelined step goes, rank by rank (issue 16 part 4).
 
     python3 bench/trace_step.py --build build-bench --job bench/jobs/gpt-d768.json \\
-        [--pp 2] [--schedule zb-h1] [-m 8] [--steps 6] [--warmup 2] [--rounds 3] [--out results/trace-d768]
+        [--pp 2] [--schedule zb-h1] [-m 8] [--steps 6] [--warmup 2] [--rounds 3] [--out bench/results/trace/d768]
 
 Runs, interleaved over --rounds (A B C, then rotated), on fresh 1-thread workers (pipe.py):
   A  the job as a pp-rank pipeline, every step traced;
@@ -148,7 +148,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--coretype", default="", help="as harness.py: '' keeps the environment's, auto unsets it")
-    ap.add_argument("--out", default=None, help="result stem (default bench/results/trace-<job name>-pp<pp>)")
+    ap.add_argument("--out", default=None, help="result stem (default bench/results/trace/<job name>-pp<pp>)")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
     if a.steps < a.warmup + 2:
@@ -158,7 +158,7 @@ def main():
     if B % a.m:
         ap.error(f"-m {a.m} does not divide the job's batch_size {B}")
     mb = B // a.m
-    a.out = a.out or os.path.join(HERE, "results", f"trace-{base['name']}-pp{a.pp}")
+    a.out = a.out or os.path.join(HERE, "results", "trace", f"{base['name']}-pp{a.pp}")
     a.scratch = tempfile.mkdtemp(prefix="pw-trace-")
     jobs = {"pipelined": job_of(a.job, a.pp, a.schedule, a.m, B, a.steps),
             "alone": job_of(a.job, a.pp, a.schedule, 1, mb, a.steps),

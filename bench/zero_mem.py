@@ -17,7 +17,7 @@ planned drop, per rank.
 
   bench/zero_mem.py [--build DIR] [--dp 2 3]
 
-Writes bench/results/zero-mem.{json,md} and prints the markdown."""
+Writes bench/results/zero/mem.{json,md} and prints the markdown."""
 import argparse, json, os, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,9 +100,9 @@ def main():
            "drop is what sharding saves: zero 1 AdamW m and v to a 1/dp shard, zero 2 also the gradient arena to its shard plus one node's weight gradients of scratch "
            "and their pieces."]
     text = "\n".join(md) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    json.dump(out, open(os.path.join(HERE, "results", "zero-mem.json"), "w"), indent=1)
-    open(os.path.join(HERE, "results", "zero-mem.md"), "w").write(text)
+    os.makedirs(os.path.join(HERE, "results", "zero"), exist_ok=True)
+    json.dump(out, open(os.path.join(HERE, "results", "zero", "mem.json"), "w"), indent=1)
+    open(os.path.join(HERE, "results", "zero", "mem.md"), "w").write(text)
     print(text)
     return 0 if all(x["within_10pct"] for x in rows) else 1
 

@@ -14,7 +14,7 @@ paired per round.
 
   bench/zero_step.py [--build DIR ...] [--rounds 3] [--steps 7] [--out NAME]
 
-Writes bench/results/NAME.{json,md} (default zero-step) and prints the
+Writes bench/results/zero/NAME.{json,md} (default step) and prints the
 markdown."""
 import argparse, json, os, shutil, statistics, sys, tempfile, time
 
@@ -45,7 +45,7 @@ def main():
     ap.add_argument("--build", action="append")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--out", default="zero-step")
+    ap.add_argument("--out", default="step")
     a = ap.parse_args()
     builds = [os.path.abspath(b) for b in (a.build or [os.path.join(ROOT, "build-release")])]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
@@ -79,10 +79,10 @@ def main():
         L.append(f"\nzero 2 step, {os.path.basename(builds[1])} / {os.path.basename(builds[0])}: {spread(x)}")
     text = "\n".join(L) + "\n"
     print(text)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", a.out + ".md"), "w") as f:
+    os.makedirs(os.path.join(HERE, "results", "zero"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "zero", a.out + ".md"), "w") as f:
         f.write(text)
-    with open(os.path.join(HERE, "results", a.out + ".json"), "w") as f:
+    with open(os.path.join(HERE, "results", "zero", a.out + ".json"), "w") as f:
         json.dump({"rows": rows, "rounds": a.rounds, "steps": a.steps}, f, indent=1)
 
 
