@@ -6,7 +6,8 @@
 Reads README.md, docs/*.md, tests/README.md and bench/README.md (or the
 files named) and checks two things:
 
-1. Paths. A link's target ([text](path), relative to the page), and any
+1. Paths. A link's target ([text](path), relative to the page, and its
+   #anchor: a heading of that page, as GitHub names it), and any
    word that reads as a path of the tree — its first part a top-level entry
    of the checkout (`worker/run.c`, `common/plan/slice.h`) or an entry of the
    page's own folder (`results/...` in bench/README.md) — must exist,
@@ -223,18 +224,40 @@ def strip_punct(w):
     return w
 
 
+def slugs(path, cache={}):
+    """The anchors GitHub gives a page's headings (fenced code left out)."""
+    if path not in cache:
+        out, seen, fence = set(), {}, False
+        for line in open(path, encoding="utf-8").read().splitlines():
+            if line.startswith("```"):
+                fence = not fence
+            m = None if fence else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+            if not m:
+                continue
+            t = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).lower()
+            t = re.sub(r"[^\w\- ]", "", t).replace(" ", "-")
+            n = seen.get(t, 0)
+            seen[t] = n + 1
+            out.add(t if n == 0 else f"{t}-{n}")
+        cache[path] = out
+    return cache[path]
+
+
 def check_file(tree, names, rel):
     path = os.path.join(tree.root, rel)
     base = os.path.dirname(path)
     bad = []
     for n, line in enumerate(open(path, encoding="utf-8").read().splitlines(), 1):
         # links: [text](target), relative to the page
-        for t in LINK.findall(line):
-            t = t.split("#", 1)[0]
-            if not t or re.match(r"[a-z][a-z0-9+.-]*:", t):
+        for link in LINK.findall(line):
+            t, _, anchor = link.partition("#")
+            if re.match(r"[a-z][a-z0-9+.-]*:", t):
                 continue
-            if not os.path.exists(os.path.normpath(os.path.join(base, t))):
+            target = os.path.normpath(os.path.join(base, t)) if t else path
+            if not os.path.exists(target):
                 bad.append((n, t))
+            elif anchor and target.endswith(".md") and anchor not in slugs(target):
+                bad.append((n, link))
         text = LINK.sub("]()", line)      # checked above
         text = URL.sub(" ", text)
         for w in PATHISH.findall(text):
