@@ -115,10 +115,15 @@ int main(int argc, char **argv) {
   printf("ready\n");
   fflush(stdout);
   char line[64];
+  int rc = 0;
   while (fgets(line, sizeof line, stdin)) {
     if (strncmp(line, "step", 4) == 0) {
       pw_step_stats st;
-      pw_trainer_step(&t, &st);
+      if (pw_trainer_step(&t, &st, &err)) { /* the driver reads end of file and stops */
+        fprintf(stderr, "bench_step: %s\n", pw_err_str(&err, buf, sizeof buf));
+        rc = 1;
+        break;
+      }
       printf("{\"ms\": %.3f, \"loss\": %.6f}\n", st.seconds * 1e3, st.loss);
     } else if (strncmp(line, "sgemm", 5) == 0) {
       double gf, sec = sgemm_probe(&t.model, t.mb_size, t.n_mb, &gf);
@@ -130,5 +135,5 @@ int main(int argc, char **argv) {
   }
   pw_trainer_free(&t);
   pw_job_free(&job);
-  return 0;
+  return rc;
 }

@@ -115,11 +115,13 @@ int pw_cmd_train(int argc, char **argv) {
   int diverged = 0;
   if (job.mode == PW_MODE_FORWARD) {
     /* batches, not steps (nothing trains), counted as everything a person reads: N done of M */
-    for (int k = t.step; k < stop; k++) printf("batch %d/%d  loss %.6f\n", k + 1, stop, pw_trainer_forward(&t, k));
+    double loss;
+    for (int k = t.step; k < stop && !(rc = pw_trainer_forward(&t, k, &loss, &err)); k++)
+      printf("batch %d/%d  loss %.6f\n", k + 1, stop, loss);
     stop = t.step; /* nothing trained */
   }
-  while (t.step < stop) {
-    pw_trainer_step(&t, &st);
+  while (!rc && t.step < stop) {
+    if ((rc = pw_trainer_step(&t, &st, &err))) break;
     if (log) {
       fprintf(log, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f}\n",
               st.step, st.loss, st.lr, st.grad_norm, st.seconds * 1e3, st.tokens / st.seconds);
@@ -192,14 +194,13 @@ int pw_cmd_eval(int argc, char **argv) {
   pw_trainer t;
   pw_err err = {0};
   int rc = pw_trainer_init(&t, &job, &err);
-  if (!rc) rc = pw_trainer_load(&t, ckpt, &err);
-  if (!rc) {
-    double loss = pw_trainer_eval(&t);
-    printf("eval loss %.6f (%d batches of %d)\n", loss, job.train.eval_batches, job.train.batch_size);
+  if (!rc) { /* the trainer freed on every path from here (a failed load or eval too) */
+    double loss;
+    if (!(rc = pw_trainer_load(&t, ckpt, &err)) && !(rc = pw_trainer_eval(&t, &loss, &err)))
+      printf("eval loss %.6f (%d batches of %d)\n", loss, job.train.eval_batches, job.train.batch_size);
     pw_trainer_free(&t);
-  } else {
-    pw_cli_report(&err);
   }
+  if (rc) pw_cli_report(&err);
   pw_job_free(&job);
   return rc ? 1 : 0;
 }

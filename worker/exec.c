@@ -274,23 +274,24 @@ static int compute(pw_run *r, const pw_action *acts, int pc, double ready) {
   const pw_lstage *ls = &r->ls[li];
   int slot = r->cp.ls[li].mb_slot[a->mb];
   double t0 = pw_now();
+  pw_err err = {0};
   int rc = 0;
   switch (a->kind) {
     case PW_ACT_F: {
       float loss = 0;
       draw_data(r, ls, slot, a->mb);
-      rc = pw_prog_forward(ls->prog, slot, &loss);
+      rc = pw_prog_forward(ls->prog, slot, &loss, &err);
       r->cp.loss_sum += loss;
       break;
     }
-    case PW_ACT_B: rc = pw_prog_backward(ls->prog, slot); break;
-    case PW_ACT_I: rc = pw_prog_backward_input(ls->prog, slot); break;
-    case PW_ACT_W: rc = pw_prog_backward_weight(ls->prog, slot); break;
+    case PW_ACT_B: rc = pw_prog_backward(ls->prog, slot, &err); break;
+    case PW_ACT_I: rc = pw_prog_backward_input(ls->prog, slot, &err); break;
+    case PW_ACT_W: rc = pw_prog_backward_weight(ls->prog, slot, &err); break;
   }
-  if (rc && rc != PW_ENOMEM && rc != PW_EINVAL) return rc; /* a tensor-parallel all-reduce failed: said there */
-  if (rc) /* remat only: no work buffer to recompute into */
-    return pw_exec_fail(r, rc, NULL, "stage %d, microbatch %d: %s", a->stage, a->mb,
-                        rc == PW_ENOMEM ? "out of memory for a recompute buffer" : "W before its I");
+  /* err says what failed (a recompute buffer, W before I, a tensor-parallel
+   * all-reduce, a ZeRO-2 hand-off); the first failure recorded wins (a lost
+   * peer's, said where it was found) */
+  if (rc) return pw_exec_fail(r, rc, &err, "stage %d, microbatch %d", a->stage, a->mb);
   pw_timing *tm = r->cp.eval ? NULL : &r->cp.timings[pc];
   if (tm) {
     tm->a = *a;

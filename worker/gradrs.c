@@ -82,15 +82,15 @@ void pw_gradrs_free(pw_run *r) {
 
 /* ---- the flush ------------------------------------------------------------------ */
 
-static int send_piece(pw_run *r, int li, int d, size_t off, const float *src, size_t n) {
+static int send_piece(pw_run *r, int li, int d, size_t off, const float *src, size_t n, pw_err *err) {
   pw_gradrs *g = r->cp.gradrs;
   pw_frame_hdr h;
   int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, g->call, (uint32_t)r->replica,
                                  (uint32_t)r->ls[li].stage, (uint32_t)PW_GRADRS_PIECE | (uint32_t)off << 4, PW_DTYPE_F32,
                                  n);
   if (rc)
-    return pw_exec_fail(r, rc, NULL, "no frame header for a %zu-float gradient piece of stage %d: %s", n,
-                        r->ls[li].stage, pw_strerror(rc));
+    return pw_err_set(err, rc, "ZeRO-2", "no frame header for a %zu-float gradient piece of stage %d: %s", n,
+                      r->ls[li].stage, pw_strerror(rc));
   r->cp.dp_bytes += n * sizeof(float);
   return pw_exec_send_pending(r, peer(r, d), &h, src, &g->pending);
 }
@@ -117,7 +117,7 @@ static int meet(size_t a, size_t b, size_t lo, size_t hi, size_t *ia, size_t *ib
   return *ia < *ib;
 }
 
-static int flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)[2], int ns) {
+static int flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)[2], int ns, pw_err *err) {
   pw_run *r = s->run;
   pw_gradrs *g = r->cp.gradrs;
   size_t tn = pw_prog_train_numel(r->ls[s->li].prog), mine = 0, ia, ib;
@@ -131,10 +131,10 @@ static int flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)
     pw_shard_range(tn, r->dp, j, &lo, &hi);
     for (int k = 0; k < ns && !rc; at += spans[k][1], k++) {
       if (!meet(spans[k][0], spans[k][0] + spans[k][1], lo, hi, &ia, &ib)) continue;
-      if (j != r->replica) rc = send_piece(r, s->li, j, off, scratch + at + (ia - spans[k][0]), ib - ia);
+      if (j != r->replica) rc = send_piece(r, s->li, j, off, scratch + at + (ia - spans[k][0]), ib - ia, err);
       off += ib - ia, n++;
     }
-    if (j != r->replica && !n && !rc) rc = send_piece(r, s->li, j, 0, scratch, 0);
+    if (j != r->replica && !n && !rc) rc = send_piece(r, s->li, j, 0, scratch, 0, err);
     if (j == r->replica) mine = off, met = n;
   }
   rx_ref want = {g->call, (size_t)(r->dp - 1) * (size_t)(met ? met : 1)};
@@ -158,10 +158,15 @@ static int flush(pw_gradrs_stage *s, const float *scratch, const size_t (*spans)
   return 0;
 }
 
-int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans) {
+int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans, pw_err *err) {
   pw_gradrs_stage *s = ctx;
   double t0 = pw_now();
-  int rc = flush(s, scratch, spans, n_spans);
+  uint32_t call = s->run->cp.gradrs->call;
+  pw_err e = {0};
+  int rc = flush(s, scratch, spans, n_spans, &e);
+  if (rc && !e.code) /* a send or the wait: what failed there is recorded already (pw_exec_fail) */
+    pw_err_set(&e, rc, "ZeRO-2", "gradient flush %u of stage %d: %s", call, s->run->ls[s->li].stage, pw_strerror(rc));
+  if (rc && err) *err = e;
   s->run->cp.dp_seconds += pw_now() - t0;
   return rc;
 }

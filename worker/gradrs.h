@@ -66,8 +66,9 @@ typedef struct {
 PW_MUST_CHECK int pw_gradrs_alloc(pw_run *r);
 void pw_gradrs_free(pw_run *r);
 
-/* The programs' pw_prog_wgrad_fn (ctx: the stage's pw_gradrs_stage). */
-int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans);
+/* The programs' pw_prog_wgrad_fn (ctx: the stage's pw_gradrs_stage). On
+ * failure err says what failed; the program's caller records it. */
+PW_MUST_CHECK int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans, pw_err *err);
 
 /* Compute thread, sh.mu held: a REDUCE frame whose value's low 4 bits are
  * PW_GRADRS_PIECE. */

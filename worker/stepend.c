@@ -423,7 +423,8 @@ int pw_stepend_reduce(pw_run *r, double *sqnorm) {
     float f = (float)split;
     uint64_t b = r->cp.tp_bytes; /* not the step's actions' */
     double sec = r->cp.tp_seconds;
-    if ((rc = pw_tpx_allreduce(r, &f, 1, PW_PROG_SUM))) return rc;
+    pw_err err = {0};
+    if ((rc = pw_tpx_allreduce(r, &f, 1, PW_PROG_SUM, &err))) return pw_exec_fail(r, rc, &err, "the gradient norm");
     r->cp.tp_bytes = b, r->cp.tp_seconds = sec;
     part += f;
   }

@@ -58,12 +58,13 @@ void pw_tpx_free(pw_run *r) {
 
 /* ---- the all-reduce ------------------------------------------------------------ */
 
-static int send_shard(pw_run *r, int t, int what, const float *src, size_t n) {
+static int send_shard(pw_run *r, int t, int what, const float *src, size_t n, pw_err *err) {
   pw_tpx *x = r->cp.tpx;
   pw_frame_hdr h;
   int rc = pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, x->call, (uint32_t)r->tp_rank, 0, (uint32_t)what,
                                  PW_DTYPE_F32, n);
-  if (rc) return pw_exec_fail(r, rc, NULL, "no frame header for a %zu-float tensor-parallel shard: %s", n, pw_strerror(rc));
+  if (rc)
+    return pw_err_set(err, rc, "tensor parallel", "no frame header for a %zu-float shard: %s", n, pw_strerror(rc));
   r->cp.tp_bytes += n * sizeof(float);
   return pw_exec_send(r, member(r, t), &h, src, -1, -1);
 }
@@ -85,7 +86,7 @@ static void max_ordered(float *out, const float *const *in, int k, size_t n) {
   }
 }
 
-static int allreduce(pw_run *r, float *buf, size_t n, int op);
+static int allreduce(pw_run *r, float *buf, size_t n, int op, pw_err *err);
 
 /* A traced step's all-reduce [t0, t1) for its timeline; one that starts
  * within 10 us of the last one's end extends it (a few per layer, else). */
@@ -114,27 +115,32 @@ void pw_tpx_spans(pw_run *r, json_t *acts, int stage) {
   if (x) x->n_iv = 0;
 }
 
-int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op) {
+int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op, pw_err *err) {
   pw_run *r = ctx;
   double t0 = pw_now();
-  int rc = allreduce(r, buf, n, op);
+  uint32_t call = r->cp.tpx->call;
+  pw_err e = {0};
+  int rc = allreduce(r, buf, n, op, &e);
+  if (rc && !e.code) /* a send or the wait: what failed there is recorded already (pw_exec_fail) */
+    pw_err_set(&e, rc, "tensor parallel", "all-reduce call %u of %zu floats: %s", call, n, pw_strerror(rc));
+  if (rc && err) *err = e;
   double t1 = pw_now();
   r->cp.tp_seconds += t1 - t0;
   trace_span(r, t0, t1);
   return rc;
 }
 
-static int allreduce(pw_run *r, float *buf, size_t n, int op) {
+static int allreduce(pw_run *r, float *buf, size_t n, int op, pw_err *err) {
   pw_tpx *x = r->cp.tpx;
   int tp = r->tp, p = x->call & 1, rc = 0;
   if (pw_shard_max(n, tp) > x->smax)
-    return pw_exec_fail(r, PW_EINTERNAL, NULL, "a tensor-parallel all-reduce of %zu floats: more than planned", n);
+    return pw_err_set(err, PW_EINTERNAL, "tensor parallel", "an all-reduce of %zu floats: more than planned", n);
   x->buf = buf, x->n = n, x->ag_got = 0;
   pw_shard_range(n, tp, r->tp_rank, &x->lo, &x->hi);
   for (int t = 0; t < tp && !rc; t++) {
     size_t lo, hi;
     pw_shard_range(n, tp, t, &lo, &hi);
-    if (t != r->tp_rank && hi > lo) rc = send_shard(r, t, PW_TPX_RS, buf + lo, hi - lo);
+    if (t != r->tp_rank && hi > lo) rc = send_shard(r, t, PW_TPX_RS, buf + lo, hi - lo, err);
   }
   size_t mine = x->hi - x->lo;
   if (!rc && mine) rc = pw_exec_wait(r, rs_ready, NULL);
@@ -142,8 +148,8 @@ static int allreduce(pw_run *r, float *buf, size_t n, int op) {
   const float *in[PW_DPX_MAX];
   for (int t = 0; t < tp; t++) {
     if (t != r->tp_rank && mine && x->rx_len[p][t] != mine * sizeof(float))
-      return pw_exec_fail(r, PW_EPROTO, NULL, "tensor-parallel call %u: %u bytes of our shard from rank %d, expected %zu",
-                          x->call, x->rx_len[p][t], member(r, t), mine * sizeof(float));
+      return pw_err_set(err, PW_EPROTO, "tensor parallel", "call %u: %u bytes of our shard from rank %d, expected %zu",
+                        x->call, x->rx_len[p][t], member(r, t), mine * sizeof(float));
     in[t] = t == r->tp_rank ? buf + x->lo : x->rx[p] + (size_t)slot_of(r, t) * x->smax;
   }
   if (op == PW_PROG_MAX)
@@ -153,7 +159,7 @@ static int allreduce(pw_run *r, float *buf, size_t n, int op) {
   memcpy(buf + x->lo, x->out, mine * sizeof(float));
   x->rs_got[p] = 0;
   for (int t = 0; t < tp && !rc; t++)
-    if (t != r->tp_rank && mine) rc = send_shard(r, t, PW_TPX_AG, x->out, mine);
+    if (t != r->tp_rank && mine) rc = send_shard(r, t, PW_TPX_AG, x->out, mine, err);
   /* every other member's non-empty shard comes back summed */
   x->ag_want = 0;
   for (int t = 0; t < tp; t++) {
@@ -270,8 +276,9 @@ int pw_tpx_gather(pw_run *r) {
         pw_tp_unshard(dst, src, meta, k, r->tp, r->tp_rank);
         size_t step = x->smax * (size_t)r->tp; /* no call over what the buffers hold */
         for (size_t o = 0; o < meta->numel; o += step) {
-          int rc = pw_tpx_allreduce(r, dst + o, meta->numel - o < step ? meta->numel - o : step, PW_PROG_SUM);
-          if (rc) return rc;
+          pw_err err = {0};
+          int rc = pw_tpx_allreduce(r, dst + o, meta->numel - o < step ? meta->numel - o : step, PW_PROG_SUM, &err);
+          if (rc) return pw_exec_fail(r, rc, &err, "gathering %s", meta->name);
         }
       }
     }

@@ -72,8 +72,10 @@ PW_MUST_CHECK int pw_tpx_load(pw_run *r, int (*load)(pw_run *, const char *, pw_
 /* pw_run_create, tp > 1: the buffers. */
 PW_MUST_CHECK int pw_tpx_alloc(pw_run *r);
 void pw_tpx_free(pw_run *r);
-/* pw_prog_allreduce_fn for the run's programs (ctx: the pw_run). */
-int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op);
+/* pw_prog_allreduce_fn for the run's programs (ctx: the pw_run), and the
+ * step end's. On failure err says what failed; the caller records it
+ * (pw_exec_fail: a program's caller through the entry point's err). */
+PW_MUST_CHECK int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op, pw_err *err);
 /* Compute thread, at a traced step's end: its all-reduces as timeline
  * entries ["T", 0, stage, start, end] (appended to acts), then none. */
 void pw_tpx_spans(pw_run *r, json_t *acts, int stage);

@@ -65,7 +65,8 @@ struct pw_prog {
   size_t wire_n;                 /* bf16 elements of a send buffer */
   pw_bf16 **wire;                /* [max_slots] send buffers, made with their slots */
   /* tp > 1 only (pw_prog_set_tp) */
-  int tp_rank, tp_rc;
+  int tp_rank;
+  pw_err tp_err;                 /* the first failed all-reduce (code 0: none), kept */
   pw_prog_allreduce_fn tp_fn;
   void *tp_ctx;
   unsigned char *tp_node;        /* [local node] TP_* below */
@@ -77,7 +78,7 @@ struct pw_prog {
   float *wg_scratch;
   pw_prog_wgrad_fn wg_fn;
   void *wg_ctx;
-  int wg_rc;
+  pw_err wg_err;                 /* the first failed hand-off (code 0: none), kept */
 };
 
 enum { TP_ROW = 1, TP_EMBED = 2, TP_XENT = 4, TP_DOUT = 8 }; /* tp_node bits */
@@ -468,8 +469,20 @@ static int wg_begin(pw_prog *p, int i, pw_kernel_io *io, size_t (*spans)[2]) {
   return ns;
 }
 
+/* A callback's failure, kept in *kept with the callback's err (or, if it
+ * left that empty, one that says what failed). */
+static void keep_failure(pw_err *kept, int rc, const pw_err *e, const char *what, size_t n) {
+  if (e->code == rc && (e->msg[0] || e->path[0]))
+    *kept = *e;
+  else
+    pw_err_set(kept, rc, "stage program", "%s of %zu floats failed: %s", what, n, pw_strerror(rc));
+}
+
 static void wg_end(pw_prog *p, const size_t (*spans)[2], int ns) {
-  if (ns && !p->wg_rc) p->wg_rc = p->wg_fn(p->wg_ctx, p->wg_scratch, spans, ns);
+  if (!ns || p->wg_err.code) return;
+  pw_err e = {0};
+  int rc = p->wg_fn(p->wg_ctx, p->wg_scratch, spans, ns, &e);
+  if (rc) keep_failure(&p->wg_err, rc, &e, "a weight-gradient hand-off", spans[0][1] + (ns > 1 ? spans[1][1] : 0));
 }
 
 /* ---- per node -------------------------------------------------------- */
@@ -549,8 +562,10 @@ int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx) {
 }
 
 static void tp_reduce(pw_prog *p, float *buf, size_t n, int op) {
-  if (p->tp_rc) return;
-  p->tp_rc = p->tp_fn(p->tp_ctx, buf, n, op);
+  if (p->tp_err.code) return;
+  pw_err e = {0};
+  int rc = p->tp_fn(p->tp_ctx, buf, n, op, &e);
+  if (rc) keep_failure(&p->tp_err, rc, &e, "a tensor-parallel all-reduce", n);
 }
 
 static int tp_flags(const pw_prog *p, int i) { return p->tp_node ? p->tp_node[i - p->L.node_lo] : 0; }
@@ -637,14 +652,18 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
 /* ---- remat's work buffers ------------------------------------------------ */
 
 /* Give slot a work buffer (no-op without remat or when it holds one). */
-static int work_take(pw_prog *p, int slot) {
+static int work_take(pw_prog *p, int slot, pw_err *err) {
   if (!p->cfg.remat || p->work_of[slot] >= 0) return 0;
   int w = 0;
   while (w < p->max_slots && (p->work_busy[w] || !p->work[w])) w++; /* a made one first */
   if (w == p->max_slots) {
     for (w = 0; w < p->max_slots && p->work[w]; w++) {}
-    if (w == p->max_slots) return PW_ENOMEM; /* cannot happen: one per slot at most */
-    if (!(p->work[w] = work_alloc(&p->L))) return PW_ENOMEM;
+    if (w == p->max_slots) /* cannot happen: one per slot at most */
+      return pw_err_set(err, PW_EINTERNAL, "stage program", "no work buffer free for slot %d: all %d are held", slot,
+                        p->max_slots);
+    if (!(p->work[w] = work_alloc(&p->L)))
+      return pw_err_set(err, PW_ENOMEM, "stage program", "out of memory for a recompute buffer (%zu bytes)",
+                        pw_prog_work_bytes(p));
   }
   p->work_busy[w] = 1;
   p->work_of[slot] = w;
@@ -663,19 +682,36 @@ static void run_forward(pw_prog *p, int slot) {
   for (int i = p->L.node_lo; i < p->L.node_hi; i++) node_forward(p, slot, i);
 }
 
-int pw_prog_forward(pw_prog *p, int slot, float *loss) {
-  int rc = work_take(p, slot);
+/* A slot an entry point may run on: one that exists. */
+static int check_slot(const pw_prog *p, int slot, const char *entry, pw_err *err) {
+  if (slot >= 0 && slot < p->max_slots && p->slots[slot]) return 0;
+  return pw_err_set(err, PW_EINVAL, "stage program", "%s of slot %d: no such slot (%d may exist; made by create or "
+                    "pw_prog_slot_ensure)", entry, slot, p->max_slots);
+}
+
+/* An entry point's end: 0, or the first callback failure kept (the
+ * all-reduce's first: a hand-off after it ran on garbage). */
+static int kept_failure(const pw_prog *p, pw_err *err) {
+  const pw_err *e = p->tp_err.code ? &p->tp_err : &p->wg_err;
+  if (!e->code) return 0;
+  if (err) *err = *e;
+  return e->code;
+}
+
+int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err) {
+  int rc = check_slot(p, slot, "forward", err);
+  if (!rc) rc = work_take(p, slot, err);
   if (rc) return rc;
   run_forward(p, slot);
   if (loss) *loss = p->L.has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
   work_give(p, slot);
-  return p->tp_rc;
+  return kept_failure(p, err);
 }
 
 /* Remat: a work buffer for the backward, filled by the forward again. */
-static int recompute(pw_prog *p, int slot) {
+static int recompute(pw_prog *p, int slot, pw_err *err) {
   if (!p->cfg.remat) return 0;
-  int rc = work_take(p, slot);
+  int rc = work_take(p, slot, err);
   if (!rc) run_forward(p, slot);
   return rc;
 }
@@ -684,22 +720,26 @@ static void zero_value_grads(pw_prog *p, int slot) {
   for (int i = 0; i < p->n_zero; i++) memset(slot_at(p, slot, p->zero[i][0]), 0, p->zero[i][1] * sizeof(float));
 }
 
-int pw_prog_backward_input(pw_prog *p, int slot) {
-  int rc = recompute(p, slot);
+int pw_prog_backward_input(pw_prog *p, int slot, pw_err *err) {
+  int rc = check_slot(p, slot, "backward_input", err);
+  if (!rc) rc = recompute(p, slot, err);
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
     tp_dout(p, slot, i);
     node_backward_input(p, slot, i);
   }
-  return p->tp_rc; /* remat: the work buffer stays with the slot until its W */
+  return kept_failure(p, err); /* remat: the work buffer stays with the slot until its W */
 }
 
-int pw_prog_backward_weight(pw_prog *p, int slot) {
-  if (p->cfg.remat && p->work_of[slot] < 0) return PW_EINVAL;
+int pw_prog_backward_weight(pw_prog *p, int slot, pw_err *err) {
+  int rc = check_slot(p, slot, "backward_weight", err);
+  if (rc) return rc;
+  if (p->cfg.remat && p->work_of[slot] < 0)
+    return pw_err_set(err, PW_EINVAL, "stage program", "backward_weight of slot %d before its backward_input", slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) node_backward_weight(p, slot, i);
   work_give(p, slot);
-  return p->wg_rc;
+  return kept_failure(p, err);
 }
 
 /* Both halves in one pass where the op has one (the layernorm: the bits
@@ -717,8 +757,9 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
   return 1;
 }
 
-int pw_prog_backward(pw_prog *p, int slot) {
-  int rc = recompute(p, slot);
+int pw_prog_backward(pw_prog *p, int slot, pw_err *err) {
+  int rc = check_slot(p, slot, "backward", err);
+  if (!rc) rc = recompute(p, slot, err);
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
@@ -728,5 +769,5 @@ int pw_prog_backward(pw_prog *p, int slot) {
     node_backward_input(p, slot, i);
   }
   work_give(p, slot);
-  return p->tp_rc ? p->tp_rc : p->wg_rc;
+  return kept_failure(p, err);
 }

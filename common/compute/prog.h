@@ -146,24 +146,29 @@ const pw_bf16 *pw_prog_wire_fill(pw_prog *p, int slot, int value);
 void pw_prog_init_params(pw_prog *p, unsigned long long seed);
 void pw_prog_zero_grad(pw_prog *p);
 
-/* The four entry points return 0, or (remat only) PW_ENOMEM when no work
- * buffer can be had, or PW_EINVAL for a backward_weight with no
- * backward_input before it; they compute nothing then. */
+/* The four entry points return 0 or a negative code, and then fill err
+ * (may be NULL) with what went wrong, "stage program: ..." (nothing is
+ * computed, except after a callback's failure: below):
+ * - PW_EINVAL: slot is not one create or pw_prog_slot_ensure made, or a
+ *   backward_weight of a remat program with no backward_input before it;
+ * - PW_ENOMEM (remat only): no work buffer could be had to recompute into;
+ * - a failed tensor-parallel all-reduce or ZeRO-2 weight-gradient hand-off
+ *   (pw_prog_set_tp, pw_prog_set_wgrad): the callback's code and err. */
 
 /* Runs the stage's nodes for the microbatch in `slot`. Input ports must be
  * filled. If the stage holds the loss, *loss receives this microbatch's
  * share of the batch-mean loss (loss may be NULL). */
-int pw_prog_forward(pw_prog *p, int slot, float *loss);
+PW_MUST_CHECK int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err);
 /* Gradients w.r.t. the stage's values and input ports (ZeroBubble's I).
  * The gradients of output ports must be filled; all other value gradients
  * of the slot are overwritten (what they held before does not matter; the
  * result is bit for bit that of zeroing them and accumulating). */
-int pw_prog_backward_input(pw_prog *p, int slot);
+PW_MUST_CHECK int pw_prog_backward_input(pw_prog *p, int slot, pw_err *err);
 /* Gradients w.r.t. the parameters, accumulated (ZeroBubble's W). Needs the
  * slot's value gradients from backward_input. */
-int pw_prog_backward_weight(pw_prog *p, int slot);
+PW_MUST_CHECK int pw_prog_backward_weight(pw_prog *p, int slot, pw_err *err);
 /* Both halves (a full B), node by node. */
-int pw_prog_backward(pw_prog *p, int slot);
+PW_MUST_CHECK int pw_prog_backward(pw_prog *p, int slot, pw_err *err);
 
 /* Tensor parallel (common/model/tp.h, docs/contracts.md "Tensor parallel").
  * A program of rank `rank` of a tp group is made over the group's graph
@@ -174,10 +179,12 @@ int pw_prog_backward(pw_prog *p, int slot);
  * cross-entropy's row maxima (PW_PROG_MAX) and its row sums, and in the
  * backward a value's gradient before its producer's backward when every
  * reader of the value is a column, qkv or vocab linear (each adds a
- * partial sum). fn returns 0 or a negative code; the first failure is
- * kept and returned by the entry point (the numbers are garbage then). */
+ * partial sum). fn returns 0, or a negative code with its err (never NULL)
+ * filled; the first failure is kept (no further call is made) and returned,
+ * with that err, by this entry point and every later one (the numbers are
+ * garbage then). */
 enum { PW_PROG_SUM, PW_PROG_MAX };
-typedef int (*pw_prog_allreduce_fn)(void *ctx, float *buf, size_t n, int op);
+typedef int (*pw_prog_allreduce_fn)(void *ctx, float *buf, size_t n, int op, pw_err *err);
 PW_MUST_CHECK int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx);
 
 /* ZeRO-2 (worker/gradrs.c, docs/contracts.md "Data-parallel sums and
@@ -190,9 +197,10 @@ PW_MUST_CHECK int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, 
  * (zeroed first; pw_dp_wgrad_floats floats) and handed to fn right after
  * the node's backward-weight: spans[k] = {arena offset, floats} of
  * scratch's consecutive parts. fn adds them where they belong and returns
- * 0 or a negative code; the first failure is kept and returned by the
- * entry point. Once, before any entry point. */
-typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans);
+ * 0, or a negative code with its err (never NULL) filled; the first failure
+ * is kept and returned as fn's is above. Once, before any entry point. */
+typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans,
+                                pw_err *err);
 PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
                                      int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx);
 

@@ -54,26 +54,27 @@ int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
   return pw_ckpt_load(t->prog, path, 0, NULL, err);
 }
 
-/* Forward (and backward) over the microbatches of one batch; returns the
- * batch-mean loss, the microbatch shares summed in double. With data-
- * parallel groups, each group's gradients are kept apart and summed in
+/* Forward (and backward) over the microbatches of one batch; the batch-
+ * mean loss, the microbatch shares summed in double, into *loss. With
+ * data-parallel groups, each group's gradients are kept apart and summed in
  * group order at the end, as the replicas' all-reduce does. */
-static double run_batch(pw_trainer *t, pw_split split, long step, int backward) {
+static int run_batch(pw_trainer *t, pw_split split, long step, int backward, double *loss, pw_err *err) {
   const pw_model *m = &t->model;
   void *inp = m->input_value >= 0 ? pw_prog_value(t->prog, 0, m->input_value) : NULL;
   void *tgt = pw_prog_value(t->prog, 0, m->target_value);
   float *feat = m->feature_value >= 0 ? pw_prog_value(t->prog, 0, m->feature_value) : NULL;
   size_t gn = pw_prog_grad_numel(t->prog);
   float *g = pw_prog_grads(t->prog);
-  int per_group = t->n_mb / t->groups;
-  double loss = 0;
+  int per_group = t->n_mb / t->groups, rc = 0;
+  double sum = 0;
+  *loss = 0;
   for (int j = 0; j < t->n_mb; j++) {
-    float l;
+    float l = 0;
     pw_dataset_batch(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, inp, tgt);
     if (feat) pw_dataset_features(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, feat);
-    pw_prog_forward(t->prog, 0, &l);
-    if (backward) pw_prog_backward(t->prog, 0);
-    loss += l;
+    if ((rc = pw_prog_forward(t->prog, 0, &l, err)) || (backward && (rc = pw_prog_backward(t->prog, 0, err))))
+      return rc;
+    sum += l;
     if (backward && t->groups > 1 && (j + 1) % per_group == 0) {
       memcpy(t->group_grads + (size_t)(j / per_group) * gn, g, gn * sizeof(float));
       memset(g, 0, gn * sizeof(float));
@@ -86,17 +87,19 @@ static double run_batch(pw_trainer *t, pw_split split, long step, int backward) 
       g[i] = acc;
     }
   if (backward) pw_prog_grads_finalize(t->prog);
-  return loss;
+  *loss = sum;
+  return 0;
 }
 
-void pw_trainer_step(pw_trainer *t, pw_step_stats *st) {
+int pw_trainer_step(pw_trainer *t, pw_step_stats *st, pw_err *err) {
   const pw_train_spec *tr = &t->job->train;
-  double t0 = now();
+  double t0 = now(), loss;
+  memset(st, 0, sizeof *st);
   pw_prog_zero_grad(t->prog);
-  double loss = run_batch(t, PW_SPLIT_TRAIN, t->step, 1);
+  int rc = run_batch(t, PW_SPLIT_TRAIN, t->step, 1, &loss, err);
+  if (rc) return rc; /* the step not taken: t->step stays */
   pw_step_sched sc = pw_step_sched_of(tr, t->step, pw_grad_sqnorm(t->prog, NULL, 0));
   pw_optim_update(t->prog, tr, &sc);
-  memset(st, 0, sizeof *st);
   st->step = t->step;
   st->loss = loss;
   st->lr = sc.lr;
@@ -104,16 +107,24 @@ void pw_trainer_step(pw_trainer *t, pw_step_stats *st) {
   st->seconds = now() - t0;
   st->tokens = (double)tr->batch_size * t->model.seq_len;
   t->step++;
+  return 0;
 }
 
-double pw_trainer_eval(pw_trainer *t) {
-  int n = t->job->train.eval_batches > 0 ? t->job->train.eval_batches : 1;
-  double s = 0;
-  for (int k = 0; k < n; k++) s += run_batch(t, PW_SPLIT_EVAL, k, 0);
-  return s / n;
+int pw_trainer_eval(pw_trainer *t, double *loss, pw_err *err) {
+  int n = t->job->train.eval_batches > 0 ? t->job->train.eval_batches : 1, rc = 0;
+  double s = 0, l;
+  *loss = 0;
+  for (int k = 0; k < n; k++) {
+    if ((rc = run_batch(t, PW_SPLIT_EVAL, k, 0, &l, err))) return rc;
+    s += l;
+  }
+  *loss = s / n;
+  return 0;
 }
 
-double pw_trainer_forward(pw_trainer *t, int step) { return run_batch(t, PW_SPLIT_TRAIN, step, 0); }
+int pw_trainer_forward(pw_trainer *t, int step, double *loss, pw_err *err) {
+  return run_batch(t, PW_SPLIT_TRAIN, step, 0, loss, err);
+}
 
 int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err) {
   json_t *j = pw_job_to_json(t->job);

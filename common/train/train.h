@@ -44,12 +44,16 @@ PW_MUST_CHECK int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err)
 PW_MUST_CHECK int pw_trainer_resume(pw_trainer *t, const char *path, pw_err *err);
 /* Loads parameters only (e.g. for eval). */
 PW_MUST_CHECK int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err);
+/* The three passes return 0, or the code of a failed forward or backward
+ * with err filled (prog.h's entry points: "stage program: ..."); the
+ * results are 0 then, and a failed step is not taken (no update,
+ * t->step unchanged). */
 /* One optimizer step (forward+backward over every microbatch, clip, update). */
-void pw_trainer_step(pw_trainer *t, pw_step_stats *st);
+PW_MUST_CHECK int pw_trainer_step(pw_trainer *t, pw_step_stats *st, pw_err *err);
 /* Mean loss over train.eval_batches batches of the eval split. */
-double pw_trainer_eval(pw_trainer *t);
+PW_MUST_CHECK int pw_trainer_eval(pw_trainer *t, double *loss, pw_err *err);
 /* Mean loss of the batch of `step` (train split), no update: forward mode. */
-double pw_trainer_forward(pw_trainer *t, int step);
+PW_MUST_CHECK int pw_trainer_forward(pw_trainer *t, int step, double *loss, pw_err *err);
 PW_MUST_CHECK int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err);
 void pw_trainer_free(pw_trainer *t);
 

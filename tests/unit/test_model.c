@@ -93,7 +93,7 @@ static double loss_of(pw_prog *p, const pw_model *m, int b, int n_mb) {
   for (int j = 0; j < n_mb; j++) {
     float l;
     fill_data(p, m, 0, b, j);
-    pw_prog_forward(p, 0, &l);
+    assert_int_equal(pw_prog_forward(p, 0, &l, NULL), 0);
     s += l;
   }
   return s;
@@ -119,8 +119,8 @@ static void gradcheck(pw_model_spec spec) {
   for (int j = 0; j < n_mb; j++) {
     float l;
     fill_data(p, &m, 0, b, j);
-    pw_prog_forward(p, 0, &l);
-    pw_prog_backward(p, 0);
+    assert_int_equal(pw_prog_forward(p, 0, &l, NULL), 0);
+    assert_int_equal(pw_prog_backward(p, 0, NULL), 0);
   }
   pw_prog_grads_finalize(p); /* a tied parameter's two uses */
   pw_rng r;
@@ -229,11 +229,11 @@ static void test_split_backward_equals_full(void **st) {
   for (int j = 0; j < 2; j++) {
     fill_data(a, &m, 0, 2, j);
     fill_data(b, &m, 0, 2, j);
-    pw_prog_forward(a, 0, NULL);
-    pw_prog_forward(b, 0, NULL);
-    pw_prog_backward(a, 0);
-    pw_prog_backward_input(b, 0);
-    pw_prog_backward_weight(b, 0);
+    assert_int_equal(pw_prog_forward(a, 0, NULL, NULL), 0);
+    assert_int_equal(pw_prog_forward(b, 0, NULL, NULL), 0);
+    assert_int_equal(pw_prog_backward(a, 0, NULL), 0);
+    assert_int_equal(pw_prog_backward_input(b, 0, NULL), 0);
+    assert_int_equal(pw_prog_backward_weight(b, 0, NULL), 0);
   }
   assert_memory_equal(pw_prog_grads(a), pw_prog_grads(b), pw_prog_numel(a) * sizeof(float));
   pw_prog_free(a);
@@ -263,8 +263,8 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
   for (int j = 0; j < n_mb; j++) {
     float l;
     fill_data(whole, &m, 0, b, j);
-    pw_prog_forward(whole, 0, &l);
-    pw_prog_backward(whole, 0);
+    assert_int_equal(pw_prog_forward(whole, 0, &l, NULL), 0);
+    assert_int_equal(pw_prog_backward(whole, 0, NULL), 0);
     lw += l;
   }
   pw_prog_grads_finalize(whole);
@@ -281,7 +281,7 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
         memcpy(pw_prog_value(stage[s], j, pt->value), src, pt->bytes);
       }
       float l;
-      pw_prog_forward(stage[s], j, &l);
+      assert_int_equal(pw_prog_forward(stage[s], j, &l, NULL), 0);
       ls += l;
     }
   for (int j = n_mb - 1; j >= 0; j--)
@@ -297,10 +297,10 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
         }
       }
       if (j % 2) {
-        pw_prog_backward(stage[s], j);
+        assert_int_equal(pw_prog_backward(stage[s], j, NULL), 0);
       } else {
-        pw_prog_backward_input(stage[s], j);
-        pw_prog_backward_weight(stage[s], j);
+        assert_int_equal(pw_prog_backward_input(stage[s], j, NULL), 0);
+        assert_int_equal(pw_prog_backward_weight(stage[s], j, NULL), 0);
       }
     }
   assert_true(fabs(lw - ls) <= 1e-6 * fabs(lw));
@@ -384,7 +384,7 @@ static void run_pipe(const pw_model *m, const int *cuts, int n, unsigned remat, 
         memcpy(pw_prog_value(P->st[s], j, pt->value), src, pt->bytes);
       }
       float l = 0;
-      assert_int_equal(pw_prog_forward(P->st[s], j, &l), 0);
+      assert_int_equal(pw_prog_forward(P->st[s], j, &l, NULL), 0);
       P->loss[j] += l;
       if (remat >> s & 1) assert_int_equal(pw_prog_n_work(P->st[s]), 1); /* F gave its buffer back */
     }
@@ -404,8 +404,8 @@ static void run_pipe(const pw_model *m, const int *cuts, int n, unsigned remat, 
             for (size_t e = 0; g && e < pt->bytes / 4; e++) dst[e] += g[e];
           }
         }
-      int rc = kind == 'B' ? pw_prog_backward(p, j) : kind == 'I' ? pw_prog_backward_input(p, j)
-                                                                  : pw_prog_backward_weight(p, j);
+      int rc = kind == 'B' ? pw_prog_backward(p, j, NULL) : kind == 'I' ? pw_prog_backward_input(p, j, NULL)
+                                                                  : pw_prog_backward_weight(p, j, NULL);
       assert_int_equal(rc, 0);
       if (kind == 'W') continue;
       size_t off = 0;
@@ -455,7 +455,9 @@ static void remat_equals_plain(pw_model_spec spec, const int *cuts, int n) {
         assert_null(pw_prog_value(r, 0, inner));
         assert_non_null(pw_prog_value(a, 0, inner));
       }
-      assert_int_equal(pw_prog_backward_weight(r, 0), PW_EINVAL); /* no I before it */
+      pw_err we = {0};
+      assert_int_equal(pw_prog_backward_weight(r, 0, &we), PW_EINVAL); /* no I before it */
+      assert_non_null(strstr(we.msg, "backward_weight of slot 0 before its backward_input"));
       pw_prog_layout_free(&L);
     }
     free_pipe(&A, n);

@@ -146,10 +146,10 @@ static void test_plan(void **st) {
       for (int k = 0; k < p1.sched->n_actions[r]; k++) {
         const pw_action *a = &p1.sched->actions[r][k];
         if (a->stage != s) continue;
-        int rc = a->kind == PW_ACT_F   ? pw_prog_forward(pg, a->mb, NULL)
-                 : a->kind == PW_ACT_B ? pw_prog_backward(pg, a->mb)
-                 : a->kind == PW_ACT_I ? pw_prog_backward_input(pg, a->mb)
-                                       : pw_prog_backward_weight(pg, a->mb);
+        int rc = a->kind == PW_ACT_F   ? pw_prog_forward(pg, a->mb, NULL, NULL)
+                 : a->kind == PW_ACT_B ? pw_prog_backward(pg, a->mb, NULL)
+                 : a->kind == PW_ACT_I ? pw_prog_backward_input(pg, a->mb, NULL)
+                                       : pw_prog_backward_weight(pg, a->mb, NULL);
         assert_int_equal(rc, 0);
       }
       if (pw_prog_n_work(pg) != p1.n_work[s])

@@ -11,7 +11,11 @@
  *   same gradients bit for bit;
  * - the gradient of a stage's input port (the residual stream, read by a
  *   layernorm and by a residual add) agrees with a finite difference: a
- *   second reader that overwrote instead of adding would fail. */
+ *   second reader that overwrote instead of adding would fail.
+ * And an entry point's failure says what failed through its pw_err: a slot
+ * that does not exist, W before I under remat, a failed tensor-parallel
+ * all-reduce or ZeRO-2 hand-off (the callback's own err, kept: no call
+ * after it, every later entry point returns it). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "collective.h"
 #include "model.h"
 #include "prog.h"
 #include "rng.h"
@@ -120,13 +125,13 @@ static float *snapshot(pw_prog *p, const pw_model *m, int slot, size_t *n) {
 static float *run(pw_prog *p, const pw_model *m, float fill, int split, size_t *n) {
   pw_prog_zero_grad(p);
   fill_inputs(p, m, 0, 5);
-  pw_prog_forward(p, 0, NULL);
+  assert_int_equal(pw_prog_forward(p, 0, NULL, NULL), 0);
   set_grads(p, m, 0, fill);
   if (split) {
-    pw_prog_backward_input(p, 0);
-    pw_prog_backward_weight(p, 0);
+    assert_int_equal(pw_prog_backward_input(p, 0, NULL), 0);
+    assert_int_equal(pw_prog_backward_weight(p, 0, NULL), 0);
   } else {
-    pw_prog_backward(p, 0);
+    assert_int_equal(pw_prog_backward(p, 0, NULL), 0);
   }
   return snapshot(p, m, 0, n);
 }
@@ -302,9 +307,9 @@ static void test_input_port_gradient(void **st) {
     if (pw_prog_input(p, i)->role == PW_VAL_ACT) x = pw_prog_input(p, i)->value;
   assert_true(x >= 0);
   fill_inputs(p, &m, 0, 8);
-  pw_prog_forward(p, 0, NULL);
+  assert_int_equal(pw_prog_forward(p, 0, NULL, &err), 0);
   set_grads(p, &m, 0, NAN);
-  pw_prog_backward(p, 0);
+  assert_int_equal(pw_prog_backward(p, 0, &err), 0);
   size_t n = value_floats(&m, x);
   float *xv = pw_prog_value(p, 0, x), *gx = pw_prog_grad(p, 0, x);
   float *saved = malloc(n * sizeof(float)), *dir = malloc(n * sizeof(float));
@@ -323,7 +328,7 @@ static void test_input_port_gradient(void **st) {
   for (int side = 0; side < 2; side++) {
     float loss;
     for (size_t k = 0; k < n; k++) xv[k] = saved[k] + (float)((side ? -eps : eps) * dir[k]);
-    pw_prog_forward(p, 0, &loss);
+    assert_int_equal(pw_prog_forward(p, 0, &loss, &err), 0);
     l[side] = loss;
   }
   double fd = (l[0] - l[1]) / (2 * eps), tol = 2e-2 * fabs(fd) + 2e-3;
@@ -332,6 +337,109 @@ static void test_input_port_gradient(void **st) {
   free(saved);
   free(dir);
   pw_prog_free(p);
+  pw_model_free(&m);
+}
+
+/* ---- errors -------------------------------------------------------------------- */
+
+typedef struct {
+  int calls, fail_at; /* the call (0-based) that fails */
+  int fill;           /* fill err (else leave it empty) */
+} fake;
+
+static int fake_result(fake *f, pw_err *err, const char *what) {
+  if (f->calls++ != f->fail_at) return 0;
+  return f->fill ? pw_err_set(err, PW_EPEER, "fake", "%s: link to rank 1 down", what) : PW_EPEER;
+}
+
+static int failing_allreduce(void *ctx, float *buf, size_t n, int op, pw_err *err) {
+  (void)buf, (void)n, (void)op;
+  return fake_result(ctx, err, "all-reduce");
+}
+
+static int failing_wgrad(void *ctx, const float *scratch, const size_t (*spans)[2], int n, pw_err *err) {
+  (void)scratch, (void)spans, (void)n;
+  return fake_result(ctx, err, "hand-off");
+}
+
+static void expect_err(int rc, const pw_err *err, int code, const char *needle) {
+  char buf[600];
+  pw_err_str(err, buf, sizeof buf);
+  if (rc != code || err->code != code || !strstr(buf, needle))
+    fail_msg("returned %d (%s), err %d \"%s\"; expected %d and \"%s\"", rc, pw_err_name(rc), err->code, buf, code,
+             needle);
+}
+
+static pw_prog *gpt_prog(pw_model *m, int remat, int no_grads) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_GPT);
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, m, &err), 0);
+  pw_prog_config cfg = {.layer_lo = 0, .layer_hi = m->n_layers, .mb_size = MB, .batch_size = MB, .n_slots = 1,
+                        .max_slots = 2, .remat = remat, .no_grads = no_grads};
+  pw_prog *p;
+  assert_int_equal(pw_prog_create(m, &cfg, &p, &err), 0);
+  pw_prog_init_params(p, 3);
+  fill_inputs(p, m, 0, 1);
+  return p;
+}
+
+static void test_errors_slots(void **st) {
+  (void)st;
+  pw_model m;
+  pw_prog *p = gpt_prog(&m, 1, 0);
+  pw_err err = {0};
+  expect_err(pw_prog_forward(p, 1, NULL, &err), &err, PW_EINVAL, "forward of slot 1: no such slot");
+  expect_err(pw_prog_backward(p, -1, &err), &err, PW_EINVAL, "backward of slot -1: no such slot");
+  expect_err(pw_prog_backward_weight(p, 0, &err), &err, PW_EINVAL,
+             "stage program: backward_weight of slot 0 before its backward_input");
+  assert_int_equal(pw_prog_backward_weight(p, 0, NULL), PW_EINVAL); /* err may be NULL */
+  assert_int_equal(pw_prog_forward(p, 0, NULL, &err), 0); /* nothing kept from those */
+  set_grads(p, &m, 0, 0);
+  assert_int_equal(pw_prog_backward_input(p, 0, &err), 0);
+  assert_int_equal(pw_prog_backward_weight(p, 0, &err), 0);
+  pw_prog_free(p);
+  pw_model_free(&m);
+}
+
+static void test_errors_allreduce(void **st) {
+  (void)st;
+  for (int fill = 0; fill < 2; fill++) {
+    pw_model m;
+    pw_prog *p = gpt_prog(&m, 0, 0);
+    fake f = {.fail_at = 1, .fill = fill};
+    assert_int_equal(pw_prog_set_tp(p, 0, failing_allreduce, &f), 0);
+    pw_err err = {0};
+    expect_err(pw_prog_forward(p, 0, NULL, &err), &err, PW_EPEER,
+               fill ? "fake: all-reduce: link to rank 1 down" : "stage program: a tensor-parallel all-reduce of");
+    assert_int_equal(f.calls, 2); /* none after the failure */
+    pw_err later = {0};
+    expect_err(pw_prog_backward(p, 0, &later), &later, PW_EPEER, fill ? "link to rank 1 down" : "peer lost");
+    assert_int_equal(f.calls, 2);
+    pw_prog_free(p);
+    pw_model_free(&m);
+  }
+}
+
+static void test_errors_wgrad(void **st) {
+  (void)st;
+  pw_model m;
+  pw_prog *p = gpt_prog(&m, 0, 1);
+  const pw_prog_layout *L = pw_prog_layout_of(p);
+  size_t gn = pw_prog_grad_numel(p), whole[1][2] = {{0, gn}};
+  float *g = calloc(gn, sizeof(float)), *scratch = calloc(pw_dp_wgrad_floats(&m, L, NULL, 0) + 1, sizeof(float));
+  assert_non_null(g);
+  assert_non_null(scratch);
+  fake f = {.fail_at = 0, .fill = 1};
+  assert_int_equal(pw_prog_set_wgrad(p, g, (const size_t(*)[2])whole, 1, NULL, 0, scratch, failing_wgrad, &f), 0);
+  pw_err err = {0};
+  assert_int_equal(pw_prog_forward(p, 0, NULL, &err), 0);
+  set_grads(p, &m, 0, 0);
+  assert_int_equal(pw_prog_backward_input(p, 0, &err), 0);
+  expect_err(pw_prog_backward_weight(p, 0, &err), &err, PW_EPEER, "fake: hand-off: link to rank 1 down");
+  assert_int_equal(f.calls, 1);
+  expect_err(pw_prog_forward(p, 0, NULL, &err), &err, PW_EPEER, "hand-off"); /* kept */
+  pw_prog_free(p);
+  free(g), free(scratch);
   pw_model_free(&m);
 }
 
@@ -347,6 +455,9 @@ int main(void) {
       cmocka_unit_test(test_input_port_gradient),
       cmocka_unit_test(test_frozen),
       cmocka_unit_test(test_frozen_tied),
+      cmocka_unit_test(test_errors_slots),
+      cmocka_unit_test(test_errors_allreduce),
+      cmocka_unit_test(test_errors_wgrad),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -264,10 +264,11 @@ static void test_train(void **st) {
   json_decref(j);
   pw_trainer t;
   if (pw_trainer_init(&t, &job, &err)) fail_msg("%s: %s", err.path, err.msg);
-  double before = pw_trainer_eval(&t);
+  double before, after;
+  assert_int_equal(pw_trainer_eval(&t, &before, &err), 0);
   pw_step_stats s;
-  for (int k = 0; k < 300; k++) pw_trainer_step(&t, &s);
-  double after = pw_trainer_eval(&t);
+  for (int k = 0; k < 300; k++) assert_int_equal(pw_trainer_step(&t, &s, &err), 0);
+  assert_int_equal(pw_trainer_eval(&t, &after, &err), 0);
   assert_true(fabs(before - log(15.0)) < 0.5);
   if (!(after < 0.5 * log(3.0))) fail_msg("eval loss %.4f after 300 steps (before %.4f)", after, before);
   pw_trainer_free(&t);

@@ -49,7 +49,8 @@ typedef struct {
   int rc;
 } member;
 
-static int allreduce(void *ctx, float *buf, size_t n, int op) {
+static int allreduce(void *ctx, float *buf, size_t n, int op, pw_err *err) {
+  (void)err; /* never fails */
   member *me = ctx;
   group *g = me->g;
   float *tmp = malloc(n * sizeof(float));
@@ -97,11 +98,11 @@ static int run_stage(pw_prog *p, pw_prog *ref, const pw_model *m, float *loss) {
   for (int mb = 0; mb < NMB && !rc; mb++) {
     fill_data(p, m, mb, mb);
     if (ref) fill_ports(p, ref, mb);
-    rc = pw_prog_forward(p, mb, &loss[mb]);
+    rc = pw_prog_forward(p, mb, &loss[mb], NULL);
   }
-  if (!rc) rc = pw_prog_backward(p, 0);
-  if (!rc) rc = pw_prog_backward_input(p, 1);
-  if (!rc) rc = pw_prog_backward_weight(p, 1);
+  if (!rc) rc = pw_prog_backward(p, 0, NULL);
+  if (!rc) rc = pw_prog_backward_input(p, 1, NULL);
+  if (!rc) rc = pw_prog_backward_weight(p, 1, NULL);
   pw_prog_grads_finalize(p);
   return rc;
 }
