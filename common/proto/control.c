@@ -21,10 +21,13 @@
 
 /* ---- the message table ----------------------------------------------------- */
 
-typedef enum { F_INT, F_NUM, F_STR, F_ACTIONS, F_PEERS, F_INTS } ftype; /* F_INTS: [int >= 0, ...] */
+/* F_INTS: [int >= 0, ...]; F_NUMS: [number, ...]; F_OBJ: an object whose
+ * own fields are a table of their own (sub), read into its own struct. */
+typedef enum { F_INT, F_NUM, F_STR, F_ACTIONS, F_PEERS, F_INTS, F_NUMS, F_OBJ } ftype;
 
 /* One field: its name is the struct member's (one spelling for both). */
-typedef struct {
+typedef struct field field;
+struct field {
   const char *name;
   ftype type;
   int optional;
@@ -32,14 +35,17 @@ typedef struct {
   int has_min;  /* ... when set */
   int excl;     /* F_NUM: min is exclusive */
   size_t off;   /* where in the message's struct */
-} field;
+  const field *sub; /* F_OBJ: the object's fields ... */
+  size_t sub_size;  /* ... and the size of its struct */
+};
 
-#define FLD(S, m, t, opt, mn, hm, ex) {#m, t, opt, mn, hm, ex, offsetof(S, m)}
+#define FLD(S, m, t, opt, mn, hm, ex) {#m, t, opt, mn, hm, ex, offsetof(S, m), NULL, 0}
 #define REQ(S, m, t) FLD(S, m, t, 0, 0, 0, 0)
 #define OPT(S, m, t) FLD(S, m, t, 1, 0, 0, 0)
 #define REQ_MIN(S, m, t, mn) FLD(S, m, t, 0, mn, 1, 0)
 #define OPT_MIN(S, m, t, mn) FLD(S, m, t, 1, mn, 1, 0)
-#define END {NULL, F_INT, 0, 0, 0, 0, 0}
+#define OPT_OBJ(S, m, T) {#m, F_OBJ, 1, 0, 0, 0, offsetof(S, m), f_##T, sizeof(T)}
+#define END {NULL, F_INT, 0, 0, 0, 0, 0, NULL, 0}
 
 #define S pw_msg_register
 static const field f_pw_msg_register[] = {
@@ -53,13 +59,21 @@ static const field f_pw_msg_register[] = {
 static const field f_pw_msg_heartbeat[] = {REQ_MIN(S, time, F_NUM, 0), REQ(S, state, F_STR), OPT_MIN(S, job, F_INT, 0),
                                            OPT_MIN(S, fds, F_INT, 0), END};
 #undef S
+#define S pw_msg_step_trace
+static const field f_pw_msg_step_trace[] = {
+    REQ(S, ready, F_NUMS),              REQ(S, routed, F_NUMS),     REQ_MIN(S, end_wait, F_NUM, 0),
+    REQ(S, end_work, F_NUM),            REQ_MIN(S, after, F_NUM, 0), REQ_MIN(S, t0, F_NUM, 0),
+    REQ_MIN(S, sleeps, F_INT, 0),       END};
+#undef S
 #define S pw_msg_step
 static const field f_pw_msg_step[] = {
     REQ_MIN(S, job, F_INT, 0),      REQ_MIN(S, run, F_INT, 0),      REQ_MIN(S, rank, F_INT, 0),
     REQ_MIN(S, step, F_INT, 0),     OPT(S, loss, F_NUM),            REQ_MIN(S, step_time, F_NUM, 0),
     OPT_MIN(S, tokens, F_NUM, 0),   OPT_MIN(S, peak_act, F_INT, 0), OPT(S, grad_norm, F_NUM),
     OPT(S, lr, F_NUM),              OPT(S, actions, F_ACTIONS),     OPT_MIN(S, nonfinite, F_INT, 0),
-    OPT(S, eval_loss, F_NUM),       END};
+    OPT(S, eval_loss, F_NUM),       OPT_MIN(S, dp_bytes, F_INT, 0), OPT_MIN(S, dp_seconds, F_NUM, 0),
+    OPT_MIN(S, tp_bytes, F_INT, 0), OPT_MIN(S, tp_seconds, F_NUM, 0), OPT_OBJ(S, trace, pw_msg_step_trace),
+    END};
 #undef S
 #define S pw_msg_checkpoint
 static const field f_pw_msg_checkpoint[] = {REQ_MIN(S, job, F_INT, 0),  REQ_MIN(S, run, F_INT, 0),
@@ -153,8 +167,11 @@ static int bad(pw_err *err, const char *path, const char *why) {
   return pw_err_set(err, PW_EPROTO, path, "%s", why);
 }
 
+/* A wrong type's message says the bound too: "must be an integer >= 0". */
 static int check_int(const json_t *v, const char *path, int has_min, int min, pw_err *err) {
-  if (!json_is_integer(v)) return bad(err, path, "must be an integer");
+  if (!json_is_integer(v))
+    return has_min ? pw_err_set(err, PW_EPROTO, path, "must be an integer >= %d", min)
+                   : bad(err, path, "must be an integer");
   if (has_min && json_integer_value(v) < min)
     return pw_err_set(err, PW_EPROTO, path, "must be >= %d (got %lld)", min,
                       (long long)json_integer_value(v));
@@ -162,7 +179,9 @@ static int check_int(const json_t *v, const char *path, int has_min, int min, pw
 }
 
 static int check_num(const json_t *v, const char *path, const field *f, pw_err *err) {
-  if (!json_is_number(v)) return bad(err, path, "must be a number");
+  if (!json_is_number(v))
+    return f && f->has_min ? pw_err_set(err, PW_EPROTO, path, "must be a number %s %d", f->excl ? ">" : ">=", f->min)
+                           : bad(err, path, "must be a number");
   double x = json_number_value(v);
   if (!isfinite(x)) return bad(err, path, "must be finite");
   if (f && f->has_min && (f->excl ? x <= f->min : x < f->min))
@@ -209,6 +228,8 @@ static int check_peer(const json_t *o, const char *path, pw_err *err) {
   return 0;
 }
 
+static int check_fields(const json_t *o, const field *fields, const char *prefix, pw_err *err);
+
 static int check_field(const json_t *v, const field *f, const char *path, pw_err *err) {
   char p[160];
   size_t i;
@@ -239,22 +260,26 @@ static int check_field(const json_t *v, const field *f, const char *path, pw_err
         if ((rc = check_int(x, p, 1, 0, err))) return rc;
       }
       return 0;
+    case F_NUMS:
+      if (!json_is_array(v)) return bad(err, path, "must be an array");
+      json_array_foreach(v, i, x) {
+        snprintf(p, sizeof p, "%.100s[%zu]", path, i);
+        if ((rc = check_num(x, p, NULL, err))) return rc;
+      }
+      return 0;
+    case F_OBJ:
+      if (!json_is_object(v)) return bad(err, path, "must be an object");
+      return check_fields(v, f->sub, path, err);
   }
   return bad(err, path, "internal: bad field type");
 }
 
-int pw_control_validate(const json_t *msg, pw_err *err) {
-  if (!json_is_object(msg)) return bad(err, "", "message must be a JSON object");
-  json_t *t = json_object_get(msg, "type");
-  if (!t) return bad(err, "type", "is required");
-  if (!json_is_string(t)) return bad(err, "type", "must be a string");
-  pw_msg_type m = pw_control_msg_of(json_string_value(t));
-  if (m == PW_MSG_UNKNOWN)
-    return pw_err_set(err, PW_EPROTO, "type", "unknown message type \"%.64s\"", json_string_value(t));
-  for (const field *f = msg_table[m].fields; f->name; f++) {
-    char path[96];
-    snprintf(path, sizeof path, "%.40s.%.40s", msg_table[m].name, f->name);
-    json_t *v = json_object_get(msg, f->name);
+/* o's fields as the table says, each named prefix.name in an error. */
+static int check_fields(const json_t *o, const field *fields, const char *prefix, pw_err *err) {
+  for (const field *f = fields; f->name; f++) {
+    char path[128];
+    snprintf(path, sizeof path, "%.80s.%.40s", prefix, f->name);
+    json_t *v = json_object_get(o, f->name);
     if (!v) {
       if (f->optional) continue;
       return bad(err, path, "is required");
@@ -265,20 +290,24 @@ int pw_control_validate(const json_t *msg, pw_err *err) {
   return 0;
 }
 
+int pw_control_validate(const json_t *msg, pw_err *err) {
+  if (!json_is_object(msg)) return bad(err, "", "message must be a JSON object");
+  json_t *t = json_object_get(msg, "type");
+  if (!t) return bad(err, "type", "is required");
+  if (!json_is_string(t)) return bad(err, "type", "must be a string");
+  pw_msg_type m = pw_control_msg_of(json_string_value(t));
+  if (m == PW_MSG_UNKNOWN)
+    return pw_err_set(err, PW_EPROTO, "type", "unknown message type \"%.64s\"", json_string_value(t));
+  return check_fields(msg, msg_table[m].fields, msg_table[m].name, err);
+}
+
 /* ---- typed messages --------------------------------------------------------- */
 
-json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *err) {
-  if (t < 0 || t >= PW_MSG__COUNT || size != msg_table[t].size) {
-    pw_err_set(err, PW_EINVAL, "type", "message type %d with a %zu-byte struct", (int)t, size);
-    return NULL;
-  }
-  json_t *o = json_pack("{s:s}", "type", msg_table[t].name);
-  if (!o) {
-    pw_err_set(err, PW_ENOMEM, "", "out of memory");
-    return NULL;
-  }
-  const char *b = body;
-  for (const field *f = msg_table[t].fields; f->name; f++) {
+/* Adds to o the fields of the struct at b, as the table says; an absent
+ * optional one is left out. 0, or PW_ENOMEM. (What it adds is validated
+ * after, as a whole.) */
+static int build_fields(json_t *o, const field *fields, const char *b) {
+  for (const field *f = fields; f->name; f++) {
     const void *p = b + f->off;
     json_t *v = NULL;
     switch (f->type) {
@@ -299,9 +328,33 @@ json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *e
       }
       case F_ACTIONS:
       case F_PEERS:
-      case F_INTS: v = json_incref(*(json_t *const *)p); break;
+      case F_INTS:
+      case F_NUMS: v = json_incref(*(json_t *const *)p); break;
+      case F_OBJ: {
+        const char *x = *(const void *const *)p;
+        if (!x) break;
+        if (!(v = json_object()) || build_fields(v, f->sub, x)) {
+          json_decref(v);
+          return PW_ENOMEM;
+        }
+        break;
+      }
     }
-    if (v) json_object_set_new(o, f->name, v);
+    if (v && json_object_set_new(o, f->name, v)) return PW_ENOMEM;
+  }
+  return 0;
+}
+
+json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *err) {
+  if (t < 0 || t >= PW_MSG__COUNT || size != msg_table[t].size) {
+    pw_err_set(err, PW_EINVAL, "type", "message type %d with a %zu-byte struct", (int)t, size);
+    return NULL;
+  }
+  json_t *o = json_pack("{s:s}", "type", msg_table[t].name);
+  if (!o || build_fields(o, msg_table[t].fields, body)) {
+    json_decref(o);
+    pw_err_set(err, PW_ENOMEM, "", "out of memory");
+    return NULL;
   }
   if (pw_control_validate(o, err)) {
     json_decref(o);
@@ -310,25 +363,46 @@ json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *e
   return o;
 }
 
-int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err) {
-  memset(out, 0, sizeof *out);
-  *t = PW_MSG_UNKNOWN;
-  int rc = pw_control_validate(msg, err);
-  if (rc) return rc;
-  *t = pw_control_msg_of(pw_control_type(msg));
-  char *b = (char *)out;
-  for (const field *f = msg_table[*t].fields; f->name; f++) {
+/* o's fields (validated) into the struct at b; an object's struct is the
+ * next of out->nested, *used of them taken. */
+static int read_fields(const json_t *o, const field *fields, char *b, pw_msg_any *out, int *used, pw_err *err) {
+  for (const field *f = fields; f->name; f++) {
     void *p = b + f->off;
-    json_t *v = json_object_get(msg, f->name);
+    json_t *v = json_object_get(o, f->name);
     switch (f->type) {
       case F_INT: *(int64_t *)p = v ? (int64_t)json_integer_value(v) : -1; break;
       case F_NUM: *(double *)p = v ? json_number_value(v) : NAN; break;
       case F_STR: *(const char **)p = json_string_value(v); break;
       case F_ACTIONS:
       case F_PEERS:
-      case F_INTS: *(json_t **)p = v; break;
+      case F_INTS:
+      case F_NUMS: *(json_t **)p = v; break;
+      case F_OBJ: {
+        *(const void **)p = NULL;
+        if (!v) break;
+        /* a table that outgrew pw_msg_nested: control.h's to fix, not the sender's */
+        if (*used >= PW_CONTROL_NESTED_MAX || f->sub_size > sizeof out->nested[0])
+          return pw_err_set(err, PW_EINTERNAL, f->name, "no room for the object in pw_msg_any.nested");
+        char *x = (char *)&out->nested[(*used)++];
+        int rc = read_fields(v, f->sub, x, out, used, err);
+        if (rc) return rc;
+        *(const void **)p = x;
+        break;
+      }
     }
   }
+  return 0;
+}
+
+int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err) {
+  memset(out, 0, sizeof *out);
+  *t = PW_MSG_UNKNOWN;
+  int rc = pw_control_validate(msg, err);
+  if (rc) return rc;
+  pw_msg_type m = pw_control_msg_of(pw_control_type(msg));
+  int used = 0;
+  if ((rc = read_fields(msg, msg_table[m].fields, (char *)out, out, &used, err))) return rc;
+  *t = m;
   return 0;
 }
 

@@ -44,7 +44,19 @@
  *               end:number], ...], nonfinite?:int>=0 (bits: 1 the loss,
  *               2 the gradient norm was NaN or infinite; such a value is
  *               left out, never sent as a number), eval_loss?:number (the
- *               replica's share of the held-out loss, train.eval_every)
+ *               replica's share of the held-out loss, train.eval_every),
+ *               dp_bytes?:int>=0, dp_seconds?:number>=0 (what the rank sent
+ *               in the step's data-parallel exchange, and its time; only
+ *               with dp > 1), tp_bytes?:int>=0, tp_seconds?:number>=0 (the
+ *               same for its tensor-parallel all-reduces; only with tp > 1),
+ *               trace?:{ready:[number, ...], routed:[number, ...],
+ *               end_wait:number>=0, end_work:number, after:number>=0,
+ *               t0:number>=0, sleeps:int>=0} (with actions, on traced
+ *               steps, for bench/trace_step.py: per action, when its wait
+ *               began and its hand-off ended, seconds from the step's
+ *               start; the step end's wait and the rest of it; seconds of
+ *               eval and snapshot after step_time's mark; the step's start
+ *               on the host's monotonic clock; the waits that slept)
  *   checkpoint  job:int, run:int, rank:int, step:int, path:str, bytes:int,
  *               stage?:int
  *   done        job:int, run:int, rank:int
@@ -100,7 +112,8 @@
  *
  * Validation errors are PW_EPROTO with the JSON path of the field, e.g.
  * "assign.peers[1].addr: must be a string", "register.cores: is required",
- * "step.actions[2][0]: must be a string". */
+ * "step.actions[2][0]: must be a string", "step.trace.sleeps: must be an
+ * integer >= 0". */
 #ifndef PW_CONTROL_H
 #define PW_CONTROL_H
 
@@ -125,14 +138,19 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
  * Each type's C struct. Integers are int64_t, numbers double, strings
  * const char * (on decode, borrowed from the message: valid while it is),
  * arrays json_t * (borrowed likewise; on encode, the caller's reference is
- * not taken). An absent optional field is -1 (integers: every id and count
- * is >= 0), NAN (numbers), NULL (strings, arrays). */
+ * not taken), objects a const pointer to their own struct (on decode, into
+ * the pw_msg_any read filled). An absent optional field is -1 (integers:
+ * every id and count is >= 0), NAN (numbers), NULL (strings, arrays,
+ * objects). */
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; const char *blas_core; int64_t blas_forced;
                  const char *cpu_level; double gemm_gflops; const char *host, *hostname; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
+typedef struct { json_t *ready, *routed; double end_wait, end_work, after, t0; int64_t sleeps; } pw_msg_step_trace;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
-                 double grad_norm, lr; json_t *actions; int64_t nonfinite; double eval_loss; } pw_msg_step;
+                 double grad_norm, lr; json_t *actions; int64_t nonfinite; double eval_loss;
+                 int64_t dp_bytes; double dp_seconds; int64_t tp_bytes; double tp_seconds;
+                 const pw_msg_step_trace *trace; } pw_msg_step;
 typedef struct { int64_t job, run, rank, step; const char *path; int64_t bytes, stage; } pw_msg_checkpoint;
 typedef struct { int64_t job, run, rank; } pw_msg_done;
 typedef struct { int64_t job, run, rank; const char *message; int64_t lost_rank, restore_failed, peer_aborted; } pw_msg_error;
@@ -175,11 +193,22 @@ typedef enum {
   PW_MSG__COUNT
 } pw_msg_type;
 
-/* Any message's struct, for handlers. */
+/* Every struct a message's object field points to, and how many one
+ * message may hold (read refuses more, PW_EINTERNAL). */
 typedef union {
+  pw_msg_step_trace step_trace;
+} pw_msg_nested;
+#define PW_CONTROL_NESTED_MAX 1
+
+/* Any message's struct, for handlers (m->STEP), with the room its object
+ * fields point into: a decoded message lives as long as this does. */
+typedef struct {
+  union {
 #define PW__MSG_UNION(id, name, dir, type) type id;
-  PW_CONTROL_MSGS(PW__MSG_UNION)
+    PW_CONTROL_MSGS(PW__MSG_UNION)
 #undef PW__MSG_UNION
+  };
+  pw_msg_nested nested[PW_CONTROL_NESTED_MAX];
 } pw_msg_any;
 
 /* The type named `name`, or PW_MSG_UNKNOWN. */
@@ -195,10 +224,11 @@ json_t *pw_control_build(pw_msg_type t, const void *body, size_t size, pw_err *e
 /* pw_control_build with the struct written in place:
  *   PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, &err, .job = 1, .run = 2, .rank = 0)
  * Optional fields left out of the list are 0, NOT absent: set -1 / NAN /
- * NULL for an absent one. */
+ * NULL for an absent one (an object's pointer left out is NULL: absent). */
 #define PW_CONTROL_BUILD(t, type, err, ...) pw_control_build((t), &(type){__VA_ARGS__}, sizeof(type), (err))
 /* msg validated and read into the struct of its type; *t gets the type.
- * 0, or PW_EPROTO naming the field. */
+ * Its object fields point into out->nested. 0, or PW_EPROTO naming the
+ * field. */
 PW_MUST_CHECK int pw_control_read(const json_t *msg, pw_msg_type *t, pw_msg_any *out, pw_err *err);
 
 /* A side's handlers, indexed by message type (NULL: not accepted here). A

@@ -85,6 +85,14 @@ for i, m in enumerate(msgs_serve):  # indexes of their own
 # register with the machine's identity (host, hostname); an index of its own
 reg_host = json.dumps(dict(msgs[0], host="3d1219c7c4c5404aaa1f6d2a48adfda4", hostname="node-a")).encode()
 put("fuzz_control", 40, bytes([255]) + struct.pack(">I", len(reg_host)) + reg_host)
+# a traced step of a dp 2, tp 2 rank: every field the worker sends (its
+# exchanges' bytes and seconds, the collectives in actions, the trace object)
+step_all = json.dumps(dict(msgs[2], peak_act=1 << 20, grad_norm=0.5, lr=3e-4, nonfinite=2, dp_bytes=8192,
+                           dp_seconds=0.003, tp_bytes=4096, tp_seconds=0.002,
+                           actions=msgs[2]["actions"] + [["T", 0, 0, 0.05, 0.06], ["D", 0, 0, 0.2, 0.25]],
+                           trace={"ready": [0.0, 0.1], "routed": [0.11, 0.21], "end_wait": 0.01, "end_work": 0.02,
+                                  "after": 0.001, "t0": 86400.5, "sleeps": 2})).encode()
+put("fuzz_control", 41, bytes([255]) + struct.pack(">I", len(step_all)) + step_all)
 
 # safetensors: a small valid file with two tensors and metadata.
 tensors = {"a.weight": ("F32", [2, 3], struct.pack("<6f", *range(6))),

@@ -66,8 +66,13 @@ static const example examples[] = {
     {"step", PW_CONTROL_TO_COORD,
      "{\"type\":\"step\",\"job\":1,\"run\":0,\"rank\":2,\"step\":7,\"loss\":2.5,\"step_time\":0.125,"
      "\"tokens\":4096,\"peak_act\":1048576,\"grad_norm\":0.75,\"lr\":0.001,"
-     "\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]]}",
-     "job:i run:i rank:i step:i step_time:n", "loss:n tokens:n peak_act:i grad_norm:n lr:n actions:A"},
+     "\"actions\":[[\"F\",0,1,0.0,0.01],[\"B\",0,1,0.02,0.05]],\"nonfinite\":2,\"eval_loss\":2.25,"
+     "\"dp_bytes\":8192,\"dp_seconds\":0.003,\"tp_bytes\":4096,\"tp_seconds\":0.002,"
+     "\"trace\":{\"ready\":[0.0,0.015],\"routed\":[0.011,0.051],\"end_wait\":0.001,\"end_work\":0.02,"
+     "\"after\":0.0,\"t0\":1234.5,\"sleeps\":3}}",
+     "job:i run:i rank:i step:i step_time:n",
+     "loss:n tokens:n peak_act:i grad_norm:n lr:n actions:A nonfinite:i eval_loss:n dp_bytes:i dp_seconds:n "
+     "tp_bytes:i tp_seconds:n trace:o"},
     {"checkpoint", PW_CONTROL_TO_COORD,
      "{\"type\":\"checkpoint\",\"job\":1,\"run\":0,\"rank\":0,\"step\":10,\"path\":\"/x/r0.safetensors\",\"bytes\":123,"
      "\"stage\":3}",
@@ -229,6 +234,30 @@ static void test_validate_details(void **state) {
        "\"threads\":1,\"software\":\"x\"}",
        "register.cores: must be >= 1 (got 0)"},
       {"{\"type\":\"heartbeat\",\"time\":1,\"state\":\"idle\",\"job\":\"3\"}", "heartbeat.job: must be an integer"},
+      /* step: what the data-parallel and tensor-parallel exchanges sent, and the trace */
+#define STEP0 "{\"type\":\"step\",\"job\":1,\"run\":0,\"rank\":0,\"step\":0,\"step_time\":1,"
+#define TRACE0 "\"trace\":{\"ready\":[0.5],\"routed\":[0.75],\"end_wait\":0,\"end_work\":0,\"after\":0,\"t0\":1,"
+      {STEP0 "\"dp_bytes\":\"8\"}", "step.dp_bytes: must be an integer >= 0"},
+      {STEP0 "\"dp_bytes\":1.5}", "step.dp_bytes: must be an integer >= 0"},
+      {STEP0 "\"dp_bytes\":-1}", "step.dp_bytes: must be >= 0 (got -1)"},
+      {STEP0 "\"dp_seconds\":-0.5}", "step.dp_seconds: must be >= 0 (got -0.5)"},
+      {STEP0 "\"dp_seconds\":null}", "step.dp_seconds: must be a number >= 0"},
+      {STEP0 "\"tp_bytes\":-4096}", "step.tp_bytes: must be >= 0 (got -4096)"},
+      {STEP0 "\"tp_seconds\":\"0.1\"}", "step.tp_seconds: must be a number >= 0"},
+      {STEP0 "\"nonfinite\":-3}", "step.nonfinite: must be >= 0 (got -3)"},
+      {STEP0 "\"eval_loss\":\"2\"}", "step.eval_loss: must be a number"},
+      {STEP0 "\"trace\":[0.5]}", "step.trace: must be an object"},
+      {STEP0 "\"trace\":{}}", "step.trace.ready: is required"},
+      {STEP0 TRACE0 "\"sleeps\":-1}}", "step.trace.sleeps: must be >= 0 (got -1)"},
+      {STEP0 TRACE0 "\"sleeps\":0.5}}", "step.trace.sleeps: must be an integer >= 0"},
+      {STEP0 TRACE0 "\"sleeps\":0,\"ready\":[0.5,\"x\"]}}", "step.trace.ready[1]: must be a number"},
+      {STEP0 TRACE0 "\"sleeps\":0,\"routed\":{}}}", "step.trace.routed: must be an array"},
+      {STEP0 "\"trace\":{\"ready\":[],\"routed\":[],\"end_wait\":-0.25,\"end_work\":0,\"after\":0,\"t0\":1,"
+       "\"sleeps\":0}}", "step.trace.end_wait: must be >= 0 (got -0.25)"},
+      {STEP0 "\"trace\":{\"ready\":[],\"routed\":[],\"end_wait\":0,\"end_work\":0,\"after\":0,\"t0\":true,"
+       "\"sleeps\":0}}", "step.trace.t0: must be a number >= 0"},
+#undef TRACE0
+#undef STEP0
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     pw_err err = {0};
@@ -246,6 +275,39 @@ static void test_validate_details(void **state) {
                     "\"cores\":1,\"threads\":1,\"software\":\"x\"}");
   assert_int_equal(pw_control_validate(m, &err), 0);
   json_decref(m);
+}
+
+/* step.trace's own fields, as the examples' are: each removed is named as
+ * required, each given the wrong type is named with what it must be. */
+static void test_step_trace_fields(void **state) {
+  static const struct {
+    const char *name, *why;
+    json_t *(*wrong)(void);
+  } fields[] = {
+      {"ready", "must be an array", json_object},   {"routed", "must be an array", json_object},
+      {"end_wait", "must be a number >= 0", json_null}, {"end_work", "must be a number", json_null},
+      {"after", "must be a number >= 0", json_null}, {"t0", "must be a number >= 0", json_null},
+      {"sleeps", "must be an integer >= 0", json_true},
+  };
+  assert_string_equal(examples[2].type, "step");
+  for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+    char want[200];
+    pw_err err = {0};
+    json_t *m = parse(examples[2].json);
+    json_t *tr = json_object_get(m, "trace");
+    assert_non_null(tr);
+    assert_int_equal(json_object_del(tr, fields[i].name), 0);
+    assert_int_equal(pw_control_validate(m, &err), PW_EPROTO);
+    snprintf(want, sizeof want, "step.trace.%s: is required", fields[i].name);
+    expect_err(&err, want);
+    json_object_set_new(tr, fields[i].name, fields[i].wrong());
+    assert_int_equal(pw_control_validate(m, &err), PW_EPROTO);
+    snprintf(want, sizeof want, "step.trace.%s: %s", fields[i].name, fields[i].why);
+    expect_err(&err, want);
+    snprintf(want, sizeof want, "step.trace.%s", fields[i].name);
+    assert_string_equal(err.path, want);
+    json_decref(m);
+  }
 }
 
 /* ---- encoding and the reader ----------------------------------------------------- */
@@ -714,6 +776,7 @@ int main(void) {
       cmocka_unit_test(test_examples_valid),
       cmocka_unit_test(test_fields_required_and_typed),
       cmocka_unit_test(test_validate_details),
+      cmocka_unit_test(test_step_trace_fields),
       cmocka_unit_test(test_encode),
       cmocka_unit_test(test_reader_chunkings),
       cmocka_unit_test(test_reader_truncated),

@@ -5,7 +5,10 @@
  * stay absent; build refuses what validation would (missing, below its
  * bound, the wrong struct size); dispatch calls exactly the handler of the
  * type with the decoded struct, refuses a message travelling the wrong
- * way or one the side has no handler for, and passes a handler's error on. */
+ * way or one the side has no handler for, and passes a handler's error on.
+ * The step report, as the worker builds it, survives build -> frame ->
+ * reader -> read with every field (its trace an object of its own), and
+ * build refuses its out-of-bounds fields by name. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +18,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "control.h"
@@ -27,7 +31,10 @@ static const char *const full[] = {
     "\"cpu_level\":\"avx512\",\"gemm_gflops\":110.5}",
     "{\"type\":\"heartbeat\",\"time\":12.5,\"state\":\"busy\",\"job\":13}",
     "{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"loss\":5.5,\"step_time\":6.5,\"tokens\":7.5,"
-    "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]]}",
+    "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]],\"nonfinite\":2,"
+    "\"eval_loss\":11.5,\"dp_bytes\":12,\"dp_seconds\":13.5,\"tp_bytes\":14,\"tp_seconds\":15.5,"
+    "\"trace\":{\"ready\":[16.5],\"routed\":[17.5],\"end_wait\":18.5,\"end_work\":19.5,\"after\":20.5,"
+    "\"t0\":21.5,\"sleeps\":22}}",
     "{\"type\":\"checkpoint\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"path\":\"/p\",\"bytes\":5,\"stage\":6}",
     "{\"type\":\"done\",\"job\":1,\"run\":2,\"rank\":3}",
     "{\"type\":\"error\",\"job\":1,\"run\":2,\"rank\":3,\"message\":\"m\",\"lost_rank\":4,\"restore_failed\":1,\"peer_aborted\":2}",
@@ -170,6 +177,133 @@ static void test_read_values_and_absent(void **state) {
   json_decref(m);
 }
 
+/* A step with every field, as the worker builds it (worker/report.c):
+ * built from its struct, framed, read back off the stream and decoded,
+ * every value as sent; the trace decoded into the reader's own room. */
+static int keep_msg(void *ctx, json_t *msg) {
+  *(json_t **)ctx = json_incref(msg);
+  return 0;
+}
+
+static void test_step_every_field(void **state) {
+  json_t *acts = parse("[[\"F\",0,1,0.25,0.5],[\"D\",0,1,0.5,0.75]]");
+  json_t *ready = parse("[0.125, 0.375]"), *routed = parse("[0.3, 0.6]");
+  pw_msg_step_trace tr = {.ready = ready, .routed = routed, .end_wait = 0.0625, .end_work = 0.03125,
+                          .after = 0.015625, .t0 = 86400.5, .sleeps = 7};
+  pw_msg_step in = {.job = 3, .run = 4, .rank = 5, .step = 6, .loss = 2.5, .step_time = 0.75, .tokens = 4096,
+                    .peak_act = 1 << 20, .grad_norm = 1.25, .lr = 3e-4, .actions = acts, .nonfinite = 2,
+                    .eval_loss = 2.75, .dp_bytes = (int64_t)1 << 33, .dp_seconds = 0.0078125,
+                    .tp_bytes = 65536, .tp_seconds = 0.00390625, .trace = &tr};
+  pw_err err = {0};
+  json_t *m = pw_control_build(PW_MSG_STEP, &in, sizeof in, &err);
+  if (!m) fail_msg("build: %s", err.msg);
+  /* on the wire as the coordinator, the timeline and trace_step.py read it */
+  assert_int_equal(json_integer_value(json_object_get(m, "dp_bytes")), (json_int_t)1 << 33);
+  assert_true(json_is_integer(json_object_get(m, "tp_bytes")));
+  assert_true(json_equal(json_object_get(m, "actions"), acts));
+  json_t *wt = json_object_get(m, "trace");
+  assert_true(json_is_object(wt) && json_equal(json_object_get(wt, "ready"), ready));
+  assert_int_equal(json_integer_value(json_object_get(wt, "sleeps")), 7);
+  assert_true(json_real_value(json_object_get(wt, "t0")) == 86400.5);
+  uint8_t *frame;
+  size_t len;
+  assert_int_equal(pw_control_encode(m, &frame, &len), 0);
+  json_decref(m);
+  json_decref(acts);
+  json_decref(ready);
+  json_decref(routed);
+  pw_control_reader rd;
+  pw_control_reader_init(&rd, 0);
+  json_t *got = NULL;
+  assert_int_equal(pw_control_reader_feed(&rd, frame, len, keep_msg, &got, &err), 1);
+  pw_control_reader_free(&rd);
+  free(frame);
+  pw_msg_type t;
+  pw_msg_any b;
+  assert_int_equal(pw_control_read(got, &t, &b, &err), 0);
+  assert_int_equal(t, PW_MSG_STEP);
+  const pw_msg_step *o = &b.STEP;
+  assert_true(o->job == 3 && o->run == 4 && o->rank == 5 && o->step == 6 && o->peak_act == 1 << 20);
+  assert_true(o->loss == 2.5 && o->step_time == 0.75 && o->tokens == 4096 && o->grad_norm == 1.25 && o->lr == 3e-4);
+  assert_true(o->nonfinite == 2 && o->eval_loss == 2.75);
+  assert_true(o->dp_bytes == (int64_t)1 << 33 && o->dp_seconds == 0.0078125);
+  assert_true(o->tp_bytes == 65536 && o->tp_seconds == 0.00390625);
+  assert_int_equal(json_array_size(o->actions), 2);
+  assert_string_equal(json_string_value(json_array_get(json_array_get(o->actions, 1), 0)), "D");
+  assert_non_null(o->trace);
+  assert_ptr_equal(o->trace, &b.nested[0].step_trace); /* the reader's room, not the sender's struct */
+  assert_true(o->trace->end_wait == 0.0625 && o->trace->end_work == 0.03125 && o->trace->after == 0.015625 &&
+              o->trace->t0 == 86400.5 && o->trace->sleeps == 7);
+  assert_int_equal(json_array_size(o->trace->ready), 2);
+  assert_true(json_real_value(json_array_get(o->trace->ready, 1)) == 0.375);
+  assert_true(json_real_value(json_array_get(o->trace->routed, 0)) == 0.3);
+  /* and built again from what was read, the same message */
+  json_t *again = pw_control_build(t, &b.STEP, sizeof b.STEP, &err);
+  if (!again) fail_msg("rebuild: %s", err.msg);
+  assert_true(json_equal(again, got));
+  json_decref(again);
+  json_decref(got);
+  /* an untraced, single-replica step: none of them on the wire, all absent when read */
+  pw_msg_step sparse = {.job = 3, .run = 4, .rank = 5, .step = 6, .loss = NAN, .step_time = 0.5, .tokens = NAN,
+                        .peak_act = -1, .grad_norm = NAN, .lr = NAN, .nonfinite = -1, .eval_loss = NAN,
+                        .dp_bytes = -1, .dp_seconds = NAN, .tp_bytes = -1, .tp_seconds = NAN};
+  m = pw_control_build(PW_MSG_STEP, &sparse, sizeof sparse, &err);
+  assert_non_null(m);
+  assert_int_equal(json_object_size(m), 6); /* type, job, run, rank, step, step_time */
+  assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
+  assert_true(!b.STEP.trace && !b.STEP.actions && b.STEP.dp_bytes == -1 && b.STEP.tp_bytes == -1 &&
+              isnan(b.STEP.dp_seconds) && isnan(b.STEP.tp_seconds) && b.STEP.nonfinite == -1);
+  json_decref(m);
+}
+
+/* What the table bounds, build refuses from the struct as the reader
+ * would, naming the field (the worker logs it instead of sending). */
+static void test_step_build_refuses(void **state) {
+  pw_err err = {0};
+  json_t *arr = json_array();
+  pw_msg_step base = {.job = 1, .run = 1, .rank = 0, .step = 0, .loss = NAN, .step_time = 0.5, .tokens = NAN,
+                      .peak_act = -1, .grad_norm = NAN, .lr = NAN, .nonfinite = -1, .eval_loss = NAN,
+                      .dp_bytes = -1, .dp_seconds = NAN, .tp_bytes = -1, .tp_seconds = NAN};
+  pw_msg_step m = base;
+  m.dp_bytes = -5; /* -1 is absent; any other negative is a value, and out of bounds */
+  assert_null(pw_control_build(PW_MSG_STEP, &m, sizeof m, &err));
+  assert_int_equal(err.code, PW_EPROTO);
+  assert_string_equal(err.path, "step.dp_bytes");
+  assert_string_equal(err.msg, "must be >= 0 (got -5)");
+  m = base;
+  m.tp_seconds = -0.25;
+  assert_null(pw_control_build(PW_MSG_STEP, &m, sizeof m, &err));
+  assert_string_equal(err.path, "step.tp_seconds");
+  /* inside the trace: its fields are all required, -1 and NULL included */
+  pw_msg_step_trace tr = {.ready = arr, .routed = arr, .end_wait = 0, .end_work = 0, .after = 0, .t0 = 1,
+                          .sleeps = -1};
+  m = base;
+  m.trace = &tr;
+  assert_null(pw_control_build(PW_MSG_STEP, &m, sizeof m, &err));
+  assert_string_equal(err.path, "step.trace.sleeps");
+  tr.sleeps = 0;
+  tr.routed = NULL;
+  assert_null(pw_control_build(PW_MSG_STEP, &m, sizeof m, &err));
+  assert_string_equal(err.path, "step.trace.routed");
+  assert_string_equal(err.msg, "is required");
+  tr.routed = arr;
+  tr.after = -1e-3;
+  assert_null(pw_control_build(PW_MSG_STEP, &m, sizeof m, &err));
+  assert_string_equal(err.path, "step.trace.after");
+  tr.after = 0;
+  json_t *ok = pw_control_build(PW_MSG_STEP, &m, sizeof m, &err);
+  assert_non_null(ok);
+  json_decref(ok);
+  /* a checkpoint at its bounds and past them */
+  assert_null(PW_CONTROL_BUILD(PW_MSG_CHECKPOINT, pw_msg_checkpoint, &err, .job = 1, .run = 1, .rank = 0, .step = 2,
+                               .path = "/p", .bytes = -3, .stage = 0));
+  assert_string_equal(err.path, "checkpoint.bytes");
+  assert_null(PW_CONTROL_BUILD(PW_MSG_CHECKPOINT, pw_msg_checkpoint, &err, .job = 1, .run = 1, .rank = 0, .step = 2,
+                               .path = NULL, .bytes = 3, .stage = 0));
+  assert_string_equal(err.path, "checkpoint.path");
+  json_decref(arr);
+}
+
 static void test_build_refuses(void **state) {
   pw_err err = {0};
   json_t *m = PW_CONTROL_BUILD(PW_MSG_DONE, pw_msg_done, &err, .job = 7, .run = 0, .rank = 1);
@@ -253,6 +387,8 @@ int main(void) {
       cmocka_unit_test(test_read_build_round_trip),
       cmocka_unit_test(test_read_values_and_absent),
       cmocka_unit_test(test_build_refuses),
+      cmocka_unit_test(test_step_every_field),
+      cmocka_unit_test(test_step_build_refuses),
       cmocka_unit_test(test_dispatch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
