@@ -279,7 +279,8 @@ def check_file(tree, names, rel):
             if w.endswith("_") and any(x.startswith(w) for x in names):
                 continue
             bad.append((n, w))
-    return bad
+    seen = set()
+    return [x for x in bad if not (x in seen or seen.add(x))]
 
 
 def main(argv):
