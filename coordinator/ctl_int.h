@@ -1,12 +1,13 @@
 /* ctl_int: the control loop's private state, shared by ctlsrv.c (worker
- * links) and sched.c (jobs: dispatch, following runs, cancel). Loop
- * thread only. */
+ * links), sched.c (jobs: following runs, cancel), dispatch.c (starting
+ * them) and jobrt.c (ending them). Loop thread only. */
 #ifndef PW_CTL_INT_H
 #define PW_CTL_INT_H
 
 #include <stdio.h>
 
 #include "coord.h"
+#include "spec.h"
 
 typedef struct pw_wconn pw_wconn;
 typedef struct pw_jobrt pw_jobrt;
@@ -114,6 +115,29 @@ void pw_registry_update(pw_coord *c, pw_wconn *w);
  * (NULL: unknown); "" when none can be known. */
 struct sockaddr;
 void pw_ctl_http_url(pw_coord *c, const struct sockaddr *local, char *out, size_t cap);
+
+/* jobrt.c: a run's end and its job's writes, for sched.c and dispatch.c.
+ * Every write goes through store_retry: checked, logged when it fails and
+ * kept until the store takes it. */
+int pw_jobrt_set_state(pw_coord *c, int64_t job, int state, const char *reason, const char *error);
+void pw_jobrt_set_status(pw_coord *c, int64_t job, const char *status); /* never kept: the next pass writes it again */
+void pw_jobrt_event(pw_coord *c, int64_t job, const char *kind, const char *msg);
+/* The run ends: workers told (with cancel_reason, unless NULL) and freed,
+ * the run and the job recorded (job_state < 0 leaves the job's state
+ * alone); jr out of the list, freed unless its plan is still being built
+ * (then dispatch.c frees it when the plan comes back: jr->ended). */
+void pw_jobrt_end(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_state, const char *reason,
+                  const char *cancel_reason);
+/* A write of the run was given up (too many pending): the job cannot be
+ * recorded as it ran, so it fails saying so. */
+void pw_jobrt_lost_write(pw_coord *c, pw_jobrt *jr, const char *what);
+void pw_jobrt_free(pw_jobrt *jr);
+
+/* dispatch.c: starts a run of job `id` on the workers ws (job's mesh size
+ * of them, rank order): reserves them, marks the job planning and plans on
+ * a worker thread; back on the loop the run is recorded, its start chosen
+ * and every rank assigned. Takes job (freed with the work). */
+void pw_dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn **ws);
 
 /* recovery.c: what a restart after a lost worker starts from. */
 void pw_rec_snapshot_add(pw_wconn *w, int64_t job, int stage, int step, int held);

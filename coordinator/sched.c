@@ -3,7 +3,7 @@
  *   queued -> planning -> dispatching -> running -> succeeded | failed | cancelled
  *
  * A queued job waits, and says so in its status, until enough idle workers
- * are connected; then it is planned (the same pw_plan_build as
+ * are connected; then dispatch.c plans it (the same pw_plan_build as
  * `pipewright plan`) once per run: the plan's canonical text is stored
  * (runs.plan) and hashed, its partition, action lists and rank -> worker
  * assignments are recorded, and each worker gets only its own slice of it
@@ -19,11 +19,11 @@
  * interrupted by a coordinator shutdown or crash goes back to the queue
  * too and resumes from the last complete checkpoint.
  *
- * Planning runs on a worker thread (uv_queue_work): a large spec plans
- * for seconds, and the loop must keep answering heartbeats. The job shows
+ * Planning runs on a worker thread (dispatch.c): a large spec plans for
+ * seconds, and the loop must keep answering heartbeats. The job shows
  * as planning meanwhile, its workers reserved; cancelling it, losing one
  * of them or shutting down ends it, and the plan is dropped when it
- * comes back. Every store write goes through store_retry.h: checked,
+ * comes back. Runs end through jobrt.c. Every store write goes through store_retry.h: checked,
  * logged when it fails, kept in memory until the store takes it; no new
  * run starts while writes are pending. A step whose loss or gradient norm
  * is not finite is recorded as such and fails the job ("diverged at step
@@ -37,89 +37,14 @@
 
 #include "spec_json.h"
 #include "checkpoints.h"
-#include "contention.h"
 #include "ctl_int.h"
 #include "gen.h"
 #include "log.h"
-#include "plan.h"
-#include "budget.h"
-#include "slice.h"
 #include "store_retry.h"
 
 static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
 
-/* ---- writes -------------------------------------------------------------- */
-
-/* Every write of a running job goes through store_retry: checked, logged
- * when it fails and kept until the store takes it. */
-static int write_state(pw_coord *c, int64_t job, int state, const char *reason, const char *error) {
-  pw_write w = {.kind = PW_W_JOB_STATE, .job = job, .state = state, .text = reason, .text2 = error};
-  return pw_write_do(c, &w, NULL);
-}
-
-static void write_status(pw_coord *c, int64_t job, const char *status) {
-  pw_write w = {.kind = PW_W_JOB_STATUS, .job = job, .text = status};
-  pw_write_do(c, &w, NULL); /* logged there; the next pass writes it again */
-}
-
-static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason) {
-  for (int r = 0; r < jr->n_ranks; r++) {
-    pw_wconn *w = jr->ranks[r];
-    if (!w) continue;
-    if (cancel_reason && !jr->planning) /* a reserved worker was sent nothing */
-      pw_ctl_send_msg(w, PW_CONTROL_BUILD(PW_MSG_CANCEL, pw_msg_cancel, NULL, .job = jr->job, .run = jr->run,
-                                          .reason = cancel_reason));
-    w->job = NULL;
-    w->rank = -1;
-    pw_registry_update(c, w);
-    jr->ranks[r] = NULL;
-  }
-}
-
-static void jobrt_free(pw_jobrt *jr) {
-  free(jr->ranks);
-  free(jr->acc);
-  free(jr);
-}
-
-/* Out of the list; freed now, or when its plan comes back. */
-static void jobrt_remove(pw_coord *c, pw_jobrt *jr) {
-  for (pw_jobrt **p = &ctl_of(c)->jobs; *p; p = &(*p)->next)
-    if (*p == jr) {
-      *p = jr->next;
-      break;
-    }
-  if (jr->planning) jr->ended = 1;
-  else jobrt_free(jr);
-}
-
-/* The run ends: workers told (unless they finished) and freed, the run and
- * the job recorded. job_state < 0 leaves the job's state alone. */
-static void end_run(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_state, const char *reason,
-                    const char *cancel_reason) {
-  release_workers(c, jr, cancel_reason);
-  pw_gen_job_ended(c, jr->job, reason); /* a serve job's open requests */
-  if (jr->run) {
-    pw_write w = {.kind = PW_W_RUN_FINISH, .run = jr->run, .job = jr->job, .text = run_state,
-                  .text2 = strcmp(run_state, "succeeded") ? reason : NULL};
-    pw_write_do(c, &w, NULL);
-  }
-  if (job_state >= 0) write_state(c, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL);
-  if (job_state == PW_JOB_SUCCEEDED || job_state == PW_JOB_FAILED || job_state == PW_JOB_CANCELLED)
-    pw_rec_forget(c, jr->job);
-  pw_info("job %lld run %lld %s: %s", (long long)jr->job, (long long)jr->run, run_state, reason);
-  jobrt_remove(c, jr);
-}
-
-/* A write of this run was given up (too many pending): the job cannot be
- * recorded as it ran, so it fails saying so. */
-static void lost_write(pw_coord *c, pw_jobrt *jr, const char *what) {
-  char why[300];
-  snprintf(why, sizeof why, "the store could not record %s (the store is failing: see the coordinator's log)", what);
-  end_run(c, jr, "failed", PW_JOB_FAILED, why, "the coordinator's store is failing");
-}
-
-/* ---- dispatch ----------------------------------------------------------- */
+/* ---- dispatch ------------------------------------------------------------ */
 
 static int cmp_conn(const void *a, const void *b) {
   const pw_wconn *x = *(pw_wconn *const *)a, *y = *(pw_wconn *const *)b;
@@ -132,364 +57,6 @@ static int idle_workers(pw_coord *c, pw_wconn **out, int cap) {
     if (w->registered && !w->closing && !w->job && !w->draining && n < cap) out[n++] = w;
   qsort(out, (size_t)n, sizeof *out, cmp_conn);
   return n;
-}
-
-/* Everything dispatch needs from the plan, built on a worker thread
- * (uv_queue_work): planning a large spec takes seconds, and the loop must
- * keep answering heartbeats meanwhile. The thread touches only this. */
-typedef struct {
-  uv_work_t req;
-  pw_coord *c;
-  pw_jobrt *jr;
-  pw_job job;
-  pw_budget budget;          /* the plan must fit the workers it was given */
-  /* results */
-  int rc;
-  pw_err err;
-  int S, pp, n;              /* stages, pipeline ranks, ranks */
-  char *plan_text;           /* canonical plan (runs.plan) */
-  char plan_sha[PW_SHA256_HEX_LEN + 1];
-  char **slices;             /* [n] */
-  char (*slice_sha)[PW_SHA256_HEX_LEN + 1];
-  char **actions;            /* [pp] action lists, text form */
-  char **layers;             /* [S] layer names, JSON */
-  int *stage_rank;           /* [S] */
-  int64_t *params;           /* [S] */
-  double *flops;             /* [S] */
-  int ckpt_upto;             /* resume from a checkpoint of at most this step */
-  char skipped[600];         /* the checkpoints passed over as unreadable, said in the job's events */
-} planwork;
-
-static void planwork_free(planwork *pw) {
-  for (int r = 0; pw->slices && r < pw->n; r++) free(pw->slices[r]);
-  for (int r = 0; pw->actions && r < pw->pp; r++) free(pw->actions[r]);
-  for (int s = 0; pw->layers && s < pw->S; s++) free(pw->layers[s]);
-  free(pw->slices);
-  free(pw->slice_sha);
-  free(pw->actions);
-  free(pw->layers);
-  free(pw->stage_rank);
-  free(pw->params);
-  free(pw->flops);
-  free(pw->plan_text);
-  pw_job_free(&pw->job);
-  free(pw);
-}
-
-static char *actions_text(const pw_sched *sc, int r) {
-  int len = pw_actions_format(sc->actions[r], sc->n_actions[r], NULL, 0);
-  char *t = malloc((size_t)len + 1);
-  if (t) pw_actions_format(sc->actions[r], sc->n_actions[r], t, (size_t)len + 1);
-  return t;
-}
-
-/* The newest complete checkpoint whose shards all read back intact: one
- * damaged on disk (a flipped bit, a lost file) is passed over, and said,
- * rather than handed to the workers, whose load would fail the run again
- * at every retry. Reads the shards: on the planning thread. */
-static void intact_checkpoint(planwork *pw) {
-  pw_store *s = pw_coord_store(pw->c);
-  int upto = INT_MAX;
-  size_t l = 0;
-  pw->ckpt_upto = INT_MAX;
-  pw->skipped[0] = 0;
-  for (int tries = 0; s && tries < 64; tries++) {
-    int step = 0, have = 0;
-    if (pw_store_ckpt_latest_upto(s, pw->jr->job, upto, &step, &have, NULL)) return;
-    pw_err err = {0};
-    if (!pw_ck_step_check(pw->c->state_dir, pw->jr->job, step, have, &err)) return;
-    char b[400];
-    if (l < sizeof pw->skipped)
-      l += (size_t)snprintf(pw->skipped + l, sizeof pw->skipped - l, "%sthe checkpoint of step %d (%s)", l ? "; " : "",
-                            step, pw_err_str(&err, b, sizeof b));
-    pw->ckpt_upto = upto = step - 1;
-  }
-}
-
-/* Worker thread: the plan (once per run), its canonical text and hash,
- * every rank's slice, and what the store records of it. */
-static void plan_work(uv_work_t *req) {
-  planwork *pw = req->data;
-  intact_checkpoint(pw);
-  pw_plan p;
-  if ((pw->rc = pw_plan_build(&pw->job, NULL, &p, &pw->err))) return;
-  /* Submit checked the workers connected then; these may be smaller. */
-  if ((pw->rc = pw_plan_check_fit(&pw->job, &p, &pw->budget, &pw->err))) goto out;
-  pw->S = p.S;
-  pw->pp = p.pp;
-  json_t *pj = pw_plan_json(&pw->job, &p);
-  pw->rc = pw_slice_plan_text(pj, &pw->plan_text, pw->plan_sha);
-  json_decref(pj);
-  pw->slices = calloc((size_t)pw->n, sizeof *pw->slices);
-  pw->slice_sha = calloc((size_t)pw->n, sizeof *pw->slice_sha);
-  pw->actions = calloc((size_t)p.pp, sizeof *pw->actions);
-  pw->layers = calloc((size_t)p.S, sizeof *pw->layers);
-  pw->stage_rank = calloc((size_t)p.S, sizeof *pw->stage_rank);
-  pw->params = calloc((size_t)p.S, sizeof *pw->params);
-  pw->flops = calloc((size_t)p.S, sizeof *pw->flops);
-  if (pw->rc || !pw->slices || !pw->slice_sha || !pw->actions || !pw->layers || !pw->stage_rank || !pw->params ||
-      !pw->flops) {
-    pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
-    goto out;
-  }
-  for (int r = 0; r < pw->n && !pw->rc; r++)
-    pw->rc = pw_slice_build(&pw->job, &p, r, pw->plan_sha, &pw->slices[r], pw->slice_sha[r], &pw->err);
-  for (int r = 0; r < p.pp && !pw->rc; r++)
-    if (!(pw->actions[r] = actions_text(p.sched, r))) pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
-  for (int st = 0; st < p.S && !pw->rc; st++) {
-    const pw_stage *sg = &p.part.stages[st];
-    json_t *names = json_array();
-    for (int l = sg->layer_lo; l < sg->layer_hi; l++) json_array_append_new(names, json_string(p.model.layers[l].name));
-    pw->layers[st] = json_dumps(names, JSON_COMPACT);
-    json_decref(names);
-    if (!pw->layers[st]) pw->rc = pw_err_set(&pw->err, PW_ENOMEM, "plan", "out of memory");
-    pw->stage_rank[st] = p.sched->stage_to_rank[st];
-    pw->params[st] = (int64_t)sg->params;
-    pw->flops[st] = (sg->flops_f + sg->flops_i + sg->flops_w) * p.mb_size;
-  }
-out:
-  pw_plan_free(&p);
-}
-
-/* Where to resume: the newest complete step in the coordinator's store
- * (every stage's model and optimizer shard arrived, from any earlier run)
- * up to `upto`.
- * The assign's resume names it ("12"): each worker fetches its stages'
- * shards from GET /v1/jobs/{id}/checkpoints/{step}/stages/{stage}. */
-static int resume_point(pw_store *s, int64_t job, int n_stages, int upto, char *resume, size_t cap) {
-  pw_err err = {0};
-  char b[600];
-  int step = 0, have = 0;
-  int rc = pw_store_ckpt_latest_upto(s, job, upto, &step, &have, &err);
-  if (rc) {
-    if (rc != PW_ENOENT) pw_warn("job %lld: cannot read its checkpoints (%s): starting from step 0", (long long)job,
-                                 pw_err_str(&err, b, sizeof b));
-    return 0;
-  }
-  if (have != n_stages) { /* the same spec plans the same stages: this is not expected */
-    pw_warn("job %lld: its checkpoint of step %d has %d stages, the plan %d: starting from step 0", (long long)job,
-            step, have, n_stages);
-    return 0;
-  }
-  snprintf(resume, cap, "%d", step);
-  return step;
-}
-
-static void event(pw_coord *c, int64_t job, const char *kind, const char *msg) {
-  pw_write ev = {.kind = PW_W_EVENT, .job = job, .text = kind, .text2 = msg};
-  pw_write_do(c, &ev, NULL); /* kept when the store fails; logged there */
-}
-
-/* The attempt a run is (1, 2, ...), from the store; 0 when unknown. */
-static int attempt_of(pw_coord *c, const pw_jobrt *jr) {
-  pw_store *s = pw_coord_store(c);
-  json_t *a = NULL;
-  int n = 0;
-  if (s && !pw_store_attempts_json(s, jr->job, &a, NULL)) {
-    size_t i;
-    json_t *x;
-    json_array_foreach(a, i, x) if (json_integer_value(json_object_get(x, "run")) == jr->run) n =
-        (int)json_integer_value(json_object_get(x, "attempt"));
-  }
-  json_decref(a);
-  return n;
-}
-
-/* Where the run starts, in its row and as the job's event. */
-static void record_start(pw_coord *c, pw_jobrt *jr, int step, const char *source) {
-  pw_write w = {.kind = PW_W_RUN_RESUME, .run = jr->run, .step = step, .text = source};
-  pw_write_do(c, &w, NULL);
-  char msg[160];
-  int n = attempt_of(c, jr);
-  if (!strcmp(source, "snapshot"))
-    snprintf(msg, sizeof msg, "attempt %d resumes at step %d from snapshots in worker memory", n, step);
-  else if (!strcmp(source, "checkpoint"))
-    snprintf(msg, sizeof msg, "attempt %d resumes at step %d from the checkpoint of step %d", n, step, step);
-  else
-    snprintf(msg, sizeof msg, "attempt %d starts at step 0", n);
-  event(c, jr->job, "resume", msg);
-  pw_info("job %lld: %s", (long long)jr->job, msg);
-}
-
-/* Loop: the run recorded, each rank sent its slice. Store writes that
- * fail before the first assign put the job back in the queue (nothing ran
- * yet); after it, they are kept for a retry like any run's. */
-static void plan_done(uv_work_t *req, int status) {
-  planwork *pw = req->data;
-  pw_coord *c = pw->c;
-  pw_jobrt *jr = pw->jr;
-  const pw_job *job = &pw->job;
-  jr->planning = 0;
-  if (jr->ended || c->stopping) { /* cancelled, a worker lost, or shutting down meanwhile */
-    pw_info("job %lld: its plan is ready but the job ended meanwhile: dropped", (long long)jr->job);
-    if (!jr->ended) end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down", NULL);
-    else jobrt_free(jr);
-    planwork_free(pw);
-    return;
-  }
-  pw_err err = {0};
-  char b[600];
-  pw_store *s = pw_coord_store(c);
-  if (status || pw->rc) {
-    char e[600];
-    if (status) pw_err_set(&pw->err, PW_EINTERNAL, "plan", "planning was cancelled: %s", uv_strerror(status));
-    snprintf(b, sizeof b, "planning failed: %s", pw_err_str(&pw->err, e, sizeof e));
-    end_run(c, jr, "failed", PW_JOB_FAILED, b, NULL);
-    planwork_free(pw);
-    return;
-  }
-  int rc = s ? pw_store_run_insert(s, jr->job, pw->plan_text, &jr->run, &err)
-             : pw_err_set(&err, PW_EIO, "store", "the store cannot be opened");
-  if (rc) {
-    char e[600];
-    snprintf(b, sizeof b, "cannot record the run: %s", pw_err_str(&err, e, sizeof e));
-    pw_error("job %lld: %s", (long long)jr->job, b);
-    end_run(c, jr, "failed", rc == PW_EIO || rc == PW_ENOMEM ? PW_JOB_QUEUED : PW_JOB_FAILED, b, NULL);
-    planwork_free(pw);
-    return;
-  }
-  for (int st = 0; st < pw->S; st++) {
-    pw_write w = {.kind = PW_W_STAGE, .job = jr->job, .run = jr->run, .stage = st, .rank = pw->stage_rank[st],
-                  .text = pw->layers[st], .bytes = pw->params[st], .flops = pw->flops[st]};
-    pw_write_do(c, &w, NULL);
-  }
-  for (int r = 0; r < pw->pp; r++) {
-    pw_write w = {.kind = PW_W_ACTIONS, .job = jr->job, .run = jr->run, .rank = r, .text = pw->actions[r]};
-    pw_write_do(c, &w, NULL);
-  }
-  if (write_state(c, jr->job, PW_JOB_DISPATCHING, "plan recorded", NULL) < 0) {
-    end_run(c, jr, "failed", -1, "the job changed state while it was planned", NULL);
-    planwork_free(pw);
-    return;
-  }
-  /* A run resumes at a step whose predecessors are all recorded: a lost
-   * rank's last reports may never have come, and a step the store has no
-   * metrics for is run again rather than left a hole. */
-  pw_job_brief jb = {0};
-  int recorded = 0;
-  if (!pw_store_job_brief(s, jr->job, &jb, &err)) recorded = jb.steps_done;
-  free(jb.spec);
-  char resume[1024] = "";
-  if (pw->skipped[0]) {
-    char msg[700];
-    snprintf(msg, sizeof msg, "passed over as unreadable: %s", pw->skipped);
-    pw_warn("job %lld: %s", (long long)jr->job, msg);
-    event(c, jr->job, "resume", msg);
-  }
-  int start = resume_point(s, jr->job, pw->S, recorded < pw->ckpt_upto ? recorded : pw->ckpt_upto, resume,
-                           sizeof resume);
-  if (start >= job->train.steps) start = 0, resume[0] = 0;
-  json_t *from = NULL; /* the in-memory snapshots, when newer than the checkpoint */
-  int before = recorded + 1 < job->train.steps ? recorded + 1 : job->train.steps;
-  /* memory first: a snapshot as new as the checkpoint reads no disk */
-  int snap = pw_rec_restore_point(jr, pw->S, pw->pp, pw->stage_rank, start - 1, before, &from);
-  if (snap) start = snap, resume[0] = 0;
-  jr->n_stages = pw->S;
-  jr->start_step = jr->steps_done = start;
-  record_start(c, jr, start, snap ? "snapshot" : resume[0] ? "checkpoint" : "start");
-  json_t *peers = json_array();
-  for (int r = 0; r < jr->n_ranks; r++)
-    json_array_append_new(peers, json_pack("{s:i, s:s, s:s}", "rank", r, "addr", jr->ranks[r]->addr, "host",
-                                           jr->ranks[r]->host));
-  int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
-  int serve = job->mode == PW_MODE_SERVE; /* runs until cancelled: its steps are not run */
-  char names[512] = "";
-  for (int r = 0; r < jr->n_ranks; r++) {
-    pw_wconn *w = jr->ranks[r];
-    char upload[65];
-    pw_coord_upload_token(c, jr->job, jr->run, r, upload);
-    json_t *as = PW_CONTROL_BUILD(PW_MSG_ASSIGN, pw_msg_assign, NULL, .job = jr->job, .run = jr->run, .rank = r,
-                                  .slice = pw->slices[r], .slice_sha256 = pw->slice_sha[r], .peers = peers,
-                                  .steps = job->train.steps, .start_step = start, .checkpoint_dir = NULL,
-                                  .resume = resume[0] ? resume : NULL, .trace_every = trace_every,
-                                  .restore_step = snap ? snap : -1, .restore_from = from,
-                                  .serve_seqs = serve ? job->serve.max_sequences : -1,
-                                  .serve_len = serve ? job->serve.max_len : -1,
-                                  .serve_queue = serve ? job->serve.max_queue : -1, .upload_token = upload);
-    pw_rec_snapshots_keep(w, jr->job); /* the worker keeps only this job's from here */
-    pw_registry_update(c, w);
-    pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};
-    pw_write_do(c, &aw, NULL);
-    pw_ctl_send_msg(w, as);
-    size_t l = strlen(names);
-    snprintf(names + l, sizeof names - l, "%s%s", r ? ", " : "", w->name);
-  }
-  json_decref(peers);
-  json_decref(from);
-  pw_contention_note(c, jr); /* ranks that share a host's cores: said once per run */
-  snprintf(b, sizeof b, "dispatched %d ranks to %s%s", jr->n_ranks, names, start ? " (resuming)" : "");
-  if (start) {
-    size_t l = strlen(b);
-    snprintf(b + l, sizeof b - l, snap ? " from snapshots of step %d in memory" : " from the checkpoint of step %d",
-             start);
-  }
-  write_state(c, jr->job, PW_JOB_RUNNING, b, NULL);
-  write_status(c, jr->job, serve ? "serving" : "");
-  planwork_free(pw);
-}
-
-/* Reserves the workers, marks the job planning and hands the plan to a
- * worker thread; takes job (freed with the work). */
-static void dispatch(pw_coord *c, pw_store *s, int64_t id, pw_job *job, pw_wconn **ws) {
-  pw_err err = {0};
-  char b[600];
-  int n = job->mesh.pp * job->mesh.dp * job->mesh.tp;
-  int rc = pw_store_job_set_state(s, id, PW_JOB_PLANNING, "enough idle workers", NULL, &err);
-  if (rc) { /* stays queued: the next pass tries again */
-    pw_error("job %lld: cannot start planning: %s", (long long)id, pw_err_str(&err, b, sizeof b));
-    pw_job_free(job);
-    return;
-  }
-  planwork *pw = calloc(1, sizeof *pw);
-  pw_jobrt *jr = calloc(1, sizeof *jr);
-  if (jr) jr->ranks = calloc((size_t)n, sizeof *jr->ranks);
-  if (!pw || !jr || !jr->ranks) {
-    free(pw);
-    if (jr) free(jr->ranks);
-    free(jr);
-    pw_job_free(job);
-    write_state(c, id, PW_JOB_FAILED, "out of memory", "out of memory");
-    return;
-  }
-  jr->job = id;
-  jr->n_ranks = n;
-  jr->pp = job->mesh.pp;
-  jr->tp = job->mesh.tp;
-  jr->steps = job->train.steps;
-  jr->on_nonfinite = job->train.on_nonfinite;
-  jr->final_ckpt = job->mode == PW_MODE_TRAIN;
-  jr->max_restarts = job->train.max_restarts;
-  jr->planning = 1;
-  for (int r = 0; r < n; r++) { /* reserved: no other job takes them meanwhile */
-    jr->ranks[r] = ws[r];
-    ws[r]->job = jr;
-    ws[r]->rank = r;
-    pw_registry_update(c, ws[r]);
-  }
-  jr->next = ctl_of(c)->jobs;
-  ctl_of(c)->jobs = jr;
-  pw->c = c;
-  pw->jr = jr;
-  pw->job = *job; /* moved */
-  pw->n = n;
-  pw_budget_init(&pw->budget);
-  if (c->max_plan_actions > 0) pw->budget.max_actions = c->max_plan_actions;
-  pw->budget.max_slice_bytes = pw_budget_slice_room(PW_CONTROL_MAX, n);
-  pw->budget.max_rank_memory = c->max_rank_memory;
-  snprintf(pw->budget.memory_from, sizeof pw->budget.memory_from, "--max-rank-memory");
-  for (int r = 0; r < n; r++)
-    if (ws[r]->memory > 0 && (!pw->budget.max_rank_memory || (size_t)ws[r]->memory < pw->budget.max_rank_memory)) {
-      pw->budget.max_rank_memory = (size_t)ws[r]->memory;
-      snprintf(pw->budget.memory_from, sizeof pw->budget.memory_from, "the memory of worker %.40s", ws[r]->name);
-    }
-  pw->req.data = pw;
-  write_status(c, id, "planning");
-  if ((rc = uv_queue_work(c->loop, &pw->req, plan_work, plan_done))) {
-    jr->planning = 0;
-    snprintf(b, sizeof b, "cannot start planning: %s", uv_strerror(rc));
-    end_run(c, jr, "failed", PW_JOB_FAILED, b, NULL);
-    planwork_free(pw);
-  }
 }
 
 /* ---- the periodic pass -------------------------------------------------- */
@@ -515,11 +82,11 @@ static void sched_tick(pw_coord *c) {
       continue;
     }
     free(jb.spec);
-    if (jb.state == PW_JOB_CANCELLED) end_run(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
+    if (jb.state == PW_JOB_CANCELLED) pw_jobrt_end(c, jr, "cancelled", -1, "cancelled by request", "job cancelled");
     /* cancelled and retried before this pass saw it: the old run stops
      * here, before the queued job is dispatched again below */
     else if (jb.state == PW_JOB_QUEUED)
-      end_run(c, jr, "cancelled", -1, "cancelled by request (the job was retried since)", "job cancelled");
+      pw_jobrt_end(c, jr, "cancelled", -1, "cancelled by request (the job was retried since)", "job cancelled");
   }
   /* Queued jobs, oldest first; a job that does not fit does not hold back
    * a later one that does. */
@@ -540,7 +107,7 @@ static void sched_tick(pw_coord *c) {
     free(jb.spec);
     pw_job job;
     if (!spec || pw_job_parse(spec, NULL, &job, &err)) {
-      write_state(c, ids[i], PW_JOB_FAILED, "stored spec is invalid", spec ? pw_err_str(&err, b, sizeof b) : je.text);
+      pw_jobrt_set_state(c, ids[i], PW_JOB_FAILED, "stored spec is invalid", spec ? pw_err_str(&err, b, sizeof b) : je.text);
       json_decref(spec);
       continue;
     }
@@ -550,17 +117,17 @@ static void sched_tick(pw_coord *c) {
     idle_n = idle_workers(c, ws, 1024);
     if (pending) {
       snprintf(b, sizeof b, "waiting for the store: %d write%s pending", pending, pending == 1 ? "" : "s");
-      write_status(c, ids[i], b);
+      pw_jobrt_set_status(c, ids[i], b);
     } else if (idle_n >= need) {
       pw_wconn *chosen[1024];
       pw_rec_choose(c, ids[i], need, ws, idle_n, chosen);
-      dispatch(c, s, ids[i], &job, chosen); /* takes job */
+      pw_dispatch(c, s, ids[i], &job, chosen); /* takes job */
       continue;
     } else {
       pw_coord_worker_counts(c, NULL, &busy, &lost);
       snprintf(b, sizeof b, "waiting for %d idle worker%s (%d idle, %d busy connected)", need, need == 1 ? "" : "s",
                idle_n, busy);
-      write_status(c, ids[i], b);
+      pw_jobrt_set_status(c, ids[i], b);
     }
     pw_job_free(&job);
   }
@@ -622,7 +189,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
   if (pw_write_do(c, &w, NULL) == PW_ETOOBIG) {
     char what[64];
     snprintf(what, sizeof what, "step %d's metrics", step);
-    lost_write(c, jr, what);
+    pw_jobrt_lost_write(c, jr, what);
     return;
   }
   pw_write pg = {.kind = PW_W_PROGRESS, .job = jr->job, .step = step + 1, .m = mt};
@@ -635,11 +202,11 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
   if (jr->on_nonfinite == PW_NONFINITE_SKIP) {
     char msg[240];
     snprintf(msg, sizeof msg, "%s (train.on_nonfinite: skip)", why);
-    event(c, jr->job, "nonfinite", msg);
+    pw_jobrt_event(c, jr->job, "nonfinite", msg);
     pw_warn("job %lld: %s", (long long)jr->job, msg);
     return;
   }
-  end_run(c, jr, "failed", PW_JOB_FAILED, why, "the job diverged");
+  pw_jobrt_end(c, jr, "failed", PW_JOB_FAILED, why, "the job diverged");
 }
 
 static int on_step(void *ctx, void *conn, const pw_msg_any *msg, const json_t *raw, pw_err *err) {
@@ -659,7 +226,7 @@ static int on_step(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
   pw_step_acc *a = acc_for(jr, step);
   if (!a) {
     pw_error("job %lld: out of memory for step %d's reports", (long long)jr->job, step);
-    lost_write(c, jr, "a step report (out of memory)");
+    pw_jobrt_lost_write(c, jr, "a step report (out of memory)");
     return 0;
   }
   a->reports++;
@@ -683,7 +250,7 @@ static int on_checkpoint(void *ctx, void *conn, const pw_msg_any *msg, const jso
   if (!jr) return 0;
   pw_write cw = {.kind = PW_W_CHECKPOINT, .job = jr->job, .run = jr->run, .step = (int)m->step,
                  .stage = (int)m->stage, .rank = w->rank, .text = m->path, .bytes = m->bytes};
-  if (pw_write_do(c, &cw, NULL) == PW_ETOOBIG) lost_write(c, jr, "a checkpoint");
+  if (pw_write_do(c, &cw, NULL) == PW_ETOOBIG) pw_jobrt_lost_write(c, jr, "a checkpoint");
   return 0;
 }
 
@@ -730,10 +297,10 @@ static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
     char why[1500];
     if (final_missing(c, jr, why, sizeof why)) {
       pw_error("job %lld: %s", (long long)jr->job, why);
-      event(c, jr->job, "checkpoint", why);
-      end_run(c, jr, "failed", PW_JOB_FAILED, why, NULL);
+      pw_jobrt_event(c, jr->job, "checkpoint", why);
+      pw_jobrt_end(c, jr, "failed", PW_JOB_FAILED, why, NULL);
     } else {
-      end_run(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
+      pw_jobrt_end(c, jr, "succeeded", PW_JOB_SUCCEEDED, "all ranks done", NULL);
     }
   }
   sched_tick(c);
@@ -766,10 +333,10 @@ static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *
     /* A snapshot named in the assign was gone: start again from the
      * checkpoint; no restart is spent on it. */
     pw_rec_snapshots_forget(c, jr->job);
-    event(c, jr->job, "resume", why);
-    end_run(c, jr, "interrupted", PW_JOB_QUEUED, why, "restoring from snapshots failed");
+    pw_jobrt_event(c, jr->job, "resume", why);
+    pw_jobrt_end(c, jr, "interrupted", PW_JOB_QUEUED, why, "restoring from snapshots failed");
   } else {
-    end_run(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
+    pw_jobrt_end(c, jr, "failed", PW_JOB_FAILED, why, "another rank failed");
   }
   sched_tick(c);
   return 0;
@@ -816,10 +383,10 @@ static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
   if (planning) { /* nothing ran yet: the job waits for workers again */
     char b[700];
     snprintf(b, sizeof b, "%s while the job was planned; queued again", reason);
-    end_run(c, jr, "failed", PW_JOB_QUEUED, b, "a worker of this run was lost");
+    pw_jobrt_end(c, jr, "failed", PW_JOB_QUEUED, b, "a worker of this run was lost");
     return;
   }
-  event(c, jr->job, "worker_lost", reason);
+  pw_jobrt_event(c, jr->job, "worker_lost", reason);
   pw_warn("job %lld: %s", (long long)jr->job, reason);
   pw_store *s = pw_coord_store(c);
   int used = 0;
@@ -832,7 +399,7 @@ static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
     pw_write_do(c, &rw, NULL);
     char cancel[700];
     snprintf(cancel, sizeof cancel, "worker %s was lost: the job restarts", w->name);
-    end_run(c, jr, "interrupted", PW_JOB_QUEUED, reason, cancel);
+    pw_jobrt_end(c, jr, "interrupted", PW_JOB_QUEUED, reason, cancel);
     sched_tick(c); /* a spare may be idle already */
     return;
   }
@@ -843,7 +410,7 @@ static void on_lost(pw_coord *c, pw_wconn *w, const char *why) {
            all[0] ? "; earlier: " : "", all);
   size_t fl = strlen(final);
   if (fl >= 2 && !strcmp(final + fl - 2, "; ")) final[fl - 2] = 0;
-  end_run(c, jr, "failed", PW_JOB_FAILED, final, "a worker of this run was lost");
+  pw_jobrt_end(c, jr, "failed", PW_JOB_FAILED, final, "a worker of this run was lost");
 }
 
 /* SIGTERM: running jobs go back to the queue (they resume from their last
@@ -852,7 +419,7 @@ static void on_shutdown(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   while (ctl && ctl->jobs) {
     pw_jobrt *jr = ctl->jobs;
-    end_run(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down; the job will run again",
+    pw_jobrt_end(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down; the job will run again",
             "coordinator shutting down");
   }
   pw_gen_job_ended(c, 0, "the coordinator is shutting down");
