@@ -2,10 +2,13 @@
  * cache slab and one call's activations), both sized and allocated at
  * create.
  *
- * Each node runs the kernel its training forward runs (ops.h) on the call's
- * packed rows, except where a row's position matters: learned positions
- * and rotary embeddings run per sequence at its offset, and attention reads
- * and appends the sequence's cache (pw_attention_kv_forward). A served
+ * Each node runs its kernel row's decode entry (kernels.h; the op table,
+ * optable.h, says whether a node runs, is skipped or refused, and its
+ * auxiliaries, cache and packed weights): the kernel its training forward
+ * runs (ops.h) on the call's packed rows, except where a row's position
+ * matters: learned positions and rotary embeddings run per sequence at its
+ * offset, and attention reads and appends the sequence's cache
+ * (pw_attention_kv_forward). A served
  * sequence's tokens must not depend on its batch-mates (they equal the
  * oracle's, which decodes one sequence), so every row of a linear must be
  * the same bits whatever rows it is multiplied with. Each linear's weights
@@ -24,8 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lora.h"
+#include "kernels.h"
 #include "ops.h"
+#include "optable.h"
 #include "rowmm.h"
 
 #define NONE ((size_t)-1)
@@ -35,10 +39,10 @@ struct pw_decode {
   const pw_model *m;
   pw_decode_config cfg;
   int node_lo, node_hi;
-  const float **wdata;   /* [model n_params] the program's parameter data, NULL if not held */
+  float **wdata;         /* [model n_params] the program's parameter data, NULL if not held */
   size_t *val_off;       /* [model n_values] float offset in act, or NONE */
-  size_t *kv_off;        /* [local nodes] attention: offset of K in a slot (V follows), else NONE */
-  pw_rowmm **mm;         /* [local nodes] a linear's packed weights, else NULL */
+  size_t *kv_off;        /* [local nodes] a node with a cache: its offset in a slot, else NONE */
+  pw_rowmm **mm;         /* [local nodes] a decode_pack node's packed weights, else NULL */
   char path[192];        /* the linears' kernel path (pw_decode_path) */
   size_t kv_slot;        /* floats per sequence slot */
   int *ports;            /* inputs, then outputs (value ids) */
@@ -63,19 +67,18 @@ size_t pw_decode_kv_floats(const pw_model *m, int layer_lo, int layer_hi, int ma
   int lo, hi;
   if (node_range(m, layer_lo, layer_hi, &lo, &hi)) return 0;
   size_t n = 0;
-  for (int i = lo; i < hi; i++)
-    if (m->nodes[i].op == PW_OP_ATTENTION) n += 2 * (size_t)max_pos * (size_t)(m->nodes[i].C / 3);
+  for (int i = lo; i < hi; i++) n += (size_t)max_pos * pw_op_decode_kv(&m->nodes[i]);
   return n;
 }
 
-static int is_loss_node(const pw_node *n) { return n->op == PW_OP_XENT || n->op == PW_OP_MSE; }
+static int decode_of(const pw_node *n) { return pw_op_info_of(n->op)->decode; }
 
 /* Input ports: values the stage reads but does not make (targets aside);
  * outputs: values it makes that a later node reads, and the loss's input.
  * Every value held gets max_rows rows in the activation arena. */
 static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
   const pw_model *m = d->m;
-  size_t R = (size_t)d->cfg.max_rows, off = 0, aux = 2 * R;
+  size_t R = (size_t)d->cfg.max_rows, off = 0, aux = 0;
   d->ports = malloc(sizeof(int) * (size_t)(2 * m->n_values + 1));
   int *outs = malloc(sizeof(int) * (size_t)(m->n_values + 1));
   if (!d->ports || !outs) {
@@ -85,7 +88,7 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
   for (int v = 0; v < m->n_values; v++) d->val_off[v] = NONE;
   for (int i = d->node_lo; i < d->node_hi; i++) {
     const pw_node *n = &m->nodes[i];
-    if (is_loss_node(n)) {
+    if (decode_of(n) == PW_DECODE_SKIP) {
       outs[d->n_out++] = n->in[0];
       continue;
     }
@@ -98,8 +101,7 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
     }
     d->val_off[n->out] = off;
     off += R * (size_t)n->OC;
-    if (n->op == PW_OP_GELU && R * (size_t)n->C > aux) aux = R * (size_t)n->C;
-    if (n->op == PW_OP_LORA && R * (size_t)n->NH > aux) aux = R * (size_t)n->NH; /* h */
+    if (R * pw_op_decode_aux(n) > aux) aux = R * pw_op_decode_aux(n);
   }
   for (int i = d->node_hi; i < m->n_nodes; i++)
     for (int k = 0; k < 2; k++) {
@@ -115,13 +117,14 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
   return 0;
 }
 
-/* Every linear's weights into a rowmm; the path of the first, and how
- * many others took another (the probe runs per weight matrix). */
+/* Every decode_pack node's (linear's) weights into a rowmm; the path of
+ * the first, and how many others took another (the probe runs per weight
+ * matrix). */
 static int pack_linears(pw_decode *d, pw_err *err) {
   int n = 0, packed = 0, rc;
   for (int i = d->node_lo; i < d->node_hi; i++) {
     const pw_node *nd = &d->m->nodes[i];
-    if (nd->op != PW_OP_LINEAR || nd->C < 1 || nd->OC < 1) continue;
+    if (!pw_op_info_of(nd->op)->decode_pack || nd->C < 1 || nd->OC < 1) continue;
     pw_rowmm **r = &d->mm[i - d->node_lo];
     if ((rc = pw_rowmm_create(d->wdata[nd->w], nd->b >= 0 ? d->wdata[nd->b] : NULL, nd->C, nd->OC, r, err))) return rc;
     if (n++ == 0) snprintf(d->path, sizeof d->path, "%s", pw_rowmm_path(*r));
@@ -170,15 +173,20 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
   }
   for (int i = d->node_lo; i < d->node_hi; i++) {
     const pw_node *n = &m->nodes[i];
+    size_t kv = pw_op_decode_kv(n);
     d->kv_off[i - d->node_lo] = NONE;
-    if (n->op == PW_OP_POSEMBED && c.max_pos > m->params[n->w].shape[0]) {
+    if (decode_of(n) != PW_DECODE_RUN && decode_of(n) != PW_DECODE_SKIP) {
+      pw_decode_free(d);
+      return pw_err_set(err, PW_EINVAL, "decode", "a %s node is not decoded", pw_op_name((pw_op)n->op));
+    }
+    if (pw_op_info_of(n->op)->positions && c.max_pos > m->params[n->w].shape[0]) {
       pw_decode_free(d);
       return pw_err_set(err, PW_EINVAL, "decode", "max_pos %d is past the %d learned positions", c.max_pos,
                         m->params[n->w].shape[0]);
     }
-    if (n->op == PW_OP_ATTENTION) {
+    if (kv) {
       d->kv_off[i - d->node_lo] = d->kv_slot;
-      d->kv_slot += 2 * (size_t)c.max_pos * (size_t)(n->C / 3);
+      d->kv_slot += (size_t)c.max_pos * kv;
     }
   }
   if ((rc = pack_linears(d, err))) {
@@ -232,81 +240,27 @@ void *pw_decode_value(pw_decode *d, int value) {
 
 static float *val(pw_decode *d, int v) { return d->act + d->val_off[v]; }
 
-/* The ops whose rows depend on their position: per sequence. */
-static void node_per_seq(pw_decode *d, const pw_node *n, int li) {
-  const float *in = val(d, n->in[0]);
-  float *out = val(d, n->out);
-  int C = n->C, r = 0;
-  for (int s = 0; s < d->n_seqs; s++) {
-    const pw_decode_seq *q = &d->seqs[s];
-    size_t o = (size_t)r * (size_t)C;
-    switch (n->op) {
-      case PW_OP_POSEMBED:
-        pw_posembed_forward(out + o, in + o, d->wdata[n->w] + (size_t)q->pos * C, 1, q->len, C);
-        break;
-      case PW_OP_ROPE: pw_rope_forward_at(out + o, in + o, q->len, q->pos, C / 3, n->NH, n->base); break;
-      default: { /* PW_OP_ATTENTION: qkv (3C') in, C' = C/3 out */
-        float *k = d->kv + (size_t)q->slot * d->kv_slot + d->kv_off[li];
-        float *v = k + (size_t)d->cfg.max_pos * (size_t)(C / 3);
-        pw_attention_kv_forward(out + (size_t)r * (size_t)(C / 3), k, v, d->scratch, in + o, q->len, q->pos, C / 3,
-                                n->NH);
-        break;
-      }
-    }
-    r += q->len;
-  }
-}
-
-/* A linear over all the call's rows at once when its rowmm is packed;
- * else (and a LoRA) over each sequence's rows in turn: one row through the
- * rowmm (an sgemv), several through sgemm. */
-static void linear_forward(pw_decode *d, const pw_node *n, pw_rowmm *mm, float *out, const float *in,
-                           const float *in1, const float *w, const float *b) {
-  int C = n->C, OC = n->OC, r = 0;
-  if (mm && pw_rowmm_packed(mm)) {
-    pw_rowmm_run(mm, out, in, d->rows);
-    return;
-  }
-  for (int s = 0; s < d->n_seqs; r += d->seqs[s++].len) {
-    int N = d->seqs[s].len;
-    float *o = out + (size_t)r * (size_t)OC;
-    const float *x = in + (size_t)r * (size_t)C;
-    if (n->op == PW_OP_LINEAR) {
-      if (mm && N == 1) pw_rowmm_run(mm, o, x, 1);
-      else pw_linear_forward(o, x, w, b, N, C, OC);
-      continue;
-    }
-    memcpy(o, in1 + (size_t)r * (size_t)OC, (size_t)N * (size_t)OC * sizeof(float));
-    pw_lora_forward(o, d->aux, x, w, b, N, C, OC, n->NH, n->base);
-  }
-}
-
+/* Node i through its kernel row's decode entry (a loss: skipped). */
 static void node_forward(pw_decode *d, int i) {
   const pw_node *n = &d->m->nodes[i];
-  int N = d->rows, C = n->C;
-  size_t NC = (size_t)N * (size_t)C;
-  const float *w = n->w >= 0 ? d->wdata[n->w] : NULL, *b = n->b >= 0 ? d->wdata[n->b] : NULL;
-  const float *in = val(d, n->in[0]), *in1 = n->in[1] >= 0 ? val(d, n->in[1]) : NULL;
-  float *out = val(d, n->out);
-  switch ((pw_op)n->op) {
-    case PW_OP_EMBED: pw_embed_forward(out, (const int32_t *)in, w, N, n->OC); break;
-    case PW_OP_LINEAR:
-    case PW_OP_LORA: linear_forward(d, n, d->mm[i - d->node_lo], out, in, in1, w, b); break;
-    case PW_OP_LAYERNORM: pw_layernorm_forward(out, d->aux, d->aux + N, in, w, b, N, C, n->eps); break;
-    case PW_OP_RMSNORM: pw_rmsnorm_forward(out, d->aux, in, w, N, C, n->eps); break;
-    case PW_OP_GELU: pw_gelu_forward(out, d->aux, in, (int)NC); break;
-    case PW_OP_RELU: pw_relu_forward(out, in, (int)NC); break;
-    case PW_OP_SILU: pw_silu_forward(out, in, (int)NC); break;
-    case PW_OP_SWIGLU: pw_swiglu_forward(out, in, in1, (int)NC); break;
-    case PW_OP_ADD: pw_add_forward(out, in, in1, (int)NC); break;
-    case PW_OP_POSEMBED:
-    case PW_OP_ROPE:
-    case PW_OP_ATTENTION: node_per_seq(d, n, i - d->node_lo); break;
-    case PW_OP_XENT:
-    case PW_OP_MSE:
-    case PW_OP_CONCAT: /* regions models are refused at create */
-    case PW_OP__COUNT: break;
-  }
+  int li = i - d->node_lo;
+  if (decode_of(n) != PW_DECODE_RUN) return;
+  pw_kernel_io io = {.n = n,
+                     .in0 = val(d, n->in[0]),
+                     .in1 = n->in[1] >= 0 ? val(d, n->in[1]) : NULL,
+                     .out = val(d, n->out),
+                     .aux = d->aux,
+                     .w = n->w >= 0 ? d->wdata[n->w] : NULL,
+                     .b = n->b >= 0 ? d->wdata[n->b] : NULL,
+                     .scratch = d->scratch,
+                     .rows = d->rows,
+                     .seqs = d->seqs,
+                     .n_seqs = d->n_seqs,
+                     .kv = d->kv_off[li] != NONE ? d->kv + d->kv_off[li] : NULL,
+                     .kv_slot = d->kv_slot,
+                     .max_pos = d->cfg.max_pos,
+                     .mm = d->mm[li]};
+  pw_kernel_of(n->op)->decode(&io);
 }
 
 static int check_call(pw_decode *d, const pw_decode_seq *seqs, int n, pw_err *err) {

@@ -49,7 +49,7 @@ typedef struct {
  * row and how many rows it brings. Positions [0, pos) must be in the slot
  * already (pos <= what earlier calls filled; a smaller pos overwrites from
  * there: a sequence can be rewound, or a slot reused from 0). */
-typedef struct {
+typedef struct pw_decode_seq {
   int slot, pos, len;
 } pw_decode_seq;
 

@@ -5,8 +5,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "decode.h"
 #include "lora.h"
 #include "ops.h"
+#include "rowmm.h"
 
 #define TOK(p) ((const int32_t *)(p))
 
@@ -176,23 +178,90 @@ static void concat_i(const pw_kernel_io *io) {
   if (io->din1) concat_part(io->din1, io->dout, (size_t)io->rows, OC - C, C, OC, io->acc1);
 }
 
+/* ---- decode (decode.h): each sequence's rows at its own position ---------- */
+
+/* Sequence s's rows start at row r, the earlier sequences' lens summed. */
+
+static void posembed_d(const pw_kernel_io *io) {
+  int C = io->n->C;
+  for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
+    const pw_decode_seq *q = &io->seqs[s];
+    size_t o = (size_t)r * (size_t)C;
+    pw_posembed_forward(io->out + o, io->in0 + o, io->w + (size_t)q->pos * C, 1, q->len, C);
+  }
+}
+
+static void rope_d(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
+    size_t o = (size_t)r * (size_t)n->C;
+    pw_rope_forward_at(io->out + o, io->in0 + o, io->seqs[s].len, io->seqs[s].pos, n->C / 3, n->NH, n->base);
+  }
+}
+
+/* qkv (3C') in, C' = C / 3 out; the slot's K then V, max_pos x C' each */
+static void attention_d(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  int C = n->C;
+  for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
+    const pw_decode_seq *q = &io->seqs[s];
+    float *k = io->kv + (size_t)q->slot * io->kv_slot;
+    float *v = k + (size_t)io->max_pos * (size_t)(C / 3);
+    pw_attention_kv_forward(io->out + (size_t)r * (size_t)(C / 3), k, v, io->scratch, io->in0 + (size_t)r * (size_t)C,
+                            q->len, q->pos, C / 3, n->NH);
+  }
+}
+
+/* All the call's rows at once when the rowmm is packed; else each
+ * sequence's rows alone: one row through the rowmm (an sgemv), several
+ * through sgemm (whose rounding depends on how many rows it multiplies, so
+ * it never sees another sequence's). */
+static void linear_d(const pw_kernel_io *io) {
+  int C = io->n->C, OC = io->n->OC;
+  if (io->mm && pw_rowmm_packed(io->mm)) {
+    pw_rowmm_run(io->mm, io->out, io->in0, io->rows);
+    return;
+  }
+  for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
+    int N = io->seqs[s].len;
+    float *o = io->out + (size_t)r * (size_t)OC;
+    const float *x = io->in0 + (size_t)r * (size_t)C;
+    if (io->mm && N == 1)
+      pw_rowmm_run(io->mm, o, x, 1);
+    else
+      pw_linear_forward(o, x, io->w, io->b, N, C, OC);
+  }
+}
+
+/* per sequence: aux holds h */
+static void lora_d(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
+    int N = io->seqs[s].len;
+    float *o = io->out + (size_t)r * (size_t)n->OC;
+    memcpy(o, io->in1 + (size_t)r * (size_t)n->OC, (size_t)N * (size_t)n->OC * sizeof(float));
+    pw_lora_forward(o, io->aux, io->in0 + (size_t)r * (size_t)n->C, io->w, io->b, N, n->C, n->OC, n->NH, n->base);
+  }
+}
+
+/* forward, backward_input, backward_weight, backward, decode */
 static const pw_kernel table[PW_OP__COUNT] = {
-    [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL},
-    [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL},
-    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, linear_b},
-    [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b},
-    [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL},
-    [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL},
-    [PW_OP_RELU] = {relu_f, relu_i, NULL, NULL},
-    [PW_OP_SILU] = {silu_f, silu_i, NULL, NULL},
-    [PW_OP_SWIGLU] = {swiglu_f, swiglu_i, NULL, NULL},
-    [PW_OP_ADD] = {add_f, add_i, NULL, NULL},
-    [PW_OP_ROPE] = {rope_f, rope_i, NULL, NULL},
-    [PW_OP_ATTENTION] = {attention_f, attention_i, NULL, NULL},
-    [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL},
-    [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL},
-    [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL},
-    [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL},
+    [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL, embed_f},
+    [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL, posembed_d},
+    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, linear_b, linear_d},
+    [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b, layernorm_f},
+    [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL, rmsnorm_f},
+    [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL, gelu_f},
+    [PW_OP_RELU] = {relu_f, relu_i, NULL, NULL, relu_f},
+    [PW_OP_SILU] = {silu_f, silu_i, NULL, NULL, silu_f},
+    [PW_OP_SWIGLU] = {swiglu_f, swiglu_i, NULL, NULL, swiglu_f},
+    [PW_OP_ADD] = {add_f, add_i, NULL, NULL, add_f},
+    [PW_OP_ROPE] = {rope_f, rope_i, NULL, NULL, rope_d},
+    [PW_OP_ATTENTION] = {attention_f, attention_i, NULL, NULL, attention_d},
+    [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL, NULL},     /* decode skips a loss */
+    [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL, NULL},
+    [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL, lora_d},
+    [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL}, /* regions models are not decoded */
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

@@ -59,7 +59,8 @@ struct pw_prog {
   /* bf16 only (prog.h) */
   pw_bf16 *wb;                   /* the linear nodes' weight copies */
   size_t *wb_off;                /* [local node] offset in wb, NONE for other nodes */
-  pw_bf16 *bscratch;             /* a linear node's converted operands */
+  pw_bf16 *bscratch;             /* a linear or attention node's converted operands */
+  unsigned char *bf16_node;      /* [local node] it converts operands into bscratch */
   unsigned char *round_out;      /* [local node] its output is read by a later layer */
   size_t *wire_off;              /* [output port] offset in a slot's send buffer */
   size_t wire_n;                 /* bf16 elements of a send buffer */
@@ -176,22 +177,17 @@ static int plan_bf16(pw_prog *p) {
   int nl = L->node_hi - L->node_lo;
   p->wb_off = malloc(sizeof *p->wb_off * ((size_t)nl + 1));
   p->round_out = calloc((size_t)nl + 1, 1);
+  p->bf16_node = calloc((size_t)nl + 1, 1);
   p->wire_off = malloc(sizeof *p->wire_off * ((size_t)L->n_outputs + 1));
-  if (!p->wb_off || !p->round_out || !p->wire_off) return PW_ENOMEM;
+  if (!p->wb_off || !p->round_out || !p->bf16_node || !p->wire_off) return PW_ENOMEM;
   size_t wn = 0, sn = 1;
-  for (int i = L->node_lo; i < L->node_hi; i++) {
+  for (int i = L->node_lo; i < L->node_hi; i++) { /* the op table's counts, as the planner's */
     const pw_node *n = &m->nodes[i];
-    p->wb_off[i - L->node_lo] = NONE;
-    if (n->op == PW_OP_LINEAR && n->w >= 0) {
-      size_t rows = (size_t)p->cfg.mb_size * (size_t)m->values[n->in[0]].rows;
-      p->wb_off[i - L->node_lo] = wn;
-      wn += (size_t)n->OC * (size_t)n->C;
-      if (rows * (size_t)(n->C + n->OC) > sn) sn = rows * (size_t)(n->C + n->OC);
-    }
-    if (n->op == PW_OP_ATTENTION) {
-      size_t an = pw_attention_bf16_scratch(p->cfg.mb_size, n->T, n->C / 3);
-      if (an > sn) sn = an;
-    }
+    size_t w = pw_op_bf16_weight(n), sc = pw_op_bf16_scratch(n, &m->values[n->in[0]], p->cfg.mb_size);
+    p->wb_off[i - L->node_lo] = w ? wn : NONE;
+    p->bf16_node[i - L->node_lo] = sc > 0;
+    wn += w;
+    if (sc > sn) sn = sc;
     if (m->values[n->out].dtype != PW_DT_F32) continue;
     for (int j = i + 1; j < m->n_nodes; j++) /* read by a later layer: rounded */
       if (m->nodes[j].layer != n->layer && (m->nodes[j].in[0] == n->out || m->nodes[j].in[1] == n->out))
@@ -292,6 +288,7 @@ void pw_prog_free(pw_prog *p) {
   free(p->wb_off);
   free(p->bscratch);
   free(p->round_out);
+  free(p->bf16_node);
   free(p->wire_off);
   if (p->work)
     for (int k = 0; k < p->max_slots; k++) free(p->work[k]);
@@ -517,11 +514,8 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   io->acc0 = p->bwd_acc[li] & 1;
   io->acc1 = p->bwd_acc[li] >> 1 & 1;
   io->loss_scale = p->loss_scale;
-  if (p->wb && p->wb_off[li] != NONE) {
-    io->wb = p->wb + p->wb_off[li];
-    io->bscratch = p->bscratch;
-  }
-  if (p->wb && n->op == PW_OP_ATTENTION) io->bscratch = p->bscratch;
+  if (p->wb && p->wb_off[li] != NONE) io->wb = p->wb + p->wb_off[li];
+  if (p->wb && p->bf16_node[li]) io->bscratch = p->bscratch;
 }
 
 /* ---- tensor parallel -------------------------------------------------- */
@@ -543,14 +537,16 @@ int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx) {
   for (int i = p->L.node_lo; i < p->L.node_hi; i++) {
     const pw_node *n = &m->nodes[i];
     unsigned char *f = &p->tp_node[i - p->L.node_lo];
-    if (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW) *f |= TP_ROW;
-    if (n->op == PW_OP_EMBED) *f |= TP_EMBED;
-    if (n->op == PW_OP_XENT) *f |= TP_XENT;
+    int role = pw_op_info_of(n->op)->tp_role;
+    if (role == PW_TP_ROLE_LINEAR && kinds[n->w] == PW_TP_ROW) *f |= TP_ROW;
+    if (role == PW_TP_ROLE_EMBED) *f |= TP_EMBED;
+    if (role == PW_TP_ROLE_VOCAB_LOSS) *f |= TP_XENT;
     int split = 0, whole = 0; /* readers of the output adding partial input gradients, or not */
     for (int j = 0; j < m->n_nodes; j++) {
       const pw_node *c = &m->nodes[j];
       if (c->in[0] != n->out && c->in[1] != n->out) continue;
-      if (c->op == PW_OP_LINEAR && kinds[c->w] != PW_TP_REPLICATED && kinds[c->w] != PW_TP_ROW)
+      if (pw_op_info_of(c->op)->tp_role == PW_TP_ROLE_LINEAR && kinds[c->w] != PW_TP_REPLICATED &&
+          kinds[c->w] != PW_TP_ROW)
         split = 1;
       else
         whole = 1;

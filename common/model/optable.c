@@ -8,38 +8,58 @@
 #define NONE_ N_(0, 1, 1, 1)
 #define ELEM(f, i, w) {N_(f, ROWS, C, 1), N_(i, ROWS, C, 1), N_(w, ROWS, C, 1)}
 
+/* Roles and decode, the designated fields after each row's positional ones. */
+#define WHOLE_ .tp_role = PW_TP_ROLE_WHOLE
+#define RUN_ .decode = PW_DECODE_RUN
+
 static const pw_op_info table[PW_OP__COUNT] = {
-    [PW_OP_EMBED] = {"embed", 1, 0, 0, 0, 0, {NONE_, NONE_, N_(1, ROWS, OC, 1)}, NONE_},
-    [PW_OP_POSEMBED] = {"posembed", 1, 1, 0, 0, 0, ELEM(5, 8, 3), NONE_},
+    [PW_OP_EMBED] = {"embed", 1, 0, 0, 0, 0, {NONE_, NONE_, N_(1, ROWS, OC, 1)}, NONE_,
+                     .tp_role = PW_TP_ROLE_EMBED, RUN_},
+    [PW_OP_POSEMBED] = {"posembed", 1, 1, 0, 0, 0, ELEM(5, 8, 3), NONE_, WHOLE_, RUN_, .positions = 1},
+    /* bf16: the weight's copy, and x then dout as bf16 (rows x (C + OC)) */
     [PW_OP_LINEAR] = {"linear", 1, 1, 0, 0, 0,
-                      {N_(2, ROWS, C, OC), N_(2, ROWS, C, OC), N_(2, ROWS, C, OC)}, NONE_},
-    [PW_OP_LAYERNORM] = {"layernorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(2, ROWS, 1, 1)},   /* mean, rstd */
-    [PW_OP_RMSNORM] = {"rmsnorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, 1, 1)},       /* rstd */
-    [PW_OP_GELU] = {"gelu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1)},             /* gelu'(in) */
-    [PW_OP_RELU] = {"relu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_},
-    [PW_OP_SILU] = {"silu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_},
-    [PW_OP_SWIGLU] = {"swiglu", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_},
-    [PW_OP_ADD] = {"add", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_},
-    [PW_OP_ROPE] = {"rope", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_},
+                      {N_(2, ROWS, C, OC), N_(2, ROWS, C, OC), N_(2, ROWS, C, OC)}, NONE_,
+                      .tp_role = PW_TP_ROLE_LINEAR, RUN_, .decode_pack = 1, .bf16_weight = N_(1, OC, C, 1),
+                      .bf16_scratch = {N_(1, ROWS, C_OC, 1), NONE_}},
+    [PW_OP_LAYERNORM] = {"layernorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(2, ROWS, 1, 1), WHOLE_, RUN_,  /* mean, rstd */
+                         .decode_aux = N_(2, 1, 1, 1)},
+    [PW_OP_RMSNORM] = {"rmsnorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, 1, 1), WHOLE_, RUN_,        /* rstd */
+                       .decode_aux = N_(1, 1, 1, 1)},
+    [PW_OP_GELU] = {"gelu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),                          /* gelu'(in) */
+                    .tp_role = PW_TP_ROLE_ACTIVATION, RUN_, .decode_aux = N_(1, C, 1, 1)},
+    [PW_OP_RELU] = {"relu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_SILU] = {"silu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_SWIGLU] = {"swiglu", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_ADD] = {"add", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_, WHOLE_, RUN_},
+    [PW_OP_ROPE] = {"rope", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_HEADS, RUN_},
+    /* decode: K and V of each position (OC = C / 3 each); bf16: bf16.h's
+     * pw_attention_bf16_scratch, 4 B T OC + 2 T^2 */
     [PW_OP_ATTENTION] = {"attention", 1, 1, 0, 0, 1, {N_(4, T, T, OC), N_(8, T, T, OC), NONE_},
-                         N_(1, NH, T, T)},                                                 /* att */
-    [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1)},     /* probs */
-    [PW_OP_MSE] = {"mse", 2, 1, 1, 1, 0, ELEM(5, 8, 0), NONE_},
+                         N_(1, NH, T, T),                                                  /* att */
+                         .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
+                         .bf16_scratch = {N_(4, T, OC, 1), N_(2, T, T, 1)}},
+    [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
+                    .tp_role = PW_TP_ROLE_VOCAB_LOSS, .decode = PW_DECODE_SKIP},
+    [PW_OP_MSE] = {"mse", 2, 1, 1, 1, 0, ELEM(5, 8, 0), NONE_, WHOLE_, .decode = PW_DECODE_SKIP},
     /* rank NH: h = x A^T and y += h B^T forward; dh = dy B and dx += dh A
-     * (I); dB, dh again, dA (W) */
+     * (I); dB, dh again, dA (W). Not split (tp.h refuses LoRA); decode: h */
     [PW_OP_LORA] = {"lora", 2, 3, 0, 0, 0, {N_(2, ROWS, NH, C_OC), N_(2, ROWS, NH, C_OC), N_(3, ROWS, NH, C_OC)},
-                    N_(2, ROWS, NH, 1)},                                                   /* h, dh */
-    /* copies: one pass over the output each way */
-    [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_},
+                    N_(2, ROWS, NH, 1),                                                    /* h, dh */
+                    WHOLE_, RUN_, .decode_aux = N_(1, NH, 1, 1)},
+    /* copies: one pass over the output each way; regions models are not
+     * split or decoded */
+    [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_, WHOLE_,
+                      .decode = PW_DECODE_REFUSED},
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }
 
 const char *pw_op_name(pw_op op) { return op < PW_OP__COUNT ? table[op].name : "?"; }
 
-static double dim(const pw_node *n, const pw_value *in, int d) {
+/* rows: of input 0 (the per-sequence counts), or 1 (per-row ones). */
+static double dim(const pw_node *n, double rows, int d) {
   switch ((pw_op_dim)d) {
-    case PW_DIM_ROWS: return in->rows;
+    case PW_DIM_ROWS: return rows;
     case PW_DIM_C: return n->C;
     case PW_DIM_OC: return n->OC;
     case PW_DIM_T: return n->T;
@@ -50,12 +70,26 @@ static double dim(const pw_node *n, const pw_value *in, int d) {
   return 1;
 }
 
-static double count(const pw_op_count *c, const pw_node *n, const pw_value *in) {
-  return c->coef * dim(n, in, c->d[0]) * dim(n, in, c->d[1]) * dim(n, in, c->d[2]);
+static double count(const pw_op_count *c, const pw_node *n, double rows) {
+  return c->coef * dim(n, rows, c->d[0]) * dim(n, rows, c->d[1]) * dim(n, rows, c->d[2]);
 }
 
 void pw_op_flops(const pw_node *n, const pw_value *in, double out[3]) {
-  for (int k = 0; k < 3; k++) out[k] = count(&table[n->op].flops[k], n, in);
+  for (int k = 0; k < 3; k++) out[k] = count(&table[n->op].flops[k], n, in->rows);
 }
 
-size_t pw_op_aux(const pw_node *n, const pw_value *in) { return (size_t)count(&table[n->op].aux, n, in); }
+size_t pw_op_aux(const pw_node *n, const pw_value *in) { return (size_t)count(&table[n->op].aux, n, in->rows); }
+
+size_t pw_op_decode_aux(const pw_node *n) { return (size_t)count(&table[n->op].decode_aux, n, 1); }
+
+size_t pw_op_decode_kv(const pw_node *n) { return (size_t)count(&table[n->op].decode_kv, n, 1); }
+
+size_t pw_op_bf16_weight(const pw_node *n) {
+  return n->w >= 0 ? (size_t)count(&table[n->op].bf16_weight, n, 1) : 0;
+}
+
+size_t pw_op_bf16_scratch(const pw_node *n, const pw_value *in, int mb) {
+  const pw_op_info *o = &table[n->op];
+  if (o->bf16_weight.coef && n->w < 0) return 0; /* a weight to convert, and none: nothing */
+  return (size_t)mb * (size_t)count(&o->bf16_scratch[0], n, in->rows) + (size_t)count(&o->bf16_scratch[1], n, 1);
+}

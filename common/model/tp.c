@@ -12,25 +12,27 @@ const char *pw_tp_kind_name(pw_tp_kind k) {
   return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
-/* The op of the first node reading value v, or -1. */
-static int consumer_op(const pw_model *m, int v) {
+/* A node's part in the split (optable.h). */
+static int role(const pw_node *n) { return pw_op_info_of(n->op)->tp_role; }
+
+/* The role of the first node reading value v, or UNDECLARED when none does. */
+static int consumer_role(const pw_model *m, int v) {
   for (int j = 0; j < m->n_nodes; j++)
-    if (m->nodes[j].in[0] == v || m->nodes[j].in[1] == v) return m->nodes[j].op;
-  return -1;
+    if (m->nodes[j].in[0] == v || m->nodes[j].in[1] == v) return role(&m->nodes[j]);
+  return PW_TP_ROLE_UNDECLARED;
 }
 
-static int producer_op(const pw_model *m, int v) {
+static int producer_role(const pw_model *m, int v) {
   int p = m->values[v].producer;
-  return p >= 0 ? m->nodes[p].op : -1;
+  return p >= 0 ? role(&m->nodes[p]) : PW_TP_ROLE_UNDECLARED;
 }
 
 static pw_tp_kind linear_kind(const pw_model *m, const pw_node *n) {
-  int c = consumer_op(m, n->out), p = producer_op(m, n->in[0]);
-  if (c == PW_OP_ROPE || c == PW_OP_ATTENTION) return PW_TP_QKV;
-  if (c == PW_OP_XENT) return PW_TP_VOCAB;
-  if (c == PW_OP_GELU || c == PW_OP_SWIGLU || c == PW_OP_RELU || c == PW_OP_SILU) return PW_TP_COLUMN;
-  if (p == PW_OP_ATTENTION || p == PW_OP_GELU || p == PW_OP_SWIGLU || p == PW_OP_RELU || p == PW_OP_SILU)
-    return PW_TP_ROW;
+  int c = consumer_role(m, n->out), p = producer_role(m, n->in[0]);
+  if (c == PW_TP_ROLE_HEADS) return PW_TP_QKV;
+  if (c == PW_TP_ROLE_VOCAB_LOSS) return PW_TP_VOCAB;
+  if (c == PW_TP_ROLE_ACTIVATION) return PW_TP_COLUMN;
+  if (p == PW_TP_ROLE_HEADS || p == PW_TP_ROLE_ACTIVATION) return PW_TP_ROW;
   return PW_TP_REPLICATED;
 }
 
@@ -38,8 +40,8 @@ void pw_tp_kinds(const pw_model *m, uint8_t *kinds) {
   memset(kinds, PW_TP_REPLICATED, (size_t)m->n_params);
   for (int i = 0; i < m->n_nodes; i++) {
     const pw_node *n = &m->nodes[i];
-    if (n->op == PW_OP_EMBED) kinds[n->w] = PW_TP_VOCAB;
-    if (n->op != PW_OP_LINEAR) continue;
+    if (role(n) == PW_TP_ROLE_EMBED) kinds[n->w] = PW_TP_VOCAB;
+    if (role(n) != PW_TP_ROLE_LINEAR) continue;
     pw_tp_kind k = linear_kind(m, n);
     kinds[n->w] = (uint8_t)k;
     if (n->b >= 0) kinds[n->b] = (uint8_t)(k == PW_TP_ROW ? PW_TP_REPLICATED : k);
@@ -146,15 +148,16 @@ int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds) {
     pw_node *n = &out->nodes[i];
     pw_value *o = &out->values[n->out];
     int in_split = out->values[n->in[0]].producer >= 0 && out->values[n->in[0]].width != m->values[n->in[0]].width;
-    if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_REPLICATED && kinds[n->w] != PW_TP_ROW) {
+    int linear = role(n) == PW_TP_ROLE_LINEAR;
+    if (linear && kinds[n->w] != PW_TP_REPLICATED && kinds[n->w] != PW_TP_ROW) {
       n->OC /= tp;
       o->width /= tp;
-    } else if (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW) {
+    } else if (linear && kinds[n->w] == PW_TP_ROW) {
       n->C /= tp;
     } else if (in_split) {
       n->C /= tp;
       n->NH /= tp;
-      if (n->op != PW_OP_XENT) {
+      if (!pw_op_info_of(n->op)->is_loss) { /* the loss: one float */
         n->OC /= tp;
         o->width /= tp;
       }
@@ -170,17 +173,18 @@ void pw_tp_comm_layers(const pw_model *m, const uint8_t *kinds, int lo, int hi, 
     for (int i = m->layers[l].node_lo; i < m->layers[l].node_hi; i++) {
       const pw_node *n = &m->nodes[i];
       const pw_value *o = &m->values[n->out];
-      if (n->op == PW_OP_EMBED || (n->op == PW_OP_LINEAR && kinds[n->w] == PW_TP_ROW)) {
+      int r = role(n);
+      if (r == PW_TP_ROLE_EMBED || (r == PW_TP_ROLE_LINEAR && kinds[n->w] == PW_TP_ROW)) {
         out->fwd += (size_t)o->rows * (size_t)o->width;
         out->n_fwd++;
-      } else if (n->op == PW_OP_XENT) {
+      } else if (r == PW_TP_ROLE_VOCAB_LOSS) {
         out->fwd += 3 * (size_t)m->values[n->in[0]].rows;
         out->n_fwd += 2;
       }
       int again = 0; /* llama's gate and up read one input: its gradient is summed once, for both */
       for (int j = m->layers[l].node_lo; j < i; j++)
-        again |= m->nodes[j].op == PW_OP_LINEAR && m->nodes[j].in[0] == n->in[0];
-      if (n->op == PW_OP_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED && !again) {
+        again |= role(&m->nodes[j]) == PW_TP_ROLE_LINEAR && m->nodes[j].in[0] == n->in[0];
+      if (r == PW_TP_ROLE_LINEAR && kinds[n->w] != PW_TP_ROW && kinds[n->w] != PW_TP_REPLICATED && !again) {
         const pw_value *x = &m->values[n->in[0]];
         out->bwd += (size_t)x->rows * (size_t)x->width;
         out->n_bwd++;

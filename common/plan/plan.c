@@ -3,6 +3,7 @@
 #include "plan.h"
 
 #include "collective.h"
+#include "optable.h"
 #include "placement.h"
 
 #include <stdint.h>
@@ -240,14 +241,9 @@ static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fi
   size_t wb = 0, sc = 0;
   *per_slot = st->out_bytes * (size_t)mb / 2;
   for (int i = m->layers[st->layer_lo].node_lo; i < m->layers[st->layer_hi - 1].node_hi; i++) {
-    const pw_node *n = &m->nodes[i];
-    if (n->op == PW_OP_ATTENTION) { /* bf16.h's pw_attention_bf16_scratch: 4BTC + 2T^2, C = qkv's / 3 */
-      size_t T = (size_t)n->T, att = 4 * (size_t)mb * T * (size_t)(n->C / 3) + 2 * T * T;
-      if (att > sc) sc = att;
-    }
-    if (n->op != PW_OP_LINEAR || n->w < 0) continue;
-    size_t rows = (size_t)mb * (size_t)m->values[n->in[0]].rows, ops = rows * (size_t)(n->C + n->OC);
-    wb += (size_t)n->OC * (size_t)n->C;
+    const pw_node *n = &m->nodes[i]; /* the op table's counts, as the program's (prog.c) */
+    size_t ops = pw_op_bf16_scratch(n, &m->values[n->in[0]], mb);
+    wb += pw_op_bf16_weight(n);
     if (ops > sc) sc = ops;
   }
   *fixed = (wb + sc) * 2;
