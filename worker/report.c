@@ -1,62 +1,70 @@
 /* report: the step and checkpoint messages a run sends the coordinator
- * (loop thread), from the events its compute thread posts. */
+ * (loop thread), from the events its compute thread posts. Both are built
+ * through the control table (pw_control_build): what they carry is
+ * declared there, in control.h. */
 #include <math.h>
 #include <sys/stat.h>
 
+#include "log.h"
 #include "worker.h"
+
+static double finite_or_absent(double x) { return isfinite(x) ? x : NAN; }
+
+/* msg, or why it could not be built (a value outside its declared bounds:
+ * the coordinator would drop the link for it) said in the log. */
+static void send_built(pw_run *r, json_t *msg, const char *what, int step, const pw_err *err) {
+  char b[512];
+  if (!msg) {
+    pw_error("job %lld rank %d: step %d's %s report is not sent: %s", (long long)r->job, r->rank, step, what,
+             pw_err_str(err, b, sizeof b));
+    return;
+  }
+  pw_ctl_send(r->w, msg);
+}
 
 /* Loop thread: the step report (and where the checkpoint went). */
 void pw_report_step(pw_run *r, const pw_event *ev) {
-  json_t *msg = json_pack("{s:s, s:I, s:i, s:i, s:i, s:f, s:i}", "type", "step", "job", (json_int_t)r->job, "run",
-                          r->run_id, "rank", r->rank, "step", ev->step, "step_time", ev->step_time, "peak_act",
-                          ev->peak_act);
-  if (ev->has_loss && isfinite(ev->loss)) {
-    json_object_set_new(msg, "loss", json_real(ev->loss));
-    json_object_set_new(msg, "tokens", json_real((double)r->spec.train.batch_size / r->dp * r->model.seq_len));
-  }
-  if (r->dp > 1 && r->spec.mode != PW_MODE_FORWARD) { /* what the data-parallel exchange sent, and its time */
-    json_object_set_new(msg, "dp_bytes", json_integer((json_int_t)ev->dp_bytes));
-    json_object_set_new(msg, "dp_seconds", json_real(ev->dp_seconds));
-  }
-  if (r->tp > 1) {
-    json_object_set_new(msg, "tp_bytes", json_integer((json_int_t)ev->tp_bytes));
-    json_object_set_new(msg, "tp_seconds", json_real(ev->tp_seconds));
-  }
-  if (ev->has_eval && isfinite(ev->eval_loss)) /* this replica's share, summed like the loss */
-    json_object_set_new(msg, "eval_loss", json_real(ev->eval_loss));
-  if (r->replica == 0 && r->prank == 0) {
-    json_object_set_new(msg, "grad_norm", json_real(ev->grad_norm)); /* left out when not finite */
-    json_object_set_new(msg, "lr", json_real(ev->lr));
-  }
-  /* A NaN or inf is said, not left out silently: the coordinator records
-   * it as such and fails a diverged job (train.on_nonfinite). */
-  int nonfinite = (ev->has_loss && !isfinite(ev->loss) ? 1 : 0) |
-                  (r->replica == 0 && r->prank == 0 && !isfinite(ev->grad_norm) ? 2 : 0);
-  if (nonfinite) json_object_set_new(msg, "nonfinite", json_integer(nonfinite));
+  int loss = ev->has_loss && isfinite(ev->loss), lead = r->replica == 0 && r->prank == 0;
+  int dp = r->dp > 1 && r->spec.mode != PW_MODE_FORWARD; /* what the data-parallel exchange sent, and its time */
+  pw_msg_step m = {
+      .job = (int64_t)r->job, .run = r->run_id, .rank = r->rank, .step = ev->step, .step_time = ev->step_time,
+      .peak_act = ev->peak_act, .loss = loss ? ev->loss : NAN,
+      .tokens = loss ? (double)r->spec.train.batch_size / r->dp * r->spec.model.seq_len : NAN,
+      /* this replica's share, summed like the loss */
+      .eval_loss = ev->has_eval ? finite_or_absent(ev->eval_loss) : NAN,
+      .grad_norm = lead ? finite_or_absent(ev->grad_norm) : NAN, .lr = lead ? finite_or_absent(ev->lr) : NAN,
+      /* A NaN or inf is said, not left out silently: the coordinator
+       * records it as such and fails a diverged job (train.on_nonfinite). */
+      .nonfinite = (ev->has_loss && !isfinite(ev->loss) ? 1 : 0) | (lead && !isfinite(ev->grad_norm) ? 2 : 0),
+      .dp_bytes = dp ? (int64_t)ev->dp_bytes : -1, .dp_seconds = dp ? ev->dp_seconds : NAN,
+      .tp_bytes = r->tp > 1 ? (int64_t)ev->tp_bytes : -1, .tp_seconds = r->tp > 1 ? ev->tp_seconds : NAN};
+  if (!m.nonfinite) m.nonfinite = -1;
+  pw_msg_step_trace tr;
   if (ev->timings) {
     static const char *const kinds[] = {"F", "B", "I", "W"};
-    json_t *acts = json_array();
+    m.actions = json_array();
     for (int i = 0; i < r->n_acts; i++) {
       const pw_timing *t = &ev->timings[i];
-      json_array_append_new(acts, json_pack("[s, i, i, f, f]", kinds[t->a.kind & 3], t->a.mb, t->a.stage, t->start,
-                                            t->end));
+      json_array_append_new(m.actions, json_pack("[s, i, i, f, f]", kinds[t->a.kind & 3], t->a.mb, t->a.stage,
+                                                 t->start, t->end));
     }
-    if (ev->colls) json_array_extend(acts, ev->colls);
-    json_object_set_new(msg, "actions", acts);
-    /* what the timeline leaves out, for bench/trace_step.py: when each
-     * action's wait began and its hand-off ended, the step end's parts,
-     * the step's start on the host's monotonic clock (to line ranks up),
-     * the waits that slept (each paid a wake-up) */
-    json_t *ready = json_array(), *routed = json_array();
+    if (ev->colls) json_array_extend(m.actions, ev->colls);
+    /* what the timeline leaves out, for bench/trace_step.py (control.h) */
+    tr = (pw_msg_step_trace){.ready = json_array(), .routed = json_array(), .end_wait = ev->end_wait,
+                             .end_work = ev->end_work, .after = ev->after, .t0 = ev->t0, .sleeps = ev->sleeps};
     for (int i = 0; i < r->n_acts; i++) {
-      json_array_append_new(ready, json_real(ev->timings[i].ready));
-      json_array_append_new(routed, json_real(ev->timings[i].routed));
+      json_array_append_new(tr.ready, json_real(ev->timings[i].ready));
+      json_array_append_new(tr.routed, json_real(ev->timings[i].routed));
     }
-    json_object_set_new(msg, "trace", json_pack("{s:o, s:o, s:f, s:f, s:f, s:f, s:i}", "ready", ready, "routed",
-                                                 routed, "end_wait", ev->end_wait, "end_work", ev->end_work,
-                                                 "after", ev->after, "t0", ev->t0, "sleeps", ev->sleeps));
+    m.trace = &tr;
   }
-  pw_ctl_send(r->w, msg);
+  pw_err err = {0};
+  send_built(r, pw_control_build(PW_MSG_STEP, &m, sizeof m, &err), "step", ev->step, &err);
+  json_decref(m.actions);
+  if (m.trace) {
+    json_decref(tr.ready);
+    json_decref(tr.routed);
+  }
 }
 
 /* Loop thread: where a stage's checkpoint went. */
@@ -64,7 +72,9 @@ void pw_report_ckpt(pw_run *r, const pw_event *ev) {
   char path[1024];
   struct stat sb;
   pw_stepend_ckpt_path(r, ev->step, ev->stage, path, sizeof path);
-  pw_ctl_send(r->w, json_pack("{s:s, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "type", "checkpoint", "job",
-                              (json_int_t)r->job, "run", r->run_id, "rank", r->rank, "stage", ev->stage, "step",
-                              ev->step + 1, "path", path, "bytes", (json_int_t)(stat(path, &sb) == 0 ? sb.st_size : 0)));
+  pw_err err = {0};
+  json_t *msg = PW_CONTROL_BUILD(PW_MSG_CHECKPOINT, pw_msg_checkpoint, &err, .job = (int64_t)r->job, .run = r->run_id,
+                                 .rank = r->rank, .stage = ev->stage, .step = ev->step + 1, .path = path,
+                                 .bytes = stat(path, &sb) == 0 ? (int64_t)sb.st_size : 0);
+  send_built(r, msg, "checkpoint", ev->step + 1, &err);
 }
