@@ -119,7 +119,7 @@ static void send_heartbeat(uv_timer_t *t) {
   clock_gettime(CLOCK_REALTIME, &ts);
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_HEARTBEAT, pw_msg_heartbeat, NULL,
                                   .time = (double)ts.tv_sec + ts.tv_nsec * 1e-9, .state = w->run ? "busy" : "idle",
-                                  .job = w->run ? (int64_t)w->run->job : -1, .fds = open_fds()));
+                                  .job = w->run ? (int64_t)w->run->cx.job : -1, .fds = open_fds()));
 }
 
 static int on_welcome(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
@@ -152,6 +152,63 @@ static int on_refused(void *ctx, void *conn, const pw_msg_any *m, const json_t *
   return 0;
 }
 
+/* ---- runs -------------------------------------------------------------------- */
+
+/* What the worker does for its run (run.h's pw_run_host). */
+static void host_ctl_send(void *arg, json_t *msg) { pw_ctl_send(arg, msg); }
+
+static void host_released(void *arg, pw_run *r) {
+  pw_worker *w = arg;
+  if (w->run == r) w->run = NULL;
+}
+
+static void host_drain_in(void *arg, pw_run *r) {
+  pw_worker *w = arg;
+  for (pw_link *l = w->links; l; l = l->next)
+    if (!l->outbound && l->hello_job == r->cx.job && l->hello_run == r->cx.run_id && l->peer_rank >= 0) pw_link_drain(l);
+}
+
+static int host_send(pw_link *l, pw_run *r, const uint8_t hdr[PW_FRAME_HDR_SIZE], const void *payload, uint64_t len,
+                     uint64_t off, int to, int li, int slot, atomic_int *pending) {
+  return pw_net_send_encoded(l, r, hdr, payload, len, off, to, li, slot, pending, NULL);
+}
+
+static void host_bye(pw_link *l, uint64_t job, const char *reason) {
+  l->peer_rank = -1; /* its close is ours, not a failure to report */
+  pw_link_bye(l, job, reason);
+}
+
+/* The run of assignment a, made, then the worker's: it connects to its
+ * peers, and its compute thread starts once every link is up. */
+static int start_run(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
+  pw_run_host host = {.arg = w, .ctl_send = host_ctl_send, .send = host_send, .bye = host_bye,
+                      .drain_in = host_drain_in, .released = host_released, .threads = w->threads,
+                      .cache = w->cache, .snaps = &w->snaps, .http_url = w->http_url, .token = w->token};
+  pw_run *r;
+  int rc = pw_run_create(w->loop, a, as, w->state_dir, &host, &r, err);
+  if (rc) return rc;
+  size_t kept = pw_snapstore_drop_others(&w->snaps, r->cx.job); /* only this job's can be used now */
+  if (kept) pw_info("job %llu: %.1f MiB of its snapshots in memory", (unsigned long long)r->cx.job, (double)kept / (1 << 20));
+  w->run = r;
+  pw_net_run_started(w, r);
+  pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
+          "budget %.1f MiB, plan %.12s",
+          (unsigned long long)r->cx.job, r->cx.run_id, r->cx.rank, r->cx.prank, r->cx.replica, r->cx.n_ranks,
+          r->cx.ls[0].stage, r->cx.ls[r->cx.n_ls - 1].stage, r->cx.n_acts, (double)r->cfg.sl.mem_budget / (1 << 20),
+          r->cfg.sl.plan_sha256);
+  for (int k = 0; k < r->cx.n_ranks; k++) {
+    if (k == r->cx.rank) continue;
+    r->lp.out.needed++;
+    r->lp.out.link[k] = pw_net_connect(w, r->peers[k].addr, k);
+    if (!r->lp.out.link[k]) {
+      pw_run_fail(r, "bad address '%s' for rank %d", r->peers[k].addr, k);
+      return 0;
+    }
+  }
+  if (r->lp.out.needed == 0) pw_run_on_link_up(r, -1, -1);
+  return 0;
+}
+
 static int on_assign(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_worker *w = ctx;
   const pw_msg_assign *a = &m->ASSIGN;
@@ -160,7 +217,7 @@ static int on_assign(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
   /* The coordinator is the authority: a run it no longer knows about
    * (say, from before it restarted) gives way to the new assignment. */
   if (w->run) pw_run_cancel(w->run, "superseded by a new assignment");
-  if (pw_run_start(w, a, raw, &aerr)) {
+  if (start_run(w, a, raw, &aerr)) {
     pw_error("assignment refused: %s", pw_err_str(&aerr, buf, sizeof buf));
     pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = a->job, .run = a->run, .rank = a->rank,
                                     .message = buf));
@@ -172,19 +229,25 @@ static int on_cancel(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
   pw_worker *w = ctx;
   pw_run *r = w->run;
   const pw_msg_cancel *c = &m->CANCEL;
-  if (r && (int64_t)r->job == c->job && (c->run == 0 || r->run_id == c->run)) pw_run_cancel(r, c->reason);
+  if (r && (int64_t)r->cx.job == c->job && (c->run == 0 || r->cx.run_id == c->run)) pw_run_cancel(r, c->reason);
   return 0;
 }
 
 static int on_generate(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_worker *w = ctx;
   const pw_msg_generate *g = &m->GENERATE;
-  if (w->run && (int64_t)w->run->job == g->job && w->run->run_id == g->run) {
-    pw_serve_submit(w->run, g);
-    return 0;
+  pw_run *r = w->run;
+  char why[256] = "this worker does not serve that run";
+  int rank = 0;
+  if (r && (int64_t)r->cx.job == g->job && r->cx.run_id == g->run) {
+    rank = r->cx.rank;
+    if (!r->serve) snprintf(why, sizeof why, "rank %d of job %llu does not take requests", r->cx.rank,
+                            (unsigned long long)r->cx.job);
+    else if (!pw_serve_submit(r->serve, g, why, sizeof why)) return 0;
   }
+  pw_warn("job %lld: request %lld refused: %s", (long long)g->job, (long long)g->req, why);
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_GEN_FAILED, pw_msg_gen_failed, NULL, .job = g->job, .run = g->run,
-                                  .rank = 0, .req = g->req, .message = "this worker does not serve that run"));
+                                  .rank = rank, .req = g->req, .message = why));
   return 0;
 }
 
@@ -286,7 +349,7 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
                                   .name = w->name, .token = w->token, .data_addr = addr,
                                   .cores = cores > 0 ? cores : 1, .threads = w->threads,
                                   .software = "pipewright-worker " PW_VERSION,
-                                  .job = w->run ? (int64_t)w->run->job : -1, /* still busy with it */
+                                  .job = w->run ? (int64_t)w->run->cx.job : -1, /* still busy with it */
                                   .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0,
                                   .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
                                   .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops,

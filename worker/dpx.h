@@ -16,7 +16,7 @@
  * tied parameters: pw_dp_full_ranges) are all-reduced first, packed, so
  * every sum keeps the order of zero 0 and the single-process trainer.
  *
- * Frames: REDUCE, step = the training step, microbatch = the sending
+ * Frames: DP, step = the training step, microbatch = the sending
  * replica, stage = the stage, value = what (low 4 bits, PW_DPX_*) and the
  * chunk index (value >> 4). No buffer needs a copy per step parity: a
  * replica sends step t + 1's reduce-scatter only once it has every chunk
@@ -28,15 +28,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
-#include "wire.h"
-
-typedef struct pw_run pw_run;
+#include "gradrs.h"
+#include "rctx.h"
 
 #define PW_DPX_MAX 4096 /* replicas summed at once: mesh.dp's bound (common/spec) */
 
-/* What a REDUCE frame carries (its value's low 4 bits). 1 is the pipeline
- * ranks' norm partial (stepend.c). */
+/* What a DP frame carries (its value's low 4 bits; gradrs.h has 11). */
 enum {
   PW_DPX_RS = 2,    /* a chunk of the sender's copy of our shard */
   PW_DPX_AG = 3,    /* a chunk of the sender's summed gradients (zero 0) or updated parameters */
@@ -65,47 +62,60 @@ typedef struct {
   int g_step, g_got, g_need;    /* gathered state chunks arrived for g_step, of g_need */
   size_t (*full)[2];     /* zero > 0: [n_full] the ranges of the gradient arena all-reduced whole */
   int n_full;
+} pw_dpx_stage;
+
+typedef struct pw_dpx {
+  const pw_rctx *cx;
+  pw_dpx_stage *st;        /* [n_ls] the gradient arenas' (or zero > 0: the trained parameters') exchange, or NULL */
+  pw_dpx_stage *fr;        /* [n_ls] zero > 0: the full ranges' all-reduce (buf is the packed ranges) */
+  size_t chunk;            /* floats per chunk */
+  double *norm;            /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
+  int *norm_step;
+  pw_gradrs *gradrs;       /* zero 2: the reduce-scatter inside W and B actions (gradrs.c) */
+  uint64_t bytes;          /* payload bytes sent this step */
+  double seconds;          /* and the time spent in the exchange */
+  double t0, t1;           /* its first start and last end, from the step's start (t0 < 0: none yet) */
 } pw_dpx;
 
-/* pw_run_create: the buffers (r->cp.dpx, none when dp == 1 or forward only). */
-PW_MUST_CHECK int pw_dpx_alloc(pw_run *r);
-void pw_dpx_free(pw_run *r);
+/* The buffers (none when dp == 1 or forward only); the stages' programs
+ * exist. */
+PW_MUST_CHECK int pw_dpx_init(pw_dpx *x, const pw_rctx *cx);
+void pw_dpx_close(pw_dpx *x);
 /* The train.zero in effect: 0 when dp == 1 or not training. */
-int pw_dpx_zero(const pw_run *r);
+int pw_dpx_zero(const pw_rctx *cx);
 
 /* Compute thread, zero 0: every local stage's gradient arena summed over
  * the replicas in replica order (reduce-scatter, then all-gather). */
-PW_MUST_CHECK int pw_dpx_allreduce(pw_run *r);
+PW_MUST_CHECK int pw_dpx_allreduce(pw_dpx *x);
 /* Compute thread, zero > 0, first: the full ranges (pw_dp_full_ranges)
  * of every stage's gradient arena all-reduced in replica order, so the
  * shadows can be added in and tied parameters summed over their holders
  * as under zero 0. */
-PW_MUST_CHECK int pw_dpx_reduce_full(pw_run *r);
+PW_MUST_CHECK int pw_dpx_reduce_full(pw_dpx *x);
 /* Compute thread, zero > 0, then: each stage's main gradients
  * reduce-scattered in place (our shard of the arena holds the sum; the
  * full ranges keep theirs; the rest is stale). */
-PW_MUST_CHECK int pw_dpx_reduce_scatter(pw_run *r);
+PW_MUST_CHECK int pw_dpx_reduce_scatter(pw_dpx *x);
 /* Compute thread, zero > 0: the replicas' partial squared norms (each its
  * shards') summed in replica order into *total, the same on all. */
-PW_MUST_CHECK int pw_dpx_norm(pw_run *r, double part, double *total);
+PW_MUST_CHECK int pw_dpx_norm(pw_dpx *x, double part, double *total);
 /* Compute thread, zero > 0, after the update: our updated parameter shards
  * to the other replicas, and theirs into our parameters. */
-PW_MUST_CHECK int pw_dpx_allgather_params(pw_run *r);
+PW_MUST_CHECK int pw_dpx_allgather_params(pw_dpx *x);
 /* Compute thread, zero > 0, at a checkpoint step: replicas other than 0
  * send their optimizer shards to replica 0; replica 0 waits for them and
  * lends the whole state to its programs (pw_prog_wire_moments) until
  * pw_dpx_state_release. */
-PW_MUST_CHECK int pw_dpx_state_gather(pw_run *r);
-void pw_dpx_state_release(pw_run *r);
+PW_MUST_CHECK int pw_dpx_state_gather(pw_dpx *x);
+void pw_dpx_state_release(pw_dpx *x);
 /* Compute thread, zero > 0, around loading parameters and optimizer state
  * from a checkpoint or init weights: whole moments lent to the programs,
  * then our shard kept of them. */
-PW_MUST_CHECK int pw_dpx_load_begin(pw_run *r);
-void pw_dpx_load_end(pw_run *r);
+PW_MUST_CHECK int pw_dpx_load_begin(pw_dpx *x);
+void pw_dpx_load_end(pw_dpx *x);
 
-/* Compute thread, sh.mu held: a REDUCE frame with one of the values
- * above (run.c routes them through stepend.c). */
-PW_MUST_CHECK int pw_dpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
-PW_MUST_CHECK int pw_dpx_frame(pw_run *r, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
+/* Compute thread, the run's frame lock held: a DP frame (route.c). */
+PW_MUST_CHECK int pw_dpx_dest(pw_dpx *x, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_dpx_frame(pw_dpx *x, int from, const pw_frame_hdr *h, const void *payload, pw_err *err);
 
 #endif

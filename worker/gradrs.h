@@ -23,7 +23,7 @@
  * frame to finish its own), so the copies land in one of two buffers by
  * the flush's parity.
  *
- * Frames: REDUCE with step = the flush's index over the run, microbatch =
+ * Frames: DP with step = the flush's index over the run, microbatch =
  * the sender's replica, stage = the stage, value = PW_GRADRS_PIECE | off <<
  * 4, off the piece's offset in our part (a node has at most two spans). */
 #ifndef PW_GRADRS_H
@@ -33,15 +33,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
-#include "wire.h"
+#include "rctx.h"
 
-typedef struct pw_run pw_run;
+struct pw_dpx;
+typedef struct pw_gradrs pw_gradrs;
 
-enum { PW_GRADRS_PIECE = 11 }; /* the REDUCE value's low 4 bits (dpx.h has 2-8, tpx.h 9-10) */
+enum { PW_GRADRS_PIECE = 11 }; /* the DP value's low 4 bits (dpx.h has 2-8) */
 
 typedef struct {
-  pw_run *run;           /* the flush's context is this */
+  pw_gradrs *g;          /* the flush's context is this stage */
   int li;                /* local stage */
   float *arena;          /* [grad_numel] address space; only live is mapped read-write */
   size_t arena_bytes;    /* of the mapping */
@@ -52,27 +52,29 @@ typedef struct {
   size_t cap;            /* floats of a piece at most */
 } pw_gradrs_stage;
 
-typedef struct {
+struct pw_gradrs {
+  const pw_rctx *cx;
+  struct pw_dpx *dp;     /* the exchange it is part of: its shards, full ranges, counters */
   pw_gradrs_stage *st;   /* [n_ls] */
   uint32_t call;         /* flushes done over the run */
   uint32_t rx_call[2];   /* the flush whose pieces rx[parity] holds */
   size_t rx_got[2];      /* frames of them arrived */
   atomic_int pending;    /* our sends the loop thread still writes */
-} pw_gradrs;
+};
 
-/* pw_dpx_alloc, zero 2, once each stage's full ranges are known
- * (r->cp.dpx[li].full): the arenas lent to the programs, the scratches and
+/* pw_dpx_init, zero 2, once each stage's full ranges are known
+ * (dp->st[li].full): the arenas lent to the programs, the scratches and
  * receive buffers. */
-PW_MUST_CHECK int pw_gradrs_alloc(pw_run *r);
-void pw_gradrs_free(pw_run *r);
+PW_MUST_CHECK int pw_gradrs_init(pw_gradrs *g, const pw_rctx *cx, struct pw_dpx *dp);
+void pw_gradrs_close(pw_gradrs *g);
 
 /* The programs' pw_prog_wgrad_fn (ctx: the stage's pw_gradrs_stage). On
  * failure err says what failed; the program's caller records it. */
 PW_MUST_CHECK int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], int n_spans, pw_err *err);
 
-/* Compute thread, sh.mu held: a REDUCE frame whose value's low 4 bits are
- * PW_GRADRS_PIECE. */
-PW_MUST_CHECK int pw_gradrs_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
-PW_MUST_CHECK int pw_gradrs_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err);
+/* Compute thread, the run's frame lock held: a DP frame whose value's low
+ * 4 bits are PW_GRADRS_PIECE (dpx.c passes it on). */
+PW_MUST_CHECK int pw_gradrs_dest(pw_gradrs *g, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_gradrs_frame(pw_gradrs *g, int from, const pw_frame_hdr *h, pw_err *err);
 
 #endif

@@ -50,8 +50,8 @@ static void on_status_timer(uv_timer_t *t) {
   static char last[512];
   char now[512];
   if (w->run)
-    snprintf(now, sizeof now, "STATUS=job %llu rank %d, step %d of %d", (unsigned long long)w->run->job,
-             w->run->rank, pw_run_step(w->run), w->run->steps);
+    snprintf(now, sizeof now, "STATUS=job %llu rank %d, step %d of %d", (unsigned long long)w->run->cx.job,
+             w->run->cx.rank, pw_run_step(w->run), w->run->cfg.steps);
   else if (w->ctl_state == 2)
     snprintf(now, sizeof now, "STATUS=idle, registered with %.200s:%d as worker %d", w->coord_host, w->coord_port,
              w->worker_id);

@@ -90,7 +90,7 @@ static void link_fail(pw_link *l, const char *why) {
   if (l->closing) return;
   pw_warn("%s link %s (rank %d): %s", l->outbound ? "outbound" : "inbound", l->addr, l->peer_rank, why);
   pw_run *r = l->w->run;
-  if (r && l->peer_rank >= 0) pw_run_on_link_down(r, l, why);
+  if (r && l->peer_rank >= 0) pw_run_on_link_down(r, l->peer_rank, l->outbound, l->addr, why);
   pw_link_close(l);
 }
 
@@ -172,10 +172,10 @@ static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
   l->hello_run = (int)run;
   l->hello_rank = (int)rank;
   pw_run *r = l->w->run;
-  if (r && r->job == job && (int)run < r->run_id)
+  if (r && r->cx.job == job && (int)run < r->cx.run_id)
     return pw_err_set(err, PW_EPROTO, "hello", "rank %u of job %llu's run %u, which is over (this is run %d)", rank,
-                      (unsigned long long)job, run, r->run_id);
-  if (!r || r->job != job || (int)run != r->run_id) {
+                      (unsigned long long)job, run, r->cx.run_id);
+  if (!r || r->cx.job != job || (int)run != r->cx.run_id) {
     /* Our assignment for that job has not arrived yet (the coordinator's
      * messages reach workers at different times): stop reading — its
      * frames wait in the socket — until the run starts. */
@@ -190,15 +190,18 @@ static int on_hello(pw_link *l, const void *payload, size_t len, pw_err *err) {
 }
 
 int pw_net_admit(pw_link *l, pw_run *r, pw_err *err) {
-  if (l->hello_rank >= r->n_ranks || l->hello_rank == r->rank)
+  if (l->hello_rank >= r->cx.n_ranks || l->hello_rank == r->cx.rank)
     return pw_err_set(err, PW_EPROTO, "hello", "peer claims job %llu rank %d, which is not a peer of ours",
                       (unsigned long long)l->hello_job, l->hello_rank);
   l->peer_rank = l->hello_rank;
   if (l->timer_init) uv_timer_stop(&l->timer);
-  /* From here the run's compute thread reads the socket (recv.c); HELLO
+  /* From here the run's compute thread reads the socket (io.c); HELLO
    * was read to its last byte, so nothing is left in our reader. */
   uv_read_stop((uv_stream_t *)&l->tcp);
-  pw_run_link_in(r, l);
+  uv_os_fd_t fd;
+  if (uv_fileno((uv_handle_t *)&l->tcp, &fd))
+    return pw_err_set(err, PW_EINTERNAL, "hello", "inbound link from rank %d has no socket", l->peer_rank);
+  pw_run_link_in(r, l->peer_rank, fd);
   pw_debug("inbound link from rank %d (%s)", l->peer_rank, l->addr);
   return 0;
 }
@@ -282,11 +285,11 @@ void pw_net_run_started(pw_worker *w, pw_run *r) {
   pw_link *next;
   for (pw_link *l = w->links; l; l = next) {
     next = l->next;
-    if (l->outbound || !l->paused || l->hello_job != r->job || l->hello_run > r->run_id) continue;
-    if (l->hello_run < r->run_id) { /* a late link of an earlier run (the epoch fence) */
+    if (l->outbound || !l->paused || l->hello_job != r->cx.job || l->hello_run > r->cx.run_id) continue;
+    if (l->hello_run < r->cx.run_id) { /* a late link of an earlier run (the epoch fence) */
       char b[160];
       snprintf(b, sizeof b, "its HELLO names run %d of job %llu, which is over (run %d started)", l->hello_run,
-               (unsigned long long)l->hello_job, r->run_id);
+               (unsigned long long)l->hello_job, r->cx.run_id);
       link_fail(l, b);
       continue;
     }
@@ -330,7 +333,13 @@ static void on_send_done(uv_write_t *req, int status) {
   pw_send *s = (pw_send *)req;
   pw_link *l = req->handle->data;
   if (status < 0 && status != UV_ECANCELED && !l->closing) link_fail(l, uv_strerror(status));
-  if (s->run && s->hello && status == 0 && !l->closing) pw_run_on_link_up(s->run, l);
+  if (s->run && s->hello && status == 0 && !l->closing && l->peer_rank >= 0) {
+    uv_os_fd_t fd;
+    if (uv_fileno((uv_handle_t *)&l->tcp, &fd))
+      pw_run_fail(s->run, "link to rank %d has no socket", l->peer_rank);
+    else
+      pw_run_on_link_up(s->run, l->peer_rank, fd);
+  }
   if (s->pending) { /* before the run may be freed: serving waits on it */
     atomic_fetch_sub(s->pending, 1);
     if (s->run) pw_exec_wake(s->run);
@@ -421,7 +430,7 @@ static void on_out_connect(uv_connect_t *req, int status) {
   }
   pw_frame_hdr h;
   uint8_t *hello = NULL, hdr[PW_FRAME_HDR_SIZE];
-  if (pw_frame_hello_make(r->job, (uint32_t)r->run_id, (uint32_t)r->rank, l->w->token, &h, &hello)) {
+  if (pw_frame_hello_make(r->cx.job, (uint32_t)r->cx.run_id, (uint32_t)r->cx.rank, l->w->token, &h, &hello)) {
     link_fail(l, "cannot send HELLO");
     return;
   }

@@ -13,7 +13,7 @@
 #include "ckpt.h"
 #include "ckptxfer.h"
 #include "log.h"
-#include "worker.h"
+#include "run.h"
 
 /* A file the run reads must be a regular file: opening a FIFO would wait
  * for a writer forever, and a device has no end. Opened without blocking,
@@ -42,17 +42,17 @@ static int resume_step(const char *resume) {
  * coordinator into temporary files of the state dir, loaded, removed. */
 static int load_from_coordinator(pw_run *r, pw_lstage *ls, int step, pw_err *err) {
   char path[1024], opath[1024], url[256];
-  int n = snprintf(path, sizeof path, "%s/resume-job-%llu-stage-%d.safetensors", r->ckpt_dir,
-                   (unsigned long long)r->job, ls->stage);
+  int n = snprintf(path, sizeof path, "%s/resume-job-%llu-stage-%d.safetensors", r->cfg.ckpt_dir,
+                   (unsigned long long)r->cx.job, ls->stage);
   if (n < 0 || (size_t)n >= sizeof path - 32)
     return pw_err_set(err, PW_EINVAL, "resume", "the state directory path is too long");
   pw_ckpt_optim_path(path, opath, sizeof opath);
-  pw_xfer x = {.base_url = r->http_url, .token = r->token, .abort = &r->sh.abort};
+  pw_xfer x = {.base_url = r->cfg.http_url, .token = r->cfg.token, .abort = &r->sh.abort};
   int rc = 0;
   /* A stage file is its parameters and two moments: bounded well above. */
   uint64_t max = (uint64_t)pw_prog_grad_numel(ls->prog) * 4 * 4 + ((uint64_t)1 << 24);
   for (int opt = 0; opt < 2 && !rc; opt++) {
-    snprintf(url, sizeof url, "/v1/jobs/%llu/checkpoints/%d/stages/%d%s", (unsigned long long)r->job, step, ls->stage,
+    snprintf(url, sizeof url, "/v1/jobs/%llu/checkpoints/%d/stages/%d%s", (unsigned long long)r->cx.job, step, ls->stage,
              opt ? "/optimizer" : "");
     rc = pw_xfer_get(&x, url, opt ? opath : path, max, err);
   }
@@ -76,39 +76,41 @@ static int load_init(void *arg, const char *path, pw_err *err) {
   init_load *il = arg;
   pw_run *r = il->r;
   int rc = regular_file(path, "init", err);
-  for (int li = 0; li < r->n_ls && !rc; li++)
-    rc = il->optim ? pw_ckpt_load_optim(r->ls[li].prog, path, err) : pw_ckpt_load(r->ls[li].prog, path, 0, NULL, err);
+  for (int li = 0; li < r->cx.n_ls && !rc; li++)
+    rc = il->optim ? pw_ckpt_load_optim(r->cx.ls[li].prog, path, err) : pw_ckpt_load(r->cx.ls[li].prog, path, 0, NULL, err);
   return rc;
 }
 
 /* Weights `id` fetched through the cache (when absent) and loaded; the
  * entry is held only while it is read. */
 static int load_cached(pw_run *r, const char *id, int optim, pw_err *err) {
-  if (!r->cache)
+  if (!r->data.cache)
     return pw_err_set(err, PW_EINVAL, "init", "weights %s: this run has no cache to fetch them into", id);
-  pw_fetch_src src = {.base_url = r->http_url, .token = r->token, .size = 0, .abort = &r->sh.abort, .weights = 1};
+  pw_fetch_src src = {.base_url = r->cfg.http_url, .token = r->cfg.token, .size = 0, .abort = &r->sh.abort, .weights = 1};
   init_load il = {r, optim};
-  int rc = pw_dscache_open_entry(r->cache, id, &src, load_init, &il, err);
-  if (!rc) pw_dscache_release(r->cache, id);
+  int rc = pw_dscache_open_entry(r->data.cache, id, &src, load_init, &il, err);
+  if (!rc) pw_dscache_release(r->data.cache, id);
   return rc;
 }
 
-static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
-  if (r->restore_step > 0) return pw_snaprun_restore(r, err);
-  if (!resume && r->init_sha256[0]) { /* fine-tuning: the init weights, the optimizer fresh unless carried */
-    for (int li = 0; li < r->n_ls; li++) /* as pw_trainer_init then pw_trainer_load: drawn, then overwritten */
-      pw_prog_init_params(r->ls[li].prog, r->spec.train.seed);
-    int rc = load_cached(r, r->init_sha256, 0, err);
-    if (!rc && r->init_optim_sha256[0]) rc = load_cached(r, r->init_optim_sha256, 1, err);
-    if (!rc) pw_info("job %llu rank %d: parameters from weights %.12s...%s", (unsigned long long)r->job, r->rank,
-                     r->init_sha256, r->init_optim_sha256[0] ? " (optimizer state too)" : "");
+static int load_or_init(void *arg, pw_err *err) {
+  pw_run *r = arg;
+  const char *resume = r->cfg.resume;
+  if (r->snap.restore_step > 0) return pw_snaprun_restore(&r->snap, err);
+  if (!resume && r->cfg.sl.init_sha256[0]) { /* fine-tuning: the init weights, the optimizer fresh unless carried */
+    for (int li = 0; li < r->cx.n_ls; li++) /* as pw_trainer_init then pw_trainer_load: drawn, then overwritten */
+      pw_prog_init_params(r->cx.ls[li].prog, r->cfg.sl.train.seed);
+    int rc = load_cached(r, r->cfg.sl.init_sha256, 0, err);
+    if (!rc && r->cfg.sl.init_optim_sha256[0]) rc = load_cached(r, r->cfg.sl.init_optim_sha256, 1, err);
+    if (!rc) pw_info("job %llu rank %d: parameters from weights %.12s...%s", (unsigned long long)r->cx.job, r->cx.rank,
+                     r->cfg.sl.init_sha256, r->cfg.sl.init_optim_sha256[0] ? " (optimizer state too)" : "");
     return rc;
   }
   int from = resume_step(resume);
-  for (int li = 0; li < r->n_ls; li++) {
-    pw_lstage *ls = &r->ls[li];
+  for (int li = 0; li < r->cx.n_ls; li++) {
+    pw_lstage *ls = &r->cx.ls[li];
     if (!resume) {
-      pw_prog_init_params(ls->prog, r->spec.train.seed);
+      pw_prog_init_params(ls->prog, r->cfg.sl.train.seed);
       continue;
     }
     if (from > 0) {
@@ -134,12 +136,12 @@ static int load_or_init(pw_run *r, const char *resume, pw_err *err) {
  * hash to the id. */
 static int open_cached(void *arg, const char *path, pw_err *err) {
   pw_run *r = arg;
-  pw_data_spec d = r->spec.data;
+  pw_data_spec d = r->cfg.sl.data;
   if (strlen(path) >= sizeof d.path)
     return pw_err_set(err, PW_EINVAL, "data.dataset", "the cache path %s is too long: use a shorter --state-dir", path);
   snprintf(d.path, sizeof d.path, "%s", path);
   int rc = regular_file(d.path, "data.dataset", err);
-  return rc ? rc : pw_dataset_open(&d, &r->model.data, r->spec.train.seed, &r->ds, err);
+  return rc ? rc : pw_dataset_open(&d, &r->cfg.sl.model.data, r->cfg.sl.train.seed, &r->data.ds, err);
 }
 
 /* A stored dataset comes from the worker's cache, fetched from the
@@ -147,12 +149,12 @@ static int open_cached(void *arg, const char *path, pw_err *err) {
  * loop) and fetched again once when the copy no longer hashes to its id.
  * A run made without a daemon (no cache) reads data.path, if given. */
 static int open_data(pw_run *r, pw_err *err) {
-  const pw_data_spec *d = &r->spec.data;
+  const pw_data_spec *d = &r->cfg.sl.data;
   int rc;
-  if (d->dataset[0] && r->cache) {
-    pw_fetch_src src = {.base_url = r->http_url, .token = r->token, .size = 0, .abort = &r->sh.abort};
-    if ((rc = pw_dscache_open_entry(r->cache, d->dataset, &src, open_cached, r, err))) return rc;
-    r->cp.ds_held = 1;
+  if (d->dataset[0] && r->data.cache) {
+    pw_fetch_src src = {.base_url = r->cfg.http_url, .token = r->cfg.token, .size = 0, .abort = &r->sh.abort};
+    if ((rc = pw_dscache_open_entry(r->data.cache, d->dataset, &src, open_cached, r, err))) return rc;
+    r->data.held = 1;
     return 0;
   }
   if (d->dataset[0] && !d->path[0])
@@ -160,22 +162,22 @@ static int open_data(pw_run *r, pw_err *err) {
                       d->dataset);
   if ((d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS) && (rc = regular_file(d->path, "data.path", err)))
     return rc;
-  return pw_dataset_open(d, &r->model.data, r->spec.train.seed, &r->ds, err);
+  return pw_dataset_open(d, &r->cfg.sl.model.data, r->cfg.sl.train.seed, &r->data.ds, err);
 }
 
 int pw_run_open_files(pw_run *r, pw_err *err) {
   int needs_data = 0, rc;
-  for (int li = 0; li < r->n_ls && !r->serve; li++) needs_data |= r->ls[li].first_input | r->ls[li].has_target;
+  for (int li = 0; li < r->cx.n_ls && !r->serve; li++) needs_data |= r->cx.ls[li].first_input | r->cx.ls[li].has_target;
   if (needs_data && (rc = open_data(r, err))) return rc;
-  if (r->tp > 1) return pw_tpx_load(r, load_or_init, err);
-  if (!pw_dpx_zero(r)) return load_or_init(r, r->resume, err);
+  if (r->cx.tp > 1) return pw_tpx_load(&r->tpx, load_or_init, r, err);
+  if (!pw_dpx_zero(&r->cx)) return load_or_init(r, err);
   /* zero > 0: whole moments lent to the programs while a file is read
    * (the checkpoint's, the init weights'), then our shard kept */
-  if (pw_dpx_load_begin(r)) {
-    pw_dpx_state_release(r);
+  if (pw_dpx_load_begin(&r->dpx)) {
+    pw_dpx_state_release(&r->dpx);
     return pw_err_set(err, PW_ENOMEM, "resume", "out of memory for the optimizer state being loaded");
   }
-  rc = load_or_init(r, r->resume, err);
-  pw_dpx_load_end(r);
+  rc = load_or_init(r, err);
+  pw_dpx_load_end(&r->dpx);
   return rc;
 }

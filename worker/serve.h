@@ -16,30 +16,31 @@
  * back to rank 0 as a TOKENS frame, and to the coordinator as a "tokens"
  * message. Rank 0 frees a slot once its request has all its tokens.
  *
- * Threads as in run.h: pw_serve_submit is the loop thread's (the request
- * queue is under sh.mu); the rest is the compute thread's. */
+ * Threads: pw_serve_submit is the loop thread's (the request queue is
+ * under the serve's own mutex); the rest is the compute thread's. */
 #ifndef PW_SERVE_H
 #define PW_SERVE_H
 
-#include "run.h"
+#include "control.h"
+#include "rctx.h"
 
 typedef struct pw_serve pw_serve;
 
-/* pw_run_create, for a run of mode serve: the request queue, and checks
- * that each rank holds one stage in chain order. */
-PW_MUST_CHECK int pw_serve_alloc(pw_run *r, const pw_msg_assign *a, pw_err *err);
-void pw_serve_free(pw_run *r);
-/* Loop thread: a "generate" message for this run. Checked (prompt and
+/* A run of mode serve: the request queue, and checks that each rank holds
+ * one stage in chain order. */
+PW_MUST_CHECK int pw_serve_create(pw_serve **out, const pw_rctx *cx, const pw_msg_assign *a, pw_err *err);
+void pw_serve_free(pw_serve *s);
+/* Loop thread: a "generate" message for this rank. Checked (prompt and
  * tokens within serve_len, tokens in the vocabulary, sampling parameters),
- * then queued for rank 0's compute thread; a "gen_failed" message tells the
- * coordinator when it is not taken. */
-void pw_serve_submit(pw_run *r, const pw_msg_generate *g);
+ * then queued for rank 0's compute thread: 0. Refused: a negative code and
+ * why (the caller tells the coordinator: "gen_failed"). */
+PW_MUST_CHECK int pw_serve_submit(pw_serve *s, const pw_msg_generate *g, char *why, size_t cap);
 /* Compute thread, once the parameters are loaded: serves until the run is
  * cancelled (PW_ECANCELED) or fails. */
-PW_MUST_CHECK int pw_serve_run(pw_run *r);
-/* Compute thread, sh.mu held: where a SEQS, ACT or TOKENS frame goes, and
- * its arrival. */
-PW_MUST_CHECK int pw_serve_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
-void pw_serve_frame(pw_run *r, const pw_frame_hdr *h);
+PW_MUST_CHECK int pw_serve_run(pw_serve *s);
+/* Compute thread, the run's frame lock held: where a SEQS, ACT or TOKENS
+ * frame goes, and its arrival. */
+PW_MUST_CHECK int pw_serve_dest(pw_serve *s, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+void pw_serve_frame(pw_serve *s, const pw_frame_hdr *h);
 
 #endif

@@ -13,7 +13,7 @@
  * bits, and sends 2 (tp-1)/tp of the buffer on average (what the planner
  * counts: pw_coll_bytes_rs_ag).
  *
- * Frames: REDUCE, step = the call's index (from 0, over the run), the
+ * Frames: TP, step = the call's index (from 0, over the run), the
  * microbatch = the sender's t, stage 0, value PW_TPX_RS or PW_TPX_AG.
  * A member may be one call ahead of us, never more: it needs our
  * all-gather of call k to finish k. So a reduce-scatter frame goes into one
@@ -36,15 +36,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
-#include "prog.h"
-#include "wire.h"
+#include "rctx.h"
 
-typedef struct pw_run pw_run;
-
-enum { PW_TPX_RS = 9, PW_TPX_AG = 10 }; /* REDUCE values (dpx.h has 2 .. 8) */
+enum { PW_TPX_RS = 0, PW_TPX_AG = 1 }; /* TP frame values */
 
 typedef struct {
+  const pw_rctx *cx;
+  pw_model canon_model;  /* the slice's graph, tp = 1 shapes (checkpoints) */
+  uint8_t *kinds;        /* [canon_model.n_params] pw_tp_kind of each */
   uint32_t call;         /* index of the call we are in, or of the next one */
   float *buf;            /* the call's buffer, while in it */
   size_t n, lo, hi;      /* its floats, and our shard [lo, hi) */
@@ -56,45 +55,47 @@ typedef struct {
   int ag_got, ag_want;
   float *out;            /* [smax] our summed shard, as sent */
   pw_prog **canon;       /* [n_ls] pw_tpx_canon's programs, or NULL */
+  uint64_t bytes;        /* payload bytes sent since the step began */
+  double seconds;        /* and the time spent in the calls */
   /* a traced step's all-reduces (from the step's start), back to back
    * ones merged: [2 * n_iv], for the step report's timeline (pw_tpx_spans) */
   double *iv;
   int n_iv, cap_iv;
 } pw_tpx;
 
-/* pw_run_create, tp > 1, once the slice is decoded: the slice's graph
- * becomes r->canon, r->model the group's (pw_tp_model), snapshots off
- * (a snapshot is of a whole stage: not taken under tp). */
-PW_MUST_CHECK int pw_tpx_setup(pw_run *r, pw_err *err);
+/* pw_run_create, tp > 1, once the slice is decoded and before the run's
+ * context is made: the slice's graph becomes canon_model, cfg's the
+ * group's (pw_tp_model), snapshots off (a snapshot is of a whole stage: not
+ * taken under tp). */
+PW_MUST_CHECK int pw_tpx_setup(pw_tpx *x, pw_runcfg *cfg, pw_err *err);
+/* The buffers (none when tp == 1). */
+PW_MUST_CHECK int pw_tpx_init(pw_tpx *x, const pw_rctx *cx);
+void pw_tpx_close(pw_tpx *x);
 /* pw_run_open_files, tp > 1: load (or draw) the canonical parameters as
- * load runs them on the local stages' programs, then keep our shard. */
-PW_MUST_CHECK int pw_tpx_load(pw_run *r, int (*load)(pw_run *, const char *, pw_err *), pw_err *err);
-/* pw_run_create, tp > 1: the buffers. */
-PW_MUST_CHECK int pw_tpx_alloc(pw_run *r);
-void pw_tpx_free(pw_run *r);
-/* pw_prog_allreduce_fn for the run's programs (ctx: the pw_run), and the
- * step end's. On failure err says what failed; the caller records it
- * (pw_exec_fail: a program's caller through the entry point's err). */
+ * load(arg) does on the local stages' programs, then keep our shard. */
+PW_MUST_CHECK int pw_tpx_load(pw_tpx *x, int (*load)(void *arg, pw_err *err), void *arg, pw_err *err);
+/* pw_prog_allreduce_fn for the run's programs (ctx: the pw_tpx). On
+ * failure err says what failed. */
 PW_MUST_CHECK int pw_tpx_allreduce(void *ctx, float *buf, size_t n, int op, pw_err *err);
 /* Compute thread, at a traced step's end: its all-reduces as timeline
  * entries ["T", 0, stage, start, end] (appended to acts), then none. */
-void pw_tpx_spans(pw_run *r, json_t *acts, int stage);
+void pw_tpx_spans(pw_tpx *x, json_t *acts, int stage);
 /* The squared gradient norm of p's split parameters (split 1) or of its
  * replicated ones (0), the model ids in skip[ns] left out: a tp = 1
  * rank's is the first summed over the group plus the second. */
-double pw_tpx_sqnorm(const pw_run *r, pw_prog *p, const int *skip, int ns, int split);
+double pw_tpx_sqnorm(const pw_tpx *x, pw_prog *p, const int *skip, int ns, int split);
 /* Compute thread: tp = 1 programs of the local stages (in canon[]), and
  * back to nothing. */
-PW_MUST_CHECK int pw_tpx_canon(pw_run *r, pw_err *err);
-void pw_tpx_canon_free(pw_run *r);
+PW_MUST_CHECK int pw_tpx_canon(pw_tpx *x, pw_err *err);
+void pw_tpx_canon_free(pw_tpx *x);
 /* Compute thread: canon[] from the group's shards (parameters, m, v): an
  * all-reduce on every member. */
-PW_MUST_CHECK int pw_tpx_gather(pw_run *r);
+PW_MUST_CHECK int pw_tpx_gather(pw_tpx *x);
 /* Our shard of canon[] into our programs (parameters, m, v). */
-void pw_tpx_scatter(pw_run *r);
+void pw_tpx_scatter(pw_tpx *x);
 
-/* Compute thread, sh.mu held: a REDUCE frame with one of the values above. */
-PW_MUST_CHECK int pw_tpx_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
-PW_MUST_CHECK int pw_tpx_frame(pw_run *r, int from, const pw_frame_hdr *h, pw_err *err);
+/* Compute thread, the run's frame lock held: a TP frame. */
+PW_MUST_CHECK int pw_tpx_dest(pw_tpx *x, int from, const pw_frame_hdr *h, void **dst, pw_err *err);
+PW_MUST_CHECK int pw_tpx_frame(pw_tpx *x, int from, const pw_frame_hdr *h, pw_err *err);
 
 #endif

@@ -21,6 +21,8 @@
 #include "fetch.h"
 #include "run.h"
 
+typedef struct pw_worker pw_worker;
+
 /* ---- data-plane links ---------------------------------------------------- */
 
 /* A TCP link to or from another worker. Outbound links carry this rank's

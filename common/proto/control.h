@@ -123,10 +123,11 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 5 /* 2: assign carries the plan slice, not the spec; 3: runs are
+#define PW_PROTO_VERSION 6 /* 2: assign carries the plan slice, not the spec; 3: runs are
                               epochs (HELLO names its run), snapshots, restores; 4: assign's
                               peers name each rank's host; 5: assign's upload_token, which
-                              checkpoint uploads must carry */
+                              checkpoint uploads must carry; 6: data-plane frame kinds DP,
+                              TP and NORM (REDUCE split by exchange) */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 

@@ -33,7 +33,7 @@ static uint32_t get32(const uint8_t *p) {
 
 /* ---- names ---------------------------------------------------------------- */
 
-static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "REDUCE", "TIED", "BYE", "SNAP", "SEQS", "TOKENS"};
+static const char *const kind_names[] = {NULL, "HELLO", "ACT", "GRAD", "DP", "TIED", "BYE", "SNAP", "SEQS", "TOKENS", "TP", "NORM"};
 #define N_KINDS ((int)(sizeof kind_names / sizeof kind_names[0]))
 
 const char *pw_frame_kind_name(int kind) {

@@ -15,8 +15,9 @@
  *     8  4   job          job id (below 2^32; see below)
  *    12  4   chunk        index of this frame in a chunked transfer, else 0
  *    16  4   step         training step
- *    20  4   microbatch   microbatch index (REDUCE: the sending replica or
- *                         pipeline rank; TIED: the holder stage)
+ *    20  4   microbatch   microbatch index (DP: the sending replica; NORM: the
+ *                         sending pipeline rank; TP: the sending tp rank;
+ *                         TIED: the holder stage)
  *    24  4   stage        the stage the tensor is FOR (the receiver's stage)
  *    28  4   value        model value id: which tensor
  *    32  1   dtype        pw_frame_dtype
@@ -52,7 +53,7 @@
  * SEQS is i32, ndim 2, dims [n >= 1, PW_FRAME_SEQ_FIELDS]; TOKENS is i32,
  * ndim 1, dims [n >= 1]; neither is chunked. BF16 is for ACT frames only.
  * ndim 0 is a scalar: one
- * element (e.g. a REDUCE of the squared gradient norm). */
+ * element. */
 #ifndef PW_WIRE_H
 #define PW_WIRE_H
 
@@ -78,7 +79,8 @@ typedef enum {
   PW_FRAME_HELLO = 1,  /* peer handshake; payload JSON {job, rank, token} */
   PW_FRAME_ACT = 2,    /* activation, forward */
   PW_FRAME_GRAD = 3,   /* gradient w.r.t. an activation, backward */
-  PW_FRAME_REDUCE = 4, /* all-reduce chunk or scalar reduction */
+  PW_FRAME_DP = 4,     /* the data-parallel exchange between replicas (worker/dpx.h,
+                          gradrs.h: a chunk, a shard's norm, a gradient piece) */
   PW_FRAME_TIED = 5,   /* tied-parameter gradient */
   PW_FRAME_BYE = 6,    /* close; empty = orderly, else the abort reason (text) */
   PW_FRAME_SNAP = 7,   /* a stage's state (value 0 parameters, 1 and 2 the
@@ -86,8 +88,11 @@ typedef enum {
                           snapshot for a peer to hold, or a restore */
   PW_FRAME_SEQS = 8,   /* serving: the sequences of a microbatch, i32
                           [n, PW_FRAME_SEQ_FIELDS] (worker/serve.h), before its ACT */
-  PW_FRAME_TOKENS = 9  /* serving: a microbatch's sampled tokens, i32 [n], in
+  PW_FRAME_TOKENS = 9, /* serving: a microbatch's sampled tokens, i32 [n], in
                           its SEQS order, last stage -> rank 0 */
+  PW_FRAME_TP = 10,    /* a tensor-parallel all-reduce's shard (worker/tpx.h) */
+  PW_FRAME_NORM = 11   /* a pipeline rank's partial squared gradient norm, and
+                          the barrier of a pass's end (worker/pipex.h) */
 } pw_frame_kind;
 
 #define PW_FRAME_SEQ_FIELDS 14 /* i32 per sequence of a SEQS frame */

@@ -2,6 +2,8 @@
 """check_layers: the layering that common/CMakeLists.txt declares holds in the code.
 
   check_layers.py SOURCE_DIR [BUILD_DIR]
+  check_layers.py --plant BUILD_DIR   proves rule 4 fails on a circle planted
+                                      among the worker's real objects
 
 1. Every quoted #include in common/LAYER/ names a header of LAYER itself or of a
    layer in its DEPS (direct, as declared: a layer says what it uses).
@@ -9,10 +11,13 @@
    a layer whose SYSTEM names that library, and never in a public header of
    a layer that must stay free of it (compute and model headers: no jansson).
 3. The layer graph has no cycle, and no header includes itself through others.
-4. With BUILD_DIR: no two object files of the coordinator, or of one layer
-   of common/, need symbols from each other, directly or around a longer
-   circle (read from `nm` of the built objects).
-5. No coordinator file writes an HTTP error status of its own: every error
+4. With BUILD_DIR: no two object files of the coordinator, of the worker,
+   or of one layer of common/, need symbols from each other, directly or
+   around a longer circle (read from `nm` of the built objects).
+5. struct pw_run (worker/run.h) keeps at most PW_RUN_FIELDS_MAX fields,
+   its sh, cp and lp parts counted: a run's state that is not the whole
+   run's belongs to a subsystem of its own.
+6. No coordinator file writes an HTTP error status of its own: every error
    reply goes through pw_reply_error(code), whose status and API code come
    from common/base/errors.h's table.
 Exit 0 when all hold; otherwise each violation on a line, exit 1."""
@@ -180,14 +185,100 @@ def check_objects(build, target):
     return [f"{target}: files call each other in a circle: " + " -> ".join(cyc) + " (" + "; ".join(why) + ")"]
 
 
+def struct_body(text, start):
+    """The text between the brace at or after start and its match."""
+    i = text.index("{", start)
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    raise ValueError("unbalanced braces")
+
+
+def count_fields(body):
+    """Declarations at the top level of a struct body: a nested struct is
+    one, `int a, b;` two."""
+    n, depth, decl = 0, 0, ""
+    for ch in body:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif ch == ";" and depth == 0:
+            flat = re.sub(r"\([^()]*\)", "()", decl)  # a function pointer's parameters
+            n += flat.count(",") + 1
+            decl = ""
+            continue
+        elif depth == 0:
+            decl += ch
+    return n
+
+
+def check_run_fields(src):
+    text = re.sub(r"/\*.*?\*/", "", open(os.path.join(src, "worker", "run.h")).read(), flags=re.S)
+    m = re.search(r"#define PW_RUN_FIELDS_MAX (\d+)", text)
+    if not m:
+        return ["worker/run.h: no PW_RUN_FIELDS_MAX"]
+    counts = {"pw_run": count_fields(struct_body(text, text.index("struct pw_run {")))}
+    for part in ("pw_run_shared", "pw_run_compute", "pw_run_loop"):
+        end = text.index("} %s;" % part)
+        start = text.rindex("typedef struct {", 0, end)
+        counts[part] = count_fields(struct_body(text, start))
+    total = sum(counts.values())
+    if total > int(m.group(1)):
+        return [f"worker/run.h: struct pw_run has {total} fields ({counts}), more than PW_RUN_FIELDS_MAX "
+                f"{m.group(1)}: give the new state to a subsystem"]
+    return []
+
+
+PLANT = r"""
+/* slots.c's functions, as a stub that also starts the compute thread:
+ * slots -> exec, while exec -> slots. */
+void pw_exec_main(void *arg);
+int pw_run_slot_for(void) { pw_exec_main(0); return 0; }
+void pw_run_slot_release(void) {}
+void pw_run_slot_sent(void) {}
+int pw_run_producer(void) { return 0; }
+int pw_run_consumer(void) { return 0; }
+"""
+
+
+def plant(build):
+    """The worker's objects with slots.c.o swapped for one that calls back
+    into exec.c: check_objects must name that circle."""
+    import shutil, tempfile
+    objs = glob.glob(os.path.join(build, "CMakeFiles", "pwworker.dir", "worker", "*.o"))
+    if not objs:
+        print(f"check_layers: {build}: no worker objects (build it first)")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = os.path.join(tmp, "CMakeFiles", "pwworker.dir", "worker")
+        os.makedirs(dst)
+        for o in objs:
+            shutil.copy(o, dst)
+        ok = check_objects(tmp, "pwworker")
+        with open(os.path.join(tmp, "plant.c"), "w") as f:
+            f.write(PLANT)
+        subprocess.run(["cc", "-c", "-o", os.path.join(dst, "slots.c.o"), os.path.join(tmp, "plant.c")], check=True)
+        bad = check_objects(tmp, "pwworker")
+    print("check_layers: the worker's objects as built:", "ok" if not ok else ok)
+    print("check_layers: with the planted circle:", bad or "NOT CAUGHT")
+    caught = bad and "exec" in bad[0] and "slots" in bad[0]
+    return 0 if not ok and caught else 1
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
         return 2
+    if sys.argv[1] == "--plant" and len(sys.argv) == 3:
+        return plant(sys.argv[2])
     src = sys.argv[1]
-    errs = check_sources(src) + check_error_statuses(src)
+    errs = check_sources(src) + check_error_statuses(src) + check_run_fields(src)
     if len(sys.argv) > 2:
         errs += check_objects(sys.argv[2], "pwcoord")
+        errs += check_objects(sys.argv[2], "pwworker")
         for layer in layers(src):
             errs += check_objects(os.path.join(sys.argv[2], "common"), "pw_" + layer)
     for e in errs:

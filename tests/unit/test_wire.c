@@ -110,13 +110,13 @@ static void test_hdr_init(void **state) {
   uint32_t d4[4] = {2, 3, 4, 5}, edge[2] = {65536, 65535};
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_GRAD, 1, 0, 0, 0, 0, PW_DTYPE_I32, 4, d4), 0);
   assert_int_equal(h.payload_len, 2 * 3 * 4 * 5 * 4);
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_REDUCE, 1, 0, 0, 0, 0, PW_DTYPE_F32, 0, NULL), 0);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_DP, 1, 0, 0, 0, 0, PW_DTYPE_F32, 0, NULL), 0);
   assert_int_equal(h.payload_len, 4); /* scalar */
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_U8, 2, edge), 0);
   assert_true(h.payload_len == 65536ull * 65535); /* just under 4 GiB */
   /* sizes over one frame, the job's width: test_wire_chunk.c */
   assert_int_equal(pw_frame_hdr_init(&h, 0, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
-  assert_int_equal(pw_frame_hdr_init(&h, 10, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
+  assert_int_equal(pw_frame_hdr_init(&h, 12, 1, 0, 0, 0, 0, PW_DTYPE_F32, 1, d4), PW_EINVAL);
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, 4, 1, d4), PW_EINVAL);
   /* bf16: 2 bytes an element, and only in ACT frames */
   assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_ACT, 1, 0, 0, 0, 0, PW_DTYPE_BF16, 4, d4), 0);
@@ -156,7 +156,7 @@ static const corruption corruptions[] = {
     {"header crc", 60, 4, 0xdeadbeef, 0, PW_EPROTO, "header_crc 0xdeadbeef does not match"},
     {"unfixed step", 16, 4, 99, 0, PW_EPROTO, "header_crc"},
     {"kind 0", 6, 2, 0, 1, PW_EPROTO, "kind 0 is unknown"},
-    {"kind 10", 6, 2, 10, 1, PW_EPROTO, "kind 10 is unknown"},
+    {"kind 12", 6, 2, 12, 1, PW_EPROTO, "kind 12 is unknown"},
     {"kind huge", 6, 2, 0xffff, 1, PW_EPROTO, "kind 65535 is unknown"},
     {"flags", 34, 2, 0x8001, 1, PW_EPROTO, "flags 0x8001 has unknown bits 0x8000"},
     {"last alone", 34, 2, PW_FRAME_FLAG_LAST, 1, PW_EPROTO, "flag LAST without flag CHUNK"},
@@ -707,7 +707,7 @@ static void test_reader_errors(void **state) {
 static void test_reader_large(void **state) {
   uint32_t dims[2] = {300, 257}; /* 308400 bytes of f32 */
   pw_frame_hdr h;
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_REDUCE, 5, 1, 0, 2, 3, PW_DTYPE_F32, 2, dims), 0);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_DP, 5, 1, 0, 2, 3, PW_DTYPE_F32, 2, dims), 0);
   size_t n = (size_t)h.payload_len, len = 2 * (PW_FRAME_HDR_SIZE + n);
   uint8_t *buf = malloc(len);
   for (size_t i = 0; i < n; i++) buf[PW_FRAME_HDR_SIZE + i] = (uint8_t)rnd();

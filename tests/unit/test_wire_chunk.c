@@ -248,7 +248,7 @@ static void test_hdr_sizes(void **state) {
 /* ---- chunk headers ------------------------------------------------------------ */
 
 static void test_chunk_headers(void **state) {
-  pw_frame_hdr h = tensor(PW_FRAME_REDUCE, 3, 0, PW_DTYPE_U8, 10000), c;
+  pw_frame_hdr h = tensor(PW_FRAME_DP, 3, 0, PW_DTYPE_U8, 10000), c;
   size_t lens[3] = {4096, 4096, 1808};
   for (int i = 0; i < 3; i++) {
     assert_int_equal(pw_frame_chunk(&h, 4096, (uint64_t)i * 4096, &c), 0);
@@ -269,7 +269,7 @@ static void test_chunk_headers(void **state) {
    * last of 4 bytes; chunk headers decode with the tensor's size. */
   const size_t gib = (size_t)1 << 30;
   uint32_t dims[2] = {0x50000001u, 4};
-  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_REDUCE, 7, 1, 0, 2, 0, PW_DTYPE_U8, 2, dims), 0);
+  assert_int_equal(pw_frame_hdr_init(&h, PW_FRAME_DP, 7, 1, 0, 2, 0, PW_DTYPE_U8, 2, dims), 0);
   assert_true(h.payload_len == 5ull * (1ull << 30) + 4);
   assert_true(h.payload_len > PW_FRAME_MAX_PAYLOAD);
   assert_int_equal(pw_frame_chunk(&h, gib, 5ull << 30, &c), 0);
@@ -286,7 +286,7 @@ static void test_chunk_headers(void **state) {
   assert_int_equal(pw_frame_hdr_decode(b, (size_t)4 << 30, &d, &err), PW_ETOOBIG);
   expect_err(&err, "chunked tensor of 5368709124 bytes is over the limit 4294967296");
   char s[200];
-  assert_string_equal(pw_frame_hdr_str(&c, s, sizeof s), "REDUCE job 7 step 1 mb 0 stage 2 value 0 u8 "
+  assert_string_equal(pw_frame_hdr_str(&c, s, sizeof s), "DP job 7 step 1 mb 0 stage 2 value 0 u8 "
                                                        "[1342177281,4] 5368709124 bytes, chunk 5: 4 bytes, last");
 
   /* The reader announces the whole 5 GiB at chunk 0, before any payload. */
@@ -329,7 +329,7 @@ static void test_chunk_roundtrip(void **state) {
     uint8_t *pay[8];
     int frames = 0;
     for (int i = 0; i < nt; i++) {
-      want[i] = tensor(i % 2 ? PW_FRAME_REDUCE : PW_FRAME_ACT, (uint32_t)i, (uint32_t)(10 + i), dtypes[i], sizes[i]);
+      want[i] = tensor(i % 2 ? PW_FRAME_DP : PW_FRAME_ACT, (uint32_t)i, (uint32_t)(10 + i), dtypes[i], sizes[i]);
       pay[i] = pattern((size_t)want[i].payload_len, (unsigned)(i + 17 * mode));
       int k = add_tensor(&w, &want[i], pay[i], limit);
       assert_int_equal(k, (int)((want[i].payload_len + limit - 1) / limit));
@@ -373,7 +373,7 @@ typedef struct {
 } bad_case;
 
 static void make_bad(int c, wlist *w, const uint8_t *pay, const uint8_t *big) {
-  pw_frame_hdr h = tensor(PW_FRAME_REDUCE, 3, 0, PW_DTYPE_U8, 10000);
+  pw_frame_hdr h = tensor(PW_FRAME_DP, 3, 0, PW_DTYPE_U8, 10000);
   w->n = 0;
   assert_int_equal(add_tensor(w, &h, pay, 4096), 3);
   wframe t;
@@ -417,12 +417,12 @@ static void test_chunk_refused(void **state) {
   static const bad_case cases[] = {
       {"out of order", "chunk 2 came where chunk 1 was due"},
       {"chunk 0 lost", "chunk 1 came first; a transfer starts with chunk 0"},
-      {"overflow", "chunk 2 of 4096 bytes overflows REDUCE job 7 step 3 mb 1 stage 2 value 0 u8 [10000] 10000 bytes: "
+      {"overflow", "chunk 2 of 4096 bytes overflows DP job 7 step 3 mb 1 stage 2 value 0 u8 [10000] 10000 bytes: "
                    "1808 bytes are left"},
       {"no LAST", "chunk 2 ends the tensor but is not marked LAST"},
       {"early LAST", "chunk 1 is marked LAST but bytes are still missing after it"},
       {"interleaved", "ACT job 7 step 3 mb 1 stage 2 value 1 u8 [16] 16 bytes came inside the chunked transfer of "
-                      "REDUCE job 7 step 3 mb 1 stage 2 value 0 u8 [10000] 10000 bytes (chunk 2 due)"},
+                      "DP job 7 step 3 mb 1 stage 2 value 0 u8 [10000] 10000 bytes (chunk 2 due)"},
       {"other stage", "stage 9 value 0 u8 [10000] 10000 bytes, chunk 1: 4096 bytes came inside the chunked transfer"},
       {"repeated", "chunk 1 came where chunk 2 was due"},
       {"truncated", "link: truncated"},

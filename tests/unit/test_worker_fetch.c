@@ -602,9 +602,9 @@ static wf_job *dataset_job(const char *id) {
  * error in err. The run is kept (it holds its entry) until run_done. */
 static int open_run(wf_job *f, pw_dscache *c, const char *url, pw_run **out, pw_err *err) {
   pw_run *r = wf_run(f, 0, 1);
-  r->cache = c;
-  snprintf(r->http_url, sizeof r->http_url, "%s", url);
-  r->token = "";
+  r->data.cache = c;
+  snprintf(r->cfg.http_url, sizeof r->cfg.http_url, "%s", url);
+  r->cfg.token = "";
   *out = r;
   return pw_run_open_files(r, err);
 }
@@ -619,10 +619,10 @@ static void test_run_dataset(void **state) {
   pw_run *r;
   /* fetched on first use; the run holds it */
   if (open_run(f, c, srv.url, &r, &err)) fail_msg("%s", pw_err_str(&err, b, sizeof b));
-  assert_non_null(r->ds);
-  assert_int_equal(pw_dataset_train_len(r->ds), 3600);
+  assert_non_null(r->data.ds);
+  assert_int_equal(pw_dataset_train_len(r->data.ds), 3600);
   assert_int_equal(atomic_load(&t->hits), 1);
-  assert_true(r->cp.ds_held);
+  assert_true(r->data.held);
   served *other = serve(1 << 20, 7, SERVE_OK); /* as large as the cache: needs t's room */
   assert_int_equal(get(c, other, &err), PW_ETOOBIG);
   assert_contains(err.msg, "running jobs hold 4000 bytes");
@@ -632,7 +632,7 @@ static void test_run_dataset(void **state) {
   if (open_run(f, c, srv.url, &r, &err)) fail_msg("%s", pw_err_str(&err, b, sizeof b));
   assert_int_equal(atomic_load(&t->hits), 2);
   assert_true(file_equals(t));
-  assert_non_null(r->ds);
+  assert_non_null(r->data.ds);
   wf_run_free(f, r);
   /* freed runs hold nothing: the next dataset may take the room */
   assert_int_equal(get(c, other, &err), 0);
@@ -642,7 +642,7 @@ static void test_run_dataset(void **state) {
   assert_int_equal(open_run(f, c, "", &r, &err), PW_EPROTO);
   assert_contains(err.msg, t->id);
   assert_contains(err.msg, "no http_url");
-  assert_false(r->cp.ds_held);
+  assert_false(r->data.held);
   wf_run_free(f, r);
   wf_job_free(f);
   /* a server sending other bytes than the id's */

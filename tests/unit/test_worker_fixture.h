@@ -61,7 +61,7 @@ static pw_run *wf_run(wf_job *f, int rank, int steps) {
   pw_msg_assign a = {.job = WF_JOB, .run = 1, .rank = rank, .slice = text, .slice_sha256 = hex, .peers = peers,
                      .steps = steps, .start_step = 0, .trace_every = 0};
   pw_run *r = NULL;
-  if (pw_run_create(&f->loop, &a, NULL, "/nonexistent", &r, &err))
+  if (pw_run_create(&f->loop, &a, NULL, "/nonexistent", NULL, &r, &err))
     fail_msg("run of rank %d: %s", rank, pw_err_str(&err, b, sizeof b));
   json_decref(peers);
   free(text);

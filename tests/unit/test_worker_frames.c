@@ -47,7 +47,7 @@ typedef struct {
   size_t act_bytes;
   int out_value;   /* stage 0's output (to stage 1, on rank 1) */
   size_t out_bytes;
-  pw_snapstore *snaps; /* the run's snapshot store (r->snaps), or NULL; outlives the run */
+  pw_snapstore *snaps; /* the run's snapshot store (r->snap.store), or NULL; outlives the run */
 } fx;
 
 static int setup(void **state) {
@@ -55,20 +55,20 @@ static int setup(void **state) {
   x->f = wf_job_make(SPEC);
   x->r = wf_run(x->f, 0, 3);
   pw_run *r = x->r;
-  assert_int_equal(r->n_ls, 2);
-  assert_int_equal(r->ls[0].stage, 0);
-  assert_int_equal(r->ls[1].stage, 2);
-  assert_int_equal(r->lidx_of_stage[2], 1);
+  assert_int_equal(r->cx.n_ls, 2);
+  assert_int_equal(r->cx.ls[0].stage, 0);
+  assert_int_equal(r->cx.ls[1].stage, 2);
+  assert_int_equal(r->cx.lidx_of_stage[2], 1);
   x->act_value = -1;
-  for (int i = 0; i < pw_prog_n_inputs(r->ls[1].prog); i++)
-    if (pw_prog_input(r->ls[1].prog, i)->role == PW_VAL_ACT) {
-      x->act_value = pw_prog_input(r->ls[1].prog, i)->value;
-      x->act_bytes = pw_prog_input(r->ls[1].prog, i)->bytes;
+  for (int i = 0; i < pw_prog_n_inputs(r->cx.ls[1].prog); i++)
+    if (pw_prog_input(r->cx.ls[1].prog, i)->role == PW_VAL_ACT) {
+      x->act_value = pw_prog_input(r->cx.ls[1].prog, i)->value;
+      x->act_bytes = pw_prog_input(r->cx.ls[1].prog, i)->bytes;
     }
   assert_true(x->act_value >= 0);
-  assert_int_equal(r->ls[1].n_act_in, 1);
-  x->out_value = pw_prog_output(r->ls[0].prog, 0)->value;
-  x->out_bytes = pw_prog_output(r->ls[0].prog, 0)->bytes;
+  assert_int_equal(r->cx.ls[1].n_act_in, 1);
+  x->out_value = pw_prog_output(r->cx.ls[0].prog, 0)->value;
+  x->out_bytes = pw_prog_output(r->cx.ls[0].prog, 0)->bytes;
   *state = x;
   return 0;
 }
@@ -91,7 +91,7 @@ static int setup_snaps(void **state) {
   fx *x = *state;
   x->snaps = calloc(1, sizeof *x->snaps);
   assert_int_equal(pw_snapstore_init(x->snaps), 0);
-  x->r->snaps = x->snaps;
+  x->r->snap.store = x->snaps;
   return 0;
 }
 
@@ -108,7 +108,7 @@ static void refused(pw_run *r, int from, const pw_frame_hdr *h, const char *why)
   void *dst = (void *)1;
   pw_err err = {0};
   char b[600];
-  int rc = pw_run_frame_dest(r, from, h, &dst, &err);
+  int rc = pw_route_dest(r, from, h, &dst, &err);
   pw_err_str(&err, b, sizeof b); /* also when rc is wrong: the message says which frame */
   if (rc != PW_EPROTO || !strstr(b, why))
     fail_msg("%s frame of stage %u from rank %d: expected PW_EPROTO with '%s', got %d: %s",
@@ -126,25 +126,25 @@ static void test_act_to_the_right_stage(void **state) {
   pw_err err = {0};
   pw_frame_hdr h = hdr(PW_FRAME_ACT, 0, 1, 2, x->act_value, x->act_bytes);
   void *dst = NULL;
-  assert_int_equal(pw_run_frame_dest(r, 1, &h, &dst, &err), 0);
+  assert_int_equal(pw_route_dest(r, 1, &h, &dst, &err), 0);
   int slot = r->cp.ls[1].mb_slot[1];
   assert_true(slot >= 0);
   assert_int_equal(r->cp.ls[0].mb_slot[1], -1); /* not stage 0's */
-  assert_ptr_equal(dst, pw_prog_value(r->ls[1].prog, slot, x->act_value));
+  assert_ptr_equal(dst, pw_prog_value(r->cx.ls[1].prog, slot, x->act_value));
   float *payload = malloc(x->act_bytes);
   fill(payload, x->act_bytes / 4, 3.0f);
   memcpy(dst, payload, x->act_bytes);
   assert_int_equal(r->cp.ls[1].act_got[1], 0); /* counted only once complete */
-  assert_int_equal(pw_run_frame_done(r, 1, &h, NULL, &err), 0);
+  assert_int_equal(pw_route_done(r, 1, &h, NULL, &err), 0);
   assert_int_equal(r->cp.ls[1].act_step[1], 0);
   assert_int_equal(r->cp.ls[1].act_got[1], 1);
-  assert_memory_equal(pw_prog_value(r->ls[1].prog, slot, x->act_value), payload, x->act_bytes);
+  assert_memory_equal(pw_prog_value(r->cx.ls[1].prog, slot, x->act_value), payload, x->act_bytes);
   refused(r, 1, &h, "sent twice");
   /* the next step's activation may come early, into another slot */
   pw_frame_hdr early = hdr(PW_FRAME_ACT, 1, 2, 2, x->act_value, x->act_bytes);
-  assert_int_equal(pw_run_frame_dest(r, 1, &early, &dst, &err), 0);
+  assert_int_equal(pw_route_dest(r, 1, &early, &dst, &err), 0);
   assert_true(r->cp.ls[1].mb_slot[2] >= 0 && r->cp.ls[1].mb_slot[2] != slot);
-  assert_int_equal(pw_run_frame_done(r, 1, &early, NULL, &err), 0);
+  assert_int_equal(pw_route_done(r, 1, &early, NULL, &err), 0);
   assert_int_equal(r->cp.ls[1].act_step[2], 1);
   free(payload);
 }
@@ -160,9 +160,9 @@ static void test_grad_after_forward(void **state) {
   uv_mutex_unlock(&r->sh.mu);
   assert_true(slot >= 0);
   void *dst = NULL;
-  assert_int_equal(pw_run_frame_dest(r, 1, &h, &dst, &err), 0);
-  assert_ptr_equal(dst, pw_prog_grad(r->ls[0].prog, slot, x->out_value));
-  assert_int_equal(pw_run_frame_done(r, 1, &h, NULL, &err), 0);
+  assert_int_equal(pw_route_dest(r, 1, &h, &dst, &err), 0);
+  assert_ptr_equal(dst, pw_prog_grad(r->cx.ls[0].prog, slot, x->out_value));
+  assert_int_equal(pw_route_done(r, 1, &h, NULL, &err), 0);
   assert_int_equal(r->cp.ls[0].grad_got[0], 1);
   assert_int_equal(r->cp.ls[0].grad_step[0], 0);
   refused(r, 1, &h, "sent twice");
@@ -181,7 +181,7 @@ static void test_refusals(void **state) {
   refused(r, 1, &h, "stage 9 is not on this rank");
   h = hdr(PW_FRAME_ACT, 0, 0, 2, x->out_value, x->act_bytes); /* stage 0's output is no input of stage 2 */
   refused(r, 1, &h, "is not a input port of stage 2");
-  h = hdr(PW_FRAME_ACT, 0, 0, 2, r->model.input_value, x->act_bytes);
+  h = hdr(PW_FRAME_ACT, 0, 0, 2, r->cfg.sl.model.input_value, x->act_bytes);
   refused(r, 1, &h, "not a input port");
   h = hdr(PW_FRAME_ACT, 2, 0, 2, x->act_value, x->act_bytes);
   refused(r, 1, &h, "for step 2 while at step 0");
@@ -200,8 +200,8 @@ static void test_refusals(void **state) {
   h = hdr(PW_FRAME_HELLO, 0, 0, 2, x->act_value, x->act_bytes);
   refused(r, 1, &h, "unexpected");
   /* nothing was claimed or counted by a refused frame */
-  for (int li = 0; li < r->n_ls; li++)
-    for (int mb = 0; mb < r->m; mb++) {
+  for (int li = 0; li < r->cx.n_ls; li++)
+    for (int mb = 0; mb < r->cx.m; mb++) {
       assert_int_equal(r->cp.ls[li].mb_slot[mb], -1);
       assert_int_equal(r->cp.ls[li].act_step[mb], -1);
     }
@@ -215,15 +215,20 @@ static void test_refusals(void **state) {
 /* ---- over a socketpair, as the compute thread reads a link ---------------- */
 
 typedef struct {
+  pw_run *r;
   int li, mb, step;
 } arrival;
 
-static int arrived(pw_run *r, const void *arg) {
+static int arrived(void *arg) {
   const arrival *a = arg;
+  pw_run *r = a->r;
   return r->cp.ls[a->li].act_step[a->mb] == a->step && r->cp.ls[a->li].act_got[a->mb] == 1;
 }
 
-static int never(pw_run *r, const void *arg) { return 0; }
+static int never(void *arg) {
+  (void)arg;
+  return 0;
+}
 
 static void write_frame(int fd, const pw_frame_hdr *h, const void *payload) {
   uint8_t b[PW_FRAME_HDR_SIZE];
@@ -242,17 +247,17 @@ static void test_link_reads_into_slot(void **state) {
   fill(payload, x->act_bytes / 4, -7.0f);
   pw_frame_hdr h = hdr(PW_FRAME_ACT, 0, 3, 2, x->act_value, x->act_bytes);
   write_frame(sv[0], &h, payload);
-  arrival a = {1, 3, 0};
+  arrival a = {r, 1, 3, 0};
   assert_int_equal(pw_exec_wait(r, arrived, &a), 0);
   int slot = r->cp.ls[1].mb_slot[3];
   assert_true(slot >= 0);
-  assert_memory_equal(pw_prog_value(r->ls[1].prog, slot, x->act_value), payload, x->act_bytes);
+  assert_memory_equal(pw_prog_value(r->cx.ls[1].prog, slot, x->act_value), payload, x->act_bytes);
   /* a frame for a stage we do not hold fails the run, naming the peer */
   h = hdr(PW_FRAME_ACT, 0, 0, 3, x->act_value, x->act_bytes);
   write_frame(sv[0], &h, payload);
   assert_int_equal(pw_exec_wait(r, never, NULL), PW_EPEER);
-  assert_non_null(strstr(r->sh.error, "lost peer rank 1"));
-  assert_non_null(strstr(r->sh.error, "stage 3 is not on this rank"));
+  assert_non_null(strstr(r->sh.why.error, "lost peer rank 1"));
+  assert_non_null(strstr(r->sh.why.error, "stage 3 is not on this rank"));
   close(sv[0]);
   close(sv[1]);
   free(payload);
@@ -266,7 +271,7 @@ static void test_link_hangup(void **state) {
   r->sh.in_fd[1] = sv[1];
   close(sv[0]);
   assert_int_equal(pw_exec_wait(r, never, NULL), PW_EPEER);
-  assert_non_null(strstr(r->sh.error, "peer closed the link"));
+  assert_non_null(strstr(r->sh.why.error, "peer closed the link"));
   close(sv[1]);
 }
 
@@ -289,11 +294,11 @@ static void snap_part(pw_run *r, int from, int step, int purpose, int stage, int
   void *dst = NULL;
   pw_err err = {0};
   char b[600];
-  if (pw_run_frame_dest(r, from, &h, &dst, &err))
+  if (pw_route_dest(r, from, &h, &dst, &err))
     fail_msg("part %d of stage %d from rank %d refused: %s", part, stage, from, pw_err_str(&err, b, sizeof b));
   assert_non_null(dst); /* kept: the store had room */
   memcpy(dst, data + (size_t)part * numel, numel * sizeof(float));
-  assert_int_equal(pw_run_frame_done(r, from, &h, dst, &err), 0);
+  assert_int_equal(pw_route_done(r, from, &h, dst, &err), 0);
 }
 
 /* The SNAP events the run posted (the loop would report them): "stage/step/held ...". */
@@ -311,17 +316,17 @@ static void expect_snap_events(pw_run *r, const char *want) {
 static void test_snap_hold(void **state) {
   fx *x = *state;
   pw_run *r = x->r; /* rank 0 of 2: the holder of rank 1 (stages 1 and 3) */
-  assert_int_equal(pw_snaprun_holder(r, 1), 0);
-  assert_int_equal(pw_snaprun_holder(r, 0), 1);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 1), 0);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 0), 1);
   enum { N = 40 };
   float data[3 * N];
   fill(data, 3 * N, 11.0f);
   pw_frame_hdr h;
   /* a run without a store takes none */
-  r->snaps = NULL;
+  r->snap.store = NULL;
   h = snap_hdr(2, HOLD, 1, 0, N);
   refused(r, 1, &h, "unexpected SNAP frame");
-  r->snaps = x->snaps;
+  r->snap.store = x->snaps;
   /* not from a rank it holds for, nor a stage the sender does not run, nor
    * larger than the whole model */
   h = snap_hdr(2, HOLD, 0, 0, N);
@@ -330,7 +335,7 @@ static void test_snap_hold(void **state) {
   h = snap_hdr(2, HOLD, 2, 0, N);
   refused(r, 1, &h, "does not fit");
   size_t model_numel = 0;
-  for (int i = 0; i < r->model.n_params; i++) model_numel += r->model.params[i].numel;
+  for (int i = 0; i < r->cfg.sl.model.n_params; i++) model_numel += r->cfg.sl.model.params[i].numel;
   h = snap_hdr(2, HOLD, 1, 0, model_numel + 1);
   refused(r, 1, &h, "does not fit");
   h = snap_hdr(0, HOLD, 1, 0, N); /* step 0 is no snapshot's */
@@ -377,7 +382,7 @@ static void test_snap_hold(void **state) {
   snap_part(r, 1, 2, HOLD, 3, 2, data, N);
   expect_snap_events(r, "3/2/1");
   assert_int_equal(x->snaps->bytes, 2 * 3 * N * sizeof(float));
-  assert_int_equal(r->cp.restore_got, 0); /* held copies restore nothing */
+  assert_int_equal(r->snap.restore_got, 0); /* held copies restore nothing */
   /* a half-received one is abandoned when the run ends (teardown): its
    * entry must not stay claimed, nor valid */
   snap_part(r, 1, 3, HOLD, 1, 0, data, N);
@@ -387,7 +392,7 @@ static void test_snap_hold(void **state) {
 static void test_snap_restore(void **state) {
   fx *x = *state;
   pw_run *r = x->r; /* rank 0: stages 0 and 2 */
-  size_t n0 = pw_prog_numel(r->ls[0].prog), n2 = pw_prog_numel(r->ls[1].prog);
+  size_t n0 = pw_prog_numel(r->cx.ls[0].prog), n2 = pw_prog_numel(r->cx.ls[1].prog);
   assert_true(n0 > 0 && n2 > 0 && n0 != n2);
   float *data = malloc(3 * n0 * sizeof(float));
   fill(data, 3 * n0, -2.0f);
@@ -396,10 +401,10 @@ static void test_snap_restore(void **state) {
   h = snap_hdr(4, RESTORE, 0, 0, n0);
   refused(r, 1, &h, "does not fit");
   /* assign.restore_step 4, restore_from: stage 0 from rank 1, stage 2 this rank's own */
-  r->restore_step = 4;
-  r->restore_from = malloc(4 * sizeof(int)); /* freed with the run */
+  r->snap.restore_step = 4;
+  r->snap.restore_from = malloc(4 * sizeof(int)); /* freed with the run */
   int from[4] = {1, 1, 0, 1};
-  memcpy(r->restore_from, from, sizeof from);
+  memcpy(r->snap.restore_from, from, sizeof from);
   h = snap_hdr(3, RESTORE, 0, 0, n0); /* another step */
   refused(r, 1, &h, "does not fit");
   h = snap_hdr(5, RESTORE, 0, 0, n0);
@@ -421,9 +426,9 @@ static void test_snap_restore(void **state) {
   assert_null(x->snaps->list);
   snap_part(r, 1, 4, RESTORE, 0, 0, data, n0);
   snap_part(r, 1, 4, RESTORE, 0, 1, data, n0);
-  assert_int_equal(r->cp.restore_got, 0);
+  assert_int_equal(r->snap.restore_got, 0);
   snap_part(r, 1, 4, RESTORE, 0, 2, data, n0);
-  assert_int_equal(r->cp.restore_got, 1);
+  assert_int_equal(r->snap.restore_got, 1);
   expect_snap_events(r, ""); /* a restore's copy is not reported as held */
   pw_snap *e = pw_snap_acquire(x->snaps, WF_JOB, 0, 4);
   assert_non_null(e);
@@ -448,10 +453,10 @@ static int setup_dp(void **state) {
   x->r = wf_run(x->f, 0, 3);
   x->snaps = calloc(1, sizeof *x->snaps);
   assert_int_equal(pw_snapstore_init(x->snaps), 0);
-  x->r->snaps = x->snaps;
-  assert_int_equal(x->r->n_ranks, 4);
-  assert_int_equal(x->r->rank_of_stage[0], 0);
-  assert_int_equal(x->r->rank_of_stage[1], 1);
+  x->r->snap.store = x->snaps;
+  assert_int_equal(x->r->cx.n_ranks, 4);
+  assert_int_equal(x->r->cx.rank_of_stage[0], 0);
+  assert_int_equal(x->r->cx.rank_of_stage[1], 1);
   *state = x;
   return 0;
 }
@@ -459,9 +464,9 @@ static int setup_dp(void **state) {
 /* Ranks 0 and 1 are reached at address a on machine ma, ranks 2 and 3
  * at b on mb: the coordinator's host ids decide, never the addresses. */
 static void hosts(pw_run *r, const char *a, const char *b, const char *ma, const char *mb) {
-  for (int k = 0; k < r->n_ranks; k++) {
-    snprintf(r->peer_addr[k], sizeof r->peer_addr[k], "%s:%d", k < 2 ? a : b, 7001 + k);
-    snprintf(r->peer_host[k], sizeof r->peer_host[k], "%s", k < 2 ? ma : mb);
+  for (int k = 0; k < r->cx.n_ranks; k++) {
+    snprintf(r->peers[k].addr, sizeof r->peers[k].addr, "%s:%d", k < 2 ? a : b, 7001 + k);
+    snprintf(r->peers[k].host, sizeof r->peers[k].host, "%s", k < 2 ? ma : mb);
   }
 }
 
@@ -485,10 +490,10 @@ static void test_snap_holder_by_host(void **state) {
    * rank's holder is the next rank; this one holds rank 3's */
   hosts(r, "127.0.0.1", "192.168.1.7", "m1", "m1");
   assert_int_equal(pw_exec_same_host(r, 0, 3), 1);
-  assert_int_equal(pw_snaprun_holder(r, 1), 2);
-  assert_int_equal(pw_snaprun_holder(r, 2), 3);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 1), 2);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 2), 3);
   pw_exec_spin_init(r); /* four compute threads here */
-  assert_true(r->cp.spin == spin_for(4));
+  assert_true(r->cp.io.spin == spin_for(4));
   h = snap_hdr(1, HOLD, 0, 0, N);
   refused(r, 2, &h, "does not fit");
   snap_part(r, 3, 1, HOLD, 1, 0, data, N);
@@ -501,10 +506,10 @@ static void test_snap_holder_by_host(void **state) {
   assert_int_equal(pw_exec_same_host(r, 0, 1), 1);
   assert_int_equal(pw_exec_same_host(r, 0, 2), 0);
   pw_exec_spin_init(r);
-  assert_true(r->cp.spin == spin_for(2));
-  assert_int_equal(pw_snaprun_holder(r, 1), 2);
-  assert_int_equal(pw_snaprun_holder(r, 2), 0);
-  assert_int_equal(pw_snaprun_holder(r, 3), 0);
+  assert_true(r->cp.io.spin == spin_for(2));
+  assert_int_equal(pw_snaprun_holder(&r->cx, 1), 2);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 2), 0);
+  assert_int_equal(pw_snaprun_holder(&r->cx, 3), 0);
   h = snap_hdr(1, HOLD, 1, 0, N);
   refused(r, 1, &h, "does not fit");
   snap_part(r, 2, 1, HOLD, 0, 0, data, N);
@@ -532,13 +537,13 @@ static void test_snap_stage_out_of_range(void **state) {
   pw_run *r = x->r;
   hosts(r, "10.0.0.1", "10.0.0.2", "m1", "m2"); /* rank 2 (pipeline rank 0) sends its snapshots here */
   /* a restore, as the assignment allows one from rank 2 of every stage */
-  r->restore_step = 1;
-  r->restore_from = malloc(2 * sizeof(int)); /* freed with the run */
-  r->restore_from[0] = r->restore_from[1] = 2;
-  size_t n0 = pw_prog_numel(r->ls[0].prog);
+  r->snap.restore_step = 1;
+  r->snap.restore_from = malloc(2 * sizeof(int)); /* freed with the run */
+  r->snap.restore_from[0] = r->snap.restore_from[1] = 2;
+  size_t n0 = pw_prog_numel(r->cx.ls[0].prog);
   pw_frame_hdr h = snap_hdr(1, RESTORE, 0xffffffffu, 0, n0);
   refused(r, 2, &h, "unexpected SNAP frame");
-  h = snap_hdr(1, HOLD, (uint32_t)r->S, 0, 8);
+  h = snap_hdr(1, HOLD, (uint32_t)r->cx.S, 0, 8);
   refused(r, 2, &h, "unexpected SNAP frame");
   h = snap_hdr(1, HOLD, 0xffffffffu, 0, 8);
   refused(r, 2, &h, "unexpected SNAP frame");

@@ -44,14 +44,14 @@ static void test_claim_release_reuse(void **state) {
   wf_job *f = wf_job_make(SPEC);
   pw_run *r = wf_run(f, 0, 3);
   pw_err err = {0};
-  assert_int_equal(r->n_ls, 1);
-  pw_prog *p = r->ls[0].prog;
+  assert_int_equal(r->cx.n_ls, 1);
+  pw_prog *p = r->cx.ls[0].prog;
   int s0 = claim(r, 0, 0, &err), s1 = claim(r, 0, 1, &err);
   assert_true(s0 >= 0 && s1 >= 0 && s0 != s1);
   assert_int_equal(claim(r, 0, 0, &err), s0); /* the same microbatch, the same slot */
   assert_int_equal(r->cp.ls[0].mb_slot[0], s0);
   assert_int_equal(r->sh.ls[0].slot_busy[s0], 1);
-  assert_non_null(pw_prog_value(p, s0, r->model.input_value));
+  assert_non_null(pw_prog_value(p, s0, r->cfg.sl.model.input_value));
   release(r, 0, 0);
   assert_int_equal(r->cp.ls[0].mb_slot[0], -1);
   assert_int_equal(r->sh.ls[0].slot_busy[s0], 0);
@@ -99,16 +99,16 @@ static void test_exhaustion(void **state) {
   pw_run *r = wf_run(f, 1, 3);
   pw_err err = {0};
   char b[600];
-  int cap = r->m * 2 + 2, seen[64] = {0};
+  int cap = r->cx.m * 2 + 2, seen[64] = {0};
   assert_true(cap <= 64);
   /* every slot held by a send after its microbatch let go */
   for (int k = 0; k < cap; k++) {
-    int s = claim(r, 0, k % r->m, &err);
+    int s = claim(r, 0, k % r->cx.m, &err);
     if (s < 0) fail_msg("slot %d of %d: %s", k, cap, pw_err_str(&err, b, sizeof b));
     assert_false(seen[s]);
     seen[s] = 1;
     send_pending(r, 0, s);
-    release(r, 0, k % r->m);
+    release(r, 0, k % r->cx.m);
   }
   int rc = claim(r, 0, 0, &err);
   assert_true(rc < 0);

@@ -59,11 +59,9 @@ static void rank_main(void *arg) {
   rank_thread *t = arg;
   pw_run *r = t->r;
   for (int s = 0; s < STEPS && !t->rc; s++) {
-    r->cp.tag = pw_evalrun_tag(r, r->sh.step);
-    t->rc = pw_exec_actions(r, r->acts, r->n_acts);
-    if (!t->rc) t->rc = pw_stepend_run(r);
+    t->rc = pw_exec_step(r);
     /* the update of step s is done, the next step has not begun */
-    if (!t->rc) t->after[s + 1] = state_copy(r->ls[0].prog);
+    if (!t->rc) t->after[s + 1] = state_copy(r->cx.ls[0].prog);
   }
   atomic_store(&t->done, 1);
 }
@@ -79,9 +77,9 @@ static void test_snapshot_after_the_update(void **state) {
   for (int k = 0; k < NR; k++) {
     run[k] = wf_run(f, k, STEPS + 1);
     assert_int_equal(pw_snapstore_init(&store[k]), 0);
-    run[k]->snaps = &store[k];
+    run[k]->snap.store = &store[k];
     assert_int_equal(pw_run_open_files(run[k], &err), 0);
-    assert_int_equal(run[k]->n_ls, 1);
+    assert_int_equal(run[k]->cx.n_ls, 1);
     pw_exec_spin_init(run[k]);
   }
   for (int a = 0; a < NR; a++)
@@ -89,7 +87,7 @@ static void test_snapshot_after_the_update(void **state) {
       if (a == b) continue;
       int sv[2];
       assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-      run[a]->sh.wl[b].fd = sv[0];
+      run[a]->sh.out.link[b].fd = sv[0];
       run[b]->sh.in_fd[a] = sv[1];
       fds[n_fds++] = sv[0];
       fds[n_fds++] = sv[1];
@@ -97,8 +95,8 @@ static void test_snapshot_after_the_update(void **state) {
   rank_thread t[NR];
   uv_thread_t th[NR];
   for (int k = 0; k < NR; k++) {
-    t[k] = (rank_thread){.r = run[k], .numel = pw_prog_numel(run[k]->ls[0].prog)};
-    t[k].after[0] = state_copy(run[k]->ls[0].prog);
+    t[k] = (rank_thread){.r = run[k], .numel = pw_prog_numel(run[k]->cx.ls[0].prog)};
+    t[k].after[0] = state_copy(run[k]->cx.ls[0].prog);
     assert_int_equal(uv_thread_create(&th[k], rank_main, &t[k]), 0);
   }
   /* both loops: the rest of every frame a socket did not take; snapshot
@@ -114,7 +112,7 @@ static void test_snapshot_after_the_update(void **state) {
         busy = 1;
         if (ev.kind == PW_EV_SNAP) snaps[k][ev.held]++;
         if (ev.kind != PW_EV_SEND) continue;
-        int fd = r->sh.wl[ev.to].fd;
+        int fd = r->sh.out.link[ev.to].fd;
         if (ev.off < PW_FRAME_HDR_SIZE) wf_write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
         uint64_t poff = ev.off > PW_FRAME_HDR_SIZE ? ev.off - PW_FRAME_HDR_SIZE : 0;
         wf_write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
@@ -128,16 +126,16 @@ static void test_snapshot_after_the_update(void **state) {
   }
   for (int k = 0; k < NR; k++) {
     uv_thread_join(&th[k]);
-    if (t[k].rc) fail_msg("rank %d: %d (%s)", k, t[k].rc, run[k]->sh.error);
+    if (t[k].rc) fail_msg("rank %d: %d (%s)", k, t[k].rc, run[k]->sh.why.error);
   }
   for (int k = 0; k < NR; k++) {
     pw_run *r = run[k];
-    int stage = r->ls[0].stage, holder = (k + 1) % NR;
+    int stage = r->cx.ls[0].stage, holder = (k + 1) % NR;
     size_t n = t[k].numel;
     /* steps 1 .. STEPS - 1, and STEPS too on a rank that found no idle
      * wait (it then copies right after the update; the holder, done, never
      * reads that one): the newest two of each kind kept */
-    int taken = r->cp.snaps_taken;
+    int taken = r->snap.taken;
     assert_true(taken == STEPS - 1 || taken == STEPS);
     assert_int_equal(snaps[k][0], taken);
     assert_int_equal(snaps[holder][1], STEPS - 1);

@@ -101,8 +101,8 @@ static int setup(void **state) {
   for (int pr = 0; pr < PP; pr++) {
     m->ref[pr] = wf_run(m->f, pr, 10);
     assert_int_equal(pw_run_open_files(m->ref[pr], &err), 0);
-    for (int li = 0; v && v->zero == 2 && li < m->ref[pr]->n_ls; li++) { /* its own is replica 0's shard */
-      pw_prog *rp = m->ref[pr]->ls[li].prog;
+    for (int li = 0; v && v->zero == 2 && li < m->ref[pr]->cx.n_ls; li++) { /* its own is replica 0's shard */
+      pw_prog *rp = m->ref[pr]->cx.ls[li].prog;
       size_t whole[1][2] = {{0, pw_prog_grad_numel(rp)}};
       assert_true(li < 8 && (m->ref_grads[pr][li] = calloc(whole[0][1] + 1, sizeof(float))));
       assert_int_equal(pw_prog_set_wgrad(rp, m->ref_grads[pr][li], (const size_t(*)[2])whole, 1, NULL, 0, NULL, NULL,
@@ -115,24 +115,24 @@ static int setup(void **state) {
       if (a == b) continue;
       int sv[2];
       assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-      m->run[a]->sh.wl[b].fd = sv[0];
+      m->run[a]->sh.out.link[b].fd = sv[0];
       m->run[b]->sh.in_fd[a] = sv[1];
       m->fds[m->n_fds++] = sv[0];
       m->fds[m->n_fds++] = sv[1];
     }
   for (int k = 0; k < NR; k++) {
     pw_run *r = m->run[k];
-    for (int li = 0; li < r->n_ls; li++) {
-      float *g = pw_prog_grads(r->ls[li].prog);
-      const pw_dpx *x = v && v->zero == 2 ? &r->cp.dpx[li] : NULL;
-      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) {
+    for (int li = 0; li < r->cx.n_ls; li++) {
+      float *g = pw_prog_grads(r->cx.ls[li].prog);
+      const pw_dpx_stage *x = v && v->zero == 2 ? &r->dpx.st[li] : NULL;
+      for (size_t i = 0; i < pw_prog_grad_numel(r->cx.ls[li].prog); i++) {
         int whole = !x;
         for (int f = 0; x && f < x->n_full; f++) whole |= x->full[f][0] <= i && i < x->full[f][1];
         if (whole) {
-          g[i] = grad_of(r->replica, r->ls[li].stage, i);
+          g[i] = grad_of(r->cx.replica, r->cx.ls[li].stage, i);
         } else if (i >= x->lo && i < x->hi) { /* zero 2: what the flushes left in our shard (gradrs.c) */
           float acc = 0;
-          for (int d = 0; d < DP; d++) acc += grad_of(d, r->ls[li].stage, i);
+          for (int d = 0; d < DP; d++) acc += grad_of(d, r->cx.ls[li].stage, i);
           g[i] = acc;
         } /* else not ours: not even mapped */
       }
@@ -159,7 +159,7 @@ static int teardown(void **state) {
 
 typedef struct {
   pw_run *r;
-  int full;          /* pw_stepend_run, else pw_stepend_reduce */
+  int full;          /* the whole step end, else pw_stepend_reduce */
   double sqnorm;
   int rc;
   atomic_int done;
@@ -167,7 +167,16 @@ typedef struct {
 
 static void rank_main(void *arg) {
   rank_thread *t = arg;
-  t->rc = t->full ? pw_stepend_run(t->r) : pw_stepend_reduce(t->r, &t->sqnorm);
+  if (!t->full) {
+    t->rc = pw_stepend_reduce(t->r, &t->sqnorm);
+  } else { /* the step end as pw_exec_step runs it after the actions */
+    double lr;
+    pw_event ev = {.kind = PW_EV_STEP, .after = pw_now()};
+    if (!(t->rc = pw_stepend_update(t->r, &t->sqnorm, &lr))) {
+      ev.grad_norm = sqrt(t->sqnorm), ev.lr = lr;
+      t->rc = pw_stepend_finish(t->r, &ev);
+    }
+  }
   atomic_store(&t->done, 1);
 }
 
@@ -193,13 +202,13 @@ static void exchange(mesh *m, int full, rank_thread t[NR], pw_event steps[NR]) {
         }
         assert_int_equal(ev.kind, PW_EV_SEND);
         assert_int_equal(ev.li, -1);
-        int fd = r->sh.wl[ev.to].fd;
+        int fd = r->sh.out.link[ev.to].fd;
         if (ev.off < PW_FRAME_HDR_SIZE) wf_write_all(fd, ev.hdr + ev.off, PW_FRAME_HDR_SIZE - ev.off);
         uint64_t poff = ev.off > PW_FRAME_HDR_SIZE ? ev.off - PW_FRAME_HDR_SIZE : 0;
         wf_write_all(fd, (const uint8_t *)ev.payload + poff, ev.len - poff);
-        uv_mutex_lock(&r->sh.wmu);
-        r->sh.wl[ev.to].queued--;
-        uv_mutex_unlock(&r->sh.wmu);
+        uv_mutex_lock(&r->sh.out.mu);
+        r->sh.out.link[ev.to].queued--;
+        uv_mutex_unlock(&r->sh.out.mu);
       }
       left += !atomic_load(&t[k].done);
     }
@@ -207,7 +216,7 @@ static void exchange(mesh *m, int full, rank_thread t[NR], pw_event steps[NR]) {
   }
   for (int k = 0; k < NR; k++) {
     uv_thread_join(&th[k]);
-    if (t[k].rc) fail_msg("rank %d: %d (%s)", k, t[k].rc, m->run[k]->sh.error);
+    if (t[k].rc) fail_msg("rank %d: %d (%s)", k, t[k].rc, m->run[k]->sh.why.error);
   }
 }
 
@@ -224,14 +233,14 @@ static pw_prog_param *param_of(pw_prog *p, int model_index) {
 static double expected(mesh *m) {
   for (int pr = 0; pr < PP; pr++) {
     pw_run *ref = m->ref[pr];
-    for (int li = 0; li < ref->n_ls; li++) {
-      float *g = pw_prog_grads(ref->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_grad_numel(ref->ls[li].prog); i++) {
+    for (int li = 0; li < ref->cx.n_ls; li++) {
+      float *g = pw_prog_grads(ref->cx.ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(ref->cx.ls[li].prog); i++) {
         float acc = 0;
-        for (int d = 0; d < DP; d++) acc += grad_of(d, ref->ls[li].stage, i);
+        for (int d = 0; d < DP; d++) acc += grad_of(d, ref->cx.ls[li].stage, i);
         g[i] = acc;
       }
-      pw_prog_grads_finalize(ref->ls[li].prog);
+      pw_prog_grads_finalize(ref->cx.ls[li].prog);
     }
   }
   const pw_partition *part = &m->f->plan.part;
@@ -244,12 +253,12 @@ static double expected(mesh *m) {
       for (int j = 0; j < sp->n_holders; j++) {
         if (sp->holders[j] != stage) continue;
         pw_run *ref = m->ref[s2r[stage]];
-        const float *g = param_of(ref->ls[ref->lidx_of_stage[stage]].prog, sp->param)->grad;
+        const float *g = param_of(ref->cx.ls[ref->cx.lidx_of_stage[stage]].prog, sp->param)->grad;
         for (size_t i = 0; i < n; i++) sum[i] += g[i];
       }
     for (int j = 0; j < sp->n_holders; j++) {
       pw_run *ref = m->ref[s2r[sp->holders[j]]];
-      memcpy(param_of(ref->ls[ref->lidx_of_stage[sp->holders[j]]].prog, sp->param)->grad, sum, n * sizeof(float));
+      memcpy(param_of(ref->cx.ls[ref->cx.lidx_of_stage[sp->holders[j]]].prog, sp->param)->grad, sum, n * sizeof(float));
     }
     free(sum);
   }
@@ -257,8 +266,8 @@ static double expected(mesh *m) {
   for (int pr = 0; pr < PP; pr++) {
     pw_run *ref = m->ref[pr];
     double part_sq = 0;
-    for (int li = 0; li < ref->n_ls; li++) {
-      int skip[16], ns = 0, stage = ref->ls[li].stage;
+    for (int li = 0; li < ref->cx.n_ls; li++) {
+      int skip[16], ns = 0, stage = ref->cx.ls[li].stage;
       for (int k = 0; k < part->n_shared; k++) {
         const pw_shared_param *sp = &part->shared[k];
         int lowest = sp->holders[0], holds = 0;
@@ -268,7 +277,7 @@ static double expected(mesh *m) {
         }
         if (holds && stage != lowest) skip[ns++] = sp->param;
       }
-      part_sq += pw_grad_sqnorm(ref->ls[li].prog, skip, ns);
+      part_sq += pw_grad_sqnorm(ref->cx.ls[li].prog, skip, ns);
     }
     total += part_sq;
   }
@@ -283,14 +292,14 @@ static void test_reduce(void **state) {
   double sq = expected(m);
   assert_true(sq > 0);
   for (int k = 0; k < NR; k++) {
-    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    pw_run *r = m->run[k], *ref = m->ref[r->cx.prank];
     if (memcmp(&t[k].sqnorm, &sq, sizeof sq)) fail_msg("rank %d: norm %.17g, expected %.17g", k, t[k].sqnorm, sq);
-    assert_int_equal(r->n_ls, ref->n_ls);
-    for (int li = 0; li < r->n_ls; li++) {
-      const float *g = pw_prog_grads(r->ls[li].prog), *e = pw_prog_grads(ref->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++)
+    assert_int_equal(r->cx.n_ls, ref->cx.n_ls);
+    for (int li = 0; li < r->cx.n_ls; li++) {
+      const float *g = pw_prog_grads(r->cx.ls[li].prog), *e = pw_prog_grads(ref->cx.ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(r->cx.ls[li].prog); i++)
         if (memcmp(&g[i], &e[i], sizeof(float)))
-          fail_msg("rank %d stage %d gradient %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, g[i], e[i]);
+          fail_msg("rank %d stage %d gradient %zu: %.9g, expected %.9g", k, r->cx.ls[li].stage, i, g[i], e[i]);
     }
     assert_int_equal(r->sh.step, 0); /* the reduction alone does not end the step */
   }
@@ -300,14 +309,14 @@ static void test_reduce(void **state) {
     for (int d = 0; d < DP; d++) {
       pw_run *r = m->run[d * PP + pr];
       uint64_t want = 0;
-      for (int li = 0; li < r->n_ls; li++) {
-        want += pw_coll_bytes_rs_ag(pw_prog_grad_numel(r->ls[li].prog), DP, d);
-        if (!d) arena += pw_prog_grad_numel(r->ls[li].prog) * sizeof(float);
+      for (int li = 0; li < r->cx.n_ls; li++) {
+        want += pw_coll_bytes_rs_ag(pw_prog_grad_numel(r->cx.ls[li].prog), DP, d);
+        if (!d) arena += pw_prog_grad_numel(r->cx.ls[li].prog) * sizeof(float);
       }
-      if (r->cp.dp_bytes != want)
-        fail_msg("rank %d sent %llu bytes, expected %llu", r->rank, (unsigned long long)r->cp.dp_bytes,
+      if (r->dpx.bytes != want)
+        fail_msg("rank %d sent %llu bytes, expected %llu", r->cx.rank, (unsigned long long)r->dpx.bytes,
                  (unsigned long long)want);
-      group += r->cp.dp_bytes;
+      group += r->dpx.bytes;
     }
     assert_true(group == 2 * (DP - 1) * arena);
   }
@@ -323,8 +332,8 @@ static pw_step_sched step_end(mesh *m, rank_thread t[NR], pw_event steps[NR], do
   pw_step_sched sc = pw_step_sched_of(&m->f->job.train, 0, *sq);
   assert_true(sc.clip_coef < 1.0f); /* the clip is in play */
   for (int pr = 0; pr < PP; pr++)
-    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
-      pw_prog *rp = m->ref[pr]->ls[li].prog;
+    for (int li = 0; li < m->ref[pr]->cx.n_ls; li++) {
+      pw_prog *rp = m->ref[pr]->cx.ls[li].prog;
       if (lend)
         pw_prog_wire_moments(rp, calloc(pw_prog_train_numel(rp) + 1, sizeof(float)),
                              calloc(pw_prog_train_numel(rp) + 1, sizeof(float)));
@@ -342,32 +351,32 @@ static void test_zero_step_end(void **state) {
   double sq;
   step_end(m, t, steps, &sq, 1);
   for (int k = 0; k < NR; k++) {
-    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    pw_run *r = m->run[k], *ref = m->ref[r->cx.prank];
     assert_int_equal(r->sh.step, 1);
     if (fabs(steps[k].grad_norm - sqrt(sq)) > 1e-6 * sqrt(sq))
       fail_msg("rank %d: norm %.17g, expected %.17g", k, steps[k].grad_norm, sqrt(sq));
-    if (memcmp(&steps[k].grad_norm, &steps[r->prank].grad_norm, sizeof(double)))
+    if (memcmp(&steps[k].grad_norm, &steps[r->cx.prank].grad_norm, sizeof(double)))
       fail_msg("rank %d: norm %.17g differs from replica 0's", k, steps[k].grad_norm);
-    for (int li = 0; li < r->n_ls; li++) {
-      const float *p = pw_prog_params(r->ls[li].prog), *e = pw_prog_params(ref->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_numel(r->ls[li].prog); i++)
+    for (int li = 0; li < r->cx.n_ls; li++) {
+      const float *p = pw_prog_params(r->cx.ls[li].prog), *e = pw_prog_params(ref->cx.ls[li].prog);
+      for (size_t i = 0; i < pw_prog_numel(r->cx.ls[li].prog); i++)
         if (fabsf(p[i] - e[i]) > 1e-6f)
-          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, p[i], e[i]);
-      const pw_dpx *x = &r->cp.dpx[li];
-      const float *em = pw_prog_moment(ref->ls[li].prog, 0), *ev = pw_prog_moment(ref->ls[li].prog, 1);
+          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->cx.ls[li].stage, i, p[i], e[i]);
+      const pw_dpx_stage *x = &r->dpx.st[li];
+      const float *em = pw_prog_moment(ref->cx.ls[li].prog, 0), *ev = pw_prog_moment(ref->cx.ls[li].prog, 1);
       size_t lo, hi;
-      pw_shard_range(pw_prog_train_numel(r->ls[li].prog), DP, r->replica, &lo, &hi);
+      pw_shard_range(pw_prog_train_numel(r->cx.ls[li].prog), DP, r->cx.replica, &lo, &hi);
       assert_true(x->lo == lo && x->hi == hi);
-      assert_null(pw_prog_moment(r->ls[li].prog, 0)); /* no whole state here */
+      assert_null(pw_prog_moment(r->cx.ls[li].prog, 0)); /* no whole state here */
       for (size_t i = lo; i < hi; i++)
         if (fabsf(x->m[i - lo] - em[i]) > 1e-7f || fabsf(x->v[i - lo] - ev[i]) > 1e-9f)
-          fail_msg("rank %d stage %d moment %zu: %.9g %.9g, expected %.9g %.9g", k, r->ls[li].stage, i, x->m[i - lo],
+          fail_msg("rank %d stage %d moment %zu: %.9g %.9g, expected %.9g %.9g", k, r->cx.ls[li].stage, i, x->m[i - lo],
                    x->v[i - lo], em[i], ev[i]);
     }
   }
   for (int pr = 0; pr < PP; pr++)
-    for (int li = 0; li < m->ref[pr]->n_ls; li++) {
-      pw_prog *rp = m->ref[pr]->ls[li].prog;
+    for (int li = 0; li < m->ref[pr]->cx.n_ls; li++) {
+      pw_prog *rp = m->ref[pr]->cx.ls[li].prog;
       free(pw_prog_moment(rp, 0)), free(pw_prog_moment(rp, 1));
       pw_prog_wire_moments(rp, NULL, NULL);
     }
@@ -381,21 +390,21 @@ static void test_full_step_end(void **state) {
   pw_step_sched sc = step_end(m, t, steps, &sq, 0);
   double norm = sqrt(sq);
   for (int k = 0; k < NR; k++) {
-    pw_run *r = m->run[k], *ref = m->ref[r->prank];
+    pw_run *r = m->run[k], *ref = m->ref[r->cx.prank];
     assert_int_equal(r->sh.step, 1);
     assert_int_equal(steps[k].kind, PW_EV_STEP);
     assert_int_equal(steps[k].step, 0);
     if (memcmp(&steps[k].grad_norm, &norm, sizeof norm))
       fail_msg("rank %d: reported norm %.17g, expected %.17g", k, steps[k].grad_norm, norm);
     assert_true(steps[k].lr == sc.lr);
-    for (int li = 0; li < r->n_ls; li++) {
-      const float *p = pw_prog_params(r->ls[li].prog), *e = pw_prog_params(ref->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_numel(r->ls[li].prog); i++)
+    for (int li = 0; li < r->cx.n_ls; li++) {
+      const float *p = pw_prog_params(r->cx.ls[li].prog), *e = pw_prog_params(ref->cx.ls[li].prog);
+      for (size_t i = 0; i < pw_prog_numel(r->cx.ls[li].prog); i++)
         if (memcmp(&p[i], &e[i], sizeof(float)))
-          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->ls[li].stage, i, p[i], e[i]);
+          fail_msg("rank %d stage %d parameter %zu: %.9g, expected %.9g", k, r->cx.ls[li].stage, i, p[i], e[i]);
       /* and the gradients are zero for the next step */
-      const float *g = pw_prog_grads(r->ls[li].prog);
-      for (size_t i = 0; i < pw_prog_grad_numel(r->ls[li].prog); i++) assert_true(g[i] == 0.0f);
+      const float *g = pw_prog_grads(r->cx.ls[li].prog);
+      for (size_t i = 0; i < pw_prog_grad_numel(r->cx.ls[li].prog); i++) assert_true(g[i] == 0.0f);
     }
   }
 }
@@ -409,9 +418,9 @@ static void test_full_step_end(void **state) {
 static void test_zero2_frames(void **state) {
   mesh *m = *state;
   pw_run *r = m->run[0]; /* replica 0, pipeline rank 0 */
-  pw_gradrs *g = r->cp.gradrs;
+  pw_gradrs *g = r->dpx.gradrs;
   assert_non_null(g);
-  int stage = r->ls[0].stage, from = 1 * PP + 0; /* replica 1's rank of pipeline rank 0 */
+  int stage = r->cx.ls[0].stage, from = 1 * PP + 0; /* replica 1's rank of pipeline rank 0 */
   size_t cap = g->st[0].cap;
   assert_true(cap > 4);
   struct {
@@ -426,9 +435,9 @@ static void test_zero2_frames(void **state) {
     pw_frame_hdr h;
     pw_err err = {0};
     void *dst = NULL;
-    assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, cases[c].call, 1, (uint32_t)cases[c].stage,
+    assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_DP, r->cx.job, cases[c].call, 1, (uint32_t)cases[c].stage,
                                            PW_GRADRS_PIECE | cases[c].off << 4, PW_DTYPE_F32, cases[c].n), 0);
-    int rc = pw_run_frame_dest(r, cases[c].from, &h, &dst, &err);
+    int rc = pw_route_dest(r, cases[c].from, &h, &dst, &err);
     if (!cases[c].why) {
       if (rc) fail_msg("case %zu refused: %s", c, err.msg);
       assert_ptr_equal(dst, g->st[0].rx[cases[c].call & 1] + cases[c].off); /* replica 1: slot 0 */
@@ -438,13 +447,13 @@ static void test_zero2_frames(void **state) {
   }
   pw_frame_hdr h;
   pw_err err = {0};
-  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 2, 1, (uint32_t)stage, PW_GRADRS_PIECE,
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_DP, r->cx.job, 2, 1, (uint32_t)stage, PW_GRADRS_PIECE,
                                          PW_DTYPE_F32, 0), 0);
-  assert_int_not_equal(pw_run_frame_done(r, from, &h, NULL, &err), 0);
+  assert_int_not_equal(pw_route_done(r, from, &h, NULL, &err), 0);
   void *dst = NULL;
-  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_REDUCE, r->job, 0, 1, (uint32_t)stage, PW_DPX_RS,
+  assert_int_equal(pw_frame_hdr_init_vec(&h, PW_FRAME_DP, r->cx.job, 0, 1, (uint32_t)stage, PW_DPX_RS,
                                          PW_DTYPE_F32, 1), 0);
-  assert_int_not_equal(pw_run_frame_dest(r, from, &h, &dst, &err), 0);
+  assert_int_not_equal(pw_route_dest(r, from, &h, &dst, &err), 0);
   assert_null(dst);
 }
 
