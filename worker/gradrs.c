@@ -179,16 +179,20 @@ int pw_gradrs_flush(void *ctx, const float *scratch, const size_t (*spans)[2], i
 /* A piece of flush h->step for stage li from replica d, at offset off: it
  * fits our receive buffers (an empty one reaches only pw_gradrs_frame). */
 static int fits(pw_gradrs *g, int from, const pw_frame_hdr *h, int *li, pw_err *err) {
-  const pw_rctx *c = g->cx;
   int d = (int)h->microbatch;
   size_t off = h->value >> 4, n = (size_t)(h->payload_len / sizeof(float));
+  *li = -1;
+  if (!g) /* not a ZeRO-2 run: no piece is ever due */
+    return pw_err_set(err, PW_EPROTO, "frame", "gradient piece (flush %u) for stage %u from rank %d: not a ZeRO-2 run",
+                      h->step, h->stage, from);
+  const pw_rctx *c = g->cx;
   *li = h->stage < (uint32_t)c->S ? c->lidx_of_stage[h->stage] : -1;
-  if (!g || *li < 0 || d >= c->dp || d == c->replica || from != peer(g, d) || h->dtype != PW_DTYPE_F32 ||
+  if (*li < 0 || d >= c->dp || d == c->replica || from != peer(g, d) || h->dtype != PW_DTYPE_F32 ||
       (h->step != g->call && h->step != g->call + 1) || off + n > g->st[*li].cap)
     return pw_err_set(err, PW_EPROTO, "frame",
                       "gradient piece (flush %u, offset %zu, %zu floats) for stage %u from rank %d does not fit (at "
                       "flush %u)",
-                      h->step, off, n, h->stage, from, g ? g->call : 0);
+                      h->step, off, n, h->stage, from, g->call);
   return 0;
 }
 

@@ -54,9 +54,11 @@ void pw_snaprun_close(pw_snaprun *x) {
   free(x->rx);
   free(x->rx_next);
   free(x->rx_step);
+  free(x->restore_from);
   x->rx = NULL;
   x->rx_next = NULL;
   x->rx_step = NULL;
+  x->restore_from = NULL;
 }
 
 int pw_snaprun_assign(pw_snaprun *x, const pw_msg_assign *a, pw_err *err) {
