@@ -7,7 +7,8 @@ Each round, per build: the wake-up of a process blocked 1 ms (`bench_transport w
   - tiny pp = 2: case 4's job (GPT 2 layers, d=64, T=64, batch 2, m = 1, 1f1b), 300 steps: the
     ranks' worker step time (median of steps 20..298, the slower rank's) and the step period;
   - d128 pp = 2 and pp = 4 (four ranks sharing 2 cores): case 3's job (GPT d=128, 8 layers, T=64,
-    B=16, m = 8, 1f1b), 14 steps, the period after 2 warm-up steps.
+    B=16, m = 8, 1f1b), 14 steps, the period after 2 warm-up steps;
+  - d256 pp = 2: bench/jobs/gpt-d256.json (4 layers, T=64, B=16, m = 8, 1f1b), 12 steps, the same.
 Writes bench/results/runtime/NAME.{json,md}: per build the medians with the rounds' range, and the median of the
 paired ratios base ÷ new (> 1: the new build is faster), with the other processes' CPU share
 (costmodel.py's OtherCpu): above 5 % the figures are indicative."""
@@ -22,6 +23,7 @@ CASES = {  # name: (job args for cases_rt._job, warm-up steps)
     "tiny pp = 2": ((64, 2, 4, 64, 2, 1, 2, 1, "1f1b", 300), 20),
     "d128 pp = 2": ((128, 8, 4, 64, 16, 8, 2, 1, "1f1b", 14), 2),
     "d128 pp = 4": ((128, 8, 4, 64, 16, 8, 4, 1, "1f1b", 14), 2),
+    "d256 pp = 2": ((256, 4, 4, 64, 16, 8, 2, 1, "1f1b", 12), 2),
 }
 
 
