@@ -40,6 +40,9 @@ int pw_cmd_dataset(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
 PW_MUST_CHECK int pw_cli_load_job(const char *path, pw_job *job);
+/* Before a command computes: OpenBLAS (and oneDNN) at `threads`, and the
+ * products' path checked (gemm.h); on error prints it and returns it. */
+PW_MUST_CHECK int pw_cli_compute_ready(int threads);
 /* Prints "error: <path>: <message>" to stderr. */
 void pw_cli_report(const pw_err *err);
 /* Human-readable 12.3K / 4.5M / 6.7G. */

@@ -87,6 +87,7 @@ int pw_cmd_calibrate(int argc, char **argv) {
   }
   o.target_s = ms / 1e3;
   o.share_s = share_ms / 1e3;
+  if (pw_cli_compute_ready(o.threads > 0 ? o.threads : 1)) return 1;
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   json_t *prof = NULL;

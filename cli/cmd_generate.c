@@ -9,7 +9,6 @@
  * With --coordinator, a serve job answers instead (docs/serving.md): the
  * same options, sent to POST /v1/jobs/{id}/generate; --stream prints each
  * token as its server-sent event arrives. */
-#include <cblas.h>
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -336,7 +335,7 @@ int pw_cmd_generate(int argc, char **argv) {
   int prc = parse(argc, argv, &a);
   if (prc) return usage(prc > 0 ? stdout : stderr), prc > 0 ? 0 : 2;
   if (a.coordinator) return remote_generate(&a);
-  openblas_set_num_threads(a.threads);
+  if (pw_cli_compute_ready(a.threads)) return 1;
   pw_job job;
   if (pw_cli_load_job(a.job_path, &job)) return 1;
   pw_err err = {0};

@@ -495,10 +495,13 @@ int pw_cmd_workers(int argc, char **argv) {
         else
           snprintf(jb, sizeof jb, "%lld", pw_jint(w, "job", 0));
       }
-      /* the OpenBLAS kernel, "(forced)" when OPENBLAS_CORETYPE chose it; "-" for an older worker */
+      /* what the products run on: oneDNN, or the OpenBLAS kernel, "(forced)"
+       * when OPENBLAS_CORETYPE chose it; "-" for an older worker */
       char kern[48] = "-", gf[32] = "-";
       const json_t *fv = json_object_get(w, "blas_forced");
-      if (json_is_string(json_object_get(w, "blas_core")))
+      if (!strcmp(pw_jstr(w, "gemm_path", ""), "onednn"))
+        snprintf(kern, sizeof kern, "oneDNN");
+      else if (json_is_string(json_object_get(w, "blas_core")))
         snprintf(kern, sizeof kern, "%.31s%s", pw_jstr(w, "blas_core", ""), json_is_true(fv) ? " (forced)" : "");
       double g = pw_jnum(w, "gemm_gflops");
       if (g > 0) snprintf(gf, sizeof gf, "%.0f GF/s", g);

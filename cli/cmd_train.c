@@ -1,5 +1,4 @@
 /* cmd_train: `pipewright train` and `pipewright eval`. */
-#include <cblas.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -80,7 +79,7 @@ int pw_cmd_train(int argc, char **argv) {
     train_usage(stderr);
     return 2;
   }
-  openblas_set_num_threads(threads);
+  if (pw_cli_compute_ready(threads)) return 1;
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   int stop = steps >= 0 ? steps : job.train.steps;
@@ -188,7 +187,7 @@ int pw_cmd_eval(int argc, char **argv) {
   if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(job_path, "--job FILE") ||
       pw_args_required(ckpt, "--checkpoint CKPT"))
     return fputs(EVAL_USAGE, stderr), 2;
-  openblas_set_num_threads(threads);
+  if (pw_cli_compute_ready(threads)) return 1;
   pw_job job;
   if (pw_cli_load_job(job_path, &job)) return 1;
   pw_trainer t;

@@ -1,10 +1,12 @@
 /* main: `pipewright` — dispatches to a subcommand from a table. */
+#include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "args.h"
 #include "cli.h"
+#include "gemm.h"
 #include "suggest.h"
 #include "errors.h"
 #include "spec_json.h"
@@ -40,6 +42,14 @@ static void usage(FILE *f) {
   fprintf(f, "usage: pipewright <command> [options]\n\ncommands:\n");
   for (int i = 0; i < n_commands; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
   fprintf(f, "\n'pipewright <command> --help' shows a command's options.\n");
+}
+
+int pw_cli_compute_ready(int threads) {
+  pw_err err = {0};
+  openblas_set_num_threads(threads);
+  int rc = pw_gemm_check(&err);
+  if (rc) pw_cli_report(&err);
+  return rc;
 }
 
 int pw_cli_load_job(const char *path, pw_job *job) {

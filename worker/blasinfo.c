@@ -29,12 +29,12 @@ static double gemm_rate(int *calls) {
   if (!m) return 0;
   float *a = m, *b = m + n * n, *c = m + 2 * n * n;
   for (int i = 0; i < 2 * n * n; i++) m[i] = (float)(i % 17) * 0.0625f - 0.5f; /* finite, no denormals */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+  pw_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
   double t[MAX_CALLS], start = now_s();
   int k = 0;
   while (k < MAX_CALLS && (k == 0 || now_s() - start < PW_GEMM_PROBE_BUDGET)) {
     double t0 = now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    pw_sgemm(0, 0, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
     t[k++] = now_s() - t0;
   }
   free(m);
@@ -50,6 +50,7 @@ void pw_blasinfo_probe(pw_blasinfo *b) {
   snprintf(b->core, sizeof b->core, "%s", core ? core : "");
   b->forced = env && env[0];
   b->cpu = pw_cpu_detected();
+  b->gemm = pw_gemm_choice_get();
   openblas_set_num_threads(1); /* the rate of one core, whatever --threads says */
   b->gflops = gemm_rate(&b->calls);
   b->probe_s = now_s() - t0;

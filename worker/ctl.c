@@ -353,6 +353,7 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
                                   .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0,
                                   .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
                                   .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops,
+                                  .gemm_path = w->blas.gemm ? pw_gemm_path_name(w->blas.gemm->path) : NULL,
                                   .host = host, .hostname = hostname));
 }
 

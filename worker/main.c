@@ -199,13 +199,22 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  pw_blasinfo_probe(&w.blas);
   {
-    char why[256];
-    pw_info("OpenBLAS kernel %s%s, CPU %s, sgemm %.0f GFLOP/s on one core (%d calls, probe %.0f ms)",
-            w.blas.core[0] ? w.blas.core : "?", w.blas.forced ? " (forced by OPENBLAS_CORETYPE)" : "",
-            pw_cpu_name(w.blas.cpu), w.blas.gflops, w.blas.calls, w.blas.probe_s * 1e3);
-    if (pw_cpu_blas_warning(w.blas.core, w.blas.forced, pw_cpu_name(w.blas.cpu), why, sizeof why)) pw_warn("%s", why);
+    pw_err err = {0};
+    char why[512];
+    if (pw_gemm_check(&err)) { /* a worker that cannot multiply right must not train */
+      fprintf(stderr, "pipewright-worker: %s\n", pw_err_str(&err, why, sizeof why));
+      return 1;
+    }
+    pw_blasinfo_probe(&w.blas);
+    pw_info("products on %s (%s); OpenBLAS kernel %s%s, CPU %s, sgemm %.0f GFLOP/s on one core (%d calls, probe "
+            "%.0f ms)",
+            pw_gemm_path_name(w.blas.gemm->path), w.blas.gemm->why, w.blas.core[0] ? w.blas.core : "?",
+            w.blas.forced ? " (forced by OPENBLAS_CORETYPE)" : "", pw_cpu_name(w.blas.cpu), w.blas.gflops,
+            w.blas.calls, w.blas.probe_s * 1e3);
+    if (w.blas.gemm->path == PW_GEMM_OPENBLAS &&
+        pw_cpu_blas_warning(w.blas.core, w.blas.forced, pw_cpu_name(w.blas.cpu), why, sizeof why))
+      pw_warn("%s", why);
   }
   openblas_set_num_threads(w.threads);
   signal(SIGPIPE, SIG_IGN);

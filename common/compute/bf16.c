@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "gemm.h"
 #include "log.h"
 #include "onednn.h"
 #include "ops.h"
@@ -113,7 +114,7 @@ static void gemm_sgemm(int ta, int tb, int M, int N, int K, const pw_bf16 *A, in
     pw_error("bf16 gemm: out of memory widening %dx%dx%d", M, N, K);
     abort(); /* the kernels have no error path: as a failed first touch would */
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, a,
+  pw_sgemm(ta, tb, M, N, K, 1.0f, a,
               ta ? M : K, b, tb ? K : N, acc ? 1.0f : 0.0f, C, ldc);
   pthread_mutex_unlock(&wide_lock);
 }

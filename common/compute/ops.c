@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "gemm.h"
 #include "ops_math.h"
 
 /* ---- embeddings ---------------------------------------------------------- */
@@ -85,7 +86,7 @@ void pw_linear_forward(float *out, const float *inp, const float *w, const float
     return;
   }
   /* out (N,OC) = inp (N,C) @ w^T, w (OC,C). */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out,
+  pw_sgemm(0, 1, N, OC, C, 1.0f, inp, C, w, C, beta, out,
               OC);
 }
 
@@ -98,7 +99,7 @@ void pw_linear_backward_input(float *dinp, const float *dout, const float *w, in
   }
   /* dinp (N,C) (+)= dout (N,OC) @ w (OC,C). OpenBLAS does beta = 0 as a
    * zeroing pass and then the same kernel as beta = 1: the same bits. */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
+  pw_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C,
               acc ? 1.0f : 0.0f, dinp, C);
 }
 
@@ -108,7 +109,7 @@ PW_CPU_DISPATCH(pw_linear_backward_weight, (float *dw, float *dbias, const float
   if (N <= 0 || OC <= 0) return;
   /* dw (OC,C) += dout^T (OC,N) @ inp (N,C); NULL: the weight is frozen. */
   if (C > 0 && dw)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+    pw_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dw, C);
   if (dbias)
     for (int n = 0; n < N; n++) {

@@ -13,12 +13,12 @@
  * operands (pw_gemm_bf16, bf16.h; the rule in docs/contracts.md#bf16). */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
 #include "bf16.h"
 #include "cpu.h"
+#include "gemm.h"
 #include "log.h"
 #include "ops_math.h"
 
@@ -141,11 +141,11 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
         int rows = r1 - r0;
         /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, scale,
+        pw_sgemm(0, 1, rows, r1, HD, scale,
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
         softmax_block(P, T, r0, r1);
         /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, 1.0f,
+        pw_sgemm(0, 0, rows, HD, r1, 1.0f,
                     P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
       }
     }
@@ -188,12 +188,12 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
         int rows = r1 - r0;
         /* dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, HD, 1.0f,
+        pw_sgemm(0, 1, rows, r1, HD, 1.0f,
                     dO + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
         /* dS = P * (dP - rowsum(dP * P)); zero above the diagonal. */
         softmax_grad_block(dS, P, T, r0, r1);
         /* dQ[r0:r1] (+)= scale * dS[r0:r1, 0:r1] K[0:r1] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, r1, scale,
+        pw_sgemm(0, 0, rows, HD, r1, scale,
                     dS + (size_t)r0 * T, T, k, C3, beta, dq + (size_t)r0 * C3, C3);
       }
       for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
@@ -201,11 +201,11 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         int cols = c1 - c0;
         /* Key block [c0,c1) is attended to only by queries i >= c0. */
         /* dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, scale,
+        pw_sgemm(1, 0, cols, HD, T - c0, scale,
                     dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, beta,
                     dk + (size_t)c0 * C3, C3);
         /* dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, HD, T - c0, 1.0f,
+        pw_sgemm(1, 0, cols, HD, T - c0, 1.0f,
                     P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta,
                     dv + (size_t)c0 * C3, C3);
       }

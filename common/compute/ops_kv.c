@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "gemm.h"
 #include "log.h"
 #include "ops.h"
 #include "ops_math.h"
@@ -64,11 +65,11 @@ void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, c
       int r1 = r0 + KV_BLOCK < T ? r0 + KV_BLOCK : T;
       int rows = r1 - r0, n = t0 + r1; /* keys this block sees */
       /* S[0:rows, 0:n] = scale * Q[r0:r1] K[0:n]^T */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, HD, scale, q + (size_t)r0 * C3, (int)C3, k,
+      pw_sgemm(0, 1, rows, n, HD, scale, q + (size_t)r0 * C3, (int)C3, k,
                   C, 0.0f, scratch, ld);
       softmax_rows(scratch, rows, ld, t0 + r0 + 1, n);
       /* O[r0:r1] = P[0:rows, 0:n] V[0:n] */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, HD, n, 1.0f, scratch, ld, v, C, 0.0f,
+      pw_sgemm(0, 0, rows, HD, n, 1.0f, scratch, ld, v, C, 0.0f,
                   o + (size_t)r0 * C, C);
     }
   }

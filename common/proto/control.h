@@ -32,6 +32,8 @@
  *               (1: OPENBLAS_CORETYPE chose that kernel), cpu_level?:str
  *               (what the CPU supports: "avx512", "avx2", "sse"),
  *               gemm_gflops?:number>=0 (one-thread sgemm measured at start),
+ *               gemm_path?:str (what the products run on: "openblas",
+ *               "onednn"; common/compute/gemm.h),
  *               host?:str (the machine's stable id: /etc/machine-id, else its
  *               hostname; workers with the same host share its cores),
  *               hostname?:str (for display)
@@ -145,7 +147,7 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
  * objects). */
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; const char *blas_core; int64_t blas_forced;
-                 const char *cpu_level; double gemm_gflops; const char *host, *hostname; } pw_msg_register;
+                 const char *cpu_level; double gemm_gflops; const char *host, *hostname, *gemm_path; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { json_t *ready, *routed; double end_wait, end_work, after, t0; int64_t sleeps; } pw_msg_step_trace;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
