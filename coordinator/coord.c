@@ -10,6 +10,7 @@
 #include "cpu.h"
 #include "log.h"
 #include "sha256.h"
+#include "spec.h" /* pw_nonfinite */
 
 static _Thread_local pw_store *tls_store;
 static _Thread_local pw_coord *tls_owner;
@@ -166,6 +167,12 @@ void pw_coord_count_step(pw_coord *c, double seconds) {
   pthread_mutex_unlock(&c->mu);
 }
 
+void pw_coord_count_nonfinite(pw_coord *c, int on_nonfinite) {
+  pthread_mutex_lock(&c->mu);
+  c->steps_nonfinite[on_nonfinite == PW_NONFINITE_SKIP]++;
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* A growing string for the exposition. */
 typedef struct {
   char *s;
@@ -204,8 +211,36 @@ static void sb_label(sbuf *b, const char *v) {
 }
 
 /* A job's gauges: the newest running jobs only, so the label sets stay few
- * (a running job holds at least one worker; the cap guards the rest). */
+ * (a running job holds at least one worker; the cap guards the rest).
+ * The job's id is the label job_id, never job: Prometheus sets job (and
+ * instance) on every series it scrapes, and renames a scraped one to
+ * exported_job, which no rule or dashboard would expect. */
 #define PW_PROM_JOBS 64
+
+/* Per running job that has step series (job_series' n jobs), the step its
+ * latest run's plan predicts, beside pipewright_job_step_seconds: the
+ * alert "slower than its plan" divides one by the other (deploy/prometheus/).
+ * cost_model says what the prediction is worth: "layer_times" (the spec's
+ * measured per-layer seconds) forecasts this cluster's step, "flops" (the
+ * FLOP model's assumed rate, PW_PLAN_FLOPS_PER_S) only ranks schedules. */
+static void planned_steps(sbuf *b, pw_store *s, const json_int_t *ids, const char *const *names, int n) {
+  sb_printf(b, "# HELP pipewright_job_planned_step_seconds Step time the running job's plan predicts "
+               "(its simulated makespan, with the data-parallel exchange), under cost_model.\n"
+               "# TYPE pipewright_job_planned_step_seconds gauge\n");
+  for (int r = 0; r < n; r++) {
+    double sec;
+    int measured;
+    pw_err err = {0};
+    char eb[600];
+    if (pw_store_run_planned_step(s, ids[r], &sec, &measured, &err)) {
+      pw_warn("metrics: job %lld's planned step: %s", (long long)ids[r], pw_err_str(&err, eb, sizeof eb));
+      continue;
+    }
+    sb_printf(b, "pipewright_job_planned_step_seconds{job_id=\"%lld\",name=\"", (long long)ids[r]);
+    sb_label(b, names[r] ? names[r] : "");
+    sb_printf(b, "\",cost_model=\"%s\"} %.17g\n", measured ? "layer_times" : "flops", sec);
+  }
+}
 
 /* Per running job, its last recorded step's series as the dashboard charts
  * them: the row of step progress.step - 1, the latest run's. A value that
@@ -257,12 +292,13 @@ static void job_series(sbuf *b, pw_store *s) {
       int of_job = !strcmp(g[k].key, "eval_loss");
       json_t *v = json_object_get(of_job ? jobs[r] : last[r], g[k].key);
       if (of_job && !json_is_number(v)) continue; /* a job that has not evaluated (yet) */
-      sb_printf(b, "%s{job=\"%lld\",name=\"", g[k].name, (long long)ids[r]);
+      sb_printf(b, "%s{job_id=\"%lld\",name=\"", g[k].name, (long long)ids[r]);
       sb_label(b, names[r] ? names[r] : "");
       if (json_is_number(v)) sb_printf(b, "\"} %.17g\n", json_number_value(v));
       else sb_printf(b, "\"} NaN\n");
     }
   }
+  planned_steps(b, s, ids, names, n);
   for (int r = 0; r < n; r++) json_decref(last[r]);
   json_decref(list);
 }
@@ -297,7 +333,16 @@ char *pw_coord_metrics_text(pw_coord *c) {
   memcpy(req, c->http_requests, sizeof req);
   uint64_t st_failed = c->store_failures, st_dropped = c->store_dropped;
   int st_pending = c->store_pending;
+  uint64_t nf_fail = c->steps_nonfinite[PW_NONFINITE_FAIL], nf_skip = c->steps_nonfinite[PW_NONFINITE_SKIP];
   pthread_mutex_unlock(&c->mu);
+  /* Both label values always, from 0: rate() and increase() then see a
+   * series' first non-finite step (a series born at 1 shows no increase). */
+  sb_printf(&b, "# HELP pipewright_steps_nonfinite_total Steps whose loss or gradient norm was not finite, by the "
+                "job's train.on_nonfinite (fail: the job failed, diverged; skip: the step updated nothing).\n"
+                "# TYPE pipewright_steps_nonfinite_total counter\n"
+                "pipewright_steps_nonfinite_total{on_nonfinite=\"fail\"} %llu\n"
+                "pipewright_steps_nonfinite_total{on_nonfinite=\"skip\"} %llu\n",
+            (unsigned long long)nf_fail, (unsigned long long)nf_skip);
   sb_printf(&b, "# HELP pipewright_store_write_failures_total Store writes that failed (kept for a retry or lost).\n"
                 "# TYPE pipewright_store_write_failures_total counter\npipewright_store_write_failures_total %llu\n",
             (unsigned long long)st_failed);

@@ -94,6 +94,10 @@ struct pw_coord {
   uint64_t step_count;
   uint64_t gen_sequences, gen_tokens, gen_failed; /* serving (api_generate.c): sequences answered,
                                                      tokens generated, sequences failed */
+  uint64_t steps_nonfinite[2];      /* steps whose loss or gradient norm was not finite, by the
+                                       job's train.on_nonfinite: [PW_NONFINITE_FAIL] (the job
+                                       failed, diverged), [PW_NONFINITE_SKIP] (the step updated
+                                       nothing) */
 
   /* the store as the loop's writes find it (store_retry.h) */
   uint64_t store_failures;          /* writes that failed */
@@ -139,6 +143,9 @@ void pw_coord_worker_counts(pw_coord *c, int *idle, int *busy, int *lost);
 void pw_coord_count_http(pw_coord *c, int status);
 /* Record one step's time for the histogram. */
 void pw_coord_count_step(pw_coord *c, double seconds);
+/* Record one step whose loss or gradient norm was not finite, under the
+ * job's train.on_nonfinite (a pw_nonfinite). */
+void pw_coord_count_nonfinite(pw_coord *c, int on_nonfinite);
 /* Prometheus text exposition of everything above plus the store's totals
  * (malloc'd string). */
 char *pw_coord_metrics_text(pw_coord *c);

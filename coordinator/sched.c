@@ -196,6 +196,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
   pw_write_do(c, &pg, NULL); /* kept when it fails; a lost one is the next step's to fix */
   pw_coord_count_step(c, mt.step_time);
   if (!nonfinite) return;
+  pw_coord_count_nonfinite(c, jr->on_nonfinite); /* /metrics: the alert "a job diverged" */
   char why[160];
   snprintf(why, sizeof why, "diverged at step %d: %s not finite", step,
            nonfinite == 3 ? "the loss and the gradient norm are" : nonfinite & 1 ? "the loss is" : "the gradient norm is");

@@ -158,6 +158,14 @@ PW_MUST_CHECK int pw_store_run_json(pw_store *s, int64_t job_id, json_t **out, p
  * pw_plan_json's shape. PW_ENOENT when the job has no run (or its plan is
  * not an object). */
 PW_MUST_CHECK int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *err);
+/* The step the latest run's plan predicts, in seconds: its simulated
+ * makespan, with the data-parallel exchange when it has one
+ * (analytics.step_makespan, else analytics.makespan), and whether the
+ * spec's partition.layer_times costed it (*measured 1) or the FLOP model
+ * did (0). Read inside the stored texts (SQLite's json_extract), not
+ * parsed: /metrics asks for it per running job at every scrape.
+ * PW_ENOENT when the job has no run or its plan no makespan. */
+PW_MUST_CHECK int pw_store_run_planned_step(pw_store *s, int64_t job_id, double *seconds, int *measured, pw_err *err);
 
 /* ---- metrics, timings, checkpoints, events ------------------------------- */
 

@@ -77,6 +77,12 @@
     "SELECT j.run, r.attempt, r.state FROM jobs j LEFT JOIN runs r ON r.id = j.run "               \
     "WHERE j.id = ?1")                                                                             \
   X(RUN_PLAN, "SELECT r.plan FROM jobs j JOIN runs r ON r.id = j.run WHERE j.id = ?1")              \
+  /* /metrics: the latest run's planned step, without parsing the plan into a tree */              \
+  X(RUN_PLANNED_STEP,                                                                              \
+    "SELECT COALESCE(json_extract(r.plan, '$.analytics.step_makespan'), "                          \
+    "json_extract(r.plan, '$.analytics.makespan')), "                                              \
+    "json_extract(j.spec, '$.partition.layer_times') IS NOT NULL "                                 \
+    "FROM jobs j JOIN runs r ON r.id = j.run WHERE j.id = ?1")                                     \
   X(RUN_STAGES,                                                                                    \
     "SELECT stage, rank, layers, params, flops FROM stages WHERE run_id = ?1 ORDER BY stage")      \
   X(RUN_RANKS,                                                                                     \

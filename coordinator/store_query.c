@@ -306,6 +306,24 @@ int pw_store_run_plan_json(pw_store *s, int64_t job_id, json_t **out, pw_err *er
   return pw_err_set(err, PW_EIO, "run", "reading the plan: %s", sqlite3_errstr(rc));
 }
 
+int pw_store_run_planned_step(pw_store *s, int64_t job_id, double *seconds, int *measured, pw_err *err) {
+  *seconds = 0;
+  *measured = 0;
+  STMT(st, PW_ST_RUN_PLANNED_STEP);
+  sqlite3_bind_int64(st, 1, job_id);
+  int rc = sqlite3_step(st), have = 0;
+  if (rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+    have = 1;
+    *seconds = sqlite3_column_double(st, 0);
+    *measured = sqlite3_column_int(st, 1);
+  }
+  sqlite3_reset(st);
+  if (have) return 0;
+  if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+    return pw_err_set(err, PW_ENOENT, "run", "job %lld has no planned step", (long long)job_id);
+  return pw__store_fail(s, rc, err, "planned step");
+}
+
 static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t **out, pw_err *err) {
   static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s",
                                      "grad_norm", "lr", "time", "run", "eval_loss"};

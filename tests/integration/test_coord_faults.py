@@ -246,6 +246,9 @@ def divergence(tmp):
         check("div: step 1's loss and grad norm are null, not 0", 1 in by and by[1]["loss"] is None and
               by[1]["grad_norm"] is None, rows)
         check("div: no row says loss 0", all(r["loss"] != 0 for r in rows), rows)
+        nf = lambda: [metric(http(s.base, "/metrics")[1], 'pipewright_steps_nonfinite_total{on_nonfinite="%s"}' % k)
+                      for k in ("fail", "skip")]  # noqa: E731
+        check("div: /metrics counts the diverged step", nf() == [1, 0], nf())
         spec["train"]["on_nonfinite"] = "skip"
         jid = s.submit(spec)
         j = s.wait_job(jid)
@@ -254,6 +257,7 @@ def divergence(tmp):
         check("div: ... recording the non-finite steps as null", all(r["loss"] is None for r in rows[1:]), rows)
         ev = http(s.base, f"/v1/jobs/{jid}/events")[1]["events"]
         check("div: ... with an event per such step", sum(e["kind"] == "nonfinite" for e in ev) == 7, ev)
+        check("div: ... and /metrics counts them", nf() == [1, 7], nf())
         st, r = http(s.base, "/v1/jobs", "POST", {**spec, "train": {**spec["train"], "on_nonfinite": "ignore"}})
         check("div: on_nonfinite takes fail or skip", st == 422 and "on_nonfinite" in r["error"]["path"], r)
     finally:

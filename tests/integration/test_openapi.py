@@ -484,7 +484,7 @@ def job_gauges(cl):
         raise AssertionError(f"job {j} recorded no steps: {job}")
     text, _ = cl.call("GET", "/metrics")
     text = text.decode() if isinstance(text, bytes) else text
-    label = '{job="%d",name="gauge \\"q\\" \\\\ x"}' % j
+    label = '{job_id="%d",name="gauge \\"q\\" \\\\ x"}' % j
     got = {}
     for line in text.splitlines():
         k, _, v = line.rpartition(" ")
@@ -495,6 +495,11 @@ def job_gauges(cl):
     assert sorted(got) == sorted(keys), (label, [ln for ln in text.splitlines() if "pipewright_job_" in ln])
     for g in keys:
         assert "# TYPE %s gauge" % g in text, g
+    # beside them, the step its plan predicts (the FLOP model's: no layer_times)
+    planned = [ln for ln in text.splitlines()
+               if ln.startswith("pipewright_job_planned_step_seconds" + label[:-1] + ',cost_model="flops"} ')]
+    assert len(planned) == 1 and float(planned[0].rpartition(" ")[2]) > 0, \
+        [ln for ln in text.splitlines() if "planned" in ln]
     # the steps go on meanwhile: the gauges are one recorded row's values, exactly
     rows = cl.call("GET", f"/v1/jobs/{j}/metrics")[0]["metrics"]
     match = [r["step"] for r in rows if all(r[f] == got[g] for g, f in keys.items())]
@@ -505,7 +510,7 @@ def job_gauges(cl):
         time.sleep(0.1)
     text, _ = cl.call("GET", "/metrics")
     text = text.decode() if isinstance(text, bytes) else text
-    assert 'job="%d"' % j not in text, "a finished job keeps no series"
+    assert 'job_id="%d"' % j not in text, "a finished job keeps no series"
     print(f"ok   /metrics: job {j}'s pipewright_job_* gauges are step {match[-1]}'s row; its name label escaped")
 
 
