@@ -28,6 +28,8 @@ PACKAGES=(
   iproute2 systemd                        # multi-host (netns) and unit tests
   file                                    # test_deb: cpack's DEB generator runs it (dpkg-shlibdeps)
   wrk                                     # control-plane benchmark
+  prometheus                              # promtool and the server: deploy/prometheus/'s rules and a live
+                                          # scrape (test_prometheus); the package enables its own service
 )
 
 SUDO=""
@@ -48,6 +50,11 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   echo "install-deps: done"
+  # Debian's prometheus starts a server on :9090 where systemd runs; the tests start their own
+  case " ${missing[*]} " in
+    *" prometheus "*) [ ! -d /run/systemd/system ] ||
+      echo "install-deps: prometheus.service is enabled by its package; 'systemctl disable --now prometheus' if this host should not run it" ;;
+  esac
 fi
 # The PyPI tools of the tests, in one pinned virtual environment.
 [ "${1:-}" = --runtime ] || echo "install-deps: test tools in $(bash "$(dirname "$0")/venv.sh")"

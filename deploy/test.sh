@@ -59,14 +59,17 @@ bg_wait() {
 # - plain only: test_readme_tour and test_screenshots check the docs (the
 #   README's commands, the pictures), test_deb packages and installs the
 #   binaries (a sanitized package is no package), test_steady_memory counts
-#   page faults (under ASan it only prints); the code they run is run under
-#   the sanitizers by the CLI, coordinator and dashboard tests;
+#   page faults (under ASan it only prints), test_prometheus checks
+#   deploy/'s Prometheus and Grafana files against promtool and a live
+#   /metrics; the code they run is run under the sanitizers by the CLI,
+#   coordinator, dashboard, test_openapi (/metrics, its planned step) and
+#   test_coord_faults (the divergence counter) tests;
 # - sanitized only: the orchestration tests (kills, lost links, full disks,
 #   fetches, descriptors), where memory errors hide on failure paths and
 #   whose assertions do not depend on the CPU's kernels (the numerics tests,
 #   whose kernels differ between the builds, run in both).
-PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory"
-SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds"
+PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus"
+SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 
 # run_suite DIR [CTEST ARGS...]: ctest in a built directory.
 run_suite() {
