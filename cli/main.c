@@ -35,6 +35,7 @@ static const pw_cli_cmd commands[] = {
     {"retry", "queue a failed or cancelled job again, resuming from its newest state", pw_cmd_retry},
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},
     {"dataset", "datasets on the coordinator (upload, list, rm); token files (convert, check)", pw_cmd_dataset},
+    {"tfevents", "TensorBoard event files: every record checked, each step's scalars", pw_cmd_tfevents},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

@@ -23,6 +23,7 @@ const pw_route pw_api_routes[] = {
     {"POST", "/v1/jobs/{id}/retry", pw_api_job_retry, 0, NULL},
     {"GET", "/v1/jobs/{id}/metrics", pw_api_job_metrics, 0, NULL},
     {"GET", "/v1/jobs/{id}/events", pw_api_job_events, 0, NULL},
+    {"GET", "/v1/jobs/{id}/events.tfevents", pw_api_job_tfevents, 0, NULL},
     {"POST", "/v1/jobs/{id}/generate", pw_api_job_generate, PW_ROUTE_BODY, NULL},
     {"GET", "/v1/jobs/{id}/timeline", pw_api_job_timeline, 0, NULL},
     {"GET", "/v1/jobs/{id}/checkpoint", pw_api_job_checkpoint, 0, NULL},

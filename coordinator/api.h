@@ -105,6 +105,8 @@ void pw_reply_error(pw_req *r, int code, const char *path, const char *fmt, ...)
 void pw_reply_err(pw_req *r, const pw_err *e);
 /* A malloc'd text body (stolen; NULL gives a 500) with its content type. */
 void pw_reply_text(pw_req *r, int status, const char *content_type, char *text);
+/* A malloc'd binary body of n bytes (stolen; NULL gives a 500). */
+void pw_reply_bytes(pw_req *r, int status, const char *content_type, void *data, size_t n);
 /* A file body from an open fd (the response closes it), size bytes. */
 void pw_reply_fd(pw_req *r, int status, const char *content_type, int fd, uint64_t size);
 /* The fixed out-of-memory error, for when even building a reply failed. */
@@ -148,6 +150,7 @@ void pw_api_job_cancel(pw_req *r);
 void pw_api_job_retry(pw_req *r);
 void pw_api_job_metrics(pw_req *r);
 void pw_api_job_events(pw_req *r);
+void pw_api_job_tfevents(pw_req *r);
 /* api_generate.c (gen.h): text from a serve job */
 void pw_api_job_generate(pw_req *r);
 /* api_datasets.c */

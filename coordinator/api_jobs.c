@@ -1,6 +1,7 @@
 /* api_jobs: the job handlers of the REST API — submit, list, status (with
- * every attempt), cancel, retry, metrics and events. Timelines and
- * checkpoints are in api_timeline.c.
+ * every attempt), cancel, retry, metrics (JSON, CSV, JSON lines), events,
+ * and the TensorBoard event file. Timelines and checkpoints are in
+ * api_timeline.c.
  *
  * A submitted spec is validated completely (parsed, read back as it will
  * be stored, held to the budget's cheap bounds, then planned as a dry run
@@ -317,20 +318,96 @@ void pw_api_job_cancel(pw_req *r) {
   pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s}", "id", (json_int_t)r->id, "state", "cancelled"));
 }
 
-/* GET /v1/jobs/{id}/metrics[?since=N][&all=1]: one row per step, the
- * latest run's; with all=1 every run's row (a resumed run repeats steps). */
+/* The metrics view's rows as CSV (a header of its keys, in order, then a
+ * line per row; a null is an empty field) or JSON lines (a row object a
+ * line). Every value is written as the JSON reply writes it, so each
+ * format reads back to the same numbers. NULL when out of memory. */
+static char *metrics_text(const json_t *rows, int csv) {
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&text, &n);
+  if (!f) return NULL;
+  int bad = 0;
+  for (int k = 0; csv && k < PW_STORE_METRICS_NKEYS; k++)
+    fprintf(f, "%s%s", k ? "," : "", pw_store_metrics_keys[k]);
+  if (csv) fputc('\n', f);
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    if (!csv) {
+      char *line = pw_json_dumps(row, JSON_COMPACT);
+      bad |= !line;
+      fprintf(f, "%s\n", line ? line : "");
+      free(line);
+      continue;
+    }
+    for (int k = 0; k < PW_STORE_METRICS_NKEYS; k++) {
+      json_t *v = json_object_get(row, pw_store_metrics_keys[k]);
+      char *cell = v && !json_is_null(v) ? pw_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+      bad |= v && !json_is_null(v) && !cell;
+      fprintf(f, "%s%s", k ? "," : "", cell ? cell : "");
+      free(cell);
+    }
+    fputc('\n', f);
+  }
+  if (fclose(f) || bad) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* GET /v1/jobs/{id}/metrics[?since=N][&all=1][&format=json|csv|jsonl]:
+ * one row per step, the latest run's; with all=1 every run's row (a
+ * resumed run repeats steps); as one JSON object, CSV or JSON lines. */
 void pw_api_job_metrics(pw_req *r) {
   int64_t since;
   int all;
   if (pw_req_int_arg(r, "since", 0, 0, INT_MAX, &since) || pw_req_bool_arg(r, "all", 0, &all)) return;
+  const char *format = pw_req_arg(r, "format");
+  int csv = format && !strcmp(format, "csv"), jsonl = format && !strcmp(format, "jsonl");
+  if (format && !csv && !jsonl && strcmp(format, "json")) {
+    pw_reply_error(r, PW_EINVAL, "format", "unknown format \"%.32s\" (one of json, csv, jsonl)", format);
+    return;
+  }
   pw_store *s = pw_api_store(r);
   if (!s || job_exists(r, s)) return;
   json_t *out = NULL;
   pw_err err = {0};
-  if ((all ? pw_store_metrics_all_json : pw_store_metrics_json)(s, r->id, (int)since, &out, &err))
+  if ((all ? pw_store_metrics_all_json : pw_store_metrics_json)(s, r->id, (int)since, &out, &err)) {
     pw_reply_err(r, &err);
-  else
+    return;
+  }
+  if (!csv && !jsonl) {
     pw_reply_json(r, MHD_HTTP_OK, out);
+    return;
+  }
+  char *text = metrics_text(json_object_get(out, "metrics"), csv), cd[96];
+  json_decref(out);
+  pw_reply_text(r, MHD_HTTP_OK, csv ? "text/csv; charset=utf-8" : "application/x-ndjson", text);
+  snprintf(cd, sizeof cd, "attachment; filename=\"job-%lld-metrics.%s\"", (long long)r->id, csv ? "csv" : "jsonl");
+  if (text) pw_reply_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, cd);
+}
+
+/* GET /v1/jobs/{id}/events.tfevents: the job's scalars as a TensorBoard
+ * event file, built from the store on each request (store.h,
+ * pw_store_tfevents): every run's rows, whole records only, whatever
+ * happened to the coordinator while the job ran. */
+void pw_api_job_tfevents(pw_req *r) {
+  pw_store *s = pw_api_store(r);
+  if (!s) return;
+  pw_tf_buf b = {0};
+  double created = 0;
+  pw_err err = {0};
+  if (job_replied(r, pw_store_tfevents(s, r->id, 0, &b, &created, &err), &err)) {
+    pw_tf_buf_free(&b);
+    return;
+  }
+  pw_reply_bytes(r, MHD_HTTP_OK, "application/octet-stream", b.data, b.len); /* takes b.data */
+  char cd[128];
+  snprintf(cd, sizeof cd, "attachment; filename=\"events.out.tfevents.%lld.pipewright-job%lld\"", (long long)created,
+           (long long)r->id);
+  pw_reply_header(r, MHD_HTTP_HEADER_CONTENT_DISPOSITION, cd);
 }
 
 void pw_api_job_events(pw_req *r) {

@@ -47,6 +47,17 @@ void pw_reply_text(pw_req *r, int status, const char *content_type, char *text) 
   set_resp(r, status, resp);
 }
 
+void pw_reply_bytes(pw_req *r, int status, const char *content_type, void *data, size_t n) {
+  struct MHD_Response *resp = data ? MHD_create_response_from_buffer(n, data, MHD_RESPMEM_MUST_FREE) : NULL;
+  if (!resp) {
+    free(data);
+    pw_reply_oom(r);
+    return;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  set_resp(r, status, resp);
+}
+
 void pw_reply_json(pw_req *r, int status, json_t *j) {
   char *text = j ? pw_json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);

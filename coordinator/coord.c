@@ -410,6 +410,16 @@ char *pw_coord_metrics_text(pw_coord *c) {
                 "# HELP pipewright_generate_tokens_total Tokens serve jobs generated.\n"
                 "# TYPE pipewright_generate_tokens_total counter\npipewright_generate_tokens_total %llu\n",
             (unsigned long long)gs, (unsigned long long)gf, (unsigned long long)gt);
+  pthread_mutex_lock(&c->mu);
+  uint64_t tbw = c->tb_writes, tbf = c->tb_failures; /* tbdir.c: --tensorboard-dir */
+  pthread_mutex_unlock(&c->mu);
+  sb_printf(&b, "# HELP pipewright_tensorboard_writes_total Event files written to --tensorboard-dir.\n"
+                "# TYPE pipewright_tensorboard_writes_total counter\npipewright_tensorboard_writes_total %llu\n"
+                "# HELP pipewright_tensorboard_write_failures_total Event file writes to --tensorboard-dir that "
+                "failed (logged; tried again).\n"
+                "# TYPE pipewright_tensorboard_write_failures_total counter\n"
+                "pipewright_tensorboard_write_failures_total %llu\n",
+            (unsigned long long)tbw, (unsigned long long)tbf);
   return b.s;
 }
 

@@ -105,6 +105,11 @@ struct pw_coord {
   int store_pending;                /* writes kept for a retry */
   char store_error[256];            /* the last failure; "" once writes work */
 
+  /* --tensorboard-dir (tbdir.h): its state (loop thread; NULL without
+   * the option), and its files written and writes failed (guarded by mu) */
+  void *tbdir;
+  uint64_t tb_writes, tb_failures;
+
   /* per-thread store connections, closed at shutdown (guarded by mu) */
   pw_store **stores;
   int n_stores;

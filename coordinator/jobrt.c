@@ -11,6 +11,7 @@
 #include "gen.h"
 #include "log.h"
 #include "store_retry.h"
+#include "tbdir.h"
 
 int pw_jobrt_set_state(pw_coord *c, int64_t job, int state, const char *reason, const char *error) {
   pw_write w = {.kind = PW_W_JOB_STATE, .job = job, .state = state, .text = reason, .text2 = error};
@@ -72,6 +73,7 @@ void pw_jobrt_end(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_stat
   if (job_state >= 0) pw_jobrt_set_state(c, jr->job, job_state, reason, job_state == PW_JOB_FAILED ? reason : NULL);
   if (job_state == PW_JOB_SUCCEEDED || job_state == PW_JOB_FAILED || job_state == PW_JOB_CANCELLED)
     pw_rec_forget(c, jr->job);
+  pw_tbdir_end(c, jr->job, jr->run); /* --tensorboard-dir: the run's file, whole, now */
   pw_info("job %lld run %lld %s: %s", (long long)jr->job, (long long)jr->run, run_state, reason);
   jobrt_remove(c, jr);
 }

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "sdnotify.h"
 #include "store_retry.h"
+#include "tbdir.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -53,6 +54,8 @@ static void usage(FILE *f) {
           "  --advertise-url URL       the API's base URL as workers reach it, for fetching datasets\n"
           "                            (default: the --http address, or when that is 0.0.0.0 / ::,\n"
           "                            the address each worker's control link reached)\n"
+          "  --tensorboard-dir DIR     keep each job's runs as TensorBoard event files in\n"
+          "                            DIR/job-<id>/ (written as steps arrive; default: none)\n"
           "  --help, --version\n"
           "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
 }
@@ -162,12 +165,13 @@ int main(int argc, char **argv) {
                                        {"max-upload", required_argument, 0, 1007},
                                        {"data-root", required_argument, 0, 1008},
                                        {"advertise-url", required_argument, 0, 1009},
+                                       {"tensorboard-dir", required_argument, 0, 1010},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
   pw_coord *c = &coord;
   const char *http = "127.0.0.1:8080", *ctl = "127.0.0.1:7070", *db = NULL, *ready = NULL;
-  const char *token_file = NULL, *cluster_file = NULL;
+  const char *token_file = NULL, *cluster_file = NULL, *tb_dir = NULL;
   snprintf(c->state_dir, sizeof c->state_dir, "pipewright-coordinator");
   c->heartbeat_timeout = 10;
   c->worker_expiry = 600;
@@ -252,6 +256,7 @@ int main(int argc, char **argv) {
         while (n > 0 && c->advertise_url[n - 1] == '/') c->advertise_url[--n] = 0; /* a base: no trailing slash */
         break;
       }
+      case 1010: tb_dir = optarg; break;
       case 'h': usage(stdout); return 0;
       case 'V': printf("pipewright-coordinator %s\n", PW_VERSION); return 0;
       default: usage(stderr); return 2;
@@ -311,6 +316,10 @@ int main(int argc, char **argv) {
   }
   if (n > 0) pw_info("%d job%s caught mid-flight queued again", n, n == 1 ? "" : "s");
 
+  if (tb_dir && pw_tbdir_open(c, tb_dir, &err)) {
+    fprintf(stderr, "pipewright-coordinator: %s\n", pw_err_str(&err, b, sizeof b));
+    return 1;
+  }
   c->loop = uv_default_loop();
   struct rlimit rl; /* the soft file limit up to the hard one: room for the HTTP connection bound */
   if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
@@ -350,6 +359,7 @@ int main(int argc, char **argv) {
   pw_coord_wake(c); /* first scheduling pass */
   uv_run(c->loop, UV_RUN_DEFAULT);
   pw_write_shutdown(c); /* a last try; what is still pending is logged */
+  pw_tbdir_close(c);    /* the loop ran every write it started */
   free(c->ctl);
   for (int i = 0; i < c->n_stores; i++) pw_store_close(c->stores[i]);
   free(c->stores);

@@ -41,6 +41,7 @@
 #include "gen.h"
 #include "log.h"
 #include "store_retry.h"
+#include "tbdir.h"
 
 static pw_ctl *ctl_of(pw_coord *c) { return c->ctl; }
 
@@ -68,6 +69,7 @@ static void sched_tick(pw_coord *c) {
   /* Writes kept while the store failed go first; no new run starts while
    * some are pending (its own writes would only join the queue). */
   int pending = pw_write_flush(c);
+  pw_tbdir_tick(c, pending); /* event files due (none while writes are kept back) */
   pw_store *s = pw_coord_store(c);
   if (!s) return;
   pw_err err = {0};
@@ -192,6 +194,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
     pw_jobrt_lost_write(c, jr, what);
     return;
   }
+  pw_tbdir_step(c, jr->job, jr->run); /* --tensorboard-dir: the run's file is due */
   pw_write pg = {.kind = PW_W_PROGRESS, .job = jr->job, .step = step + 1, .m = mt};
   pw_write_do(c, &pg, NULL); /* kept when it fails; a lost one is the next step's to fix */
   pw_coord_count_step(c, mt.step_time);

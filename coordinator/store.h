@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "errors.h"
+#include "tfevents.h"
 
 typedef struct pw_store pw_store;
 
@@ -184,6 +185,29 @@ PW_MUST_CHECK int pw_store_metric_insert(pw_store *s, int64_t job_id, int64_t ru
 PW_MUST_CHECK int pw_store_metrics_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
 /* The same with every run's row of each step (by step, then run). */
 PW_MUST_CHECK int pw_store_metrics_all_json(pw_store *s, int64_t job_id, int since, json_t **out, pw_err *err);
+/* A metrics row's keys in the order above: the columns of its CSV. */
+#define PW_STORE_METRICS_NKEYS 10
+extern const char *const pw_store_metrics_keys[PW_STORE_METRICS_NKEYS];
+/* The job's scalars as a TensorBoard event file (common/io/tfevents.h),
+ * appended to *out (store_tfevents.c); *created (may be NULL) gets the
+ * job's created time. run > 0: that run's rows only (--tensorboard-dir
+ * keeps a file per run); 0: every run's, oldest first. The file is
+ *   file_version "brain.Event:2" at the job's created time, then for each
+ *   run that has rows, a SessionLog START at its first step (TensorBoard
+ *   drops what an earlier run recorded from that step on, so each step
+ *   shows the latest run's row, as the metrics view does), then one event
+ *   per row, at the row's time and step: train/loss, train/lr,
+ *   train/grad_norm, train/tokens_per_s, train/step_time and eval/loss (a
+ *   null leaves its scalar out), and at the steps whose per-rank action
+ *   timings that run sampled pipeline/bubble (the timeline view's measured
+ *   bubble), pipeline/rankR/busy_s (the seconds of rank R's F/B/I/W
+ *   actions) and pipeline/rankR/bubble (its idle share of the step's span).
+ * Values are float32, as TensorBoard keeps them. While a run is the job's
+ * latest, its rows and timings only grow (a step's timings are written
+ * before its row), so its file (run > 0) only grows, by whole events.
+ * PW_ENOENT for an unknown job; on an error *out is as it was. */
+PW_MUST_CHECK int pw_store_tfevents(pw_store *s, int64_t job_id, int64_t run, pw_tf_buf *out, double *created,
+                                    pw_err *err);
 /* actions_json: [[kind, mb, stage, start, end], ...] of one rank at one step. */
 PW_MUST_CHECK int pw_store_timing_insert(pw_store *s, int64_t job_id, int64_t run_id, int step, int rank,
                            const char *actions_json, pw_err *err);

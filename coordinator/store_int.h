@@ -163,7 +163,15 @@
     "WHERE job_id = ?1 ORDER BY attempt, id")                                                      \
   X(ATTEMPT_WORKERS,                                                                               \
     "SELECT a.run_id, a.worker_name FROM assignments a JOIN runs r ON r.id = a.run_id "            \
-    "WHERE r.job_id = ?1 ORDER BY a.run_id, a.rank")
+    "WHERE r.job_id = ?1 ORDER BY a.run_id, a.rank")                                               \
+  /* ---- TensorBoard event files (store_tfevents.c): every run's rows, or run ?2's ---- */          \
+  X(JOB_CREATED, "SELECT created FROM jobs WHERE id = ?1")                                         \
+  X(TF_METRICS,                                                                                    \
+    "SELECT run_id, step, time, loss, eval_loss, lr, grad_norm, tokens_per_s, step_time FROM metrics " \
+    "WHERE job_id = ?1 AND (?2 = 0 OR run_id = ?2) ORDER BY run_id, step")                          \
+  X(TF_TIMINGS,                                                                                    \
+    "SELECT run_id, step, rank, actions FROM timings "                                             \
+    "WHERE job_id = ?1 AND (?2 = 0 OR run_id = ?2) ORDER BY run_id, step, rank")
 
 enum {
 #define PW__ST_ENUM(name, sql) PW_ST_##name,

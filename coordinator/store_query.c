@@ -324,9 +324,12 @@ int pw_store_run_planned_step(pw_store *s, int64_t job_id, double *seconds, int 
   return pw__store_fail(s, rc, err, "planned step");
 }
 
+/* In the order of PW_ST_METRICS_SINCE's columns. */
+const char *const pw_store_metrics_keys[PW_STORE_METRICS_NKEYS] = {
+    "step", "loss", "step_time", "tokens", "tokens_per_s", "grad_norm", "lr", "time", "run", "eval_loss"};
+
 static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t **out, pw_err *err) {
-  static const char *const keys[] = {"step", "loss", "step_time", "tokens", "tokens_per_s",
-                                     "grad_norm", "lr", "time", "run", "eval_loss"};
+  const char *const *keys = pw_store_metrics_keys;
   *out = NULL;
   STMT(st, all ? PW_ST_METRICS_SINCE_ALL : PW_ST_METRICS_SINCE);
   sqlite3_bind_int64(st, 1, job_id);
@@ -335,7 +338,7 @@ static int metrics_json(pw_store *s, int64_t job_id, int since, int all, json_t 
   int rc;
   while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
     json_t *m = json_object();
-    for (int i = 0; i < 10; i++) COL(m, keys[i], st, i);
+    for (int i = 0; i < PW_STORE_METRICS_NKEYS; i++) COL(m, keys[i], st, i);
     json_array_append_new(arr, m);
   }
   sqlite3_reset(st);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # venv.sh: the one virtual environment of the test suite's PyPI tools,
 # made from Debian's python3 and filled from deploy/requirements-test.txt
-# (exact versions and hashes: pip install --require-hashes). Lives in .venv/
+# (exact versions and hashes, nothing else: pip install --require-hashes
+# --no-deps). Lives in .venv/
 # at the repository's root (PW_VENV to put it elsewhere). A stamp holds the
 # requirements' hash: the environment is made again when they change, and
 # left alone otherwise. deploy/install-deps.sh runs it; so does a test that
@@ -27,9 +28,11 @@ fi
 echo "venv: making $VENV from $REQ" >&2
 rm -rf "$VENV"
 "$PY" -m venv "$VENV" >&2 || { echo "venv: '$PY -m venv' failed (apt-get install python3-venv)" >&2; exit 1; }
-# Only what the file names, at its hashes; no look-up of newer pip.
+# Only what the file names, at its hashes (--no-deps: a package's other
+# requirements are not pulled in; the file lists what is needed); no
+# look-up of newer pip.
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-  --require-hashes --only-binary=:all: -r "$REQ" >&2 ||
+  --require-hashes --no-deps --only-binary=:all: -r "$REQ" >&2 ||
   { rm -rf "$VENV"; echo "venv: pip install -r $REQ failed" >&2; exit 1; }
 echo "$want" >"$VENV/.requirements-sha"
 echo "$VENV/bin/python"

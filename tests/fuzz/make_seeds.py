@@ -120,3 +120,62 @@ def tok(width, vocab, ids):
 for i, s in enumerate([tok(2, 256, [k % 256 for k in range(40)]), tok(4, 70000, [(k * 7919) % 70000 for k in range(40)]),
                        tok(2, 5, [1, 2, 3, 4, 0] * 8), b"just text, not tokens\n" * 3]):
     put("fuzz_tokfile", i, s)
+
+
+# TensorBoard event files (common/io/tfevents.h), written here with a
+# CRC-32C of their own. The first byte: 0 the file as it is, 1 the harness
+# fixes up both CRCs of each record first (those seeds leave them zero).
+def crc32c(b):
+    c = 0xFFFFFFFF
+    for x in b:
+        c ^= x
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 & -(c & 1))
+    return c ^ 0xFFFFFFFF
+
+
+def masked(b):
+    c = crc32c(b)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def varint(v):
+    v &= (1 << 64) - 1
+    out = b""
+    while v >= 0x80:
+        out += bytes([v & 0x7F | 0x80])
+        v >>= 7
+    return out + bytes([v])
+
+
+def ld(field, body):
+    return varint(field << 3 | 2) + varint(len(body)) + body
+
+
+def event(wall, step, what):
+    return b"\x09" + struct.pack("<d", wall) + (b"\x10" + varint(step) if step else b"") + what
+
+
+def scalars(vals):
+    return ld(5, b"".join(ld(1, ld(1, t.encode()) + b"\x15" + struct.pack("<f", v)) for t, v in vals))
+
+
+def record(data, crcs=True):
+    n = struct.pack("<Q", len(data))
+    return n + struct.pack("<I", masked(n) if crcs else 0) + data + struct.pack("<I", masked(data) if crcs else 0)
+
+
+tf_events = [event(1.7e9, 0, ld(3, b"brain.Event:2")), event(1.7e9 + 1, 0, ld(7, b"\x08\x01")),
+             event(1.7e9 + 2, 0, scalars([("train/loss", 5.5), ("train/lr", 3e-4), ("eval/loss", 5.6)])),
+             event(1.7e9 + 3, 1, scalars([("train/loss", 4.25), ("pipeline/rank1/bubble", 0.125)])),
+             event(1.7e9 + 4, -2, scalars([("x", -1.5)]))]
+tf_file = b"".join(record(e) for e in tf_events)
+# a TF2 tensor scalar with metadata beside a simple one, and source_metadata (field 10)
+tf_foreign = bytes.fromhex("09000000000000f83f10072a330a210a087466322f6c6f7373420808012a040000a03f4a0b0a090a0773"
+                           "63616c6172730a0e0a076f6c642f616363150000403f52090a077079746f726368")
+for i, s in enumerate([b"\x00" + tf_file, b"\x00" + tf_file[:len(tf_file) - 7], b"\x00",
+                       b"\x01" + b"".join(record(e, False) for e in tf_events),
+                       b"\x01" + record(tf_foreign, False) + record(b"\x2a\x03\x0a\x01\x15", False),
+                       b"\x01" + record(event(2.0, 5, ld(5, ld(1, ld(1, b"a") + b"\x15\x00\x00\x80\x3f" + ld(8, b"\x08\x01")))),
+                                        False)]):
+    put("fuzz_tfevents", i, s)

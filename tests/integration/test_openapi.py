@@ -333,7 +333,7 @@ def live_checks(cl, src):
         cl.call("DELETE", f"/v1/jobs/{i}")
     cl.call("DELETE", f"/v1/jobs/{j}", status=409)
     retry_checks(cl, j)
-    for sub in ("", "/metrics", "/events", "/timeline", "/checkpoint"):
+    for sub in ("", "/metrics", "/events", "/events.tfevents", "/timeline", "/checkpoint"):
         cl.call("GET", f"/v1/jobs/987654{sub}", status=404)
     cl.call("DELETE", "/v1/jobs/987654", status=404)
     cl.call("POST", "/v1/jobs/987654/retry", status=404)
@@ -584,6 +584,14 @@ def run_job(cl, build, tmp, ctl_port):
         m, _ = cl.call("GET", f"/v1/jobs/{j}/metrics")
         assert len(m["metrics"]) == TINY["train"]["steps"], m
         cl.call("GET", f"/v1/jobs/{j}/metrics?since=3")
+        text, hs = cl.call("GET", f"/v1/jobs/{j}/metrics?format=csv")
+        assert text.decode().startswith("step,loss,") and "attachment" in hs["content-disposition"], text[:200]
+        text, _ = cl.call("GET", f"/v1/jobs/{j}/metrics?format=jsonl&all=1")
+        assert len(text.decode().splitlines()) == TINY["train"]["steps"], text[:200]
+        err, _ = cl.call("GET", f"/v1/jobs/{j}/metrics?format=xml", status=400)
+        assert err["error"]["path"] == "format" and "json, csv, jsonl" in err["error"]["message"], err
+        tf, hs = cl.call("GET", f"/v1/jobs/{j}/events.tfevents")
+        assert "tfevents" in hs["content-disposition"] and len(tf) > 16, hs
         cl.call("GET", f"/v1/jobs/{j}/events")
         tl, _ = cl.call("GET", f"/v1/jobs/{j}/timeline")
         if tl["steps"]:
