@@ -67,7 +67,8 @@ static json_t *str_or_null(const char *s) {
 static json_t *worker_warnings(const pw_worker_info *w) {
   json_t *a = json_array();
   char b[256];
-  if (pw_cpu_blas_warning(w->blas_core, w->blas_forced == 1, w->cpu_level, b, sizeof b))
+  /* a slow OpenBLAS kernel matters only where the products run on it */
+  if (strcmp(w->gemm_path, "onednn") && pw_cpu_blas_warning(w->blas_core, w->blas_forced == 1, w->cpu_level, b, sizeof b))
     json_array_append_new(a, json_string(b));
   return a;
 }
@@ -94,6 +95,7 @@ json_t *pw_coord_workers_json(pw_coord *c) {
     json_object_set_new(o, "blas_forced", w->blas_forced >= 0 ? json_boolean(w->blas_forced) : json_null());
     json_object_set_new(o, "cpu_level", str_or_null(w->cpu_level));
     json_object_set_new(o, "gemm_gflops", w->gemm_gflops > 0 ? json_real(w->gemm_gflops) : json_null());
+    json_object_set_new(o, "gemm_path", str_or_null(w->gemm_path));
     json_object_set_new(o, "host", str_or_null(w->host));
     json_object_set_new(o, "hostname", str_or_null(w->hostname));
     json_object_set_new(o, "warnings", worker_warnings(w));

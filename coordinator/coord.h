@@ -35,6 +35,7 @@ typedef struct {
   int blas_forced;        /* 1: OPENBLAS_CORETYPE chose it, 0: OpenBLAS did, -1: unknown */
   char cpu_level[8];      /* what its CPU supports (pw_cpu_name), "" unknown */
   double gemm_gflops;     /* its one-thread sgemm rate at start, 0: unknown */
+  char gemm_path[16];     /* what its products run on ("openblas", "onednn"), "" unknown */
   char host[64];          /* its machine's id (contention.h); "" from an older worker: a host of its own */
   char hostname[64];      /* that machine's name, for display */
   int connected;

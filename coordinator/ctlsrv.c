@@ -74,6 +74,7 @@ static void registry_add(pw_coord *c, pw_wconn *w, const pw_msg_register *reg) {
   wi->blas_forced = reg->blas_forced >= 0 ? reg->blas_forced != 0 : -1;
   snprintf(wi->cpu_level, sizeof wi->cpu_level, "%s", reg->cpu_level ? reg->cpu_level : "");
   wi->gemm_gflops = reg->gemm_gflops > 0 ? reg->gemm_gflops : 0; /* NAN (absent) too */
+  snprintf(wi->gemm_path, sizeof wi->gemm_path, "%s", reg->gemm_path ? reg->gemm_path : "");
   snprintf(wi->host, sizeof wi->host, "%s", reg->host ? reg->host : "");
   snprintf(wi->hostname, sizeof wi->hostname, "%s", reg->hostname ? reg->hostname : "");
   wi->connected = 1;

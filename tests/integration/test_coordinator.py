@@ -278,29 +278,36 @@ def corrupted_slice_checks(tmp):
 
 
 def kernel_checks(s):
-    """Two workers, OPENBLAS_CORETYPE=Haswell and unset: the forced one
-    carries the warning on an AVX-512 CPU, the other none. They leave
-    before any job: mixed kernels would change the bits of a run."""
-    forced = dict(os.environ, OPENBLAS_CORETYPE="Haswell")
-    free = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-    procs = [s.start_worker("kh", forced), s.start_worker("kn", free)]
+    """Workers with OPENBLAS_CORETYPE=Haswell, Prescott (a stand-in for a CPU
+    OpenBLAS does not know), Prescott with PW_GEMM=openblas, and unset: the
+    products run on oneDNN wherever OpenBLAS's kernel is below the CPU
+    (gemm.h), and only a slow kernel the products really run on carries the
+    warning. They leave before any job: mixed paths would change the bits
+    of a run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "PW_GEMM")}
+    procs = [s.start_worker("kh", dict(env, OPENBLAS_CORETYPE="Haswell")),
+             s.start_worker("kp", dict(env, OPENBLAS_CORETYPE="Prescott")),
+             s.start_worker("kf", dict(env, OPENBLAS_CORETYPE="Prescott", PW_GEMM="openblas")),
+             s.start_worker("kn", env)]
     try:
-        check("kernel: both workers registered", s.wait_workers(2))
+        check("kernel: the workers registered", s.wait_workers(4))
         ws = {w["name"]: w for w in api(s.base, "/v1/workers")["workers"]}
-        kh, kn = ws.get("kh", {}), ws.get("kn", {})
+        kh, kp, kf, kn = (ws.get(n, {}) for n in ("kh", "kp", "kf", "kn"))
         check("kernel: OPENBLAS_CORETYPE=Haswell is reported as forced",
               kh.get("blas_core") == "Haswell" and kh.get("blas_forced") is True, kh)
         check("kernel: without it OpenBLAS picks, not forced, no warning",
               kn.get("blas_core") and kn.get("blas_forced") is False and kn.get("warnings") == [], kn)
-        check("kernel: both measured sgemm", (kh.get("gemm_gflops") or 0) > 0 and (kn.get("gemm_gflops") or 0) > 0,
-              (kh, kn))
-        if kh.get("cpu_level") == "avx512":
-            want = ("OpenBLAS kernel Haswell forced by OPENBLAS_CORETYPE; this CPU supports AVX-512 kernels "
-                    "(about 2x sgemm): unset it")
-            check("kernel: a forced Haswell on an AVX-512 CPU carries the warning", kh.get("warnings") == [want], kh)
-        else:
-            print(f"skip: the forced-kernel warning needs an AVX-512 CPU; this one is {kh.get('cpu_level')!r}")
-            check("kernel: no warning where Haswell is the best kernel", kh.get("warnings") == [], kh)
+        check("kernel: every worker measured sgemm on its path",
+              all((w.get("gemm_gflops") or 0) > 0 for w in (kh, kp, kf, kn)), (kh, kp, kf, kn))
+        check("kernel: a Prescott kernel on this CPU: the products run on oneDNN, no warning",
+              kp.get("blas_core") == "Prescott" and kp.get("gemm_path") == "onednn" and kp.get("warnings") == [], kp)
+        level = kf.get("cpu_level")
+        want = ("OpenBLAS kernel Prescott forced by OPENBLAS_CORETYPE; this CPU supports %s kernels (faster sgemm): "
+                "unset it" % ("AVX-512" if level == "avx512" else "AVX2"))
+        check("kernel: Prescott with PW_GEMM=openblas runs on it and carries the warning",
+              kf.get("gemm_path") == "openblas" and kf.get("warnings") == [want], kf)
+        check("kernel: Haswell runs on OpenBLAS only where it is the CPU's best",
+              kh.get("gemm_path") == ("onednn" if level == "avx512" else "openblas") and kh.get("warnings") == [], kh)
     finally:
         for p in procs:
             p.terminate()
