@@ -213,7 +213,10 @@ class Tree:
         while q.startswith("./"):
             q = q[2:]
         first = q.split("/", 1)[0]
-        return first == ".." or first in self.top or os.path.exists(os.path.join(base, first))
+        if first == "..":  # a repo path from the page's folder; one that leaves the checkout is prose
+            rel = os.path.relpath(os.path.normpath(os.path.join(base, q)), self.root)
+            return not rel.startswith("..")
+        return first in self.top or os.path.exists(os.path.join(base, first))
 
 
 def strip_punct(w):
