@@ -242,7 +242,7 @@ static int add_value(pw_tf_reader *r, int *n_vals, float v, size_t tag_at) {
  * kind of value (0), or -1 malformed (*why), -2 out of memory. Within the
  * value oneof the last member written wins, as protobuf reads it. */
 static int decode_value(pw_tf_reader *r, pb *val, size_t *used, int *n_vals, const char **why) {
-  uint64_t key, num;
+  uint64_t key = 0, num = 0; /* (pb_field sets both when it returns 1; -O3 cannot see it) */
   pb f = {0};
   int rc, simple_set = 0;
   size_t tag_at = 0;
@@ -270,7 +270,7 @@ static int decode_value(pw_tf_reader *r, pb *val, size_t *used, int *n_vals, con
 /* Decodes the Event in d[0..n) into ev: 0, PW_EFORMAT (*why), PW_ENOMEM. */
 static int decode_event(pw_tf_reader *r, const uint8_t *d, size_t n, pw_tf_event *ev, const char **why) {
   pb m = {d, d + n, NULL}, sub = {0};
-  uint64_t key, num;
+  uint64_t key = 0, num = 0; /* (pb_field sets both when it returns 1; -O3 cannot see it) */
   size_t used = 0, version_at = 0;
   int rc, n_vals = 0;
   ev->kind = PW_TF_OTHER;
