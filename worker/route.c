@@ -131,28 +131,27 @@ static int serve_done(pw_run *r, int from, const pw_frame_hdr *h, const void *pa
   return 0;
 }
 
-/* ---- the table ------------------------------------------------------------------- */
+/* ---- the table, indexed by kind ------------------------------------------------ */
 
 static const pw_route routes[] = {
-    {PW_FRAME_ACT, TAG_NOW_OR_NEXT, tensor_dest, tensor_done},
-    {PW_FRAME_GRAD, TAG_NOW, tensor_dest, tensor_done},
-    {PW_FRAME_TIED, TAG_NOW_OR_NEXT, pipex_dest, pipex_done},
-    {PW_FRAME_NORM, TAG_NOW_OR_NEXT, pipex_dest, pipex_done},
-    {PW_FRAME_DP, TAG_NONE, dpx_dest, dpx_done},
-    {PW_FRAME_TP, TAG_NONE, tpx_dest, tpx_done},
-    {PW_FRAME_SNAP, TAG_NONE, snap_dest, snap_done},
-    {PW_FRAME_SEQS, TAG_NONE, serve_dest, serve_done},
-    {PW_FRAME_TOKENS, TAG_NONE, serve_dest, serve_done},
+    [PW_FRAME_ACT] = {PW_FRAME_ACT, TAG_NOW_OR_NEXT, tensor_dest, tensor_done},
+    [PW_FRAME_GRAD] = {PW_FRAME_GRAD, TAG_NOW, tensor_dest, tensor_done},
+    [PW_FRAME_TIED] = {PW_FRAME_TIED, TAG_NOW_OR_NEXT, pipex_dest, pipex_done},
+    [PW_FRAME_NORM] = {PW_FRAME_NORM, TAG_NOW_OR_NEXT, pipex_dest, pipex_done},
+    [PW_FRAME_DP] = {PW_FRAME_DP, TAG_NONE, dpx_dest, dpx_done},
+    [PW_FRAME_TP] = {PW_FRAME_TP, TAG_NONE, tpx_dest, tpx_done},
+    [PW_FRAME_SNAP] = {PW_FRAME_SNAP, TAG_NONE, snap_dest, snap_done},
+    [PW_FRAME_SEQS] = {PW_FRAME_SEQS, TAG_NONE, serve_dest, serve_done},
+    [PW_FRAME_TOKENS] = {PW_FRAME_TOKENS, TAG_NONE, serve_dest, serve_done},
 };
 
 /* A serving run's activations travel with its SEQS frames, untagged. */
 static const pw_route serve_act = {PW_FRAME_ACT, TAG_NONE, serve_dest, serve_done};
 
-static const pw_route *route_of(const pw_run *r, int kind) {
+/* HELLO and BYE have no entry: the reader (io.c) takes them itself. */
+static const pw_route *route_of(const pw_run *r, uint32_t kind) {
   if (r->serve && kind == PW_FRAME_ACT) return &serve_act;
-  for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-    if (routes[i].kind == kind) return &routes[i];
-  return NULL;
+  return kind < sizeof routes / sizeof routes[0] && routes[kind].dest ? &routes[kind] : NULL;
 }
 
 int pw_route_dest(pw_run *r, int from, const pw_frame_hdr *h, void **dst, pw_err *err) {
