@@ -452,7 +452,7 @@ int pw_cmd_retry(int argc, char **argv) { return job_action(argc, argv, retry_us
 /* ---- workers -------------------------------------------------------------------------- */
 
 static void workers_usage(FILE *f) {
-  fprintf(f, "usage: pipewright workers [options]\n  the registered workers: host, state, job, OpenBLAS kernel, one-core sgemm rate\n  and any warning (a forced slow kernel)\n" PW_REMOTE_USAGE);
+  fprintf(f, "usage: pipewright workers [options]\n  the registered workers: host, state, job, OpenBLAS kernel, one-core sgemm rate,\n  the cores and memory each may use and where those came from (its cgroup, its\n  affinity mask, the machine), and any warning (a forced slow kernel)\n" PW_REMOTE_USAGE);
 }
 
 int pw_cmd_workers(int argc, char **argv) {
@@ -509,6 +509,13 @@ int pw_cmd_workers(int argc, char **argv) {
       printf("%-*.*s %-*.*s %-*.*s %-6s %-10s %-*s %-7lld %-22s %s\n", nw, nw, pw_jstr(w, "name", ""), aw, aw,
              pw_jstr(w, "addr", ""), hw, hw, pw_jstr(w, "hostname", "-"), pw_jstr(w, "state", "?"), hb, jw, jb,
              pw_jint(w, "threads", 0), kern, gf);
+      /* what the worker may use and why (its cgroup, its affinity mask, the
+       * machine): an older worker says nothing */
+      if (json_is_string(json_object_get(w, "cores_from")) || json_is_string(json_object_get(w, "memory_from"))) {
+        long long cores = pw_jint(w, "cores", 0);
+        printf("  resources: %lld core%s (%.200s), %.1f GiB (%.200s)\n", cores, cores == 1 ? "" : "s",
+               pw_jstr(w, "cores_from", "?"), pw_jnum(w, "memory") / (1 << 30), pw_jstr(w, "memory_from", "?"));
+      }
       const json_t *wv;
       size_t k;
       json_array_foreach(json_object_get(w, "warnings"), k, wv)

@@ -98,6 +98,8 @@ json_t *pw_coord_workers_json(pw_coord *c) {
     json_object_set_new(o, "gemm_path", str_or_null(w->gemm_path));
     json_object_set_new(o, "host", str_or_null(w->host));
     json_object_set_new(o, "hostname", str_or_null(w->hostname));
+    json_object_set_new(o, "cores_from", str_or_null(w->cores_from));
+    json_object_set_new(o, "memory_from", str_or_null(w->memory_from));
     json_object_set_new(o, "warnings", worker_warnings(w));
     json_array_append_new(arr, o);
   }

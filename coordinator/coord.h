@@ -38,6 +38,8 @@ typedef struct {
   char gemm_path[16];     /* what its products run on ("openblas", "onednn"), "" unknown */
   char host[64];          /* its machine's id (contention.h); "" from an older worker: a host of its own */
   char hostname[64];      /* that machine's name, for display */
+  char cores_from[200];   /* where its cores and memory figures came from (common/base/sysres.h), "" unknown */
+  char memory_from[200];
   int connected;
   double last_heartbeat;  /* epoch seconds */
   int64_t job;            /* job it runs, 0 if idle */
@@ -135,7 +137,7 @@ void pw_coord_upload_token(const pw_coord *c, int64_t job, int64_t run, int rank
 json_t *pw_coord_coordinate_json(int rank, int pp, int tp);
 /* {"workers": [{"id","name","addr","state": "idle"|"busy"|"lost",
  *   "heartbeat_age","job","rank","coordinate","cores","threads","software","host",
- *   "hostname"}]} (new ref). */
+ *   "hostname","cores_from","memory_from",...}]} (new ref). */
 json_t *pw_coord_workers_json(pw_coord *c);
 /* The store's health for /healthz: 0 when the loop's writes work (and
  * none is pending), else 1 with the last error and the pending count. */

@@ -77,6 +77,8 @@ static void registry_add(pw_coord *c, pw_wconn *w, const pw_msg_register *reg) {
   snprintf(wi->gemm_path, sizeof wi->gemm_path, "%s", reg->gemm_path ? reg->gemm_path : "");
   snprintf(wi->host, sizeof wi->host, "%s", reg->host ? reg->host : "");
   snprintf(wi->hostname, sizeof wi->hostname, "%s", reg->hostname ? reg->hostname : "");
+  snprintf(wi->cores_from, sizeof wi->cores_from, "%s", reg->cores_from ? reg->cores_from : "");
+  snprintf(wi->memory_from, sizeof wi->memory_from, "%s", reg->memory_from ? reg->memory_from : "");
   wi->connected = 1;
   wi->job = 0;
   wi->last_heartbeat = pw_store_now();
@@ -234,6 +236,8 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
     snprintf(reason, sizeof reason, "worker name must not hold control characters (newlines, tabs, escapes)");
   else if (reg->host && has_control(reg->host))
     snprintf(reason, sizeof reason, "worker host id must not hold control characters");
+  else if (reg->host && strlen(reg->host) >= sizeof w->host) /* cut, it could merge two hosts */
+    snprintf(reason, sizeof reason, "worker host id must be at most %zu bytes", sizeof w->host - 1);
   if (reason[0]) {
     char shown[300];
     pw_warn("refusing worker '%s': %s", loggable(reg->name, shown, sizeof shown), reason);

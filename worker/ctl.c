@@ -183,6 +183,7 @@ static void host_bye(pw_link *l, uint64_t job, const char *reason) {
 static int start_run(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
   pw_run_host host = {.arg = w, .ctl_send = host_ctl_send, .send = host_send, .bye = host_bye,
                       .drain_in = host_drain_in, .released = host_released, .threads = w->threads,
+                      .cores = w->res.cores,
                       .cache = w->cache, .snaps = &w->snaps, .http_url = w->http_url, .token = w->token};
   pw_run *r;
   int rc = pw_run_create(w->loop, a, as, w->state_dir, &host, &r, err);
@@ -311,22 +312,6 @@ static void advertised(pw_worker *w, char *addr, size_t cap) {
   snprintf(addr, cap, "%s:%d", w->listen_host, w->listen_port);
 }
 
-/* The machine's stable id (/etc/machine-id) and its hostname: workers
- * with the same id share its cores (the coordinator's contention note).
- * Without a machine-id the hostname is the id. */
-static void host_identity(char *id, size_t idcap, char *name, size_t namecap) {
-  if (gethostname(name, namecap)) snprintf(name, namecap, "unknown");
-  name[namecap - 1] = '\0';
-  id[0] = '\0';
-  FILE *f = fopen("/etc/machine-id", "r");
-  if (f) {
-    if (!fgets(id, (int)idcap, f)) id[0] = '\0';
-    fclose(f);
-    id[strcspn(id, " \r\n")] = '\0';
-  }
-  if (!id[0]) snprintf(id, idcap, "%s", name);
-}
-
 static void on_ctl_connect(uv_connect_t *req, int status) {
   pw_worker *w = req->data;
   if (status < 0) {
@@ -341,20 +326,19 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
   uv_read_start((uv_stream_t *)&w->ctl, on_ctl_alloc, on_ctl_read);
   char addr[96];
   advertised(w, addr, sizeof addr);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  char host[64], hostname[64];
-  host_identity(host, sizeof host, hostname, sizeof hostname);
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE); /* the coordinator's memory budget */
+  /* cores and memory as the cgroup and affinity mask grant them (main.c
+   * read them): the coordinator's memory budget and contention note */
   pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_REGISTER, pw_msg_register, NULL, .version = PW_PROTO_VERSION,
                                   .name = w->name, .token = w->token, .data_addr = addr,
-                                  .cores = cores > 0 ? cores : 1, .threads = w->threads,
+                                  .cores = w->res.cores, .threads = w->threads,
                                   .software = "pipewright-worker " PW_VERSION,
                                   .job = w->run ? (int64_t)w->run->cx.job : -1, /* still busy with it */
-                                  .memory = pages > 0 && page > 0 ? (int64_t)pages * page : 0,
+                                  .memory = w->res.memory, .cores_from = w->res.cores_from,
+                                  .memory_from = w->res.memory_from,
                                   .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
                                   .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops,
                                   .gemm_path = w->blas.gemm ? pw_gemm_path_name(w->blas.gemm->path) : NULL,
-                                  .host = host, .hostname = hostname));
+                                  .host = w->host_id, .hostname = w->hostname));
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

@@ -27,6 +27,7 @@
 
 #include "log.h"
 #include "run.h"
+#include "sysres.h"
 
 /* How long a waiting compute thread polls its sockets before it sleeps in
  * poll(): a sleeping thread's wake-up costs 20-80 us on the VMs we measure
@@ -151,9 +152,8 @@ int pw_exec_same_host(const pw_run *r, int a, int b) {
 void pw_exec_spin_init(pw_run *r) {
   int local = 0;
   for (int k = 0; k < r->cx.n_ranks; k++) local += pw_exec_same_host(r, r->cx.rank, k);
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  /* the cores the cgroup and affinity mask grant, not the machine's */
+  long cpus = r->host.cores > 0 ? r->host.cores : pw_sysres_cores();
   long threads = (long)local * (r->host.threads > 0 ? r->host.threads : 1);
   r->cp.io.spin = cpus > 0 && threads > cpus ? 0 : SPIN_SECONDS;
 }

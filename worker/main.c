@@ -16,6 +16,7 @@
 #include "log.h"
 #include "sdnotify.h"
 #include "sha256.h"
+#include "sysres.h"
 #include "worker.h"
 
 static void usage(FILE *f) {
@@ -24,6 +25,9 @@ static void usage(FILE *f) {
           "  --coordinator HOST:PORT  control link (default 127.0.0.1:7070)\n"
           "  --listen ADDR:PORT       data plane for peer workers (default 127.0.0.1:0 = ephemeral)\n"
           "  --name NAME              worker name (default: hostname-pid; no control characters)\n"
+          "  --host-id ID             the machine this worker runs on, for co-location: workers with\n"
+          "                           one id share its cores (default $PW_HOST_ID, else /etc/machine-id,\n"
+          "                           else the hostname; letters, digits, . _ : @ -)\n"
           "  --threads N              OpenBLAS threads for compute (default 1)\n"
           "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
           "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
@@ -99,18 +103,19 @@ int main(int argc, char **argv) {
                                        {"hello-timeout", required_argument, 0, 'H'},
                                        {"held-timeout", required_argument, 0, 'D'},
                                        {"cache-max", required_argument, 0, 'C'},
+                                       {"host-id", required_argument, 0, 'I'},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
   static pw_worker w;
-  const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL;
+  const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL, *host_id = getenv("PW_HOST_ID");
   uint64_t cache_max = PW_CACHE_MAX_DEFAULT;
   w.threads = 1;
   w.hello_timeout = 5;
   w.held_timeout = 30;
   snprintf(w.state_dir, sizeof w.state_dir, "pipewright-worker");
   int c;
-  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:C:hV", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:C:I:hV", opts, NULL)) != -1) {
     switch (c) {
       case 'c': coord = optarg; break;
       case 'l': listen = optarg; break;
@@ -118,6 +123,7 @@ int main(int argc, char **argv) {
       case 't': w.threads = atoi(optarg); break;
       case 's': snprintf(w.state_dir, sizeof w.state_dir, "%s", optarg); break;
       case 'k': token_file = optarg; break;
+      case 'I': host_id = optarg; break;
       case 'L':
         if (pw_log_parse_level(optarg) < 0) {
           fprintf(stderr, "pipewright-worker: unknown log level '%s'\n", optarg);
@@ -171,10 +177,19 @@ int main(int argc, char **argv) {
             listen);
     return 2;
   }
-  if (!w.name[0]) {
-    char host[64] = "worker";
-    gethostname(host, sizeof host - 1);
-    snprintf(w.name, sizeof w.name, "%.40s-%d", host, (int)getpid());
+  char hostname[64] = "";
+  if (gethostname(hostname, sizeof hostname - 1)) snprintf(hostname, sizeof hostname, "unknown");
+  if (!w.name[0]) snprintf(w.name, sizeof w.name, "%.40s-%d", hostname, (int)getpid());
+  snprintf(w.hostname, sizeof w.hostname, "%s", hostname);
+  {
+    pw_err err = {0};
+    char buf[512];
+    if (pw_host_id(NULL, host_id && host_id[0] ? host_id : NULL, hostname, w.host_id, sizeof w.host_id, w.host_from,
+                   sizeof w.host_from, &err)) {
+      fprintf(stderr, "pipewright-worker: --host-id (or PW_HOST_ID) '%.80s': %s\n", host_id,
+              pw_err_str(&err, buf, sizeof buf));
+      return 2;
+    }
   }
   if (token_file) {
     pw_err err = {0};
@@ -216,6 +231,17 @@ int main(int argc, char **argv) {
         pw_cpu_blas_warning(w.blas.core, w.blas.forced, pw_cpu_name(w.blas.cpu), why, sizeof why))
       pw_warn("%s", why);
   }
+  /* What the cluster engine grants this process, not the machine's counts:
+   * sent with every register, the coordinator's memory budget and the
+   * contention note count on it. */
+  if (pw_sysres_read(NULL, &w.res)) return 1;
+  pw_info("resources: %d core%s (%s), %.1f GiB of memory (%s); host id %s (%s)", w.res.cores,
+          w.res.cores == 1 ? "" : "s", w.res.cores_from, (double)w.res.memory / (1 << 30), w.res.memory_from,
+          w.host_id, w.host_from);
+  if (w.res.note[0]) pw_warn("resources: ignored %s", w.res.note);
+  if (w.threads > w.res.cores)
+    pw_warn("--threads %d is more than the %d core%s this process may use (%s): its threads take turns", w.threads,
+            w.res.cores, w.res.cores == 1 ? "" : "s", w.res.cores_from);
   openblas_set_num_threads(w.threads);
   signal(SIGPIPE, SIG_IGN);
 

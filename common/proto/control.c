@@ -54,7 +54,7 @@ static const field f_pw_msg_register[] = {
     REQ(S, software, F_STR),       OPT_MIN(S, job, F_INT, 0),   OPT_MIN(S, memory, F_INT, 0),
     OPT(S, blas_core, F_STR),      OPT_MIN(S, blas_forced, F_INT, 0), OPT(S, cpu_level, F_STR),
     OPT_MIN(S, gemm_gflops, F_NUM, 0), OPT(S, host, F_STR), OPT(S, hostname, F_STR),
-    OPT(S, gemm_path, F_STR), END};
+    OPT(S, gemm_path, F_STR),      OPT(S, cores_from, F_STR),   OPT(S, memory_from, F_STR), END};
 #undef S
 #define S pw_msg_heartbeat
 static const field f_pw_msg_heartbeat[] = {REQ_MIN(S, time, F_NUM, 0), REQ(S, state, F_STR), OPT_MIN(S, job, F_INT, 0),

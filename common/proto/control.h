@@ -27,15 +27,19 @@
  *   register    version:int>=1, name:str, token:str, data_addr:str
  *               ("host:port" of the data-plane listener), cores:int>=1,
  *               threads:int>=1, software:str, job?:int (still busy with it),
- *               memory?:int (bytes of RAM; 0 or absent: unknown),
+ *               memory?:int (bytes of RAM; 0 or absent: unknown; cores and
+ *               memory are what the process may use: its affinity mask and
+ *               cgroup limits, common/base/sysres.h), cores_from?:str,
+ *               memory_from?:str (where each figure came from, for display),
  *               blas_core?:str (openblas_get_corename()), blas_forced?:int>=0
  *               (1: OPENBLAS_CORETYPE chose that kernel), cpu_level?:str
  *               (what the CPU supports: "avx512", "avx2", "sse"),
  *               gemm_gflops?:number>=0 (one-thread sgemm measured at start),
  *               gemm_path?:str (what the products run on: "openblas",
  *               "onednn"; common/compute/gemm.h),
- *               host?:str (the machine's stable id: /etc/machine-id, else its
- *               hostname; workers with the same host share its cores),
+ *               host?:str (the machine's stable id: --host-id / PW_HOST_ID,
+ *               else /etc/machine-id, else its hostname; at most 63 bytes;
+ *               workers with the same host share its cores),
  *               hostname?:str (for display)
  *   heartbeat   time:number>=0, state:str, job?:int, fds?:int>=0 (open
  *               descriptors of the worker process)
@@ -147,7 +151,8 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
  * objects). */
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; const char *blas_core; int64_t blas_forced;
-                 const char *cpu_level; double gemm_gflops; const char *host, *hostname, *gemm_path; } pw_msg_register;
+                 const char *cpu_level; double gemm_gflops; const char *host, *hostname, *gemm_path;
+                 const char *cores_from, *memory_from; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { json_t *ready, *routed; double end_wait, end_work, after, t0; int64_t sleeps; } pw_msg_step_trace;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;

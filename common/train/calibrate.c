@@ -17,6 +17,7 @@
 #include "model.h"
 #include "optim.h"
 #include "prog.h"
+#include "sysres.h"
 
 static double now(void) {
   struct timespec ts;
@@ -451,8 +452,9 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
     return rc;
   }
   int L = m.n_layers, n_mb = o->n_mb, n_units = 0;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int cores = o->cores > 0 ? o->cores : (int)(cpus > 0 ? cpus : 1);
+  /* the cores this process may use (its cgroup, its affinity mask), as a
+   * worker reports them: the profile's ranks run where workers run */
+  int cores = o->cores > 0 ? o->cores : pw_sysres_cores();
   double target = o->target_s > 0 ? o->target_s : 0.02;
   double *t = calloc((size_t)L * 3 * (size_t)n_mb, sizeof(double));
   double *ux = calloc((size_t)L, sizeof(double)), *uy = calloc((size_t)L, sizeof(double));

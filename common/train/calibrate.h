@@ -26,7 +26,7 @@ typedef struct {
   const int *mb;     /* microbatch sizes, ascending */
   int n_mb;
   double target_s;   /* time to spend per layer and size; 0: 0.02 */
-  int cores;         /* recorded in the profile (0: the online CPUs) */
+  int cores;         /* recorded in the profile (0: the cores this process may use, sysres.h) */
   int threads;       /* threads a rank computes with (recorded; 0: 1) */
   int link;          /* measure the loopback link and the wake-up (else the defaults) */
   int share;         /* measure core sharing (else the profile has none: ideal) */

@@ -28,7 +28,8 @@
 static const char *const full[] = {
     "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\",\"cores\":3,"
     "\"threads\":5,\"software\":\"s\",\"job\":11,\"memory\":12,\"blas_core\":\"Haswell\",\"blas_forced\":1,"
-    "\"cpu_level\":\"avx512\",\"gemm_gflops\":110.5,\"gemm_path\":\"onednn\"}",
+    "\"cpu_level\":\"avx512\",\"gemm_gflops\":110.5,\"gemm_path\":\"onednn\",\"cores_from\":\"cf\","
+    "\"memory_from\":\"mf\"}",
     "{\"type\":\"heartbeat\",\"time\":12.5,\"state\":\"busy\",\"job\":13}",
     "{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"loss\":5.5,\"step_time\":6.5,\"tokens\":7.5,"
     "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]],\"nonfinite\":2,"
@@ -158,12 +159,15 @@ static void test_read_values_and_absent(void **state) {
   assert_string_equal(b.REGISTER.cpu_level, "avx512");
   assert_true(b.REGISTER.blas_forced == 1 && b.REGISTER.gemm_gflops == 110.5 && b.REGISTER.memory == 12);
   assert_string_equal(b.REGISTER.gemm_path, "onednn");
+  assert_string_equal(b.REGISTER.cores_from, "cf");
+  assert_string_equal(b.REGISTER.memory_from, "mf");
   json_decref(m);
   m = parse("{\"type\":\"register\",\"version\":3,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\","
             "\"cores\":1,\"threads\":1,\"software\":\"s\"}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), 0);
   assert_true(!b.REGISTER.blas_core && !b.REGISTER.cpu_level && b.REGISTER.blas_forced == -1 &&
-              isnan(b.REGISTER.gemm_gflops) && !b.REGISTER.gemm_path);
+              isnan(b.REGISTER.gemm_gflops) && !b.REGISTER.gemm_path && !b.REGISTER.cores_from &&
+              !b.REGISTER.memory_from);
   json_object_set_new(m, "gemm_gflops", json_real(-1));
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
   assert_string_equal(err.path, "register.gemm_gflops");
@@ -175,6 +179,10 @@ static void test_read_values_and_absent(void **state) {
   json_object_set_new(m, "gemm_path", json_true());
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
   assert_string_equal(err.path, "register.gemm_path");
+  json_object_del(m, "gemm_path");
+  json_object_set_new(m, "memory_from", json_integer(2));
+  assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);
+  assert_string_equal(err.path, "register.memory_from");
   json_decref(m);
   m = parse("{\"type\":\"done\",\"job\":1,\"run\":-2,\"rank\":3}");
   assert_int_equal(pw_control_read(m, &t, &b, &err), PW_EPROTO);

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "sysres.h"
 #include "test_worker_fixture.h"
 
 static const char *SPEC =
@@ -473,9 +474,7 @@ static void hosts(pw_run *r, const char *a, const char *b, const char *ma, const
 /* cp.spin as pw_exec_spin_init sets it for `local` compute threads on
  * this machine (one each: the run has no worker). */
 static double spin_for(int local) {
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) cpus = CPU_COUNT(&set);
+  long cpus = pw_sysres_cores(); /* what the cgroup and affinity mask grant */
   return cpus > 0 && local > cpus ? 0 : 1e-3;
 }
 
