@@ -110,6 +110,18 @@ static int refused_path(const pw_http_resp *resp) {
   return yes;
 }
 
+/* A 409 about the Idempotency-Key: with a data.path, the job this key made
+ * may be this one as sent the second time, with data.dataset (see the
+ * top): that is tried before the conflict is believed. */
+static int key_conflict(const pw_http_resp *resp) {
+  if (resp->status != 409) return 0;
+  json_t *j = json_loadb(resp->body, resp->len, 0, NULL);
+  const char *path = json_string_value(json_object_get(json_object_get(j, "error"), "path"));
+  int yes = path && !strcmp(path, "Idempotency-Key");
+  json_decref(j);
+  return yes;
+}
+
 static void submit_usage(FILE *f) {
   fprintf(f,
           "usage: pipewright submit --job FILE [options]\n"
@@ -118,20 +130,26 @@ static void submit_usage(FILE *f) {
           "                      else from FILE's folder; if the coordinator cannot use that path\n"
           "                      (no --data-root covers it), the file is uploaded as a dataset (or\n"
           "                      found already stored) and the job names it as data.dataset\n"
+          "  --key KEY           an idempotency key (Idempotency-Key): a second submit with the same\n"
+          "                      key and job returns the first job (whatever its state) instead of\n"
+          "                      queuing another; with another job it is refused. For scripts that\n"
+          "                      may run again, e.g. a requeued batch job: KEY from its job id\n"
           "  --quiet             print only the new job's id\n" PW_REMOTE_USAGE);
 }
 
 int pw_cmd_submit(int argc, char **argv) {
   static const struct option opts[] = {
-      {"job", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
+      {"job", required_argument, 0, 'j'}, {"quiet", no_argument, 0, 'q'}, {"key", required_argument, 0, 'K'},
+      PW_REMOTE_LONG_OPTS, {0, 0, 0, 0}};
   pw_remote_opts co = {0};
-  const char *job_path = NULL;
+  const char *job_path = NULL, *key = NULL;
   int quiet = 0, c;
   optind = 1;
   while ((c = pw_remote_getopt(argc, argv, "j:qh", opts, &co)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
       case 'q': quiet = 1; break;
+      case 'K': key = optarg; break;
       case 'h': submit_usage(stdout); return 0;
       default: submit_usage(stderr); return 2;
     }
@@ -140,8 +158,15 @@ int pw_cmd_submit(int argc, char **argv) {
     submit_usage(stderr);
     return 2;
   }
+  char key_hdr[256];
+  if (key && (strlen(key) < 1 || strlen(key) > 200 || strpbrk(key, " \t\r\n"))) {
+    fprintf(stderr, "error: --key: 1 to 200 printable characters without spaces\n");
+    return 2;
+  }
+  if (key) snprintf(key_hdr, sizeof key_hdr, "Idempotency-Key: %s", key);
   pw_remote r;
   if (pw_remote_init(&r, &co)) return 1;
+  r.header = key ? key_hdr : NULL;
   size_t len;
   char *text = read_all(job_path, &len);
   if (!text) {
@@ -173,7 +198,7 @@ int pw_cmd_submit(int argc, char **argv) {
   body = NULL;
   if (rc == PW_CALL_API && local[0]) {
     struct stat st;
-    if (!refused_path(&resp) || stat(local, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (!(refused_path(&resp) || (key && key_conflict(&resp))) || stat(local, &st) != 0 || !S_ISREG(st.st_mode)) {
       pw_remote_print_error(&r, &resp);
       if (refused_path(&resp)) {
         char why[128];
@@ -215,7 +240,8 @@ int pw_cmd_submit(int argc, char **argv) {
   else if (quiet)
     printf("%lld\n", id);
   else
-    printf("job %lld %s\n", id, pw_jstr(j, "state", "queued"));
+    printf("job %lld %s%s\n", id, pw_jstr(j, "state", "queued"),
+           json_is_true(json_object_get(j, "existing")) ? " (submitted before with this key)" : "");
   json_decref(j);
   pw_http_resp_free(&resp);
   return 0;

@@ -321,7 +321,8 @@ static int perform(const pw_http_url *url, const char *method, const char *targe
     snprintf(ctype, sizeof ctype, "Content-Type: %s", src->content_type);
   else if (body)
     snprintf(ctype, sizeof ctype, "Content-Type: application/json");
-  const char *add[] = {"Accept: application/json", src ? "Expect: 100-continue" : "Expect:", auth, ctype};
+  const char *extra = opts && opts->header && !bad_text(opts->header) ? opts->header : NULL;
+  const char *add[] = {"Accept: application/json", src ? "Expect: 100-continue" : "Expect:", auth, ctype, extra};
   int hdrs_oom = 0;
   for (size_t i = 0; i < sizeof add / sizeof add[0] && !hdrs_oom; i++) {
     if (!add[i]) continue;

@@ -41,6 +41,7 @@ typedef struct {
   void (*on_data)(void *ud, const char *data, size_t n); /* NULL, or each piece of the body as it
                                                            arrives (a stream of events) */
   void *ud;
+  const char *header;  /* NULL, or one more request header, "Name: value" (checked: no CR/LF) */
 } pw_http_opts;
 
 typedef struct {

@@ -36,6 +36,8 @@ static const pw_cli_cmd commands[] = {
     {"workers", "the workers registered with the coordinator", pw_cmd_workers},
     {"dataset", "datasets on the coordinator (upload, list, rm); token files (convert, check)", pw_cmd_dataset},
     {"tfevents", "TensorBoard event files: every record checked, each step's scalars", pw_cmd_tfevents},
+    {"tokenize", "text <-> token ids with a Hugging Face tokenizer.json; --out writes a token file",
+     pw_cmd_tokenize},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

@@ -135,7 +135,7 @@ static int finish(pw_remote *r, int rc, const pw_err *err, const char *method, c
 int pw_remote_call(pw_remote *r, const char *method, const char *target, const char *body, size_t len, int flags,
                    pw_http_resp *resp, json_t **out) {
   pw_http_opts ho = {.token = r->token, .timeout = r->timeout, .cacert = r->cacert, .proxy = r->proxy,
-                     .on_data = r->on_data, .ud = r->ud};
+                     .on_data = r->on_data, .ud = r->ud, .header = r->header};
   pw_err err = {0};
   int rc = pw_http_request(&r->url, method, target, body, len, &ho, resp, &err);
   return finish(r, rc, &err, method, target, flags, resp, out);

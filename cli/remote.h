@@ -25,6 +25,7 @@ typedef struct {
   char net_err[600];          /* the last transport error, as printed */
   void (*on_data)(void *ud, const char *data, size_t n); /* pw_http_opts' */
   void *ud;
+  const char *header;         /* pw_http_opts' (one more request header), NULL: none */
 } pw_remote;
 
 enum { PW_CALL_OK = 0, PW_CALL_API = 1, PW_CALL_NET = 2 };

@@ -139,7 +139,7 @@ static int upload_begin(pw_req *r, int64_t declared) {
                    (long long)r->run, n_stages, r->stage);
     return -1;
   }
-  if (r->step != b.steps && (every <= 0 || r->step % every)) {
+  if (r->step != b.steps && r->step != b.stop_step && (every <= 0 || r->step % every)) {
     pw_reply_error(r, PW_EINVAL, "step",
                    "job %lld checkpoints at every %d steps and at its last (%d): not at step %d", (long long)r->id,
                    every, b.steps, r->step);

@@ -21,6 +21,7 @@
 #include "contention.h"
 #include "log.h"
 #include "plan.h"
+#include "sha256.h"
 #include "weights.h"
 
 /* rc of a call about job r->id: 0 passes; anything else is replied (an
@@ -61,9 +62,68 @@ static void describe_model(const pw_model_spec *m, char *buf, size_t cap) {
   }
 }
 
+/* Idempotency-Key: a client that submits again with the key of an earlier
+ * submit (a requeued batch script, a retry after a lost answer) gets that
+ * job back, 200 instead of 201, whatever its state; the same key with
+ * another body is a conflict. 1 when a reply was given. */
+#define KEY_MAX 200
+static int key_reply(pw_req *r, pw_store *s, const char *key, const char *sha) {
+  int64_t id = 0;
+  char had[65];
+  pw_err err = {0};
+  int rc = pw_store_job_by_key(s, key, &id, had, &err);
+  if (rc == PW_ENOENT) return 0;
+  if (rc) {
+    pw_reply_err(r, &err);
+    return 1;
+  }
+  if (strcmp(had, sha)) {
+    pw_reply_error(r, PW_ECONFLICT, "Idempotency-Key",
+                   "this key was used for job %lld with another body: a new job needs a new key", (long long)id);
+    return 1;
+  }
+  pw_job_brief jb;
+  if (pw_store_job_brief(s, id, &jb, &err)) {
+    pw_reply_err(r, &err);
+    return 1;
+  }
+  free(jb.spec);
+  char loc[64];
+  snprintf(loc, sizeof loc, "/v1/jobs/%lld", (long long)id);
+  pw_reply_json(r, MHD_HTTP_OK, json_pack("{s:I, s:s, s:s, s:b}", "id", (json_int_t)id, "state",
+                                          pw_job_state_name(jb.state), "location", loc, "existing", 1));
+  pw_reply_header(r, MHD_HTTP_HEADER_LOCATION, loc);
+  return 1;
+}
+
+/* The request's Idempotency-Key, checked, and its body's SHA-256 (of the
+ * parsed body, keys sorted: spacing does not count). -1 after a reply. */
+static int key_of(pw_req *r, const char **key, char sha[65]) {
+  *key = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Idempotency-Key");
+  if (!*key) return 0;
+  size_t n = strlen(*key);
+  int ok = n >= 1 && n <= KEY_MAX;
+  for (size_t i = 0; ok && i < n; i++) ok = (*key)[i] > 0x20 && (*key)[i] < 0x7f;
+  if (!ok) {
+    pw_reply_error(r, PW_EINVAL, "Idempotency-Key", "must be 1 to %d printable ASCII characters without spaces", KEY_MAX);
+    return -1;
+  }
+  char *text = json_dumps(r->body, JSON_COMPACT | JSON_SORT_KEYS);
+  if (!text) {
+    pw_reply_oom(r);
+    return -1;
+  }
+  pw_sha256_hex(text, strlen(text), sha);
+  free(text);
+  return 0;
+}
+
 void pw_api_job_submit(pw_req *r) {
   pw_store *s = pw_api_store(r);
   if (!s) return;
+  const char *key;
+  char key_sha[65] = "";
+  if (key_of(r, &key, key_sha) || (key && key_reply(r, s, key, key_sha))) return;
   pw_job job;
   pw_budget budget;
   pw_err err = {0};
@@ -137,10 +197,16 @@ void pw_api_job_submit(pw_req *r) {
                    .schedule = job.schedule.name,
                    .model = model,
                    .dataset = job.data.dataset[0] ? job.data.dataset : NULL,
-                   .weights = {job.init.checkpoint, job.init.optimizer_checkpoint}};
+                   .weights = {job.init.checkpoint, job.init.optimizer_checkpoint},
+                   .client_key = key,
+                   .client_sha = key_sha};
   int64_t id = 0;
   rc = spec ? pw_store_job_insert(s, &jn, &id, &err) : pw_err_set(&err, PW_ENOMEM, "", "out of memory");
   free(spec);
+  if (rc == PW_ECONFLICT && key && key_reply(r, s, key, key_sha)) { /* the same key's other submit was first */
+    pw_job_free(&job);
+    return;
+  }
   if (rc) {
     pw_reply_err(r, &err);
     pw_job_free(&job);

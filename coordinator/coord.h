@@ -121,7 +121,15 @@ struct pw_coord {
   void *writeq;           /* store_retry.c's pending writes (loop thread only) */
   void *http;             /* http.c's state: the libmicrohttpd daemon and the pool */
   int stopping;
+  int draining;           /* SIGTERM with --drain-timeout: runs stop at a checkpoint, nothing new starts */
 };
+
+/* Loop thread (drain.c): SIGTERM with --drain-timeout. pw_drain_start
+ * tells every training run to stop at a step it can still stop at with a
+ * checkpoint and returns the runs to wait for; pw_drain_left counts those
+ * still running. */
+int pw_drain_start(pw_coord *c);
+int pw_drain_left(pw_coord *c);
 
 /* The calling thread's store connection (opened on first use); NULL if the
  * database cannot be opened (logged). */

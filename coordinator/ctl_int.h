@@ -67,6 +67,8 @@ struct pw_jobrt {
   int final_ckpt;          /* a training job: its last step's checkpoint must be stored before it succeeds */
   int max_restarts;        /* train.max_restarts */
   int steps_done;          /* steps every rank has reported (start_step at first) */
+  double step_time;        /* the last step's seconds, as its slowest rank reported them */
+  int stop_at;             /* a drain told the ranks to stop after this many steps (drain.c); 0: none */
   int done;
   pw_step_acc *acc;        /* open steps */
   int n_acc;
@@ -132,6 +134,13 @@ void pw_jobrt_end(pw_coord *c, pw_jobrt *jr, const char *run_state, int job_stat
  * recorded as it ran, so it fails saying so. */
 void pw_jobrt_lost_write(pw_coord *c, pw_jobrt *jr, const char *what);
 void pw_jobrt_free(pw_jobrt *jr);
+
+/* drain.c (pw_drain_start, pw_drain_left: coord.h). A drained run's end:
+ * all ranks done (it goes back to the queue, to resume from that
+ * checkpoint), or a rank failed or could not stop there (back to the
+ * queue at once). */
+void pw_drain_run_done(pw_coord *c, pw_jobrt *jr);
+void pw_drain_run_failed(pw_coord *c, pw_jobrt *jr, const char *why);
 
 /* dispatch.c: starts a run of job `id` on the workers ws (job's mesh size
  * of them, rank order): reserves them, marks the job planning and plans on

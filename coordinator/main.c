@@ -3,7 +3,10 @@
  * signals. SIGTERM/SIGINT stop it cleanly: running jobs go back to the
  * queue with an event saying why, workers are told to stop, nothing the
  * API accepted is lost (and a kill -9 loses nothing committed either: at
- * start, jobs caught mid-flight are queued again). */
+ * start, jobs caught mid-flight are queued again). With --drain-timeout,
+ * SIGTERM first drains (drain.c): the training runs stop at a step with
+ * its checkpoint, then the coordinator stops; a second signal, or the
+ * timeout, stops it at once. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -56,6 +59,10 @@ static void usage(FILE *f) {
           "                            the address each worker's control link reached)\n"
           "  --tensorboard-dir DIR     keep each job's runs as TensorBoard event files in\n"
           "                            DIR/job-<id>/ (written as steps arrive; default: none)\n"
+          "  --drain-timeout SECS      on SIGTERM, first have every training run stop at a step\n"
+          "                            with its checkpoint, waiting at most this long (a preemption\n"
+          "                            signal's lead time; default 0: stop at once, the jobs resume\n"
+          "                            from their last checkpoint)\n"
           "  --help, --version\n"
           "Binding beyond loopback needs --token-file (API) and --cluster-token-file (control).\n");
 }
@@ -129,10 +136,12 @@ static void on_status_timer(uv_timer_t *t) {
   }
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-  pw_coord *c = h->data;
+static double drain_timeout; /* --drain-timeout */
+static double drain_t0;
+static uv_timer_t drain_timer;
+
+static void shut_down(pw_coord *c) {
   if (c->stopping) return;
-  pw_info("signal %d: shutting down", signum);
   pw_sd_notify("STOPPING=1\nSTATUS=shutting down: running jobs go back to the queue");
   if (status_on) uv_close((uv_handle_t *)&status_timer, NULL);
   status_on = 0;
@@ -141,6 +150,40 @@ static void on_signal(uv_signal_t *h, int signum) {
   pw_http_stop(c);
   uv_close((uv_handle_t *)&sigint_h, NULL);
   uv_close((uv_handle_t *)&sigterm_h, NULL);
+  if (c->draining) uv_close((uv_handle_t *)&drain_timer, NULL);
+}
+
+/* Every 100 ms while draining: stop once no training run is left, or the
+ * time is up (the runs still going then resume from their last checkpoint). */
+static void on_drain_timer(uv_timer_t *t) {
+  pw_coord *c = t->data;
+  int left = pw_drain_left(c);
+  if (left && (uv_hrtime() / 1e9) - drain_t0 < drain_timeout) return;
+  if (left) pw_warn("drain: %d run%s still going after %.0f s: stopping now", left, left == 1 ? "" : "s", drain_timeout);
+  else pw_info("drain: every run stopped at its checkpoint");
+  shut_down(c);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  pw_coord *c = h->data;
+  if (c->stopping) return;
+  if (signum == SIGTERM && drain_timeout > 0 && !c->draining) {
+    c->draining = 1;
+    int n = pw_drain_start(c);
+    if (n > 0) {
+      pw_info("signal %d: draining %d run%s (at most %.0f s), then shutting down", signum, n, n == 1 ? "" : "s",
+              drain_timeout);
+      pw_sd_notify("STATUS=draining: training runs stop at a checkpoint");
+      drain_t0 = (uv_hrtime() / 1e9);
+      uv_timer_init(c->loop, &drain_timer);
+      drain_timer.data = c;
+      uv_timer_start(&drain_timer, on_drain_timer, 100, 100);
+      return;
+    }
+    c->draining = 0;
+  }
+  pw_info("signal %d: shutting down", signum);
+  shut_down(c);
 }
 
 int main(int argc, char **argv) {
@@ -166,6 +209,7 @@ int main(int argc, char **argv) {
                                        {"data-root", required_argument, 0, 1008},
                                        {"advertise-url", required_argument, 0, 1009},
                                        {"tensorboard-dir", required_argument, 0, 1010},
+                                       {"drain-timeout", required_argument, 0, 1011},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
@@ -198,6 +242,15 @@ int main(int argc, char **argv) {
         break;
       }
       case 'r': ready = optarg; break;
+      case 1011: {
+        char *end;
+        drain_timeout = strtod(optarg, &end);
+        if (end == optarg || *end || !(drain_timeout >= 0) || drain_timeout > 86400) {
+          fprintf(stderr, "pipewright-coordinator: --drain-timeout must be seconds from 0 to 86400, got '%s'\n", optarg);
+          return 2;
+        }
+        break;
+      }
       case 'L':
         if (pw_log_parse_level(optarg) < 0) {
           fprintf(stderr, "pipewright-coordinator: unknown log level '%s'\n", optarg);

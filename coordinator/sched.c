@@ -90,6 +90,7 @@ static void sched_tick(pw_coord *c) {
     else if (jb.state == PW_JOB_QUEUED)
       pw_jobrt_end(c, jr, "cancelled", -1, "cancelled by request (the job was retried since)", "job cancelled");
   }
+  if (c->draining) return; /* nothing new starts while the coordinator drains */
   /* Queued jobs, oldest first; a job that does not fit does not hold back
    * a later one that does. */
   int64_t *ids = NULL;
@@ -187,6 +188,7 @@ static void step_complete(pw_coord *c, pw_jobrt *jr, pw_step_acc *a) {
   int nonfinite = a->nonfinite;
   a->step = -1;
   if (step + 1 > jr->steps_done) jr->steps_done = step + 1;
+  jr->step_time = a->step_time;
   pw_write w = {.kind = PW_W_METRIC, .job = jr->job, .run = jr->run, .m = mt};
   if (pw_write_do(c, &w, NULL) == PW_ETOOBIG) {
     char what[64];
@@ -299,7 +301,9 @@ static int on_done(void *ctx, void *conn, const pw_msg_any *msg, const json_t *r
     for (int r = 0; r < jr->n_ranks; r++) /* the workers drop them once done */
       if (jr->ranks[r]) pw_rec_snapshots_keep(jr->ranks[r], 0);
     char why[1500];
-    if (final_missing(c, jr, why, sizeof why)) {
+    if (jr->stop_at) {
+      pw_drain_run_done(c, jr);
+    } else if (final_missing(c, jr, why, sizeof why)) {
       pw_error("job %lld: %s", (long long)jr->job, why);
       pw_jobrt_event(c, jr->job, "checkpoint", why);
       pw_jobrt_end(c, jr, "failed", PW_JOB_FAILED, why, NULL);
@@ -320,6 +324,11 @@ static int on_error(void *ctx, void *conn, const pw_msg_any *msg, const json_t *
   char why[700];
   snprintf(why, sizeof why, "rank %d (worker %s): %s", w->rank, w->name, m->message);
   pw_wconn *peer = m->lost_rank >= 0 && m->lost_rank < jr->n_ranks ? jr->ranks[m->lost_rank] : NULL;
+  if (jr->stop_at) { /* draining: whatever failed, the job resumes from its checkpoint */
+    pw_drain_run_failed(c, jr, why);
+    sched_tick(c);
+    return 0;
+  }
   if (m->peer_aborted >= 0 && m->lost_rank < 0 && m->restore_failed <= 0) {
     /* A consequence: the aborting peer says why itself (or is lost). */
     pw_info("job %lld: %s", (long long)jr->job, why);

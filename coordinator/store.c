@@ -119,6 +119,12 @@ static const char *const migrations[] = {
     /* 5 -> 6 (train.eval_every): the held-out loss of the steps that
      * evaluated (NULL elsewhere), and the job's latest. */
     "ALTER TABLE metrics ADD COLUMN eval_loss REAL; ALTER TABLE jobs ADD COLUMN eval_loss REAL;",
+    /* 6 -> 7 (issue 35): an idempotent submit — the client's Idempotency-Key
+     * and the SHA-256 of the body it came with, one job per key; a drain —
+     * the step a run was told to stop at (its checkpoint is taken there). */
+    "ALTER TABLE jobs ADD COLUMN client_key TEXT; ALTER TABLE jobs ADD COLUMN client_sha TEXT;"
+    "CREATE UNIQUE INDEX jobs_client_key ON jobs(client_key) WHERE client_key IS NOT NULL;"
+    "ALTER TABLE runs ADD COLUMN stop_step INTEGER;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -470,7 +476,20 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   sqlite3_bind_int(st, 8, j->microbatches);
   sqlite3_bind_text(st, 9, j->schedule, -1, SQLITE_STATIC);
   sqlite3_bind_text(st, 10, j->model, -1, SQLITE_STATIC);
-  if ((rc = pw__store_exec(s, st, err, "insert job"))) goto fail;
+  if (j->client_key) {
+    sqlite3_bind_text(st, 11, j->client_key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 12, j->client_sha, -1, SQLITE_STATIC);
+  } else {
+    sqlite3_bind_null(st, 11);
+    sqlite3_bind_null(st, 12);
+  }
+  int step_rc = sqlite3_step(st);
+  if ((step_rc & 0xff) == SQLITE_CONSTRAINT && j->client_key) /* a submit with the same key won the race */
+    rc = pw_err_set(err, PW_ECONFLICT, "Idempotency-Key", "a job with this key was just submitted");
+  else if (step_rc != SQLITE_DONE)
+    rc = pw__store_fail(s, step_rc, err, "insert job");
+  sqlite3_reset(st);
+  if (rc) goto fail;
   int64_t job = sqlite3_last_insert_rowid(s->db);
   /* in the same transaction as the check, so a concurrent delete of the
    * dataset either sees this job or makes this insert fail */
@@ -484,6 +503,23 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
 fail:
   pw__store_rollback(s);
   return rc;
+}
+
+int pw_store_job_by_key(pw_store *s, const char *key, int64_t *id, char sha[65], pw_err *err) {
+  STMT(st, PW_ST_JOB_BY_KEY);
+  sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+  int rc = sqlite3_step(st), ret = 0;
+  if (rc == SQLITE_ROW) {
+    *id = sqlite3_column_int64(st, 0);
+    const char *h = (const char *)sqlite3_column_text(st, 1);
+    snprintf(sha, 65, "%s", h ? h : "");
+  } else if (rc == SQLITE_DONE) {
+    ret = pw_err_set(err, PW_ENOENT, "Idempotency-Key", "no job has this key");
+  } else {
+    ret = pw__store_fail(s, rc, err, "job by key");
+  }
+  sqlite3_reset(st);
+  return ret;
 }
 
 /* The job's state (PW_ENOENT if missing). */
@@ -570,6 +606,15 @@ int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *er
   return pw__store_update_one(s, st, "job", id, err);
 }
 
+int pw_store_run_stop(pw_store *s, int64_t run, int step, pw_err *err) {
+  FAULT("run stop");
+  if (step < 1) return pw_err_set(err, PW_EINVAL, "step", "a run stops after step 1 at the earliest (got %d)", step);
+  STMT(st, PW_ST_RUN_STOP);
+  sqlite3_bind_int64(st, 1, run);
+  sqlite3_bind_int(st, 2, step);
+  return pw__store_update_one(s, st, "run", run, err);
+}
+
 int pw_store_job_set_restarts(pw_store *s, int64_t id, int restarts, pw_err *err) {
   FAULT("job restarts");
   if (restarts < 0) return pw_err_set(err, PW_EINVAL, "restarts", "a restart count must be >= 0 (got %d)", restarts);
@@ -619,6 +664,7 @@ int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err) 
     out->steps_done = sqlite3_column_int(st, 3);
     const char *spec = (const char *)sqlite3_column_text(st, 4);
     out->run = sqlite3_column_int(st, 5);
+    out->stop_step = sqlite3_column_int(st, 6);
     if (spec && !(out->spec = strdup(spec))) ret = pw_err_set(err, PW_ENOMEM, "job", "out of memory");
   } else if (rc == SQLITE_DONE) {
     ret = pw_err_set(err, PW_ENOENT, "job", "job %lld not found", (long long)id);

@@ -68,6 +68,8 @@ typedef struct {
   const char *model;     /* "gpt d=64 L=4", for lists */
   const char *dataset;   /* the dataset id the job reads, or NULL */
   const char *weights[2]; /* init: the weights ids it starts from (model, optimizer), NULL or "" for none */
+  const char *client_key; /* the submit's Idempotency-Key, or NULL */
+  const char *client_sha; /* with it: SHA-256 hex of the request's body */
 } pw_job_new;
 
 /* Inserts a queued job and its "queued" event in one transaction; with a
@@ -75,6 +77,10 @@ typedef struct {
  * the job is live (PW_ESPEC at data.dataset when no such dataset is
  * stored: nothing is inserted). */
 PW_MUST_CHECK int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *err);
+/* The job submitted with Idempotency-Key key: its id and the SHA-256 hex
+ * of the body it came with (PW_ENOENT: none). A client_key taken by
+ * another insert makes pw_store_job_insert fail with PW_ECONFLICT. */
+PW_MUST_CHECK int pw_store_job_by_key(pw_store *s, const char *key, int64_t *id, char sha[65], pw_err *err);
 
 /* Changes the state (and error / status text, either may be NULL to keep),
  * stamps started (on running) / finished (on a terminal state), appends an
@@ -91,6 +97,10 @@ PW_MUST_CHECK int pw_store_job_progress(pw_store *s, int64_t id, int steps_done,
 /* The latest held-out loss (the job object's "eval_loss"). */
 PW_MUST_CHECK int pw_store_job_eval_loss(pw_store *s, int64_t id, double eval_loss, pw_err *err);
 
+/* A drain told run `run` to stop after `step` steps (drain.c): its ranks
+ * upload that step's checkpoint. */
+PW_MUST_CHECK int pw_store_run_stop(pw_store *s, int64_t run, int step, pw_err *err);
+
 /* Minimal view for the scheduler. spec is malloc'd (caller frees). */
 typedef struct {
   int64_t id;
@@ -98,6 +108,7 @@ typedef struct {
   int steps, steps_done;
   char *spec;
   int run;               /* latest run id, 0 if none */
+  int stop_step;         /* the step a drain told that run to stop at (its checkpoint is taken there), 0: none */
 } pw_job_brief;
 PW_MUST_CHECK int pw_store_job_brief(pw_store *s, int64_t id, pw_job_brief *out, pw_err *err);
 /* Ids of jobs in a state, oldest first (*ids malloc'd). */

@@ -39,7 +39,9 @@
   X(WORKER_SEEN, "UPDATE workers SET last_seen = ?2, state = COALESCE(?3, state) WHERE id = ?1")   \
   X(JOB_INSERT,                                                                                    \
     "INSERT INTO jobs(name, spec, state, created, steps, pp, dp, vstages, microbatches, "          \
-    "schedule, model) VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)")                  \
+    "schedule, model, client_key, client_sha) "                                                    \
+    "VALUES(?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)")                         \
+  X(JOB_BY_KEY, "SELECT id, client_sha FROM jobs WHERE client_key = ?1")                           \
   X(EVENT_INSERT, "INSERT INTO events(job_id, time, kind, message) VALUES(?1, ?2, ?3, ?4)")        \
   X(JOB_STATE, "SELECT state FROM jobs WHERE id = ?1")                                             \
   X(JOB_SET_STATE,                                                                                 \
@@ -49,7 +51,8 @@
   X(JOB_SET_STATUS, "UPDATE jobs SET status = ?2 WHERE id = ?1")                                   \
   X(JOB_PROGRESS, "UPDATE jobs SET steps_done = ?2, loss = ?3, tokens_per_s = ?4 WHERE id = ?1")   \
   X(JOB_EVAL_LOSS, "UPDATE jobs SET eval_loss = ?2 WHERE id = ?1")                                \
-  X(JOB_BRIEF, "SELECT id, state, steps, steps_done, spec, run FROM jobs WHERE id = ?1")           \
+  X(JOB_BRIEF, "SELECT id, state, steps, steps_done, spec, run, "                                 \
+    "(SELECT stop_step FROM runs WHERE runs.id = jobs.run) FROM jobs WHERE id = ?1")               \
   X(JOB_EXISTS, "SELECT 1 FROM jobs WHERE id = ?1")                                                \
   X(JOBS_IN_STATE, "SELECT id FROM jobs WHERE state = ?1 ORDER BY id")                             \
   X(JOBS_MIDFLIGHT,                                                                                \
@@ -154,6 +157,7 @@
   /* ---- restarts and attempts (issue 15, schema 5) ---- */                                         \
   X(RUN_RESUME, "UPDATE runs SET start_step = ?2, resumed_from = ?3 WHERE id = ?1")                 \
   X(JOB_SET_RESTARTS, "UPDATE jobs SET restarts = ?2 WHERE id = ?1")                               \
+  X(RUN_STOP, "UPDATE runs SET stop_step = ?2 WHERE id = ?1")                                      \
   X(JOB_RESTARTS, "SELECT COALESCE(restarts, 0) FROM jobs WHERE id = ?1")                           \
   X(JOB_RETRY,                                                                                     \
     "UPDATE jobs SET state = 'queued', error = NULL, finished = NULL, status = '', restarts = 0 "   \

@@ -20,14 +20,14 @@ static const char *const kind_names[PW_W__N] = {
     [PW_W_CHECKPOINT] = "checkpoint",  [PW_W_RUN_FINISH] = "run end", [PW_W_JOB_STATE] = "state change",
     [PW_W_JOB_STATUS] = "status line", [PW_W_STAGE] = "partition",   [PW_W_ACTIONS] = "action list",
     [PW_W_ASSIGN] = "assignment",      [PW_W_WORKER_SEEN] = "worker last seen", [PW_W_EVENT] = "event",
-    [PW_W_RUN_RESUME] = "start",       [PW_W_JOB_RESTARTS] = "restart count"};
+    [PW_W_RUN_RESUME] = "start",       [PW_W_JOB_RESTARTS] = "restart count", [PW_W_RUN_STOP] = "drain step"};
 
 /* Rewritten all the time: never kept. */
 static int volatile_kind(pw_write_kind k) { return k == PW_W_JOB_STATUS || k == PW_W_WORKER_SEEN; }
 /* What says why a job ended: kept even past the bound. */
 static int critical_kind(pw_write_kind k) {
   return k == PW_W_RUN_FINISH || k == PW_W_JOB_STATE || k == PW_W_EVENT || k == PW_W_RUN_RESUME ||
-         k == PW_W_JOB_RESTARTS;
+         k == PW_W_JOB_RESTARTS || k == PW_W_RUN_STOP;
 }
 /* The store's failure, not the write's: worth retrying. */
 static int transient(int rc) { return rc == PW_EIO || rc == PW_ENOMEM; }
@@ -72,6 +72,7 @@ static int apply(pw_store *s, const pw_write *w, pw_err *err) {
     case PW_W_EVENT: return pw_store_event(s, w->job, w->text, w->text2, err);
     case PW_W_RUN_RESUME: return pw_store_run_resume(s, w->run, w->step, w->text, err);
     case PW_W_JOB_RESTARTS: return pw_store_job_set_restarts(s, w->job, w->step, err);
+    case PW_W_RUN_STOP: return pw_store_run_stop(s, w->run, w->step, err);
     case PW_W__N: break;
   }
   return pw_err_set(err, PW_EINVAL, "write", "unknown write kind %d", (int)w->kind);

@@ -49,6 +49,7 @@ typedef enum {
   PW_W_EVENT,       /* job, text = kind, text2 = message */
   PW_W_RUN_RESUME,  /* run, step = the step it starts at, text = "snapshot" | "checkpoint" | "start" */
   PW_W_JOB_RESTARTS, /* job, step = the new restart count */
+  PW_W_RUN_STOP,    /* run, step = the step a drain stops it at */
   PW_W__N
 } pw_write_kind;
 

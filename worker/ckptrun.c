@@ -19,7 +19,7 @@
 
 static int ckpt_step(const pw_run *r, int step) {
   int k = step + 1, every = r->cfg.sl.train.checkpoint_every;
-  return r->cfg.sl.mode != PW_MODE_FORWARD && (k == r->cfg.steps || (every > 0 && k % every == 0));
+  return r->cfg.sl.mode != PW_MODE_FORWARD && (k == r->cp.last || (every > 0 && k % every == 0));
 }
 
 static int ckpt_due(const pw_run *r, int step) { return r->cx.replica == 0 && ckpt_step(r, step); }
@@ -72,7 +72,7 @@ static int upload_stage(pw_run *r, int step, int stage, const char *path) {
   pw_ckpt_optim_path(path, opath, sizeof opath);
   pw_xfer x = {.base_url = r->cfg.http_url, .token = r->cfg.token, .abort = &r->sh.abort, .upload_token = r->cfg.upload_token};
   double t0 = pw_now();
-  int last = step == r->cfg.steps;
+  int last = step == r->cp.last;
   struct stat sm, so;
   for (int opt = 1; opt >= 0; opt--) { /* the optimizer first, as ckpt.c writes them */
     pw_err err = {0};

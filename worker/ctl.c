@@ -4,6 +4,7 @@
  * message closes the link (and we reconnect); it never stops the worker. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <netdb.h>
 #include <stdlib.h>
@@ -234,6 +235,19 @@ static int on_cancel(void *ctx, void *conn, const pw_msg_any *m, const json_t *r
   return 0;
 }
 
+static int on_stop(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
+  pw_worker *w = ctx;
+  pw_run *r = w->run;
+  const pw_msg_stop *s = &m->STOP;
+  char why[160];
+  if (!r || (int64_t)r->cx.job != s->job || r->cx.run_id != s->run) return 0; /* that run is over */
+  if (s->steps > INT_MAX || pw_run_stop_at(r, (int)s->steps, why, sizeof why) == 0) return 0;
+  pw_warn("job %lld run %lld: %s", (long long)s->job, (long long)s->run, why);
+  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = s->job, .run = s->run, .rank = r->cx.rank,
+                                  .message = why));
+  return 0;
+}
+
 static int on_generate(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw, pw_err *err) {
   pw_worker *w = ctx;
   const pw_msg_generate *g = &m->GENERATE;
@@ -262,6 +276,7 @@ static const pw_control_handlers handlers = {.on = {[PW_MSG_WELCOME] = on_welcom
                                                     [PW_MSG_REFUSED] = on_refused,
                                                     [PW_MSG_ASSIGN] = on_assign,
                                                     [PW_MSG_CANCEL] = on_cancel,
+                                                    [PW_MSG_STOP] = on_stop,
                                                     [PW_MSG_GENERATE] = on_generate,
                                                     [PW_MSG_SHUTDOWN] = on_shutdown}};
 

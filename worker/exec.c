@@ -289,7 +289,10 @@ void pw_exec_main(void *arg) {
   pw_exec_spin_init(r);
   if (!rc && (rc = pw_run_open_files(r, &err))) rc = pw_exec_fail(r, rc, &err, "%s", "");
   if (!rc && r->serve) rc = pw_serve_run(r->serve);
-  while (!rc && !r->serve && r->sh.step < r->cfg.steps) rc = pw_exec_step(r);
+  uv_mutex_lock(&r->sh.mu);
+  pw_run_take_stop(r);
+  uv_mutex_unlock(&r->sh.mu);
+  while (!rc && !r->serve && r->sh.step < r->cp.last) rc = pw_exec_step(r);
   if (r->cp.io.chunked)
     pw_info("job %llu run %d: rank %d sent %llu tensors over %zu bytes as %llu chunks", (unsigned long long)r->cx.job,
             r->cx.run_id, r->cx.rank, (unsigned long long)r->cp.io.chunked, r->cp.io.chunk_limit,

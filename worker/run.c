@@ -156,6 +156,23 @@ void pw_run_fail(pw_run *r, const char *fmt, ...) {
   finish(r, 0);
 }
 
+int pw_run_stop_at(pw_run *r, int steps, char *why, size_t cap) {
+  int rc = 0;
+  uv_mutex_lock(&r->sh.mu);
+  if (steps >= r->cfg.steps) {
+    /* its own end comes first */
+  } else if (r->sh.step < steps - 1) {
+    r->sh.stop_at = steps;
+  } else {
+    snprintf(why, cap, "cannot stop after step %d: step %d has begun", steps, r->sh.step + 1);
+    rc = PW_ECONFLICT;
+  }
+  uv_mutex_unlock(&r->sh.mu);
+  if (!rc) pw_info("job %llu run %d: stopping after step %d (a drain)", (unsigned long long)r->cx.job, r->cx.run_id,
+                   steps < r->cfg.steps ? steps : r->cfg.steps);
+  return rc;
+}
+
 void pw_run_cancel(pw_run *r, const char *reason) {
   if (r->lp.closing) return;
   pw_info("job %llu run %d cancelled: %s", (unsigned long long)r->cx.job, r->cx.run_id, reason ? reason : "");

@@ -107,6 +107,7 @@ typedef struct {
   atomic_int abort;        /* loop -> compute: stop at the next wait */
   pw_lstage_shared *ls;    /* [n_ls] slots of each local stage */
   int step;                /* current step (written by compute) */
+  int stop_at;             /* loop -> compute: end after this many steps (a drain: pw_run_stop_at); 0: none */
   struct {                 /* compute -> loop events, a ring */
     pw_event *q;
     int head, len, cap;
@@ -146,6 +147,8 @@ typedef struct {
     int sleeps, sleeps_told; /* waits that slept in poll() (each paid a wake-up), and those reported */
   } io;
   double t_step0;          /* monotonic time the step began */
+  int last;                /* the run ends after this many steps: cfg.steps, or sh.stop_at as it was when
+                              sh.step last changed (so every rank decides a step's checkpoint alike) */
   /* Frames of ACT, GRAD, TIED and NORM are tagged with the pass they
    * belong to, not the step: a step's pass, then the eval passes of
    * train.eval_every each have a tag of their own (evalrun.c); without
@@ -197,7 +200,7 @@ struct pw_run {
 /* tests/layers/check_layers.py counts the fields above (those of sh, cp and
  * lp too): at most PW_RUN_FIELDS_MAX. A run's state that is not the whole
  * run's belongs to a subsystem. */
-#define PW_RUN_FIELDS_MAX 42
+#define PW_RUN_FIELDS_MAX 44
 
 /* ---- run_setup.c, run.c, run_files.c: the run's life ---------------------- */
 
@@ -217,6 +220,17 @@ PW_MUST_CHECK int pw_run_create(uv_loop_t *loop, const pw_msg_assign *a, const j
 PW_MUST_CHECK int pw_run_open_files(pw_run *r, pw_err *err);
 /* Loop thread (run.c). */
 void pw_run_cancel(pw_run *r, const char *reason);
+/* Loop thread: a drain — the run ends after `steps` steps, with that
+ * step's checkpoint, as if they were all it had. Taken only while the
+ * compute thread has not begun step `steps` (it reads sh.stop_at into
+ * cp.last under sh.mu when sh.step changes, before it begins a step): 0,
+ * else PW_ECONFLICT with why (that step has begun: the run cannot stop there
+ * the way its peers will). steps >= cfg.steps changes nothing. */
+int pw_run_stop_at(pw_run *r, int steps, char *why, size_t cap);
+/* Compute thread, sh.mu held: cp.last from sh.stop_at. */
+static inline void pw_run_take_stop(pw_run *r) {
+  r->cp.last = r->sh.stop_at > 0 && r->sh.stop_at < r->cfg.steps ? r->sh.stop_at : r->cfg.steps;
+}
 void pw_run_fail(pw_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Outbound link to rank k is up (NULL: none needed); the compute thread
  * starts once all are. */

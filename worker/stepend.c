@@ -143,6 +143,7 @@ int pw_stepend_finish(pw_run *r, pw_event *ev) {
     for (int li = 0; li < r->cx.n_ls; li++) pw_prog_zero_grad(r->cx.ls[li].prog);
   uv_mutex_lock(&r->sh.mu);
   r->sh.step++;
+  pw_run_take_stop(r);
   uv_mutex_unlock(&r->sh.mu);
   return 0;
 }

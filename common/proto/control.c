@@ -132,6 +132,10 @@ static const field f_pw_msg_gen_failed[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S
 static const field f_pw_msg_cancel[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ(S, reason, F_STR),
                                         END};
 #undef S
+#define S pw_msg_stop
+static const field f_pw_msg_stop[] = {REQ_MIN(S, job, F_INT, 0), REQ_MIN(S, run, F_INT, 0), REQ_MIN(S, steps, F_INT, 1),
+                                      END};
+#undef S
 static const field f_pw_msg_shutdown[] = {END};
 
 static const struct {

@@ -114,6 +114,14 @@
  *               top_p:number>0, seed:int — one request for a serve job's
  *               replica, to its rank 0 (the coordinator checked it)
  *   cancel      job:int, run:int (0: any run of the job), reason:str
+ *   stop        job:int, run:int, steps:int>=1 — a drain (the coordinator is
+ *               stopping, say on a cluster's preemption signal): the run ends
+ *               after `steps` steps as if they were all it had, with that
+ *               step's checkpoint. A rank takes it only while it has not
+ *               begun step `steps` (whose end decides the checkpoint), so
+ *               every rank that takes it stops at the same step; one that
+ *               has begun it answers error, and the coordinator then ends
+ *               the run at once (worker/run.c: pw_run_stop_at)
  *   shutdown    (no fields)
  *
  * Validation errors are PW_EPROTO with the JSON path of the field, e.g.
@@ -129,11 +137,11 @@
 
 #include "errors.h"
 
-#define PW_PROTO_VERSION 6 /* 2: assign carries the plan slice, not the spec; 3: runs are
+#define PW_PROTO_VERSION 7 /* 2: assign carries the plan slice, not the spec; 3: runs are
                               epochs (HELLO names its run), snapshots, restores; 4: assign's
                               peers name each rank's host; 5: assign's upload_token, which
                               checkpoint uploads must carry; 6: data-plane frame kinds DP,
-                              TP and NORM (REDUCE split by exchange) */
+                              TP and NORM (REDUCE split by exchange); 7: stop (a drain) */
 #define PW_CONTROL_MAX ((size_t)16 << 20) /* default bound on one message */
 #define PW_CONTROL_TOKEN_MAX 256
 
@@ -173,6 +181,7 @@ typedef struct { int64_t job, run, req; json_t *prompt; int64_t max_tokens; doub
 typedef struct { int64_t job, run, rank; json_t *items; } pw_msg_tokens;
 typedef struct { int64_t job, run, rank, req; const char *message; } pw_msg_gen_failed;
 typedef struct { int64_t job, run; const char *reason; } pw_msg_cancel;
+typedef struct { int64_t job, run, steps; } pw_msg_stop;
 typedef struct { char unused; } pw_msg_shutdown;
 
 /*  ENUM        wire name     sender                struct */
@@ -191,6 +200,7 @@ typedef struct { char unused; } pw_msg_shutdown;
   X(ASSIGN,     "assign",     PW_CONTROL_TO_WORKER, pw_msg_assign)           \
   X(GENERATE,   "generate",   PW_CONTROL_TO_WORKER, pw_msg_generate)         \
   X(CANCEL,     "cancel",     PW_CONTROL_TO_WORKER, pw_msg_cancel)           \
+  X(STOP,       "stop",       PW_CONTROL_TO_WORKER, pw_msg_stop)             \
   X(SHUTDOWN,   "shutdown",   PW_CONTROL_TO_WORKER, pw_msg_shutdown)
 
 typedef enum {

@@ -237,7 +237,7 @@ def main():
                     result["registrations"] += 1
                     c.info = m
                     registered[m["name"]] = c
-                    send_msg(c.sock, {"type": "welcome", "version": 6, "worker_id": len(registered),
+                    send_msg(c.sock, {"type": "welcome", "version": 7, "worker_id": len(registered),
                                       "heartbeat_interval": 0.5, **({"http_url": a.http_url} if a.http_url else {})})
                 elif t == "step":
                     result["step_reports"] += 1

@@ -44,7 +44,7 @@ def spec(pp):
 def old_worker(c):
     """Registers like a worker from before host/hostname, then hangs up."""
     s = socket.create_connection(("127.0.0.1", c.ctl), timeout=10)
-    reg = json.dumps({"type": "register", "version": 6, "name": "old", "token": "", "data_addr": "127.0.0.1:1",
+    reg = json.dumps({"type": "register", "version": 7, "name": "old", "token": "", "data_addr": "127.0.0.1:1",
                       "cores": 1, "threads": 1, "software": "test"}).encode()
     s.sendall(struct.pack(">I", len(reg)) + reg)
     row = d.wait_for(lambda: next((w for w in c.worker_rows() if w["name"] == "old"), None), 10)

@@ -342,7 +342,7 @@ def control_names(tmp):
     s = System(tmp, "names")
     try:
         forged = "FORGED ERROR coordinator: every job deleted"
-        reg = {"type": "register", "version": 6, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
+        reg = {"type": "register", "version": 7, "name": "evil\n" + forged, "token": "", "data_addr": "127.0.0.1:9",
                "cores": 1, "threads": 1, "software": "test"}
         reply = driver.control_exchange(s.ctl_port, reg)
         check("names: a name with a newline is refused, saying why",

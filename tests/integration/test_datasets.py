@@ -286,7 +286,7 @@ def races(api, root):
 
 
 def welcome(ports):
-    msg = driver.control_exchange(ports["control"], {"type": "register", "version": 6, "name": "fake", "token": CLUSTER,
+    msg = driver.control_exchange(ports["control"], {"type": "register", "version": 7, "name": "fake", "token": CLUSTER,
                                                      "data_addr": "127.0.0.1:1", "cores": 1, "threads": 1,
                                                      "software": "test"})
     want = f"http://127.0.0.1:{ports['http']}"

@@ -120,7 +120,7 @@ class MiniCoordinator:
             c.buf += data
             for m in c.messages():
                 if m.get("type") == "register":
-                    send_msg(s, {"type": "welcome", "version": 6, "worker_id": 1, "heartbeat_interval": 0.2})
+                    send_msg(s, {"type": "welcome", "version": 7, "worker_id": 1, "heartbeat_interval": 0.2})
                     self.registered.set()
                 elif m.get("type") == "heartbeat":
                     self.heartbeats.append(m)

@@ -27,7 +27,7 @@ SYSTEM_HEADERS = {  # header -> the CMake target that provides it
     "jansson.h": "PkgConfig::JANSSON", "cblas.h": "PkgConfig::OPENBLAS",
     "uv.h": "PkgConfig::LIBUV", "microhttpd.h": "PkgConfig::MHD",
     "sqlite3.h": "PkgConfig::SQLITE", "curl/curl.h": "PkgConfig::CURL",
-    "dnnl.h": "PW::dnnl",
+    "dnnl.h": "PW::dnnl", "pcre2.h": "PkgConfig::PCRE2", "utf8proc.h": "PkgConfig::UTF8PROC",
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 

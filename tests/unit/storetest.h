@@ -15,11 +15,14 @@
 #include "store.h"
 
 /* The schema version this code writes (store.c's migrations). */
-#define PW_TEST_SCHEMA 6
+#define PW_TEST_SCHEMA 7
 /* Take a file of the current schema back to schema 5, or 4: the tests of
  * older migrations run these, then undo their own schema's tables. */
+#define PW_TEST_BACK_TO_6                                                                   \
+  "DROP INDEX jobs_client_key; ALTER TABLE jobs DROP COLUMN client_key; ALTER TABLE jobs DROP COLUMN client_sha; " \
+  "ALTER TABLE runs DROP COLUMN stop_step; PRAGMA user_version = 6;"
 #define PW_TEST_BACK_TO_5                                                                   \
-  "ALTER TABLE metrics DROP COLUMN eval_loss; ALTER TABLE jobs DROP COLUMN eval_loss; "     \
+  PW_TEST_BACK_TO_6 "ALTER TABLE metrics DROP COLUMN eval_loss; ALTER TABLE jobs DROP COLUMN eval_loss; "     \
   "PRAGMA user_version = 5;"
 #define PW_TEST_BACK_TO_4                                                                   \
   PW_TEST_BACK_TO_5 "ALTER TABLE jobs DROP COLUMN restarts; ALTER TABLE runs DROP COLUMN start_step; " \

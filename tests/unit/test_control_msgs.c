@@ -51,6 +51,7 @@ static const char *const full[] = {
     "{\"type\":\"generate\",\"job\":1,\"run\":2,\"req\":3,\"prompt\":[4,5],\"max_tokens\":6,\"temperature\":0.5,"
     "\"top_k\":7,\"top_p\":0.25,\"seed\":8}",
     "{\"type\":\"cancel\",\"job\":1,\"run\":2,\"reason\":\"r\"}",
+    "{\"type\":\"stop\",\"job\":1,\"run\":2,\"steps\":3}",
     "{\"type\":\"shutdown\"}",
 };
 #define N_FULL ((int)(sizeof full / sizeof full[0]))
