@@ -22,6 +22,9 @@ Checks:
 Usage: test_cgroup_resources.py BUILD_DIR SOURCE_DIR"""
 import json, os, shutil, subprocess, sys, tempfile, time, urllib.error, urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns"))
+from cgroup import Cgroup  # noqa: E402
+
 BUILD, SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 NAME = "test_cgroup_resources"
 GIB = 1 << 30
@@ -39,104 +42,6 @@ def check(label, ok, detail=""):
 def skip(why):
     print(f"SKIP {NAME}: {why}")
     sys.exit(77)
-
-
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-
-
-# ---- the cgroup: how this machine can give one ------------------------------------------
-
-def mounts():
-    """(fstype, mount point, super options) of every cgroup mount."""
-    out = []
-    for line in open("/proc/self/mountinfo"):
-        pre, _, post = line.partition(" - ")
-        f, p = pre.split(), post.split()
-        if len(f) >= 5 and len(p) >= 3 and p[0] in ("cgroup", "cgroup2"):
-            out.append((p[0], f[4].replace("\\040", " "), p[2].split(",")))
-    return out
-
-
-class Cgroup:
-    """Where the workers run: .prefix wraps their command (systemd-run), or
-    .procs lists the cgroup.procs files a child writes itself into."""
-
-    def __init__(self, tag):
-        self.prefix, self.procs, self.dirs, self.how = [], [], [], ""
-        why = []
-        comm = open("/proc/1/comm").read().strip() if os.path.exists("/proc/1/comm") else ""
-        if comm == "systemd" and shutil.which("systemd-run"):
-            probe = subprocess.run(["systemd-run", "--scope", "--quiet", "-p", "CPUQuota=100%", "-p", "MemoryMax=2G",
-                                    "true"], capture_output=True, text=True)
-            if probe.returncode == 0:
-                self.prefix = ["systemd-run", "--scope", "--quiet", "-p", "CPUQuota=100%", "-p", "MemoryMax=2G", "--"]
-                self.how = "a systemd scope (CPUQuota=100%, MemoryMax=2G)"
-                return
-            why.append("systemd-run --scope failed: " + probe.stderr.strip()[:200])
-        else:
-            why.append(f"PID 1 is {comm or '?'}, not systemd")
-        ms = mounts()
-        v2 = [m for t, m, _ in ms if t == "cgroup2"]
-        for top in v2:
-            ctl = os.path.join(top, "cgroup.controllers")
-            have = open(ctl).read().split() if os.path.exists(ctl) else []
-            if "cpu" not in have or "memory" not in have:
-                why.append(f"the cgroup2 mount {top} has no cpu and memory controllers ({' '.join(have) or 'none'})")
-                continue
-            d = os.path.join(top, tag)
-            try:
-                sub = open(os.path.join(top, "cgroup.subtree_control")).read().split()
-                for c in ("cpu", "memory"):
-                    if c not in sub:
-                        write(os.path.join(top, "cgroup.subtree_control"), "+" + c)
-                os.mkdir(d)
-                self.dirs.append(d)
-                write(os.path.join(d, "cpu.max"), "100000 100000")
-                write(os.path.join(d, "memory.max"), str(2 * GIB))
-                self.procs = [os.path.join(d, "cgroup.procs")]
-                self.how = f"cgroup v2 {d} (cpu.max 100000 100000, memory.max 2G)"
-                return
-            except OSError as e:
-                why.append(f"cannot make a cgroup v2 under {top}: {e}")
-                self.remove()
-        cpu = [m for t, m, o in ms if t == "cgroup" and "cpu" in o]
-        mem = [m for t, m, o in ms if t == "cgroup" and "memory" in o]
-        if cpu and mem:
-            try:
-                dc, dm = os.path.join(cpu[0], tag), os.path.join(mem[0], tag)
-                os.mkdir(dc)
-                self.dirs.append(dc)
-                os.mkdir(dm)
-                self.dirs.append(dm)
-                write(os.path.join(dc, "cpu.cfs_period_us"), "100000")
-                write(os.path.join(dc, "cpu.cfs_quota_us"), "100000")
-                write(os.path.join(dm, "memory.limit_in_bytes"), str(2 * GIB))
-                self.procs = [os.path.join(dc, "cgroup.procs"), os.path.join(dm, "cgroup.procs")]
-                self.how = f"cgroup v1 {dc} and {dm} (cfs quota 100000 of 100000, limit 2G)"
-                return
-            except OSError as e:
-                why.append(f"cannot make cgroup v1 folders: {e}")
-                self.remove()
-        elif not v2:
-            why.append("no cgroup v2 mount and no cgroup v1 cpu and memory hierarchies")
-        skip("no cgroup can be made here: " + "; ".join(why))
-
-    def enter(self):
-        """In the child, before exec: into the cgroup."""
-        for p in self.procs:
-            write(p, str(os.getpid()))
-
-    def remove(self):
-        for d in reversed(self.dirs):
-            for _ in range(50):
-                try:
-                    os.rmdir(d)
-                    break
-                except OSError:
-                    time.sleep(0.1)  # its last process is still leaving
-        self.dirs = []
 
 
 # ---- the daemons -------------------------------------------------------------------------
@@ -173,7 +78,10 @@ def tiny_job(steps):
 
 def main():
     tmp = tempfile.mkdtemp(prefix="pw-cgroup.")
-    cg = Cgroup(f"pw-test-{os.getpid()}")
+    cg = Cgroup(f"pw-test-{os.getpid()}", cpus=1, memory=2 * GIB)
+    if not cg.ok:
+        shutil.rmtree(tmp)
+        skip(cg.why)
     print(f"cgroup: {cg.how}", flush=True)
     procs = []
     try:
