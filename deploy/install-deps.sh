@@ -17,6 +17,7 @@ PACKAGES=(
   build-essential cmake pkg-config curl ca-certificates python3
   libopenblas-dev libdnnl-dev libjansson-dev libuv1-dev libmicrohttpd-dev libsqlite3-dev
   libcurl4-openssl-dev
+  libpcre2-dev libutf8proc-dev            # tokenizers: the pre-tokenizers' Unicode regexes, NFC
 )
 [ "${1:-}" = --runtime ] || PACKAGES+=(
   git sqlite3 openssl                     # tests: store checks, test certificates

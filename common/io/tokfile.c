@@ -142,3 +142,41 @@ int pw_tokfile_from_text(const char *in, const char *out, pw_tokfile_hdr *h, pw_
   if (rc) unlink(tmp);
   return rc;
 }
+
+int pw_tokfile_write(const char *out, const uint32_t *ids, uint64_t n, uint32_t vocab_size, pw_tokfile_hdr *h,
+                     pw_err *err) {
+  if (vocab_size < 1) return pw_err_set(err, PW_EINVAL, out, "vocab_size is 0");
+  *h = (pw_tokfile_hdr){.version = PW_TOKFILE_VERSION, .width = vocab_size <= 65536 ? 2 : 4,
+                        .vocab_size = vocab_size, .n_tokens = n};
+  for (uint64_t i = 0; i < n; i++)
+    if (ids[i] >= vocab_size)
+      return pw_err_set(err, PW_EINVAL, out, "token %llu is %u, outside the vocabulary of %u", (unsigned long long)i,
+                        ids[i], vocab_size);
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", out, (long)getpid()) >= (int)sizeof tmp)
+    return pw_err_set(err, PW_EINVAL, out, "path too long");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return pw_err_set(err, PW_EIO, tmp, "cannot create: %s", strerror(errno));
+  FILE *fo = fdopen(fd, "wb");
+  if (!fo) {
+    close(fd);
+    unlink(tmp);
+    return pw_err_set(err, PW_ENOMEM, tmp, "out of memory");
+  }
+  uint8_t hdr[PW_TOKFILE_HEADER], buf[1 << 15];
+  pw_tokfile_header_write(h, hdr);
+  int rc = fwrite(hdr, 1, sizeof hdr, fo) == sizeof hdr ? 0 : pw_err_set(err, PW_EIO, tmp, "cannot write: %s", strerror(errno));
+  for (uint64_t i = 0; !rc && i < n;) {
+    size_t k = 0;
+    for (; i < n && k + 4 <= sizeof buf; i++) {
+      buf[k++] = (uint8_t)ids[i], buf[k++] = (uint8_t)(ids[i] >> 8);
+      if (h->width == 4) buf[k++] = (uint8_t)(ids[i] >> 16), buf[k++] = (uint8_t)(ids[i] >> 24);
+    }
+    if (fwrite(buf, 1, k, fo) != k) rc = pw_err_set(err, PW_EIO, tmp, "cannot write: %s", strerror(errno));
+  }
+  if (!rc && (fflush(fo) || fsync(fileno(fo)))) rc = pw_err_set(err, PW_EIO, tmp, "cannot sync: %s", strerror(errno));
+  if (fclose(fo) && !rc) rc = pw_err_set(err, PW_EIO, tmp, "cannot close: %s", strerror(errno));
+  if (!rc && rename(tmp, out)) rc = pw_err_set(err, PW_EIO, out, "cannot rename %s to it: %s", tmp, strerror(errno));
+  if (rc) unlink(tmp);
+  return rc;
+}

@@ -60,4 +60,10 @@ PW_MUST_CHECK int pw_tokfile_check(const char *path, pw_tokfile_hdr *h, pw_err *
  * written to out.tmp-PID, fsynced and renamed. h gets the header written. */
 PW_MUST_CHECK int pw_tokfile_from_text(const char *in, const char *out, pw_tokfile_hdr *h, pw_err *err);
 
+/* ids[0..n) (each < vocab_size) -> a token file, 2-byte ids when
+ * vocab_size <= 65536 else 4; written to out.tmp-PID, fsynced and renamed,
+ * so a reader never sees half a file. h gets the header written. */
+PW_MUST_CHECK int pw_tokfile_write(const char *out, const uint32_t *ids, uint64_t n, uint32_t vocab_size,
+                                   pw_tokfile_hdr *h, pw_err *err);
+
 #endif
