@@ -12,8 +12,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "args.h"
 #include "cli.h"
+#include "json_short.h"
 #include "tokenizer.h"
 #include "tokfile.h"
 
@@ -29,6 +32,10 @@ static void usage(FILE *f) {
           "                     temporary name and renamed; without it the ids are printed on one line\n"
           "                     decode: the text (default: standard output)\n"
           "  --decode           ids -> text\n"
+          "  --jsonl            one document per line: encode reads a JSON string or an object with a\n"
+          "                     \"text\" string per line and prints a JSON array of ids per line (with\n"
+          "                     --out, every document's ids one after another, each with its template);\n"
+          "                     --decode reads an array of ids per line and prints a JSON string per line\n"
           "  --no-add-special   encode without the post_processor's tokens (BOS and the like)\n"
           "  --skip-special     decode without the special tokens\n"
           "  --help\n");
@@ -143,13 +150,86 @@ static int read_ids(const char *what, const char *buf, size_t n, uint32_t vocab,
   return 0;
 }
 
+/* --jsonl: each line a document (a JSON string, or {"text": ...}) encoded on
+ * its own; a JSON array of ids per line, or all of them into *all (--out). */
+static int jsonl_encode(pw_tokenizer *tok, const char *what, const char *buf, size_t n, int flags, pw_tok_ids *all) {
+  pw_tok_ids ids = {0};
+  int rc = 0;
+  size_t line = 0;
+  for (size_t i = 0; !rc && i < n; line++) {
+    const char *e = memchr(buf + i, '\n', n - i);
+    size_t j = e ? (size_t)(e - buf) : n, k;
+    json_error_t je;
+    json_t *doc = j > i ? json_loadb(buf + i, j - i, JSON_DECODE_ANY, &je) : NULL, *t = json_is_object(doc) ? json_object_get(doc, "text") : doc;
+    pw_err err = {0};
+    if (j == i || (j == i + 1 && buf[i] == '\r')) {
+      /* a blank line is no document */
+    } else if (!json_is_string(t)) {
+      rc = 1, fprintf(stderr, "error: %s: line %zu: not a JSON string or an object with a \"text\" string\n", what, line + 1);
+    } else if (pw_tokenizer_encode(tok, json_string_value(t), json_string_length(t), flags, all ? all : &ids, &err)) {
+      rc = 1, fprintf(stderr, "error: %s: line %zu: %s: %s\n", what, line + 1, err.path, err.msg);
+    } else if (!all) {
+      json_t *a = json_array();
+      for (k = 0; a && k < ids.n; k++) json_array_append_new(a, json_integer(ids.v[k]));
+      char *out = a ? pw_json_dumps(a, JSON_COMPACT) : NULL;
+      if (!out || puts(out) < 0) rc = 1, fprintf(stderr, "error: cannot print the ids\n");
+      free(out);
+      json_decref(a);
+      ids.n = 0;
+    }
+    json_decref(doc);
+    i = j + 1;
+  }
+  free(ids.v);
+  return rc || fflush(stdout) ? 1 : 0;
+}
+
+/* --decode --jsonl: an array of ids per line -> a JSON string per line. */
+static int jsonl_decode(pw_tokenizer *tok, const char *what, const char *buf, size_t n, int flags) {
+  int rc = 0;
+  size_t line = 0;
+  for (size_t i = 0; !rc && i < n; line++) {
+    const char *e = memchr(buf + i, '\n', n - i);
+    size_t j = e ? (size_t)(e - buf) : n;
+    json_error_t je;
+    json_t *a = j > i ? json_loadb(buf + i, j - i, 0, &je) : NULL;
+    size_t m = json_array_size(a), k;
+    uint32_t *ids = malloc((m + 1) * sizeof *ids);
+    for (k = 0; ids && k < m; k++) {
+      json_t *v = json_array_get(a, k);
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX) break;
+      ids[k] = (uint32_t)json_integer_value(v);
+    }
+    char *text = NULL, *out = NULL;
+    size_t tn;
+    pw_err err = {0};
+    if (j == i || (j == i + 1 && buf[i] == '\r')) {
+      /* blank */
+    } else if (!json_is_array(a) || !ids || k < m) {
+      rc = 1, fprintf(stderr, "error: %s: line %zu: not a JSON array of ids\n", what, line + 1);
+    } else if (pw_tokenizer_decode(tok, ids, m, flags, &text, &tn, &err)) {
+      rc = 1, fprintf(stderr, "error: %s: line %zu: %s: %s\n", what, line + 1, err.path, err.msg);
+    } else {
+      json_t *s = json_stringn_nocheck(text, tn);
+      out = s ? pw_json_dumps(s, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+      if (!out || puts(out) < 0) rc = 1, fprintf(stderr, "error: cannot print the text\n");
+      json_decref(s);
+    }
+    free(out), free(text), free(ids);
+    json_decref(a);
+    i = j + 1;
+  }
+  return rc || fflush(stdout) ? 1 : 0;
+}
+
 int pw_cmd_tokenize(int argc, char **argv) {
   static const struct option opts[] = {{"tokenizer", required_argument, 0, 't'}, {"in", required_argument, 0, 'i'},
                                        {"out", required_argument, 0, 'o'},       {"decode", no_argument, 0, 'd'},
                                        {"no-add-special", no_argument, 0, 'n'},  {"skip-special", no_argument, 0, 's'},
-                                       {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+                                       {"jsonl", no_argument, 0, 'j'},           {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
   const char *tpath = NULL, *in = NULL, *out = NULL;
-  int decode = 0, add_special = 1, skip_special = 0, o;
+  int decode = 0, add_special = 1, skip_special = 0, jsonl = 0, o;
   optind = 1;
   while ((o = pw_getopt(argc, argv, "", opts)) != -1) {
     if (o == 't') tpath = optarg;
@@ -158,6 +238,7 @@ int pw_cmd_tokenize(int argc, char **argv) {
     else if (o == 'd') decode = 1;
     else if (o == 'n') add_special = 0;
     else if (o == 's') skip_special = 1;
+    else if (o == 'j') jsonl = 1;
     else if (o == 'h') return usage(stdout), 0;
     else return usage(stderr), 2;
   }
@@ -174,7 +255,11 @@ int pw_cmd_tokenize(int argc, char **argv) {
   int rc = buf ? 0 : 1;
   const char *what = in ? in : "standard input";
   pw_tok_ids ids = {0};
-  if (!rc && decode) {
+  if (!rc && jsonl && decode) {
+    rc = jsonl_decode(tok, what, buf, n, skip_special ? PW_TOK_SKIP_SPECIAL : 0);
+  } else if (!rc && jsonl && !out) {
+    rc = jsonl_encode(tok, what, buf, n, add_special ? PW_TOK_ADD_SPECIAL : 0, NULL);
+  } else if (!rc && decode) {
     char *text = NULL;
     size_t tn = 0;
     rc = read_ids(what, buf, n, pw_tokenizer_vocab_size(tok), &ids);
@@ -183,9 +268,14 @@ int pw_cmd_tokenize(int argc, char **argv) {
     if (!rc) rc = out ? write_text(out, text, tn) : write_all(stdout, text, tn) || fflush(stdout) ? 1 : 0;
     free(text);
   } else if (!rc) {
-    if (pw_tokenizer_encode(tok, buf, n, add_special ? PW_TOK_ADD_SPECIAL : 0, &ids, &err)) {
+    int flags = add_special ? PW_TOK_ADD_SPECIAL : 0;
+    if (jsonl) {
+      rc = jsonl_encode(tok, what, buf, n, flags, &ids);
+    } else if (pw_tokenizer_encode(tok, buf, n, flags, &ids, &err)) {
       if (!strcmp(err.path, "text")) snprintf(err.path, sizeof err.path, "%s", what);
       rc = 1, pw_cli_report(&err);
+    }
+    if (rc) {
     } else if (out) {
       pw_tokfile_hdr h;
       if (pw_tokfile_write(out, ids.v, ids.n, pw_tokenizer_vocab_size(tok), &h, &err)) rc = 1, pw_cli_report(&err);
