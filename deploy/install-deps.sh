@@ -27,6 +27,7 @@ PACKAGES=(
   python3-venv                            # .venv/: the PyPI test tools (deploy/venv.sh)
   chromium fonts-dejavu-core              # the dashboard's browser test (driven by Playwright from .venv/)
   iproute2 systemd                        # multi-host (netns) and unit tests
+  slurmctld slurmd slurm-client munge     # test_slurm: deploy/slurm/'s batch script under a real Slurm
   file                                    # test_deb: cpack's DEB generator runs it (dpkg-shlibdeps)
   wrk                                     # control-plane benchmark
   prometheus                              # promtool and the server: deploy/prometheus/'s rules and a live

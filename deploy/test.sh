@@ -78,6 +78,7 @@ bg_wait() {
 PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus|test_layers|test_layers_plant|test_docs"
 SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 SANITIZED_ONLY+="|test_coordinator|test_dashboard|test_cli_remote|test_netns|test_ckpt_store|test_placement|test_systemd|test_multihost|test_serve"
+SANITIZED_ONLY+="|test_drain|test_slurm"
 NUMERICS="test_pipeline|test_tp_matrix|test_zero|test_generate_ref|test_torch_ref|test_remat|test_regions_pipeline|test_bf16_pipeline"
 NUMERICS+="|test_tensor_parallel|test_lora_ref|test_frozen_ref|test_custom_schedule|test_eval_loss|test_cli_calibrate|test_calibrate_auto"
 PLAIN_SKIP=$SANITIZED_ONLY
