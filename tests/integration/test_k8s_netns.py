@@ -31,6 +31,8 @@ Checks, in order:
      data.path uploaded as a dataset: the coordinator reads no local paths),
      and `pipewright watch` follows the pp 2 job to success on the two
      workers; the checkpoint it made equals `pipewright train`'s bit for bit;
+     a second pod of the Job (a lost one's replacement) submits with the
+     same key, gets the same job back and follows it: no second job;
   4. every connection the run needs is allowed by the NetworkPolicies as
      written, and one it does not need (the Job's pod to a worker's data
      port) is not;
@@ -323,6 +325,25 @@ def run(T, pods, made):
                  os.path.join(T, "ref.safetensors")]) if not ref.returncode and not got.returncode else None
         check("its checkpoint equals `pipewright train`'s bit for bit", eq is not None and eq.returncode == 0,
               (ref.stderr[-300:], got.stderr[-300:], eq and (eq.stdout + eq.stderr)[-300:]))
+
+        # a second pod of the Job, as one that replaces a lost pod: the same
+        # key gets the same training job back, followed to its end
+        again = Pod("pipewright-train-example-q4m8s", job["spec"]["template"], client.node, client.ip, job)
+        again.cg = Cgroup(f"{TAG}-{again.name}", cpus=64, memory=bytes_of(again.c["resources"]["limits"]["memory"]))
+        again.cg = again.cg if again.cg.ok else None
+        pods.append(again)
+        start(T, again, secret, hosts, base_env)
+        try:
+            again.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            again.proc.kill()
+            again.proc.wait()
+        out2 = open(again.log, errors="replace").read()
+        m2 = re.search(r"submitted as job (\d+)", out2)
+        jobs = (api("/v1/jobs") or {}).get("jobs", [])
+        check("a second pod of the Job follows the same job and exits 0",
+              again.proc.returncode == 0 and m2 and m2.group(1) == m.group(1) and len(jobs) == 1,
+              (again.proc.returncode, out2[-300:], len(jobs)))
 
     # 4. NetworkPolicy: what the run did is allowed, the rest is not
     pol = [o for o in OBJS if o["kind"] == "NetworkPolicy"]
