@@ -406,8 +406,8 @@ int tk_bpe_init(tk_bpe *m, json_t *model, pw_err *err) {
     size_t kn = json_object_iter_key_len(json_object_key_to_iter(key));
     uint32_t id = (uint32_t)json_integer_value(val);
     if (m->len[id] != UINT32_MAX)
-      return pw_err_set(err, PW_EFORMAT, "model.vocab", "id %u is given to both \"%.40s\" and \"%.40s\"", id,
-                        m->arena + m->off[id], key);
+      return pw_err_set(err, PW_EFORMAT, "model.vocab", "id %u is given to both \"%.*s\" and \"%.40s\"", id,
+                        (int)(m->len[id] > 40 ? 40 : m->len[id]), m->arena + m->off[id], key);
     if (tk_bpe_lookup(m, key, kn) >= 0)
       return pw_err_set(err, PW_EFORMAT, "model.vocab", "token \"%.60s\" appears twice", key);
     memcpy(m->arena + m->arena_n, key, kn);

@@ -464,7 +464,7 @@ int pw_tokenizer_encode(pw_tokenizer *tok, const char *text, size_t n, int flags
     for (int k = 0; !rc && k < tok->post[p].n; k++) {
       int32_t it = tok->post[p].items[k];
       if (it != POST_SEQ) rc = tk_ids_push(&tok->tmp, (uint32_t)it);
-      else if (!(rc = tk_ids_reserve(&tok->tmp, tok->cur.n)))
+      else if (tok->cur.n && !(rc = tk_ids_reserve(&tok->tmp, tok->cur.n)))
         memcpy(tok->tmp.p + tok->tmp.n, tok->cur.p, tok->cur.n * sizeof(uint32_t)), tok->tmp.n += tok->cur.n;
     }
     if (rc) rc = pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");

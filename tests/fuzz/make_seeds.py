@@ -179,3 +179,47 @@ for i, s in enumerate([b"\x00" + tf_file, b"\x00" + tf_file[:len(tf_file) - 7], 
                        b"\x01" + record(event(2.0, 5, ld(5, ld(1, ld(1, b"a") + b"\x15\x00\x00\x80\x3f" + ld(8, b"\x08\x01")))),
                                         False)]):
     put("fuzz_tfevents", i, s)
+
+# fuzz_tokenizer: 0 + a tokenizer.json of each kind common/text reads; 1 + text
+# for the harness's fixed tokenizers
+M = "\u2581"
+tok_seeds = [
+    {"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5},
+               "merges": ["#version: 0.2", "b c", "a bc"]}},
+    {"version": "1.0", "truncation": None, "padding": None,
+     "added_tokens": [{"id": 6, "content": "<|endoftext|>", "special": True, "normalized": False, "lstrip": False,
+                       "rstrip": False, "single_word": False},
+                      {"id": 7, "content": "[MASK]", "special": True, "normalized": False, "lstrip": True,
+                       "rstrip": True, "single_word": True}],
+     "normalizer": {"type": "NFC"},
+     "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+         {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|\s+(?!\S)|\s+"},
+          "behavior": "Isolated", "invert": False},
+         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+     "post_processor": {"type": "Sequence", "processors": [
+         {"type": "ByteLevel", "trim_offsets": False},
+         {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                                   {"Sequence": {"id": "A", "type_id": 0}}], "pair": [],
+          "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [6], "tokens": ["<|endoftext|>"]}}}]},
+     "decoder": {"type": "ByteLevel"},
+     "model": {"type": "BPE", "ignore_merges": True, "vocab": {"H": 0, "e": 1, "l": 2, "o": 3, "He": 4, "ll": 5},
+               "merges": [["H", "e"], ["l", "l"]]}},
+    {"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": M},
+                                                        {"type": "Replace", "pattern": {"String": " "}, "content": M}]},
+     "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": M}, "content": " "},
+                                                  {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                  {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+     "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": True,
+               "vocab": {"<unk>": 0, "<0xC3>": 1, "<0xA9>": 2, M: 3, "a": 4, M + "a": 5}, "merges": [M + " a"]}},
+    {"pre_tokenizer": {"type": "Metaspace", "replacement": M, "prepend_scheme": "first", "split": True},
+     "decoder": {"type": "Metaspace", "replacement": M, "prepend_scheme": "first", "split": True},
+     "post_processor": {"type": "BertProcessing", "sep": ["b", 1], "cls": ["a", 0]},
+     "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, M: 2, M + "a": 3}, "merges": [[M, "a"]],
+               "continuing_subword_prefix": "##", "end_of_word_suffix": "</w>"}},
+    {"pre_tokenizer": {"type": "Split", "pattern": {"String": "x"}, "behavior": "MergedWithNext", "invert": True},
+     "model": {"type": "BPE", "vocab": {"x": 0, "y": 1}, "merges": []}},
+]
+texts = ["Hello, world! It's 2024.", "  spaces\t\ttabs\n\nlines \r\n",
+         "\U0001F600 \u6f22\u5b57 e\u0301 " + M + "x <|endoftext|> hello world", "ab a  b\u00e9"]
+for i, s in enumerate([b"\x00" + json.dumps(t).encode() for t in tok_seeds] + [b"\x01" + t.encode() for t in texts]):
+    put("fuzz_tokenizer", i, s)
