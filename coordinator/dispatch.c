@@ -211,14 +211,14 @@ typedef struct {
 
 /* Whether the plan that came back still has a run to start: not when the
  * job ended meanwhile (cancelled, a worker lost), the coordinator is
- * stopping, or planning failed — each ends the run here, as it should
+ * stopping or draining, or planning failed — each ends the run here, as it should
  * end (dropped, back to the queue, failed). 1: go on. */
 static int plan_usable(planwork *pw, int status) {
   pw_coord *c = pw->c;
   pw_jobrt *jr = pw->jr;
   char b[600], e[600];
   jr->planning = 0;
-  if (jr->ended || c->stopping) {
+  if (jr->ended || c->stopping || c->draining) {
     pw_info("job %lld: its plan is ready but the job ended meanwhile: dropped", (long long)jr->job);
     if (!jr->ended) pw_jobrt_end(c, jr, "interrupted", PW_JOB_QUEUED, "coordinator shutting down", NULL);
     else pw_jobrt_free(jr);

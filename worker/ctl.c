@@ -240,10 +240,19 @@ static int on_stop(void *ctx, void *conn, const pw_msg_any *m, const json_t *raw
   pw_run *r = w->run;
   const pw_msg_stop *s = &m->STOP;
   char why[160];
-  if (!r || (int64_t)r->cx.job != s->job || r->cx.run_id != s->run) return 0; /* that run is over */
-  if (s->steps > INT_MAX || pw_run_stop_at(r, (int)s->steps, why, sizeof why) == 0) return 0;
+  int rank = -1;
+  if (!r || (int64_t)r->cx.job != s->job || r->cx.run_id != s->run) {
+    /* not running it (its assign is still on the way, or it ended): this
+     * rank cannot stop where its peers will, so the coordinator ends the
+     * run now rather than at its drain's timeout */
+    snprintf(why, sizeof why, "cannot stop after step %lld: this worker does not run that run", (long long)s->steps);
+  } else if (s->steps > INT_MAX || pw_run_stop_at(r, (int)s->steps, why, sizeof why) == 0) {
+    return 0;
+  } else {
+    rank = r->cx.rank;
+  }
   pw_warn("job %lld run %lld: %s", (long long)s->job, (long long)s->run, why);
-  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = s->job, .run = s->run, .rank = r->cx.rank,
+  pw_ctl_send(w, PW_CONTROL_BUILD(PW_MSG_ERROR, pw_msg_error, NULL, .job = s->job, .run = s->run, .rank = rank,
                                   .message = why));
   return 0;
 }
