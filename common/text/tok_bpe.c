@@ -87,7 +87,7 @@ static void cache_put(struct tk_cache *c, const char *w, size_t n, uint64_t h, c
   }
   size_t ko = c->keys.n, io = c->ids.n;
   if (tk_buf_put(&c->keys, w, n) || tk_ids_reserve(&c->ids, k)) return; /* no memory: just not cached */
-  memcpy(c->ids.p + io, ids, k * sizeof *ids);
+  if (k) memcpy(c->ids.p + io, ids, k * sizeof *ids);
   c->ids.n += k;
   uint32_t i = slot_of(h, c->mask);
   while (c->t[i].key_n) i = (i + 1) & c->mask;
@@ -247,6 +247,7 @@ int tk_bpe_word(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *err) {
   uint64_t h = tk_hash(w, n);
   const centry *e = cache_get(m->cache, w, n, h);
   if (e) {
+    if (!e->ids_n) return 0; /* a word of characters with no id and no unk */
     if (tk_ids_reserve(out, e->ids_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
     memcpy(out->p + out->n, m->cache->ids.p + e->ids, e->ids_n * sizeof(uint32_t));
     out->n += e->ids_n;
@@ -254,7 +255,7 @@ int tk_bpe_word(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *err) {
   }
   size_t at = out->n;
   int rc = merge_word(m, w, n, out, err);
-  if (!rc) cache_put(m->cache, w, n, h, out->p + at, out->n - at);
+  if (!rc) cache_put(m->cache, w, n, h, out->n > at ? out->p + at : NULL, out->n - at);
   return rc;
 }
 
@@ -279,6 +280,7 @@ int tk_bpe_word_bytes(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *e
   int cacheable = n < TK_CACHE_WORD;
   const centry *e = cacheable ? cache_get(m->cache, w, n, h) : NULL;
   if (e) {
+    if (!e->ids_n) return 0; /* a word of characters with no id and no unk */
     if (tk_ids_reserve(out, e->ids_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
     memcpy(out->p + out->n, m->cache->ids.p + e->ids, e->ids_n * sizeof(uint32_t));
     out->n += e->ids_n;
@@ -301,7 +303,7 @@ int tk_bpe_word_bytes(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *e
     else rc = merge_word(m, mapped.p, mapped.n, out, err);
     free(mapped.p);
   }
-  if (!rc && cacheable) cache_put(m->cache, w, n, h, out->p + at, out->n - at);
+  if (!rc && cacheable) cache_put(m->cache, w, n, h, out->n > at ? out->p + at : NULL, out->n - at);
   return rc;
 }
 

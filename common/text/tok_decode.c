@@ -114,6 +114,9 @@ static int toks_add(toks *t, const char *s, size_t n) {
   return tk_buf_put(&t->b, s, n);
 }
 
+/* Token i's bytes ("" when every token so far is empty: no buffer yet). */
+static const char *tok_at(const toks *t, size_t i) { return t->b.p ? t->b.p + t->off[i] : ""; }
+
 /* Appends to the last token (made by toks_add(t, "", 0) first). */
 static int toks_cat(toks *t, const char *s, size_t n) {
   t->len[t->n - 1] += n;
@@ -170,7 +173,7 @@ static int step(const tk_dec *t, const toks *in, toks *o, pw_err *err) {
   if (t->kind == TK_DEC_FUSE || t->kind == TK_DEC_BYTELEVEL) {
     tk_buf raw = {0};
     for (size_t i = 0; !rc && i < in->n; i++) {
-      const char *s = in->b.p + in->off[i];
+      const char *s = tok_at(in, i);
       size_t n = in->len[i], at = raw.n;
       if (t->kind == TK_DEC_FUSE) {
         rc = tk_buf_put(&raw, s, n);
@@ -204,17 +207,17 @@ static int step(const tk_dec *t, const toks *in, toks *o, pw_err *err) {
   if (t->kind == TK_DEC_BYTEFALLBACK) {
     tk_buf bytes = {0};
     for (size_t i = 0; !rc && i < in->n; i++) {
-      int b = fallback_byte(in->b.p + in->off[i], in->len[i]);
+      int b = fallback_byte(tok_at(in, i), in->len[i]);
       char ch = (char)b;
       if (b >= 0) rc = tk_buf_put(&bytes, &ch, 1);
-      else if (!(rc = flush_bytes(o, &bytes))) rc = toks_add(o, in->b.p + in->off[i], in->len[i]);
+      else if (!(rc = flush_bytes(o, &bytes))) rc = toks_add(o, tok_at(in, i), in->len[i]);
     }
     if (!rc) rc = flush_bytes(o, &bytes);
     free(bytes.p);
     return rc;
   }
   for (size_t i = 0; !rc && i < in->n; i++) {
-    const char *s = in->b.p + in->off[i];
+    const char *s = tok_at(in, i);
     size_t n = in->len[i];
     if (t->kind == TK_DEC_REPLACE) {
       rc = replace_into(t, s, n, o, err);
@@ -258,7 +261,7 @@ int tk_decode_chain(const tk_dec *steps, int n_steps, const char *src, const siz
     toks x = a;
     a = b, b = x;
   }
-  for (size_t i = 0; !rc && i < a.n; i++) rc = tk_buf_put(out, a.b.p + a.off[i], a.len[i]);
+  for (size_t i = 0; !rc && i < a.n; i++) rc = tk_buf_put(out, tok_at(&a, i), a.len[i]);
   free(a.b.p), free(a.off), free(a.len), free(b.b.p), free(b.off), free(b.len);
   if (rc && err && !err->code) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
   return rc;

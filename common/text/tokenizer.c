@@ -259,7 +259,7 @@ static int build_decode(pw_tokenizer *tok, pw_err *err) {
   tk_buf b = {0};
   for (uint32_t i = 0; i < tok->bpe.n_ids; i++)
     if (tok->bpe.len[i] != UINT32_MAX) tok->doff[i] = 0, tok->dlen[i] = tok->bpe.len[i];
-  if (tk_buf_put(&b, tok->bpe.arena, tok->bpe.arena_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
+  if (tk_buf_reserve(&b, 1) || tk_buf_put(&b, tok->bpe.arena, tok->bpe.arena_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
   for (uint32_t i = 0; i < tok->bpe.n_ids; i++)
     if (tok->bpe.len[i] != UINT32_MAX) tok->doff[i] = tok->bpe.off[i];
   for (int i = 0; i < tok->n_added; i++) {
