@@ -183,11 +183,9 @@ int main(int argc, char **argv) {
   snprintf(w.hostname, sizeof w.hostname, "%s", hostname);
   {
     pw_err err = {0};
-    char buf[512];
     if (pw_host_id(NULL, host_id && host_id[0] ? host_id : NULL, hostname, w.host_id, sizeof w.host_id, w.host_from,
                    sizeof w.host_from, &err)) {
-      fprintf(stderr, "pipewright-worker: --host-id (or PW_HOST_ID) '%.80s': %s\n", host_id,
-              pw_err_str(&err, buf, sizeof buf));
+      fprintf(stderr, "pipewright-worker: --host-id (or PW_HOST_ID) '%.80s': %s\n", host_id, err.msg);
       return 2;
     }
   }
