@@ -69,7 +69,7 @@ static int type_of(json_t *o, const char *path, const char **type, pw_err *err) 
 }
 
 int tk_norm_read(json_t *o, const char *path, tk_norm *steps, int *n, int depth, pw_err *err) {
-  const char *type;
+  const char *type = "";
   int rc = type_of(o, path, &type, err);
   if (rc) return rc;
   if (!strcmp(type, "Sequence")) {
@@ -118,7 +118,7 @@ static int behavior_of(json_t *o, const char *path, int *out, pw_err *err) {
 }
 
 int tk_pre_read(json_t *o, const char *path, tk_pre *steps, int *n, int depth, pw_err *err) {
-  const char *type;
+  const char *type = "";
   int rc = type_of(o, path, &type, err);
   if (rc) return rc;
   char sub[160];
