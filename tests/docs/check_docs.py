@@ -34,7 +34,7 @@ import fnmatch, glob, os, re, sys
 DOCS = ["README.md", "docs/*.md", "tests/README.md", "bench/README.md"]
 SKIP_DIRS = {".git", "__pycache__"}
 SOURCE_EXT = (".c", ".h", ".py", ".sh")   # a bare name with these must exist somewhere
-SCRIPT_EXT = (".sh", ".py", ".cmake", ".conf", ".in", ".example", ".txt", ".service", ".yaml")
+SCRIPT_EXT = (".sh", ".py", ".cmake", ".conf", ".in", ".example", ".txt", ".service", ".yaml", ".sbatch")
 
 
 # ---- the tree ---------------------------------------------------------------
