@@ -27,6 +27,7 @@
 #include "decode.h"
 #include "safetensors.h"
 #include "sample.h"
+#include "tokenizer.h"
 
 #define MAX_THREADS 4096
 
@@ -42,6 +43,8 @@ static void usage(FILE *f) {
           "                        or a step folder of stage-S.safetensors files\n"
           "  --prompt TEXT         the prompt as bytes (a text job's tokens); prints the continuation's bytes\n"
           "  --prompt-tokens IDS   the prompt as token ids, \"1,2,3\"; prints the continuation's ids\n"
+          "  --tokenizer FILE      a Hugging Face tokenizer.json: --prompt TEXT is encoded with it (with its\n"
+          "                        post_processor's BOS and the like) and the continuation printed as text\n"
           "  --max-tokens N        tokens to generate (default: as many as seq_len allows, prompt + N <=\n"
           "                        seq_len + 1: the last token is never read back)\n"
           "  --temperature T       0 = greedy (default); else sample from softmax(logits / T)\n"
@@ -130,7 +133,7 @@ static int load_step_dir(pw_prog *p, const char *dir, pw_err *err) {
 }
 
 typedef struct {
-  const char *job_path, *ckpt, *prompt, *prompt_tokens, *coordinator, *token_file;
+  const char *job_path, *ckpt, *prompt, *prompt_tokens, *coordinator, *token_file, *tokenizer;
   int max_tokens, threads, stream;
   pw_sample_config sc;
 } gen_args;
@@ -144,7 +147,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"seed", required_argument, 0, 's'},        {"threads", required_argument, 0, 't'},
       {"coordinator", required_argument, 0, 'C'}, {"token-file", required_argument, 0, 'F'},
       {"stream", no_argument, 0, 'S'},            {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"tokenizer", required_argument, 0, 'K'},   {0, 0, 0, 0}};
   *a = (gen_args){.max_tokens = -1, .threads = 1, .sc = {.top_p = 1, .seed = 1}};
   long long seed;
   int c;
@@ -178,6 +181,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       case 'C': a->coordinator = optarg; break;
       case 'F': a->token_file = optarg; break;
       case 'S': a->stream = 1; break;
+      case 'K': a->tokenizer = optarg; break;
       case 'h': return 1;
       default: return -1;
     }
@@ -191,6 +195,10 @@ static int parse(int argc, char **argv, gen_args *a) {
   if (!a->prompt == !a->prompt_tokens)
     return pw_cli_usage_error("give one of --prompt TEXT and --prompt-tokens IDS"), -1;
   if (a->prompt && !*a->prompt) return pw_cli_usage_error("--prompt: empty (give at least one byte)"), -1;
+  if (a->tokenizer && !a->prompt) return pw_cli_usage_error("--tokenizer: give the prompt as --prompt TEXT"), -1;
+  if (a->tokenizer && a->coordinator)
+    return pw_cli_usage_error("--tokenizer: not with --coordinator (encode with pipewright tokenize, give "
+                              "--prompt-tokens)"), -1;
   return 0;
 }
 
@@ -344,6 +352,7 @@ int pw_cmd_generate(int argc, char **argv) {
   pw_decode *d = NULL;
   pw_sampler s = {0};
   int32_t *prompt = NULL, *out = NULL;
+  pw_tokenizer *tok = NULL;
   int n = 0, rc = pw_model_build(&job.model, &m, &err);
   if (rc) {
     pw_cli_report(&err);
@@ -354,6 +363,23 @@ int pw_cmd_generate(int argc, char **argv) {
   if (!m.data.tokens) {
     fprintf(stderr, "error: %s: generate needs a token model (gpt, llama, or a layers list on tokens)\n", a.job_path);
     rc = 1;
+  } else if (a.tokenizer) { /* the prompt through the tokenizer, with its template */
+    pw_tok_ids ids = {0};
+    if (pw_tokenizer_open(a.tokenizer, &tok, &err) ||
+        pw_tokenizer_encode(tok, a.prompt, strlen(a.prompt), PW_TOK_ADD_SPECIAL, &ids, &err)) {
+      pw_cli_report(&err);
+      rc = 1;
+    } else if (pw_tokenizer_vocab_size(tok) > (uint32_t)V) {
+      fprintf(stderr, "error: --tokenizer: %u ids; the model's vocab_size is %d\n", pw_tokenizer_vocab_size(tok), V);
+      rc = 1;
+    } else if (!ids.n || ids.n > (size_t)T || !(prompt = malloc(sizeof *prompt * ids.n))) {
+      fprintf(stderr, "error: --prompt: %zu tokens (1 to seq_len = %d)\n", ids.n, T);
+      rc = 1;
+    } else {
+      n = (int)ids.n;
+      for (int i = 0; i < n; i++) prompt[i] = (int32_t)ids.v[i];
+    }
+    free(ids.v);
   } else if (a.prompt && job.data.kind != PW_DATA_TEXT) {
     fprintf(stderr, "error: --prompt: the job's data is not text (bytes as tokens); give --prompt-tokens\n");
     rc = 1;
@@ -394,7 +420,15 @@ int pw_cmd_generate(int argc, char **argv) {
       pw_cli_report(&err);
       rc = 1;
     } else {
-      if (a.prompt) {
+      if (tok) {
+        uint32_t *ids = malloc(sizeof *ids * (size_t)n_gen);
+        char *text = NULL;
+        size_t tn = 0;
+        for (int i = 0; ids && i < n_gen; i++) ids[i] = (uint32_t)out[i];
+        if (!ids || pw_tokenizer_decode(tok, ids, (size_t)n_gen, 0, &text, &tn, &err)) pw_cli_report(&err), rc = 1;
+        else fwrite(text, 1, tn, stdout);
+        free(ids), free(text);
+      } else if (a.prompt) {
         for (int i = 0; i < n_gen; i++) putchar(out[i] & 0xff);
       } else {
         for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", (int)out[i]);
@@ -408,6 +442,7 @@ int pw_cmd_generate(int argc, char **argv) {
   }
   free(out);
   free(prompt);
+  pw_tokenizer_close(tok);
   pw_sampler_free(&s);
   pw_decode_free(d);
   pw_prog_free(p);
