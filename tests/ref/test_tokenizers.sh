@@ -6,7 +6,7 @@
 # deploy/requirements-test.txt). Args: BUILD_DIR SOURCE_DIR.
 set -euo pipefail
 BUILD=$1; SRC=$2
-[ -x "$BUILD/pipewright" ] || { echo "SKIP test_tokenizers: no $BUILD/pipewright"; exit 77; }
+[ -x "$BUILD/pipewright" ] || { echo "test_tokenizers: no $BUILD/pipewright (build it first)"; exit 1; }
 PY=$(bash "$SRC/deploy/venv.sh") ||
   { echo "SKIP test_tokenizers: deploy/venv.sh could not make the test environment (PyPI unreachable?)"; exit 77; }
 export RAYON_NUM_THREADS=2 TOKENIZERS_PARALLELISM=true PYTHONDONTWRITEBYTECODE=1
