@@ -429,7 +429,8 @@ static int ds_convert(int argc, char **argv) {
   static const char text[] =
       "usage: pipewright dataset convert TEXT OUT\n"
       "  writes TEXT as a token file OUT, byte-level: each byte one id, vocab 256, 2-byte ids\n"
-      "  (OUT is written to a temporary name, fsynced and renamed)\n";
+      "  (OUT is written to a temporary name, fsynced and renamed). With a Hugging Face\n"
+      "  tokenizer.json instead: pipewright tokenize --tokenizer FILE --in TEXT --out OUT\n";
   int rc = local_help(argc, argv, text, 2);
   if (rc >= 0) return rc;
   const char *in = argv[1], *out = argv[2];
