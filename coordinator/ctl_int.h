@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "coord.h"
+#include "cpuset.h"
 #include "spec.h"
 
 typedef struct pw_wconn pw_wconn;
@@ -34,6 +35,10 @@ struct pw_wconn {
   char addr[96];
   char host[64];           /* its machine (register.host), "worker:<name>" without one: a host of its own */
   int64_t memory;          /* bytes it reported at register, 0: unknown */
+  int threads;             /* register.threads: the CPUs a rank of it is given when pinned */
+  char cpus[PW_CPUSET_TEXT]; /* register.cpus (its affinity mask), "" unknown: never pinned */
+  char numa[PW_CPUSET_TEXT]; /* register.numa, "" one node */
+  char pinned[PW_CPUSET_TEXT]; /* the CPUs its current rank runs on (assign.cpus), "" none (pin.c) */
   double last_seen;        /* monotonic seconds */
   pw_jobrt *job;           /* the run it serves, or NULL */
   int rank;
@@ -141,6 +146,12 @@ void pw_jobrt_free(pw_jobrt *jr);
  * queue at once). */
 void pw_drain_run_done(pw_coord *c, pw_jobrt *jr);
 void pw_drain_run_failed(pw_coord *c, pw_jobrt *jr, const char *why);
+
+/* pin.c: the CPUs of each rank of jr on a host it shares with other ranks
+ * of the run, disjoint from each other's and from what other runs' ranks
+ * on that host hold (w->pinned; common/base/cpuset.h's choice); a host
+ * whose ranks do not all fit is left unpinned, and the log says why. */
+void pw_pin_ranks(pw_coord *c, pw_jobrt *jr);
 
 /* dispatch.c: starts a run of job `id` on the workers ws (job's mesh size
  * of them, rank order): reserves them, marks the job planning and plans on

@@ -269,6 +269,11 @@ static int on_register(void *ctx, void *conn, const pw_msg_any *m, const json_t 
   snprintf(w->name, sizeof w->name, "%s", reg->name);
   snprintf(w->addr, sizeof w->addr, "%s", reg->data_addr);
   pw_host_key(w->host, sizeof w->host, reg->host, w->name);
+  w->threads = (int)reg->threads;
+  /* a list too long to keep is none: that worker is never pinned */
+  snprintf(w->cpus, sizeof w->cpus, "%s", reg->cpus && strlen(reg->cpus) < sizeof w->cpus ? reg->cpus : "");
+  snprintf(w->numa, sizeof w->numa, "%s", reg->numa && strlen(reg->numa) < sizeof w->numa ? reg->numa : "");
+  w->pinned[0] = 0;
   pw_store *s = pw_coord_store(c);
   pw_err serr = {0};
   if (!s || pw_store_worker_register(s, w->name, w->addr, (int)reg->cores, (int)reg->threads, reg->software, &w->id,

@@ -321,6 +321,7 @@ static void send_assigns(planwork *pw, const start_point *sp, char *names, size_
   int trace_every = job->train.steps <= 200 ? 1 : job->train.steps / 100;
   int serve = job->mode == PW_MODE_SERVE; /* runs until cancelled: its steps are not run */
   names[0] = 0;
+  pw_pin_ranks(c, jr); /* ranks sharing a host: disjoint CPUs (assign.cpus) */
   for (int r = 0; r < jr->n_ranks; r++) {
     pw_wconn *w = jr->ranks[r];
     char upload[65];
@@ -332,7 +333,8 @@ static void send_assigns(planwork *pw, const start_point *sp, char *names, size_
                                   .restore_step = sp->snap ? sp->snap : -1, .restore_from = sp->from,
                                   .serve_seqs = serve ? job->serve.max_sequences : -1,
                                   .serve_len = serve ? job->serve.max_len : -1,
-                                  .serve_queue = serve ? job->serve.max_queue : -1, .upload_token = upload);
+                                  .serve_queue = serve ? job->serve.max_queue : -1, .upload_token = upload,
+                                  .cpus = w->pinned[0] ? w->pinned : NULL);
     pw_rec_snapshots_keep(w, jr->job);
     pw_registry_update(c, w);
     pw_write aw = {.kind = PW_W_ASSIGN, .job = jr->job, .run = jr->run, .rank = r, .worker = w->id, .text = w->name};

@@ -38,6 +38,7 @@ static void release_workers(pw_coord *c, pw_jobrt *jr, const char *cancel_reason
                                           .reason = cancel_reason));
     w->job = NULL;
     w->rank = -1;
+    w->pinned[0] = 0; /* its CPUs are free for the next run */
     pw_registry_update(c, w);
     jr->ranks[r] = NULL;
   }

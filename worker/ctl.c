@@ -161,6 +161,7 @@ static void host_ctl_send(void *arg, json_t *msg) { pw_ctl_send(arg, msg); }
 static void host_released(void *arg, pw_run *r) {
   pw_worker *w = arg;
   if (w->run == r) w->run = NULL;
+  pw_pin_release(&w->pin); /* the next run may be given other CPUs, or none */
 }
 
 static void host_drain_in(void *arg, pw_run *r) {
@@ -192,6 +193,12 @@ static int start_run(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_
   size_t kept = pw_snapstore_drop_others(&w->snaps, r->cx.job); /* only this job's can be used now */
   if (kept) pw_info("job %llu: %.1f MiB of its snapshots in memory", (unsigned long long)r->cx.job, (double)kept / (1 << 20));
   w->run = r;
+  if (a->cpus) { /* before its compute thread exists: that thread inherits the loop's CPUs */
+    char why[256];
+    if (pw_pin_apply(&w->pin, a->cpus, why, sizeof why)) pw_warn("job %llu: not pinned: %s", (unsigned long long)r->cx.job, why);
+    else pw_info("job %llu run %d: rank %d's threads on CPUs %s", (unsigned long long)r->cx.job, r->cx.run_id, r->cx.rank,
+                 a->cpus);
+  }
   pw_net_run_started(w, r);
   pw_info("job %llu run %d: rank %d (pipeline rank %d, replica %d) of %d, stages %d..%d, %d actions per step, "
           "budget %.1f MiB, plan %.12s",
@@ -362,7 +369,9 @@ static void on_ctl_connect(uv_connect_t *req, int status) {
                                   .blas_core = w->blas.core[0] ? w->blas.core : NULL, .blas_forced = w->blas.forced,
                                   .cpu_level = pw_cpu_name(w->blas.cpu), .gemm_gflops = w->blas.gflops,
                                   .gemm_path = w->blas.gemm ? pw_gemm_path_name(w->blas.gemm->path) : NULL,
-                                  .host = w->host_id, .hostname = w->hostname));
+                                  .host = w->host_id, .hostname = w->hostname,
+                                  .cpus = w->pin.mask_text[0] ? w->pin.mask_text : NULL,
+                                  .numa = w->pin.numa_text[0] ? w->pin.numa_text : NULL));
 }
 
 static int resolve(const char *host, int port, struct sockaddr_storage *out) {

@@ -237,6 +237,7 @@ int main(int argc, char **argv) {
           w.res.cores == 1 ? "" : "s", w.res.cores_from, (double)w.res.memory / (1 << 30), w.res.memory_from,
           w.host_id, w.host_from);
   if (w.res.note[0]) pw_warn("resources: ignored %s", w.res.note);
+  pw_pin_init(&w.pin); /* the CPUs it may use and the NUMA nodes, for the coordinator's pinning */
   if (w.threads > w.res.cores)
     pw_warn("--threads %d is more than the %d core%s this process may use (%s): its threads take turns", w.threads,
             w.res.cores, w.res.cores == 1 ? "" : "s", w.res.cores_from);

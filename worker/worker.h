@@ -20,6 +20,7 @@
 #include "blasinfo.h"
 #include "fetch.h"
 #include "run.h"
+#include "pin.h"
 #include "sysres.h"
 
 typedef struct pw_worker pw_worker;
@@ -88,6 +89,7 @@ struct pw_worker {
   pw_dscache *cache;       /* datasets fetched from the coordinator (fetch.h), or NULL */
   pw_blasinfo blas;        /* measured once at start, sent with every register */
   pw_sysres res;           /* the cores and memory this process may use (sysres.h), read at start */
+  pw_pin pin;              /* its CPUs, and its threads on a run's (pin.h) */
   char host_id[PW_HOST_ID_MAX + 1]; /* its machine, for co-location (register.host) */
   char host_from[96];      /* where host_id came from, for the log */
   char hostname[64];       /* the machine's name, for display (register.hostname) */

@@ -54,7 +54,8 @@ static const field f_pw_msg_register[] = {
     REQ(S, software, F_STR),       OPT_MIN(S, job, F_INT, 0),   OPT_MIN(S, memory, F_INT, 0),
     OPT(S, blas_core, F_STR),      OPT_MIN(S, blas_forced, F_INT, 0), OPT(S, cpu_level, F_STR),
     OPT_MIN(S, gemm_gflops, F_NUM, 0), OPT(S, host, F_STR), OPT(S, hostname, F_STR),
-    OPT(S, gemm_path, F_STR),      OPT(S, cores_from, F_STR),   OPT(S, memory_from, F_STR), END};
+    OPT(S, gemm_path, F_STR),      OPT(S, cores_from, F_STR),   OPT(S, memory_from, F_STR),
+    OPT(S, cpus, F_STR),           OPT(S, numa, F_STR),         END};
 #undef S
 #define S pw_msg_heartbeat
 static const field f_pw_msg_heartbeat[] = {REQ_MIN(S, time, F_NUM, 0), REQ(S, state, F_STR), OPT_MIN(S, job, F_INT, 0),
@@ -111,7 +112,7 @@ static const field f_pw_msg_assign[] = {
     REQ_MIN(S, steps, F_INT, 0),      REQ_MIN(S, start_step, F_INT, 0),  OPT(S, checkpoint_dir, F_STR),
     OPT(S, resume, F_STR),            OPT_MIN(S, trace_every, F_INT, 0), OPT_MIN(S, restore_step, F_INT, 1),
     OPT(S, restore_from, F_INTS),     OPT_MIN(S, serve_seqs, F_INT, 1), OPT_MIN(S, serve_len, F_INT, 1),
-    OPT_MIN(S, serve_queue, F_INT, 0), OPT(S, upload_token, F_STR), END};
+    OPT_MIN(S, serve_queue, F_INT, 0), OPT(S, upload_token, F_STR), OPT(S, cpus, F_STR), END};
 #undef S
 #define S pw_msg_generate
 static const field f_pw_msg_generate[] = {

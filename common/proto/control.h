@@ -40,7 +40,9 @@
  *               host?:str (the machine's stable id: --host-id / PW_HOST_ID,
  *               else /etc/machine-id, else its hostname; at most 63 bytes;
  *               workers with the same host share its cores),
- *               hostname?:str (for display)
+ *               hostname?:str (for display), cpus?:str (the CPUs it may use, its
+ *               affinity mask as a cpulist "0-3,8"), numa?:str (the host's NUMA
+ *               nodes' cpulists, ';' between; absent: one node)
  *   heartbeat   time:number>=0, state:str, job?:int, fds?:int>=0 (open
  *               descriptors of the worker process)
  *   step        job:int, run:int, rank:int, step:int, loss?:number,
@@ -108,7 +110,10 @@
  *               requests rank 0 queues beyond them; docs/serving.md),
  *               upload_token?:str (to a rank that uploads checkpoints: sent
  *               with each shard, X-Pipewright-Upload-Token; the coordinator
- *               takes a shard of a stage only with its uploader's token)
+ *               takes a shard of a stage only with its uploader's token),
+ *               cpus?:str (the CPUs this rank's threads run on, a cpulist
+ *               within its register.cpus: ranks sharing a host get disjoint
+ *               ones; common/base/cpuset.h)
  *   generate    job:int, run:int, req:int, prompt:[int, ...] (token ids),
  *               max_tokens:int>=1, temperature:number>=0, top_k:int,
  *               top_p:number>0, seed:int — one request for a serve job's
@@ -160,7 +165,7 @@ enum { PW_CONTROL_TO_COORD = 1, PW_CONTROL_TO_WORKER = 2 };
 typedef struct { int64_t version; const char *name, *token, *data_addr; int64_t cores, threads;
                  const char *software; int64_t job, memory; const char *blas_core; int64_t blas_forced;
                  const char *cpu_level; double gemm_gflops; const char *host, *hostname, *gemm_path;
-                 const char *cores_from, *memory_from; } pw_msg_register;
+                 const char *cores_from, *memory_from, *cpus, *numa; } pw_msg_register;
 typedef struct { double time; const char *state; int64_t job, fds; } pw_msg_heartbeat;
 typedef struct { json_t *ready, *routed; double end_wait, end_work, after, t0; int64_t sleeps; } pw_msg_step_trace;
 typedef struct { int64_t job, run, rank, step; double loss, step_time, tokens; int64_t peak_act;
@@ -175,7 +180,7 @@ typedef struct { int64_t version, worker_id; double heartbeat_interval; const ch
 typedef struct { const char *reason; } pw_msg_refused;
 typedef struct { int64_t job, run, rank; const char *slice, *slice_sha256; json_t *peers; int64_t steps, start_step;
                  const char *checkpoint_dir, *resume; int64_t trace_every, restore_step; json_t *restore_from;
-                 int64_t serve_seqs, serve_len, serve_queue; const char *upload_token; } pw_msg_assign;
+                 int64_t serve_seqs, serve_len, serve_queue; const char *upload_token, *cpus; } pw_msg_assign;
 typedef struct { int64_t job, run, req; json_t *prompt; int64_t max_tokens; double temperature; int64_t top_k;
                  double top_p; int64_t seed; } pw_msg_generate;
 typedef struct { int64_t job, run, rank; json_t *items; } pw_msg_tokens;

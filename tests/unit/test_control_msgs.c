@@ -29,7 +29,7 @@ static const char *const full[] = {
     "{\"type\":\"register\",\"version\":2,\"name\":\"w0\",\"token\":\"t\",\"data_addr\":\"h:7\",\"cores\":3,"
     "\"threads\":5,\"software\":\"s\",\"job\":11,\"memory\":12,\"blas_core\":\"Haswell\",\"blas_forced\":1,"
     "\"cpu_level\":\"avx512\",\"gemm_gflops\":110.5,\"gemm_path\":\"onednn\",\"cores_from\":\"cf\","
-    "\"memory_from\":\"mf\"}",
+    "\"memory_from\":\"mf\",\"cpus\":\"0-3\",\"numa\":\"0-1;2-3\"}",
     "{\"type\":\"heartbeat\",\"time\":12.5,\"state\":\"busy\",\"job\":13}",
     "{\"type\":\"step\",\"job\":1,\"run\":2,\"rank\":3,\"step\":4,\"loss\":5.5,\"step_time\":6.5,\"tokens\":7.5,"
     "\"peak_act\":8,\"grad_norm\":9.5,\"lr\":10.5,\"actions\":[[\"F\",0,1,0.0,0.01]],\"nonfinite\":2,"
@@ -47,7 +47,7 @@ static const char *const full[] = {
     "{\"type\":\"assign\",\"job\":1,\"run\":2,\"rank\":3,\"slice\":\"{}\",\"slice_sha256\":\"ab\","
     "\"peers\":[{\"rank\":0,\"addr\":\"h:1\",\"host\":\"m\"}],\"steps\":4,\"start_step\":5,\"checkpoint_dir\":\"/c\","
     "\"resume\":\"/r\",\"trace_every\":6,\"restore_step\":7,\"restore_from\":[3,0,2],\"serve_seqs\":8,"
-    "\"serve_len\":9,\"serve_queue\":10}",
+    "\"serve_len\":9,\"serve_queue\":10,\"cpus\":\"2-3\"}",
     "{\"type\":\"generate\",\"job\":1,\"run\":2,\"req\":3,\"prompt\":[4,5],\"max_tokens\":6,\"temperature\":0.5,"
     "\"top_k\":7,\"top_p\":0.25,\"seed\":8}",
     "{\"type\":\"cancel\",\"job\":1,\"run\":2,\"reason\":\"r\"}",
