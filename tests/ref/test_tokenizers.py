@@ -257,7 +257,12 @@ def refusals(toks):
     r = pw("--tokenizer", os.path.join(TMP, "gpt2.json"), "--out", out, stdin=b"caf\xc3\xa9 \xff bad")
     err = r.stderr.decode()
     check("refuses bytes that are not UTF-8", r.returncode == 1 and "byte 6" in err and not os.path.exists(out), err)
-    print("refused: %s, and text that is not UTF-8" % ", ".join(c[0] for c in cases))
+    for args, words in ((("--in", "x"), "missing --tokenizer FILE"),
+                        (("--tokenizer", "t.json", "--skip-special"), "--skip-special is for --decode"),
+                        (("--tokenizer", "t.json", "--tokens"), "unknown option")):
+        r = pw(*args)
+        check("usage %s" % " ".join(args), r.returncode == 2 and words in r.stderr.decode(), r.stderr.decode())
+    print("refused: %s, and text that is not UTF-8; bad usage exits 2" % ", ".join(c[0] for c in cases))
 
 
 if __name__ == "__main__":
