@@ -100,6 +100,40 @@ static int resolve_data_path(json_t *job, const char *job_path, char *local, siz
   return 0;
 }
 
+/* data.tokenizer naming a file (not a stored dataset's id): the file is
+ * stored on the coordinator as a dataset (found there by its sha256, or
+ * uploaded) and the job names its id instead. Taken from here if it
+ * exists, else from the job file's folder, like data.path. 0, or 1 after
+ * saying what is wrong. */
+static int upload_tokenizer(pw_remote *r, json_t *job, const char *job_path, int quiet) {
+  json_t *data = json_object_get(job, "data");
+  const char *t = json_string_value(json_object_get(data, "tokenizer"));
+  if (!t || !*t) return 0;
+  size_t n = strlen(t);
+  int id = n == 64;
+  for (size_t i = 0; id && i < n; i++) id = (t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f');
+  if (id) return 0;
+  char local[PATH_MAX], tmp[PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s", job_path);
+  if (t[0] == '/' || access(t, F_OK) == 0 || !strcmp(job_path, "-"))
+    snprintf(local, sizeof local, "%s", t);
+  else if (snprintf(local, sizeof local, "%s/%s", dirname(tmp), t) >= (int)sizeof local) {
+    fprintf(stderr, "error: data.tokenizer: too long\n");
+    return 1;
+  }
+  pw_cli_dataset ds;
+  if (pw_cli_dataset_put(r, local, NULL, &ds)) return 1;
+  if (json_object_set_new(data, "tokenizer", json_string(ds.id))) {
+    json_decref(ds.ds);
+    fprintf(stderr, "error: out of memory\n");
+    return 1;
+  }
+  fprintf(quiet || r->json ? stderr : stdout, "data.tokenizer %s: %s as dataset %s\n", local,
+          ds.existed ? "already stored" : "uploaded", ds.id);
+  json_decref(ds.ds);
+  return 0;
+}
+
 /* A 422 about data.path: the coordinator cannot use the path as it is. */
 static int refused_path(const pw_http_resp *resp) {
   if (resp->status != 422) return 0;
@@ -182,8 +216,18 @@ int pw_cmd_submit(int argc, char **argv) {
     json_decref(job);
     return 1;
   }
-  char *body = job && local[0] ? json_dumps(job, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
-  if (job && local[0] && !body) {
+  const char *tk = job ? json_string_value(json_object_get(json_object_get(job, "data"), "tokenizer")) : NULL;
+  char tk_before[PATH_MAX];
+  snprintf(tk_before, sizeof tk_before, "%s", tk ? tk : "");
+  if (job && upload_tokenizer(&r, job, job_path, quiet)) {
+    free(text);
+    json_decref(job);
+    return 1;
+  }
+  tk = job ? json_string_value(json_object_get(json_object_get(job, "data"), "tokenizer")) : NULL;
+  int changed = local[0] || (tk && strcmp(tk, tk_before));
+  char *body = job && changed ? json_dumps(job, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
+  if (job && changed && !body) {
     fprintf(stderr, "error: out of memory\n");
     free(text);
     json_decref(job);

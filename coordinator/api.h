@@ -170,6 +170,17 @@ extern const pw_stream_sink pw_api_dataset_sink;
  * file within model_vocab). Both reply and return nonzero on failure. */
 PW_MUST_CHECK int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, int *fd);
 PW_MUST_CHECK int pw_api_data_resolve(pw_req *r, pw_store *s, pw_job *job, int fd, int model_vocab);
+
+/* api_tokenizer.c: data.tokenizer — a stored dataset holding a
+ * tokenizer.json whose ids fit the model (else a 422 at data.tokenizer
+ * saying why; -1 after the reply). pw_api_tokenizer_lock gives the
+ * tokenizer of a dataset id (opened once, kept among the last few) with
+ * the lock held: use it, then pw_api_tokenizer_unlock (not called when it
+ * fails). pw_api_tokenizers_close at shutdown. */
+struct pw_tokenizer;
+PW_MUST_CHECK int pw_api_tokenizer_check(pw_req *r, const pw_job *job);
+PW_MUST_CHECK int pw_api_tokenizer_lock(pw_coord *c, const char *id, struct pw_tokenizer **tok, pw_err *err);
+void pw_api_tokenizer_unlock(void);
 /* api_timeline.c */
 void pw_api_job_timeline(pw_req *r);
 /* api_ckpt.c: checkpoints in the coordinator's store (checkpoints.h) */

@@ -15,9 +15,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "api.h"
 #include "gen.h"
 #include "json_short.h"
 #include "log.h"
+#include "tokenizer.h"
 
 #define MAX_PROMPTS 64
 #define DEFAULT_MAX_TOKENS 64
@@ -37,6 +39,7 @@ struct pw_gen {
   pw_coord *c;
   int64_t job;
   int text;              /* a text job: tokens are bytes */
+  char tok_id[65];       /* data.tokenizer: prompts may be text, answers carry text; "" none */
   int k;                 /* sequences */
   gseq *seq;
   int max_tokens, top_k;
@@ -129,6 +132,25 @@ static json_t *text_of(const int32_t *t, int n) {
   return j;
 }
 
+/* The text of a job's tokenizer for ids t[0..n), special tokens left out
+ * (null when it cannot be decoded: the tokens stand). */
+static json_t *decoded(const pw_gen *g, const int32_t *t, int n) {
+  pw_tokenizer *tok;
+  pw_err err = {0};
+  if (pw_api_tokenizer_lock(g->c, g->tok_id, &tok, &err)) return json_null();
+  uint32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
+  char *s = NULL;
+  size_t len = 0;
+  int rc = ids ? 0 : PW_ENOMEM;
+  for (int k = 0; k < n && !rc; k++) ids[k] = (uint32_t)t[k];
+  if (!rc) rc = pw_tokenizer_decode(tok, ids, (size_t)n, PW_TOK_SKIP_SPECIAL, &s, &len, &err);
+  pw_api_tokenizer_unlock();
+  free(ids);
+  json_t *j = rc ? json_null() : json_stringn(s, len);
+  free(s);
+  return j ? j : json_null();
+}
+
 static json_t *seq_json(const pw_gen *g, int i) {
   const gseq *q = &g->seq[i];
   json_t *toks = json_array();
@@ -138,6 +160,7 @@ static json_t *seq_json(const pw_gen *g, int i) {
                         "time_to_first_token", ttft, "latency", q->t_last > 0 ? q->t_last - g->t0 : 0.0,
                         "tokens_per_s", q->n_tok > 1 && dec > 0 ? (q->n_tok - 1) / dec : 0.0);
   if (o && g->text) json_object_set_new(o, "text", text_of(q->tok, q->n_tok));
+  if (o && g->tok_id[0]) json_object_set_new(o, "text", decoded(g, q->tok, q->n_tok));
   return o;
 }
 
@@ -245,14 +268,54 @@ static void sse_free(void *cls) {
 
 /* ---- the request ---------------------------------------------------------------- */
 
-/* One prompt (a string for a text job, or an array of token ids) into q. */
+/* A text prompt encoded with the job's tokenizer (its template's BOS and
+ * the like included, as the tokenizer.json says) into q. */
+static int encode_prompt(pw_req *r, const pw_job *job, const json_t *p, const char *path, gseq *q) {
+  pw_tokenizer *tok;
+  pw_err err = {0};
+  char b[400];
+  pw_tok_ids ids = {0};
+  if (pw_api_tokenizer_lock(r->c, job->data.tokenizer, &tok, &err))
+    return pw_reply_error(r, PW_EUNAVAIL, path, "the job's tokenizer cannot be read: %s", pw_err_str(&err, b, sizeof b)),
+           -1;
+  int rc = pw_tokenizer_encode(tok, json_string_value(p), json_string_length(p), PW_TOK_ADD_SPECIAL, &ids, &err);
+  pw_api_tokenizer_unlock();
+  if (rc) {
+    free(ids.v);
+    return pw_reply_error(r, PW_EREQUEST, path, "%s", pw_err_str(&err, b, sizeof b)), -1;
+  }
+  int V = job->model.vocab_size, L = job->serve.max_len;
+  const char *bad = ids.n < 1 ? "is empty: give at least one token" : ids.n > (size_t)L ? "is too long" : NULL;
+  if (bad) {
+    pw_reply_error(r, PW_EREQUEST, path, "%s (%zu tokens with the job's tokenizer; serve.max_len is %d)", bad, ids.n, L);
+    free(ids.v);
+    return -1;
+  }
+  if (!(q->prompt = malloc(sizeof *q->prompt * ids.n))) return free(ids.v), pw_reply_oom(r), -1;
+  q->n_prompt = (int)ids.n;
+  for (size_t i = 0; i < ids.n; i++) {
+    if (ids.v[i] >= (uint32_t)V) { /* the submit checked the vocabulary: only a changed file could */
+      free(ids.v);
+      return pw_reply_error(r, PW_EREQUEST, path, "token %u is past model.vocab_size %d", ids.v[i], V), -1;
+    }
+    q->prompt[i] = (int32_t)ids.v[i];
+  }
+  free(ids.v);
+  return 0;
+}
+
+/* One prompt (a string for a text job or a job with a tokenizer, or an
+ * array of token ids) into q. */
 static int read_prompt(pw_req *r, const pw_job *job, const json_t *p, const char *path, gseq *q) {
   int V = job->model.vocab_size, L = job->serve.max_len;
   size_t n = json_is_string(p) ? json_string_length(p) : json_array_size(p);
   if (!json_is_string(p) && !json_is_array(p))
     return pw_reply_error(r, PW_EREQUEST, path, "must be a string (text) or an array of token ids"), -1;
+  if (json_is_string(p) && job->data.tokenizer[0]) return encode_prompt(r, job, p, path, q);
   if (json_is_string(p) && job->data.kind != PW_DATA_TEXT)
-    return pw_reply_error(r, PW_EREQUEST, path, "the job's data is not text (bytes as tokens): give token ids"), -1;
+    return pw_reply_error(r, PW_EREQUEST, path,
+                          "the job's data is not text (bytes as tokens) and names no data.tokenizer: give token ids"),
+           -1;
   if (n < 1) return pw_reply_error(r, PW_EREQUEST, path, "is empty: give at least one token"), -1;
   if (n > (size_t)L)
     return pw_reply_error(r, PW_EREQUEST, path, "is %zu tokens; serve.max_len is %d", n, L), -1;
@@ -369,6 +432,8 @@ void pw_api_job_generate(pw_req *r) {
   g->c = r->c;
   g->job = r->id;
   g->text = job.data.kind == PW_DATA_TEXT;
+  if (strlen(job.data.tokenizer) < sizeof g->tok_id) /* the stored spec's is an id (the submit checked it) */
+    memcpy(g->tok_id, job.data.tokenizer, strlen(job.data.tokenizer) + 1);
   g->conn = r->conn;
   g->t0 = mono();
   if (read_body(r, &job, g)) goto out;

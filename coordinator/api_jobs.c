@@ -173,6 +173,7 @@ void pw_api_job_submit(pw_req *r) {
   }
   if (!rc && pw_api_data_resolve(r, s, &job, data_fd, vocab)) /* a path becomes a dataset, read by id on any host */
     rc = -1;
+  if (!rc && job.data.tokenizer[0] && pw_api_tokenizer_check(r, &job)) rc = -1;
   if (data_fd >= 0) close(data_fd);
   /* init: job + step gathered into stored weights; the file holds every parameter with its shape */
   if (!rc && (rc = pw_w_init_resolve(s, r->c->state_dir, &job.init, params, n_params, &err))) pw_reply_err(r, &err);
@@ -197,6 +198,7 @@ void pw_api_job_submit(pw_req *r) {
                    .schedule = job.schedule.name,
                    .model = model,
                    .dataset = job.data.dataset[0] ? job.data.dataset : NULL,
+                   .tokenizer = job.data.tokenizer[0] ? job.data.tokenizer : NULL,
                    .weights = {job.init.checkpoint, job.init.optimizer_checkpoint},
                    .client_key = key,
                    .client_sha = key_sha};

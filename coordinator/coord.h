@@ -130,6 +130,8 @@ struct pw_coord {
  * still running. */
 int pw_drain_start(pw_coord *c);
 int pw_drain_left(pw_coord *c);
+/* api_tokenizer.c: the tokenizers kept open, closed at shutdown. */
+void pw_api_tokenizers_close(void);
 
 /* The calling thread's store connection (opened on first use); NULL if the
  * database cannot be opened (logged). */

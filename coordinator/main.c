@@ -417,6 +417,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < c->n_stores; i++) pw_store_close(c->stores[i]);
   free(c->stores);
   free(c->workers);
+  pw_api_tokenizers_close();
   uv_loop_close(c->loop);
   pthread_mutex_destroy(&c->mu);
   pw_info("stopped");

@@ -419,13 +419,13 @@ int pw__store_add_event(pw_store *s, int64_t job_id, double t, const char *kind,
 }
 
 /* Inside the job's insert: the link to its dataset, which must be stored. */
-static int job_dataset(pw_store *s, int64_t job, const char *id, pw_err *err) {
+static int job_dataset(pw_store *s, int64_t job, const char *id, const char *field, pw_err *err) {
   STMT(st, PW_ST_DS_EXISTS);
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   int rc = sqlite3_step(st);
   sqlite3_reset(st);
   if (rc == SQLITE_DONE)
-    return pw_err_set(err, PW_ESPEC, "data.dataset", "no dataset %.64s is stored (upload it: POST /v1/datasets)", id);
+    return pw_err_set(err, PW_ESPEC, field, "no dataset %.64s is stored (upload it: POST /v1/datasets)", id);
   if (rc != SQLITE_ROW) return pw__store_fail(s, rc, err, "dataset");
   STMT(ins, PW_ST_JOB_DS_INSERT);
   sqlite3_bind_int64(ins, 1, job);
@@ -493,7 +493,10 @@ int pw_store_job_insert(pw_store *s, const pw_job_new *j, int64_t *id, pw_err *e
   int64_t job = sqlite3_last_insert_rowid(s->db);
   /* in the same transaction as the check, so a concurrent delete of the
    * dataset either sees this job or makes this insert fail */
-  if (j->dataset && (rc = job_dataset(s, job, j->dataset, err))) goto fail;
+  if (j->dataset && (rc = job_dataset(s, job, j->dataset, "data.dataset", err))) goto fail;
+  if (j->tokenizer && (!j->dataset || strcmp(j->tokenizer, j->dataset)) &&
+      (rc = job_dataset(s, job, j->tokenizer, "data.tokenizer", err)))
+    goto fail;
   for (int k = 0; k < 2 && !rc; k++)
     if (j->weights[k] && j->weights[k][0]) rc = job_weights(s, job, j->weights[k], err);
   if (rc) goto fail;

@@ -67,6 +67,7 @@ typedef struct {
   const char *schedule;
   const char *model;     /* "gpt d=64 L=4", for lists */
   const char *dataset;   /* the dataset id the job reads, or NULL */
+  const char *tokenizer; /* the dataset id of its tokenizer.json (data.tokenizer), or NULL */
   const char *weights[2]; /* init: the weights ids it starts from (model, optimizer), NULL or "" for none */
   const char *client_key; /* the submit's Idempotency-Key, or NULL */
   const char *client_sha; /* with it: SHA-256 hex of the request's body */

@@ -234,6 +234,10 @@ typedef struct {
    * must hash to dataset. */
   char path[512];        /* resolved against the job file's folder if relative and not found */
   char dataset[65];
+  /* tokens: the tokenizer.json the ids come from, so that generate and the
+   * serving API take and return text — a path (a local run; pipewright
+   * submit uploads it) or, on the coordinator, a stored dataset's id */
+  char tokenizer[512];
   pw_sampler_kind sampler; /* text: default random */
   double eval_fraction;  /* text: trailing fraction held out for eval; default 0.1 */
   int keys;              /* shift: distinct keys the features carry; default 4 */

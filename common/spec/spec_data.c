@@ -18,6 +18,7 @@ static const pw__field data_fields[] = {
     PW__ENUM("kind", PW__REQ, PW__ALL, pw_data_spec, kind, 0, pw__data_names),
     PW__STR("path", 0, D_TEXT, pw_data_spec, path),
     PW__STR("dataset", 0, D_TEXT, pw_data_spec, dataset),
+    PW__STR("tokenizer", 0, 1u << PW_DATA_TOKENS, pw_data_spec, tokenizer),
     PW__ENUM("sampler", 0, D_TEXT, pw_data_spec, sampler, PW_SAMPLER_RANDOM, sampler_names),
     PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
             1),
