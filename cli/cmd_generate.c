@@ -12,11 +12,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -43,8 +45,9 @@ static void usage(FILE *f) {
           "                        or a step folder of stage-S.safetensors files\n"
           "  --prompt TEXT         the prompt as bytes (a text job's tokens); prints the continuation's bytes\n"
           "  --prompt-tokens IDS   the prompt as token ids, \"1,2,3\"; prints the continuation's ids\n"
-          "  --tokenizer FILE      a Hugging Face tokenizer.json: --prompt TEXT is encoded with it (with its\n"
-          "                        post_processor's BOS and the like) and the continuation printed as text\n"
+          "  --tokenizer FILE      a Hugging Face tokenizer.json (default: the job's data.tokenizer, a path):\n"
+          "                        --prompt TEXT is encoded with it (with its post_processor's BOS and\n"
+          "                        the like) and the continuation printed as text\n"
           "  --max-tokens N        tokens to generate (default: as many as seq_len allows, prompt + N <=\n"
           "                        seq_len + 1: the last token is never read back)\n"
           "  --temperature T       0 = greedy (default); else sample from softmax(logits / T)\n"
@@ -197,7 +200,8 @@ static int parse(int argc, char **argv, gen_args *a) {
   if (a->prompt && !*a->prompt) return pw_cli_usage_error("--prompt: empty (give at least one byte)"), -1;
   if (a->tokenizer && !a->prompt) return pw_cli_usage_error("--tokenizer: give the prompt as --prompt TEXT"), -1;
   if (a->tokenizer && a->coordinator)
-    return pw_cli_usage_error("--tokenizer: not with --coordinator (encode with pipewright tokenize, give "
+    return pw_cli_usage_error("--tokenizer: not with --coordinator (a job that names its tokenizer, "
+                              "data.tokenizer, takes --prompt TEXT; else encode with pipewright tokenize and give "
                               "--prompt-tokens)"), -1;
   return 0;
 }
@@ -360,6 +364,18 @@ int pw_cmd_generate(int argc, char **argv) {
     return 1;
   }
   int T = m.seq_len, V = m.data.vocab_size;
+  /* the job's own tokenizer (data.tokenizer, a path: from here, else from
+   * the job file's folder) when none is given */
+  char tk_path[PATH_MAX];
+  if (!a.tokenizer && a.prompt && job.data.tokenizer[0]) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", a.job_path);
+    if (job.data.tokenizer[0] == '/' || access(job.data.tokenizer, F_OK) == 0)
+      snprintf(tk_path, sizeof tk_path, "%s", job.data.tokenizer);
+    else if (snprintf(tk_path, sizeof tk_path, "%s/%s", dirname(dir), job.data.tokenizer) >= (int)sizeof tk_path)
+      tk_path[0] = 0;
+    if (tk_path[0]) a.tokenizer = tk_path;
+  }
   if (!m.data.tokens) {
     fprintf(stderr, "error: %s: generate needs a token model (gpt, llama, or a layers list on tokens)\n", a.job_path);
     rc = 1;
