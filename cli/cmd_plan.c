@@ -42,7 +42,10 @@ static void usage(FILE *f) {
           "                    --cores says otherwise\n"
           "  --auto            rank every pp (up to --max-pp), schedule, virtual stages and\n"
           "                    microbatch count by predicted step time and pick the fastest\n"
-          "                    that fits --max-rank-memory\n"
+          "                    that fits --max-rank-memory. With several --profile files, one\n"
+          "                    per thread count (pipewright calibrate --threads T): the layout\n"
+          "                    of one host's --cores (default the profiles'), ranks x threads\n"
+          "                    and dp too, every pp x dp x T <= cores\n"
           "  --max-pp N        with --auto: largest pp tried (default 8)\n"
           "  --max-rank-memory MIB  with --auto: each rank's memory bound\n"
           "  --json            the same as JSON (what POST /v1/plans returns)\n"
@@ -285,6 +288,60 @@ static const char *cost_model_name(const pw_cost_model *cm) {
   return cm->profile ? "calibrated profile" : "FLOP model";
 }
 
+#define MAX_PROFILES 7 /* beyond the first --profile */
+
+/* --auto with a profile per thread count: the layout of one host's cores. */
+static int run_auto_host(const pw_job *job, const pw_cost_profile *first, const char *const *more, int n_more,
+                         int cores, const pw_budget *b, int max_pp, int as_json) {
+  pw_cost_profile profs[MAX_PROFILES + 1];
+  pw_err err = {0};
+  int n_profs = 1, rc = 1, n = 0;
+  profs[0] = *first; /* borrowed: the caller frees it */
+  for (int k = 0; k < n_more; k++, n_profs++)
+    if (pw_cost_load(more[k], &profs[n_profs], &err)) {
+      pw_cli_report(&err);
+      goto out;
+    }
+  if (!cores) cores = profs[0].cores;
+  for (int k = 1; k < n_profs; k++)
+    if (strcmp(profs[k].host, profs[0].host))
+      fprintf(stderr, "warning: the profiles come from hosts %s and %s: one host's layout is chosen from them\n",
+              profs[0].host, profs[k].host);
+  pw_auto_row *rows = NULL;
+  if (pw_plan_auto_host(job, profs, n_profs, cores, b, max_pp, &rows, &n, &err)) {
+    pw_cli_report(&err);
+    goto out;
+  }
+  if (as_json) {
+    json_t *j = pw_auto_json(rows, n, "calibrated profiles");
+    rc = print_json(j);
+    json_decref(j);
+    free(rows);
+    goto out;
+  }
+  printf("job %s: %d layouts of one host of %d cores planned (ranks x threads from %d profile%s), costed with "
+         "the calibrated profiles\n\n", job->name, n, cores, n_profs, n_profs == 1 ? "" : "s");
+  printf("%-4s %-3s %-3s %-3s %-26s %3s %4s %4s %12s %10s %8s %9s\n", "rank", "pp", "dp", "thr", "schedule", "V", "m",
+         "mb", "predicted ms", "step end", "bubble", "peak MiB");
+  for (int k = 0; k < n && k < 20; k++) {
+    const pw_auto_row *r = &rows[k];
+    printf("%-4d %-3d %-3d %-3d %-26s %3d %4d %4d %12.3f %10.3f %8.3f %9.1f%s\n", k + 1, r->pp, r->dp, r->threads,
+           r->schedule, r->V, r->m, r->mb_size, r->predicted * 1e3, r->step_end * 1e3, r->bubble,
+           (double)r->peak_memory / (1 << 20), r->fits ? "" : "  over memory");
+  }
+  const pw_auto_row *c = &rows[0];
+  printf("\nchosen: %d ranks x %d threads (pp %d, dp %d), %s, virtual_stages %d, %d microbatches: predicted %.3f ms "
+         "a step\n", c->pp * c->dp, c->threads, c->pp, c->dp, c->schedule, c->V, c->m, c->predicted * 1e3);
+  printf("set: \"mesh\": {\"pp\": %d, \"dp\": %d, \"virtual_stages\": %d}, \"schedule\": {\"name\": \"%s\", "
+         "\"microbatches\": %d}; start %d workers with --threads %d\n", c->pp, c->dp, c->V, c->schedule, c->m,
+         c->pp * c->dp, c->threads);
+  free(rows);
+  rc = 0;
+out:
+  for (int k = 1; k < n_profs; k++) pw_cost_free(&profs[k]);
+  return rc;
+}
+
 /* --auto: the ranking and the choice, with why. */
 static int run_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp, int as_json) {
   pw_auto_row *rows = NULL;
@@ -435,6 +492,8 @@ int pw_cmd_plan(int argc, char **argv) {
                                        {0, 0, 0, 0}};
   const char *job_path = NULL, *sched = NULL, *trace = NULL, *format = NULL, *csv = NULL, *profile = NULL;
   int compare = 0, as_json = 0, slices = 0, export = 0, regions = 0, cores = 0, c, autop = 0, max_pp = 8, mem_mib = 0;
+  const char *more_profiles[MAX_PROFILES];
+  int n_more = 0;
   optind = 1;
   while ((c = pw_getopt(argc, argv, "j:s:cJt:hSEF:I:RC:P:AM:m:", opts)) != -1) {
     switch (c) {
@@ -451,7 +510,14 @@ int pw_cmd_plan(int argc, char **argv) {
       case 'C':
         if (pw_arg_int("--cores", optarg, 1, 1 << 20, &cores)) return 2;
         break;
-      case 'P': profile = optarg; break;
+      case 'P':
+        if (profile && n_more == MAX_PROFILES) {
+          fprintf(stderr, "error: --profile: at most %d\n", MAX_PROFILES + 1);
+          return 2;
+        }
+        if (profile) more_profiles[n_more++] = optarg;
+        else profile = optarg;
+        break;
       case 'A': autop = 1; break;
       case 'M':
         if (pw_arg_int("--max-pp", optarg, 1, 64, &max_pp)) return 2;
@@ -519,6 +585,20 @@ int pw_cmd_plan(int argc, char **argv) {
     return 1;
   }
   pw_cost_model cm = {.profile = profile ? &prof : NULL, .cores = cores ? cores : profile ? prof.cores : 0};
+  if (n_more && !autop) {
+    fprintf(stderr, "error: --profile: several only with --auto (one per thread count)\n");
+    pw_cost_free(&prof);
+    pw_job_free(&job);
+    return 2;
+  }
+  if (autop && n_more) {
+    budget.max_rank_memory = (size_t)mem_mib << 20;
+    snprintf(budget.memory_from, sizeof budget.memory_from, "--max-rank-memory");
+    rc = run_auto_host(&job, &prof, more_profiles, n_more, cores, &budget, max_pp, as_json);
+    pw_cost_free(&prof);
+    pw_job_free(&job);
+    return rc;
+  }
   if (autop) {
     budget.max_rank_memory = (size_t)mem_mib << 20;
     snprintf(budget.memory_from, sizeof budget.memory_from, "--max-rank-memory");

@@ -1,6 +1,8 @@
 /* cost_auto: `plan --auto` — every (pp, schedule, virtual stages,
  * microbatches) the job could run with, planned and predicted under one
- * cost model, ranked by predicted step time under each rank's memory. */
+ * cost model, ranked by predicted step time under each rank's memory; and
+ * for one host of many cores, the same over ranks x threads and dp, a
+ * profile per thread count (pw_plan_auto_host). */
 #include "cost_auto.h"
 
 #include <stdlib.h>
@@ -27,6 +29,8 @@ static void try_one(const pw_job *job, const char *name, int pp, int m, const pw
   memset(r, 0, sizeof *r);
   snprintf(r->schedule, sizeof r->schedule, "%s", name);
   r->pp = pp;
+  r->dp = j.mesh.dp;
+  r->threads = cm && cm->profile ? cm->profile->threads : 1;
   r->V = j.mesh.virtual_stages;
   r->m = m;
   pw_err err = {0};
@@ -48,32 +52,41 @@ static void try_one(const pw_job *job, const char *name, int pp, int m, const pw
   pw_plan_free(&p);
 }
 
-int pw_plan_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp, pw_auto_row **rows,
-                 int *n_rows, pw_err *err) {
-  *rows = NULL;
-  *n_rows = 0;
-  if (job->model.tmpl == PW_TEMPLATE_REGIONS)
-    return pw_err_set(err, PW_ESPEC, "model.regions", "--auto plans one pipeline: a regions model's schedules are "
-                      "its regions' own");
+/* Room for the candidates of job (its dp) up to max_pp, appended to *out. */
+static int grow(pw_auto_row **out, int n, int *cap, int more) {
+  if (n + more <= *cap) return 0;
+  int nc = (n + more) * 2;
+  pw_auto_row *o = realloc(*out, sizeof *o * (size_t)nc);
+  if (!o) return -1;
+  *out = o;
+  *cap = nc;
+  return 0;
+}
+
+/* Every (pp <= max_pp, m, schedule) of job (its dp) under cm, the ones that
+ * can run appended to *out. */
+static int add_rows(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp, pw_auto_row **out,
+                    int *n, int *cap) {
   int n_infos = 0;
   const pw_sched_info *infos = pw_sched_infos(&n_infos);
-  int dp = job->mesh.dp, batch = job->train.batch_size, cap = 0;
-  for (int pp = 1; pp <= max_pp; pp *= 2)
-    for (int m = 1; m * dp <= batch; m *= 2) cap += n_infos;
-  pw_auto_row *out = calloc((size_t)(cap ? cap : 1), sizeof *out);
-  if (!out) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
-  int n = 0;
+  int dp = job->mesh.dp, batch = job->train.batch_size;
   for (int pp = 1; pp <= max_pp; pp *= 2)
     for (int m = 1; m * dp <= batch; m *= 2) {
       if (batch % (m * dp)) continue;
+      if (grow(out, *n, cap, n_infos)) return -1;
       for (int i = 0; i < n_infos; i++) {
-        try_one(job, infos[i].name, pp, m, cm, b, &out[n]);
-        if (out[n].ok) n++; /* what cannot run at all is left out */
+        try_one(job, infos[i].name, pp, m, cm, b, &(*out)[*n]);
+        if ((*out)[*n].ok) (*n)++; /* what cannot run at all is left out */
       }
     }
+  return 0;
+}
+
+/* The ranking of out[0..n) into *rows, or the error when none can run or fits. */
+static int finish(pw_auto_row *out, int n, const char *none, pw_auto_row **rows, int *n_rows, pw_err *err) {
   if (!n) {
     free(out);
-    return pw_err_set(err, PW_ESPEC, "mesh.pp", "no pipeline of pp 1..%d can run this job", max_pp);
+    return pw_err_set(err, PW_ESPEC, "mesh.pp", "%s", none);
   }
   qsort(out, (size_t)n, sizeof *out, by_time);
   if (!out[0].fits) {
@@ -87,11 +100,67 @@ int pw_plan_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b,
   return 0;
 }
 
+int pw_plan_auto_host(const pw_job *job, const pw_cost_profile *profs, int n_profs, int cores, const pw_budget *b,
+                      int max_pp, pw_auto_row **rows, int *n_rows, pw_err *err) {
+  *rows = NULL;
+  *n_rows = 0;
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS)
+    return pw_err_set(err, PW_ESPEC, "model.regions", "--auto plans one pipeline: a regions model's schedules are "
+                      "its regions' own");
+  if (n_profs < 1 || cores < 1) return pw_err_set(err, PW_EINVAL, "profile", "a host needs cores and a profile");
+  pw_auto_row *out = NULL;
+  int n = 0, cap = 0;
+  for (int k = 0; k < n_profs; k++) {
+    int t = profs[k].threads > 0 ? profs[k].threads : 1;
+    for (int q = 0; q < k; q++)
+      if (profs[q].threads == t) {
+        free(out);
+        return pw_err_set(err, PW_EINVAL, "profile", "two profiles of %d thread%s: give one per thread count", t,
+                          t == 1 ? "" : "s");
+      }
+    pw_cost_model cm = {.profile = &profs[k], .cores = cores};
+    for (int dp = 1; dp * t <= cores; dp *= 2) {
+      if (job->train.batch_size % dp) continue;
+      int pp_max = 1;
+      while (pp_max * 2 <= max_pp && pp_max * 2 * dp * t <= cores) pp_max *= 2;
+      pw_job j = *job; /* shallow: only the mesh's scalars change */
+      j.mesh.dp = dp;
+      j.mesh.tp = 1;
+      if (add_rows(&j, &cm, b, pp_max, &out, &n, &cap)) {
+        free(out);
+        return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+      }
+    }
+  }
+  char none[160];
+  snprintf(none, sizeof none, "no layout of ranks x threads on %d cores can run this job", cores);
+  return finish(out, n, none, rows, n_rows, err);
+}
+
+int pw_plan_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp, pw_auto_row **rows,
+                 int *n_rows, pw_err *err) {
+  *rows = NULL;
+  *n_rows = 0;
+  if (job->model.tmpl == PW_TEMPLATE_REGIONS)
+    return pw_err_set(err, PW_ESPEC, "model.regions", "--auto plans one pipeline: a regions model's schedules are "
+                      "its regions' own");
+  pw_auto_row *out = NULL;
+  int n = 0, cap = 0;
+  if (add_rows(job, cm, b, max_pp, &out, &n, &cap)) {
+    free(out);
+    return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+  }
+  char none[96];
+  snprintf(none, sizeof none, "no pipeline of pp 1..%d can run this job", max_pp);
+  return finish(out, n, none, rows, n_rows, err);
+}
+
 json_t *pw_auto_json(const pw_auto_row *rows, int n, const char *cost_model) {
   json_t *a = json_array();
   for (int k = 0; k < n; k++) {
     const pw_auto_row *r = &rows[k];
-    json_t *o = json_pack("{s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:b}", "pp", r->pp, "schedule",
+    json_t *o = json_pack("{s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:b}", "pp", r->pp, "dp", r->dp,
+                          "threads", r->threads, "schedule",
                           r->schedule, "virtual_stages", r->V, "microbatches", r->m, "microbatch_size", r->mb_size,
                           "predicted", r->predicted, "makespan", r->makespan, "step_end", r->step_end, "bubble_ratio",
                           r->bubble, "peak_memory_bytes", (json_int_t)r->peak_memory, "fits", r->fits);

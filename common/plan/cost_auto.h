@@ -15,11 +15,13 @@
 #include <jansson.h>
 
 #include "budget.h"
+#include "cost.h"
 #include "plan.h"
 
 typedef struct {
   char schedule[32];
   int pp, V, m, mb_size;
+  int dp, threads;     /* the mesh's dp; the threads each rank computes with (its profile's) */
   double predicted, makespan, step_end, bubble;
   size_t peak_memory;  /* largest rank's pw_plan_mem.total */
   int fits;            /* under the budget's memory bound */
@@ -32,6 +34,15 @@ typedef struct {
  * PW_EBUDGET when nothing fits, PW_ENOMEM. */
 PW_MUST_CHECK int pw_plan_auto(const pw_job *job, const pw_cost_model *cm, const pw_budget *b, int max_pp,
                                pw_auto_row **rows, int *n_rows, pw_err *err);
+/* One host of `cores` cores, a calibration profile per thread count a rank
+ * may compute with (pipewright calibrate --threads T, one file each): every
+ * layout of ranks x threads that fits the cores — for each profile's T, dp
+ * = 1, 2, 4, ... and pp = 1, 2, 4, ... up to max_pp with pp x dp x T <=
+ * cores — with every schedule and microbatch count as above, predicted with
+ * that profile (its layer times at T threads, its sharing of the host's
+ * cores) and ranked together. The job's batch must divide by dp x m. */
+PW_MUST_CHECK int pw_plan_auto_host(const pw_job *job, const pw_cost_profile *profs, int n_profs, int cores,
+                                    const pw_budget *b, int max_pp, pw_auto_row **rows, int *n_rows, pw_err *err);
 /* {"cost_model", "chosen": row, "rows": [{"pp", "schedule", "virtual_stages",
  * "microbatches", "microbatch_size", "predicted", "makespan", "step_end",
  * "bubble_ratio", "peak_memory_bytes", "fits", "error"?}]} (new reference). */

@@ -504,8 +504,65 @@ static void test_auto_memory(void **st) {
   assert_null(rows);
 }
 
+/* pw_plan_auto_host: the MLP job on one host of 8 cores, a profile of 1
+ * thread (1 ms a sequence) and one of 2 threads (t2 ms a sequence). Every
+ * layout keeps pp x dp x threads within the cores, both thread counts are
+ * tried, the ranking is by predicted step, and the threads follow the
+ * profiles: 2-thread ranks win when two threads are more than twice as
+ * fast as one, lose when they are barely faster. */
+static int auto_host_threads(double t2, int *layouts) {
+  pw_job job;
+  job_of("1f1b", 1, 1, 16, &job);
+  int mb[] = {1, 16};
+  json_t *j1 = profile_for(&job, mb, 2, 0, 1e-3), *j2 = profile_for(&job, mb, 2, 0, t2);
+  json_object_set_new(j2, "threads", json_integer(2));
+  pw_cost_profile profs[2];
+  pw_err err = {0};
+  assert_int_equal(pw_cost_parse(j1, &profs[0], &err), 0);
+  assert_int_equal(pw_cost_parse(j2, &profs[1], &err), 0);
+  pw_budget b;
+  pw_budget_init(&b);
+  pw_auto_row *rows = NULL;
+  int n = 0, seen[3] = {0};
+  assert_int_equal(pw_plan_auto_host(&job, profs, 2, 8, &b, 8, &rows, &n, &err), 0);
+  for (int k = 0; k < n; k++) {
+    assert_true(rows[k].pp * rows[k].dp * rows[k].threads <= 8);
+    assert_true(rows[k].threads == 1 || rows[k].threads == 2);
+    seen[rows[k].threads] = 1;
+    if (k) assert_true(rows[k].predicted >= rows[k - 1].predicted);
+  }
+  assert_true(seen[1] && seen[2]);
+  *layouts = n;
+  int threads = rows[0].threads;
+  json_t *js = pw_auto_json(rows, n, "t");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(js, "chosen"), "threads")), threads);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(js, "chosen"), "dp")), rows[0].dp);
+  json_decref(js);
+  free(rows);
+  /* two profiles of one thread count: refused */
+  assert_int_equal(pw_plan_auto_host(&job, profs, 1, 0, &b, 8, &rows, &n, &err), PW_EINVAL);
+  pw_cost_profile dup[2] = {profs[0], profs[0]};
+  assert_int_equal(pw_plan_auto_host(&job, dup, 2, 8, &b, 8, &rows, &n, &err), PW_EINVAL);
+  assert_non_null(strstr(err.msg, "two profiles of 1 thread"));
+  pw_cost_free(&profs[0]);
+  pw_cost_free(&profs[1]);
+  json_decref(j1);
+  json_decref(j2);
+  pw_job_free(&job);
+  return threads;
+}
+
+static void test_auto_host(void **st) {
+  (void)st;
+  int n1 = 0, n2 = 0;
+  assert_int_equal(auto_host_threads(0.3e-3, &n1), 2); /* 2 threads 3.3x one: 2-thread ranks */
+  assert_int_equal(auto_host_threads(0.95e-3, &n2), 1); /* barely faster: twice the ranks of one thread */
+  assert_int_equal(n1, n2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_auto_host),
       cmocka_unit_test(test_parse_errors),          cmocka_unit_test(test_interpolate_and_round_trip),
       cmocka_unit_test(test_plan_exact),            cmocka_unit_test(test_auto_follows_profile),
       cmocka_unit_test(test_auto_memory),           cmocka_unit_test(test_collectives_on_profile_link),
