@@ -76,7 +76,7 @@ bg_wait() {
 #   run in both; on one without, the kernels are the same and they run once,
 #   under the sanitizers.
 PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus|test_layers|test_layers_plant|test_docs"
-PLAIN_ONLY+="|test_k8s_validate"
+PLAIN_ONLY+="|test_k8s_validate|test_bundle"
 SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 SANITIZED_ONLY+="|test_coordinator|test_dashboard|test_cli_remote|test_netns|test_ckpt_store|test_placement|test_systemd|test_multihost|test_serve"
 SANITIZED_ONLY+="|test_drain|test_slurm|test_cgroup_resources|test_k8s_netns|test_pinning|test_serve_text"
