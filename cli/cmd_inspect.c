@@ -45,6 +45,7 @@ int pw_cmd_inspect(int argc, char **argv) {
     pw_job_free(&job);
     return 1;
   }
+  pw_model_set_attention(&m, job.train.attention);
   char a[32], b[32], d[32], e[32], f[32], sh[48];
   printf("%-4s %-12s %-16s %10s %10s %10s %10s %10s\n", "#", "layer", "output", "params", "fwd FLOPs",
          "bwd FLOPs", "act bytes", "out bytes");

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optable.h"
+
 typedef uint16_t pw_bf16;
 
 /* dst[i] = src[i] rounded to bf16 (n elements). */
@@ -79,6 +81,19 @@ void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float 
 void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                       const float *qkv, const float *att, int B, int T, int C, int NH,
                                       int acc);
+
+/* The tiled attention (ops.h's pw_attention_tiled_*) with the same five
+ * products on bf16 operands: bs holds at least
+ * pw_attention_tiled_bf16_scratch(B, T, C) bf16 (the operands, then two
+ * tiles: no T x T); scratch and lse as ops.h's. */
+static inline size_t pw_attention_tiled_bf16_scratch(int B, int T, int C) {
+  return 4 * (size_t)B * T * C + 2 * (size_t)PW_ATTN_TILE_B * PW_ATTN_TILE_K; /* the planner counts it too */
+}
+void pw_attention_tiled_forward_bf16(float *out, float *lse, float *scratch, pw_bf16 *bs, const float *qkv, int B,
+                                     int T, int C, int NH);
+void pw_attention_tiled_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                            const float *out, const float *qkv, const float *lse, int B, int T,
+                                            int C, int NH, int acc);
 
 /* 1 when pw_gemm_bf16 runs oneDNN's AVX512_BF16 kernels, 0 for the sgemm
  * path. Decided at the first call of either (PW_CPU read then). */

@@ -123,6 +123,24 @@ static void attention_i(const pw_kernel_io *io) {
                               io->n->NH, io->acc0);
 }
 
+/* aux: lse (B, NH, T); the backward reads the forward's out */
+static void attention_tiled_f(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  if (io->bscratch)
+    pw_attention_tiled_forward_bf16(io->out, io->aux, io->scratch, io->bscratch, io->in0, io->B, n->T, n->C / 3, n->NH);
+  else
+    pw_attention_tiled_forward(io->out, io->aux, io->scratch, io->in0, io->B, n->T, n->C / 3, n->NH);
+}
+static void attention_tiled_i(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  if (io->bscratch)
+    pw_attention_tiled_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->out, io->in0, io->aux,
+                                           io->B, n->T, n->C / 3, n->NH, io->acc0);
+  else
+    pw_attention_tiled_backward_input(io->din0, io->scratch, io->dout, io->out, io->in0, io->aux, io->B, n->T,
+                                      n->C / 3, n->NH, io->acc0);
+}
+
 static void xent_f(const pw_kernel_io *io) {
   io->out[0] = pw_crossentropy_forward(io->aux, io->in0, TOK(io->in1), io->rows, io->n->C, io->loss_scale);
 }
@@ -262,6 +280,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL, NULL},
     [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL, lora_d},
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL}, /* regions models are not decoded */
+    [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, attention_d},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

@@ -115,6 +115,19 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH, int acc);
 
+/* The same attention, tiled with an online softmax (FlashAttention-2;
+ * ops_flash.c): no T x T buffer. The forward saves lse (B,NH,T), each
+ * row's log-sum-exp of its scaled scores, instead of the probabilities;
+ * the backward recomputes them tile by tile from qkv and lse, and reads
+ * the forward's out. scratch holds pw_attention_tiled_scratch(T, C, NH)
+ * floats (a few tiles and T: O(T), not O(T^2)). The same results as
+ * pw_attention_* to float rounding (test_ops_flash: 1e-5). */
+size_t pw_attention_tiled_scratch(int T, int C, int NH);
+void pw_attention_tiled_forward(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C,
+                                int NH);
+void pw_attention_tiled_backward_input(float *dqkv, float *scratch, const float *dout, const float *out,
+                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int acc);
+
 /* Causal attention of T new rows of one sequence at positions t0 .. t0+T-1
  * against its KV cache (ops_kv.c). qkv (T,3C) packed as above (q already
  * rotated for llama); kc, vc (>= t0+T, C) the sequence's cached keys and

@@ -120,7 +120,7 @@ static void lay_slot(const pw_model *m, pw_prog_layout *l) {
     const pw_node *n = &m->nodes[i];
     l->aux_off[i - l->node_lo] = off;
     off += (size_t)mb * n->aux;
-    if (pw_op_info_of(n->op)->scratch_tt && (size_t)n->T * (size_t)n->T > tt) tt = (size_t)n->T * (size_t)n->T;
+    if (pw_op_scratch(n) > tt) tt = pw_op_scratch(n);
   }
   for (int i = 0; i < l->n_inputs; i++) l->sz.draws_data |= l->inputs[i].role != PW_VAL_ACT;
   l->sz.slot_floats = off ? off : 1;

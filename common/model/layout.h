@@ -20,7 +20,8 @@
  *     gradients of the float ones, then each node's saved auxiliaries. A
  *     remat stage allocates the work part once per microbatch between its
  *     recompute and its B (or W), not once per slot (prog.h);
- *   - `scratch_floats` of scratch (attention's T x T), one per program.
+ *   - `scratch_floats` of scratch (the largest node's pw_op_scratch:
+ *     attention's T x T, the tiled attention's few tiles), one per program.
  * Never allocates an arena; the tables below are the only memory it takes. */
 #ifndef PW_LAYOUT_H
 #define PW_LAYOUT_H

@@ -216,7 +216,7 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
     h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, 3 * C, PW_DT_F32);
     bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
   }
-  h = add_node(bd, PW_OP_ATTENTION, h, -1, -1, -1, T, C, PW_DT_F32);
+  h = add_node(bd, (pw_op)pw_attention_op(PW_ATTN_AUTO, T, C / nh), h, -1, -1, -1, T, C, PW_DT_F32);
   bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
   h = linear(bd, nm, h, C, !llama, rstd);
@@ -526,17 +526,35 @@ static int build_regions(builder *bd, pw_err *err) {
 
 /* ---- accounting ------------------------------------------------------ */
 
-/* FLOPs and auxiliaries from the op table (optable.c). */
-static void count_node(pw_model *m, pw_node *n) {
+/* FLOPs and auxiliaries from the op table (optable.c), added into n's
+ * layer (sign 1) or taken out of it (-1). */
+static void count_node(pw_model *m, pw_node *n, int sign) {
   pw_layer *l = &m->layers[n->layer];
   const pw_value *in = &m->values[n->in[0]], *out = &m->values[n->out];
   double fl[3];
   pw_op_flops(n, in, fl);
-  l->flops_f += fl[0];
-  l->flops_i += fl[1];
-  l->flops_w += fl[2];
+  l->flops_f += sign * fl[0];
+  l->flops_i += sign * fl[1];
+  l->flops_w += sign * fl[2];
   n->aux = pw_op_aux(n, in);
-  l->act_bytes += n->aux * 4 + (out->role == PW_VAL_LOSS ? 0 : pw_value_bytes(out, 1));
+  size_t bytes = n->aux * 4 + (out->role == PW_VAL_LOSS ? 0 : pw_value_bytes(out, 1));
+  l->act_bytes = sign > 0 ? l->act_bytes + bytes : l->act_bytes - bytes;
+}
+
+int pw_attention_op(int impl, int T, int HD) {
+  if (impl == PW_ATTN_AUTO) impl = T <= PW_ATTN_PLAIN_MAX_T && T <= 8 * HD ? PW_ATTN_PLAIN : PW_ATTN_TILED;
+  return impl == PW_ATTN_TILED ? PW_OP_ATTENTION_TILED : PW_OP_ATTENTION;
+}
+
+void pw_model_set_attention(pw_model *m, int impl) {
+  for (int i = 0; i < m->n_nodes; i++) {
+    pw_node *n = &m->nodes[i];
+    int op = pw_attention_op(impl, n->T, n->NH ? n->OC / n->NH : 1);
+    if ((n->op != PW_OP_ATTENTION && n->op != PW_OP_ATTENTION_TILED) || n->op == op) continue;
+    count_node(m, n, -1);
+    n->op = (uint8_t)op;
+    count_node(m, n, 1);
+  }
 }
 
 int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
@@ -564,7 +582,7 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     return rc;
   }
   m->seq_len = m->data.seq_len;
-  for (int i = 0; i < m->n_nodes; i++) count_node(m, &m->nodes[i]);
+  for (int i = 0; i < m->n_nodes; i++) count_node(m, &m->nodes[i], 1);
   /* out_bytes: what a layer hands on = the values it produces that a later
    * layer reads. */
   for (int i = 0; i < m->n_nodes; i++) {

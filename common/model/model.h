@@ -40,6 +40,8 @@ typedef enum {
   PW_OP_LORA,       /* in: x (r,C), y0 (r,OC) = linear(x)   out (r,OC) = y0 + scale (x A^T) B^T
                        params: w = A (NH,C), b = B (OC,NH); NH = rank, base = scale; aux h, dh (r,NH) each */
   PW_OP_CONCAT,     /* in: a (r,C), b (r,OC-C)   out (r,OC): a's columns, then b's (a fusion) */
+  PW_OP_ATTENTION_TILED, /* PW_OP_ATTENTION computed in tiles (ops_flash.c); aux lse (NH,T).
+                            Last: the numbers travel in plan slices */
   PW_OP__COUNT
 } pw_op;
 
@@ -125,6 +127,19 @@ void pw_model_free(pw_model *m);
  * matching no parameter is PW_ESPEC naming it ("train.trainable[1]"),
  * with the nearest parameter name. */
 PW_MUST_CHECK int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, pw_err *err);
+/* The attention op for a node of T rows per sequence and heads of HD
+ * channels under train.attention impl (pw_attn_impl):
+ * PW_OP_ATTENTION_TILED for "tiled", PW_OP_ATTENTION for "plain"; "auto"
+ * (what pw_model_build gives every node) takes the plain one only where
+ * it is faster and small: T <= PW_ATTN_PLAIN_MAX_T, and its saved
+ * probabilities, NH x T floats a row, at most 8 C (T <= 8 HD), a fifth of
+ * what a block saves besides them; else the tiled one
+ * (docs/contracts.md#attention). */
+#define PW_ATTN_PLAIN_MAX_T 512
+int pw_attention_op(int impl, int T, int HD);
+/* Every attention node to pw_attention_op(impl, its T), its auxiliaries,
+ * FLOPs and its layer's activation bytes with it. */
+void pw_model_set_attention(pw_model *m, int impl);
 /* A LoRA adapter: "<linear>.lora_A.weight" or "<linear>.lora_B.weight". */
 int pw_param_is_adapter(const pw_param *p);
 /* Parameters that train (a tied parameter counts once). */

@@ -1,7 +1,7 @@
 /* optable: the rows of optable.h. FLOP counts are the model's cost model
  * (docs/contracts.md): a linear 2*rows*C*OC each way, attention 4 T^2 C forward and
- * twice that back, other ops ~5 (forward), 8 (input) and 3 (weight, where
- * they have one) per element. */
+ * twice that back (the tiled one 2.5 times: it recomputes the scores), other
+ * ops ~5 (forward), 8 (input) and 3 (weight, where they have one) per element. */
 #include "optable.h"
 
 #define N_(c, a, b, d) {(c), {PW_DIM_##a, PW_DIM_##b, PW_DIM_##d}}
@@ -13,42 +13,52 @@
 #define RUN_ .decode = PW_DECODE_RUN
 
 static const pw_op_info table[PW_OP__COUNT] = {
-    [PW_OP_EMBED] = {"embed", 1, 0, 0, 0, 0, {NONE_, NONE_, N_(1, ROWS, OC, 1)}, NONE_,
+    [PW_OP_EMBED] = {"embed", 1, 0, 0, 0, {NONE_, NONE_, N_(1, ROWS, OC, 1)}, NONE_,
                      .tp_role = PW_TP_ROLE_EMBED, RUN_},
-    [PW_OP_POSEMBED] = {"posembed", 1, 1, 0, 0, 0, ELEM(5, 8, 3), NONE_, WHOLE_, RUN_, .positions = 1},
+    [PW_OP_POSEMBED] = {"posembed", 1, 1, 0, 0, ELEM(5, 8, 3), NONE_, WHOLE_, RUN_, .positions = 1},
     /* bf16: the weight's copy, and x then dout as bf16 (rows x (C + OC)) */
-    [PW_OP_LINEAR] = {"linear", 1, 1, 0, 0, 0,
+    [PW_OP_LINEAR] = {"linear", 1, 1, 0, 0,
                       {N_(2, ROWS, C, OC), N_(2, ROWS, C, OC), N_(2, ROWS, C, OC)}, NONE_,
                       .tp_role = PW_TP_ROLE_LINEAR, RUN_, .decode_pack = 1, .bf16_weight = N_(1, OC, C, 1),
                       .bf16_scratch = {N_(1, ROWS, C_OC, 1), NONE_}},
-    [PW_OP_LAYERNORM] = {"layernorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(2, ROWS, 1, 1), WHOLE_, RUN_,  /* mean, rstd */
+    [PW_OP_LAYERNORM] = {"layernorm", 1, 1, 0, 0, ELEM(5, 8, 3), N_(2, ROWS, 1, 1), WHOLE_, RUN_,  /* mean, rstd */
                          .decode_aux = N_(2, 1, 1, 1)},
-    [PW_OP_RMSNORM] = {"rmsnorm", 1, 1, 0, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, 1, 1), WHOLE_, RUN_,        /* rstd */
+    [PW_OP_RMSNORM] = {"rmsnorm", 1, 1, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, 1, 1), WHOLE_, RUN_,        /* rstd */
                        .decode_aux = N_(1, 1, 1, 1)},
-    [PW_OP_GELU] = {"gelu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),                          /* gelu'(in) */
+    [PW_OP_GELU] = {"gelu", 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),                          /* gelu'(in) */
                     .tp_role = PW_TP_ROLE_ACTIVATION, RUN_, .decode_aux = N_(1, C, 1, 1)},
-    [PW_OP_RELU] = {"relu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
-    [PW_OP_SILU] = {"silu", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
-    [PW_OP_SWIGLU] = {"swiglu", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
-    [PW_OP_ADD] = {"add", 2, 3, 0, 0, 0, ELEM(5, 8, 0), NONE_, WHOLE_, RUN_},
-    [PW_OP_ROPE] = {"rope", 1, 1, 0, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_HEADS, RUN_},
+    [PW_OP_RELU] = {"relu", 1, 1, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_SILU] = {"silu", 1, 1, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_SWIGLU] = {"swiglu", 2, 3, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_ADD] = {"add", 2, 3, 0, 0, ELEM(5, 8, 0), NONE_, WHOLE_, RUN_},
+    [PW_OP_ROPE] = {"rope", 1, 1, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_HEADS, RUN_},
     /* decode: K and V of each position (OC = C / 3 each); bf16: bf16.h's
-     * pw_attention_bf16_scratch, 4 B T OC + 2 T^2 */
-    [PW_OP_ATTENTION] = {"attention", 1, 1, 0, 0, 1, {N_(4, T, T, OC), N_(8, T, T, OC), NONE_},
+     * pw_attention_bf16_scratch, 4 B T OC + 2 T^2; the backward's T x T scratch */
+    [PW_OP_ATTENTION] = {"attention", 1, 1, 0, 0, {N_(4, T, T, OC), N_(8, T, T, OC), NONE_},
                          N_(1, NH, T, T),                                                  /* att */
-                         .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
+                         .scratch = {N_(1, T, T, 1)}, .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
                          .bf16_scratch = {N_(4, T, OC, 1), N_(2, T, T, 1)}},
-    [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
+    /* tiled (ops_flash.c): the backward recomputes the scores (2 T^2 OC
+     * more); scratch ops.h's pw_attention_tiled_scratch (two score tiles,
+     * a key tile's dK and dV, D of T rows), bf16 bf16.h's
+     * pw_attention_tiled_bf16_scratch (two tiles); the decode is the same */
+    [PW_OP_ATTENTION_TILED] = {"attention_tiled", 1, 1, 0, 0, {N_(4, T, T, OC), N_(10, T, T, OC), NONE_},
+                               N_(1, NH, T, 1),                                            /* lse */
+                               .scratch = {N_(2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K, 1, 1, 1),
+                                           N_(2 * PW_ATTN_TILE_K, HD, 1, 1), N_(1, T, 1, 1)},
+                               .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
+                               .bf16_scratch = {N_(4, T, OC, 1), N_(2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K, 1, 1, 1)}},
+    [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
                     .tp_role = PW_TP_ROLE_VOCAB_LOSS, .decode = PW_DECODE_SKIP},
-    [PW_OP_MSE] = {"mse", 2, 1, 1, 1, 0, ELEM(5, 8, 0), NONE_, WHOLE_, .decode = PW_DECODE_SKIP},
+    [PW_OP_MSE] = {"mse", 2, 1, 1, 1, ELEM(5, 8, 0), NONE_, WHOLE_, .decode = PW_DECODE_SKIP},
     /* rank NH: h = x A^T and y += h B^T forward; dh = dy B and dx += dh A
      * (I); dB, dh again, dA (W). Not split (tp.h refuses LoRA); decode: h */
-    [PW_OP_LORA] = {"lora", 2, 3, 0, 0, 0, {N_(2, ROWS, NH, C_OC), N_(2, ROWS, NH, C_OC), N_(3, ROWS, NH, C_OC)},
+    [PW_OP_LORA] = {"lora", 2, 3, 0, 0, {N_(2, ROWS, NH, C_OC), N_(2, ROWS, NH, C_OC), N_(3, ROWS, NH, C_OC)},
                     N_(2, ROWS, NH, 1),                                                    /* h, dh */
                     WHOLE_, RUN_, .decode_aux = N_(1, NH, 1, 1)},
     /* copies: one pass over the output each way; regions models are not
      * split or decoded */
-    [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_, WHOLE_,
+    [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_, WHOLE_,
                       .decode = PW_DECODE_REFUSED},
 };
 
@@ -65,6 +75,7 @@ static double dim(const pw_node *n, double rows, int d) {
     case PW_DIM_T: return n->T;
     case PW_DIM_NH: return n->NH;
     case PW_DIM_C_OC: return n->C + n->OC;
+    case PW_DIM_HD: return n->NH ? (double)(n->OC / n->NH) : 0;
     case PW_DIM_1: break;
   }
   return 1;
@@ -79,6 +90,12 @@ void pw_op_flops(const pw_node *n, const pw_value *in, double out[3]) {
 }
 
 size_t pw_op_aux(const pw_node *n, const pw_value *in) { return (size_t)count(&table[n->op].aux, n, in->rows); }
+
+size_t pw_op_scratch(const pw_node *n) {
+  double f = 0;
+  for (int k = 0; k < 3; k++) f += count(&table[n->op].scratch[k], n, 1);
+  return (size_t)f;
+}
 
 size_t pw_op_decode_aux(const pw_node *n) { return (size_t)count(&table[n->op].decode_aux, n, 1); }
 

@@ -14,6 +14,15 @@
 
 #include "model.h"
 
+/* The tiled attention's tiles (common/compute/ops_flash.c): query rows per
+ * tile of the forward and of the backward, keys per tile. Here because the
+ * op table counts its scratch from them. */
+#ifndef PW_ATTN_TILE_Q
+#define PW_ATTN_TILE_Q 64
+#define PW_ATTN_TILE_B 256
+#define PW_ATTN_TILE_K 128
+#endif
+
 /* A node quantity a FLOP or auxiliary count multiplies (per sequence). */
 typedef enum {
   PW_DIM_1,     /* 1 */
@@ -22,7 +31,8 @@ typedef enum {
   PW_DIM_OC,    /* output width */
   PW_DIM_T,     /* rows per sequence (the node's T) */
   PW_DIM_NH,    /* heads (lora: rank) */
-  PW_DIM_C_OC   /* input plus output width */
+  PW_DIM_C_OC,  /* input plus output width */
+  PW_DIM_HD     /* output width per head (OC / NH) */
 } pw_op_dim;
 
 /* coef x d[0] x d[1] x d[2], multiplied in that order. */
@@ -63,9 +73,10 @@ typedef struct {
   uint8_t grad_in;       /* bit k: the backward writes input k's gradient */
   uint8_t is_loss;       /* outputs the scalar loss */
   uint8_t loss_per_elem; /* loss: a mean over elements (mse), not over rows */
-  uint8_t scratch_tt;    /* the backward needs T x T floats of scratch */
   pw_op_count flops[3];  /* per sequence: forward, backward-input, backward-weight */
   pw_op_count aux;       /* floats saved for the backward, per sequence */
+  pw_op_count scratch[3]; /* floats of scratch its kernels need, whatever the microbatch: the sum
+                             (a program allocates its largest node's) */
   uint8_t tp_role;       /* pw_op_tp_role */
   /* decode (pw_op_decode_*) */
   uint8_t decode;        /* pw_op_decode */
@@ -84,6 +95,8 @@ const pw_op_info *pw_op_info_of(int op);
 void pw_op_flops(const pw_node *n, const pw_value *in, double out[3]);
 /* Floats of auxiliaries node n saves per sequence. */
 size_t pw_op_aux(const pw_node *n, const pw_value *in);
+/* Floats of scratch node n's kernels need (attention's; 0 for most). */
+size_t pw_op_scratch(const pw_node *n);
 /* Decode: floats of auxiliaries node n needs per row of a call, and of KV
  * cache per position of a sequence. */
 size_t pw_op_decode_aux(const pw_node *n);

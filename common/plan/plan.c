@@ -401,6 +401,7 @@ int pw_plan_build_costed(const pw_job *job, const char *schedule, const pw_cost_
   if (rc < 0) return rc;
   rc = pw_model_build(&job->model, &p->model, err);
   if (rc) return rc;
+  pw_model_set_attention(&p->model, job->train.attention);
   rc = pw_model_set_trainable(&p->model, &job->train, err);
   if (rc) goto fail;
   if (job->model.tmpl == PW_TEMPLATE_REGIONS) {

@@ -34,6 +34,7 @@ static const char *const part_names[] = {"even", "markers", "balanced", "explici
 static const char *const opt_names[] = {"adamw", "sgd"};            /* pw_opt_kind */
 static const char *const nonfinite_names[] = {"fail", "skip"};       /* pw_nonfinite */
 static const char *const precision_names[] = {"fp32", "bf16"};       /* pw_precision */
+static const char *const attention_names[] = {"auto", "tiled", "plain"}; /* pw_attn_impl */
 
 _Static_assert(sizeof(pw_mode) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(pw_data_kind) == sizeof(int), "enums are stored as int");
@@ -136,6 +137,8 @@ static const pw__field train_fields[] = {
     PW__INT("zero", PW__OMIT0, PW__ALL, pw_train_spec, zero, 0, 0, 2),
     /* omitted when "fp32" (the default): older specs keep their hash */
     PW__ENUM("precision", PW__OMIT0, PW__ALL, pw_train_spec, precision, PW_PRECISION_FP32, precision_names),
+    /* omitted when "auto" (the default): older specs keep their hash */
+    PW__ENUM("attention", PW__OMIT0, PW__ALL, pw_train_spec, attention, PW_ATTN_AUTO, attention_names),
     PW__SKIP("optimizer", 0, PW__ALL),
     PW__SKIP("trainable", 0, PW__ALL), /* trainable_parse */
 };

@@ -188,6 +188,9 @@ typedef enum { PW_NONFINITE_FAIL, PW_NONFINITE_SKIP } pw_nonfinite;
 /* The linear layers' matrix multiplies: float32, or bf16 operands with
  * float32 accumulation (docs/contracts.md says what is rounded where). */
 typedef enum { PW_PRECISION_FP32, PW_PRECISION_BF16 } pw_precision;
+/* Which attention kernel (docs/contracts.md#attention): "auto" picks by the
+ * sequence length (pw_attention_op, model.h), "tiled" and "plain" force one. */
+typedef enum { PW_ATTN_AUTO, PW_ATTN_TILED, PW_ATTN_PLAIN } pw_attn_impl;
 typedef struct {
   pw_opt_kind kind;      /* default adamw */
   double lr;             /* default 3e-4 */
@@ -214,6 +217,7 @@ typedef struct {
   int zero;              /* ZeRO stage 0 | 1 | 2: optimizer state (1, 2) sharded over mesh.dp
                             replicas; a no-op at dp 1; needs snapshot_every 0 */
   int precision;         /* pw_precision: "fp32" (default) | "bf16" */
+  int attention;         /* pw_attn_impl: "auto" (default) | "tiled" | "plain" */
   /* "trainable": glob patterns (fnmatch) over parameter names; a parameter
    * matching none is frozen (no gradient, no optimizer state). 0 patterns =
    * all train (the default, ["*"]). Checked against the model's names by

@@ -447,6 +447,7 @@ int pw_calibrate(const pw_job *job, const pw_calib_opts *o, json_t **out, pw_err
   pw_model m;
   int rc = pw_model_build(&job->model, &m, err);
   if (rc) return rc;
+  pw_model_set_attention(&m, job->train.attention);
   if ((rc = pw_model_set_trainable(&m, &job->train, err))) {
     pw_model_free(&m);
     return rc;

@@ -26,6 +26,7 @@ int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   t->groups = job->mesh.dp;
   t->n_mb = job->schedule.microbatches * t->groups;
   if ((rc = pw_model_build(&job->model, &t->model, err))) return rc;
+  pw_model_set_attention(&t->model, job->train.attention);
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
                         .batch_size = job->train.batch_size, .n_slots = 1,
                         .bf16 = job->train.precision == PW_PRECISION_BF16};

@@ -4,6 +4,7 @@
  *  - pw__exp and pw__tanh return the correctly rounded float (compared with
  *    long-double libm, rounded once) over a sweep of every sign and
  *    exponent, and handle 0, -0, infinities, NaN and the overflow edges;
+ *  - pw__expf (the tiled attention's) is within 1 ulp of it over [-87, 88];
  *  - the lane reductions (sum, max, dot, squared deviation) agree with
  *    plain double loops for every length around the lane width;
  *  - GELU equals PyTorch's float formula bit for bit given a correctly
@@ -52,6 +53,29 @@ static void test_exp_tanh_correctly_rounded(void **state) {
   assert_true(pw__exp(88.7f) == (float)expl((long double)88.7f) && isfinite(pw__exp(88.7f)));
   assert_true(pw__exp(-103.0f) == (float)expl(-103.0L) && pw__exp(-103.0f) > 0.0f); /* subnormal */
   assert_true(isnan(pw__exp(NAN)));
+}
+
+/* The float exp of the tiled attention: within 1 ulp of the correctly
+ * rounded e^x over [-87, 88] (every 1009th float of each sign: 2 million),
+ * exact at 0, clamped outside (e^-87 below, e^88 above, finite). */
+static void test_expf_one_ulp(void **state) {
+  long n = 0, bad = 0, exact = 0;
+  for (uint32_t u = 0; u < 0x42b00000u; u += 1009) /* |x| < 88 */
+    for (int s = 0; s < 2; s++) {
+      float x = s ? -bits_to_float(u) : bits_to_float(u);
+      if (x < -87.0f) continue;
+      float got = pw__expf(x), want = (float)expl((long double)x);
+      float lo = nextafterf(want, -INFINITY), hi = nextafterf(want, INFINITY);
+      exact += got == want;
+      if (!(got >= lo && got <= hi) && bad++ < 5) printf("FAIL expf(%.9g): expected %.9g got %.9g\n", x, want, got);
+      n++;
+    }
+  assert_true(n > 1000000);
+  assert_int_equal(bad, 0);
+  assert_true(exact > n * 95 / 100);
+  assert_true(pw__expf(0.0f) == 1.0f && pw__expf(-0.0f) == 1.0f);
+  assert_true(pw__expf(-1000.0f) == pw__expf(-87.0f) && pw__expf(-87.0f) > 0.0f);
+  assert_true(pw__expf(1000.0f) == pw__expf(88.0f) && isfinite(pw__expf(88.0f)));
 }
 
 static void test_lane_reductions(void **state) {
@@ -169,6 +193,7 @@ static void test_wide_norms(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_exp_tanh_correctly_rounded),
+      cmocka_unit_test(test_expf_one_ulp),
       cmocka_unit_test(test_lane_reductions),
       cmocka_unit_test(test_gelu_float_formula),
       cmocka_unit_test(test_wide_norms),

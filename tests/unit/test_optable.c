@@ -27,6 +27,8 @@
 #include "bf16.h"
 #include "decode.h"
 #include "kernels.h"
+#include "layout.h"
+#include "ops.h"
 #include "optable.h"
 #include "plan.h"
 #include "spec_json.h"
@@ -93,15 +95,16 @@ static pw_model_spec spec_of(int tmpl, int tied, int lora) {
   return s;
 }
 
-enum { N_MODELS = 7 };
+enum { N_MODELS = 7, N_ALL = 2 * N_MODELS }; /* each model with plain, then tiled attention */
 
 static void model_of(int k, pw_model *m) {
   static const int tmpl[N_MODELS] = {PW_TEMPLATE_GPT,   PW_TEMPLATE_GPT, PW_TEMPLATE_LLAMA, PW_TEMPLATE_LLAMA,
                                      PW_TEMPLATE_GPT,   PW_TEMPLATE_MLP, PW_TEMPLATE_MLP};
   static const int tied[N_MODELS] = {0, 1, 0, 0, 1, 0, 0}, lora[N_MODELS] = {0, 0, 0, 1, 0, 0, 1};
-  pw_model_spec s = spec_of(tmpl[k], tied[k], lora[k]);
+  pw_model_spec s = spec_of(tmpl[k % N_MODELS], tied[k % N_MODELS], lora[k % N_MODELS]);
   pw_err err = {0};
   if (pw_model_build(&s, m, &err)) fail_msg("model %d: %s: %s", k, err.path, err.msg);
+  if (k >= N_MODELS) pw_model_set_attention(m, PW_ATTN_TILED); /* the tiled attention's rows */
 }
 
 /* ---- tensor-parallel roles ---------------------------------------------------------- */
@@ -122,10 +125,10 @@ static void ref_kinds(const pw_model *m, uint8_t *kinds) {
     int c = ref_consumer_op(m, n->out), pr = m->values[n->in[0]].producer;
     int p = pr >= 0 ? m->nodes[pr].op : -1;
     pw_tp_kind k = PW_TP_REPLICATED;
-    if (c == PW_OP_ROPE || c == PW_OP_ATTENTION) k = PW_TP_QKV;
+    if (c == PW_OP_ROPE || c == PW_OP_ATTENTION || c == PW_OP_ATTENTION_TILED) k = PW_TP_QKV;
     else if (c == PW_OP_XENT) k = PW_TP_VOCAB;
     else if (c == PW_OP_GELU || c == PW_OP_SWIGLU || c == PW_OP_RELU || c == PW_OP_SILU) k = PW_TP_COLUMN;
-    else if (p == PW_OP_ATTENTION || p == PW_OP_GELU || p == PW_OP_SWIGLU || p == PW_OP_RELU || p == PW_OP_SILU)
+    else if (p == PW_OP_ATTENTION || p == PW_OP_ATTENTION_TILED || p == PW_OP_GELU || p == PW_OP_SWIGLU || p == PW_OP_RELU || p == PW_OP_SILU)
       k = PW_TP_ROW;
     kinds[n->w] = (uint8_t)k;
     if (n->b >= 0) kinds[n->b] = (uint8_t)(k == PW_TP_ROW ? PW_TP_REPLICATED : k);
@@ -134,7 +137,7 @@ static void ref_kinds(const pw_model *m, uint8_t *kinds) {
 
 static void test_tp_roles(void **st) {
   (void)st;
-  for (int k = 0; k < N_MODELS; k++) {
+  for (int k = 0; k < N_ALL; k++) {
     pw_model m;
     model_of(k, &m);
     uint8_t *got = malloc((size_t)m.n_params + 1), *want = malloc((size_t)m.n_params + 1);
@@ -149,7 +152,7 @@ static void test_tp_roles(void **st) {
                  pw_tp_kind_name((pw_tp_kind)got[i]), pw_tp_kind_name((pw_tp_kind)want[i]));
       split += got[i] != PW_TP_REPLICATED;
     }
-    if (k < 5 && split < 5) fail_msg("model %d: only %d split parameters", k, split); /* the lists were exercised */
+    if (k % N_MODELS < 5 && split < 5) fail_msg("model %d: only %d split parameters", k, split); /* the lists were exercised */
     free(got), free(want);
     pw_model_free(&m);
   }
@@ -165,6 +168,7 @@ static size_t ref_weight(const pw_node *n) {
 
 static size_t ref_scratch(const pw_model *m, const pw_node *n, int mb) {
   if (n->op == PW_OP_ATTENTION) return pw_attention_bf16_scratch(mb, n->T, n->C / 3);
+  if (n->op == PW_OP_ATTENTION_TILED) return pw_attention_tiled_bf16_scratch(mb, n->T, n->C / 3);
   if (n->op != PW_OP_LINEAR || n->w < 0) return 0;
   return (size_t)mb * (size_t)m->values[n->in[0]].rows * (size_t)(n->C + n->OC);
 }
@@ -172,7 +176,7 @@ static size_t ref_scratch(const pw_model *m, const pw_node *n, int mb) {
 static void test_bf16_counts(void **st) {
   (void)st;
   int checked = 0;
-  for (int k = 0; k < N_MODELS; k++) {
+  for (int k = 0; k < N_ALL; k++) {
     pw_model m;
     model_of(k, &m);
     for (int mb = 1; mb <= 5; mb += 2)
@@ -220,12 +224,13 @@ static void test_bf16_plan_unchanged(void **st) {
       "\"template\": \"mlp\", \"in_dim\": 12, \"hidden_dim\": 40, \"n_layers\": 3, \"out_dim\": 5,"
       " \"activation\": \"gelu\", \"loss\": \"mse\"",
   };
-  for (size_t k = 0; k < sizeof models / sizeof models[0]; k++)
+  for (size_t k = 0; k < 2 * sizeof models / sizeof models[0]; k++)
     for (int pp = 1; pp <= 2; pp++) {
       pw_job job;
       pw_plan f32, b16;
       pw_err err = {0};
-      job_of(models[k], pp, &job);
+      job_of(models[k / 2], pp, &job);
+      if (k % 2) job.train.attention = PW_ATTN_TILED; /* and with the tiled attention */
       if (pw_plan_build(&job, NULL, &b16, &err)) fail_msg("model %zu: %s: %s", k, err.path, err.msg);
       job.train.precision = PW_PRECISION_FP32;
       assert_int_equal(pw_plan_build(&job, NULL, &f32, &err), 0);
@@ -253,12 +258,49 @@ static void test_bf16_plan_unchanged(void **st) {
     }
 }
 
+/* ---- attention's scratch and auxiliaries ------------------------------------------ */
+
+/* The op table's counts are the kernels' own (ops.h, bf16.h): the plain
+ * attention saves its (NH, T, T) probabilities and needs T x T of scratch,
+ * the tiled one saves (NH, T) and needs pw_attention_tiled_scratch; the
+ * program's scratch is the largest node's. */
+static void test_attention_counts(void **st) {
+  (void)st;
+  int seen[2] = {0, 0};
+  for (int k = 0; k < N_ALL; k++) {
+    pw_model m;
+    model_of(k, &m);
+    size_t most = 1;
+    for (int i = 0; i < m.n_nodes; i++) {
+      const pw_node *n = &m.nodes[i];
+      size_t want = 0, aux = n->aux;
+      if (n->op == PW_OP_ATTENTION) {
+        want = (size_t)n->T * n->T;
+        assert_int_equal(aux, (size_t)n->NH * n->T * n->T);
+      } else if (n->op == PW_OP_ATTENTION_TILED) {
+        want = pw_attention_tiled_scratch(n->T, n->C / 3, n->NH);
+        assert_int_equal(aux, (size_t)n->NH * n->T);
+      }
+      if (n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED) seen[n->op == PW_OP_ATTENTION_TILED]++;
+      assert_int_equal(pw_op_scratch(n), want);
+      most = want > most ? want : most;
+    }
+    pw_prog_sizes sz;
+    assert_int_equal(pw_prog_sizes_of(&m, 0, m.n_layers, 2, &sz), 0);
+    assert_int_equal(sz.scratch_floats, most);
+    pw_model_free(&m);
+  }
+  assert_true(seen[0] > 0 && seen[1] > 0);
+}
+
 /* ---- decode --------------------------------------------------------------------------- */
 
 /* decode.c's counts before the table: attention's K and V (C / 3 each per
  * position), and the auxiliaries per row: gelu's C, LoRA's h, a layernorm's
  * mean and rstd, an rmsnorm's rstd. */
-static size_t ref_kv(const pw_node *n) { return n->op == PW_OP_ATTENTION ? 2 * (size_t)(n->C / 3) : 0; }
+static size_t ref_kv(const pw_node *n) {
+  return n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED ? 2 * (size_t)(n->C / 3) : 0;
+}
 
 static size_t ref_aux(const pw_node *n) {
   switch ((pw_op)n->op) {
@@ -272,7 +314,7 @@ static size_t ref_aux(const pw_node *n) {
 
 static void test_decode_counts(void **st) {
   (void)st;
-  for (int k = 0; k < N_MODELS; k++) {
+  for (int k = 0; k < N_ALL; k++) {
     pw_model m;
     model_of(k, &m);
     for (int i = 0; i < m.n_nodes; i++) {
@@ -295,7 +337,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rows_complete),     cmocka_unit_test(test_tp_roles),
       cmocka_unit_test(test_bf16_counts),       cmocka_unit_test(test_bf16_plan_unchanged),
-      cmocka_unit_test(test_decode_counts),
+      cmocka_unit_test(test_decode_counts),     cmocka_unit_test(test_attention_counts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -237,6 +237,7 @@ static const bad_case bad[] = {
     {B_GPT, "{'partition':{'mode':'auto'}}", "partition.mode", "must be one of even, markers, balanced"},
     {B_GPT, "{'train':{'precision':'fp16'}}", "train.precision", "must be one of fp32, bf16 (got \"fp16\")"},
     {B_GPT, "{'train':{'precision':16}}", "train.precision", "must be"},
+    {B_GPT, "{'train':{'attention':'flash'}}", "train.attention", "must be one of auto, tiled, plain (got \"flash\")"},
     /* name */
     {B_GPT, "{'name':''}", "name", "must not be empty"},
     {B_GPT, "{'name':'a\\nb'}", "name", "control characters (0x0a at byte 1)"},
@@ -708,6 +709,8 @@ static const char *const round_trip_specs[] = {
     "'train':{'batch_size':4},'data':{'kind':'copy'}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':2,'n_heads':2},'mesh':{'pp':2,'tp':2},"
     "'data':{'kind':'copy'}}",
+    "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
+    "'train':{'attention':'tiled'}}",
 };
 
 /* train.eval_every: in the canonical spec when set, left out when 0 (so
@@ -735,6 +738,33 @@ static void test_eval_every(void **st) {
   assert_string_equal(canon[0], canon[1]);
   assert_string_not_equal(canon[0], canon[2]);
   for (int i = 0; i < 3; i++) free(canon[i]);
+}
+
+/* train.attention: in the canonical spec when "tiled" or "plain", left out
+ * when "auto" (the specs and plan hashes of jobs without it stay). */
+static void test_attention(void **st) {
+  (void)st;
+  static const char *const texts[] = {"", ",'train':{'attention':'auto'}", ",'train':{'attention':'tiled'}",
+                                      ",'train':{'attention':'plain'}"};
+  static const int want[] = {PW_ATTN_AUTO, PW_ATTN_AUTO, PW_ATTN_TILED, PW_ATTN_PLAIN};
+  char *canon[4], buf[256];
+  for (int i = 0; i < 4; i++) {
+    snprintf(buf, sizeof buf,
+             "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'}%s}",
+             texts[i]);
+    pw_job job = parse_ok(buf);
+    assert_int_equal(job.train.attention, want[i]);
+    json_t *j = pw_job_to_json(&job);
+    json_t *a = json_object_get(json_object_get(j, "train"), "attention");
+    if (i < 2) assert_null(a);
+    else assert_string_equal(json_string_value(a), i == 2 ? "tiled" : "plain");
+    canon[i] = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    pw_job_free(&job);
+  }
+  assert_string_equal(canon[0], canon[1]);
+  assert_string_not_equal(canon[0], canon[2]);
+  for (int i = 0; i < 4; i++) free(canon[i]);
 }
 
 /* train.zero over dp > 1 turns the snapshots' default off (a replica holds
@@ -1062,6 +1092,7 @@ int main(void) {
       cmocka_unit_test(test_design_example), cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_attention),
       cmocka_unit_test(test_zero_snapshots),
       cmocka_unit_test(test_serve),
       cmocka_unit_test(test_round_trip),

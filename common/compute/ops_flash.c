@@ -1,0 +1,361 @@
+/* ops_flash: attention without the T x T buffer — tiled, with an online
+ * softmax (the FlashAttention-2 algorithm). Contracts in ops_flash.h (the
+ * general entry) and ops.h / bf16.h (pw_attention_tiled_*).
+ *
+ * Forward: each block of PW_ATTN_TILE_Q query rows walks the key tiles of
+ * PW_ATTN_TILE_K keys it sees (causal: none above the diagonal), keeping a
+ * running max m and sum l per row; the output block is rescaled by
+ * exp(m_old - m_new) before each tile's P V is added, and divided by l at
+ * the end. Only each row's log-sum-exp m + log l is saved (B, NH, T).
+ * Backward: each key tile keeps its dK and dV sums in the work buffer and
+ * walks the query blocks that see it, recomputing P = exp(s - lse) tile by
+ * tile from q, k and the saved lse, with D = rowsum(dO * O) per row
+ * computed once per head: dS = P * (dP - D). dQ is added into place tile
+ * after tile. The tiles of both directions are the same, so the backward's
+ * scores are the forward's bits.
+ *
+ * Deterministic: every sum runs in a fixed order (the tiles in order, one
+ * thread of sgemm per call as everywhere), so a pipelined run still equals
+ * the single process bit for bit. Tile sizes: a 64 x 128 score tile is
+ * 32 KiB, Q, K and V tiles of HD 64 another 80 KiB: all in L2.
+ *
+ * Never allocates. The elementwise tile loops are PW_CPU_DISPATCH
+ * functions (cpu.h), the math ops_math.h's: pw__expf, the float exp (within
+ * 1 ulp), not the plain softmax's correctly rounded double one, which took
+ * 12 of the 90 ms of a d768 T 1024 backward. */
+#include "ops_flash.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "gemm.h"
+#include "log.h"
+#include "ops.h"
+#include "ops_math.h"
+#include "optable.h"
+
+#define TQ PW_ATTN_TILE_Q
+#define TB PW_ATTN_TILE_B
+#define TK PW_ATTN_TILE_K
+_Static_assert(TB >= TQ, "the backward's tiles hold the forward's");
+
+size_t pw__attn_work(int Tq, int HD, int NH, int NKV) {
+  /* S and dS tiles, dK and dV sums of a key tile, D of a kv head's group */
+  return 2 * (size_t)TB * TK + 2 * (size_t)TK * (size_t)HD + (size_t)(NH / NKV) * (size_t)Tq;
+}
+
+/* Keys query row r sees. */
+static inline int seen(const pw__attn *a, int r) {
+  if (!a->causal) return a->Tk;
+  return a->off + r + 1 < a->Tk ? a->off + r + 1 : a->Tk;
+}
+
+/* n[i]: keys of tile [c0, c0 + cols) row r0 + i sees (0 .. cols). */
+static void seen_in_tile(const pw__attn *a, int r0, int rows, int c0, int cols, int *n) {
+  for (int i = 0; i < rows; i++) {
+    int k = seen(a, r0 + i) - c0;
+    n[i] = k < 0 ? 0 : k > cols ? cols : k;
+  }
+}
+
+/* exp then zero runs on to a whole number of PW_LANES within the tile: a
+ * scalar tail of up to 15 exps costs more than whole vectors. */
+static inline int lanes_up(int n, int cols) {
+  int r = (n + PW_LANES - 1) / PW_LANES * PW_LANES;
+  return r < cols ? r : cols;
+}
+
+/* ---- the tiles' elementwise parts ---------------------------------------- */
+
+/* One step of the online softmax over a tile S (rows x cols, row length TK)
+ * of scores; row i sees the first n[i] keys. first: the row block's first
+ * tile (every row sees key 0 there). Else m[i] and l[i] move to the new
+ * max and al[i] is the factor the output so far is rescaled by. S becomes
+ * exp(s - m), zero past n[i]. Phase by phase over the rows, as ops_attn.c's
+ * softmax: the serial chains of the rows overlap. */
+static PW_CPU_DISPATCH(online_softmax, (float *S, int rows, int cols, const int *n, float *m, float *l, float *al,
+                                        int first),
+                       (S, rows, cols, n, m, l, al, first)) {
+  float mx[TQ];
+  for (int i = 0; i < rows; i++) {
+    float t = n[i] > 0 ? pw__max(S + (size_t)i * TK, n[i]) : m[i];
+    mx[i] = first || isgreater(t, m[i]) ? t : m[i];
+  }
+  for (int i = 0; i < rows; i++) {
+    float *p = S + (size_t)i * TK, x = mx[i];
+    int nn = lanes_up(n[i], cols);
+    for (int j = 0; j < nn; j++) p[j] = pw__expf(p[j] - x);
+    if (n[i] < cols) memset(p + n[i], 0, (size_t)(cols - n[i]) * sizeof(float));
+  }
+  for (int i = 0; i < rows; i++) {
+    float s = pw__sum(S + (size_t)i * TK, n[i]);
+    if (first) {
+      l[i] = s;
+    } else {
+      al[i] = pw__expf(m[i] - mx[i]);
+      l[i] = l[i] * al[i] + s;
+    }
+    m[i] = mx[i];
+  }
+}
+
+/* S (rows x cols) of scores becomes P = exp(s - lse[i]), zero past n[i]. */
+static PW_CPU_DISPATCH(tile_probs, (float *S, int rows, int cols, const int *n, const float *lse),
+                       (S, rows, cols, n, lse)) {
+  for (int i = 0; i < rows; i++) {
+    float *p = S + (size_t)i * TK, x = lse[i];
+    int nn = lanes_up(n[i], cols);
+    for (int j = 0; j < nn; j++) p[j] = pw__expf(p[j] - x);
+    if (n[i] < cols) memset(p + n[i], 0, (size_t)(cols - n[i]) * sizeof(float));
+  }
+}
+
+/* dS = P * (dP - D[i]) in place on dS (rows x cols); where P is 0 (masked)
+ * so is dS. */
+static PW_CPU_DISPATCH(tile_dsoftmax, (float *dS, const float *P, int rows, int cols, const float *D),
+                       (dS, P, rows, cols, D)) {
+  for (int i = 0; i < rows; i++) {
+    float *d = dS + (size_t)i * TK, di = D[i];
+    const float *p = P + (size_t)i * TK;
+    for (int j = 0; j < cols; j++) d[j] = p[j] * (d[j] - di);
+  }
+}
+
+/* rows x HD of x (row length ld) times f[i] per row. */
+static PW_CPU_DISPATCH(scale_rows_by, (float *x, size_t ld, int rows, int HD, const float *f), (x, ld, rows, HD, f)) {
+  for (int i = 0; i < rows; i++) {
+    float *r = x + (size_t)i * ld, s = f[i];
+    for (int e = 0; e < HD; e++) r[e] *= s;
+  }
+}
+
+/* rows x cols of the tile (row length TK) times s. */
+static void scale_tile(float *S, int rows, int cols, float s) {
+  for (int i = 0; i < rows; i++)
+    for (int j = 0; j < cols; j++) S[(size_t)i * TK + j] *= s;
+}
+
+static void tile_to_bf16(pw_bf16 *dst, const float *S, int rows, int cols) {
+  for (int i = 0; i < rows; i++) pw_bf16_from_f32(dst + (size_t)i * TK, S + (size_t)i * TK, (size_t)cols);
+}
+
+/* ---- one head ------------------------------------------------------------ */
+
+/* One query head of one sequence against its key/value head: pointers at
+ * the head's first row (the bf16 ones NULL for float32 products). */
+typedef struct {
+  const float *q, *k, *v;
+  const pw_bf16 *qb, *kb, *vb;
+  float *o, *lse;
+} fwd_head;
+
+static void forward_head(const pw__attn *a, const fwd_head *h, float scale, float *S, pw_bf16 *pb) {
+  int HD = a->HD, ldq = (int)a->ldq, ldk = (int)a->ldk, ldo = (int)a->ldo;
+  float m[TQ], l[TQ], al[TQ];
+  int n[TQ];
+  for (int r0 = 0; r0 < a->Tq; r0 += TQ) {
+    int rows = a->Tq - r0 < TQ ? a->Tq - r0 : TQ;
+    int kend = seen(a, r0 + rows - 1); /* keys the block's last row sees: the most */
+    float *ob = h->o + (size_t)r0 * a->ldo;
+    for (int c0 = 0; c0 < kend; c0 += TK) {
+      int cols = kend - c0 < TK ? kend - c0 : TK;
+      seen_in_tile(a, r0, rows, c0, cols, n);
+      /* S = scale Q[r0:] K[c0:]^T */
+      if (h->qb) {
+        pw_gemm_bf16(0, 1, rows, cols, HD, h->qb + (size_t)r0 * a->ldq, ldq, h->kb + (size_t)c0 * a->ldk, ldk, 0, S,
+                     TK);
+        scale_tile(S, rows, cols, scale);
+      } else {
+        pw_sgemm(0, 1, rows, cols, HD, scale, h->q + (size_t)r0 * a->ldq, ldq, h->k + (size_t)c0 * a->ldk, ldk, 0.0f,
+                 S, TK);
+      }
+      online_softmax(S, rows, cols, n, m, l, al, c0 == 0);
+      if (c0) scale_rows_by(ob, a->ldo, rows, HD, al);
+      /* O[r0:] (+)= P V[c0:] */
+      if (h->qb) {
+        tile_to_bf16(pb, S, rows, cols);
+        pw_gemm_bf16(0, 0, rows, HD, cols, pb, TK, h->vb + (size_t)c0 * a->ldk, ldk, c0 > 0, ob, ldo);
+      } else {
+        pw_sgemm(0, 0, rows, HD, cols, 1.0f, S, TK, h->v + (size_t)c0 * a->ldk, ldk, c0 ? 1.0f : 0.0f, ob, ldo);
+      }
+    }
+    for (int i = 0; i < rows; i++) al[i] = 1.0f / l[i];
+    scale_rows_by(ob, a->ldo, rows, HD, al);
+    if (h->lse)
+      for (int i = 0; i < rows; i++) h->lse[r0 + i] = m[i] + logf(l[i]);
+  }
+}
+
+void pw__attn_forward(const pw__attn *a, float *o, float *lse, float *work, pw_bf16 *bwork) {
+  PW_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0 && a->HD > 0 && a->Tq > 0 && a->Tk > 0 && a->off >= 0);
+  PW_ASSERT(!a->causal || a->off + a->Tq <= a->Tk);
+  float scale = 1.0f / sqrtf((float)a->HD);
+  int G = a->NH / a->NKV;
+  for (int b = 0; b < a->B; b++)
+    for (int hq = 0; hq < a->NH; hq++) {
+      size_t qo = (size_t)b * a->sq + (size_t)hq * a->HD, ko = (size_t)b * a->sk + (size_t)(hq / G) * a->HD;
+      fwd_head h = {.q = a->q + qo, .k = a->k + ko, .v = a->v + ko,
+                    .o = o + (size_t)b * a->so + (size_t)hq * a->HD,
+                    .lse = lse ? lse + ((size_t)b * a->NH + hq) * a->Tq : NULL};
+      if (a->qb) h.qb = a->qb + qo, h.kb = a->kb + ko, h.vb = a->vb + ko;
+      forward_head(a, &h, scale, work, bwork);
+    }
+}
+
+/* ---- backward ------------------------------------------------------------ */
+
+/* One query head of the group a key/value head serves, for the backward. */
+typedef struct {
+  const float *q, *o, *dout, *lse;
+  const pw_bf16 *qb, *dob;
+  float *dq, *D; /* D (Tq): rowsum(dO * O) */
+} bwd_head;
+
+/* Key tile [c0, c0 + cols) of one key/value head against query head h's
+ * blocks that see it: adds into dK and dV's sums (cols x HD) and into dq. */
+static void backward_tile(const pw__attn *a, const bwd_head *h, const float *k, const float *v, const pw_bf16 *kb,
+                          const pw_bf16 *vb, int c0, int cols, float scale, float beta_q, float *work, pw_bf16 *bwork) {
+  int HD = a->HD, ldq = (int)a->ldq, ldk = (int)a->ldk, ldo = (int)a->ldo;
+  float *S = work, *dS = work + (size_t)TB * TK;
+  float *dK = dS + (size_t)TB * TK, *dV = dK + (size_t)TK * HD;
+  pw_bf16 *pb = bwork, *dsb = bwork ? bwork + (size_t)TB * TK : NULL;
+  int n[TB];
+  int first = a->causal && c0 > a->off ? c0 - a->off : 0; /* the first query row that sees key c0 */
+  for (int r0 = first; r0 < a->Tq; r0 += TB) {
+    int rows = a->Tq - r0 < TB ? a->Tq - r0 : TB;
+    int ce = seen(a, r0 + rows - 1) - c0; /* the forward's tile: keys the block sees */
+    ce = ce < cols ? ce : cols;
+    seen_in_tile(a, r0, rows, c0, ce, n);
+    const float *qi = h->q + (size_t)r0 * a->ldq, *doi = h->dout + (size_t)r0 * a->ldo;
+    float *dqi = h->dq + (size_t)r0 * a->ldq;
+    /* P = exp(scale Q K^T - lse), recomputed */
+    if (h->qb) {
+      pw_gemm_bf16(0, 1, rows, ce, HD, h->qb + (size_t)r0 * a->ldq, ldq, kb, ldk, 0, S, TK);
+      scale_tile(S, rows, ce, scale);
+    } else {
+      pw_sgemm(0, 1, rows, ce, HD, scale, qi, ldq, k, ldk, 0.0f, S, TK);
+    }
+    tile_probs(S, rows, ce, n, h->lse + r0);
+    /* dV += P^T dO;  dP = dO V^T */
+    if (h->qb) {
+      const pw_bf16 *dobi = h->dob + (size_t)r0 * a->ldo;
+      tile_to_bf16(pb, S, rows, ce);
+      pw_gemm_bf16(1, 0, ce, HD, rows, pb, TK, dobi, ldo, 1, dV, HD);
+      pw_gemm_bf16(0, 1, rows, ce, HD, dobi, ldo, vb, ldk, 0, dS, TK);
+    } else {
+      pw_sgemm(1, 0, ce, HD, rows, 1.0f, S, TK, doi, ldo, 1.0f, dV, HD);
+      pw_sgemm(0, 1, rows, ce, HD, 1.0f, doi, ldo, v, ldk, 0.0f, dS, TK);
+    }
+    tile_dsoftmax(dS, S, rows, ce, h->D + r0);
+    /* dQ (+)= scale dS K;  dK += scale dS^T Q */
+    if (h->qb) {
+      scale_tile(dS, rows, ce, scale);
+      tile_to_bf16(dsb, dS, rows, ce);
+      pw_gemm_bf16(0, 0, rows, HD, ce, dsb, TK, kb, ldk, beta_q != 0.0f, dqi, ldq);
+      pw_gemm_bf16(1, 0, ce, HD, rows, dsb, TK, h->qb + (size_t)r0 * a->ldq, ldq, 1, dK, HD);
+    } else {
+      pw_sgemm(0, 0, rows, HD, ce, scale, dS, TK, k, ldk, beta_q, dqi, ldq);
+      pw_sgemm(1, 0, ce, HD, rows, scale, dS, TK, qi, ldq, 1.0f, dK, HD);
+    }
+  }
+}
+
+/* rows x HD of dst (row length ld) (+)= src (row length HD). */
+static PW_CPU_DISPATCH(store_rows, (float *dst, size_t ld, const float *src, int rows, int HD, int acc),
+                       (dst, ld, src, rows, HD, acc)) {
+  for (int i = 0; i < rows; i++) {
+    float *d = dst + (size_t)i * ld;
+    const float *s = src + (size_t)i * HD;
+    for (int e = 0; e < HD; e++) d[e] = pw__acc(acc, d[e], s[e]);
+  }
+}
+
+/* Query head t of key/value head g's group in sequence b. */
+static bwd_head head_of(const pw__attn *a, int b, int g, int t, float *dq, const float *dout, const float *o,
+                        const float *lse, float *D) {
+  int hq = g * (a->NH / a->NKV) + t;
+  size_t qo = (size_t)b * a->sq + (size_t)hq * a->HD, oo = (size_t)b * a->so + (size_t)hq * a->HD;
+  bwd_head h = {.q = a->q + qo, .o = o + oo, .dout = dout + oo, .lse = lse + ((size_t)b * a->NH + hq) * a->Tq,
+                .dq = dq + qo, .D = D + (size_t)t * a->Tq};
+  if (a->qb) h.qb = a->qb + qo, h.dob = a->dob + oo;
+  return h;
+}
+
+void pw__attn_backward(const pw__attn *a, float *dq, float *dk, float *dv, const float *dout, const float *o,
+                       const float *lse, int acc, float *work, pw_bf16 *bwork) {
+  PW_ASSERT(a->NKV > 0 && a->NH % a->NKV == 0 && a->HD > 0 && a->Tq > 0 && a->Tk > 0 && a->off >= 0);
+  PW_ASSERT(!a->causal || a->off + a->Tq <= a->Tk);
+  int HD = a->HD, G = a->NH / a->NKV;
+  float scale = 1.0f / sqrtf((float)HD);
+  float *dK = work + 2 * (size_t)TB * TK, *D = dK + 2 * (size_t)TK * HD;
+  for (int b = 0; b < a->B; b++)
+    for (int g = 0; g < a->NKV; g++) {
+      size_t ko = (size_t)b * a->sk + (size_t)g * HD;
+      for (int t = 0; t < G; t++) {
+        bwd_head h = head_of(a, b, g, t, dq, dout, o, lse, D);
+        for (int r = 0; r < a->Tq; r++)
+          h.D[r] = pw__dot(h.dout + (size_t)r * a->ldo, h.o + (size_t)r * a->ldo, HD);
+      }
+      for (int c0 = 0; c0 < a->Tk; c0 += TK) {
+        int cols = a->Tk - c0 < TK ? a->Tk - c0 : TK;
+        size_t kc = ko + (size_t)c0 * a->ldk;
+        memset(dK, 0, 2 * (size_t)TK * HD * sizeof(float)); /* dK and dV */
+        /* dq's first writer is key tile 0, which every query row sees */
+        float beta_q = c0 || acc ? 1.0f : 0.0f;
+        for (int t = 0; t < G; t++) {
+          bwd_head h = head_of(a, b, g, t, dq, dout, o, lse, D);
+          backward_tile(a, &h, a->k + kc, a->v + kc, a->qb ? a->kb + kc : NULL, a->qb ? a->vb + kc : NULL, c0, cols,
+                        scale, beta_q, work, bwork);
+        }
+        store_rows(dk + kc, a->ldk, dK, cols, HD, acc);
+        store_rows(dv + kc, a->ldk, dK + (size_t)TK * HD, cols, HD, acc);
+      }
+    }
+}
+
+/* ---- causal multi-head attention on a packed qkv (ops.h, bf16.h) --------- */
+
+static pw__attn packed(const float *qkv, int B, int T, int C, int NH) {
+  PW_ASSERT(NH > 0 && C % NH == 0);
+  size_t C3 = 3 * (size_t)C;
+  return (pw__attn){.B = B, .Tq = T, .Tk = T, .NH = NH, .NKV = NH, .HD = C / NH, .off = 0, .causal = 1,
+                    .q = qkv, .k = qkv + C, .v = qkv + 2 * (size_t)C, .ldq = C3, .ldk = C3, .ldo = (size_t)C,
+                    .sq = (size_t)T * C3, .sk = (size_t)T * C3, .so = (size_t)T * C};
+}
+
+size_t pw_attention_tiled_scratch(int T, int C, int NH) { return pw__attn_work(T, C / NH, NH, NH); }
+
+void pw_attention_tiled_forward(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C,
+                                int NH) {
+  pw__attn a = packed(qkv, B, T, C, NH);
+  pw__attn_forward(&a, out, lse, scratch, NULL);
+}
+
+void pw_attention_tiled_backward_input(float *dqkv, float *scratch, const float *dout, const float *out,
+                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int acc) {
+  pw__attn a = packed(qkv, B, T, C, NH);
+  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + 2 * (size_t)C, dout, out, lse, acc, scratch, NULL);
+}
+
+/* bs: qkv as bf16 (B*T*3C), then dout's (B*T*C; the backward), then the P
+ * and dS tiles (2 TB*TK): pw_attention_tiled_bf16_scratch. */
+void pw_attention_tiled_forward_bf16(float *out, float *lse, float *scratch, pw_bf16 *bs, const float *qkv, int B,
+                                     int T, int C, int NH) {
+  pw__attn a = packed(qkv, B, T, C, NH);
+  size_t n = (size_t)B * T * 3 * C;
+  pw_bf16_from_f32(bs, qkv, n);
+  a.qb = bs, a.kb = bs + C, a.vb = bs + 2 * (size_t)C;
+  pw__attn_forward(&a, out, lse, scratch, bs + n + (size_t)B * T * C);
+}
+
+void pw_attention_tiled_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                            const float *out, const float *qkv, const float *lse, int B, int T,
+                                            int C, int NH, int acc) {
+  pw__attn a = packed(qkv, B, T, C, NH);
+  size_t n = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  pw_bf16_from_f32(bs, qkv, n);
+  pw_bf16_from_f32(bs + n, dout, no);
+  a.qb = bs, a.kb = bs + C, a.vb = bs + 2 * (size_t)C, a.dob = bs + n;
+  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + 2 * (size_t)C, dout, out, lse, acc, scratch, bs + n + no);
+}
