@@ -4,7 +4,7 @@
  *     value gives the baseline; pw_cpu_parse and pw_cpu_force agree.
  *   - crc32c obeys it: below AVX-512 its VPCLMULQDQ path is off, and the
  *     checksum is the same at every level.
- *   - Every PW_CPU_DISPATCH kernel of ops.c and ops_attn.c gives the same
+ *   - Every PW_CPU_DISPATCH kernel of ops.c, ops_attn.c and ops_flash.c gives the same
  *     bits at every level this CPU has (outputs pre-filled with a pattern,
  *     so a variant that leaves an element unwritten or writes one too many
  *     differs), for acc = 0 and acc = 1, on shapes with vector tails.
@@ -24,6 +24,7 @@
 #include "cpu.h"
 #include "crc32c.h"
 #include "ops.h"
+#include "optable.h"
 
 /* ---- the switch ---------------------------------------------------------- */
 
@@ -191,6 +192,15 @@ static void k_attention(int acc) {
   pw_attention_backward_input(out[2], out[3], in[3], in[0], out[1], B, T, C, NH, acc);
 }
 
+/* the tiled attention (ops_flash.c): forward, then the backward on its
+ * own out and lse; its tiles' scratch apart (bigger than SZ) */
+static float tiled_ws[2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K + 2 * PW_ATTN_TILE_K * C + T];
+static void k_attention_tiled(int acc) {
+  assert_true(pw_attention_tiled_scratch(T, C, NH) <= sizeof tiled_ws / sizeof tiled_ws[0]);
+  pw_attention_tiled_forward(out[0], out[1], tiled_ws, in[0], B, T, C, NH);
+  pw_attention_tiled_backward_input(out[2], tiled_ws, in[3], out[0], in[0], out[1], B, T, C, NH, acc);
+}
+
 static const kcase cases[] = {
     {"embed", k_embed},       {"posembed", k_posembed},
     {"linear_bw", k_linear_bw}, {"layernorm", k_layernorm},
@@ -199,7 +209,7 @@ static const kcase cases[] = {
     {"relu", k_relu},         {"silu", k_silu},
     {"swiglu", k_swiglu},     {"add", k_add},
     {"crossentropy", k_crossentropy}, {"rope", k_rope},
-    {"attention", k_attention},
+    {"attention", k_attention}, {"attention_tiled", k_attention_tiled},
 };
 
 static void fill(float *x, size_t n, uint32_t seed, float scale) {

@@ -11,6 +11,7 @@
  *   parameter gradients equal the plain program's bit for bit, through B and
  *   through I then W with two W's pending (gpt, tied gpt, llama, mlp); it
  *   keeps only the ports per slot and holds no work buffer between actions;
+ * - all of it again with the tiled attention (train.attention "tiled");
  * - shape inference and the errors of layers lists. */
 #include <math.h>
 #include <setjmp.h>
@@ -60,6 +61,16 @@ static pw_model_spec mlp_spec(void) {
   return s;
 }
 
+/* train.attention for the models the checks below build (the tiled
+ * variants of the checks set it). */
+static int attn_impl = PW_ATTN_AUTO;
+
+static void build(pw_model_spec *spec, pw_model *m) {
+  pw_err err = {0};
+  if (pw_model_build(spec, m, &err)) fail_msg("%s: %s", err.path, err.msg);
+  pw_model_set_attention(m, attn_impl);
+}
+
 /* Random inputs and targets for microbatch `mb` into slot `slot`. */
 static void fill_data(pw_prog *p, const pw_model *m, int slot, int b, int mb) {
   pw_rng r, rt;
@@ -102,7 +113,7 @@ static double loss_of(pw_prog *p, const pw_model *m, int b, int n_mb) {
 static void gradcheck(pw_model_spec spec) {
   pw_model m;
   pw_err err = {0};
-  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  build(&spec, &m);
   const int b = 2, n_mb = 2;
   pw_prog *p;
   pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0};
@@ -217,7 +228,7 @@ static void test_split_backward_equals_full(void **st) {
   pw_model_spec spec = llama_spec();
   pw_model m;
   pw_err err = {0};
-  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  build(&spec, &m);
   pw_prog_config cfg = {0, m.n_layers, 2, 4, 1, 0, 0, 0, 0, 0, 0};
   pw_prog *a, *b;
   assert_int_equal(pw_prog_create(&m, &cfg, &a, &err), 0);
@@ -246,7 +257,7 @@ static void test_split_backward_equals_full(void **st) {
 static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stages) {
   pw_model m;
   pw_err err = {0};
-  assert_int_equal(pw_model_build(&spec, &m, &err), 0);
+  build(&spec, &m);
   const int b = 2, n_mb = 3;
   pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0};
   pw_prog *whole, *stage[8];
@@ -424,7 +435,7 @@ static void free_pipe(pipe *P, int n) {
 
 static void remat_equals_plain(pw_model_spec spec, const int *cuts, int n) {
   pw_model m;
-  assert_int_equal(pw_model_build(&spec, &m, NULL), 0);
+  build(&spec, &m);
   float *peek[2][MAXS * NMB];
   for (int v = 0; v < 2; v++)
     for (int i = 0; i < MAXS * NMB; i++) peek[v][i] = calloc(1 << 16, 1);
@@ -487,6 +498,22 @@ static void test_remat_mlp(void **st) {
   (void)st;
   int cuts[] = {0, 1, 3};
   remat_equals_plain(mlp_spec(), cuts, 2);
+}
+
+/* The same checks with the tiled attention (ops_flash.c): gradients,
+ * I then W = B bit for bit, stages = the whole program, remat = plain. */
+static void test_tiled(void **st) {
+  (void)st;
+  int c3[] = {0, 2, 3, 4}, c4[] = {0, 1, 2, 3, 4}, c2[] = {0, 2, 4};
+  attn_impl = PW_ATTN_TILED;
+  gradcheck(gpt_spec(0));
+  gradcheck(llama_spec());
+  test_split_backward_equals_full(st);
+  staged_equals_whole(gpt_spec(0), c3, 3);
+  staged_equals_whole(llama_spec(), c4, 4);
+  remat_equals_plain(gpt_spec(1), c2, 2);
+  remat_equals_plain(llama_spec(), c4, 4);
+  attn_impl = PW_ATTN_AUTO;
 }
 
 static void test_shapes_and_counts(void **st) {
@@ -619,6 +646,7 @@ int main(void) {
       cmocka_unit_test(test_remat_gpt_tied),
       cmocka_unit_test(test_remat_llama),
       cmocka_unit_test(test_remat_mlp),
+      cmocka_unit_test(test_tiled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

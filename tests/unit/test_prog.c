@@ -6,7 +6,8 @@
  *   bit, the value and parameter gradients of a backward into zeroed ones:
  *   whole models, stage programs (output-port gradients filled by the
  *   caller, which every writer must add to), B and I+W alike, and values
- *   read twice by one node (add(x, x), swiglu(g, g)) or by nobody;
+ *   read twice by one node (add(x, x), swiglu(g, g)) or by nobody, with
+ *   either attention kernel;
  * - B (which runs a layernorm's two halves as one pass) and I+W give the
  *   same gradients bit for bit;
  * - the gradient of a stage's input port (the residual stream, read by a
@@ -171,12 +172,14 @@ static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
   pw_prog_free(p);
 }
 
-/* Whole model, and each cut of it into two stages. */
-static void check_model(int tmpl, int twice_op) {
+/* Whole model, and each cut of it into two stages; attention as
+ * train.attention impl picks it. */
+static void check_model_attn(int tmpl, int twice_op, int impl) {
   pw_model_spec s = spec_of(tmpl);
   pw_model m;
   pw_err err = {0};
   assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  pw_model_set_attention(&m, impl);
   if (twice_op >= 0) read_twice(&m, twice_op);
   garbage_equals_zeroed(&m, 0, m.n_layers);
   for (int cut = 1; cut < m.n_layers; cut++) {
@@ -187,7 +190,14 @@ static void check_model(int tmpl, int twice_op) {
   pw_model_free(&m);
 }
 
+static void check_model(int tmpl, int twice_op) { check_model_attn(tmpl, twice_op, PW_ATTN_AUTO); }
+
 static void test_gpt(void **st) { check_model(PW_TEMPLATE_GPT, -1); }
+/* the tiled attention's backward overwrites dqkv where it is the first writer */
+static void test_tiled(void **st) {
+  check_model_attn(PW_TEMPLATE_GPT, -1, PW_ATTN_TILED);
+  check_model_attn(PW_TEMPLATE_LLAMA, -1, PW_ATTN_TILED);
+}
 static void test_llama(void **st) { check_model(PW_TEMPLATE_LLAMA, -1); }
 static void test_mlp(void **st) { check_model(PW_TEMPLATE_MLP, -1); }
 static void test_gpt_tied(void **st) {
@@ -445,7 +455,7 @@ static void test_errors_wgrad(void **st) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gpt),
+      cmocka_unit_test(test_gpt), cmocka_unit_test(test_tiled),
       cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp),
       cmocka_unit_test(test_gpt_tied),
