@@ -1,28 +1,52 @@
 #!/usr/bin/env bash
-# device_x86.sh: issue 36's check on a many-core x86 server (the GPU
-# machine's 16-core Sapphire Rapids), as one prepared script:
+# device_x86.sh: issue 36's checks on a many-core x86 server (the GPU
+# machine's 16-core Sapphire Rapids), as one prepared script. That machine
+# has none of pipewright's Debian packages: the binaries travel as a
+# bundle (deploy/bundle.sh), made here first:
 #
-#   bench/device_x86.sh [BUILD]     (BUILD: a Release build carried there, default build-release)
+#   cmake --build build-release -j2 --target bench_step
+#   PW_BUNDLE_EXTRA=bench/bench_step deploy/bundle.sh build-release .device/pw.tar.gz
+#   echo /.device/ >> .git/info/exclude
+#   run (device tool), carry .device:  bash bench/device_x86.sh .device/pw.tar.gz
 #
-# Prints the CPU's flags that matter (AVX-512, AMX), OpenBLAS's own kernel,
-# then a d768 GPT step (12 layers, T 256, batch 16: bench/jobs/gpt-d768.json
-# if present, else d256) on one thread three ways, interleaved
-# (bench/gemm_path.py): nothing set, OPENBLAS_CORETYPE=SkylakeX (the kernel
-# the CPU deserves), and OpenBLAS's fallback forced onto OpenBLAS. Done
-# when "nothing set" is within 1.25x of SkylakeX's step (>= 80 % of its
-# rate). Results go to bench/results/dispatch/ (copy them back).
+# 1. The CPU's flags that matter (AVX-512, AMX), the products' path and
+#    OpenBLAS's own kernel, as the worker reports them.
+# 2. A d768 GPT step on one thread, nothing set vs OPENBLAS_CORETYPE=SkylakeX
+#    (bench/gemm_path.py, interleaved): done when "nothing set" is within
+#    1.25x of SkylakeX's step (>= 80 % of its rate).
+# 3. The --auto layout of the 16 cores (bench/host_layout.py: calibrate at
+#    1, 2 and 4 threads, plan --auto, then the layout against one process
+#    of 16 threads, alternating): done when >= 2x, and the plan's predicted
+#    step within 10 % of the measured one.
+# Results go to bench/results/dispatch/ and bench/results/layout/: copy them
+# back from the run's $OUT (this script copies them there when it is set).
 set -eu
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${1:-$SRC/build-release}
+TARBALL=${1:-$SRC/.device/pw.tar.gz}
+X=$(mktemp -d)
+tar -C "$X" -xzf "$TARBALL"
+D=$(ls -d "$X"/pipewright-*)
+B=$X/build   # what the bench scripts take for a build folder
+mkdir -p "$B/bench"
+for f in pipewright pipewright-coordinator pipewright-worker; do ln -s "$D/bin/$f" "$B/$f"; done
+ln -s "$D/bin/bench_step" "$B/bench/bench_step"
 JOB=$SRC/bench/jobs/gpt-d768.json
-[ -f "$JOB" ] || JOB=$SRC/bench/jobs/gpt-d256.json
+PY=$(command -v python3)
+
 echo "== CPU"
 grep -m1 "model name" /proc/cpuinfo
 grep -o -w 'avx512f\|avx512bw\|avx512_bf16\|avx512_fp16\|amx_tile\|amx_bf16\|amx_int8' /proc/cpuinfo | sort | uniq -c
 nproc
-echo "== OpenBLAS's own kernel, and the products' path pipewright takes"
-env -u OPENBLAS_CORETYPE "$BUILD/pipewright" train --job "$SRC/examples/jobs/gpt-tiny.json" --steps 1 \
+echo "== the products' path pipewright takes (nothing set)"
+env -u OPENBLAS_CORETYPE "$B/pipewright" train --job "$SRC/examples/jobs/gpt-tiny.json" --steps 1 \
   --out /tmp/pw-device-x86.safetensors 2>&1 | grep -E "gemm|error" || true
-echo "== a step, nothing set vs OPENBLAS_CORETYPE=SkylakeX (one thread, interleaved)"
-env -u OPENBLAS_CORETYPE /usr/bin/python3 "$SRC/bench/gemm_path.py" --build "$BUILD" --job "$JOB" --rounds 3 --steps 2
-OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 "$SRC/bench/gemm_path.py" --build "$BUILD" --job "$JOB" --rounds 3 --steps 2
+echo "== a d768 step, nothing set vs OPENBLAS_CORETYPE=SkylakeX (one thread, interleaved)"
+env -u OPENBLAS_CORETYPE timeout 150 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --rounds 3 --steps 2 || true
+OPENBLAS_CORETYPE=SkylakeX timeout 150 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --rounds 3 --steps 2 || true
+echo "== the --auto layout of this host's cores against one process"
+env -u OPENBLAS_CORETYPE timeout 330 "$PY" "$SRC/bench/host_layout.py" --bin "$B" --job "$JOB" --threads 1,2,4 \
+  --batch 16 --steps 4 --warm 1 --rounds 2 || true
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT/results"
+  cp -r "$SRC/bench/results/dispatch" "$SRC/bench/results/layout" "$OUT/results/" 2>/dev/null || true
+fi

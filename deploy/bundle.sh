@@ -25,6 +25,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$ROOT/build-release}" && pwd)
 BINS=(pipewright pipewright-coordinator pipewright-worker)
+# PW_BUNDLE_EXTRA: more of BUILD's programs, by path ("bench/bench_step":
+# the device checks' benchmark), bundled the same way under their base name
+for x in ${PW_BUNDLE_EXTRA:-}; do BINS+=("$x"); done
 for b in "${BINS[@]}"; do
   [ -x "$BUILD/$b" ] || { echo "bundle: $BUILD/$b is missing (build first: cmake --build $BUILD)" >&2; exit 1; }
 done
@@ -42,8 +45,8 @@ mkdir -p "$D/bin" "$D/libexec" "$D/lib" "$D/share/pipewright"
 # the host that has the GPU).
 loader=""
 for b in "${BINS[@]}"; do
-  cp "$BUILD/$b" "$D/libexec/$b"
-  strip --strip-unneeded "$D/libexec/$b"
+  cp "$BUILD/$b" "$D/libexec/$(basename "$b")"
+  strip --strip-unneeded "$D/libexec/$(basename "$b")"
   while read -r lib path; do
     case "$lib" in
       linux-vdso*|libcuda.so*|libcudart*|libcublas*|libcudnn*|libnccl*|libnvidia*) continue ;;
@@ -57,7 +60,8 @@ done
 chmod 755 "$D/lib/$loader"
 for f in "$D"/lib/*.so*; do strip --strip-unneeded "$f" 2>/dev/null || true; done
 
-for b in "${BINS[@]}"; do
+for p in "${BINS[@]}"; do
+  b=$(basename "$p")
   cat >"$D/bin/$b" <<EOF
 #!/bin/sh
 # $b from the bundle: its own loader, its own libraries first.
