@@ -461,16 +461,19 @@ def all_metrics(c, jid):
     return r.get("metrics", []) if st_ == 200 and isinstance(r, dict) else []
 
 
-def close_cluster(c, tmp, check, failed):
-    """Stops a test's cluster: every daemon must exit 0 on SIGTERM with no
-    sanitizer report in its log. When anything failed (failed() after
-    those checks) the logs' tails are printed and tmp is kept, else
-    removed."""
-    import shutil
+def stop_checked(c, check):
+    """Stops a cluster: every daemon must exit 0 on SIGTERM with no
+    sanitizer report in its log."""
     rc = c.stop()
     check("on SIGTERM the coordinator and every worker exit with 0", all(v == 0 for v in rc.values()), rc)
     check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
-    if failed():
+
+
+def keep_or_remove(tmp, failed):
+    """When a test failed, the tails of the logs in tmp printed and tmp
+    kept; else tmp removed."""
+    import shutil
+    if failed:
         for f in sorted(os.listdir(tmp)):
             if f.endswith(".log"):
                 print(f"--- {f} (tail)")
@@ -478,6 +481,21 @@ def close_cluster(c, tmp, check, failed):
         print(f"logs kept in {tmp}")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def finish(tmp, check):
+    """A test's end: its count, its logs kept or removed; the exit status."""
+    print(f"{check.passed} passed, {check.failed} failed")
+    keep_or_remove(tmp, check.failed)
+    return 1 if check.failed else 0
+
+
+def close_cluster(c, tmp, check, failed):
+    """Stops a test's cluster (stop_checked); when anything failed
+    (failed() after those checks) the logs' tails are printed and tmp is
+    kept, else removed."""
+    stop_checked(c, check)
+    keep_or_remove(tmp, failed())
 
 
 class Cluster:

@@ -29,15 +29,7 @@ import driver as d  # noqa: E402
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 STEPS = 300 if SANITIZE else 1000  # the drain stops half a second of steps ahead: the job must outlast that
-PASSED = FAILED = 0
-
-
-def check(label, ok, detail=""):
-    global PASSED, FAILED
-    print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:900]) if detail and not ok else ''}", flush=True)
-    PASSED += bool(ok)
-    FAILED += not ok
-    return ok
+check = d.Checks()
 
 
 def spec(name, steps=STEPS):
@@ -134,9 +126,7 @@ def main():
     st, r = submit_key(c, spec("drained"), "slurm-42")
     check("the first key still gives that job (succeeded)", st == 200 and r.get("id") == jid and
           r.get("state") == "succeeded", (st, r))
-    rc = c.stop()
-    check("the daemons exit 0", all(v == 0 for v in rc.values()), rc)
-    check("no sanitizer report in any log", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
+    d.stop_checked(c, check)
 
     # 4. without --drain-timeout: at once, from the last checkpoint
     c2 = d.Cluster(BUILD, tmp, "nd", data_root=SRC)
@@ -154,21 +144,9 @@ def main():
     atts = d.attempts(c2, j2)
     check("the job resumes from a checkpoint_every step and succeeds", j.get("state") == "succeeded" and
           len(atts) >= 2 and atts[1].get("start_step", 1) % 20 == 0, atts)
-    rc = c2.stop()
-    check("the daemons exit 0", all(v == 0 for v in rc.values()), rc)
-    check("no sanitizer report in any log", not c2.sanitizer_reports(), c2.sanitizer_reports()[:5])
+    d.stop_checked(c2, check)
 
-    print(f"{PASSED} passed, {FAILED} failed")
-    if FAILED:
-        for f in sorted(os.listdir(tmp)):
-            if f.endswith(".log"):
-                print(f"--- {f} (tail)")
-                print("".join(open(os.path.join(tmp, f), errors="replace").readlines()[-15:]))
-        print(f"logs kept in {tmp}")
-    else:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if FAILED else 0
+    return d.finish(tmp, check)
 
 
 if __name__ == "__main__":

@@ -22,15 +22,7 @@ import driver as d  # noqa: E402
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 STEPS = 300 if SANITIZE else 800
-PASSED = FAILED = 0
-
-
-def check(label, ok, detail=""):
-    global PASSED, FAILED
-    print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:900]) if detail and not ok else ''}", flush=True)
-    PASSED += bool(ok)
-    FAILED += not ok
-    return ok
+check = d.Checks()
 
 
 def spec(name):
@@ -94,9 +86,7 @@ def main():
     after = d.wait_for(lambda: all(set(allowed(p.pid).values()) == {whole} for p in c.workers.values()), 10, 0.1)
     check(f"after the job every thread has every CPU again ({whole})", whole is None or after,
           {n: allowed(p.pid) for n, p in c.workers.items()})
-    rc = c.stop()
-    check("the daemons exit 0", all(v == 0 for v in rc.values()), rc)
-    check("no sanitizer report", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
+    d.stop_checked(c, check)
 
     # 2. threads = CPUs each: they cannot be pinned apart
     c = d.Cluster(BUILD, tmp, "p2", data_root=SRC)
@@ -120,17 +110,9 @@ def main():
                                                         rf"{2 * cpus} CPUs", log) is not None, log[-1500:])
     wl = "".join(open(c.worker_log(n), errors="replace").read() for n in ("a", "b"))
     check("no worker says its threads were put on CPUs", "threads on CPUs" not in wl)
-    rc = c.stop()
-    check("the daemons exit 0", all(v == 0 for v in rc.values()), rc)
-    check("no sanitizer report", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
+    d.stop_checked(c, check)
 
-    print(f"{PASSED} passed, {FAILED} failed")
-    if FAILED:
-        print(f"logs kept in {tmp}")
-    else:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if FAILED else 0
+    return d.finish(tmp, check)
 
 
 if __name__ == "__main__":

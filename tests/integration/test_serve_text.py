@@ -29,15 +29,7 @@ import driver as d  # noqa: E402
 
 TOK = os.path.join(SRC, "examples/data/tokenizer.json")
 PW = os.path.join(BUILD, "pipewright")
-PASSED = FAILED = 0
-
-
-def check(label, ok, detail=""):
-    global PASSED, FAILED
-    print(f"{'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:900]) if detail and not ok else ''}", flush=True)
-    PASSED += bool(ok)
-    FAILED += not ok
-    return ok
+check = d.Checks()
 
 
 def run(*args, stdin=None):
@@ -127,16 +119,8 @@ def main():
     st, r = d.http(c.base, f"/v1/datasets/{tok_id}", "DELETE")
     check("the tokenizer's dataset cannot be deleted while the serve job lives: 409", st == 409, (st, r))
 
-    rc = c.stop()
-    check("the daemons exit 0", all(v == 0 for v in rc.values()), rc)
-    check("no sanitizer report", not c.sanitizer_reports(), c.sanitizer_reports()[:5])
-    print(f"{PASSED} passed, {FAILED} failed")
-    if FAILED:
-        print(f"logs kept in {tmp}")
-    else:
-        import shutil
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if FAILED else 0
+    d.stop_checked(c, check)
+    return d.finish(tmp, check)
 
 
 if __name__ == "__main__":

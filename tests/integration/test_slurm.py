@@ -28,16 +28,8 @@ import driver as d  # noqa: E402
 
 SANITIZE = os.environ.get("PW_SANITIZE", "OFF") == "ON"
 STEPS = 400 if SANITIZE else 1000  # the drain stops half a second of steps ahead: the job must outlast that
-PASSED = FAILED = 0
 SCRIPT = os.path.join(SRC, "deploy/slurm/pipewright.sbatch")
-
-
-def check(label, ok, detail=""):
-    global PASSED, FAILED
-    print(f"{time.strftime('%T')} {'ok  ' if ok else 'FAIL'} {label}{(': ' + str(detail)[:1500]) if detail and not ok else ''}", flush=True)
-    PASSED += bool(ok)
-    FAILED += not ok
-    return ok
+check = d.Checks()
 
 
 def free_port():
@@ -247,8 +239,8 @@ def main():
     finally:
         sl.run("scancel", "--full", "-u", "root")
         sl.stop()
-    print(f"{PASSED} passed, {FAILED} failed")
-    if FAILED:
+    print(f"{check.passed} passed, {check.failed} failed")
+    if check.failed:
         for f in ("slurmctld", "slurmd-n1", "slurmd-n2"):
             print(f"--- {f}.log (tail)\n{sl.log(f)[-1200:]}")
         for s in ("state1", "state2"):
@@ -259,7 +251,7 @@ def main():
         print(f"kept {t}")
     else:
         shutil.rmtree(t, ignore_errors=True)
-    return 1 if FAILED else 0
+    return 1 if check.failed else 0
 
 
 if __name__ == "__main__":
