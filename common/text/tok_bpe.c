@@ -237,6 +237,15 @@ static int merge_word(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *e
   return 0;
 }
 
+/* A cached word's ids appended to out (none: a word of characters with no
+ * id and no unk). */
+static int cache_emit(tk_bpe *m, const centry *e, tk_ids *out, pw_err *err) {
+  if (!e->ids_n) return 0;
+  if (tk_ids_reserve(out, e->ids_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
+  memcpy(out->p + out->n, m->cache->ids.p + e->ids, e->ids_n * sizeof(uint32_t));
+  out->n += e->ids_n;
+  return 0;
+}
 int tk_bpe_word(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *err) {
   if (!n) return 0;
   if (m->ignore_merges) {
@@ -246,13 +255,7 @@ int tk_bpe_word(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *err) {
   if (n >= TK_CACHE_WORD) return merge_word(m, w, n, out, err);
   uint64_t h = tk_hash(w, n);
   const centry *e = cache_get(m->cache, w, n, h);
-  if (e) {
-    if (!e->ids_n) return 0; /* a word of characters with no id and no unk */
-    if (tk_ids_reserve(out, e->ids_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
-    memcpy(out->p + out->n, m->cache->ids.p + e->ids, e->ids_n * sizeof(uint32_t));
-    out->n += e->ids_n;
-    return 0;
-  }
+  if (e) return cache_emit(m, e, out, err);
   size_t at = out->n;
   int rc = merge_word(m, w, n, out, err);
   if (!rc) cache_put(m->cache, w, n, h, out->n > at ? out->p + at : NULL, out->n - at);
@@ -279,13 +282,7 @@ int tk_bpe_word_bytes(tk_bpe *m, const char *w, size_t n, tk_ids *out, pw_err *e
   uint64_t h = tk_hash(w, n);
   int cacheable = n < TK_CACHE_WORD;
   const centry *e = cacheable ? cache_get(m->cache, w, n, h) : NULL;
-  if (e) {
-    if (!e->ids_n) return 0; /* a word of characters with no id and no unk */
-    if (tk_ids_reserve(out, e->ids_n)) return pw_err_set(err, PW_ENOMEM, "tokenizer", "out of memory");
-    memcpy(out->p + out->n, m->cache->ids.p + e->ids, e->ids_n * sizeof(uint32_t));
-    out->n += e->ids_n;
-    return 0;
-  }
+  if (e) return cache_emit(m, e, out, err);
   size_t at = out->n;
   int rc = 0;
   if (m->bytes_ok && !m->ignore_merges) {
