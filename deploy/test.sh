@@ -62,7 +62,10 @@ bg_wait() {
 #   page faults (under ASan it only prints), test_prometheus checks
 #   deploy/'s Prometheus and Grafana files against promtool and a live
 #   /metrics; test_layers, test_docs and test_k8s_validate read the source,
-#   objects and manifests, not run them; the code they run is run under the sanitizers by the CLI,
+#   objects and manifests, not run them; test_bundle packs the binaries;
+#   test_tokenizers holds the whole corpus's ids to Hugging Face's (the
+#   tokenizer's memory safety is test_tokenizer's, sanitized, and
+#   fuzz_tokenizer's); the code they run is run under the sanitizers by the CLI,
 #   coordinator, dashboard, test_openapi (/metrics, its planned step) and
 #   test_coord_faults (the divergence counter) tests;
 # - sanitized only: the orchestration and daemon tests (kills, lost links,
@@ -76,7 +79,7 @@ bg_wait() {
 #   run in both; on one without, the kernels are the same and they run once,
 #   under the sanitizers.
 PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus|test_layers|test_layers_plant|test_docs"
-PLAIN_ONLY+="|test_k8s_validate|test_bundle"
+PLAIN_ONLY+="|test_k8s_validate|test_bundle|test_tokenizers"
 SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 SANITIZED_ONLY+="|test_coordinator|test_dashboard|test_cli_remote|test_netns|test_ckpt_store|test_placement|test_systemd|test_multihost|test_serve"
 SANITIZED_ONLY+="|test_drain|test_slurm|test_cgroup_resources|test_k8s_netns|test_pinning|test_serve_text"
