@@ -222,8 +222,12 @@ static void backward_tile(const pw__attn *a, const bwd_head *h, const float *k, 
   pw_bf16 *pb = bwork, *dsb = bwork ? bwork + (size_t)TB * TK : NULL;
   int n[TB];
   int first = a->causal && c0 > a->off ? c0 - a->off : 0; /* the first query row that sees key c0 */
-  for (int r0 = first; r0 < a->Tq; r0 += TB) {
-    int rows = a->Tq - r0 < TB ? a->Tq - r0 : TB;
+  for (int r0 = first, rows; r0 < a->Tq; r0 += rows) {
+    /* TQ rows while the rows see only part of the tile (the masked
+     * triangle is computed for nothing: TK^2/2 a tile at TB rows, a
+     * third of a T 256 backward's products), TB after */
+    rows = a->causal && r0 < first + TK ? TQ : TB;
+    rows = a->Tq - r0 < rows ? a->Tq - r0 : rows;
     int ce = seen(a, r0 + rows - 1) - c0; /* the forward's tile: keys the block sees */
     ce = ce < cols ? ce : cols;
     seen_in_tile(a, r0, rows, c0, ce, n);
