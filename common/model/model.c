@@ -542,7 +542,7 @@ static void count_node(pw_model *m, pw_node *n, int sign) {
 }
 
 int pw_attention_op(int impl, int T, int HD) {
-  if (impl == PW_ATTN_AUTO) impl = T <= PW_ATTN_PLAIN_MAX_T && T <= 8 * HD ? PW_ATTN_PLAIN : PW_ATTN_TILED;
+  if (impl == PW_ATTN_AUTO) impl = T <= PW_ATTN_PLAIN_T_PER_HD * HD ? PW_ATTN_PLAIN : PW_ATTN_TILED;
   return impl == PW_ATTN_TILED ? PW_OP_ATTENTION_TILED : PW_OP_ATTENTION;
 }
 

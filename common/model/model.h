@@ -130,12 +130,13 @@ PW_MUST_CHECK int pw_model_set_trainable(pw_model *m, const pw_train_spec *tr, p
 /* The attention op for a node of T rows per sequence and heads of HD
  * channels under train.attention impl (pw_attn_impl):
  * PW_OP_ATTENTION_TILED for "tiled", PW_OP_ATTENTION for "plain"; "auto"
- * (what pw_model_build gives every node) takes the plain one only where
- * it is faster and small: T <= PW_ATTN_PLAIN_MAX_T, and its saved
- * probabilities, NH x T floats a row, at most 8 C (T <= 8 HD), a fifth of
- * what a block saves besides them; else the tiled one
- * (docs/contracts.md#attention). */
-#define PW_ATTN_PLAIN_MAX_T 512
+ * (what pw_model_build gives every node) takes the plain one for T <=
+ * PW_ATTN_PLAIN_T_PER_HD x HD, the tiled one above: measured, the plain
+ * kernel is the faster below about 4 to 6 HD, the tiled one above
+ * (HD 16 to 128; bench/results/attention/), and there the plain one's
+ * saved probabilities, NH x T floats a row, are at most 4 C: a tenth of
+ * what a block saves besides them (docs/contracts.md#attention). */
+#define PW_ATTN_PLAIN_T_PER_HD 4
 int pw_attention_op(int impl, int T, int HD);
 /* Every attention node to pw_attention_op(impl, its T), its auxiliaries,
  * FLOPs and its layer's activation bytes with it. */
