@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """attention: the plain attention (the (B, NH, T, T) probabilities kept for
 the backward) against the tiled one (FlashAttention-2: each row's
-log-sum-exp kept, the probabilities recomputed), issue 39. Four parts, each
+log-sum-exp kept, the probabilities recomputed), issue 39. Five parts, each
 with its own result files:
 
+  crossover  bench_attn --clock cpu at T 2, 4, 6 and 8 head widths, heads
+           of 16 to 128: where the plain kernel stops being the faster
+           (train.attention auto's rule, T <= 4 HD).
   kernels  bench_attn: forward and backward-input of one d768 layer (12
            heads of 64, one sequence) at T 256, 1024 and 4096, one thread,
            both kernels in the same process, in rounds alternating which
@@ -26,7 +29,7 @@ with its own result files:
            The plain attention's plan is printed beside it (it does not fit
            here: 12 x 12 x T^2 floats of probabilities).
 
-  bench/attention.py [--build build-release] [--parts kernels,step,memory,long]
+  bench/attention.py [--build build-release] [--parts kernels,crossover,step,memory,long]
                      [--rounds 5] [--steps 10] [--long 8192] [--long-steps 1]
 
 Writes bench/results/attention/<part>.{json,md} and prints the markdown.
@@ -136,6 +139,39 @@ def kernels(a, env):
                   f"{r['plain_bytes'] / MiB:.1f} MiB | {r['tiled_bytes'] / MiB:.2f} MiB | "
                   f"{r['max_diff_out']:.1e}, {r['max_diff_dqkv']:.1e} |")
     write("kernels", res, "\n".join(md) + "\n")
+
+
+# ---- where the plain kernel stops being the faster: auto's rule ---------------------
+
+def crossover(a, env):
+    """Forward + backward, plain / tiled, at T = 2, 4, 6 and 8 head widths for heads of 16 to 128, timed
+    by the thread's CPU time (--clock cpu): on a shared machine, time slicing left out."""
+    m = machine()
+    shapes = [(16, 64, 4, 8), (32, 256, 8, 2), (64, 768, 12, 1), (128, 768, 6, 1)]  # HD, C, NH, B
+    rows = []
+    for hd, c, nh, b in shapes:
+        Ts = ",".join(str(k * hd) for k in (2, 4, 6, 8))
+        p = subprocess.run([os.path.join(a.build, "bench", "bench_attn"), "--T", Ts, "--C", str(c), "--NH", str(nh),
+                            "--B", str(b), "--rounds", str(a.rounds), "--target", "0.2", "--clock", "cpu"], env=env,
+                           capture_output=True, text=True, check=True)
+        for line in p.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                r["HD"] = hd
+                r["ratio"] = [(pf + pb) / (tf + tb) for pf, tf, pb, tb in
+                              zip(r["plain_f"], r["tiled_f"], r["plain_b"], r["tiled_b"])]
+                rows.append(r)
+    res = {"machine": m, "rows": rows, "load_end": benchlib.loadavg()}
+    md = ["# Where the plain attention stops being the faster (issue 39: train.attention auto)", "",
+          machine_line(m, res["load_end"]), "",
+          f"`bench_attn --clock cpu` (the thread's CPU time), one thread, {a.rounds} rounds alternating the order: "
+          "forward + backward of one attention layer, plain / tiled paired by round, median (min–max); > 1: the "
+          "tiled kernel is the faster. auto takes the plain one for T ≤ 4 HD.", "",
+          "| HD | C, heads, sequences | T = 2 HD | 4 HD | 6 HD | 8 HD |", "|---|---|---|---|---|---|"]
+    for hd, c, nh, b in shapes:
+        cells = [f"{med(r['ratio']):.2f} ({min(r['ratio']):.2f}–{max(r['ratio']):.2f})" for r in rows if r["HD"] == hd]
+        md.append(f"| {hd} | {c}, {nh}, {b} | " + " | ".join(cells) + " |")
+    write("crossover", res, "\n".join(md) + "\n")
 
 
 # ---- a training step ------------------------------------------------------------
@@ -253,7 +289,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="pw-attention-")
     try:
         for part in a.parts.split(","):
-            {"kernels": lambda: kernels(a, env), "step": lambda: step(a, env, tmp),
+            {"kernels": lambda: kernels(a, env), "crossover": lambda: crossover(a, env), "step": lambda: step(a, env, tmp),
              "memory": lambda: memory(a, env, tmp), "long": lambda: long_run(a, env, tmp)}[part]()
     finally:
         shutil.rmtree(tmp, True)

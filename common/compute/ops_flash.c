@@ -8,16 +8,21 @@
  * exp(m_old - m_new) before each tile's P V is added, and divided by l at
  * the end. Only each row's log-sum-exp m + log l is saved (B, NH, T).
  * Backward: each key tile keeps its dK and dV sums in the work buffer and
- * walks the query blocks that see it, recomputing P = exp(s - lse) tile by
- * tile from q, k and the saved lse, with D = rowsum(dO * O) per row
- * computed once per head: dS = P * (dP - D). dQ is added into place tile
- * after tile. The tiles of both directions are the same, so the backward's
- * scores are the forward's bits.
+ * walks the query rows that see it in blocks of PW_ATTN_TILE_B (64 where
+ * they cross the diagonal), recomputing P = exp(s - lse) tile by tile from
+ * q, k and the saved lse, with D = rowsum(dO * O) per row computed once per
+ * head: dS = P * (dP - D). dQ is added into place tile after tile. Five
+ * products a tile against the plain backward's four: the forward's gain
+ * (its exponentials in float, its tiles in cache) pays for it from T about
+ * 4 to 6 head widths on (bench/results/attention/).
  *
  * Deterministic: every sum runs in a fixed order (the tiles in order, one
  * thread of sgemm per call as everywhere), so a pipelined run still equals
- * the single process bit for bit. Tile sizes: a 64 x 128 score tile is
- * 32 KiB, Q, K and V tiles of HD 64 another 80 KiB: all in L2.
+ * the single process bit for bit. Tile sizes: the forward's 64 x 128 score
+ * tile is 32 KiB, its Q, K and V tiles of HD 64 another 80 KiB; the
+ * backward's two 256 x 128 tiles 256 KiB: L2. (Tried: 32 to 128 query
+ * rows, 64 to 256 keys, 64 to 1024 backward rows; these were among the
+ * fastest, the differences within the noise of a shared machine.)
  *
  * Never allocates. The elementwise tile loops are PW_CPU_DISPATCH
  * functions (cpu.h), the math ops_math.h's: pw__expf, the float exp (within

@@ -17,11 +17,9 @@
 /* The tiled attention's tiles (common/compute/ops_flash.c): query rows per
  * tile of the forward and of the backward, keys per tile. Here because the
  * op table counts its scratch from them. */
-#ifndef PW_ATTN_TILE_Q
 #define PW_ATTN_TILE_Q 64
 #define PW_ATTN_TILE_B 256
 #define PW_ATTN_TILE_K 128
-#endif
 
 /* A node quantity a FLOP or auxiliary count multiplies (per sequence). */
 typedef enum {
