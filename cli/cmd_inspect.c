@@ -65,7 +65,7 @@ int pw_cmd_inspect(int argc, char **argv) {
       for (int n = l->node_lo; n < l->node_hi; n++) {
         const pw_node *nd = &m.nodes[n];
         shape_str(&m, nd->out, sh, sizeof sh);
-        printf("       %-12s -> %-16s %s%s\n", pw_op_name((pw_op)nd->op), sh, nd->w >= 0 ? m.params[nd->w].name : "",
+        printf("       %-15s -> %-16s %s%s\n", pw_op_name((pw_op)nd->op), sh, nd->w >= 0 ? m.params[nd->w].name : "",
                nd->b >= 0 ? " +bias" : "");
       }
     tp += (double)l->params;
