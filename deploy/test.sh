@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # test.sh: the whole suite from a clean checkout — install dependencies,
-# configure, build and run every test twice: a plain build, then a build
-# with AddressSanitizer + UndefinedBehaviorSanitizer.
+# configure, build and run the tests in two builds: a plain build (the
+# Release flags users run, -O3, with debug information), then a build with
+# AddressSanitizer + UndefinedBehaviorSanitizer.
 #   deploy/test.sh            both builds
 #   deploy/test.sh --plain    only the plain build (quicker, while developing)
 # After the sanitizer build, the libFuzzer harnesses (tests/fuzz/run.sh) run
 # FUZZ_SECONDS (default 20) each, one per core at a time.
 # Each test runs in the build where it finds what it checks (PLAIN_ONLY,
 # SANITIZED_ONLY below; --plain runs every test in the plain build).
-# The builds that come next (build-release, build-asan, build-fuzz) compile
+# The builds that come next (build-asan, build-fuzz) compile
 # at nice 19 while a suite runs: on 2 cores they take only the time the
 # tests leave idle, and the tests keep the cores when they want them.
 # A test that cannot run here exits 77 (ctest's skip) and prints
@@ -76,21 +77,25 @@ bg_wait() {
 #   references) check what the CPU's kernels compute: the plain build runs
 #   this host's widest kernels, the sanitized one PW_CPU=avx2 (below). On a
 #   host with AVX-512 the two builds run different kernels and the numerics
-#   run in both; on one without, the kernels are the same and they run once,
-#   under the sanitizers.
+#   run in both; on one without, the kernels are the same and each runs
+#   once: test_pipeline (every schedule's runtime) and test_generate_ref
+#   (the decode paths) under the sanitizers, the rest in the plain build.
 PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus|test_layers|test_layers_plant|test_docs"
 PLAIN_ONLY+="|test_k8s_validate|test_bundle|test_tokenizers"
 SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 SANITIZED_ONLY+="|test_coordinator|test_dashboard|test_cli_remote|test_netns|test_ckpt_store|test_placement|test_systemd|test_multihost|test_serve"
 SANITIZED_ONLY+="|test_drain|test_slurm|test_cgroup_resources|test_k8s_netns|test_pinning|test_serve_text"
-NUMERICS="test_pipeline|test_tp_matrix|test_zero|test_generate_ref|test_torch_ref|test_remat|test_regions_pipeline|test_bf16_pipeline"
-NUMERICS+="|test_tensor_parallel|test_lora_ref|test_frozen_ref|test_custom_schedule|test_eval_loss|test_cli_calibrate|test_calibrate_auto"
+NUMERICS_SAN="test_pipeline|test_generate_ref"
+NUMERICS_PLAIN="test_tp_matrix|test_zero|test_torch_ref|test_remat|test_regions_pipeline|test_bf16_pipeline"
+NUMERICS_PLAIN+="|test_tensor_parallel|test_lora_ref|test_frozen_ref|test_custom_schedule|test_eval_loss|test_cli_calibrate"
+NUMERICS_PLAIN+="|test_calibrate_auto"
 PLAIN_SKIP=$SANITIZED_ONLY
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   echo "== this CPU has AVX-512: the numerics tests run in both builds"
 else
-  echo "== this CPU has no AVX-512: both builds run the AVX2 kernels, the numerics tests run once (sanitized)"
-  PLAIN_SKIP+="|$NUMERICS"
+  echo "== this CPU has no AVX-512: both builds run the AVX2 kernels, each numerics test runs once"
+  PLAIN_SKIP+="|$NUMERICS_SAN"
+  PLAIN_ONLY+="|$NUMERICS_PLAIN"
 fi
 
 # run_suite DIR [CTEST ARGS...]: ctest in a built directory.
@@ -133,10 +138,10 @@ T_ALL=$(date +%s)
 PLAIN=0; [ "${1:-}" = "--plain" ] && PLAIN=1
 ASAN_ENV=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 PW_CPU=avx2)
-configure build -DPW_WERROR=ON
-# The Release flags (-O3) warn about other things than -O2: build them too,
-# so quickstart and the benchmarks always compile (no tests in it).
-configure build-release -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF
+# The plain build has the Release flags (-O3: what quickstart and the
+# packages build, and -O3 warns about other things than -O2) plus -g for
+# the stack traces of a failure.
+configure build -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-g -DPW_WERROR=ON
 # detect_leaks: every allocation must be freed by shutdown. PW_CPU=avx2
 # (common/base/cpu.h): the sanitized suite runs without AVX-512, the plain one
 # with what this host has, so CI covers both code paths.
@@ -147,18 +152,14 @@ echo "== build build"
 cmake --build "$ROOT/build" -j "$JOBS"
 stage_end "build build (plain)"
 
-# While the plain suite runs: build-release, then build-asan, at nice 19.
-bg_builds() {
-  cmake --build "$ROOT/build-release" -j "$JOBS" || return
-  [ "$PLAIN" = 1 ] || cmake --build "$ROOT/build-asan" -j "$JOBS"
-}
-build_bg "$ROOT/build-release/bg-build.log" bg_builds
+# While the plain suite runs: build-asan, at nice 19.
+[ "$PLAIN" = 1 ] || build_bg "$ROOT/build/bg-build.log" cmake --build "$ROOT/build-asan" -j "$JOBS"
 stage_start
 if [ "$PLAIN" = 1 ]; then run_suite build; else run_suite build -E "^($PLAIN_SKIP)\$"; fi
-stage_end "test build (plain suite; build-release and build-asan compiled beside it)"
+stage_end "test build (plain suite; build-asan compiled beside it)"
 stage_start
 bg_wait
-stage_end "rest of build-release and build-asan"
+stage_end "rest of build-asan"
 
 if [ "$PLAIN" = 0 ]; then
   # While the sanitizer suite runs: the fuzz harnesses, at nice 19.
