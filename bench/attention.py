@@ -4,7 +4,7 @@ the backward) against the tiled one (FlashAttention-2: each row's
 log-sum-exp kept, the probabilities recomputed), issue 39. Five parts, each
 with its own result files:
 
-  crossover  bench_attn --clock cpu at T 2, 4, 6 and 8 head widths, heads
+  crossover  bench_attn (CPU time) at T 2, 4, 6 and 8 head widths, heads
            of 16 to 128: where the plain kernel stops being the faster
            (train.attention auto's rule, T <= 4 HD).
   kernels  bench_attn: forward and backward-input of one d768 layer (12
@@ -123,19 +123,23 @@ def kernels(a, env):
           machine_line(m, res["load_end"]), "",
           f"One d768 attention layer (12 heads of 64, one sequence), `bench/bench_attn`, one thread; {a.rounds} "
           "rounds alternating which kernel goes first, each kernel ~"
-          f"{a.target} s a round. ms per call: the median of the rounds (min–max). The ratio is plain / tiled of "
-          "forward + backward, paired by round (> 1: the tiled one is faster). Memory: what each keeps between "
-          "its forward and backward plus its scratch.", "",
-          "| T | plain forward | tiled forward | plain backward | tiled backward | plain / tiled (F+B) | "
-          "plain saved + scratch | tiled saved + scratch | tiled vs plain (max rel. diff out, dqkv) |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          f"{a.target} s a round. ms per call (wall): the median of the rounds (min–max). The ratios are plain / "
+          "tiled of forward + backward, paired by round (> 1: the tiled one is faster), in wall time and in the "
+          "thread's CPU time (which leaves out the time slicing of a shared machine). Memory: what each keeps "
+          "between its forward and backward plus its scratch.", "",
+          "| T | plain forward | tiled forward | plain backward | tiled backward | plain / tiled (F+B), wall | "
+          "CPU time | plain saved + scratch | tiled saved + scratch | tiled vs plain (max rel. diff out, dqkv) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = {k: [x * 1e3 for x in r[k]] for k in ("plain_f", "tiled_f", "plain_b", "tiled_b")}
         ratio = [(pf + pb) / (tf + tb) for pf, tf, pb, tb in zip(ms["plain_f"], ms["tiled_f"], ms["plain_b"],
                                                                 ms["tiled_b"])]
-        r["ratio"] = ratio
+        cpu = [(pf + pb) / (tf + tb) for pf, tf, pb, tb in zip(r["plain_f_cpu"], r["tiled_f_cpu"], r["plain_b_cpu"],
+                                                              r["tiled_b_cpu"])]
+        r["ratio"], r["ratio_cpu"] = ratio, cpu
         md.append(f"| {r['T']} | {fmt_ms(ms['plain_f'])} | {fmt_ms(ms['tiled_f'])} | {fmt_ms(ms['plain_b'])} | "
                   f"{fmt_ms(ms['tiled_b'])} | **{med(ratio):.3f}** ({min(ratio):.3f}–{max(ratio):.3f}) | "
+                  f"**{med(cpu):.3f}** ({min(cpu):.3f}–{max(cpu):.3f}) | "
                   f"{r['plain_bytes'] / MiB:.1f} MiB | {r['tiled_bytes'] / MiB:.2f} MiB | "
                   f"{r['max_diff_out']:.1e}, {r['max_diff_dqkv']:.1e} |")
     write("kernels", res, "\n".join(md) + "\n")
@@ -145,26 +149,26 @@ def kernels(a, env):
 
 def crossover(a, env):
     """Forward + backward, plain / tiled, at T = 2, 4, 6 and 8 head widths for heads of 16 to 128, timed
-    by the thread's CPU time (--clock cpu): on a shared machine, time slicing left out."""
+    by the thread's CPU time: on a shared machine, time slicing left out."""
     m = machine()
     shapes = [(16, 64, 4, 8), (32, 256, 8, 2), (64, 768, 12, 1), (128, 768, 6, 1)]  # HD, C, NH, B
     rows = []
     for hd, c, nh, b in shapes:
         Ts = ",".join(str(k * hd) for k in (2, 4, 6, 8))
         p = subprocess.run([os.path.join(a.build, "bench", "bench_attn"), "--T", Ts, "--C", str(c), "--NH", str(nh),
-                            "--B", str(b), "--rounds", str(a.rounds), "--target", "0.2", "--clock", "cpu"], env=env,
+                            "--B", str(b), "--rounds", str(a.rounds), "--target", "0.2"], env=env,
                            capture_output=True, text=True, check=True)
         for line in p.stdout.splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
                 r["HD"] = hd
                 r["ratio"] = [(pf + pb) / (tf + tb) for pf, tf, pb, tb in
-                              zip(r["plain_f"], r["tiled_f"], r["plain_b"], r["tiled_b"])]
+                              zip(r["plain_f_cpu"], r["tiled_f_cpu"], r["plain_b_cpu"], r["tiled_b_cpu"])]
                 rows.append(r)
     res = {"machine": m, "rows": rows, "load_end": benchlib.loadavg()}
     md = ["# Where the plain attention stops being the faster (issue 39: train.attention auto)", "",
           machine_line(m, res["load_end"]), "",
-          f"`bench_attn --clock cpu` (the thread's CPU time), one thread, {a.rounds} rounds alternating the order: "
+          f"`bench_attn`, the thread's CPU time, one thread, {a.rounds} rounds alternating the order: "
           "forward + backward of one attention layer, plain / tiled paired by round, median (min–max); > 1: the "
           "tiled kernel is the faster. auto takes the plain one for T ≤ 4 HD.", "",
           "| HD | C, heads, sequences | T = 2 HD | 4 HD | 6 HD | 8 HD |", "|---|---|---|---|---|---|"]
