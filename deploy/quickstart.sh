@@ -21,6 +21,14 @@
 # deploy/pipewright-*.service.in and the README. A job of more than
 # PW_QUICKSTART_MAX_WORKERS ranks (default 16) is refused: that is a
 # cluster's job, not one machine's.
+#
+# On a host of 8 cores or more (or with PW_QUICKSTART_LAYOUT=auto) the job's
+# mesh and schedule are chosen for this host: `pipewright calibrate` at 1,
+# 2 and 4 threads a rank (kept in runs/quickstart/profiles/ for the next
+# run of the same job), `pipewright plan --auto` over ranks x threads, and
+# that many workers of that many threads (pinned to disjoint cores by the
+# coordinator). PW_QUICKSTART_LAYOUT=job keeps the job's own mesh and one
+# thread a worker.
 set -euo pipefail
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
@@ -110,6 +118,43 @@ say "build (Release)"
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DPW_TESTS=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target pipewright pipewright-worker pipewright-coordinator
 
+# The layout of this host's cores (see the top).
+cores=$(nproc 2>/dev/null || echo 1)
+threads=1
+layout=${PW_QUICKSTART_LAYOUT:-$([ "$cores" -ge 8 ] && echo auto || echo job)}
+if [ "$layout" = auto ]; then
+  say "choose the layout of $cores cores (calibrate, then plan --auto over ranks x threads)"
+  mkdir -p "$RUN/profiles"
+  key=$(cat "$JOB" "$BUILD/pipewright" | sha256sum | cut -c1-16)
+  mbs=$(python3 -c 'import json, sys; b = json.load(open(sys.argv[1]))["train"]["batch_size"]
+print(",".join(str(1 << k) for k in range(12) if (1 << k) <= b))' "$JOB") || die "$JOB: no train.batch_size"
+  profiles=()
+  for t in 1 2 4; do
+    [ "$t" -le "$cores" ] || continue
+    prof=$RUN/profiles/$key-$t.json
+    if [ ! -s "$prof" ]; then
+      echo "calibrating $t thread(s) a rank"
+      OPENBLAS_NUM_THREADS=$t "$BUILD/pipewright" calibrate --job "$JOB" --threads "$t" --cores "$cores" --mb "$mbs"         --out "$prof.tmp" 2>"$RUN/calibrate-$t.log" && mv "$prof.tmp" "$prof" ||
+        die "calibrate --threads $t failed (log: $RUN/calibrate-$t.log)"
+    fi
+    profiles+=(--profile "$prof")
+  done
+  "$BUILD/pipewright" plan --job "$JOB" --auto "${profiles[@]}" --cores "$cores" --max-pp 16 --json >"$RUN/layout.json" ||
+    die "plan --auto found no layout for $JOB on $cores cores"
+  read -r workers threads < <(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["chosen"]
+job = json.load(open(sys.argv[2]))
+job["mesh"] = {"pp": c["pp"], "dp": c["dp"], "virtual_stages": c["virtual_stages"]}
+job["schedule"] = {"name": c["schedule"], "microbatches": c["microbatches"]}
+json.dump(job, open(sys.argv[3], "w"), indent=1)
+print(c["pp"] * c["dp"], c["threads"])
+print("layout: %d ranks x %d threads (pp %d, dp %d), %s, %d microbatches: predicted %.1f ms a step" % (
+    c["pp"] * c["dp"], c["threads"], c["pp"], c["dp"], c["schedule"], c["microbatches"], c["predicted"] * 1e3),
+    file=sys.stderr)' "$RUN/layout.json" "$JOB" "$RUN/job-layout.json") || die "cannot read the layout"
+  JOB=$RUN/job-layout.json
+fi
+
 say "start a coordinator and $workers workers on loopback"
 stop_all
 mkdir -p "$RUN"
@@ -135,7 +180,7 @@ names=()
 for i in $(seq "$workers"); do
   names+=("quickstart-w$i")
   setsid nohup "$BUILD/pipewright-worker" --coordinator "127.0.0.1:$ctl" --listen 127.0.0.1:0 \
-    --name "quickstart-w$i" --threads 1 --state-dir "$RUN/worker$i" \
+    --name "quickstart-w$i" --threads "$threads" --state-dir "$RUN/worker$i" \
     >"$RUN/worker$i.log" 2>&1 </dev/null &
   echo "$! worker$i" >>"$PIDS"
 done
