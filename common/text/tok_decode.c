@@ -35,11 +35,10 @@ static int small_int(json_t *o, const char *key, const char *path, int *out, pw_
 
 int tk_dec_read(json_t *o, const char *path, tk_dec *steps, int *n, int depth, pw_err *err) {
   char sub[160];
-  snprintf(sub, sizeof sub, "%s.type", path);
-  json_t *tj = json_object_get(o, "type");
-  if (!json_is_object(o) || !json_is_string(tj)) return pw_err_set(err, PW_EFORMAT, sub, "missing, or not a string");
-  const char *type = json_string_value(tj);
-  int rc;
+  const char *type = "";
+  int rc = tk_type_of(o, path, &type, err);
+  if (rc) return rc;
+  snprintf(sub, sizeof sub, "%s.type", path); /* where an unsupported type is named */
   if (!strcmp(type, "Sequence")) {
     json_t *a = json_object_get(o, "decoders");
     snprintf(sub, sizeof sub, "%s.decoders", path);

@@ -46,6 +46,9 @@ static inline int tk_u8len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2
 /* The code point at s (valid UTF-8, n > 0); *len its bytes. */
 uint32_t tk_u8dec(const char *s, size_t n, int *len);
 int tk_u8enc(uint32_t cp, char out[4]);
+/* The "type" string of object o at path (a normalizer, pre-tokenizer,
+ * post-processor or decoder): PW_EFORMAT naming path.type otherwise. */
+int tk_type_of(json_t *o, const char *path, const char **type, pw_err *err);
 /* Offset of the first invalid byte of s[0..n), or n when it is valid UTF-8. */
 size_t tk_u8check(const char *s, size_t n);
 /* Unicode White_Space (what \s is in the regex engines tokenizers uses). */

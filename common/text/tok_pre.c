@@ -59,18 +59,9 @@ int tk_pattern_read(json_t *o, const char *path, tk_re *re, char **lit, size_t *
   return tk_re_compile(re, json_string_value(v), n, s != NULL, sub, err);
 }
 
-static int type_of(json_t *o, const char *path, const char **type, pw_err *err) {
-  char sub[160];
-  snprintf(sub, sizeof sub, "%s.type", path);
-  json_t *t = json_object_get(o, "type");
-  if (!json_is_object(o) || !json_is_string(t)) return pw_err_set(err, PW_EFORMAT, sub, "missing, or not a string");
-  *type = json_string_value(t);
-  return 0;
-}
-
 int tk_norm_read(json_t *o, const char *path, tk_norm *steps, int *n, int depth, pw_err *err) {
   const char *type = "";
-  int rc = type_of(o, path, &type, err);
+  int rc = tk_type_of(o, path, &type, err);
   if (rc) return rc;
   if (!strcmp(type, "Sequence")) {
     char sub[160];
@@ -119,7 +110,7 @@ static int behavior_of(json_t *o, const char *path, int *out, pw_err *err) {
 
 int tk_pre_read(json_t *o, const char *path, tk_pre *steps, int *n, int depth, pw_err *err) {
   const char *type = "";
-  int rc = type_of(o, path, &type, err);
+  int rc = tk_type_of(o, path, &type, err);
   if (rc) return rc;
   char sub[160];
   if (!strcmp(type, "Sequence")) {

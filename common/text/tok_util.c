@@ -62,6 +62,15 @@ uint32_t tk_u8dec(const char *s, size_t n, int *len) {
   }
 }
 
+int tk_type_of(json_t *o, const char *path, const char **type, pw_err *err) {
+  char sub[160];
+  snprintf(sub, sizeof sub, "%s.type", path);
+  json_t *t = json_object_get(o, "type");
+  if (!json_is_object(o) || !json_is_string(t)) return pw_err_set(err, PW_EFORMAT, sub, "missing, or not a string");
+  *type = json_string_value(t);
+  return 0;
+}
+
 int tk_u8enc(uint32_t cp, char out[4]) {
   if (cp < 0x80) return out[0] = (char)cp, 1;
   if (cp < 0x800) return out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3F)), 2;

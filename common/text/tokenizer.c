@@ -186,11 +186,10 @@ static int template_item(json_t *it, json_t *specials, const char *path, tk_post
 
 static int read_post(pw_tokenizer *tok, json_t *o, const char *path, int depth, pw_err *err) {
   char sub[160];
-  snprintf(sub, sizeof sub, "%s.type", path);
-  json_t *tj = json_object_get(o, "type");
-  if (!json_is_object(o) || !json_is_string(tj)) return pw_err_set(err, PW_EFORMAT, sub, "missing, or not a string");
-  const char *type = json_string_value(tj);
-  int rc;
+  const char *type = "";
+  int rc = tk_type_of(o, path, &type, err);
+  if (rc) return rc;
+  snprintf(sub, sizeof sub, "%s.type", path); /* where an unsupported type is named */
   if (!strcmp(type, "ByteLevel")) return 0; /* it only trims offsets: the ids are the same */
   if (!strcmp(type, "Sequence")) {
     json_t *a = json_object_get(o, "processors");
