@@ -223,3 +223,9 @@ texts = ["Hello, world! It's 2024.", "  spaces\t\ttabs\n\nlines \r\n",
          "\U0001F600 \u6f22\u5b57 e\u0301 " + M + "x <|endoftext|> hello world", "ab a  b\u00e9"]
 for i, s in enumerate([b"\x00" + json.dumps(t).encode() for t in tok_seeds] + [b"\x01" + t.encode() for t in texts]):
     put("fuzz_tokenizer", i, s)
+
+
+# cpulists (common/base/cpuset.h): "allowed|used|node", the first byte also
+# the number of CPUs wanted (mod 16).
+for i, s in enumerate([b"2-15|0-3|4-11", b"0-3,8,10-11|2|0-7", b"3|3|3", b"0-1023||0-511", b"|\n|", b"5,4,6|1-|x"]):
+    put("fuzz_cpuset", i, s)
