@@ -134,27 +134,23 @@ static int upload_tokenizer(pw_remote *r, json_t *job, const char *job_path, int
   return 0;
 }
 
-/* A 422 about data.path: the coordinator cannot use the path as it is. */
-static int refused_path(const pw_http_resp *resp) {
-  if (resp->status != 422) return 0;
+/* An API error of HTTP status `status` naming field `path`. */
+static int error_at(const pw_http_resp *resp, int status, const char *field) {
+  if (resp->status != status) return 0;
   json_t *j = json_loadb(resp->body, resp->len, 0, NULL);
   const char *path = json_string_value(json_object_get(json_object_get(j, "error"), "path"));
-  int yes = path && !strcmp(path, "data.path");
+  int yes = path && !strcmp(path, field);
   json_decref(j);
   return yes;
 }
 
+/* A 422 about data.path: the coordinator cannot use the path as it is. */
+static int refused_path(const pw_http_resp *resp) { return error_at(resp, 422, "data.path"); }
+
 /* A 409 about the Idempotency-Key: with a data.path, the job this key made
  * may be this one as sent the second time, with data.dataset (see the
  * top): that is tried before the conflict is believed. */
-static int key_conflict(const pw_http_resp *resp) {
-  if (resp->status != 409) return 0;
-  json_t *j = json_loadb(resp->body, resp->len, 0, NULL);
-  const char *path = json_string_value(json_object_get(json_object_get(j, "error"), "path"));
-  int yes = path && !strcmp(path, "Idempotency-Key");
-  json_decref(j);
-  return yes;
-}
+static int key_conflict(const pw_http_resp *resp) { return error_at(resp, 409, "Idempotency-Key"); }
 
 static void submit_usage(FILE *f) {
   fprintf(f,

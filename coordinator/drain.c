@@ -32,11 +32,15 @@ static int stop_step(const pw_jobrt *jr) {
   return s < jr->steps ? (int)s : 0;
 }
 
+/* A training run on its workers: what a drain stops and waits for (one
+ * being planned, or that writes no checkpoint, the shutdown queues again). */
+static int drainable(const pw_jobrt *jr) { return !jr->planning && jr->run && jr->final_ckpt; }
+
 int pw_drain_start(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   int n = 0;
   for (pw_jobrt *jr = ctl ? ctl->jobs : NULL; jr; jr = jr->next) {
-    if (jr->planning || !jr->run || !jr->final_ckpt) continue; /* the shutdown queues those again */
+    if (!drainable(jr)) continue;
     n++;
     int s = stop_step(jr);
     if (!s) {
@@ -66,7 +70,7 @@ int pw_drain_left(pw_coord *c) {
   pw_ctl *ctl = ctl_of(c);
   int n = 0;
   for (pw_jobrt *jr = ctl ? ctl->jobs : NULL; jr; jr = jr->next)
-    if (!jr->planning && jr->run && jr->final_ckpt) n++;
+    n += drainable(jr);
   return n;
 }
 

@@ -436,6 +436,20 @@ def bit_diff(got, ref):
     return f"{len(bad)} of {len(b)} tensors differ: {bad[:5]}" if bad else ""
 
 
+def tiny_gpt(name, steps, seed, src):
+    """A pp 2 GPT of d 32, 2 layers, seq 32 on the example corpus (random
+    sampler), one checkpoint at its end: a job whose steps take
+    milliseconds, for tests that act on a run mid-way."""
+    return {"name": name,
+            "model": {"template": "gpt", "vocab_size": 256, "seq_len": 32, "d_model": 32, "n_layers": 2,
+                      "n_heads": 2, "tie_embeddings": False},
+            "mesh": {"pp": 2, "dp": 1}, "schedule": {"name": "1f1b", "microbatches": 2},
+            "train": {"steps": steps, "batch_size": 4, "seed": seed, "grad_clip": 1.0, "checkpoint_every": 0,
+                      "optimizer": {"name": "adamw", "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5,
+                                    "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+            "data": {"kind": "text", "path": os.path.join(src, "examples/data/corpus.txt"), "sampler": "random"}}
+
+
 def train_reference(build, spec, tmp, tag, nice=0):
     """`pipewright train --job F --out X` of spec: X's bytes (cached per tag;
     nice > 0: at that niceness, to use what CPU a cluster leaves)."""

@@ -39,14 +39,7 @@ def free_port():
 
 
 def spec(name):
-    return {"name": name,
-            "model": {"template": "gpt", "vocab_size": 256, "seq_len": 32, "d_model": 32, "n_layers": 2,
-                      "n_heads": 2, "tie_embeddings": False},
-            "mesh": {"pp": 2, "dp": 1}, "schedule": {"name": "1f1b", "microbatches": 2},
-            "train": {"steps": STEPS, "batch_size": 4, "seed": 11, "grad_clip": 1.0, "checkpoint_every": 0,
-                      "optimizer": {"name": "adamw", "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5,
-                                    "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
-            "data": {"kind": "text", "path": os.path.join(SRC, "examples/data/corpus.txt"), "sampler": "random"}}
+    return d.tiny_gpt(name, STEPS, 11, SRC)
 
 
 class Slurm:

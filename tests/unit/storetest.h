@@ -96,6 +96,24 @@ static inline pw_store *store_open_at(const char *dir, const char *name, char *p
 
 /* The group's setup and teardown for a test file that works in the
  * scratch folder dir (a char array): STORETEST_FIXTURE(g_dir, "w"). */
+/* A queued job of `steps` steps (pp 2, 1f1b) with a "{}" spec, and a run of
+ * it: the rows the store tests hang their writes on. */
+static inline int64_t store_new_job(pw_store *s, int steps) {
+  pw_job_new j = {.name = "j", .spec = "{}", .steps = steps, .pp = 2, .dp = 1, .virtual_stages = 1,
+                  .microbatches = 2, .schedule = "1f1b", .model = "m"};
+  int64_t id = 0;
+  pw_err err = {0};
+  if (pw_store_job_insert(s, &j, &id, &err)) fail_msg("insert: %s", err.msg);
+  return id;
+}
+
+static inline int64_t store_new_run(pw_store *s, int64_t job) {
+  int64_t run = 0;
+  pw_err err = {0};
+  if (pw_store_run_insert(s, job, "{}", &run, &err)) fail_msg("run: %s", err.msg);
+  return run;
+}
+
 #define STORETEST_FIXTURE(dir, name)                                                         \
   static int setup(void **state) {                                                           \
     (void)state;                                                                             \

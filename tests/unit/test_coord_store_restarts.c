@@ -34,21 +34,6 @@ static char g_dir[64];
 
 static pw_store *open_at(const char *name, char *path, size_t cap) { return store_open_at(g_dir, name, path, cap); }
 
-static int64_t new_job(pw_store *s) {
-  pw_job_new j = {.name = "j", .spec = "{}", .steps = 20, .pp = 2, .dp = 1, .virtual_stages = 1,
-                  .microbatches = 2, .schedule = "1f1b", .model = "m"};
-  int64_t id = 0;
-  pw_err err = {0};
-  if (pw_store_job_insert(s, &j, &id, &err)) fail_msg("insert: %s", err.msg);
-  return id;
-}
-
-static int64_t new_run(pw_store *s, int64_t job) {
-  int64_t run = 0;
-  pw_err err = {0};
-  if (pw_store_run_insert(s, job, "{}", &run, &err)) fail_msg("run: %s", err.msg);
-  return run;
-}
 
 static void assign(pw_store *s, int64_t run, int rank, const char *name) {
   pw_err err = {0};
@@ -74,7 +59,7 @@ static void test_migration_4_to_5(void **state) {
   (void)state;
   char path[256];
   pw_store *s = open_at("v4.db", path, sizeof path);
-  int64_t job = new_job(s), run = new_run(s, job);
+  int64_t job = store_new_job(s, 20), run = store_new_run(s, job);
   pw_store_close(s);
   raw_exec(path, PW_TEST_BACK_TO_4);
   assert_int_equal(raw_int(path, "SELECT count(*) FROM pragma_table_info('jobs') WHERE name = 'restarts'"), 0);
@@ -100,7 +85,7 @@ static void test_attempts(void **state) {
   char path[256];
   pw_store *s = open_at("attempts.db", path, sizeof path);
   pw_err err = {0};
-  int64_t job = new_job(s), other = new_job(s);
+  int64_t job = store_new_job(s, 20), other = store_new_job(s, 20);
   json_t *a = NULL;
   assert_int_equal(pw_store_attempts_json(s, job, &a, &err), 0); /* never ran: none */
   assert_true(json_is_array(a));
@@ -111,15 +96,15 @@ static void test_attempts(void **state) {
   assert_null(a);
 
   /* attempt 1: assigned out of rank order, lost a worker */
-  int64_t r1 = new_run(s, job);
+  int64_t r1 = store_new_run(s, job);
   assign(s, r1, 1, "w1");
   assign(s, r1, 0, "w0");
   assert_int_equal(pw_store_run_resume(s, r1, 0, "start", &err), 0);
   assert_int_equal(pw_store_run_finish(s, r1, "interrupted", "worker w1 lost at step 13", &err), 0);
-  int64_t ro = new_run(s, other); /* another job's run is not this job's attempt */
+  int64_t ro = store_new_run(s, other); /* another job's run is not this job's attempt */
   assign(s, ro, 0, "x0");
   /* attempt 2: open, resumed from a snapshot; ranks 0..2 */
-  int64_t r2 = new_run(s, job);
+  int64_t r2 = store_new_run(s, job);
   assign(s, r2, 2, "w4");
   assign(s, r2, 0, "w0");
   assign(s, r2, 1, "w3");
@@ -166,7 +151,7 @@ static void test_restarts(void **state) {
   char path[256];
   pw_store *s = open_at("restarts.db", path, sizeof path);
   pw_err err = {0};
-  int64_t job = new_job(s);
+  int64_t job = store_new_job(s, 20);
   int n = -1;
   assert_int_equal(pw_store_job_restarts(s, job, &n, &err), 0);
   assert_int_equal(n, 0);
@@ -201,7 +186,7 @@ static void test_retry(void **state) {
   static const int refused[] = {PW_JOB_QUEUED, PW_JOB_PLANNING, PW_JOB_DISPATCHING, PW_JOB_RUNNING,
                                 PW_JOB_SUCCEEDED};
   for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
-    int64_t job = new_job(s);
+    int64_t job = store_new_job(s, 20);
     for (int st = PW_JOB_PLANNING; st <= refused[i]; st++) to_state(s, job, st, NULL);
     assert_int_equal(pw_store_job_set_status(s, job, "busy", &err), 0);
     assert_int_equal(pw_store_job_set_restarts(s, job, 1, &err), 0);
@@ -222,7 +207,7 @@ static void test_retry(void **state) {
   assert_int_equal(pw_store_job_retry(s, 999, &err), PW_ENOENT);
 
   /* failed, after two restarts: back to queued, cleared, one event */
-  int64_t job = new_job(s);
+  int64_t job = store_new_job(s, 20);
   to_state(s, job, PW_JOB_PLANNING, NULL);
   to_state(s, job, PW_JOB_DISPATCHING, NULL);
   to_state(s, job, PW_JOB_RUNNING, NULL);
@@ -253,7 +238,7 @@ static void test_retry(void **state) {
   assert_int_equal(pw_store_job_retry(s, job, &err), PW_ECONFLICT);
 
   /* cancelled, while the store fails: nothing changes; then it works */
-  job = new_job(s);
+  job = store_new_job(s, 20);
   to_state(s, job, PW_JOB_CANCELLED, NULL);
   pw_store_fault_inject(0, 1);
   assert_int_equal(pw_store_job_retry(s, job, &err), PW_EIO);
@@ -277,7 +262,7 @@ static void test_write_kinds(void **state) {
   pthread_mutex_init(&c.mu, NULL);
   pw_store *s = pw_coord_store(&c);
   assert_non_null(s);
-  int64_t job = new_job(s), run = new_run(s, job);
+  int64_t job = store_new_job(s, 20), run = store_new_run(s, job);
   pw_err err = {0};
   pw_write w = {.kind = PW_W_RUN_RESUME, .run = run, .step = 12, .text = "snapshot"};
   assert_int_equal(pw_write_do(&c, &w, &err), 0);

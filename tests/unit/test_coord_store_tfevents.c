@@ -31,21 +31,6 @@
 static char g_dir[64];
 STORETEST_FIXTURE(g_dir, "tfevents")
 
-static int64_t new_job(pw_store *s) {
-  pw_job_new j = {.name = "j", .spec = "{}", .steps = 4, .pp = 2, .dp = 1, .virtual_stages = 1,
-                  .microbatches = 2, .schedule = "1f1b", .model = "m"};
-  int64_t id = 0;
-  pw_err err = {0};
-  if (pw_store_job_insert(s, &j, &id, &err)) fail_msg("insert: %s", err.msg);
-  return id;
-}
-
-static int64_t new_run(pw_store *s, int64_t job) {
-  int64_t run = 0;
-  pw_err err = {0};
-  if (pw_store_run_insert(s, job, "{}", &run, &err)) fail_msg("run: %s", err.msg);
-  return run;
-}
 
 static void metric(pw_store *s, int64_t job, int64_t run, int step, double loss, double eval, double lr) {
   pw_metric m = {.step = step, .loss = loss, .step_time = NAN, .tokens = NAN, .tokens_per_s = NAN,
@@ -98,7 +83,7 @@ static void test_file(void **state) {
   (void)state;
   char path[256], text[4096];
   pw_store *s = store_open_at(g_dir, "tf.db", path, sizeof path);
-  int64_t job = new_job(s), empty = new_job(s), r1 = new_run(s, job), r2 = new_run(s, job);
+  int64_t job = store_new_job(s, 4), empty = store_new_job(s, 4), r1 = store_new_run(s, job), r2 = store_new_run(s, job);
   metric(s, job, r1, 0, 2.5, NAN, 1e-3);
   metric(s, job, r1, 1, NAN, 3.0, 2e-3);  /* a diverged loss is NULL; an eval */
   metric(s, job, r1, 2, NAN, NAN, NAN);   /* nothing to show: no event */

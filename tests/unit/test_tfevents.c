@@ -252,6 +252,17 @@ static void test_every_truncation(void **state) {
 
 /* An Event with a TF2 tensor scalar (metadata, tensor) beside an old-style
  * simple_value, and a source_metadata field (10) we do not know. */
+/* data[0..n) as one record of an event file into file (n + 16 bytes): the
+ * length, its masked CRC, the bytes, theirs. */
+static void frame(uint8_t *file, const uint8_t *data, size_t n) {
+  for (int k = 0; k < 8; k++) file[k] = (uint8_t)((uint64_t)n >> 8 * k);
+  uint32_t c = pw_tf_masked_crc(file, 8);
+  memcpy(file + 8, &c, 4);
+  memcpy(file + 12, data, n);
+  c = pw_tf_masked_crc(data, n);
+  memcpy(file + 12 + n, &c, 4);
+}
+
 static void test_foreign_fields(void **state) {
   (void)state;
   uint8_t data[512];
@@ -259,12 +270,7 @@ static void test_foreign_fields(void **state) {
                    "72730a0e0a076f6c642f616363150000403f52090a077079746f726368",
                    data);
   uint8_t file[600];
-  for (int i = 0; i < 8; i++) file[i] = (uint8_t)((uint64_t)n >> 8 * i);
-  uint32_t c = pw_tf_masked_crc(file, 8);
-  memcpy(file + 8, &c, 4);
-  memcpy(file + 12, data, n);
-  c = pw_tf_masked_crc(data, n);
-  memcpy(file + 12 + n, &c, 4);
+  frame(file, data, n);
   pw_tf_reader r;
   pw_tf_reader_init(&r, file, n + 16, "torch");
   pw_tf_event ev;
@@ -298,12 +304,7 @@ static void test_malformed_protobuf(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t data[64], file[96];
     size_t n = unhex(cases[i].hex, data);
-    for (int k = 0; k < 8; k++) file[k] = (uint8_t)((uint64_t)n >> 8 * k);
-    uint32_t c = pw_tf_masked_crc(file, 8);
-    memcpy(file + 8, &c, 4);
-    memcpy(file + 12, data, n);
-    c = pw_tf_masked_crc(data, n);
-    memcpy(file + 12 + n, &c, 4);
+    frame(file, data, n);
     pw_tf_reader r;
     pw_tf_reader_init(&r, file, n + 16, "x");
     pw_tf_event ev;
