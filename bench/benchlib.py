@@ -9,7 +9,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PY = "/usr/bin/python3"
+PY = os.environ.get("PW_BENCH_PYTHON", "/usr/bin/python3")  # the device machine: its venv's python3
 
 
 def log(msg):

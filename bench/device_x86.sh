@@ -31,7 +31,9 @@ mkdir -p "$B/bench"
 for f in pipewright pipewright-coordinator pipewright-worker; do ln -s "$D/bin/$f" "$B/$f"; done
 ln -s "$D/bin/bench_step" "$B/bench/bench_step"
 JOB=$SRC/bench/jobs/gpt-d768.json
+JOB16=$X/gpt-d768-b16.json   # host_layout's batch, for PyTorch on every core
 PY=$(command -v python3)
+"$PY" -c "import json,sys; j=json.load(open('$JOB')); j['train']['batch_size']=16; j['data']['path']='$SRC/'+j['data']['path']; json.dump(j,open('$JOB16','w'))"
 
 echo "== CPU"
 grep -m1 "model name" /proc/cpuinfo
@@ -41,12 +43,18 @@ echo "== the products' path pipewright takes (nothing set)"
 env -u OPENBLAS_CORETYPE "$B/pipewright" train --job "$SRC/examples/jobs/gpt-tiny.json" --steps 1 \
   --out /tmp/pw-device-x86.safetensors 2>&1 | grep -E "gemm|error" || true
 echo "== a d768 step, nothing set vs OPENBLAS_CORETYPE=SkylakeX (one thread, interleaved)"
-env -u OPENBLAS_CORETYPE timeout 150 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --rounds 3 --steps 2 || true
-OPENBLAS_CORETYPE=SkylakeX timeout 150 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --rounds 3 --steps 2 || true
+timeout 120 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --against skylakex --rounds 3 --steps 1 || true
+echo "== bf16 (AMX through oneDNN) against float32, pipewright and PyTorch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null), one thread each"
+PW_BENCH_PYTHON=$PY timeout 150 "$PY" "$SRC/bench/bf16_step.py" --build "$B" --rounds 3 --warmup 1 || true
+echo "== PyTorch on every core (d768, batch 16): float32 and bf16 autocast, foreach AdamW"
+for ac in "" --autocast; do
+  OMP_NUM_THREADS=$(nproc) timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$JOB16" --threads "$(nproc)" \
+    --steps 3 --warmup 1 --foreach $ac | tail -1 || true
+done
 echo "== the --auto layout of this host's cores against one process"
-env -u OPENBLAS_CORETYPE timeout 330 "$PY" "$SRC/bench/host_layout.py" --bin "$B" --job "$JOB" --threads 1,2,4 \
-  --batch 16 --steps 4 --warm 1 --rounds 2 || true
+env -u OPENBLAS_CORETYPE timeout 300 "$PY" "$SRC/bench/host_layout.py" --bin "$B" --job "$JOB" --threads 1,2,4 \
+  --batch 16 --steps 3 --warm 1 --rounds 2 || true
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/results"
-  cp -r "$SRC/bench/results/dispatch" "$SRC/bench/results/layout" "$OUT/results/" 2>/dev/null || true
+  cp "$SRC"/bench/results/dispatch/gemm-path-skylakex.* "$SRC"/bench/results/layout/host-layout.* "$OUT/results/" 2>/dev/null || true
 fi

@@ -43,18 +43,25 @@ def main():
     ap.add_argument("--job", default=os.path.join(HERE, "jobs", "gpt-d256.json"))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--against", choices=["prescott", "skylakex"], default="prescott",
+                    help="skylakex: nothing set (the default, OPENBLAS_CORETYPE removed) against "
+                         "OPENBLAS_CORETYPE=SkylakeX, on an AVX-512 server (issue 36's 80 %% check)")
     a = ap.parse_args()
     base = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    cases = {"default": dict(base),
-             "Prescott, products on gemm.h's path": dict(base, OPENBLAS_CORETYPE="Prescott"),
-             "Prescott on OpenBLAS (PW_GEMM=openblas)": dict(base, OPENBLAS_CORETYPE="Prescott", PW_GEMM="openblas")}
+    if a.against == "skylakex":
+        base.pop("OPENBLAS_CORETYPE", None)
+        cases = {"default": dict(base), "OPENBLAS_CORETYPE=SkylakeX": dict(base, OPENBLAS_CORETYPE="SkylakeX")}
+    else:
+        cases = {"default": dict(base),
+                 "Prescott, products on gemm.h's path": dict(base, OPENBLAS_CORETYPE="Prescott"),
+                 "Prescott on OpenBLAS (PW_GEMM=openblas)": dict(base, OPENBLAS_CORETYPE="Prescott", PW_GEMM="openblas")}
     servers = {k: Server(a.build, a.job, env) for k, env in cases.items()}
     names = list(cases)
     for s in servers.values():
         s.step()  # warm-up: buffers, page faults, oneDNN's first call
     rounds = {k: [] for k in names}
     for r in range(a.rounds):
-        order = names[r % 3:] + names[:r % 3]
+        order = names[r % len(names):] + names[:r % len(names)]
         got = {k: [] for k in names}
         for _ in range(a.steps):
             for k in order:
@@ -71,7 +78,7 @@ def main():
            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", ""), "version": core.strip(),
            "step_ms": rounds, "median_ms": med,
            "ratio_to_default": {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in ratio.items()}}
-    out = os.path.join(HERE, "results", "dispatch", "gemm-path")
+    out = os.path.join(HERE, "results", "dispatch", "gemm-path" + ("-skylakex" if a.against == "skylakex" else ""))
     with open(out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     lines = [f"# A step with OpenBLAS's kernel below the CPU: {res['job']}, one thread", "",

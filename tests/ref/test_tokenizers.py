@@ -32,7 +32,7 @@ import json, os, shutil, subprocess, sys, tempfile, time
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-PW = None  # main() sets it from BUILD_DIR; bench/tokenize.py imports build() only
+PW = None  # main() sets it from BUILD_DIR; bench/tokenizer_speed.py imports build() only
 TEXT = open(os.path.join(SRC, "examples/data/corpus.txt"), encoding="utf-8").read()
 LINES = TEXT.splitlines(keepends=True)
 TMP = None

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""tokenize.py: `pipewright tokenize` against Hugging Face `tokenizers` on
+"""tokenizer_speed.py: `pipewright tokenize` against Hugging Face `tokenizers` on
 one thread, on the example corpus repeated, for every kind of tokenizer
 tests/ref/test_tokenizers.py trains (the same training, the same files).
 
-  .venv/bin/python bench/tokenize.py [--build DIR] [--repeat 8] [--rounds 5] [--out STEM]
+  .venv/bin/python bench/tokenizer_speed.py [--build DIR] [--repeat 8] [--rounds 5] [--out STEM]
 
 Each round times both sides on the same text, interleaved (A B B A: ours
 first on even rounds, theirs first on odd ones):
