@@ -1,0 +1,75 @@
+/* cu_int: what cu_core.cu, cu_ops.cu, cu_optim.cu and cu_backend.cu share
+ * (nvcc only; internal to common/cuda/).
+ *
+ * The process's one device (cuda.h) is cu_core.cu's state: its number, the
+ * cuBLAS handle, a scratch buffer the kernels grow, and the first failure
+ * recorded since it was last reported. Files call one another one way
+ * only: backend -> ops, optim -> core (tests/layers checks it). */
+#ifndef PW_CU_INT_H
+#define PW_CU_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "errors.h"
+#include "kernels.h"
+#include "backend.h"
+#include "cuda.h"
+
+/* ---- cu_core.cu: the device ---------------------------------------------------- */
+
+/* Makes `device` the process's (a context, the cuBLAS handle); 0 or a
+ * negative code with err filled (cuda.h's pw_cuda_open). */
+int pw_cu__core_open(int device, pw_err *err);
+/* Frees what pw_cu__core_open made (after the device finished). */
+void pw_cu__core_close(void);
+/* This thread's current device made the open one: every entry point calls
+ * it first (the runtime's current device is per thread). */
+void pw_cu__enter(void);
+cublasHandle_t pw_cu__blas(void);
+/* A device buffer of at least `bytes`, the kernels' own (xent's row
+ * losses, sqnorm's partials): valid until the next call, which may free it
+ * once the device has finished with it; NULL (recorded) when out of memory. */
+void *pw_cu__scratch(size_t bytes);
+/* After a launch: a launch failure recorded under `where`. */
+void pw_cu__launched(const char *where);
+/* A cuBLAS call's failure recorded under `where`. */
+void pw_cu__note_blas(int status, const char *where);
+/* After a runtime call returned e: 0 for success; else the failure
+ * recorded (the runtime's last error cleared, so no later launch check
+ * sees it again) and the first recorded one returned in err. */
+int pw_cu__check(cudaError_t e, const char *where, pw_err *err);
+/* The first failure recorded since the last report, in err, and forgotten;
+ * 0 when none. */
+int pw_cu__take_error(pw_err *err);
+
+/* ---- cu_ops.cu: the kernel table ------------------------------------------------ */
+const pw_kernel *pw_cu__kernel_of(int op);
+
+/* ---- cu_optim.cu: the optimizer loops (backend.h's) ------------------------------ */
+double pw_cu__sqnorm(const pw_backend *be, const float *g, size_t n);
+void pw_cu__adamw(const pw_backend *be, float *w, const float *g, float *m, float *v, size_t n, float gs,
+                  float decay, float b1, float b2, float eps, float step, float bc2s);
+void pw_cu__sgd(const pw_backend *be, float *w, const float *g, float *buf, size_t n, float gs, float wd, float mom,
+                float lr, int first);
+void pw_cu__add_into(const pw_backend *be, float *out, const float *in, size_t n);
+}
+
+/* Launch shape of the one-thread-per-item kernels: n items, 256 a block. */
+#define PW_CU_THREADS 256
+static inline unsigned pw_cu__blocks(size_t n) { return (unsigned)((n + PW_CU_THREADS - 1) / PW_CU_THREADS); }
+__device__ static inline size_t pw_cu__tid(void) { return (size_t)blockIdx.x * blockDim.x + threadIdx.x; }
+
+/* kernel<<<>>>(args) over n items (none launched for 0: a zero grid is an
+ * error), the launch checked under `where`. */
+#define PW_CU_LAUNCH(kernel, n, where, ...)                                 \
+  do {                                                                       \
+    size_t n_ = (n);                                                         \
+    if (n_) {                                                                \
+      kernel<<<pw_cu__blocks(n_), PW_CU_THREADS>>>(__VA_ARGS__);             \
+      pw_cu__launched(where);                                                \
+    }                                                                        \
+  } while (0)
+
+#endif

@@ -1,0 +1,419 @@
+/* cu_ops: the CUDA backend's kernel table — kernels.c's rows with device
+ * pointers, the same argument block unpacked the same way (rows, B, the
+ * node's C, OC, T, eps; aux layouts: layernorm mean then rstd, rmsnorm
+ * rstd, gelu gelu'(in), xent probs).
+ *
+ * Each row launches one kernel per pass, one thread per output element,
+ * row or parameter column, running a body of cu_ops_body.h (which the CPU
+ * test runs too); products go through one cuBLAS sgemm wrapper. No
+ * atomics and no shared memory: a run gives the same bits every time. All
+ * on the legacy default stream, asynchronous; failures are recorded
+ * (cu_core.cu) for the backend's sync.
+ *
+ * Not here: rope and the attentions (cu_attn.cu), LoRA (no forward: the
+ * caller refuses it by name), bf16 programs (io->wb: refused by the
+ * caller; recorded as a failure if one comes), the KV-cache decode
+ * (decode.c runs on the CPU: every decode entry is NULL). */
+#include "cu_int.h"
+#include "cu_ops_body.h"
+
+#include "cu_attn.h"
+
+#define TOK(p) ((const int32_t *)(p))
+
+/* ---- kernels: a body over [0, n) ------------------------------------------------- */
+
+__global__ static void embed_f_k(float *out, const int32_t *tok, const float *wte, int C, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_embed_f_el(out, tok, wte, C, i);
+}
+__global__ static void embed_w_k(float *dwte, const float *dout, const int32_t *tok, int N, int C) {
+  size_t c = pw_cu__tid();
+  if (c < (size_t)C) pw_cu_embed_w_col(dwte, dout, tok, N, C, (int)c);
+}
+__global__ static void posembed_f_k(float *out, const float *inp, const float *wpe, int T, int C, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_posembed_f_el(out, inp, wpe, T, C, i);
+}
+__global__ static void pass_k(float *din, const float *dout, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_pass_el(din, dout, acc, i);
+}
+__global__ static void posembed_w_k(float *dwpe, const float *dout, int B, int T, int C, size_t n) {
+  size_t j = pw_cu__tid();
+  if (j < n) pw_cu_posembed_w_el(dwpe, dout, B, T, C, j);
+}
+__global__ static void bias_fill_k(float *out, const float *bias, int OC, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_bias_fill_el(out, bias, OC, i);
+}
+__global__ static void bias_w_k(float *dbias, const float *dout, int N, int OC) {
+  size_t o = pw_cu__tid();
+  if (o < (size_t)OC) pw_cu_bias_w_col(dbias, dout, N, OC, (int)o);
+}
+__global__ static void layernorm_f_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                     const float *b, int N, int C, float eps) {
+  size_t n = pw_cu__tid();
+  if (n < (size_t)N) pw_cu_layernorm_f_row(out, mean, rstd, inp, w, b, C, eps, (int)n);
+}
+__global__ static void layernorm_i_k(float *dinp, const float *dout, const float *inp, const float *w,
+                                     const float *mean, const float *rstd, int N, int C, int acc) {
+  size_t n = pw_cu__tid();
+  if (n < (size_t)N) pw_cu_layernorm_i_row(dinp, dout, inp, w, mean, rstd, C, acc, (int)n);
+}
+__global__ static void layernorm_w_k(float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                                     const float *rstd, int N, int C) {
+  size_t c = pw_cu__tid();
+  if (c < (size_t)C) pw_cu_layernorm_w_col(dw, db, dout, inp, mean, rstd, N, C, (int)c);
+}
+__global__ static void rmsnorm_f_k(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+  size_t n = pw_cu__tid();
+  if (n < (size_t)N) pw_cu_rmsnorm_f_row(out, rstd, inp, w, C, eps, (int)n);
+}
+__global__ static void rmsnorm_i_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                                   int N, int C, int acc) {
+  size_t n = pw_cu__tid();
+  if (n < (size_t)N) pw_cu_rmsnorm_i_row(dinp, dout, inp, w, rstd, C, acc, (int)n);
+}
+__global__ static void rmsnorm_w_k(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+  size_t c = pw_cu__tid();
+  if (c < (size_t)C) pw_cu_rmsnorm_w_col(dw, dout, inp, rstd, N, C, (int)c);
+}
+__global__ static void gelu_f_k(float *out, float *dgelu, const float *inp, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_gelu_f_el(out, dgelu, inp, i);
+}
+__global__ static void gelu_i_k(float *dinp, const float *dout, const float *dgelu, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_gelu_i_el(dinp, dout, dgelu, acc, i);
+}
+__global__ static void relu_f_k(float *out, const float *inp, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_relu_f_el(out, inp, i);
+}
+__global__ static void relu_i_k(float *dinp, const float *dout, const float *inp, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_relu_i_el(dinp, dout, inp, acc, i);
+}
+__global__ static void silu_f_k(float *out, const float *inp, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_silu_f_el(out, inp, i);
+}
+__global__ static void silu_i_k(float *dinp, const float *dout, const float *inp, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_silu_i_el(dinp, dout, inp, acc, i);
+}
+__global__ static void swiglu_f_k(float *out, const float *gate, const float *up, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_swiglu_f_el(out, gate, up, i);
+}
+/* dgate and dup may alias (gate == up): no __restrict__ anywhere here */
+__global__ static void swiglu_i_k(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                  int acc_gate, int acc_up, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_swiglu_i_el(dgate, dup, dout, gate, up, acc_gate, acc_up, i);
+}
+__global__ static void add_f_k(float *out, const float *a, const float *b, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_add_f_el(out, a, b, i);
+}
+__global__ static void add_i_k(float *da, float *db, const float *dout, int acc_a, int acc_b, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_add_i_el(da, db, dout, acc_a, acc_b, i);
+}
+__global__ static void xent_f_k(float *probs, double *rowloss, const float *logits, const int32_t *targets, int N,
+                                int V) {
+  size_t n = pw_cu__tid();
+  if (n < (size_t)N) pw_cu_xent_f_row(probs, rowloss, logits, targets, V, (int)n);
+}
+/* one thread: the rows' losses in row order */
+__global__ static void xent_total_k(float *loss, const double *rowloss, int N, float scale) {
+  if (pw_cu__tid() == 0) loss[0] = pw_cu_xent_total(rowloss, N, scale);
+}
+__global__ static void xent_i_k(float *dlogits, const float *probs, const int32_t *targets, int V, float scale, int acc,
+                                size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_xent_i_el(dlogits, probs, targets, V, scale, acc, i);
+}
+/* one thread: the sum in element order */
+__global__ static void mse_f_k(float *loss, const float *pred, const float *target, size_t n, float scale) {
+  if (pw_cu__tid() == 0) loss[0] = pw_cu_mse_f(pred, target, n, scale);
+}
+__global__ static void mse_i_k(float *dpred, const float *pred, const float *target, float scale, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_mse_i_el(dpred, pred, target, scale, acc, i);
+}
+__global__ static void concat_f_k(float *out, const float *a, const float *b, int C, int D, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_concat_f_el(out, a, b, C, D, i);
+}
+__global__ static void concat_i_k(float *din, const float *dout, int w, int off, int stride, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_concat_i_el(din, dout, w, off, stride, acc, i);
+}
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+/* The one GEMM: g is pw_sgemm's row-major call already turned into
+ * cuBLAS's column-major one (cu_ops_body.h's pw_cu_gemm_of says how; the
+ * CPU test checks it against ops.c). beta 0 does not read C. */
+static void sgemm(pw_cu_gemm g, float alpha, float beta, const char *where) {
+  cublasStatus_t s = cublasSgemm(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                 g.m, g.n, g.k, &alpha, g.a, g.lda, g.b, g.ldb, &beta, g.c, g.ldc);
+  if (s != CUBLAS_STATUS_SUCCESS) pw_cu__note_blas((int)s, where);
+}
+
+static void zero(float *p, size_t n, const char *where) {
+  cudaError_t e = cudaMemsetAsync(p, 0, n * sizeof(float), 0);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    pw_cu_note_error((int)e, where);
+  }
+}
+
+/* bf16 programs are refused by the caller; one that comes anyway fails
+ * loudly instead of computing float32 where bf16 was asked for. */
+static int bf16_refused(const pw_kernel_io *io, const char *where) {
+  if (!io->wb && !io->bscratch) return 0;
+  pw_cu_note_error((int)cudaErrorNotSupported, where);
+  return 1;
+}
+
+static size_t nc(const pw_kernel_io *io) { return (size_t)io->rows * (size_t)io->n->C; } /* elementwise ops */
+
+/* ---- rows (kernels.c's adapters) ------------------------------------------------------ */
+
+static void embed_f(const pw_kernel_io *io) {
+  int C = io->n->OC;
+  pw_cu__enter();
+  PW_CU_LAUNCH(embed_f_k, (size_t)io->rows * (size_t)C, "embed_f", io->out, TOK(io->in0), io->w, C,
+               (size_t)io->rows * (size_t)C);
+}
+static void embed_w(const pw_kernel_io *io) {
+  if (!io->dw) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(embed_w_k, (size_t)io->n->OC, "embed_w", io->dw, io->dout, TOK(io->in0), io->rows, io->n->OC);
+}
+
+static void posembed_f(const pw_kernel_io *io) {
+  size_t n = (size_t)io->B * (size_t)io->n->T * (size_t)io->n->C;
+  pw_cu__enter();
+  PW_CU_LAUNCH(posembed_f_k, n, "posembed_f", io->out, io->in0, io->w, io->n->T, io->n->C, n);
+}
+static void posembed_i(const pw_kernel_io *io) {
+  size_t n = (size_t)io->B * (size_t)io->n->T * (size_t)io->n->C;
+  pw_cu__enter();
+  PW_CU_LAUNCH(pass_k, n, "posembed_i", io->din0, io->dout, io->acc0, n);
+}
+static void posembed_w(const pw_kernel_io *io) {
+  size_t n = (size_t)io->n->T * (size_t)io->n->C;
+  if (!io->dw) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(posembed_w_k, n, "posembed_w", io->dw, io->dout, io->B, io->n->T, io->n->C, n);
+}
+
+/* ops.c's pw_linear_* with its edge cases: no rows or no outputs do
+ * nothing; no inputs leave the bias (or zeros, or the old gradient). */
+static void linear_f(const pw_kernel_io *io) {
+  int N = io->rows, C = io->n->C, OC = io->n->OC;
+  if (bf16_refused(io, "linear_f: bf16 on cuda") || N <= 0 || OC <= 0) return;
+  pw_cu__enter();
+  size_t n = (size_t)N * (size_t)OC;
+  float beta = 0.0f;
+  if (io->b) { /* torch.addmm: out starts as the broadcast bias, the GEMM adds to it */
+    PW_CU_LAUNCH(bias_fill_k, n, "linear_f: bias", io->out, io->b, OC, n);
+    beta = 1.0f;
+  }
+  if (C <= 0) {
+    if (!io->b) zero(io->out, n, "linear_f: zero");
+    return;
+  }
+  sgemm(pw_cu_linear_f_gemm(io->out, io->in0, io->w, N, C, OC), 1.0f, beta, "linear_f: cublasSgemm");
+}
+static void linear_i(const pw_kernel_io *io) {
+  int N = io->rows, C = io->n->C, OC = io->n->OC;
+  if (bf16_refused(io, "linear_i: bf16 on cuda") || N <= 0 || C <= 0 || !io->din0) return;
+  pw_cu__enter();
+  if (OC <= 0) {
+    if (!io->acc0) zero(io->din0, (size_t)N * (size_t)C, "linear_i: zero");
+    return;
+  }
+  sgemm(pw_cu_linear_i_gemm(io->din0, io->dout, io->w, N, C, OC), 1.0f, io->acc0 ? 1.0f : 0.0f,
+        "linear_i: cublasSgemm");
+}
+static void linear_w(const pw_kernel_io *io) {
+  int N = io->rows, C = io->n->C, OC = io->n->OC;
+  if (bf16_refused(io, "linear_w: bf16 on cuda") || N <= 0 || OC <= 0) return;
+  pw_cu__enter();
+  if (C > 0 && io->dw) sgemm(pw_cu_linear_w_gemm(io->dw, io->dout, io->in0, N, C, OC), 1.0f, 1.0f, "linear_w: cublasSgemm");
+  if (io->db) PW_CU_LAUNCH(bias_w_k, (size_t)OC, "linear_w: bias", io->db, io->dout, N, OC);
+}
+/* W then I, as kernels.c's */
+static void linear_b(const pw_kernel_io *io) {
+  linear_w(io);
+  linear_i(io);
+}
+
+static void layernorm_f(const pw_kernel_io *io) {
+  int N = io->rows;
+  pw_cu__enter();
+  PW_CU_LAUNCH(layernorm_f_k, (size_t)N, "layernorm_f", io->out, io->aux, io->aux + N, io->in0, io->w, io->b, N,
+               io->n->C, io->n->eps);
+}
+static void layernorm_i(const pw_kernel_io *io) {
+  int N = io->rows;
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(layernorm_i_k, (size_t)N, "layernorm_i", io->din0, io->dout, io->in0, io->w, io->aux, io->aux + N, N,
+               io->n->C, io->acc0);
+}
+static void layernorm_w(const pw_kernel_io *io) {
+  int N = io->rows;
+  if (!io->dw && !io->db) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(layernorm_w_k, (size_t)io->n->C, "layernorm_w", io->dw, io->db, io->dout, io->in0, io->aux,
+               io->aux + N, N, io->n->C);
+}
+/* W then I: ops.c's one-pass backward gives the same bits as the two */
+static void layernorm_b(const pw_kernel_io *io) {
+  layernorm_w(io);
+  layernorm_i(io);
+}
+
+static void rmsnorm_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(rmsnorm_f_k, (size_t)io->rows, "rmsnorm_f", io->out, io->aux, io->in0, io->w, io->rows, io->n->C,
+               io->n->eps);
+}
+static void rmsnorm_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(rmsnorm_i_k, (size_t)io->rows, "rmsnorm_i", io->din0, io->dout, io->in0, io->w, io->aux, io->rows,
+               io->n->C, io->acc0);
+}
+static void rmsnorm_w(const pw_kernel_io *io) {
+  if (!io->dw) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(rmsnorm_w_k, (size_t)io->n->C, "rmsnorm_w", io->dw, io->dout, io->in0, io->aux, io->rows, io->n->C);
+}
+
+static void gelu_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(gelu_f_k, nc(io), "gelu_f", io->out, io->aux, io->in0, nc(io));
+}
+static void gelu_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(gelu_i_k, nc(io), "gelu_i", io->din0, io->dout, io->aux, io->acc0, nc(io));
+}
+static void relu_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(relu_f_k, nc(io), "relu_f", io->out, io->in0, nc(io));
+}
+static void relu_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(relu_i_k, nc(io), "relu_i", io->din0, io->dout, io->in0, io->acc0, nc(io));
+}
+static void silu_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(silu_f_k, nc(io), "silu_f", io->out, io->in0, nc(io));
+}
+static void silu_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(silu_i_k, nc(io), "silu_i", io->din0, io->dout, io->in0, io->acc0, nc(io));
+}
+static void swiglu_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(swiglu_f_k, nc(io), "swiglu_f", io->out, io->in0, io->in1, nc(io));
+}
+/* ops.c writes both gradients (the program binds both) */
+static void swiglu_i(const pw_kernel_io *io) {
+  if (!io->din0 || !io->din1) {
+    pw_cu_note_error((int)cudaErrorInvalidValue, "swiglu_i: a NULL input gradient");
+    return;
+  }
+  pw_cu__enter();
+  PW_CU_LAUNCH(swiglu_i_k, nc(io), "swiglu_i", io->din0, io->din1, io->dout, io->in0, io->in1, io->acc0, io->acc1,
+               nc(io));
+}
+static void add_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(add_f_k, nc(io), "add_f", io->out, io->in0, io->in1, nc(io));
+}
+static void add_i(const pw_kernel_io *io) {
+  if (!io->din0 || !io->din1) {
+    pw_cu_note_error((int)cudaErrorInvalidValue, "add_i: a NULL input gradient");
+    return;
+  }
+  pw_cu__enter();
+  PW_CU_LAUNCH(add_i_k, nc(io), "add_i", io->din0, io->din1, io->dout, io->acc0, io->acc1, nc(io));
+}
+
+/* The loss to io->out[0] on the device: each row's -log p in double in
+ * the scratch, then one thread adds them in row order (ops.c's order). */
+static void xent_f(const pw_kernel_io *io) {
+  int N = io->rows, V = io->n->C;
+  pw_cu__enter();
+  double *rowloss = (double *)pw_cu__scratch(((size_t)N + 1) * sizeof(double));
+  if (!rowloss) return;
+  PW_CU_LAUNCH(xent_f_k, (size_t)N, "xent_f", io->aux, rowloss, io->in0, TOK(io->in1), N, V);
+  PW_CU_LAUNCH(xent_total_k, 1, "xent_f: total", io->out, rowloss, N, io->loss_scale);
+}
+static void xent_i(const pw_kernel_io *io) {
+  size_t n = (size_t)io->rows * (size_t)io->n->C;
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(xent_i_k, n, "xent_i", io->din0, io->aux, TOK(io->in1), io->n->C, io->loss_scale, io->acc0, n);
+}
+static void mse_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(mse_f_k, 1, "mse_f", io->out, io->in0, io->in1, nc(io), io->loss_scale);
+}
+static void mse_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(mse_i_k, nc(io), "mse_i", io->din0, io->in0, io->in1, io->loss_scale, io->acc0, nc(io));
+}
+
+/* concat: row r of out is row r of a (C floats), then of b (OC - C) */
+static void concat_f(const pw_kernel_io *io) {
+  int C = io->n->C, D = io->n->OC - io->n->C;
+  size_t n = (size_t)io->rows * (size_t)io->n->OC;
+  pw_cu__enter();
+  PW_CU_LAUNCH(concat_f_k, n, "concat_f", io->out, io->in0, io->in1, C, D, n);
+}
+static void concat_i(const pw_kernel_io *io) {
+  int C = io->n->C, OC = io->n->OC;
+  pw_cu__enter();
+  if (io->din0)
+    PW_CU_LAUNCH(concat_i_k, (size_t)io->rows * (size_t)C, "concat_i: a", io->din0, io->dout, C, 0, OC, io->acc0,
+                 (size_t)io->rows * (size_t)C);
+  if (io->din1)
+    PW_CU_LAUNCH(concat_i_k, (size_t)io->rows * (size_t)(OC - C), "concat_i: b", io->din1, io->dout, OC - C, C, OC,
+                 io->acc1, (size_t)io->rows * (size_t)(OC - C));
+}
+
+/* forward, backward_input, backward_weight, backward, decode (none: decode.c is the CPU's) */
+static const pw_kernel table[PW_OP__COUNT] = {
+    [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL, NULL},
+    [PW_OP_POSEMBED] = {posembed_f, posembed_i, posembed_w, NULL, NULL},
+    [PW_OP_LINEAR] = {linear_f, linear_i, linear_w, linear_b, NULL},
+    [PW_OP_LAYERNORM] = {layernorm_f, layernorm_i, layernorm_w, layernorm_b, NULL},
+    [PW_OP_RMSNORM] = {rmsnorm_f, rmsnorm_i, rmsnorm_w, NULL, NULL},
+    [PW_OP_GELU] = {gelu_f, gelu_i, NULL, NULL, NULL},
+    [PW_OP_RELU] = {relu_f, relu_i, NULL, NULL, NULL},
+    [PW_OP_SILU] = {silu_f, silu_i, NULL, NULL, NULL},
+    [PW_OP_SWIGLU] = {swiglu_f, swiglu_i, NULL, NULL, NULL},
+    [PW_OP_ADD] = {add_f, add_i, NULL, NULL, NULL},
+    [PW_OP_ROPE] = {pw_cu_rope_f, pw_cu_rope_i, NULL, NULL, NULL},
+    [PW_OP_ATTENTION] = {pw_cu_attention_f, pw_cu_attention_i, NULL, NULL, NULL},
+    [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL, NULL},
+    [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL, NULL},
+    [PW_OP_LORA] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU: the caller refuses it by name */
+    [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL},
+    [PW_OP_ATTENTION_TILED] = {pw_cu_attention_tiled_f, pw_cu_attention_tiled_i, NULL, NULL, NULL},
+};
+
+extern "C" const pw_kernel *pw_cu__kernel_of(int op) { return &table[op]; }
