@@ -96,10 +96,7 @@ extern "C" void *pw_cu__scratch(size_t bytes) {
 }
 
 extern "C" int pw_cu__core_open(int device, pw_err *err) {
-  if (g.open) {
-    if (device != g.device)
-      return pw_err_set(err, PW_ECONFLICT, "cuda", "cuda:%d: this process already uses cuda:%d (one device a process)",
-                        device, g.device);
+  if (g.open && device == g.device) {
     g.open++;
     return 0;
   }
@@ -114,6 +111,9 @@ extern "C" int pw_cu__core_open(int device, pw_err *err) {
   if (device < 0 || device >= count)
     return pw_err_set(err, PW_ENOENT, "cuda", "cuda:%d: no such device (%d visible: cuda:0 .. cuda:%d)", device, count,
                       count - 1);
+  if (g.open)
+    return pw_err_set(err, PW_ECONFLICT, "cuda", "cuda:%d: this process already uses cuda:%d (one device a process)",
+                      device, g.device);
   memset(&g, 0, sizeof g);
   g.device = device;
   if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaFree(0)) != cudaSuccess) { /* the context, now */
