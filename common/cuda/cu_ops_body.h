@@ -128,7 +128,9 @@ static inline PW_HD void pw_cu_pass_el(float *din, const float *dout, int acc, s
 /* dwpe (T,C) element j += dout[b, j] for b in order */
 static inline PW_HD void pw_cu_posembed_w_el(float *dwpe, const float *dout, int B, int T, int C, size_t j) {
   size_t TC = (size_t)T * (size_t)C;
-  for (int b = 0; b < B; b++) dwpe[j] += dout[(size_t)b * TC + j];
+  float a = dwpe[j];
+  for (int b = 0; b < B; b++) a += dout[(size_t)b * TC + j];
+  dwpe[j] = a;
 }
 
 /* ---- linear: the GEMMs as cuBLAS calls, the bias ------------------------------ */
@@ -178,9 +180,12 @@ static inline PW_HD void pw_cu_bias_fill_el(float *out, const float *bias, int O
   out[i] = bias[i % (size_t)OC];
 }
 
-/* dbias[o] += dout[n, o] for n in order */
+/* dbias[o] += dout[n, o] for n in order (in a register: the same adds,
+ * and the loads need not wait for a store that might alias them) */
 static inline PW_HD void pw_cu_bias_w_col(float *dbias, const float *dout, int N, int OC, int o) {
-  for (int n = 0; n < N; n++) dbias[o] += dout[(size_t)n * (size_t)OC + o];
+  float a = dbias[o];
+  for (int n = 0; n < N; n++) a += dout[(size_t)n * (size_t)OC + o];
+  dbias[o] = a;
 }
 
 /* ---- layernorm (aux: mean (N), rstd (N)) --------------------------------------- */
@@ -248,14 +253,18 @@ static inline PW_HD void pw_cu_layernorm_i_row(float *dinp, const float *dout, c
   }
 }
 
-/* Column c of dw (+= dy xhat) and db (+= dy) over the rows in order; either may be NULL (frozen). */
+/* Column c of dw (+= dy xhat) and db (+= dy) over the rows in order, in
+ * registers; either may be NULL (frozen). */
 static inline PW_HD void pw_cu_layernorm_w_col(float *dw, float *db, const float *dout, const float *inp,
                                                const float *mean, const float *rstd, int N, int C, int c) {
+  float aw = dw ? dw[c] : 0.0f, ab = db ? db[c] : 0.0f;
   for (int n = 0; n < N; n++) {
     size_t k = (size_t)n * (size_t)C + c;
-    if (dw) dw[c] += dout[k] * ((inp[k] - mean[n]) * rstd[n]);
-    if (db) db[c] += dout[k];
+    aw += dout[k] * ((inp[k] - mean[n]) * rstd[n]);
+    ab += dout[k];
   }
+  if (dw) dw[c] = aw;
+  if (db) db[c] = ab;
 }
 
 /* ---- rmsnorm (aux: rstd (N)) ----------------------------------------------------- */
@@ -304,10 +313,12 @@ static inline PW_HD void pw_cu_rmsnorm_i_row(float *dinp, const float *dout, con
 
 static inline PW_HD void pw_cu_rmsnorm_w_col(float *dw, const float *dout, const float *inp, const float *rstd, int N,
                                              int C, int c) {
+  float a = dw[c];
   for (int n = 0; n < N; n++) {
     size_t k = (size_t)n * (size_t)C + c;
-    dw[c] += dout[k] * (inp[k] * rstd[n]);
+    a += dout[k] * (inp[k] * rstd[n]);
   }
+  dw[c] = a;
 }
 
 /* ---- activations (element i of n) ------------------------------------------------ */
