@@ -1,37 +1,12 @@
 /* optim: the arithmetic of optim.h, written to match torch.optim.AdamW and
- * torch.optim.SGD (single-tensor path) operation for operation. */
+ * torch.optim.SGD (single-tensor path) operation for operation. The loops
+ * over a parameter's elements are the program's backend's (backend.h;
+ * backend.c has the CPU's), so they run where the arenas live. */
 #include "optim.h"
 
 #include <math.h>
 
-#include "cpu.h"
-
-/* The two loops over whole arenas, compiled per vector level (cpu.h): the
- * same operations in the same order at every level, so the same bits. */
-static PW_CPU_DISPATCH(sqnorm16, (const float *g, size_t n, double *out), (g, n, out)) {
-  /* 16 partial sums: the loop vectorises, and the order is fixed. */
-  size_t j = 0;
-  double l[16] = {0}, t = 0;
-  for (; j + 16 <= n; j += 16)
-    for (int k = 0; k < 16; k++) l[k] += (double)g[j + k] * g[j + k];
-  for (; j < n; j++) t += (double)g[j] * g[j];
-  for (int k = 0; k < 16; k++) t += l[k];
-  *out = t;
-}
-
-static PW_CPU_DISPATCH(adamw_loop,
-                       (float *w, const float *g, float *m, float *v, size_t n, float gs, float decay, float b1,
-                        float b2, float eps, float step, float bc2s),
-                       (w, g, m, v, n, gs, decay, b1, b2, eps, step, bc2s)) {
-  for (size_t i = 0; i < n; i++) {
-    float gi = g[i] * gs;
-    w[i] *= decay;
-    m[i] = m[i] * b1 + gi * (1.0f - b1);
-    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
-    float denom = sqrtf(v[i]) / bc2s + eps;
-    w[i] -= step * (m[i] / denom);
-  }
-}
+#include "backend.h"
 
 double pw_lr_at(const pw_optim_spec *o, int steps, int k) {
   if (k < o->warmup_steps) return o->lr * (double)(k + 1) / (double)o->warmup_steps;
@@ -56,6 +31,7 @@ double pw_grad_sqnorm(pw_prog *p, const int *skip, int n_skip) {
 }
 
 double pw_grad_sqnorm_range(pw_prog *p, const int *skip, int n_skip, size_t lo, size_t hi) {
+  const pw_backend *be = pw_prog_backend(p);
   double s = 0;
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
@@ -63,9 +39,7 @@ double pw_grad_sqnorm_range(pw_prog *p, const int *skip, int n_skip, size_t lo, 
     for (int k = 0; k < n_skip; k++) skipped |= skip[k] == pp->model_index;
     size_t a, b;
     if (skipped || !clip_range(p, pp, lo, hi, &a, &b)) continue;
-    double t;
-    sqnorm16(pp->grad + a, b - a, &t);
-    s += t;
+    s += be->sqnorm(be, pp->grad + a, b - a);
   }
   return s;
 }
@@ -77,28 +51,18 @@ float pw_clip_coef(double norm, double clip) {
 }
 
 /* Elements [a, b) of parameter pp, whose moments start at m and v. */
-static void adamw(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs, size_t a, size_t b, float *m,
-                  float *v) {
+static void adamw(const pw_backend *be, pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs, size_t a,
+                  size_t b, float *m, float *v) {
   float decay = pp->meta->decay ? (float)(1.0 - lr * o->weight_decay) : 1.0f;
   double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-  adamw_loop(pp->data + a, pp->grad + a, m, v, b - a, gs, decay, (float)o->beta1, (float)o->beta2, (float)o->eps,
-             (float)(lr / bc1), (float)sqrt(bc2));
+  be->adamw(be, pp->data + a, pp->grad + a, m, v, b - a, gs, decay, (float)o->beta1, (float)o->beta2, (float)o->eps,
+            (float)(lr / bc1), (float)sqrt(bc2));
 }
 
-static void sgd(pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs, size_t a, size_t b,
-                float *buf) {
-  float *w = pp->data + a, *g = pp->grad + a;
-  size_t n = b - a;
-  float wd = pp->meta->decay ? (float)o->weight_decay : 0.0f, mom = (float)o->momentum;
-  float flr = (float)lr;
-  for (size_t i = 0; i < n; i++) {
-    float gi = g[i] * gs + wd * w[i];
-    if (mom != 0.0f) {
-      buf[i] = t == 1 ? gi : buf[i] * mom + gi;
-      gi = buf[i];
-    }
-    w[i] -= flr * gi;
-  }
+static void sgd(const pw_backend *be, pw_prog_param *pp, const pw_optim_spec *o, int t, double lr, float gs,
+                size_t a, size_t b, float *buf) {
+  float wd = pp->meta->decay ? (float)o->weight_decay : 0.0f;
+  be->sgd(be, pp->data + a, pp->grad + a, buf, b - a, gs, wd, (float)o->momentum, (float)lr, t == 1);
 }
 
 void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale) {
@@ -107,15 +71,16 @@ void pw_optim_step(pw_prog *p, const pw_optim_spec *o, int t, double lr, float g
 
 void pw_optim_step_range(pw_prog *p, const pw_optim_spec *o, int t, double lr, float grad_scale, size_t lo, size_t hi,
                          float *m, float *v) {
+  const pw_backend *be = pw_prog_backend(p);
   for (int i = 0; i < pw_prog_n_params(p); i++) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
     size_t a, b;
     if (!pp->grad || !clip_range(p, pp, lo, hi, &a, &b)) continue; /* frozen, or not ours */
     size_t at = (size_t)(pp->grad - pw_prog_grads(p)) + a - lo;   /* where [a, b) starts in m and v */
     if (o->kind == PW_OPT_SGD)
-      sgd(pp, o, t, lr, grad_scale, a, b, m + at);
+      sgd(be, pp, o, t, lr, grad_scale, a, b, m + at);
     else
-      adamw(pp, o, t, lr, grad_scale, a, b, m + at, v + at);
+      adamw(be, pp, o, t, lr, grad_scale, a, b, m + at, v + at);
   }
 }
 

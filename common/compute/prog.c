@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "backend.h"
 #include "collective.h"
 #include "kernels.h"
 #include "optable.h"
@@ -35,6 +36,8 @@
 struct pw_prog {
   const pw_model *m;
   pw_prog_config cfg;
+  const pw_backend *be;          /* where the arenas live and the kernels run (backend.h) */
+  pw_err be_err;                 /* a failed upload of pw_prog_init_params (code 0: none), kept */
   /* Every offset and size (layout.h: the planner reads the same). A
    * parameter read by several nodes of this program (tied embeddings)
    * accumulates each further use in a shadow gradient after the numel main
@@ -123,12 +126,15 @@ float *pw_alloc_floats(size_t n) {
   return v;
 }
 
+/* n floats (at least one) of the backend's zeroed memory, and back. */
+static float *arena_alloc(const pw_prog *p, size_t n) { return p->be->alloc(p->be, (n ? n : 1) * sizeof(float)); }
+static void arena_free(const pw_prog *p, void *a) {
+  if (a) p->be->free(p->be, a);
+}
+
 /* One remat work buffer: the slot past its keep part (an embedding alone
  * may have none of it). */
-static float *work_alloc(const pw_prog_layout *L) {
-  size_t n = L->sz.slot_floats - L->sz.keep_floats;
-  return pw_alloc_floats(n ? n : 1);
-}
+static float *work_alloc(const pw_prog *p) { return arena_alloc(p, p->L.sz.slot_floats - p->L.sz.keep_floats); }
 
 /* The first writer of each value gradient in backward order overwrites,
  * later ones accumulate. Output ports' gradients arrive filled by the
@@ -203,6 +209,25 @@ static int plan_bf16(pw_prog *p) {
   return p->wb && p->bscratch && p->wire ? 0 : PW_ENOMEM;
 }
 
+/* What a backend other than the CPU does not run yet, refused by name:
+ * an op without its kernel there, and the features whose code touches
+ * the arenas from the host (bf16's conversions, ZeRO-2's lent gradients). */
+static int check_backend(const pw_model *m, const pw_prog_config *cfg, const pw_backend *be, pw_err *err) {
+  if (be->host) return 0;
+  if (cfg->bf16)
+    return pw_err_set(err, PW_ENOTSUP, "train.precision", "\"bf16\" does not run on %s yet (float32 does)", be->name);
+  if (cfg->no_grads)
+    return pw_err_set(err, PW_ENOTSUP, "train.zero", "ZeRO-2 does not run on %s yet", be->name);
+  for (int i = 0; i < m->n_nodes; i++) {
+    const pw_node *n = &m->nodes[i];
+    if (n->layer < cfg->layer_lo || n->layer >= cfg->layer_hi) continue;
+    if (!be->kernel_of(n->op)->forward)
+      return pw_err_set(err, PW_ENOTSUP, "model", "op '%s' (node %d, layer %d) has no kernel on %s",
+                        pw_op_info_of(n->op)->name, i, n->layer, be->name);
+  }
+  return 0;
+}
+
 int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, pw_err *err) {
   *out = NULL;
   if (cfg->layer_lo < 0 || cfg->layer_hi > m->n_layers || cfg->layer_lo >= cfg->layer_hi)
@@ -212,18 +237,21 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
       (cfg->max_slots && cfg->max_slots < cfg->n_slots) || (!cfg->max_slots && !cfg->n_slots))
     return pw_err_set(err, PW_EINVAL, "prog", "bad microbatch size %d, batch %d or slots %d",
                       cfg->mb_size, cfg->batch_size, cfg->n_slots);
+  const pw_backend *be = cfg->backend ? cfg->backend : pw_backend_cpu();
+  int rc = check_backend(m, cfg, be, err);
+  if (rc) return rc;
   pw_prog *p = calloc(1, sizeof *p);
   if (!p) return pw_err_set(err, PW_ENOMEM, "prog", "out of memory");
   p->m = m;
   p->cfg = *cfg;
+  p->be = be;
   if (pw_prog_layout_build(m, cfg->layer_lo, cfg->layer_hi, cfg->mb_size, &p->L)) goto oom;
   const pw_prog_layout *L = &p->L;
-  size_t pn = L->sz.numel ? L->sz.numel : 1, tn = L->sz.train_numel ? L->sz.train_numel : 1;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
-  p->arena_p = pw_alloc_floats(pn);
-  p->arena_g = cfg->no_grads ? NULL : pw_alloc_floats(L->sz.grad_numel ? L->sz.grad_numel : 1);
-  p->arena_m = cfg->no_moments ? NULL : pw_alloc_floats(tn);
-  p->arena_v = cfg->no_moments ? NULL : pw_alloc_floats(tn);
+  p->arena_p = arena_alloc(p, L->sz.numel);
+  p->arena_g = cfg->no_grads ? NULL : arena_alloc(p, L->sz.grad_numel);
+  p->arena_m = cfg->no_moments ? NULL : arena_alloc(p, L->sz.train_numel);
+  p->arena_v = cfg->no_moments ? NULL : arena_alloc(p, L->sz.train_numel);
   if (!p->params || !p->arena_p || (!cfg->no_grads && !p->arena_g) || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
   for (int i = 0; i < L->n_params; i++) {
     size_t go = L->param_goff[i];
@@ -237,7 +265,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   if (plan_grad_writes(p)) goto oom;
   p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
   p->slots = calloc((size_t)p->max_slots, sizeof *p->slots);
-  p->scratch = calloc(L->sz.scratch_floats, sizeof(float));
+  p->scratch = arena_alloc(p, L->sz.scratch_floats);
   if (!p->slots || !p->scratch || (cfg->bf16 && plan_bf16(p))) goto oom;
   for (int k = 0; k < cfg->n_slots; k++)
     if (pw_prog_slot_ensure(p, k)) goto oom;
@@ -248,7 +276,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
     if (!p->work || !p->work_busy || !p->work_of) goto oom;
     for (int k = 0; k < p->max_slots; k++) p->work_of[k] = -1;
     for (int k = 0; k < cfg->n_work && k < p->max_slots; k++)
-      if (!(p->work[k] = work_alloc(L))) goto oom;
+      if (!(p->work[k] = work_alloc(p))) goto oom;
   }
 
   /* Loss scale: microbatch losses sum to the mean over the whole batch. */
@@ -268,18 +296,18 @@ oom:
 void pw_prog_free(pw_prog *p) {
   if (!p) return;
   free(p->params);
-  free(p->arena_p);
-  if (!p->cfg.no_grads) free(p->arena_g); /* else lent */
+  arena_free(p, p->arena_p);
+  if (!p->cfg.no_grads) arena_free(p, p->arena_g); /* else lent */
   free(p->live);
   free(p->wg_part);
   if (!p->cfg.no_moments) { /* else lent, if anything */
-    free(p->arena_m);
-    free(p->arena_v);
+    arena_free(p, p->arena_m);
+    arena_free(p, p->arena_v);
   }
   free(p->bwd_acc);
   free(p->zero);
   if (p->slots)
-    for (int k = 0; k < p->max_slots; k++) free(p->slots[k]);
+    for (int k = 0; k < p->max_slots; k++) arena_free(p, p->slots[k]);
   free(p->slots);
   if (p->wire)
     for (int k = 0; k < p->max_slots; k++) free(p->wire[k]);
@@ -291,11 +319,11 @@ void pw_prog_free(pw_prog *p) {
   free(p->bf16_node);
   free(p->wire_off);
   if (p->work)
-    for (int k = 0; k < p->max_slots; k++) free(p->work[k]);
+    for (int k = 0; k < p->max_slots; k++) arena_free(p, p->work[k]);
   free(p->work);
   free(p->work_busy);
   free(p->work_of);
-  free(p->scratch);
+  arena_free(p, p->scratch);
   free(p->tp_node);
   free(p->tp_buf);
   pw_prog_layout_free(&p->L);
@@ -303,6 +331,13 @@ void pw_prog_free(pw_prog *p) {
 }
 
 const pw_model *pw_prog_model(const pw_prog *p) { return p->m; }
+const pw_backend *pw_prog_backend(const pw_prog *p) { return p->be; }
+int pw_prog_upload(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err) {
+  return p->be->upload(p->be, dst, src, bytes, err);
+}
+int pw_prog_download(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err) {
+  return p->be->download(p->be, dst, src, bytes, err);
+}
 const pw_prog_layout *pw_prog_layout_of(const pw_prog *p) { return &p->L; }
 const pw_prog_config *pw_prog_config_of(const pw_prog *p) { return &p->cfg; }
 int pw_prog_n_params(const pw_prog *p) { return p->L.n_params; }
@@ -312,11 +347,8 @@ size_t pw_prog_grad_numel(const pw_prog *p) { return p->L.sz.grad_numel; }
 size_t pw_prog_train_numel(const pw_prog *p) { return p->L.sz.train_numel; }
 
 void pw_prog_grads_finalize(pw_prog *p) {
-  for (int i = 0; i < p->L.n_shadow; i++) {
-    float *dst = p->arena_g + p->L.shadow[i][0];
-    const float *src = p->arena_g + p->L.shadow[i][1];
-    for (size_t k = 0; k < p->L.shadow[i][2]; k++) dst[k] += src[k];
-  }
+  for (int i = 0; i < p->L.n_shadow; i++)
+    p->be->add_into(p->be, p->arena_g + p->L.shadow[i][0], p->arena_g + p->L.shadow[i][1], p->L.shadow[i][2]);
 }
 float *pw_prog_params(pw_prog *p) { return p->arena_p; }
 float *pw_prog_moment(pw_prog *p, int which) { return which ? p->arena_v : p->arena_m; }
@@ -350,7 +382,7 @@ int pw_prog_slot_ensure(pw_prog *p, int slot) {
   size_t n = p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats;
   if (p->wire && p->wire_n && !p->wire[slot] && !(p->wire[slot] = malloc(p->wire_n * sizeof(pw_bf16))))
     return PW_ENOMEM;
-  float *s = pw_alloc_floats(n ? n : 1);
+  float *s = arena_alloc(p, n);
   if (!s) return PW_ENOMEM;
   p->slots[slot] = s;
   return 0;
@@ -395,9 +427,16 @@ const pw_bf16 *pw_prog_wire_fill(pw_prog *p, int slot, int value) {
 }
 
 void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
+  /* drawn on the host: into the arena itself, or into a copy uploaded whole
+   * (a failure there is kept for the next entry point, like a callback's) */
+  float *host = p->be->host ? p->arena_p : pw_alloc_floats(p->L.sz.numel ? p->L.sz.numel : 1);
+  if (!host) {
+    pw_err_set(&p->be_err, PW_ENOMEM, "stage program", "out of memory for the initial parameters");
+    return;
+  }
   for (int i = 0; i < p->L.n_params; i++) {
     const pw_param *pm = p->params[i].meta;
-    float *d = p->params[i].data;
+    float *d = host + (p->params[i].data - p->arena_p);
     switch ((pw_init_kind)pm->init) {
       case PW_INIT_ZEROS: memset(d, 0, pm->numel * sizeof(float)); break;
       case PW_INIT_ONES:
@@ -417,11 +456,14 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
       }
     }
   }
+  if (p->be->host) return;
+  if (!p->be_err.code) (void)p->be->upload(p->be, p->arena_p, host, p->L.sz.numel * sizeof(float), &p->be_err);
+  free(host);
 }
 
 void pw_prog_zero_grad(pw_prog *p) {
   if (!p->cfg.no_grads) {
-    memset(p->arena_g, 0, p->L.sz.grad_numel * sizeof(float));
+    p->be->zero(p->be, p->arena_g, p->L.sz.grad_numel * sizeof(float), NULL);
     return;
   }
   for (int k = 0; p->arena_g && k < p->n_live; k++)
@@ -432,6 +474,7 @@ void pw_prog_zero_grad(pw_prog *p) {
 
 int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
                       int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx) {
+  if (!p->be->host) return PW_ENOTSUP;
   const pw_prog_layout *L = &p->L;
   int nl = L->node_hi - L->node_lo;
   p->arena_g = g;
@@ -521,6 +564,7 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
 /* ---- tensor parallel -------------------------------------------------- */
 
 int pw_prog_set_tp(pw_prog *p, int rank, pw_prog_allreduce_fn fn, void *ctx) {
+  if (!p->be->host) return PW_ENOTSUP; /* its all-reduces and row sums run on the host */
   const pw_model *m = p->m;
   int nl = p->L.node_hi - p->L.node_lo;
   uint8_t *kinds = malloc((size_t)m->n_params + 1);
@@ -609,13 +653,13 @@ static void tp_dout(pw_prog *p, int slot, int i) {
 static void node_forward(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
-  if (!tp_forward(p, &io)) pw_kernel_of(io.n->op)->forward(&io);
+  if (!tp_forward(p, &io)) p->be->kernel_of(io.n->op)->forward(&io);
   if (p->round_out && p->round_out[i - p->L.node_lo])
     pw_bf16_round_f32(io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
 }
 
 static void node_backward_input(pw_prog *p, int slot, int i) {
-  pw_kernel_fn f = pw_kernel_of(p->m->nodes[i].op)->backward_input;
+  pw_kernel_fn f = p->be->kernel_of(p->m->nodes[i].op)->backward_input;
   if (!f) return;
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
@@ -629,7 +673,7 @@ static void node_backward_input(pw_prog *p, int slot, int i) {
 
 static void node_backward_weight(pw_prog *p, int slot, int i) {
   const pw_node *n = &p->m->nodes[i];
-  pw_kernel_fn f = pw_kernel_of(n->op)->backward_weight;
+  pw_kernel_fn f = p->be->kernel_of(n->op)->backward_weight;
   if (n->w < 0 || !f) return;
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
@@ -657,7 +701,7 @@ static int work_take(pw_prog *p, int slot, pw_err *err) {
     if (w == p->max_slots) /* cannot happen: one per slot at most */
       return pw_err_set(err, PW_EINTERNAL, "stage program", "no work buffer free for slot %d: all %d are held", slot,
                         p->max_slots);
-    if (!(p->work[w] = work_alloc(&p->L)))
+    if (!(p->work[w] = work_alloc(p)))
       return pw_err_set(err, PW_ENOMEM, "stage program", "out of memory for a recompute buffer (%zu bytes)",
                         pw_prog_work_bytes(p));
   }
@@ -688,7 +732,7 @@ static int check_slot(const pw_prog *p, int slot, const char *entry, pw_err *err
 /* An entry point's end: 0, or the first callback failure kept (the
  * all-reduce's first: a hand-off after it ran on garbage). */
 static int kept_failure(const pw_prog *p, pw_err *err) {
-  const pw_err *e = p->tp_err.code ? &p->tp_err : &p->wg_err;
+  const pw_err *e = p->be_err.code ? &p->be_err : p->tp_err.code ? &p->tp_err : &p->wg_err;
   if (!e->code) return 0;
   if (err) *err = *e;
   return e->code;
@@ -699,9 +743,11 @@ int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err) {
   if (!rc) rc = work_take(p, slot, err);
   if (rc) return rc;
   run_forward(p, slot);
-  if (loss) *loss = p->L.has_loss ? *(float *)pw_prog_value(p, slot, p->m->loss_value) : 0.0f;
+  if (loss) *loss = 0.0f;
+  if (loss && p->L.has_loss) /* on a device: waits for the forward, and says if a kernel failed */
+    rc = p->be->download(p->be, loss, pw_prog_value(p, slot, p->m->loss_value), sizeof(float), err);
   work_give(p, slot);
-  return kept_failure(p, err);
+  return rc ? rc : kept_failure(p, err);
 }
 
 /* Remat: a work buffer for the backward, filled by the forward again. */
@@ -713,7 +759,7 @@ static int recompute(pw_prog *p, int slot, pw_err *err) {
 }
 
 static void zero_value_grads(pw_prog *p, int slot) {
-  for (int i = 0; i < p->n_zero; i++) memset(slot_at(p, slot, p->zero[i][0]), 0, p->zero[i][1] * sizeof(float));
+  for (int i = 0; i < p->n_zero; i++) p->be->zero(p->be, slot_at(p, slot, p->zero[i][0]), p->zero[i][1] * sizeof(float), NULL);
 }
 
 int pw_prog_backward_input(pw_prog *p, int slot, pw_err *err) {
@@ -741,7 +787,7 @@ int pw_prog_backward_weight(pw_prog *p, int slot, pw_err *err) {
 /* Both halves in one pass where the op has one (the layernorm: the bits
  * of weight-then-input). Returns 0 where it does not. */
 static int node_backward_fused(pw_prog *p, int slot, int i) {
-  pw_kernel_fn f = pw_kernel_of(p->m->nodes[i].op)->backward;
+  pw_kernel_fn f = p->be->kernel_of(p->m->nodes[i].op)->backward;
   if (!f) return 0;
   pw_kernel_io io;
   node_bind(p, slot, i, &io);

@@ -71,6 +71,7 @@ typedef struct {
   int bf16;               /* train.precision "bf16": below */
   int no_grads;           /* 1: no gradient arena of its own (ZeRO-2 lends one:
                              pw_prog_set_wgrad) */
+  const struct pw_backend *backend; /* where it runs (backend.h); NULL: the CPU */
 } pw_prog_config;
 
 typedef struct {
@@ -85,6 +86,13 @@ PW_MUST_CHECK int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, p
 void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
+/* The program's backend (backend.h). Every pointer below (arenas, values,
+ * gradients, parameters) is that backend's memory: on a device the caller
+ * moves data in and out through these two (memcpy on the CPU), which also
+ * wait for the kernels before them; 0 or a negative code with err. */
+const struct pw_backend *pw_prog_backend(const pw_prog *p);
+PW_MUST_CHECK int pw_prog_upload(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err);
+PW_MUST_CHECK int pw_prog_download(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err);
 const pw_prog_config *pw_prog_config_of(const pw_prog *p);
 const pw_prog_layout *pw_prog_layout_of(const pw_prog *p);
 
@@ -142,7 +150,9 @@ pw_bf16 *pw_prog_wire(pw_prog *p, int slot, int value);
 const pw_bf16 *pw_prog_wire_fill(pw_prog *p, int slot, int value);
 
 /* Each parameter drawn from a stream keyed by (seed, its name), so any
- * program holding a parameter initialises it identically. */
+ * program holding a parameter initialises it identically. On a device,
+ * drawn on the host and uploaded; a failed upload is returned by the next
+ * entry point. */
 void pw_prog_init_params(pw_prog *p, unsigned long long seed);
 void pw_prog_zero_grad(pw_prog *p);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "ckpt.h"
 #include "optim.h"
 #include "spec_json.h"
@@ -15,9 +16,31 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
+int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) { return pw_trainer_init_on(t, job, NULL, err); }
+
+/* The batch's input ports as the host fills them: the program's own
+ * buffers on the CPU; on a device, host copies uploaded before each
+ * forward (stage[k] for port value k of the three). */
+static int stage_inputs(pw_trainer *t, pw_err *err) {
+  const pw_model *m = &t->model;
+  int v[3] = {m->input_value, m->target_value, m->feature_value};
+  for (int k = 0; k < 3; k++) {
+    t->dev_port[k] = v[k] >= 0 ? pw_prog_value(t->prog, 0, v[k]) : NULL;
+    t->port_bytes[k] = v[k] >= 0 ? pw_value_bytes(&m->values[v[k]], t->mb_size) : 0;
+    t->port[k] = t->dev_port[k];
+    if (!t->dev_port[k] || pw_prog_backend(t->prog)->host) continue;
+    if (!(t->port[k] = t->stage[k] = calloc(1, t->port_bytes[k])))
+      return pw_err_set(err, PW_ENOMEM, "train", "out of memory");
+  }
+  return 0;
+}
+
+int pw_trainer_init_on(pw_trainer *t, const pw_job *job, const pw_backend *be, pw_err *err) {
   memset(t, 0, sizeof *t);
   t->job = job;
+  if (be && !be->host && job->mesh.dp > 1)
+    return pw_err_set(err, PW_ENOTSUP, "mesh.dp", "the single-process trainer on %s runs dp 1 (this job has %d)",
+                      be->name, job->mesh.dp);
   /* The microbatches of every data-parallel replica, one after another:
    * the same microbatch size, and (below) the same order of gradient sums
    * as the pipelined run, so the two agree to the last bit. */
@@ -29,9 +52,10 @@ int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) {
   pw_model_set_attention(&t->model, job->train.attention);
   pw_prog_config cfg = {.layer_lo = 0, .layer_hi = t->model.n_layers, .mb_size = t->mb_size,
                         .batch_size = job->train.batch_size, .n_slots = 1,
-                        .bf16 = job->train.precision == PW_PRECISION_BF16};
+                        .bf16 = job->train.precision == PW_PRECISION_BF16, .backend = be};
   rc = pw_model_set_trainable(&t->model, &job->train, err);
   if (!rc) rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
+  if (!rc) rc = stage_inputs(t, err);
   if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);
   if (!rc && t->groups > 1 &&
       !(t->group_grads = calloc((size_t)t->groups * pw_prog_grad_numel(t->prog), sizeof(float))))
@@ -60,10 +84,8 @@ int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
  * data-parallel groups, each group's gradients are kept apart and summed in
  * group order at the end, as the replicas' all-reduce does. */
 static int run_batch(pw_trainer *t, pw_split split, long step, int backward, double *loss, pw_err *err) {
-  const pw_model *m = &t->model;
-  void *inp = m->input_value >= 0 ? pw_prog_value(t->prog, 0, m->input_value) : NULL;
-  void *tgt = pw_prog_value(t->prog, 0, m->target_value);
-  float *feat = m->feature_value >= 0 ? pw_prog_value(t->prog, 0, m->feature_value) : NULL;
+  void *inp = t->port[0], *tgt = t->port[1];
+  float *feat = t->port[2];
   size_t gn = pw_prog_grad_numel(t->prog);
   float *g = pw_prog_grads(t->prog);
   int per_group = t->n_mb / t->groups, rc = 0;
@@ -73,6 +95,9 @@ static int run_batch(pw_trainer *t, pw_split split, long step, int backward, dou
     float l = 0;
     pw_dataset_batch(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, inp, tgt);
     if (feat) pw_dataset_features(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, feat);
+    for (int k = 0; k < 3 && !rc; k++)
+      if (t->stage[k]) rc = pw_prog_upload(t->prog, t->dev_port[k], t->stage[k], t->port_bytes[k], err);
+    if (rc) return rc;
     if ((rc = pw_prog_forward(t->prog, 0, &l, err)) || (backward && (rc = pw_prog_backward(t->prog, 0, err))))
       return rc;
     sum += l;
@@ -138,6 +163,7 @@ int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err) {
 
 void pw_trainer_free(pw_trainer *t) {
   free(t->group_grads);
+  for (int k = 0; k < 3; k++) free(t->stage[k]);
   pw_dataset_close(t->ds);
   pw_prog_free(t->prog);
   pw_model_free(&t->model);

@@ -1,0 +1,107 @@
+/* backend: the CPU backend — the process's memory, ops.h's kernels and
+ * optim.c's loops; the reference every other backend is checked against. */
+#include "backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "prog.h"
+
+static void *cpu_alloc(const pw_backend *be, size_t bytes) {
+  (void)be;
+  return pw_alloc_floats((bytes + sizeof(float) - 1) / sizeof(float));
+}
+static void cpu_free(const pw_backend *be, void *p) {
+  (void)be;
+  free(p);
+}
+static int cpu_copy(const pw_backend *be, void *dst, const void *src, size_t bytes, pw_err *err) {
+  (void)be, (void)err;
+  if (bytes) memmove(dst, src, bytes);
+  return 0;
+}
+static int cpu_zero(const pw_backend *be, void *p, size_t bytes, pw_err *err) {
+  (void)be, (void)err;
+  memset(p, 0, bytes);
+  return 0;
+}
+static int cpu_sync(const pw_backend *be, pw_err *err) {
+  (void)be, (void)err;
+  return 0;
+}
+
+/* The two loops over whole arenas, compiled per vector level (cpu.h): the
+ * same operations in the same order at every level, so the same bits. */
+static PW_CPU_DISPATCH(sqnorm16, (const float *g, size_t n, double *out), (g, n, out)) {
+  /* 16 partial sums: the loop vectorises, and the order is fixed. */
+  size_t j = 0;
+  double l[16] = {0}, t = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int k = 0; k < 16; k++) l[k] += (double)g[j + k] * g[j + k];
+  for (; j < n; j++) t += (double)g[j] * g[j];
+  for (int k = 0; k < 16; k++) t += l[k];
+  *out = t;
+}
+
+static PW_CPU_DISPATCH(adamw_loop,
+                       (float *w, const float *g, float *m, float *v, size_t n, float gs, float decay, float b1,
+                        float b2, float eps, float step, float bc2s),
+                       (w, g, m, v, n, gs, decay, b1, b2, eps, step, bc2s)) {
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gs;
+    w[i] *= decay;
+    m[i] = m[i] * b1 + gi * (1.0f - b1);
+    v[i] = v[i] * b2 + (1.0f - b2) * gi * gi;
+    float denom = sqrtf(v[i]) / bc2s + eps;
+    w[i] -= step * (m[i] / denom);
+  }
+}
+
+static double cpu_sqnorm(const pw_backend *be, const float *g, size_t n) {
+  (void)be;
+  double t;
+  sqnorm16(g, n, &t);
+  return t;
+}
+static void cpu_adamw(const pw_backend *be, float *w, const float *g, float *m, float *v, size_t n, float gs,
+                      float decay, float b1, float b2, float eps, float step, float bc2s) {
+  (void)be;
+  adamw_loop(w, g, m, v, n, gs, decay, b1, b2, eps, step, bc2s);
+}
+static void cpu_sgd(const pw_backend *be, float *w, const float *g, float *buf, size_t n, float gs, float wd,
+                    float mom, float lr, int first) {
+  (void)be;
+  for (size_t i = 0; i < n; i++) {
+    float gi = g[i] * gs + wd * w[i];
+    if (mom != 0.0f) {
+      buf[i] = first ? gi : buf[i] * mom + gi;
+      gi = buf[i];
+    }
+    w[i] -= lr * gi;
+  }
+}
+static void cpu_add_into(const pw_backend *be, float *out, const float *in, size_t n) {
+  (void)be;
+  for (size_t k = 0; k < n; k++) out[k] += in[k];
+}
+
+static const pw_backend cpu = {
+    .name = "cpu",
+    .host = 1,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .kernel_of = pw_kernel_of,
+    .sqnorm = cpu_sqnorm,
+    .adamw = cpu_adamw,
+    .sgd = cpu_sgd,
+    .add_into = cpu_add_into,
+};
+
+const pw_backend *pw_backend_cpu(void) { return &cpu; }
