@@ -55,6 +55,12 @@ struct pw_backend {
   void *ctx;         /* the backend's own state */
 };
 
+/* n zeroed floats with every page mapped now (2 MiB aligned, transparent
+ * huge pages asked for, from 2 MiB up): the CPU backend's memory, and the
+ * host buffers of programs (decode.h's caches, the worker's exchanges).
+ * NULL when out of memory; freed with free(). */
+float *pw_alloc_floats(size_t n);
+
 /* The process's CPU backend (static; nothing to free). */
 const pw_backend *pw_backend_cpu(void);
 

@@ -23,7 +23,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "backend.h"
 #include "collective.h"
@@ -38,6 +37,10 @@ struct pw_prog {
   pw_prog_config cfg;
   const pw_backend *be;          /* where the arenas live and the kernels run (backend.h) */
   pw_err be_err;                 /* a failed upload of pw_prog_init_params (code 0: none), kept */
+  /* off the CPU only: the ports' host copies (prog.h), one block per slot */
+  size_t *hval_off, *hgrad_off;  /* [n_values] float offset in a block, NONE if not a port's */
+  size_t hport_floats;
+  float **hport;                 /* [max_slots], made with their slots */
   /* Every offset and size (layout.h: the planner reads the same). A
    * parameter read by several nodes of this program (tied embeddings)
    * accumulates each further use in a shadow gradient after the numel main
@@ -88,43 +91,6 @@ struct pw_prog {
 enum { TP_ROW = 1, TP_EMBED = 2, TP_XENT = 4, TP_DOUT = 8 }; /* tp_node bits */
 
 #define NONE PW_LAYOUT_NONE
-
-/* Write one float per 4 KiB page so the kernel maps it now. */
-static void first_touch(float *a, size_t n) {
-  volatile float *v = a;
-  for (size_t i = 0; i < n; i += 1024) v[i] = 0.0f;
-}
-
-#define HUGE_PAGE ((size_t)2 << 20)
-
-/* n zeroed floats, every page mapped now (the first use would pay the
- * page faults in the middle of a step). Arrays of 2 MiB or more are 2 MiB
- * aligned and asked to be transparent huge pages (THP is often in
- * "madvise" mode): a step streams through hundreds of MB of slot and
- * arenas, and OpenBLAS's packing walks many rows at once; with 4 KiB pages
- * each 4 KiB is a TLB miss. Measured on a d256 step: about even on a quiet
- * machine, 1-6 % faster while other processes load it. Only the whole huge
- * pages inside the n floats are asked for: one over the tail would map up to
- * 2 MiB nobody uses, which the planner does not count (measured: a ZeRO-2
- * worker's three 2.4 MB buffers held 5 MiB more than planned). Freed with
- * free(). */
-float *pw_alloc_floats(size_t n) {
-  size_t bytes = n * sizeof(float);
-  float *a;
-  if (bytes < HUGE_PAGE) {
-    /* calloc maps its pages lazily (malloc + memset(0) becomes calloc too) */
-    if ((a = calloc(n, sizeof(float)))) first_touch(a, n);
-    return a;
-  }
-  void *v = NULL;
-  size_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-  if (posix_memalign(&v, HUGE_PAGE, rounded)) return NULL;
-#ifdef MADV_HUGEPAGE
-  madvise(v, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE); /* a hint: if refused, 4 KiB pages */
-#endif
-  memset(v, 0, bytes);
-  return v;
-}
 
 /* n floats (at least one) of the backend's zeroed memory, and back. */
 static float *arena_alloc(const pw_prog *p, size_t n) { return p->be->alloc(p->be, (n ? n : 1) * sizeof(float)); }
@@ -209,6 +175,29 @@ static int plan_bf16(pw_prog *p) {
   return p->wb && p->bscratch && p->wire ? 0 : PW_ENOMEM;
 }
 
+/* Off the CPU: where each port's value and gradient sit in a slot's host
+ * block (inputs, then outputs; a value, then its gradient if it has one). */
+static int plan_host_ports(pw_prog *p) {
+  const pw_prog_layout *L = &p->L;
+  int nv = p->m->n_values;
+  p->hval_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+  p->hgrad_off = malloc(sizeof(size_t) * ((size_t)nv + 1));
+  p->hport = calloc((size_t)p->max_slots, sizeof *p->hport);
+  if (!p->hval_off || !p->hgrad_off || !p->hport) return PW_ENOMEM;
+  for (int v = 0; v < nv; v++) p->hval_off[v] = p->hgrad_off[v] = NONE;
+  for (int k = 0; k < L->n_inputs + L->n_outputs; k++) {
+    const pw_prog_port *pt = k < L->n_inputs ? &L->inputs[k] : &L->outputs[k - L->n_inputs];
+    size_t n = (pt->bytes + sizeof(float) - 1) / sizeof(float);
+    p->hval_off[pt->value] = p->hport_floats;
+    p->hport_floats += n;
+    if (L->grad_off[pt->value] != NONE) {
+      p->hgrad_off[pt->value] = p->hport_floats;
+      p->hport_floats += n;
+    }
+  }
+  return 0;
+}
+
 /* What a backend other than the CPU does not run yet, refused by name:
  * an op without its kernel there, and the features whose code touches
  * the arenas from the host (bf16's conversions, ZeRO-2's lent gradients). */
@@ -216,8 +205,8 @@ static int check_backend(const pw_model *m, const pw_prog_config *cfg, const pw_
   if (be->host) return 0;
   if (cfg->bf16)
     return pw_err_set(err, PW_ENOTSUP, "train.precision", "\"bf16\" does not run on %s yet (float32 does)", be->name);
-  if (cfg->no_grads)
-    return pw_err_set(err, PW_ENOTSUP, "train.zero", "ZeRO-2 does not run on %s yet", be->name);
+  if (cfg->no_grads || cfg->no_moments)
+    return pw_err_set(err, PW_ENOTSUP, "train.zero", "ZeRO does not run on %s yet", be->name);
   for (int i = 0; i < m->n_nodes; i++) {
     const pw_node *n = &m->nodes[i];
     if (n->layer < cfg->layer_lo || n->layer >= cfg->layer_hi) continue;
@@ -266,7 +255,7 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->max_slots = cfg->max_slots ? cfg->max_slots : cfg->n_slots;
   p->slots = calloc((size_t)p->max_slots, sizeof *p->slots);
   p->scratch = arena_alloc(p, L->sz.scratch_floats);
-  if (!p->slots || !p->scratch || (cfg->bf16 && plan_bf16(p))) goto oom;
+  if (!p->slots || !p->scratch || (cfg->bf16 && plan_bf16(p)) || (!be->host && plan_host_ports(p))) goto oom;
   for (int k = 0; k < cfg->n_slots; k++)
     if (pw_prog_slot_ensure(p, k)) goto oom;
   if (cfg->remat) {
@@ -309,6 +298,11 @@ void pw_prog_free(pw_prog *p) {
   if (p->slots)
     for (int k = 0; k < p->max_slots; k++) arena_free(p, p->slots[k]);
   free(p->slots);
+  if (p->hport)
+    for (int k = 0; k < p->max_slots; k++) free(p->hport[k]);
+  free(p->hport);
+  free(p->hval_off);
+  free(p->hgrad_off);
   if (p->wire)
     for (int k = 0; k < p->max_slots; k++) free(p->wire[k]);
   free(p->wire);
@@ -382,6 +376,8 @@ int pw_prog_slot_ensure(pw_prog *p, int slot) {
   size_t n = p->cfg.remat ? p->L.sz.keep_floats : p->L.sz.slot_floats;
   if (p->wire && p->wire_n && !p->wire[slot] && !(p->wire[slot] = malloc(p->wire_n * sizeof(pw_bf16))))
     return PW_ENOMEM;
+  if (p->hport && !(p->hport[slot] = calloc(p->hport_floats ? p->hport_floats : 1, sizeof(float))))
+    return PW_ENOMEM;
   float *s = arena_alloc(p, n);
   if (!s) return PW_ENOMEM;
   p->slots[slot] = s;
@@ -402,14 +398,41 @@ static float *slot_at(const pw_prog *p, int slot, size_t off) {
   return w < 0 ? NULL : p->work[w] + (off - p->L.sz.keep_floats);
 }
 
-void *pw_prog_value(pw_prog *p, int slot, int value) {
+/* The backend's buffers of a value and of its gradient (the kernels'). */
+static void *dev_value(const pw_prog *p, int slot, int value) {
   if (value < 0 || value >= p->m->n_values || p->L.val_off[value] == NONE) return NULL;
   return slot_at(p, slot, p->L.val_off[value]);
 }
-
-float *pw_prog_grad(pw_prog *p, int slot, int value) {
+static float *dev_grad(const pw_prog *p, int slot, int value) {
   if (value < 0 || value >= p->m->n_values || p->L.grad_off[value] == NONE) return NULL;
   return slot_at(p, slot, p->L.grad_off[value]);
+}
+
+/* Off the CPU, the caller's are the ports' host copies (prog.h). */
+void *pw_prog_value(pw_prog *p, int slot, int value) {
+  if (!p->hport) return dev_value(p, slot, value);
+  if (value < 0 || value >= p->m->n_values || p->hval_off[value] == NONE || !p->hport[slot]) return NULL;
+  return p->hport[slot] + p->hval_off[value];
+}
+float *pw_prog_grad(pw_prog *p, int slot, int value) {
+  if (!p->hport) return dev_grad(p, slot, value);
+  if (value < 0 || value >= p->m->n_values || p->hgrad_off[value] == NONE || !p->hport[slot]) return NULL;
+  return p->hport[slot] + p->hgrad_off[value];
+}
+
+/* Off the CPU: the ports' host copies to the device (to_dev) or back, the
+ * values or the gradients of the inputs or the outputs. */
+static int move_ports(pw_prog *p, int slot, int outputs, int grads, int to_dev, pw_err *err) {
+  if (!p->hport) return 0;
+  int n = outputs ? p->L.n_outputs : p->L.n_inputs, rc = 0;
+  for (int k = 0; k < n && !rc; k++) {
+    const pw_prog_port *pt = outputs ? &p->L.outputs[k] : &p->L.inputs[k];
+    void *d = grads ? (void *)dev_grad(p, slot, pt->value) : dev_value(p, slot, pt->value);
+    void *h = grads ? (void *)pw_prog_grad(p, slot, pt->value) : pw_prog_value(p, slot, pt->value);
+    if (!d || !h) continue; /* an input with no gradient (tokens, targets) */
+    rc = to_dev ? p->be->upload(p->be, d, h, pt->bytes, err) : p->be->download(p->be, h, d, pt->bytes, err);
+  }
+  return rc;
 }
 
 pw_bf16 *pw_prog_wire(pw_prog *p, int slot, int value) {
@@ -533,14 +556,14 @@ static void node_bind(pw_prog *p, int slot, int i, pw_kernel_io *io) {
   int li = i - p->L.node_lo;
   memset(io, 0, sizeof *io);
   io->n = n;
-  io->in0 = pw_prog_value(p, slot, n->in[0]);
-  io->din0 = pw_prog_grad(p, slot, n->in[0]);
+  io->in0 = dev_value(p, slot, n->in[0]);
+  io->din0 = dev_grad(p, slot, n->in[0]);
   if (n->in[1] >= 0) {
-    io->in1 = pw_prog_value(p, slot, n->in[1]);
-    io->din1 = pw_prog_grad(p, slot, n->in[1]);
+    io->in1 = dev_value(p, slot, n->in[1]);
+    io->din1 = dev_grad(p, slot, n->in[1]);
   }
-  io->out = pw_prog_value(p, slot, n->out);
-  io->dout = pw_prog_grad(p, slot, n->out);
+  io->out = dev_value(p, slot, n->out);
+  io->dout = dev_grad(p, slot, n->out);
   io->aux = slot_at(p, slot, p->L.aux_off[li]);
   /* a frozen parameter's gradient stays NULL */
   if (n->w >= 0) {
@@ -646,7 +669,7 @@ static int tp_forward(pw_prog *p, const pw_kernel_io *io) {
 static void tp_dout(pw_prog *p, int slot, int i) {
   if (!(tp_flags(p, i) & TP_DOUT)) return;
   const pw_node *n = &p->m->nodes[i];
-  float *g = pw_prog_grad(p, slot, n->out);
+  float *g = dev_grad(p, slot, n->out);
   if (g) tp_reduce(p, g, pw_value_bytes(&p->m->values[n->out], p->cfg.mb_size) / sizeof(float), PW_PROG_SUM);
 }
 
@@ -741,11 +764,13 @@ static int kept_failure(const pw_prog *p, pw_err *err) {
 int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err) {
   int rc = check_slot(p, slot, "forward", err);
   if (!rc) rc = work_take(p, slot, err);
+  if (!rc) rc = move_ports(p, slot, 0, 0, 1, err);
   if (rc) return rc;
   run_forward(p, slot);
+  rc = move_ports(p, slot, 1, 0, 0, err);
   if (loss) *loss = 0.0f;
-  if (loss && p->L.has_loss) /* on a device: waits for the forward, and says if a kernel failed */
-    rc = p->be->download(p->be, loss, pw_prog_value(p, slot, p->m->loss_value), sizeof(float), err);
+  if (!rc && loss && p->L.has_loss) /* on a device: waits for the forward, and says if a kernel failed */
+    rc = p->be->download(p->be, loss, dev_value(p, slot, p->m->loss_value), sizeof(float), err);
   work_give(p, slot);
   return rc ? rc : kept_failure(p, err);
 }
@@ -765,12 +790,14 @@ static void zero_value_grads(pw_prog *p, int slot) {
 int pw_prog_backward_input(pw_prog *p, int slot, pw_err *err) {
   int rc = check_slot(p, slot, "backward_input", err);
   if (!rc) rc = recompute(p, slot, err);
+  if (!rc) rc = move_ports(p, slot, 1, 1, 1, err);
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
     tp_dout(p, slot, i);
     node_backward_input(p, slot, i);
   }
+  if ((rc = move_ports(p, slot, 0, 1, 0, err))) return rc;
   return kept_failure(p, err); /* remat: the work buffer stays with the slot until its W */
 }
 
@@ -802,6 +829,7 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
 int pw_prog_backward(pw_prog *p, int slot, pw_err *err) {
   int rc = check_slot(p, slot, "backward", err);
   if (!rc) rc = recompute(p, slot, err);
+  if (!rc) rc = move_ports(p, slot, 1, 1, 1, err);
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
@@ -811,5 +839,6 @@ int pw_prog_backward(pw_prog *p, int slot, pw_err *err) {
     node_backward_input(p, slot, i);
   }
   work_give(p, slot);
+  if ((rc = move_ports(p, slot, 0, 1, 0, err))) return rc;
   return kept_failure(p, err);
 }

@@ -51,6 +51,7 @@
 
 #include <stddef.h>
 
+#include "backend.h"
 #include "bf16.h"
 #include "errors.h"
 #include "layout.h"
@@ -86,10 +87,16 @@ PW_MUST_CHECK int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, p
 void pw_prog_free(pw_prog *p);
 
 const pw_model *pw_prog_model(const pw_prog *p);
-/* The program's backend (backend.h). Every pointer below (arenas, values,
- * gradients, parameters) is that backend's memory: on a device the caller
- * moves data in and out through these two (memcpy on the CPU), which also
- * wait for the kernels before them; 0 or a negative code with err. */
+/* The program's backend (backend.h). The arenas and parameters below are
+ * that backend's memory: on a device the caller moves them in and out
+ * through these two (memcpy on the CPU), which also wait for the kernels
+ * before them; 0 or a negative code with err. The ports are the host's on
+ * every backend: off the CPU, pw_prog_value and pw_prog_grad give a slot's
+ * host copies of its ports (and NULL for any other value), which the entry
+ * points copy to the device and back — forward: the inputs' values in, the
+ * outputs' out; backward and backward_input: the outputs' gradients in,
+ * the inputs' out. So the trainer and a pipeline rank fill and read ports
+ * the same way on either. */
 const struct pw_backend *pw_prog_backend(const pw_prog *p);
 PW_MUST_CHECK int pw_prog_upload(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err);
 PW_MUST_CHECK int pw_prog_download(pw_prog *p, void *dst, const void *src, size_t bytes, pw_err *err);
@@ -214,9 +221,5 @@ typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*
 PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
                                      int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx);
 
-/* n zeroed floats with every page mapped now (2 MiB aligned, transparent
- * huge pages asked for, from 2 MiB up): the arenas of programs and of
- * their KV caches (decode.h). NULL when out of memory; freed with free(). */
-float *pw_alloc_floats(size_t n);
 
 #endif

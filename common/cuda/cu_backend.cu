@@ -1,4 +1,4 @@
-/* cu_backend: cuda.h — the pw_backend of one GPU (memory, copies, sync, the
+/* cu_backend: pw_cuda.h — the pw_backend of one GPU (memory, copies, sync, the
  * kernel table of cu_ops.cu, the optimizer loops of cu_optim.cu) and what
  * a worker reports about the GPUs it sees.
  *

@@ -41,7 +41,8 @@ extern "C" void pw_cu_note_error(int cuda_error, const char *where) {
 extern "C" void pw_cu__note_blas(int status, const char *where) {
   cublasStatus_t s = (cublasStatus_t)status;
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  note(s == CUBLAS_STATUS_ALLOC_FAILED ? PW_ENOMEM : PW_EIO, where, cublasGetStatusName(s), cublasGetStatusString(s));
+  note(s == CUBLAS_STATUS_ALLOC_FAILED ? PW_ENOMEM : PW_EIO, where, pw_cu__cublas.status_name(s),
+       pw_cu__cublas.status_string(s));
   clear_last(); /* a failed cuBLAS launch may leave the runtime's error set too */
 }
 
@@ -121,15 +122,18 @@ extern "C" int pw_cu__core_open(int device, pw_err *err) {
     return pw_err_set(err, e == cudaErrorMemoryAllocation ? PW_ENOMEM : PW_EIO, "cuda", "cuda:%d: does not start: %s (%s)",
                       device, cudaGetErrorString(e), cudaGetErrorName(e));
   }
-  cublasStatus_t s = cublasCreate(&g.blas);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(g.blas, CUBLAS_PEDANTIC_MATH); /* float32 as written: no TF32 */
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(g.blas, 0);                       /* the legacy default stream */
+  int rc = pw_cu__blas_load(err);
+  if (rc) return rc;
+  const pw_cu_blas_api *b = &pw_cu__cublas;
+  cublasStatus_t s = b->create(&g.blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_math_mode(g.blas, CUBLAS_PEDANTIC_MATH); /* float32 as written: no TF32 */
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_stream(g.blas, 0);                       /* the legacy default stream */
   if (s != CUBLAS_STATUS_SUCCESS) {
-    if (g.blas) cublasDestroy(g.blas);
+    if (g.blas) b->destroy(g.blas);
     g.blas = NULL;
     clear_last();
     return pw_err_set(err, s == CUBLAS_STATUS_ALLOC_FAILED ? PW_ENOMEM : PW_EIO, "cuda", "cuda:%d: cuBLAS: %s (%s)",
-                      device, cublasGetStatusString(s), cublasGetStatusName(s));
+                      device, b->status_string(s), b->status_name(s));
   }
   g.open = 1;
   return 0;
@@ -140,7 +144,7 @@ extern "C" void pw_cu__core_close(void) {
   pw_cu__enter();
   cudaDeviceSynchronize();
   if (g.scratch) cudaFree(g.scratch);
-  cublasDestroy(g.blas);
+  pw_cu__cublas.destroy(g.blas);
   clear_last();
   int device = g.device;
   memset(&g, 0, sizeof g);

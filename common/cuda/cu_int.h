@@ -1,7 +1,7 @@
 /* cu_int: what cu_core.cu, cu_ops.cu, cu_optim.cu and cu_backend.cu share
  * (nvcc only; internal to common/cuda/).
  *
- * The process's one device (cuda.h) is cu_core.cu's state: its number, the
+ * The process's one device (pw_cuda.h) is cu_core.cu's state: its number, the
  * cuBLAS handle, a scratch buffer the kernels grow, and the first failure
  * recorded since it was last reported. Files call one another one way
  * only: backend -> ops, optim -> core (tests/layers checks it). */
@@ -15,7 +15,7 @@ extern "C" {
 #include "errors.h"
 #include "kernels.h"
 #include "backend.h"
-#include "cuda.h"
+#include "pw_cuda.h"
 
 /* ---- cu_core.cu: the device ---------------------------------------------------- */
 
@@ -43,6 +43,25 @@ int pw_cu__check(cudaError_t e, const char *where, pw_err *err);
 /* The first failure recorded since the last report, in err, and forgotten;
  * 0 when none. */
 int pw_cu__take_error(pw_err *err);
+
+/* ---- cu_blas.cu: cuBLAS, loaded by pw_cu__core_open (not linked) -------------- */
+
+#define PW_CU_STR_(x) #x
+#define PW_CU_STR(x) PW_CU_STR_(x)
+typedef struct {
+  cublasStatus_t (*create)(cublasHandle_t *h);
+  cublasStatus_t (*destroy)(cublasHandle_t h);
+  cublasStatus_t (*set_math_mode)(cublasHandle_t h, cublasMath_t mode);
+  cublasStatus_t (*set_stream)(cublasHandle_t h, cudaStream_t s);
+  cublasStatus_t (*sgemm)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          const float *alpha, const float *a, int lda, const float *b, int ldb, const float *beta,
+                          float *c, int ldc);
+  const char *(*status_name)(cublasStatus_t s);
+  const char *(*status_string)(cublasStatus_t s);
+} pw_cu_blas_api;
+extern pw_cu_blas_api pw_cu__cublas;
+/* 0, or PW_EUNAVAIL with err: no libcublas, or one without these entries. */
+int pw_cu__blas_load(pw_err *err);
 
 /* ---- cu_ops.cu: the kernel table ------------------------------------------------ */
 const pw_kernel *pw_cu__kernel_of(int op);

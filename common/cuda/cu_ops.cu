@@ -158,7 +158,7 @@ __global__ static void concat_i_k(float *din, const float *dout, int w, int off,
  * cuBLAS's column-major one (cu_ops_body.h's pw_cu_gemm_of says how; the
  * CPU test checks it against ops.c). beta 0 does not read C. */
 static void sgemm(pw_cu_gemm g, float alpha, float beta, const char *where) {
-  cublasStatus_t s = cublasSgemm(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+  cublasStatus_t s = pw_cu__cublas.sgemm(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  g.m, g.n, g.k, &alpha, g.a, g.lda, g.b, g.ldb, &beta, g.c, g.ldc);
   if (s != CUBLAS_STATUS_SUCCESS) pw_cu__note_blas((int)s, where);
 }

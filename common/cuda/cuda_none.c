@@ -1,10 +1,10 @@
-/* cuda_none: cuda.h in a build without nvcc — every device call fails with
+/* cuda_none: pw_cuda.h in a build without nvcc — every device call fails with
  * the reason, host memory is plain calloc. Compiled instead of cu_*.cu
  * (the top CMakeLists.txt's pw_layer: a layer's *_none.c files only when
  * CUDA is not built). */
 #include <stdlib.h>
 
-#include "cuda.h"
+#include "pw_cuda.h"
 
 #define NO_CUDA "built without CUDA: nvcc was not found when it was configured (or PW_CUDA=OFF)"
 

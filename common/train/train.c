@@ -18,23 +18,6 @@ static double now(void) {
 
 int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err) { return pw_trainer_init_on(t, job, NULL, err); }
 
-/* The batch's input ports as the host fills them: the program's own
- * buffers on the CPU; on a device, host copies uploaded before each
- * forward (stage[k] for port value k of the three). */
-static int stage_inputs(pw_trainer *t, pw_err *err) {
-  const pw_model *m = &t->model;
-  int v[3] = {m->input_value, m->target_value, m->feature_value};
-  for (int k = 0; k < 3; k++) {
-    t->dev_port[k] = v[k] >= 0 ? pw_prog_value(t->prog, 0, v[k]) : NULL;
-    t->port_bytes[k] = v[k] >= 0 ? pw_value_bytes(&m->values[v[k]], t->mb_size) : 0;
-    t->port[k] = t->dev_port[k];
-    if (!t->dev_port[k] || pw_prog_backend(t->prog)->host) continue;
-    if (!(t->port[k] = t->stage[k] = calloc(1, t->port_bytes[k])))
-      return pw_err_set(err, PW_ENOMEM, "train", "out of memory");
-  }
-  return 0;
-}
-
 int pw_trainer_init_on(pw_trainer *t, const pw_job *job, const pw_backend *be, pw_err *err) {
   memset(t, 0, sizeof *t);
   t->job = job;
@@ -55,7 +38,6 @@ int pw_trainer_init_on(pw_trainer *t, const pw_job *job, const pw_backend *be, p
                         .bf16 = job->train.precision == PW_PRECISION_BF16, .backend = be};
   rc = pw_model_set_trainable(&t->model, &job->train, err);
   if (!rc) rc = pw_prog_create(&t->model, &cfg, &t->prog, err);
-  if (!rc) rc = stage_inputs(t, err);
   if (!rc) rc = pw_dataset_open(&job->data, &t->model.data, job->train.seed, &t->ds, err);
   if (!rc && t->groups > 1 &&
       !(t->group_grads = calloc((size_t)t->groups * pw_prog_grad_numel(t->prog), sizeof(float))))
@@ -84,8 +66,10 @@ int pw_trainer_load(pw_trainer *t, const char *path, pw_err *err) {
  * data-parallel groups, each group's gradients are kept apart and summed in
  * group order at the end, as the replicas' all-reduce does. */
 static int run_batch(pw_trainer *t, pw_split split, long step, int backward, double *loss, pw_err *err) {
-  void *inp = t->port[0], *tgt = t->port[1];
-  float *feat = t->port[2];
+  const pw_model *m = &t->model;
+  void *inp = m->input_value >= 0 ? pw_prog_value(t->prog, 0, m->input_value) : NULL;
+  void *tgt = pw_prog_value(t->prog, 0, m->target_value);
+  float *feat = m->feature_value >= 0 ? pw_prog_value(t->prog, 0, m->feature_value) : NULL;
   size_t gn = pw_prog_grad_numel(t->prog);
   float *g = pw_prog_grads(t->prog);
   int per_group = t->n_mb / t->groups, rc = 0;
@@ -95,9 +79,6 @@ static int run_batch(pw_trainer *t, pw_split split, long step, int backward, dou
     float l = 0;
     pw_dataset_batch(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, inp, tgt);
     if (feat) pw_dataset_features(t->ds, split, step, j * t->mb_size, t->mb_size, t->job->train.batch_size, feat);
-    for (int k = 0; k < 3 && !rc; k++)
-      if (t->stage[k]) rc = pw_prog_upload(t->prog, t->dev_port[k], t->stage[k], t->port_bytes[k], err);
-    if (rc) return rc;
     if ((rc = pw_prog_forward(t->prog, 0, &l, err)) || (backward && (rc = pw_prog_backward(t->prog, 0, err))))
       return rc;
     sum += l;
@@ -163,7 +144,6 @@ int pw_trainer_save(pw_trainer *t, const char *path, pw_err *err) {
 
 void pw_trainer_free(pw_trainer *t) {
   free(t->group_grads);
-  for (int k = 0; k < 3; k++) free(t->stage[k]);
   pw_dataset_close(t->ds);
   pw_prog_free(t->prog);
   pw_model_free(&t->model);

@@ -25,10 +25,6 @@ typedef struct {
   int mb_size, n_mb;   /* n_mb = schedule.microbatches * mesh.dp */
   int groups;          /* mesh.dp: gradient sums grouped as the replicas' */
   float *group_grads;  /* [groups][grad_numel] when groups > 1 */
-  /* the input ports (tokens, targets, features): where the host fills
-   * them, the program's buffers, their bytes; stage: host copies on a device */
-  void *port[3], *dev_port[3], *stage[3];
-  size_t port_bytes[3];
 } pw_trainer;
 
 typedef struct {
@@ -43,8 +39,8 @@ typedef struct {
 /* Builds the model, the program and the dataset; initialises parameters
  * from train.seed. */
 PW_MUST_CHECK int pw_trainer_init(pw_trainer *t, const pw_job *job, pw_err *err);
-/* The same with the program on backend `be` (backend.h; NULL: the CPU):
- * the batches are filled on the host and uploaded; mesh.dp 1 only there. */
+/* The same with the program on backend `be` (backend.h; NULL: the CPU);
+ * off the CPU, mesh.dp 1 only. */
 struct pw_backend;
 PW_MUST_CHECK int pw_trainer_init_on(pw_trainer *t, const pw_job *job, const struct pw_backend *be, pw_err *err);
 /* Resume from a checkpoint written by pw_ckpt_save (parameters, optimizer

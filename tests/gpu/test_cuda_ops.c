@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda.h"
+#include "pw_cuda.h"
 #include "kernels.h"
 #include "model.h"
 #include "optim.h"

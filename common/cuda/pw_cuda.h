@@ -1,4 +1,4 @@
-/* cuda: the CUDA backend (backend.h) of one NVIDIA GPU, and what a worker
+/* pw_cuda: the CUDA backend (backend.h) of one NVIDIA GPU, and what a worker
  * reports about the GPUs it sees.
  *
  * A build with nvcc (CMake option PW_CUDA, on when nvcc is found) compiles
