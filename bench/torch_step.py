@@ -13,7 +13,8 @@ timed steps], ...}. With --serve it speaks bench_step's protocol: prints
 "ready", then trains one step per input line "step" and prints
 {"ms": ..., "loss": ...}, until "quit" or EOF, so that the harness can
 alternate single steps with pipewright's. Threads: torch.set_num_threads(K)
-(the caller sets OMP_WAIT_POLICY). --foreach: the optimizer's multi-tensor
+(the caller sets OMP_WAIT_POLICY). --device cuda: on the GPU (TF32 off,
+the fused AdamW, autocast on cuda). --foreach: the optimizer's multi-tensor
 path (PyTorch's fastest AdamW on CPU in this version; the reference uses
 the single-tensor path, whose arithmetic the contract names).
 """
@@ -33,17 +34,31 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 import torch_ref  # noqa: E402
 
 
-def make_trainer(job_path, foreach=False, autocast=False):
+def to_device(P, dev):
+    """The parameter dict on `dev`, tied parameters still one tensor."""
+    moved = {}
+    for k, p in P.items():
+        if id(p) not in moved:
+            moved[id(p)] = torch.nn.Parameter(p.detach().to(dev), requires_grad=p.requires_grad)
+    return {k: moved[id(p)] for k, p in P.items()}
+
+
+def make_trainer(job_path, foreach=False, autocast=False, device="cpu"):
     """One training step per call of the returned function: (ms, loss)."""
     with open(job_path) as f:
         cfg = torch_ref.job_config(json.load(f))
     if cfg["M"] != 1:
         sys.exit("torch_step: the benchmark jobs use one microbatch")
     P, _ = torch_ref.load_params(cfg, None, torch_ref.random_init(cfg, cfg["seed"]))
+    cuda = device.startswith("cuda")
+    if cuda:
+        P = to_device(P, device)
     params = torch_ref.unique_params(P)
     opt = torch_ref.make_optimizer(cfg, params)
-    if foreach:
-        for g in opt.param_groups:
+    for g in opt.param_groups:  # on a GPU its best: the fused AdamW
+        if cuda:
+            g["foreach"], g["fused"] = False, True
+        elif foreach:
             g["foreach"] = True
     train_bytes = torch_ref.load_train_split(cfg, ROOT)
     V = cfg["V"]
@@ -56,13 +71,15 @@ def make_trainer(job_path, foreach=False, autocast=False):
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         x, y = torch_ref.batch(train_bytes, cfg, k[0])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        if cuda:
+            x, y = x.to(device), y.to(device)
+        with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = torch_ref.forward(P, cfg, x)
             loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
         opt.step()
-        lv = loss.item()
+        lv = loss.item()  # waits for the GPU too
         k[0] += 1
         return (time.perf_counter() - t0) * 1e3, lv
 
@@ -78,10 +95,14 @@ def main():
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--foreach", action="store_true", help="multi-tensor optimizer (fastest)")
     ap.add_argument("--autocast", action="store_true", help="forward and loss under bf16 autocast")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the GPU, with the fused AdamW")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.set_default_dtype(torch.float32)
-    step, cfg = make_trainer(a.job, a.foreach, a.autocast)
+    if a.device.startswith("cuda"):  # float32 as float32, like pipewright's GPU products
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    step, cfg = make_trainer(a.job, a.foreach, a.autocast, a.device)
     if a.serve:
         print("ready", flush=True)
         for line in sys.stdin:
@@ -96,7 +117,7 @@ def main():
         losses.append(loss)
         if k >= a.warmup:
             ms.append(dt)
-    print(json.dumps({"ms": ms, "loss": losses, "threads": a.threads,
+    print(json.dumps({"ms": ms, "loss": losses, "threads": a.threads, "device": a.device,
                       "tokens_per_step": cfg["B"] * cfg["T"], "torch": torch.__version__}))
 
 

@@ -49,6 +49,11 @@ PW_MUST_CHECK int pw_cli_load_job(const char *path, pw_job *job);
 PW_MUST_CHECK int pw_cli_compute_ready(int threads);
 /* Prints "error: <path>: <message>" to stderr. */
 void pw_cli_report(const pw_err *err);
+/* --device SPEC (cpu, cuda, cuda:N; NULL: cpu): *be NULL for the CPU, else
+ * the opened backend (pw_cuda_close it). 0, 2 for a malformed SPEC, 1 when
+ * the device cannot be had (said on stderr). */
+struct pw_backend;
+int pw_cli_device(const char *spec, const struct pw_backend **be);
 /* Human-readable 12.3K / 4.5M / 6.7G. */
 const char *pw_cli_si(double x, char *buf, int cap);
 

@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "cli.h"
+#include "pw_cuda.h"
 #include "spec.h"
 #include "train.h"
 
@@ -28,6 +29,7 @@ static void train_usage(FILE *f) {
           "                    optimizer state); names and shapes must match the model\n"
           "  --log-json FILE   one JSON line per step: step, loss, lr, grad_norm, ms, tokens_per_s\n"
           "  --threads N       OpenBLAS threads (default 1)\n"
+          "  --device D        cpu (default), cuda or cuda:N: where the program runs (float32)\n"
           "  --quiet           no per-step lines\n"
           "  --help\n");
 }
@@ -52,13 +54,15 @@ int pw_cmd_train(int argc, char **argv) {
       {"out", required_argument, 0, 'o'},     {"resume", required_argument, 0, 'r'},
       {"log-json", required_argument, 0, 'l'}, {"threads", required_argument, 0, 't'},
       {"quiet", no_argument, 0, 'q'},          {"help", no_argument, 0, 'h'},
-      {"init", required_argument, 0, 'i'},     {0, 0, 0, 0}};
-  const char *job_path = NULL, *out = NULL, *resume = NULL, *init = NULL, *log_path = NULL;
+      {"init", required_argument, 0, 'i'},     {"device", required_argument, 0, 'd'},
+      {0, 0, 0, 0}};
+  const char *job_path = NULL, *out = NULL, *resume = NULL, *init = NULL, *log_path = NULL, *device = NULL;
   int steps = -1, threads = 1, quiet = 0, c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:s:o:r:i:l:t:qh", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:s:o:r:i:l:t:d:qh", opts)) != -1) {
     switch (c) {
       case 'j': job_path = optarg; break;
+      case 'd': device = optarg; break;
       case 's':
         if (pw_arg_int("--steps", optarg, 0, INT_MAX, &steps)) return train_usage(stderr), 2;
         break;
@@ -87,14 +91,21 @@ int pw_cmd_train(int argc, char **argv) {
    * forgotten --out */
   if (resume && !out && job.mode != PW_MODE_FORWARD)
     fprintf(stderr, "warning: --resume without --out: the trained parameters will not be saved\n");
+  const pw_backend *be = NULL;
+  int rc = pw_cli_device(device, &be);
+  if (rc) {
+    pw_job_free(&job);
+    return rc;
+  }
   pw_trainer t;
   pw_err err = {0};
-  int rc = pw_trainer_init(&t, &job, &err);
+  rc = pw_trainer_init_on(&t, &job, be, &err);
   if (!rc && resume) rc = pw_trainer_resume(&t, resume, &err);
   if (!rc && init) rc = pw_trainer_load(&t, init, &err);
   if (rc) {
     pw_cli_report(&err);
     pw_job_free(&job);
+    pw_cuda_close(be);
     return 1;
   }
   FILE *log = NULL;
@@ -102,13 +113,14 @@ int pw_cmd_train(int argc, char **argv) {
     perror(log_path);
     pw_trainer_free(&t);
     pw_job_free(&job);
+    pw_cuda_close(be);
     return 1;
   }
   char pbuf[32], nbuf[48];
   if (!quiet)
-    printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches)%s\n", job.name,
+    printf("job %s: %s parameters, %d steps of %d sequences (%d microbatches)%s%s%s\n", job.name,
            pw_cli_si((double)pw_model_param_count(&t.model), pbuf, sizeof pbuf), stop, job.train.batch_size, t.n_mb,
-           t.step ? resumed_note(t.step, nbuf, sizeof nbuf) : "");
+           t.step ? resumed_note(t.step, nbuf, sizeof nbuf) : "", be ? " on " : "", be ? be->name : "");
   int tty = isatty(2) && !quiet;
   pw_step_stats st = {0};
   int diverged = 0;
@@ -161,6 +173,7 @@ int pw_cmd_train(int argc, char **argv) {
   if (log) fclose(log);
   pw_trainer_free(&t);
   pw_job_free(&job);
+  pw_cuda_close(be);
   return rc || diverged ? 1 : 0;
 }
 

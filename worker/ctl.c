@@ -185,7 +185,7 @@ static void host_bye(pw_link *l, uint64_t job, const char *reason) {
 static int start_run(pw_worker *w, const pw_msg_assign *a, const json_t *as, pw_err *err) {
   pw_run_host host = {.arg = w, .ctl_send = host_ctl_send, .send = host_send, .bye = host_bye,
                       .drain_in = host_drain_in, .released = host_released, .threads = w->threads,
-                      .cores = w->res.cores,
+                      .backend = w->backend, .cores = w->res.cores,
                       .cache = w->cache, .snaps = &w->snaps, .http_url = w->http_url, .token = w->token};
   pw_run *r;
   int rc = pw_run_create(w->loop, a, as, w->state_dir, &host, &r, err);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "addr.h"
+#include "pw_cuda.h"
 #include "log.h"
 #include "sdnotify.h"
 #include "sha256.h"
@@ -29,6 +30,8 @@ static void usage(FILE *f) {
           "                           one id share its cores (default $PW_HOST_ID, else /etc/machine-id,\n"
           "                           else the hostname; letters, digits, . _ : @ -)\n"
           "  --threads N              OpenBLAS threads for compute (default 1)\n"
+          "  --device D               cpu (default), cuda or cuda:N: where its stages run (float32;\n"
+          "                           several workers may share one GPU)\n"
           "  --state-dir DIR          checkpoints and scratch (default ./pipewright-worker)\n"
           "  --token-file FILE        cluster token (required when the coordinator uses one)\n"
           "  --cache-max BYTES        datasets fetched from the coordinator are kept in\n"
@@ -92,6 +95,32 @@ static void __attribute__((noinline)) touch_stack(void) {
   for (size_t i = 0; i < sizeof pad; i += 4096) pad[i] = 0;
 }
 
+/* --device: the GPU opened now (a worker that cannot have it must not
+ * register), and said in the log. */
+static int open_device(pw_worker *w, const char *spec) {
+  if (!spec || strcmp(spec, "cpu") == 0) return 0;
+  int dev = 0;
+  char *end = NULL;
+  if (strcmp(spec, "cuda") != 0) {
+    long n = strncmp(spec, "cuda:", 5) == 0 ? strtol(spec + 5, &end, 10) : -1;
+    if (n < 0 || n > 1024 || !end || end == spec + 5 || *end) {
+      fprintf(stderr, "pipewright-worker: --device %s: expected cpu, cuda or cuda:N\n", spec);
+      return 1;
+    }
+    dev = (int)n;
+  }
+  pw_err err = {0};
+  pw_cuda_info gi;
+  if (pw_cuda_open(dev, &w->backend, &err) || pw_cuda_info_of(dev, &gi, &err)) {
+    fprintf(stderr, "pipewright-worker: --device %s: %s\n", spec, err.msg);
+    return 1;
+  }
+  pw_info("device %s: %s, %.1f GiB (%.1f free), compute capability %d.%d, %d SMs, driver %d, runtime %d",
+          w->backend->name, gi.name, (double)gi.mem_total / (1 << 30), (double)gi.mem_free / (1 << 30), gi.cc_major,
+          gi.cc_minor, gi.sms, gi.driver_version, gi.runtime_version);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {{"coordinator", required_argument, 0, 'c'},
                                        {"listen", required_argument, 0, 'l'},
@@ -104,19 +133,22 @@ int main(int argc, char **argv) {
                                        {"held-timeout", required_argument, 0, 'D'},
                                        {"cache-max", required_argument, 0, 'C'},
                                        {"host-id", required_argument, 0, 'I'},
+                                       {"device", required_argument, 0, 'G'},
                                        {"help", no_argument, 0, 'h'},
                                        {"version", no_argument, 0, 'V'},
                                        {0, 0, 0, 0}};
   static pw_worker w;
   const char *coord = "127.0.0.1:7070", *listen = "127.0.0.1:0", *token_file = NULL, *host_id = getenv("PW_HOST_ID");
+  const char *device = NULL;
   uint64_t cache_max = PW_CACHE_MAX_DEFAULT;
   w.threads = 1;
   w.hello_timeout = 5;
   w.held_timeout = 30;
   snprintf(w.state_dir, sizeof w.state_dir, "pipewright-worker");
   int c;
-  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:C:I:hV", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:l:n:t:s:k:L:H:D:C:I:G:hV", opts, NULL)) != -1) {
     switch (c) {
+      case 'G': device = optarg; break;
       case 'c': coord = optarg; break;
       case 'l': listen = optarg; break;
       case 'n': snprintf(w.name, sizeof w.name, "%s", optarg); break;
@@ -242,6 +274,7 @@ int main(int argc, char **argv) {
     pw_warn("--threads %d is more than the %d core%s this process may use (%s): its threads take turns", w.threads,
             w.res.cores, w.res.cores == 1 ? "" : "s", w.res.cores_from);
   openblas_set_num_threads(w.threads);
+  if (open_device(&w, device)) return 1;
   signal(SIGPIPE, SIG_IGN);
 
   w.loop = uv_default_loop();

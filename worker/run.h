@@ -62,6 +62,7 @@ typedef struct {
   /* The run is over: the daemon is free for the next assignment. */
   void (*released)(void *arg, pw_run *r);
   int threads;             /* compute threads a run of this daemon uses */
+  const struct pw_backend *backend; /* where its stage programs run (backend.h); NULL: the CPU */
   int cores;               /* cores the daemon may use (sysres.h); 0: read them (a run without one) */
   pw_dscache *cache;       /* stored datasets and weights (fetch.h), or NULL */
   pw_snapstore *snaps;     /* the worker's in-memory snapshots, or NULL */

@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "log.h"
 #include "serve.h"
 #include "slice.h"
@@ -27,6 +28,12 @@ static int jint(const json_t *o, const char *k, int dflt) {
 static int setup_stages(pw_run *r, pw_err *err) {
   int cap = r->cx.m * 2 + 2; /* this step's microbatches + early arrivals of the next */
   int rc = 0;
+  const pw_backend *be = r->host.backend;
+  /* off the CPU a stage's gradients live on the device: the data-parallel
+   * and tensor-parallel sums (dpx.c, tpx.c) read them on the host */
+  if (be && !be->host && (r->cx.dp > 1 || r->cx.tp > 1))
+    return pw_err_set(err, PW_ENOTSUP, r->cx.dp > 1 ? "mesh.dp" : "mesh.tp",
+                      "a worker on %s runs pipeline stages only yet (dp %d, tp %d)", be->name, r->cx.dp, r->cx.tp);
   for (int li = 0; li < r->cx.n_ls && !rc; li++) {
     pw_lstage *ls = &r->cx.ls[li];
     pw_lstage_shared *ss = &r->sh.ls[li];
@@ -38,7 +45,7 @@ static int setup_stages(pw_run *r, pw_err *err) {
                           .max_slots = cap, .remat = r->cfg.sl.n_work[li] > 0, .n_work = r->cfg.sl.n_work[li],
                           .no_moments = pw_dpx_zero(&r->cx) > 0, /* a shard of them in dpx.c */
                           .no_grads = pw_dpx_zero(&r->cx) == 2,  /* lent by gradrs.c */
-                          .bf16 = r->cfg.sl.train.precision == PW_PRECISION_BF16};
+                          .bf16 = r->cfg.sl.train.precision == PW_PRECISION_BF16, .backend = be};
     if ((rc = pw_prog_create(&r->cfg.sl.model, &cfg, &ls->prog, err))) break;
     if (r->cx.tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->cx.tp_rank, pw_tpx_allreduce, &r->tpx))) break;
     lc->mb_slot = malloc(sizeof(int) * (size_t)r->cx.m);

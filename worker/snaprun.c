@@ -95,11 +95,12 @@ static int send_entry(pw_snaprun *x, pw_snap *e, int to, int purpose) {
 
 /* A snapshot is params, m, v at numel floats each: the moments of frozen
  * parameters do not exist: train_numel of each, the rest is unused. */
-static void copy_in(pw_prog *p, const float *src, size_t n) {
+static int copy_in(pw_prog *p, const float *src, size_t n, pw_err *err) {
   size_t tn = pw_prog_train_numel(p);
-  memcpy(pw_prog_params(p), src, n * sizeof(float));
-  memcpy(pw_prog_moment(p, 0), src + n, tn * sizeof(float));
-  memcpy(pw_prog_moment(p, 1), src + 2 * n, tn * sizeof(float));
+  int rc = pw_prog_upload(p, pw_prog_params(p), src, n * sizeof(float), err);
+  if (!rc) rc = pw_prog_upload(p, pw_prog_moment(p, 0), src + n, tn * sizeof(float), err);
+  if (!rc) rc = pw_prog_upload(p, pw_prog_moment(p, 1), src + 2 * n, tn * sizeof(float), err);
+  return rc;
 }
 
 static void post_snap(pw_snaprun *x, int stage, int step, int held) {
@@ -108,11 +109,12 @@ static void post_snap(pw_snaprun *x, int stage, int step, int held) {
   if (c->post(c->run, &ev)) pw_warn("job %llu: out of memory reporting a snapshot", (unsigned long long)c->job);
 }
 
-static void copy_out(pw_prog *p, float *dst, size_t n) {
-  memcpy(dst, pw_prog_params(p), n * sizeof(float));
+static int copy_out(pw_prog *p, float *dst, size_t n, pw_err *err) {
   size_t tn = pw_prog_train_numel(p);
-  memcpy(dst + n, pw_prog_moment(p, 0), tn * sizeof(float));
-  memcpy(dst + 2 * n, pw_prog_moment(p, 1), tn * sizeof(float));
+  int rc = pw_prog_download(p, dst, pw_prog_params(p), n * sizeof(float), err);
+  if (!rc) rc = pw_prog_download(p, dst + n, pw_prog_moment(p, 0), tn * sizeof(float), err);
+  if (!rc) rc = pw_prog_download(p, dst + 2 * n, pw_prog_moment(p, 1), tn * sizeof(float), err);
+  return rc;
 }
 
 /* In the next step's first wait that finds nothing to read (recv.c), when
@@ -139,7 +141,9 @@ static void take(pw_snaprun *x) {
                 (unsigned long long)c->job, c->rank, done);
       continue;
     }
-    copy_out(p, e->data, n);
+    pw_err err = {0};
+    if (copy_out(p, e->data, n, &err)) /* off the CPU: a failed download; the device is lost for the run anyway */
+      pw_warn("job %llu rank %d: snapshot of step %d: %s", (unsigned long long)c->job, c->rank, done, err.msg);
     pw_snap_end_write(x->store, e, done);
     post_snap(x, c->ls[li].stage, done, 0);
     /* A failed send fails the run at its next wait, as any frame's does. */
@@ -221,8 +225,9 @@ int pw_snaprun_restore(pw_snaprun *x, pw_err *err) {
       return restore_fail(x, err, st,
                           x->restore_from[st] == c->rank ? "this worker's memory any more" : "what rank's peers sent");
     size_t n = e->numel;
-    if (n == pw_prog_numel(c->ls[li].prog)) copy_in(c->ls[li].prog, e->data, n);
+    rc = n == pw_prog_numel(c->ls[li].prog) ? copy_in(c->ls[li].prog, e->data, n, err) : 0;
     pw_snap_release(x->store, e);
+    if (rc) return rc;
     if (n != pw_prog_numel(c->ls[li].prog))
       return pw_err_set(err, PW_EFORMAT, "restore", "the snapshot of stage %d has %zu floats, the stage %zu", st, n,
                         pw_prog_numel(c->ls[li].prog));

@@ -84,6 +84,7 @@ struct pw_worker {
   double hello_timeout;    /* s an inbound link may take to say HELLO */
   double held_timeout;     /* s a link may wait for the run of the job its HELLO named, or to end */
   int threads;
+  const struct pw_backend *backend; /* --device: where runs compute (cuda.h); NULL: the CPU */
   char state_dir[512];
   char token[PW_CONTROL_TOKEN_MAX + 1];
   pw_dscache *cache;       /* datasets fetched from the coordinator (fetch.h), or NULL */

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh: the GPU checks of issue 40 on a machine with an NVIDIA
+# GPU (the lent H100/H200: none of our packages there), from a bundle made
+# here with the CUDA backend and the GPU tests in it:
+#
+#   cmake --build build-rel -j2 --target pipewright pipewright-worker pipewright-coordinator test_cuda_ops test_cuda_attn
+#   PW_BUNDLE_EXTRA="tests/test_cuda_ops tests/test_cuda_attn" deploy/bundle.sh build-rel .device/pw-gpu.tar.gz
+#   (device tool, carry .device)   bash tests/gpu/run.sh .device/pw-gpu.tar.gz
+#
+# Sized to finish in a few minutes. It runs:
+#   1. the kernel tests: every op's CUDA row against the CPU's (test_cuda_ops,
+#      test_cuda_attn: 1e-5, each result twice the same bits);
+#   2. the gpt and llama templates (and gpt with the tiled attention) trained
+#      3 steps by `pipewright train --device cuda` against `--device cpu`:
+#      losses and weights to 1e-4 (float32, TF32 off);
+#   3. a GPT-2-small-shaped step (d768, 12 layers, T 1024, batch 8, byte
+#      vocabulary) on the GPU: pipewright float32 against PyTorch (the
+#      machine's) float32 and bf16 autocast, both with the fused AdamW.
+# Prints a summary last; everything goes to bench/results/gpu/ (and $OUT).
+set -u
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+TARBALL=${1:-$SRC/.device/pw-gpu.tar.gz}
+X=$(mktemp -d)
+tar -C "$X" -xzf "$TARBALL"
+D=$(ls -d "$X"/pipewright-*)
+PW=$D/bin/pipewright
+PY=$(command -v python3)
+R=$SRC/bench/results/gpu
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1
+summary=()
+fails=0
+note() { summary+=("$1"); echo "$1"; }
+check() { # check NAME CMD...: ok or FAIL by its exit status
+  local name=$1
+  shift
+  if "$@"; then note "ok: $name"; else note "FAIL: $name (exit $?)"; fails=$((fails + 1)); fi
+}
+
+echo "== the GPU"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+echo "== 1. kernels against the CPU's"
+check "test_cuda_ops" timeout 120 "$D/bin/test_cuda_ops"
+check "test_cuda_attn" timeout 120 "$D/bin/test_cuda_attn"
+
+echo "== 2. templates: pipewright train --device cuda against --device cpu, 3 steps"
+job() { # job SRC NAME [attention]: the example as one process of dp 1, absolute data path
+  "$PY" - "$1" "$X/$2.json" "${3:-}" "$SRC" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["mesh"] = {"pp": 1, "dp": 1, "virtual_stages": 1}
+j["data"]["path"] = sys.argv[4] + "/" + j["data"]["path"]
+if sys.argv[3]:
+    j["train"]["attention"] = sys.argv[3]
+json.dump(j, open(sys.argv[2], "w"))
+PYEOF
+}
+job "$SRC/examples/jobs/gpt-tiny.json" gpt
+job "$SRC/examples/jobs/llama-tiny.json" llama
+job "$SRC/examples/jobs/gpt-tiny.json" gpt-tiled tiled
+for n in gpt llama gpt-tiled; do
+  for dev in cpu cuda; do
+    timeout 120 "$PW" train --job "$X/$n.json" --steps 3 --device $dev --quiet --out "$X/$n-$dev.safetensors" \
+      --log-json "$X/$n-$dev.jsonl" 2>&1 | tail -3
+  done
+  check "$n: cuda = cpu" "$PY" "$SRC/tests/gpu/compare.py" "$n" "$X/$n-cpu.safetensors" "$X/$n-cuda.safetensors" \
+    "$X/$n-cpu.jsonl" "$X/$n-cuda.jsonl"
+done
+note "not yet: a pp 2 pipeline of two GPU workers (pipewright-worker --device), bf16 on the GPU"
+
+echo "== 3. a GPT-2-small step (d768, 12 layers, T 1024, batch 8) on the GPU"
+"$PY" - "$SRC/bench/jobs/gpt-d768.json" "$X/gpt2s.json" "$SRC" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["model"]["seq_len"] = 1024
+j["train"]["batch_size"] = 8
+j["data"]["path"] = sys.argv[3] + "/" + j["data"]["path"]
+json.dump(j, open(sys.argv[2], "w"))
+PYEOF
+if timeout 150 "$PW" train --job "$X/gpt2s.json" --steps 6 --device cuda --quiet --log-json "$X/gpt2s.jsonl" 2>&1 | tail -3; then
+  pw_ms=$("$PY" -c "import json,statistics,sys; r=[json.loads(l)['ms'] for l in open(sys.argv[1])][2:]; print('%.1f' % statistics.median(r))" "$X/gpt2s.jsonl")
+  note "pipewright float32 (cuda): ${pw_ms} ms/step (median of steps 3-6)"
+else
+  note "FAIL: pipewright on the GPT-2-small step"
+  fails=$((fails + 1))
+  pw_ms=""
+fi
+for ac in "" --autocast; do
+  out=$(timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$X/gpt2s.json" --device cuda --steps 4 --warmup 2 $ac 2>&1 | tail -1)
+  t_ms=$("$PY" -c "import json,statistics,sys; print('%.1f' % statistics.median(json.loads(sys.argv[1])['ms']))" "$out" 2>/dev/null)
+  if [ -n "$t_ms" ]; then
+    r=""
+    [ -n "$pw_ms" ] && r=$("$PY" -c "import sys; print('; pipewright at %.3fx its speed' % (float(sys.argv[1]) / float(sys.argv[2])))" "$t_ms" "$pw_ms")
+    note "PyTorch $("$PY" -c 'import torch; print(torch.__version__)') ${ac:-float32} (cuda, fused AdamW): ${t_ms} ms/step${r}"
+  else
+    note "PyTorch ${ac:-float32}: did not run: ${out: -300}"
+  fi
+done
+
+{
+  echo "# tests/gpu/run.sh, $(date -u +%Y-%m-%dT%H:%MZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  printf '%s\n' "${summary[@]}"
+} > "$R/latest.md"
+[ -n "${OUT:-}" ] && cp "$R/latest.md" "$OUT/gpu-latest.md"
+echo "== summary ($fails failed)"
+printf '%s\n' "${summary[@]}"
+exit $((fails > 0))
