@@ -41,13 +41,13 @@ enum { PLAIN_F, TILED_F, PLAIN_B, TILED_B };
 static void run(void *p, int which) {
   ctx *c = p;
   switch (which) {
-    case PLAIN_F: pw_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH); break;
-    case TILED_F: pw_attention_tiled_forward(c->out_t, c->lse, c->ws, c->qkv, c->B, c->T, c->C, c->NH); break;
+    case PLAIN_F: pw_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH, c->NH); break;
+    case TILED_F: pw_attention_tiled_forward(c->out_t, c->lse, c->ws, c->qkv, c->B, c->T, c->C, c->NH, c->NH); break;
     case PLAIN_B:
-      pw_attention_backward_input(c->dqkv, c->tt, c->dout, c->qkv, c->att, c->B, c->T, c->C, c->NH, 0);
+      pw_attention_backward_input(c->dqkv, c->tt, c->dout, c->qkv, c->att, c->B, c->T, c->C, c->NH, c->NH, 0);
       break;
     default:
-      pw_attention_tiled_backward_input(c->dqkv_t, c->ws, c->dout, c->out_t, c->qkv, c->lse, c->B, c->T, c->C, c->NH,
+      pw_attention_tiled_backward_input(c->dqkv_t, c->ws, c->dout, c->out_t, c->qkv, c->lse, c->B, c->T, c->C, c->NH, c->NH,
                                         0);
   }
 }
@@ -80,7 +80,7 @@ static void print_list(const char *key, const double *v, int n) {
 static void bench_T(int B, int T, int C, int NH, int rounds, double target) {
   ctx c = {.B = B, .T = T, .C = C, .NH = NH};
   size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, natt = (size_t)B * NH * T * T;
-  size_t nws = pw_attention_tiled_scratch(T, C, NH);
+  size_t nws = pw_attention_tiled_scratch(T, C, NH, NH);
   c.qkv = alloc(nq), c.dout = alloc(no), c.out = alloc(no), c.out_t = alloc(no);
   c.att = alloc(natt), c.tt = alloc((size_t)T * T), c.lse = alloc((size_t)B * NH * T), c.ws = alloc(nws);
   c.dqkv = alloc(nq), c.dqkv_t = alloc(nq);

@@ -155,11 +155,11 @@ static void att_raw(att_ctx *c, int backward) {
 static void att_run(void *p, int which) {
   att_ctx *c = p;
   switch (which) {
-  case 0: pw_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH); break;
+  case 0: pw_attention_forward(c->out, c->att, c->qkv, c->B, c->T, c->C, c->NH, c->NH); break;
   case 1: att_raw(c, 0); break;
   case 2:
     pw_attention_backward_input(c->dqkv, c->scratch, c->dout, c->qkv, c->att, c->B, c->T, c->C,
-                                c->NH, 1);
+                                c->NH, c->NH, 1);
     break;
   case 3: att_raw(c, 1); break;
   }

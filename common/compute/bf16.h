@@ -72,15 +72,16 @@ void pw_linear_backward_bf16(float *dinp, float *dw, float *dbias, const float *
  * float32; P V on bf16(P) and v; dP = dO V^T on bf16 dout and v; dQ and dK
  * on bf16(scale * dS) with k and q; dV on bf16(P) and dout. Softmax, its
  * gradient and the saved P (att) stay float32. bs holds at least
- * pw_attention_bf16_scratch(B, T, C) bf16; scratch T*T floats as ops.h's. */
+ * pw_attention_bf16_scratch(B, T, C) bf16 (C the model width: grouped-query
+ * rows are narrower); scratch T*T floats as ops.h's. */
 static inline size_t pw_attention_bf16_scratch(int B, int T, int C) {
   return 4 * (size_t)B * T * C + 2 * (size_t)T * T; /* the planner counts it too */
 }
 void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
-                               int NH);
+                               int NH, int NKV);
 void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                       const float *qkv, const float *att, int B, int T, int C, int NH,
-                                      int acc);
+                                      int NKV, int acc);
 
 /* The tiled attention (ops.h's pw_attention_tiled_*) with the same five
  * products on bf16 operands: bs holds at least
@@ -90,10 +91,10 @@ static inline size_t pw_attention_tiled_bf16_scratch(int B, int T, int C) {
   return 4 * (size_t)B * T * C + 2 * (size_t)PW_ATTN_TILE_B * PW_ATTN_TILE_K; /* the planner counts it too */
 }
 void pw_attention_tiled_forward_bf16(float *out, float *lse, float *scratch, pw_bf16 *bs, const float *qkv, int B,
-                                     int T, int C, int NH);
+                                     int T, int C, int NH, int NKV);
 void pw_attention_tiled_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                             const float *out, const float *qkv, const float *lse, int B, int T,
-                                            int C, int NH, int acc);
+                                            int C, int NH, int NKV, int acc);
 
 /* 1 when pw_gemm_bf16 runs oneDNN's AVX512_BF16 kernels, 0 for the sgemm
  * path. Decided at the first call of either (PW_CPU read then). */

@@ -98,47 +98,61 @@ static void swiglu_i(const pw_kernel_io *io) {
 static void add_f(const pw_kernel_io *io) { pw_add_forward(io->out, io->in0, io->in1, NC(io)); }
 static void add_i(const pw_kernel_io *io) { pw_add_backward_input(io->din0, io->din1, io->dout, NC(io), io->acc0, io->acc1); }
 
-/* qkv input: C = 3 x the model width */
+/* Rope and attention read packed qkv rows (ops.h): input width n->C = W =
+ * (NH + 2 NKV) HD, the model width (attention's OC) NH HD. */
+static int nkv_of(const pw_node *n) { return n->NKV > 0 ? n->NKV : n->NH; }
+static int qwidth_of(const pw_node *n) { return n->NH * (n->C / (n->NH + 2 * nkv_of(n))); }
+static pw_rope rope_of(const pw_node *n) {
+  return (pw_rope){.theta = n->base, .factor = n->rope_factor, .low_freq_factor = n->rope_low_freq,
+                   .high_freq_factor = n->rope_high_freq, .original_max_pos = n->rope_orig_max_pos};
+}
+
 static void rope_f(const pw_kernel_io *io) {
-  pw_rope_forward(io->out, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH, io->n->base);
+  pw_rope r = rope_of(io->n);
+  pw_rope_forward(io->out, io->in0, io->B, io->n->T, qwidth_of(io->n), io->n->NH, nkv_of(io->n), &r);
 }
 static void rope_i(const pw_kernel_io *io) {
-  pw_rope_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C / 3, io->n->NH, io->n->base, io->acc0);
+  pw_rope r = rope_of(io->n);
+  pw_rope_backward_input(io->din0, io->dout, io->B, io->n->T, qwidth_of(io->n), io->n->NH, nkv_of(io->n), &r,
+                         io->acc0);
 }
 /* bf16 programs bind bscratch for attention too (pw_attention_*_bf16) */
 static void attention_f(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
   if (io->bscratch) {
-    pw_attention_forward_bf16(io->out, io->aux, io->bscratch, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH);
+    pw_attention_forward_bf16(io->out, io->aux, io->bscratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
     return;
   }
-  pw_attention_forward(io->out, io->aux, io->in0, io->B, io->n->T, io->n->C / 3, io->n->NH);
+  pw_attention_forward(io->out, io->aux, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
 }
 static void attention_i(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
   if (io->bscratch) {
-    pw_attention_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->in0, io->aux, io->B,
-                                     io->n->T, io->n->C / 3, io->n->NH, io->acc0);
+    pw_attention_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->in0, io->aux, io->B, n->T,
+                                     n->OC, n->NH, nkv_of(n), io->acc0);
     return;
   }
-  pw_attention_backward_input(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, io->n->T, io->n->C / 3,
-                              io->n->NH, io->acc0);
+  pw_attention_backward_input(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, n->T, n->OC, n->NH,
+                              nkv_of(n), io->acc0);
 }
 
 /* aux: lse (B, NH, T); the backward reads the forward's out */
 static void attention_tiled_f(const pw_kernel_io *io) {
   const pw_node *n = io->n;
   if (io->bscratch)
-    pw_attention_tiled_forward_bf16(io->out, io->aux, io->scratch, io->bscratch, io->in0, io->B, n->T, n->C / 3, n->NH);
+    pw_attention_tiled_forward_bf16(io->out, io->aux, io->scratch, io->bscratch, io->in0, io->B, n->T, n->OC, n->NH,
+                                    nkv_of(n));
   else
-    pw_attention_tiled_forward(io->out, io->aux, io->scratch, io->in0, io->B, n->T, n->C / 3, n->NH);
+    pw_attention_tiled_forward(io->out, io->aux, io->scratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
 }
 static void attention_tiled_i(const pw_kernel_io *io) {
   const pw_node *n = io->n;
   if (io->bscratch)
     pw_attention_tiled_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->out, io->in0, io->aux,
-                                           io->B, n->T, n->C / 3, n->NH, io->acc0);
+                                           io->B, n->T, n->OC, n->NH, nkv_of(n), io->acc0);
   else
-    pw_attention_tiled_backward_input(io->din0, io->scratch, io->dout, io->out, io->in0, io->aux, io->B, n->T,
-                                      n->C / 3, n->NH, io->acc0);
+    pw_attention_tiled_backward_input(io->din0, io->scratch, io->dout, io->out, io->in0, io->aux, io->B, n->T, n->OC,
+                                      n->NH, nkv_of(n), io->acc0);
 }
 
 static void xent_f(const pw_kernel_io *io) {
@@ -211,22 +225,24 @@ static void posembed_d(const pw_kernel_io *io) {
 
 static void rope_d(const pw_kernel_io *io) {
   const pw_node *n = io->n;
+  pw_rope rp = rope_of(n);
   for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
     size_t o = (size_t)r * (size_t)n->C;
-    pw_rope_forward_at(io->out + o, io->in0 + o, io->seqs[s].len, io->seqs[s].pos, n->C / 3, n->NH, n->base);
+    pw_rope_forward_at(io->out + o, io->in0 + o, io->seqs[s].len, io->seqs[s].pos, qwidth_of(n), n->NH, nkv_of(n),
+                       &rp);
   }
 }
 
-/* qkv (3C') in, C' = C / 3 out; the slot's K then V, max_pos x C' each */
+/* qkv (W) in, OC out; the slot's K then V, max_pos x (W - OC) / 2 each */
 static void attention_d(const pw_kernel_io *io) {
   const pw_node *n = io->n;
-  int C = n->C;
+  size_t W = (size_t)n->C, OC = (size_t)n->OC, KW = (W - OC) / 2;
   for (int s = 0, r = 0; s < io->n_seqs; r += io->seqs[s++].len) {
     const pw_decode_seq *q = &io->seqs[s];
     float *k = io->kv + (size_t)q->slot * io->kv_slot;
-    float *v = k + (size_t)io->max_pos * (size_t)(C / 3);
-    pw_attention_kv_forward(io->out + (size_t)r * (size_t)(C / 3), k, v, io->scratch, io->in0 + (size_t)r * (size_t)C,
-                            q->len, q->pos, C / 3, n->NH);
+    float *v = k + (size_t)io->max_pos * KW;
+    pw_attention_kv_forward(io->out + (size_t)r * OC, k, v, io->scratch, io->in0 + (size_t)r * W, q->len, q->pos,
+                            n->OC, n->NH, nkv_of(n));
   }
 }
 

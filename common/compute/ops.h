@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops_rope.h"
+
 /* Token embedding: out[n,:] = wte[tok[n],:].  wte (V,C), tok (N), out (N,C).
  * Tokens must be in [0,V); the caller validated them. No backward_input. */
 void pw_embed_forward(float *out, const int32_t *tok, const float *wte, int N, int C);
@@ -94,49 +96,56 @@ void pw_add_forward(float *out, const float *a, const float *b, int n);
 /* da and db may be the same buffer (a + a): acc_b then must be 1. */
 void pw_add_backward_input(float *da, float *db, const float *dout, int n, int acc_a, int acc_b);
 
-/* Rotary position embedding on a packed qkv tensor (B,T,3C): q (columns
- * 0..C-1) and k (C..2C-1) are rotated per head in the rotate-half
- * convention of Hugging Face Llama (pairs (i, i+HD/2) of each head, angle
- * t * base^(-2i/HD)); v (2C..3C-1) is copied through. */
-void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base);
-void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, float base,
-                            int acc);
+/* Attention's packed qkv rows (B,T,W): the NH query heads (columns 0..C-1,
+ * C = NH*HD the model width), then the NKV key heads and the NKV value
+ * heads (NKV*HD columns each), W = C + 2*NKV*HD. NKV divides NH: query
+ * head h reads key/value head h / (NH/NKV) (grouped-query attention, as
+ * Hugging Face's repeat_kv; NKV == NH is multi-head, NKV == 1 multi-query). */
+
+/* Rotary position embedding on packed qkv rows: the q and k heads are
+ * rotated per head in the rotate-half convention of Hugging Face Llama
+ * (pairs (i, i+HD/2) of each head, angle t * inv_freq_i, ops_rope.h's
+ * frequencies of r: theta and Llama-3's rope_scaling); v is copied through. */
+void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, int NKV, const pw_rope *r);
+void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, int NKV,
+                            const pw_rope *r, int acc);
 /* The forward on T rows of one sequence at positions t0 .. t0+T-1 (a
  * KV-cache decode): the same angles, so the same bits, as those rows of
  * pw_rope_forward over the whole sequence. */
-void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, float base);
+void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, int NKV, const pw_rope *r);
 
-/* Causal multi-head self-attention on packed qkv (B,T,3C) -> out (B,T,C).
- * q rows of head h are columns h*HD..(h+1)*HD-1 of the first C columns, k
- * and v likewise in the second and third C. Scores scaled by 1/sqrt(HD).
- * att (B,NH,T,T) saves the softmax probabilities (upper triangle zero).
- * scratch holds at least T*T floats. No parameters, so no backward_weight. */
-void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* Causal grouped-query self-attention on packed qkv (B,T,W) -> out (B,T,C).
+ * Scores scaled by 1/sqrt(HD). att (B,NH,T,T) saves the softmax
+ * probabilities (upper triangle zero). scratch holds at least T*T floats.
+ * The key/value gradients of a group's heads are summed in head order.
+ * No parameters, so no backward_weight. */
+void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV);
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH, int acc);
+                                 const float *att, int B, int T, int C, int NH, int NKV, int acc);
 
 /* The same attention, tiled with an online softmax (FlashAttention-2;
  * ops_flash.c): no T x T buffer. The forward saves lse (B,NH,T), each
  * row's log-sum-exp of its scaled scores, instead of the probabilities;
  * the backward recomputes them tile by tile from qkv and lse, and reads
- * the forward's out. scratch holds pw_attention_tiled_scratch(T, C, NH)
- * floats (a few tiles and T: O(T), not O(T^2)). The same results as
- * pw_attention_* to float rounding (test_ops_flash: 1e-5). */
-size_t pw_attention_tiled_scratch(int T, int C, int NH);
+ * the forward's out. scratch holds pw_attention_tiled_scratch(T, C, NH,
+ * NKV) floats (a few tiles and T per head of a group: O(T), not O(T^2)).
+ * The same results as pw_attention_* to float rounding (test_ops_flash: 1e-5). */
+size_t pw_attention_tiled_scratch(int T, int C, int NH, int NKV);
 void pw_attention_tiled_forward(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C,
-                                int NH);
+                                int NH, int NKV);
 void pw_attention_tiled_backward_input(float *dqkv, float *scratch, const float *dout, const float *out,
-                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int acc);
+                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int NKV,
+                                       int acc);
 
 /* Causal attention of T new rows of one sequence at positions t0 .. t0+T-1
- * against its KV cache (ops_kv.c). qkv (T,3C) packed as above (q already
- * rotated for llama); kc, vc (>= t0+T, C) the sequence's cached keys and
- * values of this layer, rows 0 .. t0-1 filled by earlier calls: rows t0 ..
- * t0+T-1 are written from qkv first, then new row i attends over cache
- * rows 0 .. t0+i. out (T,C). scratch holds at least
+ * against its KV cache (ops_kv.c). qkv (T,W) packed as above (q and k
+ * already rotated for llama); kc, vc (>= t0+T, NKV*HD) the sequence's
+ * cached keys and values of this layer, rows 0 .. t0-1 filled by earlier
+ * calls: rows t0 .. t0+T-1 are written from qkv first, then new row i
+ * attends over cache rows 0 .. t0+i. out (T,C). scratch holds at least
  * pw_attention_kv_scratch(T, t0) floats. */
 void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, const float *qkv, int T,
-                             int t0, int C, int NH);
+                             int t0, int C, int NH, int NKV);
 size_t pw_attention_kv_scratch(int T, int t0);
 
 /* Softmax cross-entropy. logits (N,V), targets (N) in [0,V). probs (N,V)

@@ -28,36 +28,36 @@
 
 /* ---- rope ---------------------------------------------------------------- */
 
-/* cos/sin computed per call in chunks on the stack, the way Hugging Face
- * Llama does it in float32: inv_freq = 1 / base^(2i/HD), angle = t * inv_freq. */
+/* Frequencies once per call per chunk of pairs (ops_rope.h), cos/sin per
+ * position, on the stack. */
 #define ROPE_CHUNK 64
 
 /* Rows t of each sequence sit at position t0 + t (a KV-cache decode's new
  * rows continue a sequence). backward: out = the transpose rotation of inp,
  * accumulated (acc) or not. */
 static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, int t0, int C,
-                                    int NH, float base, int backward, int acc),
-                       (out, inp, B, T, t0, C, NH, base, backward, acc)) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
+                                    int NH, int NKV, const pw_rope *r, int backward, int acc),
+                       (out, inp, B, T, t0, C, NH, NKV, r, backward, acc)) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
   int HD = C / NH;
   PW_ASSERT(HD % 2 == 0);
-  int half = HD / 2;
-  size_t C3 = 3 * (size_t)C;
-  float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
-  for (int t = 0; t < T; t++) {
-    for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
-      int i1 = i0 + ROPE_CHUNK < half ? i0 + ROPE_CHUNK : half;
+  int half = HD / 2, KW = NKV * HD;
+  size_t W = (size_t)C + 2 * (size_t)KW;
+  float inv[ROPE_CHUNK], cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+  for (int i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+    int i1 = i0 + ROPE_CHUNK < half ? i0 + ROPE_CHUNK : half;
+    for (int i = i0; i < i1; i++) inv[i - i0] = pw_rope_inv_freq(r, i, HD);
+    for (int t = 0; t < T; t++) {
       for (int i = i0; i < i1; i++) {
-        float inv_freq = 1.0f / powf(base, (float)(2 * i) / (float)HD);
-        float ang = (float)(t0 + t) * inv_freq;
+        float ang = (float)(t0 + t) * inv[i - i0];
         cs[i - i0] = cosf(ang);
         sn[i - i0] = sinf(ang);
       }
       for (int b = 0; b < B; b++) {
-        const float *x = inp + ((size_t)b * T + t) * C3;
-        float *y = out + ((size_t)b * T + t) * C3;
-        /* q and k heads are 2*NH consecutive HD-blocks. */
-        for (int h = 0; h < 2 * NH; h++) {
+        const float *x = inp + ((size_t)b * T + t) * W;
+        float *y = out + ((size_t)b * T + t) * W;
+        /* q and k heads are NH + NKV consecutive HD-blocks. */
+        for (int h = 0; h < NH + NKV; h++) {
           const float *xh = x + (size_t)h * HD;
           float *yh = y + (size_t)h * HD;
           for (int i = i0; i < i1; i++) {
@@ -74,28 +74,28 @@ static PW_CPU_DISPATCH(rope_apply, (float *out, const float *inp, int B, int T, 
         }
       }
     }
-    for (int b = 0; b < B; b++) {
-      const float *xv = inp + ((size_t)b * T + t) * C3 + 2 * (size_t)C;
-      float *yv = out + ((size_t)b * T + t) * C3 + 2 * (size_t)C;
-      if (!backward)
-        memcpy(yv, xv, (size_t)C * sizeof(float));
-      else
-        for (int c = 0; c < C; c++) yv[c] = pw__acc(acc, yv[c], xv[c]);
-    }
+  }
+  for (size_t row = 0; row < (size_t)B * T; row++) {
+    const float *xv = inp + row * W + C + KW;
+    float *yv = out + row * W + C + KW;
+    if (!backward)
+      memcpy(yv, xv, (size_t)KW * sizeof(float));
+    else
+      for (int c = 0; c < KW; c++) yv[c] = pw__acc(acc, yv[c], xv[c]);
   }
 }
 
-void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, float base) {
-  rope_apply(out, inp, B, T, 0, C, NH, base, 0, 0);
+void pw_rope_forward(float *out, const float *inp, int B, int T, int C, int NH, int NKV, const pw_rope *r) {
+  rope_apply(out, inp, B, T, 0, C, NH, NKV, r, 0, 0);
 }
 
-void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, float base) {
-  rope_apply(out, inp, 1, T, t0, C, NH, base, 0, 0);
+void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, int NKV, const pw_rope *r) {
+  rope_apply(out, inp, 1, T, t0, C, NH, NKV, r, 0, 0);
 }
 
-void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH,
-                            float base, int acc) {
-  rope_apply(dinp, dout, B, T, 0, C, NH, base, 1, acc);
+void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, int NKV,
+                            const pw_rope *r, int acc) {
+  rope_apply(dinp, dout, B, T, 0, C, NH, NKV, r, 1, acc);
 }
 
 /* ---- attention ----------------------------------------------------------- */
@@ -125,16 +125,16 @@ static PW_CPU_DISPATCH(softmax_block, (float *P, int T, int r0, int r1), (P, T, 
   }
 }
 
-void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
-  int HD = C / NH;
-  int C3 = 3 * C;
+void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  int HD = C / NH, G = NH / NKV;
+  int C3 = C + 2 * NKV * HD; /* a packed row: q, k, v */
   float scale = 1.0f / sqrtf((float)HD);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
-      const float *k = q + C;
-      const float *v = q + 2 * (size_t)C;
+      const float *k = qkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD; /* its key/value head */
+      const float *v = k + (size_t)NKV * HD;
       float *o = out + (size_t)b * T * C + (size_t)h * HD;
       float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
@@ -165,10 +165,10 @@ static PW_CPU_DISPATCH(softmax_grad_block, (float *dS, const float *P, int T, in
 }
 
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH, int acc) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
-  int HD = C / NH;
-  int C3 = 3 * C;
+                                 const float *att, int B, int T, int C, int NH, int NKV, int acc) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  int HD = C / NH, G = NH / NKV;
+  int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
   /* Each element of dqkv is written by exactly one sgemm below, so beta
    * = 0 overwrites it (OpenBLAS: a zeroing pass, then the beta = 1 kernel). */
@@ -177,11 +177,13 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
-      const float *k = q + C;
-      const float *v = q + 2 * (size_t)C;
+      const float *k = qkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD; /* its key/value head */
+      const float *v = k + (size_t)NKV * HD;
       float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
-      float *dk = dq + C;
-      float *dv = dq + 2 * (size_t)C;
+      float *dk = dqkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
+      float *dv = dk + (size_t)NKV * HD;
+      /* a group's later heads add into its first one's dK and dV */
+      float beta_kv = h % G ? 1.0f : beta;
       const float *dO = dout + (size_t)b * T * C + (size_t)h * HD;
       const float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
@@ -202,11 +204,11 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
         /* Key block [c0,c1) is attended to only by queries i >= c0. */
         /* dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T] */
         pw_sgemm(1, 0, cols, HD, T - c0, scale,
-                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, beta,
+                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, beta_kv,
                     dk + (size_t)c0 * C3, C3);
         /* dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T] */
         pw_sgemm(1, 0, cols, HD, T - c0, 1.0f,
-                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta,
+                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta_kv,
                     dv + (size_t)c0 * C3, C3);
       }
     }
@@ -231,18 +233,18 @@ static void scale_rows(float *x, int ld, int rows, int n, float s) {
 }
 
 void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
-                               int NH) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
-  int HD = C / NH;
-  int C3 = 3 * C;
+                               int NH, int NKV) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  int HD = C / NH, G = NH / NKV;
+  int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
   pw_bf16 *qkvb = bs, *pb = bs + (size_t)B * T * C3;
   pw_bf16_from_f32(qkvb, qkv, (size_t)B * T * C3);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
-      const pw_bf16 *k = q + C;
-      const pw_bf16 *v = q + 2 * (size_t)C;
+      const pw_bf16 *k = qkvb + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
+      const pw_bf16 *v = k + (size_t)NKV * HD;
       float *o = out + (size_t)b * T * C + (size_t)h * HD;
       float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
@@ -261,10 +263,10 @@ void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float 
 
 void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                       const float *qkv, const float *att, int B, int T, int C, int NH,
-                                      int acc) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
-  int HD = C / NH;
-  int C3 = 3 * C;
+                                      int NKV, int acc) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  int HD = C / NH, G = NH / NKV;
+  int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
   pw_bf16 *qkvb = bs, *dob = bs + (size_t)B * T * C3;
   pw_bf16 *pb = dob + (size_t)B * T * C, *dsb = pb + (size_t)T * T;
@@ -274,11 +276,13 @@ void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, 
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
-      const pw_bf16 *k = q + C;
-      const pw_bf16 *v = q + 2 * (size_t)C;
+      const pw_bf16 *k = qkvb + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
+      const pw_bf16 *v = k + (size_t)NKV * HD;
       float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
-      float *dk = dq + C;
-      float *dv = dq + 2 * (size_t)C;
+      float *dk = dqkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
+      float *dv = dk + (size_t)NKV * HD;
+      /* a group's later heads add into its first one's dK and dV */
+      int acc_kv = acc || h % G;
       const pw_bf16 *dO = dob + (size_t)b * T * C + (size_t)h * HD;
       const float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
@@ -295,9 +299,9 @@ void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, 
       for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
         int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
         int cols = c1 - c0;
-        pw_gemm_bf16(1, 0, cols, HD, T - c0, dsb + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, acc,
+        pw_gemm_bf16(1, 0, cols, HD, T - c0, dsb + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, acc_kv,
                      dk + (size_t)c0 * C3, C3);
-        pw_gemm_bf16(1, 0, cols, HD, T - c0, pb + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, acc,
+        pw_gemm_bf16(1, 0, cols, HD, T - c0, pb + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, acc_kv,
                      dv + (size_t)c0 * C3, C3);
       }
     }

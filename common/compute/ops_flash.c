@@ -323,48 +323,53 @@ void pw__attn_backward(const pw__attn *a, float *dq, float *dk, float *dv, const
     }
 }
 
-/* ---- causal multi-head attention on a packed qkv (ops.h, bf16.h) --------- */
+/* ---- causal grouped-query attention on a packed qkv (ops.h, bf16.h) ------ */
 
-static pw__attn packed(const float *qkv, int B, int T, int C, int NH) {
-  PW_ASSERT(NH > 0 && C % NH == 0);
-  size_t C3 = 3 * (size_t)C;
-  return (pw__attn){.B = B, .Tq = T, .Tk = T, .NH = NH, .NKV = NH, .HD = C / NH, .off = 0, .causal = 1,
-                    .q = qkv, .k = qkv + C, .v = qkv + 2 * (size_t)C, .ldq = C3, .ldk = C3, .ldo = (size_t)C,
-                    .sq = (size_t)T * C3, .sk = (size_t)T * C3, .so = (size_t)T * C};
+static pw__attn packed(const float *qkv, int B, int T, int C, int NH, int NKV) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  int HD = C / NH;
+  size_t W = (size_t)C + 2 * (size_t)NKV * HD;
+  return (pw__attn){.B = B, .Tq = T, .Tk = T, .NH = NH, .NKV = NKV, .HD = HD, .off = 0, .causal = 1,
+                    .q = qkv, .k = qkv + C, .v = qkv + C + (size_t)NKV * HD, .ldq = W, .ldk = W, .ldo = (size_t)C,
+                    .sq = (size_t)T * W, .sk = (size_t)T * W, .so = (size_t)T * C};
 }
 
-size_t pw_attention_tiled_scratch(int T, int C, int NH) { return pw__attn_work(T, C / NH, NH, NH); }
+/* Where k and v begin in a packed row. */
+static size_t kv_at(int C, int NH, int NKV) { return (size_t)NKV * (size_t)(C / NH); }
+
+size_t pw_attention_tiled_scratch(int T, int C, int NH, int NKV) { return pw__attn_work(T, C / NH, NH, NKV); }
 
 void pw_attention_tiled_forward(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C,
-                                int NH) {
-  pw__attn a = packed(qkv, B, T, C, NH);
+                                int NH, int NKV) {
+  pw__attn a = packed(qkv, B, T, C, NH, NKV);
   pw__attn_forward(&a, out, lse, scratch, NULL);
 }
 
 void pw_attention_tiled_backward_input(float *dqkv, float *scratch, const float *dout, const float *out,
-                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int acc) {
-  pw__attn a = packed(qkv, B, T, C, NH);
-  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + 2 * (size_t)C, dout, out, lse, acc, scratch, NULL);
+                                       const float *qkv, const float *lse, int B, int T, int C, int NH, int NKV,
+                                       int acc) {
+  pw__attn a = packed(qkv, B, T, C, NH, NKV);
+  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + C + kv_at(C, NH, NKV), dout, out, lse, acc, scratch, NULL);
 }
 
-/* bs: qkv as bf16 (B*T*3C), then dout's (B*T*C; the backward), then the P
- * and dS tiles (2 TB*TK): pw_attention_tiled_bf16_scratch. */
+/* bs: qkv as bf16 (B*T*W), then dout's (B*T*C; the backward), then the P
+ * and dS tiles (2 TB*TK): within pw_attention_tiled_bf16_scratch. */
 void pw_attention_tiled_forward_bf16(float *out, float *lse, float *scratch, pw_bf16 *bs, const float *qkv, int B,
-                                     int T, int C, int NH) {
-  pw__attn a = packed(qkv, B, T, C, NH);
-  size_t n = (size_t)B * T * 3 * C;
+                                     int T, int C, int NH, int NKV) {
+  pw__attn a = packed(qkv, B, T, C, NH, NKV);
+  size_t n = (size_t)B * a.sq;
   pw_bf16_from_f32(bs, qkv, n);
-  a.qb = bs, a.kb = bs + C, a.vb = bs + 2 * (size_t)C;
+  a.qb = bs, a.kb = bs + C, a.vb = bs + C + kv_at(C, NH, NKV);
   pw__attn_forward(&a, out, lse, scratch, bs + n + (size_t)B * T * C);
 }
 
 void pw_attention_tiled_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                             const float *out, const float *qkv, const float *lse, int B, int T,
-                                            int C, int NH, int acc) {
-  pw__attn a = packed(qkv, B, T, C, NH);
-  size_t n = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+                                            int C, int NH, int NKV, int acc) {
+  pw__attn a = packed(qkv, B, T, C, NH, NKV);
+  size_t n = (size_t)B * a.sq, no = (size_t)B * T * C, kv = kv_at(C, NH, NKV);
   pw_bf16_from_f32(bs, qkv, n);
   pw_bf16_from_f32(bs + n, dout, no);
-  a.qb = bs, a.kb = bs + C, a.vb = bs + 2 * (size_t)C, a.dob = bs + n;
-  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + 2 * (size_t)C, dout, out, lse, acc, scratch, bs + n + no);
+  a.qb = bs, a.kb = bs + C, a.vb = bs + C + kv, a.dob = bs + n;
+  pw__attn_backward(&a, dqkv, dqkv + C, dqkv + C + kv, dout, out, lse, acc, scratch, bs + n + no);
 }

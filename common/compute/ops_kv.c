@@ -1,9 +1,9 @@
 /* ops_kv: causal attention of new rows against a sequence's KV cache — the
  * decode half of ops_attn.c's attention. Contract in ops.h.
  *
- * The cache holds each position's (rotated) key and value rows, (Tmax, C)
- * per layer and sequence, heads side by side as in the packed qkv; a head's
- * keys are read in place through a leading dimension of C. One new row (a
+ * The cache holds each position's (rotated) key and value rows, (Tmax,
+ * NKV*HD) per layer and sequence, heads side by side as in the packed qkv; a head's
+ * keys are read in place through a leading dimension of NKV*HD. One new row (a
  * decode step) is two sgemv per head; a block of new rows (a prefill) is
  * the tiled attention (ops_flash.h) with its rows at an offset into the
  * cache: no scores buffer as long as the cache. Never allocates. */
@@ -32,27 +32,27 @@ static PW_CPU_DISPATCH(softmax_row, (float *p, int n), (p, n)) {
 }
 
 void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, const float *qkv, int T,
-                             int t0, int C, int NH) {
-  PW_ASSERT(NH > 0 && C % NH == 0 && T > 0 && t0 >= 0);
-  int HD = C / NH;
-  size_t C3 = 3 * (size_t)C;
+                             int t0, int C, int NH, int NKV) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0 && T > 0 && t0 >= 0);
+  int HD = C / NH, G = NH / NKV, KW = NKV * HD;
+  size_t W = (size_t)C + 2 * (size_t)KW;
   for (int t = 0; t < T; t++) {
-    memcpy(kc + (size_t)(t0 + t) * C, qkv + t * C3 + C, (size_t)C * sizeof(float));
-    memcpy(vc + (size_t)(t0 + t) * C, qkv + t * C3 + 2 * (size_t)C, (size_t)C * sizeof(float));
+    memcpy(kc + (size_t)(t0 + t) * KW, qkv + t * W + C, (size_t)KW * sizeof(float));
+    memcpy(vc + (size_t)(t0 + t) * KW, qkv + t * W + C + KW, (size_t)KW * sizeof(float));
   }
   if (T > 1) {
-    pw__attn a = {.B = 1, .Tq = T, .Tk = t0 + T, .NH = NH, .NKV = NH, .HD = HD, .off = t0, .causal = 1,
-                  .q = qkv, .k = kc, .v = vc, .ldq = C3, .ldk = (size_t)C, .ldo = (size_t)C};
+    pw__attn a = {.B = 1, .Tq = T, .Tk = t0 + T, .NH = NH, .NKV = NKV, .HD = HD, .off = t0, .causal = 1,
+                  .q = qkv, .k = kc, .v = vc, .ldq = W, .ldk = (size_t)KW, .ldo = (size_t)C};
     pw__attn_forward(&a, out, NULL, scratch, NULL);
     return;
   }
   float scale = 1.0f / sqrtf((float)HD);
   int n = t0 + 1;
   for (int h = 0; h < NH; h++) {
-    const float *k = kc + (size_t)h * HD, *v = vc + (size_t)h * HD;
+    const float *k = kc + (size_t)(h / G) * HD, *v = vc + (size_t)(h / G) * HD;
     /* s (n) = scale * K[0:n] q;  o = V[0:n]^T softmax(s) */
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, HD, scale, k, C, qkv + (size_t)h * HD, 1, 0.0f, scratch, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, HD, scale, k, KW, qkv + (size_t)h * HD, 1, 0.0f, scratch, 1);
     softmax_row(scratch, n);
-    cblas_sgemv(CblasRowMajor, CblasTrans, n, HD, 1.0f, v, C, scratch, 1, 0.0f, out + (size_t)h * HD, 1);
+    cblas_sgemv(CblasRowMajor, CblasTrans, n, HD, 1.0f, v, KW, scratch, 1, 0.0f, out + (size_t)h * HD, 1);
   }
 }

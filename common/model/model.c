@@ -203,21 +203,36 @@ static int binary(builder *bd, pw_op op, int a, int b) {
 /* A transformer block: x + attn(norm1(x)), then + mlp(norm2(x)).
  * nanoGPT's: layernorms "ln1"/"ln2", biases, a GELU MLP "fc"/"proj".
  * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
- * "gate"/"up"/"down". */
+ * "gate"/"up"/"down"; the template's attention options (model.n_kv_heads:
+ * a qkv of C + 2 n_kv_heads HD columns, ops.h's packed rows;
+ * model.rope_scaling; model.qkv_bias) on every block. */
 static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
+  const pw_model_spec *s = bd->spec;
   int C = bd->m->values[x].width, T = bd->m->values[x].rows;
+  int nkv = llama && s->n_kv_heads > 0 ? s->n_kv_heads : nh, W = C + 2 * nkv * (C / nh);
   float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1)); /* residual projections, as GPT-2 */
   snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm1" : "ln1");
   int h = norm(bd, nm, x, llama);
   snprintf(nm, sizeof nm, "%s.attn.qkv", p);
-  h = linear(bd, nm, h, 3 * C, !llama, std);
+  h = linear(bd, nm, h, W, !llama || s->qkv_bias, std);
   if (llama) {
-    h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, 3 * C, PW_DT_F32);
-    bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+    h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, W, PW_DT_F32);
+    if (bd->oom) return h;
+    pw_node *n = &bd->m->nodes[bd->m->n_nodes - 1];
+    n->NH = nh;
+    n->NKV = nkv;
+    if (s->rope_scaling) {
+      n->rope_factor = s->rope_factor;
+      n->rope_low_freq = s->rope_low_freq_factor;
+      n->rope_high_freq = s->rope_high_freq_factor;
+      n->rope_orig_max_pos = s->rope_orig_max_pos;
+    }
   }
   h = add_node(bd, (pw_op)pw_attention_op(PW_ATTN_AUTO, T, C / nh), h, -1, -1, -1, T, C, PW_DT_F32);
+  if (bd->oom) return h;
   bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+  bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
   h = linear(bd, nm, h, C, !llama, rstd);
   x = binary(bd, PW_OP_ADD, x, h);
@@ -570,6 +585,7 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     case PW_TEMPLATE_REGIONS: rc = build_regions(&bd, err); break;
   }
   if (!rc && bd.oom) rc = pw_err_set(err, PW_ENOMEM, "model", "out of memory");
+  if (!rc && spec->qk_norm) rc = pw_err_set(err, PW_ESPEC, "model.qk_norm", "not built yet");
   for (int i = 0; !rc && spec->lora_rank && i < spec->n_lora_targets; i++)
     if (!(bd.lora_hit >> i & 1)) {
       char path[48];

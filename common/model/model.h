@@ -33,8 +33,8 @@ typedef enum {
   PW_OP_SILU,
   PW_OP_SWIGLU,     /* in: gate (r,H), up (r,H)  out (r,H) */
   PW_OP_ADD,        /* in: a, b                  out: same shape */
-  PW_OP_ROPE,       /* in: qkv (T,3C)            out (T,3C) */
-  PW_OP_ATTENTION,  /* in: qkv (T,3C)            out (T,C); aux att (NH,T,T) */
+  PW_OP_ROPE,       /* in: qkv (T,W)             out (T,W); W = C + 2 NKV HD (ops.h's packed rows) */
+  PW_OP_ATTENTION,  /* in: qkv (T,W)             out (T,C); aux att (NH,T,T) */
   PW_OP_XENT,       /* in: logits (r,V), targets (r,1,i32)  out: loss; aux probs (r,V) */
   PW_OP_MSE,        /* in: pred (r,O), targets (r,O)        out: loss */
   PW_OP_LORA,       /* in: x (r,C), y0 (r,OC) = linear(x)   out (r,OC) = y0 + scale (x A^T) B^T
@@ -65,9 +65,14 @@ typedef struct {
   int out;          /* value id */
   int w, b;         /* parameter ids, -1 when absent */
   int C, OC, NH;    /* input width, output width, heads (as the op needs) */
+  int NKV;          /* rope, attention: key/value heads (NH, or fewer: grouped-query);
+                       0 reads as NH */
   int T;            /* rows per sequence of the input */
   float eps;        /* norms */
-  float base;       /* rope; lora: scale = alpha / rank */
+  float base;       /* rope (theta); lora: scale = alpha / rank */
+  /* rope: Llama-3's rope_scaling (ops_rope.h); factor 0 = none */
+  float rope_factor, rope_low_freq, rope_high_freq;
+  int rope_orig_max_pos;
   size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, gelu', att, probs) */
 } pw_node;
 

@@ -32,21 +32,22 @@ static const pw_op_info table[PW_OP__COUNT] = {
     [PW_OP_SWIGLU] = {"swiglu", 2, 3, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
     [PW_OP_ADD] = {"add", 2, 3, 0, 0, ELEM(5, 8, 0), NONE_, WHOLE_, RUN_},
     [PW_OP_ROPE] = {"rope", 1, 1, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_HEADS, RUN_},
-    /* decode: K and V of each position (OC = C / 3 each); bf16: bf16.h's
-     * pw_attention_bf16_scratch, 4 B T OC + 2 T^2; the backward's T x T scratch */
+    /* decode: K and V of each position (NKV HD each); bf16: bf16.h's
+     * pw_attention_bf16_scratch, 4 B T OC + 2 T^2 (grouped-query rows
+     * need less); the backward's T x T scratch */
     [PW_OP_ATTENTION] = {"attention", 1, 1, 0, 0, {N_(4, T, T, OC), N_(8, T, T, OC), NONE_},
                          N_(1, NH, T, T),                                                  /* att */
-                         .scratch = {N_(1, T, T, 1)}, .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
+                         .scratch = {N_(1, T, T, 1)}, .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, KVW, 1, 1),
                          .bf16_scratch = {N_(4, T, OC, 1), N_(2, T, T, 1)}},
     /* tiled (ops_flash.c): the backward recomputes the scores (2 T^2 OC
      * more); scratch ops.h's pw_attention_tiled_scratch (two score tiles,
-     * a key tile's dK and dV, D of T rows), bf16 bf16.h's
+     * a key tile's dK and dV, D of T rows a head of a group), bf16 bf16.h's
      * pw_attention_tiled_bf16_scratch (two tiles); the decode is the same */
     [PW_OP_ATTENTION_TILED] = {"attention_tiled", 1, 1, 0, 0, {N_(4, T, T, OC), N_(10, T, T, OC), NONE_},
                                N_(1, NH, T, 1),                                            /* lse */
                                .scratch = {N_(2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K, 1, 1, 1),
-                                           N_(2 * PW_ATTN_TILE_K, HD, 1, 1), N_(1, T, 1, 1)},
-                               .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, OC, 1, 1),
+                                           N_(2 * PW_ATTN_TILE_K, HD, 1, 1), N_(1, T, GROUP, 1)},
+                               .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, KVW, 1, 1),
                                .bf16_scratch = {N_(4, T, OC, 1), N_(2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K, 1, 1, 1)}},
     [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
                     .tp_role = PW_TP_ROLE_VOCAB_LOSS, .decode = PW_DECODE_SKIP},
@@ -76,6 +77,8 @@ static double dim(const pw_node *n, double rows, int d) {
     case PW_DIM_NH: return n->NH;
     case PW_DIM_C_OC: return n->C + n->OC;
     case PW_DIM_HD: return n->NH ? (double)(n->OC / n->NH) : 0;
+    case PW_DIM_KVW: return (double)((n->C - n->OC) / 2);
+    case PW_DIM_GROUP: return n->NH && n->NKV > 0 ? (double)(n->NH / n->NKV) : 1;
     case PW_DIM_1: break;
   }
   return 1;

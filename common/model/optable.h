@@ -30,7 +30,9 @@ typedef enum {
   PW_DIM_T,     /* rows per sequence (the node's T) */
   PW_DIM_NH,    /* heads (lora: rank) */
   PW_DIM_C_OC,  /* input plus output width */
-  PW_DIM_HD     /* output width per head (OC / NH) */
+  PW_DIM_HD,    /* output width per head (OC / NH) */
+  PW_DIM_KVW,   /* attention: width of its keys (or values), (C - OC) / 2 = NKV HD */
+  PW_DIM_GROUP  /* attention: query heads per key/value head, NH / NKV */
 } pw_op_dim;
 
 /* coef x d[0] x d[1] x d[2], multiplied in that order. */

@@ -62,6 +62,9 @@ int pw_tp_check(const pw_job *job, const pw_model *m, pw_err *err) {
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs with train.zero 0 only", tp);
   if (job->mode != PW_MODE_TRAIN)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) trains only (mode \"train\")", tp);
+  if (s->n_kv_heads || s->qk_norm)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split %s yet", tp,
+                      s->n_kv_heads ? "grouped-query attention (model.n_kv_heads)" : "model.qk_norm");
   if (s->n_heads % tp)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "must divide model.n_heads (%d %% %d != 0)", s->n_heads, tp);
   if (s->vocab_size % tp)
@@ -157,6 +160,7 @@ int pw_tp_model(const pw_model *m, int tp, pw_model *out, uint8_t *kinds) {
     } else if (in_split) {
       n->C /= tp;
       n->NH /= tp;
+      n->NKV /= tp;
       if (!pw_op_info_of(n->op)->is_loss) { /* the loss: one float */
         n->OC /= tp;
         o->width /= tp;

@@ -84,7 +84,15 @@ typedef struct {
   int n_heads;
   int ffn_hidden;      /* 0 = default: gpt 4*d_model; llama round_up(8*d_model/3, 32) */
   int tie_embeddings;  /* gpt, llama: lm_head shares embed.tok.weight */
-  float rope_base;     /* llama, default 10000 */
+  float rope_base;     /* llama, default 10000 (Hugging Face's rope_theta) */
+  /* llama's attention options (docs/contracts.md#models); each absent
+   * from the canonical JSON while off, so older jobs keep their hash */
+  int n_kv_heads;      /* key/value heads; 0 = n_heads (no grouped-query) */
+  int rope_scaling;    /* 0 none, 1 "llama3": the four below */
+  float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  int rope_orig_max_pos; /* original_max_position_embeddings */
+  int qkv_bias;        /* a bias on the qkv projection (Qwen2) */
+  int qk_norm;         /* RMSNorm over each q and k head before rope (Qwen3) */
   float norm_eps;      /* default 1e-5 */
   float init_std;      /* default 0.02 */
   /* mlp */

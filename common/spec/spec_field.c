@@ -238,7 +238,10 @@ int pw__fields_emit(json_t *o, const pw__field *tab, int n, unsigned mask, const
         v = json_real(strtod(b, NULL));
         break;
       }
-      case PW__F_BOOL: v = json_boolean(*(const int *)p); break;
+      case PW__F_BOOL:
+        if ((f->flags & PW__OMIT0) && *(const int *)p == 0) continue;
+        v = json_boolean(*(const int *)p);
+        break;
       case PW__F_ENUM: {
         int e = *(const int *)p;
         if ((f->flags & PW__OMIT0) && e == 0) continue;

@@ -32,7 +32,7 @@ enum {
   PW__NODEF = 2,    /* absent: leave the struct alone (the caller fills it) */
   PW__LO_OPEN = 4,  /* value > lo rather than >= lo */
   PW__HI_OPEN = 8,  /* value < hi rather than <= hi */
-  PW__OMIT0 = 16,   /* emitter: leave out when the value is 0 */
+  PW__OMIT0 = 16,   /* emitter: leave out when the value is 0 (int, bool, enum) */
   PW__OMITDEF = 32  /* emitter: leave out an int equal to its default */
 };
 

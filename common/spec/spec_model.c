@@ -57,6 +57,10 @@ static const pw__field model_fields[] = {
     PW__BOOL("tie_embeddings", 0, T_TF, pw_model_spec, tie_embeddings, 0),
     PW__FLOAT("rope_base", PW__LO_OPEN, T_LLAMA | T_LISTS, pw_model_spec, rope_base, 10000, 0,
               PW__FLT_MAX),
+    PW__INT("n_kv_heads", PW__NODEF | PW__OMIT0, T_LLAMA, pw_model_spec, n_kv_heads, 0, 1, MAX_DIM),
+    PW__SKIP("rope_scaling", 0, T_LLAMA), /* rope_scaling_parse */
+    PW__BOOL("qkv_bias", PW__OMIT0, T_LLAMA, pw_model_spec, qkv_bias, 0),
+    PW__BOOL("qk_norm", PW__OMIT0, T_LLAMA, pw_model_spec, qk_norm, 0),
     PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, norm_eps, 1e-5, 0, 1),
     PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, init_std, 0.02, 0,
               PW__FLT_MAX),
@@ -96,6 +100,46 @@ static int lora_emit(json_t *o, const pw_model_spec *m) {
   json_t *l = json_object();
   return json_object_set_new(o, "lora", l) || pw__fields_emit(l, lora_fields, PW__N(lora_fields), PW__ALL, m) ||
          pw__globs_emit(l, "targets", m->lora_targets[0], PW_LORA_TARGET_LEN, m->n_lora_targets);
+}
+
+/* model.rope_scaling: Hugging Face's config object, rope_type "llama3"
+ * only (others refused by name); every field required, as transformers
+ * reads them. */
+static const char *const rope_types[] = {"llama3"};
+static const pw__field rope_fields[] = {
+    PW__SKIP("rope_type", PW__REQ, PW__ALL),
+    PW__FLOAT("factor", PW__REQ | PW__LO_OPEN, PW__ALL, pw_model_spec, rope_factor, 0, 0, PW__FLT_MAX),
+    PW__FLOAT("low_freq_factor", PW__REQ | PW__LO_OPEN, PW__ALL, pw_model_spec, rope_low_freq_factor, 0, 0,
+              PW__FLT_MAX),
+    PW__FLOAT("high_freq_factor", PW__REQ | PW__LO_OPEN, PW__ALL, pw_model_spec, rope_high_freq_factor, 0, 0,
+              PW__FLT_MAX),
+    PW__INT("original_max_position_embeddings", PW__REQ, PW__ALL, pw_model_spec, rope_orig_max_pos, 0, 1,
+            1 << 30),
+};
+
+static int rope_scaling_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
+  const json_t *r = json_object_get(o, "rope_scaling");
+  if (!r) return 0;
+  if (!json_is_object(r))
+    return pw_err_set(err, PW_ESPEC, "model.rope_scaling",
+                      "must be an object {rope_type, factor, low_freq_factor, high_freq_factor, "
+                      "original_max_position_embeddings}");
+  int t, rc = pw__enum_get(r, "model.rope_scaling", "rope_type", rope_types, PW__N(rope_types), -1, &t, err);
+  if (!rc) rc = pw__fields_parse(r, "model.rope_scaling", rope_fields, PW__N(rope_fields), PW__ALL, "", m, err);
+  if (rc) return rc;
+  if (!(m->rope_high_freq_factor > m->rope_low_freq_factor))
+    return pw_err_set(err, PW_ESPEC, "model.rope_scaling.high_freq_factor", "must be > low_freq_factor (%g <= %g)",
+                      (double)m->rope_high_freq_factor, (double)m->rope_low_freq_factor);
+  m->rope_scaling = 1 + t;
+  return 0;
+}
+
+static int rope_scaling_emit(json_t *o, const pw_model_spec *m) {
+  if (!m->rope_scaling) return 0;
+  json_t *r = json_object();
+  return json_object_set_new(o, "rope_scaling", r) ||
+         json_object_set_new(r, "rope_type", json_string(rope_types[m->rope_scaling - 1])) ||
+         pw__fields_emit(r, rope_fields, PW__N(rope_fields), PW__ALL, m);
 }
 
 #define I_TOKENS (1u << PW_INPUT_TOKENS)
@@ -289,7 +333,7 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   m->init_std = 0.02f;
   if ((rc = pw__fields_parse(o, "model", model_fields, PW__N(model_fields), 1u << t, tmpl_ctx[t], m,
                              err)) ||
-      (rc = lora_parse(o, m, err)))
+      (rc = lora_parse(o, m, err)) || (rc = rope_scaling_parse(o, m, err)))
     return rc;
   m->tmpl = (pw_template)t;
 
@@ -303,6 +347,10 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
         return pw_err_set(err, PW_ESPEC, "model.n_heads",
                           "head_dim must be even for rotary embeddings (d_model/n_heads = %d)",
                           m->d_model / m->n_heads);
+      if (m->n_kv_heads && m->n_heads % m->n_kv_heads)
+        return pw_err_set(err, PW_ESPEC, "model.n_kv_heads", "must divide n_heads (%d %% %d != 0)", m->n_heads,
+                          m->n_kv_heads);
+      if (m->n_kv_heads == m->n_heads) m->n_kv_heads = 0; /* the default: one canonical text */
       if (m->ffn_hidden == 0)
         m->ffn_hidden = m->tmpl == PW_TEMPLATE_GPT ? 4 * m->d_model
                                                    : (8 * m->d_model / 3 + 31) / 32 * 32;
@@ -329,7 +377,8 @@ json_t *pw__model_emit(const pw_model_spec *m) {
   json_t *o = json_object();
   if (!o) return NULL;
   unsigned mask = 1u << m->tmpl;
-  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m)) goto fail;
+  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m) || rope_scaling_emit(o, m))
+    goto fail;
   if (m->tmpl != PW_TEMPLATE_LAYERS) return o; /* regions: spec.c adds them */
 
   if (json_object_set_new(o, "input", pw__input_emit(m->input, m->input_dim))) goto fail;

@@ -121,7 +121,7 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int HD) {
   pw_node nd = {.op = (uint8_t)o->op, .C = 3 * C, .OC = rope ? 3 * C : C, .NH = NH, .T = T, .base = 10000.0f};
   size_t nq = (size_t)B * T * 3 * C, no = rope ? nq : (size_t)B * T * C;
   size_t naux = o->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : o->op == PW_OP_ATTENTION_TILED ? (size_t)B * NH * T : 0;
-  size_t nscr = o->op == PW_OP_ATTENTION ? (size_t)T * T : o->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH) : 0;
+  size_t nscr = o->op == PW_OP_ATTENTION ? (size_t)T * T : o->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NH) : 0;
   float *qkv = host(nq), *dout = host(no), *out = host(no), *aux = host(naux), *scr = host(nscr), *din = host(nq);
   float *g1 = host(nq > naux ? nq : naux), *g2 = host(nq > naux ? nq : naux), *pre = host(nq);
   float *d_qkv = dev(nq), *d_dout = dev(no), *d_out = dev(no), *d_aux = dev(naux), *d_scr = dev(nscr), *d_din = dev(nq);

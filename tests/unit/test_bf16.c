@@ -249,8 +249,8 @@ static void test_attention(void **state) {
   fill(dout, no, 32, 0.01f);
   for (int paths = 0; paths < 2; paths++) {
     pw_gemm_bf16_force(!paths);
-    pw_attention_forward(o32, att32, qkv, AB, AT, AC, ANH); /* o32 is reused below */
-    pw_attention_forward_bf16(o, att, bs, qkv, AB, AT, AC, ANH);
+    pw_attention_forward(o32, att32, qkv, AB, AT, AC, ANH, ANH); /* o32 is reused below */
+    pw_attention_forward_bf16(o, att, bs, qkv, AB, AT, AC, ANH, ANH);
     assert_true(rel_err(o, o32, no) < 0x1p-6);
     assert_true(rel_err(att, att32, na) < 0x1p-6);
     /* the rule: O = bf16(P) bf16(v) with float32 accumulation, P the saved
@@ -272,8 +272,8 @@ static void test_attention(void **state) {
         }
     /* backward: against float32 to the bf16 tolerance, overwrite and
      * accumulate (acc adds to what was there: equal to overwrite + prior) */
-    pw_attention_backward_input(dq32, scratch, dout, qkv, att32, AB, AT, AC, ANH, 0);
-    pw_attention_backward_input_bf16(dq, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, 0);
+    pw_attention_backward_input(dq32, scratch, dout, qkv, att32, AB, AT, AC, ANH, ANH, 0);
+    pw_attention_backward_input_bf16(dq, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, ANH, 0);
     for (int part = 0; part < 3; part++) { /* dq, dk and dv each, as columns of dqkv */
       float *g = o, *g32 = o32; /* (AB*AT, AC) each: the forward's checks are done */
       for (size_t r = 0; r < (size_t)AB * AT; r++) {
@@ -284,7 +284,7 @@ static void test_attention(void **state) {
     }
     fill(dq0, nq, 33, 0.001f);
     memcpy(dq32, dq0, nq * sizeof(float));
-    pw_attention_backward_input_bf16(dq32, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, 1);
+    pw_attention_backward_input_bf16(dq32, scratch, bs, dout, qkv, att, AB, AT, AC, ANH, ANH, 1);
     for (size_t i = 0; i < nq; i++) assert_true(fabsf(dq32[i] - (dq0[i] + dq[i])) <= 0x1p-20 * (fabsf(dq0[i]) + fabsf(dq[i])) + 1e-30f);
     /* dV = bf16(P)^T bf16(dout): the rule, exactly as stated */
     for (int b = 0; b < AB; b++)

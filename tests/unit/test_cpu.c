@@ -183,22 +183,22 @@ static void k_crossentropy(int acc) {
   pw_mse_backward_input(out[3], in[0], in[1], NE, 0.25f, acc);
 }
 static void k_rope(int acc) {
-  pw_rope_forward(out[0], in[0], B, T, C, NH, 10000.0f);
-  pw_rope_backward_input(out[1], in[3], B, T, C, NH, 10000.0f, acc);
+  pw_rope_forward(out[0], in[0], B, T, C, NH, NH, &(pw_rope){.theta = 10000.0f});
+  pw_rope_backward_input(out[1], in[3], B, T, C, NH, NH, &(pw_rope){.theta = 10000.0f}, acc);
 }
 static void k_attention(int acc) {
-  pw_attention_forward(out[0], out[1], in[0], B, T, C, NH);
+  pw_attention_forward(out[0], out[1], in[0], B, T, C, NH, NH);
   /* the backward on the forward's own probabilities */
-  pw_attention_backward_input(out[2], out[3], in[3], in[0], out[1], B, T, C, NH, acc);
+  pw_attention_backward_input(out[2], out[3], in[3], in[0], out[1], B, T, C, NH, NH, acc);
 }
 
 /* the tiled attention (ops_flash.c): forward, then the backward on its
  * own out and lse; its tiles' scratch apart (bigger than SZ) */
 static float tiled_ws[2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K + 2 * PW_ATTN_TILE_K * C + T];
 static void k_attention_tiled(int acc) {
-  assert_true(pw_attention_tiled_scratch(T, C, NH) <= sizeof tiled_ws / sizeof tiled_ws[0]);
-  pw_attention_tiled_forward(out[0], out[1], tiled_ws, in[0], B, T, C, NH);
-  pw_attention_tiled_backward_input(out[2], tiled_ws, in[3], out[0], in[0], out[1], B, T, C, NH, acc);
+  assert_true(pw_attention_tiled_scratch(T, C, NH, NH) <= sizeof tiled_ws / sizeof tiled_ws[0]);
+  pw_attention_tiled_forward(out[0], out[1], tiled_ws, in[0], B, T, C, NH, NH);
+  pw_attention_tiled_backward_input(out[2], tiled_ws, in[3], out[0], in[0], out[1], B, T, C, NH, NH, acc);
 }
 
 static const kcase cases[] = {

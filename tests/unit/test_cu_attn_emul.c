@@ -111,7 +111,7 @@ static void compare_op(const emu_op *e, int B, int T, int NH, int HD) {
   int rope = e->op == PW_OP_ROPE;
   size_t nq = (size_t)B * T * 3 * C, no = rope ? nq : (size_t)B * T * C;
   size_t naux = e->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : e->op == PW_OP_ATTENTION_TILED ? (size_t)B * NH * T : 0;
-  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : e->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH) : 0;
+  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : e->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NH) : 0;
   float *qkv = oc_alloc(nq, sizeof(float)), *dout = oc_alloc(no, sizeof(float));
   float *out_c = oc_alloc(no, sizeof(float)), *out_g = oc_alloc(no, sizeof(float));
   float *aux_c = oc_alloc(naux, sizeof(float)), *aux_g = oc_alloc(naux, sizeof(float));

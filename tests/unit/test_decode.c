@@ -279,6 +279,21 @@ static void test_llama_tied(void **st) {
   check_prefill_then_steps(PW_TEMPLATE_LLAMA, 1, 3);
 }
 
+/* llama's attention options: grouped-query (4 query heads over 2 and 1
+ * kv heads: the cache holds the narrower rows), Llama-3's rope scaling
+ * (every band at these positions), the qkv bias. */
+static void test_llama_options(void **st) {
+  (void)st;
+  for (int kv = 2; kv >= 1; kv--) {
+    pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA, 0);
+    s.n_heads = 4, s.n_kv_heads = kv, s.rope_base = 100.0f, s.qkv_bias = kv == 1;
+    s.rope_scaling = 1, s.rope_factor = 4, s.rope_low_freq_factor = 1, s.rope_high_freq_factor = 2;
+    s.rope_orig_max_pos = 8;
+    check_prefill_then_steps_of(&s, 5);
+    check_prefill_then_steps_of(&s, 1);
+  }
+}
+
 static void test_layers_list(void **st) {
   (void)st;
   pw_layer_spec l[14];
@@ -443,10 +458,10 @@ static void test_rope_at_offset(void **st) {
   pw_rng r;
   pw_rng_seed(&r, 5);
   for (int i = 0; i < T * C3; i++) in[i] = (float)pw_rng_normal(&r);
-  pw_rope_forward(whole, in, 1, T, C, NH, 10000.0f);
+  pw_rope_forward(whole, in, 1, T, C, NH, NH, &(pw_rope){.theta = 10000.0f});
   for (int t0 = 0; t0 < T; t0 += 5) {
     int n = T - t0 < 5 ? T - t0 : 5;
-    pw_rope_forward_at(part, in + t0 * C3, n, t0, C, NH, 10000.0f);
+    pw_rope_forward_at(part, in + t0 * C3, n, t0, C, NH, NH, &(pw_rope){.theta = 10000.0f});
     if (memcmp(part, whole + t0 * C3, sizeof(float) * (size_t)(n * C3)) != 0)
       fail_msg("rows %d..%d rotated at their offset differ from the whole sequence's", t0, t0 + n - 1);
   }
@@ -584,6 +599,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpt_untied),         cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_llama_untied),       cmocka_unit_test(test_llama_tied),
+      cmocka_unit_test(test_llama_options),
       cmocka_unit_test(test_layers_list),        cmocka_unit_test(test_rope_at_offset),
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "model.h"
+#include "optable.h"
 #include "prog.h"
 #include "rng.h"
 
@@ -45,6 +46,17 @@ static pw_model_spec llama_spec(void) {
   pw_model_spec s = gpt_spec(0);
   s.tmpl = PW_TEMPLATE_LLAMA;
   s.ffn_hidden = 12;
+  return s;
+}
+
+/* llama's attention options: grouped-query (4 query heads over 2 kv
+ * heads), Llama-3's rope scaling (every band within 6 positions), the qkv
+ * bias. */
+static pw_model_spec llama_opts_spec(void) {
+  pw_model_spec s = llama_spec();
+  s.n_heads = 4, s.n_kv_heads = 2, s.qkv_bias = 1, s.rope_base = 100.0f;
+  s.rope_scaling = 1, s.rope_factor = 4, s.rope_low_freq_factor = 1, s.rope_high_freq_factor = 2;
+  s.rope_orig_max_pos = 4;
   return s;
 }
 
@@ -170,6 +182,12 @@ static void test_gradcheck_gpt(void **st) { gradcheck(gpt_spec(0)); }
 static void test_gradcheck_gpt_tied(void **st) { gradcheck(gpt_spec(1)); }
 static void test_gradcheck_llama(void **st) { gradcheck(llama_spec()); }
 static void test_gradcheck_mlp(void **st) { gradcheck(mlp_spec()); }
+static void test_gradcheck_llama_opts(void **st) {
+  gradcheck(llama_opts_spec());
+  pw_model_spec s = llama_opts_spec();
+  s.n_kv_heads = 1; /* multi-query */
+  gradcheck(s);
+}
 
 /* model.lora on gpt and llama (the adapter's node after each targeted
  * linear, its A and B checked like every parameter) and the errors. */
@@ -352,6 +370,10 @@ static void test_staged_gpt_tied(void **st) {
 static void test_staged_llama(void **st) {
   int cuts[] = {0, 1, 2, 3, 4};
   staged_equals_whole(llama_spec(), cuts, 4);
+}
+static void test_staged_llama_opts(void **st) {
+  int cuts[] = {0, 2, 4};
+  staged_equals_whole(llama_opts_spec(), cuts, 2);
 }
 static void test_staged_mlp(void **st) {
   int cuts[] = {0, 1, 3};
@@ -554,6 +576,41 @@ static void test_shapes_and_counts(void **st) {
   pw_model_free(&m);
 }
 
+/* Grouped-query: the qkv projection is C + 2 n_kv_heads HD wide (its
+ * bias too), the FLOPs and the KV cache count the narrower k and v. */
+static void test_shapes_gqa(void **st) {
+  pw_model_spec s = llama_spec();
+  s.seq_len = 64, s.d_model = 64, s.n_heads = 8, s.n_kv_heads = 2, s.qkv_bias = 1;
+  pw_model m, mha;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  s.n_kv_heads = 0;
+  assert_int_equal(pw_model_build(&s, &mha, &err), 0);
+  size_t d = 64, W = 64 + 2 * 2 * 8, T = 64;
+  int found = 0;
+  for (int i = 0; i < m.n_params; i++) {
+    if (!strcmp(m.params[i].name, "blocks.0.attn.qkv.weight"))
+      found += m.params[i].shape[0] == (int)W && m.params[i].shape[1] == (int)d;
+    if (!strcmp(m.params[i].name, "blocks.0.attn.qkv.bias")) found += m.params[i].shape[0] == (int)W;
+  }
+  assert_int_equal(found, 2);
+  assert_int_equal(pw_model_param_count(&mha) - pw_model_param_count(&m), 2 * ((3 * d - W) * d + 3 * d - W));
+  /* the qkv linear's 2 T d (3d - W) FLOPs each way fewer; attention's the same */
+  double dw = 2.0 * T * d * (double)(3 * d - W);
+  assert_true(fabs(mha.layers[1].flops_f - m.layers[1].flops_f - dw) < 1e-6 * dw + 10 * T * (double)(3 * d - W));
+  assert_true(fabs(mha.layers[1].flops_w - m.layers[1].flops_w - dw) < 1e-6 * dw + 10 * T * (double)(3 * d - W));
+  for (int i = 0; i < m.n_nodes; i++) {
+    const pw_node *n = &m.nodes[i];
+    if (n->op == PW_OP_ROPE) assert_true(n->C == (int)W && n->NH == 8 && n->NKV == 2);
+    if (n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED) {
+      assert_true(n->C == (int)W && n->OC == (int)d && n->NKV == 2);
+      assert_int_equal(pw_op_decode_kv(n), 2 * 2 * 8); /* K and V of 2 heads of 8 a position */
+    }
+  }
+  pw_model_free(&m);
+  pw_model_free(&mha);
+}
+
 static void test_layers_list(void **st) {
   pw_layer_spec L[] = {
       {.type = PW_LAYER_LINEAR, .out = 16, .bias = 1},
@@ -629,12 +686,14 @@ static void test_init_by_name(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes_and_counts),
+      cmocka_unit_test(test_shapes_gqa),
       cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_init_by_name),
       cmocka_unit_test(test_gradcheck_gpt),
       cmocka_unit_test(test_gradcheck_gpt_tied),
       cmocka_unit_test(test_gradcheck_llama),
       cmocka_unit_test(test_gradcheck_mlp),
+      cmocka_unit_test(test_gradcheck_llama_opts),
       cmocka_unit_test(test_gradcheck_mlp_xent),
       cmocka_unit_test(test_gradcheck_lora),
       cmocka_unit_test(test_split_backward_equals_full),
@@ -642,6 +701,7 @@ int main(void) {
       cmocka_unit_test(test_staged_gpt_tied),
       cmocka_unit_test(test_staged_llama),
       cmocka_unit_test(test_staged_mlp),
+      cmocka_unit_test(test_staged_llama_opts),
       cmocka_unit_test(test_remat_gpt),
       cmocka_unit_test(test_remat_gpt_tied),
       cmocka_unit_test(test_remat_llama),

@@ -61,14 +61,14 @@ static void k_swiglu_same(float *g, float *u, int a, int b) {
 }
 static void k_add(float *g, float *u, int a, int b) { pw_add_backward_input(g, u, dout, N * C, a, b); }
 static void k_rope(float *g, float *u, int a, int b) {
-  pw_rope_backward_input(g, dout, B, T, C, NH, 10000.0f, a);
+  pw_rope_backward_input(g, dout, B, T, C, NH, NH, &(pw_rope){.theta = 10000.0f}, a);
 }
 static void k_attention(float *g, float *u, int a, int b) {
   /* att: a causal softmax-like pattern is enough for the flag's contract */
   static float att[B * NH * T * T];
   for (int i = 0; i < B * NH * T; i++)
     for (int j = 0; j < T; j++) att[i * T + j] = j <= i % T ? 1.0f / (float)(i % T + 1) : 0.0f;
-  pw_attention_backward_input(g, scratch, dout, in0, att, B, T, C, NH, a);
+  pw_attention_backward_input(g, scratch, dout, in0, att, B, T, C, NH, NH, a);
 }
 static void k_xent(float *g, float *u, int a, int b) {
   pw_crossentropy_backward_input(g, in0, tok, N, V, 0.125f, a);

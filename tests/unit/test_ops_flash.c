@@ -54,40 +54,42 @@ static void columns(float *dst, const float *src, size_t rows, int ld, int c0, i
 
 /* ---- tiled against plain --------------------------------------------------- */
 
-static void compare_plain(int B, int T, int C, int NH) {
-  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, rows = (size_t)B * T;
+static void compare_plain(int B, int T, int C, int NH, int NKV) {
+  size_t W = (size_t)C + 2 * (size_t)NKV * (C / NH), KW = (W - C) / 2;
+  size_t nq = (size_t)B * T * W, no = (size_t)B * T * C, rows = (size_t)B * T;
   float *qkv = oc_alloc(nq, sizeof(float)), *dout = oc_alloc(no, sizeof(float));
   float *op = oc_alloc(no, sizeof(float)), *ot = oc_alloc(no, sizeof(float)), *ot2 = oc_alloc(no, sizeof(float));
   float *att = oc_alloc((size_t)B * NH * T * T, sizeof(float)), *tt = oc_alloc((size_t)T * T, sizeof(float));
   float *lse = oc_alloc((size_t)B * NH * T, sizeof(float));
-  float *ws = oc_alloc(pw_attention_tiled_scratch(T, C, NH), sizeof(float));
+  float *ws = oc_alloc(pw_attention_tiled_scratch(T, C, NH, NKV), sizeof(float));
   float *dp = oc_alloc(nq, sizeof(float)), *dt = oc_alloc(nq, sizeof(float)), *dt2 = oc_alloc(nq, sizeof(float));
   float *a = oc_alloc(no, sizeof(float)), *b = oc_alloc(no, sizeof(float));
   char what[96];
-  oc_seed((uint64_t)(B * 1000 + T * 10 + NH));
+  oc_seed((uint64_t)(B * 1000 + T * 10 + NH + 100000 * (NH - NKV)));
   oc_fill(qkv, nq, 2.0); /* peaky softmax rows */
   oc_fill(dout, no, 1.0);
   for (size_t i = 0; i < no; i++) ot[i] = NAN;
-  pw_attention_forward(op, att, qkv, B, T, C, NH);
-  pw_attention_tiled_forward(ot, lse, ws, qkv, B, T, C, NH);
-  snprintf(what, sizeof what, "B=%d T=%d C=%d NH=%d: out", B, T, C, NH);
+  pw_attention_forward(op, att, qkv, B, T, C, NH, NKV);
+  pw_attention_tiled_forward(ot, lse, ws, qkv, B, T, C, NH, NKV);
+  snprintf(what, sizeof what, "B=%d T=%d C=%d NH=%d NKV=%d: out", B, T, C, NH, NKV);
   expect_close(what, ot, op, no, 1e-5, 0);
   for (size_t i = 0; i < nq; i++) dp[i] = dt[i] = NAN; /* acc 0 writes every element */
-  pw_attention_backward_input(dp, tt, dout, qkv, att, B, T, C, NH, 0);
-  pw_attention_tiled_backward_input(dt, ws, dout, ot, qkv, lse, B, T, C, NH, 0);
+  pw_attention_backward_input(dp, tt, dout, qkv, att, B, T, C, NH, NKV, 0);
+  pw_attention_tiled_backward_input(dt, ws, dout, ot, qkv, lse, B, T, C, NH, NKV, 0);
   /* each part against the largest gradient element (at T 1 dq is 0 up to
    * the rounding of dO.v in two orders) */
   static const char *const part[3] = {"dq", "dk", "dv"};
   double gm = maxabs(dp, nq);
   for (int k = 0; k < 3; k++) {
-    columns(a, dt, rows, 3 * C, k * C, C);
-    columns(b, dp, rows, 3 * C, k * C, C);
-    snprintf(what, sizeof what, "B=%d T=%d C=%d NH=%d: %s", B, T, C, NH, part[k]);
-    expect_close(what, a, b, no, 1e-5, gm);
+    size_t c0 = k ? C + (k - 1) * KW : 0, w = k ? KW : (size_t)C;
+    columns(a, dt, rows, (int)W, (int)c0, (int)w);
+    columns(b, dp, rows, (int)W, (int)c0, (int)w);
+    snprintf(what, sizeof what, "B=%d T=%d C=%d NH=%d NKV=%d: %s", B, T, C, NH, NKV, part[k]);
+    expect_close(what, a, b, rows * w, 1e-5, gm);
   }
   /* deterministic: the same call, the same bits */
-  pw_attention_tiled_forward(ot2, lse, ws, qkv, B, T, C, NH);
-  pw_attention_tiled_backward_input(dt2, ws, dout, ot2, qkv, lse, B, T, C, NH, 0);
+  pw_attention_tiled_forward(ot2, lse, ws, qkv, B, T, C, NH, NKV);
+  pw_attention_tiled_backward_input(dt2, ws, dout, ot2, qkv, lse, B, T, C, NH, NKV, 0);
   assert_memory_equal(ot2, ot, no * sizeof(float));
   assert_memory_equal(dt2, dt, nq * sizeof(float));
   free(qkv), free(dout), free(op), free(ot), free(ot2), free(att), free(tt), free(lse), free(ws);
@@ -100,7 +102,11 @@ static void test_tiled_equals_plain(void **state) {
                                   {1, 70, 6, 2},  {2, 128, 8, 1}, {2, 130, 16, 2}, {1, 200, 12, 3},
                                   {1, 257, 4, 2}, {1, 300, 128, 2}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    compare_plain(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    compare_plain(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][3]);
+  /* grouped-query: the plain kernel's group sums against the tiled one's */
+  compare_plain(2, 5, 16, 4, 2);
+  compare_plain(1, 130, 16, 4, 1);
+  compare_plain(1, 200, 24, 6, 2);
 }
 
 /* ---- gradient checks -------------------------------------------------------- */
@@ -109,12 +115,12 @@ static void test_tiled_equals_plain(void **state) {
 
 static size_t saved_out(const opcase *c) {
   int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
-  return (size_t)B * NH * T + pw_attention_tiled_scratch(T, C, NH);
+  return (size_t)B * NH * T + pw_attention_tiled_scratch(T, C, NH, NH);
 }
 
 static void tiled_fwd(const opcase *c, float *const *in, float *out, float *saved) {
   int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
-  pw_attention_tiled_forward(out, saved, saved + (size_t)B * NH * T, in[0], B, T, C, NH);
+  pw_attention_tiled_forward(out, saved, saved + (size_t)B * NH * T, in[0], B, T, C, NH, NH);
   memcpy(saved + saved_out(c), out, c->out_n * sizeof(float));
 }
 static void tiled_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
@@ -122,7 +128,7 @@ static void tiled_bwd(const opcase *c, int which, float *const *in, float *saved
   int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
   if (which == IN_DATA)
     pw_attention_tiled_backward_input(g[0], saved + (size_t)B * NH * T, dout, saved + saved_out(c), in[0], saved, B,
-                                      T, C, NH, 1);
+                                      T, C, NH, NH, 1);
 }
 
 /* The general problem in a packed layout of NH query heads, then NKV key
@@ -246,24 +252,24 @@ static void test_tiled_bf16(void **state) {
   float *o = oc_alloc(no, sizeof(float)), *o32 = oc_alloc(no, sizeof(float)), *op = oc_alloc(no, sizeof(float));
   float *lse = oc_alloc((size_t)AB * ANH * AT, sizeof(float)), *lse32 = oc_alloc((size_t)AB * ANH * AT, sizeof(float));
   float *att = oc_alloc((size_t)AB * ANH * AT * AT, sizeof(float)), *tt = oc_alloc((size_t)AT * AT, sizeof(float));
-  float *ws = oc_alloc(pw_attention_tiled_scratch(AT, AC, ANH), sizeof(float));
+  float *ws = oc_alloc(pw_attention_tiled_scratch(AT, AC, ANH, ANH), sizeof(float));
   pw_bf16 *bs = oc_alloc(pw_attention_tiled_bf16_scratch(AB, AT, AC), sizeof(pw_bf16));
   float *dq = oc_alloc(nq, sizeof(float)), *dq32 = oc_alloc(nq, sizeof(float)), *dqp = oc_alloc(nq, sizeof(float));
   float *dq0 = oc_alloc(nq, sizeof(float)), *a = oc_alloc(no, sizeof(float)), *b = oc_alloc(no, sizeof(float));
   oc_seed(31);
   oc_fill(qkv, nq, 1.0);
   oc_fill(dout, no, 0.01);
-  pw_attention_forward(op, att, qkv, AB, AT, AC, ANH);
-  pw_attention_backward_input(dqp, tt, dout, qkv, att, AB, AT, AC, ANH, 0);
-  pw_attention_tiled_forward(o32, lse32, ws, qkv, AB, AT, AC, ANH);
-  pw_attention_tiled_backward_input(dq32, ws, dout, o32, qkv, lse32, AB, AT, AC, ANH, 0);
+  pw_attention_forward(op, att, qkv, AB, AT, AC, ANH, ANH);
+  pw_attention_backward_input(dqp, tt, dout, qkv, att, AB, AT, AC, ANH, ANH, 0);
+  pw_attention_tiled_forward(o32, lse32, ws, qkv, AB, AT, AC, ANH, ANH);
+  pw_attention_tiled_backward_input(dq32, ws, dout, o32, qkv, lse32, AB, AT, AC, ANH, ANH, 0);
   for (int paths = 0; paths < 2; paths++) {
     if (pw_gemm_bf16_force(!paths) != !paths) continue; /* no AVX512_BF16 here */
-    pw_attention_tiled_forward_bf16(o, lse, ws, bs, qkv, AB, AT, AC, ANH);
+    pw_attention_tiled_forward_bf16(o, lse, ws, bs, qkv, AB, AT, AC, ANH, ANH);
     assert_true(rel_err(o, o32, no) < 0x1p-6);
     assert_true(rel_err(o, op, no) < 0x1p-6);
     for (size_t i = 0; i < nq; i++) dq[i] = NAN;
-    pw_attention_tiled_backward_input_bf16(dq, ws, bs, dout, o, qkv, lse, AB, AT, AC, ANH, 0);
+    pw_attention_tiled_backward_input_bf16(dq, ws, bs, dout, o, qkv, lse, AB, AT, AC, ANH, ANH, 0);
     for (int k = 0; k < 3; k++) { /* dq, dk, dv */
       columns(a, dq, rows, 3 * AC, k * AC, AC);
       columns(b, dq32, rows, 3 * AC, k * AC, AC);
@@ -275,10 +281,10 @@ static void test_tiled_bf16(void **state) {
     oc_fill(dq0, nq, 0.001);
     float *acc = dqp; /* the plain gradients are checked: reuse */
     memcpy(acc, dq0, nq * sizeof(float));
-    pw_attention_tiled_backward_input_bf16(acc, ws, bs, dout, o, qkv, lse, AB, AT, AC, ANH, 1);
+    pw_attention_tiled_backward_input_bf16(acc, ws, bs, dout, o, qkv, lse, AB, AT, AC, ANH, ANH, 1);
     for (size_t i = 0; i < nq; i++)
       assert_true(fabsf(acc[i] - (dq0[i] + dq[i])) <= 0x1p-20 * (fabsf(dq0[i]) + fabsf(dq[i])) + 1e-30f);
-    pw_attention_backward_input(dqp, tt, dout, qkv, att, AB, AT, AC, ANH, 0);
+    pw_attention_backward_input(dqp, tt, dout, qkv, att, AB, AT, AC, ANH, ANH, 0);
   }
   pw_gemm_bf16_force(1);
   free(qkv), free(dout), free(o), free(o32), free(op), free(lse), free(lse32), free(att), free(tt), free(ws);
@@ -295,19 +301,19 @@ static void test_prefill_offset(void **state) {
   enum { T = 200, C = 16, NH = 2 };
   size_t nq = (size_t)T * 3 * C, no = (size_t)T * C;
   float *qkv = oc_alloc(nq, sizeof(float)), *whole = oc_alloc(no, sizeof(float)), *o = oc_alloc(no, sizeof(float));
-  float *lse = oc_alloc((size_t)NH * T, sizeof(float)), *ws = oc_alloc(pw_attention_tiled_scratch(T, C, NH), 4);
+  float *lse = oc_alloc((size_t)NH * T, sizeof(float)), *ws = oc_alloc(pw_attention_tiled_scratch(T, C, NH, NH), 4);
   float *kc = oc_alloc(no, sizeof(float)), *vc = oc_alloc(no, sizeof(float));
   float *ks = oc_alloc(pw_attention_kv_scratch(T, T), sizeof(float));
   oc_seed(5);
   oc_fill(qkv, nq, 2.0);
-  pw_attention_tiled_forward(whole, lse, ws, qkv, 1, T, C, NH);
+  pw_attention_tiled_forward(whole, lse, ws, qkv, 1, T, C, NH, NH);
   for (int t0 = 0; t0 < T; t0 += 70) { /* 0, 70, 140: chunks of 70 rows (the last 60) */
     int n = T - t0 < 70 ? T - t0 : 70;
-    pw_attention_kv_forward(o + (size_t)t0 * C, kc, vc, ks, qkv + (size_t)t0 * 3 * C, n, t0, C, NH);
+    pw_attention_kv_forward(o + (size_t)t0 * C, kc, vc, ks, qkv + (size_t)t0 * 3 * C, n, t0, C, NH, NH);
   }
   expect_close("prefill in chunks of 70", o, whole, no, 1e-6, 0);
   for (size_t i = 100 * 3 * C; i < nq; i++) qkv[i] += 5.0f;
-  pw_attention_tiled_forward(o, lse, ws, qkv, 1, T, C, NH);
+  pw_attention_tiled_forward(o, lse, ws, qkv, 1, T, C, NH, NH);
   assert_memory_equal(o, whole, 100 * C * sizeof(float)); /* rows before 100: the same bits */
   int changed = 0;
   for (size_t i = 100 * C; i < no; i++) changed += o[i] != whole[i];

@@ -278,7 +278,7 @@ static void test_attention_counts(void **st) {
         want = (size_t)n->T * n->T;
         assert_int_equal(aux, (size_t)n->NH * n->T * n->T);
       } else if (n->op == PW_OP_ATTENTION_TILED) {
-        want = pw_attention_tiled_scratch(n->T, n->C / 3, n->NH);
+        want = pw_attention_tiled_scratch(n->T, n->C / 3, n->NH, n->NH);
         assert_int_equal(aux, (size_t)n->NH * n->T);
       }
       if (n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED) seen[n->op == PW_OP_ATTENTION_TILED]++;

@@ -268,6 +268,22 @@ static const bad_case bad[] = {
     {B_LLAMA, "{'model':{'d_model':40,'n_heads':8}}", "model.n_heads",
      "head_dim must be even for rotary embeddings (d_model/n_heads = 5)"},
     {B_LLAMA, "{'model':{'rope_base':0}}", "model.rope_base", "must be > 0 (got 0)"},
+    {B_LLAMA, "{'model':{'n_kv_heads':3}}", "model.n_kv_heads", "must divide n_heads (4 % 3 != 0)"},
+    {B_LLAMA, "{'model':{'n_kv_heads':0}}", "model.n_kv_heads", "must be >= 1"},
+    {B_GPT, "{'model':{'n_kv_heads':2}}", "model.n_kv_heads", "not used with template gpt"},
+    {B_GPT, "{'model':{'qk_norm':true}}", "model.qk_norm", "not used with template gpt"},
+    {B_LLAMA, "{'model':{'qkv_bias':1}}", "model.qkv_bias", "must be"},
+    {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'yarn','factor':8}}}", "model.rope_scaling.rope_type",
+     "must be one of llama3"},
+    {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'llama3','factor':8}}}", "model.rope_scaling.low_freq_factor",
+     "required"},
+    {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'llama3','factor':8,'low_freq_factor':4,'high_freq_factor':1,"
+     "'original_max_position_embeddings':8192}}}", "model.rope_scaling.high_freq_factor", "must be > low_freq_factor"},
+    {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'llama3','factor':0,'low_freq_factor':1,'high_freq_factor':4,"
+     "'original_max_position_embeddings':8192}}}", "model.rope_scaling.factor", "must be > 0"},
+    {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'llama3','factor':8,'low_freq_factor':1,'high_freq_factor':4,"
+     "'original_max_position_embeddings':8192,'type':'x'}}}", "model.rope_scaling.type", "unknown field"},
+    {B_LLAMA, "{'model':{'rope_scaling':5}}", "model.rope_scaling", "must be an object"},
     {B_MLP, "{'data':{'kind':'classify'}}", "data.kind",
      "mlp with loss mse needs kind regression (got classify)"},
     {B_MLP, "{'model':{'loss':'cross_entropy'}}", "data.kind",
@@ -711,7 +727,44 @@ static const char *const round_trip_specs[] = {
     "'data':{'kind':'copy'}}",
     "{'model':{'template':'gpt','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2},'data':{'kind':'copy'},"
     "'train':{'attention':'tiled'}}",
+    "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':4,'n_kv_heads':1,'qkv_bias':true,"
+    "'qk_norm':true,'rope_scaling':{'rope_type':'llama3','factor':8,'low_freq_factor':1,'high_freq_factor':4,"
+    "'original_max_position_embeddings':8192}},'data':{'kind':'copy'}}",
 };
+
+/* llama's attention options: in the canonical spec when set, left out
+ * when off (n_kv_heads equal to n_heads is off), so the specs and plan
+ * hashes of jobs without them stay what they were. */
+static void test_llama_options(void **st) {
+  (void)st;
+  static const char *const texts[] = {
+      "", ",'n_kv_heads':4,'qkv_bias':false,'qk_norm':false",
+      ",'n_kv_heads':2,'qkv_bias':true,'qk_norm':true,'rope_scaling':{'rope_type':'llama3','factor':8,"
+      "'low_freq_factor':1,'high_freq_factor':4,'original_max_position_embeddings':8192}"};
+  static const char *const keys[] = {"n_kv_heads", "qkv_bias", "qk_norm", "rope_scaling"};
+  char *canon[3], buf[512];
+  for (int i = 0; i < 3; i++) {
+    snprintf(buf, sizeof buf,
+             "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':4%s},'data':{'kind':'copy'}}",
+             texts[i]);
+    pw_job job = parse_ok(buf);
+    json_t *j = pw_job_to_json(&job), *m = json_object_get(j, "model");
+    for (int k = 0; k < 4; k++)
+      if (i < 2) assert_null(json_object_get(m, keys[k]));
+      else assert_non_null(json_object_get(m, keys[k]));
+    if (i == 2) {
+      assert_int_equal(job.model.n_kv_heads, 2);
+      assert_true(job.model.rope_scaling == 1 && job.model.rope_factor == 8 && job.model.rope_orig_max_pos == 8192);
+      assert_true(job.model.qkv_bias && job.model.qk_norm);
+    }
+    canon[i] = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    pw_job_free(&job);
+  }
+  assert_string_equal(canon[0], canon[1]);
+  assert_string_not_equal(canon[0], canon[2]);
+  for (int i = 0; i < 3; i++) free(canon[i]);
+}
 
 /* train.eval_every: in the canonical spec when set, left out when 0 (so
  * the specs and plan hashes of jobs without it stay what they were). */
@@ -1092,6 +1145,7 @@ int main(void) {
       cmocka_unit_test(test_design_example), cmocka_unit_test(test_llama),
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
+      cmocka_unit_test(test_llama_options),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_zero_snapshots),
       cmocka_unit_test(test_serve),

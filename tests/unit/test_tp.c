@@ -191,11 +191,11 @@ static void test_block_shards(void **state) {
   fill(x, N * C, 99);
   /* attention, whole then per rank */
   pw_linear_forward(qkv, x, w[0], w[1], N, C, 3 * C);
-  pw_attention_forward(a, att, qkv, B, T, C, NH);
+  pw_attention_forward(a, att, qkv, B, T, C, NH, NH);
   pw_linear_forward(y, a, w[2], w[3], N, C, C);
   for (int r = 0; r < TP; r++) {
     pw_linear_forward(qkv_r, x, ws[0][r], ws[1][r], N, C, 3 * C / TP);
-    pw_attention_forward(a_r, att, qkv_r, B, T, C / TP, NH / TP);
+    pw_attention_forward(a_r, att, qkv_r, B, T, C / TP, NH / TP, NH / TP);
     pw_linear_forward(part[r], a_r, ws[2][r], NULL, N, C / TP, C);
   }
   const float *in[TP] = {part[0], part[1]};
@@ -339,8 +339,8 @@ static float tp_forward(const pw_model *m, pw_prog *ref, const uint8_t *k, int t
           if (kw == PW_TP_ROW) pw_linear_forward(out[r], x, W, NULL, N, Cin / tp, C);
           else pw_linear_forward(out[r], x, W, bias, N, Cin, wc);
           break;
-        case PW_OP_ROPE: pw_rope_forward(out[r], x, XB, n->T, hc / tp, n->NH / tp, n->base); break;
-        case PW_OP_ATTENTION: pw_attention_forward(out[r], aux, x, XB, n->T, hc / tp, n->NH / tp); break;
+        case PW_OP_ROPE: pw_rope_forward(out[r], x, XB, n->T, hc / tp, n->NH / tp, n->NH / tp, &(pw_rope){.theta = n->base}); break;
+        case PW_OP_ATTENTION: pw_attention_forward(out[r], aux, x, XB, n->T, hc / tp, n->NH / tp, n->NH / tp); break;
         case PW_OP_GELU: pw_gelu_forward(out[r], aux, x, N * C / tp); break;
         case PW_OP_SWIGLU: pw_swiglu_forward(out[r], x, x2, N * C / tp); break;
         case PW_OP_ADD: pw_add_forward(out[r], x, x2, N * C); break;
