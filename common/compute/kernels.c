@@ -136,6 +136,18 @@ static void attention_i(const pw_kernel_io *io) {
                               nkv_of(n), io->acc0);
 }
 
+/* w: q's norm weight, b: k's (HD each); aux rstd (rows, NH + NKV) */
+#define QKN(io) (io)->rows, (io)->n->NH, nkv_of((io)->n), (io)->n->C / ((io)->n->NH + 2 * nkv_of((io)->n))
+static void qknorm_f(const pw_kernel_io *io) {
+  pw_qknorm_forward(io->out, io->aux, io->in0, io->w, io->b, QKN(io), io->n->eps);
+}
+static void qknorm_i(const pw_kernel_io *io) {
+  pw_qknorm_backward_input(io->din0, io->dout, io->in0, io->w, io->b, io->aux, QKN(io), io->acc0);
+}
+static void qknorm_w(const pw_kernel_io *io) {
+  pw_qknorm_backward_weight(io->dw, io->db, io->dout, io->in0, io->aux, QKN(io));
+}
+
 /* aux: lse (B, NH, T); the backward reads the forward's out */
 static void attention_tiled_f(const pw_kernel_io *io) {
   const pw_node *n = io->n;
@@ -297,6 +309,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_LORA] = {lora_f, lora_i, lora_w, NULL, lora_d},
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL}, /* regions models are not decoded */
     [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, attention_d},
+    [PW_OP_QKNORM] = {qknorm_f, qknorm_i, qknorm_w, NULL, qknorm_f},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

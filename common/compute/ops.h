@@ -114,6 +114,18 @@ void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C,
  * pw_rope_forward over the whole sequence. */
 void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int NH, int NKV, const pw_rope *r);
 
+/* QK-norm (Qwen3) on packed qkv rows (N,W): an RMSNorm (pw_rmsnorm_*, eps
+ * as given) over each of the NH query heads' HD columns with weight wq
+ * (HD) and each of the NKV key heads' with wk (HD), shared by the heads; v
+ * copied through. Saves rstd (N, NH+NKV): row n's query heads, then its
+ * key heads. backward_weight accumulates into dwq and dwk. */
+void pw_qknorm_forward(float *out, float *rstd, const float *inp, const float *wq, const float *wk, int N, int NH,
+                       int NKV, int HD, float eps);
+void pw_qknorm_backward_input(float *dinp, const float *dout, const float *inp, const float *wq, const float *wk,
+                              const float *rstd, int N, int NH, int NKV, int HD, int acc);
+void pw_qknorm_backward_weight(float *dwq, float *dwk, const float *dout, const float *inp, const float *rstd, int N,
+                               int NH, int NKV, int HD);
+
 /* Causal grouped-query self-attention on packed qkv (B,T,W) -> out (B,T,C).
  * Scores scaled by 1/sqrt(HD). att (B,NH,T,T) saves the softmax
  * probabilities (upper triangle zero). scratch holds at least T*T floats.

@@ -1,5 +1,5 @@
-/* ops_attn: rotary position embeddings and causal multi-head self-attention
- * on a packed qkv tensor (B,T,3C). Contracts are in ops.h.
+/* ops_attn: rotary position embeddings, QK-norm and causal grouped-query
+ * self-attention on packed qkv rows (ops.h). Contracts are in ops.h.
  *
  * Attention works per (batch, head) directly on the packed tensor through
  * sgemm leading dimensions (3C for q/k/v, C for out): q, k and v are never
@@ -96,6 +96,44 @@ void pw_rope_forward_at(float *out, const float *inp, int T, int t0, int C, int 
 void pw_rope_backward_input(float *dinp, const float *dout, int B, int T, int C, int NH, int NKV,
                             const pw_rope *r, int acc) {
   rope_apply(dinp, dout, B, T, 0, C, NH, NKV, r, 1, acc);
+}
+
+/* ---- qk-norm ------------------------------------------------------------- */
+
+/* Row n's NH query heads are NH rows of HD for pw_rmsnorm_*, its NKV key
+ * heads NKV more: the same kernels, the same bits as a head's own norm. */
+void pw_qknorm_forward(float *out, float *rstd, const float *inp, const float *wq, const float *wk, int N, int NH,
+                       int NKV, int HD, float eps) {
+  size_t W = (size_t)(NH + 2 * NKV) * HD, Q = (size_t)NH * HD, K = (size_t)NKV * HD;
+  for (size_t n = 0; n < (size_t)N; n++) {
+    float *r = rstd + n * (size_t)(NH + NKV);
+    pw_rmsnorm_forward(out + n * W, r, inp + n * W, wq, NH, HD, eps);
+    pw_rmsnorm_forward(out + n * W + Q, r + NH, inp + n * W + Q, wk, NKV, HD, eps);
+    memcpy(out + n * W + Q + K, inp + n * W + Q + K, K * sizeof(float));
+  }
+}
+
+void pw_qknorm_backward_input(float *dinp, const float *dout, const float *inp, const float *wq, const float *wk,
+                              const float *rstd, int N, int NH, int NKV, int HD, int acc) {
+  size_t W = (size_t)(NH + 2 * NKV) * HD, Q = (size_t)NH * HD, K = (size_t)NKV * HD;
+  for (size_t n = 0; n < (size_t)N; n++) {
+    const float *r = rstd + n * (size_t)(NH + NKV);
+    float *dx = dinp + n * W;
+    const float *dy = dout + n * W, *x = inp + n * W;
+    pw_rmsnorm_backward_input(dx, dy, x, wq, r, NH, HD, acc);
+    pw_rmsnorm_backward_input(dx + Q, dy + Q, x + Q, wk, r + NH, NKV, HD, acc);
+    for (size_t c = Q + K; c < W; c++) dx[c] = pw__acc(acc, dx[c], dy[c]);
+  }
+}
+
+void pw_qknorm_backward_weight(float *dwq, float *dwk, const float *dout, const float *inp, const float *rstd, int N,
+                               int NH, int NKV, int HD) {
+  size_t W = (size_t)(NH + 2 * NKV) * HD, Q = (size_t)NH * HD;
+  for (size_t n = 0; n < (size_t)N; n++) {
+    const float *r = rstd + n * (size_t)(NH + NKV);
+    pw_rmsnorm_backward_weight(dwq, dout + n * W, inp + n * W, r, NH, HD);
+    pw_rmsnorm_backward_weight(dwk, dout + n * W + Q, inp + n * W + Q, r + NH, NKV, HD);
+  }
 }
 
 /* ---- attention ----------------------------------------------------------- */

@@ -205,7 +205,8 @@ static int binary(builder *bd, pw_op op, int a, int b) {
  * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
  * "gate"/"up"/"down"; the template's attention options (model.n_kv_heads:
  * a qkv of C + 2 n_kv_heads HD columns, ops.h's packed rows;
- * model.rope_scaling; model.qkv_bias) on every block. */
+ * model.rope_scaling; model.qkv_bias; model.qk_norm: "attn.q_norm" and
+ * "attn.k_norm", HD each) on every block. */
 static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_model_spec *s = bd->spec;
@@ -216,12 +217,22 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
   int h = norm(bd, nm, x, llama);
   snprintf(nm, sizeof nm, "%s.attn.qkv", p);
   h = linear(bd, nm, h, W, !llama || s->qkv_bias, std);
+  if (llama && s->qk_norm) { /* Qwen3: q_norm, k_norm over each head, before rope */
+    snprintf(nm, sizeof nm, "%s.attn.q_norm.weight", p);
+    int wq = add_param(bd, nm, C / nh, 0, PW_INIT_ONES, 0);
+    snprintf(nm, sizeof nm, "%s.attn.k_norm.weight", p);
+    int wk = add_param(bd, nm, C / nh, 0, PW_INIT_ONES, 0);
+    h = add_node(bd, PW_OP_QKNORM, h, -1, wq, wk, T, W, PW_DT_F32);
+    if (bd->oom) return h;
+    bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
+    bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv == nh ? 0 : nkv;
+  }
   if (llama) {
     h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, W, PW_DT_F32);
     if (bd->oom) return h;
     pw_node *n = &bd->m->nodes[bd->m->n_nodes - 1];
     n->NH = nh;
-    n->NKV = nkv;
+    n->NKV = nkv == nh ? 0 : nkv; /* 0: NH (plan slices carry it only when not) */
     if (s->rope_scaling) {
       n->rope_factor = s->rope_factor;
       n->rope_low_freq = s->rope_low_freq_factor;
@@ -232,7 +243,7 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
   h = add_node(bd, (pw_op)pw_attention_op(PW_ATTN_AUTO, T, C / nh), h, -1, -1, -1, T, C, PW_DT_F32);
   if (bd->oom) return h;
   bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
-  bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv;
+  bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv == nh ? 0 : nkv;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
   h = linear(bd, nm, h, C, !llama, rstd);
   x = binary(bd, PW_OP_ADD, x, h);
@@ -585,7 +596,6 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     case PW_TEMPLATE_REGIONS: rc = build_regions(&bd, err); break;
   }
   if (!rc && bd.oom) rc = pw_err_set(err, PW_ENOMEM, "model", "out of memory");
-  if (!rc && spec->qk_norm) rc = pw_err_set(err, PW_ESPEC, "model.qk_norm", "not built yet");
   for (int i = 0; !rc && spec->lora_rank && i < spec->n_lora_targets; i++)
     if (!(bd.lora_hit >> i & 1)) {
       char path[48];

@@ -41,7 +41,9 @@ typedef enum {
                        params: w = A (NH,C), b = B (OC,NH); NH = rank, base = scale; aux h, dh (r,NH) each */
   PW_OP_CONCAT,     /* in: a (r,C), b (r,OC-C)   out (r,OC): a's columns, then b's (a fusion) */
   PW_OP_ATTENTION_TILED, /* PW_OP_ATTENTION computed in tiles (ops_flash.c); aux lse (NH,T).
-                            Last: the numbers travel in plan slices */
+                            New ops go last: the numbers travel in plan slices */
+  PW_OP_QKNORM,     /* in: qkv (T,W)             out (T,W): RMSNorm of each q and k head (Qwen3)
+                       params: w = q's (HD), b = k's (HD); aux rstd (T,NH+NKV) */
   PW_OP__COUNT
 } pw_op;
 

@@ -49,6 +49,9 @@ static const pw_op_info table[PW_OP__COUNT] = {
                                            N_(2 * PW_ATTN_TILE_K, HD, 1, 1), N_(1, T, GROUP, 1)},
                                .tp_role = PW_TP_ROLE_HEADS, RUN_, .decode_kv = N_(2, KVW, 1, 1),
                                .bf16_scratch = {N_(4, T, OC, 1), N_(2 * PW_ATTN_TILE_B * PW_ATTN_TILE_K, 1, 1, 1)}},
+    /* rmsnorm's counts over the input; rstd of each q and k head */
+    [PW_OP_QKNORM] = {"qk_norm", 1, 1, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, QK, 1), .tp_role = PW_TP_ROLE_HEADS, RUN_,
+                      .decode_aux = N_(1, QK, 1, 1)},
     [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
                     .tp_role = PW_TP_ROLE_VOCAB_LOSS, .decode = PW_DECODE_SKIP},
     [PW_OP_MSE] = {"mse", 2, 1, 1, 1, ELEM(5, 8, 0), NONE_, WHOLE_, .decode = PW_DECODE_SKIP},
@@ -78,6 +81,7 @@ static double dim(const pw_node *n, double rows, int d) {
     case PW_DIM_C_OC: return n->C + n->OC;
     case PW_DIM_HD: return n->NH ? (double)(n->OC / n->NH) : 0;
     case PW_DIM_KVW: return (double)((n->C - n->OC) / 2);
+    case PW_DIM_QK: return n->NH + (n->NKV > 0 ? n->NKV : n->NH);
     case PW_DIM_GROUP: return n->NH && n->NKV > 0 ? (double)(n->NH / n->NKV) : 1;
     case PW_DIM_1: break;
   }

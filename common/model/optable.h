@@ -32,7 +32,8 @@ typedef enum {
   PW_DIM_C_OC,  /* input plus output width */
   PW_DIM_HD,    /* output width per head (OC / NH) */
   PW_DIM_KVW,   /* attention: width of its keys (or values), (C - OC) / 2 = NKV HD */
-  PW_DIM_GROUP  /* attention: query heads per key/value head, NH / NKV */
+  PW_DIM_GROUP, /* attention: query heads per key/value head, NH / NKV */
+  PW_DIM_QK     /* query plus key heads, NH + NKV */
 } pw_op_dim;
 
 /* coef x d[0] x d[1] x d[2], multiplied in that order. */

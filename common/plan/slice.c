@@ -28,9 +28,17 @@ static json_t *model_json(const pw_model *m) {
   }
   for (int i = 0; i < m->n_nodes; i++) {
     const pw_node *n = &m->nodes[i];
-    json_array_append_new(nodes, json_pack("[iiiiiiiiiiiffI]", n->op, n->layer, n->in[0], n->in[1], n->out, n->w,
-                                           n->b, n->C, n->OC, n->NH, n->T, (double)n->eps, (double)n->base,
-                                           (json_int_t)n->aux));
+    json_t *e = json_pack("[iiiiiiiiiiiffI]", n->op, n->layer, n->in[0], n->in[1], n->out, n->w, n->b, n->C, n->OC,
+                          n->NH, n->T, (double)n->eps, (double)n->base, (json_int_t)n->aux);
+    /* the attention options (grouped-query heads, Llama-3's rope scaling)
+     * only where a node has them: other slices keep their text */
+    if (e && ((n->NKV && n->NKV != n->NH) || n->rope_factor)) {
+      json_t *t = json_pack("[ifffi]", n->NKV, (double)n->rope_factor, (double)n->rope_low_freq,
+                            (double)n->rope_high_freq, n->rope_orig_max_pos);
+      json_array_extend(e, t);
+      json_decref(t);
+    }
+    json_array_append_new(nodes, e);
   }
   for (int i = 0; i < m->n_params; i++) {
     const pw_param *p = &m->params[i];
@@ -185,9 +193,16 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
     int op;
     double eps, base;
     json_int_t aux;
-    if ((rc = unpack(err, "slice.model.nodes", json_array_get(nodes, (size_t)i), "[iiiiiiiiiiiFFI]", &op, &n->layer,
-                     &n->in[0], &n->in[1], &n->out, &n->w, &n->b, &n->C, &n->OC, &n->NH, &n->T, &eps, &base, &aux)))
+    json_t *e = json_array_get(nodes, (size_t)i);
+    double rf = 0, rl = 0, rh = 0;
+    if ((rc = json_array_size(e) == 19
+                  ? unpack(err, "slice.model.nodes", e, "[iiiiiiiiiiiFFIiFFFi]", &op, &n->layer, &n->in[0], &n->in[1],
+                           &n->out, &n->w, &n->b, &n->C, &n->OC, &n->NH, &n->T, &eps, &base, &aux, &n->NKV, &rf, &rl,
+                           &rh, &n->rope_orig_max_pos)
+                  : unpack(err, "slice.model.nodes", e, "[iiiiiiiiiiiFFI]", &op, &n->layer, &n->in[0], &n->in[1],
+                           &n->out, &n->w, &n->b, &n->C, &n->OC, &n->NH, &n->T, &eps, &base, &aux)))
       return rc;
+    n->rope_factor = (float)rf, n->rope_low_freq = (float)rl, n->rope_high_freq = (float)rh;
     if (!in(op, 0, PW_OP__COUNT) || !in(n->layer, 0, nl) || !in(n->in[0], -1, nv) || !in(n->in[1], -1, nv) ||
         !in(n->out, 0, nv) || !in(n->w, -1, np) || !in(n->b, -1, np) || aux < 0)
       return bad(err, "slice.model.nodes", i, "op, layer, value or parameter id out of range");

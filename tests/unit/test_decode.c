@@ -281,12 +281,12 @@ static void test_llama_tied(void **st) {
 
 /* llama's attention options: grouped-query (4 query heads over 2 and 1
  * kv heads: the cache holds the narrower rows), Llama-3's rope scaling
- * (every band at these positions), the qkv bias. */
+ * (every band at these positions), the qkv bias, QK-norm. */
 static void test_llama_options(void **st) {
   (void)st;
   for (int kv = 2; kv >= 1; kv--) {
     pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA, 0);
-    s.n_heads = 4, s.n_kv_heads = kv, s.rope_base = 100.0f, s.qkv_bias = kv == 1;
+    s.n_heads = 4, s.n_kv_heads = kv, s.rope_base = 100.0f, s.qkv_bias = kv == 1, s.qk_norm = kv == 2;
     s.rope_scaling = 1, s.rope_factor = 4, s.rope_low_freq_factor = 1, s.rope_high_freq_factor = 2;
     s.rope_orig_max_pos = 8;
     check_prefill_then_steps_of(&s, 5);

@@ -51,10 +51,10 @@ static pw_model_spec llama_spec(void) {
 
 /* llama's attention options: grouped-query (4 query heads over 2 kv
  * heads), Llama-3's rope scaling (every band within 6 positions), the qkv
- * bias. */
+ * bias, QK-norm. */
 static pw_model_spec llama_opts_spec(void) {
   pw_model_spec s = llama_spec();
-  s.n_heads = 4, s.n_kv_heads = 2, s.qkv_bias = 1, s.rope_base = 100.0f;
+  s.n_heads = 4, s.n_kv_heads = 2, s.qkv_bias = 1, s.qk_norm = 1, s.rope_base = 100.0f;
   s.rope_scaling = 1, s.rope_factor = 4, s.rope_low_freq_factor = 1, s.rope_high_freq_factor = 2;
   s.rope_orig_max_pos = 4;
   return s;

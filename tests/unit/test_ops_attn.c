@@ -100,6 +100,53 @@ static void test_rope_llama3(void **state) {
   for (int i = 0; i < 8; i++) assert_true(pw_rope_inv_freq(&r, i, 16) == 1.0f / powf(10000.0f, (float)(2 * i) / 16.0f));
 }
 
+/* ---- qk-norm ----------------------------------------------------------------- */
+/* d = {N, NH, NKV, HD}; inputs qkv (N,W), wq (HD), wk (HD); fp = eps;
+ * saved rstd (N, NH+NKV). */
+
+static size_t qkn_w(const opcase *c) { return (size_t)(c->d[1] + 2 * c->d[2]) * c->d[3]; }
+static void qkn_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  pw_qknorm_forward(out, saved, in[0], in[1], in[2], c->d[0], c->d[1], c->d[2], c->d[3], c->fp);
+}
+static void qkn_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout, float *const *g) {
+  if (which == IN_DATA)
+    pw_qknorm_backward_input(g[0], dout, in[0], in[1], in[2], saved, c->d[0], c->d[1], c->d[2], c->d[3], 1);
+  else
+    pw_qknorm_backward_weight(g[1], g[2], dout, in[0], saved, c->d[0], c->d[1], c->d[2], c->d[3]);
+}
+/* Qwen3: q_norm(q.view(..., HD)), k_norm likewise; v as it is */
+static void qkn_ref(const opcase *c, double *const *in, double *out) {
+  int N = c->d[0], NH = c->d[1], NKV = c->d[2], HD = c->d[3];
+  size_t W = qkn_w(c);
+  for (int n = 0; n < N; n++)
+    for (int h = 0; h < NH + 2 * NKV; h++) {
+      const double *x = in[0] + n * W + (size_t)h * HD;
+      double *y = out + n * W + (size_t)h * HD, ss = 0;
+      const double *w = h < NH ? in[1] : in[2];
+      for (int e = 0; e < HD; e++) ss += x[e] * x[e];
+      double rs = 1 / sqrt(ss / HD + c->fp);
+      for (int e = 0; e < HD; e++) y[e] = h < NH + NKV ? w[e] * x[e] * rs : x[e];
+    }
+}
+static opcase qkn_case(int N, int NH, int NKV, int HD) {
+  size_t W = (size_t)(NH + 2 * NKV) * HD;
+  opcase c = {.n_in = 3, .in_name = {"qkv", "q_norm", "k_norm"}, .in_kind = {IN_DATA, IN_PARAM, IN_PARAM},
+              .in_n = {(size_t)N * W, (size_t)HD, (size_t)HD}, .out_n = (size_t)N * W,
+              .saved_n = (size_t)N * (NH + NKV), .d = {N, NH, NKV, HD}, .fp = 1e-6f,
+              .fwd = qkn_fwd, .bwd = qkn_bwd, .ref = qkn_ref};
+  snprintf(c.name, sizeof c.name, "qk_norm N=%d NH=%d NKV=%d HD=%d", N, NH, NKV, HD);
+  return c;
+}
+
+static void test_qknorm(void **state) {
+  opcase c = qkn_case(5, 4, 2, 6);
+  check_op(&c);
+  c = qkn_case(3, 2, 2, 8);
+  check_op(&c);
+  c = qkn_case(4, 3, 1, 5);
+  check_op(&c);
+}
+
 static void test_rope_properties(void **state) {
   int B = 2, T = 6, C = 12, NH = 2, n = B * T * 3 * C;
   float *x = oc_alloc(n, sizeof(float)), *y = oc_alloc(n, sizeof(float));
@@ -266,6 +313,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_rope_llama3),
+      cmocka_unit_test(test_qknorm),
       cmocka_unit_test(test_rope_properties),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_blocked),

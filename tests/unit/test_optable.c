@@ -125,7 +125,7 @@ static void ref_kinds(const pw_model *m, uint8_t *kinds) {
     int c = ref_consumer_op(m, n->out), pr = m->values[n->in[0]].producer;
     int p = pr >= 0 ? m->nodes[pr].op : -1;
     pw_tp_kind k = PW_TP_REPLICATED;
-    if (c == PW_OP_ROPE || c == PW_OP_ATTENTION || c == PW_OP_ATTENTION_TILED) k = PW_TP_QKV;
+    if (c == PW_OP_ROPE || c == PW_OP_QKNORM || c == PW_OP_ATTENTION || c == PW_OP_ATTENTION_TILED) k = PW_TP_QKV;
     else if (c == PW_OP_XENT) k = PW_TP_VOCAB;
     else if (c == PW_OP_GELU || c == PW_OP_SWIGLU || c == PW_OP_RELU || c == PW_OP_SILU) k = PW_TP_COLUMN;
     else if (p == PW_OP_ATTENTION || p == PW_OP_ATTENTION_TILED || p == PW_OP_GELU || p == PW_OP_SWIGLU || p == PW_OP_RELU || p == PW_OP_SILU)

@@ -24,6 +24,15 @@
 #include "slice.h"
 #include "spec_json.h"
 
+/* llama's attention options (grouped-query, Llama-3's rope scaling, qkv
+ * bias, QK-norm) travel in the nodes (setup_llama) */
+static const char *SPEC_LLAMA =
+    "{\"name\":\"t\",\"model\":{\"template\":\"llama\",\"vocab_size\":64,\"seq_len\":8,\"d_model\":16,"
+    "\"n_layers\":2,\"n_heads\":4,\"n_kv_heads\":2,\"qkv_bias\":true,\"qk_norm\":true,"
+    "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
+    "\"original_max_position_embeddings\":32}},\"mesh\":{\"pp\":2},"
+    "\"train\":{\"trainable\":[\"blocks.1.*\"]},\"data\":{\"kind\":\"copy\"}}";
+
 static const char *SPEC =
     "{\"name\":\"t\",\"model\":{\"template\":\"gpt\",\"vocab_size\":64,\"seq_len\":8,\"d_model\":16,"
     "\"n_layers\":4,\"n_heads\":2,\"tie_embeddings\":true},"
@@ -43,9 +52,9 @@ typedef struct {
   char plan_sha[PW_SHA256_HEX_LEN + 1];
 } fixture;
 
-static int setup(void **state) {
+static int setup_of(void **state, const char *spec) {
   fixture *f = calloc(1, sizeof *f);
-  json_t *j = json_loads(SPEC, 0, NULL);
+  json_t *j = json_loads(spec, 0, NULL);
   pw_err err = {0};
   char b[600];
   if (!j || pw_job_parse(j, NULL, &f->job, &err)) fail_msg("spec: %s", pw_err_str(&err, b, sizeof b));
@@ -63,6 +72,9 @@ static int setup(void **state) {
   *state = f;
   return 0;
 }
+
+static int setup(void **state) { return setup_of(state, SPEC); }
+static int setup_llama(void **state) { return setup_of(state, SPEC_LLAMA); }
 
 static int teardown(void **state) {
   fixture *f = *state;
@@ -190,6 +202,25 @@ static void test_round_trip(void **state) {
 /* Parameters drawn from the decoded graph equal the planner's graph's, bit
  * for bit, stage by stage (the pipelined == single-process guarantee
  * starts here). */
+static void test_round_trip_llama(void **state) {
+  fixture *f = *state;
+  int gqa = 0;
+  for (int rank = 0; rank < f->plan.pp; rank++) {
+    char *text, hex[PW_SHA256_HEX_LEN + 1];
+    build(f, rank, &text, hex);
+    pw_slice s;
+    pw_err err = {0};
+    char b[600];
+    if (pw_slice_decode(text, strlen(text), hex, &s, &err))
+      fail_msg("rank %d: %s", rank, pw_err_str(&err, b, sizeof b));
+    expect_models_equal(&f->plan.model, &s.model);
+    for (int i = 0; i < s.model.n_nodes; i++) gqa += s.model.nodes[i].NKV == 2 && s.model.nodes[i].rope_factor == 8;
+    pw_slice_free(&s);
+    free(text);
+  }
+  assert_int_equal(gqa, 2 * f->plan.pp); /* a rope node a block, the whole graph in each slice */
+}
+
 static void test_same_init(void **state) {
   fixture *f = *state;
   char *text, hex[PW_SHA256_HEX_LEN + 1];
@@ -307,6 +338,7 @@ static void test_bad_bodies_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
+      cmocka_unit_test_setup_teardown(test_round_trip_llama, setup_llama, teardown),
       cmocka_unit_test(test_same_init),
       cmocka_unit_test(test_flipped_bytes_refused),
       cmocka_unit_test(test_bad_bodies_refused),
