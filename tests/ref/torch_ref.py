@@ -72,6 +72,10 @@ def job_config(job):
         "ffn_hidden": int(m.get("ffn_hidden", 0)),
         "tie": bool(m.get("tie_embeddings", False)),
         "rope_base": float(m.get("rope_base", 10000.0)),
+        "KV": int(m.get("n_kv_heads", m["n_heads"])),
+        "rope_scaling": m.get("rope_scaling"),
+        "qkv_bias": bool(m.get("qkv_bias", False)),
+        "qk_norm": bool(m.get("qk_norm", False)),
         "eps": float(m.get("norm_eps", 1e-5)),
         "init_std": float(m.get("init_std", 0.02)),
         "steps": int(t.get("steps", 100)),
@@ -93,6 +97,11 @@ def job_config(job):
     }
     if cfg["d"] % cfg["H"]:
         die("model.n_heads must divide d_model")
+    if cfg["H"] % cfg["KV"]:
+        die("model.n_kv_heads must divide n_heads")
+    rs = cfg["rope_scaling"]
+    if rs is not None and rs.get("rope_type") != "llama3":
+        die(f"model.rope_scaling.rope_type: only llama3 is supported here, got {rs.get('rope_type')!r}")
     if tmpl == "llama" and (cfg["d"] // cfg["H"]) % 2:
         die("model: rotary embeddings need an even head_dim (d_model / n_heads)")
     if cfg["B"] % cfg["M"]:
@@ -133,10 +142,16 @@ def param_shapes(cfg, h):
                       p + "mlp.proj.weight": (d, h), p + "mlp.proj.bias": (d,)})
         s.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
     else:
+        hd = d // cfg["H"]
+        w = d + 2 * cfg["KV"] * hd  # q, then the n_kv_heads k and v heads
         for i in range(L):
             p = f"blocks.{i}."
-            s.update({p + "norm1.weight": (d,), p + "attn.qkv.weight": (3 * d, d),
-                      p + "attn.proj.weight": (d, d), p + "norm2.weight": (d,),
+            s.update({p + "norm1.weight": (d,), p + "attn.qkv.weight": (w, d)})
+            if cfg["qkv_bias"]:
+                s[p + "attn.qkv.bias"] = (w,)
+            if cfg["qk_norm"]:
+                s.update({p + "attn.q_norm.weight": (hd,), p + "attn.k_norm.weight": (hd,)})
+            s.update({p + "attn.proj.weight": (d, d), p + "norm2.weight": (d,),
                       p + "mlp.gate.weight": (h, d), p + "mlp.up.weight": (h, d),
                       p + "mlp.down.weight": (d, h)})
         s["norm_f.weight"] = (d,)
@@ -222,9 +237,24 @@ def merge_heads(y):
     return y.transpose(1, 2).contiguous().view(B, T, H * hd)
 
 
-def rope_cos_sin(T, hd, base):
+def llama3_inv_freq(inv_freq, rs):
+    """transformers' _compute_llama3_parameters (rope_type llama3), float32."""
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wl, high_wl = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_wl, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
+    is_medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+    return torch.where(is_medium, smoothed, inv_freq_llama)
+
+
+def rope_cos_sin(T, hd, base, scaling=None):
     """Hugging Face Llama rotary tables, (T, hd) each."""
     inv_freq = 1.0 / (base ** (torch.arange(0, hd, 2).float() / hd))
+    if scaling:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     t = torch.arange(T).float()
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -269,8 +299,18 @@ def gpt_block(P, p, x, cfg):
 def llama_block(P, p, x, cfg, cos, sin):
     eps = cfg["eps"]
     a = rmsnorm(x, P[p + "norm1.weight"], eps)
-    q, k, v = split_heads(lin(P, p + "attn.qkv", a, cfg, False), cfg["H"])
+    B, T, d = a.shape
+    H, KV, hd = cfg["H"], cfg["KV"], d // cfg["H"]
+    qkv = lin(P, p + "attn.qkv", a, cfg, cfg["qkv_bias"])
+    q, k, v = qkv.split([d, KV * hd, KV * hd], dim=-1)
+    q, k, v = q.view(B, T, H, hd), k.view(B, T, KV, hd), v.view(B, T, KV, hd)
+    if cfg["qk_norm"]:  # Qwen3: q_norm, k_norm over each head's hd, before RoPE
+        q = rmsnorm(q, P[p + "attn.q_norm.weight"], eps)
+        k = rmsnorm(k, P[p + "attn.k_norm.weight"], eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    # Hugging Face's repeat_kv: kv head j serves query heads j*G .. j*G+G-1
+    k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
     x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg, False)
     m = rmsnorm(x, P[p + "norm2.weight"], eps)
     m = F.silu(lin(P, p + "mlp.gate", m, cfg, False)) * lin(P, p + "mlp.up", m, cfg, False)
@@ -287,7 +327,7 @@ def forward(P, cfg, idx):
             x = gpt_block(P, f"blocks.{i}.", x, cfg)
         x = F.layer_norm(x, (cfg["d"],), P["ln_f.weight"], P["ln_f.bias"], cfg["eps"])
     else:
-        cos, sin = rope_cos_sin(T, cfg["d"] // cfg["H"], cfg["rope_base"])
+        cos, sin = rope_cos_sin(T, cfg["d"] // cfg["H"], cfg["rope_base"], cfg["rope_scaling"])
         for i in range(cfg["L"]):
             x = llama_block(P, f"blocks.{i}.", x, cfg, cos, sin)
         x = rmsnorm(x, P["norm_f.weight"], cfg["eps"])
