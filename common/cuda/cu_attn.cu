@@ -71,11 +71,27 @@ __global__ static void tiled_bwd_kv_k(float *dqkv, const float *dout, const floa
 
 /* ---- entry points (kernels.c's rows: qkv's C = 3 x the model width) --------- */
 
+/* Grouped-query heads and Llama-3's rope scaling (model.n_kv_heads,
+ * model.rope_scaling) are not in these bodies yet: such a node fails the
+ * step with its reason rather than compute a multi-head result. */
+static int refused(const pw_node *nd, const char *op) {
+  if ((nd->NKV && nd->NKV != nd->NH) || nd->rope_factor) {
+    pw_cu_note_error((int)cudaErrorNotSupported,
+                     nd->rope_factor ? "rope: Llama-3's rope_scaling is not on the GPU yet (model.rope_scaling)"
+                                     : op);
+    return 1;
+  }
+  return 0;
+}
+#define REFUSE(io, op) \
+  if (refused((io)->n, op " on the GPU: grouped-query heads (model.n_kv_heads) are not there yet")) return
+
 static pw_cu_attn_dims dims_of(const pw_kernel_io *io) {
   return pw_cu_attn_dims_make(io->B, io->n->T, io->n->C / 3, io->n->NH);
 }
 
 extern "C" void pw_cu_rope_f(const pw_kernel_io *io) {
+  REFUSE(io, "rope");
   const pw_node *nd = io->n;
   size_t n = pw_cu_rope_n(io->B, nd->T, nd->C / 3);
   if (!n) return;
@@ -84,6 +100,7 @@ extern "C" void pw_cu_rope_f(const pw_kernel_io *io) {
 }
 
 extern "C" void pw_cu_rope_i(const pw_kernel_io *io) {
+  REFUSE(io, "rope");
   const pw_node *nd = io->n;
   size_t n = pw_cu_rope_n(io->B, nd->T, nd->C / 3);
   if (!n) return;
@@ -92,6 +109,7 @@ extern "C" void pw_cu_rope_i(const pw_kernel_io *io) {
 }
 
 extern "C" void pw_cu_attention_f(const pw_kernel_io *io) {
+  REFUSE(io, "attention");
   pw_cu_attn_dims d = dims_of(io);
   size_t n = pw_cu_attn_n(d);
   if (!n) return;
@@ -101,6 +119,7 @@ extern "C" void pw_cu_attention_f(const pw_kernel_io *io) {
 
 /* D of a group of pairs in the scratch between the two kernels of the group */
 extern "C" void pw_cu_attention_i(const pw_kernel_io *io) {
+  REFUSE(io, "attention");
   pw_cu_attn_dims d = dims_of(io);
   size_t pairs = (size_t)d.B * d.NH, g = (size_t)pw_cu_attn_bwd_group(d.T);
   if (!pairs || !d.T) return;
@@ -115,6 +134,7 @@ extern "C" void pw_cu_attention_i(const pw_kernel_io *io) {
 }
 
 extern "C" void pw_cu_attention_tiled_f(const pw_kernel_io *io) {
+  REFUSE(io, "attention_tiled");
   pw_cu_attn_dims d = dims_of(io);
   size_t n = pw_cu_attn_n(d);
   if (!n) return;
@@ -123,6 +143,7 @@ extern "C" void pw_cu_attention_tiled_f(const pw_kernel_io *io) {
 }
 
 extern "C" void pw_cu_attention_tiled_i(const pw_kernel_io *io) {
+  REFUSE(io, "attention_tiled");
   pw_cu_attn_dims d = dims_of(io);
   size_t n = pw_cu_attn_n(d);
   if (!n) return;
