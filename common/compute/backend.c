@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "bf16.h"
 #include "cpu.h"
 
 /* Write one float per 4 KiB page so the kernel maps it now. */
@@ -124,6 +125,11 @@ static void cpu_add_into(const pw_backend *be, float *out, const float *in, size
   for (size_t k = 0; k < n; k++) out[k] += in[k];
 }
 
+static void cpu_round_bf16(const pw_backend *be, float *x, size_t n) {
+  (void)be;
+  pw_bf16_round_f32(x, n);
+}
+
 static const pw_backend cpu = {
     .name = "cpu",
     .host = 1,
@@ -139,6 +145,7 @@ static const pw_backend cpu = {
     .adamw = cpu_adamw,
     .sgd = cpu_sgd,
     .add_into = cpu_add_into,
+    .round_bf16 = cpu_round_bf16,
 };
 
 const pw_backend *pw_backend_cpu(void) { return &cpu; }

@@ -52,6 +52,9 @@ struct pw_backend {
               float lr, int first);
   /* out[i] += in[i] over n floats (a tied parameter's shadow gradient into its main one) */
   void (*add_into)(const pw_backend *be, float *out, const float *in, size_t n);
+  /* x[i] rounded to the nearest bf16, kept as float (bf16.h's pw_bf16_round_f32): a bf16
+   * program's values that a later layer reads */
+  void (*round_bf16)(const pw_backend *be, float *x, size_t n);
   void *ctx;         /* the backend's own state */
 };
 

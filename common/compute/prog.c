@@ -169,8 +169,9 @@ static int plan_bf16(pw_prog *p) {
     p->wire_off[k] = p->wire_n;
     if (m->values[L->outputs[k].value].dtype == PW_DT_F32) p->wire_n += L->outputs[k].bytes / sizeof(float);
   }
-  p->wb = malloc((wn ? wn : 1) * sizeof *p->wb);
-  p->bscratch = malloc(sn * sizeof *p->bscratch);
+  /* the backend's: its kernels write and read them */
+  p->wb = p->be->alloc(p->be, (wn ? wn : 1) * sizeof *p->wb);
+  p->bscratch = p->be->alloc(p->be, sn * sizeof *p->bscratch);
   p->wire = calloc((size_t)p->max_slots, sizeof *p->wire);
   return p->wb && p->bscratch && p->wire ? 0 : PW_ENOMEM;
 }
@@ -203,7 +204,7 @@ static int plan_host_ports(pw_prog *p) {
  * the arenas from the host (bf16's conversions, ZeRO-2's lent gradients). */
 static int check_backend(const pw_model *m, const pw_prog_config *cfg, const pw_backend *be, pw_err *err) {
   if (be->host) return 0;
-  if (cfg->bf16)
+  if (cfg->bf16 && !be->round_bf16)
     return pw_err_set(err, PW_ENOTSUP, "train.precision", "\"bf16\" does not run on %s yet (float32 does)", be->name);
   if (cfg->no_grads || cfg->no_moments)
     return pw_err_set(err, PW_ENOTSUP, "train.zero", "ZeRO does not run on %s yet", be->name);
@@ -306,9 +307,9 @@ void pw_prog_free(pw_prog *p) {
   if (p->wire)
     for (int k = 0; k < p->max_slots; k++) free(p->wire[k]);
   free(p->wire);
-  free(p->wb);
+  arena_free(p, p->wb);
   free(p->wb_off);
-  free(p->bscratch);
+  arena_free(p, p->bscratch);
   free(p->round_out);
   free(p->bf16_node);
   free(p->wire_off);
@@ -678,7 +679,7 @@ static void node_forward(pw_prog *p, int slot, int i) {
   node_bind(p, slot, i, &io);
   if (!tp_forward(p, &io)) p->be->kernel_of(io.n->op)->forward(&io);
   if (p->round_out && p->round_out[i - p->L.node_lo])
-    pw_bf16_round_f32(io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
+    p->be->round_bf16(p->be, io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
 }
 
 static void node_backward_input(pw_prog *p, int slot, int i) {

@@ -4,9 +4,14 @@
 
     python3 tests/gpu/compare.py NAME CPU.safetensors GPU.safetensors CPU.jsonl GPU.jsonl [--loss 1e-4] [--weights 1e-4]
 
-Weights: per tensor, max |gpu - cpu| / max |cpu| (relative to the largest,
-as the issue states it); losses: |gpu - cpu| / |cpu| per step. Standard
-library only: the GPU machine has none of our Python environment."""
+Losses and gradient norms: |gpu - cpu| / |cpu| per step, to 1e-4. Weights:
+per tensor, max |gpu - cpu| / max |cpu|, to 1e-3 — tests/ref/compare.py's
+definition and bound against PyTorch, for its reason: AdamW divides each
+update by the gradient's own size, so an entry whose gradient is ~0 by
+cancellation (a bias of a zero-initialised layer) moves by the rounding of
+that sum, which differs between cuBLAS and the CPU's products. Every
+tensor's figure is printed, the worst with its name. Standard library
+only: the GPU machine has none of our Python environment."""
 import argparse, array, json, struct, sys
 
 
@@ -31,31 +36,35 @@ def main():
     ap.add_argument("cpu_log")
     ap.add_argument("gpu_log")
     ap.add_argument("--loss", type=float, default=1e-4)
-    ap.add_argument("--weights", type=float, default=1e-4)
+    ap.add_argument("--weights", type=float, default=1e-3)
     a = ap.parse_args()
     bad = 0
-    lc = [json.loads(l)["loss"] for l in open(a.cpu_log)]
-    lg = [json.loads(l)["loss"] for l in open(a.gpu_log)]
-    worst = max(abs(x - y) / abs(x) for x, y in zip(lc, lg)) if lc and len(lc) == len(lg) else float("inf")
-    ok = worst <= a.loss
-    bad += not ok
-    print(f"{'ok' if ok else 'FAIL'}: {a.name}: {len(lg)} steps' losses, worst relative difference {worst:.2e} "
-          f"(<= {a.loss:g}); cpu {['%.6f' % x for x in lc]} gpu {['%.6f' % x for x in lg]}")
+    rc = [json.loads(l) for l in open(a.cpu_log)]
+    rg = [json.loads(l) for l in open(a.gpu_log)]
+    for key in ("loss", "grad_norm"):
+        lc, lg = [r[key] for r in rc], [r[key] for r in rg]
+        worst = max(abs(x - y) / abs(x) for x, y in zip(lc, lg)) if lc and len(lc) == len(lg) else float("inf")
+        ok = worst <= a.loss
+        bad += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {a.name}: {len(lg)} steps' {key}, worst relative difference {worst:.2e} "
+              f"(<= {a.loss:g}); cpu {['%.7g' % x for x in lc]} gpu {['%.7g' % x for x in lg]}")
+    lg = rg
     tc, tg = tensors(a.cpu_ckpt), tensors(a.gpu_ckpt)
     if tc.keys() != tg.keys():
         print(f"FAIL: {a.name}: tensor names differ")
         return 1
-    wname, wrel = "", 0.0
+    wname, wrel, each = "", 0.0, []
     for k in tc:
         c, g = tc[k], tg[k]
         top = max(abs(x) for x in c) or 1.0
         d = max(abs(x - y) for x, y in zip(c, g)) / top
+        each.append(f"{k} {d:.1e}")
         if d != d or d > wrel:  # NaN counts as the worst
             wname, wrel = k, float("inf") if d != d else d
     ok = wrel <= a.weights
     bad += not ok
     print(f"{'ok' if ok else 'FAIL'}: {a.name}: weights after {len(lg)} steps, worst tensor {wname or '-'} at "
-          f"{wrel:.2e} of its largest (<= {a.weights:g})")
+          f"{wrel:.2e} of its largest (<= {a.weights:g}); each: {', '.join(each)}")
     return 1 if bad else 0
 
 

@@ -12,7 +12,10 @@
 #      test_cuda_attn: 1e-5, each result twice the same bits);
 #   2. the gpt and llama templates (and gpt with the tiled attention) trained
 #      3 steps by `pipewright train --device cuda` against `--device cpu`:
-#      losses and weights to 1e-4 (float32, TF32 off);
+#      losses and gradient norms to 1e-4, weights to 1e-3 of each tensor's
+#      largest (tests/gpu/compare.py says why; float32, TF32 off); a pp 2 pipeline of
+#      two workers on the GPU against the single-process GPU run, bit for
+#      bit, 1f1b and zb-h1 (tests/gpu/pipeline_gpu.py);
 #   3. a GPT-2-small-shaped step (d768, 12 layers, T 1024, batch 8, byte
 #      vocabulary) on the GPU: pipewright float32 against PyTorch (the
 #      machine's) float32 and bf16 autocast, both with the fused AdamW.
@@ -66,7 +69,12 @@ for n in gpt llama gpt-tiled; do
   check "$n: cuda = cpu" "$PY" "$SRC/tests/gpu/compare.py" "$n" "$X/$n-cpu.safetensors" "$X/$n-cuda.safetensors" \
     "$X/$n-cpu.jsonl" "$X/$n-cuda.jsonl"
 done
-note "not yet: a pp 2 pipeline of two GPU workers (pipewright-worker --device), bf16 on the GPU"
+echo "== 2b. a pp 2 pipeline of two GPU workers against the single-process GPU run"
+timeout 200 "$PY" "$SRC/tests/gpu/pipeline_gpu.py" "$D/bin" >"$X/pipe.log" 2>&1
+grep -v "^ok:\|^FAIL:" "$X/pipe.log" | tail -20
+while read -r line; do case $line in ok:*) note "$line" ;; FAIL:*) note "$line"; fails=$((fails + 1)) ;; esac; done <"$X/pipe.log"
+grep -q "^ok: pipeline zb-h1" "$X/pipe.log" || { note "FAIL: the pipeline check did not finish"; fails=$((fails + 1)); }
+note "not yet: bf16 on the GPU"
 
 echo "== 3. a GPT-2-small step (d768, 12 layers, T 1024, batch 8) on the GPU"
 "$PY" - "$SRC/bench/jobs/gpt-d768.json" "$X/gpt2s.json" "$SRC" <<'PYEOF'
@@ -86,14 +94,15 @@ else
   pw_ms=""
 fi
 for ac in "" --autocast; do
-  out=$(timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$X/gpt2s.json" --device cuda --steps 4 --warmup 2 $ac 2>&1 | tail -1)
-  t_ms=$("$PY" -c "import json,statistics,sys; print('%.1f' % statistics.median(json.loads(sys.argv[1])['ms']))" "$out" 2>/dev/null)
+  out=$(timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$X/gpt2s.json" --device cuda --steps 4 --warmup 2 $ac 2>&1)
+  t_ms=$(printf '%s\n' "$out" | grep '^{' | tail -1 |
+         "$PY" -c "import json,statistics,sys; print('%.1f' % statistics.median(json.load(sys.stdin)['ms']))" 2>/dev/null)
   if [ -n "$t_ms" ]; then
     r=""
     [ -n "$pw_ms" ] && r=$("$PY" -c "import sys; print('; pipewright at %.3fx its speed' % (float(sys.argv[1]) / float(sys.argv[2])))" "$t_ms" "$pw_ms")
     note "PyTorch $("$PY" -c 'import torch; print(torch.__version__)') ${ac:-float32} (cuda, fused AdamW): ${t_ms} ms/step${r}"
   else
-    note "PyTorch ${ac:-float32}: did not run: ${out: -300}"
+    note "PyTorch ${ac:-float32}: did not run: $(printf '%s' "$out" | tail -c 400)"
   fi
 done
 

@@ -136,10 +136,11 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int HD) {
   pw_kernel_io c = {.n = &nd, .in0 = qkv, .out = out, .aux = aux, .scratch = scr, .rows = B * T, .B = B};
   pw_kernel_io g = {.n = &nd, .in0 = d_qkv, .out = d_out, .aux = d_aux, .scratch = d_scr, .rows = B * T, .B = B};
   pw_kernel_of(o->op)->forward(&c);
-  for (int k = 0; k < 2; k++) {
-    fill_nan(g1, nq > naux ? nq : naux);
-    up(d_out, g1, no);
-    up(d_aux, g1, naux);
+  for (int k = 0; k < 2; k++) { /* poisoned from pre and din, not g1: it holds the first run's out */
+    fill_nan(pre, nq);
+    fill_nan(din, nq);
+    up(d_out, pre, no);
+    for (size_t at = 0; at < naux; at += nq) up(d_aux + at, din, naux - at < nq ? naux - at : nq);
     run(o->fwd, &g);
     down(k ? g2 : g1, d_out, no);
   }

@@ -520,6 +520,7 @@ class Cluster:
         self.state = os.path.join(tmp, tag + "-coord")
         self.log = os.path.join(tmp, tag + "-coordinator.log")
         self.coord, self.workers = None, {}  # name -> Popen
+        self.worker_args = []  # more options for every worker (tests/gpu: --device cuda)
         self.killed = set()  # names of workers killed on purpose (since their last start)
         self.http_port = self.ctl = 0
         self.start_coordinator()
@@ -556,7 +557,7 @@ class Cluster:
     def start_worker(self, name):
         p = subprocess.Popen([os.path.join(self.build, "pipewright-worker"), "--coordinator", f"127.0.0.1:{self.ctl}",
                               "--listen", "127.0.0.1:0", "--name", name,
-                              "--state-dir", os.path.join(self.tmp, f"{self.tag}-{name}")],
+                              "--state-dir", os.path.join(self.tmp, f"{self.tag}-{name}"), *self.worker_args],
                              stdout=open(self.worker_log(name), "a"), stderr=subprocess.STDOUT,
                              env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
         _track(p)
