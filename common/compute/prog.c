@@ -21,8 +21,10 @@
  * other in the work buffer the slot holds (work_of). */
 #include "prog.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "collective.h"
@@ -37,6 +39,11 @@ struct pw_prog {
   pw_prog_config cfg;
   const pw_backend *be;          /* where the arenas live and the kernels run (backend.h) */
   pw_err be_err;                 /* a failed upload of pw_prog_init_params (code 0: none), kept */
+  /* PW_PROFILE_OPS set: seconds and calls per op kind and half (F, I, W,
+   * B), each kernel waited for (backend sync) before and after; printed to
+   * stderr by pw_prog_free */
+  double (*prof_s)[4];
+  long (*prof_n)[4];
   /* off the CPU only: the ports' host copies (prog.h), one block per slot */
   size_t *hval_off, *hgrad_off;  /* [n_values] float offset in a block, NONE if not a port's */
   size_t hport_floats;
@@ -235,6 +242,9 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   p->m = m;
   p->cfg = *cfg;
   p->be = be;
+  if (getenv("PW_PROFILE_OPS") && (!(p->prof_s = calloc(PW_OP__COUNT, sizeof *p->prof_s)) ||
+                                   !(p->prof_n = calloc(PW_OP__COUNT, sizeof *p->prof_n))))
+    goto oom;
   if (pw_prog_layout_build(m, cfg->layer_lo, cfg->layer_hi, cfg->mb_size, &p->L)) goto oom;
   const pw_prog_layout *L = &p->L;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
@@ -283,8 +293,25 @@ oom:
   return pw_err_set(err, PW_ENOMEM, "prog", "out of memory");
 }
 
+static void prof_print(const pw_prog *p) {
+  static const char half[] = "FIWB";
+  double all = 0;
+  for (int o = 0; o < PW_OP__COUNT; o++)
+    for (int h = 0; h < 4; h++) all += p->prof_s[o][h];
+  fprintf(stderr, "PW_PROFILE_OPS: layers [%d, %d) on %s, %.1f ms in kernels\n", p->cfg.layer_lo, p->cfg.layer_hi,
+          p->be->name, all * 1e3);
+  for (int o = 0; o < PW_OP__COUNT; o++)
+    for (int h = 0; h < 4; h++)
+      if (p->prof_n[o][h])
+        fprintf(stderr, "  %-16s %c %7ld calls %10.2f ms %5.1f %%\n", pw_op_info_of(o)->name, half[h], p->prof_n[o][h],
+                p->prof_s[o][h] * 1e3, all > 0 ? 100 * p->prof_s[o][h] / all : 0.0);
+}
+
 void pw_prog_free(pw_prog *p) {
   if (!p) return;
+  if (p->prof_s) prof_print(p);
+  free(p->prof_s);
+  free(p->prof_n);
   free(p->params);
   arena_free(p, p->arena_p);
   if (!p->cfg.no_grads) arena_free(p, p->arena_g); /* else lent */
@@ -674,10 +701,30 @@ static void tp_dout(pw_prog *p, int slot, int i) {
   if (g) tp_reduce(p, g, pw_value_bytes(&p->m->values[n->out], p->cfg.mb_size) / sizeof(float), PW_PROG_SUM);
 }
 
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One kernel of half h (0 F, 1 I, 2 W, 3 B); timed when profiling. */
+static void call(pw_prog *p, pw_kernel_fn f, const pw_kernel_io *io, int h) {
+  if (!p->prof_s) {
+    f(io);
+    return;
+  }
+  (void)p->be->sync(p->be, NULL);
+  double t0 = mono_s();
+  f(io);
+  (void)p->be->sync(p->be, NULL);
+  p->prof_s[io->n->op][h] += mono_s() - t0;
+  p->prof_n[io->n->op][h]++;
+}
+
 static void node_forward(pw_prog *p, int slot, int i) {
   pw_kernel_io io;
   node_bind(p, slot, i, &io);
-  if (!tp_forward(p, &io)) p->be->kernel_of(io.n->op)->forward(&io);
+  if (!tp_forward(p, &io)) call(p, p->be->kernel_of(io.n->op)->forward, &io, 0);
   if (p->round_out && p->round_out[i - p->L.node_lo])
     p->be->round_bf16(p->be, io.out, pw_value_bytes(&p->m->values[io.n->out], p->cfg.mb_size) / sizeof(float));
 }
@@ -692,7 +739,7 @@ static void node_backward_input(pw_prog *p, int slot, int i) {
     pw_xent_vp_backward_input(io.din0, io.aux, (const int32_t *)io.in1, io.rows, io.n->C,
                               tp_v0(p, io.n->C), io.loss_scale, io.acc0);
   else
-    f(&io);
+    call(p, f, &io, 1);
 }
 
 static void node_backward_weight(pw_prog *p, int slot, int i) {
@@ -708,7 +755,7 @@ static void node_backward_weight(pw_prog *p, int slot, int i) {
     int V = p->m->params[n->w].shape[0];
     pw_embed_vp_backward_weight(io.dw, io.dout, (const int32_t *)io.in0, io.rows, n->OC, V, tp_v0(p, V));
   } else {
-    f(&io);
+    call(p, f, &io, 2);
   }
   wg_end(p, (const size_t(*)[2])spans, ns);
 }
@@ -822,7 +869,7 @@ static int node_backward_fused(pw_prog *p, int slot, int i) {
   if (!io.din0 || !io.dw || (io.n->b >= 0 && !io.db)) return 0; /* frozen: I alone */
   size_t spans[2][2];
   int ns = wg_begin(p, i, &io, spans);
-  f(&io);
+  call(p, f, &io, 3);
   wg_end(p, (const size_t(*)[2])spans, ns);
   return 1;
 }

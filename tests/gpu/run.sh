@@ -93,6 +93,9 @@ else
   fails=$((fails + 1))
   pw_ms=""
 fi
+# where the step goes: each kernel waited for (PW_PROFILE_OPS), two steps
+PW_PROFILE_OPS=1 timeout 60 "$PW" train --job "$X/gpt2s.json" --steps 2 --device cuda --quiet 2>&1 |
+  sed -n '/^PW_PROFILE_OPS/,$p' | tee "$R/gpt2s-profile.txt" | tail -25
 for ac in "" --autocast; do
   out=$(timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$X/gpt2s.json" --device cuda --steps 4 --warmup 2 $ac 2>&1)
   t_ms=$(printf '%s\n' "$out" | grep '^{' | tail -1 |
