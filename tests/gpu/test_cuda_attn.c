@@ -185,7 +185,7 @@ int main(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    printf("test_cuda_attn: skipped: no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    printf("SKIP test_cuda_attn: no CUDA device visible (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 77;
   }
   static const int shapes[][4] = {/* B, T, NH, HD */
