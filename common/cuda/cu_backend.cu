@@ -95,6 +95,7 @@ int pw_cuda_open(int device, const pw_backend **out, pw_err *err) {
   be_cuda.adamw = pw_cu__adamw;
   be_cuda.sgd = pw_cu__sgd;
   be_cuda.add_into = pw_cu__add_into;
+  be_cuda.round_bf16 = pw_cu__round_bf16; /* with it, prog.c runs bf16 programs here */
   be_cuda.ctx = NULL;
   *out = &be_cuda;
   return 0;

@@ -31,12 +31,13 @@ extern "C" int pw_cu__blas_load(pw_err *err) {
   *(void **)&a.set_math_mode = dlsym(h, "cublasSetMathMode");
   *(void **)&a.set_stream = dlsym(h, "cublasSetStream_v2");
   *(void **)&a.sgemm = dlsym(h, "cublasSgemm_v2");
+  *(void **)&a.gemm_ex = dlsym(h, "cublasGemmEx");
   *(void **)&a.status_name = dlsym(h, "cublasGetStatusName");
   *(void **)&a.status_string = dlsym(h, "cublasGetStatusString");
-  if (!a.create || !a.destroy || !a.set_math_mode || !a.set_stream || !a.sgemm || !a.status_name || !a.status_string) {
+  if (!a.create || !a.destroy || !a.set_math_mode || !a.set_stream || !a.sgemm || !a.gemm_ex || !a.status_name || !a.status_string) {
     dlclose(h);
     return pw_err_set(err, PW_EUNAVAIL, "cuda", "%s lacks an entry point pipewright uses (cublasCreate_v2, "
-                      "cublasSgemm_v2, ...): a cuBLAS older than CUDA 12?", tried);
+                      "cublasSgemm_v2, cublasGemmEx, ...): a cuBLAS older than CUDA 12?", tried);
   }
   pw_cu__cublas = a; /* kept loaded for the process's life */
   return 0;

@@ -4,7 +4,7 @@
  * The process's one device (pw_cuda.h) is cu_core.cu's state: its number, the
  * cuBLAS handle, a scratch buffer the kernels grow, and the first failure
  * recorded since it was last reported. Files call one another one way
- * only: backend -> ops, optim -> core (tests/layers checks it). */
+ * only: backend -> ops, optim -> core, ops -> attn_bf16 (tests/layers checks it). */
 #ifndef PW_CU_INT_H
 #define PW_CU_INT_H
 
@@ -56,6 +56,11 @@ typedef struct {
   cublasStatus_t (*sgemm)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                           const float *alpha, const float *a, int lda, const float *b, int ldb, const float *beta,
                           float *c, int ldc);
+  /* bf16 programs' products: bf16 operands, float32 output and accumulation */
+  cublasStatus_t (*gemm_ex)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *a, cudaDataType_t at, int lda, const void *b,
+                            cudaDataType_t bt, int ldb, const void *beta, void *c, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
   const char *(*status_name)(cublasStatus_t s);
   const char *(*status_string)(cublasStatus_t s);
 } pw_cu_blas_api;
@@ -65,6 +70,15 @@ int pw_cu__blas_load(pw_err *err);
 
 /* ---- cu_ops.cu: the kernel table ------------------------------------------------ */
 const pw_kernel *pw_cu__kernel_of(int op);
+/* backend.h's round_bf16: x[i] rounded to bf16 in place (bf16.c's rule, bit for bit) */
+void pw_cu__round_bf16(const pw_backend *be, float *x, size_t n);
+
+/* ---- cu_attn_bf16.cu: attention and attention_tiled of bf16 programs -------------- */
+/* kernels.c's bf16 rows (io->bscratch set) with device pointers; cu_ops.cu's rows route here */
+void pw_cu__attention_bf16_f(const pw_kernel_io *io);
+void pw_cu__attention_bf16_i(const pw_kernel_io *io);
+void pw_cu__attention_tiled_bf16_f(const pw_kernel_io *io);
+void pw_cu__attention_tiled_bf16_i(const pw_kernel_io *io);
 
 /* ---- cu_optim.cu: the optimizer loops (backend.h's) ------------------------------ */
 double pw_cu__sqnorm(const pw_backend *be, const float *g, size_t n);

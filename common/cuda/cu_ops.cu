@@ -10,11 +10,21 @@
  * on the legacy default stream, asynchronous; failures are recorded
  * (cu_core.cu) for the backend's sync.
  *
- * Not here: rope and the attentions (cu_attn.cu), LoRA (no forward: the
- * caller refuses it by name), bf16 programs (io->wb: refused by the
- * caller; recorded as a failure if one comes), the KV-cache decode
- * (decode.c runs on the CPU: every decode entry is NULL). */
+ * bf16 programs (train.precision "bf16": io->wb set on a linear node,
+ * io->bscratch on linear and attention ones) take kernels.c's bf16 rows:
+ * a linear's weight converted into io->wb at the forward, x and dout into
+ * io->bscratch (kernels.c's XB and DYB), the products by cublasGemmEx on
+ * bf16 operands with float32 output and accumulation (bf16.c's
+ * pw_gemm_bf16 calls, argument for argument), the bias and its gradient
+ * in float32; the attentions' bf16 rows are cu_attn_bf16.cu's. The
+ * conversions and the backend's round_bf16 are cu_bf16_body.h's integer
+ * rounding: the CPU's bits.
+ *
+ * Not here: rope and the float32 attentions (cu_attn.cu), LoRA (no
+ * forward: the caller refuses it by name), the KV-cache decode (decode.c
+ * runs on the CPU: every decode entry is NULL). */
 #include "cu_int.h"
+#include "cu_bf16_body.h"
 #include "cu_ops_body.h"
 
 #include "cu_attn.h"
@@ -147,6 +157,14 @@ __global__ static void concat_f_k(float *out, const float *a, const float *b, in
   size_t i = pw_cu__tid();
   if (i < n) pw_cu_concat_f_el(out, a, b, C, D, i);
 }
+__global__ static void bf16_round_k(float *x, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_bf16_round_el(x, i);
+}
+__global__ static void bf16_from_k(uint16_t *dst, const float *src, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_bf16_from_el(dst, src, i);
+}
 __global__ static void concat_i_k(float *din, const float *dout, int w, int off, int stride, int acc, size_t n) {
   size_t i = pw_cu__tid();
   if (i < n) pw_cu_concat_i_el(din, dout, w, off, stride, acc, i);
@@ -171,12 +189,50 @@ static void zero(float *p, size_t n, const char *where) {
   }
 }
 
-/* bf16 programs are refused by the caller; one that comes anyway fails
- * loudly instead of computing float32 where bf16 was asked for. */
-static int bf16_refused(const pw_kernel_io *io, const char *where) {
-  if (!io->wb && !io->bscratch) return 0;
-  pw_cu_note_error((int)cudaErrorNotSupported, where);
-  return 1;
+/* dst[i] = src[i] rounded to bf16 (pw_bf16_from_f32) */
+static void to_bf16(pw_bf16 *dst, const float *src, size_t n, const char *where) {
+  PW_CU_LAUNCH(bf16_from_k, n, where, dst, src, n);
+}
+
+/* bf16.h's pw_gemm_bf16 (row major: C (M,N) (+)= op(A) op(B), bf16
+ * operands, float32 C) by cublasGemmEx: float32 accumulation, cuBLAS's
+ * default algorithm; turned column-major by the sgemm path's mapping
+ * (pw_cu_gemm_of: only the pointers' element type differs). */
+static void gemm_bf16(int ta, int tb, int M, int N, int K, const pw_bf16 *A, int lda, const pw_bf16 *B, int ldb,
+                      int acc, float *C, int ldc, const char *where) {
+  pw_cu_gemm g = pw_cu_gemm_of(ta, tb, M, N, K, (const float *)(const void *)A, lda, (const float *)(const void *)B,
+                               ldb, C, ldc);
+  float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+  cublasStatus_t s = pw_cu__cublas.gemm_ex(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, g.a, CUDA_R_16BF,
+                                           g.lda, g.b, CUDA_R_16BF, g.ldb, &beta, g.c, CUDA_R_32F, g.ldc,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS) pw_cu__note_blas((int)s, where);
+}
+
+/* backend.h's round_bf16 */
+extern "C" void pw_cu__round_bf16(const pw_backend *be, float *x, size_t n) {
+  (void)be;
+  pw_cu__enter();
+  PW_CU_LAUNCH(bf16_round_k, n, "round_bf16", x, n);
+}
+
+/* The attentions: bf16 programs (bscratch bound) through cu_attn_bf16.cu */
+static void attention_f(const pw_kernel_io *io) {
+  if (io->bscratch) pw_cu__attention_bf16_f(io);
+  else pw_cu_attention_f(io);
+}
+static void attention_i(const pw_kernel_io *io) {
+  if (io->bscratch) pw_cu__attention_bf16_i(io);
+  else pw_cu_attention_i(io);
+}
+static void attention_tiled_f(const pw_kernel_io *io) {
+  if (io->bscratch) pw_cu__attention_tiled_bf16_f(io);
+  else pw_cu_attention_tiled_f(io);
+}
+static void attention_tiled_i(const pw_kernel_io *io) {
+  if (io->bscratch) pw_cu__attention_tiled_bf16_i(io);
+  else pw_cu_attention_tiled_i(io);
 }
 
 static size_t nc(const pw_kernel_io *io) { return (size_t)io->rows * (size_t)io->n->C; } /* elementwise ops */
@@ -212,11 +268,16 @@ static void posembed_w(const pw_kernel_io *io) {
   PW_CU_LAUNCH(posembed_w_k, n, "posembed_w", io->dw, io->dout, io->B, io->n->T, io->n->C, n);
 }
 
+/* bf16 (io->wb set): the operands as bf16, x in bscratch, dout after it (kernels.c's) */
+#define XB(io) ((io)->bscratch)
+#define DYB(io) ((io)->bscratch + (size_t)(io)->rows * (size_t)(io)->n->C)
+
 /* ops.c's pw_linear_* with its edge cases: no rows or no outputs do
- * nothing; no inputs leave the bias (or zeros, or the old gradient). */
+ * nothing; no inputs leave the bias (or zeros, or the old gradient). bf16:
+ * bf16.c's pw_linear_*_bf16, the same edge cases. */
 static void linear_f(const pw_kernel_io *io) {
   int N = io->rows, C = io->n->C, OC = io->n->OC;
-  if (bf16_refused(io, "linear_f: bf16 on cuda") || N <= 0 || OC <= 0) return;
+  if (N <= 0 || OC <= 0) return;
   pw_cu__enter();
   size_t n = (size_t)N * (size_t)OC;
   float beta = 0.0f;
@@ -228,14 +289,25 @@ static void linear_f(const pw_kernel_io *io) {
     if (!io->b) zero(io->out, n, "linear_f: zero");
     return;
   }
+  if (io->wb) { /* out (N,OC) (+)= x (N,C) @ w^T, w (OC,C) */
+    to_bf16(io->wb, io->w, (size_t)OC * (size_t)C, "linear_f: w to bf16");
+    to_bf16(XB(io), io->in0, (size_t)N * (size_t)C, "linear_f: x to bf16");
+    gemm_bf16(0, 1, N, OC, C, XB(io), C, io->wb, C, io->b != NULL, io->out, OC, "linear_f: cublasGemmEx");
+    return;
+  }
   sgemm(pw_cu_linear_f_gemm(io->out, io->in0, io->w, N, C, OC), 1.0f, beta, "linear_f: cublasSgemm");
 }
 static void linear_i(const pw_kernel_io *io) {
   int N = io->rows, C = io->n->C, OC = io->n->OC;
-  if (bf16_refused(io, "linear_i: bf16 on cuda") || N <= 0 || C <= 0 || !io->din0) return;
+  if (N <= 0 || C <= 0 || !io->din0) return;
   pw_cu__enter();
   if (OC <= 0) {
     if (!io->acc0) zero(io->din0, (size_t)N * (size_t)C, "linear_i: zero");
+    return;
+  }
+  if (io->wb) { /* dinp (N,C) (+)= dout (N,OC) @ w (OC,C), w as the forward converted it */
+    to_bf16(DYB(io), io->dout, (size_t)N * (size_t)OC, "linear_i: dout to bf16");
+    gemm_bf16(0, 0, N, C, OC, DYB(io), OC, io->wb, C, io->acc0, io->din0, C, "linear_i: cublasGemmEx");
     return;
   }
   sgemm(pw_cu_linear_i_gemm(io->din0, io->dout, io->w, N, C, OC), 1.0f, io->acc0 ? 1.0f : 0.0f,
@@ -243,12 +315,17 @@ static void linear_i(const pw_kernel_io *io) {
 }
 static void linear_w(const pw_kernel_io *io) {
   int N = io->rows, C = io->n->C, OC = io->n->OC;
-  if (bf16_refused(io, "linear_w: bf16 on cuda") || N <= 0 || OC <= 0) return;
+  if (N <= 0 || OC <= 0) return;
   pw_cu__enter();
-  if (C > 0 && io->dw) sgemm(pw_cu_linear_w_gemm(io->dw, io->dout, io->in0, N, C, OC), 1.0f, 1.0f, "linear_w: cublasSgemm");
+  if (C > 0 && io->dw && io->wb) { /* dw (OC,C) += dout^T (OC,N) @ x (N,C) */
+    to_bf16(DYB(io), io->dout, (size_t)N * (size_t)OC, "linear_w: dout to bf16");
+    to_bf16(XB(io), io->in0, (size_t)N * (size_t)C, "linear_w: x to bf16");
+    gemm_bf16(1, 0, OC, C, N, DYB(io), OC, XB(io), C, 1, io->dw, C, "linear_w: cublasGemmEx");
+  } else if (C > 0 && io->dw) sgemm(pw_cu_linear_w_gemm(io->dw, io->dout, io->in0, N, C, OC), 1.0f, 1.0f, "linear_w: cublasSgemm");
   if (io->db) PW_CU_LAUNCH(bias_w_k, (size_t)OC, "linear_w: bias", io->db, io->dout, N, OC);
 }
-/* W then I, as kernels.c's */
+/* W then I, as kernels.c's (bf16: dout converted twice, the same bits as
+ * bf16.c's once) */
 static void linear_b(const pw_kernel_io *io) {
   linear_w(io);
   linear_i(io);
@@ -408,12 +485,12 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_SWIGLU] = {swiglu_f, swiglu_i, NULL, NULL, NULL},
     [PW_OP_ADD] = {add_f, add_i, NULL, NULL, NULL},
     [PW_OP_ROPE] = {pw_cu_rope_f, pw_cu_rope_i, NULL, NULL, NULL},
-    [PW_OP_ATTENTION] = {pw_cu_attention_f, pw_cu_attention_i, NULL, NULL, NULL},
+    [PW_OP_ATTENTION] = {attention_f, attention_i, NULL, NULL, NULL},
     [PW_OP_XENT] = {xent_f, xent_i, NULL, NULL, NULL},
     [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL, NULL},
     [PW_OP_LORA] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU: the caller refuses it by name */
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL},
-    [PW_OP_ATTENTION_TILED] = {pw_cu_attention_tiled_f, pw_cu_attention_tiled_i, NULL, NULL, NULL},
+    [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, NULL},
 };
 
 extern "C" const pw_kernel *pw_cu__kernel_of(int op) { return &table[op]; }

@@ -20,7 +20,14 @@
  *   pw_linear_* to 1e-5; the bias and its gradient exactly.
  * - AdamW and SGD (momentum and none, first step and later): the element
  *   bodies against pw_optim_step, the same bits; the squared norm's fixed
- *   grid against pw_grad_sqnorm to 1e-12. */
+ *   grid against pw_grad_sqnorm to 1e-12.
+ * - bf16 (cu_bf16_body.h): the round and the conversion bit for bit
+ *   against bf16.c's over every high half with its edge low halves (ties,
+ *   just past them, NaNs, infinities, subnormals) and random patterns;
+ *   the bf16 linear's three products as cu_ops.cu's cublasGemmEx calls
+ *   (bf16.c's pw_gemm_bf16 arguments through pw_cu_gemm_of, the operands
+ *   converted by the element body and multiplied as documented) against
+ *   pw_linear_*_bf16 to 1e-5, and the weight copy the forward leaves. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -32,6 +39,8 @@
 
 #include <cmocka.h>
 
+#include "bf16.h"
+#include "cu_bf16_body.h"
 #include "cu_ops_body.h"
 #include "kernels.h"
 #include "model.h"
@@ -194,6 +203,103 @@ static void test_linear(void **state) {
   expect_close("linear backward_weight", gw, gw_want, (size_t)OC * C, 1e-5);
   expect_same("linear backward_weight bias", gb, gb_want, OC);
   free(inp), free(w), free(bias), free(dout), free(gw), free(gb), free(gw_want), free(gb_want);
+}
+
+/* ---- bf16 ------------------------------------------------------------------------ */
+
+static float of_bits(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* one pattern: the body's bits against bf16.c's, rounded and converted */
+static void round_one(uint32_t u) {
+  float x = of_bits(u), want = x, got = x;
+  pw_bf16 b = 0;
+  pw_bf16_round_f32(&want, 1);
+  pw_cu_bf16_round_el(&got, 0);
+  pw_cu_bf16_from_el(&b, &x, 0);
+  if (memcmp(&got, &want, sizeof got) || b != pw_bf16_of(x) || pw_cu_bf16_bits(x) != b)
+    fail_msg("bf16 of 0x%08x: body 0x%04x (%a), bf16.c 0x%04x (%a)", (unsigned)u, (unsigned)b, (double)got,
+             (unsigned)pw_bf16_of(x), (double)want);
+}
+
+static void test_bf16_round(void **state) {
+  (void)state;
+  static const uint32_t low[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000};
+  for (uint32_t hi = 0; hi < 0x10000u; hi++) /* every exponent and mantissa top: NaN, inf, subnormal, zero */
+    for (size_t k = 0; k < sizeof low / sizeof low[0]; k++) round_one(hi << 16 | low[k]);
+  for (int i = 0; i < 1000000; i++) round_one((uint32_t)(uniform() * 2147483648.0) * 2u + (i & 1));
+  /* arrays, as the kernels run them */
+  size_t n = 1000;
+  float *x = rnd(n, 100), *want = dup(x, n), *got = dup(x, n);
+  pw_bf16 *bw = malloc(n * sizeof *bw), *bg = malloc(n * sizeof *bg);
+  assert_non_null(bw), assert_non_null(bg);
+  pw_bf16_round_f32(want, n);
+  pw_bf16_from_f32(bw, x, n);
+  for (size_t i = 0; i < n; i++) pw_cu_bf16_round_el(got, i), pw_cu_bf16_from_el(bg, x, i);
+  expect_same("bf16 round", got, want, n);
+  assert_memory_equal(bg, bw, n * sizeof *bw);
+  free(x), free(want), free(got), free(bw), free(bg);
+}
+
+/* cu_ops.cu's gemm_bf16: the row-major call turned column-major by
+ * pw_cu_gemm_of, cublasGemmEx's product of the bf16 operands (widened
+ * exactly here) */
+static void gemm_bf16_emul(int ta, int tb, int M, int N_, int K, const pw_bf16 *A, int lda, const pw_bf16 *B_,
+                           int ldb, int acc, float *C, int ldc) {
+  size_t na = (size_t)(ta ? K : M) * (size_t)lda, nb = (size_t)(tb ? N_ : K) * (size_t)ldb;
+  float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b);
+  assert_non_null(a), assert_non_null(b);
+  pw_bf16_to_f32(a, A, na);
+  pw_bf16_to_f32(b, B_, nb);
+  cublas_sgemm(pw_cu_gemm_of(ta, tb, M, N_, K, a, lda, b, ldb, C, ldc), 1.0f, acc ? 1.0f : 0.0f);
+  free(a), free(b);
+}
+
+static pw_bf16 *to_bf16_emul(const float *x, size_t n) {
+  pw_bf16 *b = malloc((n ? n : 1) * sizeof *b);
+  assert_non_null(b);
+  for (size_t i = 0; i < n; i++) pw_cu_bf16_from_el(b, x, i);
+  return b;
+}
+
+static void test_linear_bf16(void **state) {
+  (void)state;
+  int C = 37, OC = 23;
+  size_t nx = (size_t)N * C, ny = (size_t)N * OC, nw = (size_t)OC * C;
+  float *inp = rnd(nx, 1), *w = rnd(nw, 1), *bias = rnd(OC, 1), *dout = rnd(ny, 1);
+  pw_bf16 *wb = malloc(nw * sizeof *wb), *sc = malloc((nx + ny) * sizeof *sc);
+  assert_non_null(wb), assert_non_null(sc);
+  pw_bf16 *wbe = to_bf16_emul(w, nw), *xbe = to_bf16_emul(inp, nx), *dybe = to_bf16_emul(dout, ny);
+  for (int with_bias = 0; with_bias <= 1; with_bias++) { /* linear_f */
+    const float *b = with_bias ? bias : NULL;
+    float *out = nans(ny), *want = nans(ny);
+    pw_linear_forward_bf16(want, inp, w, wb, sc, b, N, C, OC);
+    assert_memory_equal(wb, wbe, nw * sizeof *wb); /* the copy the backward reads */
+    if (b)
+      for (size_t i = 0; i < ny; i++) pw_cu_bias_fill_el(out, b, OC, i);
+    gemm_bf16_emul(0, 1, N, OC, C, xbe, C, wbe, C, b != NULL, out, OC);
+    expect_close(b ? "linear bf16 forward, bias" : "linear bf16 forward", out, want, ny, 1e-5);
+    free(out), free(want);
+  }
+  for (int acc = 0; acc <= 1; acc++) { /* linear_i */
+    float *d = acc ? rnd(nx, 1) : nans(nx), *dw = acc ? dup(d, nx) : nans(nx);
+    pw_linear_backward_input_bf16(dw, dout, wb, sc + nx, N, C, OC, acc);
+    gemm_bf16_emul(0, 0, N, C, OC, dybe, OC, wbe, C, acc, d, C);
+    expect_close(acc ? "linear bf16 backward_input acc" : "linear bf16 backward_input", d, dw, nx, 1e-5);
+    free(d), free(dw);
+  }
+  /* linear_w: dw += dout^T x in bf16, the bias in float32 */
+  float *gw = rnd(nw, 1), *gb = rnd(OC, 1), *gw_want = dup(gw, nw), *gb_want = dup(gb, OC);
+  pw_linear_backward_weight_bf16(gw_want, gb_want, dout, inp, sc + nx, sc, N, C, OC);
+  gemm_bf16_emul(1, 0, OC, C, N, dybe, OC, xbe, C, 1, gw, C);
+  for (int o = 0; o < OC; o++) pw_cu_bias_w_col(gb, dout, N, OC, o);
+  expect_close("linear bf16 backward_weight", gw, gw_want, nw, 1e-5);
+  expect_same("linear bf16 backward_weight bias", gb, gb_want, OC);
+  free(inp), free(w), free(bias), free(dout), free(wb), free(sc), free(wbe), free(xbe), free(dybe);
+  free(gw), free(gb), free(gw_want), free(gb_want);
 }
 
 /* ---- norms ----------------------------------------------------------------------- */
@@ -493,7 +599,7 @@ int main(void) {
       cmocka_unit_test(test_embed),       cmocka_unit_test(test_posembed), cmocka_unit_test(test_linear),
       cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_gelu_relu_silu),
       cmocka_unit_test(test_swiglu_add),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),
-      cmocka_unit_test(test_optim),
+      cmocka_unit_test(test_optim),       cmocka_unit_test(test_bf16_round), cmocka_unit_test(test_linear_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
