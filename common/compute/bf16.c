@@ -151,8 +151,9 @@ static void decide(void) {
   if (native >= 0) return;
   native = pw_cpu_bf16() && (engine = pw_onednn_engine()) != NULL;
   if (!told++) /* once: which path this process's bf16 runs take */
-    pw_info("bf16 matrix multiplies: %s", native ? "oneDNN, AVX512_BF16"
-                                                 : "bf16 operands widened, OpenBLAS sgemm (no AVX512_BF16, or PW_CPU below avx512)");
+    pw_info("bf16 matrix multiplies: %s%s", native ? "oneDNN, up to " : "",
+            native ? pw_onednn_isa() /* avx512_core_amx: the AMX tiles */
+                   : "bf16 operands widened, OpenBLAS sgemm (no AVX512_BF16, or PW_CPU below avx512)");
 }
 
 static int make_md(dnnl_memory_desc_t *md, int rows, int cols, int trans, int ld, dnnl_data_type_t dt) {

@@ -10,5 +10,9 @@
 #include <dnnl.h>
 
 dnnl_engine_t pw_onednn_engine(void);
+/* The widest instruction set oneDNN dispatches to here (its own
+ * detection, capped by PW_CPU): "avx512_core_amx" on a CPU with AMX
+ * tiles, for the log and the worker's report. */
+const char *pw_onednn_isa(void);
 
 #endif
