@@ -14,13 +14,14 @@
 # 2. A d768 GPT step on one thread, nothing set vs OPENBLAS_CORETYPE=SkylakeX
 #    (bench/gemm_path.py, interleaved): done when "nothing set" is within
 #    1.25x of SkylakeX's step (>= 80 % of its rate).
-# 3. The --auto layout of the 16 cores (bench/host_layout.py: calibrate at
+# 3. (run first: 2026-11-28's run lost it to its timeout) The --auto layout of the 16 cores (bench/host_layout.py: calibrate at
 #    1, 2 and 4 threads, plan --auto, then the layout against one process
 #    of 16 threads, alternating): done when >= 2x, and the plan's predicted
 #    step within 10 % of the measured one.
 # Results go to bench/results/dispatch/ and bench/results/layout/: copy them
 # back from the run's $OUT (this script copies them there when it is set).
 set -eu
+export PYTHONUNBUFFERED=1 # a step cut by its timeout still shows what it printed
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 TARBALL=${1:-$SRC/.device/pw.tar.gz}
 X=$(mktemp -d)
@@ -42,6 +43,9 @@ nproc
 echo "== the products' path pipewright takes (nothing set)"
 env -u OPENBLAS_CORETYPE "$B/pipewright" train --job "$SRC/examples/jobs/gpt-tiny.json" --steps 1 \
   --out /tmp/pw-device-x86.safetensors 2>&1 | grep -E "gemm|error" || true
+echo "== the --auto layout of this host's cores against one process"
+env -u OPENBLAS_CORETYPE timeout 420 "$PY" "$SRC/bench/host_layout.py" --bin "$B" --job "$JOB" --threads 1,2,4 \
+  --batch 16 --steps 3 --warm 1 --rounds 2 || true
 echo "== a d768 step, nothing set vs OPENBLAS_CORETYPE=SkylakeX (one thread, interleaved)"
 timeout 120 "$PY" "$SRC/bench/gemm_path.py" --build "$B" --job "$JOB" --against skylakex --rounds 3 --steps 1 || true
 echo "== bf16 (AMX through oneDNN) against float32, pipewright and PyTorch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null), one thread each"
@@ -51,9 +55,6 @@ for ac in "" --autocast; do
   OMP_NUM_THREADS=$(nproc) timeout 90 "$PY" "$SRC/bench/torch_step.py" --job "$JOB16" --threads "$(nproc)" \
     --steps 3 --warmup 1 --foreach $ac | tail -1 || true
 done
-echo "== the --auto layout of this host's cores against one process"
-env -u OPENBLAS_CORETYPE timeout 300 "$PY" "$SRC/bench/host_layout.py" --bin "$B" --job "$JOB" --threads 1,2,4 \
-  --batch 16 --steps 3 --warm 1 --rounds 2 || true
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT/results"
   cp "$SRC"/bench/results/dispatch/gemm-path-skylakex.* "$SRC"/bench/results/layout/host-layout.* "$OUT/results/" 2>/dev/null || true
