@@ -1,0 +1,146 @@
+/* test_cu_attn_bf16_emul: the CUDA attention kernels of bf16 programs
+ * (common/cuda/cu_attn_bf16_body.h) run on the CPU, every thread index of
+ * every launch in a loop, the launches as cu_attn_bf16.cu's entry points
+ * make them, against the CPU's bf16 rows (bf16.h's pw_attention_*_bf16).
+ * The only check of their indexing and rounding on a machine without a GPU
+ * (tests/gpu/test_cuda_bf16.c runs the real kernels where one is).
+ *
+ * - attention and attention_tiled: forward (out, and att or lse; outputs
+ *   pre-filled with NaN: every element written), backward overwriting
+ *   (NaN pre-filled) and accumulating into random gradients, each within
+ *   1e-4 of the largest |element| of the CPU's result but at a few
+ *   elements, where a probability or dS the two compute a float32 rounding
+ *   apart lies at a bf16 rounding boundary and the two round it one bf16
+ *   step apart (expect_close says how many; both are products of the same
+ *   bf16 values with float32 sums in another order). Both backwards read
+ *   the CPU forward's out and att / lse.
+ * - Multi-head (NKV = NH), grouped-query (NKV 2 of NH 4) and multi-query
+ *   (NKV 1); T 1, 7 and 140 (the tiled forward's second key tile of 128),
+ *   HD 4 and 12 with the bodies' sums over HD in chunks of 5 (the GPU's
+ *   64): one partial chunk, two full and a partial one. */
+#define PW_CU_ABF_CHUNK 5
+
+#include "../../common/cuda/cu_attn_bf16_body.h"
+#include "bf16.h"
+#include "opcheck.h"
+
+/* ---- cu_attn_bf16.cu's entry points, each launch a loop over its threads ---- */
+
+static void emu_f(float *out, float *aux, const float *qkv, pw_cu_abf_dims d, int tiled) {
+  for (size_t i = 0; i < pw_cu_abf_q_n(d); i++)
+    if (tiled)
+      pw_cu_abf_tiled_fwd_body(out, aux, qkv, d, i);
+    else
+      pw_cu_abf_fwd_body(out, aux, qkv, d, i);
+}
+
+/* D: the plain backward's scratch (B NH T floats) */
+static void emu_i(float *dqkv, const float *dout, const float *qkv, const float *aux, const float *out, float *D,
+                  pw_cu_abf_dims d, int tiled, int acc) {
+  pw_cu_abf_saved sv = {tiled ? NULL : aux, tiled ? NULL : D, tiled ? aux : NULL, tiled ? out : NULL};
+  for (size_t i = 0; i < pw_cu_abf_q_n(d); i++) pw_cu_abf_bwd_q_body(dqkv, dout, qkv, sv, d, acc, i);
+  for (size_t i = 0; i < pw_cu_abf_kv_n(d); i++) pw_cu_abf_bwd_kv_body(dqkv, dout, qkv, sv, d, acc, i);
+}
+
+/* ---- comparison ------------------------------------------------------------ */
+
+/* Within 1e-4 of max |want| everywhere but at a few elements (at most 1 in
+ * 1000, and 3), each within 2^-8 of it: where the two float32 sums put a
+ * probability or dS on either side of a bf16 rounding boundary, the
+ * products take values one bf16 step apart (P of 0.05 one step off moves
+ * an output by 2e-4 of v). A missing rounding, or a wrong index, moves
+ * most elements further. NaN fails. */
+static void expect_close(const char *what, const float *got, const float *want, size_t n) {
+  double m = 0, worst = 0;
+  size_t tipped = 0, allowed = n / 1000 > 3 ? n / 1000 : 3;
+  for (size_t i = 0; i < n; i++) m = fabs(want[i]) > m ? fabs(want[i]) : m;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)got[i] - want[i]);
+    if (!(e <= 1e-4 * m) && (!(e <= m / 256) || ++tipped > allowed))
+      fail_msg("%s: element %zu of %zu is %.9g, expected %.9g (1e-4 of max %.3g; %zu beyond it)", what, i, n, got[i],
+               want[i], m, tipped);
+    worst = e > worst ? e : worst;
+  }
+  print_message("  %-48s max err %.2e of %.3g, %zu beyond 1e-4\n", what, worst, m, tipped);
+}
+
+static float *alloc_f(size_t n) {
+  float *p = malloc((n ? n : 1) * sizeof *p);
+  assert_non_null(p);
+  return p;
+}
+static void fill_nan(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+static float *random_f(size_t n, float scale) {
+  float *p = alloc_f(n);
+  oc_fill(p, n, scale);
+  return p;
+}
+
+/* ---- one shape --------------------------------------------------------------- */
+
+static void compare(int tiled, int B, int T, int NH, int NKV, int HD) {
+  int C = NH * HD;
+  pw_cu_abf_dims d = pw_cu_abf_dims_make(B, T, C, NH, NKV);
+  size_t nqkv = (size_t)B * T * d.W, no = (size_t)B * T * C;
+  size_t naux = tiled ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+  size_t nbs = tiled ? pw_attention_tiled_bf16_scratch(B, T, C) : pw_attention_bf16_scratch(B, T, C);
+  size_t nsc = tiled ? pw_attention_tiled_scratch(T, C, NH, NKV) : (size_t)T * T;
+  float *qkv = random_f(nqkv, 2.0f), *dout = random_f(no, 1.0f), *sc = alloc_f(nsc), *D = alloc_f((size_t)B * NH * T);
+  pw_bf16 *bs = malloc(nbs * sizeof *bs);
+  assert_non_null(bs);
+  float *out = alloc_f(no), *aux = alloc_f(naux), *eout = alloc_f(no), *eaux = alloc_f(naux);
+  fill_nan(out, no), fill_nan(aux, naux), fill_nan(eout, no), fill_nan(eaux, naux);
+  char what[160];
+  const char *name = tiled ? "attention_tiled" : "attention";
+  if (tiled)
+    pw_attention_tiled_forward_bf16(out, aux, sc, bs, qkv, B, T, C, NH, NKV);
+  else
+    pw_attention_forward_bf16(out, aux, bs, qkv, B, T, C, NH, NKV);
+  emu_f(eout, eaux, qkv, d, tiled);
+  snprintf(what, sizeof what, "%s bf16 T %d NH %d NKV %d HD %d: out", name, T, NH, NKV, HD);
+  expect_close(what, eout, out, no);
+  snprintf(what, sizeof what, "%s bf16 T %d NH %d NKV %d HD %d: %s", name, T, NH, NKV, HD, tiled ? "lse" : "att");
+  expect_close(what, eaux, aux, naux);
+  for (int acc = 0; acc <= 1; acc++) {
+    float *dq = acc ? random_f(nqkv, 1.0f) : alloc_f(nqkv), *edq = alloc_f(nqkv);
+    if (!acc) fill_nan(dq, nqkv);
+    memcpy(edq, dq, nqkv * sizeof *dq);
+    if (tiled)
+      pw_attention_tiled_backward_input_bf16(dq, sc, bs, dout, out, qkv, aux, B, T, C, NH, NKV, acc);
+    else
+      pw_attention_backward_input_bf16(dq, sc, bs, dout, qkv, aux, B, T, C, NH, NKV, acc);
+    emu_i(edq, dout, qkv, aux, out, D, d, tiled, acc);
+    snprintf(what, sizeof what, "%s bf16 T %d NH %d NKV %d HD %d: dqkv%s", name, T, NH, NKV, HD, acc ? " acc" : "");
+    expect_close(what, edq, dq, nqkv);
+    free(dq), free(edq);
+  }
+  free(qkv), free(dout), free(sc), free(D), free(bs), free(out), free(aux), free(eout), free(eaux);
+}
+
+static void check_all(int tiled) {
+  static const int shapes[][5] = {
+      /* B, T, NH, NKV, HD */
+      {2, 7, 3, 3, 4}, {2, 1, 4, 2, 12}, {2, 7, 4, 2, 12}, {1, 7, 4, 1, 12}, {1, 140, 2, 2, 12}, {1, 140, 4, 2, 4},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    compare(tiled, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4]);
+}
+
+static void test_attention_bf16(void **state) {
+  (void)state;
+  check_all(0);
+}
+static void test_attention_tiled_bf16(void **state) {
+  (void)state;
+  check_all(1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_attention_bf16),
+      cmocka_unit_test(test_attention_tiled_bf16),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
