@@ -118,6 +118,14 @@ static int open_device(pw_worker *w, const char *spec) {
   pw_info("device %s: %s, %.1f GiB (%.1f free), compute capability %d.%d, %d SMs, driver %d, runtime %d",
           w->backend->name, gi.name, (double)gi.mem_total / (1 << 30), (double)gi.mem_free / (1 << 30), gi.cc_major,
           gi.cc_minor, gi.sms, gi.driver_version, gi.runtime_version);
+  /* A stage's arenas and slots live on the GPU: its free memory is the
+   * budget the coordinator plans against (register.memory), and the GPU is
+   * named where /v1/workers and `pipewright workers` say where it came from.
+   * Workers that share a GPU each report all of it. */
+  w->res.memory = (int64_t)gi.mem_free;
+  snprintf(w->res.memory_from, sizeof w->res.memory_from, "%s: %s, %.1f GiB free of %.1f, driver %d.%d", w->backend->name,
+           gi.name, (double)gi.mem_free / (1 << 30), (double)gi.mem_total / (1 << 30), gi.driver_version / 1000,
+           gi.driver_version % 1000 / 10);
   return 0;
 }
 
