@@ -3,19 +3,23 @@
 # GPU (the lent H100/H200: none of our packages there), from a bundle made
 # here with the CUDA backend and the GPU tests in it:
 #
-#   cmake --build build-rel -j2 --target pipewright pipewright-worker pipewright-coordinator test_cuda_ops test_cuda_attn
-#   PW_BUNDLE_EXTRA="tests/test_cuda_ops tests/test_cuda_attn" deploy/bundle.sh build-rel .device/pw-gpu.tar.gz
+#   cmake --build build-rel -j2 --target pipewright pipewright-worker pipewright-coordinator test_cuda_ops test_cuda_attn test_cuda_bf16
+#   PW_BUNDLE_EXTRA="tests/test_cuda_ops tests/test_cuda_attn tests/test_cuda_bf16" deploy/bundle.sh build-rel .device/pw-gpu.tar.gz
 #   (device tool, carry .device)   bash tests/gpu/run.sh .device/pw-gpu.tar.gz
 #
 # Sized to finish in a few minutes. It runs:
 #   1. the kernel tests: every op's CUDA row against the CPU's (test_cuda_ops,
-#      test_cuda_attn: 1e-5, each result twice the same bits);
+#      test_cuda_attn: 1e-5, each result twice the same bits; test_cuda_bf16:
+#      the bf16 rows against the CPU's bf16 rows, linear 1e-5, the
+#      attentions 1e-4, round_bf16 bit for bit);
 #   2. the gpt and llama templates (and gpt with the tiled attention) trained
 #      3 steps by `pipewright train --device cuda` against `--device cpu`:
 #      losses and gradient norms to 1e-4, weights to 1e-3 of each tensor's
 #      largest (tests/gpu/compare.py says why; float32, TF32 off); a pp 2 pipeline of
 #      two workers on the GPU against the single-process GPU run, bit for
-#      bit, 1f1b and zb-h1 (tests/gpu/pipeline_gpu.py);
+#      bit, 1f1b and zb-h1 (tests/gpu/pipeline_gpu.py); the example job
+#      gpt-tiny as one process trained 200 steps on the GPU in float32 and
+#      in bf16 (train.precision): the final losses within 1 %;
 #   3. a GPT-2-small-shaped step (d768, 12 layers, T 1024, batch 8, byte
 #      vocabulary) on the GPU: pipewright float32 against PyTorch (the
 #      machine's) float32 and bf16 autocast, both with the fused AdamW.
@@ -45,6 +49,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 echo "== 1. kernels against the CPU's"
 check "test_cuda_ops" timeout 120 "$D/bin/test_cuda_ops"
 check "test_cuda_attn" timeout 120 "$D/bin/test_cuda_attn"
+check "test_cuda_bf16" timeout 120 "$D/bin/test_cuda_bf16"
 
 echo "== 2. templates: pipewright train --device cuda against --device cpu, 3 steps"
 job() { # job SRC NAME [attention]: the example as one process of dp 1, absolute data path
@@ -74,7 +79,31 @@ timeout 200 "$PY" "$SRC/tests/gpu/pipeline_gpu.py" "$D/bin" >"$X/pipe.log" 2>&1
 grep -v "^ok:\|^FAIL:" "$X/pipe.log" | tail -20
 while read -r line; do case $line in ok:*) note "$line" ;; FAIL:*) note "$line"; fails=$((fails + 1)) ;; esac; done <"$X/pipe.log"
 grep -q "^ok: pipeline zb-h1" "$X/pipe.log" || { note "FAIL: the pipeline check did not finish"; fails=$((fails + 1)); }
-note "not yet: bf16 on the GPU"
+
+echo "== 2c. bf16 on the GPU: gpt-tiny, 200 steps, float32 and bf16"
+"$PY" - "$X/gpt.json" "$X/gpt-bf16.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["train"]["precision"] = "bf16"
+json.dump(j, open(sys.argv[2], "w"))
+PYEOF
+for n in gpt gpt-bf16; do
+  timeout 120 "$PW" train --job "$X/$n.json" --steps 200 --device cuda --quiet --log-json "$X/$n-200.jsonl" 2>&1 | tail -3
+done
+if line=$("$PY" - "$X/gpt-200.jsonl" "$X/gpt-bf16-200.jsonl" 2>&1 <<'PYEOF'
+import json, sys
+f, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+rel = abs(b[-1] - f[-1]) / abs(f[-1])
+print("final loss float32 %.5f, bf16 %.5f: %.3f %% (<= 1 %%; last 10 steps' mean %.5f, %.5f; %d and %d steps)"
+      % (f[-1], b[-1], 100 * rel, sum(f[-10:]) / 10, sum(b[-10:]) / 10, len(f), len(b)))
+sys.exit(0 if len(f) == len(b) == 200 and rel <= 0.01 else 1)
+PYEOF
+); then
+  note "ok: bf16 (cuda), gpt-tiny 200 steps: $line"
+else
+  note "FAIL: bf16 (cuda), gpt-tiny 200 steps: $(printf '%s' "$line" | tail -c 400)"
+  fails=$((fails + 1))
+fi
 
 echo "== 3. a GPT-2-small step (d768, 12 layers, T 1024, batch 8) on the GPU"
 "$PY" - "$SRC/bench/jobs/gpt-d768.json" "$X/gpt2s.json" "$SRC" <<'PYEOF'
