@@ -44,13 +44,24 @@ if [ ! -x "$PW" ]; then
 fi
 
 # gpt and llama: 20 steps to compare.py's defaults; llama's attention
-# options, each a tiny job of 3 steps held to 1e-5 (losses) and 1e-4
-# (weights): llama-gqa (n_kv_heads 2 of 4, Llama-3's rope_scaling), qwen2
-# (qkv_bias, one kv head, tied), qwen3 (qk_norm, n_kv_heads 2).
-for model in gpt llama llama-gqa qwen2 qwen3; do
+# options, each a tiny job of 3 steps, losses to 1e-5: llama-gqa
+# (n_kv_heads 2 of 4, Llama-3's rope_scaling), qwen2 (qkv_bias, one kv
+# head, tied), qwen3 (qk_norm, n_kv_heads 2), weights to 1e-4 of each
+# tensor's largest — but llama-gqa's to 2e-3: AdamW divides each update by
+# the gradient's own size, so an element whose gradient is ~0 by
+# cancellation moves by ~lr in the direction of its rounding noise (1.6e-3
+# in one element of its attn.proj at seed 1). The same job under SGD
+# (llama-gqa-sgd, no such division) holds its weights to 1e-5: the
+# gradients themselves agree.
+for model in gpt llama llama-gqa llama-gqa-sgd qwen2 qwen3; do
   job=$REF/jobs/$model-ref.json
   tol=()
-  case $model in gpt|llama) ;; *) tol=(--loss-rtol 1e-5 --weight-rtol 1e-4) ;; esac
+  case $model in
+    gpt|llama) ;;
+    llama-gqa) tol=(--loss-rtol 1e-5 --weight-rtol 2e-3) ;;
+    llama-gqa-sgd) tol=(--loss-rtol 1e-5 --weight-rtol 1e-5) ;;
+    *) tol=(--loss-rtol 1e-5 --weight-rtol 1e-4) ;;
+  esac
   d=$TMP/$model
   mkdir -p "$d"
   step "$model: pipewright initial parameters"
