@@ -122,6 +122,15 @@ else
   fails=$((fails + 1))
   pw_ms=""
 fi
+"$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); j['train']['precision']='bf16'; json.dump(j,open(sys.argv[2],'w'))" \
+  "$X/gpt2s.json" "$X/gpt2s-bf16.json"
+if timeout 120 "$PW" train --job "$X/gpt2s-bf16.json" --steps 6 --device cuda --quiet --log-json "$X/gpt2s-bf16.jsonl" 2>&1 | tail -3; then
+  bf_ms=$("$PY" -c "import json,statistics,sys; r=[json.loads(l)['ms'] for l in open(sys.argv[1])][2:]; print('%.1f' % statistics.median(r))" "$X/gpt2s-bf16.jsonl")
+  note "pipewright bf16 (cuda): ${bf_ms} ms/step (median of steps 3-6)"
+else
+  note "FAIL: pipewright bf16 on the GPT-2-small step"
+  fails=$((fails + 1))
+fi
 # where the step goes: each kernel waited for (PW_PROFILE_OPS), two steps
 PW_PROFILE_OPS=1 timeout 60 "$PW" train --job "$X/gpt2s.json" --steps 2 --device cuda --quiet 2>&1 |
   sed -n '/^PW_PROFILE_OPS/,$p' | tee "$R/gpt2s-profile.txt" | tail -25

@@ -197,7 +197,7 @@ static void pass(const char *what, pw_kernel_fn cpu, pw_kernel_fn gpu, const pw_
     for (int j = 0; j < nout; j++) down(r ? again[j] : got[j], outs[j]->d, outs[j]->n * sizeof(float));
   }
   for (int j = 0; j < nout; j++) {
-    char label[160];
+    char label[200]; /* what (160) and a name */
     snprintf(label, sizeof label, "%s %s", what, names[j]);
     expect_bits(label, got[j], again[j], outs[j]->n * sizeof(float));
     expect_close(label, got[j], outs[j]->h, outs[j]->n, tol, tipped_ok);
