@@ -218,7 +218,7 @@ def attention(q, k, v):
     """q, k, v: (B, H, T, hd). Causal softmax attention, scale 1/sqrt(hd)."""
     T, hd = q.shape[-2], q.shape[-1]
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     att = att.masked_fill(~mask, float("-inf"))
     return F.softmax(att, dim=-1) @ v
 
@@ -328,6 +328,7 @@ def forward(P, cfg, idx):
         x = F.layer_norm(x, (cfg["d"],), P["ln_f.weight"], P["ln_f.bias"], cfg["eps"])
     else:
         cos, sin = rope_cos_sin(T, cfg["d"] // cfg["H"], cfg["rope_base"], cfg["rope_scaling"])
+        cos, sin = cos.to(x.device), sin.to(x.device)  # bench/torch_step.py --device cuda
         for i in range(cfg["L"]):
             x = llama_block(P, f"blocks.{i}.", x, cfg, cos, sin)
         x = rmsnorm(x, P["norm_f.weight"], cfg["eps"])
