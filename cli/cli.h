@@ -41,6 +41,9 @@ int pw_cmd_dataset(int argc, char **argv);
 int pw_cmd_tfevents(int argc, char **argv);
 /* cmd_tokenize.c: text <-> ids with a tokenizer.json (common/text/) */
 int pw_cmd_tokenize(int argc, char **argv);
+/* cmd_hf.c: Hugging Face model directories in and out (common/io/hf.h) */
+int pw_cmd_import_hf(int argc, char **argv);
+int pw_cmd_export_hf(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */
 PW_MUST_CHECK int pw_cli_load_job(const char *path, pw_job *job);

@@ -23,7 +23,7 @@ PACKAGES=(
   git sqlite3 openssl                     # tests: store checks, test certificates
   libcmocka-dev
   clang libclang-rt-14-dev                # libFuzzer harnesses (tests/fuzz/)
-  python3-numpy python3-torch python3-jsonschema python3-yaml           # PyTorch reference, schema checks
+  python3-numpy python3-torch python3-jsonschema python3-yaml python3-requests  # PyTorch reference, schema checks, transformers (.venv-hf)
   python3-venv                            # .venv/: the PyPI test tools (deploy/venv.sh)
   chromium fonts-dejavu-core              # the dashboard's browser test (driven by Playwright from .venv/)
   iproute2 systemd                        # multi-host (netns) and unit tests

@@ -9,10 +9,21 @@
 # finds the environment missing (tests/browser/run.sh). Safe to run twice at
 # once (flock).
 #   deploy/venv.sh           make or refresh it; prints its python
+#   deploy/venv.sh hf        the same for .venv-hf/ from deploy/requirements-hf.txt:
+#                            Hugging Face transformers over Debian's PyTorch and
+#                            numpy (--system-site-packages: they stay Debian's), a
+#                            second environment because its tokenizers pin (< 0.21)
+#                            is not the one .venv/ holds (PW_VENV_HF to put it elsewhere)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${PW_VENV:-$ROOT/.venv}
 REQ=$ROOT/deploy/requirements-test.txt
+SYSTEM=()
+if [ "${1:-}" = hf ]; then
+  VENV=${PW_VENV_HF:-$ROOT/.venv-hf}
+  REQ=$ROOT/deploy/requirements-hf.txt
+  SYSTEM=(--system-site-packages)
+fi
 PY=/usr/bin/python3   # Debian's: the same interpreter on every Debian 12 machine
 
 [ -x "$PY" ] || { echo "venv: $PY is missing (apt-get install python3 python3-venv)" >&2; exit 1; }
@@ -27,7 +38,7 @@ if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.requirements-sha" 2>/dev/null)"
 fi
 echo "venv: making $VENV from $REQ" >&2
 rm -rf "$VENV"
-"$PY" -m venv "$VENV" >&2 || { echo "venv: '$PY -m venv' failed (apt-get install python3-venv)" >&2; exit 1; }
+"$PY" -m venv "${SYSTEM[@]}" "$VENV" >&2 || { echo "venv: '$PY -m venv' failed (apt-get install python3-venv)" >&2; exit 1; }
 # Only what the file names, at its hashes (--no-deps: a package's other
 # requirements are not pulled in; the file lists what is needed); no
 # look-up of newer pip.

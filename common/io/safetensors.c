@@ -42,10 +42,10 @@
 
 #define PW__ST_MAX_HEADER (100ull << 20)
 
-static const char *const dtype_names[] = {"F32", "I32", "I64", "F64"};
-static const int dtype_sizes[] = {4, 4, 8, 8};
+static const char *const dtype_names[] = {"F32", "I32", "I64", "F64", "BF16", "F16"};
+static const int dtype_sizes[] = {4, 4, 8, 8, 2, 2};
 
-static int dtype_valid(int d) { return d >= PW_ST_F32 && d <= PW_ST_F64; }
+static int dtype_valid(int d) { return d >= PW_ST_F32 && d <= PW_ST_F16; }
 
 /* "[2,3]" */
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
@@ -378,11 +378,11 @@ static int parse_entry(const char *path, const char *name, json_t *e, size_t dat
   if (!json_is_string(dt))
     return pw_err_set(err, PW_EFORMAT, path, "tensor '%s': dtype is not a string", name);
   int d = -1;
-  for (int k = 0; k < 4; k++)
+  for (int k = 0; k <= PW_ST_F16; k++)
     if (strcmp(json_string_value(dt), dtype_names[k]) == 0) d = k;
   if (d < 0)
     return pw_err_set(err, PW_EFORMAT, path,
-                      "tensor '%s': dtype '%.32s' is not supported (F32, I32, I64, F64)", name,
+                      "tensor '%s': dtype '%.32s' is not supported (F32, I32, I64, F64, BF16, F16)", name,
                       json_string_value(dt));
   t->dtype = (pw_st_dtype)d;
 
@@ -626,5 +626,45 @@ int pw_st_copy(const pw_st_file *f, const char *name, pw_st_dtype dtype, int ndi
   }
   size_t nb = (size_t)tensor_bytes(t->dtype, t->ndim, t->shape);
   if (nb) memcpy(dst, t->data, nb);
+  return 0;
+}
+
+/* IEEE half to float, exactly (subnormals, infinities and NaN included). */
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+  if (e == 0x1f) bits = sign | 0x7f800000u | m << 13;
+  else if (e) bits = sign | (e + 112) << 23 | m << 13;
+  else if (!m) bits = sign;
+  else { /* subnormal: m * 2^-24 */
+    float f = (float)m * 0x1p-24f;
+    memcpy(&bits, &f, 4);
+    bits |= sign;
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+int pw_st_to_f32(const pw_st_tensor *t, float *dst, const char *what, pw_err *err) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+  const uint8_t *src = t->data;
+  if (t->dtype == PW_ST_F32) {
+    memcpy(dst, src, (size_t)n * 4);
+    return 0;
+  }
+  if (t->dtype != PW_ST_BF16 && t->dtype != PW_ST_F16)
+    return pw_err_set(err, PW_EFORMAT, what, "tensor '%s': dtype %s; only F32, BF16 and F16 are read here", t->name,
+                      dtype_valid((int)t->dtype) ? dtype_names[t->dtype] : "?");
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h;
+    memcpy(&h, src + 2 * i, 2);
+    if (t->dtype == PW_ST_F16) {
+      dst[i] = f16_to_f32(h);
+    } else {
+      uint32_t bits = (uint32_t)h << 16;
+      memcpy(&dst[i], &bits, 4);
+    }
+  }
   return 0;
 }

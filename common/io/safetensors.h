@@ -23,7 +23,9 @@
 #define PW_ST_CRC_PREFIX "pw.crc32c."
 #define PW_ST_CRC_KEY_MAX 256
 
-typedef enum { PW_ST_F32, PW_ST_I32, PW_ST_I64, PW_ST_F64 } pw_st_dtype;
+/* BF16 and F16 are read (Hugging Face's checkpoints; pw_st_to_f32 widens
+ * them exactly); our own files are F32. */
+typedef enum { PW_ST_F32, PW_ST_I32, PW_ST_I64, PW_ST_F64, PW_ST_BF16, PW_ST_F16 } pw_st_dtype;
 
 typedef struct {
   const char *name;
@@ -58,5 +60,10 @@ const char *pw_st_meta_get(const pw_st_file *f, const char *key);
  * given ones; errors say which tensor and what differs. */
 PW_MUST_CHECK int pw_st_copy(const pw_st_file *f, const char *name, pw_st_dtype dtype, int ndim,
                const int64_t *shape, void *dst, pw_err *err);
+
+/* Tensor t's elements as float32 into dst (numel of them): F32 copied,
+ * BF16 and F16 widened exactly; any other dtype is PW_EFORMAT naming the
+ * tensor and its dtype (what names the file in the error). */
+PW_MUST_CHECK int pw_st_to_f32(const pw_st_tensor *t, float *dst, const char *what, pw_err *err);
 
 #endif
