@@ -55,6 +55,8 @@ static void usage(FILE *f) {
           "  --top-p P             ... and the fewest of those whose probability reaches P (default 1)\n"
           "  --seed S              sampling seed (default 1): the same seed, the same tokens\n"
           "  --threads N           OpenBLAS threads (default 1)\n"
+          "  --logits FILE         also write the prompt's logits, (prompt tokens, vocab_size) float32, as the\n"
+          "                        safetensors tensor \"logits\" (the references compare them: tests/ref/)\n"
           "  --help\n"
           "A line on stderr gives the counts and speed: prefill, decode, tokens/s.\n");
 }
@@ -136,7 +138,7 @@ static int load_step_dir(pw_prog *p, const char *dir, pw_err *err) {
 }
 
 typedef struct {
-  const char *job_path, *ckpt, *prompt, *prompt_tokens, *coordinator, *token_file, *tokenizer;
+  const char *job_path, *ckpt, *prompt, *prompt_tokens, *coordinator, *token_file, *tokenizer, *logits;
   int max_tokens, threads, stream;
   pw_sample_config sc;
 } gen_args;
@@ -150,7 +152,8 @@ static int parse(int argc, char **argv, gen_args *a) {
       {"seed", required_argument, 0, 's'},        {"threads", required_argument, 0, 't'},
       {"coordinator", required_argument, 0, 'C'}, {"token-file", required_argument, 0, 'F'},
       {"stream", no_argument, 0, 'S'},            {"help", no_argument, 0, 'h'},
-      {"tokenizer", required_argument, 0, 'K'},   {0, 0, 0, 0}};
+      {"tokenizer", required_argument, 0, 'K'},   {"logits", required_argument, 0, 'L'},
+      {0, 0, 0, 0}};
   *a = (gen_args){.max_tokens = -1, .threads = 1, .sc = {.top_p = 1, .seed = 1}};
   long long seed;
   int c;
@@ -185,6 +188,7 @@ static int parse(int argc, char **argv, gen_args *a) {
       case 'F': a->token_file = optarg; break;
       case 'S': a->stream = 1; break;
       case 'K': a->tokenizer = optarg; break;
+      case 'L': a->logits = optarg; break;
       case 'h': return 1;
       default: return -1;
     }
@@ -192,6 +196,7 @@ static int parse(int argc, char **argv, gen_args *a) {
   if (pw_args_operands(argc, argv, 0, 0, NULL) || pw_args_required(a->job_path, "--job FILE") ||
       (!a->coordinator && pw_args_required(a->ckpt, "--checkpoint CKPT")))
     return -1;
+  if (a->coordinator && a->logits) return pw_cli_usage_error("--logits: not with --coordinator"), -1;
   if (a->coordinator && a->ckpt)
     return pw_cli_usage_error("--checkpoint: not with --coordinator (the job has its weights)"), -1;
   if (!a->coordinator && a->stream) return pw_cli_usage_error("--stream: only with --coordinator"), -1;
@@ -208,13 +213,15 @@ static int parse(int argc, char **argv, gen_args *a) {
 
 /* Prefill, then one token at a time; out[] gets n_gen tokens. */
 static int generate(pw_decode *d, const pw_model *m, const int32_t *prompt, int n, int32_t *out, int n_gen,
-                    pw_sampler *s, double *t_prefill, pw_err *err) {
+                    pw_sampler *s, const char *logits_path, double *t_prefill, pw_err *err) {
   int logits = m->nodes[m->values[m->loss_value].producer].in[0], V = m->data.vocab_size;
   int32_t *in = pw_decode_value(d, m->input_value);
   const float *lg = pw_decode_value(d, logits);
   double t0 = now();
   memcpy(in, prompt, sizeof *in * (size_t)n);
   int rc = pw_decode_forward(d, &(pw_decode_seq){0, 0, n}, 1, err);
+  if (!rc && logits_path)
+    rc = pw_st_write(logits_path, &(pw_st_tensor){"logits", PW_ST_F32, 2, {n, V}, lg}, 1, NULL, 0, err);
   if (rc) return rc;
   out[0] = pw_sampler_next(s, lg + (size_t)(n - 1) * V);
   *t_prefill = now() - t0;
@@ -430,7 +437,7 @@ int pw_cmd_generate(int argc, char **argv) {
     if (!rc) rc = pw_sampler_init(&s, V, &a.sc, &err);
     if (!rc && !(out = malloc(sizeof *out * (size_t)n_gen))) rc = pw_err_set(&err, PW_ENOMEM, "generate", "out of memory");
     double t_prefill = 0, t0 = now();
-    if (!rc) rc = generate(d, &m, prompt, n, out, n_gen, &s, &t_prefill, &err);
+    if (!rc) rc = generate(d, &m, prompt, n, out, n_gen, &s, a.logits, &t_prefill, &err);
     double t = now() - t0;
     if (rc) {
       pw_cli_report(&err);
