@@ -83,6 +83,15 @@ static void rmsnorm_w(const pw_kernel_io *io) {
   pw_rmsnorm_backward_weight(io->dw, io->dout, io->in0, io->aux, io->rows, io->n->C);
 }
 
+/* base: the offset (Gemma's 1 + w); the weight's gradient is rmsnorm's */
+static void rmsnorm_offset_f(const pw_kernel_io *io) {
+  pw_rmsnorm_offset_forward(io->out, io->aux, io->in0, io->w, io->n->base, io->rows, io->n->C, io->n->eps);
+}
+static void rmsnorm_offset_i(const pw_kernel_io *io) {
+  pw_rmsnorm_offset_backward_input(io->din0, io->dout, io->in0, io->w, io->n->base, io->aux, io->rows, io->n->C,
+                                   io->acc0);
+}
+
 /* Elementwise ops run over N*C elements. */
 #define NC(io) ((io)->rows * (io)->n->C)
 static void gelu_f(const pw_kernel_io *io) { pw_gelu_forward(io->out, io->aux, io->in0, NC(io)); }
@@ -95,6 +104,12 @@ static void swiglu_f(const pw_kernel_io *io) { pw_swiglu_forward(io->out, io->in
 static void swiglu_i(const pw_kernel_io *io) {
   pw_swiglu_backward_input(io->din0, io->din1, io->dout, io->in0, io->in1, NC(io), io->acc0, io->acc1);
 }
+static void geglu_f(const pw_kernel_io *io) { pw_geglu_forward(io->out, io->in0, io->in1, NC(io)); }
+static void geglu_i(const pw_kernel_io *io) {
+  pw_geglu_backward_input(io->din0, io->din1, io->dout, io->in0, io->in1, NC(io), io->acc0, io->acc1);
+}
+static void scale_f(const pw_kernel_io *io) { pw_scale_forward(io->out, io->in0, io->n->base, NC(io)); }
+static void scale_i(const pw_kernel_io *io) { pw_scale_backward_input(io->din0, io->dout, io->n->base, NC(io), io->acc0); }
 static void add_f(const pw_kernel_io *io) { pw_add_forward(io->out, io->in0, io->in1, NC(io)); }
 static void add_i(const pw_kernel_io *io) { pw_add_backward_input(io->din0, io->din1, io->dout, NC(io), io->acc0, io->acc1); }
 
@@ -310,6 +325,9 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL}, /* regions models are not decoded */
     [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, attention_d},
     [PW_OP_QKNORM] = {qknorm_f, qknorm_i, qknorm_w, NULL, qknorm_f},
+    [PW_OP_GEGLU] = {geglu_f, geglu_i, NULL, NULL, geglu_f},
+    [PW_OP_SCALE] = {scale_f, scale_i, NULL, NULL, scale_f},
+    [PW_OP_RMSNORM_OFFSET] = {rmsnorm_offset_f, rmsnorm_offset_i, rmsnorm_w, NULL, rmsnorm_offset_f},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

@@ -228,43 +228,54 @@ PW_CPU_DISPATCH(pw_layernorm_backward_weight, (float *dw, float *db, const float
 
 /* ---- rmsnorm ------------------------------------------------------------- */
 
-PW_CPU_DISPATCH(pw_rmsnorm_forward, (float *out, float *rstd, const float *inp, const float *w,
-                                     int N, int C, float eps),
-                (out, rstd, inp, w, N, C, eps)) {
+/* The scale is off + w: off 0 is Llama's RMSNorm (w + 0 is w but for the
+ * sign of a zero weight), off 1 Gemma's (1 + w, w stored as is). */
+PW_CPU_DISPATCH(pw_rmsnorm_offset_forward, (float *out, float *rstd, const float *inp, const float *w,
+                                            float off, int N, int C, float eps),
+                (out, rstd, inp, w, off, N, C, eps)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     float *y = out + (size_t)n * C;
     double ss = pw__dot_d(x, x, C);
     float rs = 1.0f / sqrtf((float)(ss / C) + eps);
-    /* Hugging Face LlamaRMSNorm: w * (x * rstd). */
-    for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * rs);
+    /* Hugging Face LlamaRMSNorm: w * (x * rstd); GemmaRMSNorm: (x * rstd) * (1 + w). */
+    for (int c = 0; c < C; c++) y[c] = (off + w[c]) * (x[c] * rs);
     rstd[n] = rs;
   }
 }
 
-PW_CPU_DISPATCH(pw_rmsnorm_backward_input, (float *dinp, const float *dout, const float *inp,
-                                            const float *w, const float *rstd, int N, int C,
-                                            int acc),
-                (dinp, dout, inp, w, rstd, N, C, acc)) {
+void pw_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+  pw_rmsnorm_offset_forward(out, rstd, inp, w, 0.0f, N, C, eps);
+}
+
+PW_CPU_DISPATCH(pw_rmsnorm_offset_backward_input, (float *dinp, const float *dout, const float *inp,
+                                                   const float *w, float off, const float *rstd, int N, int C,
+                                                   int acc),
+                (dinp, dout, inp, w, off, rstd, N, C, acc)) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
     const float *dy = dout + (size_t)n * C;
     float *dx = dinp + (size_t)n * C;
     float rs = rstd[n];
-    /* dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w, xhat = x * rstd. */
+    /* dx = rstd * (g - xhat * mean(g * xhat)), g = dy * (off + w), xhat = x * rstd. */
     float gb[LN_CHUNK], xb[LN_CHUNK];
     double sgx = 0.0;
     for (int c0 = 0; c0 < C; c0 += LN_CHUNK) {
       int len = C - c0 < LN_CHUNK ? C - c0 : LN_CHUNK;
       for (int c = 0; c < len; c++) {
-        gb[c] = dy[c0 + c] * w[c0 + c];
+        gb[c] = dy[c0 + c] * (off + w[c0 + c]);
         xb[c] = x[c0 + c] * rs;
       }
       sgx += pw__dot_d(gb, xb, len);
     }
     float mgx = (float)(sgx / C);
-    for (int c = 0; c < C; c++) dx[c] = pw__acc(acc, dx[c], rs * (dy[c] * w[c] - (x[c] * rs) * mgx));
+    for (int c = 0; c < C; c++) dx[c] = pw__acc(acc, dx[c], rs * (dy[c] * (off + w[c]) - (x[c] * rs) * mgx));
   }
+}
+
+void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
+                               int N, int C, int acc) {
+  pw_rmsnorm_offset_backward_input(dinp, dout, inp, w, 0.0f, rstd, N, C, acc);
 }
 
 PW_CPU_DISPATCH(pw_rmsnorm_backward_weight, (float *dw, const float *dout, const float *inp,
@@ -366,6 +377,60 @@ PW_CPU_DISPATCH(pw_swiglu_backward_input, (float *dgate, float *dup, const float
     dgate[i] = pw__acc(acc_gate, dgate[i], dout[i] * up[i] * (s * (1.0f + g * (1.0f - s))));
     dup[i] = pw__acc(acc_up, dup[i], dout[i] * silu);
   }
+}
+
+/* GeGLU: gelu(gate) * up with pw_gelu_forward's tanh GELU, operation for
+ * operation (PyTorch's gelu(approximate='tanh') times up). The backward
+ * recomputes the tanh (nothing saved) and takes PyTorch's order: dgate =
+ * (dout * up) * gelu'(gate), dup = dout * gelu(gate). Chunked as the GELU. */
+PW_CPU_DISPATCH(pw_geglu_forward, (float *out, const float *gate, const float *up, int n),
+                (out, gate, up, n)) {
+  float tb[GELU_CHUNK];
+  for (int i0 = 0; i0 < n; i0 += GELU_CHUNK) {
+    int len = n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK;
+    const float *xc = gate + i0;
+    for (int k = 0; k < len; k++) {
+      float x = xc[k];
+      tb[k] = pw__tanh(GELU_BETA * (x + GELU_KAPPA * (x * x * x)));
+    }
+    for (int k = 0; k < len; k++) out[i0 + k] = 0.5f * xc[k] * (1.0f + tb[k]) * up[i0 + k];
+  }
+}
+
+PW_CPU_DISPATCH(pw_geglu_backward_input, (float *dgate, float *dup, const float *dout, const float *gate,
+                                          const float *up, int n, int acc_gate, int acc_up),
+                (dgate, dup, dout, gate, up, n, acc_gate, acc_up)) {
+  float tb[GELU_CHUNK];
+  for (int i0 = 0; i0 < n; i0 += GELU_CHUNK) {
+    int len = n - i0 < GELU_CHUNK ? n - i0 : GELU_CHUNK;
+    const float *xc = gate + i0;
+    for (int k = 0; k < len; k++) {
+      float x = xc[k];
+      tb[k] = pw__tanh(GELU_BETA * (x + GELU_KAPPA * (x * x * x)));
+    }
+    for (int k = 0; k < len; k++) {
+      float x = xc[k], th = tb[k];
+      float left = 0.5f * x;
+      float right = 1.0f + th;
+      float dleft = 0.5f * right;
+      float dtanh = 1.0f - th * th;
+      float dinner = GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * (x * x));
+      float dg = dout[i0 + k] * up[i0 + k] * (dleft + left * dtanh * dinner);
+      float du = dout[i0 + k] * (left * right);
+      dgate[i0 + k] = pw__acc(acc_gate, dgate[i0 + k], dg);
+      dup[i0 + k] = pw__acc(acc_up, dup[i0 + k], du); /* after dgate's store: they may be one buffer */
+    }
+  }
+}
+
+/* out = inp * s: PyTorch's float32 product by a float32 scalar. */
+PW_CPU_DISPATCH(pw_scale_forward, (float *out, const float *inp, float s, int n), (out, inp, s, n)) {
+  for (int i = 0; i < n; i++) out[i] = inp[i] * s;
+}
+
+PW_CPU_DISPATCH(pw_scale_backward_input, (float *dinp, const float *dout, float s, int n, int acc),
+                (dinp, dout, s, n, acc)) {
+  for (int i = 0; i < n; i++) dinp[i] = pw__acc(acc, dinp[i], dout[i] * s);
 }
 
 PW_CPU_DISPATCH(pw_add_forward, (float *out, const float *a, const float *b, int n),

@@ -74,6 +74,14 @@ void pw_rmsnorm_backward_input(float *dinp, const float *dout, const float *inp,
                                const float *rstd, int N, int C, int acc);
 void pw_rmsnorm_backward_weight(float *dw, const float *dout, const float *inp, const float *rstd,
                                 int N, int C);
+/* RMSNorm scaled by off + w (Gemma: off 1, out = inp * rstd * (1 + w),
+ * the weight stored as w and initialised 0); off 0 is pw_rmsnorm_*, which
+ * call these. The weight's gradient is pw_rmsnorm_backward_weight's (the
+ * offset is a constant). */
+void pw_rmsnorm_offset_forward(float *out, float *rstd, const float *inp, const float *w, float off, int N, int C,
+                               float eps);
+void pw_rmsnorm_offset_backward_input(float *dinp, const float *dout, const float *inp, const float *w, float off,
+                                      const float *rstd, int N, int C, int acc);
 
 /* Elementwise activations over n floats. GELU is the tanh approximation
  * (PyTorch's gelu(approximate='tanh')); its forward also saves the
@@ -90,6 +98,18 @@ void pw_swiglu_forward(float *out, const float *gate, const float *up, int n);
 /* dgate and dup may be the same buffer (gate == up): acc_up then must be 1. */
 void pw_swiglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
                               const float *up, int n, int acc_gate, int acc_up);
+
+/* GeGLU gate (Gemma): out = gelu(gate) * up with the tanh GELU above, all
+ * (n). Nothing saved: the backward recomputes the tanh. dgate and dup may
+ * be the same buffer (gate == up): acc_up then must be 1. */
+void pw_geglu_forward(float *out, const float *gate, const float *up, int n);
+void pw_geglu_backward_input(float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, int n, int acc_gate, int acc_up);
+
+/* Scale by a constant: out = inp * s, all (n) (Gemma's embeddings times
+ * sqrt(d), s rounded to float). */
+void pw_scale_forward(float *out, const float *inp, float s, int n);
+void pw_scale_backward_input(float *dinp, const float *dout, float s, int n, int acc);
 
 /* Residual add: out = a + b, all (n). */
 void pw_add_forward(float *out, const float *a, const float *b, int n);

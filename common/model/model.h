@@ -44,6 +44,10 @@ typedef enum {
                             New ops go last: the numbers travel in plan slices */
   PW_OP_QKNORM,     /* in: qkv (T,W)             out (T,W): RMSNorm of each q and k head (Qwen3)
                        params: w = q's (HD), b = k's (HD); aux rstd (T,NH+NKV) */
+  PW_OP_GEGLU,      /* in: gate (r,H), up (r,H)  out (r,H): gelu_tanh(gate) * up (Gemma) */
+  PW_OP_SCALE,      /* in: (r,C)                 out (r,C) = in * base (Gemma's embeddings: sqrt(d)) */
+  PW_OP_RMSNORM_OFFSET, /* in: (r,C)             out (r,C): RMSNorm scaled by base + w (Gemma: 1 + w)
+                           params: w (C); aux rstd */
   PW_OP__COUNT
 } pw_op;
 
@@ -71,7 +75,8 @@ typedef struct {
                        0 reads as NH */
   int T;            /* rows per sequence of the input */
   float eps;        /* norms */
-  float base;       /* rope (theta); lora: scale = alpha / rank */
+  float base;       /* rope (theta); lora: scale = alpha / rank; scale: the factor;
+                       rmsnorm_offset: the offset */
   /* rope: Llama-3's rope_scaling (ops_rope.h); factor 0 = none */
   float rope_factor, rope_low_freq, rope_high_freq;
   int rope_orig_max_pos;

@@ -52,6 +52,12 @@ static const pw_op_info table[PW_OP__COUNT] = {
     /* rmsnorm's counts over the input; rstd of each q and k head */
     [PW_OP_QKNORM] = {"qk_norm", 1, 1, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, QK, 1), .tp_role = PW_TP_ROLE_HEADS, RUN_,
                       .decode_aux = N_(1, QK, 1, 1)},
+    /* Gemma's: the GeGLU as swiglu (its tanh recomputed backward, nothing
+     * saved); the scale one product each way; the offset norm as rmsnorm */
+    [PW_OP_GEGLU] = {"geglu", 2, 3, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_SCALE] = {"scale", 1, 1, 0, 0, {N_(1, ROWS, C, 1), N_(1, ROWS, C, 1), NONE_}, NONE_, WHOLE_, RUN_},
+    [PW_OP_RMSNORM_OFFSET] = {"rmsnorm_offset", 1, 1, 0, 0, ELEM(5, 8, 3), N_(1, ROWS, 1, 1), WHOLE_, RUN_, /* rstd */
+                              .decode_aux = N_(1, 1, 1, 1)},
     [PW_OP_XENT] = {"cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),      /* probs */
                     .tp_role = PW_TP_ROLE_VOCAB_LOSS, .decode = PW_DECODE_SKIP},
     [PW_OP_MSE] = {"mse", 2, 1, 1, 1, ELEM(5, 8, 0), NONE_, WHOLE_, .decode = PW_DECODE_SKIP},

@@ -214,12 +214,18 @@ static void test_layernorm_fused(void **state) {
 }
 
 /* rmsnorm: d = {N, C}; inputs inp, w; saved rstd (N). */
+/* d[2] 1: the offset kernels, scale 1 + w (Gemma); else pw_rmsnorm_*. */
 static void rmsnorm_fwd(const opcase *c, float *const *in, float *out, float *saved) {
-  pw_rmsnorm_forward(out, saved, in[0], in[1], c->d[0], c->d[1], c->fp);
+  if (c->d[2])
+    pw_rmsnorm_offset_forward(out, saved, in[0], in[1], 1.0f, c->d[0], c->d[1], c->fp);
+  else
+    pw_rmsnorm_forward(out, saved, in[0], in[1], c->d[0], c->d[1], c->fp);
 }
 static void rmsnorm_bwd(const opcase *c, int which, float *const *in, float *saved,
                         const float *dout, float *const *g) {
-  if (which == IN_DATA)
+  if (which == IN_DATA && c->d[2])
+    pw_rmsnorm_offset_backward_input(g[0], dout, in[0], in[1], 1.0f, saved, c->d[0], c->d[1], 1);
+  else if (which == IN_DATA)
     pw_rmsnorm_backward_input(g[0], dout, in[0], in[1], saved, c->d[0], c->d[1], 1);
   else
     pw_rmsnorm_backward_weight(g[1], dout, in[0], saved, c->d[0], c->d[1]);
@@ -231,29 +237,46 @@ static void rmsnorm_ref(const opcase *c, double *const *in, double *out) {
     double ss = 0;
     for (int i = 0; i < C; i++) ss += x[i] * x[i];
     double rs = 1.0 / sqrt(ss / C + (double)c->fp);
-    for (int i = 0; i < C; i++) out[n * C + i] = x[i] * rs * in[1][i];
+    for (int i = 0; i < C; i++) out[n * C + i] = x[i] * rs * ((c->d[2] ? 1.0 : 0.0) + in[1][i]);
   }
 }
 
 static void test_rmsnorm(void **state) {
-  int dims[2][2] = {{10, 8}, {3, 11}};
-  for (int k = 0; k < 2; k++) {
-    int N = dims[k][0], C = dims[k][1];
-    opcase c = {.n_in = 2, .in_name = {"inp", "w"}, .in_kind = {IN_DATA, IN_PARAM},
-                .in_n = {(size_t)N * C, (size_t)C}, .out_n = (size_t)N * C,
-                .saved_n = (size_t)N, .d = {N, C}, .fp = 1e-6f,
-                .fwd = rmsnorm_fwd, .bwd = rmsnorm_bwd, .ref = rmsnorm_ref};
-    snprintf(c.name, sizeof c.name, "rmsnorm N=%d C=%d", N, C);
-    check_op(&c);
-  }
+  int dims[3][2] = {{10, 8}, {3, 11}, {2, 300}}; /* 300: past the backward's LN_CHUNK */
+  for (int off = 0; off < 2; off++)
+    for (int k = 0; k < 3; k++) {
+      int N = dims[k][0], C = dims[k][1];
+      opcase c = {.n_in = 2, .in_name = {"inp", "w"}, .in_kind = {IN_DATA, IN_PARAM},
+                  .in_n = {(size_t)N * C, (size_t)C}, .out_n = (size_t)N * C,
+                  .saved_n = (size_t)N, .d = {N, C, off}, .fp = 1e-6f,
+                  .fwd = rmsnorm_fwd, .bwd = rmsnorm_bwd, .ref = rmsnorm_ref};
+      snprintf(c.name, sizeof c.name, "%s N=%d C=%d", off ? "rmsnorm_offset" : "rmsnorm", N, C);
+      check_op(&c);
+    }
+  /* offset 0 is pw_rmsnorm_* bit for bit, and offset 1 with w is offset 0 with 1 + w */
+  enum { N = 3, C = 19 };
+  float x[N * C], w[C], w1[C], dy[N * C], y0[N * C], y1[N * C], r0[N], r1[N], g0[N * C], g1[N * C];
+  oc_seed(11);
+  oc_fill(x, N * C, 2.0), oc_fill(w, C, 0.5), oc_fill(dy, N * C, 1.0);
+  for (int i = 0; i < C; i++) w1[i] = 1.0f + w[i];
+  pw_rmsnorm_forward(y0, r0, x, w1, N, C, 1e-6f);
+  pw_rmsnorm_offset_forward(y1, r1, x, w, 1.0f, N, C, 1e-6f);
+  assert_memory_equal(y0, y1, sizeof y0);
+  assert_memory_equal(r0, r1, sizeof r0);
+  pw_rmsnorm_backward_input(g0, dy, x, w1, r0, N, C, 0);
+  pw_rmsnorm_offset_backward_input(g1, dy, x, w, 1.0f, r1, N, C, 0);
+  assert_memory_equal(g0, g1, sizeof g0);
+  pw_rmsnorm_offset_forward(y1, r1, x, w1, 0.0f, N, C, 1e-6f);
+  assert_memory_equal(y0, y1, sizeof y0);
 }
 
 /* ---- elementwise ------------------------------------------------------------ */
 /* d = {n, kind}; one data input (two for swiglu and add). */
 
-enum { EW_GELU, EW_RELU, EW_SILU, EW_SWIGLU, EW_ADD };
+enum { EW_GELU, EW_RELU, EW_SILU, EW_SWIGLU, EW_ADD, EW_GEGLU, EW_SCALE };
 
 static double ref_silu(double x) { return x / (1.0 + exp(-x)); }
+static double ref_gelu(double x) { return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 static void ew_fwd(const opcase *c, float *const *in, float *out, float *saved) {
   int n = c->d[0];
@@ -263,6 +286,8 @@ static void ew_fwd(const opcase *c, float *const *in, float *out, float *saved) 
   case EW_SILU: pw_silu_forward(out, in[0], n); break;
   case EW_SWIGLU: pw_swiglu_forward(out, in[0], in[1], n); break;
   case EW_ADD: pw_add_forward(out, in[0], in[1], n); break;
+  case EW_GEGLU: pw_geglu_forward(out, in[0], in[1], n); break;
+  case EW_SCALE: pw_scale_forward(out, in[0], c->fp, n); break;
   }
 }
 static void ew_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
@@ -275,6 +300,8 @@ static void ew_bwd(const opcase *c, int which, float *const *in, float *saved, c
   case EW_SILU: pw_silu_backward_input(g[0], dout, in[0], n, 1); break;
   case EW_SWIGLU: pw_swiglu_backward_input(g[0], g[1], dout, in[0], in[1], n, 1, 1); break;
   case EW_ADD: pw_add_backward_input(g[0], g[1], dout, n, 1, 1); break;
+  case EW_GEGLU: pw_geglu_backward_input(g[0], g[1], dout, in[0], in[1], n, 1, 1); break;
+  case EW_SCALE: pw_scale_backward_input(g[0], dout, c->fp, n, 1); break;
   }
 }
 static void ew_ref(const opcase *c, double *const *in, double *out) {
@@ -282,22 +309,25 @@ static void ew_ref(const opcase *c, double *const *in, double *out) {
     double x = in[0][i];
     switch (c->d[1]) {
     case EW_GELU:
-      out[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+      out[i] = ref_gelu(x);
       break;
     case EW_RELU: out[i] = x > 0 ? x : 0; break;
     case EW_SILU: out[i] = ref_silu(x); break;
     case EW_SWIGLU: out[i] = ref_silu(x) * in[1][i]; break;
     case EW_ADD: out[i] = x + in[1][i]; break;
+    case EW_GEGLU: out[i] = ref_gelu(x) * in[1][i]; break;
+    case EW_SCALE: out[i] = x * (double)c->fp; break;
     }
   }
 }
 
 static void test_elementwise(void **state) {
-  static const char *names[] = {"gelu", "relu", "silu", "swiglu", "add"};
-  for (int kind = EW_GELU; kind <= EW_ADD; kind++) {
-    int n = 37, two = kind >= EW_SWIGLU;
+  static const char *names[] = {"gelu", "relu", "silu", "swiglu", "add", "geglu", "scale"};
+  for (int kind = EW_GELU; kind <= EW_SCALE; kind++) {
+    int n = kind == EW_GEGLU ? 601 : 37; /* geglu: past a GELU_CHUNK of 256 */
+    int two = kind == EW_SWIGLU || kind == EW_ADD || kind == EW_GEGLU, gated = kind == EW_SWIGLU || kind == EW_GEGLU;
     opcase c = {.n_in = two ? 2 : 1,
-                .in_name = {kind == EW_SWIGLU ? "gate" : "a", kind == EW_SWIGLU ? "up" : "b"},
+                .in_name = {gated ? "gate" : "a", gated ? "up" : "b"}, .fp = 45.254833995939045f, /* sqrt(2048) */
                 .in_kind = {IN_DATA, IN_DATA}, .in_n = {(size_t)n, (size_t)n},
                 .out_n = (size_t)n, .saved_n = kind == EW_GELU ? (size_t)n : 0, .d = {n, kind},
                 .init_scale = kind == EW_RELU ? 1.0 : 4.0, /* reach GELU/SiLU tails */
@@ -331,6 +361,33 @@ static void test_gelu_matches_pytorch(void **state) {
       printf("FAIL gelu vs PyTorch: x=%g expected %.9g got %.9g\n", x[i], torch[i], y[i]);
     assert_true(fabs(y[i] - torch[i]) <= 2.5e-7 * fabs(torch[i]) + 1e-9);
   }
+}
+
+/* PyTorch 1.13's gelu(gate, approximate='tanh') * up in float32, and its
+ * autograd's gradients for the output gradient d. */
+static void test_geglu_matches_pytorch(void **state) {
+  const float g[7] = {-3.0f, -1.0f, -0.5f, 0.0f, 0.3f, 1.0f, 2.5f};
+  const float u[7] = {0.7f, -1.5f, 2.0f, 1.0f, -0.25f, 0.5f, 1.25f};
+  const float d[7] = {1.0f, 0.5f, -2.0f, 1.0f, 3.0f, -1.0f, 0.75f};
+  const double want[3][7] = {
+      {-0.002546203089877963, 0.238211989402771, -0.308571994304657, 0.0, -0.04634273424744606,
+       0.42059600353240967, 3.106144666671753},
+      {-0.008109007962048054, 0.06222306936979294, -0.5305204391479492, 0.5, -0.5492216348648071,
+       -0.5414820313453674, 0.9730797410011292},
+      {-0.0036374330520629883, -0.07940399646759033, 0.308571994304657, 0.0, 0.5561128258705139,
+       -0.8411920070648193, 1.8636868000030518}};
+  float got[3][7];
+  pw_geglu_forward(got[0], g, u, 7);
+  pw_geglu_backward_input(got[1], got[2], d, g, u, 7, 0, 0);
+  static const char *what[3] = {"out", "dgate", "dup"};
+  /* the forward to 2.5e-7 as the GELU's; the gradients to 1e-5: near
+   * saturation gelu' is 1 - tanh^2 cancelling, so a tanh an ulp apart
+   * (PyTorch's vectorised one, 1 ulp) moves it by ~5e-6 (dgate at -3) */
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 7; i++)
+      if (!(fabs(got[k][i] - want[k][i]) <= (k ? 1e-5 : 2.5e-7) * fabs(want[k][i]) + 1e-9))
+        fail_msg("geglu vs PyTorch: %s[%d] (gate %g, up %g): expected %.9g got %.9g", what[k], i, (double)g[i],
+                 (double)u[i], want[k][i], (double)got[k][i]);
 }
 
 /* ---- losses ----------------------------------------------------------------- */
@@ -416,6 +473,7 @@ int main(void) {
       cmocka_unit_test(test_layernorm),      cmocka_unit_test(test_layernorm_fused),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_gelu_matches_pytorch),
+      cmocka_unit_test(test_geglu_matches_pytorch),
       cmocka_unit_test(test_crossentropy),   cmocka_unit_test(test_mse),
   };
   /* Once per vector level (cpu.h), from the one PW_CPU allows down. */

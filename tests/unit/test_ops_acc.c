@@ -59,6 +59,14 @@ static void k_swiglu(float *g, float *u, int a, int b) { pw_swiglu_backward_inpu
 static void k_swiglu_same(float *g, float *u, int a, int b) {
   pw_swiglu_backward_input(g, u, dout, in0, in0, N * C, a, b);
 }
+static void k_rmsnorm_offset(float *g, float *u, int a, int b) {
+  pw_rmsnorm_offset_backward_input(g, dout, in0, w, 1.0f, aux + N, N, C, a);
+}
+static void k_geglu(float *g, float *u, int a, int b) { pw_geglu_backward_input(g, u, dout, in0, in1, N * C, a, b); }
+static void k_geglu_same(float *g, float *u, int a, int b) {
+  pw_geglu_backward_input(g, u, dout, in0, in0, N * C, a, b);
+}
+static void k_scale(float *g, float *u, int a, int b) { pw_scale_backward_input(g, dout, 45.254834f, N * C, a); }
 static void k_add(float *g, float *u, int a, int b) { pw_add_backward_input(g, u, dout, N * C, a, b); }
 static void k_rope(float *g, float *u, int a, int b) {
   pw_rope_backward_input(g, dout, B, T, C, NH, NH, &(pw_rope){.theta = 10000.0f}, a);
@@ -90,6 +98,8 @@ static const kcase cases[] = {
     {"add", k_add, N * C, 1},             {"rope", k_rope, N * 3 * C, 0},
     {"attention", k_attention, N * 3 * C, 0}, {"cross_entropy", k_xent, N * V, 0},
     {"mse", k_mse, N * C, 0},
+    {"rmsnorm_offset", k_rmsnorm_offset, N * C, 0}, {"geglu", k_geglu, N * C, 1},
+    {"scale", k_scale, N * C, 0},
 };
 
 static uint32_t bits(float x) {
@@ -142,18 +152,19 @@ static void test_negative_zero(void **st) {
   assert_false(signbit(a[1]));
 }
 
-/* One value read twice (x + x, swiglu(g, g)): the first store overwrites,
+/* One value read twice (x + x, swiglu(g, g), geglu(g, g)): the first store overwrites,
  * the second adds; the sum equals two accumulations into zeros. */
 static void test_same_buffer(void **st) {
   setup_inputs();
   static float z[BIG], g[BIG];
-  bwd_fn fns[2] = {k_add, k_swiglu_same};
-  for (int f = 0; f < 2; f++) {
+  bwd_fn fns[3] = {k_add, k_swiglu_same, k_geglu_same};
+  static const char *const names[3] = {"add(x, x)", "swiglu(g, g)", "geglu(g, g)"};
+  for (int f = 0; f < 3; f++) {
     memset(z, 0, sizeof z);
     fns[f](z, z, 1, 1);
     for (size_t i = 0; i < BIG; i++) g[i] = NAN;
     fns[f](g, g, 0, 1);
-    expect_same(f ? "swiglu(g, g)" : "add(x, x)", "d", z, g, N * C);
+    expect_same(names[f], "d", z, g, N * C);
   }
 }
 
