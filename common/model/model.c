@@ -180,14 +180,20 @@ static int norm(builder *bd, const char *prefix, int x, int rms) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_value *v = &bd->m->values[x];
   int C = v->width, rows = v->rows;
+  /* model.norm_offset (llama only): Gemma's RMSNorm scales by 1 + w, w
+   * initialised 0 (so the scale starts at 1, as Llama's w does) */
+  int off = rms && bd->spec->norm_offset;
   snprintf(nm, sizeof nm, "%.80s.weight", prefix);
-  int w = add_param(bd, nm, C, 0, PW_INIT_ONES, 0);
+  int w = add_param(bd, nm, C, 0, off ? PW_INIT_ZEROS : PW_INIT_ONES, 0);
   int b = -1;
   if (!rms) {
     snprintf(nm, sizeof nm, "%.80s.bias", prefix);
     b = add_param(bd, nm, C, 0, PW_INIT_ZEROS, 0);
   }
-  return add_node(bd, rms ? PW_OP_RMSNORM : PW_OP_LAYERNORM, x, -1, w, b, rows, C, PW_DT_F32);
+  int y = add_node(bd, off ? PW_OP_RMSNORM_OFFSET : rms ? PW_OP_RMSNORM : PW_OP_LAYERNORM, x, -1, w, b, rows, C,
+                   PW_DT_F32);
+  if (off && !bd->oom) bd->m->nodes[bd->m->n_nodes - 1].base = (float)bd->spec->norm_offset;
+  return y;
 }
 
 static int unary(builder *bd, pw_op op, int x) {
@@ -206,7 +212,8 @@ static int binary(builder *bd, pw_op op, int a, int b) {
  * "gate"/"up"/"down"; the template's attention options (model.n_kv_heads:
  * a qkv of C + 2 n_kv_heads HD columns, ops.h's packed rows;
  * model.rope_scaling; model.qkv_bias; model.qk_norm: "attn.q_norm" and
- * "attn.k_norm", HD each) on every block. */
+ * "attn.k_norm", HD each) on every block, and Gemma's: model.mlp_act
+ * "gelu_tanh" (a GeGLU in the SwiGLU's place), model.norm_offset (norm()). */
 static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_model_spec *s = bd->spec;
@@ -254,7 +261,7 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
     int g = linear(bd, nm, h, hidden, 0, std);
     snprintf(nm, sizeof nm, "%s.mlp.up", p);
     int u = linear(bd, nm, h, hidden, 0, std);
-    h = binary(bd, PW_OP_SWIGLU, g, u);
+    h = binary(bd, s->mlp_act == PW_MLP_ACT_GELU_TANH ? PW_OP_GEGLU : PW_OP_SWIGLU, g, u);
   } else {
     snprintf(nm, sizeof nm, "%s.mlp.fc", p);
     h = linear(bd, nm, h, hidden, 1, std);
@@ -297,6 +304,10 @@ static void build_transformer(builder *bd, int llama) {
   begin_layer(bd, "embed", -1, 0);
   int x = token_embed(bd, "embed.tok.weight", m->input_value, V, C, std);
   if (!llama) x = pos_embed(bd, "embed.pos.weight", x, std);
+  if (llama && s->embed_scale) { /* Gemma: times sqrt(d), rounded to float as transformers does */
+    x = unary(bd, PW_OP_SCALE, x);
+    if (!bd->oom) m->nodes[m->n_nodes - 1].base = (float)sqrt((double)C);
+  }
   end_layer(bd);
   for (int i = 0; i < s->n_layers && !bd->oom; i++) {
     snprintf(nm, sizeof nm, "blocks.%d", i);

@@ -52,6 +52,9 @@ typedef struct {
 typedef enum { PW_INPUT_TOKENS, PW_INPUT_FEATURES } pw_input_kind;
 typedef enum { PW_LOSS_CROSS_ENTROPY, PW_LOSS_MSE } pw_loss_kind;
 typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
+/* llama's MLP gate activation (model.mlp_act): SwiGLU, or Gemma's GeGLU
+ * with the tanh GELU */
+typedef enum { PW_MLP_ACT_SILU, PW_MLP_ACT_GELU_TANH } pw_mlp_act_kind;
 
 /* model.regions (spec_regions.c): named sub-models, each a layers list
  * with its own mesh and schedule, joined by model.graph. A source region
@@ -93,6 +96,12 @@ typedef struct {
   int rope_orig_max_pos; /* original_max_position_embeddings */
   int qkv_bias;        /* a bias on the qkv projection (Qwen2) */
   int qk_norm;         /* RMSNorm over each q and k head before rope (Qwen3) */
+  /* Gemma's options (docs/contracts.md#models), each absent from the
+   * canonical JSON while off, as above */
+  int mlp_act;         /* pw_mlp_act_kind: the gate's activation, default silu */
+  int embed_scale;     /* the embedding's output times sqrt(d_model), rounded to float */
+  int norm_offset;     /* 0, or 1: every RMSNorm scales by 1 + w (weights initialised 0) */
+  int head_dim;        /* 0, or d_model / n_heads (the only head width built) */
   float norm_eps;      /* default 1e-5 */
   float init_std;      /* default 0.02 */
   /* mlp */

@@ -37,6 +37,7 @@ static const char *const tmpl_ctx[] = {"template gpt", "template llama", "templa
 static const char *const act_names[] = {"relu", "gelu", "silu"};     /* pw_act_kind */
 static const char *const loss_names[] = {"cross_entropy", "mse"};    /* pw_loss_kind */
 static const char *const input_names[] = {"tokens", "features"};     /* pw_input_kind */
+static const char *const mlp_act_names[] = {"silu", "gelu_tanh"};    /* pw_mlp_act_kind */
 /* pw_layer_type order; stage_boundary is not a "type" but its own key. */
 static const char *const layer_names[] = {"embedding", "pos_embedding", "linear",  "layernorm",
                                           "rmsnorm",   "gelu",          "relu",    "silu",
@@ -61,6 +62,10 @@ static const pw__field model_fields[] = {
     PW__SKIP("rope_scaling", 0, T_LLAMA), /* rope_scaling_parse */
     PW__BOOL("qkv_bias", PW__OMIT0, T_LLAMA, pw_model_spec, qkv_bias, 0),
     PW__BOOL("qk_norm", PW__OMIT0, T_LLAMA, pw_model_spec, qk_norm, 0),
+    PW__ENUM("mlp_act", PW__OMIT0, T_LLAMA, pw_model_spec, mlp_act, PW_MLP_ACT_SILU, mlp_act_names),
+    PW__BOOL("embed_scale", PW__OMIT0, T_LLAMA, pw_model_spec, embed_scale, 0),
+    PW__INT("norm_offset", PW__OMIT0, T_LLAMA, pw_model_spec, norm_offset, 0, 0, 1),
+    PW__INT("head_dim", PW__NODEF | PW__OMIT0, T_LLAMA, pw_model_spec, head_dim, 0, 1, MAX_DIM),
     PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, norm_eps, 1e-5, 0, 1),
     PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, init_std, 0.02, 0,
               PW__FLT_MAX),
@@ -351,6 +356,15 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
         return pw_err_set(err, PW_ESPEC, "model.n_kv_heads", "must divide n_heads (%d %% %d != 0)", m->n_heads,
                           m->n_kv_heads);
       if (m->n_kv_heads == m->n_heads) m->n_kv_heads = 0; /* the default: one canonical text */
+      if (m->head_dim && m->head_dim != m->d_model / m->n_heads)
+        return pw_err_set(err, PW_ESPEC, "model.head_dim",
+                          "%d, but only d_model / n_heads (%d) is built: heads of a width of their own "
+                          "(Gemma-7B's 16 x 256 over d_model 3072) are not supported",
+                          m->head_dim, m->d_model / m->n_heads);
+      m->head_dim = 0; /* equal: the default, one canonical text */
+      if (m->qk_norm && m->norm_offset)
+        return pw_err_set(err, PW_ESPEC, "model.norm_offset",
+                          "not with qk_norm: the q/k norms scaled by 1 + w (Gemma 3's) are not built");
       if (m->ffn_hidden == 0)
         m->ffn_hidden = m->tmpl == PW_TEMPLATE_GPT ? 4 * m->d_model
                                                    : (8 * m->d_model / 3 + 31) / 32 * 32;

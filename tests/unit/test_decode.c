@@ -6,7 +6,7 @@
  * prefix 0..t. The cached decode must give every row's logits within 1e-5
  * of the row's largest |logit| (the matmuls sum in another order: oneDNN's
  * packed kernels or sgemv against sgemm, a few keys against T), for gpt and
- * llama, tied and untied,
+ * llama, tied and untied, llama's attention options and Gemma's,
  * and a layers list holding every op a token model can:
  * - a prefill of k tokens, then one token at a time to the end of seq_len;
  * - two sequences in one batch (slots 2 and 0 of 3) of different lengths,
@@ -292,6 +292,17 @@ static void test_llama_options(void **st) {
     check_prefill_then_steps_of(&s, 5);
     check_prefill_then_steps_of(&s, 1);
   }
+}
+
+/* Gemma's options: the GeGLU MLP, embeddings times sqrt(d), RMSNorms
+ * scaled by 1 + w (the scale and offset norm run on the call's rows),
+ * tied, multi-query as Gemma-2B. */
+static void test_gemma_options(void **st) {
+  (void)st;
+  pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA, 1);
+  s.n_heads = 2, s.n_kv_heads = 1, s.mlp_act = PW_MLP_ACT_GELU_TANH, s.embed_scale = 1, s.norm_offset = 1;
+  check_prefill_then_steps_of(&s, 5);
+  check_prefill_then_steps_of(&s, 1);
 }
 
 static void test_layers_list(void **st) {
@@ -600,6 +611,7 @@ int main(void) {
       cmocka_unit_test(test_gpt_untied),         cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_llama_untied),       cmocka_unit_test(test_llama_tied),
       cmocka_unit_test(test_llama_options),
+      cmocka_unit_test(test_gemma_options),
       cmocka_unit_test(test_layers_list),        cmocka_unit_test(test_rope_at_offset),
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),

@@ -60,6 +60,14 @@ static pw_model_spec llama_opts_spec(void) {
   return s;
 }
 
+/* Gemma's options: a GeGLU MLP (tanh GELU), embeddings times sqrt(d),
+ * RMSNorms scaled by 1 + w, tied, multi-query (Gemma-2B's shape). */
+static pw_model_spec gemma_spec(void) {
+  pw_model_spec s = llama_spec();
+  s.tie_embeddings = 1, s.n_kv_heads = 1, s.mlp_act = PW_MLP_ACT_GELU_TANH, s.embed_scale = 1, s.norm_offset = 1;
+  return s;
+}
+
 static pw_model_spec mlp_spec(void) {
   pw_model_spec s;
   memset(&s, 0, sizeof s);
@@ -135,7 +143,8 @@ static void gradcheck(pw_model_spec spec) {
     pw_prog_param *pp = pw_prog_param_at(p, i);
     pw_rng rb;
     pw_rng_seed(&rb, (uint64_t)i);
-    if (strstr(pp->meta->name, ".lora_B."))
+    if (strstr(pp->meta->name, ".lora_B.") || /* and Gemma's norm weights: off 0, the offset shows */
+        (strstr(pp->meta->name, "norm") && pp->meta->init == PW_INIT_ZEROS))
       for (size_t k = 0; k < pp->meta->numel; k++) pp->data[k] = (float)(0.3 * pw_rng_normal(&rb));
   }
   pw_prog_zero_grad(p);
@@ -186,6 +195,21 @@ static void test_gradcheck_llama_opts(void **st) {
   gradcheck(llama_opts_spec());
   pw_model_spec s = llama_opts_spec();
   s.n_kv_heads = 1; /* multi-query */
+  gradcheck(s);
+}
+
+/* The norms' weights start at 0 (scale 1 + w = 1); gradcheck moves them
+ * off it, so the offset and the weight are told apart. */
+static void test_gradcheck_gemma(void **st) {
+  gradcheck(gemma_spec());
+  pw_model_spec s = gemma_spec();
+  s.tie_embeddings = 0, s.n_kv_heads = 0, s.norm_offset = 0; /* each option alone too */
+  gradcheck(s);
+  s = llama_spec();
+  s.norm_offset = 1;
+  gradcheck(s);
+  s = llama_spec();
+  s.embed_scale = 1;
   gradcheck(s);
 }
 
@@ -374,6 +398,10 @@ static void test_staged_llama(void **st) {
 static void test_staged_llama_opts(void **st) {
   int cuts[] = {0, 2, 4};
   staged_equals_whole(llama_opts_spec(), cuts, 2);
+}
+static void test_staged_gemma(void **st) {
+  int cuts[] = {0, 1, 3, 4}; /* embed (its scale) | blocks | head (a tied lm_head) */
+  staged_equals_whole(gemma_spec(), cuts, 3);
 }
 static void test_staged_mlp(void **st) {
   int cuts[] = {0, 1, 3};
@@ -611,6 +639,50 @@ static void test_shapes_gqa(void **st) {
   pw_model_free(&mha);
 }
 
+/* Gemma's options in the graph: the scale node after the embedding
+ * (factor sqrt(d) as a float), every RMSNorm an rmsnorm_offset of 1 with
+ * weights initialised 0, a geglu for the swiglu; the parameters, FLOPs and
+ * activation bytes those of llama's (the scale adds its output, T d floats,
+ * and d T FLOPs each way). */
+static void test_shapes_gemma(void **st) {
+  pw_model_spec s = llama_spec();
+  s.seq_len = 16, s.d_model = 32, s.n_heads = 4, s.ffn_hidden = 64, s.tie_embeddings = 1;
+  pw_model m, g;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  s.mlp_act = PW_MLP_ACT_GELU_TANH, s.embed_scale = 1, s.norm_offset = 1;
+  assert_int_equal(pw_model_build(&s, &g, &err), 0);
+  assert_int_equal(pw_model_param_count(&g), pw_model_param_count(&m));
+  assert_int_equal(g.n_nodes, m.n_nodes + 1);
+  int counts[PW_OP__COUNT] = {0};
+  for (int i = 0; i < g.n_nodes; i++) {
+    const pw_node *n = &g.nodes[i];
+    counts[n->op]++;
+    if (n->op == PW_OP_SCALE) {
+      assert_int_equal(n->layer, 0);
+      assert_true(n->base == (float)sqrt(32.0) && n->in[0] == g.nodes[0].out);
+    }
+    if (n->op == PW_OP_RMSNORM_OFFSET) {
+      assert_true(n->base == 1.0f);
+      assert_int_equal(g.params[n->w].init, PW_INIT_ZEROS);
+    }
+  }
+  assert_int_equal(counts[PW_OP_SCALE], 1);
+  assert_int_equal(counts[PW_OP_RMSNORM_OFFSET], 2 * 2 + 1);
+  assert_int_equal(counts[PW_OP_RMSNORM] + counts[PW_OP_SWIGLU], 0);
+  assert_int_equal(counts[PW_OP_GEGLU], 2);
+  double T = 16, d = 32;
+  assert_true(g.layers[0].flops_f == m.layers[0].flops_f + T * d && g.layers[0].flops_i == T * d);
+  assert_true(g.layers[0].act_bytes == m.layers[0].act_bytes + (size_t)(T * d * 4));
+  for (int l = 1; l < g.n_layers; l++) {
+    assert_true(g.layers[l].flops_f == m.layers[l].flops_f && g.layers[l].flops_i == m.layers[l].flops_i &&
+                g.layers[l].flops_w == m.layers[l].flops_w);
+    assert_int_equal(g.layers[l].act_bytes, m.layers[l].act_bytes);
+  }
+  pw_model_free(&m);
+  pw_model_free(&g);
+}
+
 static void test_layers_list(void **st) {
   pw_layer_spec L[] = {
       {.type = PW_LAYER_LINEAR, .out = 16, .bias = 1},
@@ -687,6 +759,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shapes_and_counts),
       cmocka_unit_test(test_shapes_gqa),
+      cmocka_unit_test(test_shapes_gemma),
       cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_init_by_name),
       cmocka_unit_test(test_gradcheck_gpt),
@@ -694,6 +767,7 @@ int main(void) {
       cmocka_unit_test(test_gradcheck_llama),
       cmocka_unit_test(test_gradcheck_mlp),
       cmocka_unit_test(test_gradcheck_llama_opts),
+      cmocka_unit_test(test_gradcheck_gemma),
       cmocka_unit_test(test_gradcheck_mlp_xent),
       cmocka_unit_test(test_gradcheck_lora),
       cmocka_unit_test(test_split_backward_equals_full),
@@ -702,6 +776,7 @@ int main(void) {
       cmocka_unit_test(test_staged_llama),
       cmocka_unit_test(test_staged_mlp),
       cmocka_unit_test(test_staged_llama_opts),
+      cmocka_unit_test(test_staged_gemma),
       cmocka_unit_test(test_remat_gpt),
       cmocka_unit_test(test_remat_gpt_tied),
       cmocka_unit_test(test_remat_llama),

@@ -273,6 +273,12 @@ static const bad_case bad[] = {
     {B_GPT, "{'model':{'n_kv_heads':2}}", "model.n_kv_heads", "not used with template gpt"},
     {B_GPT, "{'model':{'qk_norm':true}}", "model.qk_norm", "not used with template gpt"},
     {B_LLAMA, "{'model':{'qkv_bias':1}}", "model.qkv_bias", "must be"},
+    {B_LLAMA, "{'model':{'head_dim':16}}", "model.head_dim", "16, but only d_model / n_heads (8) is built"},
+    {B_LLAMA, "{'model':{'mlp_act':'gelu'}}", "model.mlp_act", "must be one of silu, gelu_tanh"},
+    {B_LLAMA, "{'model':{'norm_offset':2}}", "model.norm_offset", "must be <= 1"},
+    {B_LLAMA, "{'model':{'norm_offset':1,'qk_norm':true}}", "model.norm_offset", "not with qk_norm"},
+    {B_GPT, "{'model':{'embed_scale':true}}", "model.embed_scale", "not used with template gpt"},
+    {B_GPT, "{'model':{'mlp_act':'gelu_tanh'}}", "model.mlp_act", "not used with template gpt"},
     {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'yarn','factor':8}}}", "model.rope_scaling.rope_type",
      "must be one of llama3"},
     {B_LLAMA, "{'model':{'rope_scaling':{'rope_type':'llama3','factor':8}}}", "model.rope_scaling.low_freq_factor",
@@ -730,6 +736,9 @@ static const char *const round_trip_specs[] = {
     "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':4,'n_kv_heads':1,'qkv_bias':true,"
     "'qk_norm':true,'rope_scaling':{'rope_type':'llama3','factor':8,'low_freq_factor':1,'high_freq_factor':4,"
     "'original_max_position_embeddings':8192}},'data':{'kind':'copy'}}",
+    "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'n_kv_heads':1,"
+    "'tie_embeddings':true,'mlp_act':'gelu_tanh','embed_scale':true,'norm_offset':1,'head_dim':8},"
+    "'data':{'kind':'copy'}}",
 };
 
 /* llama's attention options: in the canonical spec when set, left out
@@ -756,6 +765,40 @@ static void test_llama_options(void **st) {
       assert_int_equal(job.model.n_kv_heads, 2);
       assert_true(job.model.rope_scaling == 1 && job.model.rope_factor == 8 && job.model.rope_orig_max_pos == 8192);
       assert_true(job.model.qkv_bias && job.model.qk_norm);
+    }
+    canon[i] = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    pw_job_free(&job);
+  }
+  assert_string_equal(canon[0], canon[1]);
+  assert_string_not_equal(canon[0], canon[2]);
+  for (int i = 0; i < 3; i++) free(canon[i]);
+}
+
+/* Gemma's options: in the canonical spec when set, left out when off
+ * (mlp_act silu, norm_offset 0, head_dim d_model / n_heads), so the specs
+ * and plan hashes of jobs without them stay what they were. */
+static void test_gemma_options(void **st) {
+  (void)st;
+  static const char *const texts[] = {
+      "", ",'mlp_act':'silu','embed_scale':false,'norm_offset':0,'head_dim':8",
+      ",'mlp_act':'gelu_tanh','embed_scale':true,'norm_offset':1,'head_dim':8"};
+  static const char *const keys[] = {"mlp_act", "embed_scale", "norm_offset"};
+  char *canon[3], buf[512];
+  for (int i = 0; i < 3; i++) {
+    snprintf(buf, sizeof buf,
+             "{'model':{'template':'llama','seq_len':8,'d_model':32,'n_layers':1,'n_heads':4%s},'data':{'kind':'copy'}}",
+             texts[i]);
+    pw_job job = parse_ok(buf);
+    json_t *j = pw_job_to_json(&job), *m = json_object_get(j, "model");
+    assert_null(json_object_get(m, "head_dim"));
+    for (int k = 0; k < 3; k++)
+      if (i < 2) assert_null(json_object_get(m, keys[k]));
+      else assert_non_null(json_object_get(m, keys[k]));
+    if (i == 2) {
+      assert_true(job.model.mlp_act == PW_MLP_ACT_GELU_TANH && job.model.embed_scale && job.model.norm_offset == 1);
+      assert_string_equal(json_string_value(json_object_get(m, "mlp_act")), "gelu_tanh");
+      assert_int_equal(json_integer_value(json_object_get(m, "norm_offset")), 1);
     }
     canon[i] = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
@@ -1146,6 +1189,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_and_sgd),    cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_schedule_names), cmocka_unit_test(test_eval_every),
       cmocka_unit_test(test_llama_options),
+      cmocka_unit_test(test_gemma_options),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_zero_snapshots),
       cmocka_unit_test(test_serve),
