@@ -3,7 +3,7 @@
 #
 #   bash tests/ref/test_torch_ref.sh BUILD_DIR SOURCE_DIR      (ctest runs it so)
 #
-# For gpt, llama and llama's attention options (tests/ref/jobs/*-ref.json): pipewright writes its initial
+# For gpt, llama, llama's attention options and Gemma's (tests/ref/jobs/*-ref.json): pipewright writes its initial
 # parameters (train --steps 0) and trains 20 AdamW steps with warmup, cosine
 # decay and clipping (--log-json); tests/ref/torch_ref.py, an independent
 # PyTorch implementation of docs/contracts.md's contracts, loads the same initial
@@ -46,14 +46,16 @@ fi
 # gpt and llama: 20 steps to compare.py's defaults; llama's attention
 # options, each a tiny job of 3 steps, losses to 1e-5: llama-gqa
 # (n_kv_heads 2 of 4, Llama-3's rope_scaling), qwen2 (qkv_bias, one kv
-# head, tied), qwen3 (qk_norm, n_kv_heads 2), weights to 1e-4 of each
+# head, tied), qwen3 (qk_norm, n_kv_heads 2), gemma (Gemma's options:
+# mlp_act gelu_tanh, embed_scale, norm_offset 1; one kv head, tied,
+# 7.6e-6 measured), weights to 1e-4 of each
 # tensor's largest — but llama-gqa's to 2e-3: AdamW divides each update by
 # the gradient's own size, so an element whose gradient is ~0 by
 # cancellation moves by ~lr in the direction of its rounding noise (1.6e-3
 # in one element of its attn.proj at seed 1). The same job under SGD
 # (llama-gqa-sgd, no such division) holds its weights to 1e-5: the
 # gradients themselves agree.
-for model in gpt llama llama-gqa llama-gqa-sgd qwen2 qwen3; do
+for model in gpt llama llama-gqa llama-gqa-sgd qwen2 qwen3 gemma; do
   job=$REF/jobs/$model-ref.json
   tol=()
   case $model in

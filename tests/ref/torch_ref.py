@@ -76,6 +76,9 @@ def job_config(job):
         "rope_scaling": m.get("rope_scaling"),
         "qkv_bias": bool(m.get("qkv_bias", False)),
         "qk_norm": bool(m.get("qk_norm", False)),
+        "mlp_act": m.get("mlp_act", "silu"),
+        "embed_scale": bool(m.get("embed_scale", False)),
+        "norm_offset": int(m.get("norm_offset", 0)),
         "eps": float(m.get("norm_eps", 1e-5)),
         "init_std": float(m.get("init_std", 0.02)),
         "steps": int(t.get("steps", 100)),
@@ -99,6 +102,10 @@ def job_config(job):
         die("model.n_heads must divide d_model")
     if cfg["H"] % cfg["KV"]:
         die("model.n_kv_heads must divide n_heads")
+    if m.get("head_dim", cfg["d"] // cfg["H"]) != cfg["d"] // cfg["H"]:
+        die("model.head_dim: only d_model / n_heads is supported here")
+    if cfg["mlp_act"] not in ("silu", "gelu_tanh"):
+        die(f"model.mlp_act: unsupported {cfg['mlp_act']!r}")
     rs = cfg["rope_scaling"]
     if rs is not None and rs.get("rope_type") != "llama3":
         die(f"model.rope_scaling.rope_type: only llama3 is supported here, got {rs.get('rope_type')!r}")
@@ -204,7 +211,7 @@ def random_init(cfg, seed):
     for n, shape in param_shapes(cfg, hidden_size(cfg)).items():
         if len(shape) >= 2:
             out[n] = (rng.standard_normal(shape) * cfg["init_std"]).astype(np.float32)
-        elif n.endswith(".bias"):
+        elif n.endswith(".bias") or cfg["norm_offset"]:  # Gemma's norms: 1 + w, w = 0
             out[n] = np.zeros(shape, np.float32)
         else:
             out[n] = np.ones(shape, np.float32)
@@ -270,8 +277,11 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-def rmsnorm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def rmsnorm(x, w, eps, offset=0):
+    """Llama's RMSNorm (x * rstd * w), or with offset 1 Gemma's: transformers'
+    GemmaRMSNorm, x * rstd * (1.0 + w)."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * (1.0 + w) if offset else y * w
 
 
 def lin(P, name, x, cfg, bias=True):
@@ -297,8 +307,8 @@ def gpt_block(P, p, x, cfg):
 
 
 def llama_block(P, p, x, cfg, cos, sin):
-    eps = cfg["eps"]
-    a = rmsnorm(x, P[p + "norm1.weight"], eps)
+    eps, off = cfg["eps"], cfg["norm_offset"]
+    a = rmsnorm(x, P[p + "norm1.weight"], eps, off)
     B, T, d = a.shape
     H, KV, hd = cfg["H"], cfg["KV"], d // cfg["H"]
     qkv = lin(P, p + "attn.qkv", a, cfg, cfg["qkv_bias"])
@@ -312,8 +322,11 @@ def llama_block(P, p, x, cfg, cos, sin):
     # Hugging Face's repeat_kv: kv head j serves query heads j*G .. j*G+G-1
     k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
     x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg, False)
-    m = rmsnorm(x, P[p + "norm2.weight"], eps)
-    m = F.silu(lin(P, p + "mlp.gate", m, cfg, False)) * lin(P, p + "mlp.up", m, cfg, False)
+    m = rmsnorm(x, P[p + "norm2.weight"], eps, off)
+    g = lin(P, p + "mlp.gate", m, cfg, False)
+    # Gemma's GeGLU (transformers' gelu_pytorch_tanh), else Llama's SwiGLU
+    g = F.gelu(g, approximate="tanh") if cfg["mlp_act"] == "gelu_tanh" else F.silu(g)
+    m = g * lin(P, p + "mlp.up", m, cfg, False)
     return x + lin(P, p + "mlp.down", m, cfg, False)
 
 
@@ -327,11 +340,13 @@ def forward(P, cfg, idx):
             x = gpt_block(P, f"blocks.{i}.", x, cfg)
         x = F.layer_norm(x, (cfg["d"],), P["ln_f.weight"], P["ln_f.bias"], cfg["eps"])
     else:
+        if cfg["embed_scale"]:  # GemmaModel: times sqrt(hidden_size) as a tensor of the activations' dtype
+            x = x * torch.tensor(cfg["d"] ** 0.5, dtype=x.dtype)
         cos, sin = rope_cos_sin(T, cfg["d"] // cfg["H"], cfg["rope_base"], cfg["rope_scaling"])
         cos, sin = cos.to(x.device), sin.to(x.device)  # bench/torch_step.py --device cuda
         for i in range(cfg["L"]):
             x = llama_block(P, f"blocks.{i}.", x, cfg, cos, sin)
-        x = rmsnorm(x, P["norm_f.weight"], cfg["eps"])
+        x = rmsnorm(x, P["norm_f.weight"], cfg["eps"], cfg["norm_offset"])
     return lin(P, "lm_head", x, cfg, False)
 
 
