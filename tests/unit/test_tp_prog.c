@@ -1,7 +1,7 @@
 /* test_tp_prog: a tensor-parallel stage program (prog.h pw_prog_set_tp over
  * tp.h's pw_tp_model) run by tp threads that all-reduce in rank order
  * through shared memory, against the tp = 1 program of the same model:
- *   - gpt untied, gpt tied and llama, tp 2 and 4, the whole model as one
+ *   - gpt untied, gpt tied, llama and llama with Gemma's options, tp 2 and 4, the whole model as one
  *     stage and cut in two stages (ports between them);
  *   - two microbatches, one through a whole B, one through I then W (the
  *     ZeroBubble split), with remat on the second run;
@@ -223,17 +223,21 @@ static const char *const models[] = {
     ("\"template\": \"gpt\", " BASE "\"tie_embeddings\": false"),
     ("\"template\": \"gpt\", " BASE "\"tie_embeddings\": true"),
     ("\"template\": \"llama\", " BASE "\"ffn_hidden\": 64"),
+    /* Gemma's options: the scale and offset norms whole on every rank, the geglu over split hidden units */
+    ("\"template\": \"llama\", " BASE "\"ffn_hidden\": 64, \"tie_embeddings\": true, \"mlp_act\": \"gelu_tanh\", "
+     "\"embed_scale\": true, \"norm_offset\": 1"),
 };
+#define N_MODELS ((int)(sizeof models / sizeof *models))
 
 static void test_whole(void **state) {
   (void)state;
-  for (int v = 0; v < 3; v++)
+  for (int v = 0; v < N_MODELS; v++)
     for (int tp = 2; tp <= TPMAX; tp *= 2) check(models[v], tp, 0, 0);
 }
 
 static void test_cut_remat(void **state) {
   (void)state;
-  for (int v = 0; v < 3; v++) {
+  for (int v = 0; v < N_MODELS; v++) {
     check(models[v], 2, 1, 0);
     check(models[v], 2, 0, 1);
   }
