@@ -9,11 +9,15 @@
  * thread. Parallel over output rows only: every output element is written
  * by exactly one thread, every sum runs serially in a fixed order inside
  * that thread (no atomics, no shared memory), so a run gives the same bits
- * every time. Layout and arithmetic are ops.h's (ops.c's rope, ops_attn.c's
- * attention, ops_flash.c's tiled attention): qkv (B,T,3C) packed, q of head
- * h at columns h*HD, k at C + h*HD, v at 2C + h*HD; out and dout (B,T,C);
- * att (B,NH,T,T); lse (B,NH,T). Gradients into dqkv are stored as
- * ops_math.h's pw__acc: (acc ? old : 0) + g.
+ * every time. Layout and arithmetic are ops.h's (ops_attn.c's rope and
+ * attention, ops_flash.c's tiled attention): qkv rows of W = C + 2 NKV HD
+ * packed, q of head h at columns h*HD, k of key/value head g at C + g*HD,
+ * v at C + NKV*HD + g*HD, query head h reading kv head h / (NH / NKV)
+ * (grouped-query: Hugging Face's repeat_kv); out and dout (B,T,C); att
+ * (B,NH,T,T); lse (B,NH,T). Gradients into dqkv are stored as ops_math.h's
+ * pw__acc: (acc ? old : 0) + g. The backwards take D_i = dout_i . out_i
+ * (the same number as sum_j p_ij dp_ij), so a key row's thread needs
+ * nothing another thread made.
  *
  * Sums over a head's HD elements run in chunks of PW_CU_ATTN_CHUNK
  * accumulators a thread keeps (the test shrinks it to cover several chunks
@@ -41,16 +45,21 @@
 #define PW_CU_ATTN_CHUNK 64
 #endif
 
-/* One attention call's shapes; C the model width (qkv rows are 3C). */
+#include "ops_rope.h" /* pw_rope, pw_rope_inv_freq: the CPU's angles */
+
+/* One attention call's shapes: C the query width (NH HD), NKV key/value
+ * heads, W = C + 2 NKV HD a qkv row, G = NH / NKV query heads a kv head. */
 typedef struct {
-  int B, T, C, NH, HD;
+  int B, T, C, NH, NKV, HD, W, G;
   float scale; /* 1 / sqrtf(HD), as the CPU computes it */
 } pw_cu_attn_dims;
 
-/* The shapes of a call on qkv (B,T,3C) of NH heads (host side). */
-static inline pw_cu_attn_dims pw_cu_attn_dims_make(int B, int T, int C, int NH) {
+/* The shapes of a call of NH query heads and NKV kv heads (<= 0: NH) over
+ * a query width C (host side). */
+static inline pw_cu_attn_dims pw_cu_attn_dims_make(int B, int T, int C, int NH, int NKV) {
   pw_cu_attn_dims d;
-  d.B = B, d.T = T, d.C = C, d.NH = NH, d.HD = C / NH;
+  d.B = B, d.T = T, d.C = C, d.NH = NH, d.NKV = NKV > 0 ? NKV : NH, d.HD = C / NH;
+  d.W = C + 2 * d.NKV * d.HD, d.G = NH / d.NKV;
   d.scale = 1.0f / sqrtf((float)d.HD);
   return d;
 }
@@ -65,28 +74,29 @@ static inline PW_HD float pw_cu__dot(const float *x, const float *y, int n) {
 
 /* ---- rope ------------------------------------------------------------------ */
 
-/* Threads of a rope call: one per pair (i, i + HD/2) of each of the 3 NH
- * head blocks of each row. */
-static inline PW_HD size_t pw_cu_rope_n(int B, int T, int C) { return (size_t)B * T * 3 * (size_t)(C / 2); }
+/* Threads of a rope call: one per pair (i, i + HD/2) of each of the
+ * NH + 2 NKV head blocks of each row (W = (NH + 2 NKV) HD). */
+static inline PW_HD size_t pw_cu_rope_n(int B, int T, int NH, int NKV, int HD) {
+  return (size_t)B * T * (size_t)(NH + 2 * NKV) * (size_t)(HD / 2);
+}
 
-/* Pair i of head block hh (q heads, then k heads, then v heads) of row r:
+/* Pair i of head block hh (NH q heads, NKV k heads, NKV v heads) of row r:
  * q and k rotated by angle t * inv_freq (the transpose rotation backward),
- * v copied through; backward stores with acc. inv_freq, cos and sin in
- * double rounded to float: the correctly rounded values glibc's powf, cosf
- * and sinf give (CUDA's float ones may differ by ulps), as inv_freq's last
- * bit is multiplied by t in the angle. */
-static inline PW_HD void pw_cu_rope_body(float *out, const float *inp, int T, int C, int NH, float base,
+ * v copied through; backward stores with acc. inv_freq is ops_rope.h's (so
+ * the CPU's, Llama-3's rope_scaling too); cos and sin in double rounded to
+ * float: the correctly rounded values glibc's cosf and sinf give (CUDA's
+ * float ones may differ by ulps). */
+static inline PW_HD void pw_cu_rope_body(float *out, const float *inp, int T, int NH, int NKV, int HD, pw_rope rp,
                                          int backward, int acc, size_t idx) {
-  int HD = C / NH, half = HD / 2;
+  int half = HD / 2, blocks = NH + 2 * NKV;
   int i = (int)(idx % (size_t)half);
   size_t rh = idx / (size_t)half;
-  int hh = (int)(rh % (size_t)(3 * NH));
-  size_t r = rh / (size_t)(3 * NH);
-  size_t o = r * 3 * (size_t)C + (size_t)hh * HD;
+  int hh = (int)(rh % (size_t)blocks);
+  size_t r = rh / (size_t)blocks;
+  size_t o = r * (size_t)blocks * HD + (size_t)hh * HD;
   float x1 = inp[o + i], x2 = inp[o + i + half], y1 = x1, y2 = x2;
-  if (hh < 2 * NH) {
-    float inv_freq = 1.0f / (float)pow((double)base, (double)((float)(2 * i) / (float)HD));
-    float ang = (float)(int)(r % (size_t)T) * inv_freq;
+  if (hh < NH + NKV) {
+    float ang = (float)(int)(r % (size_t)T) * pw_rope_inv_freq(&rp, i, HD);
     float c = (float)cos((double)ang), s = (float)sin((double)ang);
     if (!backward) {
       y1 = x1 * c - x2 * s;
@@ -107,31 +117,40 @@ static inline PW_HD void pw_cu_rope_body(float *out, const float *inp, int T, in
 
 /* ---- pointers of one (b, h) ----------------------------------------------- */
 
-/* Threads of a forward: one per query row of each (b, h). */
+/* Threads of a forward or a dq pass: one per query row of each (b, h). */
 static inline PW_HD size_t pw_cu_attn_n(pw_cu_attn_dims d) { return (size_t)d.B * d.NH * d.T; }
+/* Threads of a dk/dv pass: one per key row of each (b, g). */
+static inline PW_HD size_t pw_cu_attn_kv_n(pw_cu_attn_dims d) { return (size_t)d.B * d.NKV * d.T; }
 
-/* Row i of (b, h) from a thread index over the B NH T rows, pair p = b NH + h. */
+/* Row i of head h of sequence b; p = b NH + h (or b NKV + g for a kv row). */
 typedef struct {
   int b, h, i;
-  size_t p; /* b * NH + h */
+  size_t p;
 } pw_cu__row;
 
-static inline PW_HD pw_cu__row pw_cu__row_of(pw_cu_attn_dims d, size_t idx) {
+/* From a thread index over the B NH T rows (heads NH) or B NKV T (NKV). */
+static inline PW_HD pw_cu__row pw_cu__row_of(pw_cu_attn_dims d, int heads, size_t idx) {
   pw_cu__row r;
   r.i = (int)(idx % (size_t)d.T);
   r.p = idx / (size_t)d.T;
-  r.h = (int)(r.p % (size_t)d.NH);
-  r.b = (int)(r.p / (size_t)d.NH);
+  r.h = (int)(r.p % (size_t)heads);
+  r.b = (int)(r.p / (size_t)heads);
   return r;
 }
 
-/* q of row 0 of (b, h) in qkv (k at + C, v at + 2C; row j at + j 3C) */
-static inline PW_HD size_t pw_cu__qkv0(pw_cu_attn_dims d, pw_cu__row r) {
-  return (size_t)r.b * d.T * 3 * (size_t)d.C + (size_t)r.h * d.HD;
+/* Row 0 of sequence b's q of head h, k and v of kv head g, in qkv (row j at + j W) */
+static inline PW_HD size_t pw_cu__q0(pw_cu_attn_dims d, int b, int h) {
+  return (size_t)b * d.T * d.W + (size_t)h * d.HD;
+}
+static inline PW_HD size_t pw_cu__k0(pw_cu_attn_dims d, int b, int g) {
+  return (size_t)b * d.T * d.W + (size_t)d.C + (size_t)g * d.HD;
+}
+static inline PW_HD size_t pw_cu__v0(pw_cu_attn_dims d, int b, int g) {
+  return pw_cu__k0(d, b, g) + (size_t)d.NKV * d.HD;
 }
 /* out / dout of row i of (b, h) */
-static inline PW_HD size_t pw_cu__out_at(pw_cu_attn_dims d, pw_cu__row r, int i) {
-  return ((size_t)r.b * d.T + (size_t)i) * d.C + (size_t)r.h * d.HD;
+static inline PW_HD size_t pw_cu__out_at(pw_cu_attn_dims d, int b, int h, int i) {
+  return ((size_t)b * d.T + (size_t)i) * d.C + (size_t)h * d.HD;
 }
 
 /* ---- attention (ops_attn.c): probabilities saved -------------------------- */
@@ -141,13 +160,14 @@ static inline PW_HD size_t pw_cu__out_at(pw_cu_attn_dims d, pw_cu__row r, int i)
  * out_i = sum_j p_j v_j. */
 static inline PW_HD void pw_cu_attn_fwd_body(float *out, float *att, const float *qkv, pw_cu_attn_dims d,
                                              size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, idx);
-  size_t C3 = 3 * (size_t)d.C;
-  const float *q0 = qkv + pw_cu__qkv0(d, r), *q = q0 + (size_t)r.i * C3;
+  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
+  int g = r.h / d.G;
+  const float *q = qkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
+  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
   float *p = att + idx * (size_t)d.T; /* row i of (b, h): ((b NH + h) T + i) T */
   float mx = 0.0f, sum = 0.0f;
   for (int j = 0; j <= r.i; j++) {
-    float s = d.scale * pw_cu__dot(q, q0 + (size_t)j * C3 + d.C, d.HD);
+    float s = d.scale * pw_cu__dot(q, k0 + (size_t)j * d.W, d.HD);
     p[j] = s;
     mx = j == 0 || s > mx ? s : mx;
   }
@@ -158,74 +178,65 @@ static inline PW_HD void pw_cu_attn_fwd_body(float *out, float *att, const float
   float inv = 1.0f / sum;
   for (int j = 0; j <= r.i; j++) p[j] *= inv;
   for (int j = r.i + 1; j < d.T; j++) p[j] = 0.0f;
-  float *o = out + pw_cu__out_at(d, r, r.i);
-  const float *v0 = q0 + 2 * (size_t)d.C;
+  float *o = out + pw_cu__out_at(d, r.b, r.h, r.i);
   for (int e = 0; e < d.HD; e++) {
     float a = 0.0f;
-    for (int j = 0; j <= r.i; j++) a += p[j] * v0[(size_t)j * C3 + e];
+    for (int j = 0; j <= r.i; j++) a += p[j] * v0[(size_t)j * d.W + e];
     o[e] = a;
   }
 }
 
-/* The backward runs in groups of pairs (b, h): D_i = sum_j p_ij dp_ij of
- * each row of a group is kept in the scratch (ops.h: at least T T floats)
- * between its two kernels, T floats a pair, so a group is T pairs. */
-static inline PW_HD int pw_cu_attn_bwd_group(int T) { return T; }
-
-/* Query row i of pair p0 + idx / T: dp_j = dout_i.v_j, D_i = sum_j p_j dp_j
- * into D[idx] (D: the group's first pair), dS_j = p_j (dp_j - D_i) and
- * dq_i = scale sum_j dS_j k_j. */
-static inline PW_HD void pw_cu_attn_bwd_q_body(float *dqkv, float *D, const float *dout, const float *qkv,
-                                               const float *att, pw_cu_attn_dims d, int acc, size_t p0, size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, p0 * (size_t)d.T + idx);
-  size_t C3 = 3 * (size_t)d.C;
-  size_t q0 = pw_cu__qkv0(d, r);
-  const float *k0 = qkv + q0 + d.C, *v0 = qkv + q0 + 2 * (size_t)d.C;
-  const float *dO = dout + pw_cu__out_at(d, r, r.i);
-  const float *p = att + (r.p * (size_t)d.T + (size_t)r.i) * d.T;
-  float Di = 0.0f;
-  for (int j = 0; j <= r.i; j++) Di += p[j] * pw_cu__dot(dO, v0 + (size_t)j * C3, d.HD);
-  D[idx] = Di;
-  float *dq = dqkv + q0 + (size_t)r.i * C3;
+/* Query row i of (b, h): dp_j = dout_i.v_j, D_i = dout_i.out_i, dS_j =
+ * p_j (dp_j - D_i) and dq_i = scale sum_j dS_j k_j. */
+static inline PW_HD void pw_cu_attn_bwd_q_body(float *dqkv, const float *dout, const float *out, const float *qkv,
+                                               const float *att, pw_cu_attn_dims d, int acc, size_t idx) {
+  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
+  int g = r.h / d.G;
+  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
+  size_t oi = pw_cu__out_at(d, r.b, r.h, r.i);
+  const float *dO = dout + oi;
+  const float *p = att + idx * (size_t)d.T;
+  float Di = pw_cu__dot(dO, out + oi, d.HD);
+  float *dq = dqkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
   for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
     int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
-    float g[PW_CU_ATTN_CHUNK];
-    for (int e = 0; e < w; e++) g[e] = 0.0f;
+    float gq[PW_CU_ATTN_CHUNK];
+    for (int e = 0; e < w; e++) gq[e] = 0.0f;
     for (int j = 0; j <= r.i; j++) {
-      float ds = p[j] * (pw_cu__dot(dO, v0 + (size_t)j * C3, d.HD) - Di);
-      const float *kj = k0 + (size_t)j * C3 + e0;
-      for (int e = 0; e < w; e++) g[e] += ds * kj[e];
+      float ds = p[j] * (pw_cu__dot(dO, v0 + (size_t)j * d.W, d.HD) - Di);
+      const float *kj = k0 + (size_t)j * d.W + e0;
+      for (int e = 0; e < w; e++) gq[e] += ds * kj[e];
     }
-    for (int e = 0; e < w; e++) dq[e0 + e] = pw_cu__acc(acc, dq[e0 + e], d.scale * g[e]);
+    for (int e = 0; e < w; e++) dq[e0 + e] = pw_cu__acc(acc, dq[e0 + e], d.scale * gq[e]);
   }
 }
 
-/* Key row j of pair p0 + idx / T, over the query rows i >= j that see it:
- * dk_j = scale sum_i dS_ij q_i, dv_j = sum_i p_ij dout_i, with the D the
- * q kernel left in D (the group's). */
-static inline PW_HD void pw_cu_attn_bwd_kv_body(float *dqkv, const float *D, const float *dout, const float *qkv,
-                                                const float *att, pw_cu_attn_dims d, int acc, size_t p0,
-                                                size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, p0 * (size_t)d.T + idx);
+/* Key row j of kv head g of b, over the query heads h of its group and
+ * the query rows i >= j that see it: dk_j = scale sum_h sum_i dS_hij q_hi,
+ * dv_j = sum_h sum_i p_hij dout_hi. */
+static inline PW_HD void pw_cu_attn_bwd_kv_body(float *dqkv, const float *dout, const float *out, const float *qkv,
+                                                const float *att, pw_cu_attn_dims d, int acc, size_t idx) {
+  pw_cu__row r = pw_cu__row_of(d, d.NKV, idx); /* r.h: the kv head */
   int j = r.i;
-  size_t C3 = 3 * (size_t)d.C;
-  size_t q0 = pw_cu__qkv0(d, r);
-  const float *vj = qkv + q0 + 2 * (size_t)d.C + (size_t)j * C3;
-  const float *Dp = D + (idx - (size_t)j); /* row 0 of this pair */
-  const float *pc = att + r.p * (size_t)d.T * d.T + (size_t)j; /* column j: row i at + i T */
-  float *dk = dqkv + q0 + d.C + (size_t)j * C3, *dv = dk + d.C;
+  const float *vj = qkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
+  float *dk = dqkv + pw_cu__k0(d, r.b, r.h) + (size_t)j * d.W;
+  float *dv = dqkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
   for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
     int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
     float gk[PW_CU_ATTN_CHUNK], gv[PW_CU_ATTN_CHUNK];
     for (int e = 0; e < w; e++) gk[e] = gv[e] = 0.0f;
-    for (int i = j; i < d.T; i++) {
-      const float *dO = dout + pw_cu__out_at(d, r, i);
-      const float *qi = qkv + q0 + (size_t)i * C3 + e0;
-      float pij = pc[(size_t)i * d.T];
-      float ds = pij * (pw_cu__dot(dO, vj, d.HD) - Dp[i]);
-      for (int e = 0; e < w; e++) {
-        gk[e] += ds * qi[e];
-        gv[e] += pij * dO[e0 + e];
+    for (int h = r.h * d.G; h < (r.h + 1) * d.G; h++) {
+      const float *q0 = qkv + pw_cu__q0(d, r.b, h);
+      const float *pc = att + ((size_t)r.b * d.NH + (size_t)h) * d.T * d.T + (size_t)j; /* column j: row i at + i T */
+      for (int i = j; i < d.T; i++) {
+        size_t oi = pw_cu__out_at(d, r.b, h, i);
+        const float *dO = dout + oi, *qi = q0 + (size_t)i * d.W + e0;
+        float pij = pc[(size_t)i * d.T];
+        float ds = pij * (pw_cu__dot(dO, vj, d.HD) - pw_cu__dot(dO, out + oi, d.HD));
+        for (int e = 0; e < w; e++) {
+          gk[e] += ds * qi[e];
+          gv[e] += pij * dO[e0 + e];
+        }
       }
     }
     for (int e = 0; e < w; e++) {
@@ -242,18 +253,18 @@ static inline PW_HD void pw_cu_attn_bwd_kv_body(float *dqkv, const float *D, con
  * out_i = sum_j exp(s_j - m) v_j / l and lse_i = m + log l. */
 static inline PW_HD void pw_cu_attn_tiled_fwd_body(float *out, float *lse, const float *qkv, pw_cu_attn_dims d,
                                                    size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, idx);
-  size_t C3 = 3 * (size_t)d.C;
-  const float *q0 = qkv + pw_cu__qkv0(d, r), *q = q0 + (size_t)r.i * C3;
-  const float *k0 = q0 + d.C, *v0 = q0 + 2 * (size_t)d.C;
-  float *o = out + pw_cu__out_at(d, r, r.i);
+  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
+  int g = r.h / d.G;
+  const float *q = qkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
+  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
+  float *o = out + pw_cu__out_at(d, r.b, r.h, r.i);
   for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
     int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
     float a[PW_CU_ATTN_CHUNK];
     float m = d.scale * pw_cu__dot(q, k0, d.HD), l = 1.0f; /* key 0: every row sees it */
     for (int e = 0; e < w; e++) a[e] = v0[e0 + e];
     for (int j = 1; j <= r.i; j++) {
-      float s = d.scale * pw_cu__dot(q, k0 + (size_t)j * C3, d.HD);
+      float s = d.scale * pw_cu__dot(q, k0 + (size_t)j * d.W, d.HD);
       if (s > m) {
         float al = expf(m - s);
         l *= al;
@@ -261,7 +272,7 @@ static inline PW_HD void pw_cu_attn_tiled_fwd_body(float *out, float *lse, const
         m = s;
       }
       float pj = expf(s - m);
-      const float *vj = v0 + (size_t)j * C3 + e0;
+      const float *vj = v0 + (size_t)j * d.W + e0;
       l += pj;
       for (int e = 0; e < w; e++) a[e] += pj * vj[e];
     }
@@ -276,54 +287,57 @@ static inline PW_HD void pw_cu_attn_tiled_fwd_body(float *out, float *lse, const
 static inline PW_HD void pw_cu_attn_tiled_bwd_q_body(float *dqkv, const float *dout, const float *out,
                                                      const float *qkv, const float *lse, pw_cu_attn_dims d, int acc,
                                                      size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, idx);
-  size_t C3 = 3 * (size_t)d.C;
-  size_t q0 = pw_cu__qkv0(d, r);
-  const float *q = qkv + q0 + (size_t)r.i * C3, *k0 = qkv + q0 + d.C, *v0 = qkv + q0 + 2 * (size_t)d.C;
-  size_t oi = pw_cu__out_at(d, r, r.i);
+  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
+  int g = r.h / d.G;
+  const float *q = qkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
+  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
+  size_t oi = pw_cu__out_at(d, r.b, r.h, r.i);
   const float *dO = dout + oi;
   float Di = pw_cu__dot(dO, out + oi, d.HD), L = lse[idx];
-  float *dq = dqkv + q0 + (size_t)r.i * C3;
+  float *dq = dqkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
   for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
     int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
-    float g[PW_CU_ATTN_CHUNK];
-    for (int e = 0; e < w; e++) g[e] = 0.0f;
+    float gq[PW_CU_ATTN_CHUNK];
+    for (int e = 0; e < w; e++) gq[e] = 0.0f;
     for (int j = 0; j <= r.i; j++) {
-      float pj = expf(d.scale * pw_cu__dot(q, k0 + (size_t)j * C3, d.HD) - L);
-      float ds = pj * (pw_cu__dot(dO, v0 + (size_t)j * C3, d.HD) - Di);
-      const float *kj = k0 + (size_t)j * C3 + e0;
-      for (int e = 0; e < w; e++) g[e] += ds * kj[e];
+      float pj = expf(d.scale * pw_cu__dot(q, k0 + (size_t)j * d.W, d.HD) - L);
+      float ds = pj * (pw_cu__dot(dO, v0 + (size_t)j * d.W, d.HD) - Di);
+      const float *kj = k0 + (size_t)j * d.W + e0;
+      for (int e = 0; e < w; e++) gq[e] += ds * kj[e];
     }
-    for (int e = 0; e < w; e++) dq[e0 + e] = pw_cu__acc(acc, dq[e0 + e], d.scale * g[e]);
+    for (int e = 0; e < w; e++) dq[e0 + e] = pw_cu__acc(acc, dq[e0 + e], d.scale * gq[e]);
   }
 }
 
-/* Key row j of (b, h) over the query rows i >= j: p_ij recomputed from
- * lse_i, D_i = dout_i.out_i, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i
- * p_ij dout_i. */
+/* Key row j of kv head g of b over its group's query heads h and the rows
+ * i >= j: p_hij recomputed from lse, D_hi = dout_hi.out_hi, dk_j = scale
+ * sum_h sum_i dS_hij q_hi, dv_j = sum_h sum_i p_hij dout_hi. */
 static inline PW_HD void pw_cu_attn_tiled_bwd_kv_body(float *dqkv, const float *dout, const float *out,
                                                       const float *qkv, const float *lse, pw_cu_attn_dims d, int acc,
                                                       size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, idx);
+  pw_cu__row r = pw_cu__row_of(d, d.NKV, idx); /* r.h: the kv head */
   int j = r.i;
-  size_t C3 = 3 * (size_t)d.C;
-  size_t q0 = pw_cu__qkv0(d, r);
-  const float *kj = qkv + q0 + d.C + (size_t)j * C3, *vj = kj + d.C;
-  const float *L = lse + (idx - (size_t)j); /* row 0 of this pair */
-  float *dk = dqkv + q0 + d.C + (size_t)j * C3, *dv = dk + d.C;
+  const float *kj = qkv + pw_cu__k0(d, r.b, r.h) + (size_t)j * d.W;
+  const float *vj = qkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
+  float *dk = dqkv + pw_cu__k0(d, r.b, r.h) + (size_t)j * d.W;
+  float *dv = dqkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
   for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
     int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
     float gk[PW_CU_ATTN_CHUNK], gv[PW_CU_ATTN_CHUNK];
     for (int e = 0; e < w; e++) gk[e] = gv[e] = 0.0f;
-    for (int i = j; i < d.T; i++) {
-      const float *qi = qkv + q0 + (size_t)i * C3;
-      size_t oi = pw_cu__out_at(d, r, i);
-      const float *dO = dout + oi;
-      float pij = expf(d.scale * pw_cu__dot(qi, kj, d.HD) - L[i]);
-      float ds = pij * (pw_cu__dot(dO, vj, d.HD) - pw_cu__dot(dO, out + oi, d.HD));
-      for (int e = 0; e < w; e++) {
-        gk[e] += ds * qi[e0 + e];
-        gv[e] += pij * dO[e0 + e];
+    for (int h = r.h * d.G; h < (r.h + 1) * d.G; h++) {
+      const float *q0 = qkv + pw_cu__q0(d, r.b, h);
+      const float *L = lse + ((size_t)r.b * d.NH + (size_t)h) * d.T;
+      for (int i = j; i < d.T; i++) {
+        const float *qi = q0 + (size_t)i * d.W;
+        size_t oi = pw_cu__out_at(d, r.b, h, i);
+        const float *dO = dout + oi;
+        float pij = expf(d.scale * pw_cu__dot(qi, kj, d.HD) - L[i]);
+        float ds = pij * (pw_cu__dot(dO, vj, d.HD) - pw_cu__dot(dO, out + oi, d.HD));
+        for (int e = 0; e < w; e++) {
+          gk[e] += ds * qi[e0 + e];
+          gv[e] += pij * dO[e0 + e];
+        }
       }
     }
     for (int e = 0; e < w; e++) {

@@ -116,12 +116,14 @@ static const gpu_op OPS[] = {
     {PW_OP_ATTENTION_TILED, "attention_tiled", pw_cu_attention_tiled_f, pw_cu_attention_tiled_i},
 };
 
-static void check_op(const gpu_op *o, int B, int T, int NH, int HD) {
-  int C = NH * HD, rope = o->op == PW_OP_ROPE;
-  pw_node nd = {.op = (uint8_t)o->op, .C = 3 * C, .OC = rope ? 3 * C : C, .NH = NH, .T = T, .base = 10000.0f};
-  size_t nq = (size_t)B * T * 3 * C, no = rope ? nq : (size_t)B * T * C;
+static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD) {
+  int C = NH * HD, W = C + 2 * NKV * HD, rope = o->op == PW_OP_ROPE;
+  pw_node nd = {.op = (uint8_t)o->op, .C = W, .OC = rope ? W : C, .NH = NH, .NKV = NKV, .T = T, .base = 10000.0f};
+  if (NKV < NH) /* grouped-query shapes get Llama-3's rope scaling too */
+    nd.rope_factor = 8.0f, nd.rope_low_freq = 1.0f, nd.rope_high_freq = 4.0f, nd.rope_orig_max_pos = 64;
+  size_t nq = (size_t)B * T * W, no = rope ? nq : (size_t)B * T * C;
   size_t naux = o->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : o->op == PW_OP_ATTENTION_TILED ? (size_t)B * NH * T : 0;
-  size_t nscr = o->op == PW_OP_ATTENTION ? (size_t)T * T : o->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NH) : 0;
+  size_t nscr = o->op == PW_OP_ATTENTION ? (size_t)T * T : o->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NKV) : 0;
   float *qkv = host(nq), *dout = host(no), *out = host(no), *aux = host(naux), *scr = host(nscr), *din = host(nq);
   float *g1 = host(nq > naux ? nq : naux), *g2 = host(nq > naux ? nq : naux), *pre = host(nq);
   float *d_qkv = dev(nq), *d_dout = dev(no), *d_out = dev(no), *d_aux = dev(naux), *d_scr = dev(nscr), *d_din = dev(nq);
@@ -144,12 +146,12 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int HD) {
     run(o->fwd, &g);
     down(k ? g2 : g1, d_out, no);
   }
-  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d: out", o->name, B, T, NH, HD);
+  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: out", o->name, B, T, NH, NKV, HD);
   expect_close(what, g1, out, no);
   expect_same_bits(what, g1, g2, no);
   if (naux) {
     down(g1, d_aux, naux);
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d: %s", o->name, B, T, NH, HD,
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: %s", o->name, B, T, NH, NKV, HD,
              o->op == PW_OP_ATTENTION ? "att" : "lse");
     expect_close(what, g1, aux, naux);
   }
@@ -172,7 +174,7 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int HD) {
       run(o->bwd, &g);
       down(k ? g2 : g1, d_din, nq);
     }
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d acc=%d: dqkv", o->name, B, T, NH, HD, acc);
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d acc=%d: dqkv", o->name, B, T, NH, NKV, HD, acc);
     expect_close(what, g1, din, nq);
     expect_same_bits(what, g1, g2, nq);
   }
@@ -188,13 +190,13 @@ int main(void) {
     printf("SKIP test_cuda_attn: no CUDA device visible (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return 77;
   }
-  static const int shapes[][4] = {/* B, T, NH, HD */
-                                  {2, 1, 1, 4},   {2, 1, 3, 16},  {2, 4, 3, 4},    {2, 7, 3, 16},
-                                  {2, 33, 1, 4},  {2, 33, 3, 16}, {2, 130, 2, 64}, {2, 300, 2, 128},
-                                  {1, 1024, 4, 64}};
+  static const int shapes[][5] = {/* B, T, NH, NKV, HD: multi-head, then grouped-query and multi-query */
+                                  {2, 1, 1, 1, 4},    {2, 1, 3, 3, 16},  {2, 4, 3, 3, 4},    {2, 7, 3, 3, 16},
+                                  {2, 33, 1, 1, 4},   {2, 33, 3, 3, 16}, {2, 130, 2, 2, 64}, {2, 300, 2, 2, 128},
+                                  {1, 1024, 4, 4, 64}, {2, 33, 4, 2, 16}, {2, 130, 8, 2, 64}, {1, 300, 4, 1, 64}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
     for (size_t k = 0; k < sizeof OPS / sizeof *OPS; k++)
-      check_op(&OPS[k], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+      check_op(&OPS[k], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
   printf("test_cuda_attn: %d of %d checks passed\n", checks - failed, checks);
   return failed ? 1 : 0;
 }

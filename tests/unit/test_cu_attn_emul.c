@@ -9,13 +9,10 @@
  *   every element written), backward overwriting (NaN pre-filled) and
  *   accumulating into random gradients, each within 1e-5 of the largest
  *   |element| of the CPU's result.
- * - Shapes B 2, T 1, 4, 7 and 33, NH 1 and 3, HD 4, 12 and 16, with the
- *   bodies' sums over HD in chunks of 8 (the GPU's 64): one partial chunk,
- *   a full and a partial one, two full ones. T 1 and 4 with NH 3 split
- *   attention's backward into groups of T heads (the scratch holds D of T
- *   rows for T heads), the last one partial at T 4.
- * - The attention backward's scratch is exactly ops.h's T x T floats (ASan
- *   builds catch a body that reaches past it). */
+ * - Shapes B 2, T 1, 4, 7 and 33, heads (NH, NKV) (1, 1), (3, 3), (4, 2)
+ *   grouped-query with Llama-3's rope scaling, (4, 1) multi-query, HD 4, 12
+ *   and 16, with the bodies' sums over HD in chunks of 8 (the GPU's 64): one
+ *   partial chunk, a full and a partial one, two full ones. */
 #define PW_CU_ATTN_CHUNK 8
 
 #include "../../common/cuda/cu_attn_body.h"
@@ -24,18 +21,22 @@
 
 /* ---- cu_attn.cu's entry points, each launch a loop over its threads ------- */
 
+static int nkv_of(const pw_node *nd) { return nd->NKV > 0 ? nd->NKV : nd->NH; }
+
 static pw_cu_attn_dims dims_of(const pw_kernel_io *io) {
-  return pw_cu_attn_dims_make(io->B, io->n->T, io->n->C / 3, io->n->NH);
+  return pw_cu_attn_dims_make(io->B, io->n->T, io->n->OC, io->n->NH, nkv_of(io->n));
 }
 
 static void emu_rope(const pw_kernel_io *io, int backward) {
   const pw_node *nd = io->n;
-  size_t n = pw_cu_rope_n(io->B, nd->T, nd->C / 3);
+  int nkv = nkv_of(nd), HD = nd->C / (nd->NH + 2 * nkv);
+  pw_rope rp = {nd->base, nd->rope_factor, nd->rope_low_freq, nd->rope_high_freq, nd->rope_orig_max_pos};
+  size_t n = pw_cu_rope_n(io->B, nd->T, nd->NH, nkv, HD);
   for (size_t i = 0; i < n; i++)
     if (!backward)
-      pw_cu_rope_body(io->out, io->in0, nd->T, nd->C / 3, nd->NH, nd->base, 0, 0, i);
+      pw_cu_rope_body(io->out, io->in0, nd->T, nd->NH, nkv, HD, rp, 0, 0, i);
     else
-      pw_cu_rope_body(io->din0, io->dout, nd->T, nd->C / 3, nd->NH, nd->base, 1, io->acc0, i);
+      pw_cu_rope_body(io->din0, io->dout, nd->T, nd->NH, nkv, HD, rp, 1, io->acc0, i);
 }
 
 static void emu_attention_f(const pw_kernel_io *io) {
@@ -43,16 +44,13 @@ static void emu_attention_f(const pw_kernel_io *io) {
   for (size_t i = 0; i < pw_cu_attn_n(d); i++) pw_cu_attn_fwd_body(io->out, io->aux, io->in0, d, i);
 }
 
+/* dq's threads, then dk/dv's: the two launches of cu_attn.cu */
 static void emu_attention_i(const pw_kernel_io *io) {
   pw_cu_attn_dims d = dims_of(io);
-  size_t pairs = (size_t)d.B * d.NH, g = (size_t)pw_cu_attn_bwd_group(d.T);
-  for (size_t p0 = 0; p0 < pairs; p0 += g) {
-    size_t n = (pairs - p0 < g ? pairs - p0 : g) * (size_t)d.T;
-    for (size_t i = 0; i < n; i++)
-      pw_cu_attn_bwd_q_body(io->din0, io->scratch, io->dout, io->in0, io->aux, d, io->acc0, p0, i);
-    for (size_t i = 0; i < n; i++)
-      pw_cu_attn_bwd_kv_body(io->din0, io->scratch, io->dout, io->in0, io->aux, d, io->acc0, p0, i);
-  }
+  for (size_t i = 0; i < pw_cu_attn_n(d); i++)
+    pw_cu_attn_bwd_q_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
+  for (size_t i = 0; i < pw_cu_attn_kv_n(d); i++)
+    pw_cu_attn_bwd_kv_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
 }
 
 static void emu_tiled_f(const pw_kernel_io *io) {
@@ -62,10 +60,9 @@ static void emu_tiled_f(const pw_kernel_io *io) {
 
 static void emu_tiled_i(const pw_kernel_io *io) {
   pw_cu_attn_dims d = dims_of(io);
-  size_t n = pw_cu_attn_n(d);
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < pw_cu_attn_n(d); i++)
     pw_cu_attn_tiled_bwd_q_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < pw_cu_attn_kv_n(d); i++)
     pw_cu_attn_tiled_bwd_kv_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
 }
 
@@ -104,21 +101,23 @@ static const emu_op OPS[] = {
 
 /* Forward, then the backward overwriting and accumulating, CPU row against
  * the emulated one; both backwards read the CPU forward's out and aux. */
-static void compare_op(const emu_op *e, int B, int T, int NH, int HD) {
-  int C = NH * HD;
-  pw_node nd = {.op = (uint8_t)e->op, .C = 3 * C, .OC = e->op == PW_OP_ROPE ? 3 * C : C, .NH = NH, .T = T,
+static void compare_op(const emu_op *e, int B, int T, int NH, int NKV, int HD, float factor) {
+  int C = NH * HD, W = C + 2 * NKV * HD;
+  pw_node nd = {.op = (uint8_t)e->op, .C = W, .OC = e->op == PW_OP_ROPE ? W : C, .NH = NH, .NKV = NKV, .T = T,
                 .base = 10000.0f};
+  if (factor > 0) /* Llama-3's: factor 8, 1 and 4 over 8192 positions, shrunk to these T */
+    nd.rope_factor = factor, nd.rope_low_freq = 1.0f, nd.rope_high_freq = 4.0f, nd.rope_orig_max_pos = 16;
   int rope = e->op == PW_OP_ROPE;
-  size_t nq = (size_t)B * T * 3 * C, no = rope ? nq : (size_t)B * T * C;
+  size_t nq = (size_t)B * T * W, no = rope ? nq : (size_t)B * T * C;
   size_t naux = e->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : e->op == PW_OP_ATTENTION_TILED ? (size_t)B * NH * T : 0;
-  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : e->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NH) : 0;
+  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : e->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NKV) : 0;
   float *qkv = oc_alloc(nq, sizeof(float)), *dout = oc_alloc(no, sizeof(float));
   float *out_c = oc_alloc(no, sizeof(float)), *out_g = oc_alloc(no, sizeof(float));
   float *aux_c = oc_alloc(naux, sizeof(float)), *aux_g = oc_alloc(naux, sizeof(float));
   float *scr_c = oc_alloc(nscr, sizeof(float)), *scr_g = nscr ? malloc(nscr * sizeof(float)) : NULL;
   float *din_c = oc_alloc(nq, sizeof(float)), *din_g = oc_alloc(nq, sizeof(float));
-  char what[128];
-  oc_seed((uint64_t)(e->op * 100000 + B * 10000 + T * 100 + NH * 10 + HD));
+  char what[160];
+  oc_seed((uint64_t)(e->op * 1000000 + B * 100000 + T * 1000 + NH * 100 + NKV * 10 + HD));
   oc_fill(qkv, nq, 2.0); /* peaky softmax rows */
   oc_fill(dout, no, 1.0);
 
@@ -129,10 +128,10 @@ static void compare_op(const emu_op *e, int B, int T, int NH, int HD) {
   fill_nan(aux_g, naux);
   pw_kernel_of(e->op)->forward(&c);
   e->fwd(&g);
-  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d: out", e->name, B, T, NH, HD);
+  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d f=%g: out", e->name, B, T, NH, NKV, HD, factor);
   expect_close(what, out_g, out_c, no);
   if (naux) {
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d: %s", e->name, B, T, NH, HD,
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: %s", e->name, B, T, NH, NKV, HD,
              e->op == PW_OP_ATTENTION ? "att" : "lse");
     expect_close(what, aux_g, aux_c, naux);
   }
@@ -152,18 +151,22 @@ static void compare_op(const emu_op *e, int B, int T, int NH, int HD) {
     if (scr_g) fill_nan(scr_g, nscr);
     pw_kernel_of(e->op)->backward_input(&c);
     e->bwd(&g);
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d HD=%d acc=%d: dqkv", e->name, B, T, NH, HD, acc);
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d f=%g acc=%d: dqkv", e->name, B, T, NH, NKV, HD, factor, acc);
     expect_close(what, din_g, din_c, nq);
   }
   free(qkv), free(dout), free(out_c), free(out_g), free(aux_c), free(aux_g), free(scr_c), free(scr_g);
   free(din_c), free(din_g);
 }
 
+/* Multi-head (NH = NKV), grouped-query (4 query heads on 2 kv heads) and
+ * multi-query (on 1); Llama-3's rope scaling on some. */
 static void check_all(int op_index) {
-  static const int Ts[] = {1, 4, 7, 33}, NHs[] = {1, 3}, HDs[] = {4, 12, 16};
+  static const int Ts[] = {1, 4, 7, 33}, HDs[] = {4, 12, 16};
+  static const int heads[][2] = {{1, 1}, {3, 3}, {4, 2}, {4, 1}};
   for (size_t t = 0; t < sizeof Ts / sizeof *Ts; t++)
-    for (size_t h = 0; h < sizeof NHs / sizeof *NHs; h++)
-      for (size_t d = 0; d < sizeof HDs / sizeof *HDs; d++) compare_op(&OPS[op_index], 2, Ts[t], NHs[h], HDs[d]);
+    for (size_t h = 0; h < sizeof heads / sizeof *heads; h++)
+      for (size_t d = 0; d < sizeof HDs / sizeof *HDs; d++)
+        compare_op(&OPS[op_index], 2, Ts[t], heads[h][0], heads[h][1], HDs[d], h == 2 && d != 1 ? 8.0f : 0.0f);
 }
 
 static void test_rope(void **state) {
