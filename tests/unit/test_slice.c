@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,14 @@ static const char *SPEC_LLAMA =
     "\"n_layers\":2,\"n_heads\":4,\"n_kv_heads\":2,\"qkv_bias\":true,\"qk_norm\":true,"
     "\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8,\"low_freq_factor\":1,\"high_freq_factor\":4,"
     "\"original_max_position_embeddings\":32}},\"mesh\":{\"pp\":2},"
+    "\"train\":{\"trainable\":[\"blocks.1.*\"]},\"data\":{\"kind\":\"copy\"}}";
+
+/* Gemma's options (the scale's sqrt(d) and the norms' offset in the
+ * nodes' base, the geglu) travel too (setup_gemma) */
+static const char *SPEC_GEMMA =
+    "{\"name\":\"t\",\"model\":{\"template\":\"llama\",\"vocab_size\":64,\"seq_len\":8,\"d_model\":24,"
+    "\"n_layers\":2,\"n_heads\":2,\"n_kv_heads\":1,\"tie_embeddings\":true,\"mlp_act\":\"gelu_tanh\","
+    "\"embed_scale\":true,\"norm_offset\":1},\"mesh\":{\"pp\":2},"
     "\"train\":{\"trainable\":[\"blocks.1.*\"]},\"data\":{\"kind\":\"copy\"}}";
 
 static const char *SPEC =
@@ -75,6 +84,7 @@ static int setup_of(void **state, const char *spec) {
 
 static int setup(void **state) { return setup_of(state, SPEC); }
 static int setup_llama(void **state) { return setup_of(state, SPEC_LLAMA); }
+static int setup_gemma(void **state) { return setup_of(state, SPEC_GEMMA); }
 
 static int teardown(void **state) {
   fixture *f = *state;
@@ -221,6 +231,30 @@ static void test_round_trip_llama(void **state) {
   assert_int_equal(gqa, 2 * f->plan.pp); /* a rope node a block, the whole graph in each slice */
 }
 
+static void test_round_trip_gemma(void **state) {
+  fixture *f = *state;
+  int n[3] = {0};
+  for (int rank = 0; rank < f->plan.pp; rank++) {
+    char *text, hex[PW_SHA256_HEX_LEN + 1];
+    build(f, rank, &text, hex);
+    pw_slice s;
+    pw_err err = {0};
+    char b[600];
+    if (pw_slice_decode(text, strlen(text), hex, &s, &err))
+      fail_msg("rank %d: %s", rank, pw_err_str(&err, b, sizeof b));
+    expect_models_equal(&f->plan.model, &s.model); /* base: sqrt(24) and 1 bit for bit */
+    for (int i = 0; i < s.model.n_nodes; i++) {
+      const pw_node *nd = &s.model.nodes[i];
+      n[0] += nd->op == PW_OP_SCALE && nd->base == (float)sqrt(24.0);
+      n[1] += nd->op == PW_OP_RMSNORM_OFFSET && nd->base == 1.0f;
+      n[2] += nd->op == PW_OP_GEGLU;
+    }
+    pw_slice_free(&s);
+    free(text);
+  }
+  assert_true(n[0] == f->plan.pp && n[1] == 5 * f->plan.pp && n[2] == 2 * f->plan.pp);
+}
+
 static void test_same_init(void **state) {
   fixture *f = *state;
   char *text, hex[PW_SHA256_HEX_LEN + 1];
@@ -339,6 +373,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test_setup_teardown(test_round_trip_llama, setup_llama, teardown),
+      cmocka_unit_test_setup_teardown(test_round_trip_gemma, setup_gemma, teardown),
       cmocka_unit_test(test_same_init),
       cmocka_unit_test(test_flipped_bytes_refused),
       cmocka_unit_test(test_bad_bodies_refused),
