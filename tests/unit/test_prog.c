@@ -174,8 +174,7 @@ static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
 
 /* Whole model, and each cut of it into two stages; attention as
  * train.attention impl picks it. */
-static void check_model_attn(int tmpl, int twice_op, int impl) {
-  pw_model_spec s = spec_of(tmpl);
+static void check_spec(pw_model_spec s, int twice_op, int impl) {
   pw_model m;
   pw_err err = {0};
   assert_int_equal(pw_model_build(&s, &m, &err), 0);
@@ -190,6 +189,7 @@ static void check_model_attn(int tmpl, int twice_op, int impl) {
   pw_model_free(&m);
 }
 
+static void check_model_attn(int tmpl, int twice_op, int impl) { check_spec(spec_of(tmpl), twice_op, impl); }
 static void check_model(int tmpl, int twice_op) { check_model_attn(tmpl, twice_op, PW_ATTN_AUTO); }
 
 static void test_gpt(void **st) { check_model(PW_TEMPLATE_GPT, -1); }
@@ -211,6 +211,14 @@ static void test_gpt_tied(void **st) {
 }
 static void test_add_x_x(void **st) { check_model(PW_TEMPLATE_GPT, PW_OP_ADD); }
 static void test_swiglu_g_g(void **st) { check_model(PW_TEMPLATE_LLAMA, PW_OP_SWIGLU); }
+/* Gemma's options (the scale, offset norms, geglu; tied), and geglu(g, g) */
+static void test_gemma(void **st) {
+  pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA);
+  s.mlp_act = PW_MLP_ACT_GELU_TANH, s.embed_scale = 1, s.norm_offset = 1, s.tie_embeddings = 1;
+  check_spec(s, -1, PW_ATTN_AUTO);
+  s.tie_embeddings = 0;
+  check_spec(s, PW_OP_GEGLU, PW_ATTN_AUTO);
+}
 /* LoRA nodes: x read by the linear and its adapter, y0 by the adapter alone */
 static void test_lora(void **st) {
   pw_model_spec s = spec_of(PW_TEMPLATE_LLAMA);
@@ -461,6 +469,7 @@ int main(void) {
       cmocka_unit_test(test_gpt_tied),
       cmocka_unit_test(test_add_x_x),
       cmocka_unit_test(test_swiglu_g_g),
+      cmocka_unit_test(test_gemma),
       cmocka_unit_test(test_lora),
       cmocka_unit_test(test_input_port_gradient),
       cmocka_unit_test(test_frozen),
