@@ -24,7 +24,7 @@
   "  DIR             a Hugging Face model directory: config.json and model.safetensors (or\n"          \
   "                  model.safetensors.index.json and its shards); GPT2LMHeadModel, LlamaForCausalLM,\n" \
   "                  MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\n"                         \
-  "  --job-out FILE  the job spec for that model (its data section: see docs/usage.md#hugging-face)\n"  \
+  "  --job-out FILE  the job spec for that model (its data section: see docs/usage.md#hugging-face-models)\n"  \
   "  --out FILE      its weights under our names (train --init, generate --checkpoint)\n"              \
   "  --name NAME     the job's name (default: DIR's base name)\n"                                      \
   "  --seq-len N     model.seq_len (default: the model's maximum positions)\n"

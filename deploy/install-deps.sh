@@ -58,5 +58,6 @@ else
       echo "install-deps: prometheus.service is enabled by its package; 'systemctl disable --now prometheus' if this host should not run it" ;;
   esac
 fi
-# The PyPI tools of the tests, in one pinned virtual environment.
+# The PyPI tools of the tests, pinned: .venv/, and .venv-hf/ (transformers over Debian's PyTorch).
 [ "${1:-}" = --runtime ] || echo "install-deps: test tools in $(bash "$(dirname "$0")/venv.sh")"
+[ "${1:-}" = --runtime ] || echo "install-deps: transformers in $(bash "$(dirname "$0")/venv.sh" hf)"

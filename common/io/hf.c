@@ -166,11 +166,12 @@ static int want_bool(const cfgr *c, const char *name, int def, int want, const c
   return 0;
 }
 
-/* A string field: absent or null gives def; else one of the allowed (a
- * NULL-ended list), refused by name otherwise. */
-static int want_str(const cfgr *c, const char *name, const char *def, const char *const *allowed) {
+/* A string field: absent or null takes transformers' default, which is
+ * allowed[0]; else one of the allowed (a NULL-ended list), refused by name
+ * otherwise. */
+static int want_str(const cfgr *c, const char *name, const char *const *allowed) {
   const json_t *j = json_object_get(c->cfg, name);
-  if (!j || json_is_null(j)) return 0 * (def != NULL);
+  if (!j || json_is_null(j)) return 0;
   if (!json_is_string(j))
     return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be a string (got %s)", name, type_name(j));
   for (int i = 0; allowed[i]; i++)
@@ -300,7 +301,7 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
         (rc = get_int(&c, "n_embd", -1, 1, 1 << 20, &d)) || (rc = get_int(&c, "n_layer", -1, 1, 4096, &L)) ||
         (rc = get_int(&c, "n_head", -1, 1, 1 << 20, &H)) || (rc = get_int(&c, "n_inner", 0, 1, 1 << 20, &inner)) ||
         (rc = get_int(&c, "n_ctx", P, 1, INT_MAX, &nctx)) ||
-        (rc = want_str(&c, "activation_function", "gelu_new", gelu)) ||
+        (rc = want_str(&c, "activation_function", gelu)) ||
         (rc = get_num(&c, "layer_norm_epsilon", 1e-5, &eps)) || (rc = get_bool(&c, "tie_word_embeddings", 1, &tie)) ||
         (rc = want_bool(&c, "scale_attn_weights", 1, 1, "attention is scaled by 1/sqrt(head width)")) ||
         (rc = want_bool(&c, "scale_attn_by_inverse_layer_idx", 0, 0, "attention is scaled by 1/sqrt(head width) only")) ||
@@ -323,7 +324,7 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
         (rc = get_int(&c, "num_attention_heads", -1, 1, 1 << 20, &H)) ||
         (rc = get_int(&c, "intermediate_size", -1, 1, 1 << 20, &ff)) ||
         (rc = get_int(&c, "num_key_value_heads", bit == A_LLAMA ? H : -1, 1, 1 << 20, &kv)) ||
-        (rc = get_int(&c, "head_dim", d / H, 1, 1 << 20, &hd)) || (rc = want_str(&c, "hidden_act", "silu", silu)) ||
+        (rc = get_int(&c, "head_dim", d / H, 1, 1 << 20, &hd)) || (rc = want_str(&c, "hidden_act", silu)) ||
         (rc = get_num(&c, "rms_norm_eps", 1e-6, &eps)) || (rc = get_num(&c, "rope_theta", 10000, &theta)) ||
         (rc = get_bool(&c, "tie_word_embeddings", 0, &tie)) ||
         (rc = want_bool(&c, "attention_bias", 0, 0, "o_proj has no bias here; Qwen2's q/k/v biases are read")) ||
