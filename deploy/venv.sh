@@ -12,7 +12,7 @@
 #   deploy/venv.sh hf        the same for .venv-hf/ from deploy/requirements-hf.txt:
 #                            Hugging Face transformers over Debian's PyTorch and
 #                            numpy (--system-site-packages: they stay Debian's), a
-#                            second environment because its tokenizers pin (< 0.21)
+#                            second environment because its tokenizers pin (0.21.x)
 #                            is not the one .venv/ holds (PW_VENV_HF to put it elsewhere)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
