@@ -312,6 +312,10 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
       rc = pw_err_set(err, PW_ESPEC, what, "n_ctx: %d differs from n_positions %d", nctx, P);
       goto fail;
     }
+    if (d % H) {
+      rc = pw_err_set(err, PW_ESPEC, what, "n_head: %d must divide n_embd %d", H, d);
+      goto fail;
+    }
     ff = inner ? inner : 4 * d;
     kv = H;
   } else {
