@@ -16,7 +16,8 @@ checks that:
   - a sharded save (model.safetensors.index.json) and a bfloat16 save import
     to the same tensors (bf16 widened exactly);
   - the GPT-2 job (vocab_size 256: the example corpus) trains from its
-    imported checkpoint;
+    imported checkpoint, and its fine-tune, exported, gives in transformers
+    the logits pipewright gives;
   - config fields and tensors we cannot compute are refused naming them,
     and nothing is written then.
 Qwen3 is not in transformers 4.49: its import and export are checked on a
@@ -166,6 +167,14 @@ check(all(torch.equal(ours[k], full[k].bfloat16().float()) for k in full),
 # the imported GPT-2 job (vocab_size 256: the example corpus) trains
 r = pw("train", "--job", gjob, "--init", gck, "--steps", "2", "--out", f"{gd}/trained.safetensors", "--quiet")
 check(os.path.exists(f"{gd}/trained.safetensors"), "gpt2: the imported job trains 2 steps from its checkpoint")
+# ... and its fine-tune, exported, loads in transformers with pipewright's logits
+pw("export-hf", "--job", gjob, "--checkpoint", f"{gd}/trained.safetensors", "--out", f"{gd}/ft")
+ids = [ord(c) for c in "It is a truth"]
+got = pw_logits(gjob, f"{gd}/trained.safetensors", ids, f"{gd}/ft-lg.safetensors")
+ft = hf_logits(tf.AutoModelForCausalLM.from_pretrained(f"{gd}/ft").eval(), ids)
+moved = float((ft - hf_logits(tf.GPT2LMHeadModel.from_pretrained(ghf).eval(), ids)).abs().max())
+check(rel(got, ft) <= 1e-4 and moved > 0,
+      f"gpt2: the exported fine-tune's logits in transformers equal pipewright's ({rel(got, ft):.2e}; moved {moved:.2e})")
 
 # Qwen3 (not in transformers 4.49): a directory made here from the Qwen2
 # model's tensors without biases, with q_norm / k_norm
