@@ -23,7 +23,7 @@
   "usage: pipewright import-hf DIR --job-out JOB.json --out CKPT.safetensors [--name NAME] [--seq-len N]\n" \
   "  DIR             a Hugging Face model directory: config.json and model.safetensors (or\n"          \
   "                  model.safetensors.index.json and its shards); GPT2LMHeadModel, LlamaForCausalLM,\n" \
-  "                  MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM\n"                         \
+  "                  MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM\n"       \
   "  --job-out FILE  the job spec for that model (its data section: see docs/usage.md#hugging-face-models)\n"  \
   "  --out FILE      its weights under our names (train --init, generate --checkpoint)\n"              \
   "  --name NAME     the job's name (default: DIR's base name)\n"                                      \
@@ -33,7 +33,8 @@
   "usage: pipewright export-hf --job JOB --checkpoint CKPT --out DIR\n"               \
   "  writes DIR/config.json and DIR/model.safetensors (float32) that transformers'\n" \
   "  from_pretrained loads: gpt as GPT2LMHeadModel, llama as LlamaForCausalLM\n"      \
-  "  (Qwen2ForCausalLM with qkv_bias, Qwen3ForCausalLM with qk_norm)\n"
+  "  (Qwen2ForCausalLM with qkv_bias, Qwen3ForCausalLM with qk_norm, GemmaForCausalLM\n" \
+  "  with Gemma's options)\n"
 
 /* Every parameter of the job's model is among the tensors with its shape,
  * and every tensor is a parameter: the mapping's names are the model's. */

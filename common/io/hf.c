@@ -21,7 +21,7 @@
 
 /* ---- architectures and their config fields ----------------------------- */
 
-enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_LL = 30, A_ALL = 31 };
+enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_LL = 62, A_ALL = 63 };
 
 static const struct {
   const char *arch, *model_type;
@@ -29,7 +29,7 @@ static const struct {
 } archs[] = {
     {"GPT2LMHeadModel", "gpt2", A_GPT2},       {"LlamaForCausalLM", "llama", A_LLAMA},
     {"MistralForCausalLM", "mistral", A_MISTRAL}, {"Qwen2ForCausalLM", "qwen2", A_QWEN2},
-    {"Qwen3ForCausalLM", "qwen3", A_QWEN3},
+    {"Qwen3ForCausalLM", "qwen3", A_QWEN3},    {"GemmaForCausalLM", "gemma", A_GEMMA},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -88,7 +88,8 @@ static const struct {
     {"max_position_embeddings", A_LL, NULL}, {"rms_norm_eps", A_LL, NULL}, {"rope_theta", A_LL, NULL},
     {"rope_scaling", A_LL, NULL}, {"attention_dropout", A_LL, NULL}, {"head_dim", A_LL, NULL},
     {"layer_types", A_LL, NULL}, {"pretraining_tp", A_LLAMA, "the same products in slices"},
-    {"attention_bias", A_LLAMA | A_QWEN3, NULL}, {"mlp_bias", A_LLAMA, NULL},
+    {"attention_bias", A_LLAMA | A_QWEN3 | A_GEMMA, NULL}, {"mlp_bias", A_LLAMA, NULL},
+    {"hidden_activation", A_GEMMA, NULL},
     {"sliding_window", A_MISTRAL | A_QWEN2 | A_QWEN3, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3, NULL},
     {"max_window_layers", A_QWEN2 | A_QWEN3, "only with use_sliding_window"},
 };
@@ -246,7 +247,7 @@ static int arch_of(const cfgr *c, int *bit) {
   if (!a || !json_is_array(a) || json_array_size(a) != 1 || !json_is_string(json_array_get(a, 0)))
     return pw_err_set(c->err, PW_ESPEC, c->what,
                       "architectures: must be a list of one name (GPT2LMHeadModel, LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM)");
   const char *name = json_string_value(json_array_get(a, 0));
   for (int i = 0; i < N_ARCHS; i++)
     if (!strcmp(name, archs[i].arch)) {
@@ -258,7 +259,7 @@ static int arch_of(const cfgr *c, int *bit) {
     }
   return pw_err_set(c->err, PW_ENOTSUP, c->what,
                     "architectures: \"%.64s\" is not supported (GPT2LMHeadModel, LlamaForCausalLM, "
-                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM)",
                     name);
 }
 
@@ -320,6 +321,8 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
     kv = H;
   } else {
     static const char *const silu[] = {"silu", NULL};
+    /* Gemma: GeGLU with tanh GELU (transformers 4.49 reads hidden_act; earlier ones hidden_activation) */
+    static const char *const gelu_tanh[] = {"gelu_pytorch_tanh", "gelu_new", NULL};
     int hd, sw, use_sw;
     if ((rc = get_int(&c, "vocab_size", -1, 2, 1 << 20, &V)) ||
         (rc = get_int(&c, "max_position_embeddings", -1, 1, INT_MAX, &P)) ||
@@ -328,13 +331,19 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
         (rc = get_int(&c, "num_attention_heads", -1, 1, 1 << 20, &H)) ||
         (rc = get_int(&c, "intermediate_size", -1, 1, 1 << 20, &ff)) ||
         (rc = get_int(&c, "num_key_value_heads", bit == A_LLAMA ? H : -1, 1, 1 << 20, &kv)) ||
-        (rc = get_int(&c, "head_dim", d / H, 1, 1 << 20, &hd)) || (rc = want_str(&c, "hidden_act", silu)) ||
+        (rc = get_int(&c, "head_dim", bit == A_GEMMA ? 256 : d / H, 1, 1 << 20, &hd)) ||
+        (rc = want_str(&c, "hidden_act", bit == A_GEMMA ? gelu_tanh : silu)) ||
+        (rc = want_str(&c, "hidden_activation", gelu_tanh)) ||
         (rc = get_num(&c, "rms_norm_eps", 1e-6, &eps)) || (rc = get_num(&c, "rope_theta", 10000, &theta)) ||
-        (rc = get_bool(&c, "tie_word_embeddings", 0, &tie)) ||
+        (rc = get_bool(&c, "tie_word_embeddings", bit == A_GEMMA, &tie)) ||
         (rc = want_bool(&c, "attention_bias", 0, 0, "o_proj has no bias here; Qwen2's q/k/v biases are read")) ||
         (rc = want_bool(&c, "mlp_bias", 0, 0, "the MLP has no biases")) ||
         (rc = dropout(&c, "attention_dropout", notes, notes_cap)) || (rc = rope_scaling(&c, rs)))
       goto fail;
+    if (bit == A_GEMMA && json_object_get(rs, "rope_scaling")) {
+      rc = pw_err_set(err, PW_ENOTSUP, what, "rope_scaling: not read for GemmaForCausalLM here (null only)");
+      goto fail;
+    }
     if (d % H || hd != d / H) {
       rc = pw_err_set(err, PW_ENOTSUP, what, "head_dim: %d must be hidden_size / num_attention_heads (%d / %d)", hd, d,
                       H);
@@ -405,6 +414,11 @@ int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t 
   if (bit != A_GPT2) json_object_set_new(m, "rope_base", json_real(theta));
   if (bit == A_QWEN2) json_object_set_new(m, "qkv_bias", json_true());
   if (bit == A_QWEN3) json_object_set_new(m, "qk_norm", json_true());
+  if (bit == A_GEMMA) { /* GeGLU, embeddings times sqrt(d), RMSNorm scaled by 1 + w */
+    json_object_set_new(m, "mlp_act", json_string("gelu_tanh"));
+    json_object_set_new(m, "embed_scale", json_true());
+    json_object_set_new(m, "norm_offset", json_integer(1));
+  }
   json_object_set_new(m, "norm_eps", json_real(eps));
   json_object_set_new(m, "init_std", json_real(init));
   if (json_object_get(rs, "rope_scaling")) json_object_set(m, "rope_scaling", json_object_get(rs, "rope_scaling"));
@@ -894,15 +908,18 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
     json_object_set_new(c, "reorder_and_upcast_attn", json_false());
   } else {
-    *arch = m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-    json_object_set_new(c, "model_type", json_string(m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2" : "llama"));
+    int gemma = m->norm_offset != 0;
+    *arch = gemma ? "GemmaForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    json_object_set_new(c, "model_type",
+                        json_string(gemma ? "gemma" : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2" : "llama"));
     json_object_set_new(c, "hidden_size", json_integer(d));
     json_object_set_new(c, "intermediate_size", json_integer(ff));
     json_object_set_new(c, "num_hidden_layers", json_integer(m->n_layers));
     json_object_set_new(c, "num_attention_heads", json_integer(H));
     json_object_set_new(c, "num_key_value_heads", json_integer(m->n_kv_heads ? m->n_kv_heads : H));
     if (!m->qkv_bias) json_object_set_new(c, "head_dim", json_integer(d / H));
-    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "hidden_act", json_string(gemma ? "gelu_pytorch_tanh" : "silu"));
+    if (gemma) json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
     json_object_set_new(c, "max_position_embeddings", json_integer(m->seq_len));
     json_object_set_new(c, "rms_norm_eps", json_real(short_float(m->norm_eps)));
     json_object_set_new(c, "rope_theta", json_real(short_float(m->rope_base)));
@@ -918,7 +935,7 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "rope_scaling", rs);
     json_object_set_new(c, "attention_dropout", json_real(0));
     if (!m->qkv_bias) json_object_set_new(c, "attention_bias", json_false());
-    if (!m->qk_norm && !m->qkv_bias) json_object_set_new(c, "mlp_bias", json_false());
+    if (!m->qk_norm && !m->qkv_bias && !gemma) json_object_set_new(c, "mlp_bias", json_false());
     if (m->qk_norm || m->qkv_bias) {
       json_object_set_new(c, "use_sliding_window", json_false());
       json_object_set_new(c, "sliding_window", json_null());
@@ -959,6 +976,17 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
   if (m->qk_norm && m->qkv_bias)
     return pw_err_set(err, PW_ENOTSUP, "model.qkv_bias",
                       "with qk_norm: Qwen3's attention_bias would put a bias on o_proj too, which we do not have");
+  /* Gemma's three options come together (GemmaForCausalLM), alone with nothing else */
+  int gemma = m->mlp_act == PW_MLP_ACT_GELU_TANH || m->embed_scale || m->norm_offset;
+  if (gemma && !(m->mlp_act == PW_MLP_ACT_GELU_TANH && m->embed_scale && m->norm_offset == 1))
+    return pw_err_set(err, PW_ENOTSUP,
+                      m->mlp_act != PW_MLP_ACT_GELU_TANH ? "model.mlp_act" : !m->embed_scale ? "model.embed_scale"
+                                                                                             : "model.norm_offset",
+                      "GemmaForCausalLM has mlp_act gelu_tanh, embed_scale and norm_offset 1 together; no Hugging "
+                      "Face architecture computes a part of them");
+  if (gemma && (m->qk_norm || m->qkv_bias || m->rope_scaling))
+    return pw_err_set(err, PW_ENOTSUP, m->qk_norm ? "model.qk_norm" : m->qkv_bias ? "model.qkv_bias" : "model.rope_scaling",
+                      "not with Gemma's options: GemmaForCausalLM has none");
   pw_st_file *f;
   int rc = pw_st_open(ckpt, &f, err);
   if (rc) return rc;

@@ -6,7 +6,8 @@
 4.49.0, the newest that runs over Debian's PyTorch 1.13.) For tiny random
 models made by transformers itself and saved with save_pretrained —
 GPT-2, Llama (grouped query heads, Llama-3 rope_scaling, rope_theta), Qwen2 (q/k/v biases, one kv
-head, tied), Mistral (a sliding window no shorter than the positions) — it
+head, tied), Mistral (a sliding window no shorter than the positions),
+Gemma (GeGLU, embeddings times sqrt(d), RMSNorm by 1 + w, tied) — it
 checks that:
   - import-hf's job and checkpoint give pipewright logits (generate
     --logits) equal to transformers' to 1e-4 of the largest;
@@ -144,6 +145,14 @@ qd, qhf, _, _ = family("qwen2", tf.Qwen2ForCausalLM(tf.Qwen2Config(
 md, mhf, _, _ = family("mistral", tf.MistralForCausalLM(tf.MistralConfig(
     vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=32, sliding_window=32)))
+gemma = tf.GemmaForCausalLM(tf.GemmaConfig(
+    vocab_size=88, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=8, max_position_embeddings=40, hidden_act="gelu_pytorch_tanh"))
+with torch.no_grad():  # its norms start at 0 (1 + w): move them off
+    for n, p in gemma.named_parameters():
+        if n.endswith("norm.weight"):
+            p.add_(0.1 * torch.randn_like(p))
+_, gehf, _, _ = family("gemma", gemma)
 family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(
     vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2, n_inner=40, tie_word_embeddings=False)))
 
@@ -218,7 +227,9 @@ refuse("gpt2 scale_attn_by_inverse_layer_idx", variant(ghf, "inv", setk("scale_a
        "scale_attn_by_inverse_layer_idx")
 refuse("mistral sliding_window 8", variant(mhf, "sw", setk("sliding_window", 8)), "sliding_window")
 refuse("qwen2 use_sliding_window", variant(qhf, "usw", setk("use_sliding_window", True)), "use_sliding_window")
-refuse("an unknown architecture", variant(lhf, "arch", setk("architectures", ["GemmaForCausalLM"])), "GemmaForCausalLM")
+refuse("gemma hidden_act gelu (erf)", variant(gehf, "gact", setk("hidden_act", "gelu")), "hidden_act")
+refuse("gemma head_dim absent (256)", variant(gehf, "ghd", lambda c: c.pop("head_dim")), "head_dim")
+refuse("an unknown architecture", variant(lhf, "arch", setk("architectures", ["Gemma2ForCausalLM"])), "Gemma2ForCausalLM")
 refuse("a missing tensor", variant(lhf, "miss", edit_tensors=lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
        "model.layers.1.mlp.up_proj.weight")
 refuse("a wrong shape", variant(lhf, "shape", edit_tensors=lambda t: t.__setitem__(

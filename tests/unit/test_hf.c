@@ -96,7 +96,7 @@ static void test_config_refusals(void **state) {
       {"vocab_size", "1.5", "vocab_size"},
       {"hidden_size", "null", "hidden_size"},
       {"layer_types", "[\"sliding_attention\"]", "layer_types[0]"},
-      {"architectures", "[\"GemmaForCausalLM\"]", "GemmaForCausalLM"},
+      {"architectures", "[\"Gemma2ForCausalLM\"]", "\"Gemma2ForCausalLM\" is not supported"},
       {"model_type", "\"mistral\"", "model_type"},
       {"pruned_heads", "{\"0\": [1]}", "pruned_heads"},
       {"is_encoder_decoder", "true", "is_encoder_decoder"},
@@ -262,6 +262,10 @@ static void test_llama_dir(void **state) {
   job.model.qk_norm = job.model.qkv_bias = 1;
   assert_int_equal(pw_hf_export(&job.model, ck, ex, &err), PW_ENOTSUP);
   job.model.qk_norm = job.model.qkv_bias = 0;
+  job.model.embed_scale = 1; /* a part of Gemma's options */
+  assert_int_equal(pw_hf_export(&job.model, ck, ex, &err), PW_ENOTSUP);
+  assert_string_equal(err.path, "model.mlp_act");
+  job.model.embed_scale = 0;
   job.model.n_layers = 2; /* blocks.1 is not in the checkpoint */
   assert_int_not_equal(pw_hf_export(&job.model, ck, ex, &err), 0);
   assert_non_null(strstr(err.msg, "blocks.1."));
