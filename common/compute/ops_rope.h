@@ -16,13 +16,7 @@
 
 #include <math.h>
 
-#ifndef PW_HD
-#ifdef __CUDACC__
-#define PW_HD __host__ __device__
-#else
-#define PW_HD
-#endif
-#endif
+#include "hd.h"
 
 /* A rope's parameters: theta (Hugging Face's rope_theta, our rope_base)
  * and Llama-3's rope_scaling (factor 0: none). */

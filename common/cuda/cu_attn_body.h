@@ -33,13 +33,7 @@
 #include <math.h>
 #include <stddef.h>
 
-#ifndef PW_HD
-#ifdef __CUDACC__
-#define PW_HD __host__ __device__
-#else
-#define PW_HD
-#endif
-#endif
+#include "hd.h"
 
 #ifndef PW_CU_ATTN_CHUNK
 #define PW_CU_ATTN_CHUNK 64

@@ -17,13 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef PW_HD
-#ifdef __CUDACC__
-#define PW_HD __host__ __device__
-#else
-#define PW_HD
-#endif
-#endif
+#include "hd.h"
 
 /* x's nearest bf16, as its 16 bits (bf16.h's pw_bf16_of). */
 static inline PW_HD uint16_t pw_cu_bf16_bits(float x) {

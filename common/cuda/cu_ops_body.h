@@ -25,13 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef PW_HD
-#ifdef __CUDACC__
-#define PW_HD __host__ __device__
-#else
-#define PW_HD
-#endif
-#endif
+#include "hd.h"
 
 #define PW_CU_LANES 16  /* ops_math.h's PW_LANES */
 #define PW_CU_CHUNK 256 /* ops.c's LN_CHUNK: the norms' backward sums chunk by chunk */
