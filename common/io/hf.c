@@ -184,7 +184,7 @@ static int want_str(const cfgr *c, const char *name, const char *const *allowed)
 /* Dropout probabilities: read, not computed (pipewright has no dropout);
  * a non-zero one goes into the notes. */
 static int dropout(const cfgr *c, const char *name, char *notes, size_t cap) {
-  double p;
+  double p = 0;
   int rc = get_num(c, name, 0, &p);
   if (rc) return rc;
   if (p < 0 || p >= 1) return pw_err_set(c->err, PW_ESPEC, c->what, "%s: %g is not a probability in [0, 1)", name, p);
