@@ -29,7 +29,6 @@ every round. Writes bench/results/torch/versions.{json,md}.
 """
 import argparse
 import atexit
-import ctypes
 import json
 import os
 import platform
@@ -43,7 +42,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import Server, env_for, loadavg, log, spread  # noqa: E402
+from benchlib import Server, env_for, loadavg, log  # noqa: E402
 
 TORCH2_DEFAULT = os.path.join(ROOT, ".venv-torch2", "bin", "python3")
 
