@@ -7,6 +7,8 @@
     equal `pipewright train`'s (tolerance 1e-5 relative; in practice equal
     to the last bit);
   - pp 2 x dp 2, and tied embeddings across the first and last stage
+  - the llama template with the model families' options (grouped-query
+    heads, rope scaling, qkv bias, QK-norm, Gemma's) at pp 2 and pp 4
     (1f1b, and DualPipeV where both sit on rank 0);
   - pp 2 x dp 2 with tied embeddings and the wire's chunk limit forced down
     to 999 bytes (PW_WIRE_CHUNK, honoured by the worker for tests only):
@@ -48,6 +50,14 @@ def job(name, pp, V, m, dp=1, tied=False, steps=10, layers=8):
             "data": {"kind": "text", "path": "examples/data/corpus.txt", "sampler": "sequential"}}
 
 
+def llama(name, pp, m, layers=4, **opts):
+    """A llama-template job with the Hugging Face families' options (issue 34)."""
+    spec = job(name, pp, 1, m, layers=layers)
+    spec["model"] = {"template": "llama", "vocab_size": 256, "seq_len": 16, "d_model": 32, "n_layers": layers,
+                     "n_heads": 4, "ffn_hidden": 64, **opts}
+    return spec
+
+
 class Suite:
     def __init__(self, build, src, tmp):
         self.build, self.src, self.tmp = build, src, tmp
@@ -76,9 +86,9 @@ class Suite:
 
     def reference(self, spec):
         """`pipewright train` on the same job (shared by runs it cannot tell apart)."""
-        key = json.dumps([spec["schedule"]["microbatches"], spec["mesh"]["dp"], spec["model"]["tie_embeddings"],
-                          spec["train"]["steps"], spec["train"].get("trainable"), spec["model"].get("lora"),
-                          spec["train"].get("optimizer")])
+        key = json.dumps([spec["model"], spec["schedule"]["microbatches"], spec["mesh"]["dp"],
+                          spec["train"]["steps"], spec["train"].get("trainable"), spec["train"].get("optimizer")],
+                         sort_keys=True)
         if key not in self.refs:
             d = os.path.join(self.tmp, f"ref{len(self.refs)}")
             os.makedirs(d)
@@ -151,6 +161,18 @@ def main():
         t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
         t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
+
+        # The model families' options (issue 34) pipelined: Llama-3 (grouped-
+        # query heads, rope scaling), Qwen2 (qkv bias, one kv head, tied),
+        # Qwen3 (QK-norm), Gemma (GeGLU, scaled embeddings, 1 + w norms, tied)
+        # at pp 4 with a schedule that splits the backward.
+        t.equal_run("llama3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8}))
+        t.equal_run("qwen2-zb-h1-pp2", llama("zb-h1", 2, 4, n_kv_heads=1, qkv_bias=True, tie_embeddings=True))
+        t.equal_run("qwen3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, qk_norm=True))
+        t.equal_run("gemma-zb-h1-pp4", llama("zb-h1", 4, 8, n_kv_heads=1, mlp_act="gelu_tanh", embed_scale=True,
+                                             norm_offset=1, tie_embeddings=True))
 
         # Frozen parameters (train.trainable): stage 0 wholly frozen, its W
         # skipped; the optimizer checkpoints hold only the trainable state and
