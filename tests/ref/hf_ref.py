@@ -20,7 +20,21 @@ checks that:
     imported checkpoint, and its fine-tune, exported, gives in transformers
     the logits pipewright gives;
   - config fields and tensors we cannot compute are refused naming them,
-    and nothing is written then.
+    and nothing is written then;
+  - greedy generation: `pipewright generate --prompt-tokens IDS
+    --max-tokens 12` gives, token for token, the 12 ids transformers'
+    `generate(max_new_tokens=12, do_sample=False)` gives, for prompts of 1,
+    4 and 11 tokens, on every family above. transformers is kept from
+    stopping early by eos_token_id=None (no token ends a sequence; it is
+    checked to give all 12) and from masking the prompt by an attention
+    mask of ones (with a pad id it would mask the prompt's tokens equal to
+    it). The models are made with initializer_range 0.3 (not 0.02) so that
+    the text varies and the top two logits stand apart (a tied model at
+    0.02 only repeats its last token); transformers' ids must be the argmax
+    of its own raw logits (no processor ran). A step whose top two logits
+    in transformers lie within 1e-5 of the largest |logit| (or of 1) is an
+    ill-posed greedy choice (the logits agree to ~1e-6): the line says so,
+    and the ids are compared only before it.
 Qwen3 is not in transformers 4.49: its import and export are checked on a
 directory made here, for the names, shapes and the round trip only.
 """
@@ -39,6 +53,10 @@ PW, SRC, TMP = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
 failures = []
 TOKENS = [3, 17, 1, 42, 9, 0, 25, 61, 8, 33, 12]
+PROMPTS = [TOKENS[4:5], TOKENS[:4], TOKENS]  # 1, 4 and 11 tokens
+NEW = 12
+INIT = 0.3  # initializer_range: well-separated logits, varied text (see above)
+gen_s = 0.0  # the seconds the generation checks take
 
 
 def check(ok, what):
@@ -78,6 +96,38 @@ def same_tensors(a, b):
                for k in ta)
 
 
+def greedy(name, model, job, ck):
+    """pipewright generate's greedy ids against transformers' generate, per prompt."""
+    global gen_s
+    t = time.time()
+    for p in PROMPTS:
+        ids = [x % model.config.vocab_size for x in p]
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            o = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW, do_sample=False,
+                               eos_token_id=None, output_logits=True, return_dict_in_generate=True,
+                               synced_gpus=False)  # else it imports torch.distributed.fsdp: broken in Debian's 1.13
+        ref = o.sequences[0, len(ids):].tolist()
+        lg = torch.stack(o.logits)[:, 0].float()  # NEW x vocab, before any processor
+        top = lg.topk(2, dim=-1).values
+        gap = top[:, 0] - top[:, 1]
+        tol = 1e-5 * lg.abs().max(dim=-1).values.clamp(min=1)
+        tied = [k for k in range(len(ref)) if gap[k] < tol[k]]
+        n = tied[0] if tied else NEW
+        r = pw("generate", "--job", job, "--checkpoint", ck, "--prompt-tokens", ",".join(map(str, ids)),
+               "--max-tokens", str(NEW))
+        got = [int(v) for v in r.stdout.strip().split(",") if v]
+        what = (f"{name}: greedy {NEW} after {len(ids)} token(s) equal transformers' generate "
+                f"(top-2 gap >= {float(gap.min()):.1e})")
+        if tied:
+            rest = "the rest agree too" if got == ref else f"pipewright {got[n:]}, transformers {ref[n:]} from there"
+            what += (f"; NOTE step {n}'s top two logits are {float(gap[n]):.1e} apart, {float(gap[n] / tol[n]):.2f}"
+                     f" of 1e-5 of the largest (an ill-posed greedy choice): compared steps 0..{n - 1} only; {rest}")
+        check(len(ref) == NEW and ref == lg.argmax(-1).tolist() and len(got) == NEW and got[:n] == ref[:n],
+              what + ("" if got[:n] == ref[:n] else f"\n       pipewright:   {got}\n       transformers: {ref}"))
+    gen_s += time.time() - t
+
+
 def family(name, model):
     d = os.path.join(TMP, name)
     hf = os.path.join(d, "hf")
@@ -101,6 +151,7 @@ def family(name, model):
     back = tf.AutoModelForCausalLM.from_pretrained(ex).eval()
     e2 = float((hf_logits(back, ids) - ref).abs().max())
     check(e2 == 0, f"{name}: transformers loads the export with the original's logits (max diff {e2:.1e})")
+    greedy(name, model, job, ck)
     return d, hf, job, ck
 
 
@@ -133,19 +184,20 @@ def variant(src, name, edit_cfg=None, edit_tensors=None):
 
 t0 = time.time()
 llama_cfg = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                 num_key_value_heads=2, initializer_range=INIT, max_position_embeddings=64, rms_norm_eps=1e-5,
+                 rope_theta=500000.0,
                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 16})
-gd, ghf, gjob, gck = family("gpt2", tf.GPT2LMHeadModel(tf.GPT2Config(
+gd, ghf, gjob, gck = family("gpt2", tf.GPT2LMHeadModel(tf.GPT2Config(initializer_range=INIT,
     vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4)))
 ld, lhf, _, lck = family("llama", tf.LlamaForCausalLM(tf.LlamaConfig(**llama_cfg)))
-qd, qhf, _, _ = family("qwen2", tf.Qwen2ForCausalLM(tf.Qwen2Config(
+qd, qhf, _, _ = family("qwen2", tf.Qwen2ForCausalLM(tf.Qwen2Config(initializer_range=INIT,
     vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=1, max_position_embeddings=48, tie_word_embeddings=True, rope_theta=10000.0)))
-md, mhf, _, _ = family("mistral", tf.MistralForCausalLM(tf.MistralConfig(
+md, mhf, _, _ = family("mistral", tf.MistralForCausalLM(tf.MistralConfig(initializer_range=INIT,
     vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=32, sliding_window=32)))
-gemma = tf.GemmaForCausalLM(tf.GemmaConfig(
+gemma = tf.GemmaForCausalLM(tf.GemmaConfig(initializer_range=INIT,
     vocab_size=88, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=1, head_dim=8, max_position_embeddings=40, hidden_act="gelu_pytorch_tanh"))
 with torch.no_grad():  # its norms start at 0 (1 + w): move them off
@@ -153,7 +205,7 @@ with torch.no_grad():  # its norms start at 0 (1 + w): move them off
         if n.endswith("norm.weight"):
             p.add_(0.1 * torch.randn_like(p))
 _, gehf, _, _ = family("gemma", gemma)
-family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(
+family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(initializer_range=INIT,
     vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2, n_inner=40, tie_word_embeddings=False)))
 
 # --seq-len cuts GPT-2's position table to its first rows
@@ -239,5 +291,5 @@ refuse("an extra tensor", variant(lhf, "extra", edit_tensors=lambda t: t.__setit
 refuse("a tied lm_head that differs", variant(qhf, "tie", edit_tensors=lambda t: t.__setitem__(
     "lm_head.weight", torch.zeros(80, 32))), "lm_head.weight")
 
-print(f"hf_ref: {len(failures)} failure(s), {time.time() - t0:.1f} s")
+print(f"hf_ref: {len(failures)} failure(s), {time.time() - t0:.1f} s ({gen_s:.1f} s of them the greedy generation)")
 sys.exit(1 if failures else 0)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # test_hf_ref: `pipewright import-hf` and `export-hf` against Hugging Face
 # transformers (tests/ref/hf_ref.py says what is checked): tiny random
-# GPT-2, Llama, Qwen2 and Mistral models made by transformers, their logits,
-# the export's round trip and that transformers loads it, refusals by name.
+# GPT-2, Llama, Qwen2, Mistral and Gemma models made by transformers, their
+# logits, `pipewright generate`'s greedy ids against transformers'
+# generate's (a near-tied step is named, not failed on), the export's round
+# trip and that transformers loads it, refusals by name.
 # transformers comes from deploy/venv.sh hf (.venv-hf/, pinned in
 # deploy/requirements-hf.txt) over Debian's PyTorch.
 #   bash tests/ref/test_hf_ref.sh BUILD_DIR SOURCE_DIR      (ctest runs it so)
