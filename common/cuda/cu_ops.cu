@@ -76,14 +76,15 @@ __global__ static void layernorm_w_k(float *dw, float *db, const float *dout, co
   size_t c = pw_cu__tid();
   if (c < (size_t)C) pw_cu_layernorm_w_col(dw, db, dout, inp, mean, rstd, N, C, (int)c);
 }
-__global__ static void rmsnorm_f_k(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+__global__ static void rmsnorm_f_k(float *out, float *rstd, const float *inp, const float *w, float off, int N, int C,
+                                   float eps) {
   size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_rmsnorm_f_row(out, rstd, inp, w, C, eps, (int)n);
+  if (n < (size_t)N) pw_cu_rmsnorm_f_row(out, rstd, inp, w, off, C, eps, (int)n);
 }
-__global__ static void rmsnorm_i_k(float *dinp, const float *dout, const float *inp, const float *w, const float *rstd,
-                                   int N, int C, int acc) {
+__global__ static void rmsnorm_i_k(float *dinp, const float *dout, const float *inp, const float *w, float off,
+                                   const float *rstd, int N, int C, int acc) {
   size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_rmsnorm_i_row(dinp, dout, inp, w, rstd, C, acc, (int)n);
+  if (n < (size_t)N) pw_cu_rmsnorm_i_row(dinp, dout, inp, w, off, rstd, C, acc, (int)n);
 }
 __global__ static void rmsnorm_w_k(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
   size_t c = pw_cu__tid();
@@ -118,6 +119,23 @@ __global__ static void swiglu_f_k(float *out, const float *gate, const float *up
   if (i < n) pw_cu_swiglu_f_el(out, gate, up, i);
 }
 /* dgate and dup may alias (gate == up): no __restrict__ anywhere here */
+__global__ static void geglu_f_k(float *out, const float *gate, const float *up, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_geglu_f_el(out, gate, up, i);
+}
+__global__ static void geglu_i_k(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                 int acc_gate, int acc_up, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_geglu_i_el(dgate, dup, dout, gate, up, acc_gate, acc_up, i);
+}
+__global__ static void scale_f_k(float *out, const float *inp, float sc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_scale_f_el(out, inp, sc, i);
+}
+__global__ static void scale_i_k(float *dinp, const float *dout, float sc, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_scale_i_el(dinp, dout, sc, acc, i);
+}
 __global__ static void swiglu_i_k(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                   int acc_gate, int acc_up, size_t n) {
   size_t i = pw_cu__tid();
@@ -357,17 +375,22 @@ static void layernorm_b(const pw_kernel_io *io) {
   layernorm_i(io);
 }
 
-static void rmsnorm_f(const pw_kernel_io *io) {
+/* off 0: rmsnorm; the node's base (1) for Gemma's rmsnorm_offset */
+static void rmsnorm_fo(const pw_kernel_io *io, float off) {
   pw_cu__enter();
-  PW_CU_LAUNCH(rmsnorm_f_k, (size_t)io->rows, "rmsnorm_f", io->out, io->aux, io->in0, io->w, io->rows, io->n->C,
+  PW_CU_LAUNCH(rmsnorm_f_k, (size_t)io->rows, "rmsnorm_f", io->out, io->aux, io->in0, io->w, off, io->rows, io->n->C,
                io->n->eps);
 }
-static void rmsnorm_i(const pw_kernel_io *io) {
+static void rmsnorm_io(const pw_kernel_io *io, float off) {
   if (!io->din0) return;
   pw_cu__enter();
-  PW_CU_LAUNCH(rmsnorm_i_k, (size_t)io->rows, "rmsnorm_i", io->din0, io->dout, io->in0, io->w, io->aux, io->rows,
+  PW_CU_LAUNCH(rmsnorm_i_k, (size_t)io->rows, "rmsnorm_i", io->din0, io->dout, io->in0, io->w, off, io->aux, io->rows,
                io->n->C, io->acc0);
 }
+static void rmsnorm_f(const pw_kernel_io *io) { rmsnorm_fo(io, 0.0f); }
+static void rmsnorm_i(const pw_kernel_io *io) { rmsnorm_io(io, 0.0f); }
+static void rmsnorm_offset_f(const pw_kernel_io *io) { rmsnorm_fo(io, io->n->base); }
+static void rmsnorm_offset_i(const pw_kernel_io *io) { rmsnorm_io(io, io->n->base); }
 static void rmsnorm_w(const pw_kernel_io *io) {
   if (!io->dw) return;
   pw_cu__enter();
@@ -414,6 +437,28 @@ static void swiglu_i(const pw_kernel_io *io) {
   pw_cu__enter();
   PW_CU_LAUNCH(swiglu_i_k, nc(io), "swiglu_i", io->din0, io->din1, io->dout, io->in0, io->in1, io->acc0, io->acc1,
                nc(io));
+}
+static void geglu_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(geglu_f_k, nc(io), "geglu_f", io->out, io->in0, io->in1, nc(io));
+}
+static void geglu_i(const pw_kernel_io *io) {
+  if (!io->din0 || !io->din1) {
+    pw_cu_note_error((int)cudaErrorInvalidValue, "geglu_i: a NULL input gradient");
+    return;
+  }
+  pw_cu__enter();
+  PW_CU_LAUNCH(geglu_i_k, nc(io), "geglu_i", io->din0, io->din1, io->dout, io->in0, io->in1, io->acc0, io->acc1,
+               nc(io));
+}
+static void scale_f(const pw_kernel_io *io) {
+  pw_cu__enter();
+  PW_CU_LAUNCH(scale_f_k, nc(io), "scale_f", io->out, io->in0, io->n->base, nc(io));
+}
+static void scale_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  pw_cu__enter();
+  PW_CU_LAUNCH(scale_i_k, nc(io), "scale_i", io->din0, io->dout, io->n->base, io->acc0, nc(io));
 }
 static void add_f(const pw_kernel_io *io) {
   pw_cu__enter();
@@ -491,6 +536,10 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_LORA] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU: the caller refuses it by name */
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL},
     [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, NULL},
+    [PW_OP_QKNORM] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU yet: refused by name */
+    [PW_OP_GEGLU] = {geglu_f, geglu_i, NULL, NULL, NULL},
+    [PW_OP_SCALE] = {scale_f, scale_i, NULL, NULL, NULL},
+    [PW_OP_RMSNORM_OFFSET] = {rmsnorm_offset_f, rmsnorm_offset_i, rmsnorm_w, NULL, NULL},
 };
 
 extern "C" const pw_kernel *pw_cu__kernel_of(int op) { return &table[op]; }

@@ -263,20 +263,21 @@ static inline PW_HD void pw_cu_layernorm_w_col(float *dw, float *db, const float
 
 /* ---- rmsnorm (aux: rstd (N)) ----------------------------------------------------- */
 
-static inline PW_HD void pw_cu_rmsnorm_f_row(float *out, float *rstd, const float *inp, const float *w, int C,
-                                             float eps, int n) {
+/* off: 0 for rmsnorm, 1 for Gemma's rmsnorm_offset (the scale 1 + w), as ops.c's */
+static inline PW_HD void pw_cu_rmsnorm_f_row(float *out, float *rstd, const float *inp, const float *w, float off,
+                                             int C, float eps, int n) {
   const float *x = inp + (size_t)n * (size_t)C;
   float *y = out + (size_t)n * (size_t)C;
   double ss = pw_cu__dot_d(x, x, C);
   float rs = 1.0f / sqrtf((float)(ss / C) + eps);
-  for (int c = 0; c < C; c++) y[c] = w[c] * (x[c] * rs);
+  for (int c = 0; c < C; c++) y[c] = (off + w[c]) * (x[c] * rs);
   rstd[n] = rs;
 }
 
 /* dx (+)= rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd; the sum
  * chunk by chunk in lanes as ops.c's */
 static inline PW_HD void pw_cu_rmsnorm_i_row(float *dinp, const float *dout, const float *inp, const float *w,
-                                             const float *rstd, int C, int acc, int n) {
+                                             float off, const float *rstd, int C, int acc, int n) {
   size_t o = (size_t)n * (size_t)C;
   const float *x = inp + o, *dy = dout + o;
   float *dx = dinp + o;
@@ -289,20 +290,20 @@ static inline PW_HD void pw_cu_rmsnorm_i_row(float *dinp, const float *dout, con
     for (; j + PW_CU_LANES <= len; j += PW_CU_LANES)
       for (int l = 0; l < PW_CU_LANES; l++) {
         int c = c0 + j + l;
-        float g = dy[c] * w[c], xh = x[c] * rs;
+        float g = dy[c] * (off + w[c]), xh = x[c] * rs;
         s[l] += (double)g * xh;
       }
     double r = 0;
     for (int l = 0; l < PW_CU_LANES; l++) r += s[l];
     for (; j < len; j++) {
       int c = c0 + j;
-      float g = dy[c] * w[c], xh = x[c] * rs;
+      float g = dy[c] * (off + w[c]), xh = x[c] * rs;
       r += (double)g * xh;
     }
     sgx += r;
   }
   float mgx = (float)(sgx / C);
-  for (int c = 0; c < C; c++) dx[c] = pw_cu__accum(acc, dx[c], rs * (dy[c] * w[c] - (x[c] * rs) * mgx));
+  for (int c = 0; c < C; c++) dx[c] = pw_cu__accum(acc, dx[c], rs * (dy[c] * (off + w[c]) - (x[c] * rs) * mgx));
 }
 
 static inline PW_HD void pw_cu_rmsnorm_w_col(float *dw, const float *dout, const float *inp, const float *rstd, int N,
@@ -367,6 +368,34 @@ static inline PW_HD void pw_cu_swiglu_i_el(float *dgate, float *dup, const float
   float silu = g / (1.0f + e);
   dgate[i] = pw_cu__accum(acc_gate, dgate[i], dout[i] * up[i] * (s * (1.0f + g * (1.0f - s))));
   dup[i] = pw_cu__accum(acc_up, dup[i], dout[i] * silu);
+}
+
+/* Gemma's GeGLU: out = gelu_tanh(gate) * up in PyTorch's order, the
+ * backward term for term as ops.c's pw_geglu_backward_input (the tanh
+ * recomputed); dgate and dup may be one buffer, dgate's store first */
+static inline PW_HD void pw_cu_geglu_f_el(float *out, const float *gate, const float *up, size_t i) {
+  float x = gate[i];
+  float th = pw_cu__tanh(PW_CU_GELU_BETA * (x + PW_CU_GELU_KAPPA * (x * x * x)));
+  out[i] = 0.5f * x * (1.0f + th) * up[i];
+}
+
+static inline PW_HD void pw_cu_geglu_i_el(float *dgate, float *dup, const float *dout, const float *gate,
+                                          const float *up, int acc_gate, int acc_up, size_t i) {
+  float x = gate[i];
+  float th = pw_cu__tanh(PW_CU_GELU_BETA * (x + PW_CU_GELU_KAPPA * (x * x * x)));
+  float left = 0.5f * x, right = 1.0f + th;
+  float dleft = 0.5f * right, dtanh = 1.0f - th * th;
+  float dinner = PW_CU_GELU_BETA * (1.0f + 3.0f * PW_CU_GELU_KAPPA * (x * x));
+  float dg = dout[i] * up[i] * (dleft + left * dtanh * dinner);
+  float du = dout[i] * (left * right);
+  dgate[i] = pw_cu__accum(acc_gate, dgate[i], dg);
+  dup[i] = pw_cu__accum(acc_up, dup[i], du);
+}
+
+/* Gemma's embedding scale: out = inp * s (s = sqrt(d) as float32, the node's base) */
+static inline PW_HD void pw_cu_scale_f_el(float *out, const float *inp, float sc, size_t i) { out[i] = inp[i] * sc; }
+static inline PW_HD void pw_cu_scale_i_el(float *dinp, const float *dout, float sc, int acc, size_t i) {
+  dinp[i] = pw_cu__accum(acc, dinp[i], dout[i] * sc);
 }
 
 static inline PW_HD void pw_cu_add_f_el(float *out, const float *a, const float *b, size_t i) { out[i] = a[i] + b[i]; }

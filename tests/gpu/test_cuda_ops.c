@@ -286,6 +286,13 @@ static void run_shape(const shape *s) {
   c.node.eps = 1e-6f;
   c.n[W] = c.n[DW] = s->C;
   check_op(&c);
+  c = unary(s, "rmsnorm_offset", PW_OP_RMSNORM_OFFSET, N); /* Gemma's 1 + w */
+  c.node.eps = 1e-6f, c.node.base = 1.0f;
+  c.n[W] = c.n[DW] = s->C;
+  check_op(&c);
+  c = unary(s, "scale", PW_OP_SCALE, 0); /* Gemma's embedding scale */
+  c.node.base = 27.7128129f;
+  check_op(&c);
 
   c = unary(s, "gelu", PW_OP_GELU, NC);
   check_op(&c);
@@ -295,6 +302,9 @@ static void run_shape(const shape *s) {
   check_op(&c);
   for (int alias = 0; alias <= 1; alias++) {
     c = unary(s, alias ? "swiglu x*x" : "swiglu", PW_OP_SWIGLU, 0);
+    c.n[IN1] = c.n[DIN1] = NC, c.alias = alias;
+    check_op(&c);
+    c = unary(s, alias ? "geglu x*x" : "geglu", PW_OP_GEGLU, 0);
     c.n[IN1] = c.n[DIN1] = NC, c.alias = alias;
     check_op(&c);
     c = unary(s, alias ? "add x+x" : "add", PW_OP_ADD, 0);

@@ -350,20 +350,21 @@ static void test_layernorm(void **state) {
   layernorm_at(600);
 }
 
-static void rmsnorm_at(int C) {
+/* off 0: rmsnorm; 1: Gemma's rmsnorm_offset (the scale 1 + w) */
+static void rmsnorm_at(int C, float off) {
   size_t n = (size_t)N * C;
   float *x = rnd(n, 2), *w = rnd(C, 1);
   float *out = nans(n), *rstd = nans(N), *want = nans(n), *rstd_want = nans(N);
-  pw_rmsnorm_forward(want, rstd_want, x, w, N, C, 1e-6f);
-  for (int r = 0; r < N; r++) pw_cu_rmsnorm_f_row(out, rstd, x, w, C, 1e-6f, r);
-  expect_same("rmsnorm forward", out, want, n);
+  pw_rmsnorm_offset_forward(want, rstd_want, x, w, off, N, C, 1e-6f);
+  for (int r = 0; r < N; r++) pw_cu_rmsnorm_f_row(out, rstd, x, w, off, C, 1e-6f, r);
+  expect_same(off ? "rmsnorm_offset forward" : "rmsnorm forward", out, want, n);
   expect_same("rmsnorm rstd", rstd, rstd_want, N);
 
   float *dout = rnd(n, 1);
   for (int acc = 0; acc <= 1; acc++) {
     float *d = acc ? rnd(n, 1) : nans(n), *dw = acc ? dup(d, n) : nans(n);
-    pw_rmsnorm_backward_input(dw, dout, x, w, rstd, N, C, acc);
-    for (int r = 0; r < N; r++) pw_cu_rmsnorm_i_row(d, dout, x, w, rstd, C, acc, r);
+    pw_rmsnorm_offset_backward_input(dw, dout, x, w, off, rstd, N, C, acc);
+    for (int r = 0; r < N; r++) pw_cu_rmsnorm_i_row(d, dout, x, w, off, rstd, C, acc, r);
     expect_same(acc ? "rmsnorm backward_input acc" : "rmsnorm backward_input", d, dw, n);
     free(d), free(dw);
   }
@@ -376,8 +377,10 @@ static void rmsnorm_at(int C) {
 
 static void test_rmsnorm(void **state) {
   (void)state;
-  rmsnorm_at(13);
-  rmsnorm_at(600);
+  rmsnorm_at(13, 0.0f);
+  rmsnorm_at(600, 0.0f);
+  rmsnorm_at(13, 1.0f);
+  rmsnorm_at(600, 1.0f);
 }
 
 /* ---- activations ------------------------------------------------------------------ */
@@ -450,6 +453,37 @@ static void test_swiglu_add(void **state) {
       if (!one) expect_same("add backward_input b", g1, w1, NE);
       free(g0), free(g1), free(w0), free(w1);
     }
+  free(a), free(b), free(dout), free(out), free(want);
+}
+
+/* Gemma's geglu (one value too: geglu(g, g)) and scale */
+static void test_geglu_scale(void **state) {
+  (void)state;
+  float *a = rnd(NE, 4), *b = rnd(NE, 2), *dout = rnd(NE, 1), *out = nans(NE), *want = nans(NE);
+  pw_geglu_forward(want, a, b, NE);
+  for (size_t i = 0; i < NE; i++) pw_cu_geglu_f_el(out, a, b, i);
+  expect_close("geglu forward", out, want, NE, 1e-6);
+  pw_scale_forward(want, a, 45.254834f, NE);
+  for (size_t i = 0; i < NE; i++) pw_cu_scale_f_el(out, a, 45.254834f, i);
+  expect_same("scale forward", out, want, NE);
+  for (int acc = 0; acc <= 1; acc++)
+    for (int one = 0; one <= 1; one++) {
+      float *g0 = acc ? rnd(NE, 1) : nans(NE), *g1 = acc ? rnd(NE, 1) : nans(NE);
+      float *w0 = dup(g0, NE), *w1 = dup(g1, NE);
+      const float *up = one ? a : b;
+      pw_geglu_backward_input(w0, one ? w0 : w1, dout, a, up, NE, acc, one ? 1 : acc);
+      for (size_t i = 0; i < NE; i++) pw_cu_geglu_i_el(g0, one ? g0 : g1, dout, a, up, acc, one ? 1 : acc, i);
+      expect_close(one ? "geglu backward_input x*x" : "geglu backward_input", g0, w0, NE, 1e-5);
+      if (!one) expect_close("geglu backward_input up", g1, w1, NE, 1e-5);
+      free(g0), free(g1), free(w0), free(w1);
+    }
+  for (int acc = 0; acc <= 1; acc++) {
+    float *g = acc ? rnd(NE, 1) : nans(NE), *w = dup(g, NE);
+    pw_scale_backward_input(w, dout, 45.254834f, NE, acc);
+    for (size_t i = 0; i < NE; i++) pw_cu_scale_i_el(g, dout, 45.254834f, acc, i);
+    expect_same(acc ? "scale backward_input acc" : "scale backward_input", g, w, NE);
+    free(g), free(w);
+  }
   free(a), free(b), free(dout), free(out), free(want);
 }
 
@@ -598,7 +632,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embed),       cmocka_unit_test(test_posembed), cmocka_unit_test(test_linear),
       cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_gelu_relu_silu),
-      cmocka_unit_test(test_swiglu_add),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),
+      cmocka_unit_test(test_swiglu_add),
+      cmocka_unit_test(test_geglu_scale),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),
       cmocka_unit_test(test_optim),       cmocka_unit_test(test_bf16_round), cmocka_unit_test(test_linear_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
