@@ -119,6 +119,21 @@ __global__ static void swiglu_f_k(float *out, const float *gate, const float *up
   if (i < n) pw_cu_swiglu_f_el(out, gate, up, i);
 }
 /* dgate and dup may alias (gate == up): no __restrict__ anywhere here */
+__global__ static void qknorm_f_k(float *out, float *rstd, const float *inp, const float *wq, const float *wk, int NH,
+                                  int NKV, int HD, float eps, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_qknorm_f_seg(out, rstd, inp, wq, wk, NH, NKV, HD, eps, i);
+}
+__global__ static void qknorm_i_k(float *dinp, const float *dout, const float *inp, const float *wq, const float *wk,
+                                  const float *rstd, int NH, int NKV, int HD, int acc, size_t n) {
+  size_t i = pw_cu__tid();
+  if (i < n) pw_cu_qknorm_i_seg(dinp, dout, inp, wq, wk, rstd, NH, NKV, HD, acc, i);
+}
+__global__ static void qknorm_w_k(float *dwq, float *dwk, const float *dout, const float *inp, const float *rstd, int N,
+                                  int NH, int NKV, int HD) {
+  size_t c = pw_cu__tid();
+  if (c < 2 * (size_t)HD) pw_cu_qknorm_w_col(dwq, dwk, dout, inp, rstd, N, NH, NKV, HD, (int)c);
+}
 __global__ static void geglu_f_k(float *out, const float *gate, const float *up, size_t n) {
   size_t i = pw_cu__tid();
   if (i < n) pw_cu_geglu_f_el(out, gate, up, i);
@@ -438,6 +453,31 @@ static void swiglu_i(const pw_kernel_io *io) {
   PW_CU_LAUNCH(swiglu_i_k, nc(io), "swiglu_i", io->din0, io->din1, io->dout, io->in0, io->in1, io->acc0, io->acc1,
                nc(io));
 }
+/* qk_norm: w is q's norm weight, b k's (HD each); aux rstd (rows, NH + NKV) */
+static int qk_nkv(const pw_node *n) { return n->NKV > 0 ? n->NKV : n->NH; }
+static int qk_hd(const pw_node *n) { return n->C / (n->NH + 2 * qk_nkv(n)); }
+static void qknorm_f(const pw_kernel_io *io) {
+  const pw_node *nd = io->n;
+  size_t segs = (size_t)io->rows * (size_t)(nd->NH + 2 * qk_nkv(nd));
+  pw_cu__enter();
+  PW_CU_LAUNCH(qknorm_f_k, segs, "qk_norm_f", io->out, io->aux, io->in0, io->w, io->b, nd->NH, qk_nkv(nd), qk_hd(nd),
+               nd->eps, segs);
+}
+static void qknorm_i(const pw_kernel_io *io) {
+  if (!io->din0) return;
+  const pw_node *nd = io->n;
+  size_t segs = (size_t)io->rows * (size_t)(nd->NH + 2 * qk_nkv(nd));
+  pw_cu__enter();
+  PW_CU_LAUNCH(qknorm_i_k, segs, "qk_norm_i", io->din0, io->dout, io->in0, io->w, io->b, io->aux, nd->NH, qk_nkv(nd),
+               qk_hd(nd), io->acc0, segs);
+}
+static void qknorm_w(const pw_kernel_io *io) {
+  if (!io->dw && !io->db) return;
+  const pw_node *nd = io->n;
+  pw_cu__enter();
+  PW_CU_LAUNCH(qknorm_w_k, 2 * (size_t)qk_hd(nd), "qk_norm_w", io->dw, io->db, io->dout, io->in0, io->aux, io->rows,
+               nd->NH, qk_nkv(nd), qk_hd(nd));
+}
 static void geglu_f(const pw_kernel_io *io) {
   pw_cu__enter();
   PW_CU_LAUNCH(geglu_f_k, nc(io), "geglu_f", io->out, io->in0, io->in1, nc(io));
@@ -536,7 +576,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_LORA] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU: the caller refuses it by name */
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL},
     [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, NULL},
-    [PW_OP_QKNORM] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU yet: refused by name */
+    [PW_OP_QKNORM] = {qknorm_f, qknorm_i, qknorm_w, NULL, NULL},
     [PW_OP_GEGLU] = {geglu_f, geglu_i, NULL, NULL, NULL},
     [PW_OP_SCALE] = {scale_f, scale_i, NULL, NULL, NULL},
     [PW_OP_RMSNORM_OFFSET] = {rmsnorm_offset_f, rmsnorm_offset_i, rmsnorm_w, NULL, NULL},

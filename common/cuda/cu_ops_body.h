@@ -316,6 +316,51 @@ static inline PW_HD void pw_cu_rmsnorm_w_col(float *dw, const float *dout, const
   dw[c] = a;
 }
 
+/* ---- qk_norm (Qwen3): an RMSNorm over each q and k head of a qkv row ----------------- */
+
+/* Segment s of the N (NH + 2 NKV) HD-blocks: a q head (wq) or a k head (wk)
+ * normalised, its rstd at row n's NH + NKV; a v head copied (ops_attn.c's
+ * pw_qknorm_forward, the rmsnorm rows above) */
+static inline PW_HD void pw_cu_qknorm_f_seg(float *out, float *rstd, const float *inp, const float *wq, const float *wk,
+                                            int NH, int NKV, int HD, float eps, size_t s) {
+  int heads = NH + 2 * NKV, hh = (int)(s % (size_t)heads);
+  size_t n = s / (size_t)heads, o = s * (size_t)HD;
+  if (hh >= NH + NKV) {
+    for (int e = 0; e < HD; e++) out[o + e] = inp[o + e];
+    return;
+  }
+  pw_cu_rmsnorm_f_row(out + o, rstd + n * (size_t)(NH + NKV) + hh, inp + o, hh < NH ? wq : wk, 0.0f, HD, eps, 0);
+}
+
+static inline PW_HD void pw_cu_qknorm_i_seg(float *dinp, const float *dout, const float *inp, const float *wq,
+                                            const float *wk, const float *rstd, int NH, int NKV, int HD, int acc,
+                                            size_t s) {
+  int heads = NH + 2 * NKV, hh = (int)(s % (size_t)heads);
+  size_t n = s / (size_t)heads, o = s * (size_t)HD;
+  if (hh >= NH + NKV) {
+    for (int e = 0; e < HD; e++) dinp[o + e] = pw_cu__accum(acc, dinp[o + e], dout[o + e]);
+    return;
+  }
+  pw_cu_rmsnorm_i_row(dinp + o, dout + o, inp + o, hh < NH ? wq : wk, 0.0f, rstd + n * (size_t)(NH + NKV) + hh, HD,
+                      acc, 0);
+}
+
+/* Column c2 of [wq | wk] (2 HD): its rows n, then its heads, in the CPU's
+ * order of additions into dw */
+static inline PW_HD void pw_cu_qknorm_w_col(float *dwq, float *dwk, const float *dout, const float *inp,
+                                            const float *rstd, int N, int NH, int NKV, int HD, int c2) {
+  int k = c2 >= HD, c = c2 - k * HD, h0 = k ? NH : 0, nh = k ? NKV : NH, heads = NH + 2 * NKV;
+  float *dw = k ? dwk : dwq;
+  if (!dw) return; /* that half frozen */
+  float a = dw[c];
+  for (int n = 0; n < N; n++)
+    for (int h = h0; h < h0 + nh; h++) {
+      size_t kk = ((size_t)n * heads + (size_t)h) * HD + (size_t)c;
+      a += dout[kk] * (inp[kk] * rstd[(size_t)n * (NH + NKV) + (size_t)h]);
+    }
+  dw[c] = a;
+}
+
 /* ---- activations (element i of n) ------------------------------------------------ */
 
 /* ops.c's GELU_BETA (sqrt(2/pi) as M_SQRT2 * M_2_SQRTPI * 0.5) and GELU_KAPPA */

@@ -290,6 +290,12 @@ static void run_shape(const shape *s) {
   c.node.eps = 1e-6f, c.node.base = 1.0f;
   c.n[W] = c.n[DW] = s->C;
   check_op(&c);
+  if (s->C % 8 == 0) { /* Qwen3's qk_norm: the width as 4 q, 2 k and 2 v heads of C/8 */
+    c = unary(s, "qk_norm", PW_OP_QKNORM, N * 6);
+    c.node.NH = 4, c.node.NKV = 2, c.node.eps = 1e-6f;
+    c.n[W] = c.n[DW] = c.n[BIAS] = c.n[DB] = s->C / 8;
+    check_op(&c);
+  }
   c = unary(s, "scale", PW_OP_SCALE, 0); /* Gemma's embedding scale */
   c.node.base = 27.7128129f;
   check_op(&c);

@@ -456,6 +456,41 @@ static void test_swiglu_add(void **state) {
   free(a), free(b), free(dout), free(out), free(want);
 }
 
+/* Qwen3's qk_norm: q and k heads normalised per head (wq, wk), v copied;
+ * the CPU's bits (the rmsnorm rows) */
+static void qknorm_at(int NH, int NKV, int HD) {
+  int heads = NH + 2 * NKV;
+  size_t n = (size_t)N * heads * HD, nr = (size_t)N * (NH + NKV);
+  float *x = rnd(n, 2), *wq = rnd(HD, 1), *wk = rnd(HD, 1);
+  float *out = nans(n), *rstd = nans(nr), *want = nans(n), *rstd_want = nans(nr);
+  pw_qknorm_forward(want, rstd_want, x, wq, wk, N, NH, NKV, HD, 1e-6f);
+  for (size_t s = 0; s < (size_t)N * heads; s++) pw_cu_qknorm_f_seg(out, rstd, x, wq, wk, NH, NKV, HD, 1e-6f, s);
+  expect_same("qk_norm forward", out, want, n);
+  expect_same("qk_norm rstd", rstd, rstd_want, nr);
+  float *dout = rnd(n, 1);
+  for (int acc = 0; acc <= 1; acc++) {
+    float *d = acc ? rnd(n, 1) : nans(n), *dw = acc ? dup(d, n) : nans(n);
+    pw_qknorm_backward_input(dw, dout, x, wq, wk, rstd, N, NH, NKV, HD, acc);
+    for (size_t s = 0; s < (size_t)N * heads; s++) pw_cu_qknorm_i_seg(d, dout, x, wq, wk, rstd, NH, NKV, HD, acc, s);
+    expect_same(acc ? "qk_norm backward_input acc" : "qk_norm backward_input", d, dw, n);
+    free(d), free(dw);
+  }
+  float *gq = rnd(HD, 1), *gk = rnd(HD, 1), *gq_want = dup(gq, HD), *gk_want = dup(gk, HD);
+  pw_qknorm_backward_weight(gq_want, gk_want, dout, x, rstd, N, NH, NKV, HD);
+  for (int c = 0; c < 2 * HD; c++) pw_cu_qknorm_w_col(gq, gk, dout, x, rstd, N, NH, NKV, HD, c);
+  expect_same("qk_norm backward_weight q", gq, gq_want, HD);
+  expect_same("qk_norm backward_weight k", gk, gk_want, HD);
+  free(x), free(wq), free(wk), free(out), free(rstd), free(want), free(rstd_want), free(dout);
+  free(gq), free(gk), free(gq_want), free(gk_want);
+}
+
+static void test_qknorm(void **state) {
+  (void)state;
+  qknorm_at(4, 2, 8);
+  qknorm_at(3, 3, 20);
+  qknorm_at(4, 1, 40);
+}
+
 /* Gemma's geglu (one value too: geglu(g, g)) and scale */
 static void test_geglu_scale(void **state) {
   (void)state;
@@ -633,7 +668,8 @@ int main(void) {
       cmocka_unit_test(test_embed),       cmocka_unit_test(test_posembed), cmocka_unit_test(test_linear),
       cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_gelu_relu_silu),
       cmocka_unit_test(test_swiglu_add),
-      cmocka_unit_test(test_geglu_scale),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),
+      cmocka_unit_test(test_geglu_scale),
+      cmocka_unit_test(test_qknorm),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),
       cmocka_unit_test(test_optim),       cmocka_unit_test(test_bf16_round), cmocka_unit_test(test_linear_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
