@@ -24,6 +24,9 @@
 #include "kernels.h"
 #include "ops.h"
 
+#define GPUTEST_NAME "test_cuda_attn"
+#include "gputest.h"
+
 #define CU(call)                                                                                    \
   do {                                                                                              \
     cudaError_t e_ = (call);                                                                        \
@@ -33,14 +36,6 @@
     }                                                                                               \
   } while (0)
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double uniform(void) { /* [-1, 1) */
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return (double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
 static void fill(float *x, size_t n, double s) {
   for (size_t i = 0; i < n; i++) x[i] = (float)(s * uniform());
 }

@@ -33,24 +33,12 @@
 #include "optim.h"
 #include "prog.h"
 
+#define GPUTEST_NAME "test_cuda_ops"
+#include "gputest.h"
+
 static const pw_backend *be;
 static int checks;
 
-static void die(const char *fmt, const char *a, const char *b) {
-  fprintf(stderr, "test_cuda_ops: FAILED: ");
-  fprintf(stderr, fmt, a, b);
-  fprintf(stderr, "\n");
-  exit(1);
-}
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double uniform(void) { /* [-1, 1) */
-  uint64_t z = (rng += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return (double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-}
 
 static float *host(size_t n) {
   float *p = malloc((n ? n : 1) * sizeof(float));
