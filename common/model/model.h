@@ -80,6 +80,14 @@ typedef struct {
   /* rope: Llama-3's rope_scaling (ops_rope.h); factor 0 = none */
   float rope_factor, rope_low_freq, rope_high_freq;
   int rope_orig_max_pos;
+  /* attention (and the rope, qk_norm before it): the options real models
+   * add. HD: head width, 0 reads as C / NH (head_dim other than d / heads:
+   * Qwen3, Gemma-7B); window: a query sees only the last `window` keys up
+   * to itself (Mistral's sliding window), 0 = all; bidir: 1 = every query
+   * sees every key (encoders: BERT), 0 = causal; pad: with in[1] the
+   * model's token ids, keys whose token is `pad` are masked (BERT's
+   * padding mask, a function of the tokens, so every stage can make it) */
+  int HD, window, bidir, pad;
   size_t aux;       /* floats of saved auxiliaries per sequence (mean/rstd, gelu', att, probs) */
 } pw_node;
 

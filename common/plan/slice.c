@@ -32,9 +32,15 @@ static json_t *model_json(const pw_model *m) {
                           n->NH, n->T, (double)n->eps, (double)n->base, (json_int_t)n->aux);
     /* the attention options (grouped-query heads, Llama-3's rope scaling)
      * only where a node has them: other slices keep their text */
-    if (e && ((n->NKV && n->NKV != n->NH) || n->rope_factor)) {
+    int more = n->HD || n->window || n->bidir || n->pad;
+    if (e && ((n->NKV && n->NKV != n->NH) || n->rope_factor || more)) {
       json_t *t = json_pack("[ifffi]", n->NKV, (double)n->rope_factor, (double)n->rope_low_freq,
                             (double)n->rope_high_freq, n->rope_orig_max_pos);
+      json_array_extend(e, t);
+      json_decref(t);
+    }
+    if (e && more) { /* head width, sliding window, bidirectional, padding token */
+      json_t *t = json_pack("[iiii]", n->HD, n->window, n->bidir, n->pad);
       json_array_extend(e, t);
       json_decref(t);
     }
@@ -195,7 +201,11 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
     json_int_t aux;
     json_t *e = json_array_get(nodes, (size_t)i);
     double rf = 0, rl = 0, rh = 0;
-    if ((rc = json_array_size(e) == 19
+    if ((rc = json_array_size(e) == 23
+                  ? unpack(err, "slice.model.nodes", e, "[iiiiiiiiiiiFFIiFFFiiiii]", &op, &n->layer, &n->in[0],
+                           &n->in[1], &n->out, &n->w, &n->b, &n->C, &n->OC, &n->NH, &n->T, &eps, &base, &aux,
+                           &n->NKV, &rf, &rl, &rh, &n->rope_orig_max_pos, &n->HD, &n->window, &n->bidir, &n->pad)
+              : json_array_size(e) == 19
                   ? unpack(err, "slice.model.nodes", e, "[iiiiiiiiiiiFFIiFFFi]", &op, &n->layer, &n->in[0], &n->in[1],
                            &n->out, &n->w, &n->b, &n->C, &n->OC, &n->NH, &n->T, &eps, &base, &aux, &n->NKV, &rf, &rl,
                            &rh, &n->rope_orig_max_pos)
@@ -204,7 +214,8 @@ static int decode_model(json_t *j, pw_model *m, pw_err *err) {
       return rc;
     n->rope_factor = (float)rf, n->rope_low_freq = (float)rl, n->rope_high_freq = (float)rh;
     if (!in(op, 0, PW_OP__COUNT) || !in(n->layer, 0, nl) || !in(n->in[0], -1, nv) || !in(n->in[1], -1, nv) ||
-        !in(n->out, 0, nv) || !in(n->w, -1, np) || !in(n->b, -1, np) || aux < 0)
+        !in(n->out, 0, nv) || !in(n->w, -1, np) || !in(n->b, -1, np) || aux < 0 || n->HD < 0 || n->window < 0 ||
+        !in(n->bidir, 0, 2))
       return bad(err, "slice.model.nodes", i, "op, layer, value or parameter id out of range");
     n->op = (uint8_t)op, n->eps = (float)eps, n->base = (float)base, n->aux = (size_t)aux;
   }
