@@ -26,6 +26,10 @@ BASE_PY=${PW_TORCH2_BASE_PYTHON:-/usr/bin/python3}   # Debian 12's Python 3.11: 
 CUDA_LIB=${PW_TORCH2_CUDA_LIB:-/usr/local/cuda/lib64}
 
 TORCH=torch==2.15.0
+# tests/ref/test_hf_ref_v5.sh's reference (Qwen3, transformers 5's config
+# files): installed with its own requirements, resolved by pip (tokenizers,
+# huggingface-hub, safetensors, ...; a bench and reference environment, not CI's)
+TRANSFORMERS=transformers==5.24.0
 PURE=(filelock==4.3.1 typing-extensions==4.16.0 sympy==1.14.0 mpmath==1.3.0 networkx==3.6.1
       jinja2==3.1.6 markupsafe==3.0.3 fsspec==2026.9.0 numpy==2.4.6)
 NVIDIA=(nvidia-nccl-cu13==2.30.7 nvidia-cusparselt-cu13==0.8.1 nvidia-nvshmem-cu13==3.7.2
@@ -36,8 +40,13 @@ say() { echo "torch2_venv: $*" >&2; }
 want=${TORCH#torch==}
 if [ -x "$DIR/bin/python3" ] && got=$("$DIR/bin/python3" -c 'import torch; print(torch.__version__)' 2>/dev/null) \
    && [ "${got%%+*}" = "$want" ]; then
-    say "$DIR: torch $got already there"
-    exit 0
+    if tv=$("$DIR/bin/python3" -c 'import transformers; print(transformers.__version__)' 2>/dev/null) \
+       && [ "$tv" = "${TRANSFORMERS#transformers==}" ]; then
+        say "$DIR: torch $got and transformers $tv already there"
+        exit 0
+    fi
+    say "$DIR: torch $got there; installing $TRANSFORMERS"
+    exec "$DIR/bin/python3" -m pip install --quiet --only-binary=:all: "$TRANSFORMERS"
 fi
 [ -d "$CUDA_LIB" ] || say "warning: $CUDA_LIB missing: the CUDA wheel of torch will not import without cuBLAS and cuDNN"
 
@@ -45,6 +54,7 @@ say "creating $DIR with $($BASE_PY --version)"
 [ -x "$DIR/bin/python-real" ] || "$BASE_PY" -m venv "$DIR"
 say "installing $TORCH (--no-deps), ${PURE[*]}, ${NVIDIA[*]}"
 "$DIR/bin/python3" -m pip install --no-deps --only-binary=:all: "$TORCH" "${PURE[@]}" "${NVIDIA[@]}"
+"$DIR/bin/python3" -m pip install --quiet --only-binary=:all: "$TRANSFORMERS"
 
 # bin/python3 becomes a wrapper that puts the CUDA toolkit's libraries on the
 # loader's path (libtorch_cuda.so is linked against them), so that

@@ -43,7 +43,8 @@ static const struct {
 } fields[] = {
     /* bookkeeping, token ids, generation defaults (PretrainedConfig's own) */
     {"architectures", A_ALL, NULL}, {"model_type", A_ALL, NULL},
-    {"torch_dtype", A_ALL, "storage"}, {"transformers_version", A_ALL, "bookkeeping"},
+    {"torch_dtype", A_ALL, "storage"}, {"dtype", A_ALL, "storage (transformers 5's torch_dtype)"},
+    {"transformers_version", A_ALL, "bookkeeping"},
     {"_name_or_path", A_ALL, "bookkeeping"}, {"use_cache", A_ALL, "inference"},
     {"bos_token_id", A_ALL, "token id"}, {"eos_token_id", A_ALL, "token id"},
     {"pad_token_id", A_ALL, "token id"}, {"sep_token_id", A_ALL, "token id"},
@@ -263,8 +264,8 @@ static int arch_of(const cfgr *c, int *bit) {
                     name);
 }
 
-int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t **model, char arch[PW_HF_ARCH_MAX],
-                       char *notes, size_t notes_cap, pw_err *err) {
+static int config_model(const json_t *cfg, const char *what, int seq_len, json_t **model, char arch[PW_HF_ARCH_MAX],
+                        char *notes, size_t notes_cap, pw_err *err) {
   *model = NULL;
   if (notes && notes_cap) notes[0] = 0;
   cfgr c = {cfg, what, "?", err};
@@ -773,6 +774,56 @@ static int check_tied_head(hf_src *s, const hf_map *mp, const pw_st_tensor *embe
                       "tensor 'lm_head.weight' differs from '%s' but config.json ties them (tie_word_embeddings)",
                       mp->embed_hf);
   return 0;
+}
+
+/* transformers 5 writes the rope's numbers as one object, rope_parameters
+ * {rope_type, rope_theta, and the type's own fields}, where 4.x wrote
+ * rope_theta and rope_scaling (null for the default rope). Rewritten into
+ * those two, so that one reader checks both spellings; a config giving
+ * both spellings must give the same numbers. */
+static int rope_parameters_v4(json_t *cfg, const char *what, pw_err *err) {
+  json_t *rp = json_object_get(cfg, "rope_parameters");
+  if (json_is_null(rp)) return json_object_del(cfg, "rope_parameters"), 0;
+  if (!json_is_object(rp)) return pw_err_set(err, PW_ESPEC, what, "rope_parameters: must be an object or null");
+  json_t *theta = json_object_get(rp, "rope_theta"), *type = json_object_get(rp, "rope_type");
+  if (!json_is_number(theta)) return pw_err_set(err, PW_ESPEC, what, "rope_parameters.rope_theta: missing or not a number");
+  if (type && !json_is_string(type)) return pw_err_set(err, PW_ESPEC, what, "rope_parameters.rope_type: not a string");
+  const json_t *old = json_object_get(cfg, "rope_theta");
+  if (old && !(json_is_number(old) && json_number_value(old) == json_number_value(theta)))
+    return pw_err_set(err, PW_ESPEC, what, "rope_theta and rope_parameters.rope_theta differ");
+  json_t *rs = json_deep_copy(rp);
+  if (!rs || json_object_set(cfg, "rope_theta", theta) || json_object_del(rs, "rope_theta")) {
+    json_decref(rs);
+    return pw_err_set(err, PW_ENOMEM, what, "out of memory");
+  }
+  if (!type || !strcmp(json_string_value(type), "default")) { /* the plain rope: nothing else may be there */
+    json_object_del(rs, "rope_type");
+    const char *key = json_object_iter_key(json_object_iter(rs));
+    json_decref(rs);
+    if (key) return pw_err_set(err, PW_ENOTSUP, what, "rope_parameters.%.48s: not a field of the default rope", key);
+    rs = json_null();
+  }
+  const json_t *was = json_object_get(cfg, "rope_scaling");
+  if (was && !json_is_null(was) && !json_equal(was, rs)) {
+    json_decref(rs);
+    return pw_err_set(err, PW_ESPEC, what, "rope_scaling and rope_parameters differ");
+  }
+  json_object_set_new(cfg, "rope_scaling", rs);
+  json_object_del(cfg, "rope_parameters");
+  return 0;
+}
+
+int pw_hf_config_model(const json_t *cfg, const char *what, int seq_len, json_t **model, char arch[PW_HF_ARCH_MAX],
+                       char *notes, size_t notes_cap, pw_err *err) {
+  *model = NULL;
+  if (!json_is_object(cfg) || !json_object_get(cfg, "rope_parameters"))
+    return config_model(cfg, what, seq_len, model, arch, notes, notes_cap, err);
+  json_t *v4 = json_deep_copy(cfg);
+  if (!v4) return pw_err_set(err, PW_ENOMEM, what, "out of memory");
+  int rc = rope_parameters_v4(v4, what, err);
+  if (!rc) rc = config_model(v4, what, seq_len, model, arch, notes, notes_cap, err);
+  json_decref(v4);
+  return rc;
 }
 
 int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_result *r, pw_err *err) {

@@ -35,8 +35,9 @@ checks that:
     in transformers lie within 1e-5 of the largest |logit| (or of 1) is an
     ill-posed greedy choice (the logits agree to ~1e-6): the line says so,
     and the ids are compared only before it.
-Qwen3 is not in transformers 4.49: its import and export are checked on a
-directory made here, for the names, shapes and the round trip only.
+Qwen3 is not in transformers 4.49: its import and export are checked here on
+a directory made here, for the names, shapes and the round trip only, and
+against transformers 5 by hf_ref_v5.py (test_hf_ref_v5.sh).
 """
 import json
 import os

@@ -77,6 +77,52 @@ static void test_config_llama(void **state) {
   json_decref(m);
 }
 
+/* transformers 5's spelling (dtype, rope_parameters) reads as 4.x's: the
+ * same model object; contradictions and strays refused by name. */
+static void test_config_v5(void **state) {
+  (void)state;
+  static const char *const L3 = "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+                                " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8";
+  char v4s[256], v5s[256];
+  snprintf(v4s, sizeof v4s, "%s}", L3);
+  snprintf(v5s, sizeof v5s, "%s, \"rope_theta\": 500000.0}", L3);
+  pw_err err = {0};
+  json_t *v4 = model_of(cfg_with(LLAMA, "rope_scaling", json_loads(v4s, 0, NULL)), 0, &err);
+  json_t *c = cfg_with(LLAMA, "rope_parameters", json_loads(v5s, 0, NULL));
+  json_object_del(c, "rope_theta");
+  json_object_del(c, "torch_dtype");
+  json_object_set_new(c, "dtype", json_string("bfloat16"));
+  json_t *v5 = model_of(c, 0, &err);
+  assert_non_null(v4);
+  if (!v5) fail_msg("rope_parameters llama3: %s", err.msg);
+  assert_true(json_equal(v4, v5));
+  assert_non_null(json_object_get(v5, "rope_scaling"));
+  json_decref(v5);
+  /* the default rope: rope_theta alone, no rope_scaling */
+  c = cfg_with(LLAMA, "rope_parameters", json_loads("{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", 0, NULL));
+  json_object_del(c, "rope_theta");
+  v5 = model_of(c, 0, &err);
+  json_t *plain = model_of(cfg_with(LLAMA, NULL, NULL), 0, &err);
+  assert_non_null(v5);
+  assert_true(json_equal(plain, v5));
+  json_decref(v5), json_decref(plain), json_decref(v4);
+  static const struct {
+    const char *value, *needle;
+  } bad[] = {
+      {"{\"rope_type\": \"default\", \"rope_theta\": 10000.0}", "rope_theta and rope_parameters.rope_theta differ"},
+      {"{\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"factor\": 2.0}", "rope_parameters.factor"},
+      {"{\"rope_type\": \"default\"}", "rope_parameters.rope_theta"},
+      {"{\"rope_type\": \"yarn\", \"rope_theta\": 500000.0, \"factor\": 4.0}", "rope_scaling.rope_type"},
+      {"[1]", "rope_parameters: must be an object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    json_t *v = json_loads(bad[i].value, JSON_DECODE_ANY, NULL);
+    assert_non_null(v);
+    json_t *m = model_of(cfg_with(LLAMA, "rope_parameters", v), 0, &err);
+    if (m || !strstr(err.msg, bad[i].needle)) fail_msg("rope_parameters = %s: got '%s'", bad[i].value, err.msg);
+  }
+}
+
 /* Each refusal names the field. */
 static void test_config_refusals(void **state) {
   (void)state;
@@ -387,6 +433,7 @@ static void test_to_f32(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_llama),       cmocka_unit_test(test_config_refusals),
+      cmocka_unit_test(test_config_v5),
       cmocka_unit_test(test_llama_dir),          cmocka_unit_test(test_llama_dir_refusals),
       cmocka_unit_test(test_gpt2_dir),           cmocka_unit_test(test_to_f32),
   };
