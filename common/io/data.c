@@ -54,8 +54,34 @@
  *   the token (ln (V - 1)); both together determine the target.
  *
  * The eval stream of synthetic kinds differs from the train stream only by
- * split_tag, so the two never share a sequence key. */
+ * split_tag, so the two never share a sequence key.
+ *
+ * masked LM (text, tokens; shape->mlm_predictions = K > 0, the model's
+ *   pad_token P or none, data.mask_token M): the window of sequence (k, i)
+ *   is drawn as above (inputs o .. o+T-1; the next-token targets are not
+ *   used), then corrupted by pw_mlm_corrupt(key(split, k, i), ...): pw_rng
+ *   seeded with hash64(key(split, k, i), hash_str("mlm")) draws
+ *     the positions: with p[0..n) the positions t (ascending) whose token
+ *       is not P (all T without P), for j = 0 .. K-1 in turn
+ *       s = j + below(n - j), swap p[j] and p[s]; p[0..K) are chosen
+ *     their fate: for j = 0 .. K-1 in turn, u = below(10): u < 8 puts M
+ *       at p[j], u = 8 a token below(vocab_size) (drawn then), u = 9 keeps
+ *       the token
+ *   targets: the window's token at p[0..K), -100 (PW_DATA_IGNORE)
+ *   elsewhere. Open checks that every window of each split (o = 0 .. S -
+ *   T - 2) holds at least K tokens other than P.
+ *
+ * labeled: N sequences from a JSON Lines file (data_labeled.c), each cut
+ *   to T ids or filled with the pad token, and a label. The last
+ *   E = floor(N * eval_fraction) are the eval split, the first N - E the
+ *   train split (each needs one). For a split of S sequences, sequence
+ *   (k, i) is number
+ *     sequential: (k * batch_size + i) mod S   (exact)
+ *     random:     key(train, k, i) mod S
+ *   of the split: inputs its T ids (int32), target its label (int32, one
+ *   per sequence). Eval batches always use the sequential rule. */
 #include "data.h"
+#include "data_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -86,6 +112,10 @@ struct pw_dataset {
   /* regression, classify; shift: the key table (keys, feature_dim) */
   double *teacher;     /* (out_dim, in_dim) */
   int keys;            /* shift */
+  int mask_token;      /* masked LM (shape.mlm_predictions > 0) */
+  /* labeled: n_seq rows of T ids, their labels; the first train_seq train */
+  int32_t *seq_ids, *seq_labels;
+  size_t n_seq, train_seq;
 };
 
 static const char *kind_name(pw_data_kind k) {
@@ -97,6 +127,7 @@ static const char *kind_name(pw_data_kind k) {
     case PW_DATA_CLASSIFY: return "classify";
     case PW_DATA_TOKENS: return "tokens";
     case PW_DATA_SHIFT: return "shift";
+    case PW_DATA_LABELED: return "labeled";
   }
   return "?";
 }
@@ -204,6 +235,49 @@ static int open_file(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
                       "the eval split of %s (%g of %zu %s) has only %zu %s; seq_len %d "
                       "needs at least %zu",
                       spec->path, spec->eval_fraction, ds->len, unit, eval_len, unit, T, need);
+  int K = ds->shape.mlm_predictions, rc2 = 0;
+  if (K > 0) {
+    if (spec->mask_token < 0)
+      return pw_err_set(err, PW_ESPEC, "data.mask_token",
+                        "a masked-LM model needs the id that masks a position (BERT's [MASK])");
+    if (spec->mask_token >= ds->shape.vocab_size)
+      return pw_err_set(err, PW_ESPEC, "data.mask_token", "%d is not below vocab_size %d", spec->mask_token,
+                        ds->shape.vocab_size);
+    ds->mask_token = spec->mask_token;
+    rc2 = pw__mlm_check_windows(ds->ids, ds->width, ds->train_len, T, K, ds->shape.pad_token, spec->path, "train",
+                                err);
+    if (!rc2)
+      rc2 = pw__mlm_check_windows(ds->ids + ds->train_len * ds->width, ds->width, eval_len, T, K,
+                                  ds->shape.pad_token, spec->path, "eval", err);
+  }
+  return rc2;
+}
+
+/* labeled: the JSON Lines whole, then the splits (in sequences). */
+static int open_labeled(pw_dataset *ds, const pw_data_spec *spec, pw_err *err) {
+  if (!(spec->eval_fraction >= 0.0 && spec->eval_fraction < 1.0))
+    return pw_err_set(err, PW_ESPEC, "data.eval_fraction", "must be in [0, 1) (got %g)", spec->eval_fraction);
+  if (!spec->path[0])
+    return pw_err_set(err, PW_ESPEC, "data.path", "no local file for dataset %s", spec->dataset);
+  int rc = read_text(spec->path, &ds->bytes, &ds->len, err);
+  if (!rc) rc = check_hash(ds->bytes, ds->len, spec, err);
+  size_t cut = 0;
+  if (!rc) rc = pw__labeled_parse(ds->bytes, ds->len, spec->path, &ds->shape, &ds->seq_ids, &ds->seq_labels,
+                                  &ds->n_seq, &cut, err);
+  free(ds->bytes); /* the parsed rows are what is read */
+  ds->bytes = NULL;
+  if (rc) return rc;
+  size_t eval_n = (size_t)floor((double)ds->n_seq * spec->eval_fraction);
+  if (eval_n > ds->n_seq) eval_n = ds->n_seq;
+  ds->train_seq = ds->n_seq - eval_n;
+  if (ds->train_seq < 1 || eval_n < 1)
+    return pw_err_set(err, PW_ESPEC, ds->train_seq < 1 ? "data.path" : "data.eval_fraction",
+                      "%s has %zu sequences: eval_fraction %g leaves %zu for training and %zu for eval; each split "
+                      "needs at least one",
+                      spec->path, ds->n_seq, spec->eval_fraction, ds->train_seq, eval_n);
+  if (cut)
+    pw_info("data: %zu of the %zu sequences of %s are longer than seq_len %d: their first %d ids are read", cut,
+            ds->n_seq, spec->path, ds->shape.seq_len, ds->shape.seq_len);
   return 0;
 }
 
@@ -232,7 +306,13 @@ int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsign
                     pw_dataset **out, pw_err *err) {
   *out = NULL;
   int token_kind = spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_TOKENS || spec->kind == PW_DATA_COPY ||
-                   spec->kind == PW_DATA_REVERSE || spec->kind == PW_DATA_SHIFT;
+                   spec->kind == PW_DATA_REVERSE || spec->kind == PW_DATA_SHIFT || spec->kind == PW_DATA_LABELED;
+  if (shape->mlm_predictions > 0 && spec->kind != PW_DATA_TEXT && spec->kind != PW_DATA_TOKENS)
+    return pw_err_set(err, PW_ESPEC, "data.kind", "a masked-LM model masks the windows of kind text or tokens (got '%s')",
+                      kind_name(spec->kind));
+  if (shape->tokens && shape->out_dim > 0 && spec->kind != PW_DATA_LABELED)
+    return pw_err_set(err, PW_ESPEC, "data.kind", "a model with one label per sequence reads kind labeled (got '%s')",
+                      kind_name(spec->kind));
   if (spec->kind == PW_DATA_SHIFT && (shape->vocab_size < 2 || spec->keys > shape->vocab_size - 1))
     return pw_err_set(err, PW_ESPEC, "data.keys", "'shift' data shifts symbols 1 .. vocab_size-1 by a key below "
                       "keys: needs 1 <= keys <= vocab_size - 1 (keys %d, vocab_size %d)", spec->keys,
@@ -275,6 +355,8 @@ int pw_dataset_open(const pw_data_spec *spec, const pw_data_shape *shape, unsign
   int rc = 0;
   if (spec->kind == PW_DATA_TEXT || spec->kind == PW_DATA_TOKENS)
     rc = open_file(ds, spec, err);
+  else if (spec->kind == PW_DATA_LABELED)
+    rc = open_labeled(ds, spec, err);
   else if ((spec->kind == PW_DATA_REGRESSION || spec->kind == PW_DATA_CLASSIFY) && open_teacher(ds))
     rc = pw_err_set(err, PW_ENOMEM, "data", "out of memory for the teacher matrix");
   else if (spec->kind == PW_DATA_SHIFT && open_keys(ds, spec->keys))
@@ -291,6 +373,8 @@ void pw_dataset_close(pw_dataset *ds) {
   if (!ds) return;
   free(ds->bytes);
   free(ds->teacher);
+  free(ds->seq_ids);
+  free(ds->seq_labels);
   free(ds);
 }
 
@@ -316,6 +400,18 @@ static void text_sequence(const pw_dataset *ds, pw_split split, long step, int i
     o = seq_key(ds, split, step, i) % M;
   else
     o = sequential_offset((uint64_t)step, (uint64_t)batch_size, (uint64_t)i, (uint64_t)T, M);
+  if (ds->shape.mlm_predictions > 0) { /* the window, then corrupted: in and tg both come from it */
+    int32_t stack[1024];
+    int32_t *x = in ? in : T <= 1024 ? stack : malloc(sizeof(int32_t) * (size_t)T);
+    PW_ASSERT(x);
+    for (int t = 0; t < T; t++)
+      x[t] = (int32_t)(ds->width == 1 ? ds->ids[base + o + (uint64_t)t]
+                                      : pw_tokfile_id(ds->ids, ds->width, base + o + (uint64_t)t));
+    pw_mlm_corrupt(seq_key(ds, split, step, i), T, ds->shape.mlm_predictions, ds->shape.vocab_size, ds->mask_token,
+                   ds->shape.pad_token, x, tg);
+    if (x != in && x != stack) free(x);
+    return;
+  }
   if (ds->width == 1) {
     const unsigned char *b = ds->ids + base;
     for (int t = 0; t < T; t++) {
@@ -328,6 +424,19 @@ static void text_sequence(const pw_dataset *ds, pw_split split, long step, int i
     if (in) in[t] = (int32_t)pw_tokfile_id(ds->ids, ds->width, base + o + (uint64_t)t);
     if (tg) tg[t] = (int32_t)pw_tokfile_id(ds->ids, ds->width, base + o + (uint64_t)t + 1);
   }
+}
+
+/* labeled: sequence (k, i)'s ids and label. */
+static void labeled_sequence(const pw_dataset *ds, pw_split split, long step, int i, int batch_size, int32_t *in,
+                             int32_t *tg) {
+  size_t base = split == PW_SPLIT_EVAL ? ds->train_seq : 0;
+  uint64_t S = split == PW_SPLIT_EVAL ? ds->n_seq - ds->train_seq : ds->train_seq;
+  uint64_t j = split == PW_SPLIT_TRAIN && ds->sampler == PW_SAMPLER_RANDOM
+                   ? seq_key(ds, split, step, i) % S
+                   : sequential_offset((uint64_t)step, (uint64_t)batch_size, (uint64_t)i, 1, S);
+  size_t T = (size_t)ds->shape.seq_len;
+  if (in) memcpy(in, ds->seq_ids + (base + j) * T, sizeof(int32_t) * T);
+  if (tg) *tg = ds->seq_labels[base + j];
 }
 
 static void copy_sequence(const pw_dataset *ds, pw_split split, long step, int i, int32_t *in,
@@ -423,6 +532,10 @@ void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first
         copy_sequence(ds, split, step, i,
                       inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
                       targets ? (int32_t *)targets + (size_t)j * (size_t)T : NULL);
+        break;
+      case PW_DATA_LABELED:
+        labeled_sequence(ds, split, step, i, batch_size, inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL,
+                         targets ? (int32_t *)targets + j : NULL);
         break;
       case PW_DATA_SHIFT:
         shift_sequence(ds, split, step, i, inputs ? (int32_t *)inputs + (size_t)j * (size_t)T : NULL, NULL,

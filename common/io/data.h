@@ -26,7 +26,14 @@
  *              feature vector carrying a hidden key c[t] < keys; the target
  *              is s[t] shifted by c[t]. Neither input alone tells the
  *              target: the task of a two-tower (regions) model.
- * Synthetic kinds draw eval data from a disjoint stream. */
+ *  labeled     token sequences with one label each, from a JSON Lines
+ *              file (data_labeled.c): inputs (n,T) padded with the
+ *              model's pad_token, targets one int32 class per sequence.
+ * Synthetic kinds draw eval data from a disjoint stream.
+ *
+ * Masked LM (shape->mlm_predictions = K > 0, kinds text and tokens): the
+ * window's tokens are corrupted at K positions (pw_mlm_corrupt); targets
+ * are the original tokens there and PW_DATA_IGNORE elsewhere. */
 #ifndef PW_DATA_H
 #define PW_DATA_H
 
@@ -61,6 +68,17 @@ void pw_dataset_batch(const pw_dataset *ds, pw_split split, long step, int first
  * same sequences pw_dataset_batch gives. Only kind shift has them. */
 void pw_dataset_features(const pw_dataset *ds, pw_split split, long step, int first, int n, int batch_size,
                          float *features);
+
+/* A target that takes no part in the loss (PyTorch's ignore_index). */
+#define PW_DATA_IGNORE (-100)
+
+/* Masked-LM corruption of one sequence x[0..T) in place, a pure function
+ * of key: K distinct positions among those whose token is not pad (pad < 0:
+ * every position; there must be at least K), each then replaced by mask
+ * (8 in 10), by a random token below V (1 in 10) or kept (1 in 10). tg
+ * (may be NULL) gets the original token at the chosen positions and
+ * PW_DATA_IGNORE elsewhere. The draws: data.c's top comment. */
+void pw_mlm_corrupt(uint64_t key, int T, int K, int V, int mask, int pad, int32_t *x, int32_t *tg);
 
 /* Bytes in the train split (text) or 0. */
 size_t pw_dataset_train_len(const pw_dataset *ds);

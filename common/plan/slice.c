@@ -56,10 +56,18 @@ static json_t *model_json(const pw_model *m) {
     json_array_append_new(layers, json_pack("[siiii]", l->name, l->node_lo, l->node_hi, l->is_block, l->is_loss));
   }
   const pw_data_shape *d = &m->data;
-  return json_pack("{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii]}", "seq_len", m->seq_len, "values",
-                   values, "nodes", nodes, "params", params, "layers", layers, "input_value", m->input_value,
-                   "target_value", m->target_value, "loss_value", m->loss_value, "feature_value", m->feature_value,
-                   "data", d->vocab_size, d->seq_len, d->in_dim, d->out_dim, d->tokens, d->feature_dim);
+  json_t *j = json_pack("{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii]}", "seq_len", m->seq_len, "values",
+                        values, "nodes", nodes, "params", params, "layers", layers, "input_value", m->input_value,
+                        "target_value", m->target_value, "loss_value", m->loss_value, "feature_value",
+                        m->feature_value, "data", d->vocab_size, d->seq_len, d->in_dim, d->out_dim, d->tokens,
+                        d->feature_dim);
+  /* masked LM, labeled sequences (BERT): K and the padding id, only there */
+  if (j && (d->mlm_predictions > 0 || (d->tokens && d->out_dim > 0)) &&
+      json_object_set_new(j, "data_bert", json_pack("[ii]", d->mlm_predictions, d->pad_token))) {
+    json_decref(j);
+    return NULL;
+  }
+  return j;
 }
 
 static int local_to(const pw_plan *p, int prank, int stage) { return p->sched->stage_to_rank[stage] == prank; }
@@ -131,6 +139,10 @@ int pw_slice_build(const pw_job *job, const pw_plan *p, int rank, const char *pl
       "partition", partition_json(p, prank), "schedule", sched, "local_stages", local, "memory_budget",
       (json_int_t)p->mem[prank].total);
   if (!body) return pw_err_set(err, PW_ENOMEM, "slice", "out of memory (or a value JSON cannot hold)");
+  if (d->mask_token >= 0 && json_object_set_new(json_object_get(body, "data"), "mask_token", json_integer(d->mask_token))) {
+    json_decref(body);
+    return pw_err_set(err, PW_ENOMEM, "slice", "out of memory");
+  }
   if (job->init.checkpoint[0] &&
       json_object_set_new(body, "init", json_pack("{s:s, s:s}", "checkpoint", job->init.checkpoint, "optimizer",
                                                   job->init.optimizer_checkpoint))) {
@@ -173,11 +185,14 @@ static int array_of(pw_err *err, const char *path, json_t *a, size_t elem, void 
 static int decode_model(json_t *j, pw_model *m, pw_err *err) {
   json_t *values, *nodes, *params, *layers;
   pw_data_shape *d = &m->data;
-  int rc = unpack(err, "slice.model", j, "{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii]}", "seq_len",
-                  &m->seq_len, "values", &values, "nodes", &nodes, "params", &params, "layers", &layers,
+  int rc = unpack(err, "slice.model", j, "{s:i, s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:i, s:[iiiiii], s?[ii]}",
+                  "seq_len", &m->seq_len, "values", &values, "nodes", &nodes, "params", &params, "layers", &layers,
                   "input_value", &m->input_value, "target_value", &m->target_value, "loss_value", &m->loss_value,
                   "feature_value", &m->feature_value, "data", &d->vocab_size, &d->seq_len, &d->in_dim, &d->out_dim,
-                  &d->tokens, &d->feature_dim);
+                  &d->tokens, &d->feature_dim, "data_bert", &d->mlm_predictions, &d->pad_token);
+  if (!rc && json_object_get(j, "data_bert") &&
+      (d->mlm_predictions < 0 || d->mlm_predictions > d->seq_len || d->pad_token < -1 || d->pad_token >= d->vocab_size))
+    return pw_err_set(err, PW_EPROTO, "slice.model.data_bert", "masked positions or padding id out of range");
   if (rc || (rc = array_of(err, "slice.model.values", values, sizeof *m->values, (void **)&m->values, &m->n_values)) ||
       (rc = array_of(err, "slice.model.nodes", nodes, sizeof *m->nodes, (void **)&m->nodes, &m->n_nodes)) ||
       (rc = array_of(err, "slice.model.params", params, sizeof *m->params, (void **)&m->params, &m->n_params)) ||
@@ -340,14 +355,15 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   json_int_t budget;
   pw_train_spec *t = &s->train;
   pw_optim_spec *o = &t->optim;
+  s->data.mask_token = -1; /* absent: none */
   int rc = unpack(err, "slice", b,
-                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F, s:i}, "
-                  "s:o, s:o, s:o, s:o, s:I, s?o}",
+                  "{s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:i, s:s, s:s, s:i, s:F, s:i, "
+                  "s?i}, s:o, s:o, s:o, s:o, s:I, s?o}",
                   "version", &version, "plan_sha256", &plan_sha, "rank", &s->rank, "pipeline_rank", &s->prank,
                   "replica", &s->replica, "tp", &s->tp, "tp_rank", &s->tp_rank, "pp", &s->pp, "dp", &s->dp, "virtual_stages", &s->V, "stages", &s->S,
                   "microbatches", &s->m, "microbatch_size", &s->mb_size, "mode", &mode, "train", &train, "data",
                   "kind", &dkind, "path", &path, "dataset", &dataset, "sampler", &sampler, "eval_fraction", &s->data.eval_fraction,
-                  "keys", &s->data.keys, "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
+                  "keys", &s->data.keys, "mask_token", &s->data.mask_token, "model", &model, "partition", &part, "schedule", &sched, "local_stages", &local, "memory_budget",
                   &budget, "init", &init);
   if (rc) return rc;
   if (version != PW_SLICE_VERSION)
@@ -355,7 +371,7 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
   if (s->pp < 1 || s->dp < 1 || s->V < 1 || s->S < 1 || s->m < 1 || s->mb_size < 1 || !in(s->prank, 0, s->pp) ||
       !in(s->replica, 0, s->dp) || !in(s->tp, 1, 4097) || !in(s->tp_rank, 0, s->tp) ||
       s->rank != (s->replica * s->pp + s->prank) * s->tp + s->tp_rank || budget < 0 || !in(mode, 0, PW_MODE_SERVE + 1) ||
-      !in(dkind, 0, PW_DATA_SHIFT + 1) || !in(sampler, 0, 2) || s->data.keys < 0 || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
+      !in(dkind, 0, PW_DATA_LABELED + 1) || s->data.mask_token < -1 || !in(sampler, 0, 2) || s->data.keys < 0 || strlen(plan_sha) != PW_SHA256_HEX_LEN ||
       strlen(path) >= sizeof s->data.path || (dataset[0] && !pw_data_id_valid(dataset)))
     return pw_err_set(err, PW_EPROTO, "slice", "mesh, rank, mode, data or plan hash out of range");
   snprintf(s->plan_sha256, sizeof s->plan_sha256, "%s", plan_sha);

@@ -246,7 +246,7 @@ typedef struct {
 
 /* The numbers travel in plan slices: append, never reorder. */
 typedef enum { PW_DATA_TEXT, PW_DATA_COPY, PW_DATA_REVERSE, PW_DATA_REGRESSION, PW_DATA_CLASSIFY, PW_DATA_TOKENS,
-               PW_DATA_SHIFT } pw_data_kind;
+               PW_DATA_SHIFT, PW_DATA_LABELED } pw_data_kind;
 typedef enum { PW_SAMPLER_SEQUENTIAL, PW_SAMPLER_RANDOM } pw_sampler_kind;
 typedef struct {
   pw_data_kind kind;
@@ -262,6 +262,10 @@ typedef struct {
   pw_sampler_kind sampler; /* text: default random */
   double eval_fraction;  /* text: trailing fraction held out for eval; default 0.1 */
   int keys;              /* shift: distinct keys the features carry; default 4 */
+  /* text, tokens for a masked-LM model: the id that replaces a chosen
+   * position (BERT's [MASK]); -1 when none. Read only when the model
+   * predicts masked positions (pw_data_shape.mlm_predictions > 0). */
+  int mask_token;
 } pw_data_spec;
 
 typedef enum { PW_MODE_TRAIN, PW_MODE_FORWARD, PW_MODE_SERVE } pw_mode;
@@ -322,9 +326,17 @@ typedef struct {
   int vocab_size;  /* token models */
   int seq_len;     /* T (1 for feature models) */
   int in_dim;      /* feature models: input width */
-  int out_dim;     /* feature models: regression width or number of classes */
+  int out_dim;     /* feature models: regression width or number of classes; a token
+                   * model with one label per sequence (BERT's classify head): its classes */
   int tokens;      /* 1: inputs are int32 tokens (B,T); 0: float features (B,in_dim) */
   int feature_dim; /* a regions model's second input: float features (B,T,feature_dim); 0 = none */
+  /* masked-LM models (BERT): K masked positions per sequence, whose
+   * targets are tokens, -100 elsewhere (data.h); 0 = not masked-LM */
+  int mlm_predictions;
+  /* the padding id (BERT's pad_token), -1 = none: masked-LM never chooses
+   * a pad position, kind labeled fills short sequences with it. Read only
+   * for those two (a zeroed shape's 0 means nothing elsewhere). */
+  int pad_token;
 } pw_data_shape;
 
 /* The nine schedule names, in the order docs/schedules.md gives them

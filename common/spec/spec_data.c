@@ -10,10 +10,12 @@
 #include "spec_field.h"
 #include "suggest.h"
 
-const char *const pw__data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift"};
+const char *const pw__data_names[] = {"text", "copy", "reverse", "regression", "classify", "tokens", "shift",
+                                      "labeled"};
 static const char *const sampler_names[] = {"sequential", "random"}; /* pw_sampler_kind */
 
-#define D_TEXT ((1u << PW_DATA_TEXT) | (1u << PW_DATA_TOKENS)) /* kinds read from a file */
+#define D_STREAM ((1u << PW_DATA_TEXT) | (1u << PW_DATA_TOKENS)) /* one stream of ids, cut into windows */
+#define D_TEXT (D_STREAM | (1u << PW_DATA_LABELED))                /* kinds read from a file */
 static const pw__field data_fields[] = {
     PW__ENUM("kind", PW__REQ, PW__ALL, pw_data_spec, kind, 0, pw__data_names),
     PW__STR("path", 0, D_TEXT, pw_data_spec, path),
@@ -23,6 +25,7 @@ static const pw__field data_fields[] = {
     PW__NUM("eval_fraction", PW__LO_OPEN | PW__HI_OPEN, D_TEXT, pw_data_spec, eval_fraction, 0.1, 0,
             1),
     PW__INT("keys", 0, 1u << PW_DATA_SHIFT, pw_data_spec, keys, 4, 1, 1 << 16),
+    PW__INT("mask_token", PW__OMITDEF, D_STREAM, pw_data_spec, mask_token, -1, 0, (1 << 24) - 1),
 };
 
 int pw_data_id_valid(const char *s) {
@@ -46,6 +49,7 @@ int pw__data_parse(const json_t *o, const char *base_dir, pw_data_spec *d, pw_er
   if ((rc = pw__enum_get(o, "data", "kind", pw__data_names, PW__N(pw__data_names), -1, &kind, err))) return rc;
   char ctx[32];
   snprintf(ctx, sizeof ctx, "kind %s", pw__data_names[kind]);
+  d->mask_token = -1; /* the kinds without the field have none */
   if ((rc = pw__fields_parse(o, "data", data_fields, PW__N(data_fields), 1u << kind, ctx, d, err)))
     return rc;
   if (!((1u << kind) & D_TEXT)) return 0;
