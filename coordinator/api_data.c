@@ -109,7 +109,7 @@ static int open_beneath(const char *root, const char *rel, int flags) {
 int pw_api_data_check(pw_req *r, pw_store *s, const pw_job *job, int *fd) {
   const char *given = job->data.path, *root = r->c->data_root;
   *fd = -1;
-  if (job->data.kind != PW_DATA_TEXT && job->data.kind != PW_DATA_TOKENS) return 0;
+  if (job->data.kind != PW_DATA_TEXT && job->data.kind != PW_DATA_TOKENS && job->data.kind != PW_DATA_LABELED) return 0;
   if (given[0] && job->data.dataset[0]) {
     pw_reply_error(r, PW_ESPEC, "data", "give data.path or data.dataset, not both");
     return PW_ESPEC;
@@ -207,6 +207,11 @@ static int fits(pw_req *r, const pw_job *job, const json_t *row, int model_vocab
   if (job->data.kind == PW_DATA_TOKENS && (!fmt || strcmp(fmt, "tokens"))) {
     pw_reply_error(r, PW_ESPEC, where, "data.kind is tokens but %s is %s, not a token file (PWTOKENS)", name,
                    fmt ? fmt : "?");
+    return PW_ESPEC;
+  }
+  if (job->data.kind == PW_DATA_LABELED && fmt && !strcmp(fmt, "tokens")) {
+    pw_reply_error(r, PW_ESPEC, where, "data.kind is labeled but %s is a token file; labeled sequences are JSON Lines",
+                   name);
     return PW_ESPEC;
   }
   if (fmt && !strcmp(fmt, "tokens") && model_vocab > 0 && vocab > model_vocab) {

@@ -160,7 +160,8 @@ static int open_data(pw_run *r, pw_err *err) {
   if (d->dataset[0] && !d->path[0])
     return pw_err_set(err, PW_EINVAL, "data.dataset", "dataset %s: this run has no dataset cache to fetch it into",
                       d->dataset);
-  if ((d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS) && (rc = regular_file(d->path, "data.path", err)))
+  if ((d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_LABELED) &&
+      (rc = regular_file(d->path, "data.path", err)))
     return rc;
   return pw_dataset_open(d, &r->cfg.sl.model.data, r->cfg.sl.train.seed, &r->data.ds, err);
 }

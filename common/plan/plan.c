@@ -164,6 +164,8 @@ static size_t data_bytes(const pw_job *job, const pw_model *m) {
   switch (job->data.kind) {
     case PW_DATA_TEXT:
     case PW_DATA_TOKENS: return job->data.path[0] && stat(job->data.path, &st) == 0 ? (size_t)st.st_size : 0;
+    case PW_DATA_LABELED: /* the rows it parses, at most the file's bytes again (an id is at least 2 bytes of text) */
+      return job->data.path[0] && stat(job->data.path, &st) == 0 ? 2 * (size_t)st.st_size : 0;
     case PW_DATA_REGRESSION:
     case PW_DATA_CLASSIFY: return (size_t)m->data.in_dim * (size_t)m->data.out_dim * sizeof(double);
     default: return 0;
