@@ -150,15 +150,19 @@ void pw_api_job_submit(pw_req *r) {
   if (!rc) {
     rc = pw_plan_check_fit(&job, &p, &budget, &err);
     vocab = p.model.data.vocab_size;
-    if (!rc && (job.init.checkpoint[0] || job.init.job)) { /* the model's parameters, for the init check */
-      n_params = p.model.n_params;
-      params = calloc((size_t)(n_params ? n_params : 1), sizeof *params);
-      params_mem = calloc((size_t)(n_params ? n_params : 1), PW_PARAM_NAME_MAX);
+    if (!rc && (job.init.checkpoint[0] || job.init.job)) {
+      /* the model's parameters, for the init check; LoRA's adapters may be
+       * absent (a base model's weights: they keep their initialisation, as
+       * the worker loads them, common/compute/ckpt.c) */
+      params = calloc((size_t)(p.model.n_params ? p.model.n_params : 1), sizeof *params);
+      params_mem = calloc((size_t)(p.model.n_params ? p.model.n_params : 1), PW_PARAM_NAME_MAX);
       if (!params || !params_mem) rc = pw_err_set(&err, PW_ENOMEM, "init", "out of memory");
-      for (int i = 0; !rc && i < n_params; i++) {
-        char *nm = params_mem + (size_t)i * PW_PARAM_NAME_MAX;
-        snprintf(nm, PW_PARAM_NAME_MAX, "%s", p.model.params[i].name);
-        params[i] = (pw_w_param){nm, p.model.params[i].ndim, {p.model.params[i].shape[0], p.model.params[i].shape[1]}};
+      for (int i = 0; !rc && i < p.model.n_params; i++) {
+        const pw_param *pm = &p.model.params[i];
+        if (pw_param_is_adapter(pm)) continue;
+        char *nm = params_mem + (size_t)n_params * PW_PARAM_NAME_MAX;
+        snprintf(nm, PW_PARAM_NAME_MAX, "%s", pm->name);
+        params[n_params++] = (pw_w_param){nm, pm->ndim, {pm->shape[0], pm->shape[1]}};
       }
     }
     pw_plan_free(&p);
