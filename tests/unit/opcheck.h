@@ -29,7 +29,7 @@
 #include "ops.h"
 
 enum { IN_DATA, IN_PARAM, IN_CONST };
-#define OC_MAXIN 4
+#define OC_MAXIN 6
 
 /* Tolerances: forward vs the double reference; gradients vs FD. A gradient
  * element passes if |got - fd| <= GRAD_RTOL*|fd| + GRAD_ATOL*max|fd|. */
