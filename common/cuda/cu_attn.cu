@@ -1,6 +1,7 @@
-/* cu_attn: rope, attention and attention_tiled on the GPU (cu_attn.h): one
- * thread per output row (a query row forward and for dq, a key row for dk
- * and dv, a rotated pair for rope), the arithmetic in cu_attn_body.h,
+/* cu_attn: rope and the plain attention on the GPU (cu_attn.h; the tiled
+ * one is cu_fa.cu's): one thread per output row (a query row forward and
+ * for dq, a key row for dk and dv, a rotated pair for rope), the
+ * arithmetic in cu_attn_body.h,
  * which the CPU test runs too. Simple rather than fast: serial loops in a
  * thread, no shared memory, no atomics, so every result is the same bits
  * run to run; grouped-query heads and Llama-3's rope scaling as the CPU's.
@@ -53,23 +54,6 @@ __global__ static void attn_bwd_kv_k(float *dqkv, const float *dout, const float
   if (i < n) pw_cu_attn_bwd_kv_body(dqkv, dout, out, qkv, att, d, acc, i);
 }
 
-__global__ static void tiled_fwd_k(float *out, float *lse, const float *qkv, pw_cu_attn_dims d, size_t n) {
-  size_t i = tid();
-  if (i < n) pw_cu_attn_tiled_fwd_body(out, lse, qkv, d, i);
-}
-
-__global__ static void tiled_bwd_q_k(float *dqkv, const float *dout, const float *out, const float *qkv,
-                                     const float *lse, pw_cu_attn_dims d, int acc, size_t n) {
-  size_t i = tid();
-  if (i < n) pw_cu_attn_tiled_bwd_q_body(dqkv, dout, out, qkv, lse, d, acc, i);
-}
-
-__global__ static void tiled_bwd_kv_k(float *dqkv, const float *dout, const float *out, const float *qkv,
-                                      const float *lse, pw_cu_attn_dims d, int acc, size_t n) {
-  size_t i = tid();
-  if (i < n) pw_cu_attn_tiled_bwd_kv_body(dqkv, dout, out, qkv, lse, d, acc, i);
-}
-
 /* ---- entry points (kernels.c's rows) ------------------------------------------- */
 
 static int nkv_of(const pw_node *nd) { return nd->NKV > 0 ? nd->NKV : nd->NH; }
@@ -112,22 +96,4 @@ extern "C" void pw_cu_attention_i(const pw_kernel_io *io) {
   check_launch("attention backward (dq)");
   attn_bwd_kv_k<<<blocks_of(nkv), THREADS>>>(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, nkv);
   check_launch("attention backward (dk, dv)");
-}
-
-extern "C" void pw_cu_attention_tiled_f(const pw_kernel_io *io) {
-  pw_cu_attn_dims d = dims_of(io);
-  size_t n = pw_cu_attn_n(d);
-  if (!n) return;
-  tiled_fwd_k<<<blocks_of(n), THREADS>>>(io->out, io->aux, io->in0, d, n);
-  check_launch("attention_tiled forward");
-}
-
-extern "C" void pw_cu_attention_tiled_i(const pw_kernel_io *io) {
-  pw_cu_attn_dims d = dims_of(io);
-  size_t n = pw_cu_attn_n(d), nkv = pw_cu_attn_kv_n(d);
-  if (!n) return;
-  tiled_bwd_q_k<<<blocks_of(n), THREADS>>>(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, n);
-  check_launch("attention_tiled backward (dq)");
-  tiled_bwd_kv_k<<<blocks_of(nkv), THREADS>>>(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, nkv);
-  check_launch("attention_tiled backward (dk, dv)");
 }

@@ -1,11 +1,16 @@
-/* cu_attn: the CUDA kernels of the ops rope, attention and attention_tiled
- * (cu_attn.cu), forward and backward_input, called through the op table's
- * argument block (kernels.h) with device pointers: the same contracts as
- * the CPU rows of kernels.c (ops.h), float32 products (bscratch, the bf16
- * programs' operands, is not read). Queued on the legacy default stream
- * (stream 0), asynchronous; a failed launch is reported through
- * pw_cu_note_error. attention's backward keeps D (T floats per (b, h), in
- * groups of at most T heads) in io->scratch, within ops.h's T x T floats. */
+/* cu_attn: the CUDA kernels of the ops rope, attention (cu_attn.cu) and
+ * attention_tiled (cu_fa.cu), forward and backward_input, called through
+ * the op table's argument block (kernels.h) with device pointers: the same
+ * contracts as the CPU rows of kernels.c (ops.h). rope and attention take
+ * float32 products (bscratch, the bf16 programs' operands, is not read;
+ * cu_ops.cu routes bf16 programs' attention to cu_attn_bf16.cu);
+ * attention_tiled takes bf16 products where bscratch is bound (bf16.h's
+ * pw_attention_tiled_*_bf16 semantics; bscratch itself not read), float32
+ * ones where it is NULL. Queued on the legacy default stream (stream 0),
+ * asynchronous; a failed launch is reported through pw_cu_note_error.
+ * attention's backward keeps D (T floats per (b, h), in groups of at most
+ * T heads) in io->scratch, within ops.h's T x T floats; attention_tiled
+ * uses no scratch. */
 #ifndef PW_CU_ATTN_H
 #define PW_CU_ATTN_H
 

@@ -1,5 +1,5 @@
-/* cu_attn_body: the arithmetic of the CUDA rope and attention kernels
- * (cu_attn.cu), one thread's work per call, in plain C so that gcc
+/* cu_attn_body: the arithmetic of the CUDA rope and plain attention
+ * kernels (cu_attn.cu; the tiled attention is cu_fa_body.h's), one thread's work per call, in plain C so that gcc
  * compiles the very same bodies for tests/unit/test_cu_attn_emul.c, which
  * runs them over every index on the CPU against ops.h's kernels: the only
  * check their indexing gets on a machine without a GPU.
@@ -10,11 +10,11 @@
  * by exactly one thread, every sum runs serially in a fixed order inside
  * that thread (no atomics, no shared memory), so a run gives the same bits
  * every time. Layout and arithmetic are ops.h's (ops_attn.c's rope and
- * attention, ops_flash.c's tiled attention): qkv rows of W = C + 2 NKV HD
+ * attention): qkv rows of W = C + 2 NKV HD
  * packed, q of head h at columns h*HD, k of key/value head g at C + g*HD,
  * v at C + NKV*HD + g*HD, query head h reading kv head h / (NH / NKV)
  * (grouped-query: Hugging Face's repeat_kv); out and dout (B,T,C); att
- * (B,NH,T,T); lse (B,NH,T). Gradients into dqkv are stored as ops_math.h's
+ * (B,NH,T,T). Gradients into dqkv are stored as ops_math.h's
  * pw__acc: (acc ? old : 0) + g. The backwards take D_i = dout_i . out_i
  * (the same number as sum_j p_ij dp_ij), so a key row's thread needs
  * nothing another thread made.
@@ -229,107 +229,6 @@ static inline PW_HD void pw_cu_attn_bwd_kv_body(float *dqkv, const float *dout, 
         float ds = pij * (pw_cu__dot(dO, vj, d.HD) - pw_cu__dot(dO, out + oi, d.HD));
         for (int e = 0; e < w; e++) {
           gk[e] += ds * qi[e];
-          gv[e] += pij * dO[e0 + e];
-        }
-      }
-    }
-    for (int e = 0; e < w; e++) {
-      dk[e0 + e] = pw_cu__acc(acc, dk[e0 + e], d.scale * gk[e]);
-      dv[e0 + e] = pw_cu__acc(acc, dv[e0 + e], gv[e]);
-    }
-  }
-}
-
-/* ---- attention_tiled (ops_flash.c): lse saved, nothing T x T -------------- */
-
-/* Query row i of (b, h) with an online softmax over keys j <= i (running
- * max m, sum l, the output rescaled by exp(m_old - m_new) when m grows):
- * out_i = sum_j exp(s_j - m) v_j / l and lse_i = m + log l. */
-static inline PW_HD void pw_cu_attn_tiled_fwd_body(float *out, float *lse, const float *qkv, pw_cu_attn_dims d,
-                                                   size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
-  int g = r.h / d.G;
-  const float *q = qkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
-  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
-  float *o = out + pw_cu__out_at(d, r.b, r.h, r.i);
-  for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
-    int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
-    float a[PW_CU_ATTN_CHUNK];
-    float m = d.scale * pw_cu__dot(q, k0, d.HD), l = 1.0f; /* key 0: every row sees it */
-    for (int e = 0; e < w; e++) a[e] = v0[e0 + e];
-    for (int j = 1; j <= r.i; j++) {
-      float s = d.scale * pw_cu__dot(q, k0 + (size_t)j * d.W, d.HD);
-      if (s > m) {
-        float al = expf(m - s);
-        l *= al;
-        for (int e = 0; e < w; e++) a[e] *= al;
-        m = s;
-      }
-      float pj = expf(s - m);
-      const float *vj = v0 + (size_t)j * d.W + e0;
-      l += pj;
-      for (int e = 0; e < w; e++) a[e] += pj * vj[e];
-    }
-    float inv = 1.0f / l;
-    for (int e = 0; e < w; e++) o[e0 + e] = a[e] * inv;
-    if (e0 == 0) lse[idx] = m + logf(l); /* (b NH + h) T + i */
-  }
-}
-
-/* Query row i of (b, h): p_j = exp(s_j - lse_i) recomputed, D_i =
- * dout_i.out_i, dS_j = p_j (dout_i.v_j - D_i), dq_i = scale sum_j dS_j k_j. */
-static inline PW_HD void pw_cu_attn_tiled_bwd_q_body(float *dqkv, const float *dout, const float *out,
-                                                     const float *qkv, const float *lse, pw_cu_attn_dims d, int acc,
-                                                     size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, d.NH, idx);
-  int g = r.h / d.G;
-  const float *q = qkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
-  const float *k0 = qkv + pw_cu__k0(d, r.b, g), *v0 = qkv + pw_cu__v0(d, r.b, g);
-  size_t oi = pw_cu__out_at(d, r.b, r.h, r.i);
-  const float *dO = dout + oi;
-  float Di = pw_cu__dot(dO, out + oi, d.HD), L = lse[idx];
-  float *dq = dqkv + pw_cu__q0(d, r.b, r.h) + (size_t)r.i * d.W;
-  for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
-    int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
-    float gq[PW_CU_ATTN_CHUNK];
-    for (int e = 0; e < w; e++) gq[e] = 0.0f;
-    for (int j = 0; j <= r.i; j++) {
-      float pj = expf(d.scale * pw_cu__dot(q, k0 + (size_t)j * d.W, d.HD) - L);
-      float ds = pj * (pw_cu__dot(dO, v0 + (size_t)j * d.W, d.HD) - Di);
-      const float *kj = k0 + (size_t)j * d.W + e0;
-      for (int e = 0; e < w; e++) gq[e] += ds * kj[e];
-    }
-    for (int e = 0; e < w; e++) dq[e0 + e] = pw_cu__acc(acc, dq[e0 + e], d.scale * gq[e]);
-  }
-}
-
-/* Key row j of kv head g of b over its group's query heads h and the rows
- * i >= j: p_hij recomputed from lse, D_hi = dout_hi.out_hi, dk_j = scale
- * sum_h sum_i dS_hij q_hi, dv_j = sum_h sum_i p_hij dout_hi. */
-static inline PW_HD void pw_cu_attn_tiled_bwd_kv_body(float *dqkv, const float *dout, const float *out,
-                                                      const float *qkv, const float *lse, pw_cu_attn_dims d, int acc,
-                                                      size_t idx) {
-  pw_cu__row r = pw_cu__row_of(d, d.NKV, idx); /* r.h: the kv head */
-  int j = r.i;
-  const float *kj = qkv + pw_cu__k0(d, r.b, r.h) + (size_t)j * d.W;
-  const float *vj = qkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
-  float *dk = dqkv + pw_cu__k0(d, r.b, r.h) + (size_t)j * d.W;
-  float *dv = dqkv + pw_cu__v0(d, r.b, r.h) + (size_t)j * d.W;
-  for (int e0 = 0; e0 < d.HD; e0 += PW_CU_ATTN_CHUNK) {
-    int w = d.HD - e0 < PW_CU_ATTN_CHUNK ? d.HD - e0 : PW_CU_ATTN_CHUNK;
-    float gk[PW_CU_ATTN_CHUNK], gv[PW_CU_ATTN_CHUNK];
-    for (int e = 0; e < w; e++) gk[e] = gv[e] = 0.0f;
-    for (int h = r.h * d.G; h < (r.h + 1) * d.G; h++) {
-      const float *q0 = qkv + pw_cu__q0(d, r.b, h);
-      const float *L = lse + ((size_t)r.b * d.NH + (size_t)h) * d.T;
-      for (int i = j; i < d.T; i++) {
-        const float *qi = q0 + (size_t)i * d.W;
-        size_t oi = pw_cu__out_at(d, r.b, h, i);
-        const float *dO = dout + oi;
-        float pij = expf(d.scale * pw_cu__dot(qi, kj, d.HD) - L[i]);
-        float ds = pij * (pw_cu__dot(dO, vj, d.HD) - pw_cu__dot(dO, out + oi, d.HD));
-        for (int e = 0; e < w; e++) {
-          gk[e] += ds * qi[e0 + e];
           gv[e] += pij * dO[e0 + e];
         }
       }

@@ -73,12 +73,10 @@ const pw_kernel *pw_cu__kernel_of(int op);
 /* backend.h's round_bf16: x[i] rounded to bf16 in place (bf16.c's rule, bit for bit) */
 void pw_cu__round_bf16(const pw_backend *be, float *x, size_t n);
 
-/* ---- cu_attn_bf16.cu: attention and attention_tiled of bf16 programs -------------- */
+/* ---- cu_attn_bf16.cu: the plain attention of bf16 programs ------------------------ */
 /* kernels.c's bf16 rows (io->bscratch set) with device pointers; cu_ops.cu's rows route here */
 void pw_cu__attention_bf16_f(const pw_kernel_io *io);
 void pw_cu__attention_bf16_i(const pw_kernel_io *io);
-void pw_cu__attention_tiled_bf16_f(const pw_kernel_io *io);
-void pw_cu__attention_tiled_bf16_i(const pw_kernel_io *io);
 
 /* ---- cu_optim.cu: the optimizer loops (backend.h's) ------------------------------ */
 double pw_cu__sqnorm(const pw_backend *be, const float *g, size_t n);

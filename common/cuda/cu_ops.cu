@@ -16,13 +16,15 @@
  * io->bscratch (kernels.c's XB and DYB), the products by cublasGemmEx on
  * bf16 operands with float32 output and accumulation (bf16.c's
  * pw_gemm_bf16 calls, argument for argument), the bias and its gradient
- * in float32; the attentions' bf16 rows are cu_attn_bf16.cu's. The
+ * in float32; the plain attention's bf16 rows are cu_attn_bf16.cu's, the
+ * tiled one's cu_fa.cu's (FlashAttention-2, tensor cores). The
  * conversions and the backend's round_bf16 are cu_bf16_body.h's integer
  * rounding: the CPU's bits.
  *
- * Not here: rope and the float32 attentions (cu_attn.cu), LoRA (no
- * forward: the caller refuses it by name), the KV-cache decode (decode.c
- * runs on the CPU: every decode entry is NULL). */
+ * Not here: rope and the float32 plain attention (cu_attn.cu), the tiled
+ * attention (cu_fa.cu), LoRA (no forward: the caller refuses it by name),
+ * the KV-cache decode (decode.c runs on the CPU: every decode entry is
+ * NULL). */
 #include "cu_int.h"
 #include "cu_bf16_body.h"
 #include "cu_ops_body.h"
@@ -250,7 +252,8 @@ extern "C" void pw_cu__round_bf16(const pw_backend *be, float *x, size_t n) {
   PW_CU_LAUNCH(bf16_round_k, n, "round_bf16", x, n);
 }
 
-/* The attentions: bf16 programs (bscratch bound) through cu_attn_bf16.cu */
+/* The plain attention: bf16 programs (bscratch bound) through
+ * cu_attn_bf16.cu; the tiled one's rows (cu_fa.cu) take both */
 static void attention_f(const pw_kernel_io *io) {
   if (io->bscratch) pw_cu__attention_bf16_f(io);
   else pw_cu_attention_f(io);
@@ -258,14 +261,6 @@ static void attention_f(const pw_kernel_io *io) {
 static void attention_i(const pw_kernel_io *io) {
   if (io->bscratch) pw_cu__attention_bf16_i(io);
   else pw_cu_attention_i(io);
-}
-static void attention_tiled_f(const pw_kernel_io *io) {
-  if (io->bscratch) pw_cu__attention_tiled_bf16_f(io);
-  else pw_cu_attention_tiled_f(io);
-}
-static void attention_tiled_i(const pw_kernel_io *io) {
-  if (io->bscratch) pw_cu__attention_tiled_bf16_i(io);
-  else pw_cu_attention_tiled_i(io);
 }
 
 static size_t nc(const pw_kernel_io *io) { return (size_t)io->rows * (size_t)io->n->C; } /* elementwise ops */
@@ -575,7 +570,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_MSE] = {mse_f, mse_i, NULL, NULL, NULL},
     [PW_OP_LORA] = {NULL, NULL, NULL, NULL, NULL}, /* not on the GPU: the caller refuses it by name */
     [PW_OP_CONCAT] = {concat_f, concat_i, NULL, NULL, NULL},
-    [PW_OP_ATTENTION_TILED] = {attention_tiled_f, attention_tiled_i, NULL, NULL, NULL},
+    [PW_OP_ATTENTION_TILED] = {pw_cu_attention_tiled_f, pw_cu_attention_tiled_i, NULL, NULL, NULL},
     [PW_OP_QKNORM] = {qknorm_f, qknorm_i, qknorm_w, NULL, NULL},
     [PW_OP_GEGLU] = {geglu_f, geglu_i, NULL, NULL, NULL},
     [PW_OP_SCALE] = {scale_f, scale_i, NULL, NULL, NULL},

@@ -1,6 +1,7 @@
-/* test_cuda_attn: the CUDA rope, attention and attention_tiled kernels
- * (common/cuda/cu_attn.cu) on a GPU against the CPU rows of the op table
- * (kernels.c: ops.h's kernels), on random inputs.
+/* test_cuda_attn: the CUDA rope, attention (common/cuda/cu_attn.cu) and
+ * attention_tiled kernels (cu_fa.cu: FlashAttention-2, float32 here) on a
+ * GPU against the CPU rows of the op table (kernels.c: ops.h's kernels), on
+ * random inputs.
  *
  * - Each op forward (outputs pre-filled with NaN: every element written;
  *   att or lse too) and backward overwriting (NaN pre-filled) and
@@ -9,8 +10,10 @@
  *   out and aux, so each kernel is checked alone.
  * - Every GPU result twice, the same bits (deterministic kernels).
  * - Shapes: those of the CPU emulation (test_cu_attn_emul) plus HD 64 and
- *   128 (one and two chunks of the kernels' 64 accumulators) and T 1024
- *   (rope's angles as far as a GPT-2's context).
+ *   128 (one and two chunks of the plain kernels' 64 accumulators; the
+ *   tiled forward's 64 x 128 and 32 x 128 tiles) and T 130, 300 and 1024
+ *   (partial tiles, several, and rope's angles as far as a GPT-2's
+ *   context).
  * Exit 0 when all hold, 1 with the first difference, 77 (skip) with a line
  * saying why where no CUDA device is visible. */
 #include <cuda_runtime.h>

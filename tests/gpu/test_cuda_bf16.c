@@ -12,8 +12,9 @@
  *   into random gradients, the one-pass backward: within 1e-5 of the
  *   largest |element| of the CPU's (both products of the same bf16 values
  *   with float32 sums: only the order of the sums differs).
- * - attention and attention_tiled, multi-head and grouped-query, T up to
- *   300 (the tiled forward's third key tile), HD 64: forward (out, att or
+ * - attention and attention_tiled (cu_fa.cu: WMMA on the tensor cores),
+ *   multi-head and grouped-query, T up to 300 (the tiled forward's third
+ *   key tile), HD 64 and 128: forward (out, att or
  *   lse), backward overwriting and accumulating, both reading the CPU
  *   forward's out and aux: within 1e-4 of the largest but at the few
  *   elements (1 in 1000 at most, within 2^-8) where the two sums put a
@@ -323,6 +324,7 @@ int main(void) {
       {2, 64, 4, 2, 16},
       {2, 300, 4, 4, 64},
       {1, 300, 8, 2, 64},
+      {2, 130, 2, 2, 128},
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int *s = shapes[i];

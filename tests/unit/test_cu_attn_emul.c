@@ -1,11 +1,12 @@
-/* test_cu_attn_emul: the CUDA rope and attention kernels' bodies
- * (common/cuda/cu_attn_body.h) run on the CPU, every thread index of every
+/* test_cu_attn_emul: the CUDA rope and plain attention kernels' bodies
+ * (common/cuda/cu_attn_body.h; the tiled attention's are
+ * test_cu_fa_emul's) run on the CPU, every thread index of every
  * launch in a loop, the launches as cu_attn.cu's entry points make them,
  * against the CPU rows of the op table (kernels.c: ops.h's kernels). The
  * only check their indexing gets on a machine without a GPU
  * (tests/gpu/test_cuda_attn.c runs the real kernels where one is).
  *
- * - rope, attention, attention_tiled: forward (outputs pre-filled with NaN:
+ * - rope, attention: forward (outputs pre-filled with NaN:
  *   every element written), backward overwriting (NaN pre-filled) and
  *   accumulating into random gradients, each within 1e-5 of the largest
  *   |element| of the CPU's result.
@@ -53,19 +54,6 @@ static void emu_attention_i(const pw_kernel_io *io) {
     pw_cu_attn_bwd_kv_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
 }
 
-static void emu_tiled_f(const pw_kernel_io *io) {
-  pw_cu_attn_dims d = dims_of(io);
-  for (size_t i = 0; i < pw_cu_attn_n(d); i++) pw_cu_attn_tiled_fwd_body(io->out, io->aux, io->in0, d, i);
-}
-
-static void emu_tiled_i(const pw_kernel_io *io) {
-  pw_cu_attn_dims d = dims_of(io);
-  for (size_t i = 0; i < pw_cu_attn_n(d); i++)
-    pw_cu_attn_tiled_bwd_q_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
-  for (size_t i = 0; i < pw_cu_attn_kv_n(d); i++)
-    pw_cu_attn_tiled_bwd_kv_body(io->din0, io->dout, io->out, io->in0, io->aux, d, io->acc0, i);
-}
-
 /* ---- comparison ------------------------------------------------------------ */
 
 /* |got - want| <= 1e-5 max|want| for every element (NaN fails); says which. */
@@ -96,7 +84,6 @@ static void emu_rope_i(const pw_kernel_io *io) { emu_rope(io, 1); }
 static const emu_op OPS[] = {
     {PW_OP_ROPE, "rope", emu_rope_f, emu_rope_i},
     {PW_OP_ATTENTION, "attention", emu_attention_f, emu_attention_i},
-    {PW_OP_ATTENTION_TILED, "attention_tiled", emu_tiled_f, emu_tiled_i},
 };
 
 /* Forward, then the backward overwriting and accumulating, CPU row against
@@ -109,8 +96,8 @@ static void compare_op(const emu_op *e, int B, int T, int NH, int NKV, int HD, f
     nd.rope_factor = factor, nd.rope_low_freq = 1.0f, nd.rope_high_freq = 4.0f, nd.rope_orig_max_pos = 16;
   int rope = e->op == PW_OP_ROPE;
   size_t nq = (size_t)B * T * W, no = rope ? nq : (size_t)B * T * C;
-  size_t naux = e->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : e->op == PW_OP_ATTENTION_TILED ? (size_t)B * NH * T : 0;
-  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : e->op == PW_OP_ATTENTION_TILED ? pw_attention_tiled_scratch(T, C, NH, NKV) : 0;
+  size_t naux = e->op == PW_OP_ATTENTION ? (size_t)B * NH * T * T : 0;
+  size_t nscr = e->op == PW_OP_ATTENTION ? (size_t)T * T : 0;
   float *qkv = oc_alloc(nq, sizeof(float)), *dout = oc_alloc(no, sizeof(float));
   float *out_c = oc_alloc(no, sizeof(float)), *out_g = oc_alloc(no, sizeof(float));
   float *aux_c = oc_alloc(naux, sizeof(float)), *aux_g = oc_alloc(naux, sizeof(float));
@@ -131,8 +118,7 @@ static void compare_op(const emu_op *e, int B, int T, int NH, int NKV, int HD, f
   snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d f=%g: out", e->name, B, T, NH, NKV, HD, factor);
   expect_close(what, out_g, out_c, no);
   if (naux) {
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: %s", e->name, B, T, NH, NKV, HD,
-             e->op == PW_OP_ATTENTION ? "att" : "lse");
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: att", e->name, B, T, NH, NKV, HD);
     expect_close(what, aux_g, aux_c, naux);
   }
 
@@ -177,16 +163,11 @@ static void test_attention(void **state) {
   (void)state;
   check_all(1);
 }
-static void test_attention_tiled(void **state) {
-  (void)state;
-  check_all(2);
-}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_attention),
-      cmocka_unit_test(test_attention_tiled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
