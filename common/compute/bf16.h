@@ -82,6 +82,13 @@ void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float 
 void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                       const float *qkv, const float *att, int B, int T, int C, int NH,
                                       int NKV, int acc);
+/* with ops.h's pw_attn_mask (NULL: causal) */
+struct pw_attn_mask;
+void pw_attention_forward_bf16_mask(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
+                                    int NH, int NKV, const struct pw_attn_mask *mk);
+void pw_attention_backward_input_bf16_mask(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                           const float *qkv, const float *att, int B, int T, int C, int NH,
+                                           int NKV, int acc, const struct pw_attn_mask *mk);
 
 /* The tiled attention (ops.h's pw_attention_tiled_*) with the same five
  * products on bf16 operands: bs holds at least
@@ -95,6 +102,11 @@ void pw_attention_tiled_forward_bf16(float *out, float *lse, float *scratch, pw_
 void pw_attention_tiled_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
                                             const float *out, const float *qkv, const float *lse, int B, int T,
                                             int C, int NH, int NKV, int acc);
+void pw_attention_tiled_forward_bf16_mask(float *out, float *lse, float *scratch, pw_bf16 *bs, const float *qkv,
+                                          int B, int T, int C, int NH, int NKV, const struct pw_attn_mask *mk);
+void pw_attention_tiled_backward_input_bf16_mask(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                                 const float *out, const float *qkv, const float *lse, int B, int T,
+                                                 int C, int NH, int NKV, int acc, const struct pw_attn_mask *mk);
 
 /* 1 when pw_gemm_bf16 runs oneDNN's AVX512_BF16 kernels, 0 for the sgemm
  * path. Decided at the first call of either (PW_CPU read then). */

@@ -8,7 +8,8 @@
  * runs (ops.h) on the call's packed rows, except where a row's position
  * matters: learned positions and rotary embeddings run per sequence at its
  * offset, and attention reads and appends the sequence's cache
- * (pw_attention_kv_forward). A served
+ * (pw_attention_kv_forward; a sliding window reads the last positions of
+ * it; bidirectional or padding-masked attention is refused). A served
  * sequence's tokens must not depend on its batch-mates (they equal the
  * oracle's, which decodes one sequence), so every row of a linear must be
  * the same bits whatever rows it is multiplied with. Each linear's weights
@@ -178,6 +179,11 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
     if (decode_of(n) != PW_DECODE_RUN && decode_of(n) != PW_DECODE_SKIP) {
       pw_decode_free(d);
       return pw_err_set(err, PW_EINVAL, "decode", "a %s node is not decoded", pw_op_name((pw_op)n->op));
+    }
+    if ((n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED) && (n->bidir || n->in[1] >= 0)) {
+      pw_decode_free(d);
+      return pw_err_set(err, PW_EINVAL, "decode", "node %d: %s attention is not decoded (an encoder's: each row "
+                        "sees keys after it)", i, n->bidir ? "bidirectional" : "padding-masked");
     }
     if (pw_op_info_of(n->op)->positions && c.max_pos > m->params[n->w].shape[0]) {
       pw_decode_free(d);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "decode.h"
+#include "log.h"
 #include "lora.h"
 #include "ops.h"
 #include "rowmm.h"
@@ -131,24 +132,36 @@ static void rope_i(const pw_kernel_io *io) {
   pw_rope_backward_input(io->din0, io->dout, io->B, io->n->T, qwidth_of(io->n), io->n->NH, nkv_of(io->n), &r,
                          io->acc0);
 }
+/* The node's mask (ops.h's pw_attn_mask): a sliding window, no causal
+ * mask, and with in[1] (the model's tokens, io->in1) keys whose token is
+ * pad masked. Its heads are OC / NH wide (HD where the node sets it). */
+static pw_attn_mask mask_of(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  PW_ASSERT(!n->HD || n->HD * n->NH == n->OC);
+  return (pw_attn_mask){.window = n->window, .bidir = n->bidir, .tok = n->in[1] >= 0 ? TOK(io->in1) : NULL,
+                        .pad = n->pad};
+}
+
 /* bf16 programs bind bscratch for attention too (pw_attention_*_bf16) */
 static void attention_f(const pw_kernel_io *io) {
   const pw_node *n = io->n;
+  pw_attn_mask mk = mask_of(io);
   if (io->bscratch) {
-    pw_attention_forward_bf16(io->out, io->aux, io->bscratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
+    pw_attention_forward_bf16_mask(io->out, io->aux, io->bscratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n), &mk);
     return;
   }
-  pw_attention_forward(io->out, io->aux, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
+  pw_attention_forward_mask(io->out, io->aux, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n), &mk);
 }
 static void attention_i(const pw_kernel_io *io) {
   const pw_node *n = io->n;
+  pw_attn_mask mk = mask_of(io);
   if (io->bscratch) {
-    pw_attention_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->in0, io->aux, io->B, n->T,
-                                     n->OC, n->NH, nkv_of(n), io->acc0);
+    pw_attention_backward_input_bf16_mask(io->din0, io->scratch, io->bscratch, io->dout, io->in0, io->aux, io->B,
+                                          n->T, n->OC, n->NH, nkv_of(n), io->acc0, &mk);
     return;
   }
-  pw_attention_backward_input(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, n->T, n->OC, n->NH,
-                              nkv_of(n), io->acc0);
+  pw_attention_backward_input_mask(io->din0, io->scratch, io->dout, io->in0, io->aux, io->B, n->T, n->OC, n->NH,
+                                   nkv_of(n), io->acc0, &mk);
 }
 
 /* w: q's norm weight, b: k's (HD each); aux rstd (rows, NH + NKV) */
@@ -166,20 +179,23 @@ static void qknorm_w(const pw_kernel_io *io) {
 /* aux: lse (B, NH, T); the backward reads the forward's out */
 static void attention_tiled_f(const pw_kernel_io *io) {
   const pw_node *n = io->n;
+  pw_attn_mask mk = mask_of(io);
   if (io->bscratch)
-    pw_attention_tiled_forward_bf16(io->out, io->aux, io->scratch, io->bscratch, io->in0, io->B, n->T, n->OC, n->NH,
-                                    nkv_of(n));
+    pw_attention_tiled_forward_bf16_mask(io->out, io->aux, io->scratch, io->bscratch, io->in0, io->B, n->T, n->OC,
+                                         n->NH, nkv_of(n), &mk);
   else
-    pw_attention_tiled_forward(io->out, io->aux, io->scratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n));
+    pw_attention_tiled_forward_mask(io->out, io->aux, io->scratch, io->in0, io->B, n->T, n->OC, n->NH, nkv_of(n),
+                                    &mk);
 }
 static void attention_tiled_i(const pw_kernel_io *io) {
   const pw_node *n = io->n;
+  pw_attn_mask mk = mask_of(io);
   if (io->bscratch)
-    pw_attention_tiled_backward_input_bf16(io->din0, io->scratch, io->bscratch, io->dout, io->out, io->in0, io->aux,
-                                           io->B, n->T, n->OC, n->NH, nkv_of(n), io->acc0);
+    pw_attention_tiled_backward_input_bf16_mask(io->din0, io->scratch, io->bscratch, io->dout, io->out, io->in0,
+                                                io->aux, io->B, n->T, n->OC, n->NH, nkv_of(n), io->acc0, &mk);
   else
-    pw_attention_tiled_backward_input(io->din0, io->scratch, io->dout, io->out, io->in0, io->aux, io->B, n->T, n->OC,
-                                      n->NH, nkv_of(n), io->acc0);
+    pw_attention_tiled_backward_input_mask(io->din0, io->scratch, io->dout, io->out, io->in0, io->aux, io->B, n->T,
+                                           n->OC, n->NH, nkv_of(n), io->acc0, &mk);
 }
 
 static void xent_f(const pw_kernel_io *io) {
@@ -260,7 +276,8 @@ static void rope_d(const pw_kernel_io *io) {
   }
 }
 
-/* qkv (W) in, OC out; the slot's K then V, max_pos x (W - OC) / 2 each */
+/* qkv (W) in, OC out; the slot's K then V, max_pos x (W - OC) / 2 each
+ * (decode.c refuses a node with bidir or a pad mask) */
 static void attention_d(const pw_kernel_io *io) {
   const pw_node *n = io->n;
   size_t W = (size_t)n->C, OC = (size_t)n->OC, KW = (W - OC) / 2;
@@ -269,7 +286,7 @@ static void attention_d(const pw_kernel_io *io) {
     float *k = io->kv + (size_t)q->slot * io->kv_slot;
     float *v = k + (size_t)io->max_pos * KW;
     pw_attention_kv_forward(io->out + (size_t)r * OC, k, v, io->scratch, io->in0 + (size_t)r * W, q->len, q->pos,
-                            n->OC, n->NH, nkv_of(n));
+                            n->OC, n->NH, nkv_of(n), n->window);
   }
 }
 

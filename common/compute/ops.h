@@ -146,14 +146,36 @@ void pw_qknorm_backward_input(float *dinp, const float *dout, const float *inp, 
 void pw_qknorm_backward_weight(float *dwq, float *dwk, const float *dout, const float *inp, const float *rstd, int N,
                                int NH, int NKV, int HD);
 
-/* Causal grouped-query self-attention on packed qkv (B,T,W) -> out (B,T,C).
- * Scores scaled by 1/sqrt(HD). att (B,NH,T,T) saves the softmax
- * probabilities (upper triangle zero). scratch holds at least T*T floats.
- * The key/value gradients of a group's heads are summed in head order.
- * No parameters, so no backward_weight. */
+/* Attention's masks besides the causal one (pw_node's window, bidir and
+ * pad; docs/contracts.md#attention). The _mask entries below take one;
+ * NULL (or all zero) is causal, what the entries without _mask compute.
+ * A query row whose keys are all pad attends uniformly to them (the
+ * softmax HF BERT's additive finfo.min mask gives such a row): a constant,
+ * so no gradient reaches its q or those keys' k from it (v's share does). */
+typedef struct pw_attn_mask {
+  int window;         /* > 0: the query at position p sees keys (p - window, p] only,
+                         Mistral's sliding_window (transformers masks k <= p - window);
+                         0: all. Causal only */
+  int bidir;          /* 1: no causal mask, every query sees every key (encoders) */
+  const int32_t *tok; /* (B,T) the sequences' tokens, or NULL: keys whose token is pad
+                         are masked (BERT's padding mask) */
+  int32_t pad;
+} pw_attn_mask;
+
+/* Causal grouped-query self-attention on packed qkv (B,T,W) -> out (B,T,C),
+ * C = NH*HD the width of the queries (the model width unless the heads have
+ * a width of their own: model.head_dim). Scores scaled by 1/sqrt(HD). att
+ * (B,NH,T,T) saves the softmax probabilities (zero where masked). scratch
+ * holds at least T*T floats. The key/value gradients of a group's heads are
+ * summed in head order. No parameters, so no backward_weight. */
 void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV);
 void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH, int NKV, int acc);
+void pw_attention_forward_mask(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV,
+                               const pw_attn_mask *mk);
+void pw_attention_backward_input_mask(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                      const float *att, int B, int T, int C, int NH, int NKV, int acc,
+                                      const pw_attn_mask *mk);
 
 /* The same attention, tiled with an online softmax (FlashAttention-2;
  * ops_flash.c): no T x T buffer. The forward saves lse (B,NH,T), each
@@ -168,16 +190,22 @@ void pw_attention_tiled_forward(float *out, float *lse, float *scratch, const fl
 void pw_attention_tiled_backward_input(float *dqkv, float *scratch, const float *dout, const float *out,
                                        const float *qkv, const float *lse, int B, int T, int C, int NH, int NKV,
                                        int acc);
+void pw_attention_tiled_forward_mask(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C,
+                                     int NH, int NKV, const pw_attn_mask *mk);
+void pw_attention_tiled_backward_input_mask(float *dqkv, float *scratch, const float *dout, const float *out,
+                                            const float *qkv, const float *lse, int B, int T, int C, int NH, int NKV,
+                                            int acc, const pw_attn_mask *mk);
 
 /* Causal attention of T new rows of one sequence at positions t0 .. t0+T-1
  * against its KV cache (ops_kv.c). qkv (T,W) packed as above (q and k
  * already rotated for llama); kc, vc (>= t0+T, NKV*HD) the sequence's
  * cached keys and values of this layer, rows 0 .. t0-1 filled by earlier
  * calls: rows t0 .. t0+T-1 are written from qkv first, then new row i
- * attends over cache rows 0 .. t0+i. out (T,C). scratch holds at least
+ * attends over cache rows 0 .. t0+i (window > 0: the last `window` of
+ * them, pw_attn_mask's). out (T,C). scratch holds at least
  * pw_attention_kv_scratch(T, t0) floats. */
 void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, const float *qkv, int T,
-                             int t0, int C, int NH, int NKV);
+                             int t0, int C, int NH, int NKV, int window);
 size_t pw_attention_kv_scratch(int T, int t0);
 
 /* Softmax cross-entropy. logits (N,V), targets (N) in [0,V). probs (N,V)

@@ -1,11 +1,14 @@
-/* ops_attn: rotary position embeddings, QK-norm and causal grouped-query
- * self-attention on packed qkv rows (ops.h). Contracts are in ops.h.
+/* ops_attn: rotary position embeddings, QK-norm and grouped-query
+ * self-attention on packed qkv rows (ops.h), causal or with ops.h's
+ * pw_attn_mask (a sliding window, bidirectional, a padding mask).
+ * Contracts are in ops.h.
  *
  * Attention works per (batch, head) directly on the packed tensor through
  * sgemm leading dimensions (3C for q/k/v, C for out): q, k and v are never
- * copied. The causal structure is exploited by walking the T rows in blocks
- * of ATTN_BLOCK: row block [r0,r1) only ever needs key columns [0,r1), which
- * halves the work for long sequences. Never allocates: the forward uses
+ * copied. The mask's structure is exploited by walking the T rows in blocks
+ * of ATTN_BLOCK: row block [r0,r1) only ever needs the key columns its rows
+ * see, [0,r1) causal (half the work for long sequences), [r1 - window,
+ * r1) under a sliding window. Pad keys get a score of -inf. Never allocates: the forward uses
  * `att` itself as the score buffer, the backward a T*T scratch. Softmax
  * rows use ops_math.h (vectorized exact exp, lane-wise max and sums). The
  * loops around the sgemms are PW_CPU_DISPATCH functions (cpu.h).
@@ -20,6 +23,7 @@
 #include "cpu.h"
 #include "gemm.h"
 #include "log.h"
+#include "ops_flash.h"
 #include "ops_math.h"
 
 /* Rows per causal block: big enough for efficient sgemm, small enough that
@@ -138,37 +142,93 @@ void pw_qknorm_backward_weight(float *dwq, float *dwk, const float *dout, const 
 
 /* ---- attention ----------------------------------------------------------- */
 
-/* Softmax of each row i of P[r0:r1] (row length T) over its causal part
- * [0, i], one phase at a time over the block's rows (max, exp, sum, scale):
- * the serial chains that combine a row's lanes then overlap across rows.
- * exp and scale run on to a whole number of PW_LANES (within r1: scores
- * there too, zeroed at the end) rather than end in a scalar tail of up to
- * 15 exps, which cost more than the whole vectors. */
-static PW_CPU_DISPATCH(softmax_block, (float *P, int T, int r0, int r1), (P, T, r0, r1)) {
+/* One sequence's mask (ops.h's pw_attn_mask): row i sees keys [lo, hi),
+ * less its pad keys. */
+typedef struct {
+  int T, window, causal;
+  const int32_t *tok; /* the sequence's tokens, or NULL */
+  int32_t pad;
+} amask;
+
+static amask mask_of(const pw_attn_mask *mk, int b, int T) {
+  amask m = {.T = T, .causal = 1};
+  if (mk) {
+    m.window = mk->window, m.causal = !mk->bidir, m.pad = mk->pad;
+    m.tok = mk->tok ? mk->tok + (size_t)b * T : NULL;
+  }
+  return m;
+}
+
+static inline int row_lo(const amask *m, int i) { return pw__attn_first_key(i, m->window); }
+static inline int row_hi(const amask *m, int i) { return m->causal ? i + 1 : m->T; }
+/* The columns of rows [r0, r1) that the backward's key blocks read: the
+ * blocks of ATTN_BLOCK keys their keys fall in. */
+static inline int span_lo(const amask *m, int r0) { return row_lo(m, r0) / ATTN_BLOCK * ATTN_BLOCK; }
+static inline int span_hi(const amask *m, int r1) {
+  int h = (row_hi(m, r1 - 1) + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
+  return h < m->T ? h : m->T;
+}
+
+static void check_mask(const pw_attn_mask *mk) {
+  PW_ASSERT(!mk || (mk->window >= 0 && (!mk->window || !mk->bidir) && (mk->bidir == 0 || mk->bidir == 1)));
+}
+
+/* The pad mask on row p's scores [a, b): a pad key's score is -inf (its
+ * exp 0), or every score 0 where all its keys are pad (a uniform row). */
+static inline void mask_row(float *p, int a, int b, const amask *m) {
+  if (pw__attn_all_pad(m->tok, m->pad, a, b)) {
+    memset(p + a, 0, (size_t)(b - a) * sizeof(float));
+    return;
+  }
+  for (int j = a; j < b; j++)
+    if (m->tok[j] == m->pad) p[j] = -INFINITY;
+}
+
+/* Softmax of each row i of P[r0:r1] (row length T) over its keys [lo, hi),
+ * one phase at a time over the block's rows (max, exp, sum, scale): the
+ * serial chains that combine a row's lanes then overlap across rows. exp
+ * and scale run on to a whole number of PW_LANES (within c1, the block's
+ * last key: scores there too, zeroed at the end) rather than end in a
+ * scalar tail of up to 15 exps, which cost more than the whole vectors.
+ * The rest of each row is zeroed. */
+static PW_CPU_DISPATCH(softmax_block, (float *P, int T, int r0, int r1, int c1, const amask *m),
+                       (P, T, r0, r1, c1, m)) {
   float rv[ATTN_BLOCK]; /* per row: its max, then 1 / its sum */
-  for (int i = r0; i < r1; i++) rv[i - r0] = pw__max(P + (size_t)i * T, i + 1);
+  if (m->tok)
+    for (int i = r0; i < r1; i++) mask_row(P + (size_t)i * T, row_lo(m, i), row_hi(m, i), m);
+  for (int i = r0; i < r1; i++) {
+    int a = row_lo(m, i);
+    rv[i - r0] = pw__max(P + (size_t)i * T + a, row_hi(m, i) - a);
+  }
   for (int i = r0; i < r1; i++) {
     float *p = P + (size_t)i * T, mx = rv[i - r0];
-    int n = (i + PW_LANES) / PW_LANES * PW_LANES;
-    n = n < r1 ? n : r1;
-    for (int j = 0; j < n; j++) p[j] = pw__exp(p[j] - mx);
+    int a = row_lo(m, i), n = a + (row_hi(m, i) - a + PW_LANES - 1) / PW_LANES * PW_LANES;
+    n = n < c1 ? n : c1;
+    for (int j = a; j < n; j++) p[j] = pw__exp(p[j] - mx);
   }
-  for (int i = r0; i < r1; i++) rv[i - r0] = 1.0f / pw__sum(P + (size_t)i * T, i + 1);
+  for (int i = r0; i < r1; i++) {
+    int a = row_lo(m, i);
+    rv[i - r0] = 1.0f / pw__sum(P + (size_t)i * T + a, row_hi(m, i) - a);
+  }
   for (int i = r0; i < r1; i++) {
     float *p = P + (size_t)i * T, inv = rv[i - r0];
-    int n = (i + PW_LANES) / PW_LANES * PW_LANES;
-    n = n < r1 ? n : r1;
-    for (int j = 0; j < n; j++) p[j] *= inv;
-    memset(p + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+    int a = row_lo(m, i), b = row_hi(m, i), n = a + (b - a + PW_LANES - 1) / PW_LANES * PW_LANES;
+    n = n < c1 ? n : c1;
+    for (int j = a; j < n; j++) p[j] *= inv;
+    memset(p, 0, (size_t)a * sizeof(float));
+    memset(p + b, 0, (size_t)(T - b) * sizeof(float));
   }
 }
 
-void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV) {
+void pw_attention_forward_mask(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV,
+                               const pw_attn_mask *mk) {
   PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  check_mask(mk);
   int HD = C / NH, G = NH / NKV;
   int C3 = C + 2 * NKV * HD; /* a packed row: q, k, v */
   float scale = 1.0f / sqrtf((float)HD);
-  for (int b = 0; b < B; b++)
+  for (int b = 0; b < B; b++) {
+    amask m = mask_of(mk, b, T);
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
       const float *k = qkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD; /* its key/value head */
@@ -177,34 +237,55 @@ void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T
       float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
-        int rows = r1 - r0;
-        /* S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T */
-        pw_sgemm(0, 1, rows, r1, HD, scale,
-                    q + (size_t)r0 * C3, C3, k, C3, 0.0f, P + (size_t)r0 * T, T);
-        softmax_block(P, T, r0, r1);
-        /* O[r0:r1] = P[r0:r1, 0:r1] V[0:r1] */
-        pw_sgemm(0, 0, rows, HD, r1, 1.0f,
-                    P + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+        int rows = r1 - r0, c0 = row_lo(&m, r0), c1 = row_hi(&m, r1 - 1); /* the keys the block sees */
+        /* S[r0:r1, c0:c1] = scale * Q[r0:r1] K[c0:c1]^T */
+        pw_sgemm(0, 1, rows, c1 - c0, HD, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.0f,
+                 P + (size_t)r0 * T + c0, T);
+        softmax_block(P, T, r0, r1, c1, &m);
+        /* O[r0:r1] = P[r0:r1, c0:c1] V[c0:c1] */
+        pw_sgemm(0, 0, rows, HD, c1 - c0, 1.0f, P + (size_t)r0 * T + c0, T, v + (size_t)c0 * C3, C3, 0.0f,
+                 o + (size_t)r0 * C, C);
       }
     }
-}
-
-/* dS = P * (dP - rowsum(dP * P)) in place on rows [r0, r1) of dS (row
- * length T), zero above the diagonal up to column r1. */
-static PW_CPU_DISPATCH(softmax_grad_block, (float *dS, const float *P, int T, int r0, int r1),
-                       (dS, P, T, r0, r1)) {
-  for (int i = r0; i < r1; i++) {
-    float *d = dS + (size_t)i * T;
-    const float *p = P + (size_t)i * T;
-    float dot = pw__dot(d, p, i + 1);
-    for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
-    for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
   }
 }
 
-void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                 const float *att, int B, int T, int C, int NH, int NKV, int acc) {
+void pw_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH, int NKV) {
+  pw_attention_forward_mask(out, att, qkv, B, T, C, NH, NKV, NULL);
+}
+
+/* dS = P * (dP - rowsum(dP * P)) in place on rows [r0, r1) of dS (row
+ * length T) over each row's keys; zero elsewhere within the block's span
+ * (span_lo, span_hi), and in a uniform row (its scores were constants). */
+static PW_CPU_DISPATCH(softmax_grad_block, (float *dS, const float *P, int T, int r0, int r1, const amask *m),
+                       (dS, P, T, r0, r1, m)) {
+  int za = span_lo(m, r0), zb = span_hi(m, r1);
+  for (int i = r0; i < r1; i++) {
+    float *d = dS + (size_t)i * T;
+    const float *p = P + (size_t)i * T;
+    int a = row_lo(m, i), b = row_hi(m, i);
+    if (pw__attn_all_pad(m->tok, m->pad, a, b)) {
+      memset(d + za, 0, (size_t)(zb - za) * sizeof(float));
+      continue;
+    }
+    float dot = pw__dot(d + a, p + a, b - a);
+    for (int j = a; j < b; j++) d[j] = p[j] * (d[j] - dot);
+    for (int j = za; j < a; j++) d[j] = 0.0f;
+    for (int j = b; j < zb; j++) d[j] = 0.0f;
+  }
+}
+
+/* Rows [*lo, *hi) see some key of block [c0, c1). */
+static void rows_of_block(const amask *m, int c0, int c1, int *lo, int *hi) {
+  *lo = m->causal ? c0 : 0;
+  *hi = m->window && c1 + m->window - 1 < m->T ? c1 + m->window - 1 : m->T;
+}
+
+void pw_attention_backward_input_mask(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                      const float *att, int B, int T, int C, int NH, int NKV, int acc,
+                                      const pw_attn_mask *mk) {
   PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  check_mask(mk);
   int HD = C / NH, G = NH / NKV;
   int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
@@ -212,7 +293,8 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
    * = 0 overwrites it (OpenBLAS: a zeroing pass, then the beta = 1 kernel). */
   float beta = acc ? 1.0f : 0.0f;
   float *dS = scratch; /* (T,T): dP, then turned into dS in place */
-  for (int b = 0; b < B; b++)
+  for (int b = 0; b < B; b++) {
+    amask m = mask_of(mk, b, T);
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (size_t)b * T * C3 + (size_t)h * HD;
       const float *k = qkv + (size_t)b * T * C3 + C + (size_t)(h / G) * HD; /* its key/value head */
@@ -226,30 +308,34 @@ void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout,
       const float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
-        int rows = r1 - r0;
-        /* dP[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T */
-        pw_sgemm(0, 1, rows, r1, HD, 1.0f,
-                    dO + (size_t)r0 * C, C, v, C3, 0.0f, dS + (size_t)r0 * T, T);
-        /* dS = P * (dP - rowsum(dP * P)); zero above the diagonal. */
-        softmax_grad_block(dS, P, T, r0, r1);
-        /* dQ[r0:r1] (+)= scale * dS[r0:r1, 0:r1] K[0:r1] */
-        pw_sgemm(0, 0, rows, HD, r1, scale,
-                    dS + (size_t)r0 * T, T, k, C3, beta, dq + (size_t)r0 * C3, C3);
+        int rows = r1 - r0, c0 = row_lo(&m, r0), c1 = row_hi(&m, r1 - 1);
+        /* dP[r0:r1, c0:c1] = dO[r0:r1] V[c0:c1]^T */
+        pw_sgemm(0, 1, rows, c1 - c0, HD, 1.0f, dO + (size_t)r0 * C, C, v + (size_t)c0 * C3, C3, 0.0f,
+                 dS + (size_t)r0 * T + c0, T);
+        /* dS = P * (dP - rowsum(dP * P)); zero off each row's keys */
+        softmax_grad_block(dS, P, T, r0, r1, &m);
+        /* dQ[r0:r1] (+)= scale * dS[r0:r1, c0:c1] K[c0:c1] */
+        pw_sgemm(0, 0, rows, HD, c1 - c0, scale, dS + (size_t)r0 * T + c0, T, k + (size_t)c0 * C3, C3, beta,
+                 dq + (size_t)r0 * C3, C3);
       }
       for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
         int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
-        int cols = c1 - c0;
-        /* Key block [c0,c1) is attended to only by queries i >= c0. */
-        /* dK[c0:c1] (+)= scale * dS[c0:T, c0:c1]^T Q[c0:T] */
-        pw_sgemm(1, 0, cols, HD, T - c0, scale,
-                    dS + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, beta_kv,
-                    dk + (size_t)c0 * C3, C3);
-        /* dV[c0:c1] (+)= P[c0:T, c0:c1]^T dO[c0:T] */
-        pw_sgemm(1, 0, cols, HD, T - c0, 1.0f,
-                    P + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, beta_kv,
-                    dv + (size_t)c0 * C3, C3);
+        int cols = c1 - c0, i0, i1;
+        rows_of_block(&m, c0, c1, &i0, &i1); /* causal: queries i >= c0 */
+        /* dK[c0:c1] (+)= scale * dS[i0:i1, c0:c1]^T Q[i0:i1] */
+        pw_sgemm(1, 0, cols, HD, i1 - i0, scale, dS + (size_t)i0 * T + c0, T, q + (size_t)i0 * C3, C3, beta_kv,
+                 dk + (size_t)c0 * C3, C3);
+        /* dV[c0:c1] (+)= P[i0:i1, c0:c1]^T dO[i0:i1] */
+        pw_sgemm(1, 0, cols, HD, i1 - i0, 1.0f, P + (size_t)i0 * T + c0, T, dO + (size_t)i0 * C, C, beta_kv,
+                 dv + (size_t)c0 * C3, C3);
       }
     }
+  }
+}
+
+void pw_attention_backward_input(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                 const float *att, int B, int T, int C, int NH, int NKV, int acc) {
+  pw_attention_backward_input_mask(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, acc, NULL);
 }
 
 /* ---- attention with bf16 products (train.precision "bf16") --------------- */
@@ -270,15 +356,17 @@ static void scale_rows(float *x, int ld, int rows, int n, float s) {
     for (int j = 0; j < n; j++) x[(size_t)i * ld + j] *= s;
 }
 
-void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
-                               int NH, int NKV) {
+void pw_attention_forward_bf16_mask(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
+                                    int NH, int NKV, const pw_attn_mask *mk) {
   PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  check_mask(mk);
   int HD = C / NH, G = NH / NKV;
   int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
   pw_bf16 *qkvb = bs, *pb = bs + (size_t)B * T * C3;
   pw_bf16_from_f32(qkvb, qkv, (size_t)B * T * C3);
-  for (int b = 0; b < B; b++)
+  for (int b = 0; b < B; b++) {
+    amask m = mask_of(mk, b, T);
     for (int h = 0; h < NH; h++) {
       const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
       const pw_bf16 *k = qkvb + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
@@ -287,22 +375,30 @@ void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float 
       float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
-        int rows = r1 - r0;
-        /* S[r0:r1, 0:r1] = Q[r0:r1] K[0:r1]^T, then times scale in float32 */
-        pw_gemm_bf16(0, 1, rows, r1, HD, q + (size_t)r0 * C3, C3, k, C3, 0, P + (size_t)r0 * T, T);
-        scale_rows(P + (size_t)r0 * T, T, rows, r1, scale);
-        softmax_block(P, T, r0, r1);
-        /* O[r0:r1] = bf16(P[r0:r1, 0:r1]) V[0:r1]; P itself stays float32 */
-        rows_to_bf16(pb, P + (size_t)r0 * T, T, rows, r1);
-        pw_gemm_bf16(0, 0, rows, HD, r1, pb, T, v, C3, 0, o + (size_t)r0 * C, C);
+        int rows = r1 - r0, c0 = row_lo(&m, r0), c1 = row_hi(&m, r1 - 1);
+        float *Pb = P + (size_t)r0 * T + c0;
+        /* S[r0:r1, c0:c1] = Q[r0:r1] K[c0:c1]^T, then times scale in float32 */
+        pw_gemm_bf16(0, 1, rows, c1 - c0, HD, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0, Pb, T);
+        scale_rows(Pb, T, rows, c1 - c0, scale);
+        softmax_block(P, T, r0, r1, c1, &m);
+        /* O[r0:r1] = bf16(P[r0:r1, c0:c1]) V[c0:c1]; P itself stays float32 */
+        rows_to_bf16(pb + c0, Pb, T, rows, c1 - c0);
+        pw_gemm_bf16(0, 0, rows, HD, c1 - c0, pb + c0, T, v + (size_t)c0 * C3, C3, 0, o + (size_t)r0 * C, C);
       }
     }
+  }
 }
 
-void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
-                                      const float *qkv, const float *att, int B, int T, int C, int NH,
-                                      int NKV, int acc) {
+void pw_attention_forward_bf16(float *out, float *att, pw_bf16 *bs, const float *qkv, int B, int T, int C,
+                               int NH, int NKV) {
+  pw_attention_forward_bf16_mask(out, att, bs, qkv, B, T, C, NH, NKV, NULL);
+}
+
+void pw_attention_backward_input_bf16_mask(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                           const float *qkv, const float *att, int B, int T, int C, int NH,
+                                           int NKV, int acc, const pw_attn_mask *mk) {
   PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0);
+  check_mask(mk);
   int HD = C / NH, G = NH / NKV;
   int C3 = C + 2 * NKV * HD;
   float scale = 1.0f / sqrtf((float)HD);
@@ -311,7 +407,8 @@ void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, 
   pw_bf16_from_f32(qkvb, qkv, (size_t)B * T * C3);
   pw_bf16_from_f32(dob, dout, (size_t)B * T * C);
   float *dS = scratch; /* (T,T): dP, then dS in place, then scale * dS */
-  for (int b = 0; b < B; b++)
+  for (int b = 0; b < B; b++) {
+    amask m = mask_of(mk, b, T);
     for (int h = 0; h < NH; h++) {
       const pw_bf16 *q = qkvb + (size_t)b * T * C3 + (size_t)h * HD;
       const pw_bf16 *k = qkvb + (size_t)b * T * C3 + C + (size_t)(h / G) * HD;
@@ -325,22 +422,33 @@ void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, 
       const float *P = att + ((size_t)b * NH + h) * T * T;
       for (int r0 = 0; r0 < T; r0 += ATTN_BLOCK) {
         int r1 = r0 + ATTN_BLOCK < T ? r0 + ATTN_BLOCK : T;
-        int rows = r1 - r0;
-        pw_gemm_bf16(0, 1, rows, r1, HD, dO + (size_t)r0 * C, C, v, C3, 0, dS + (size_t)r0 * T, T);
-        softmax_grad_block(dS, P, T, r0, r1);
-        /* the later products read rows [r0, r1) up to column r1 only */
-        scale_rows(dS + (size_t)r0 * T, T, rows, r1, scale);
-        rows_to_bf16(dsb + (size_t)r0 * T, dS + (size_t)r0 * T, T, rows, r1);
-        rows_to_bf16(pb + (size_t)r0 * T, P + (size_t)r0 * T, T, rows, r1);
-        pw_gemm_bf16(0, 0, rows, HD, r1, dsb + (size_t)r0 * T, T, k, C3, acc, dq + (size_t)r0 * C3, C3);
+        int rows = r1 - r0, c0 = row_lo(&m, r0), c1 = row_hi(&m, r1 - 1);
+        int za = span_lo(&m, r0), zb = span_hi(&m, r1);
+        size_t at = (size_t)r0 * T;
+        pw_gemm_bf16(0, 1, rows, c1 - c0, HD, dO + (size_t)r0 * C, C, v + (size_t)c0 * C3, C3, 0, dS + at + c0, T);
+        softmax_grad_block(dS, P, T, r0, r1, &m);
+        /* the later products read rows [r0, r1) over the block's span only */
+        scale_rows(dS + at + za, T, rows, zb - za, scale);
+        rows_to_bf16(dsb + at + za, dS + at + za, T, rows, zb - za);
+        rows_to_bf16(pb + at + za, P + at + za, T, rows, zb - za);
+        pw_gemm_bf16(0, 0, rows, HD, c1 - c0, dsb + at + c0, T, k + (size_t)c0 * C3, C3, acc, dq + (size_t)r0 * C3,
+                     C3);
       }
       for (int c0 = 0; c0 < T; c0 += ATTN_BLOCK) {
         int c1 = c0 + ATTN_BLOCK < T ? c0 + ATTN_BLOCK : T;
-        int cols = c1 - c0;
-        pw_gemm_bf16(1, 0, cols, HD, T - c0, dsb + (size_t)c0 * T + c0, T, q + (size_t)c0 * C3, C3, acc_kv,
+        int cols = c1 - c0, i0, i1;
+        rows_of_block(&m, c0, c1, &i0, &i1);
+        pw_gemm_bf16(1, 0, cols, HD, i1 - i0, dsb + (size_t)i0 * T + c0, T, q + (size_t)i0 * C3, C3, acc_kv,
                      dk + (size_t)c0 * C3, C3);
-        pw_gemm_bf16(1, 0, cols, HD, T - c0, pb + (size_t)c0 * T + c0, T, dO + (size_t)c0 * C, C, acc_kv,
+        pw_gemm_bf16(1, 0, cols, HD, i1 - i0, pb + (size_t)i0 * T + c0, T, dO + (size_t)i0 * C, C, acc_kv,
                      dv + (size_t)c0 * C3, C3);
       }
     }
+  }
+}
+
+void pw_attention_backward_input_bf16(float *dqkv, float *scratch, pw_bf16 *bs, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C, int NH,
+                                      int NKV, int acc) {
+  pw_attention_backward_input_bf16_mask(dqkv, scratch, bs, dout, qkv, att, B, T, C, NH, NKV, acc, NULL);
 }

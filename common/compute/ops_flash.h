@@ -7,9 +7,13 @@
  * heads over NKV key/value heads (NH % NKV == 0: query head h reads key and
  * value head h / (NH / NKV), grouped-query attention; NKV == NH: multi-head).
  * Heads sit side by side in their rows (head h's HD columns at h * HD).
- * Query row i is at key position off + i: causal, it sees keys [0, off + i]
- * (off 0 in training, a prefill's start in decoding), else all Tk keys.
- * Scores are scaled by 1/sqrt(HD).
+ * Query row i is at key position p = off + i: causal, it sees keys [0, p]
+ * (off 0 in training, a prefill's start in decoding), else all Tk keys;
+ * window > 0 (causal only) keeps keys (p - window, p] (Mistral's sliding
+ * window); tok (stok apart per sequence) masks the keys whose token is
+ * pad. A row all of whose keys are pad attends uniformly to them (ops.h's
+ * pw_attn_mask: HF BERT's finfo.min mask), a constant: no gradient to q or
+ * k from it. Scores are scaled by 1/sqrt(HD).
  *
  * With bf16 copies (qb, kb, vb, dob: the same layout as the float32
  * operands) the products take bf16 operands with float32 accumulation
@@ -23,6 +27,7 @@
 #define PW_OPS_FLASH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "bf16.h"
 
@@ -31,6 +36,10 @@ typedef struct {
   int NH, NKV, HD;   /* query heads, key/value heads, head width */
   int off;           /* query row i sits at key position off + i */
   int causal;        /* 1: row i sees keys [0, off + i]; 0: every key */
+  int window;        /* > 0 (causal): row i sees keys (off + i - window, off + i] */
+  const int32_t *tok; /* key j of sequence b is masked when tok[b * stok + j] == pad; NULL: none */
+  size_t stok;
+  int32_t pad;
   /* float32 operands: element (row, column) of sequence b at
    * p + b * s + row * ld + column. q and dq share ldq and sq; k, v, dk,
    * dv share ldk and sk; o and dout share ldo and so. */
@@ -40,6 +49,18 @@ typedef struct {
    * float32 products */
   const pw_bf16 *qb, *kb, *vb, *dob;
 } pw__attn;
+
+/* The first key query position p sees under a sliding window (0: none). */
+static inline int pw__attn_first_key(int p, int window) { return window > 0 && p + 1 > window ? p + 1 - window : 0; }
+
+/* 1 when keys [lo, hi) of tok (NULL: no mask) are all pad: the row that
+ * sees them attends uniformly to them. */
+static inline int pw__attn_all_pad(const int32_t *tok, int32_t pad, int lo, int hi) {
+  if (!tok) return 0;
+  for (int j = lo; j < hi; j++)
+    if (tok[j] != pad) return 0;
+  return 1;
+}
 
 /* Floats of work for a problem's forward and backward. */
 size_t pw__attn_work(int Tq, int HD, int NH, int NKV);

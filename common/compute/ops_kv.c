@@ -1,5 +1,7 @@
 /* ops_kv: causal attention of new rows against a sequence's KV cache — the
- * decode half of ops_attn.c's attention. Contract in ops.h.
+ * decode half of ops_attn.c's attention. Contract in ops.h. A sliding
+ * window reads only the cache's last `window` rows up to each new row (the
+ * cache itself keeps every position: no rolling buffer).
  *
  * The cache holds each position's (rotated) key and value rows, (Tmax,
  * NKV*HD) per layer and sequence, heads side by side as in the packed qkv; a head's
@@ -32,8 +34,8 @@ static PW_CPU_DISPATCH(softmax_row, (float *p, int n), (p, n)) {
 }
 
 void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, const float *qkv, int T,
-                             int t0, int C, int NH, int NKV) {
-  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0 && T > 0 && t0 >= 0);
+                             int t0, int C, int NH, int NKV, int window) {
+  PW_ASSERT(NH > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0 && T > 0 && t0 >= 0 && window >= 0);
   int HD = C / NH, G = NH / NKV, KW = NKV * HD;
   size_t W = (size_t)C + 2 * (size_t)KW;
   for (int t = 0; t < T; t++) {
@@ -42,15 +44,15 @@ void pw_attention_kv_forward(float *out, float *kc, float *vc, float *scratch, c
   }
   if (T > 1) {
     pw__attn a = {.B = 1, .Tq = T, .Tk = t0 + T, .NH = NH, .NKV = NKV, .HD = HD, .off = t0, .causal = 1,
-                  .q = qkv, .k = kc, .v = vc, .ldq = W, .ldk = (size_t)KW, .ldo = (size_t)C};
+                  .window = window, .q = qkv, .k = kc, .v = vc, .ldq = W, .ldk = (size_t)KW, .ldo = (size_t)C};
     pw__attn_forward(&a, out, NULL, scratch, NULL);
     return;
   }
   float scale = 1.0f / sqrtf((float)HD);
-  int n = t0 + 1;
+  int lo = pw__attn_first_key(t0, window), n = t0 + 1 - lo; /* keys [lo, t0] */
   for (int h = 0; h < NH; h++) {
-    const float *k = kc + (size_t)(h / G) * HD, *v = vc + (size_t)(h / G) * HD;
-    /* s (n) = scale * K[0:n] q;  o = V[0:n]^T softmax(s) */
+    const float *k = kc + (size_t)lo * KW + (size_t)(h / G) * HD, *v = vc + (size_t)lo * KW + (size_t)(h / G) * HD;
+    /* s (n) = scale * K[lo:lo+n] q;  o = V[lo:lo+n]^T softmax(s) */
     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, HD, scale, k, KW, qkv + (size_t)h * HD, 1, 0.0f, scratch, 1);
     softmax_row(scratch, n);
     cblas_sgemv(CblasRowMajor, CblasTrans, n, HD, 1.0f, v, KW, scratch, 1, 0.0f, out + (size_t)h * HD, 1);

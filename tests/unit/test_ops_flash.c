@@ -309,7 +309,7 @@ static void test_prefill_offset(void **state) {
   pw_attention_tiled_forward(whole, lse, ws, qkv, 1, T, C, NH, NH);
   for (int t0 = 0; t0 < T; t0 += 70) { /* 0, 70, 140: chunks of 70 rows (the last 60) */
     int n = T - t0 < 70 ? T - t0 : 70;
-    pw_attention_kv_forward(o + (size_t)t0 * C, kc, vc, ks, qkv + (size_t)t0 * 3 * C, n, t0, C, NH, NH);
+    pw_attention_kv_forward(o + (size_t)t0 * C, kc, vc, ks, qkv + (size_t)t0 * 3 * C, n, t0, C, NH, NH, 0);
   }
   expect_close("prefill in chunks of 70", o, whole, no, 1e-6, 0);
   for (size_t i = 100 * 3 * C; i < nq; i++) qkv[i] += 5.0f;
