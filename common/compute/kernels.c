@@ -9,6 +9,7 @@
 #include "log.h"
 #include "lora.h"
 #include "ops.h"
+#include "ops_enc.h"
 #include "rowmm.h"
 
 #define TOK(p) ((const int32_t *)(p))

@@ -283,7 +283,10 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   if (L->has_loss) {
     const pw_node *ln = &m->nodes[m->values[m->loss_value].producer];
     const pw_value *pred = &m->values[ln->in[0]];
-    double per_seq = pw_op_info_of(ln->op)->loss_per_elem ? (double)pred->rows * pred->width : (double)pred->rows;
+    const pw_op_info *lo = pw_op_info_of(ln->op);
+    double per_seq = lo->loss_per_elem ? (double)pred->rows * pred->width
+                     : lo->loss_per_nh ? (double)ln->NH /* the masked LM's K */
+                                       : (double)pred->rows;
     p->loss_scale = (float)(1.0 / ((double)cfg->batch_size * per_seq));
   }
   *out = p;

@@ -70,19 +70,22 @@ static void lay_params(const pw_model *m, pw_prog_layout *l, int *uses) {
   }
 }
 
+/* Every value a node reads: its op's inputs, and an attention's optional
+ * second, the tokens its padding mask reads (model.h), which any stage
+ * holding one draws as the first stage does. */
 static int find_ports(const pw_model *m, pw_prog_layout *l) {
   for (int i = l->node_lo; i < l->node_hi; i++) {
     const pw_node *n = &m->nodes[i];
-    for (int k = 0; k < pw_op_info_of(n->op)->n_in; k++)
-      if (!value_in_stage(m, l, n->in[k]) && add_port(&l->inputs, &l->n_inputs, m, n->in[k], l->mb))
+    for (int k = 0; k < 2; k++)
+      if (n->in[k] >= 0 && !value_in_stage(m, l, n->in[k]) && add_port(&l->inputs, &l->n_inputs, m, n->in[k], l->mb))
         return PW_ENOMEM;
     if (n->out == m->loss_value) l->has_loss = 1;
   }
   for (int i = 0; i < m->n_nodes; i++) {
     if (i >= l->node_lo && i < l->node_hi) continue;
     const pw_node *n = &m->nodes[i];
-    for (int k = 0; k < pw_op_info_of(n->op)->n_in; k++)
-      if (value_in_stage(m, l, n->in[k]) && add_port(&l->outputs, &l->n_outputs, m, n->in[k], l->mb))
+    for (int k = 0; k < 2; k++)
+      if (n->in[k] >= 0 && value_in_stage(m, l, n->in[k]) && add_port(&l->outputs, &l->n_outputs, m, n->in[k], l->mb))
         return PW_ENOMEM;
   }
   return 0;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_build.h"
 #include "optable.h"
 #include "suggest.h"
 
@@ -30,14 +31,7 @@ size_t pw_model_param_count(const pw_model *m) {
 
 /* ---- builder --------------------------------------------------------- */
 
-typedef struct {
-  pw_model *m;
-  int cap_values, cap_nodes, cap_params, cap_layers;
-  int layer;        /* current layer id */
-  int oom;
-  const pw_model_spec *spec;
-  unsigned lora_hit;  /* bit i: model.lora.targets[i] matched a linear layer */
-} builder;
+typedef pw__mbuild builder; /* model_build.h */
 
 static void *grow(void *p, int *cap, int need, size_t elem, int *oom) {
   if (need <= *cap) return p;
@@ -288,6 +282,29 @@ static int loss_node(builder *bd, pw_op op, int pred) {
 }
 
 int pw_llama_ffn_default(int d) { return ((8 * d / 3) + 31) / 32 * 32; }
+
+/* model_build.h: the same, for the templates in files of their own */
+int pw__mb_value(builder *bd, int rows, int width, pw_dtype dt, pw_val_role role) {
+  return add_value(bd, rows, width, dt, role);
+}
+int pw__mb_param(builder *bd, const char *name, int d0, int d1, pw_init_kind init, float std) {
+  return add_param(bd, name, d0, d1, init, std);
+}
+int pw__mb_param_find(const pw_model *m, const char *name) { return param_find(m, name); }
+int pw__mb_node(builder *bd, pw_op op, int in0, int in1, int w, int b, int rows, int width, pw_dtype dt) {
+  return add_node(bd, op, in0, in1, w, b, rows, width, dt);
+}
+void pw__mb_begin_layer(builder *bd, const char *name, int spec_index, int is_block) {
+  begin_layer(bd, name, spec_index, is_block);
+}
+void pw__mb_end_layer(builder *bd) { end_layer(bd); }
+int pw__mb_linear(builder *bd, const char *prefix, int x, int oc, int bias, float std) {
+  return linear(bd, prefix, x, oc, bias, std);
+}
+int pw__mb_norm(builder *bd, const char *prefix, int x, int rms) { return norm(bd, prefix, x, rms); }
+int pw__mb_unary(builder *bd, pw_op op, int x) { return unary(bd, op, x); }
+int pw__mb_binary(builder *bd, pw_op op, int a, int b) { return binary(bd, op, a, b); }
+int pw__mb_pos_embed(builder *bd, const char *name, int x, float std) { return pos_embed(bd, name, x, std); }
 
 /* ---- templates ------------------------------------------------------- */
 
@@ -603,6 +620,7 @@ int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
     case PW_TEMPLATE_GPT: build_transformer(&bd, 0); break;
     case PW_TEMPLATE_LLAMA: build_transformer(&bd, 1); break;
     case PW_TEMPLATE_MLP: build_mlp(&bd); break;
+    case PW_TEMPLATE_BERT: pw__build_bert(&bd); break;
     case PW_TEMPLATE_LAYERS: rc = build_layers(&bd, err); break;
     case PW_TEMPLATE_REGIONS: rc = build_regions(&bd, err); break;
   }

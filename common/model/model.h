@@ -48,6 +48,16 @@ typedef enum {
   PW_OP_SCALE,      /* in: (r,C)                 out (r,C) = in * base (Gemma's embeddings: sqrt(d)) */
   PW_OP_RMSNORM_OFFSET, /* in: (r,C)             out (r,C): RMSNorm scaled by base + w (Gemma: 1 + w)
                            params: w (C); aux rstd */
+  /* an encoder's (BERT, model_bert.c; kernels in ops_enc.h) */
+  PW_OP_GELU_ERF,   /* in: (r,C)                 out (r,C): x * Phi(x), the erf GELU; aux gelu'(in) */
+  PW_OP_TANH,       /* in: (r,C)                 out (r,C); the backward reads out */
+  PW_OP_TOKTYPE,    /* in: x (T,C), tokens (T,1,i32)  out (T,C) = x + w[type(t)]
+                       params: w (types, C); NH: the separator token, pad: the padding token
+                       (-1 each: none); the types from the tokens (ops_enc.h) */
+  PW_OP_FIRST_ROW,  /* in: (T,C)                 out (1,C): each sequence's row 0 ([CLS]) */
+  PW_OP_EMBED_PAD,  /* PW_OP_EMBED whose rows of token `pad` take no gradient (padding_idx) */
+  PW_OP_XENT_MLM,   /* in: logits (r,V), targets (r,1,i32)  out: loss over the rows whose target
+                       is >= 0, averaged over NH = K of them a sequence; aux probs (r,V) */
   PW_OP__COUNT
 } pw_op;
 

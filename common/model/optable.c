@@ -70,6 +70,23 @@ static const pw_op_info table[PW_OP__COUNT] = {
      * split or decoded */
     [PW_OP_CONCAT] = {"concat", 2, 3, 0, 0, {N_(1, ROWS, OC, 1), N_(1, ROWS, OC, 1), NONE_}, NONE_, WHOLE_,
                       .decode = PW_DECODE_REFUSED},
+    /* the encoder's (BERT): the erf GELU as the tanh one (its derivative
+     * saved); tanh elementwise, reading its output back; token types and
+     * the padded embedding as their position and token cousins; the first
+     * row one copy each way (the backward writes the zeros of T rows);
+     * the masked LM's loss as cross_entropy. Token types depend on the
+     * whole sequence (its first separator) and the first row on row 0, so
+     * neither runs in a decode: a BERT is not decoded. */
+    [PW_OP_GELU_ERF] = {"gelu_erf", 1, 1, 0, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1),          /* gelu'(in) */
+                        .tp_role = PW_TP_ROLE_ACTIVATION, RUN_, .decode_aux = N_(1, C, 1, 1)},
+    [PW_OP_TANH] = {"tanh", 1, 1, 0, 0, ELEM(5, 8, 0), NONE_, .tp_role = PW_TP_ROLE_ACTIVATION, RUN_},
+    [PW_OP_TOKTYPE] = {"toktype", 2, 1, 0, 0, ELEM(5, 8, 3), NONE_, WHOLE_, .decode = PW_DECODE_REFUSED},
+    [PW_OP_FIRST_ROW] = {"first_row", 1, 1, 0, 0, {N_(1, OC, 1, 1), N_(1, ROWS, C, 1), NONE_}, NONE_, WHOLE_,
+                         .decode = PW_DECODE_REFUSED},
+    [PW_OP_EMBED_PAD] = {"embed_pad", 1, 0, 0, 0, {NONE_, NONE_, N_(1, ROWS, OC, 1)}, NONE_,
+                         .tp_role = PW_TP_ROLE_EMBED, RUN_},
+    [PW_OP_XENT_MLM] = {"mlm_cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1), /* probs */
+                        WHOLE_, .decode = PW_DECODE_SKIP, .loss_per_nh = 1},
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }

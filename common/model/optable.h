@@ -88,6 +88,9 @@ typedef struct {
   /* train.precision "bf16" (pw_op_bf16_*; common/compute/prog.h) */
   pw_op_count bf16_weight; /* elements of the node's bf16 weight copy */
   pw_op_count bf16_scratch[2]; /* elements of bf16 operand scratch: per sequence, and once */
+  /* after the positional fields */
+  uint8_t loss_per_nh;   /* loss: a mean over the node's NH terms a sequence (masked LM: its K
+                            predictions), not over rows */
 } pw_op_info;
 
 /* The row of op kind `op` (a valid pw_op). */

@@ -14,7 +14,14 @@
 
 #include "errors.h"
 
-typedef enum { PW_TEMPLATE_GPT, PW_TEMPLATE_LLAMA, PW_TEMPLATE_MLP, PW_TEMPLATE_LAYERS, PW_TEMPLATE_REGIONS } pw_template;
+typedef enum {
+  PW_TEMPLATE_GPT,
+  PW_TEMPLATE_LLAMA,
+  PW_TEMPLATE_MLP,
+  PW_TEMPLATE_BERT, /* an encoder (model_bert.c); by name in specs, never by number */
+  PW_TEMPLATE_LAYERS,
+  PW_TEMPLATE_REGIONS
+} pw_template;
 
 /* Layer types of an explicit "layers" list. Composite blocks expand to the
  * same ops as the templates' blocks. */
@@ -55,6 +62,9 @@ typedef enum { PW_ACT_RELU, PW_ACT_GELU, PW_ACT_SILU } pw_act_kind;
 /* llama's MLP gate activation (model.mlp_act): SwiGLU, or Gemma's GeGLU
  * with the tanh GELU */
 typedef enum { PW_MLP_ACT_SILU, PW_MLP_ACT_GELU_TANH } pw_mlp_act_kind;
+/* bert's head (model.bert_head): the masked-LM head over every position,
+ * or a sequence classifier on the first position ([CLS]) */
+typedef enum { PW_BERT_HEAD_MLM, PW_BERT_HEAD_CLASSIFY } pw_bert_head_kind;
 
 /* model.regions (spec_regions.c): named sub-models, each a layers list
  * with its own mesh and schedule, joined by model.graph. A source region
@@ -102,8 +112,15 @@ typedef struct {
   int embed_scale;     /* the embedding's output times sqrt(d_model), rounded to float */
   int norm_offset;     /* 0, or 1: every RMSNorm scales by 1 + w (weights initialised 0) */
   int head_dim;        /* 0, or d_model / n_heads (the only head width built) */
-  float norm_eps;      /* default 1e-5 */
+  float norm_eps;      /* default 1e-5; bert 1e-12 */
   float init_std;      /* default 0.02 */
+  /* bert (docs/contracts.md#models) */
+  int type_vocab_size; /* token types (segment ids), default 2 */
+  int bert_head;       /* pw_bert_head_kind */
+  int n_labels;        /* classify: classes (>= 2) */
+  int mlm_predictions; /* mlm: masked positions per sequence, K (the loss divides by B K) */
+  int pad_token;       /* -1 none; else attention masks keys holding it */
+  int sep_token;       /* -1 none; else token types: 0 through the first one, 1 after */
   /* mlp */
   int in_dim, hidden_dim, out_dim;
   pw_act_kind activation; /* mlp, default relu */

@@ -23,21 +23,24 @@
 #define T_GPT (1u << PW_TEMPLATE_GPT)
 #define T_LLAMA (1u << PW_TEMPLATE_LLAMA)
 #define T_MLP (1u << PW_TEMPLATE_MLP)
+#define T_BERT (1u << PW_TEMPLATE_BERT)
 #define T_LAYERS (1u << PW_TEMPLATE_LAYERS)
 #define T_REGIONS (1u << PW_TEMPLATE_REGIONS)
 #define T_LISTS (T_LAYERS | T_REGIONS)
 #define T_TF (T_GPT | T_LLAMA)
+#define T_SEQ (T_TF | T_BERT) /* the sequence templates' common fields */
 
 _Static_assert(sizeof(pw_template) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(pw_layer_type) == sizeof(int), "enums are stored as int");
 
-static const char *const tmpl_names[] = {"gpt", "llama", "mlp"};
-static const char *const tmpl_ctx[] = {"template gpt", "template llama", "template mlp",
+static const char *const tmpl_names[] = {"gpt", "llama", "mlp", "bert"}; /* pw_template's first four */
+static const char *const tmpl_ctx[] = {"template gpt", "template llama", "template mlp", "template bert",
                                        "a layers list", "regions"};
 static const char *const act_names[] = {"relu", "gelu", "silu"};     /* pw_act_kind */
 static const char *const loss_names[] = {"cross_entropy", "mse"};    /* pw_loss_kind */
 static const char *const input_names[] = {"tokens", "features"};     /* pw_input_kind */
 static const char *const mlp_act_names[] = {"silu", "gelu_tanh"};    /* pw_mlp_act_kind */
+static const char *const bert_head_names[] = {"mlm", "classify"};    /* pw_bert_head_kind */
 /* pw_layer_type order; stage_boundary is not a "type" but its own key. */
 static const char *const layer_names[] = {"embedding", "pos_embedding", "linear",  "layernorm",
                                           "rmsnorm",   "gelu",          "relu",    "silu",
@@ -45,16 +48,16 @@ static const char *const layer_names[] = {"embedding", "pos_embedding", "linear"
 #define N_LAYER_TYPES ((int)(sizeof layer_names / sizeof layer_names[0]))
 
 static const pw__field model_fields[] = {
-    PW__ENUM("template", 0, T_TF | T_MLP, pw_model_spec, tmpl, 0, tmpl_names),
-    PW__INT("vocab_size", 0, T_TF, pw_model_spec, vocab_size, 256, 2, MAX_VOCAB),
-    PW__INT("seq_len", PW__REQ, T_TF, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
+    PW__ENUM("template", 0, T_SEQ | T_MLP, pw_model_spec, tmpl, 0, tmpl_names),
+    PW__INT("vocab_size", 0, T_SEQ, pw_model_spec, vocab_size, 256, 2, MAX_VOCAB),
+    PW__INT("seq_len", PW__REQ, T_SEQ, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
     PW__INT("seq_len", PW__NODEF, T_LAYERS, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
     PW__INT("seq_len", PW__REQ, T_REGIONS, pw_model_spec, seq_len, 0, 1, MAX_SEQ),
-    PW__INT("d_model", PW__REQ, T_TF, pw_model_spec, d_model, 0, 1, MAX_DIM),
-    PW__INT("n_layers", PW__REQ, T_TF, pw_model_spec, n_layers, 0, 1, MAX_BLOCKS),
+    PW__INT("d_model", PW__REQ, T_SEQ, pw_model_spec, d_model, 0, 1, MAX_DIM),
+    PW__INT("n_layers", PW__REQ, T_SEQ, pw_model_spec, n_layers, 0, 1, MAX_BLOCKS),
     PW__INT("n_layers", 0, T_MLP, pw_model_spec, n_layers, 1, 0, MAX_BLOCKS),
-    PW__INT("n_heads", PW__REQ, T_TF, pw_model_spec, n_heads, 0, 1, MAX_DIM),
-    PW__INT("ffn_hidden", PW__NODEF, T_TF, pw_model_spec, ffn_hidden, 0, 1, MAX_DIM),
+    PW__INT("n_heads", PW__REQ, T_SEQ, pw_model_spec, n_heads, 0, 1, MAX_DIM),
+    PW__INT("ffn_hidden", PW__NODEF, T_SEQ, pw_model_spec, ffn_hidden, 0, 1, MAX_DIM),
     PW__BOOL("tie_embeddings", 0, T_TF, pw_model_spec, tie_embeddings, 0),
     PW__FLOAT("rope_base", PW__LO_OPEN, T_LLAMA | T_LISTS, pw_model_spec, rope_base, 10000, 0,
               PW__FLT_MAX),
@@ -67,8 +70,16 @@ static const pw__field model_fields[] = {
     PW__INT("norm_offset", PW__OMIT0, T_LLAMA, pw_model_spec, norm_offset, 0, 0, 1),
     PW__INT("head_dim", PW__NODEF | PW__OMIT0, T_LLAMA, pw_model_spec, head_dim, 0, 1, MAX_DIM),
     PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, norm_eps, 1e-5, 0, 1),
-    PW__FLOAT("init_std", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, init_std, 0.02, 0,
+    PW__FLOAT("norm_eps", PW__LO_OPEN, T_BERT, pw_model_spec, norm_eps, 1e-12, 0, 1), /* BERT's layer_norm_eps */
+    PW__FLOAT("init_std", PW__LO_OPEN, T_SEQ | T_LISTS, pw_model_spec, init_std, 0.02, 0,
               PW__FLT_MAX),
+    /* bert: the fields of its own (bert_check: which go with which head) */
+    PW__INT("type_vocab_size", 0, T_BERT, pw_model_spec, type_vocab_size, 2, 1, MAX_VOCAB),
+    PW__ENUM("bert_head", 0, T_BERT, pw_model_spec, bert_head, PW_BERT_HEAD_MLM, bert_head_names),
+    PW__INT("n_labels", PW__NODEF | PW__OMIT0, T_BERT, pw_model_spec, n_labels, 0, 2, MAX_VOCAB),
+    PW__INT("mlm_predictions", PW__NODEF | PW__OMIT0, T_BERT, pw_model_spec, mlm_predictions, 0, 1, MAX_SEQ),
+    PW__INT("pad_token", PW__OMITDEF, T_BERT, pw_model_spec, pad_token, -1, 0, MAX_VOCAB - 1),
+    PW__INT("sep_token", PW__OMITDEF, T_BERT, pw_model_spec, sep_token, -1, 0, MAX_VOCAB - 1),
     PW__INT("in_dim", PW__REQ, T_MLP, pw_model_spec, in_dim, 0, 1, MAX_DIM),
     PW__INT("hidden_dim", PW__NODEF | PW__OMIT0, T_MLP, pw_model_spec, hidden_dim, 0, 1, MAX_DIM),
     PW__INT("out_dim", PW__REQ, T_MLP, pw_model_spec, out_dim, 0, 1, MAX_DIM),
@@ -320,6 +331,46 @@ static int layers_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   return 0;
 }
 
+/* template bert: the rules across its fields. The head decides which of
+ * n_labels (classify) and mlm_predictions (mlm) it takes; the special
+ * tokens must be ids of the vocabulary, and two of them. */
+static int bert_check(const json_t *o, pw_model_spec *m, pw_err *err) {
+  int cls = m->bert_head == PW_BERT_HEAD_CLASSIFY;
+  if (m->d_model % m->n_heads)
+    return pw_err_set(err, PW_ESPEC, "model.n_heads", "must divide d_model (%d %% %d != 0)", m->d_model, m->n_heads);
+  if (cls && !m->n_labels)
+    return pw_err_set(err, PW_ESPEC, "model.n_labels", "required with bert_head \"classify\" (2 or more classes)");
+  if (!cls && json_object_get(o, "n_labels"))
+    return pw_err_set(err, PW_ESPEC, "model.n_labels", "not used with bert_head \"mlm\" (classify takes it)");
+  if (cls && json_object_get(o, "mlm_predictions"))
+    return pw_err_set(err, PW_ESPEC, "model.mlm_predictions", "not used with bert_head \"classify\" (mlm takes it)");
+  if (!cls && !m->mlm_predictions) {
+    m->mlm_predictions = (15 * m->seq_len + 50) / 100; /* round(0.15 T), BERT's share, half up */
+    if (m->mlm_predictions < 1) m->mlm_predictions = 1;
+  }
+  if (m->mlm_predictions > m->seq_len)
+    return pw_err_set(err, PW_ESPEC, "model.mlm_predictions", "must be <= seq_len (%d > %d)", m->mlm_predictions,
+                      m->seq_len);
+  const char *tok[2] = {"pad_token", "sep_token"};
+  int id[2] = {m->pad_token, m->sep_token};
+  for (int k = 0; k < 2; k++)
+    if (id[k] >= m->vocab_size) {
+      char path[32];
+      snprintf(path, sizeof path, "model.%s", tok[k]);
+      return pw_err_set(err, PW_ESPEC, path, "must be a token id below vocab_size (%d >= %d)", id[k], m->vocab_size);
+    }
+  if (m->pad_token >= 0 && m->pad_token == m->sep_token)
+    return pw_err_set(err, PW_ESPEC, "model.sep_token", "must differ from pad_token (both %d)", m->pad_token);
+  if (m->sep_token >= 0 && m->type_vocab_size < 2)
+    return pw_err_set(err, PW_ESPEC, "model.type_vocab_size",
+                      "must be >= 2 with sep_token (the tokens after the first separator are type 1), got %d",
+                      m->type_vocab_size);
+  if (m->ffn_hidden == 0) m->ffn_hidden = 4 * m->d_model;
+  m->input = PW_INPUT_TOKENS;
+  m->loss = PW_LOSS_CROSS_ENTROPY;
+  return 0;
+}
+
 int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   int rc, t;
   if (json_object_get(o, "regions") && !json_object_get(o, "template")) {
@@ -327,8 +378,8 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   } else if (json_object_get(o, "template") || !json_object_get(o, "layers")) {
     if (!json_object_get(o, "template"))
       return pw_err_set(err, PW_ESPEC, "model.template",
-                        "required: gpt, llama or mlp (or give a \"layers\" list or \"regions\" instead)");
-    if ((rc = pw__enum_get(o, "model", "template", tmpl_names, 3, -1, &t, err))) return rc;
+                        "required: gpt, llama, mlp or bert (or give a \"layers\" list or \"regions\" instead)");
+    if ((rc = pw__enum_get(o, "model", "template", tmpl_names, PW__N(tmpl_names), -1, &t, err))) return rc;
   } else {
     t = PW_TEMPLATE_LAYERS;
   }
@@ -371,6 +422,8 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
       m->input = PW_INPUT_TOKENS;
       m->loss = PW_LOSS_CROSS_ENTROPY;
       return 0;
+    case PW_TEMPLATE_BERT:
+      return bert_check(o, m, err);
     case PW_TEMPLATE_MLP:
       if (m->n_layers > 0 && m->hidden_dim == 0)
         return pw_err_set(err, PW_ESPEC, "model.hidden_dim", "required when n_layers > 0 (n_layers = %d)",

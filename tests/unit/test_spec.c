@@ -211,8 +211,10 @@ static const bad_case bad[] = {
      "must not be empty"},
     {B_GPT, "{'partition':{'mode':'balanced','byte_cost':-1}}", "partition.byte_cost", ">= 0"},
     /* enums */
-    {B_GPT, "{'model':{'template':'bert'}}", "model.template",
-     "must be one of gpt, llama, mlp (got \"bert\")"},
+    {B_GPT, "{'model':{'template':'bart'}}", "model.template",
+     "must be one of gpt, llama, mlp, bert (got \"bart\")"},
+    {B_GPT, "{'model':{'template':'bert','tie_embeddings':true}}", "model.tie_embeddings",
+     "not used with template bert"},
     {B_GPT, "{'schedule':{'name':'pipedream'}}", "schedule.name",
      "must be one of gpipe, 1f1b, eager1f1b, zb-h1, interleaved-1f1b, interleaved-gpipe, "
      "interleaved-1f1b-plus-one, kimi-k2, dualpipev (got \"pipedream\")"},
