@@ -1,4 +1,4 @@
-/* cu_core: the process's one CUDA device — its number, the cuBLAS handle,
+/* cu_core: the process's one CUDA device — its number, the cuBLAS handles,
  * the kernels' scratch, and the record of the first failure (cu_int.h).
  *
  * Kernel launches and cuBLAS calls are asynchronous and return nothing to
@@ -15,7 +15,8 @@
 static struct {
   int open;               /* pw_cu__core_open calls not yet closed */
   int device;
-  cublasHandle_t blas;
+  cublasHandle_t blas;    /* pedantic: float32 as written, no TF32 */
+  cublasHandle_t blas_tc; /* default math: bf16 products on the tensor cores */
   void *scratch;          /* device memory, scratch_cap bytes */
   size_t scratch_cap;
   int err_code;           /* the first failure since the last report (a PW_E code), 0 none */
@@ -77,6 +78,7 @@ extern "C" void pw_cu__enter(void) {
 }
 
 extern "C" cublasHandle_t pw_cu__blas(void) { return g.blas; }
+extern "C" cublasHandle_t pw_cu__blas_tc(void) { return g.blas_tc; }
 
 extern "C" void *pw_cu__scratch(size_t bytes) {
   if (bytes <= g.scratch_cap) return g.scratch;
@@ -125,12 +127,22 @@ extern "C" int pw_cu__core_open(int device, pw_err *err) {
   int rc = pw_cu__blas_load(err);
   if (rc) return rc;
   const pw_cu_blas_api *b = &pw_cu__cublas;
+  /* Two handles: pedantic math for float32 (the products as written, no
+   * TF32: the equality tests), and the default math for the bf16
+   * programs' cublasGemmEx, whose pedantic compute type keeps bf16 off the
+   * tensor cores (cuBLAS: "standardized arithmetic for all phases"). The
+   * default math does not turn TF32 on for float32 either, but float32
+   * never goes through that handle. */
   cublasStatus_t s = b->create(&g.blas);
-  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_math_mode(g.blas, CUBLAS_PEDANTIC_MATH); /* float32 as written: no TF32 */
-  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_stream(g.blas, 0);                       /* the legacy default stream */
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_math_mode(g.blas, CUBLAS_PEDANTIC_MATH);
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_stream(g.blas, 0); /* the legacy default stream */
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->create(&g.blas_tc);
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_math_mode(g.blas_tc, CUBLAS_DEFAULT_MATH);
+  if (s == CUBLAS_STATUS_SUCCESS) s = b->set_stream(g.blas_tc, 0);
   if (s != CUBLAS_STATUS_SUCCESS) {
     if (g.blas) b->destroy(g.blas);
-    g.blas = NULL;
+    if (g.blas_tc) b->destroy(g.blas_tc);
+    g.blas = g.blas_tc = NULL;
     clear_last();
     return pw_err_set(err, s == CUBLAS_STATUS_ALLOC_FAILED ? PW_ENOMEM : PW_EIO, "cuda", "cuda:%d: cuBLAS: %s (%s)",
                       device, b->status_string(s), b->status_name(s));
@@ -145,6 +157,7 @@ extern "C" void pw_cu__core_close(void) {
   cudaDeviceSynchronize();
   if (g.scratch) cudaFree(g.scratch);
   pw_cu__cublas.destroy(g.blas);
+  pw_cu__cublas.destroy(g.blas_tc);
   clear_last();
   int device = g.device;
   memset(&g, 0, sizeof g);

@@ -2,7 +2,7 @@
  * (nvcc only; internal to common/cuda/).
  *
  * The process's one device (pw_cuda.h) is cu_core.cu's state: its number, the
- * cuBLAS handle, a scratch buffer the kernels grow, and the first failure
+ * cuBLAS handles, a scratch buffer the kernels grow, and the first failure
  * recorded since it was last reported. Files call one another one way
  * only: backend -> ops, optim -> core, ops -> attn_bf16 (tests/layers checks it). */
 #ifndef PW_CU_INT_H
@@ -27,7 +27,10 @@ void pw_cu__core_close(void);
 /* This thread's current device made the open one: every entry point calls
  * it first (the runtime's current device is per thread). */
 void pw_cu__enter(void);
+/* cuBLAS handles: pedantic math (float32 products: no TF32), and the
+ * default math (bf16 programs' products: tensor cores) */
 cublasHandle_t pw_cu__blas(void);
+cublasHandle_t pw_cu__blas_tc(void);
 /* A device buffer of at least `bytes`, the kernels' own (xent's row
  * losses, sqnorm's partials): valid until the next call, which may free it
  * once the device has finished with it; NULL (recorded) when out of memory. */

@@ -231,14 +231,15 @@ static void to_bf16(pw_bf16 *dst, const float *src, size_t n, const char *where)
 
 /* bf16.h's pw_gemm_bf16 (row major: C (M,N) (+)= op(A) op(B), bf16
  * operands, float32 C) by cublasGemmEx: float32 accumulation, cuBLAS's
- * default algorithm; turned column-major by the sgemm path's mapping
- * (pw_cu_gemm_of: only the pointers' element type differs). */
+ * default algorithm, on the tensor-core handle (pedantic math would keep
+ * bf16 off the tensor cores); turned column-major by the sgemm path's
+ * mapping (pw_cu_gemm_of: only the pointers' element type differs). */
 static void gemm_bf16(int ta, int tb, int M, int N, int K, const pw_bf16 *A, int lda, const pw_bf16 *B, int ldb,
                       int acc, float *C, int ldc, const char *where) {
   pw_cu_gemm g = pw_cu_gemm_of(ta, tb, M, N, K, (const float *)(const void *)A, lda, (const float *)(const void *)B,
                                ldb, C, ldc);
   float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
-  cublasStatus_t s = pw_cu__cublas.gemm_ex(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+  cublasStatus_t s = pw_cu__cublas.gemm_ex(pw_cu__blas_tc(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                            g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, g.a, CUDA_R_16BF,
                                            g.lda, g.b, CUDA_R_16BF, g.ldb, &beta, g.c, CUDA_R_32F, g.ldc,
                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);

@@ -8,7 +8,8 @@
  * The backend's memory is cudaMalloc'd (never managed memory), zeroed;
  * kernels, cuBLAS and copies all run on the legacy default stream, so they
  * run in the order they were called; float32 products through cuBLAS in
- * pedantic math (no TF32). Every kernel is deterministic: the same inputs
+ * pedantic math (no TF32), bf16 programs' products in cuBLAS's default
+ * math (the tensor cores). Every kernel is deterministic: the same inputs
  * give the same bits run to run. One device per process: pw_cuda_open of
  * the open device again shares it (closed when every open is), of another
  * one is refused. Not thread-safe: one thread at a time, like a backend.
