@@ -254,6 +254,40 @@ static void concat_i(const pw_kernel_io *io) {
   if (io->din1) concat_part(io->din1, io->dout, (size_t)io->rows, OC - C, C, OC, io->acc1);
 }
 
+/* the encoder's (ops_enc.h): toktype's separator in NH, padding in pad
+ * (-1: none); embed_pad's padding in pad; mlm's loss NH = K a sequence,
+ * which prog.c's loss_scale already divides by */
+static void gelu_erf_f(const pw_kernel_io *io) { pw_gelu_erf_forward(io->out, io->aux, io->in0, NC(io)); }
+static void gelu_erf_i(const pw_kernel_io *io) {
+  pw_gelu_erf_backward_input(io->din0, io->dout, io->aux, NC(io), io->acc0);
+}
+static void tanh_f(const pw_kernel_io *io) { pw_tanh_forward(io->out, io->in0, NC(io)); }
+static void tanh_i(const pw_kernel_io *io) { pw_tanh_backward_input(io->din0, io->dout, io->out, NC(io), io->acc0); }
+static void toktype_f(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  pw_toktype_forward(io->out, io->in0, TOK(io->in1), io->w, io->B, n->T, n->C, n->NH, n->pad);
+}
+static void toktype_i(const pw_kernel_io *io) {
+  pw_toktype_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C, io->acc0);
+}
+static void toktype_w(const pw_kernel_io *io) {
+  const pw_node *n = io->n;
+  pw_toktype_backward_weight(io->dw, io->dout, TOK(io->in1), io->B, n->T, n->C, n->NH, n->pad);
+}
+static void first_row_f(const pw_kernel_io *io) { pw_first_row_forward(io->out, io->in0, io->B, io->n->T, io->n->C); }
+static void first_row_i(const pw_kernel_io *io) {
+  pw_first_row_backward_input(io->din0, io->dout, io->B, io->n->T, io->n->C, io->acc0);
+}
+static void embed_pad_w(const pw_kernel_io *io) {
+  pw_embed_pad_backward_weight(io->dw, io->dout, TOK(io->in0), io->rows, io->n->OC, io->n->pad);
+}
+static void xent_mlm_f(const pw_kernel_io *io) {
+  io->out[0] = pw_xent_mlm_forward(io->aux, io->in0, TOK(io->in1), io->rows, io->n->C, io->loss_scale);
+}
+static void xent_mlm_i(const pw_kernel_io *io) {
+  pw_xent_mlm_backward_input(io->din0, io->aux, TOK(io->in1), io->rows, io->n->C, io->loss_scale, io->acc0);
+}
+
 /* ---- decode (decode.h): each sequence's rows at its own position ---------- */
 
 /* Sequence s's rows start at row r, the earlier sequences' lens summed. */
@@ -346,6 +380,12 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_GEGLU] = {geglu_f, geglu_i, NULL, NULL, geglu_f},
     [PW_OP_SCALE] = {scale_f, scale_i, NULL, NULL, scale_f},
     [PW_OP_RMSNORM_OFFSET] = {rmsnorm_offset_f, rmsnorm_offset_i, rmsnorm_w, NULL, rmsnorm_offset_f},
+    [PW_OP_GELU_ERF] = {gelu_erf_f, gelu_erf_i, NULL, NULL, gelu_erf_f},
+    [PW_OP_TANH] = {tanh_f, tanh_i, NULL, NULL, tanh_f},
+    [PW_OP_TOKTYPE] = {toktype_f, toktype_i, toktype_w, NULL, NULL}, /* not decoded (optable.c) */
+    [PW_OP_FIRST_ROW] = {first_row_f, first_row_i, NULL, NULL, NULL},
+    [PW_OP_EMBED_PAD] = {embed_f, NULL, embed_pad_w, NULL, embed_f},
+    [PW_OP_XENT_MLM] = {xent_mlm_f, xent_mlm_i, NULL, NULL, NULL},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }
