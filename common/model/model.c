@@ -204,15 +204,19 @@ static int binary(builder *bd, pw_op op, int a, int b) {
  * nanoGPT's: layernorms "ln1"/"ln2", biases, a GELU MLP "fc"/"proj".
  * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
  * "gate"/"up"/"down"; the template's attention options (model.n_kv_heads:
- * a qkv of C + 2 n_kv_heads HD columns, ops.h's packed rows;
- * model.rope_scaling; model.qkv_bias; model.qk_norm: "attn.q_norm" and
- * "attn.k_norm", HD each) on every block, and Gemma's: model.mlp_act
- * "gelu_tanh" (a GeGLU in the SwiGLU's place), model.norm_offset (norm()). */
+ * a qkv of (nh + 2 n_kv_heads) HD columns, ops.h's packed rows;
+ * model.head_dim: HD other than C / nh, attention's output nh HD wide and
+ * attn.proj back to C; model.sliding_window; model.rope_scaling;
+ * model.qkv_bias; model.qk_norm: "attn.q_norm" and "attn.k_norm", HD each)
+ * on every block, and Gemma's: model.mlp_act "gelu_tanh" (a GeGLU in the
+ * SwiGLU's place), model.norm_offset (norm()). */
 static int block(builder *bd, const char *p, int x, int nh, int hidden, float std, int n_layers, int llama) {
   char nm[PW_PARAM_NAME_MAX];
   const pw_model_spec *s = bd->spec;
   int C = bd->m->values[x].width, T = bd->m->values[x].rows;
-  int nkv = llama && s->n_kv_heads > 0 ? s->n_kv_heads : nh, W = C + 2 * nkv * (C / nh);
+  int hd = llama && s->head_dim > 0 ? s->head_dim : C / nh, Q = nh * hd; /* the queries' width */
+  int nkv = llama && s->n_kv_heads > 0 ? s->n_kv_heads : nh, W = Q + 2 * nkv * hd;
+  int HD = hd * nh == C ? 0 : hd; /* the nodes' HD: 0 where it is C / nh (plan slices carry it only when not) */
   float rstd = std / sqrtf(2.0f * (float)(n_layers > 0 ? n_layers : 1)); /* residual projections, as GPT-2 */
   snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm1" : "ln1");
   int h = norm(bd, nm, x, llama);
@@ -220,13 +224,14 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
   h = linear(bd, nm, h, W, !llama || s->qkv_bias, std);
   if (llama && s->qk_norm) { /* Qwen3: q_norm, k_norm over each head, before rope */
     snprintf(nm, sizeof nm, "%s.attn.q_norm.weight", p);
-    int wq = add_param(bd, nm, C / nh, 0, PW_INIT_ONES, 0);
+    int wq = add_param(bd, nm, hd, 0, PW_INIT_ONES, 0);
     snprintf(nm, sizeof nm, "%s.attn.k_norm.weight", p);
-    int wk = add_param(bd, nm, C / nh, 0, PW_INIT_ONES, 0);
+    int wk = add_param(bd, nm, hd, 0, PW_INIT_ONES, 0);
     h = add_node(bd, PW_OP_QKNORM, h, -1, wq, wk, T, W, PW_DT_F32);
     if (bd->oom) return h;
     bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
     bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv == nh ? 0 : nkv;
+    bd->m->nodes[bd->m->n_nodes - 1].HD = HD;
   }
   if (llama) {
     h = add_node(bd, PW_OP_ROPE, h, -1, -1, -1, T, W, PW_DT_F32);
@@ -234,6 +239,7 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
     pw_node *n = &bd->m->nodes[bd->m->n_nodes - 1];
     n->NH = nh;
     n->NKV = nkv == nh ? 0 : nkv; /* 0: NH (plan slices carry it only when not) */
+    n->HD = HD;
     if (s->rope_scaling) {
       n->rope_factor = s->rope_factor;
       n->rope_low_freq = s->rope_low_freq_factor;
@@ -241,10 +247,13 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
       n->rope_orig_max_pos = s->rope_orig_max_pos;
     }
   }
-  h = add_node(bd, (pw_op)pw_attention_op(PW_ATTN_AUTO, T, C / nh), h, -1, -1, -1, T, C, PW_DT_F32);
+  h = add_node(bd, (pw_op)pw_attention_op(PW_ATTN_AUTO, T, hd), h, -1, -1, -1, T, Q, PW_DT_F32);
   if (bd->oom) return h;
-  bd->m->nodes[bd->m->n_nodes - 1].NH = nh;
-  bd->m->nodes[bd->m->n_nodes - 1].NKV = nkv == nh ? 0 : nkv;
+  pw_node *an = &bd->m->nodes[bd->m->n_nodes - 1];
+  an->NH = nh;
+  an->NKV = nkv == nh ? 0 : nkv;
+  an->HD = HD;
+  an->window = llama ? s->sliding_window : 0;
   snprintf(nm, sizeof nm, "%s.attn.proj", p);
   h = linear(bd, nm, h, C, !llama, rstd);
   x = binary(bd, PW_OP_ADD, x, h);

@@ -111,7 +111,10 @@ typedef struct {
   int mlp_act;         /* pw_mlp_act_kind: the gate's activation, default silu */
   int embed_scale;     /* the embedding's output times sqrt(d_model), rounded to float */
   int norm_offset;     /* 0, or 1: every RMSNorm scales by 1 + w (weights initialised 0) */
-  int head_dim;        /* 0, or d_model / n_heads (the only head width built) */
+  int head_dim;        /* 0 = d_model / n_heads; else each head's width (Qwen3, Gemma-7B): qkv
+                          has (n_heads + 2 n_kv_heads) head_dim rows, attn.proj n_heads head_dim
+                          columns */
+  int sliding_window;  /* 0 none; else a query at p sees keys (p - w, p] only (Mistral) */
   float norm_eps;      /* default 1e-5; bert 1e-12 */
   float init_std;      /* default 0.02 */
   /* bert (docs/contracts.md#models) */

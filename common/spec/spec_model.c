@@ -69,6 +69,7 @@ static const pw__field model_fields[] = {
     PW__BOOL("embed_scale", PW__OMIT0, T_LLAMA, pw_model_spec, embed_scale, 0),
     PW__INT("norm_offset", PW__OMIT0, T_LLAMA, pw_model_spec, norm_offset, 0, 0, 1),
     PW__INT("head_dim", PW__NODEF | PW__OMIT0, T_LLAMA, pw_model_spec, head_dim, 0, 1, MAX_DIM),
+    PW__INT("sliding_window", PW__OMIT0, T_LLAMA, pw_model_spec, sliding_window, 0, 0, MAX_SEQ),
     PW__FLOAT("norm_eps", PW__LO_OPEN, T_TF | T_LISTS, pw_model_spec, norm_eps, 1e-5, 0, 1),
     PW__FLOAT("norm_eps", PW__LO_OPEN, T_BERT, pw_model_spec, norm_eps, 1e-12, 0, 1), /* BERT's layer_norm_eps */
     PW__FLOAT("init_std", PW__LO_OPEN, T_SEQ | T_LISTS, pw_model_spec, init_std, 0.02, 0,
@@ -396,23 +397,23 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   switch (m->tmpl) {
     case PW_TEMPLATE_GPT:
     case PW_TEMPLATE_LLAMA:
-      if (m->d_model % m->n_heads)
-        return pw_err_set(err, PW_ESPEC, "model.n_heads", "must divide d_model (%d %% %d != 0)",
-                          m->d_model, m->n_heads);
-      if (m->tmpl == PW_TEMPLATE_LLAMA && (m->d_model / m->n_heads) % 2)
-        return pw_err_set(err, PW_ESPEC, "model.n_heads",
-                          "head_dim must be even for rotary embeddings (d_model/n_heads = %d)",
-                          m->d_model / m->n_heads);
+      /* model.head_dim (llama): heads of a width of their own (Gemma-7B's
+       * 16 x 256 over d_model 3072); d_model / n_heads is the default, one
+       * canonical text */
+      if (m->head_dim && m->d_model % m->n_heads == 0 && m->head_dim == m->d_model / m->n_heads) m->head_dim = 0;
+      if (!m->head_dim && m->d_model % m->n_heads)
+        return pw_err_set(err, PW_ESPEC, "model.n_heads", "must divide d_model (%d %% %d != 0)%s",
+                          m->d_model, m->n_heads, m->tmpl == PW_TEMPLATE_LLAMA ? ", or give model.head_dim" : "");
+      if (m->tmpl == PW_TEMPLATE_LLAMA && (m->head_dim ? m->head_dim : m->d_model / m->n_heads) % 2)
+        return m->head_dim ? pw_err_set(err, PW_ESPEC, "model.head_dim", "%d: must be even for rotary embeddings",
+                                        m->head_dim)
+                           : pw_err_set(err, PW_ESPEC, "model.n_heads",
+                                        "head_dim must be even for rotary embeddings (d_model/n_heads = %d)",
+                                        m->d_model / m->n_heads);
       if (m->n_kv_heads && m->n_heads % m->n_kv_heads)
         return pw_err_set(err, PW_ESPEC, "model.n_kv_heads", "must divide n_heads (%d %% %d != 0)", m->n_heads,
                           m->n_kv_heads);
       if (m->n_kv_heads == m->n_heads) m->n_kv_heads = 0; /* the default: one canonical text */
-      if (m->head_dim && m->head_dim != m->d_model / m->n_heads)
-        return pw_err_set(err, PW_ESPEC, "model.head_dim",
-                          "%d, but only d_model / n_heads (%d) is built: heads of a width of their own "
-                          "(Gemma-7B's 16 x 256 over d_model 3072) are not supported",
-                          m->head_dim, m->d_model / m->n_heads);
-      m->head_dim = 0; /* equal: the default, one canonical text */
       if (m->qk_norm && m->norm_offset)
         return pw_err_set(err, PW_ESPEC, "model.norm_offset",
                           "not with qk_norm: the q/k norms scaled by 1 + w (Gemma 3's) are not built");

@@ -275,7 +275,10 @@ static const bad_case bad[] = {
     {B_GPT, "{'model':{'n_kv_heads':2}}", "model.n_kv_heads", "not used with template gpt"},
     {B_GPT, "{'model':{'qk_norm':true}}", "model.qk_norm", "not used with template gpt"},
     {B_LLAMA, "{'model':{'qkv_bias':1}}", "model.qkv_bias", "must be"},
-    {B_LLAMA, "{'model':{'head_dim':16}}", "model.head_dim", "16, but only d_model / n_heads (8) is built"},
+    {B_LLAMA, "{'model':{'head_dim':7}}", "model.head_dim", "7: must be even for rotary embeddings"},
+    {B_LLAMA, "{'model':{'d_model':30}}", "model.n_heads", "must divide d_model (30 % 4 != 0), or give model.head_dim"},
+    {B_LLAMA, "{'model':{'sliding_window':-1}}", "model.sliding_window", "must be >= 0"},
+    {B_GPT, "{'model':{'sliding_window':4}}", "model.sliding_window", "not used with template gpt"},
     {B_LLAMA, "{'model':{'mlp_act':'gelu'}}", "model.mlp_act", "must be one of silu, gelu_tanh"},
     {B_LLAMA, "{'model':{'norm_offset':2}}", "model.norm_offset", "must be <= 1"},
     {B_LLAMA, "{'model':{'norm_offset':1,'qk_norm':true}}", "model.norm_offset", "not with qk_norm"},
@@ -741,6 +744,8 @@ static const char *const round_trip_specs[] = {
     "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'n_kv_heads':1,"
     "'tie_embeddings':true,'mlp_act':'gelu_tanh','embed_scale':true,'norm_offset':1,'head_dim':8},"
     "'data':{'kind':'copy'}}",
+    "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'head_dim':6,"
+    "'sliding_window':3},'data':{'kind':'copy'}}",
 };
 
 /* llama's attention options: in the canonical spec when set, left out

@@ -1,7 +1,8 @@
 /* test_tp_prog: a tensor-parallel stage program (prog.h pw_prog_set_tp over
  * tp.h's pw_tp_model) run by tp threads that all-reduce in rank order
  * through shared memory, against the tp = 1 program of the same model:
- *   - gpt untied, gpt tied, llama and llama with Gemma's options, tp 2 and 4, the whole model as one
+ *   - gpt untied, gpt tied, llama, llama with Gemma's options and llama with
+ *     head_dim and a sliding window, tp 2 and 4, the whole model as one
  *     stage and cut in two stages (ports between them);
  *   - two microbatches, one through a whole B, one through I then W (the
  *     ZeroBubble split), with remat on the second run;
@@ -226,6 +227,8 @@ static const char *const models[] = {
     /* Gemma's options: the scale and offset norms whole on every rank, the geglu over split hidden units */
     ("\"template\": \"llama\", " BASE "\"ffn_hidden\": 64, \"tie_embeddings\": true, \"mlp_act\": \"gelu_tanh\", "
      "\"embed_scale\": true, \"norm_offset\": 1"),
+    /* heads of a width of their own and a sliding window: each rank's heads whole */
+    ("\"template\": \"llama\", " BASE "\"ffn_hidden\": 64, \"head_dim\": 6, \"sliding_window\": 3"),
 };
 #define N_MODELS ((int)(sizeof models / sizeof *models))
 
