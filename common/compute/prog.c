@@ -221,6 +221,16 @@ static int check_backend(const pw_model *m, const pw_prog_config *cfg, const pw_
     if (!be->kernel_of(n->op)->forward)
       return pw_err_set(err, PW_ENOTSUP, "model", "op '%s' (node %d, layer %d) has no kernel on %s",
                         pw_op_info_of(n->op)->name, i, n->layer, be->name);
+    /* attention's options (ops.h's pw_attn_mask, the head width) are the CPU kernels' only */
+    int attn = n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED;
+    if ((attn || n->op == PW_OP_ROPE || n->op == PW_OP_QKNORM) &&
+        (n->HD || n->window || n->bidir || (attn && n->in[1] >= 0)))
+      return pw_err_set(err, PW_ENOTSUP, "model", "op '%s' (node %d, layer %d) with %s does not run on %s yet",
+                        pw_op_info_of(n->op)->name, i, n->layer,
+                        n->HD ? "heads of a width of their own (model.head_dim)"
+                        : n->window ? "a sliding window (model.sliding_window)"
+                        : n->bidir ? "bidirectional attention" : "a padding mask",
+                        be->name);
   }
   return 0;
 }

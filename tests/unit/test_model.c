@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "backend.h"
 #include "model.h"
 #include "optable.h"
 #include "prog.h"
@@ -57,6 +58,15 @@ static pw_model_spec llama_opts_spec(void) {
   s.n_heads = 4, s.n_kv_heads = 2, s.qkv_bias = 1, s.qk_norm = 1, s.rope_base = 100.0f;
   s.rope_scaling = 1, s.rope_factor = 4, s.rope_low_freq_factor = 1, s.rope_high_freq_factor = 2;
   s.rope_orig_max_pos = 4;
+  return s;
+}
+
+/* Heads of a width of their own (6 over d_model 8 / 4 heads = 2) with
+ * QK-norm and grouped-query heads, and a sliding window of 3 of the 6
+ * positions (model.head_dim, model.sliding_window). */
+static pw_model_spec head_dim_spec(void) {
+  pw_model_spec s = llama_opts_spec();
+  s.head_dim = 6, s.sliding_window = 3;
   return s;
 }
 
@@ -196,6 +206,7 @@ static void test_gradcheck_llama_opts(void **st) {
   pw_model_spec s = llama_opts_spec();
   s.n_kv_heads = 1; /* multi-query */
   gradcheck(s);
+  gradcheck(head_dim_spec());
 }
 
 /* The norms' weights start at 0 (scale 1 + w = 1); gradcheck moves them
@@ -558,6 +569,7 @@ static void test_tiled(void **st) {
   attn_impl = PW_ATTN_TILED;
   gradcheck(gpt_spec(0));
   gradcheck(llama_spec());
+  gradcheck(head_dim_spec());
   test_split_backward_equals_full(st);
   staged_equals_whole(gpt_spec(0), c3, 3);
   staged_equals_whole(llama_spec(), c4, 4);
@@ -637,6 +649,54 @@ static void test_shapes_gqa(void **st) {
   }
   pw_model_free(&m);
   pw_model_free(&mha);
+}
+
+/* model.head_dim and model.sliding_window in the graph: qkv (NH + 2 NKV)
+ * HD rows, attention NH HD wide with the nodes' HD and window, attn.proj
+ * back to d_model, the norms' weights HD; attention's FLOPs and the KV
+ * cache follow HD. A backend other than the host's refuses them by name. */
+static void test_shapes_head_dim(void **st) {
+  pw_model_spec s = llama_spec();
+  s.seq_len = 16, s.d_model = 32, s.n_heads = 4, s.n_kv_heads = 2, s.qk_norm = 1;
+  s.head_dim = 12, s.sliding_window = 5;
+  pw_model m;
+  pw_err err = {0};
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  int d = 32, HD = 12, Q = 4 * HD, W = Q + 2 * 2 * HD, T = 16, found = 0;
+  for (int i = 0; i < m.n_params; i++) {
+    const pw_param *p = &m.params[i];
+    if (!strcmp(p->name, "blocks.0.attn.qkv.weight")) found += p->shape[0] == W && p->shape[1] == d;
+    if (!strcmp(p->name, "blocks.0.attn.proj.weight")) found += p->shape[0] == d && p->shape[1] == Q;
+    if (!strcmp(p->name, "blocks.0.attn.q_norm.weight")) found += p->shape[0] == HD;
+  }
+  assert_int_equal(found, 3);
+  for (int i = 0; i < m.n_nodes; i++) {
+    const pw_node *n = &m.nodes[i];
+    if (n->op == PW_OP_ROPE || n->op == PW_OP_QKNORM) assert_true(n->C == W && n->OC == W && n->HD == HD);
+    if (n->op == PW_OP_ATTENTION || n->op == PW_OP_ATTENTION_TILED) {
+      assert_true(n->C == W && n->OC == Q && n->HD == HD && n->window == 5 && n->NKV == 2);
+      assert_int_equal(pw_op_decode_kv(n), 2 * 2 * HD);
+      double fl[3];
+      pw_op_flops(n, &m.values[n->in[0]], fl);
+      assert_true(fl[0] == 4.0 * T * T * Q);
+    }
+  }
+  /* a backend whose memory is not the host's: the CPU's, marked so */
+  pw_backend dev = *pw_backend_cpu();
+  dev.host = 0, dev.name = "dev";
+  pw_prog_config cfg = {0};
+  cfg.layer_lo = 0, cfg.layer_hi = m.n_layers, cfg.mb_size = 1, cfg.batch_size = 1, cfg.n_slots = 1;
+  cfg.backend = &dev;
+  pw_prog *p = NULL;
+  assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), PW_ENOTSUP);
+  assert_non_null(strstr(err.msg, "model.head_dim"));
+  assert_non_null(strstr(err.msg, "does not run on dev"));
+  pw_model_free(&m);
+  s.head_dim = 0;
+  assert_int_equal(pw_model_build(&s, &m, &err), 0);
+  assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), PW_ENOTSUP);
+  assert_non_null(strstr(err.msg, "model.sliding_window"));
+  pw_model_free(&m);
 }
 
 /* Gemma's options in the graph: the scale node after the embedding
@@ -760,6 +820,7 @@ int main(void) {
       cmocka_unit_test(test_shapes_and_counts),
       cmocka_unit_test(test_shapes_gqa),
       cmocka_unit_test(test_shapes_gemma),
+      cmocka_unit_test(test_shapes_head_dim),
       cmocka_unit_test(test_layers_list),
       cmocka_unit_test(test_init_by_name),
       cmocka_unit_test(test_gradcheck_gpt),
