@@ -293,7 +293,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   if (pr && !json_is_null(pr) && !(json_is_object(pr) && json_object_size(pr) == 0))
     return pw_err_set(err, PW_ENOTSUP, what, "pruned_heads: pruned attention heads are not supported");
 
-  int V, P, d, L, H, ff, kv, tie;
+  int V, P, d, L, H, ff, kv, tie, head_dim = 0, sliding = 0;
   double eps, init, theta = 10000;
   json_t *m = json_object(), *rs = json_object(); /* rs: rope_scaling, set last */
   if (bit == A_GPT2) {
@@ -345,9 +345,8 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       rc = pw_err_set(err, PW_ENOTSUP, what, "rope_scaling: not read for GemmaForCausalLM here (null only)");
       goto fail;
     }
-    if (d % H || hd != d / H) {
-      rc = pw_err_set(err, PW_ENOTSUP, what, "head_dim: %d must be hidden_size / num_attention_heads (%d / %d)", hd, d,
-                      H);
+    if (hd % 2) { /* head_dim: any even width (model.head_dim) */
+      rc = pw_err_set(err, PW_ENOTSUP, what, "head_dim: %d must be even (rotary embeddings rotate pairs)", hd);
       goto fail;
     }
     if (kv < 1 || H % kv) {
@@ -372,16 +371,18 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       rc = pw_err_set(err, PW_ENOTSUP, what, "use_sliding_window: true is not supported (attention is full causal)");
       goto fail;
     }
-    if (bit == A_MISTRAL) {
+    /* Mistral's sliding window (absent: MistralConfig's 4096; null: none):
+     * model.sliding_window where it is shorter than the positions */
+    if (bit == A_MISTRAL && !json_is_null(json_object_get(cfg, "sliding_window"))) {
       if ((rc = get_int(&c, "sliding_window", 4096, 1, INT_MAX, &sw))) goto fail;
-      if (!json_is_null(json_object_get(cfg, "sliding_window")) && sw < (seq_len ? seq_len : P)) {
-        rc = pw_err_set(err, PW_ENOTSUP, what,
-                        "sliding_window: %d is less than the %d positions (attention is full causal here; "
-                        "--seq-len %d or less computes the same)",
-                        sw, seq_len ? seq_len : P, sw);
+      if (sw < P && sw > HF_MAX_POS) {
+        rc = pw_err_set(err, PW_ENOTSUP, what, "sliding_window: %d is more than model.sliding_window's %d", sw,
+                        HF_MAX_POS);
         goto fail;
       }
+      if (sw < P) sliding = sw;
     }
+    if (hd * H != d) head_dim = hd;
   }
   if ((rc = get_num(&c, "initializer_range", 0.02, &init))) goto fail;
   if (!(init > 0)) {
@@ -410,6 +411,8 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   json_object_set_new(m, "n_layers", json_integer(L));
   json_object_set_new(m, "n_heads", json_integer(H));
   if (kv != H) json_object_set_new(m, "n_kv_heads", json_integer(kv));
+  if (head_dim) json_object_set_new(m, "head_dim", json_integer(head_dim));
+  if (sliding) json_object_set_new(m, "sliding_window", json_integer(sliding));
   json_object_set_new(m, "ffn_hidden", json_integer(ff));
   json_object_set_new(m, "tie_embeddings", json_boolean(tie));
   if (bit != A_GPT2) json_object_set_new(m, "rope_base", json_real(theta));
@@ -484,7 +487,7 @@ static hf_entry *map_add(hf_map *mp, const char *ours, int ndim, int64_t r, int6
 /* The list for model m; pre is GPT-2's tensor prefix ("transformer." or ""). */
 static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
   memset(mp, 0, sizeof *mp);
-  int64_t V = m->vocab_size, T = m->seq_len, d = m->d_model, H = m->n_heads, hd = d / H;
+  int64_t V = m->vocab_size, T = m->seq_len, d = m->d_model, H = m->n_heads, hd = m->head_dim ? m->head_dim : d / H;
   int64_t kv = m->n_kv_heads ? m->n_kv_heads : H, ff = m->ffn_hidden;
   char o[HF_NAME], h[HF_NAME];
   mp->tie = m->tie_embeddings;
@@ -536,20 +539,20 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
       ONE("norm1.weight", 1, d, 1, "input_layernorm.weight");
       for (int b = 0; b < 1 + m->qkv_bias; b++) {
         snprintf(o, sizeof o, "blocks.%d.attn.qkv.%s", i, b ? "bias" : "weight");
-        hf_entry *e = map_add(mp, o, b ? 1 : 2, d + 2 * kv * hd, b ? 1 : d);
+        hf_entry *e = map_add(mp, o, b ? 1 : 2, (H + 2 * kv) * hd, b ? 1 : d);
         if (!e) return PW_ENOMEM;
         e->n_parts = 3;
         static const char qkv[3] = {'q', 'k', 'v'};
         for (int j = 0; j < 3; j++) {
           snprintf(e->hf[j], HF_NAME, "%sself_attn.%c_proj.%s", p, qkv[j], b ? "bias" : "weight");
-          e->rows[j] = j ? kv * hd : d;
+          e->rows[j] = (j ? kv : H) * hd;
         }
       }
       if (m->qk_norm) {
         ONE("attn.q_norm.weight", 1, hd, 1, "self_attn.q_norm.weight");
         ONE("attn.k_norm.weight", 1, hd, 1, "self_attn.k_norm.weight");
       }
-      ONE("attn.proj.weight", 2, d, d, "self_attn.o_proj.weight");
+      ONE("attn.proj.weight", 2, d, H * hd, "self_attn.o_proj.weight");
       ONE("norm2.weight", 1, d, 1, "post_attention_layernorm.weight");
       ONE("mlp.gate.weight", 2, ff, d, "mlp.gate_proj.weight");
       ONE("mlp.up.weight", 2, ff, d, "mlp.up_proj.weight");
@@ -959,16 +962,17 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
     json_object_set_new(c, "reorder_and_upcast_attn", json_false());
   } else {
-    int gemma = m->norm_offset != 0;
-    *arch = gemma ? "GemmaForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-    json_object_set_new(c, "model_type",
-                        json_string(gemma ? "gemma" : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2" : "llama"));
+    int gemma = m->norm_offset != 0, mistral = m->sliding_window > 0; /* export_check: not with the others' */
+    *arch = gemma ? "GemmaForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM"
+            : mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
+    json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2"
+                                                     : mistral ? "mistral" : "llama"));
     json_object_set_new(c, "hidden_size", json_integer(d));
     json_object_set_new(c, "intermediate_size", json_integer(ff));
     json_object_set_new(c, "num_hidden_layers", json_integer(m->n_layers));
     json_object_set_new(c, "num_attention_heads", json_integer(H));
     json_object_set_new(c, "num_key_value_heads", json_integer(m->n_kv_heads ? m->n_kv_heads : H));
-    if (!m->qkv_bias) json_object_set_new(c, "head_dim", json_integer(d / H));
+    if (!m->qkv_bias || m->head_dim) json_object_set_new(c, "head_dim", json_integer(m->head_dim ? m->head_dim : d / H));
     json_object_set_new(c, "hidden_act", json_string(gemma ? "gelu_pytorch_tanh" : "silu"));
     if (gemma) json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
     json_object_set_new(c, "max_position_embeddings", json_integer(m->seq_len));
@@ -985,8 +989,9 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     }
     json_object_set_new(c, "rope_scaling", rs);
     json_object_set_new(c, "attention_dropout", json_real(0));
-    if (!m->qkv_bias) json_object_set_new(c, "attention_bias", json_false());
-    if (!m->qk_norm && !m->qkv_bias && !gemma) json_object_set_new(c, "mlp_bias", json_false());
+    if (!m->qkv_bias && !mistral) json_object_set_new(c, "attention_bias", json_false());
+    if (!m->qk_norm && !m->qkv_bias && !gemma && !mistral) json_object_set_new(c, "mlp_bias", json_false());
+    if (mistral) json_object_set_new(c, "sliding_window", json_integer(m->sliding_window));
     if (m->qk_norm || m->qkv_bias) {
       json_object_set_new(c, "use_sliding_window", json_false());
       json_object_set_new(c, "sliding_window", json_null());
@@ -1038,6 +1043,10 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
   if (gemma && (m->qk_norm || m->qkv_bias || m->rope_scaling))
     return pw_err_set(err, PW_ENOTSUP, m->qk_norm ? "model.qk_norm" : m->qkv_bias ? "model.qkv_bias" : "model.rope_scaling",
                       "not with Gemma's options: GemmaForCausalLM has none");
+  if (m->sliding_window && (gemma || m->qk_norm || m->qkv_bias))
+    return pw_err_set(err, PW_ENOTSUP, "model.sliding_window",
+                      "with %s: MistralForCausalLM (the sliding window's architecture) has none of them",
+                      gemma ? "Gemma's options" : m->qk_norm ? "qk_norm" : "qkv_bias");
   pw_st_file *f;
   int rc = pw_st_open(ckpt, &f, err);
   if (rc) return rc;

@@ -6,9 +6,10 @@
 4.49.0, the newest that runs over Debian's PyTorch 1.13.) For tiny random
 models made by transformers itself and saved with save_pretrained —
 GPT-2, Llama (grouped query heads, Llama-3 rope_scaling, rope_theta), Qwen2 (q/k/v biases, one kv
-head, tied), Mistral (a sliding window no shorter than the positions),
-Gemma (GeGLU, embeddings times sqrt(d), RMSNorm by 1 + w, tied) — it
-checks that:
+head, tied), Mistral (a sliding window of 4, shorter than the prompts:
+transformers' eager attention, checked to change its logits), Gemma (GeGLU,
+embeddings times sqrt(d), RMSNorm by 1 + w, tied) and a Gemma whose heads are
+12 wide over hidden_size 32 / 4 heads (head_dim) — it checks that:
   - import-hf's job and checkpoint give pipewright logits (generate
     --logits) equal to transformers' to 1e-4 of the largest;
   - export-hf -> import-hf gives back the same model spec and every tensor
@@ -129,7 +130,7 @@ def greedy(name, model, job, ck):
     gen_s += time.time() - t
 
 
-def family(name, model):
+def family(name, model, attn=None):
     d = os.path.join(TMP, name)
     hf = os.path.join(d, "hf")
     model.eval().save_pretrained(hf, safe_serialization=True)
@@ -149,7 +150,7 @@ def family(name, model):
     check(m1 == m2, f"{name}: export -> import gives the same model spec")
     check(same_tensors(ck, ck2), f"{name}: export -> import gives every tensor bit for bit")
     # transformers loads the export: the original model's logits
-    back = tf.AutoModelForCausalLM.from_pretrained(ex).eval()
+    back = tf.AutoModelForCausalLM.from_pretrained(ex, **({"attn_implementation": attn} if attn else {})).eval()
     e2 = float((hf_logits(back, ids) - ref).abs().max())
     check(e2 == 0, f"{name}: transformers loads the export with the original's logits (max diff {e2:.1e})")
     greedy(name, model, job, ck)
@@ -195,9 +196,17 @@ ld, lhf, _, lck = family("llama", tf.LlamaForCausalLM(tf.LlamaConfig(**llama_cfg
 qd, qhf, _, _ = family("qwen2", tf.Qwen2ForCausalLM(tf.Qwen2Config(initializer_range=INIT,
     vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=1, max_position_embeddings=48, tie_word_embeddings=True, rope_theta=10000.0)))
-md, mhf, _, _ = family("mistral", tf.MistralForCausalLM(tf.MistralConfig(initializer_range=INIT,
+# Mistral's sliding window, 4 keys, shorter than the prompts and the text: eager attention (its mask
+# is transformers' reference, modeling_mistral's k <= p - sliding_window), checked to apply it
+mistral = tf.MistralForCausalLM(tf.MistralConfig(initializer_range=INIT, attn_implementation="eager",
     vocab_size=72, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=32, sliding_window=32)))
+    num_key_value_heads=2, max_position_embeddings=32, sliding_window=4)).eval()
+with_window = hf_logits(mistral, TOKENS[:8])
+mistral.config.sliding_window = None
+check(float((hf_logits(mistral, TOKENS[:8]) - with_window).abs().max()) > 1e-3,
+      "mistral: transformers applies the sliding window of 4 (its logits change without it)")
+mistral.config.sliding_window = 4
+md, mhf, _, _ = family("mistral", mistral, attn="eager")
 gemma = tf.GemmaForCausalLM(tf.GemmaConfig(initializer_range=INIT,
     vocab_size=88, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=1, head_dim=8, max_position_embeddings=40, hidden_act="gelu_pytorch_tanh"))
@@ -206,6 +215,15 @@ with torch.no_grad():  # its norms start at 0 (1 + w): move them off
         if n.endswith("norm.weight"):
             p.add_(0.1 * torch.randn_like(p))
 _, gehf, _, _ = family("gemma", gemma)
+# heads of a width of their own: 4 x 12 over hidden_size 32 (model.head_dim)
+gemma_hd = tf.GemmaForCausalLM(tf.GemmaConfig(initializer_range=INIT,
+    vocab_size=88, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=12, max_position_embeddings=40, hidden_act="gelu_pytorch_tanh"))
+with torch.no_grad():
+    for n, p in gemma_hd.named_parameters():
+        if n.endswith("norm.weight"):
+            p.add_(0.1 * torch.randn_like(p))
+family("gemma-head-dim", gemma_hd)
 family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(initializer_range=INIT,
     vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2, n_inner=40, tie_word_embeddings=False)))
 
@@ -274,14 +292,17 @@ refuse("llama mlp_bias", variant(lhf, "mb", setk("mlp_bias", True)), "mlp_bias")
 refuse("rope_scaling linear", variant(lhf, "rs", setk("rope_scaling", {"rope_type": "linear", "factor": 2.0})),
        "rope_scaling.rope_type")
 refuse("an unknown field", variant(lhf, "unk", setk("altup_coef", 3)), "altup_coef")
-refuse("head_dim", variant(lhf, "hd", setk("head_dim", 16)), "head_dim")
+refuse("head_dim odd", variant(lhf, "hd", setk("head_dim", 7)), "head_dim")
+refuse("head_dim 16: q_proj is 32 rows, not 4 x 16", variant(lhf, "hd16", setk("head_dim", 16)),
+       "model.layers.0.self_attn.q_proj.weight")
 refuse("gpt2 activation gelu", variant(ghf, "gelu", setk("activation_function", "gelu")), "activation_function")
 refuse("gpt2 scale_attn_by_inverse_layer_idx", variant(ghf, "inv", setk("scale_attn_by_inverse_layer_idx", True)),
        "scale_attn_by_inverse_layer_idx")
-refuse("mistral sliding_window 8", variant(mhf, "sw", setk("sliding_window", 8)), "sliding_window")
+refuse("mistral sliding_window 0", variant(mhf, "sw", setk("sliding_window", 0)), "sliding_window")
 refuse("qwen2 use_sliding_window", variant(qhf, "usw", setk("use_sliding_window", True)), "use_sliding_window")
 refuse("gemma hidden_act gelu (erf)", variant(gehf, "gact", setk("hidden_act", "gelu")), "hidden_act")
-refuse("gemma head_dim absent (256)", variant(gehf, "ghd", lambda c: c.pop("head_dim")), "head_dim")
+refuse("gemma head_dim absent (GemmaConfig's 256: q_proj 1024 rows)", variant(gehf, "ghd", lambda c: c.pop("head_dim")),
+       "model.layers.0.self_attn.q_proj.weight")
 refuse("an unknown architecture", variant(lhf, "arch", setk("architectures", ["Gemma2ForCausalLM"])), "Gemma2ForCausalLM")
 refuse("a missing tensor", variant(lhf, "miss", edit_tensors=lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
        "model.layers.1.mlp.up_proj.weight")

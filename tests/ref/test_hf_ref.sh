@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_hf_ref: `pipewright import-hf` and `export-hf` against Hugging Face
 # transformers (tests/ref/hf_ref.py says what is checked): tiny random
-# GPT-2, Llama, Qwen2, Mistral and Gemma models made by transformers, their
+# GPT-2, Llama, Qwen2, Mistral (a sliding window shorter than the prompts)
+# and Gemma (also with heads of a width of their own) models made by transformers, their
 # logits, `pipewright generate`'s greedy ids against transformers'
 # generate's (a near-tied step is named, not failed on), the export's round
 # trip and that transformers loads it, refusals by name.

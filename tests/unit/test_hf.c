@@ -137,7 +137,7 @@ static void test_config_refusals(void **state) {
                        "\"original_max_position_embeddings\": 8, \"beta\": 1}", "rope_scaling.beta"},
       {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "rope_scaling.low_freq_factor"},
       {"quantization_config", "{}", "quantization_config"},
-      {"head_dim", "8", "head_dim"},
+      {"head_dim", "7", "head_dim"}, /* odd: rope rotates pairs */
       {"num_key_value_heads", "3", "num_key_value_heads"},
       {"vocab_size", "1.5", "vocab_size"},
       {"hidden_size", "null", "hidden_size"},
@@ -158,19 +158,30 @@ static void test_config_refusals(void **state) {
     json_t *m = model_of(cfg_with(LLAMA, bad[i].key, v), 0, &err);
     if (m || !strstr(err.msg, bad[i].needle)) fail_msg("%s = %s: got '%s'", bad[i].key, bad[i].value, err.msg);
   }
-  /* Mistral's window: shorter than the positions refused, unless --seq-len fits it */
-  json_t *c = cfg_with(LLAMA, "sliding_window", json_integer(8));
-  json_object_set_new(c, "architectures", json_loads("[\"MistralForCausalLM\"]", 0, NULL));
-  json_object_set_new(c, "model_type", json_string("mistral"));
-  json_object_del(c, "attention_bias");
-  json_object_del(c, "mlp_bias");
-  json_t *c2 = json_deep_copy(c);
-  pw_err err = {0};
-  assert_null(model_of(c, 0, &err));
-  assert_non_null(strstr(err.msg, "sliding_window"));
-  json_t *m = model_of(c2, 8, &err);
-  assert_non_null(m);
-  json_decref(m);
+  /* Mistral's window: model.sliding_window where it is shorter than the
+   * positions (absent: MistralConfig's 4096; null: none); head_dim of its
+   * own width: model.head_dim */
+  static const struct {
+    const char *sw;
+    int want;
+  } win[] = {{"8", 8}, {"null", 0}, {NULL, 0}, {"100000", 0}};
+  for (size_t i = 0; i < sizeof win / sizeof win[0]; i++) {
+    json_t *c = cfg_with(LLAMA, "head_dim", json_integer(6));
+    json_object_set_new(c, "architectures", json_loads("[\"MistralForCausalLM\"]", 0, NULL));
+    json_object_set_new(c, "model_type", json_string("mistral"));
+    json_object_del(c, "attention_bias");
+    json_object_del(c, "mlp_bias");
+    if (win[i].sw) json_object_set_new(c, "sliding_window", json_loads(win[i].sw, JSON_DECODE_ANY, NULL));
+    pw_err err = {0};
+    json_t *m = model_of(c, 0, &err);
+    if (!m) fail_msg("sliding_window %s: %s", win[i].sw ? win[i].sw : "absent", err.msg);
+    json_t *sw = json_object_get(m, "sliding_window");
+    if ((sw ? (int)json_integer_value(sw) : 0) != win[i].want)
+      fail_msg("sliding_window %s: model.sliding_window %d, want %d", win[i].sw ? win[i].sw : "absent",
+               sw ? (int)json_integer_value(sw) : 0, win[i].want);
+    assert_int_equal(json_integer_value(json_object_get(m, "head_dim")), 6);
+    json_decref(m);
+  }
 }
 
 /* ---- a directory written here --------------------------------------------- */
