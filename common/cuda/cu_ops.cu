@@ -3,10 +3,13 @@
  * node's C, OC, T, eps; aux layouts: layernorm mean then rstd, rmsnorm
  * rstd, gelu gelu'(in), xent probs).
  *
- * Each row launches one kernel per pass, one thread per output element,
- * row or parameter column, running a body of cu_ops_body.h (which the CPU
- * test runs too); products go through one cuBLAS sgemm wrapper. No
- * atomics and no shared memory: a run gives the same bits every time. All
+ * Each row launches one kernel per pass, one thread per output element or
+ * row, running a body of cu_ops_body.h (which the CPU test runs too); the
+ * weight gradients that sum a column over the rows (a bias, a norm's
+ * weight) in two launches, parts of 64 rows then their totals
+ * (cu_ops_body.h's column sums); products go through one cuBLAS sgemm
+ * wrapper. No atomics and no shared memory: a run gives the same bits
+ * every time. All
  * on the legacy default stream, asynchronous; failures are recorded
  * (cu_core.cu) for the backend's sync.
  *
@@ -59,9 +62,14 @@ __global__ static void bias_fill_k(float *out, const float *bias, int OC, size_t
   size_t i = pw_cu__tid();
   if (i < n) pw_cu_bias_fill_el(out, bias, OC, i);
 }
-__global__ static void bias_w_k(float *dbias, const float *dout, int N, int OC) {
+/* the two-stage column sums (cu_ops_body.h): blockIdx.y the part */
+__global__ static void bias_w_part_k(float *part, const float *dout, int N, int OC) {
   size_t o = pw_cu__tid();
-  if (o < (size_t)OC) pw_cu_bias_w_col(dbias, dout, N, OC, (int)o);
+  if (o < (size_t)OC) pw_cu_bias_w_part(part, dout, N, OC, (int)o, (int)blockIdx.y);
+}
+__global__ static void col_total_k(float *d, const float *part, int np, int C) {
+  size_t c = pw_cu__tid();
+  if (c < (size_t)C) pw_cu_col_total(d, part, np, C, (int)c);
 }
 __global__ static void layernorm_f_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                      const float *b, int N, int C, float eps) {
@@ -73,10 +81,10 @@ __global__ static void layernorm_i_k(float *dinp, const float *dout, const float
   size_t n = pw_cu__tid();
   if (n < (size_t)N) pw_cu_layernorm_i_row(dinp, dout, inp, w, mean, rstd, C, acc, (int)n);
 }
-__global__ static void layernorm_w_k(float *dw, float *db, const float *dout, const float *inp, const float *mean,
-                                     const float *rstd, int N, int C) {
+__global__ static void layernorm_w_part_k(float *pw, float *pb, const float *dout, const float *inp,
+                                          const float *mean, const float *rstd, int N, int C) {
   size_t c = pw_cu__tid();
-  if (c < (size_t)C) pw_cu_layernorm_w_col(dw, db, dout, inp, mean, rstd, N, C, (int)c);
+  if (c < (size_t)C) pw_cu_layernorm_w_part(pw, pb, dout, inp, mean, rstd, N, C, (int)c, (int)blockIdx.y);
 }
 __global__ static void rmsnorm_f_k(float *out, float *rstd, const float *inp, const float *w, float off, int N, int C,
                                    float eps) {
@@ -88,9 +96,10 @@ __global__ static void rmsnorm_i_k(float *dinp, const float *dout, const float *
   size_t n = pw_cu__tid();
   if (n < (size_t)N) pw_cu_rmsnorm_i_row(dinp, dout, inp, w, off, rstd, C, acc, (int)n);
 }
-__global__ static void rmsnorm_w_k(float *dw, const float *dout, const float *inp, const float *rstd, int N, int C) {
+__global__ static void rmsnorm_w_part_k(float *part, const float *dout, const float *inp, const float *rstd, int N,
+                                        int C) {
   size_t c = pw_cu__tid();
-  if (c < (size_t)C) pw_cu_rmsnorm_w_col(dw, dout, inp, rstd, N, C, (int)c);
+  if (c < (size_t)C) pw_cu_rmsnorm_w_part(part, dout, inp, rstd, N, C, (int)c, (int)blockIdx.y);
 }
 __global__ static void gelu_f_k(float *out, float *dgelu, const float *inp, size_t n) {
   size_t i = pw_cu__tid();
@@ -214,6 +223,18 @@ static void sgemm(pw_cu_gemm g, float alpha, float beta, const char *where) {
   cublasStatus_t s = pw_cu__cublas.sgemm(pw_cu__blas(), g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                  g.m, g.n, g.k, &alpha, g.a, g.lda, g.b, g.ldb, &beta, g.c, g.ldc);
   if (s != CUBLAS_STATUS_SUCCESS) pw_cu__note_blas((int)s, where);
+}
+
+/* The parts' scratch of a two-stage column sum: `sets` sets of parts of
+ * N rows' C columns; NULL (recorded) when out of memory. */
+static float *col_parts(int N, int C, int sets) {
+  return (float *)pw_cu__scratch((size_t)sets * (size_t)pw_cu_col_parts(N) * (size_t)C * sizeof(float));
+}
+/* The parts' grid: a thread per column, blockIdx.y the part. */
+static dim3 col_grid(int N, int C) { return dim3(pw_cu__blocks((size_t)C), (unsigned)pw_cu_col_parts(N)); }
+/* d (C) += part's np parts, column by column (nothing for d NULL) */
+static void col_total(float *d, const float *part, int N, int C, const char *where) {
+  if (d) PW_CU_LAUNCH(col_total_k, (size_t)C, where, d, part, pw_cu_col_parts(N), C);
 }
 
 static void zero(float *p, size_t n, const char *where) {
@@ -351,7 +372,12 @@ static void linear_w(const pw_kernel_io *io) {
     to_bf16(XB(io), io->in0, (size_t)N * (size_t)C, "linear_w: x to bf16");
     gemm_bf16(1, 0, OC, C, N, DYB(io), OC, XB(io), C, 1, io->dw, C, "linear_w: cublasGemmEx");
   } else if (C > 0 && io->dw) sgemm(pw_cu_linear_w_gemm(io->dw, io->dout, io->in0, N, C, OC), 1.0f, 1.0f, "linear_w: cublasSgemm");
-  if (io->db) PW_CU_LAUNCH(bias_w_k, (size_t)OC, "linear_w: bias", io->db, io->dout, N, OC);
+  float *part;
+  if (io->db && (part = col_parts(N, OC, 1))) {
+    bias_w_part_k<<<col_grid(N, OC), PW_CU_THREADS>>>(part, io->dout, N, OC);
+    pw_cu__launched("linear_w: bias parts");
+    col_total(io->db, part, N, OC, "linear_w: bias");
+  }
 }
 /* W then I, as kernels.c's (bf16: dout converted twice, the same bits as
  * bf16.c's once) */
@@ -374,11 +400,16 @@ static void layernorm_i(const pw_kernel_io *io) {
                io->n->C, io->acc0);
 }
 static void layernorm_w(const pw_kernel_io *io) {
-  int N = io->rows;
-  if (!io->dw && !io->db) return;
+  int N = io->rows, C = io->n->C;
+  float *part;
+  if ((!io->dw && !io->db) || N <= 0 || C <= 0) return;
   pw_cu__enter();
-  PW_CU_LAUNCH(layernorm_w_k, (size_t)io->n->C, "layernorm_w", io->dw, io->db, io->dout, io->in0, io->aux,
-               io->aux + N, N, io->n->C);
+  if (!(part = col_parts(N, C, 2))) return;
+  float *pb = part + (size_t)pw_cu_col_parts(N) * (size_t)C;
+  layernorm_w_part_k<<<col_grid(N, C), PW_CU_THREADS>>>(part, pb, io->dout, io->in0, io->aux, io->aux + N, N, C);
+  pw_cu__launched("layernorm_w: parts");
+  col_total(io->dw, part, N, C, "layernorm_w: w");
+  col_total(io->db, pb, N, C, "layernorm_w: b");
 }
 /* W then I: ops.c's one-pass backward gives the same bits as the two */
 static void layernorm_b(const pw_kernel_io *io) {
@@ -403,9 +434,14 @@ static void rmsnorm_i(const pw_kernel_io *io) { rmsnorm_io(io, 0.0f); }
 static void rmsnorm_offset_f(const pw_kernel_io *io) { rmsnorm_fo(io, io->n->base); }
 static void rmsnorm_offset_i(const pw_kernel_io *io) { rmsnorm_io(io, io->n->base); }
 static void rmsnorm_w(const pw_kernel_io *io) {
-  if (!io->dw) return;
+  int N = io->rows, C = io->n->C;
+  float *part;
+  if (!io->dw || N <= 0 || C <= 0) return;
   pw_cu__enter();
-  PW_CU_LAUNCH(rmsnorm_w_k, (size_t)io->n->C, "rmsnorm_w", io->dw, io->dout, io->in0, io->aux, io->rows, io->n->C);
+  if (!(part = col_parts(N, C, 1))) return;
+  rmsnorm_w_part_k<<<col_grid(N, C), PW_CU_THREADS>>>(part, io->dout, io->in0, io->aux, N, C);
+  pw_cu__launched("rmsnorm_w: parts");
+  col_total(io->dw, part, N, C, "rmsnorm_w");
 }
 
 static void gelu_f(const pw_kernel_io *io) {

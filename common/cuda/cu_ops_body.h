@@ -174,12 +174,32 @@ static inline PW_HD void pw_cu_bias_fill_el(float *out, const float *bias, int O
   out[i] = bias[i % (size_t)OC];
 }
 
-/* dbias[o] += dout[n, o] for n in order (in a register: the same adds,
- * and the loads need not wait for a store that might alias them) */
-static inline PW_HD void pw_cu_bias_w_col(float *dbias, const float *dout, int N, int OC, int o) {
-  float a = dbias[o];
-  for (int n = 0; n < N; n++) a += dout[(size_t)n * (size_t)OC + o];
-  dbias[o] = a;
+/* ---- column sums in two stages --------------------------------------------------- */
+
+/* A weight gradient that sums a column over the N rows (a bias, a norm's
+ * weight) runs as two launches: part k of column c sums rows [k R, (k + 1)
+ * R) in order (a thread per (column, part): N / R times the threads of one
+ * per column, so that the rows' loads are in flight together — one thread
+ * per column kept a GPT-2's 768 columns on 3 SMs), then a thread per
+ * column adds its parts in order to the gradient. The same bits every run,
+ * but not the CPU's (one serial sum a column): within float32 rounding of
+ * them. R rows a part; parts (N + R - 1) / R, each of them C floats. */
+#define PW_CU_COL_ROWS 64
+static inline PW_HD int pw_cu_col_parts(int N) { return (N + PW_CU_COL_ROWS - 1) / PW_CU_COL_ROWS; }
+
+/* d[c] += the parts of column c in order (part k at part[k C + c]) */
+static inline PW_HD void pw_cu_col_total(float *d, const float *part, int np, int C, int c) {
+  float s = 0.0f;
+  for (int k = 0; k < np; k++) s += part[(size_t)k * (size_t)C + c];
+  d[c] += s;
+}
+
+/* Part k of dbias[o]: dout[n, o] over the part's rows in order */
+static inline PW_HD void pw_cu_bias_w_part(float *part, const float *dout, int N, int OC, int o, int k) {
+  int n1 = (k + 1) * PW_CU_COL_ROWS < N ? (k + 1) * PW_CU_COL_ROWS : N;
+  float a = 0.0f;
+  for (int n = k * PW_CU_COL_ROWS; n < n1; n++) a += dout[(size_t)n * (size_t)OC + o];
+  part[(size_t)k * (size_t)OC + o] = a;
 }
 
 /* ---- layernorm (aux: mean (N), rstd (N)) --------------------------------------- */
@@ -247,18 +267,19 @@ static inline PW_HD void pw_cu_layernorm_i_row(float *dinp, const float *dout, c
   }
 }
 
-/* Column c of dw (+= dy xhat) and db (+= dy) over the rows in order, in
- * registers; either may be NULL (frozen). */
-static inline PW_HD void pw_cu_layernorm_w_col(float *dw, float *db, const float *dout, const float *inp,
-                                               const float *mean, const float *rstd, int N, int C, int c) {
-  float aw = dw ? dw[c] : 0.0f, ab = db ? db[c] : 0.0f;
-  for (int n = 0; n < N; n++) {
-    size_t k = (size_t)n * (size_t)C + c;
-    aw += dout[k] * ((inp[k] - mean[n]) * rstd[n]);
-    ab += dout[k];
+/* Part k of column c of dw (dy xhat) and db (dy) over the part's rows in
+ * order, into pw and pb (the two-stage column sums above) */
+static inline PW_HD void pw_cu_layernorm_w_part(float *pw, float *pb, const float *dout, const float *inp,
+                                                const float *mean, const float *rstd, int N, int C, int c, int k) {
+  int n1 = (k + 1) * PW_CU_COL_ROWS < N ? (k + 1) * PW_CU_COL_ROWS : N;
+  float aw = 0.0f, ab = 0.0f;
+  for (int n = k * PW_CU_COL_ROWS; n < n1; n++) {
+    size_t i = (size_t)n * (size_t)C + c;
+    aw += dout[i] * ((inp[i] - mean[n]) * rstd[n]);
+    ab += dout[i];
   }
-  if (dw) dw[c] = aw;
-  if (db) db[c] = ab;
+  pw[(size_t)k * (size_t)C + c] = aw;
+  pb[(size_t)k * (size_t)C + c] = ab;
 }
 
 /* ---- rmsnorm (aux: rstd (N)) ----------------------------------------------------- */
@@ -306,14 +327,16 @@ static inline PW_HD void pw_cu_rmsnorm_i_row(float *dinp, const float *dout, con
   for (int c = 0; c < C; c++) dx[c] = pw_cu__accum(acc, dx[c], rs * (dy[c] * (off + w[c]) - (x[c] * rs) * mgx));
 }
 
-static inline PW_HD void pw_cu_rmsnorm_w_col(float *dw, const float *dout, const float *inp, const float *rstd, int N,
-                                             int C, int c) {
-  float a = dw[c];
-  for (int n = 0; n < N; n++) {
-    size_t k = (size_t)n * (size_t)C + c;
-    a += dout[k] * (inp[k] * rstd[n]);
+/* Part k of column c of dw (dy x rstd) over the part's rows in order */
+static inline PW_HD void pw_cu_rmsnorm_w_part(float *part, const float *dout, const float *inp, const float *rstd,
+                                              int N, int C, int c, int k) {
+  int n1 = (k + 1) * PW_CU_COL_ROWS < N ? (k + 1) * PW_CU_COL_ROWS : N;
+  float a = 0.0f;
+  for (int n = k * PW_CU_COL_ROWS; n < n1; n++) {
+    size_t i = (size_t)n * (size_t)C + c;
+    a += dout[i] * (inp[i] * rstd[n]);
   }
-  dw[c] = a;
+  part[(size_t)k * (size_t)C + c] = a;
 }
 
 /* ---- qk_norm (Qwen3): an RMSNorm over each q and k head of a qkv row ----------------- */
