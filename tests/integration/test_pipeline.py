@@ -8,7 +8,8 @@
     to the last bit);
   - pp 2 x dp 2, and tied embeddings across the first and last stage
   - the llama template with the model families' options (grouped-query
-    heads, rope scaling, qkv bias, QK-norm, Gemma's) at pp 2 and pp 4
+    heads, rope scaling, qkv bias, QK-norm, Gemma's, a sliding window with
+    heads of a width of their own) at pp 2 and pp 4
     (1f1b, and DualPipeV where both sit on rank 0);
   - pp 2 x dp 2 with tied embeddings and the wire's chunk limit forced down
     to 999 bytes (PW_WIRE_CHUNK, honoured by the worker for tests only):
@@ -87,8 +88,8 @@ class Suite:
     def reference(self, spec):
         """`pipewright train` on the same job (shared by runs it cannot tell apart)."""
         key = json.dumps([spec["model"], spec["schedule"]["microbatches"], spec["mesh"]["dp"],
-                          spec["train"]["steps"], spec["train"].get("trainable"), spec["train"].get("optimizer")],
-                         sort_keys=True)
+                          spec["train"]["steps"], spec["train"].get("trainable"), spec["train"].get("optimizer"),
+                          spec["train"].get("attention")], sort_keys=True)
         if key not in self.refs:
             d = os.path.join(self.tmp, f"ref{len(self.refs)}")
             os.makedirs(d)
@@ -173,6 +174,11 @@ def main():
         t.equal_run("qwen3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, qk_norm=True))
         t.equal_run("gemma-zb-h1-pp4", llama("zb-h1", 4, 8, n_kv_heads=1, mlp_act="gelu_tanh", embed_scale=True,
                                              norm_offset=1, tie_embeddings=True))
+        # Mistral's sliding window with heads of a width of their own (12 over
+        # d_model 32 / 4 heads), through the tiled attention
+        spec = llama("1f1b", 2, 4, n_kv_heads=2, head_dim=12, sliding_window=5)
+        spec["train"]["attention"] = "tiled"
+        t.equal_run("window-head-dim-1f1b-pp2", spec)
 
         # Frozen parameters (train.trainable): stage 0 wholly frozen, its W
         # skipped; the optimizer checkpoints hold only the trainable state and

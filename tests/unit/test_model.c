@@ -237,6 +237,7 @@ static void test_gradcheck_lora(void **st) {
   static const char *const llama[] = {"blocks.*.attn.*", "blocks.0.mlp.up"};
   gradcheck(with_lora(gpt_spec(0), gpt, 3));
   gradcheck(with_lora(llama_spec(), llama, 2));
+  gradcheck(with_lora(head_dim_spec(), llama, 2)); /* the adapters shaped by head_dim */
   pw_model m;
   pw_err err = {0};
   pw_model_spec s = with_lora(gpt_spec(0), gpt, 3);
