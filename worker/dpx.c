@@ -37,7 +37,7 @@ static size_t coll_chunk(void) {
  * received shards of a reduce-scatter; zero 2's main gradients have none).
  * Touched now (pw_alloc_floats), as the programs' arenas are: the planner
  * counts them (pw_dp_floats). */
-static int dpx_init(pw_dpx *D, pw_dpx_stage *x, float *buf, size_t n, int rs) {
+static int dpx_init(pw_dpx *D, pw_dpx_stage *x, float *buf, size_t n, int rs, int out) {
   const pw_rctx *c = D->cx;
   int dp = c->dp;
   x->buf = buf, x->n = n;
@@ -49,11 +49,11 @@ static int dpx_init(pw_dpx *D, pw_dpx_stage *x, float *buf, size_t n, int rs) {
     size_t lo, hi;
     pw_shard_range(n, dp, d, &lo, &hi);
     if (d != c->replica) x->ag_need += pw_chunk_count(hi - lo, D->chunk);
-    if (d != 0) x->g_need += 2 * pw_chunk_count(hi - lo, D->chunk);
+    if (d != 0) x->g_need += (pw_dpx_zero(c) == 3 ? 3 : 2) * pw_chunk_count(hi - lo, D->chunk); /* m, v (zero 3: w) */
   }
   size_t sm = x->smax ? x->smax : 1;
   x->rx = pw_alloc_floats(rs ? (size_t)(dp - 1) * sm : 1);
-  x->out = pw_alloc_floats(sm);
+  x->out = pw_alloc_floats(out ? sm : 1);
   x->rs_step = malloc(sizeof(int) * (size_t)(x->n_chunks + 1));
   x->rs_got = calloc((size_t)x->n_chunks + 1, sizeof(int));
   if (!x->rx || !x->out || !x->rs_step || !x->rs_got) return PW_ENOMEM;
@@ -77,7 +77,7 @@ static int full_init(pw_dpx *D, int li) {
   size_t n = pw_ranges_floats((const size_t(*)[2])x->full, x->n_full);
   float *pack = pw_alloc_floats(n ? n : 1);
   if (!pack) return PW_ENOMEM;
-  return dpx_init(D, &D->fr[li], pack, n, 1);
+  return dpx_init(D, &D->fr[li], pack, n, 1, 1);
 }
 
 int pw_dpx_init(pw_dpx *D, const pw_rctx *cx) {
@@ -96,16 +96,18 @@ int pw_dpx_init(pw_dpx *D, const pw_rctx *cx) {
   for (int k = 0; k < 2 * dp; k++) D->norm_step[k] = -1;
   for (int li = 0; li < c->n_ls && zero; li++)
     if (full_init(D, li)) return PW_ENOMEM;
-  int rc = zero == 2 ? pw_gradrs_init(D->gradrs = calloc(1, sizeof *D->gradrs), c, D) : 0; /* the programs' arenas: before they are exchanged */
+  int rc = zero >= 2 ? pw_gradrs_init(D->gradrs = calloc(1, sizeof *D->gradrs), c, D) : 0; /* the programs' arenas: before they are exchanged */
+  if (!rc && zero == 3) rc = pw_pgather_init(D->pgather = calloc(1, sizeof *D->pgather), c, D);
   if (rc) return rc;
   for (int li = 0; li < c->n_ls; li++) {
     pw_dpx_stage *x = &D->st[li];
     pw_prog *p = c->ls[li].prog;
-    if (dpx_init(D, x, pw_prog_grads(p), zero ? pw_prog_train_numel(p) : pw_prog_grad_numel(p), zero != 2))
+    /* zero 2 and 3 have no step-end reduce-scatter of the main gradients, zero 3 no all-gather of parameters */
+    if (dpx_init(D, x, pw_prog_grads(p), zero ? pw_prog_train_numel(p) : pw_prog_grad_numel(p), zero < 2, zero < 3))
       return PW_ENOMEM;
     if (!zero) continue;
     size_t sm = x->smax ? x->smax : 1;
-    x->ag = pw_alloc_floats((size_t)(dp - 1) * D->chunk);
+    x->ag = pw_alloc_floats(zero < 3 ? (size_t)(dp - 1) * D->chunk : 1);
     x->m = pw_alloc_floats(sm);
     x->v = pw_alloc_floats(sm);
     if (!x->ag || !x->m || !x->v) return PW_ENOMEM;
@@ -114,7 +116,7 @@ int pw_dpx_init(pw_dpx *D, const pw_rctx *cx) {
 }
 
 static void dpx_free(pw_dpx_stage *x) {
-  free(x->rx), free(x->out), free(x->ag), free(x->m), free(x->v), free(x->gv);
+  free(x->rx), free(x->out), free(x->ag), free(x->m), free(x->v), free(x->gv), free(x->gp);
   free(x->rs_step), free(x->rs_got), free(x->full);
 }
 
@@ -124,6 +126,9 @@ void pw_dpx_close(pw_dpx *D) {
   if (D->gradrs) pw_gradrs_close(D->gradrs);
   free(D->gradrs);
   D->gradrs = NULL;
+  if (D->pgather) pw_pgather_close(D->pgather);
+  free(D->pgather);
+  D->pgather = NULL;
   for (int li = 0; D->st && li < c->n_ls; li++) {
     if (c->ls[li].prog && pw_dpx_zero(D->cx)) pw_prog_wire_moments(c->ls[li].prog, NULL, NULL);
     dpx_free(&D->st[li]);
@@ -379,9 +384,11 @@ static int g_ready(void *arg) {
  * step's end, when they are zeroed: pw_stepend_run), only v is made;
  * zero 2 keeps no whole gradient arena: m is made too. */
 static int whole_state(const pw_dpx *D, pw_dpx_stage *x) {
-  if (!x->gm) x->gm = pw_dpx_zero(D->cx) == 2 ? calloc(x->n ? x->n : 1, sizeof(float)) : x->buf;
+  int zero = pw_dpx_zero(D->cx);
+  if (!x->gm) x->gm = zero >= 2 ? calloc(x->n ? x->n : 1, sizeof(float)) : x->buf;
   if (!x->gv) x->gv = calloc(x->n ? x->n : 1, sizeof(float));
-  return x->gm && x->gv ? 0 : PW_ENOMEM;
+  if (zero == 3 && !x->gp) x->gp = calloc(x->n ? x->n : 1, sizeof(float)); /* n: the whole parameter arena */
+  return x->gm && x->gv && (zero < 3 || x->gp) ? 0 : PW_ENOMEM;
 }
 
 int pw_dpx_state_gather(pw_dpx *D) {
@@ -392,6 +399,8 @@ int pw_dpx_state_gather(pw_dpx *D) {
       pw_dpx_stage *x = &D->st[li];
       if (!(rc = send_range(D, li, 0, PW_DPX_GM, x->m, x->hi - x->lo)))
         rc = send_range(D, li, 0, PW_DPX_GV, x->v, x->hi - x->lo);
+      if (!rc && D->pgather) /* the shard is read until the next update: after replica 0 has it all */
+        rc = send_range(D, li, 0, PW_DPX_GP, D->pgather->st[li].arena + x->lo, x->hi - x->lo);
     }
     return rc;
   }
@@ -402,6 +411,10 @@ int pw_dpx_state_gather(pw_dpx *D) {
     memcpy(x->gm + x->lo, x->m, (x->hi - x->lo) * sizeof(float));
     memcpy(x->gv + x->lo, x->v, (x->hi - x->lo) * sizeof(float));
     pw_prog_wire_moments(c->ls[li].prog, x->gm, x->gv);
+    if (D->pgather) { /* zero 3: the whole parameters too, lent for the save */
+      memcpy(x->gp + x->lo, D->pgather->st[li].arena + x->lo, (x->hi - x->lo) * sizeof(float));
+      pw_pgather_lend(D->pgather, li, x->gp);
+    }
   }
   return 0;
 }
@@ -411,18 +424,24 @@ void pw_dpx_state_release(pw_dpx *D) {
   for (int li = 0; li < c->n_ls; li++) {
     pw_dpx_stage *x = &D->st[li];
     pw_prog_wire_moments(c->ls[li].prog, NULL, NULL);
+    if (D->pgather) pw_pgather_lend(D->pgather, li, NULL);
     if (x->gm != x->buf) free(x->gm);
-    free(x->gv);
-    x->gm = x->gv = NULL;
+    free(x->gv), free(x->gp);
+    x->gm = x->gv = x->gp = NULL;
   }
 }
 
 int pw_dpx_load_begin(pw_dpx *D) {
   const pw_rctx *c = D->cx;
+  /* zero 3: whole parameters only when a file is read; drawn ones are
+   * drawn into the shard alone (pw_prog_init_params) */
+  int file = c->cfg->resume || c->cfg->sl.init_sha256[0];
   for (int li = 0; li < c->n_ls; li++) {
     pw_dpx_stage *x = &D->st[li];
     if (whole_state(D, x)) return PW_ENOMEM;
     pw_prog_wire_moments(c->ls[li].prog, x->gm, x->gv);
+    if (D->pgather && !file) free(x->gp), x->gp = NULL;
+    if (x->gp) pw_pgather_lend(D->pgather, li, x->gp);
   }
   return 0;
 }
@@ -433,6 +452,7 @@ void pw_dpx_load_end(pw_dpx *D) {
     pw_dpx_stage *x = &D->st[li];
     if (x->gm) memcpy(x->m, x->gm + x->lo, (x->hi - x->lo) * sizeof(float));
     if (x->gv) memcpy(x->v, x->gv + x->lo, (x->hi - x->lo) * sizeof(float));
+    if (x->gp) memcpy(D->pgather->st[li].arena + x->lo, x->gp + x->lo, (x->hi - x->lo) * sizeof(float));
     pw_prog_zero_grad(c->ls[li].prog); /* m was lent the gradients' room */
   }
   pw_dpx_state_release(D);
@@ -451,7 +471,7 @@ static int chunk_fits(pw_dpx *D, int from, const pw_frame_hdr *h, pw_dpx_stage *
   *li = h->stage < (uint32_t)c->S ? c->lidx_of_stage[h->stage] : -1;
   *d = (int)h->microbatch;
   if (*li < 0 || !D->st || (full && !D->fr) || *d >= c->dp || *d == c->replica || from != peer(D, *d) ||
-      h->dtype != PW_DTYPE_F32 || what < PW_DPX_RS || what > PW_DPX_FAG || what == PW_DPX_NORM)
+      h->dtype != PW_DTYPE_F32 || what < PW_DPX_RS || what > PW_DPX_GP || what == PW_DPX_NORM)
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel frame (value %u) for stage %u from rank %d does not fit",
                       h->value, h->stage, from);
   *x = full ? &D->fr[*li] : &D->st[*li];
@@ -460,7 +480,9 @@ static int chunk_fits(pw_dpx *D, int from, const pw_frame_hdr *h, pw_dpx_stage *
   int n_chunks = pw_chunk_count(hi - *lo, D->chunk);
   if (ci >= n_chunks || h->payload_len != chunk_len(hi - *lo, D->chunk, ci) * sizeof(float) ||
       ((what == PW_DPX_GM || what == PW_DPX_GV) && (c->replica != 0 || !pw_dpx_zero(D->cx))) ||
-      (what == PW_DPX_RS && pw_dpx_zero(D->cx) == 2)) /* no step-end reduce-scatter of the main gradients: no buffer */
+      (what == PW_DPX_GP && (c->replica != 0 || pw_dpx_zero(D->cx) != 3)) ||
+      (what == PW_DPX_RS && pw_dpx_zero(D->cx) >= 2) || /* no step-end reduce-scatter of the main gradients: no buffer */
+      (what == PW_DPX_AG && pw_dpx_zero(D->cx) == 3)) /* nor an all-gather of parameters */
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel chunk %d (value %u, %llu bytes) of stage %u does not fit",
                       ci, h->value, (unsigned long long)h->payload_len, h->stage);
   *off = (size_t)ci * D->chunk;
@@ -474,6 +496,7 @@ int pw_dpx_dest(pw_dpx *D, int from, const pw_frame_hdr *h, void **dst, pw_err *
   pw_dpx_stage *x;
   *dst = NULL;
   if (what == PW_GRADRS_PIECE) return pw_gradrs_dest(D->gradrs, from, h, dst, err);
+  if (what == PW_PGATHER_PIECE) return pw_pgather_dest(D->pgather, from, h, dst, err);
   if ((int)h->step != (*c->step) && (int)h->step != (*c->step) + 1)
     return pw_err_set(err, PW_EPROTO, "frame", "data-parallel frame for step %u while at step %d", h->step, (*c->step));
   if (what == PW_DPX_NORM) {
@@ -492,9 +515,9 @@ int pw_dpx_dest(pw_dpx *D, int from, const pw_frame_hdr *h, void **dst, pw_err *
       /* zero > 0's parameters go through a chunk buffer (pw_dpx_frame) */
       *dst = what == PW_DPX_AG && pw_dpx_zero(D->cx) ? x->ag + (size_t)slot_of(D, d) * D->chunk : x->buf + lo + off;
       return 0;
-    default: /* GM, GV */
+    default: /* GM, GV, GP */
       if (whole_state(D, x)) return pw_err_set(err, PW_ENOMEM, "frame", "out of memory gathering optimizer state");
-      *dst = (what == PW_DPX_GM ? x->gm : x->gv) + lo + off;
+      *dst = (what == PW_DPX_GM ? x->gm : what == PW_DPX_GV ? x->gv : x->gp) + lo + off;
       return 0;
   }
 }
@@ -503,6 +526,7 @@ int pw_dpx_frame(pw_dpx *D, int from, const pw_frame_hdr *h, const void *payload
   const pw_rctx *c = D->cx;
   int what = (int)(h->value & 15), step = (int)h->step, li, d;
   if (what == PW_GRADRS_PIECE) return pw_gradrs_frame(D->gradrs, from, h, err);
+  if (what == PW_PGATHER_PIECE) return pw_pgather_frame(D->pgather, from, h, err);
   if (what == PW_DPX_NORM) {
     double v;
     memcpy(&v, payload, 8);

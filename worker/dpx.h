@@ -29,11 +29,13 @@
 #include <stdint.h>
 
 #include "gradrs.h"
+#include "pgather.h"
 #include "rctx.h"
 
 #define PW_DPX_MAX 4096 /* replicas summed at once: mesh.dp's bound (common/spec) */
 
-/* What a DP frame carries (its value's low 4 bits; gradrs.h has 11). */
+/* What a DP frame carries (its value's low 4 bits; gradrs.h has 11,
+ * pgather.h 12). */
 enum {
   PW_DPX_RS = 2,    /* a chunk of the sender's copy of our shard */
   PW_DPX_AG = 3,    /* a chunk of the sender's summed gradients (zero 0) or updated parameters */
@@ -41,7 +43,8 @@ enum {
   PW_DPX_GM = 5,    /* zero > 0, to replica 0 at a checkpoint: a chunk of the sender's m shard */
   PW_DPX_GV = 6,    /* ... of its v shard */
   PW_DPX_FRS = 7,   /* zero > 0: PW_DPX_RS of the packed full ranges */
-  PW_DPX_FAG = 8    /* zero > 0: PW_DPX_AG of their sums */
+  PW_DPX_FAG = 8,   /* zero > 0: PW_DPX_AG of their sums */
+  PW_DPX_GP = 9     /* zero 3, to replica 0 at a checkpoint: a chunk of the sender's parameter shard */
 };
 
 /* Per local stage. */
@@ -57,6 +60,7 @@ typedef struct {
   float *m, *v;          /* zero > 0: the shard's optimizer state */
   float *gm, *gv;        /* zero > 0, replica 0 at a checkpoint (and at a load): [n] the whole state: m in
                             the gradient arena (idle then), v made by the first frame */
+  float *gp;             /* zero 3, likewise: [n] the whole parameters, lent to the program (pw_pgather_lend) */
   int *rs_step, *rs_got; /* [n_chunks] copies of our chunk c that arrived for step rs_step[c] */
   int ag_step, ag_got, ag_need; /* all-gather chunks arrived for ag_step, of ag_need */
   int g_step, g_got, g_need;    /* gathered state chunks arrived for g_step, of g_need */
@@ -71,7 +75,8 @@ typedef struct pw_dpx {
   size_t chunk;            /* floats per chunk */
   double *norm;            /* [2 * dp] zero > 0: each replica's shard norm, by step parity */
   int *norm_step;
-  pw_gradrs *gradrs;       /* zero 2: the reduce-scatter inside W and B actions (gradrs.c) */
+  pw_gradrs *gradrs;       /* zero 2 and 3: the reduce-scatter inside W and B actions (gradrs.c) */
+  pw_pgather *pgather;     /* zero 3: the per-layer gathers of parameters (pgather.c) */
   uint64_t bytes;          /* payload bytes sent this step */
   double seconds;          /* and the time spent in the exchange */
   double t0, t1;           /* its first start and last end, from the step's start (t0 < 0: none yet) */

@@ -44,7 +44,8 @@ static int setup_stages(pw_run *r, pw_err *err) {
                           .batch_size = r->cfg.sl.train.batch_size, .n_slots = peak < cap ? peak : cap,
                           .max_slots = cap, .remat = r->cfg.sl.n_work[li] > 0, .n_work = r->cfg.sl.n_work[li],
                           .no_moments = pw_dpx_zero(&r->cx) > 0, /* a shard of them in dpx.c */
-                          .no_grads = pw_dpx_zero(&r->cx) == 2,  /* lent by gradrs.c */
+                          .no_grads = pw_dpx_zero(&r->cx) >= 2,  /* lent by gradrs.c */
+                          .no_params = pw_dpx_zero(&r->cx) == 3, /* lent by pgather.c */
                           .bf16 = r->cfg.sl.train.precision == PW_PRECISION_BF16, .backend = be};
     if ((rc = pw_prog_create(&r->cfg.sl.model, &cfg, &ls->prog, err))) break;
     if (r->cx.tp > 1 && (rc = pw_prog_set_tp(ls->prog, r->cx.tp_rank, pw_tpx_allreduce, &r->tpx))) break;

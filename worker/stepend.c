@@ -4,7 +4,8 @@
  *   1. DP: data-parallel replicas of a stage reduce-scatter its gradient
  *      arena, each summing its shard in replica order (so every replica
  *      gets the same bits), and all-gather the sums (dpx.h); with
- *      train.zero > 0 the shards stay and step 4 all-gathers parameters;
+ *      train.zero 1 and 2 the shards stay and step 4 all-gathers
+ *      parameters (zero 3 keeps its shard: each layer gathers them);
  *   2. TIED: holders of a shared parameter (tied embeddings) exchange its
  *      gradient and each sums the copies in stage order (pipex.h);
  *   3. NORM: every pipeline rank sends its partial squared gradient norm to
@@ -80,6 +81,7 @@ int pw_stepend_update(pw_run *r, double *sqnorm, double *lr) {
   *lr = sc.lr;
   if (r->cfg.sl.mode == PW_MODE_FORWARD) return 0;
   int zero = pw_dpx_zero(&r->cx);
+  if (zero == 3 && (rc = pw_pgather_quiesce(r->dpx.pgather))) return rc; /* our pieces read the shard */
   for (int li = 0; li < r->cx.n_ls; li++) {
     const pw_dpx_stage *x = zero ? &r->dpx.st[li] : NULL;
     if (x)
@@ -87,7 +89,7 @@ int pw_stepend_update(pw_run *r, double *sqnorm, double *lr) {
     else
       pw_optim_update(r->cx.ls[li].prog, &r->cfg.sl.train, &sc);
   }
-  return zero ? pw_dpx_allgather_params(&r->dpx) : 0;
+  return zero && zero < 3 ? pw_dpx_allgather_params(&r->dpx) : 0; /* zero 3 gathers per layer (pgather.h) */
 }
 
 /* A traced step's collectives as timeline entries [kind, 0, stage, start,

@@ -93,6 +93,12 @@ struct pw_prog {
   pw_prog_wgrad_fn wg_fn;
   void *wg_ctx;
   pw_err wg_err;                 /* the first failed hand-off (code 0: none), kept */
+  /* ZeRO-3 only (pw_prog_set_pgather): arena_p is lent */
+  pw_prog_unit_fn pg_fn;
+  void *pg_ctx;
+  size_t pg_lo, pg_hi;           /* the part of arena_p that exists */
+  int pg_layer;                  /* the layer fn last made whole in this entry point, or -1 */
+  pw_err pg_err;                 /* the first failed gather (code 0: none), kept */
 };
 
 enum { TP_ROW = 1, TP_EMBED = 2, TP_XENT = 4, TP_DOUT = 8 }; /* tp_node bits */
@@ -213,7 +219,7 @@ static int check_backend(const pw_model *m, const pw_prog_config *cfg, const pw_
   if (be->host) return 0;
   if (cfg->bf16 && !be->round_bf16)
     return pw_err_set(err, PW_ENOTSUP, "train.precision", "\"bf16\" does not run on %s yet (float32 does)", be->name);
-  if (cfg->no_grads || cfg->no_moments)
+  if (cfg->no_grads || cfg->no_moments || cfg->no_params)
     return pw_err_set(err, PW_ENOTSUP, "train.zero", "ZeRO does not run on %s yet", be->name);
   for (int i = 0; i < m->n_nodes; i++) {
     const pw_node *n = &m->nodes[i];
@@ -258,16 +264,16 @@ int pw_prog_create(const pw_model *m, const pw_prog_config *cfg, pw_prog **out, 
   if (pw_prog_layout_build(m, cfg->layer_lo, cfg->layer_hi, cfg->mb_size, &p->L)) goto oom;
   const pw_prog_layout *L = &p->L;
   p->params = calloc((size_t)L->n_params + 1, sizeof *p->params);
-  p->arena_p = arena_alloc(p, L->sz.numel);
+  p->arena_p = cfg->no_params ? NULL : arena_alloc(p, L->sz.numel);
   p->arena_g = cfg->no_grads ? NULL : arena_alloc(p, L->sz.grad_numel);
   p->arena_m = cfg->no_moments ? NULL : arena_alloc(p, L->sz.train_numel);
   p->arena_v = cfg->no_moments ? NULL : arena_alloc(p, L->sz.train_numel);
-  if (!p->params || !p->arena_p || (!cfg->no_grads && !p->arena_g) || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
+  if (!p->params || (!cfg->no_params && !p->arena_p) || (!cfg->no_grads && !p->arena_g) || (!cfg->no_moments && (!p->arena_m || !p->arena_v))) goto oom;
   for (int i = 0; i < L->n_params; i++) {
     size_t go = L->param_goff[i];
     int frozen = go == NONE; /* no gradient, no optimizer state */
     p->params[i] = (pw_prog_param){.meta = &m->params[L->param_model[i]], .model_index = L->param_model[i],
-                                   .data = p->arena_p + L->param_off[i],
+                                   .data = p->arena_p ? p->arena_p + L->param_off[i] : NULL,
                                    .grad = frozen || !p->arena_g ? NULL : p->arena_g + go,
                                    .m = frozen || !p->arena_m ? NULL : p->arena_m + go,
                                    .v = frozen || !p->arena_v ? NULL : p->arena_v + go};
@@ -326,7 +332,7 @@ void pw_prog_free(pw_prog *p) {
   free(p->prof_s);
   free(p->prof_n);
   free(p->params);
-  arena_free(p, p->arena_p);
+  if (!p->cfg.no_params) arena_free(p, p->arena_p); /* else lent */
   if (!p->cfg.no_grads) arena_free(p, p->arena_g); /* else lent */
   free(p->live);
   free(p->wg_part);
@@ -500,22 +506,38 @@ void pw_prog_init_params(pw_prog *p, unsigned long long seed) {
   }
   for (int i = 0; i < p->L.n_params; i++) {
     const pw_param *pm = p->params[i].meta;
-    float *d = host + (p->params[i].data - p->arena_p);
+    float *d = p->be->host ? p->params[i].data : host + p->L.param_off[i]; /* (ZeRO-3 may lend whole ones) */
+    /* ZeRO-3 keeps elements [a, b) of the parameter (its part of the
+     * shard), drawn as the whole one's: the stream is run up to b */
+    size_t a = 0, b = pm->numel;
+    if (p->pg_fn) {
+      size_t off = p->L.param_off[i];
+      a = p->pg_lo > off ? p->pg_lo - off : 0;
+      b = p->pg_hi > off ? p->pg_hi - off : 0;
+      if (b > pm->numel) b = pm->numel;
+      if (a >= b) continue;
+    }
     switch ((pw_init_kind)pm->init) {
-      case PW_INIT_ZEROS: memset(d, 0, pm->numel * sizeof(float)); break;
+      case PW_INIT_ZEROS: memset(d + a, 0, (b - a) * sizeof(float)); break;
       case PW_INIT_ONES:
-        for (size_t k = 0; k < pm->numel; k++) d[k] = 1.0f;
+        for (size_t k = a; k < b; k++) d[k] = 1.0f;
         break;
       case PW_INIT_NORMAL: {
         pw_rng r;
         pw_rng_seed(&r, pw_hash64(seed, pw_hash_str(pm->name)));
-        for (size_t k = 0; k < pm->numel; k++) d[k] = (float)(pw_rng_normal(&r) * pm->init_std);
+        for (size_t k = 0; k < b; k++) {
+          float x = (float)(pw_rng_normal(&r) * pm->init_std);
+          if (k >= a) d[k] = x;
+        }
         break;
       }
       case PW_INIT_UNIFORM: {
         pw_rng r;
         pw_rng_seed(&r, pw_hash64(seed, pw_hash_str(pm->name)));
-        for (size_t k = 0; k < pm->numel; k++) d[k] = (float)((2.0 * pw_rng_uniform(&r) - 1.0) * pm->init_std);
+        for (size_t k = 0; k < b; k++) {
+          float x = (float)((2.0 * pw_rng_uniform(&r) - 1.0) * pm->init_std);
+          if (k >= a) d[k] = x;
+        }
         break;
       }
     }
@@ -587,6 +609,46 @@ static void wg_end(pw_prog *p, const size_t (*spans)[2], int ns) {
   pw_err e = {0};
   int rc = p->wg_fn(p->wg_ctx, p->wg_scratch, spans, ns, &e);
   if (rc) keep_failure(&p->wg_err, rc, &e, "a weight-gradient hand-off", spans[0][1] + (ns > 1 ? spans[1][1] : 0));
+}
+
+/* ---- ZeRO-3's lent parameters and per-layer gathers ----------------------- */
+
+int pw_prog_set_pgather(pw_prog *p, float *a, size_t lo, size_t hi, pw_prog_unit_fn fn, void *ctx) {
+  if (!p->be->host || !p->cfg.no_params) return PW_ENOTSUP;
+  if (p->L.sz.train_numel != p->L.sz.numel) return PW_ENOTSUP; /* a frozen parameter has no shard */
+  p->arena_p = a;
+  for (int i = 0; i < p->L.n_params; i++) p->params[i].data = a + p->L.param_off[i];
+  p->pg_lo = lo, p->pg_hi = hi, p->pg_fn = fn, p->pg_ctx = ctx, p->pg_layer = -1;
+  return 0;
+}
+
+/* Before node i runs in direction dir (+1 forward, -1 backward): its
+ * layer's parameters made whole when it is another layer than the last
+ * one. 0, or nonzero once a gather failed: the caller stops. */
+static int unit_enter(pw_prog *p, int i, int dir) {
+  if (!p->pg_fn) return 0;
+  if (p->pg_err.code) return 1;
+  int layer = p->m->nodes[i].layer;
+  if (layer == p->pg_layer) return 0;
+  int first = p->m->nodes[p->L.node_lo].layer, last = p->m->nodes[p->L.node_hi - 1].layer;
+  int next = layer + dir >= first && layer + dir <= last ? layer + dir : -1;
+  pw_err e = {0};
+  int rc = p->pg_fn(p->pg_ctx, layer, next, &e);
+  if (rc) {
+    keep_failure(&p->pg_err, rc, &e, "a parameter gather", 0);
+    return 1;
+  }
+  p->pg_layer = layer;
+  return 0;
+}
+
+/* An entry point's end: the parameters back in the lent arena. */
+static void unit_leave(pw_prog *p) {
+  if (!p->pg_fn || p->pg_layer < 0) return;
+  p->pg_layer = -1;
+  pw_err e = {0};
+  int rc = p->pg_fn(p->pg_ctx, -1, -1, &e);
+  if (rc && !p->pg_err.code) keep_failure(&p->pg_err, rc, &e, "a parameter release", 0);
 }
 
 /* ---- per node -------------------------------------------------------- */
@@ -803,7 +865,10 @@ static void work_give(pw_prog *p, int slot) {
 /* ---- entry points ---------------------------------------------------------- */
 
 static void run_forward(pw_prog *p, int slot) {
-  for (int i = p->L.node_lo; i < p->L.node_hi; i++) node_forward(p, slot, i);
+  for (int i = p->L.node_lo; i < p->L.node_hi; i++) {
+    if (unit_enter(p, i, 1)) return;
+    node_forward(p, slot, i);
+  }
 }
 
 /* A slot an entry point may run on: one that exists. */
@@ -816,7 +881,10 @@ static int check_slot(const pw_prog *p, int slot, const char *entry, pw_err *err
 /* An entry point's end: 0, or the first callback failure kept (the
  * all-reduce's first: a hand-off after it ran on garbage). */
 static int kept_failure(const pw_prog *p, pw_err *err) {
-  const pw_err *e = p->be_err.code ? &p->be_err : p->tp_err.code ? &p->tp_err : &p->wg_err;
+  const pw_err *e = p->be_err.code   ? &p->be_err
+                     : p->pg_err.code ? &p->pg_err
+                     : p->tp_err.code ? &p->tp_err
+                                      : &p->wg_err;
   if (!e->code) return 0;
   if (err) *err = *e;
   return e->code;
@@ -828,6 +896,7 @@ int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err) {
   if (!rc) rc = move_ports(p, slot, 0, 0, 1, err);
   if (rc) return rc;
   run_forward(p, slot);
+  unit_leave(p);
   rc = move_ports(p, slot, 1, 0, 0, err);
   if (loss) *loss = 0.0f;
   if (!rc && loss && p->L.has_loss) /* on a device: waits for the forward, and says if a kernel failed */
@@ -855,9 +924,11 @@ int pw_prog_backward_input(pw_prog *p, int slot, pw_err *err) {
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
+    if (unit_enter(p, i, -1)) break;
     tp_dout(p, slot, i);
     node_backward_input(p, slot, i);
   }
+  unit_leave(p);
   if ((rc = move_ports(p, slot, 0, 1, 0, err))) return rc;
   return kept_failure(p, err); /* remat: the work buffer stays with the slot until its W */
 }
@@ -894,11 +965,13 @@ int pw_prog_backward(pw_prog *p, int slot, pw_err *err) {
   if (rc) return rc;
   zero_value_grads(p, slot);
   for (int i = p->L.node_hi - 1; i >= p->L.node_lo; i--) {
+    if (unit_enter(p, i, -1)) break;
     tp_dout(p, slot, i);
     if (node_backward_fused(p, slot, i)) continue;
     node_backward_weight(p, slot, i);
     node_backward_input(p, slot, i);
   }
+  unit_leave(p);
   work_give(p, slot);
   if ((rc = move_ports(p, slot, 0, 1, 0, err))) return rc;
   return kept_failure(p, err);

@@ -73,6 +73,8 @@ typedef struct {
   int no_grads;           /* 1: no gradient arena of its own (ZeRO-2 lends one:
                              pw_prog_set_wgrad) */
   const struct pw_backend *backend; /* where it runs (backend.h); NULL: the CPU */
+  int no_params;          /* 1: no parameter arena of its own (ZeRO-3 lends one:
+                             pw_prog_set_pgather) */
 } pw_prog_config;
 
 typedef struct {
@@ -220,6 +222,26 @@ typedef int (*pw_prog_wgrad_fn)(void *ctx, const float *scratch, const size_t (*
                                 pw_err *err);
 PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2], int n_live, const size_t (*direct)[2],
                                      int n_direct, float *scratch, pw_prog_wgrad_fn fn, void *ctx);
+
+/* ZeRO-3 (worker/pgather.c, docs/contracts.md "Data-parallel sums and
+ * shards"). A no_params program is lent its parameter arena `a`: numel
+ * floats of address space of which only [lo, hi) exists (the replica's
+ * shard; every parameter trains: PW_ENOTSUP when one is frozen), and
+ * every parameter's data points into it; pw_prog_init_params then draws
+ * each parameter whole and keeps only its elements in [lo, hi). Before the
+ * nodes of a layer run in a forward, a backward_input or a backward (and a
+ * remat recompute), the program calls fn(ctx, layer, next, err): fn points
+ * the data of every parameter those nodes read at the whole values
+ * (pw_prog_param_at) and may start fetching layer `next`, the one this
+ * entry point runs after it (-1: none); a layer run twice in a row (a
+ * recompute's last, then the backward's first) is asked for once. At the
+ * end of each of those entry points fn(ctx, -1, -1, err) points them back
+ * into `a`. backward_weight reads no parameter and calls nothing. fn
+ * returns 0, or a negative code with its err (never NULL) filled; the
+ * entry point then stops computing (the parameters are not there) and it
+ * and every later one return that failure. Once, before any entry point. */
+typedef int (*pw_prog_unit_fn)(void *ctx, int layer, int next, pw_err *err);
+PW_MUST_CHECK int pw_prog_set_pgather(pw_prog *p, float *a, size_t lo, size_t hi, pw_prog_unit_fn fn, void *ctx);
 
 
 #endif

@@ -400,7 +400,7 @@ static int decode_body(json_t *b, pw_slice *s, pw_err *err) {
     return rc;
   char *end;
   t->seed = strtoull(seed, &end, 10);
-  if (!*seed || *end || !in(okind, 0, 2) || !in(t->on_nonfinite, 0, 2) || !in(t->zero, 0, 3) || !in(t->precision, 0, 2) || t->snapshot_every < 0 || t->eval_every < 0 ||
+  if (!*seed || *end || !in(okind, 0, 2) || !in(t->on_nonfinite, 0, 2) || !in(t->zero, 0, 4) || !in(t->precision, 0, 2) || t->snapshot_every < 0 || t->eval_every < 0 ||
       t->eval_batches < 1 || t->batch_size != s->mb_size * s->m * s->dp)
     return pw_err_set(err, PW_EPROTO, "slice.train", "seed, optimizer, eval counts or batch size (%d != %d x %d x %d) bad",
                       t->batch_size, s->mb_size, s->m, s->dp);

@@ -134,7 +134,7 @@ static const pw__field train_fields[] = {
     PW__INT("max_restarts", 0, PW__ALL, pw_train_spec, max_restarts, 3, 0, 1000),
     PW__INT("snapshot_every", 0, PW__ALL, pw_train_spec, snapshot_every, 1, 0, INT_MAXD),
     /* sharded optimizer state; omitted when 0, so older specs keep their hash */
-    PW__INT("zero", PW__OMIT0, PW__ALL, pw_train_spec, zero, 0, 0, 2),
+    PW__INT("zero", PW__OMIT0, PW__ALL, pw_train_spec, zero, 0, 0, 3),
     /* omitted when "fp32" (the default): older specs keep their hash */
     PW__ENUM("precision", PW__OMIT0, PW__ALL, pw_train_spec, precision, PW_PRECISION_FP32, precision_names),
     /* omitted when "auto" (the default): older specs keep their hash */
@@ -406,6 +406,14 @@ static int cross_check(const pw_job *job, pw_err *err) {
                       "sharded optimizer state (zero %d over mesh.dp %d) cannot be snapshotted for recovery: set "
                       "train.snapshot_every to 0 or leave it out (recovery then resumes from the last checkpoint)",
                       job->train.zero, job->mesh.dp);
+  /* ZeRO-3 shards the parameter arena as the gradients' main part: a
+   * frozen parameter has no place there; bf16 keeps whole weight copies */
+  if (job->train.zero == 3 && (job->train.n_trainable > 0 || m->n_lora_targets > 0))
+    return pw_err_set(err, PW_ESPEC, "train.zero",
+                      "zero 3 shards trainable parameters only (train.trainable or model.lora freeze some): use zero 2");
+  if (job->train.zero == 3 && job->train.precision == PW_PRECISION_BF16)
+    return pw_err_set(err, PW_ESPEC, "train.zero",
+                      "zero 3 runs train.precision \"fp32\" only (bf16 keeps whole copies of the weights): use zero 2");
   if (tokens && !token_data)
     return pw_err_set(err, PW_ESPEC, "data.kind",
                       "a token model needs kind text, tokens, copy, reverse or shift (got %s)",

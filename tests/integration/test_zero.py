@@ -93,6 +93,35 @@ def memory(t, build, src, tmp):
                     want > 0 and abs(got / want - 1) <= 0.10, line)
 
 
+def remat(spec):
+    spec["partition"] = {"mode": "even", "remat": "full"}
+    return spec
+
+
+def zero3(t, exact, build, src):
+    """ZeRO-3: parameters sharded too, each layer gathered before its F and
+    its I or B (worker/pgather.c). Its sums are zero 2's (the same
+    reduce-scatter inside W and B; a gather moves bits): with SGD + momentum
+    it equals the single-process run to 1e-6, and with AdamW zero 2's run
+    bit for bit (so zero 0's to zero 2's figures above). dp 2 x pp 1 (tied:
+    the embedding gathered by two layers), dp 4 x pp 2 (tied across stages)
+    with collective chunks of a few floats, zb-h1 (W apart: no gather) and
+    remat (the recompute gathers again) at dp 2 x pp 2."""
+    chunk = {"PW_COLL_CHUNK": "97"}
+    for label, spec, env in [("zero3-1f1b-pp1-dp2-tied", zjob("1f1b", 1, 1, 4, 2, 3, tied=True, sgd=True), None),
+                             ("zero3-1f1b-pp2-dp4-tied", zjob("1f1b", 2, 1, 4, 4, 3, tied=True, sgd=True), chunk),
+                             ("zero3-zb-h1-pp2-dp2", zjob("zb-h1", 2, 1, 4, 2, 3, sgd=True), None),
+                             ("zero3-remat-1f1b-pp2-dp2", remat(zjob("1f1b", 2, 1, 4, 2, 3, sgd=True)), None)]:
+        exact(label, spec, tol="1e-6", env=env)
+    for dp, pp in ((2, 1), (4, 2)):
+        a = t.drive(f"adamw-zero2-pp{pp}-dp{dp}", zjob("1f1b", pp, 1, 4, dp, 2, tied=True))
+        b = t.drive(f"adamw-zero3-pp{pp}-dp{dp}", zjob("1f1b", pp, 1, 4, dp, 3, tied=True))
+        ok = all(x[0].returncode == 0 and x[1] and x[1]["done"] for x in (a, b))
+        same = ok and a[1]["losses"] == b[1]["losses"] and open(a[1]["merged"], "rb").read() == open(b[1]["merged"], "rb").read()
+        t.check(f"zero 3 (AdamW, dp {dp} x pp {pp}, tied) equals zero 2 bit for bit: losses and final weights", same,
+                "" if ok else (a[0].stderr + b[0].stderr)[-400:])
+
+
 def max_rel(a_blob, b_blob, tmp, tag):
     """(largest per-tensor max|a-b| / max|b|, what was compared or why not)
     of two safetensors blobs."""
@@ -259,6 +288,11 @@ def main():
                        f"{2 * (dp - 1) * grads}, replica 0 {sorted(set(sent.get(str(pr), {}).values()))} vs plan {want0}"
             t.check(f"{label}: dp bytes per rank = 2(dp-1)/dp of the arena, as planned", ok, why)
 
+        if "--zero3" in sys.argv:
+            zero3(t, exact, build, src)
+            ckpts(t, exact, ((0, 3), (3, 0)))
+            print(f"{t.passed} passed, {t.failed} failed")
+            return 1 if t.failed else 0
         # zero 0: the same bits as the single-process run
         for name, pp, V, dp in [("1f1b", 1, 1, 3), ("zb-h1", 2, 1, 3), ("interleaved-1f1b", 2, 2, 4), ("1f1b", 2, 1, 4)]:
             if quick and dp == 4 and name == "1f1b":
@@ -285,35 +319,14 @@ def main():
                         f"{got} vs {want}")
         adamw_zero2(t, zjob("1f1b", 2, 1, 4, 2, 2), chunk)
 
-        # checkpoints: zero 0 -> 1 and 2, and 1 and 2 -> 0 (SGD with zero 2: its sums are not bit for bit)
-        for first, then in ((0, 1), (1, 0), (0, 2), (2, 0)):
-            sgd = 2 in (first, then)
-            spec = zjob("1f1b", 2, 1, 4, 2, first, steps=8, sgd=sgd)
-            spec["train"]["checkpoint_every"] = 4
-            out = exact(f"ckpt-zero{first}-for-{then}", spec, tol="1e-6")
-            if not out:
-                continue
-            res, d = out
-            mid = os.path.join(d, "out", "ckpt", "job-1", "step-4")
-            if first:  # its optimizer files against a zero 0 run's
-                base = t.drive(f"ckpt-zero0-shapes-{first}", zjob("1f1b", 2, 1, 4, 2, 0, steps=4, sgd=sgd))[2]
-                shapes = [{s: sorted((k, tuple(v.shape)) for k, v in st.load(os.path.join(
-                    c, f"stage-{s}.optim.safetensors"))[0].items()) for s in range(2)}
-                    for c in (mid, os.path.join(base, "out", "ckpt", "job-1", "step-4"))]
-                t.check(f"zero {first} optimizer checkpoint: the names and shapes of a zero 0 one",
-                        shapes[0] == shapes[1] and len(shapes[0][0]) > 0, f"{shapes[0][0][:3]} vs {shapes[1][0][:3]}")
-            spec2 = dict(spec, train=dict(spec["train"]))
-            if then:
-                spec2["train"]["zero"] = then
-            else:
-                spec2["train"].pop("zero", None)
-            exact(f"resume-zero{first}-as-zero{then}", spec2, "--resume", mid, "--start-step", "4", tol="1e-6", start=4)
-
+        ckpts(t, exact, ((0, 1), (1, 0), (0, 2), (2, 0), (0, 3), (3, 0)))
+        zero3(t, exact, build, src)
         memory(t, build, src, tmp)
-
         # spec errors name the field and the rule
-        for label, patch, want in [("zero 3", {"zero": 3}, "train.zero"),
-                                   ("zero 1 with snapshots", {"zero": 1, "snapshot_every": 1}, "train.zero")]:
+        for label, patch, want in [("zero 4", {"zero": 4}, "train.zero"),
+                                   ("zero 1 with snapshots", {"zero": 1, "snapshot_every": 1}, "train.zero"),
+                                   ("zero 3 with bf16", {"zero": 3, "precision": "bf16"}, "train.zero"),
+                                   ("zero 3 with train.trainable", {"zero": 3, "trainable": ["blocks.*"]}, "train.zero")]:
             spec = zjob("1f1b", 2, 1, 4, 2, 0)
             spec["train"].update(patch)
             path = os.path.join(tmp, "bad.json")
@@ -326,6 +339,33 @@ def main():
         on_cluster(build, src, os.path.join(tmp, "cluster"), t)
         print(f"{t.passed} passed, {t.failed} failed")
         return 1 if t.failed else 0
+
+
+def ckpts(t, exact, pairs):
+    """Checkpoints written under one train.zero resumed under another (SGD
+    with zero 2 and 3: their sums are not bit for bit)."""
+    for first, then in pairs:
+        sgd = first >= 2 or then >= 2
+        spec = zjob("1f1b", 2, 1, 4, 2, first, steps=8, sgd=sgd)
+        spec["train"]["checkpoint_every"] = 4
+        out = exact(f"ckpt-zero{first}-for-{then}", spec, tol="1e-6")
+        if not out:
+            continue
+        res, d = out
+        mid = os.path.join(d, "out", "ckpt", "job-1", "step-4")
+        if first:  # its optimizer files against a zero 0 run's
+            base = t.drive(f"ckpt-zero0-shapes-{first}", zjob("1f1b", 2, 1, 4, 2, 0, steps=4, sgd=sgd))[2]
+            shapes = [{s: sorted((k, tuple(v.shape)) for k, v in st.load(os.path.join(
+                c, f"stage-{s}.optim.safetensors"))[0].items()) for s in range(2)}
+                for c in (mid, os.path.join(base, "out", "ckpt", "job-1", "step-4"))]
+            t.check(f"zero {first} optimizer checkpoint: the names and shapes of a zero 0 one",
+                    shapes[0] == shapes[1] and len(shapes[0][0]) > 0, f"{shapes[0][0][:3]} vs {shapes[1][0][:3]}")
+        spec2 = dict(spec, train=dict(spec["train"]))
+        if then:
+            spec2["train"]["zero"] = then
+        else:
+            spec2["train"].pop("zero", None)
+        exact(f"resume-zero{first}-as-zero{then}", spec2, "--resume", mid, "--start-step", "4", tol="1e-6", start=4)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ static void gradcheck(pw_model_spec spec) {
   build(&spec, &m);
   const int b = 2, n_mb = 2;
   pw_prog *p;
-  pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0, NULL};
+  pw_prog_config cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0, NULL, 0};
   assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 42);
   for (int i = 0; i < pw_prog_n_params(p); i++) { /* LoRA's B starts at 0: A's gradient would be 0 too */
@@ -283,7 +283,7 @@ static void test_split_backward_equals_full(void **st) {
   pw_model m;
   pw_err err = {0};
   build(&spec, &m);
-  pw_prog_config cfg = {0, m.n_layers, 2, 4, 1, 0, 0, 0, 0, 0, 0, NULL};
+  pw_prog_config cfg = {0, m.n_layers, 2, 4, 1, 0, 0, 0, 0, 0, 0, NULL, 0};
   pw_prog *a, *b;
   assert_int_equal(pw_prog_create(&m, &cfg, &a, &err), 0);
   assert_int_equal(pw_prog_create(&m, &cfg, &b, &err), 0);
@@ -313,13 +313,13 @@ static void staged_equals_whole(pw_model_spec spec, const int *cuts, int n_stage
   pw_err err = {0};
   build(&spec, &m);
   const int b = 2, n_mb = 3;
-  pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0, NULL};
+  pw_prog_config whole_cfg = {0, m.n_layers, b, b * n_mb, 1, 0, 0, 0, 0, 0, 0, NULL, 0};
   pw_prog *whole, *stage[8];
   assert_int_equal(pw_prog_create(&m, &whole_cfg, &whole, &err), 0);
   pw_prog_init_params(whole, 11);
   pw_prog_zero_grad(whole);
   for (int s = 0; s < n_stages; s++) {
-    pw_prog_config c = {cuts[s], cuts[s + 1], b, b * n_mb, n_mb, 0, 0, 0, 0, 0, 0, NULL};
+    pw_prog_config c = {cuts[s], cuts[s + 1], b, b * n_mb, n_mb, 0, 0, 0, 0, 0, 0, NULL, 0};
     assert_int_equal(pw_prog_create(&m, &c, &stage[s], &err), 0);
     pw_prog_init_params(stage[s], 11);
     pw_prog_zero_grad(stage[s]);
@@ -791,7 +791,7 @@ static void test_init_by_name(void **st) {
   pw_err err = {0};
   assert_int_equal(pw_model_build(&s, &m, &err), 0);
   pw_prog *a, *b;
-  pw_prog_config ca = {0, m.n_layers, 1, 1, 1, 0, 0, 0, 0, 0, 0, NULL}, cb = {2, m.n_layers, 1, 1, 1, 0, 0, 0, 0, 0, 0, NULL};
+  pw_prog_config ca = {0, m.n_layers, 1, 1, 1, 0, 0, 0, 0, 0, 0, NULL, 0}, cb = {2, m.n_layers, 1, 1, 1, 0, 0, 0, 0, 0, 0, NULL, 0};
   assert_int_equal(pw_prog_create(&m, &ca, &a, &err), 0);
   assert_int_equal(pw_prog_create(&m, &cb, &b, &err), 0);
   pw_prog_init_params(a, 5);

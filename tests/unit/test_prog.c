@@ -139,7 +139,7 @@ static float *run(pw_prog *p, const pw_model *m, float fill, int split, size_t *
 
 static void garbage_equals_zeroed(pw_model *m, int lo, int hi) {
   pw_err err = {0};
-  pw_prog_config cfg = {lo, hi, MB, 2 * MB, 1, 0, 0, 0, 0, 0, 0, NULL};
+  pw_prog_config cfg = {lo, hi, MB, 2 * MB, 1, 0, 0, 0, 0, 0, 0, NULL, 0};
   pw_prog *p;
   assert_int_equal(pw_prog_create(m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 17);
@@ -316,7 +316,7 @@ static void test_input_port_gradient(void **st) {
   pw_model m;
   pw_err err = {0};
   assert_int_equal(pw_model_build(&s, &m, &err), 0);
-  pw_prog_config cfg = {1, m.n_layers, MB, MB, 1, 0, 0, 0, 0, 0, 0, NULL}; /* blocks and head */
+  pw_prog_config cfg = {1, m.n_layers, MB, MB, 1, 0, 0, 0, 0, 0, 0, NULL, 0}; /* blocks and head */
   pw_prog *p;
   assert_int_equal(pw_prog_create(&m, &cfg, &p, &err), 0);
   pw_prog_init_params(p, 23);

@@ -175,7 +175,7 @@ static const bad_case bad[] = {
     {B_GPT, "{'train':{'eval_batches':0}}", "train.eval_batches", "must be >= 1"},
     {B_GPT, "{'train':{'checkpoint_every':-1}}", "train.checkpoint_every", "must be >= 0"},
     {B_GPT, "{'train':{'keep_checkpoints':0}}", "train.keep_checkpoints", "must be >= 1 (got 0)"},
-    {B_GPT, "{'train':{'zero':3}}", "train.zero", "must be <= 2 (got 3)"},
+    {B_GPT, "{'train':{'zero':4}}", "train.zero", "must be <= 3 (got 4)"},
     {B_GPT, "{'mesh':{'tp':0}}", "mesh.tp", "must be >= 1 (got 0)"},
     {B_GPT, "{'mesh':{'tp':'2'}}", "mesh.tp", "must be an integer"},
     {B_GPT, "{'train':{'zero':'1'}}", "train.zero", "must be an integer"},
