@@ -51,6 +51,10 @@ static void describe_model(const pw_model_spec *m, char *buf, size_t cap) {
       snprintf(buf, cap, "%s d=%d L=%d H=%d", m->tmpl == PW_TEMPLATE_GPT ? "gpt" : "llama", m->d_model, m->n_layers,
                m->n_heads);
       break;
+    case PW_TEMPLATE_BERT:
+      snprintf(buf, cap, "bert %s d=%d L=%d H=%d", m->bert_head == PW_BERT_HEAD_CLASSIFY ? "classify" : "mlm",
+               m->d_model, m->n_layers, m->n_heads);
+      break;
     case PW_TEMPLATE_MLP:
       snprintf(buf, cap, "mlp in=%d h=%d out=%d L=%d", m->in_dim, m->hidden_dim, m->out_dim, m->n_layers);
       break;
