@@ -4,16 +4,9 @@
  * tests/unit/test_cu_fa_emul.c, which runs every block on the CPU against
  * ops_flash.c's kernels — the only check the kernels get without a GPU.
  *
- * A block of PW_FA_NT threads runs one block program. A program is a
- * sequence of phases; a phase is PW_FA_THREADS (each thread once) or
- * PW_FA_WARPS (each warp once, its 32 lanes together: the tensor-core
- * products) and ends with the block's barrier. Every value a thread keeps
- * from one phase to the next lives in shared memory (the block's `sm`,
- * laid out by pw_cu_fa_layout), none in registers, so the emulator can run
- * a phase as a loop over the block's threads (in either order: the test
- * runs both and wants the same bits, which a phase that reads what another
- * thread of the same phase writes would fail). Control flow between phases
- * depends on the block's indices only.
+ * A block of PW_FA_NT threads runs one block program, in cu_phase.h's
+ * phases (what a thread keeps between them lives in shared memory, laid
+ * out by pw_cu_fa_layout).
  *
  * The algorithm is ops_flash.c's (ops_flash.h says what is rounded where):
  * - forward, a block per (query tile of BQ rows, query head, sequence): Q
@@ -56,55 +49,14 @@
 #include <stdint.h>
 
 #include "cu_bf16_body.h"
+#include "cu_phase.h"
 #include "hd.h"
 #include "optable.h"
 
-#define PW_FA_NT 256             /* threads of a block */
-#define PW_FA_NW (PW_FA_NT / 32) /* its warps */
+#define PW_FA_NT PW_PH_NT /* threads of a block */
+#define PW_FA_NW PW_PH_NW /* its warps */
 /* Shared memory a block may take: sm_90's opt-in limit, 227 KiB. */
 #define PW_FA_SMEM_MAX (227u * 1024u)
-
-/* A block program's functions: device code under nvcc (they use its
- * barrier and warp products), plain C for gcc. */
-#ifdef __CUDACC__
-#define PW_FA_FN static inline __device__
-#define PW_FA_THREADS(t, ...)          \
-  do {                                 \
-    {                                  \
-      int t = (int)threadIdx.x;        \
-      __VA_ARGS__;                     \
-    }                                  \
-    __syncthreads();                   \
-  } while (0)
-#define PW_FA_WARPS(w, ...)            \
-  do {                                 \
-    {                                  \
-      int w = (int)(threadIdx.x >> 5); \
-      __VA_ARGS__;                     \
-    }                                  \
-    __syncthreads();                   \
-  } while (0)
-#else
-#define PW_FA_FN static inline
-/* the emulator's thread order: i of n (the test reverses it) */
-#ifndef PW_FA_EMU_ORDER
-#define PW_FA_EMU_ORDER(i, n) (i)
-#endif
-#define PW_FA_THREADS(t, ...)                                \
-  do {                                                       \
-    for (int t##_i = 0; t##_i < PW_FA_NT; t##_i++) {         \
-      int t = PW_FA_EMU_ORDER(t##_i, PW_FA_NT);              \
-      __VA_ARGS__;                                           \
-    }                                                        \
-  } while (0)
-#define PW_FA_WARPS(w, ...)                                  \
-  do {                                                       \
-    for (int w##_i = 0; w##_i < PW_FA_NW; w##_i++) {         \
-      int w = PW_FA_EMU_ORDER(w##_i, PW_FA_NW);              \
-      __VA_ARGS__;                                           \
-    }                                                        \
-  } while (0)
-#endif
 
 enum { PW_FA_FWD, PW_FA_DQ, PW_FA_DKV };
 
@@ -238,7 +190,7 @@ static inline PW_HD size_t pw_cu_fa_o(const pw_cu_fa *d, int b, int h, int r) {
 /* Thread t's share of an operand tile (`rows` rows of d->ldo at sm + o):
  * row i < n from src (row i at src + i ld), the rest and the columns past
  * HD zeros; bf16 tiles hold the bf16 bits (HDP columns, the products' k). */
-PW_FA_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, const float *src, size_t ld, int n,
+PW_PH_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, const float *src, size_t ld, int n,
                             int rows, int t) {
   int wd = d->bf16 ? d->HDP : d->HD;
   for (int e = t; e < rows * wd; e += PW_FA_NT) {
@@ -252,7 +204,7 @@ PW_FA_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, co
 }
 
 /* Thread t's share of zeroing n floats at sm + o. */
-PW_FA_FN void pw_cu_fa_zero(unsigned char *sm, unsigned o, int n, int t) {
+PW_PH_FN void pw_cu_fa_zero(unsigned char *sm, unsigned o, int n, int t) {
   for (int e = t; e < n; e += PW_FA_NT) PW_FA_F(sm, o)[e] = 0.0f;
 }
 
@@ -263,7 +215,7 @@ PW_FA_FN void pw_cu_fa_zero(unsigned char *sm, unsigned o, int n, int t) {
  * B[k ldb + j]; thread t's elements t, t + NT, ... (a row's neighbours:
  * the operand tiles' odd rows keep a warp off one bank), each a sum in k
  * order, then added to C (acc) or stored. */
-PW_FA_FN void pw_cu_fa_mm_f32(int t, float *Cm, int ldc, const float *A, int lda, int ta, const float *Bm, int ldb,
+PW_PH_FN void pw_cu_fa_mm_f32(int t, float *Cm, int ldc, const float *A, int lda, int ta, const float *Bm, int ldb,
                               int tb, int M, int N, int K, int acc) {
   int as = ta ? lda : 1, bs = tb ? 1 : ldb;
   for (int e = t; e < M * N; e += PW_FA_NT) {
@@ -295,7 +247,7 @@ static inline void pw_cu_fa_mma16(float *Cm, int ldc, const uint16_t *A, int lda
 
 /* bf16: C (M x N, multiples of 16) (+)= op(A) op(B) on the tensor cores,
  * warp w's 16 x 16 blocks w, w + NW, ... */
-PW_FA_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int lda, int ta, const uint16_t *Bm,
+PW_PH_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int lda, int ta, const uint16_t *Bm,
                                int ldb, int tb, int M, int N, int K, int acc) {
   int nb = N / 16;
   for (int x = w; x < (M / 16) * nb; x += PW_FA_NW) {
@@ -312,10 +264,10 @@ PW_FA_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int
 #define PW_FA_MM(d, sm, oc, ldc, oa, lda_, ta, ob, ldb_, tb, M, N, Kf, Kb, acc)                                      \
   do {                                                                                                               \
     if ((d)->bf16)                                                                                                   \
-      PW_FA_WARPS(w_, pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, oc), ldc, PW_FA_H(sm, oa), lda_, ta, PW_FA_H(sm, ob), ldb_, tb, \
+      PW_PH_WARPS(w_, pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, oc), ldc, PW_FA_H(sm, oa), lda_, ta, PW_FA_H(sm, ob), ldb_, tb, \
                                        M, N, Kb, acc));                                                              \
     else                                                                                                             \
-      PW_FA_THREADS(t_, pw_cu_fa_mm_f32(t_, PW_FA_F(sm, oc), ldc, PW_FA_F(sm, oa), lda_, ta, PW_FA_F(sm, ob), ldb_, tb, \
+      PW_PH_THREADS(t_, pw_cu_fa_mm_f32(t_, PW_FA_F(sm, oc), ldc, PW_FA_F(sm, oa), lda_, ta, PW_FA_F(sm, ob), ldb_, tb, \
                                         M, N, Kf, acc));                                                             \
   } while (0)
 
@@ -324,7 +276,7 @@ PW_FA_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int
 /* Row phase 1 of a key tile at c0: each score S(i, j) times scale, in
  * place; thread (i, p = t % TPR)'s max over the keys j = p, p + TPR, ...
  * row r0 + i sees into red[t] (-inf: none). */
-PW_FA_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
+PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
   int i = t / d->TPR, p = t - i * d->TPR;
   float *S = PW_FA_F(sm, d->o_s) + i * d->lds, mx = -INFINITY;
   for (int j = p; j < d->BK; j += d->TPR) {
@@ -340,7 +292,7 @@ PW_FA_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, int r0, int
  * the bf16 tile), its threads' sums of P into red2, and the factor al =
  * exp(m - mn) the output so far is rescaled by (0 on the first tile: m is
  * -inf). A row that has seen no key yet keeps P 0. */
-PW_FA_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
+PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
   int i = t / d->TPR, p = t - i * d->TPR;
   const float *red = PW_FA_F(sm, d->o_red) + i * d->TPR;
   float m = PW_FA_F(sm, d->o_r1)[i], mn = m;
@@ -365,7 +317,7 @@ PW_FA_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, int r0, int
 
 /* The output so far times al per row; a row's thread 0 moves l and m on:
  * l = l al + the tile's sum, m = mn. */
-PW_FA_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) {
+PW_PH_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) {
   const float *al = PW_FA_F(sm, d->o_r3);
   float *O = PW_FA_F(sm, d->o_a1);
   int wd = d->bf16 ? d->HDP : d->HD;
@@ -384,7 +336,7 @@ PW_FA_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) 
 
 /* out = O / l for the tile's rows (1 / l then times, as the CPU), lse = m
  * + log l; a row that saw no key gets zeros (and lse -inf). */
-PW_FA_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *out, float *lse, int rows, int t) {
+PW_PH_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *out, float *lse, int rows, int t) {
   const float *O = PW_FA_F(sm, d->o_a1), *m = PW_FA_F(sm, d->o_r1), *l = PW_FA_F(sm, d->o_r2);
   for (int e = t; e < rows * d->HD; e += PW_FA_NT) {
     int i = e / d->HD, c = e - i * d->HD;
@@ -395,36 +347,36 @@ PW_FA_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *ou
 }
 
 /* The forward of query tile qt of head h of sequence b. */
-PW_FA_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, const float *qkv, int qt, int h, int b,
+PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, const float *qkv, int qt, int h, int b,
                                  unsigned char *sm) {
   int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0), g = h / d->G;
   int kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T; /* past the keys the tile's rows see */
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
-  PW_FA_THREADS(t, {
+  PW_PH_THREADS(t, {
     pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
     for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_r1)[i] = -INFINITY, PW_FA_F(sm, d->o_r2)[i] = 0.0f;
   });
   for (int c0 = 0; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
-    PW_FA_THREADS(t, {
+    PW_PH_THREADS(t, {
       pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
       pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     });
     /* S = Q K^T */
     PW_FA_MM(d, sm, d->o_s, d->lds, d->o_q, d->ldo, 0, d->o_k, d->ldo, 1, d->BQ, d->BK, d->HD, kk, 0);
-    PW_FA_THREADS(t, pw_cu_fa_fwd_max(d, sm, r0, c0, t));
-    PW_FA_THREADS(t, pw_cu_fa_fwd_exp(d, sm, r0, c0, t));
-    PW_FA_THREADS(t, pw_cu_fa_fwd_rescale(d, sm, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_max(d, sm, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_exp(d, sm, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_rescale(d, sm, t));
     /* O += P V */
     if (d->bf16)
-      PW_FA_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_pb), d->ldp, 0,
+      PW_PH_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_pb), d->ldp, 0,
                                       PW_FA_H(sm, d->o_v), d->ldo, 0, d->BQ, on, d->BK, 1));
     else
-      PW_FA_THREADS(t, pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_F(sm, d->o_s), d->lds, 0,
+      PW_PH_THREADS(t, pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_F(sm, d->o_s), d->lds, 0,
                                        PW_FA_F(sm, d->o_v), d->ldo, 0, d->BQ, on, cols, 1));
   }
-  PW_FA_THREADS(t, pw_cu_fa_fwd_store(d, sm, out + pw_cu_fa_o(d, b, h, r0), lse + ((size_t)b * d->NH + h) * d->T + r0,
+  PW_PH_THREADS(t, pw_cu_fa_fwd_store(d, sm, out + pw_cu_fa_o(d, b, h, r0), lse + ((size_t)b * d->NH + h) * d->T + r0,
                                       rows, t));
 }
 
@@ -433,7 +385,7 @@ PW_FA_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
 /* Thread t's part of staging a query tile for the backward: Q and dO, lse
  * (0 past the rows), and the partial sums of D_i = dout_i . out_i (float32,
  * the columns c = p, p + TPR, ... of row i) into red. */
-PW_FA_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const float *qkv, const float *dout,
+PW_PH_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const float *qkv, const float *dout,
                                 const float *out, const float *lse, int b, int h, int r0, int t) {
   int rows = pw_cu_fa_min(d->BQ, d->T - r0);
   pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
@@ -450,7 +402,7 @@ PW_FA_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const floa
 }
 
 /* D_i from its threads' partial sums (row phase after pw_cu_fa_bwd_rows). */
-PW_FA_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
+PW_PH_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
   if (t >= d->BQ) return;
   const float *red = PW_FA_F(sm, d->o_red) + t * d->TPR;
   float s = 0.0f;
@@ -462,7 +414,7 @@ PW_FA_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
  * exp(scale s - lse) where the row sees the key (else 0), dS = P (dP - D).
  * float32: P into S, dS into dP; bf16: bf16(P) into the P tile (when the
  * kernel has one) and bf16(scale dS) into the dS tile. */
-PW_FA_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
+PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
   float *S = PW_FA_F(sm, d->o_s), *dP = PW_FA_F(sm, d->o_dp);
   const float *L = PW_FA_F(sm, d->o_r1), *D = PW_FA_F(sm, d->o_r2);
   for (int e = t; e < d->BQ * d->BK; e += PW_FA_NT) {
@@ -481,7 +433,7 @@ PW_FA_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, int r0, int 
 
 /* rows x HD of an accumulator tile into dst (row ld): (acc ? old : 0) +
  * f x, f the scale float32 dS still owes (1 for bf16 and for dV). */
-PW_FA_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned o, float *dst, size_t ld, int rows,
+PW_PH_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned o, float *dst, size_t ld, int rows,
                                   float f, int acc, int t) {
   const float *A = PW_FA_F(sm, o);
   for (int e = t; e < rows * d->HD; e += PW_FA_NT) {
@@ -503,45 +455,45 @@ PW_FA_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned
 
 /* dq of query tile qt of head h of sequence b: dQ = sum over its key tiles
  * of dS K (float32: times scale at the end). */
-PW_FA_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
+PW_PH_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
                                 const float *qkv, const float *lse, int acc, int qt, int h, int b, unsigned char *sm) {
   int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0), g = h / d->G;
   int kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T;
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
-  PW_FA_THREADS(t, {
+  PW_PH_THREADS(t, {
     pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
   });
-  PW_FA_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
+  PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
   for (int c0 = 0; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
-    PW_FA_THREADS(t, {
+    PW_PH_THREADS(t, {
       pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
       pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     });
     PW_FA_S_DP(d, sm, kk);
-    PW_FA_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
     /* dQ += dS K */
     if (d->bf16)
-      PW_FA_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_dsb), d->ldp, 0,
+      PW_PH_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_dsb), d->ldp, 0,
                                       PW_FA_H(sm, d->o_k), d->ldo, 0, d->BQ, on, d->BK, 1));
     else
-      PW_FA_THREADS(t, pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_F(sm, d->o_dp), d->lds, 0,
+      PW_PH_THREADS(t, pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_F(sm, d->o_dp), d->lds, 0,
                                        PW_FA_F(sm, d->o_k), d->ldo, 0, d->BQ, on, cols, 1));
   }
-  PW_FA_THREADS(t, pw_cu_fa_store_grad(d, sm, d->o_a1, dqkv + pw_cu_fa_q(d, b, h, r0), d->W, rows,
+  PW_PH_THREADS(t, pw_cu_fa_store_grad(d, sm, d->o_a1, dqkv + pw_cu_fa_q(d, b, h, r0), d->W, rows,
                                        d->bf16 ? 1.0f : d->scale, acc, t));
 }
 
 /* dk and dv of key tile kt of kv head g of sequence b: over the query
  * heads of its group in order and their query tiles that see the tile, dV
  * += P^T dO and dK += dS^T Q (float32: times scale at the end). */
-PW_FA_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
+PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
                                  const float *qkv, const float *lse, int acc, int kt, int g, int b, unsigned char *sm) {
   int c0 = kt * d->BK, cols = pw_cu_fa_min(d->BK, d->T - c0);
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
   int q0 = d->causal ? c0 / d->BQ : 0; /* the first query tile that sees key c0 */
-  PW_FA_THREADS(t, {
+  PW_PH_THREADS(t, {
     pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
     pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BK * d->lda, t);
@@ -550,20 +502,20 @@ PW_FA_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
   for (int h = g * d->G; h < (g + 1) * d->G; h++)
     for (int qt = q0; qt * d->BQ < d->T; qt++) {
       int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0);
-      PW_FA_THREADS(t, pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t));
-      PW_FA_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
+      PW_PH_THREADS(t, pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t));
+      PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
       PW_FA_S_DP(d, sm, kk);
-      PW_FA_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
+      PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
       /* dV += P^T dO;  dK += dS^T Q */
       if (d->bf16) {
-        PW_FA_WARPS(w, {
+        PW_PH_WARPS(w, {
           pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a2), d->lda, PW_FA_H(sm, d->o_pb), d->ldp, 1, PW_FA_H(sm, d->o_do),
                            d->ldo, 0, d->BK, on, d->BQ, 1);
           pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_dsb), d->ldp, 1, PW_FA_H(sm, d->o_q),
                            d->ldo, 0, d->BK, on, d->BQ, 1);
         });
       } else {
-        PW_FA_THREADS(t, {
+        PW_PH_THREADS(t, {
           pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a2), d->lda, PW_FA_F(sm, d->o_s), d->lds, 1, PW_FA_F(sm, d->o_do),
                           d->ldo, 0, d->BK, on, rows, 1);
           pw_cu_fa_mm_f32(t, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_F(sm, d->o_dp), d->lds, 1, PW_FA_F(sm, d->o_q),
@@ -571,7 +523,7 @@ PW_FA_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
         });
       }
     }
-  PW_FA_THREADS(t, {
+  PW_PH_THREADS(t, {
     pw_cu_fa_store_grad(d, sm, d->o_a1, dqkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->bf16 ? 1.0f : d->scale, acc, t);
     pw_cu_fa_store_grad(d, sm, d->o_a2, dqkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, 1.0f, acc, t);
   });

@@ -4,14 +4,14 @@
  * rstd, gelu gelu'(in), xent probs).
  *
  * Each row launches one kernel per pass, one thread per output element or
- * row, running a body of cu_ops_body.h (which the CPU test runs too); the
+ * row, running a body of cu_ops_body.h (which the CPU test runs too) — but
+ * the norms' rows, 16 lanes a row (cu_rows_body.h's block programs); the
  * weight gradients that sum a column over the rows (a bias, a norm's
  * weight) in two launches, parts of 64 rows then their totals
  * (cu_ops_body.h's column sums); products go through one cuBLAS sgemm
- * wrapper. No atomics and no shared memory: a run gives the same bits
- * every time. All
- * on the legacy default stream, asynchronous; failures are recorded
- * (cu_core.cu) for the backend's sync.
+ * wrapper. No atomics: a run gives the same bits every time. All on the
+ * legacy default stream, asynchronous; failures are recorded (cu_core.cu)
+ * for the backend's sync.
  *
  * bf16 programs (train.precision "bf16": io->wb set on a linear node,
  * io->bscratch on linear and attention ones) take kernels.c's bf16 rows:
@@ -31,6 +31,7 @@
 #include "cu_int.h"
 #include "cu_bf16_body.h"
 #include "cu_ops_body.h"
+#include "cu_rows_body.h"
 
 #include "cu_attn.h"
 
@@ -71,30 +72,34 @@ __global__ static void col_total_k(float *d, const float *part, int np, int C) {
   size_t c = pw_cu__tid();
   if (c < (size_t)C) pw_cu_col_total(d, part, np, C, (int)c);
 }
-__global__ static void layernorm_f_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                     const float *b, int N, int C, float eps) {
-  size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_layernorm_f_row(out, mean, rstd, inp, w, b, C, eps, (int)n);
+/* the norms' rows: cu_rows_body.h's block programs, 16 rows a block */
+__global__ static void __launch_bounds__(PW_PH_NT) layernorm_f_k(float *out, float *mean, float *rstd,
+                                                                 const float *inp, const float *w, const float *b,
+                                                                 int N, int C, float eps) {
+  __shared__ double sm[4 * PW_PH_NT];
+  pw_cu_layernorm_f_block(out, mean, rstd, inp, w, b, N, C, eps, (int)blockIdx.x, (unsigned char *)sm);
 }
-__global__ static void layernorm_i_k(float *dinp, const float *dout, const float *inp, const float *w,
-                                     const float *mean, const float *rstd, int N, int C, int acc) {
-  size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_layernorm_i_row(dinp, dout, inp, w, mean, rstd, C, acc, (int)n);
+__global__ static void __launch_bounds__(PW_PH_NT) layernorm_i_k(float *dinp, const float *dout, const float *inp,
+                                                                 const float *w, const float *mean,
+                                                                 const float *rstd, int N, int C, int acc) {
+  __shared__ double sm[4 * PW_PH_NT];
+  pw_cu_layernorm_i_block(dinp, dout, inp, w, mean, rstd, N, C, acc, (int)blockIdx.x, (unsigned char *)sm);
 }
 __global__ static void layernorm_w_part_k(float *pw, float *pb, const float *dout, const float *inp,
                                           const float *mean, const float *rstd, int N, int C) {
   size_t c = pw_cu__tid();
   if (c < (size_t)C) pw_cu_layernorm_w_part(pw, pb, dout, inp, mean, rstd, N, C, (int)c, (int)blockIdx.y);
 }
-__global__ static void rmsnorm_f_k(float *out, float *rstd, const float *inp, const float *w, float off, int N, int C,
-                                   float eps) {
-  size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_rmsnorm_f_row(out, rstd, inp, w, off, C, eps, (int)n);
+__global__ static void __launch_bounds__(PW_PH_NT) rmsnorm_f_k(float *out, float *rstd, const float *inp,
+                                                               const float *w, float off, int N, int C, float eps) {
+  __shared__ double sm[4 * PW_PH_NT];
+  pw_cu_rmsnorm_f_block(out, rstd, inp, w, off, N, C, eps, (int)blockIdx.x, (unsigned char *)sm);
 }
-__global__ static void rmsnorm_i_k(float *dinp, const float *dout, const float *inp, const float *w, float off,
-                                   const float *rstd, int N, int C, int acc) {
-  size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_rmsnorm_i_row(dinp, dout, inp, w, off, rstd, C, acc, (int)n);
+__global__ static void __launch_bounds__(PW_PH_NT) rmsnorm_i_k(float *dinp, const float *dout, const float *inp,
+                                                               const float *w, float off, const float *rstd, int N,
+                                                               int C, int acc) {
+  __shared__ double sm[4 * PW_PH_NT];
+  pw_cu_rmsnorm_i_block(dinp, dout, inp, w, off, rstd, N, C, acc, (int)blockIdx.x, (unsigned char *)sm);
 }
 __global__ static void rmsnorm_w_part_k(float *part, const float *dout, const float *inp, const float *rstd, int N,
                                         int C) {
@@ -386,18 +391,27 @@ static void linear_b(const pw_kernel_io *io) {
   linear_i(io);
 }
 
+/* kernel<<<>>>(args) over the norms' row blocks (none for no rows) */
+#define PW_CU_ROWS(kernel, N, where, ...)                              \
+  do {                                                                  \
+    if ((N) > 0) {                                                      \
+      kernel<<<pw_cu_rows_blocks(N), PW_PH_NT>>>(__VA_ARGS__);          \
+      pw_cu__launched(where);                                           \
+    }                                                                   \
+  } while (0)
+
 static void layernorm_f(const pw_kernel_io *io) {
   int N = io->rows;
   pw_cu__enter();
-  PW_CU_LAUNCH(layernorm_f_k, (size_t)N, "layernorm_f", io->out, io->aux, io->aux + N, io->in0, io->w, io->b, N,
-               io->n->C, io->n->eps);
+  PW_CU_ROWS(layernorm_f_k, N, "layernorm_f", io->out, io->aux, io->aux + N, io->in0, io->w, io->b, N, io->n->C,
+             io->n->eps);
 }
 static void layernorm_i(const pw_kernel_io *io) {
   int N = io->rows;
   if (!io->din0) return;
   pw_cu__enter();
-  PW_CU_LAUNCH(layernorm_i_k, (size_t)N, "layernorm_i", io->din0, io->dout, io->in0, io->w, io->aux, io->aux + N, N,
-               io->n->C, io->acc0);
+  PW_CU_ROWS(layernorm_i_k, N, "layernorm_i", io->din0, io->dout, io->in0, io->w, io->aux, io->aux + N, N, io->n->C,
+             io->acc0);
 }
 static void layernorm_w(const pw_kernel_io *io) {
   int N = io->rows, C = io->n->C;
@@ -420,14 +434,14 @@ static void layernorm_b(const pw_kernel_io *io) {
 /* off 0: rmsnorm; the node's base (1) for Gemma's rmsnorm_offset */
 static void rmsnorm_fo(const pw_kernel_io *io, float off) {
   pw_cu__enter();
-  PW_CU_LAUNCH(rmsnorm_f_k, (size_t)io->rows, "rmsnorm_f", io->out, io->aux, io->in0, io->w, off, io->rows, io->n->C,
-               io->n->eps);
+  PW_CU_ROWS(rmsnorm_f_k, io->rows, "rmsnorm_f", io->out, io->aux, io->in0, io->w, off, io->rows, io->n->C,
+             io->n->eps);
 }
 static void rmsnorm_io(const pw_kernel_io *io, float off) {
   if (!io->din0) return;
   pw_cu__enter();
-  PW_CU_LAUNCH(rmsnorm_i_k, (size_t)io->rows, "rmsnorm_i", io->din0, io->dout, io->in0, io->w, off, io->aux, io->rows,
-               io->n->C, io->acc0);
+  PW_CU_ROWS(rmsnorm_i_k, io->rows, "rmsnorm_i", io->din0, io->dout, io->in0, io->w, off, io->aux, io->rows,
+             io->n->C, io->acc0);
 }
 static void rmsnorm_f(const pw_kernel_io *io) { rmsnorm_fo(io, 0.0f); }
 static void rmsnorm_i(const pw_kernel_io *io) { rmsnorm_io(io, 0.0f); }

@@ -64,23 +64,6 @@ static inline PW_HD double pw_cu__dot_d(const float *x, const float *y, int n) {
   return r;
 }
 
-static inline PW_HD double pw_cu__sqdev_d(const float *x, double m, int n) {
-  double s[PW_CU_LANES] = {0};
-  int j = 0;
-  for (; j + PW_CU_LANES <= n; j += PW_CU_LANES)
-    for (int l = 0; l < PW_CU_LANES; l++) {
-      double d = x[j + l] - m;
-      s[l] += d * d;
-    }
-  double r = 0;
-  for (int l = 0; l < PW_CU_LANES; l++) r += s[l];
-  for (; j < n; j++) {
-    double d = x[j] - m;
-    r += d * d;
-  }
-  return r;
-}
-
 /* pw__max (n >= 1; isgreater is > for the NaN-free inputs it assumes) */
 static inline PW_HD float pw_cu__max(const float *x, int n) {
   float m[PW_CU_LANES];
@@ -204,68 +187,7 @@ static inline PW_HD void pw_cu_bias_w_part(float *part, const float *dout, int N
 
 /* ---- layernorm (aux: mean (N), rstd (N)) --------------------------------------- */
 
-static inline PW_HD void pw_cu_layernorm_f_row(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                               const float *b, int C, float eps, int n) {
-  const float *x = inp + (size_t)n * (size_t)C;
-  float *y = out + (size_t)n * (size_t)C;
-  double m = pw_cu__sum_d(x, C) / C;
-  double v = pw_cu__sqdev_d(x, m, C);
-  float mf = (float)m;
-  float rs = 1.0f / sqrtf((float)(v / C) + eps);
-  float shift = -mf * rs;
-  for (int c = 0; c < C; c++) y[c] = (x[c] * rs + shift) * w[c] + b[c];
-  mean[n] = mf;
-  rstd[n] = rs;
-}
-
-/* ops.c's ln_backward_row: sum(g) and sum(g xhat), g = dy w, xhat = (x -
- * m) rs, chunk by chunk of PW_CU_CHUNK, each chunk in lanes, the chunks
- * added in order. */
-static inline PW_HD void pw_cu__ln_sums(const float *dy, const float *x, const float *w, float m, float rs, int C,
-                                        double *sg_out, double *sgx_out) {
-  double sg = 0.0, sgx = 0.0;
-  for (int c0 = 0; c0 < C; c0 += PW_CU_CHUNK) {
-    int len = C - c0 < PW_CU_CHUNK ? C - c0 : PW_CU_CHUNK;
-    double s[PW_CU_LANES] = {0}, t[PW_CU_LANES] = {0};
-    int j = 0;
-    for (; j + PW_CU_LANES <= len; j += PW_CU_LANES)
-      for (int l = 0; l < PW_CU_LANES; l++) {
-        int c = c0 + j + l;
-        float g = dy[c] * w[c], xh = (x[c] - m) * rs;
-        s[l] += (double)g;
-        t[l] += (double)g * xh;
-      }
-    double rg = 0, rgx = 0;
-    for (int l = 0; l < PW_CU_LANES; l++) rg += s[l];
-    for (int l = 0; l < PW_CU_LANES; l++) rgx += t[l];
-    for (; j < len; j++) {
-      int c = c0 + j;
-      float g = dy[c] * w[c], xh = (x[c] - m) * rs;
-      rg += (double)g;
-      rgx += (double)g * xh;
-    }
-    sg += rg;
-    sgx += rgx;
-  }
-  *sg_out = sg;
-  *sgx_out = sgx;
-}
-
-/* dx (+)= rstd (g - mean(g) - xhat mean(g xhat)) over row n */
-static inline PW_HD void pw_cu_layernorm_i_row(float *dinp, const float *dout, const float *inp, const float *w,
-                                               const float *mean, const float *rstd, int C, int acc, int n) {
-  size_t o = (size_t)n * (size_t)C;
-  const float *x = inp + o, *dy = dout + o;
-  float *dx = dinp + o;
-  float m = mean[n], rs = rstd[n];
-  double sg, sgx;
-  pw_cu__ln_sums(dy, x, w, m, rs, C, &sg, &sgx);
-  float mg = (float)(sg / C), mgx = (float)(sgx / C);
-  for (int c = 0; c < C; c++) {
-    float g = dy[c] * w[c], xh = (x[c] - m) * rs;
-    dx[c] = pw_cu__accum(acc, dx[c], rs * (g - mg - xh * mgx));
-  }
-}
+/* The rows (forward, backward_input) are cu_rows_body.h's block programs. */
 
 /* Part k of column c of dw (dy xhat) and db (dy) over the part's rows in
  * order, into pw and pb (the two-stage column sums above) */
@@ -284,7 +206,9 @@ static inline PW_HD void pw_cu_layernorm_w_part(float *pw, float *pb, const floa
 
 /* ---- rmsnorm (aux: rstd (N)) ----------------------------------------------------- */
 
-/* off: 0 for rmsnorm, 1 for Gemma's rmsnorm_offset (the scale 1 + w), as ops.c's */
+/* One thread's row, qk_norm's heads' (the rmsnorm op's rows are
+ * cu_rows_body.h's block programs, the same sums). off: 0 for rmsnorm, 1
+ * for Gemma's rmsnorm_offset (the scale 1 + w), as ops.c's */
 static inline PW_HD void pw_cu_rmsnorm_f_row(float *out, float *rstd, const float *inp, const float *w, float off,
                                              int C, float eps, int n) {
   const float *x = inp + (size_t)n * (size_t)C;

@@ -12,7 +12,8 @@
  * - The same bits as the CPU where the body has no exp, tanh or log and no
  *   GEMM: its sums keep ops.c's order — but the column sums of the bias
  *   and norm weight gradients (parts of 64 rows, then their totals: within
- *   1e-6 of the largest; test_col_sums over three parts). Through exp/tanh/log, within 1e-6 of
+ *   1e-6 of the largest; test_many_rows over three parts). The norms' rows
+ *   run as their GPU blocks (16 lanes a row), in both thread orders. Through exp/tanh/log, within 1e-6 of
  *   the largest element (double-precision libm rounded once against
  *   ops_math.h's correctly rounded floats).
  * - linear: its three GEMMs as the cuBLAS calls cu_ops.cu makes
@@ -41,9 +42,13 @@
 
 #include <cmocka.h>
 
+static int emu_reverse; /* the block programs' threads in the other order */
+#define PW_PH_EMU_ORDER(i, n) (emu_reverse ? (n) - 1 - (i) : (i))
+
 #include "bf16.h"
 #include "cu_bf16_body.h"
 #include "cu_ops_body.h"
+#include "cu_rows_body.h"
 #include "kernels.h"
 #include "model.h"
 #include "ops.h"
@@ -106,6 +111,78 @@ static void expect_close(const char *what, const float *got, const float *want, 
     exact += got[i] == want[i];
   }
   print_message("  %-28s %zu of %zu the CPU's bits\n", what, exact, n);
+}
+
+/* cu_ops.cu's norm row launches: each block of 16 rows in turn, its
+ * shared memory poisoned (NaN doubles) first; twice, the threads of each
+ * phase in the other order the second time (emu_rows runs fn both ways
+ * into out and a copy; the two must agree, which a race would break). */
+static unsigned char rows_sm[4 * PW_PH_NT * sizeof(double)];
+typedef void (*rows_fn)(void *ctx, int blk);
+static void emu_rows(rows_fn fn, void *ctx, int n, float *out, size_t nout) {
+  float *start = malloc(nout * sizeof *start);
+  assert_non_null(start);
+  memcpy(start, out, nout * sizeof *start);
+  float *first = malloc(nout * sizeof *first);
+  assert_non_null(first);
+  for (int r = 0; r < 2; r++) {
+    emu_reverse = r;
+    if (r) memcpy(first, out, nout * sizeof *out), memcpy(out, start, nout * sizeof *out);
+    for (int blk = 0; blk < pw_cu_rows_blocks(n); blk++) {
+      memset(rows_sm, 0xff, sizeof rows_sm);
+      fn(ctx, blk);
+    }
+  }
+  emu_reverse = 0;
+  for (size_t i = 0; i < nout; i++)
+    if (memcmp(&first[i], &out[i], sizeof *out))
+      fail_msg("norm rows: element %zu differs with the threads in the other order: a race", i);
+  free(start), free(first);
+}
+
+/* The norms' row programs' arguments, and a block of each. */
+typedef struct {
+  float *out, *mean, *rstd, *din;
+  const float *inp, *w, *b, *dout, *cmean, *crstd;
+  int n, C, acc;
+  float eps, off;
+} rows_args;
+static void ln_f_blk(void *p, int blk) {
+  rows_args *a = p;
+  pw_cu_layernorm_f_block(a->out, a->mean, a->rstd, a->inp, a->w, a->b, a->n, a->C, a->eps, blk, rows_sm);
+}
+static void ln_i_blk(void *p, int blk) {
+  rows_args *a = p;
+  pw_cu_layernorm_i_block(a->din, a->dout, a->inp, a->w, a->cmean, a->crstd, a->n, a->C, a->acc, blk, rows_sm);
+}
+static void rms_f_blk(void *p, int blk) {
+  rows_args *a = p;
+  pw_cu_rmsnorm_f_block(a->out, a->rstd, a->inp, a->w, a->off, a->n, a->C, a->eps, blk, rows_sm);
+}
+static void rms_i_blk(void *p, int blk) {
+  rows_args *a = p;
+  pw_cu_rmsnorm_i_block(a->din, a->dout, a->inp, a->w, a->off, a->crstd, a->n, a->C, a->acc, blk, rows_sm);
+}
+/* layernorm forward: out (n C) then mean and rstd (2 n) in aux; the order
+ * check covers out, the aux against the CPU's */
+static void emu_layernorm_f(float *out, float *aux, const float *x, const float *w, const float *b, int n, int C,
+                            float eps) {
+  rows_args a = {.out = out, .mean = aux, .rstd = aux + n, .inp = x, .w = w, .b = b, .n = n, .C = C, .eps = eps};
+  emu_rows(ln_f_blk, &a, n, out, (size_t)n * C);
+}
+static void emu_layernorm_i(float *d, const float *dout, const float *x, const float *w, const float *aux, int n,
+                            int C, int acc) {
+  rows_args a = {.din = d, .dout = dout, .inp = x, .w = w, .cmean = aux, .crstd = aux + n, .n = n, .C = C, .acc = acc};
+  emu_rows(ln_i_blk, &a, n, d, (size_t)n * C);
+}
+static void emu_rmsnorm_f(float *out, float *rstd, const float *x, const float *w, float off, int n, int C, float eps) {
+  rows_args a = {.out = out, .rstd = rstd, .inp = x, .w = w, .off = off, .n = n, .C = C, .eps = eps};
+  emu_rows(rms_f_blk, &a, n, out, (size_t)n * C);
+}
+static void emu_rmsnorm_i(float *d, const float *dout, const float *x, const float *w, float off, const float *rstd,
+                          int n, int C, int acc) {
+  rows_args a = {.din = d, .dout = dout, .inp = x, .w = w, .off = off, .crstd = rstd, .n = n, .C = C, .acc = acc};
+  emu_rows(rms_i_blk, &a, n, d, (size_t)n * C);
 }
 
 /* The two-stage column sums (a bias's, a norm's weight gradient: parts of
@@ -351,7 +428,7 @@ static void layernorm_at(int C) {
   for (size_t i = 0; i < n; i++) x[i] += 0.5f; /* a mean away from 0 */
   float *out = nans(n), *aux = nans(2 * N), *want = nans(n), *aux_want = nans(2 * N);
   pw_layernorm_forward(want, aux_want, aux_want + N, x, w, b, N, C, 1e-5f);
-  for (int r = 0; r < N; r++) pw_cu_layernorm_f_row(out, aux, aux + N, x, w, b, C, 1e-5f, r);
+  emu_layernorm_f(out, aux, x, w, b, N, C, 1e-5f);
   expect_same("layernorm forward", out, want, n);
   expect_same("layernorm mean, rstd", aux, aux_want, 2 * N);
 
@@ -359,7 +436,7 @@ static void layernorm_at(int C) {
   for (int acc = 0; acc <= 1; acc++) {
     float *d = acc ? rnd(n, 1) : nans(n), *dw = acc ? dup(d, n) : nans(n);
     pw_layernorm_backward_input(dw, dout, x, w, aux, aux + N, N, C, acc);
-    for (int r = 0; r < N; r++) pw_cu_layernorm_i_row(d, dout, x, w, aux, aux + N, C, acc, r);
+    emu_layernorm_i(d, dout, x, w, aux, N, C, acc);
     expect_same(acc ? "layernorm backward_input acc" : "layernorm backward_input", d, dw, n);
     free(d), free(dw);
   }
@@ -377,7 +454,7 @@ static void layernorm_at(int C) {
   float *d = rnd(n, 1), *dw = dup(d, n);
   pw_layernorm_backward(dw, gw_want, gb_want, dout, x, w, aux, aux + N, N, C, 1);
   emu_layernorm_w(gw, gb, dout, x, aux, aux + N, N, C);
-  for (int r = 0; r < N; r++) pw_cu_layernorm_i_row(d, dout, x, w, aux, aux + N, C, 1, r);
+  emu_layernorm_i(d, dout, x, w, aux, N, C, 1);
   expect_same("layernorm backward (W, I)", d, dw, n);
   expect_close("layernorm backward (W, I) w", gw, gw_want, C, COL_TOL);
   expect_close("layernorm backward (W, I) b", gb, gb_want, C, COL_TOL);
@@ -397,7 +474,7 @@ static void rmsnorm_at(int C, float off) {
   float *x = rnd(n, 2), *w = rnd(C, 1);
   float *out = nans(n), *rstd = nans(N), *want = nans(n), *rstd_want = nans(N);
   pw_rmsnorm_offset_forward(want, rstd_want, x, w, off, N, C, 1e-6f);
-  for (int r = 0; r < N; r++) pw_cu_rmsnorm_f_row(out, rstd, x, w, off, C, 1e-6f, r);
+  emu_rmsnorm_f(out, rstd, x, w, off, N, C, 1e-6f);
   expect_same(off ? "rmsnorm_offset forward" : "rmsnorm forward", out, want, n);
   expect_same("rmsnorm rstd", rstd, rstd_want, N);
 
@@ -405,7 +482,7 @@ static void rmsnorm_at(int C, float off) {
   for (int acc = 0; acc <= 1; acc++) {
     float *d = acc ? rnd(n, 1) : nans(n), *dw = acc ? dup(d, n) : nans(n);
     pw_rmsnorm_offset_backward_input(dw, dout, x, w, off, rstd, N, C, acc);
-    for (int r = 0; r < N; r++) pw_cu_rmsnorm_i_row(d, dout, x, w, off, rstd, C, acc, r);
+    emu_rmsnorm_i(d, dout, x, w, off, rstd, N, C, acc);
     expect_same(acc ? "rmsnorm backward_input acc" : "rmsnorm backward_input", d, dw, n);
     free(d), free(dw);
   }
@@ -424,16 +501,37 @@ static void test_rmsnorm(void **state) {
   rmsnorm_at(600, 1.0f);
 }
 
-/* The column sums over more rows than a part: 150 rows of 37 columns in
- * parts of 64, 64 and 22, into random gradients, against the CPU's bias,
- * layernorm and rmsnorm weight gradients. */
-static void test_col_sums(void **state) {
+/* More rows than a block and a part: 150 rows of 37 columns — the norms'
+ * rows in 10 blocks of 16 (the last of 6), the CPU's bits; the column sums
+ * in parts of 64, 64 and 22, into random gradients, against the CPU's
+ * bias, layernorm and rmsnorm weight gradients. */
+static void test_many_rows(void **state) {
   (void)state;
   enum { R = 150, CC = 37 };
   size_t n = (size_t)R * CC;
   float *x = rnd(n, 2), *dout = rnd(n, 1), *mean = rnd(R, 0.5), *rstd = rnd(R, 1);
   for (int r = 0; r < R; r++) rstd[r] = 1.0f + fabsf(rstd[r]);
   assert_int_equal(pw_cu_col_parts(R), 3);
+  assert_int_equal(pw_cu_rows_blocks(R), 10);
+  {
+    float *w = rnd(CC, 1), *bb = rnd(CC, 1), *o = nans(n), *ow = nans(n), *aux = nans(2 * R), *auxw = nans(2 * R);
+    pw_layernorm_forward(ow, auxw, auxw + R, x, w, bb, R, CC, 1e-5f);
+    emu_layernorm_f(o, aux, x, w, bb, R, CC, 1e-5f);
+    expect_same("layernorm forward, 10 blocks", o, ow, n);
+    expect_same("layernorm mean, rstd, 10 blocks", aux, auxw, 2 * R);
+    float *d = rnd(n, 1), *dw = dup(d, n);
+    pw_layernorm_backward_input(dw, dout, x, w, auxw, auxw + R, R, CC, 1);
+    emu_layernorm_i(d, dout, x, w, auxw, R, CC, 1);
+    expect_same("layernorm backward_input acc, 10 blocks", d, dw, n);
+    pw_rmsnorm_offset_forward(ow, auxw, x, w, 0.0f, R, CC, 1e-6f);
+    emu_rmsnorm_f(o, aux, x, w, 0.0f, R, CC, 1e-6f);
+    expect_same("rmsnorm forward, 10 blocks", o, ow, n);
+    expect_same("rmsnorm rstd, 10 blocks", aux, auxw, R);
+    pw_rmsnorm_offset_backward_input(dw, dout, x, w, 0.0f, auxw, R, CC, 0);
+    emu_rmsnorm_i(d, dout, x, w, 0.0f, auxw, R, CC, 0);
+    expect_same("rmsnorm backward_input, 10 blocks", d, dw, n);
+    free(w), free(bb), free(o), free(ow), free(aux), free(auxw), free(d), free(dw);
+  }
   float *g = rnd(CC, 1), *h = rnd(CC, 1), *gw = dup(g, CC), *hw = dup(h, CC);
   pw_linear_backward_weight(NULL, gw, dout, x, R, 0, CC); /* the bias alone: no inputs' columns */
   emu_bias_w(g, dout, R, CC);
@@ -731,7 +829,7 @@ static void test_optim(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_embed),       cmocka_unit_test(test_posembed), cmocka_unit_test(test_linear),
-      cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_col_sums),  cmocka_unit_test(test_gelu_relu_silu),
+      cmocka_unit_test(test_layernorm),   cmocka_unit_test(test_rmsnorm),  cmocka_unit_test(test_many_rows),  cmocka_unit_test(test_gelu_relu_silu),
       cmocka_unit_test(test_swiglu_add),
       cmocka_unit_test(test_geglu_scale),
       cmocka_unit_test(test_qknorm),  cmocka_unit_test(test_xent_mse), cmocka_unit_test(test_concat),

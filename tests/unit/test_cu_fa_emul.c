@@ -28,7 +28,7 @@
  *   (pw_cu_fa_plan) and forced ones, 16 x 32 and 32 x 16, over T 40 (query
  *   and key tiles of different sizes across the diagonal). */
 static int emu_reverse;
-#define PW_FA_EMU_ORDER(i, n) (emu_reverse ? (n) - 1 - (i) : (i))
+#define PW_PH_EMU_ORDER(i, n) (emu_reverse ? (n) - 1 - (i) : (i))
 
 #include "../../common/cuda/cu_fa_body.h"
 #include "bf16.h"
