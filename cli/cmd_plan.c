@@ -141,13 +141,16 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
   if (p->dp < 2 || p->sched->forward_only) return;
   int zero = job->train.zero;
   printf("data-parallel exchange per step (%s, in replica order; chunks of %zu floats)%s:\n",
-         zero == 2 ? "each microbatch's weight gradients reduce-scattered as W makes them, all-gather of parameters"
-         : zero    ? "reduce-scatter of gradients, all-gather of parameters"
-                   : "reduce-scatter + all-gather of gradients",
+         zero == 3   ? "each microbatch's weight gradients reduce-scattered as W makes them, each layer's parameters "
+                       "all-gathered before its F and its I or B"
+         : zero == 2 ? "each microbatch's weight gradients reduce-scattered as W makes them, all-gather of parameters"
+         : zero      ? "reduce-scatter of gradients, all-gather of parameters"
+                     : "reduce-scatter + all-gather of gradients",
          (size_t)PW_COLL_CHUNK,
-         zero == 2 ? "; optimizer state and gradients sharded (train.zero 2)"
-         : zero    ? "; optimizer state sharded (train.zero)"
-                   : "");
+         zero == 3   ? "; parameters, optimizer state and gradients sharded (train.zero 3)"
+         : zero == 2 ? "; optimizer state and gradients sharded (train.zero 2)"
+         : zero      ? "; optimizer state sharded (train.zero)"
+                     : "");
   printf("%-5s %12s %12s %12s %12s %10s\n", "rank", "sent MiB", "received MiB", "gradient MiB", "buffers MiB", "est ms");
   for (int k = 0; k < p->pp; k++) {
     const pw_plan_mem *m = &p->mem[k];
@@ -155,7 +158,14 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
     printf("%-5d %12.2f %12.2f %12.2f %12.2f %10.3f\n", k, sent / (1 << 20), sent / (1 << 20),
            (double)m->grads / (1 << 20), (double)m->dp / (1 << 20), m->dp_seconds * 1e3);
   }
-  if (zero == 2)
+  if (zero == 3)
+    printf("each rank sends m x zero 1's reduce-scatter of its gradients and, per microbatch, its shard of every "
+           "layer's parameters to the dp-1 others in the F and again in the I or B (a remat recompute too), and keeps "
+           "a 1/dp shard of parameters, gradients and optimizer state plus three buffers of its largest layer "
+           "(replica 0's figures); the gathers are in the simulated F, I and B (the first layer's exposed, the next "
+           "one's behind this one's compute); replica 0 also holds its stages' whole parameters, AdamW m and v while "
+           "it writes a checkpoint (in peak MiB)\n");
+  else if (zero == 2)
     printf("each rank sends (m + 1)(dp-1)/dp of its gradients, m x zero 1's reduce-scatter and the parameters' "
            "all-gather, and keeps a 1/dp shard of them (replica 0's figures); est ms is the step end's all-gather: "
            "each microbatch's reduce-scatter is in the W (or B) that makes it, in the simulated step; replica 0 also "

@@ -77,10 +77,10 @@ size_t pw_ranges_floats(const size_t (*r)[2], int n) {
 size_t pw_dp_floats(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, size_t chunk) {
   if (dp < 2) return 0;
   if (!zero) return (size_t)dp * pw_shard_max(grad_numel, dp);
-  /* the main shards (zero 2: only the one sent), a chunk from each replica, and the full ranges: packed, then
-   * dp shards of them */
-  return (size_t)(zero == 2 ? 1 : dp) * pw_shard_max(train_numel, dp) + (size_t)(dp - 1) * chunk +
-         (full ? full + (size_t)dp * pw_shard_max(full, dp) : 0);
+  /* the main shards (zero 2: only the one sent; zero 3 sends none: pgather.c), a chunk from each replica
+   * (zero 3: none), and the full ranges: packed, then dp shards of them */
+  size_t main = zero == 3 ? 0 : (size_t)(zero == 2 ? 1 : dp) * pw_shard_max(train_numel, dp) + (size_t)(dp - 1) * chunk;
+  return main + (full ? full + (size_t)dp * pw_shard_max(full, dp) : 0);
 }
 
 size_t pw_dp_state_floats(size_t train_numel, int dp, int zero) {
@@ -89,6 +89,7 @@ size_t pw_dp_state_floats(size_t train_numel, int dp, int zero) {
 
 uint64_t pw_dp_step_bytes(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, int replica) {
   if (dp < 2) return 0;
+  if (zero == 3) return pw_coll_bytes_rs_ag(full, dp, replica); /* the parameters: gathered per layer */
   if (zero == 2)
     return pw_coll_bytes_rs_ag(train_numel, dp, replica) - pw_coll_bytes_rs(train_numel, dp, replica) +
            pw_coll_bytes_rs_ag(full, dp, replica);

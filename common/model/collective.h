@@ -77,7 +77,8 @@ size_t pw_ranges_floats(const size_t (*r)[2], int n);
 /* Floats of the exchange's buffers for one stage (not the optimizer state);
  * full: pw_ranges_floats of its pw_dp_full_ranges (used when zero > 0).
  * zero 2 has no step-end reduce-scatter of the main gradients, so no
- * received shards (and pw_dp_wgrad_bufs_floats on top). */
+ * received shards (and pw_dp_wgrad_bufs_floats on top); zero 3 no
+ * all-gather of parameters either: the full ranges' buffers alone. */
 size_t pw_dp_floats(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, size_t chunk);
 /* ---- ZeRO-2: weight gradients reduce-scattered as they are made ----------
  * (worker/gradrs.c). A replica keeps, of a stage's gradient arena, only
@@ -115,7 +116,8 @@ size_t pw_dp_state_floats(size_t train_numel, int dp, int zero);
  * reduce-scatter and all-gather of the gradient arena, else the
  * reduce-scatter of the main gradients, the all-gather of the updated
  * parameters (the same count) and the all-reduce of the full ranges; zero
- * 2 without the reduce-scatter (add m x pw_dp_wgrad_bytes). */
+ * 2 without the reduce-scatter (add m x pw_dp_wgrad_bytes), zero 3 without
+ * the all-gather too (add its per-layer gathers: zero3.h). */
 uint64_t pw_dp_step_bytes(size_t grad_numel, size_t train_numel, size_t full, int dp, int zero, int replica);
 
 #endif

@@ -5,6 +5,7 @@
 #include "collective.h"
 #include "optable.h"
 #include "placement.h"
+#include "zero3.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -206,6 +207,16 @@ typedef struct {
   size_t full, live, wbufs;
   uint64_t wsent;
   int flushes;
+  /* zero 3 (worker/pgather.c): the shard of the parameter arena (pages
+   * included), the largest unit (the rank's gather ring holds 3), the bytes
+   * replica 0 sends to gather every layer once and the last layer's part
+   * (a remat recompute's last layer is not gathered again), and each
+   * layer's gather on the link (gsec[0]: the first layer, exposed; the
+   * rest overlaps the previous layer's compute) */
+  size_t z3_shard, z3_unit;
+  uint64_t z3_pass, z3_last;
+  double z3_first, z3_rest;
+  int z3_units;
 } zero_sizes;
 
 static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
@@ -223,7 +234,29 @@ static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
     int nf = pw_dp_full_ranges(&p->model, &L, tied, nt, r);
     const size_t(*f)[2] = (const size_t(*)[2])r;
     z->full = pw_ranges_floats(f, nf);
-    if (zero == 2) {
+    if (zero == 3) { /* each layer's gather: its bytes, and one latency per frame-carrying gather */
+      pw_z3_units u;
+      if (pw_z3_units_build(&p->model, &L, &u)) {
+        pw_z3_units_free(&u);
+        free(r), free(live);
+        pw_prog_layout_free(&L);
+        return PW_ENOMEM;
+      }
+      size_t lo, hi;
+      pw_shard_range(L.sz.numel, p->dp, 0, &lo, &hi);
+      z->z3_shard = pw_z3_param_floats(L.sz.numel, p->dp, 0);
+      z->z3_unit = u.max_floats;
+      z->z3_pass = pw_z3_pass_bytes(&u, L.sz.numel, p->dp, 0);
+      z->z3_units = pw_z3_pass_gathers(&u);
+      z->z3_last = (uint64_t)pw_z3_unit_part(&u, u.n_units - 1, lo, hi) * (uint64_t)(p->dp - 1) * sizeof(float);
+      for (int k = 0, seen = 0; k < u.n_units; k++) {
+        if (!u.floats[k]) continue;
+        double sec = p->latency + pw_plan_wire_seconds(p, (double)u.floats[k] * (p->dp - 1) / p->dp * sizeof(float));
+        *(seen++ ? &z->z3_rest : &z->z3_first) += sec;
+      }
+      pw_z3_units_free(&u);
+    }
+    if (zero >= 2) {
       z->live = pw_ranges_floats((const size_t(*)[2])live, pw_dp_live_ranges(L.sz.train_numel, p->dp, 0, f, nf, live));
       z->wbufs = pw_dp_wgrad_bufs_floats(pw_dp_wgrad_floats(&p->model, &L, f, nf), L.sz.train_numel, p->dp);
       z->wsent = pw_dp_wgrad_bytes(&p->model, &L, f, nf, p->dp, 0);
@@ -251,6 +284,14 @@ static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fi
   *fixed = (wb + sc) * 2;
 }
 
+/* Of gathers taking `rest` seconds behind n - 1 of n layers computing in
+ * `compute` seconds (each layer's gather overlaps the one before it),
+ * what is left over. */
+static double z3_exposed(double rest, double compute, int n) {
+  double hidden = n > 1 ? compute * (n - 1) / n : 0;
+  return rest > hidden ? rest - hidden : 0;
+}
+
 /* train.zero > 0 at dp > 1 in training: each stage's zero_sizes into
  * *out ([S], NULL otherwise); zero 2's reduce-scatter of one microbatch's
  * weight gradients runs inside the W (or B) that makes them, blocking, one
@@ -265,6 +306,13 @@ static int plan_zero(const pw_job *job, pw_plan *p, zero_sizes **out, pw_err *er
     double sec = z[s].flushes * p->latency + pw_plan_wire_seconds(p, (double)z[s].wsent);
     p->cost_w[s] += sec;
     p->cost_b[s] += sec;
+    if (zero == 3) { /* the gathers: the first layer's exposed, the rest behind the layers before them */
+      double f = z[s].z3_first + z3_exposed(z[s].z3_rest, p->cost_f[s], z[s].z3_units);
+      double b = z[s].z3_first + z3_exposed(z[s].z3_rest, p->cost_i[s] - (p->n_work[s] ? p->cost_f[s] : 0), z[s].z3_units);
+      p->cost_f[s] += f;
+      p->cost_i[s] += b + (p->n_work[s] ? f : 0); /* remat: the recompute gathers too */
+      p->cost_b[s] += b + (p->n_work[s] ? f : 0);
+    }
   }
   return 0;
 }
@@ -280,17 +328,22 @@ static int plan_memory(const pw_job *job, pw_plan *p, const zero_sizes *zs, pw_e
   int train = !p->sched->forward_only;
   if (train && job->train.eval_every > 0 && eval_peak_slots(p->sched, p->peak_slots))
     return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+  size_t *ring = calloc((size_t)p->pp, sizeof *ring);
+  if (!ring) return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
   for (int s = 0; s < p->S; s++) {
     const pw_stage *st = &p->part.stages[s];
     const pw_prog_sizes *sm = &p->stage_mem[s];
-    if (pw_prog_sizes_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s]))
+    if (pw_prog_sizes_of(&p->model, st->layer_lo, st->layer_hi, p->mb_size, &p->stage_mem[s])) {
+      free(ring);
       return pw_err_set(err, PW_ENOMEM, "plan", "out of memory");
+    }
     pw_plan_mem *r = &p->mem[p->sched->stage_to_rank[s]];
     pw_plan_tp_rank(p, s, &p->stage_mem[s], r);
     int zero = zs ? job->train.zero : 0;
     zero_sizes z = zs ? zs[s] : (zero_sizes){0};
-    r->params += sm->numel * sizeof(float);
-    r->grads += (zero == 2 ? z.live : sm->grad_numel) * sizeof(float);
+    r->params += (zero == 3 ? z.z3_shard : sm->numel) * sizeof(float);
+    if (zero == 3 && z.z3_unit > ring[p->sched->stage_to_rank[s]]) ring[p->sched->stage_to_rank[s]] = z.z3_unit;
+    r->grads += (zero >= 2 ? z.live : sm->grad_numel) * sizeof(float);
     r->adam += pw_dp_state_floats(sm->train_numel, p->dp, zero) * sizeof(float);
     size_t full = (size_t)p->peak_slots[s] * sm->slot_floats * sizeof(float);
     if (p->n_work[s]) {
@@ -318,10 +371,17 @@ static int plan_memory(const pw_job *job, pw_plan *p, const zero_sizes *zs, pw_e
       r->dp_seconds += pw_chunk_count((size_t)sent / sizeof(float), PW_COLL_CHUNK) * p->latency +
                        pw_plan_wire_seconds(p, (double)sent);
       r->dp_sent += sent + (uint64_t)p->m * z.wsent; /* zero 2: every microbatch's, priced in its W (plan_zero) */
-      /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too */
-      if (zero) r->ckpt_gather += (zero == 2 ? 2 : 1) * sm->train_numel * sizeof(float);
+      /* zero 3: each microbatch's F and I (or B) gather every layer, a remat recompute all but the last again */
+      if (zero == 3) r->dp_sent += (uint64_t)p->m * (2 * z.z3_pass + (p->n_work[s] ? z.z3_pass - z.z3_last : 0));
+      /* replica 0 holds the whole v at a checkpoint (m where the gradients are), zero 2 m too, zero 3 the
+       * parameters too */
+      if (zero) r->ckpt_gather += (zero >= 2 ? 2 : 1) * sm->train_numel * sizeof(float);
+      if (zero == 3) r->ckpt_gather += sm->numel * sizeof(float);
     }
   }
+  for (int k = 0; k < p->pp; k++) /* zero 3: a rank's gather ring, sized for its largest layer */
+    p->mem[k].params += PW_Z3_RING * ring[k] * sizeof(float);
+  free(ring);
   /* a rank holding a copy of a shared parameter keeps its block */
   for (int i = 0; i < p->part.n_shared && train; i++) {
     const pw_shared_param *sp = &p->part.shared[i];

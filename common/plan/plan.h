@@ -67,9 +67,11 @@ void pw_tied_wire(pw_tied_bufs *t, float *block, const pw_model *m, const pw_sha
  * (worker/stepend.c). The process baseline (code, libraries, thread
  * stacks, OpenBLAS's workspace: about 6 MiB here) is excluded. */
 typedef struct {
-  size_t params;   /* parameter arenas */
-  size_t grads;    /* gradient arenas (shadows included); train.zero 2: what replica 0 keeps of
-                      them, its shard of the main part and the full ranges (pw_dp_live_ranges) */
+  size_t params;   /* parameter arenas; train.zero 3: each stage's shard of them (pages rounded
+                      out: pw_z3_param_floats) and the rank's gather ring, PW_Z3_RING buffers of its
+                      largest layer (common/model/zero3.h) */
+  size_t grads;    /* gradient arenas (shadows included); train.zero 2 and 3: what replica 0 keeps
+                      of them, its shard of the main part and the full ranges (pw_dp_live_ranges) */
   size_t adam;     /* AdamW m and v (train.zero > 0: of the rank's shard) */
   size_t slots;    /* activation slots: per stage, slot bytes x peak slots (a
                       remat stage's slot is its keep part: the ports) */
@@ -80,15 +82,17 @@ typedef struct {
   size_t dp;       /* dp > 1: the data-parallel exchange's buffers (pw_dp_floats; zero 2 also
                       pw_dp_wgrad_bufs_floats: the weight-gradient scratch and its pieces) */
   uint64_t dp_sent;   /* bytes replica 0's rank sends per step in it (pw_dp_step_bytes, zero 2
-                         plus m x pw_dp_wgrad_bytes: m x the zero 1 reduce-scatter; each
-                         replica receives as many, within a shard's rounding) */
+                         plus m x pw_dp_wgrad_bytes: m x the zero 1 reduce-scatter; zero 3 also
+                         m x its F's and I's (or B's) per-layer gathers, pw_z3_pass_bytes, and a
+                         remat recompute's; each replica receives as many, within a shard's
+                         rounding) */
   double dp_seconds; /* the step end's part of it on the plan's link (latency per chunk sent and
                          its bytes / bandwidth; after the pipeline's last action, not in the
                          simulated makespan); zero 2's per-microbatch reduce-scatters are not
                          here but in the W (or B) that makes them (cost_w, cost_b) */
   size_t ckpt_gather; /* train.zero > 0: replica 0 holds the whole v of its stages while it
                          writes a checkpoint (m goes where the gradients are; zero 2 has no
-                         whole gradient arena: m and v); the other
+                         whole gradient arena: m and v; zero 3 the parameters too); the other
                          replicas' peak is total minus this */
   uint64_t tp_sent;  /* mesh.tp > 1: bytes tp rank 0 of each of its stages sends per step in the
                         tensor-parallel all-reduces (common/model/tp.h; the others within a shard's

@@ -14,6 +14,7 @@
 
 #include "spec_json.h"
 #include "collective.h"
+#include "zero3.h"
 #include "bf16.h"
 #include "plan.h"
 #include "prog.h"
@@ -423,6 +424,44 @@ static void test_zero_memory(void **state) {
   }
 }
 
+/* train.zero 3 at dp 2 (tied: the embedding in two layers' gathers): the
+ * rank keeps its shard of the parameters (and the two pages its ends round
+ * out to) and three buffers of its largest layer, zero 2's gradients, the
+ * optimizer state's shard; it sends each microbatch's gathers (F and B)
+ * and zero 2's reduce-scatters, no all-gather of parameters; replica 0
+ * holds whole parameters, m and v at a checkpoint. */
+static void test_zero3_memory(void **state) {
+  (void)state;
+  for (int tied = 0; tied < 2; tied++) {
+    pw_job job;
+    job_of(tied ? GPT_TIED : GPT, "1f1b", 1, 2, 1, 2, 4, &job);
+    pw_plan p2, p3;
+    job.train.zero = 2;
+    assert_int_equal(pw_plan_build(&job, NULL, &p2, NULL), 0);
+    job.train.zero = 3;
+    assert_int_equal(pw_plan_build(&job, NULL, &p3, NULL), 0);
+    size_t n = p3.stage_mem[0].numel, tn = p3.stage_mem[0].train_numel;
+    pw_prog_layout L;
+    pw_z3_units u;
+    assert_int_equal(pw_prog_layout_build(&p3.model, 0, p3.model.n_layers, p3.mb_size, &L), 0);
+    assert_int_equal(pw_z3_units_build(&p3.model, &L, &u), 0);
+    assert_int_equal(p3.mem[0].params, (pw_shard_max(n, 2) + 2 * 1024 + 3 * u.max_floats) * 4);
+    /* (at this size three buffers of the largest layer, the embedding, outweigh the half saved) */
+    assert_int_equal(p3.mem[0].grads, p2.mem[0].grads);
+    assert_int_equal(p3.mem[0].adam, p2.mem[0].adam);
+    assert_int_equal(p3.mem[0].ckpt_gather, p2.mem[0].ckpt_gather + n * 4);
+    uint64_t pass = pw_z3_pass_bytes(&u, n, 2, 0);
+    assert_true(pass == (pw_shard_max(n, 2) + (tied ? 256 * 32 : 0)) * 4 || !tied); /* the embedding twice */
+    assert_true(p3.mem[0].dp_sent == p2.mem[0].dp_sent - (pw_coll_bytes_rs_ag(tn, 2, 0) - pw_coll_bytes_rs(tn, 2, 0)) +
+                                         (uint64_t)p3.m * 2 * pass);
+    pw_z3_units_free(&u);
+    pw_prog_layout_free(&L);
+    pw_plan_free(&p2);
+    pw_plan_free(&p3);
+    pw_job_free(&job);
+  }
+}
+
 /* The step-end buffers as plan.h describes them for the worker: the DP
  * exchange keeps dp shards of the arena (zero 0), or dp shards of the
  * main part and a chunk per other replica (zero > 0), nothing at dp 1; a
@@ -637,6 +676,7 @@ int main(void) {
       cmocka_unit_test(test_tied_bytes),
       cmocka_unit_test(test_stepend_bufs),
       cmocka_unit_test(test_zero_memory),
+      cmocka_unit_test(test_zero3_memory),
       cmocka_unit_test(test_data_bytes),
       cmocka_unit_test(test_eval_slots),
       cmocka_unit_test(test_peak_slots_by_hand),
