@@ -3,9 +3,11 @@
  * backward half alone against finite differences, accumulation — plus
  * what finite differences cannot see: the acc = 0 overwrite (into NaN),
  * the padding row that takes no gradient, the ignored targets, the erf
- * GELU told from the tanh one, and PyTorch's values. */
+ * GELU told from the tanh one, PyTorch's values, and the same bits from
+ * every vector level (cpu.h) a kernel is compiled for. */
 #include "opcheck.h"
 
+#include "cpu.h"
 #include "ops_enc.h"
 
 /* ---- erf GELU, tanh: d = {n}; saved gelu' ---------------------------------- */
@@ -253,12 +255,57 @@ static void test_acc_overwrite(void **state) {
   }
 }
 
+/* ---- every vector level the same bits ------------------------------------------ */
+
+enum { LB = 3, LT = 37, LC = 21, LN = LB * LT, LV = 45, LNE = LN * LC, LX = LNE / LV, NO = 12 };
+static float lin[4][LNE], lout[NO][LNE], lref[NO][LNE];
+static int32_t ltok[LN], ltgt[LN];
+
+static void run_all(int acc) {
+  oc_seed(11);
+  for (int k = 0; k < NO; k++) oc_fill(lout[k], LNE, 0.5); /* prefilled: acc adds to the same values */
+  pw_gelu_erf_forward(lout[0], lout[1], lin[0], LNE);
+  pw_gelu_erf_backward_input(lout[2], lin[1], lout[1], LNE, acc);
+  pw_tanh_forward(lout[3], lin[0], LNE);
+  pw_tanh_backward_input(lout[4], lin[1], lout[3], LNE, acc);
+  pw_toktype_forward(lout[5], lin[0], ltok, lin[2], LB, LT, LC, 3, 0);
+  pw_toktype_backward_input(lout[6], lin[1], LB, LT, LC, acc);
+  pw_toktype_backward_weight(lout[7], lin[1], ltok, LB, LT, LC, 3, 0);
+  pw_first_row_backward_input(lout[8], lin[1], LB, LT, LC, acc);
+  pw_embed_pad_backward_weight(lout[9], lin[1], ltok, LN, LC, 0);
+  lout[10][0] = pw_xent_mlm_forward(lout[11], lin[3], ltgt, LX, LV, 0.01f);
+  pw_xent_mlm_backward_input(lout[10] + 1, lout[11], ltgt, LX - 1, LV, 0.01f, acc);
+}
+
+static void test_levels_same_bits(void **state) {
+  (void)state;
+  oc_seed(10);
+  for (int k = 0; k < 4; k++) oc_fill(lin[k], LNE, k == 0 ? 4.0 : 1.0);
+  for (int i = 0; i < LN; i++) ltok[i] = (i * 7 + 1) % 9, ltgt[i] = i % 3 ? -100 : (i * 5) % LV;
+  pw_cpu_isa before = pw_cpu_level();
+  for (int acc = 0; acc <= 1; acc++) {
+    pw_cpu_force(PW_CPU_SSE);
+    run_all(acc);
+    memcpy(lref, lout, sizeof lout);
+    for (int l = before; l > PW_CPU_SSE; l--) {
+      pw_cpu_force((pw_cpu_isa)l);
+      run_all(acc);
+      for (int k = 0; k < NO; k++)
+        for (int i = 0; i < LNE; i++)
+          if (memcmp(&lout[k][i], &lref[k][i], sizeof(float)))
+            fail_msg("acc %d: out[%d][%d] %.9g at %s, %.9g at sse", acc, k, i, (double)lout[k][i],
+                     pw_cpu_name((pw_cpu_isa)l), (double)lref[k][i]);
+    }
+  }
+  pw_cpu_force(before);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_elementwise),  cmocka_unit_test(test_gelu_erf_matches_pytorch),
       cmocka_unit_test(test_toktype),      cmocka_unit_test(test_first_row),
       cmocka_unit_test(test_xent_mlm),     cmocka_unit_test(test_embed_pad),
-      cmocka_unit_test(test_acc_overwrite),
+      cmocka_unit_test(test_acc_overwrite), cmocka_unit_test(test_levels_same_bits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
