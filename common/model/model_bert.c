@@ -18,8 +18,9 @@
 
 #include "model_build.h"
 
-/* The attention of block p over qkv h; tok: the model's tokens, read
- * where there is a padding token to mask. */
+/* Bidirectional attention over the packed qkv h; with a padding token it
+ * reads the model's tokens tok too (model.h's pad), so any stage holding
+ * it draws them. */
 static int attention(pw__mbuild *bd, int h, int tok) {
   const pw_model_spec *s = bd->spec;
   int T = s->seq_len, C = s->d_model, pad = s->pad_token >= 0;
@@ -33,6 +34,7 @@ static int attention(pw__mbuild *bd, int h, int tok) {
   return h;
 }
 
+/* Block p: post-LN, transformers' BertLayer (attention, then the MLP). */
 static int block(pw__mbuild *bd, const char *p, int x, int tok) {
   const pw_model_spec *s = bd->spec;
   char nm[PW_PARAM_NAME_MAX];
