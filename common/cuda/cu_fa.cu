@@ -97,6 +97,9 @@ __global__ static void __launch_bounds__(PW_FA_NT) dkv_k(pw_cu_fa d, float *dqkv
 static int plan(const pw_kernel_io *io, int kind, pw_cu_fa *d) {
   const pw_node *n = io->n;
   *d = pw_cu_fa_make(io->B, n->T, n->OC, n->NH, n->NKV, io->bscratch != NULL);
+  /* the node's mask, as kernels.c's mask_of */
+  d->causal = !n->bidir, d->window = n->window, d->pad = n->pad;
+  d->tok = n->in[1] >= 0 ? (const int32_t *)io->in1 : NULL;
   if (d->B <= 0 || d->T <= 0 || d->NH <= 0 || d->HD <= 0) return 0;
   if (pw_cu_fa_plan(d, kind)) {
     char where[160];

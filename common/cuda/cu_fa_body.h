@@ -33,6 +33,12 @@
  * before dS K and dS^T Q — the CPU's. Scores are q.k times scale, as the
  * CPU scales after its product; softmax, D and dS stay float32.
  *
+ * Masks (ops.h's pw_attn_mask): causal or not (bidirectional), a sliding
+ * window (row r sees keys (r - window, r]), pad keys (the tokens' pad
+ * masked; a row whose keys are all pad attends uniformly to them, scores 0,
+ * no gradient to q or k from it), as ops_flash.c; the forward's key tiles
+ * start at its first row's first key, as the CPU's.
+ *
  * Shapes: qkv rows of W = C + 2 NKV HD (q of head h at h HD, k of kv head g
  * at C + g HD, v at C + NKV HD + g HD; query head h reads kv head h / G,
  * G = NH / NKV), out and dout (B, T, C), lse (B, NH, T); gradients stored as
@@ -66,7 +72,10 @@ typedef struct {
   int B, T, C, NH, NKV, HD, G;
   size_t W;    /* a packed qkv row: C + 2 NKV HD */
   float scale; /* 1 / sqrtf(HD), as the CPU computes it */
-  int causal;  /* row r sees keys 0..r (else every key) */
+  int causal;  /* row r sees keys 0..r (else every key: bidirectional) */
+  int window;  /* > 0 (causal): row r sees keys (r - window, r] only (a sliding window) */
+  const int32_t *tok; /* (B, T) tokens: keys whose token is pad are masked; NULL: none */
+  int32_t pad;
   int bf16;    /* bf16 operands, tensor-core products */
   int HDP;     /* HD rounded up to 16 */
   int BQ, BK;  /* query rows and keys of a tile */
@@ -76,7 +85,7 @@ typedef struct {
   int ldp;     /* bf16 P and dS tiles' row: BK + 8 */
   int lda;     /* float32 accumulator tiles' row: HDP + 4 */
   unsigned o_q, o_do, o_k, o_v, o_s, o_dp, o_pb, o_dsb, o_a1, o_a2; /* tiles */
-  unsigned o_r1, o_r2, o_r3, o_r4, o_red, o_red2;                   /* per-row and per-thread floats */
+  unsigned o_r1, o_r2, o_r3, o_r4, o_ru, o_red, o_red2;             /* per-row and per-thread floats */
   unsigned bytes;
 } pw_cu_fa;
 
@@ -108,7 +117,7 @@ static inline PW_HD void pw_cu_fa_layout(pw_cu_fa *d, int kind, int BQ, int BK) 
   d->ldo = d->bf16 ? d->HDP + 8 : d->HD + 1;
   d->lds = BK + 4, d->ldp = BK + 8, d->lda = d->HDP + 4;
   d->o_q = d->o_do = d->o_k = d->o_v = d->o_s = d->o_dp = d->o_pb = d->o_dsb = d->o_a1 = d->o_a2 = 0;
-  d->o_r1 = d->o_r2 = d->o_r3 = d->o_r4 = d->o_red = d->o_red2 = 0;
+  d->o_r1 = d->o_r2 = d->o_r3 = d->o_r4 = d->o_ru = d->o_red = d->o_red2 = 0;
   size_t qt = (size_t)BQ * d->ldo * es, kt = (size_t)BK * d->ldo * es;
   size_t st = (size_t)BQ * d->lds * 4, pt = (size_t)BQ * d->ldp * 2, rows = (size_t)BQ * 4, red = PW_FA_NT * 4;
   d->o_q = pw_cu_fa__take(&at, qt);
@@ -123,6 +132,7 @@ static inline PW_HD void pw_cu_fa_layout(pw_cu_fa *d, int kind, int BQ, int BK) 
   if (kind == PW_FA_DKV) d->o_a2 = pw_cu_fa__take(&at, (size_t)BK * d->lda * 4);
   d->o_r1 = pw_cu_fa__take(&at, rows);
   d->o_r2 = pw_cu_fa__take(&at, rows);
+  d->o_ru = pw_cu_fa__take(&at, rows);
   if (kind == PW_FA_FWD) {
     d->o_r3 = pw_cu_fa__take(&at, rows);
     d->o_r4 = pw_cu_fa__take(&at, rows);
@@ -156,10 +166,34 @@ static inline PW_HD int pw_cu_fa_tiles(int T, int b) { return (T + b - 1) / b; }
 
 static inline PW_HD int pw_cu_fa_min(int a, int b) { return a < b ? a : b; }
 
-/* Does query row r see key k? */
-static inline PW_HD int pw_cu_fa_sees(const pw_cu_fa *d, int r, int k) {
-  return r < d->T && k < d->T && (!d->causal || k <= r);
+/* Row r's keys: [lo, hi) (ops_flash.c's key_lo and seen). */
+static inline PW_HD int pw_cu_fa_lo(const pw_cu_fa *d, int r) {
+  return d->window > 0 && r + 1 > d->window ? r + 1 - d->window : 0;
 }
+static inline PW_HD int pw_cu_fa_hi(const pw_cu_fa *d, int r) {
+  return !d->causal ? d->T : r + 1 < d->T ? r + 1 : d->T;
+}
+
+/* 1 when all of row r's keys are pad (tok: its sequence's tokens): the row
+ * attends uniformly to them, a constant (ops_flash.h: HF BERT's mask). */
+static inline PW_HD int pw_cu_fa_uniform(const pw_cu_fa *d, const int32_t *tok, int r) {
+  if (!tok || r >= d->T) return 0;
+  for (int k = pw_cu_fa_lo(d, r), hi = pw_cu_fa_hi(d, r); k < hi; k++)
+    if (tok[k] != d->pad) return 0;
+  return 1;
+}
+
+/* Does query row r see key k? Within its keys and not pad, or (u: a
+ * uniform row) any of its keys. */
+static inline PW_HD int pw_cu_fa_sees(const pw_cu_fa *d, const int32_t *tok, int r, int k, int u) {
+  return r < d->T && k >= pw_cu_fa_lo(d, r) && k < pw_cu_fa_hi(d, r) && (u || !tok || tok[k] != d->pad);
+}
+
+/* Sequence b's tokens, or NULL (no pad mask). */
+static inline PW_HD const int32_t *pw_cu_fa_tok(const pw_cu_fa *d, int b) {
+  return d->tok ? d->tok + (size_t)b * (size_t)d->T : NULL;
+}
+
 
 /* bf16 bits as float (exact) */
 static inline PW_HD float pw_cu_fa_bf(uint16_t b) {
@@ -171,6 +205,11 @@ static inline PW_HD float pw_cu_fa_bf(uint16_t b) {
 
 #define PW_FA_F(sm, o) ((float *)((sm) + (o)))
 #define PW_FA_H(sm, o) ((uint16_t *)((sm) + (o)))
+
+/* Thread t's share of the rows' uniform flags (1.0f or 0) into o_ru. */
+PW_PH_FN void pw_cu_fa_rows_u(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int t) {
+  for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_ru)[i] = pw_cu_fa_uniform(d, tok, r0 + i) ? 1.0f : 0.0f;
+}
 
 /* q of head h, k and v of kv head g, out (or dout) of head h: row r of
  * sequence b (row r + 1 at + W, or + C for out) */
@@ -274,15 +313,16 @@ PW_PH_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int
 /* ---- forward ------------------------------------------------------------------------ */
 
 /* Row phase 1 of a key tile at c0: each score S(i, j) times scale, in
- * place; thread (i, p = t % TPR)'s max over the keys j = p, p + TPR, ...
- * row r0 + i sees into red[t] (-inf: none). */
-PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
-  int i = t / d->TPR, p = t - i * d->TPR;
+ * place (0 in a uniform row: its scores are constants); thread (i, p = t %
+ * TPR)'s max over the keys j = p, p + TPR, ... row r0 + i sees into red[t]
+ * (-inf: none). tok: the sequence's tokens or NULL. */
+PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
+  int i = t / d->TPR, p = t - i * d->TPR, u = PW_FA_F(sm, d->o_ru)[i] != 0.0f;
   float *S = PW_FA_F(sm, d->o_s) + i * d->lds, mx = -INFINITY;
   for (int j = p; j < d->BK; j += d->TPR) {
-    float s = S[j] * d->scale;
+    float s = u ? 0.0f : S[j] * d->scale;
     S[j] = s;
-    if (pw_cu_fa_sees(d, r0 + i, c0 + j) && s > mx) mx = s;
+    if (pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) && s > mx) mx = s;
   }
   PW_FA_F(sm, d->o_red)[t] = mx;
 }
@@ -292,8 +332,8 @@ PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, int r0, int
  * the bf16 tile), its threads' sums of P into red2, and the factor al =
  * exp(m - mn) the output so far is rescaled by (0 on the first tile: m is
  * -inf). A row that has seen no key yet keeps P 0. */
-PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
-  int i = t / d->TPR, p = t - i * d->TPR;
+PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
+  int i = t / d->TPR, p = t - i * d->TPR, u = PW_FA_F(sm, d->o_ru)[i] != 0.0f;
   const float *red = PW_FA_F(sm, d->o_red) + i * d->TPR;
   float m = PW_FA_F(sm, d->o_r1)[i], mn = m;
   for (int k = 0; k < d->TPR; k++) mn = red[k] > mn ? red[k] : mn;
@@ -301,7 +341,7 @@ PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, int r0, int
   float *S = PW_FA_F(sm, d->o_s) + i * d->lds;
   uint16_t *Pb = d->bf16 ? PW_FA_H(sm, d->o_pb) + i * d->ldp : NULL;
   for (int j = p; j < d->BK; j += d->TPR) {
-    float e = pw_cu_fa_sees(d, r0 + i, c0 + j) ? expf(S[j] - mu) : 0.0f;
+    float e = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf(S[j] - mu) : 0.0f;
     sum += e;
     if (Pb)
       Pb[j] = pw_cu_bf16_bits(e);
@@ -350,14 +390,18 @@ PW_PH_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *ou
 PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, const float *qkv, int qt, int h, int b,
                                  unsigned char *sm) {
   int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0), g = h / d->G;
-  int kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T; /* past the keys the tile's rows see */
+  /* the keys the tile's rows see: from its first row's first (the CPU's
+   * tiles start there too) to past its last row's last */
+  int kbeg = pw_cu_fa_lo(d, r0), kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T;
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
+  const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
     pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
     for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_r1)[i] = -INFINITY, PW_FA_F(sm, d->o_r2)[i] = 0.0f;
+    pw_cu_fa_rows_u(d, sm, tok, r0, t);
   });
-  for (int c0 = 0; c0 < kend; c0 += d->BK) {
+  for (int c0 = kbeg; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
     PW_PH_THREADS(t, {
       pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
@@ -365,8 +409,8 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
     });
     /* S = Q K^T */
     PW_FA_MM(d, sm, d->o_s, d->lds, d->o_q, d->ldo, 0, d->o_k, d->ldo, 1, d->BQ, d->BK, d->HD, kk, 0);
-    PW_PH_THREADS(t, pw_cu_fa_fwd_max(d, sm, r0, c0, t));
-    PW_PH_THREADS(t, pw_cu_fa_fwd_exp(d, sm, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_max(d, sm, tok, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_exp(d, sm, tok, r0, c0, t));
     PW_PH_THREADS(t, pw_cu_fa_fwd_rescale(d, sm, t));
     /* O += P V */
     if (d->bf16)
@@ -390,6 +434,7 @@ PW_PH_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const floa
   int rows = pw_cu_fa_min(d->BQ, d->T - r0);
   pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
   pw_cu_fa_load(d, sm, d->o_do, dout + pw_cu_fa_o(d, b, h, r0), (size_t)d->C, rows, d->BQ, t);
+  pw_cu_fa_rows_u(d, sm, pw_cu_fa_tok(d, b), r0, t);
   const float *L = lse + ((size_t)b * d->NH + h) * d->T + r0;
   for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_r1)[i] = i < rows ? L[i] : 0.0f;
   int i = t / d->TPR, p = t - i * d->TPR;
@@ -411,16 +456,17 @@ PW_PH_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
 }
 
 /* From S = Q K^T and dP = dO V^T of query rows r0.. and keys c0..: P =
- * exp(scale s - lse) where the row sees the key (else 0), dS = P (dP - D).
+ * exp(scale s - lse) where the row sees the key (else 0; a uniform row's s
+ * 0), dS = P (dP - D) (0 in a uniform row: its scores were constants).
  * float32: P into S, dS into dP; bf16: bf16(P) into the P tile (when the
  * kernel has one) and bf16(scale dS) into the dS tile. */
-PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, int r0, int c0, int t) {
+PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
   float *S = PW_FA_F(sm, d->o_s), *dP = PW_FA_F(sm, d->o_dp);
-  const float *L = PW_FA_F(sm, d->o_r1), *D = PW_FA_F(sm, d->o_r2);
+  const float *L = PW_FA_F(sm, d->o_r1), *D = PW_FA_F(sm, d->o_r2), *U = PW_FA_F(sm, d->o_ru);
   for (int e = t; e < d->BQ * d->BK; e += PW_FA_NT) {
-    int i = e / d->BK, j = e - i * d->BK, at = i * d->lds + j;
-    float p = pw_cu_fa_sees(d, r0 + i, c0 + j) ? expf(S[at] * d->scale - L[i]) : 0.0f;
-    float ds = p * (dP[at] - D[i]);
+    int i = e / d->BK, j = e - i * d->BK, at = i * d->lds + j, u = U[i] != 0.0f;
+    float p = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf((u ? 0.0f : S[at] * d->scale) - L[i]) : 0.0f;
+    float ds = u ? 0.0f : p * (dP[at] - D[i]);
     if (d->bf16) {
       if (d->o_pb) PW_FA_H(sm, d->o_pb)[i * d->ldp + j] = pw_cu_bf16_bits(p);
       PW_FA_H(sm, d->o_dsb)[i * d->ldp + j] = pw_cu_bf16_bits(ds * d->scale);
@@ -458,21 +504,22 @@ PW_PH_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned
 PW_PH_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
                                 const float *qkv, const float *lse, int acc, int qt, int h, int b, unsigned char *sm) {
   int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0), g = h / d->G;
-  int kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T;
+  int kbeg = pw_cu_fa_lo(d, r0), kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T;
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
+  const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
     pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
   });
   PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
-  for (int c0 = 0; c0 < kend; c0 += d->BK) {
+  for (int c0 = kbeg; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
     PW_PH_THREADS(t, {
       pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
       pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     });
     PW_FA_S_DP(d, sm, kk);
-    PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, tok, r0, c0, t));
     /* dQ += dS K */
     if (d->bf16)
       PW_PH_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_dsb), d->ldp, 0,
@@ -492,7 +539,11 @@ PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
                                  const float *qkv, const float *lse, int acc, int kt, int g, int b, unsigned char *sm) {
   int c0 = kt * d->BK, cols = pw_cu_fa_min(d->BK, d->T - c0);
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
-  int q0 = d->causal ? c0 / d->BQ : 0; /* the first query tile that sees key c0 */
+  /* the query tiles that see the key tile: causal, from key c0's row on;
+   * a window, to the row whose window the tile's last key leaves */
+  int q0 = d->causal ? c0 / d->BQ : 0, q1 = pw_cu_fa_tiles(d->T, d->BQ);
+  if (d->window > 0 && (c0 + cols - 1 + d->window - 1) / d->BQ + 1 < q1) q1 = (c0 + cols - 1 + d->window - 1) / d->BQ + 1;
+  const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
     pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
     pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
@@ -500,12 +551,12 @@ PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
     pw_cu_fa_zero(sm, d->o_a2, d->BK * d->lda, t);
   });
   for (int h = g * d->G; h < (g + 1) * d->G; h++)
-    for (int qt = q0; qt * d->BQ < d->T; qt++) {
+    for (int qt = q0; qt < q1; qt++) {
       int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0);
       PW_PH_THREADS(t, pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t));
       PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
       PW_FA_S_DP(d, sm, kk);
-      PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, r0, c0, t));
+      PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, tok, r0, c0, t));
       /* dV += P^T dO;  dK += dS^T Q */
       if (d->bf16) {
         PW_PH_WARPS(w, {

@@ -26,13 +26,19 @@
  *   64 and 128), HD 64 and 128, multi-head, grouped-query (4 on 2) and
  *   multi-query (4 on 1), two sequences; the tiles the GPU picks
  *   (pw_cu_fa_plan) and forced ones, 16 x 32 and 32 x 16, over T 40 (query
- *   and key tiles of different sizes across the diagonal). */
+ *   and key tiles of different sizes across the diagonal).
+ * - The masks against the CPU's _mask kernels: a sliding window (T 200,
+ *   window 37: key tiles the window spans and skips), bidirectional with
+ *   pads (a sequence all pad: rows that attend uniformly), causal with pads
+ *   (the first sequence's leading pads: causal rows whose keys are all
+ *   pad), a window with pads; default and forced tiles. */
 static int emu_reverse;
 #define PW_PH_EMU_ORDER(i, n) (emu_reverse ? (n) - 1 - (i) : (i))
 
 #include "../../common/cuda/cu_fa_body.h"
 #include "bf16.h"
 #include "opcheck.h"
+#include "ops.h"
 
 static unsigned char *sm; /* a block's shared memory */
 
@@ -104,10 +110,40 @@ static float *nan_f(size_t n) {
 
 /* ---- one shape --------------------------------------------------------------------------- */
 
-/* bq, bk > 0: those tiles for all three kernels, else pw_cu_fa_plan's. */
-static void compare(int bf16, int B, int T, int NH, int NKV, int HD, int bq, int bk) {
+/* The masks: none but the causal one, or as mk says (tokens made here:
+ * pads where mk->pad says, see masked_tokens). */
+typedef struct {
+  int window, bidir, pads; /* pads: the tokens have pads (1), and a sequence all pad first (2) */
+} emu_mask;
+
+/* B sequences of T tokens, pad 0: a run of pads at the end of each (and
+ * at the start of the first: 2), tokens 1.. elsewhere; the first's pads at
+ * its start make causal rows whose keys are all pad (uniform rows), and
+ * with pads 2 the second sequence is all pad (uniform bidirectional rows). */
+static int32_t *masked_tokens(int B, int T, int pads) {
+  int32_t *tok = malloc((size_t)B * T * sizeof *tok);
+  assert_non_null(tok);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++) {
+      int pad = t >= T - 1 - (T / 3 + b) % (T / 2 + 1) || (b == 0 && t < T / 5) || (pads == 2 && b == 1);
+      tok[(size_t)b * T + t] = pad ? 0 : 1 + (b * 7 + t) % 50;
+    }
+  return tok;
+}
+
+/* bq, bk > 0: those tiles for all three kernels, else pw_cu_fa_plan's;
+ * em NULL: causal. */
+static void compare(int bf16, int B, int T, int NH, int NKV, int HD, int bq, int bk, const emu_mask *em) {
   int C = NH * HD;
-  pw_cu_fa f = pw_cu_fa_make(B, T, C, NH, NKV, bf16), dq = f, dkv = f;
+  pw_cu_fa f = pw_cu_fa_make(B, T, C, NH, NKV, bf16);
+  pw_attn_mask mk = {0};
+  int32_t *tok = NULL;
+  if (em) {
+    mk.window = em->window, mk.bidir = em->bidir;
+    if (em->pads) mk.tok = tok = masked_tokens(B, T, em->pads), mk.pad = 0;
+    f.causal = !em->bidir, f.window = em->window, f.tok = tok, f.pad = 0;
+  }
+  pw_cu_fa dq = f, dkv = f;
   if (bq) {
     pw_cu_fa_layout(&f, PW_FA_FWD, bq, bk), pw_cu_fa_layout(&dq, PW_FA_DQ, bq, bk);
     pw_cu_fa_layout(&dkv, PW_FA_DKV, bq, bk);
@@ -126,12 +162,13 @@ static void compare(int bf16, int B, int T, int NH, int NKV, int HD, int bq, int
   oc_fill(dout, no, 1.0);
   float *out = nan_f(no), *lse = nan_f(nl);
   if (bf16)
-    pw_attention_tiled_forward_bf16(out, lse, sc, bs, qkv, B, T, C, NH, NKV);
+    pw_attention_tiled_forward_bf16_mask(out, lse, sc, bs, qkv, B, T, C, NH, NKV, &mk);
   else
-    pw_attention_tiled_forward(out, lse, sc, qkv, B, T, C, NH, NKV);
-  char name[160], what[200];
-  snprintf(name, sizeof name, "%s B %d T %d NH %d NKV %d HD %d tiles %dx%d/%dx%d", bf16 ? "bf16" : "f32", B, T, NH, NKV,
-           HD, f.BQ, f.BK, dq.BQ, dq.BK);
+    pw_attention_tiled_forward_mask(out, lse, sc, qkv, B, T, C, NH, NKV, &mk);
+  char name[200], what[260];
+  snprintf(name, sizeof name, "%s B %d T %d NH %d NKV %d HD %d tiles %dx%d/%dx%d%s%s%s", bf16 ? "bf16" : "f32", B, T,
+           NH, NKV, HD, f.BQ, f.BK, dq.BQ, dq.BK, em && em->bidir ? " bidir" : "",
+           em && em->window ? " window" : "", tok ? " pads" : "");
   double tol = bf16 ? 1e-4 : 1e-5, ftol = bf16 && f.BK != PW_ATTN_TILE_K ? 1.0 / 256 : tol;
 
   float *eo[2], *el[2];
@@ -157,15 +194,15 @@ static void compare(int bf16, int B, int T, int NH, int NKV, int HD, int bq, int
       emu_backward(&dq, &dkv, got[r], dout, out, qkv, lse, acc);
     }
     if (bf16)
-      pw_attention_tiled_backward_input_bf16(want, sc, bs, dout, out, qkv, lse, B, T, C, NH, NKV, acc);
+      pw_attention_tiled_backward_input_bf16_mask(want, sc, bs, dout, out, qkv, lse, B, T, C, NH, NKV, acc, &mk);
     else
-      pw_attention_tiled_backward_input(want, sc, dout, out, qkv, lse, B, T, C, NH, NKV, acc);
+      pw_attention_tiled_backward_input_mask(want, sc, dout, out, qkv, lse, B, T, C, NH, NKV, acc, &mk);
     snprintf(what, sizeof what, "%s: dqkv%s", name, acc ? " acc" : "");
     expect_close(what, got[0], want, nqkv, tol, bf16);
     expect_bits(what, got[0], got[1], nqkv);
     free(want), free(got[0]), free(got[1]);
   }
-  free(qkv), free(dout), free(sc), free(bs), free(out), free(lse);
+  free(qkv), free(dout), free(sc), free(bs), free(out), free(lse), free(tok);
   for (int r = 0; r < 2; r++) free(eo[r]), free(el[r]);
 }
 
@@ -175,9 +212,20 @@ static void check_all(int bf16) {
       {2, 1, 2, 2, 16}, {2, 7, 3, 3, 12}, {2, 70, 4, 2, 64}, {1, 130, 4, 1, 64}, {2, 130, 2, 2, 128},
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-    compare(bf16, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 0, 0);
-  compare(bf16, 2, 40, 4, 2, 16, 16, 32);
-  compare(bf16, 2, 40, 4, 2, 16, 32, 16);
+    compare(bf16, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], shapes[i][4], 0, 0, NULL);
+  compare(bf16, 2, 40, 4, 2, 16, 16, 32, NULL);
+  compare(bf16, 2, 40, 4, 2, 16, 32, 16, NULL);
+  /* the masks: a sliding window across key tiles, bidirectional with pads
+   * (a sequence all pad: uniform rows), causal with pads (rows whose keys
+   * are all pad), the window with pads */
+  static const emu_mask window = {.window = 37}, bidir = {.bidir = 1, .pads = 2}, pads = {.pads = 1},
+                        wpads = {.window = 20, .pads = 1};
+  compare(bf16, 2, 200, 4, 2, 64, 0, 0, &window);
+  compare(bf16, 2, 40, 4, 2, 16, 16, 32, &window);
+  compare(bf16, 2, 130, 4, 2, 64, 0, 0, &bidir);
+  compare(bf16, 2, 40, 2, 2, 16, 32, 16, &bidir);
+  compare(bf16, 2, 130, 4, 4, 64, 0, 0, &pads);
+  compare(bf16, 2, 70, 4, 1, 16, 16, 16, &wpads);
 }
 
 static void test_fa_f32(void **state) {
