@@ -382,13 +382,14 @@ static int g_ready(void *arg) {
 
 /* The whole m goes where the gradients are (idle from the update to the
  * step's end, when they are zeroed: pw_stepend_run), only v is made;
- * zero 2 keeps no whole gradient arena: m is made too. */
-static int whole_state(const pw_dpx *D, pw_dpx_stage *x) {
+ * zero 2 keeps no whole gradient arena: m is made too; zero 3 the whole
+ * parameters when `params`. */
+static int whole_state(const pw_dpx *D, pw_dpx_stage *x, int params) {
   int zero = pw_dpx_zero(D->cx);
   if (!x->gm) x->gm = zero >= 2 ? calloc(x->n ? x->n : 1, sizeof(float)) : x->buf;
   if (!x->gv) x->gv = calloc(x->n ? x->n : 1, sizeof(float));
-  if (zero == 3 && !x->gp) x->gp = calloc(x->n ? x->n : 1, sizeof(float)); /* n: the whole parameter arena */
-  return x->gm && x->gv && (zero < 3 || x->gp) ? 0 : PW_ENOMEM;
+  if (zero == 3 && params && !x->gp) x->gp = calloc(x->n ? x->n : 1, sizeof(float)); /* n: the parameter arena */
+  return x->gm && x->gv && (!params || zero < 3 || x->gp) ? 0 : PW_ENOMEM;
 }
 
 int pw_dpx_state_gather(pw_dpx *D) {
@@ -407,7 +408,7 @@ int pw_dpx_state_gather(pw_dpx *D) {
   if ((rc = c->wait(c->run, g_ready, D))) return rc;
   for (int li = 0; li < c->n_ls; li++) {
     pw_dpx_stage *x = &D->st[li];
-    if (whole_state(D, x)) return pw_rctx_fail(c, PW_ENOMEM, NULL, "out of memory gathering optimizer state");
+    if (whole_state(D, x, 1)) return pw_rctx_fail(c, PW_ENOMEM, NULL, "out of memory gathering optimizer state");
     memcpy(x->gm + x->lo, x->m, (x->hi - x->lo) * sizeof(float));
     memcpy(x->gv + x->lo, x->v, (x->hi - x->lo) * sizeof(float));
     pw_prog_wire_moments(c->ls[li].prog, x->gm, x->gv);
@@ -438,9 +439,8 @@ int pw_dpx_load_begin(pw_dpx *D) {
   int file = c->cfg->resume || c->cfg->sl.init_sha256[0];
   for (int li = 0; li < c->n_ls; li++) {
     pw_dpx_stage *x = &D->st[li];
-    if (whole_state(D, x)) return PW_ENOMEM;
+    if (whole_state(D, x, file)) return PW_ENOMEM;
     pw_prog_wire_moments(c->ls[li].prog, x->gm, x->gv);
-    if (D->pgather && !file) free(x->gp), x->gp = NULL;
     if (x->gp) pw_pgather_lend(D->pgather, li, x->gp);
   }
   return 0;
@@ -516,7 +516,8 @@ int pw_dpx_dest(pw_dpx *D, int from, const pw_frame_hdr *h, void **dst, pw_err *
       *dst = what == PW_DPX_AG && pw_dpx_zero(D->cx) ? x->ag + (size_t)slot_of(D, d) * D->chunk : x->buf + lo + off;
       return 0;
     default: /* GM, GV, GP */
-      if (whole_state(D, x)) return pw_err_set(err, PW_ENOMEM, "frame", "out of memory gathering optimizer state");
+      if (whole_state(D, x, what == PW_DPX_GP))
+        return pw_err_set(err, PW_ENOMEM, "frame", "out of memory gathering optimizer state");
       *dst = (what == PW_DPX_GM ? x->gm : what == PW_DPX_GV ? x->gv : x->gp) + lo + off;
       return 0;
   }

@@ -120,6 +120,9 @@ def zero3(t, exact, build, src):
                              ("zero3-zb-h1-pp2-dp2", zjob("zb-h1", 2, 1, 4, 2, 3, sgd=True), None),
                              ("zero3-remat-1f1b-pp2-dp2", remat(zjob("1f1b", 2, 1, 4, 2, 3, sgd=True)), None)]:
         out = exact(label, spec, tol="1e-6", env=env)
+        if out and label.startswith("zero3-remat"):  # eval passes gather too (their F's): the same run with them
+            ev = dict(spec, train=dict(spec["train"], eval_every=2, eval_batches=2))
+            exact(label + "-eval", ev, tol="1e-6")
         if out:  # every layer's gather in each F and I or B (a remat recompute's too), and the gradients as zero 2
             plan = json.load(open(os.path.join(out[1], "out", "plan.json")))["analytics"]["ranks"]
             sent, pp = out[0]["dp_bytes"], spec["mesh"]["pp"]
