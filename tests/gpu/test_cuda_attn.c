@@ -14,6 +14,8 @@
  *   tiled forward's 64 x 128 and 32 x 128 tiles) and T 130, 300 and 1024
  *   (partial tiles, several, and rope's angles as far as a GPT-2's
  *   context).
+ * - attention_tiled's masks (a sliding window, bidirectional, pad keys with
+ *   rows whose keys are all pad) against the CPU's _mask rows.
  * Exit 0 when all hold, 1 with the first difference, 77 (skip) with a line
  * saying why where no CUDA device is visible. */
 #include <cuda_runtime.h>
@@ -114,9 +116,29 @@ static const gpu_op OPS[] = {
     {PW_OP_ATTENTION_TILED, "attention_tiled", pw_cu_attention_tiled_f, pw_cu_attention_tiled_i},
 };
 
-static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD) {
+/* mk (attention_tiled only; NULL: causal): window, bidir, pads (the
+ * tokens' pad 0 at the end of each sequence and at the start of the first:
+ * rows whose keys are all pad; 2: the second sequence all pad) */
+static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD, const int *mk) {
   int C = NH * HD, W = C + 2 * NKV * HD, rope = o->op == PW_OP_ROPE;
   pw_node nd = {.op = (uint8_t)o->op, .C = W, .OC = rope ? W : C, .NH = NH, .NKV = NKV, .T = T, .base = 10000.0f};
+  int32_t *tok = NULL, *d_tok = NULL;
+  char mname[48] = "";
+  if (mk) {
+    nd.window = mk[0], nd.bidir = mk[1], nd.pad = 0, nd.in[1] = 1;
+    if (mk[2]) {
+      tok = (int32_t *)host((size_t)B * T);
+      for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+          tok[(size_t)b * T + t] =
+              t >= T - 1 - (T / 3 + b) % (T / 2 + 1) || (b == 0 && t < T / 5) || (mk[2] == 2 && b == 1) ? 0 : 1 + t % 50;
+      d_tok = (int32_t *)dev((size_t)B * T);
+      up((float *)d_tok, (const float *)tok, (size_t)B * T);
+    } else {
+      nd.in[1] = -1;
+    }
+    snprintf(mname, sizeof mname, " window %d%s%s", mk[0], mk[1] ? " bidir" : "", mk[2] ? " pads" : "");
+  }
   if (NKV < NH) /* grouped-query shapes get Llama-3's rope scaling too */
     nd.rope_factor = 8.0f, nd.rope_low_freq = 1.0f, nd.rope_high_freq = 4.0f, nd.rope_orig_max_pos = 64;
   size_t nq = (size_t)B * T * W, no = rope ? nq : (size_t)B * T * C;
@@ -133,8 +155,10 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD) {
   up(d_dout, dout, no);
 
   /* forward: CPU, then the GPU twice from NaN */
-  pw_kernel_io c = {.n = &nd, .in0 = qkv, .out = out, .aux = aux, .scratch = scr, .rows = B * T, .B = B};
-  pw_kernel_io g = {.n = &nd, .in0 = d_qkv, .out = d_out, .aux = d_aux, .scratch = d_scr, .rows = B * T, .B = B};
+  pw_kernel_io c = {.n = &nd, .in0 = qkv, .in1 = (float *)tok, .out = out, .aux = aux, .scratch = scr, .rows = B * T,
+                    .B = B};
+  pw_kernel_io g = {.n = &nd, .in0 = d_qkv, .in1 = (float *)d_tok, .out = d_out, .aux = d_aux, .scratch = d_scr,
+                    .rows = B * T, .B = B};
   pw_kernel_of(o->op)->forward(&c);
   for (int k = 0; k < 2; k++) { /* poisoned from pre and din, not g1: it holds the first run's out */
     fill_nan(pre, nq);
@@ -144,12 +168,12 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD) {
     run(o->fwd, &g);
     down(k ? g2 : g1, d_out, no);
   }
-  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: out", o->name, B, T, NH, NKV, HD);
+  snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d%s: out", o->name, B, T, NH, NKV, HD, mname);
   expect_close(what, g1, out, no);
   expect_same_bits(what, g1, g2, no);
   if (naux) {
     down(g1, d_aux, naux);
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d: %s", o->name, B, T, NH, NKV, HD,
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d%s: %s", o->name, B, T, NH, NKV, HD, mname,
              o->op == PW_OP_ATTENTION ? "att" : "lse");
     expect_close(what, g1, aux, naux);
   }
@@ -172,11 +196,13 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD) {
       run(o->bwd, &g);
       down(k ? g2 : g1, d_din, nq);
     }
-    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d acc=%d: dqkv", o->name, B, T, NH, NKV, HD, acc);
+    snprintf(what, sizeof what, "%s B=%d T=%d NH=%d NKV=%d HD=%d%s acc=%d: dqkv", o->name, B, T, NH, NKV, HD, mname,
+             acc);
     expect_close(what, g1, din, nq);
     expect_same_bits(what, g1, g2, nq);
   }
-  free(qkv), free(dout), free(out), free(aux), free(scr), free(din), free(g1), free(g2), free(pre);
+  free(qkv), free(dout), free(out), free(aux), free(scr), free(din), free(g1), free(g2), free(pre), free(tok);
+  if (d_tok) CU(cudaFree(d_tok));
   float *d[] = {d_qkv, d_dout, d_out, d_aux, d_scr, d_din};
   for (size_t k = 0; k < sizeof d / sizeof *d; k++) CU(cudaFree(d[k]));
 }
@@ -194,7 +220,16 @@ int main(void) {
                                   {1, 1024, 4, 4, 64}, {2, 33, 4, 2, 16}, {2, 130, 8, 2, 64}, {1, 300, 4, 1, 64}};
   for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
     for (size_t k = 0; k < sizeof OPS / sizeof *OPS; k++)
-      check_op(&OPS[k], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4]);
+      check_op(&OPS[k], shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4], NULL);
+  /* the tiled attention's masks (the plain one's are the CPU's only) */
+  static const int masked[][8] = {/* B, T, NH, NKV, HD, window, bidir, pads */
+                                  {2, 200, 4, 2, 64, 37, 0, 0},
+                                  {2, 130, 4, 2, 64, 0, 1, 2},
+                                  {2, 130, 4, 4, 64, 0, 0, 1},
+                                  {2, 300, 2, 2, 128, 100, 0, 1},
+                                  {2, 1024, 2, 2, 64, 0, 1, 1}};
+  for (size_t s = 0; s < sizeof masked / sizeof *masked; s++)
+    check_op(&OPS[2], masked[s][0], masked[s][1], masked[s][2], masked[s][3], masked[s][4], masked[s] + 5);
   printf("test_cuda_attn: %d of %d checks passed\n", checks - failed, checks);
   return failed ? 1 : 0;
 }

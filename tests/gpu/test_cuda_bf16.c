@@ -20,6 +20,8 @@
  *   forward's out and aux: within 1e-4 of the largest but at the few
  *   elements (1 in 1000 at most, within 2^-8) where the two sums put a
  *   probability or dS on either side of a bf16 rounding boundary.
+ * - attention_tiled's masks: a sliding window, bidirectional with pad keys,
+ *   a window with pads (rows whose keys are all pad), the same tolerance.
  * - Every GPU result computed twice: the same bits.
  * Exit 0 when all hold, 1 at the first difference, 77 with "SKIP
  * test_cuda_bf16: why" where no CUDA device is visible. */
@@ -260,15 +262,27 @@ static void check_linear(int N, int C, int OC, int with_bias) {
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
-static void check_attention(int op, int B, int T, int NH, int NKV, int HD) {
+/* window > 0, bidir, pads (pad 0 ending each sequence and starting the
+ * first: rows whose keys are all pad): the tiled attention's masks */
+static void check_attention(int op, int B, int T, int NH, int NKV, int HD, int window, int bidir, int pads) {
   int tiled = op == PW_OP_ATTENTION_TILED, C = NH * HD;
   size_t W = (size_t)C + 2 * (size_t)NKV * HD;
   char name[128];
-  snprintf(name, sizeof name, "%s bf16 B %d T %d NH %d NKV %d HD %d:", tiled ? "attention_tiled" : "attention", B, T,
-           NH, NKV, HD);
+  snprintf(name, sizeof name, "%s bf16 B %d T %d NH %d NKV %d HD %d%s%s%s:", tiled ? "attention_tiled" : "attention",
+           B, T, NH, NKV, HD, window ? " window" : "", bidir ? " bidir" : "", pads ? " pads" : "");
   pw_node nd;
   memset(&nd, 0, sizeof nd);
   nd.op = (uint8_t)op, nd.C = (int)W, nd.OC = C, nd.NH = NH, nd.NKV = NKV, nd.T = T;
+  nd.window = window, nd.bidir = bidir, nd.pad = 0, nd.in[1] = pads ? 1 : -1;
+  int32_t *tok_h = NULL, *tok_d = NULL;
+  if (pads) {
+    tok_h = host((size_t)B * T * sizeof *tok_h);
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++)
+        tok_h[(size_t)b * T + t] = t >= T - 1 - (T / 3 + b) % (T / 2 + 1) || (b == 0 && t < T / 5) ? 0 : 1 + t % 50;
+    tok_d = dev((size_t)B * T * sizeof *tok_d);
+    up(tok_d, tok_h, (size_t)B * T * sizeof *tok_h);
+  }
   size_t nqkv = (size_t)B * T * W, no = (size_t)B * T * C;
   size_t naux = tiled ? (size_t)B * NH * T : (size_t)B * NH * T * T;
   size_t nsc = tiled ? pw_attention_tiled_scratch(T, C, NH, NKV) : (size_t)T * T;
@@ -283,6 +297,7 @@ static void check_attention(int op, int B, int T, int NH, int NKV, int HD) {
   d = h;
   h.in0 = qkv.h, h.out = out.h, h.aux = aux.h, h.dout = dy.h, h.din0 = dq.h, h.scratch = sc.h, h.bscratch = bs_h;
   d.in0 = qkv.d, d.out = out.d, d.aux = aux.d, d.dout = dy.d, d.din0 = dq.d, d.scratch = sc.d, d.bscratch = bs_d;
+  h.in1 = (float *)tok_h, d.in1 = (float *)tok_d;
   const pw_kernel *kc = pw_kernel_of(op), *kg = be->kernel_of(op);
   char what[160];
   buf *of[] = {&out, &aux};
@@ -300,8 +315,9 @@ static void check_attention(int op, int B, int T, int NH, int NKV, int HD) {
     pass(what, kc->backward_input, kg->backward_input, &h, &d, oi, n_i, 1, !acc, 1e-4, 1);
   }
   drop(&qkv), drop(&dy), drop(&out), drop(&aux), drop(&dq), drop(&sc);
-  free(qkv0), free(dy0), free(bs_h);
+  free(qkv0), free(dy0), free(bs_h), free(tok_h);
   be->free(be, bs_d);
+  if (tok_d) be->free(be, tok_d);
 }
 
 int main(void) {
@@ -334,9 +350,13 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     const int *s = shapes[i];
-    check_attention(PW_OP_ATTENTION, s[0], s[1], s[2], s[3], s[4]);
-    check_attention(PW_OP_ATTENTION_TILED, s[0], s[1], s[2], s[3], s[4]);
+    check_attention(PW_OP_ATTENTION, s[0], s[1], s[2], s[3], s[4], 0, 0, 0);
+    check_attention(PW_OP_ATTENTION_TILED, s[0], s[1], s[2], s[3], s[4], 0, 0, 0);
   }
+  /* the tiled attention's masks on the GPU (the plain one's are the CPU's only) */
+  check_attention(PW_OP_ATTENTION_TILED, 2, 300, 4, 2, 64, 70, 0, 0);
+  check_attention(PW_OP_ATTENTION_TILED, 2, 130, 4, 4, 64, 0, 1, 1);
+  check_attention(PW_OP_ATTENTION_TILED, 2, 200, 2, 2, 128, 40, 0, 1);
   pw_cuda_close(be);
   printf("test_cuda_bf16: all %d checks passed\n", checks);
   return 0;
