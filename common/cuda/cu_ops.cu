@@ -5,7 +5,8 @@
  *
  * Each row launches one kernel per pass, one thread per output element or
  * row, running a body of cu_ops_body.h (which the CPU test runs too) — but
- * the norms' rows, 16 lanes a row (cu_rows_body.h's block programs); the
+ * the norms' and cross-entropy's rows, 16 lanes a row (cu_rows_body.h's
+ * block programs); the
  * weight gradients that sum a column over the rows (a bias, a norm's
  * weight) in two launches, parts of 64 rows then their totals
  * (cu_ops_body.h's column sums); products go through one cuBLAS sgemm
@@ -180,10 +181,10 @@ __global__ static void add_i_k(float *da, float *db, const float *dout, int acc_
   size_t i = pw_cu__tid();
   if (i < n) pw_cu_add_i_el(da, db, dout, acc_a, acc_b, i);
 }
-__global__ static void xent_f_k(float *probs, double *rowloss, const float *logits, const int32_t *targets, int N,
-                                int V) {
-  size_t n = pw_cu__tid();
-  if (n < (size_t)N) pw_cu_xent_f_row(probs, rowloss, logits, targets, V, (int)n);
+__global__ static void __launch_bounds__(PW_PH_NT) xent_f_k(float *probs, double *rowloss, const float *logits,
+                                                            const int32_t *targets, int N, int V) {
+  __shared__ double sm[4 * PW_PH_NT];
+  pw_cu_xent_f_block(probs, rowloss, logits, targets, N, V, (int)blockIdx.x, (unsigned char *)sm);
 }
 /* one thread: the rows' losses in row order */
 __global__ static void xent_total_k(float *loss, const double *rowloss, int N, float scale) {
@@ -566,7 +567,7 @@ static void xent_f(const pw_kernel_io *io) {
   pw_cu__enter();
   double *rowloss = (double *)pw_cu__scratch(((size_t)N + 1) * sizeof(double));
   if (!rowloss) return;
-  PW_CU_LAUNCH(xent_f_k, (size_t)N, "xent_f", io->aux, rowloss, io->in0, TOK(io->in1), N, V);
+  PW_CU_ROWS(xent_f_k, N, "xent_f", io->aux, rowloss, io->in0, TOK(io->in1), N, V);
   PW_CU_LAUNCH(xent_total_k, 1, "xent_f: total", io->out, rowloss, N, io->loss_scale);
 }
 static void xent_i(const pw_kernel_io *io) {

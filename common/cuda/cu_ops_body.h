@@ -400,21 +400,9 @@ static inline PW_HD void pw_cu_add_i_el(float *da, float *db, const float *dout,
 
 /* ---- losses ------------------------------------------------------------------------ */
 
-/* Row n of the softmax cross-entropy: probs = softmax(logits), and
- * rowloss[n] = -log softmax[n, t_n] in double, which xent_total adds in
- * row order (ops.c's crossentropy_rows). */
-static inline PW_HD void pw_cu_xent_f_row(float *probs, double *rowloss, const float *logits, const int32_t *targets,
-                                          int V, int n) {
-  const float *x = logits + (size_t)n * (size_t)V;
-  float *p = probs + (size_t)n * (size_t)V;
-  float mx = pw_cu__max(x, V);
-  for (int v = 0; v < V; v++) p[v] = pw_cu__exp(x[v] - mx);
-  double sum = pw_cu__sum_d(p, V);
-  float inv = (float)(1.0 / sum);
-  for (int v = 0; v < V; v++) p[v] *= inv;
-  rowloss[n] = log(sum) - ((double)x[targets[n]] - mx);
-}
-
+/* cross-entropy's rows: cu_rows_body.h's pw_cu_xent_f_block, 16 lanes a
+ * row (ops.c's lanes), rowloss[n] = -log softmax[n, t_n] in double, which
+ * xent_total adds in row order */
 /* the loss: scale * the rows' sum, the rows in order */
 static inline PW_HD float pw_cu_xent_total(const double *rowloss, int N, float scale) {
   double tot = 0.0;

@@ -1,5 +1,5 @@
 /* cu_rows_body: the norms' row kernels (layernorm and rmsnorm, forward and
- * backward_input) as block programs (cu_phase.h): a row to a group of 16
+ * backward_input) and cross-entropy's forward as block programs (cu_phase.h): a row to a group of 16
  * lanes, 16 rows a block, so that a row's loads are 16 neighbouring floats
  * at a time (one thread a row read 32 rows 3 KiB apart per load, and left
  * most of the GPU idle: layernorm's backward was 3 % of a float32 GPT-2
@@ -223,6 +223,58 @@ PW_PH_FN void pw_cu_rmsnorm_i_block(float *dinp, const float *dout, const float 
       float rs = rstd[n], mgx = (float)(PW_RW_D(sm, 2)[t] / C);
       for (int c = t % PW_RW_LANES; c < C; c += PW_RW_LANES)
         dinp[o + c] = pw_cu__accum(acc, dinp[o + c], rs * (dout[o + c] * (off + w[c]) - (inp[o + c] * rs) * mgx));
+    }
+  });
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------- */
+
+/* Block blk's rows of pw_crossentropy_forward (cu_ops_body.h's
+ * pw_cu_xent_f_row, 16 lanes a row): the max in lanes (each lane's from
+ * the row's first logit, the lanes then in order, then the tail), p =
+ * exp(x - max), their double sum in lanes, p times 1 / sum, and the row's
+ * loss log(sum) - (x[target] - max) into rowloss. */
+PW_PH_FN void pw_cu_xent_f_block(float *probs, double *rowloss, const float *logits, const int32_t *targets, int N,
+                                 int V, int blk, unsigned char *sm) {
+  int V16 = V - V % PW_RW_LANES;
+  PW_PH_THREADS(t, {
+    int n = blk * PW_RW_ROWS + t / PW_RW_LANES;
+    float m = 0.0f;
+    if (n < N) {
+      const float *x = logits + (size_t)n * (size_t)V;
+      m = x[0];
+      for (int j = t % PW_RW_LANES; j < V16; j += PW_RW_LANES) m = x[j] > m ? x[j] : m;
+    }
+    PW_RW_D(sm, 0)[t] = m;
+  });
+  PW_PH_THREADS(t, {
+    int n = blk * PW_RW_ROWS + t / PW_RW_LANES, l = t % PW_RW_LANES;
+    double s = 0;
+    if (n < N) {
+      const float *x = logits + (size_t)n * (size_t)V;
+      float *p = probs + (size_t)n * (size_t)V;
+      const double *M = PW_RW_D(sm, 0) + (t / PW_RW_LANES) * PW_RW_LANES;
+      float mx = (float)M[0];
+      for (int k = 1; k < PW_RW_LANES; k++) mx = (float)M[k] > mx ? (float)M[k] : mx;
+      for (int j = V16; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+      PW_RW_D(sm, 2)[t] = mx;
+      for (int v = l; v < V; v += PW_RW_LANES) p[v] = pw_cu__exp(x[v] - mx);
+      for (int j = l; j < V16; j += PW_RW_LANES) s += (double)p[j];
+    }
+    PW_RW_D(sm, 1)[t] = s;
+  });
+  PW_PH_THREADS(t, {
+    int n = blk * PW_RW_ROWS + t / PW_RW_LANES, l = t % PW_RW_LANES;
+    if (n < N) {
+      const float *x = logits + (size_t)n * (size_t)V;
+      float *p = probs + (size_t)n * (size_t)V;
+      float mx = (float)PW_RW_D(sm, 2)[t];
+      double sum = pw_cu__group_sum(PW_RW_D(sm, 1), t);
+      /* the tail's p again (the same exp): their lanes scale them now */
+      for (int j = V16; j < V; j++) sum += (double)pw_cu__exp(x[j] - mx);
+      float inv = (float)(1.0 / sum);
+      for (int v = l; v < V; v += PW_RW_LANES) p[v] *= inv;
+      if (l == 0) rowloss[n] = log(sum) - ((double)x[targets[n]] - mx);
     }
   });
 }

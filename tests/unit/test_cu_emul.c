@@ -144,6 +144,8 @@ static void emu_rows(rows_fn fn, void *ctx, int n, float *out, size_t nout) {
 typedef struct {
   float *out, *mean, *rstd, *din;
   const float *inp, *w, *b, *dout, *cmean, *crstd;
+  double *rowloss;
+  const int32_t *tgt;
   int n, C, acc;
   float eps, off;
 } rows_args;
@@ -162,6 +164,14 @@ static void rms_f_blk(void *p, int blk) {
 static void rms_i_blk(void *p, int blk) {
   rows_args *a = p;
   pw_cu_rmsnorm_i_block(a->din, a->dout, a->inp, a->w, a->off, a->crstd, a->n, a->C, a->acc, blk, rows_sm);
+}
+static void xent_f_blk(void *p, int blk) {
+  rows_args *a = p;
+  pw_cu_xent_f_block(a->out, a->rowloss, a->inp, a->tgt, a->n, a->C, blk, rows_sm);
+}
+static void emu_xent_f(float *probs, double *rowloss, const float *logits, const int32_t *tgt, int n, int V) {
+  rows_args a = {.out = probs, .rowloss = rowloss, .inp = logits, .tgt = tgt, .n = n, .C = V};
+  emu_rows(xent_f_blk, &a, n, probs, (size_t)n * V);
 }
 /* layernorm forward: out (n C) then mean and rstd (2 n) in aux; the order
  * check covers out, the aux against the CPU's */
@@ -502,7 +512,8 @@ static void test_rmsnorm(void **state) {
 }
 
 /* More rows than a block and a part: 150 rows of 37 columns — the norms'
- * rows in 10 blocks of 16 (the last of 6), the CPU's bits; the column sums
+ * and cross-entropy's rows in 10 blocks of 16 (the last of 6), the CPU's
+ * bits; the column sums
  * in parts of 64, 64 and 22, into random gradients, against the CPU's
  * bias, layernorm and rmsnorm weight gradients. */
 static void test_many_rows(void **state) {
@@ -530,7 +541,14 @@ static void test_many_rows(void **state) {
     pw_rmsnorm_offset_backward_input(dw, dout, x, w, 0.0f, auxw, R, CC, 0);
     emu_rmsnorm_i(d, dout, x, w, 0.0f, auxw, R, CC, 0);
     expect_same("rmsnorm backward_input, 10 blocks", d, dw, n);
-    free(w), free(bb), free(o), free(ow), free(aux), free(auxw), free(d), free(dw);
+    int32_t *tgt = tokens(R, CC);
+    double rl[R];
+    float lw = pw_crossentropy_forward(ow, x, tgt, R, CC, 0.5f);
+    emu_xent_f(o, rl, x, tgt, R, CC);
+    float l = pw_cu_xent_total(rl, R, 0.5f);
+    expect_same("xent probs, 10 blocks", o, ow, n);
+    expect_same("xent loss, 10 blocks", &l, &lw, 1);
+    free(w), free(bb), free(o), free(ow), free(aux), free(auxw), free(d), free(dw), free(tgt);
   }
   float *g = rnd(CC, 1), *h = rnd(CC, 1), *gw = dup(g, CC), *hw = dup(h, CC);
   pw_linear_backward_weight(NULL, gw, dout, x, R, 0, CC); /* the bias alone: no inputs' columns */
@@ -696,7 +714,7 @@ static void test_xent_mse(void **state) {
   float scale = 1.0f / 37.0f;
   float loss_want = pw_crossentropy_forward(probs_want, x, tgt, N, V, scale);
   double rowloss[N];
-  for (int r = 0; r < N; r++) pw_cu_xent_f_row(probs, rowloss, x, tgt, V, r);
+  emu_xent_f(probs, rowloss, x, tgt, N, V);
   float loss = pw_cu_xent_total(rowloss, N, scale);
   expect_close("xent probs", probs, probs_want, n, 1e-6);
   expect_close("xent loss", &loss, &loss_want, 1, 1e-6);
