@@ -43,6 +43,7 @@ int pw_cmd_tfevents(int argc, char **argv);
 int pw_cmd_tokenize(int argc, char **argv);
 /* cmd_hf.c: Hugging Face model directories in and out (common/io/hf.h) */
 int pw_cmd_import_hf(int argc, char **argv);
+int pw_cmd_logits(int argc, char **argv); /* cmd_logits.c: a forward pass's logits */
 int pw_cmd_export_hf(int argc, char **argv);
 
 /* Loads a job file; on error prints "error: job.json: model.n_heads: ..." and returns it. */

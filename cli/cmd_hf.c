@@ -21,20 +21,23 @@
 
 #define IMPORT_USAGE                                                                                   \
   "usage: pipewright import-hf DIR --job-out JOB.json --out CKPT.safetensors [--name NAME] [--seq-len N]\n" \
+  "                            [--mask-token ID]\n"                                                   \
   "  DIR             a Hugging Face model directory: config.json and model.safetensors (or\n"          \
   "                  model.safetensors.index.json and its shards); GPT2LMHeadModel, LlamaForCausalLM,\n" \
-  "                  MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM\n"       \
+  "                  MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM,\n"      \
+  "                  BertForMaskedLM, BertForSequenceClassification\n"                                 \
   "  --job-out FILE  the job spec for that model (its data section: see docs/usage.md#hugging-face-models)\n"  \
   "  --out FILE      its weights under our names (train --init, generate --checkpoint)\n"              \
   "  --name NAME     the job's name (default: DIR's base name)\n"                                      \
-  "  --seq-len N     model.seq_len (default: the model's maximum positions)\n"
+  "  --seq-len N     model.seq_len (default: the model's maximum positions)\n"                         \
+  "  --mask-token ID BertForMaskedLM: data.mask_token (default: [MASK] in DIR/tokenizer.json)\n"
 
 #define EXPORT_USAGE                                                                  \
   "usage: pipewright export-hf --job JOB --checkpoint CKPT --out DIR\n"               \
   "  writes DIR/config.json and DIR/model.safetensors (float32) that transformers'\n" \
   "  from_pretrained loads: gpt as GPT2LMHeadModel, llama as LlamaForCausalLM\n"      \
   "  (Qwen2ForCausalLM with qkv_bias, Qwen3ForCausalLM with qk_norm, GemmaForCausalLM\n" \
-  "  with Gemma's options)\n"
+  "  with Gemma's options), bert as BertForMaskedLM or BertForSequenceClassification\n"
 
 /* Every parameter of the job's model is among the tensors with its shape,
  * and every tensor is a parameter: the mapping's names are the model's. */
@@ -66,12 +69,14 @@ static int check_against_model(const json_t *jobj, const pw_hf_import_result *r,
 int pw_cmd_import_hf(int argc, char **argv) {
   static const struct option opts[] = {{"job-out", required_argument, 0, 'j'}, {"out", required_argument, 0, 'o'},
                                        {"name", required_argument, 0, 'n'},    {"seq-len", required_argument, 0, 's'},
-                                       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+                                       {"mask-token", required_argument, 0, 'm'}, {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
   const char *job_out = NULL, *out = NULL, *name = NULL, *dir;
+  pw_hf_import_opts io = {0};
   long seq_len = 0;
   int c;
   optind = 1;
-  while ((c = pw_getopt(argc, argv, "j:o:n:s:h", opts)) != -1) {
+  while ((c = pw_getopt(argc, argv, "j:o:n:s:m:h", opts)) != -1) {
     if (c == 'j') job_out = optarg;
     else if (c == 'o') out = optarg;
     else if (c == 'n') name = optarg;
@@ -81,6 +86,13 @@ int pw_cmd_import_hf(int argc, char **argv) {
       seq_len = strtol(optarg, &end, 10);
       if (errno || *end || seq_len < 1 || seq_len > 65536)
         return fprintf(stderr, "pipewright import-hf: --seq-len: want 1 ... 65536 (got %s)\n", optarg), 2;
+    } else if (c == 'm') {
+      char *end;
+      errno = 0;
+      long id = strtol(optarg, &end, 10);
+      if (errno || *end || end == optarg || id < 0 || id >= (1 << 24))
+        return fprintf(stderr, "pipewright import-hf: --mask-token: want a token id (got %s)\n", optarg), 2;
+      io.has_mask_token = 1, io.mask_token = (int)id;
     } else if (c == 'h') return fputs(IMPORT_USAGE, stdout), 0;
     else return fputs(IMPORT_USAGE, stderr), 2;
   }
@@ -90,7 +102,8 @@ int pw_cmd_import_hf(int argc, char **argv) {
   dir = argv[optind];
   pw_hf_import_result r;
   pw_err err = {0};
-  int rc = pw_hf_import(dir, &(pw_hf_import_opts){.name = name, .seq_len = (int)seq_len}, &r, &err);
+  io.name = name, io.seq_len = (int)seq_len;
+  int rc = pw_hf_import(dir, &io, &r, &err);
   if (!rc) rc = check_against_model(r.job, &r, &err);
   char *text = NULL, *canon = NULL;
   if (!rc) {
@@ -130,7 +143,11 @@ int pw_cmd_import_hf(int argc, char **argv) {
     printf("imported %s: %d tensors, %s parameters -> %s; job -> %s\n", r.arch, r.n_tensors,
            pw_cli_si((double)params, si, sizeof si), out, job_out);
     if (r.notes[0]) printf("note: %s\n", r.notes);
-    if (r.data_placeholder)
+    const char *kind = json_string_value(json_object_get(json_object_get(r.job, "data"), "kind"));
+    if (r.data_placeholder && kind && !strcmp(kind, "labeled"))
+      printf("note: data.path is a placeholder (SET-ME.jsonl): set it to labeled sequences, one JSON object a line "
+             "{\"tokens\": [ids], \"label\": N} (docs/datasets.md#labeled-sequences)\n");
+    else if (r.data_placeholder)
       printf("note: data.path is a placeholder (SET-ME.tokens): set it to a token file of this model's vocabulary "
              "(pipewright tokenize --out; docs/usage.md#hugging-face-models)\n");
   }

@@ -38,9 +38,10 @@ static const pw_cli_cmd commands[] = {
     {"tfevents", "TensorBoard event files: every record checked, each step's scalars", pw_cmd_tfevents},
     {"tokenize", "text <-> token ids with a Hugging Face tokenizer.json; --out writes a token file",
      pw_cmd_tokenize},
-    {"import-hf", "a Hugging Face model directory as a job spec and a checkpoint (GPT-2, Llama, Mistral, Qwen2/3, Gemma)",
+    {"import-hf", "a Hugging Face model directory as a job spec and a checkpoint (GPT-2, Llama, Mistral, Qwen2/3, Gemma, BERT)",
      pw_cmd_import_hf},
     {"export-hf", "a job's checkpoint as a Hugging Face model directory that transformers loads", pw_cmd_export_hf},
+    {"logits", "a model's logits for token sequences given here (an encoder's, a classifier's)", pw_cmd_logits},
 };
 static const int n_commands = (int)(sizeof commands / sizeof commands[0]);
 

@@ -13,15 +13,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hf_int.h"
 #include "json_short.h"
 #include "spec_json.h"
 
-#define HF_NAME 160
-#define HF_MAX_POS 65536 /* model.seq_len's bound */
+#define HF_NAME PW__HF_NAME
+#define HF_MAX_POS PW__HF_MAX_POS
 
 /* ---- architectures and their config fields ----------------------------- */
 
-enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_LL = 62, A_ALL = 63 };
+enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_LL = 62,
+       A_BERT_MLM = 64, A_BERT_CLS = 128, A_BERT = 192, A_ALL = 255 };
+#define ARCH_LIST "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, " \
+                  "GemmaForCausalLM, BertForMaskedLM, BertForSequenceClassification"
 
 static const struct {
   const char *arch, *model_type;
@@ -30,6 +34,7 @@ static const struct {
     {"GPT2LMHeadModel", "gpt2", A_GPT2},       {"LlamaForCausalLM", "llama", A_LLAMA},
     {"MistralForCausalLM", "mistral", A_MISTRAL}, {"Qwen2ForCausalLM", "qwen2", A_QWEN2},
     {"Qwen3ForCausalLM", "qwen3", A_QWEN3},    {"GemmaForCausalLM", "gemma", A_GEMMA},
+    {"BertForMaskedLM", "bert", A_BERT_MLM},   {"BertForSequenceClassification", "bert", A_BERT_CLS},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -93,15 +98,17 @@ static const struct {
     {"hidden_activation", A_GEMMA, NULL},
     {"sliding_window", A_MISTRAL | A_QWEN2 | A_QWEN3, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3, NULL},
     {"max_window_layers", A_QWEN2 | A_QWEN3, "only with use_sliding_window"},
+    /* BERT (hf_bert.c reads them) */
+    {"hidden_size", A_BERT, NULL}, {"intermediate_size", A_BERT, NULL}, {"num_hidden_layers", A_BERT, NULL},
+    {"num_attention_heads", A_BERT, NULL}, {"hidden_act", A_BERT, NULL}, {"max_position_embeddings", A_BERT, NULL},
+    {"type_vocab_size", A_BERT, NULL}, {"layer_norm_eps", A_BERT, NULL}, {"position_embedding_type", A_BERT, NULL},
+    {"hidden_dropout_prob", A_BERT, NULL}, {"attention_probs_dropout_prob", A_BERT, NULL},
+    {"classifier_dropout", A_BERT, NULL}, {"num_labels", A_BERT_CLS, NULL}, {"problem_type", A_BERT, NULL},
+    {"mlm_predictions", A_BERT_MLM, NULL}, {"gradient_checkpointing", A_BERT, "memory"},
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
-typedef struct {
-  const json_t *cfg;
-  const char *what;
-  const char *arch;
-  pw_err *err;
-} cfgr;
+typedef pw__hf_cfg cfgr; /* hf_int.h */
 
 static const char *type_name(const json_t *v) {
   switch (json_typeof(v)) {
@@ -247,8 +254,7 @@ static int arch_of(const cfgr *c, int *bit) {
   const json_t *a = json_object_get(c->cfg, "architectures");
   if (!a || !json_is_array(a) || json_array_size(a) != 1 || !json_is_string(json_array_get(a, 0)))
     return pw_err_set(c->err, PW_ESPEC, c->what,
-                      "architectures: must be a list of one name (GPT2LMHeadModel, LlamaForCausalLM, "
-                      "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM)");
+                      "architectures: must be a list of one name (" ARCH_LIST ")");
   const char *name = json_string_value(json_array_get(a, 0));
   for (int i = 0; i < N_ARCHS; i++)
     if (!strcmp(name, archs[i].arch)) {
@@ -259,9 +265,7 @@ static int arch_of(const cfgr *c, int *bit) {
       return 0;
     }
   return pw_err_set(c->err, PW_ENOTSUP, c->what,
-                    "architectures: \"%.64s\" is not supported (GPT2LMHeadModel, LlamaForCausalLM, "
-                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM)",
-                    name);
+                    "architectures: \"%.64s\" is not supported (" ARCH_LIST ")", name);
 }
 
 static int config_model(const json_t *cfg, const char *what, int seq_len, json_t **model, char arch[PW_HF_ARCH_MAX],
@@ -292,6 +296,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   const json_t *pr = json_object_get(cfg, "pruned_heads");
   if (pr && !json_is_null(pr) && !(json_is_object(pr) && json_object_size(pr) == 0))
     return pw_err_set(err, PW_ENOTSUP, what, "pruned_heads: pruned attention heads are not supported");
+  if (bit & A_BERT) return pw__hf_bert_model(&c, bit == A_BERT_CLS, seq_len, model, notes, notes_cap);
 
   int V, P, d, L, H, ff, kv, tie, head_dim = 0, sliding = 0;
   double eps, init, theta = 10000;
@@ -437,25 +442,8 @@ fail:
 
 /* ---- tensor names ------------------------------------------------------ */
 
-/* One of our tensors and where Hugging Face keeps it: one tensor, or q, k
- * and v joined by rows; GPT-2's Conv1D transposed; wpe may hold more rows
- * than our seq_len (its first rows are ours). */
-typedef struct {
-  char ours[HF_NAME];
-  int ndim;
-  int64_t shape[2];
-  int n_parts;
-  char hf[3][HF_NAME];
-  int64_t rows[3];
-  int transpose, may_slice;
-} hf_entry;
-
-typedef struct {
-  hf_entry *e;
-  int n, cap;
-  int tie;             /* lm_head is embed.tok.weight: HF's lm_head.weight optional */
-  char embed_hf[HF_NAME];
-} hf_map;
+typedef pw__hf_entry hf_entry; /* hf_int.h */
+typedef pw__hf_map hf_map;
 
 static hf_entry *map_add(hf_map *mp, const char *ours, int ndim, int64_t r, int64_t cols) {
   if (mp->n == mp->cap) {
@@ -487,6 +475,7 @@ static hf_entry *map_add(hf_map *mp, const char *ours, int ndim, int64_t r, int6
 /* The list for model m; pre is GPT-2's tensor prefix ("transformer." or ""). */
 static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
   memset(mp, 0, sizeof *mp);
+  if (m->tmpl == PW_TEMPLATE_BERT) return pw__hf_bert_map(m, mp);
   int64_t V = m->vocab_size, T = m->seq_len, d = m->d_model, H = m->n_heads, hd = m->head_dim ? m->head_dim : d / H;
   int64_t kv = m->n_kv_heads ? m->n_kv_heads : H, ff = m->ffn_hidden;
   char o[HF_NAME], h[HF_NAME];
@@ -568,7 +557,7 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
 /* ---- reading a directory's tensors --------------------------------------- */
 
 /* model.safetensors, or the shards a model.safetensors.index.json names. */
-typedef struct {
+typedef struct pw__hf_src {
   const char *dir;
   json_t *weight_map;  /* index: tensor -> shard file name; NULL for one file */
   pw_st_file **files;
@@ -699,7 +688,8 @@ static int read_part(hf_src *s, const char *name, const char *for_ours, const ch
 static int is_buffer(const char *name) {
   size_t n = strlen(name);
 #define ENDS(x) (n >= sizeof(x) - 1 && !strcmp(name + n - (sizeof(x) - 1), x))
-  return ENDS(".attn.bias") || ENDS(".attn.masked_bias") || ENDS(".rotary_emb.inv_freq");
+  return ENDS(".attn.bias") || ENDS(".attn.masked_bias") || ENDS(".rotary_emb.inv_freq") ||
+         ENDS("embeddings.position_ids") || ENDS("embeddings.token_type_ids"); /* BERT's, before transformers 4.31 */
 #undef ENDS
 }
 
@@ -872,6 +862,11 @@ int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_resul
     if (access(path, R_OK) == 0 && realpath(path, real)) json_object_set_new(data, "tokenizer", json_string(real));
   }
   json_object_set_new(r->job, "data", data);
+  if (!strcmp(json_string_value(json_object_get(model, "template")), "bert") &&
+      (rc = pw__hf_bert_job(dir, o, r->job, r->notes, sizeof r->notes, &r->data_placeholder, err))) {
+    pw_hf_import_free(r);
+    return rc;
+  }
   if (!json_string_value(json_object_get(r->job, "name"))) {
     pw_hf_import_free(r);
     return pw_err_set(err, PW_EINVAL, dir, "the job's name is not UTF-8: give --name");
@@ -896,6 +891,7 @@ int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_resul
     rc = pw_err_set(err, rc, dir, "out of memory");
     goto out;
   }
+  if (job.model.tmpl == PW_TEMPLATE_BERT) pw__hf_bert_legacy_names(&s, &mp);
   r->tensors = calloc((size_t)mp.n, sizeof *r->tensors);
   if (!r->tensors) {
     rc = pw_err_set(err, PW_ENOMEM, dir, "out of memory");
@@ -906,6 +902,7 @@ int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_resul
     if (!rc) r->n_tensors++;
   }
   if (!rc && mp.tie) rc = check_tied_head(&s, &mp, &r->tensors[0], err);
+  if (!rc && job.model.tmpl == PW_TEMPLATE_BERT) rc = pw__hf_bert_rest(&s, dir, &job.model, r, err);
   for (int f = 0; f < s.n_files && !rc; f++)
     for (int i = 0; i < pw_st_count(s.files[f]) && !rc; i++) {
       const char *tn = pw_st_get(s.files[f], i)->name;
@@ -1024,8 +1021,8 @@ static int write_text(const char *path, const char *text, pw_err *err) {
 }
 
 int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_err *err) {
-  if (m->tmpl != PW_TEMPLATE_GPT && m->tmpl != PW_TEMPLATE_LLAMA)
-    return pw_err_set(err, PW_ENOTSUP, "model.template", "only gpt and llama models are exported to Hugging Face");
+  if (m->tmpl != PW_TEMPLATE_GPT && m->tmpl != PW_TEMPLATE_LLAMA && m->tmpl != PW_TEMPLATE_BERT)
+    return pw_err_set(err, PW_ENOTSUP, "model.template", "only gpt, llama and bert models are exported to Hugging Face");
   if (m->lora_rank)
     return pw_err_set(err, PW_ENOTSUP, "model.lora",
                       "merge the adapters first (pipewright export --merge-lora) and export the base job");
@@ -1099,7 +1096,7 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
   }
   pw_st_close(f);
   const char *arch = NULL;
-  json_t *cfg = rc ? NULL : export_config(m, &arch);
+  json_t *cfg = rc ? NULL : m->tmpl == PW_TEMPLATE_BERT ? pw__hf_bert_config(m, &arch) : export_config(m, &arch);
   char *text = cfg ? pw_json_dumps(cfg, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
   if (!rc && !text) rc = pw_err_set(err, PW_ENOMEM, dir, "out of memory");
   char path[PATH_MAX];
@@ -1123,3 +1120,24 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
   free(mp.e);
   return rc;
 }
+
+/* ---- for hf_bert.c (hf_int.h) --------------------------------------------- */
+
+const char *pw__hf_type_name(const json_t *v) { return type_name(v); }
+int pw__hf_get_int(const pw__hf_cfg *c, const char *name, long long def, long long lo, long long hi, int *v) {
+  return get_int(c, name, def, lo, hi, v);
+}
+int pw__hf_get_num(const pw__hf_cfg *c, const char *name, double def, double *v) { return get_num(c, name, def, v); }
+int pw__hf_get_bool(const pw__hf_cfg *c, const char *name, int def, int *v) { return get_bool(c, name, def, v); }
+int pw__hf_want_bool(const pw__hf_cfg *c, const char *name, int def, int want, const char *why) {
+  return want_bool(c, name, def, want, why);
+}
+int pw__hf_want_str(const pw__hf_cfg *c, const char *name, const char *const *allowed) {
+  return want_str(c, name, allowed);
+}
+int pw__hf_dropout(const pw__hf_cfg *c, const char *name, char *notes, size_t cap) { return dropout(c, name, notes, cap); }
+pw__hf_entry *pw__hf_map_add(pw__hf_map *mp, const char *ours, int ndim, int64_t r, int64_t cols) {
+  return map_add(mp, ours, ndim, r, cols);
+}
+const pw_st_tensor *pw__hf_src_find(pw__hf_src *s, const char *name) { return src_find(s, name, NULL); }
+double pw__hf_short_float(float f) { return short_float(f); }

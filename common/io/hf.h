@@ -41,6 +41,9 @@ PW_MUST_CHECK int pw_hf_config_model(const json_t *cfg, const char *what, int se
 typedef struct {
   const char *name; /* the job's name; NULL: the directory's base name */
   int seq_len;      /* 0: the model's maximum positions */
+  /* BertForMaskedLM: data.mask_token when has_mask_token, else the id of
+   * [MASK] in DIR/tokenizer.json (one of the two is needed) */
+  int has_mask_token, mask_token;
 } pw_hf_import_opts;
 
 typedef struct {

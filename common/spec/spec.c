@@ -392,12 +392,41 @@ int pw_job_mb_size(const pw_job *job, pw_err *err) {
   return (int)(job->train.batch_size / per);
 }
 
+/* BERT's data: a masked-LM model masks windows of text or tokens with
+ * data.mask_token, a classifier reads labeled sequences; neither goes with
+ * another model. */
+static int bert_data_check(const pw_job *job, pw_err *err) {
+  const pw_model_spec *m = &job->model;
+  const pw_data_spec *d = &job->data;
+  int bert = m->tmpl == PW_TEMPLATE_BERT, mlm = bert && m->bert_head == PW_BERT_HEAD_MLM;
+  if (mlm && d->kind != PW_DATA_TEXT && d->kind != PW_DATA_TOKENS)
+    return pw_err_set(err, PW_ESPEC, "data.kind", "bert_head \"mlm\" masks windows of kind text or tokens (got %s)",
+                      pw__data_names[d->kind]);
+  if (mlm && d->mask_token < 0)
+    return pw_err_set(err, PW_ESPEC, "data.mask_token",
+                      "required with bert_head \"mlm\": the id that replaces a masked position (BERT's [MASK])");
+  if (mlm && d->mask_token >= m->vocab_size)
+    return pw_err_set(err, PW_ESPEC, "data.mask_token", "must be below vocab_size (%d >= %d)", d->mask_token,
+                      m->vocab_size);
+  if (!mlm && d->mask_token >= 0)
+    return pw_err_set(err, PW_ESPEC, "data.mask_token", "only with template bert, bert_head \"mlm\"");
+  if (bert && !mlm && d->kind != PW_DATA_LABELED)
+    return pw_err_set(err, PW_ESPEC, "data.kind",
+                      "bert_head \"classify\" reads kind labeled (token sequences with a label each; got %s)",
+                      pw__data_names[d->kind]);
+  if (d->kind == PW_DATA_LABELED && !(bert && !mlm))
+    return pw_err_set(err, PW_ESPEC, "data.kind", "labeled sequences are read by template bert, bert_head \"classify\"");
+  return 0;
+}
+
 static int cross_check(const pw_job *job, pw_err *err) {
   const pw_model_spec *m = &job->model;
   const pw_data_spec *d = &job->data;
   int tokens = m->input == PW_INPUT_TOKENS;
   int token_data = d->kind == PW_DATA_TEXT || d->kind == PW_DATA_TOKENS || d->kind == PW_DATA_COPY ||
-                   d->kind == PW_DATA_REVERSE || d->kind == PW_DATA_SHIFT;
+                   d->kind == PW_DATA_REVERSE || d->kind == PW_DATA_SHIFT || d->kind == PW_DATA_LABELED;
+  int rc = bert_data_check(job, err);
+  if (rc) return rc;
   /* A snapshot copies a stage's whole optimizer state, which a ZeRO
    * replica does not hold: asked for explicitly, refused rather than
    * half-taken (left out, it defaults to 0: pw_job_parse). */
@@ -442,7 +471,7 @@ static int cross_check(const pw_job *job, pw_err *err) {
                       m->tmpl == PW_TEMPLATE_LAYERS ? "model.layers[0].vocab_size" : "model.vocab_size",
                       "byte-level text needs vocab_size >= 256 (got %d)", m->vocab_size);
 
-  int rc = pw_job_mb_size(job, err);
+  rc = pw_job_mb_size(job, err);
   if (rc < 0) return rc;
 
   if (job->partition.mode == PW_PARTITION_MARKERS) {

@@ -3,12 +3,14 @@
  *
  * Any bytes: parse as JSON, then as a config at seq_len 0 and 7. Nothing may
  * crash or leak. An accepted config's model goes into a job with a tokens
- * data section and through pw_job_parse, as import-hf does (which reports
+ * data section (BERT's: masked-LM tokens with a mask id, or labeled lines)
+ * and through pw_job_parse, as import-hf does (which reports
  * the spec's refusal: a rule the reader leaves to the spec, such as
  * llama's even head width); the same bytes give the same model twice. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "hf.h"
 #include "spec_json.h"
@@ -30,8 +32,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       abort();
     }
     json_decref(again);
-    json_t *job = json_pack("{s:s, s:o, s:{s:s, s:s}}", "name", "fuzz", "model", model, "data", "kind", "tokens",
-                            "path", "x.tokens");
+    /* BERT's data as import-hf writes it: masked LM over tokens with a mask id, a classifier's labeled lines */
+    const char *head = json_string_value(json_object_get(model, "bert_head"));
+    json_t *job = head && !strcmp(head, "classify")
+                      ? json_pack("{s:s, s:o, s:{s:s, s:s}}", "name", "fuzz", "model", model, "data", "kind", "labeled",
+                                  "path", "x.jsonl")
+                  : head ? json_pack("{s:s, s:o, s:{s:s, s:s, s:i}}", "name", "fuzz", "model", model, "data", "kind",
+                                     "tokens", "path", "x.tokens", "mask_token", 1)
+                         : json_pack("{s:s, s:o, s:{s:s, s:s}}", "name", "fuzz", "model", model, "data", "kind",
+                                     "tokens", "path", "x.tokens");
     pw_job j;
     if (!job) abort();
     if (pw_job_parse(job, NULL, &j, &err) == 0) pw_job_free(&j);

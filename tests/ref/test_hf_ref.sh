@@ -17,4 +17,7 @@ NAME=test_hf_ref
 HPY=$(bash "$SRC/deploy/venv.sh" hf) ||
   { echo "SKIP $NAME: deploy/venv.sh hf could not make the environment (PyPI unreachable?)"; exit 77; }
 export TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 TRANSFORMERS_NO_ADVISORY_WARNINGS=1
-"$HPY" -u "$REF/hf_ref.py" "$PW" "$SRC" "$TMP"
+rc=0
+"$HPY" -u "$REF/hf_ref.py" "$PW" "$SRC" "$TMP" || rc=1
+"$HPY" -u "$REF/hf_bert_ref.py" "$PW" "$SRC" "$TMP" || rc=1  # BERT: tests/ref/hf_bert_ref.py says what
+exit $rc

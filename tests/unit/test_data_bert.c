@@ -14,6 +14,7 @@
 
 #include "data.h"
 #include "rng.h"
+#include "spec_json.h"
 #include "tokfile.h"
 
 static char g_dir[64];
@@ -329,11 +330,69 @@ static void test_labeled_errors(void **state) {
   open_fails(&spec, &sh, PW_ESPEC, "data.kind: a model with one label per sequence reads kind labeled (got 'copy')");
 }
 
+/* ---- the job spec's rules ------------------------------------------------ */
+
+/* pw_job_parse of a job with this model and data: 0, or the error's path. */
+static int parse(const char *model, const char *data, char *path, size_t cap) {
+  char text[1024];
+  snprintf(text, sizeof text, "{\"name\": \"b\", \"model\": %s, \"data\": %s, \"train\": {\"batch_size\": 2}}",
+           model, data);
+  json_error_t je;
+  json_t *j = json_loads(text, 0, &je);
+  if (!j) fail_msg("bad test JSON: %s", je.text);
+  pw_job job;
+  pw_err err = {0};
+  int rc = pw_job_parse(j, NULL, &job, &err);
+  if (!rc) {
+    json_t *back = pw_job_to_json(&job); /* data.mask_token written back only where it is read */
+    const json_t *mt = json_object_get(json_object_get(back, "data"), "mask_token");
+    assert_true(mt ? json_integer_value(mt) == job.data.mask_token : job.data.mask_token == -1);
+    json_decref(back);
+    pw_job_free(&job);
+  }
+  snprintf(path, cap, "%s", rc ? err.path : "");
+  json_decref(j);
+  return rc;
+}
+
+static void test_spec_rules(void **state) {
+  const char *mlm = "{\"template\": \"bert\", \"vocab_size\": 30, \"seq_len\": 8, \"d_model\": 8, \"n_layers\": 1, "
+                    "\"n_heads\": 2, \"pad_token\": 0}";
+  const char *cls = "{\"template\": \"bert\", \"bert_head\": \"classify\", \"n_labels\": 3, \"vocab_size\": 30, "
+                    "\"seq_len\": 8, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2, \"pad_token\": 0}";
+  const char *gpt = "{\"template\": \"gpt\", \"seq_len\": 8, \"d_model\": 8, \"n_layers\": 1, \"n_heads\": 2}";
+  static const struct {
+    int which; /* 0 mlm, 1 cls, 2 gpt */
+    const char *data, *path;
+  } cases[] = {
+      {0, "{\"kind\": \"tokens\", \"path\": \"x.tokens\", \"mask_token\": 29}", ""},
+      {0, "{\"kind\": \"text\", \"path\": \"x.txt\", \"mask_token\": 3}", "model.vocab_size"}, /* bytes: 256 */
+      {0, "{\"kind\": \"tokens\", \"path\": \"x.tokens\"}", "data.mask_token"},
+      {0, "{\"kind\": \"tokens\", \"path\": \"x.tokens\", \"mask_token\": 30}", "data.mask_token"},
+      {0, "{\"kind\": \"labeled\", \"path\": \"x.jsonl\"}", "data.kind"},
+      {0, "{\"kind\": \"copy\"}", "data.kind"},
+      {1, "{\"kind\": \"labeled\", \"path\": \"x.jsonl\", \"sampler\": \"sequential\"}", ""},
+      {1, "{\"kind\": \"labeled\", \"path\": \"x.jsonl\", \"mask_token\": 3}", "data"}, /* not a field of labeled */
+      {1, "{\"kind\": \"tokens\", \"path\": \"x.tokens\"}", "data.kind"},
+      {2, "{\"kind\": \"labeled\", \"path\": \"x.jsonl\"}", "data.kind"},
+      {2, "{\"kind\": \"text\", \"path\": \"x.txt\", \"mask_token\": 3}", "data.mask_token"},
+      {2, "{\"kind\": \"text\", \"path\": \"x.txt\"}", ""},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+    char path[256];
+    const char *model = cases[k].which == 0 ? mlm : cases[k].which == 1 ? cls : gpt;
+    int rc = parse(model, cases[k].data, path, sizeof path);
+    if ((rc != 0) != (cases[k].path[0] != 0) || strncmp(path, cases[k].path, strlen(cases[k].path)))
+      fail_msg("case %zu (%s): rc %d at '%s', want '%s'", k, cases[k].data, rc, path, cases[k].path);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mlm_tokens),      cmocka_unit_test(test_mlm_text_random),
       cmocka_unit_test(test_mlm_limits),      cmocka_unit_test(test_mlm_corrupt_pure),
       cmocka_unit_test(test_labeled),         cmocka_unit_test(test_labeled_errors),
+      cmocka_unit_test(test_spec_rules),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

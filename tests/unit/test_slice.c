@@ -42,6 +42,12 @@ static const char *SPEC_GEMMA =
     "\"embed_scale\":true,\"norm_offset\":1},\"mesh\":{\"pp\":2},"
     "\"train\":{\"trainable\":[\"blocks.1.*\"]},\"data\":{\"kind\":\"copy\"}}";
 
+/* masked LM: the data's mask id and the shape's K and pad id travel */
+static const char *SPEC_BERT =
+    "{\"name\":\"t\",\"model\":{\"template\":\"bert\",\"vocab_size\":40,\"seq_len\":8,\"d_model\":16,"
+    "\"n_layers\":2,\"n_heads\":2,\"pad_token\":0,\"sep_token\":3,\"mlm_predictions\":3},\"mesh\":{\"pp\":2},"
+    "\"train\":{\"trainable\":[\"blocks.1.*\"]},\"data\":{\"kind\":\"tokens\",\"path\":\"x.tokens\",\"mask_token\":7}}";
+
 static const char *SPEC =
     "{\"name\":\"t\",\"model\":{\"template\":\"gpt\",\"vocab_size\":64,\"seq_len\":8,\"d_model\":16,"
     "\"n_layers\":4,\"n_heads\":2,\"tie_embeddings\":true},"
@@ -85,6 +91,7 @@ static int setup_of(void **state, const char *spec) {
 static int setup(void **state) { return setup_of(state, SPEC); }
 static int setup_llama(void **state) { return setup_of(state, SPEC_LLAMA); }
 static int setup_gemma(void **state) { return setup_of(state, SPEC_GEMMA); }
+static int setup_bert(void **state) { return setup_of(state, SPEC_BERT); }
 
 static int teardown(void **state) {
   fixture *f = *state;
@@ -166,6 +173,7 @@ static void test_round_trip(void **state) {
     assert_memory_equal(&s.train, &want, sizeof s.train); /* doubles and the 64-bit seed bit for bit */
     assert_int_equal(s.data.kind, f->job.data.kind);
     assert_string_equal(s.data.path, f->job.data.path);
+    assert_int_equal(s.data.mask_token, -1); /* none: not in the slice */
     expect_models_equal(&s.model, &p->model);
     /* partition: every range, the edges touching this rank, all of the tied table */
     assert_int_equal(s.part.n_stages, p->S);
@@ -253,6 +261,26 @@ static void test_round_trip_gemma(void **state) {
     free(text);
   }
   assert_true(n[0] == f->plan.pp && n[1] == 5 * f->plan.pp && n[2] == 2 * f->plan.pp);
+}
+
+static void test_round_trip_bert(void **state) {
+  fixture *f = *state;
+  for (int rank = 0; rank < f->plan.pp; rank++) {
+    char *text, hex[PW_SHA256_HEX_LEN + 1];
+    build(f, rank, &text, hex);
+    pw_slice s;
+    pw_err err = {0};
+    char b[600];
+    if (pw_slice_decode(text, strlen(text), hex, &s, &err))
+      fail_msg("rank %d: %s", rank, pw_err_str(&err, b, sizeof b));
+    expect_models_equal(&f->plan.model, &s.model); /* the shape's K 3 and pad id 0 among it */
+    assert_int_equal(s.model.data.mlm_predictions, 3);
+    assert_int_equal(s.model.data.pad_token, 0);
+    assert_int_equal(s.data.mask_token, 7);
+    assert_int_equal(s.data.kind, PW_DATA_TOKENS);
+    pw_slice_free(&s);
+    free(text);
+  }
 }
 
 static void test_same_init(void **state) {
@@ -374,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test_setup_teardown(test_round_trip_llama, setup_llama, teardown),
       cmocka_unit_test_setup_teardown(test_round_trip_gemma, setup_gemma, teardown),
+      cmocka_unit_test_setup_teardown(test_round_trip_bert, setup_bert, teardown),
       cmocka_unit_test(test_same_init),
       cmocka_unit_test(test_flipped_bytes_refused),
       cmocka_unit_test(test_bad_bodies_refused),
