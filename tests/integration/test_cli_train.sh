@@ -16,7 +16,9 @@
 #  - --resume without --out warns that nothing will be saved;
 #  - a diverged run (lr 1e6) fails as the cluster's does: exit 1, "diverged
 #    at step N", no checkpoint; with train.on_nonfinite "skip" it goes on,
-#    says which steps it skipped, and its checkpoint is finite (eval loads it).
+#    says which steps it skipped, and its checkpoint is finite (eval loads it);
+#  - examples/jobs/bert-tiny.json (template bert, masked LM): its loss falls
+#    from about ln 257 and its held-out loss with it.
 set -euo pipefail
 BUILD=$1; SRC=$2
 PW="$BUILD/pipewright"
@@ -171,4 +173,14 @@ grep -q '"on_nonfinite": "skip"' "$T/skip.json" || fail "skip.json was not made"
 grep -qE '^warning: step [0-9]+ skipped: .* not finite \(train.on_nonfinite: skip\)$' "$T/err" || { cat "$T/err"; fail "no skipped step said"; }
 "$PW" eval --job "$T/skip.json" --checkpoint "$T/skip.safetensors" > /dev/null 2> "$T/err" ||
   { cat "$T/err"; fail "on_nonfinite skip: its checkpoint does not load (non-finite weights?)"; }
+
+# BERT's masked LM trains: the loss over the masked positions falls from ln 257 (5.55), and eval's with it
+"$PW" train --job examples/jobs/bert-tiny.json --steps 20 --quiet --log-json "$T/bert.jsonl" --out "$T/bert.safetensors"
+python3 - "$T/bert.jsonl" <<'P' || fail "bert-tiny: the masked-LM loss did not fall"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1])]
+assert len(l) == 20 and abs(l[0] - 5.55) < 0.2 and max(l[-5:]) < l[0] - 1.5, l
+P
+"$PW" eval --job examples/jobs/bert-tiny.json --checkpoint "$T/bert.safetensors" |
+  awk '/^eval loss/ { exit !($3 < 4.0) } END { if (NR == 0) exit 1 }' || fail "bert-tiny: eval loss not below 4"
 echo "1 passed, 0 failed"
