@@ -792,8 +792,9 @@ static int rope_parameters_v4(json_t *cfg, const char *what, pw_err *err) {
   if (!type || !strcmp(json_string_value(type), "default")) { /* the plain rope: nothing else may be there */
     json_object_del(rs, "rope_type");
     const char *key = json_object_iter_key(json_object_iter(rs));
-    json_decref(rs);
-    if (key) return pw_err_set(err, PW_ENOTSUP, what, "rope_parameters.%.48s: not a field of the default rope", key);
+    int rc = key ? pw_err_set(err, PW_ENOTSUP, what, "rope_parameters.%.48s: not a field of the default rope", key) : 0;
+    json_decref(rs); /* after the message: key lives in rs */
+    if (rc) return rc;
     rs = json_null();
   }
   const json_t *was = json_object_get(cfg, "rope_scaling");
