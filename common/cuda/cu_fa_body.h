@@ -226,20 +226,39 @@ static inline PW_HD size_t pw_cu_fa_o(const pw_cu_fa *d, int b, int h, int r) {
   return ((size_t)b * d->T + (size_t)r) * (size_t)d->C + (size_t)h * d->HD;
 }
 
+/* Thread t's elements (i, j) of a rows x cols tile, for the statements
+ * after the names: elements t, t + NT, ... in row-major order (i = e /
+ * cols, j = e % cols); where cols divides NT without a division each (the
+ * thread's column is then fixed and its rows step by NT / cols: the same
+ * elements). */
+#define PW_FA_EACH(t, rows, cols, i, j, ...)                              \
+  do {                                                                    \
+    int rows_ = (rows), cols_ = (cols);                                   \
+    if (PW_FA_NT % cols_ == 0) {                                          \
+      int j = (t) % cols_;                                                \
+      for (int i = (t) / cols_; i < rows_; i += PW_FA_NT / cols_) {       \
+        __VA_ARGS__;                                                      \
+      }                                                                   \
+    } else {                                                              \
+      for (int e_ = (t); e_ < rows_ * cols_; e_ += PW_FA_NT) {            \
+        int i = e_ / cols_, j = e_ - i * cols_;                           \
+        __VA_ARGS__;                                                      \
+      }                                                                   \
+    }                                                                     \
+  } while (0)
+
 /* Thread t's share of an operand tile (`rows` rows of d->ldo at sm + o):
  * row i < n from src (row i at src + i ld), the rest and the columns past
  * HD zeros; bf16 tiles hold the bf16 bits (HDP columns, the products' k). */
 PW_PH_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, const float *src, size_t ld, int n,
                             int rows, int t) {
-  int wd = d->bf16 ? d->HDP : d->HD;
-  for (int e = t; e < rows * wd; e += PW_FA_NT) {
-    int i = e / wd, c = e - i * wd;
+  PW_FA_EACH(t, rows, d->bf16 ? d->HDP : d->HD, i, c, {
     float x = i < n && c < d->HD ? src[(size_t)i * ld + (size_t)c] : 0.0f;
     if (d->bf16)
       PW_FA_H(sm, o)[i * d->ldo + c] = pw_cu_bf16_bits(x);
     else
       PW_FA_F(sm, o)[i * d->ldo + c] = x;
-  }
+  });
 }
 
 /* Thread t's share of zeroing n floats at sm + o. */
@@ -257,14 +276,13 @@ PW_PH_FN void pw_cu_fa_zero(unsigned char *sm, unsigned o, int n, int t) {
 PW_PH_FN void pw_cu_fa_mm_f32(int t, float *Cm, int ldc, const float *A, int lda, int ta, const float *Bm, int ldb,
                               int tb, int M, int N, int K, int acc) {
   int as = ta ? lda : 1, bs = tb ? 1 : ldb;
-  for (int e = t; e < M * N; e += PW_FA_NT) {
-    int i = e / N, j = e - i * N;
+  PW_FA_EACH(t, M, N, i, j, {
     const float *a = A + (ta ? i : i * lda), *b = Bm + (tb ? j * ldb : j);
     float s = 0.0f;
     for (int k = 0; k < K; k++) s += a[k * as] * b[k * bs];
     float *c = Cm + i * ldc + j;
     *c = acc ? *c + s : s;
-  }
+  });
 }
 
 #ifndef __CUDACC__
@@ -360,11 +378,7 @@ PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, const int32
 PW_PH_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) {
   const float *al = PW_FA_F(sm, d->o_r3);
   float *O = PW_FA_F(sm, d->o_a1);
-  int wd = d->bf16 ? d->HDP : d->HD;
-  for (int e = t; e < d->BQ * wd; e += PW_FA_NT) {
-    int i = e / wd, c = e - i * wd;
-    O[i * d->lda + c] *= al[i];
-  }
+  PW_FA_EACH(t, d->BQ, d->bf16 ? d->HDP : d->HD, i, c, O[i * d->lda + c] *= al[i]);
   if (t < d->BQ) {
     const float *red2 = PW_FA_F(sm, d->o_red2) + t * d->TPR;
     float s = 0.0f, *l = PW_FA_F(sm, d->o_r2);
@@ -378,11 +392,10 @@ PW_PH_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) 
  * + log l; a row that saw no key gets zeros (and lse -inf). */
 PW_PH_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *out, float *lse, int rows, int t) {
   const float *O = PW_FA_F(sm, d->o_a1), *m = PW_FA_F(sm, d->o_r1), *l = PW_FA_F(sm, d->o_r2);
-  for (int e = t; e < rows * d->HD; e += PW_FA_NT) {
-    int i = e / d->HD, c = e - i * d->HD;
+  PW_FA_EACH(t, rows, d->HD, i, c, {
     float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     out[(size_t)i * d->C + (size_t)c] = O[i * d->lda + c] * inv;
-  }
+  });
   for (int i = t; i < rows; i += PW_FA_NT) lse[i] = m[i] + logf(l[i]);
 }
 
@@ -463,8 +476,8 @@ PW_PH_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
 PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
   float *S = PW_FA_F(sm, d->o_s), *dP = PW_FA_F(sm, d->o_dp);
   const float *L = PW_FA_F(sm, d->o_r1), *D = PW_FA_F(sm, d->o_r2), *U = PW_FA_F(sm, d->o_ru);
-  for (int e = t; e < d->BQ * d->BK; e += PW_FA_NT) {
-    int i = e / d->BK, j = e - i * d->BK, at = i * d->lds + j, u = U[i] != 0.0f;
+  PW_FA_EACH(t, d->BQ, d->BK, i, j, {
+    int at = i * d->lds + j, u = U[i] != 0.0f;
     float p = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf((u ? 0.0f : S[at] * d->scale) - L[i]) : 0.0f;
     float ds = u ? 0.0f : p * (dP[at] - D[i]);
     if (d->bf16) {
@@ -474,7 +487,7 @@ PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, const int32_
       S[at] = p;
       dP[at] = ds;
     }
-  }
+  });
 }
 
 /* rows x HD of an accumulator tile into dst (row ld): (acc ? old : 0) +
@@ -482,12 +495,11 @@ PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, const int32_
 PW_PH_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned o, float *dst, size_t ld, int rows,
                                   float f, int acc, int t) {
   const float *A = PW_FA_F(sm, o);
-  for (int e = t; e < rows * d->HD; e += PW_FA_NT) {
-    int i = e / d->HD, c = e - i * d->HD;
+  PW_FA_EACH(t, rows, d->HD, i, c, {
     float g = f == 1.0f ? A[i * d->lda + c] : f * A[i * d->lda + c];
     float *x = dst + (size_t)i * ld + (size_t)c;
     *x = (acc ? *x : 0.0f) + g;
-  }
+  });
 }
 
 /* S = Q K^T and dP = dO V^T of the staged tiles (two product phases). */
