@@ -77,6 +77,13 @@ static int decode_of(const pw_node *n) { return pw_op_info_of(n->op)->decode; }
 /* Input ports: values the stage reads but does not make (targets aside);
  * outputs: values it makes that a later node reads, and the loss's input.
  * Every value held gets max_rows rows in the activation arena. */
+/* Rows a value holds per token: 1, or a mixture of experts' K (its
+ * dispatched rows, T K a sequence). */
+static size_t rows_per_token(const pw_model *m, int v) {
+  int T = m->values[m->input_value].rows;
+  return T > 0 && m->values[v].rows > T ? (size_t)(m->values[v].rows / T) : 1;
+}
+
 static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
   const pw_model *m = d->m;
   size_t R = (size_t)d->cfg.max_rows, off = 0, aux = 0;
@@ -101,7 +108,7 @@ static int plan_values(pw_decode *d, size_t *act_floats, size_t *aux_floats) {
       d->ports[d->n_in++] = v;
     }
     d->val_off[n->out] = off;
-    off += R * (size_t)n->OC;
+    off += R * rows_per_token(m, n->out) * (size_t)n->OC;
     if (R * pw_op_decode_aux(n) > aux) aux = R * pw_op_decode_aux(n);
   }
   for (int i = d->node_hi; i < m->n_nodes; i++)
@@ -200,6 +207,8 @@ int pw_decode_create(pw_prog *p, const pw_decode_config *cfg, pw_decode **out, p
     return rc;
   }
   size_t scratch = pw_attention_kv_scratch(c.max_rows < c.max_pos ? c.max_rows : c.max_pos, c.max_pos);
+  for (int i = d->node_lo; i < d->node_hi; i++) /* the other ops' (a mixture's order) */
+    if (pw_op_scratch(&m->nodes[i]) > scratch) scratch = pw_op_scratch(&m->nodes[i]);
   d->kv = pw_alloc_floats(d->kv_slot * (size_t)c.max_seqs + 1);
   d->act = pw_alloc_floats(act + aux + scratch + 1);
   if (!d->kv || !d->act) goto oom;
@@ -259,7 +268,7 @@ static void node_forward(pw_decode *d, int i) {
                      .w = n->w >= 0 ? d->wdata[n->w] : NULL,
                      .b = n->b >= 0 ? d->wdata[n->b] : NULL,
                      .scratch = d->scratch,
-                     .rows = d->rows,
+                     .rows = d->rows * (int)rows_per_token(d->m, n->in[0]), /* rows of input 0, as training's */
                      .seqs = d->seqs,
                      .n_seqs = d->n_seqs,
                      .kv = d->kv_off[li] != NONE ? d->kv + d->kv_off[li] : NULL,

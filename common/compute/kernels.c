@@ -10,6 +10,7 @@
 #include "lora.h"
 #include "ops.h"
 #include "ops_enc.h"
+#include "ops_moe.h"
 #include "rowmm.h"
 
 #define TOK(p) ((const int32_t *)(p))
@@ -357,6 +358,60 @@ static void lora_d(const pw_kernel_io *io) {
   }
 }
 
+/* A mixture of experts (ops_moe.h): NH experts, HD taken a token; the
+ * expert-major order's off (E + 1 ints) then cursors (E) in scratch. A
+ * call's rows are those of input 0: K a token for glinear and combine (in
+ * the decode too, decode.c). */
+#define MOE_E(io) ((io)->n->NH)
+#define MOE_K(io) ((io)->n->HD)
+#define MOE_OFF(io) ((int *)(io)->scratch)
+#define MOE_CUR(io) (MOE_OFF(io) + MOE_E(io) + 1)
+static int moe_order(const pw_kernel_io *io, int tokens) {
+  pw_moe_order(MOE_OFF(io), io->in1, tokens, MOE_E(io), MOE_K(io));
+  return tokens;
+}
+static void moe_route_f(const pw_kernel_io *io) {
+  pw_moe_route_forward(io->out, io->aux, io->in0, NULL, io->rows, MOE_E(io), MOE_K(io), io->n->pad, io->n->base);
+}
+static void moe_route_i(const pw_kernel_io *io) {
+  pw_moe_route_backward_input(io->din0, io->dout, io->out, io->aux, io->rows, MOE_E(io), MOE_K(io), io->n->pad,
+                              io->n->base, io->acc0);
+}
+static void moe_dispatch_f(const pw_kernel_io *io) {
+  int N = moe_order(io, io->rows);
+  pw_moe_dispatch_forward(io->out, io->in0, io->in1, MOE_OFF(io), MOE_CUR(io), N, MOE_E(io), MOE_K(io), io->n->C);
+}
+static void moe_dispatch_i(const pw_kernel_io *io) {
+  int N = moe_order(io, io->rows);
+  pw_moe_dispatch_backward_input(io->din0, io->dout, io->in1, MOE_OFF(io), MOE_CUR(io), N, MOE_E(io), MOE_K(io),
+                                 io->n->C, io->acc0);
+}
+static void moe_glinear_f(const pw_kernel_io *io) {
+  moe_order(io, io->rows / MOE_K(io));
+  pw_moe_glinear_forward(io->out, io->in0, io->w, MOE_OFF(io), MOE_E(io), io->n->C, io->n->OC);
+}
+static void moe_glinear_d(const pw_kernel_io *io) {
+  moe_order(io, io->rows / MOE_K(io));
+  pw_moe_glinear_forward_rows(io->out, io->in0, io->w, MOE_OFF(io), MOE_E(io), io->n->C, io->n->OC);
+}
+static void moe_glinear_i(const pw_kernel_io *io) {
+  moe_order(io, io->rows / MOE_K(io));
+  pw_moe_glinear_backward_input(io->din0, io->dout, io->w, MOE_OFF(io), MOE_E(io), io->n->C, io->n->OC, io->acc0);
+}
+static void moe_glinear_w(const pw_kernel_io *io) {
+  moe_order(io, io->rows / MOE_K(io));
+  pw_moe_glinear_backward_weight(io->dw, io->dout, io->in0, MOE_OFF(io), MOE_E(io), io->n->C, io->n->OC);
+}
+static void moe_combine_f(const pw_kernel_io *io) {
+  int N = moe_order(io, io->rows / MOE_K(io));
+  pw_moe_combine_forward(io->out, io->in0, io->in1, MOE_OFF(io), MOE_CUR(io), N, MOE_E(io), MOE_K(io), io->n->C);
+}
+static void moe_combine_i(const pw_kernel_io *io) {
+  int N = moe_order(io, io->rows / MOE_K(io));
+  pw_moe_combine_backward_input(io->din0, io->din1, io->dout, io->in0, io->in1, MOE_OFF(io), MOE_CUR(io), N,
+                                MOE_E(io), MOE_K(io), io->n->C, io->acc0, io->acc1);
+}
+
 /* forward, backward_input, backward_weight, backward, decode */
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL, embed_f},
@@ -386,6 +441,10 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_FIRST_ROW] = {first_row_f, first_row_i, NULL, NULL, NULL},
     [PW_OP_EMBED_PAD] = {embed_f, NULL, embed_pad_w, NULL, embed_f},
     [PW_OP_XENT_MLM] = {xent_mlm_f, xent_mlm_i, NULL, NULL, NULL},
+    [PW_OP_MOE_ROUTE] = {moe_route_f, moe_route_i, NULL, NULL, moe_route_f},
+    [PW_OP_MOE_DISPATCH] = {moe_dispatch_f, moe_dispatch_i, NULL, NULL, moe_dispatch_f},
+    [PW_OP_MOE_GLINEAR] = {moe_glinear_f, moe_glinear_i, moe_glinear_w, NULL, moe_glinear_d},
+    [PW_OP_MOE_COMBINE] = {moe_combine_f, moe_combine_i, NULL, NULL, moe_combine_f},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

@@ -87,59 +87,67 @@ void pw_moe_route_backward_input(float *dlogits, const float *dr, const float *r
 
 /* ---- order, dispatch, combine ------------------------------------------------ */
 
-void pw_moe_order(int *off, int *pos, const float *r, int N, int E, int K) {
+void pw_moe_order(int *off, const float *r, int N, int E, int K) {
   for (int e = 0; e <= E; e++) off[e] = 0;
   for (int n = 0; n < N; n++)
     for (int k = 0; k < K; k++) off[(int)r[(size_t)n * 2 * K + K + k] + 1]++;
   for (int e = 0; e < E; e++) off[e + 1] += off[e];
-  /* a counting sort: pairs fill their expert's block in (n, k) order */
-  for (int n = 0; n < N; n++) /* pos first holds each pair's rank inside its expert's block */
-    for (int k = 0; k < K; k++) pos[n * K + k] = off[(int)r[(size_t)n * 2 * K + K + k]]++;
-  for (int e = E; e > 0; e--) off[e] = off[e - 1]; /* each off[e] ran to its block's end: shift back */
-  off[0] = 0;
 }
 
-void pw_moe_dispatch_forward(float *xs, const float *x, const int *pos, int N, int K, int C) {
+/* The rows of the pairs (n, k) in ascending order come out of one cursor
+ * per expert: its block's start, moved on by each pair it takes. */
+static void cursors(int *cur, const int *off, int E) { memcpy(cur, off, (size_t)E * sizeof(int)); }
+static int row_of(int *cur, const float *r, int n, int k, int K) { return cur[(int)r[(size_t)n * 2 * K + K + k]]++; }
+
+void pw_moe_dispatch_forward(float *xs, const float *x, const float *r, const int *off, int *cur, int N, int E, int K,
+                             int C) {
+  cursors(cur, off, E);
   for (int n = 0; n < N; n++)
     for (int k = 0; k < K; k++)
-      memcpy(xs + (size_t)pos[n * K + k] * C, x + (size_t)n * C, (size_t)C * sizeof(float));
+      memcpy(xs + (size_t)row_of(cur, r, n, k, K) * C, x + (size_t)n * C, (size_t)C * sizeof(float));
 }
 
-void pw_moe_dispatch_backward_input(float *dx, const float *dxs, const int *pos, int N, int K, int C, int acc) {
+void pw_moe_dispatch_backward_input(float *dx, const float *dxs, const float *r, const int *off, int *cur, int N,
+                                    int E, int K, int C, int acc) {
+  cursors(cur, off, E);
   for (int n = 0; n < N; n++) {
     float *d = dx + (size_t)n * C;
     for (int k = 0; k < K; k++) {
-      const float *s = dxs + (size_t)pos[n * K + k] * C;
+      const float *s = dxs + (size_t)row_of(cur, r, n, k, K) * C;
       int a = acc || k > 0; /* the first slot overwrites (0 + g), the rest add */
       for (int c = 0; c < C; c++) d[c] = pw__acc(a, d[c], s[c]);
     }
   }
 }
 
-void pw_moe_combine_forward(float *y, const float *ys, const float *r, const int *pos, int N, int K, int C) {
+void pw_moe_combine_forward(float *y, const float *ys, const float *r, const int *off, int *cur, int N, int E, int K,
+                            int C) {
+  cursors(cur, off, E);
   for (int n = 0; n < N; n++) {
     float *o = y + (size_t)n * C;
     const float *w = r + (size_t)n * 2 * K;
     for (int c = 0; c < C; c++) o[c] = 0.0f;
     for (int k = 0; k < K; k++) {
-      const float *s = ys + (size_t)pos[n * K + k] * C;
+      const float *s = ys + (size_t)row_of(cur, r, n, k, K) * C;
       for (int c = 0; c < C; c++) o[c] += w[k] * s[c];
     }
   }
 }
 
 void pw_moe_combine_backward_input(float *dys, float *dr, const float *dy, const float *ys, const float *r,
-                                   const int *pos, int N, int K, int C, int acc_ys, int acc_r) {
+                                   const int *off, int *cur, int N, int E, int K, int C, int acc_ys, int acc_r) {
+  cursors(cur, off, E);
   for (int n = 0; n < N; n++) {
     const float *d = dy + (size_t)n * C, *w = r + (size_t)n * 2 * K;
+    float *g = dr ? dr + (size_t)n * 2 * K : NULL;
     for (int k = 0; k < K; k++) {
-      size_t row = (size_t)pos[n * K + k] * C;
+      size_t row = (size_t)row_of(cur, r, n, k, K) * C;
       float dot = 0;
       for (int c = 0; c < C; c++) {
         dot += d[c] * ys[row + c];
         dys[row + c] = pw__acc(acc_ys, dys[row + c], w[k] * d[c]);
       }
-      float *g = dr + (size_t)n * 2 * K;
+      if (!dr) continue; /* nothing before the router takes a gradient */
       g[k] = pw__acc(acc_r, g[k], dot);
       g[K + k] = pw__acc(acc_r, g[K + k], 0.0f); /* the ids: constants */
     }
@@ -156,6 +164,12 @@ void pw_moe_glinear_forward(float *ys, const float *xs, const float *w, const in
     pw_sgemm(0, 1, m, OC, C, 1.0f, xs + (size_t)off[e] * C, C, w + (size_t)e * OC * C, C, 0.0f,
              ys + (size_t)off[e] * OC, OC);
   }
+}
+
+void pw_moe_glinear_forward_rows(float *ys, const float *xs, const float *w, const int *off, int E, int C, int OC) {
+  for (int e = 0; e < E; e++)
+    for (int i = off[e]; i < off[e + 1]; i++)
+      pw_sgemm(0, 1, 1, OC, C, 1.0f, xs + (size_t)i * C, C, w + (size_t)e * OC * C, C, 0.0f, ys + (size_t)i * OC, OC);
 }
 
 void pw_moe_glinear_backward_input(float *dxs, const float *dys, const float *w, const int *off, int E, int C, int OC,

@@ -17,9 +17,10 @@
  * backward.
  *
  * The rows of xs, hs and ys are expert-major: expert e's (token, slot)
- * pairs at rows [off[e], off[e+1]), in ascending (n, k) order; pair (n, k)
- * sits at row pos[n*K + k]. pw_moe_order makes off and pos from r; every
- * kernel that needs them takes them, so one call per op makes them.
+ * pairs at rows [off[e], off[e+1]), in ascending (n, k) order (row(n, k)
+ * below). pw_moe_order makes off from r, in one pass; the kernels that
+ * place pairs find their rows again from off in the same order, so
+ * nothing the size of the microbatch is kept besides the values.
  * Each expert's rows are then one contiguous block: glinear is one sgemm
  * per expert, and every sum runs in a fixed order (bit-identical runs,
  * whatever the microbatching, as long as a microbatch is the same tokens).
@@ -50,28 +51,36 @@ void pw_moe_route_forward(float *r, float *probs, const float *logits, const flo
 void pw_moe_route_backward_input(float *dlogits, const float *dr, const float *r, const float *probs, int N, int E,
                                  int K, int gate, float scale, int acc);
 
-/* off (E+1) and pos (N*K) of r's routing (above). */
-void pw_moe_order(int *off, int *pos, const float *r, int N, int E, int K);
+/* off (E+1) of r's routing: expert e's block is rows [off[e], off[e+1]). */
+void pw_moe_order(int *off, const float *r, int N, int E, int K);
 
-/* xs[pos[n*K+k], :] = x[n, :]; x (N,C), xs (N*K,C). Backward: dx[n] = sum
- * over k (ascending) of dxs[pos[n*K+k]]. */
-void pw_moe_dispatch_forward(float *xs, const float *x, const int *pos, int N, int K, int C);
-void pw_moe_dispatch_backward_input(float *dx, const float *dxs, const int *pos, int N, int K, int C, int acc);
+/* xs[row(n, k)] = x[n]; x (N,C), xs (N*K,C). Backward: dx[n] = sum over k
+ * (ascending) of dxs[row(n, k)]. cur: E ints of scratch (the pairs' rows
+ * come from one cursor per expert, the pairs taken in (n, k) order). */
+void pw_moe_dispatch_forward(float *xs, const float *x, const float *r, const int *off, int *cur, int N, int E, int K,
+                             int C);
+void pw_moe_dispatch_backward_input(float *dx, const float *dxs, const float *r, const int *off, int *cur, int N,
+                                    int E, int K, int C, int acc);
 
 /* Grouped linear: ys[i] = xs[i] @ w[e]^T for every row i of expert e's
  * block; xs (M,C), w (E,OC,C), ys (M,OC), M = off[E]. No bias. */
 void pw_moe_glinear_forward(float *ys, const float *xs, const float *w, const int *off, int E, int C, int OC);
+/* The same, one row at a time: a row's result does not depend on which
+ * other rows share its expert (the decode's, whose calls mix sequences:
+ * each sequence's logits are then those of its own call). */
+void pw_moe_glinear_forward_rows(float *ys, const float *xs, const float *w, const int *off, int E, int C, int OC);
 void pw_moe_glinear_backward_input(float *dxs, const float *dys, const float *w, const int *off, int E, int C, int OC,
                                    int acc);
 void pw_moe_glinear_backward_weight(float *dw, const float *dys, const float *xs, const int *off, int E, int C,
                                     int OC);
 
-/* y[n] = sum over k (ascending) of r[n,k] * ys[pos[n*K+k]]; ys (N*K,C),
- * y (N,C). Backward: dys[pos[n*K+k]] = r[n,k] dy[n] and dr[n,k] = dy[n] .
- * ys[pos[n*K+k]] for the weights (dr's id half: + 0, i.e. 0 when
- * overwritten). */
-void pw_moe_combine_forward(float *y, const float *ys, const float *r, const int *pos, int N, int K, int C);
+/* y[n] = sum over k (ascending) of r[n,k] * ys[row(n, k)]; ys (N*K,C),
+ * y (N,C). Backward: dys[row(n, k)] = r[n,k] dy[n] and dr[n,k] = dy[n] .
+ * ys[row(n, k)] for the weights (dr's id half: + 0, i.e. 0 when
+ * overwritten). cur as dispatch's. */
+void pw_moe_combine_forward(float *y, const float *ys, const float *r, const int *off, int *cur, int N, int E, int K,
+                            int C);
 void pw_moe_combine_backward_input(float *dys, float *dr, const float *dy, const float *ys, const float *r,
-                                   const int *pos, int N, int K, int C, int acc_ys, int acc_r);
+                                   const int *off, int *cur, int N, int E, int K, int C, int acc_ys, int acc_r);
 
 #endif

@@ -200,6 +200,79 @@ static int binary(builder *bd, pw_op op, int a, int b) {
   return add_node(bd, op, a, b, -1, -1, v->rows, v->width, PW_DT_F32);
 }
 
+/* ---- a mixture of experts (model.moe) -------------------------------- */
+
+static int moe_here(const builder *bd) {
+  const pw_model_spec *s = bd->spec;
+  int i = bd->block_index;
+  return s->moe_experts && i >= s->moe_first_dense && (i - s->moe_first_dense) % s->moe_every == 0;
+}
+
+/* A node of the mixture: NH its experts, HD the experts a token takes. */
+static int moe_node(builder *bd, pw_op op, int in0, int in1, int w, int rows, int width) {
+  int y = add_node(bd, op, in0, in1, w, -1, rows, width, PW_DT_F32);
+  if (!bd->oom) {
+    pw_node *n = &bd->m->nodes[bd->m->n_nodes - 1];
+    n->NH = bd->spec->moe_experts;
+    n->HD = bd->spec->moe_top_k;
+  }
+  return y;
+}
+
+/* Every expert's linear `prefix` (no bias) over the rows xs: one weight of
+ * E x oc rows, expert e's oc rows after e's predecessors'. */
+static int glinear(builder *bd, const char *prefix, int xs, int r, int oc, float std) {
+  char nm[PW_PARAM_NAME_MAX];
+  snprintf(nm, sizeof nm, "%.80s.weight", prefix);
+  int w = add_param(bd, nm, bd->spec->moe_experts * oc, bd->m->values[xs].width, PW_INIT_NORMAL, std);
+  return moe_node(bd, PW_OP_MOE_GLINEAR, xs, r, w, bd->m->values[xs].rows, oc);
+}
+
+/* model.moe's mixture in place of a block's MLP (ops_moe.h), on the
+ * normed input h: the router (a linear without bias, "moe.router"), route,
+ * dispatch, the experts' MLPs as grouped linears — llama's SwiGLU
+ * "moe.experts.gate"/"up"/"down" (GeGLU with mlp_act gelu_tanh), gpt's
+ * GELU "moe.experts.fc"/"proj", no biases — and combine; shared experts
+ * ("moe.shared.*", the same MLP moe_shared times as wide, no biases) add
+ * a dense MLP every token takes. */
+static int moe_mlp(builder *bd, const char *p, int h, int llama, float std, float rstd) {
+  const pw_model_spec *s = bd->spec;
+  char nm[PW_PARAM_NAME_MAX];
+  int T = bd->m->values[h].rows, C = bd->m->values[h].width, K = s->moe_top_k, H = s->moe_hidden;
+  snprintf(nm, sizeof nm, "%s.moe.router", p);
+  int logits = linear(bd, nm, h, s->moe_experts, 0, std);
+  int r = moe_node(bd, PW_OP_MOE_ROUTE, logits, -1, -1, T, 2 * K);
+  if (!bd->oom) {
+    bd->m->nodes[bd->m->n_nodes - 1].pad = s->moe_gate;
+    bd->m->nodes[bd->m->n_nodes - 1].base = s->moe_gate == PW_MOE_GATE_SIGMOID ? s->moe_routed_scale : 1.0f;
+  }
+  int xs = moe_node(bd, PW_OP_MOE_DISPATCH, h, r, -1, T * K, C), a;
+  if (llama) {
+    snprintf(nm, sizeof nm, "%s.moe.experts.gate", p);
+    int g = glinear(bd, nm, xs, r, H, std);
+    snprintf(nm, sizeof nm, "%s.moe.experts.up", p);
+    a = binary(bd, s->mlp_act == PW_MLP_ACT_GELU_TANH ? PW_OP_GEGLU : PW_OP_SWIGLU, g, glinear(bd, nm, xs, r, H, std));
+  } else {
+    snprintf(nm, sizeof nm, "%s.moe.experts.fc", p);
+    a = unary(bd, PW_OP_GELU, glinear(bd, nm, xs, r, H, std));
+  }
+  snprintf(nm, sizeof nm, "%s.moe.experts.%s", p, llama ? "down" : "proj");
+  int y = moe_node(bd, PW_OP_MOE_COMBINE, glinear(bd, nm, a, r, C, rstd), r, -1, T, C);
+  if (!s->moe_shared) return y;
+  int HS = s->moe_shared * H;
+  if (llama) {
+    snprintf(nm, sizeof nm, "%s.moe.shared.gate", p);
+    int g = linear(bd, nm, h, HS, 0, std);
+    snprintf(nm, sizeof nm, "%s.moe.shared.up", p);
+    a = binary(bd, s->mlp_act == PW_MLP_ACT_GELU_TANH ? PW_OP_GEGLU : PW_OP_SWIGLU, g, linear(bd, nm, h, HS, 0, std));
+  } else {
+    snprintf(nm, sizeof nm, "%s.moe.shared.fc", p);
+    a = unary(bd, PW_OP_GELU, linear(bd, nm, h, HS, 0, std));
+  }
+  snprintf(nm, sizeof nm, "%s.moe.shared.%s", p, llama ? "down" : "proj");
+  return binary(bd, PW_OP_ADD, y, linear(bd, nm, a, C, 0, rstd));
+}
+
 /* A transformer block: x + attn(norm1(x)), then + mlp(norm2(x)).
  * nanoGPT's: layernorms "ln1"/"ln2", biases, a GELU MLP "fc"/"proj".
  * Llama's: RMSNorms "norm1"/"norm2", rotary qkv, no biases, a SwiGLU MLP
@@ -259,6 +332,7 @@ static int block(builder *bd, const char *p, int x, int nh, int hidden, float st
   x = binary(bd, PW_OP_ADD, x, h);
   snprintf(nm, sizeof nm, "%s.%s", p, llama ? "norm2" : "ln2");
   h = norm(bd, nm, x, llama);
+  if (moe_here(bd)) return binary(bd, PW_OP_ADD, x, moe_mlp(bd, p, h, llama, std, rstd));
   if (llama) {
     snprintf(nm, sizeof nm, "%s.mlp.gate", p);
     int g = linear(bd, nm, h, hidden, 0, std);
@@ -338,7 +412,9 @@ static void build_transformer(builder *bd, int llama) {
   for (int i = 0; i < s->n_layers && !bd->oom; i++) {
     snprintf(nm, sizeof nm, "blocks.%d", i);
     begin_layer(bd, nm, -1, 1);
+    bd->block_index = i;
     x = block(bd, nm, x, s->n_heads, hidden, std, s->n_layers, llama);
+    bd->block_index = -1;
     end_layer(bd);
   }
   begin_layer(bd, "head", -1, 0);
@@ -623,7 +699,7 @@ void pw_model_set_attention(pw_model *m, int impl) {
 int pw_model_build(const pw_model_spec *spec, pw_model *m, pw_err *err) {
   memset(m, 0, sizeof *m);
   m->feature_value = -1;
-  builder bd = {.m = m, .spec = spec};
+  builder bd = {.m = m, .spec = spec, .block_index = -1};
   int rc = 0;
   switch (spec->tmpl) {
     case PW_TEMPLATE_GPT: build_transformer(&bd, 0); break;

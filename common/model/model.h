@@ -58,6 +58,14 @@ typedef enum {
   PW_OP_EMBED_PAD,  /* PW_OP_EMBED whose rows of token `pad` take no gradient (padding_idx) */
   PW_OP_XENT_MLM,   /* in: logits (r,V), targets (r,1,i32)  out: loss over the rows whose target
                        is >= 0, averaged over NH = K of them a sequence; aux probs (r,V) */
+  /* a mixture of experts (ops_moe.h): NH = E experts, HD = K chosen a token;
+   * route's pad = the gate (pw_moe_gate), base = its routed scale */
+  PW_OP_MOE_ROUTE,  /* in: logits (T,E)          out r (T,2K): K weights, K expert ids (floats)
+                       params: b = the balance bias (E) of sigmoid gates, or -1; aux probs (T,E) */
+  PW_OP_MOE_DISPATCH, /* in: x (T,C), r (T,2K)   out (T*K,C): each token in its K experts' rows */
+  PW_OP_MOE_GLINEAR, /* in: xs (T*K,C), r        out (T*K,OC): each row times its expert's
+                        matrix; params: w (E*OC, C), expert e's rows e*OC .. */
+  PW_OP_MOE_COMBINE, /* in: ys (T*K,C), r        out (T,C): each token's K rows, weighted */
   PW_OP__COUNT
 } pw_op;
 

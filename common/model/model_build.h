@@ -15,6 +15,7 @@ typedef struct pw__mbuild {
   int oom;          /* an allocation failed: the rest are no-ops, the build fails */
   const pw_model_spec *spec;
   unsigned lora_hit;  /* bit i: model.lora.targets[i] matched a linear layer */
+  int block_index;    /* the gpt/llama template's block being built, or -1 (model.moe applies there) */
 } pw__mbuild;
 
 /* A value of that shape; its id. */

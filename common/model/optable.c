@@ -87,6 +87,21 @@ static const pw_op_info table[PW_OP__COUNT] = {
                          .tp_role = PW_TP_ROLE_EMBED, RUN_},
     [PW_OP_XENT_MLM] = {"mlm_cross_entropy", 2, 1, 1, 0, ELEM(5, 8, 0), N_(1, ROWS, C, 1), /* probs */
                         WHOLE_, .decode = PW_DECODE_SKIP, .loss_per_nh = 1},
+    /* a mixture of experts (ops_moe.h; NH = E, TOPK = K): route a softmax
+     * (or sigmoid) over E a row, saving it; dispatch and combine copy and
+     * weigh K rows a token, with an expert-major order's cursors as
+     * scratch (2E + 1 ints); glinear a linear over the T K rows (scratch:
+     * its order, E + 1 ints). Row by row: the decode runs them as they are.
+     * Not split by tensor parallel (tp.c refuses model.moe) */
+    [PW_OP_MOE_ROUTE] = {"moe_route", 1, 1, 0, 0, {N_(5, ROWS, NH, 1), N_(5, ROWS, NH, 1), NONE_},
+                         N_(1, ROWS, NH, 1), WHOLE_, RUN_, .decode_aux = N_(1, NH, 1, 1)},         /* probs */
+    [PW_OP_MOE_DISPATCH] = {"moe_dispatch", 2, 1, 0, 0, {N_(1, ROWS, C, TOPK), N_(1, ROWS, C, TOPK), NONE_}, NONE_,
+                            .scratch = {N_(2, NH, 1, 1), N_(1, 1, 1, 1)}, WHOLE_, RUN_},
+    [PW_OP_MOE_GLINEAR] = {"moe_glinear", 2, 1, 0, 0,
+                           {N_(2, ROWS, C, OC), N_(2, ROWS, C, OC), N_(2, ROWS, C, OC)}, NONE_,
+                           .scratch = {N_(1, NH, 1, 1), N_(1, 1, 1, 1)}, WHOLE_, RUN_},
+    [PW_OP_MOE_COMBINE] = {"moe_combine", 2, 3, 0, 0, {N_(2, ROWS, C, 1), N_(4, ROWS, C, 1), NONE_}, NONE_,
+                           .scratch = {N_(2, NH, 1, 1), N_(1, 1, 1, 1)}, WHOLE_, RUN_},
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }
@@ -106,6 +121,7 @@ static double dim(const pw_node *n, double rows, int d) {
     case PW_DIM_KVW: return (double)((n->C - n->OC) / 2);
     case PW_DIM_QK: return n->NH + (n->NKV > 0 ? n->NKV : n->NH);
     case PW_DIM_GROUP: return n->NH && n->NKV > 0 ? (double)(n->NH / n->NKV) : 1;
+    case PW_DIM_TOPK: return n->HD;
     case PW_DIM_1: break;
   }
   return 1;

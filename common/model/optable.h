@@ -33,7 +33,8 @@ typedef enum {
   PW_DIM_HD,    /* output width per head (OC / NH) */
   PW_DIM_KVW,   /* attention: width of its keys (or values), (C - OC) / 2 = NKV HD */
   PW_DIM_GROUP, /* attention: query heads per key/value head, NH / NKV */
-  PW_DIM_QK     /* query plus key heads, NH + NKV */
+  PW_DIM_QK,    /* query plus key heads, NH + NKV */
+  PW_DIM_TOPK   /* a mixture of experts' node: the experts a token takes (its HD) */
 } pw_op_dim;
 
 /* coef x d[0] x d[1] x d[2], multiplied in that order. */

@@ -56,6 +56,8 @@ int pw_tp_check(const pw_job *job, const pw_model *m, pw_err *err) {
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) splits the gpt and llama templates only", tp);
   if (s->lora_rank)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split LoRA adapters", tp);
+  if (s->moe_experts)
+    return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) does not split experts (model.moe)", tp);
   if (job->train.precision != PW_PRECISION_FP32)
     return pw_err_set(err, PW_ESPEC, "mesh.tp", "tensor parallel (tp %d) runs train.precision \"fp32\" only", tp);
   if (job->train.zero)

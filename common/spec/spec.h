@@ -65,6 +65,8 @@ typedef enum { PW_MLP_ACT_SILU, PW_MLP_ACT_GELU_TANH } pw_mlp_act_kind;
 /* bert's head (model.bert_head): the masked-LM head over every position,
  * or a sequence classifier on the first position ([CLS]) */
 typedef enum { PW_BERT_HEAD_MLM, PW_BERT_HEAD_CLASSIFY } pw_bert_head_kind;
+/* model.moe.gate: ops_moe.h's pw_moe_gate, in the same order */
+typedef enum { PW_MOE_GATE_SOFTMAX_TOPK, PW_MOE_GATE_SOFTMAX, PW_MOE_GATE_SIGMOID } pw_moe_gate_kind;
 
 /* model.regions (spec_regions.c): named sub-models, each a layers list
  * with its own mesh and schedule, joined by model.graph. A source region
@@ -115,6 +117,14 @@ typedef struct {
                           has (n_heads + 2 n_kv_heads) head_dim rows, attn.proj n_heads head_dim
                           columns */
   int sliding_window;  /* 0 none; else a query at p sees keys (p - w, p] only (Mistral) */
+  /* model.moe (docs/contracts.md#mixture-of-experts): the MLP of some
+   * blocks is E experts, K chosen per token; absent (moe_experts 0): dense */
+  int moe_experts, moe_top_k;
+  int moe_hidden;       /* each expert's width; default ffn_hidden */
+  int moe_gate;         /* pw_moe_gate_kind */
+  float moe_routed_scale; /* sigmoid gates: the weights' factor (DeepSeek's routed_scaling_factor) */
+  int moe_shared;       /* shared experts: one more dense MLP of moe_shared x moe_hidden, every token */
+  int moe_every, moe_first_dense; /* blocks i >= first_dense with (i - first_dense) % every == 0 */
   float norm_eps;      /* default 1e-5; bert 1e-12 */
   float init_std;      /* default 0.02 */
   /* bert (docs/contracts.md#models) */

@@ -91,7 +91,42 @@ static const pw__field model_fields[] = {
     PW__SKIP("regions", PW__REQ, T_REGIONS), /* spec_regions.c */
     PW__SKIP("graph", 0, T_REGIONS),
     PW__SKIP("lora", 0, PW__ALL), /* lora_parse */
+    PW__SKIP("moe", 0, T_TF),     /* moe_parse */
 };
+
+/* model.moe: a mixture of experts in place of some blocks' MLP. */
+static const char *const moe_gate_names[] = {"softmax_topk", "softmax", "sigmoid"}; /* pw_moe_gate_kind */
+static const pw__field moe_fields[] = {
+    PW__INT("experts", PW__REQ, PW__ALL, pw_model_spec, moe_experts, 0, 2, 4096),
+    PW__INT("top_k", 0, PW__ALL, pw_model_spec, moe_top_k, 2, 1, 4096),
+    PW__INT("ffn_hidden", PW__NODEF, PW__ALL, pw_model_spec, moe_hidden, 0, 1, MAX_DIM),
+    PW__ENUM("gate", 0, PW__ALL, pw_model_spec, moe_gate, PW_MOE_GATE_SOFTMAX_TOPK, moe_gate_names),
+    PW__FLOAT("routed_scale", PW__LO_OPEN, PW__ALL, pw_model_spec, moe_routed_scale, 1, 0, PW__FLT_MAX),
+    PW__INT("shared_experts", PW__OMIT0, PW__ALL, pw_model_spec, moe_shared, 0, 0, 64),
+    PW__INT("every", 0, PW__ALL, pw_model_spec, moe_every, 1, 1, MAX_BLOCKS),
+    PW__INT("first_dense", PW__OMIT0, PW__ALL, pw_model_spec, moe_first_dense, 0, 0, MAX_BLOCKS),
+};
+
+static int moe_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
+  const json_t *e = json_object_get(o, "moe");
+  if (!e) return 0;
+  if (!json_is_object(e))
+    return pw_err_set(err, PW_ESPEC, "model.moe", "must be an object {experts, top_k, ffn_hidden, gate, ...}");
+  int rc = pw__fields_parse(e, "model.moe", moe_fields, PW__N(moe_fields), PW__ALL, "", m, err);
+  if (rc) return rc;
+  if (m->moe_top_k > m->moe_experts)
+    return pw_err_set(err, PW_ESPEC, "model.moe.top_k", "%d is more than the %d experts", m->moe_top_k,
+                      m->moe_experts);
+  if (m->moe_gate != PW_MOE_GATE_SIGMOID && m->moe_routed_scale != 1.0f)
+    return pw_err_set(err, PW_ESPEC, "model.moe.routed_scale", "only with gate \"sigmoid\" (DeepSeek-V3's)");
+  return 0;
+}
+
+static int moe_emit(json_t *o, const pw_model_spec *m) {
+  if (!m->moe_experts) return 0; /* only when set: other specs keep their canonical text */
+  json_t *e = json_object();
+  return json_object_set_new(o, "moe", e) || pw__fields_emit(e, moe_fields, PW__N(moe_fields), PW__ALL, m);
+}
 
 static const pw__field lora_fields[] = {
     PW__INT("rank", 0, PW__ALL, pw_model_spec, lora_rank, 8, 1, 4096),
@@ -390,7 +425,7 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   m->init_std = 0.02f;
   if ((rc = pw__fields_parse(o, "model", model_fields, PW__N(model_fields), 1u << t, tmpl_ctx[t], m,
                              err)) ||
-      (rc = lora_parse(o, m, err)) || (rc = rope_scaling_parse(o, m, err)))
+      (rc = lora_parse(o, m, err)) || (rc = rope_scaling_parse(o, m, err)) || (rc = moe_parse(o, m, err)))
     return rc;
   m->tmpl = (pw_template)t;
 
@@ -420,6 +455,10 @@ int pw__model_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
       if (m->ffn_hidden == 0)
         m->ffn_hidden = m->tmpl == PW_TEMPLATE_GPT ? 4 * m->d_model
                                                    : (8 * m->d_model / 3 + 31) / 32 * 32;
+      if (m->moe_experts && !m->moe_hidden) m->moe_hidden = m->ffn_hidden;
+      if (m->moe_experts && m->moe_first_dense >= m->n_layers)
+        return pw_err_set(err, PW_ESPEC, "model.moe.first_dense", "%d leaves none of the %d blocks a mixture",
+                          m->moe_first_dense, m->n_layers);
       m->input = PW_INPUT_TOKENS;
       m->loss = PW_LOSS_CROSS_ENTROPY;
       return 0;
@@ -445,7 +484,8 @@ json_t *pw__model_emit(const pw_model_spec *m) {
   json_t *o = json_object();
   if (!o) return NULL;
   unsigned mask = 1u << m->tmpl;
-  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m) || rope_scaling_emit(o, m))
+  if (pw__fields_emit(o, model_fields, PW__N(model_fields), mask, m) || lora_emit(o, m) || rope_scaling_emit(o, m) ||
+      moe_emit(o, m))
     goto fail;
   if (m->tmpl != PW_TEMPLATE_LAYERS) return o; /* regions: spec.c adds them */
 

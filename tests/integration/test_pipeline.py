@@ -180,6 +180,16 @@ def main():
         spec["train"]["attention"] = "tiled"
         t.equal_run("window-head-dim-1f1b-pp2", spec)
 
+        # Mixtures of experts (model.moe, issue 38): the routing is a function
+        # of the microbatch's tokens only, so pipelining changes nothing; a
+        # llama at pp 2 under zb-h1 (each glinear's W apart from its I), a gpt
+        # with sigmoid gates, a shared expert, every other block, at pp 2 x dp 2.
+        t.equal_run("moe-llama-zb-h1-pp2", llama("zb-h1", 2, 4, moe={"experts": 4, "top_k": 2, "ffn_hidden": 24}))
+        spec = job("1f1b", 2, 1, 4, dp=2, layers=4)
+        spec["model"]["moe"] = {"experts": 4, "top_k": 2, "ffn_hidden": 32, "gate": "sigmoid", "routed_scale": 2.0,
+                                "shared_experts": 1, "every": 2}
+        t.equal_run("moe-gpt-1f1b-pp2-dp2", spec)
+
         # Frozen parameters (train.trainable): stage 0 wholly frozen, its W
         # skipped; the optimizer checkpoints hold only the trainable state and
         # a run resumes from them.

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+import moe_ref  # noqa: E402
 import st  # noqa: E402
 
 
@@ -97,6 +98,7 @@ def job_config(job):
         "data": job.get("data", {}),
         "trainable": t.get("trainable"),
         "lora": m.get("lora"),
+        "moe": moe_ref.moe_config(m),
     }
     if cfg["d"] % cfg["H"]:
         die("model.n_heads must divide d_model")
@@ -147,6 +149,10 @@ def param_shapes(cfg, h):
                       p + "ln2.weight": (d,), p + "ln2.bias": (d,),
                       p + "mlp.fc.weight": (h, d), p + "mlp.fc.bias": (h,),
                       p + "mlp.proj.weight": (d, h), p + "mlp.proj.bias": (d,)})
+            if moe_ref.is_moe_block(cfg["moe"], i):  # its MLP is a mixture
+                for k in ("fc.weight", "fc.bias", "proj.weight", "proj.bias"):
+                    del s[p + "mlp." + k]
+                s.update(moe_ref.moe_param_shapes(cfg["moe"], p, d, False))
         s.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
     else:
         hd = d // cfg["H"]
@@ -158,9 +164,11 @@ def param_shapes(cfg, h):
                 s[p + "attn.qkv.bias"] = (w,)
             if cfg["qk_norm"]:
                 s.update({p + "attn.q_norm.weight": (hd,), p + "attn.k_norm.weight": (hd,)})
-            s.update({p + "attn.proj.weight": (d, d), p + "norm2.weight": (d,),
-                      p + "mlp.gate.weight": (h, d), p + "mlp.up.weight": (h, d),
-                      p + "mlp.down.weight": (d, h)})
+            s.update({p + "attn.proj.weight": (d, d), p + "norm2.weight": (d,)})
+            if moe_ref.is_moe_block(cfg["moe"], i):
+                s.update(moe_ref.moe_param_shapes(cfg["moe"], p, d, True))
+            else:
+                s.update({p + "mlp.gate.weight": (h, d), p + "mlp.up.weight": (h, d), p + "mlp.down.weight": (d, h)})
         s["norm_f.weight"] = (d,)
     if not cfg["tie"]:
         s["lm_head.weight"] = (V, d)
@@ -302,6 +310,8 @@ def gpt_block(P, p, x, cfg):
     q, k, v = split_heads(lin(P, p + "attn.qkv", a, cfg), cfg["H"])
     x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg)
     m = F.layer_norm(x, (d,), P[p + "ln2.weight"], P[p + "ln2.bias"], eps)
+    if p + "moe.router.weight" in P:
+        return x + moe_ref.moe_ffn(P, p, m, cfg["moe"], "gelu")[0]
     m = F.gelu(lin(P, p + "mlp.fc", m, cfg), approximate="tanh")
     return x + lin(P, p + "mlp.proj", m, cfg)
 
@@ -323,6 +333,8 @@ def llama_block(P, p, x, cfg, cos, sin):
     k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
     x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg, False)
     m = rmsnorm(x, P[p + "norm2.weight"], eps, off)
+    if p + "moe.router.weight" in P:
+        return x + moe_ref.moe_ffn(P, p, m, cfg["moe"], cfg["mlp_act"])[0]
     g = lin(P, p + "mlp.gate", m, cfg, False)
     # Gemma's GeGLU (transformers' gelu_pytorch_tanh), else Llama's SwiGLU
     g = F.gelu(g, approximate="tanh") if cfg["mlp_act"] == "gelu_tanh" else F.silu(g)

@@ -305,6 +305,22 @@ static void test_gemma_options(void **st) {
   check_prefill_then_steps_of(&s, 1);
 }
 
+/* Mixtures of experts (model.moe): the routing is row by row, so a
+ * prefill, single steps and shared calls give the full forward's logits;
+ * llama's SwiGLU experts under softmax gates, gpt's under sigmoid gates
+ * with a shared expert. */
+static void test_moe(void **st) {
+  (void)st;
+  pw_model_spec l = spec_of(PW_TEMPLATE_LLAMA, 0), g = spec_of(PW_TEMPLATE_GPT, 1);
+  l.moe_experts = 4, l.moe_top_k = 2, l.moe_hidden = 8, l.moe_every = 1, l.moe_routed_scale = 1.0f;
+  g.moe_experts = 3, g.moe_top_k = 2, g.moe_hidden = 8, g.moe_every = 1, g.moe_gate = PW_MOE_GATE_SIGMOID;
+  g.moe_routed_scale = 2.0f, g.moe_shared = 1;
+  check_prefill_then_steps_of(&l, 5);
+  check_prefill_then_steps_of(&g, 1);
+  check_batch_mates_of(&l);
+  check_batch_mates_of(&g);
+}
+
 static void test_layers_list(void **st) {
   (void)st;
   pw_layer_spec l[14];
@@ -612,6 +628,7 @@ int main(void) {
       cmocka_unit_test(test_llama_untied),       cmocka_unit_test(test_llama_tied),
       cmocka_unit_test(test_llama_options),
       cmocka_unit_test(test_gemma_options),
+      cmocka_unit_test(test_moe),
       cmocka_unit_test(test_layers_list),        cmocka_unit_test(test_rope_at_offset),
       cmocka_unit_test(test_two_sequences),      cmocka_unit_test(test_stages_chain),
       cmocka_unit_test(test_greedy_equals_naive), cmocka_unit_test(test_bad_calls),

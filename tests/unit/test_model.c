@@ -78,6 +78,22 @@ static pw_model_spec gemma_spec(void) {
   return s;
 }
 
+/* Mixtures of experts (model.moe): llama's SwiGLU experts under softmax
+ * top-2 gates; gpt's GELU experts under DeepSeek's sigmoid gates (a routed
+ * scale), a shared expert, only the second block a mixture. */
+static pw_model_spec moe_llama_spec(void) {
+  pw_model_spec s = llama_spec();
+  s.moe_experts = 3, s.moe_top_k = 2, s.moe_hidden = 6, s.moe_every = 1, s.moe_routed_scale = 1.0f;
+  return s;
+}
+
+static pw_model_spec moe_gpt_spec(void) {
+  pw_model_spec s = gpt_spec(0);
+  s.moe_experts = 4, s.moe_top_k = 2, s.moe_hidden = 5, s.moe_gate = PW_MOE_GATE_SIGMOID, s.moe_routed_scale = 2.0f;
+  s.moe_shared = 1, s.moe_every = 1, s.moe_first_dense = 1;
+  return s;
+}
+
 static pw_model_spec mlp_spec(void) {
   pw_model_spec s;
   memset(&s, 0, sizeof s);
@@ -415,6 +431,17 @@ static void test_staged_gemma(void **st) {
   int cuts[] = {0, 1, 3, 4}; /* embed (its scale) | blocks | head (a tied lm_head) */
   staged_equals_whole(gemma_spec(), cuts, 3);
 }
+static void test_gradcheck_moe(void **st) {
+  (void)st;
+  gradcheck(moe_llama_spec());
+  gradcheck(moe_gpt_spec());
+}
+static void test_staged_moe(void **st) {
+  (void)st;
+  int c4[] = {0, 1, 2, 3, 4}, c2[] = {0, 2, 4};
+  staged_equals_whole(moe_llama_spec(), c4, 4);
+  staged_equals_whole(moe_gpt_spec(), c2, 2);
+}
 static void test_staged_mlp(void **st) {
   int cuts[] = {0, 1, 3};
   staged_equals_whole(mlp_spec(), cuts, 2);
@@ -555,6 +582,11 @@ static void test_remat_llama(void **st) {
   (void)st;
   int cuts[] = {0, 1, 2, 3, 4};
   remat_equals_plain(llama_spec(), cuts, 4);
+}
+static void test_remat_moe(void **st) {
+  (void)st;
+  int cuts[] = {0, 2, 4};
+  remat_equals_plain(moe_gpt_spec(), cuts, 2);
 }
 static void test_remat_mlp(void **st) {
   (void)st;
@@ -843,6 +875,9 @@ int main(void) {
       cmocka_unit_test(test_remat_gpt_tied),
       cmocka_unit_test(test_remat_llama),
       cmocka_unit_test(test_remat_mlp),
+      cmocka_unit_test(test_gradcheck_moe),
+      cmocka_unit_test(test_staged_moe),
+      cmocka_unit_test(test_remat_moe),
       cmocka_unit_test(test_tiled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

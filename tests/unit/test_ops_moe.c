@@ -15,12 +15,12 @@ enum { MX, ML, MW1, MW3, MW2, MB };
 
 typedef struct {
   float *r, *probs, *xs, *a1, *a3, *u, *ys;
-  int *off, *pos;
+  int *off, *cur;
 } moe_bufs;
 
 static size_t saved_floats(int N, int C, int E, int K, int H) {
   size_t M = (size_t)N * K;
-  return (size_t)N * 2 * K + (size_t)N * E + M * C + 3 * M * H + M * C + (size_t)(E + 1) + M;
+  return (size_t)N * 2 * K + (size_t)N * E + M * C + 3 * M * H + M * C + (size_t)(2 * E + 1);
 }
 
 static moe_bufs carve(float *saved, int N, int C, int E, int K, int H) {
@@ -28,7 +28,7 @@ static moe_bufs carve(float *saved, int N, int C, int E, int K, int H) {
   moe_bufs b;
   b.r = saved, b.probs = b.r + (size_t)N * 2 * K, b.xs = b.probs + (size_t)N * E, b.a1 = b.xs + M * C;
   b.a3 = b.a1 + M * H, b.u = b.a3 + M * H, b.ys = b.u + M * H;
-  b.off = (int *)(b.ys + M * C), b.pos = b.off + E + 1;
+  b.off = (int *)(b.ys + M * C), b.cur = b.off + E + 1;
   return b;
 }
 
@@ -36,13 +36,13 @@ static void moe_fwd(const opcase *c, float *const *in, float *out, float *saved)
   int N = c->d[0], C = c->d[1], E = c->d[2], K = c->d[3], H = c->d[4], gate = c->d[5];
   moe_bufs b = carve(saved, N, C, E, K, H);
   pw_moe_route_forward(b.r, b.probs, in[ML], gate == PW_MOE_SIGMOID ? in[MB] : NULL, N, E, K, gate, c->fp);
-  pw_moe_order(b.off, b.pos, b.r, N, E, K);
-  pw_moe_dispatch_forward(b.xs, in[MX], b.pos, N, K, C);
+  pw_moe_order(b.off, b.r, N, E, K);
+  pw_moe_dispatch_forward(b.xs, in[MX], b.r, b.off, b.cur, N, E, K, C);
   pw_moe_glinear_forward(b.a1, b.xs, in[MW1], b.off, E, C, H);
   pw_moe_glinear_forward(b.a3, b.xs, in[MW3], b.off, E, C, H);
   pw_swiglu_forward(b.u, b.a1, b.a3, N * K * H);
   pw_moe_glinear_forward(b.ys, b.u, in[MW2], b.off, E, H, C);
-  pw_moe_combine_forward(out, b.ys, b.r, b.pos, N, K, C);
+  pw_moe_combine_forward(out, b.ys, b.r, b.off, b.cur, N, E, K, C);
 }
 
 static void moe_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
@@ -54,13 +54,13 @@ static void moe_bwd(const opcase *c, int which, float *const *in, float *saved, 
   float *du = oc_alloc(M * H, sizeof(float)), *da1 = oc_alloc(M * H, sizeof(float));
   float *da3 = oc_alloc(M * H, sizeof(float)), *dxs = oc_alloc(M * C, sizeof(float));
   /* the input halves, in the graph's reverse order (each value's first writer overwrites) */
-  pw_moe_combine_backward_input(dys, dr, dout, b.ys, b.r, b.pos, N, K, C, 0, 0);
+  pw_moe_combine_backward_input(dys, dr, dout, b.ys, b.r, b.off, b.cur, N, E, K, C, 0, 0);
   pw_moe_glinear_backward_input(du, dys, in[MW2], b.off, E, H, C, 0);
   pw_swiglu_backward_input(da1, da3, du, b.a1, b.a3, (int)(M * H), 0, 0);
   if (which == IN_DATA) {
     pw_moe_glinear_backward_input(dxs, da1, in[MW1], b.off, E, C, H, 0);
     pw_moe_glinear_backward_input(dxs, da3, in[MW3], b.off, E, C, H, 1);
-    pw_moe_dispatch_backward_input(g[MX], dxs, b.pos, N, K, C, 1);
+    pw_moe_dispatch_backward_input(g[MX], dxs, b.r, b.off, b.cur, N, E, K, C, 1);
     pw_moe_route_backward_input(g[ML], dr, b.r, b.probs, N, E, K, gate, c->fp, 1);
   } else {
     pw_moe_glinear_backward_weight(g[MW2], dys, b.u, b.off, E, H, C);
@@ -148,18 +148,22 @@ static void test_moe_order(void **state) {
                                5, 0, 0, 5, /* tie 0 = 3 */
                                0, 0, 2, 1};
   float r[N * 2 * K], probs[N * E];
-  int off[E + 1], pos[N * K];
+  int off[E + 1], cur[E];
   pw_moe_route_forward(r, probs, logits, NULL, N, E, K, PW_MOE_SOFTMAX_TOPK, 1.0f);
   const float ids[N][K] = {{1, 2}, {0, 3}, {2, 3}};
   for (int n = 0; n < N; n++)
     for (int k = 0; k < K; k++) assert_true(r[n * 2 * K + K + k] == ids[n][k]);
   assert_true(r[0] == 0.5f && r[1] == 0.5f); /* equal logits: equal weights */
-  pw_moe_order(off, pos, r, N, E, K);
+  pw_moe_order(off, r, N, E, K);
   const int want_off[E + 1] = {0, 1, 2, 4, 6};
-  /* expert 0: (1,0); 1: (0,0); 2: (0,1), (2,0); 3: (1,1), (2,1) */
-  const int want_pos[N * K] = {1, 2, 0, 4, 3, 5};
   assert_memory_equal(off, want_off, sizeof off);
-  assert_memory_equal(pos, want_pos, sizeof pos);
+  /* expert 0: (1,0); 1: (0,0); 2: (0,1), (2,0); 3: (1,1), (2,1): token n's
+   * feature c = 10 n + c lands in those rows */
+  float x[N * 2], xs[N * K * 2];
+  for (int i = 0; i < N * 2; i++) x[i] = (float)(10 * (i / 2) + i % 2);
+  pw_moe_dispatch_forward(xs, x, r, off, cur, N, E, K, 2);
+  const float want_xs[N * K * 2] = {10, 11, 0, 1, 0, 1, 20, 21, 10, 11, 20, 21};
+  assert_memory_equal(xs, want_xs, sizeof xs);
   /* DeepSeek's bias moves the choice, not the weights */
   const float bias[E] = {0, 0, 0, 10};
   pw_moe_route_forward(r, probs, logits, bias, 1, E, 1, PW_MOE_SIGMOID, 1.0f);

@@ -417,6 +417,7 @@ static void test_errors(void **state) {
       {GPT ", \"ffn_hidden\": 30", 4, "must divide the MLP width (model.ffn_hidden: 30 % 4 != 0)"},
       {"\"template\": \"mlp\", \"in_dim\": 4, \"hidden_dim\": 8, \"n_layers\": 2, \"out_dim\": 2, \"loss\": \"mse\"", 2, "splits the gpt and llama templates only"},
       {GPT ", \"lora\": {\"rank\": 4, \"targets\": [\"*.qkv\"]}", 2, "does not split LoRA adapters"},
+      {GPT ", \"moe\": {\"experts\": 4}", 2, "does not split experts (model.moe)"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     pw_job job;
