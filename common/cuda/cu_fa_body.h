@@ -147,8 +147,7 @@ static inline PW_HD void pw_cu_fa_layout(pw_cu_fa *d, int kind, int BQ, int BK) 
  * forward then rounds its P as the CPU does), the backwards 64 x 64. 0, or
  * -1 when not even 16 x 16 fits (HD too wide). */
 static inline int pw_cu_fa_plan(pw_cu_fa *d, int kind) {
-  static const int fwd[][2] = {{64, PW_ATTN_TILE_K}, {32, PW_ATTN_TILE_K}, {16, PW_ATTN_TILE_K},
-                               {64, 64}, {32, 64}, {16, 64}, {16, 32}, {16, 16}};
+  static const int fwd[][2] = {{32, PW_ATTN_TILE_K}, {16, PW_ATTN_TILE_K}, {32, 64}, {16, 64}, {16, 32}, {16, 16}};
   static const int bwd[][2] = {{64, 64}, {32, 64}, {64, 32}, {32, 32}, {16, 32}, {32, 16}, {16, 16}};
   const int(*list)[2] = kind == PW_FA_FWD ? fwd : bwd;
   int n = kind == PW_FA_FWD ? (int)(sizeof fwd / sizeof fwd[0]) : (int)(sizeof bwd / sizeof bwd[0]);

@@ -11,7 +11,8 @@
  * - Every GPU result twice, the same bits (deterministic kernels).
  * - Shapes: those of the CPU emulation (test_cu_attn_emul) plus HD 64 and
  *   128 (one and two chunks of the plain kernels' 64 accumulators; the
- *   tiled forward's 64 x 128 and 32 x 128 tiles) and T 130, 300 and 1024
+ *   tiled attention's 32 x 128 forward and 64 x 64 / 32 x 64 backward
+ *   tiles) and T 130, 300 and 1024
  *   (partial tiles, several, and rope's angles as far as a GPT-2's
  *   context).
  * - attention_tiled's masks (a sliding window, bidirectional, pad keys with
