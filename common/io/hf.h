@@ -6,7 +6,9 @@
  * GPT2LMHeadModel is the gpt template; LlamaForCausalLM,
  * MistralForCausalLM, Qwen2ForCausalLM (qkv_bias), Qwen3ForCausalLM
  * (qk_norm) and GemmaForCausalLM (mlp_act gelu_tanh, embed_scale,
- * norm_offset 1) the llama template with its options. Every config.json field
+ * norm_offset 1) the llama template with its options; BertForMaskedLM and
+ * BertForSequenceClassification the bert template (hf_bert.c, names with
+ * the "bert." prefix). Every config.json field
  * is mapped, checked to hold the value our arithmetic computes, or listed
  * as one that leaves the arithmetic alone (token ids, generation defaults,
  * bookkeeping); any other field is refused by name, never ignored. q, k and
@@ -68,7 +70,8 @@ void pw_hf_import_free(pw_hf_import_result *r);
  * model m from our checkpoint file ckpt; DIR is made if missing. gpt gives
  * GPT2LMHeadModel; llama gives GemmaForCausalLM with Gemma's three
  * options, Qwen3ForCausalLM with qk_norm, Qwen2ForCausalLM with qkv_bias,
- * else LlamaForCausalLM. Refused by name: other templates, model.lora
+ * else LlamaForCausalLM; bert gives BertForMaskedLM or
+ * BertForSequenceClassification (the tied decoder left out). Refused by name: other templates, model.lora
  * (merge it first), qk_norm with qkv_bias, a part of Gemma's options or
  * them with another. */
 PW_MUST_CHECK int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_err *err);
