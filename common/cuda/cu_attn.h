@@ -5,12 +5,12 @@
  * float32 products (bscratch, the bf16 programs' operands, is not read;
  * cu_ops.cu routes bf16 programs' attention to cu_attn_bf16.cu);
  * attention_tiled takes bf16 products where bscratch is bound (bf16.h's
- * pw_attention_tiled_*_bf16 semantics; bscratch itself not read), float32
- * ones where it is NULL. Queued on the legacy default stream (stream 0),
+ * pw_attention_tiled_*_bf16 semantics; bscratch holds the bf16 copies of
+ * qkv and dout, as the CPU's), float32 ones where it is NULL. Queued on the legacy default stream (stream 0),
  * asynchronous; a failed launch is reported through pw_cu_note_error.
  * attention's backward keeps D (T floats per (b, h), in groups of at most
- * T heads) in io->scratch, within ops.h's T x T floats; attention_tiled
- * uses no scratch. */
+ * T heads) in io->scratch, within ops.h's T x T floats; attention_tiled's
+ * keeps D (B NH T floats) in the kernels' own scratch (pw_cu__scratch). */
 #ifndef PW_CU_ATTN_H
 #define PW_CU_ATTN_H
 

@@ -16,8 +16,9 @@
  *   exp(m_old - m_new)), O += P V; at the end O / l and lse = m + log l.
  *   bf16 prefers BK = PW_ATTN_TILE_K, the CPU's key tile, so that its P =
  *   exp(s - m) is rounded to bf16 against the same running max as the CPU's.
- * - backward, deterministic (no atomics): D = rowsum(dO * O) and P = exp(s -
- *   lse) recomputed where needed; dS = P (dP - D), dP = dO V^T.
+ * - backward, deterministic (no atomics): D = rowsum(dO * O) by a first
+ *   launch (pw_cu_fa_d_row), P = exp(s - lse) recomputed where needed; dS
+ *   = P (dP - D), dP = dO V^T.
  *   dq: a block per (query tile, query head, sequence) walks its key tiles,
  *   dQ += dS K; dk/dv: a block per (key tile, kv head, sequence) walks the
  *   query tiles of its group's heads that see it, dV += P^T dO, dK += dS^T
@@ -28,10 +29,12 @@
  * a sum over k in order); bf16 programs on the tensor cores through
  * pw_cu_fa_mma16 (one 16x16 output block of a warp: WMMA bf16 16x16x16
  * with float32 accumulation on the GPU, the same products summed by plain
- * loops here), their operands rounded to bf16 (bf16.c's rounding) as the
- * tiles are staged: q, k, v, dout, P before P V and P^T dO, scale * dS
- * before dS K and dS^T Q — the CPU's. Scores are q.k times scale, as the
- * CPU scales after its product; softmax, D and dS stay float32.
+ * loops here), their operands rounded to bf16 (bf16.c's rounding): q, k,
+ * v, dout, P before P V and P^T dO, scale * dS
+ * before dS K and dS^T Q — the CPU's (q, k, v and dout converted to bf16
+ * copies first, qkvb and doutb, as the CPU does). Scores are q.k
+ * times scale, as the CPU scales after its product; softmax, D and dS stay
+ * float32.
  *
  * Masks (ops.h's pw_attn_mask): causal or not (bidirectional), a sliding
  * window (row r sees keys (r - window, r]), pad keys (the tokens' pad
@@ -76,6 +79,10 @@ typedef struct {
   int window;  /* > 0 (causal): row r sees keys (r - window, r] only (a sliding window) */
   const int32_t *tok; /* (B, T) tokens: keys whose token is pad are masked; NULL: none */
   int32_t pad;
+  /* bf16 programs: the bf16 copies of qkv and (backward) dout the tiles
+   * are staged from (cu_fa.cu converts them first: the CPU's bits) */
+  const uint16_t *qkvb, *doutb;
+  const float *D; /* the backward's (B, NH, T): rowsum(dout * out), pw_cu_fa_d_row's */
   int bf16;    /* bf16 operands, tensor-core products */
   int HDP;     /* HD rounded up to 16 */
   int BQ, BK;  /* query rows and keys of a tile */
@@ -136,9 +143,9 @@ static inline PW_HD void pw_cu_fa_layout(pw_cu_fa *d, int kind, int BQ, int BK) 
   if (kind == PW_FA_FWD) {
     d->o_r3 = pw_cu_fa__take(&at, rows);
     d->o_r4 = pw_cu_fa__take(&at, rows);
+    d->o_red = pw_cu_fa__take(&at, red);
     d->o_red2 = pw_cu_fa__take(&at, red);
   }
-  d->o_red = pw_cu_fa__take(&at, red);
   d->bytes = at;
 }
 
@@ -247,17 +254,17 @@ static inline PW_HD size_t pw_cu_fa_o(const pw_cu_fa *d, int b, int h, int r) {
   } while (0)
 
 /* Thread t's share of an operand tile (`rows` rows of d->ldo at sm + o):
- * row i < n from src (row i at src + i ld), the rest and the columns past
- * HD zeros; bf16 tiles hold the bf16 bits (HDP columns, the products' k). */
-PW_PH_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, const float *src, size_t ld, int n,
-                            int rows, int t) {
-  PW_FA_EACH(t, rows, d->bf16 ? d->HDP : d->HD, i, c, {
-    float x = i < n && c < d->HD ? src[(size_t)i * ld + (size_t)c] : 0.0f;
-    if (d->bf16)
-      PW_FA_H(sm, o)[i * d->ldo + c] = pw_cu_bf16_bits(x);
-    else
-      PW_FA_F(sm, o)[i * d->ldo + c] = x;
-  });
+ * row i < n from element `at` of src (row i at + i ld): float32, or in bf16
+ * programs its bf16 copy srcb (HDP columns, the products' k); the rest and
+ * the columns past HD zeros. */
+PW_PH_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, const float *src, const uint16_t *srcb,
+                            size_t at, size_t ld, int n, int rows, int t) {
+  if (d->bf16)
+    PW_FA_EACH(t, rows, d->HDP, i, c, {
+      PW_FA_H(sm, o)[i * d->ldo + c] = i < n && c < d->HD ? srcb[at + (size_t)i * ld + (size_t)c] : (uint16_t)0;
+    });
+  else
+    PW_FA_EACH(t, rows, d->HD, i, c, PW_FA_F(sm, o)[i * d->ldo + c] = i < n ? src[at + (size_t)i * ld + (size_t)c] : 0.0f);
 }
 
 /* Thread t's share of zeroing n floats at sm + o. */
@@ -408,7 +415,7 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
   const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
-    pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
+    pw_cu_fa_load(d, sm, d->o_q, qkv, d->qkvb, pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
     for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_r1)[i] = -INFINITY, PW_FA_F(sm, d->o_r2)[i] = 0.0f;
     pw_cu_fa_rows_u(d, sm, tok, r0, t);
@@ -416,8 +423,8 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
   for (int c0 = kbeg; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
     PW_PH_THREADS(t, {
-      pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
-      pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
+      pw_cu_fa_load(d, sm, d->o_k, qkv, d->qkvb, pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
+      pw_cu_fa_load(d, sm, d->o_v, qkv, d->qkvb, pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     });
     /* S = Q K^T */
     PW_FA_MM(d, sm, d->o_s, d->lds, d->o_q, d->ldo, 0, d->o_k, d->ldo, 1, d->BQ, d->BK, d->HD, kk, 0);
@@ -438,33 +445,33 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
 
 /* ---- backward ----------------------------------------------------------------------- */
 
-/* Thread t's part of staging a query tile for the backward: Q and dO, lse
- * (0 past the rows), and the partial sums of D_i = dout_i . out_i (float32,
- * the columns c = p, p + TPR, ... of row i) into red. */
-PW_PH_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const float *qkv, const float *dout,
-                                const float *out, const float *lse, int b, int h, int r0, int t) {
-  int rows = pw_cu_fa_min(d->BQ, d->T - r0);
-  pw_cu_fa_load(d, sm, d->o_q, qkv + pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
-  pw_cu_fa_load(d, sm, d->o_do, dout + pw_cu_fa_o(d, b, h, r0), (size_t)d->C, rows, d->BQ, t);
-  pw_cu_fa_rows_u(d, sm, pw_cu_fa_tok(d, b), r0, t);
-  const float *L = lse + ((size_t)b * d->NH + h) * d->T + r0;
-  for (int i = t; i < d->BQ; i += PW_FA_NT) PW_FA_F(sm, d->o_r1)[i] = i < rows ? L[i] : 0.0f;
-  int i = t / d->TPR, p = t - i * d->TPR;
+/* D (B, NH, T) element idx = (b NH + h) T + r: dout . out of row r of
+ * head h of sequence b, float32 in order (ops_flash.c's D; the backward's
+ * first launch, a thread a row). */
+static inline PW_HD void pw_cu_fa_d_row(const pw_cu_fa *d, float *D, const float *dout, const float *out, size_t idx) {
+  int r = (int)(idx % (size_t)d->T);
+  size_t bh = idx / (size_t)d->T;
+  int h = (int)(bh % (size_t)d->NH), b = (int)(bh / (size_t)d->NH);
+  const float *x = dout + pw_cu_fa_o(d, b, h, r), *y = out + pw_cu_fa_o(d, b, h, r);
   float s = 0.0f;
-  if (i < rows) {
-    const float *x = dout + pw_cu_fa_o(d, b, h, r0 + i), *y = out + pw_cu_fa_o(d, b, h, r0 + i);
-    for (int c = p; c < d->HD; c += d->TPR) s += x[c] * y[c];
-  }
-  PW_FA_F(sm, d->o_red)[t] = s;
+  for (int c = 0; c < d->HD; c++) s += x[c] * y[c];
+  D[idx] = s;
 }
+static inline PW_HD size_t pw_cu_fa_d_n(const pw_cu_fa *d) { return (size_t)d->B * d->NH * d->T; }
 
-/* D_i from its threads' partial sums (row phase after pw_cu_fa_bwd_rows). */
-PW_PH_FN void pw_cu_fa_bwd_d(const pw_cu_fa *d, unsigned char *sm, int t) {
-  if (t >= d->BQ) return;
-  const float *red = PW_FA_F(sm, d->o_red) + t * d->TPR;
-  float s = 0.0f;
-  for (int k = 0; k < d->TPR; k++) s += red[k];
-  PW_FA_F(sm, d->o_r2)[t] = s;
+/* Thread t's part of staging a query tile for the backward: Q and dO, and
+ * per row lse, D (0 past the rows) and the uniform flag. */
+PW_PH_FN void pw_cu_fa_bwd_rows(const pw_cu_fa *d, unsigned char *sm, const float *qkv, const float *dout,
+                                const float *lse, int b, int h, int r0, int t) {
+  int rows = pw_cu_fa_min(d->BQ, d->T - r0);
+  pw_cu_fa_load(d, sm, d->o_q, qkv, d->qkvb, pw_cu_fa_q(d, b, h, r0), d->W, rows, d->BQ, t);
+  pw_cu_fa_load(d, sm, d->o_do, dout, d->doutb, pw_cu_fa_o(d, b, h, r0), (size_t)d->C, rows, d->BQ, t);
+  pw_cu_fa_rows_u(d, sm, pw_cu_fa_tok(d, b), r0, t);
+  size_t at = ((size_t)b * d->NH + h) * d->T + r0;
+  for (int i = t; i < d->BQ; i += PW_FA_NT) {
+    PW_FA_F(sm, d->o_r1)[i] = i < rows ? lse[at + i] : 0.0f;
+    PW_FA_F(sm, d->o_r2)[i] = i < rows ? d->D[at + i] : 0.0f;
+  }
 }
 
 /* From S = Q K^T and dP = dO V^T of query rows r0.. and keys c0..: P =
@@ -512,22 +519,21 @@ PW_PH_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned
 
 /* dq of query tile qt of head h of sequence b: dQ = sum over its key tiles
  * of dS K (float32: times scale at the end). */
-PW_PH_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
-                                const float *qkv, const float *lse, int acc, int qt, int h, int b, unsigned char *sm) {
+PW_PH_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *qkv,
+                                const float *lse, int acc, int qt, int h, int b, unsigned char *sm) {
   int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0), g = h / d->G;
   int kbeg = pw_cu_fa_lo(d, r0), kend = d->causal ? pw_cu_fa_min(d->T, r0 + d->BQ) : d->T;
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
   const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
-    pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t);
+    pw_cu_fa_bwd_rows(d, sm, qkv, dout, lse, b, h, r0, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BQ * d->lda, t);
   });
-  PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
   for (int c0 = kbeg; c0 < kend; c0 += d->BK) {
     int cols = pw_cu_fa_min(d->BK, kend - c0);
     PW_PH_THREADS(t, {
-      pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
-      pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
+      pw_cu_fa_load(d, sm, d->o_k, qkv, d->qkvb, pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
+      pw_cu_fa_load(d, sm, d->o_v, qkv, d->qkvb, pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     });
     PW_FA_S_DP(d, sm, kk);
     PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, tok, r0, c0, t));
@@ -546,8 +552,8 @@ PW_PH_FN void pw_cu_fa_dq_block(const pw_cu_fa *d, float *dqkv, const float *dou
 /* dk and dv of key tile kt of kv head g of sequence b: over the query
  * heads of its group in order and their query tiles that see the tile, dV
  * += P^T dO and dK += dS^T Q (float32: times scale at the end). */
-PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *out,
-                                 const float *qkv, const float *lse, int acc, int kt, int g, int b, unsigned char *sm) {
+PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *dout, const float *qkv,
+                                 const float *lse, int acc, int kt, int g, int b, unsigned char *sm) {
   int c0 = kt * d->BK, cols = pw_cu_fa_min(d->BK, d->T - c0);
   int kk = d->bf16 ? d->HDP : d->HD, on = d->bf16 ? d->HDP : d->HD;
   /* the query tiles that see the key tile: causal, from key c0's row on;
@@ -556,16 +562,15 @@ PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
   if (d->window > 0 && (c0 + cols - 1 + d->window - 1) / d->BQ + 1 < q1) q1 = (c0 + cols - 1 + d->window - 1) / d->BQ + 1;
   const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
-    pw_cu_fa_load(d, sm, d->o_k, qkv + pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
-    pw_cu_fa_load(d, sm, d->o_v, qkv + pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
+    pw_cu_fa_load(d, sm, d->o_k, qkv, d->qkvb, pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);
+    pw_cu_fa_load(d, sm, d->o_v, qkv, d->qkvb, pw_cu_fa_v(d, b, g, c0), d->W, cols, d->BK, t);
     pw_cu_fa_zero(sm, d->o_a1, d->BK * d->lda, t);
     pw_cu_fa_zero(sm, d->o_a2, d->BK * d->lda, t);
   });
   for (int h = g * d->G; h < (g + 1) * d->G; h++)
     for (int qt = q0; qt < q1; qt++) {
       int r0 = qt * d->BQ, rows = pw_cu_fa_min(d->BQ, d->T - r0);
-      PW_PH_THREADS(t, pw_cu_fa_bwd_rows(d, sm, qkv, dout, out, lse, b, h, r0, t));
-      PW_PH_THREADS(t, pw_cu_fa_bwd_d(d, sm, t));
+      PW_PH_THREADS(t, pw_cu_fa_bwd_rows(d, sm, qkv, dout, lse, b, h, r0, t));
       PW_FA_S_DP(d, sm, kk);
       PW_PH_THREADS(t, pw_cu_fa_bwd_ds(d, sm, tok, r0, c0, t));
       /* dV += P^T dO;  dK += dS^T Q */

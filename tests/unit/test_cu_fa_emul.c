@@ -1,5 +1,6 @@
 /* test_cu_fa_emul: the GPU's tiled attention (FlashAttention-2,
- * common/cuda/cu_fa_body.h) run on the CPU — every block of every launch,
+ * common/cuda/cu_fa_body.h) run on the CPU — every launch as cu_fa.cu
+ * makes them (the backward's D and the bf16 copies first), every block,
  * each phase a loop over the block's 256 threads (or 8 warps, the tensor
  * cores' products as plain loops), shared memory an array poisoned with
  * NaN before each block — against ops_flash.c's kernels (ops.h's and
@@ -46,7 +47,18 @@ static unsigned char *sm; /* a block's shared memory */
 
 static void block_start(const pw_cu_fa *d) { memset(sm, 0xff, d->bytes); /* NaN floats, NaN bf16s */ }
 
-static void emu_forward(const pw_cu_fa *d, float *out, float *lse, const float *qkv) {
+/* bf16 programs: cu_fa.cu's bf16 copies (the conversion body's bits) */
+static uint16_t *bf16_copy(const float *x, size_t n) {
+  uint16_t *b = malloc((n ? n : 1) * sizeof *b);
+  assert_non_null(b);
+  for (size_t i = 0; i < n; i++) pw_cu_bf16_from_el(b, x, i);
+  return b;
+}
+
+static void emu_forward(const pw_cu_fa *d0, float *out, float *lse, const float *qkv) {
+  pw_cu_fa dd = *d0, *d = &dd;
+  uint16_t *qb = d->bf16 ? bf16_copy(qkv, (size_t)d->B * d->T * d->W) : NULL;
+  d->qkvb = qb;
   int nq = pw_cu_fa_tiles(d->T, d->BQ);
   for (int b = 0; b < d->B; b++)
     for (int h = 0; h < d->NH; h++)
@@ -54,23 +66,33 @@ static void emu_forward(const pw_cu_fa *d, float *out, float *lse, const float *
         block_start(d);
         pw_cu_fa_fwd_block(d, out, lse, qkv, nq - 1 - x, h, b, sm);
       }
+  free(qb);
 }
 
-static void emu_backward(const pw_cu_fa *dq, const pw_cu_fa *dkv, float *dqkv, const float *dout, const float *out,
+/* D first (a thread a row), the bf16 copies, then the dq and dk/dv blocks */
+static void emu_backward(const pw_cu_fa *dq0, const pw_cu_fa *dkv0, float *dqkv, const float *dout, const float *out,
                          const float *qkv, const float *lse, int acc) {
+  pw_cu_fa q = *dq0, k = *dkv0, *dq = &q, *dkv = &k;
+  float *D = malloc(pw_cu_fa_d_n(dq) * sizeof *D);
+  assert_non_null(D);
+  for (size_t i = 0; i < pw_cu_fa_d_n(dq); i++) pw_cu_fa_d_row(dq, D, dout, out, i);
+  uint16_t *qb = dq->bf16 ? bf16_copy(qkv, (size_t)dq->B * dq->T * dq->W) : NULL;
+  uint16_t *ob = dq->bf16 ? bf16_copy(dout, (size_t)dq->B * dq->T * dq->C) : NULL;
+  q.D = k.D = D, q.qkvb = k.qkvb = qb, q.doutb = k.doutb = ob;
   int nq = pw_cu_fa_tiles(dq->T, dq->BQ), nk = pw_cu_fa_tiles(dkv->T, dkv->BK);
   for (int b = 0; b < dq->B; b++)
     for (int h = 0; h < dq->NH; h++)
       for (int x = 0; x < nq; x++) {
         block_start(dq);
-        pw_cu_fa_dq_block(dq, dqkv, dout, out, qkv, lse, acc, nq - 1 - x, h, b, sm);
+        pw_cu_fa_dq_block(dq, dqkv, dout, qkv, lse, acc, nq - 1 - x, h, b, sm);
       }
   for (int b = 0; b < dkv->B; b++)
     for (int g = 0; g < dkv->NKV; g++)
       for (int x = 0; x < nk; x++) {
         block_start(dkv);
-        pw_cu_fa_dkv_block(dkv, dqkv, dout, out, qkv, lse, acc, x, g, b, sm);
+        pw_cu_fa_dkv_block(dkv, dqkv, dout, qkv, lse, acc, x, g, b, sm);
       }
+  free(D), free(qb), free(ob);
 }
 
 /* ---- comparison ------------------------------------------------------------------------ */
