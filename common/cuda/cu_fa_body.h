@@ -274,14 +274,45 @@ PW_PH_FN void pw_cu_fa_zero(unsigned char *sm, unsigned o, int n, int t) {
 
 /* ---- the products ------------------------------------------------------------------- */
 
+/* Up to PW_FA_MMR output rows a thread keeps in registers (the default
+ * tiles' products need at most 32 a thread). */
+#define PW_FA_MMR 32
+#ifdef __CUDACC__
+#define PW_FA_UNROLL _Pragma("unroll")
+#else
+#define PW_FA_UNROLL
+#endif
+
 /* float32: C (M x N, row ldc) (+)= op(A) op(B) over k < K, op(A)(i,k) =
  * ta ? A[k lda + i] : A[i lda + k], op(B)(k,j) = tb ? B[j ldb + k] :
  * B[k ldb + j]; thread t's elements t, t + NT, ... (a row's neighbours:
  * the operand tiles' odd rows keep a warp off one bank), each a sum in k
- * order, then added to C (acc) or stored. */
+ * order, then added to C (acc) or stored. Where N divides the block the
+ * thread's elements share their column: its rows' sums run together, each
+ * B(k, j) loaded once for all of them (the same sums). */
 PW_PH_FN void pw_cu_fa_mm_f32(int t, float *Cm, int ldc, const float *A, int lda, int ta, const float *Bm, int ldb,
                               int tb, int M, int N, int K, int acc) {
   int as = ta ? lda : 1, bs = tb ? 1 : ldb;
+  if (PW_FA_NT % N == 0 && (M + PW_FA_NT / N - 1) / (PW_FA_NT / N) <= PW_FA_MMR) {
+    int j = t % N, i0 = t / N, di = PW_FA_NT / N, R = i0 < M ? (M - i0 + di - 1) / di : 0;
+    const float *b = Bm + (tb ? j * ldb : j);
+    float s[PW_FA_MMR];
+    PW_FA_UNROLL
+    for (int r = 0; r < PW_FA_MMR; r++) s[r] = 0.0f;
+    for (int k = 0; k < K; k++) {
+      float bk = b[k * bs];
+      PW_FA_UNROLL
+      for (int r = 0; r < PW_FA_MMR; r++)
+        if (r < R) s[r] += A[ta ? k * lda + i0 + r * di : (i0 + r * di) * lda + k] * bk;
+    }
+    PW_FA_UNROLL
+    for (int r = 0; r < PW_FA_MMR; r++)
+      if (r < R) {
+        float *c = Cm + (i0 + r * di) * ldc + j;
+        *c = acc ? *c + s[r] : s[r];
+      }
+    return;
+  }
   PW_FA_EACH(t, M, N, i, j, {
     const float *a = A + (ta ? i : i * lda), *b = Bm + (tb ? j * ldb : j);
     float s = 0.0f;
