@@ -22,10 +22,10 @@
 
 /* ---- architectures and their config fields ----------------------------- */
 
-enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_LL = 62,
-       A_BERT_MLM = 64, A_BERT_CLS = 128, A_BERT = 192, A_ALL = 255 };
-#define ARCH_LIST "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, " \
-                  "GemmaForCausalLM, BertForMaskedLM, BertForSequenceClassification"
+enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_MIXTRAL = 256,
+       A_LL = 62 | A_MIXTRAL, A_BERT_MLM = 64, A_BERT_CLS = 128, A_BERT = 192, A_ALL = 511 };
+#define ARCH_LIST "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, " \
+                  "Qwen3ForCausalLM, GemmaForCausalLM, BertForMaskedLM, BertForSequenceClassification"
 
 static const struct {
   const char *arch, *model_type;
@@ -33,6 +33,7 @@ static const struct {
 } archs[] = {
     {"GPT2LMHeadModel", "gpt2", A_GPT2},       {"LlamaForCausalLM", "llama", A_LLAMA},
     {"MistralForCausalLM", "mistral", A_MISTRAL}, {"Qwen2ForCausalLM", "qwen2", A_QWEN2},
+    {"MixtralForCausalLM", "mixtral", A_MIXTRAL},
     {"Qwen3ForCausalLM", "qwen3", A_QWEN3},    {"GemmaForCausalLM", "gemma", A_GEMMA},
     {"BertForMaskedLM", "bert", A_BERT_MLM},   {"BertForSequenceClassification", "bert", A_BERT_CLS},
 };
@@ -96,7 +97,11 @@ static const struct {
     {"layer_types", A_LL, NULL}, {"pretraining_tp", A_LLAMA, "the same products in slices"},
     {"attention_bias", A_LLAMA | A_QWEN3 | A_GEMMA, NULL}, {"mlp_bias", A_LLAMA, NULL},
     {"hidden_activation", A_GEMMA, NULL},
-    {"sliding_window", A_MISTRAL | A_QWEN2 | A_QWEN3, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3, NULL},
+    {"sliding_window", A_MISTRAL | A_MIXTRAL | A_QWEN2 | A_QWEN3, NULL},
+    /* Mixtral's mixture (model.moe) */
+    {"num_local_experts", A_MIXTRAL, NULL}, {"num_experts_per_tok", A_MIXTRAL, NULL},
+    {"router_jitter_noise", A_MIXTRAL, NULL}, {"output_router_logits", A_MIXTRAL, NULL},
+    {"router_aux_loss_coef", A_MIXTRAL, "the auxiliary loss's weight, read with output_router_logits only"}, {"use_sliding_window", A_QWEN2 | A_QWEN3, NULL},
     {"max_window_layers", A_QWEN2 | A_QWEN3, "only with use_sliding_window"},
     /* BERT (hf_bert.c reads them) */
     {"hidden_size", A_BERT, NULL}, {"intermediate_size", A_BERT, NULL}, {"num_hidden_layers", A_BERT, NULL},
@@ -300,7 +305,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
 
   int V, P, d, L, H, ff, kv, tie, head_dim = 0, sliding = 0;
   double eps, init, theta = 10000;
-  json_t *m = json_object(), *rs = json_object(); /* rs: rope_scaling, set last */
+  json_t *m = json_object(), *rs = json_object(), *moe = NULL; /* rs: rope_scaling, set last; moe: Mixtral's */
   if (bit == A_GPT2) {
     static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
     int inner, nctx;
@@ -372,13 +377,13 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       }
     }
     if ((rc = get_bool(&c, "use_sliding_window", 0, &use_sw))) goto fail;
-    if (use_sw && bit != A_MISTRAL) {
+    if (use_sw && bit != A_MISTRAL && bit != A_MIXTRAL) {
       rc = pw_err_set(err, PW_ENOTSUP, what, "use_sliding_window: true is not supported (attention is full causal)");
       goto fail;
     }
     /* Mistral's sliding window (absent: MistralConfig's 4096; null: none):
      * model.sliding_window where it is shorter than the positions */
-    if (bit == A_MISTRAL && !json_is_null(json_object_get(cfg, "sliding_window"))) {
+    if ((bit == A_MISTRAL || bit == A_MIXTRAL) && !json_is_null(json_object_get(cfg, "sliding_window"))) {
       if ((rc = get_int(&c, "sliding_window", 4096, 1, INT_MAX, &sw))) goto fail;
       if (sw < P && sw > HF_MAX_POS) {
         rc = pw_err_set(err, PW_ENOTSUP, what, "sliding_window: %d is more than model.sliding_window's %d", sw,
@@ -388,6 +393,26 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       if (sw < P) sliding = sw;
     }
     if (hd * H != d) head_dim = hd;
+    if (bit == A_MIXTRAL) { /* every block's MLP a mixture of intermediate_size-wide experts, top-k by softmax */
+      int E, K, out_logits;
+      double jitter;
+      if ((rc = get_int(&c, "num_local_experts", 8, 2, 4096, &E)) ||
+          (rc = get_int(&c, "num_experts_per_tok", 2, 1, E, &K)) || (rc = get_num(&c, "router_jitter_noise", 0, &jitter)) ||
+          (rc = get_bool(&c, "output_router_logits", 0, &out_logits)))
+        goto fail;
+      if (jitter != 0) {
+        rc = pw_err_set(err, PW_ENOTSUP, what, "router_jitter_noise: %g (training noise on the router) is not computed; 0 only",
+                        jitter);
+        goto fail;
+      }
+      if (out_logits) {
+        rc = pw_err_set(err, PW_ENOTSUP, what,
+                        "output_router_logits: true adds the router's auxiliary loss to the training loss, which "
+                        "pipewright does not compute yet; false only");
+        goto fail;
+      }
+      moe = json_pack("{s:i, s:i, s:i}", "experts", E, "top_k", K, "ffn_hidden", ff);
+    }
   }
   if ((rc = get_num(&c, "initializer_range", 0.02, &init))) goto fail;
   if (!(init > 0)) {
@@ -430,6 +455,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   }
   json_object_set_new(m, "norm_eps", json_real(eps));
   json_object_set_new(m, "init_std", json_real(init));
+  if (moe) json_object_set_new(m, "moe", moe), moe = NULL;
   if (json_object_get(rs, "rope_scaling")) json_object_set(m, "rope_scaling", json_object_get(rs, "rope_scaling"));
   json_decref(rs);
   *model = m;
@@ -437,6 +463,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
 fail:
   json_decref(m);
   json_decref(rs);
+  json_decref(moe);
   return rc;
 }
 
@@ -463,6 +490,14 @@ static hf_entry *map_add(hf_map *mp, const char *ours, int ndim, int64_t r, int6
   e->rows[0] = r;
   return e;
 }
+
+const char *pw__hf_part_name(const hf_entry *e, int p, char *buf) {
+  if (!e->experts) return e->hf[p];
+  snprintf(buf, PW__HF_PART_NAME, "%s%d%s", e->hf[0], p, e->hf[1]);
+  return buf;
+}
+
+int64_t pw__hf_part_rows(const hf_entry *e, int p) { return e->experts ? e->rows[0] : e->rows[p]; }
 
 #define ADD(ours, nd, r, cc, hfname, tr)                                          \
   do {                                                                           \
@@ -543,6 +578,24 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
       }
       ONE("attn.proj.weight", 2, d, H * hd, "self_attn.o_proj.weight");
       ONE("norm2.weight", 1, d, 1, "post_attention_layernorm.weight");
+      if (m->moe_experts) { /* Mixtral: every block's MLP the mixture, each expert's w1 (gate), w3 (up), w2 (down) */
+        int64_t E = m->moe_experts, mh = m->moe_hidden;
+        static const struct {
+          const char *ours, *hf;
+          int down;
+        } ex[] = {{"gate", "w1", 0}, {"up", "w3", 0}, {"down", "w2", 1}};
+        ONE("moe.router.weight", 2, E, d, "block_sparse_moe.gate.weight");
+        for (int k = 0; k < 3; k++) {
+          snprintf(o, sizeof o, "blocks.%d.moe.experts.%s.weight", i, ex[k].ours);
+          hf_entry *e = map_add(mp, o, 2, E * (ex[k].down ? d : mh), ex[k].down ? mh : d);
+          if (!e) return PW_ENOMEM;
+          e->experts = e->n_parts = (int)E;
+          e->rows[0] = ex[k].down ? d : mh;
+          snprintf(e->hf[0], HF_NAME, "%sblock_sparse_moe.experts.", p);
+          snprintf(e->hf[1], HF_NAME, ".%s.weight", ex[k].hf);
+        }
+        continue;
+      }
       ONE("mlp.gate.weight", 2, ff, d, "mlp.gate_proj.weight");
       ONE("mlp.up.weight", 2, ff, d, "mlp.up_proj.weight");
       ONE("mlp.down.weight", 2, d, ff, "mlp.down_proj.weight");
@@ -716,17 +769,20 @@ static int import_entry(hf_src *s, const hf_entry *e, const char *arch, pw_st_te
   int rc = 0;
   for (int p = 0; p < e->n_parts && !rc; p++) {
     float *src;
+    char nb[PW__HF_PART_NAME];
+    const char *hn = pw__hf_part_name(e, p, nb);
+    int64_t pr = pw__hf_part_rows(e, p);
     /* a transposed part is held [c, r]: read it so */
-    if (e->transpose) rc = read_part(s, e->hf[p], e->ours, arch, 2, c, e->rows[p], 0, &src, err);
-    else rc = read_part(s, e->hf[p], e->ours, arch, e->ndim, e->rows[p], c, e->may_slice, &src, err);
+    if (e->transpose) rc = read_part(s, hn, e->ours, arch, 2, c, pr, 0, &src, err);
+    else rc = read_part(s, hn, e->ours, arch, e->ndim, pr, c, e->may_slice, &src, err);
     if (rc) break;
     if (e->transpose) {
-      for (int64_t i = 0; i < e->rows[p]; i++)
-        for (int64_t j = 0; j < c; j++) dst[(row + i) * c + j] = src[j * e->rows[p] + i];
+      for (int64_t i = 0; i < pr; i++)
+        for (int64_t j = 0; j < c; j++) dst[(row + i) * c + j] = src[j * pr + i];
     } else {
-      memcpy(dst + row * c, src, sizeof *dst * (size_t)(e->rows[p] * c)); /* a longer wpe: its first rows */
+      memcpy(dst + row * c, src, sizeof *dst * (size_t)(pr * c)); /* a longer wpe: its first rows */
     }
-    row += e->rows[p];
+    row += pr;
     free(src);
   }
   if (rc) {
@@ -960,11 +1016,20 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
     json_object_set_new(c, "reorder_and_upcast_attn", json_false());
   } else {
-    int gemma = m->norm_offset != 0, mistral = m->sliding_window > 0; /* export_check: not with the others' */
+    int gemma = m->norm_offset != 0, mixtral = m->moe_experts > 0; /* export_check: not with the others' */
+    int mistral = m->sliding_window > 0 && !mixtral;
     *arch = gemma ? "GemmaForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM"
-            : mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
+            : mixtral ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
     json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2"
-                                                     : mistral ? "mistral" : "llama"));
+                                                     : mixtral ? "mixtral" : mistral ? "mistral" : "llama"));
+    if (mixtral) {
+      json_object_set_new(c, "num_local_experts", json_integer(m->moe_experts));
+      json_object_set_new(c, "num_experts_per_tok", json_integer(m->moe_top_k));
+      json_object_set_new(c, "router_jitter_noise", json_real(0));
+      json_object_set_new(c, "output_router_logits", json_false());
+      json_object_set_new(c, "sliding_window", m->sliding_window ? json_integer(m->sliding_window) : json_null());
+      ff = m->moe_hidden;
+    }
     json_object_set_new(c, "hidden_size", json_integer(d));
     json_object_set_new(c, "intermediate_size", json_integer(ff));
     json_object_set_new(c, "num_hidden_layers", json_integer(m->n_layers));
@@ -987,8 +1052,8 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     }
     json_object_set_new(c, "rope_scaling", rs);
     json_object_set_new(c, "attention_dropout", json_real(0));
-    if (!m->qkv_bias && !mistral) json_object_set_new(c, "attention_bias", json_false());
-    if (!m->qk_norm && !m->qkv_bias && !gemma && !mistral) json_object_set_new(c, "mlp_bias", json_false());
+    if (!m->qkv_bias && !mistral && !mixtral) json_object_set_new(c, "attention_bias", json_false());
+    if (!m->qk_norm && !m->qkv_bias && !gemma && !mistral && !mixtral) json_object_set_new(c, "mlp_bias", json_false());
     if (mistral) json_object_set_new(c, "sliding_window", json_integer(m->sliding_window));
     if (m->qk_norm || m->qkv_bias) {
       json_object_set_new(c, "use_sliding_window", json_false());
@@ -1045,6 +1110,13 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
     return pw_err_set(err, PW_ENOTSUP, "model.sliding_window",
                       "with %s: MistralForCausalLM (the sliding window's architecture) has none of them",
                       gemma ? "Gemma's options" : m->qk_norm ? "qk_norm" : "qkv_bias");
+  /* MixtralForCausalLM: a llama whose every block is a softmax top-k mixture, nothing else */
+  if (m->moe_experts && (m->tmpl != PW_TEMPLATE_LLAMA || gemma || m->qk_norm || m->qkv_bias ||
+                         m->moe_gate != PW_MOE_GATE_SOFTMAX_TOPK || m->moe_shared || m->moe_every != 1 ||
+                         m->moe_first_dense))
+    return pw_err_set(err, PW_ENOTSUP, "model.moe",
+                      "MixtralForCausalLM (the mixture's architecture) is a llama whose every block is a "
+                      "softmax_topk mixture without shared experts; this model is not one");
   pw_st_file *f;
   int rc = pw_st_open(ckpt, &f, err);
   if (rc) return rc;
@@ -1070,9 +1142,10 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
     if (rc && !pw_st_find(f, e->ours)) rc = pw_err_set(err, PW_EFORMAT, ckpt, "tensor '%s' is missing", e->ours);
     int64_t row = 0;
     for (int p = 0; p < e->n_parts && !rc; p++) {
-      int64_t pr = e->rows[p];
+      int64_t pr = pw__hf_part_rows(e, p);
+      char nb[PW__HF_PART_NAME];
       float *part = malloc(sizeof *part * (size_t)(pr * c > 0 ? pr * c : 1));
-      char *nm = strdup(e->hf[p]);
+      char *nm = strdup(pw__hf_part_name(e, p, nb));
       if (!part || !nm) {
         free(part);
         free(nm);

@@ -27,7 +27,10 @@ typedef struct {
 
 /* One of our tensors and where Hugging Face keeps it: one tensor, or q, k
  * and v joined by rows; GPT-2's Conv1D transposed; a position table may
- * hold more rows than our seq_len (its first rows are ours). */
+ * hold more rows than our seq_len (its first rows are ours). A mixture's
+ * stacked experts (experts > 0) are n_parts = experts tensors of rows[0]
+ * rows each, part e named hf[0] e hf[1] ("...experts." 3 ".w1.weight"):
+ * pw__hf_part_name. */
 typedef struct {
   char ours[PW__HF_NAME];
   int ndim;
@@ -36,7 +39,13 @@ typedef struct {
   char hf[3][PW__HF_NAME];
   int64_t rows[3];
   int transpose, may_slice;
+  int experts;
 } pw__hf_entry;
+
+/* Part p's name (into buf, PW__HF_PART_NAME bytes) and rows. */
+#define PW__HF_PART_NAME (2 * PW__HF_NAME + 12)
+const char *pw__hf_part_name(const pw__hf_entry *e, int p, char *buf);
+int64_t pw__hf_part_rows(const pw__hf_entry *e, int p);
 
 typedef struct {
   pw__hf_entry *e;

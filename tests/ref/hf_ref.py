@@ -224,6 +224,11 @@ with torch.no_grad():
         if n.endswith("norm.weight"):
             p.add_(0.1 * torch.randn_like(p))
 family("gemma-head-dim", gemma_hd)
+# Mixtral: every block a mixture of 4 SwiGLU experts, top 2 by softmax (model.moe)
+mxd, mxhf, _, _ = family("mixtral", tf.MixtralForCausalLM(tf.MixtralConfig(initializer_range=INIT,
+    vocab_size=90, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=40, num_local_experts=4, num_experts_per_tok=2,
+    sliding_window=None)))
 family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(initializer_range=INIT,
     vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2, n_inner=40, tie_word_embeddings=False)))
 
@@ -303,6 +308,11 @@ refuse("qwen2 use_sliding_window", variant(qhf, "usw", setk("use_sliding_window"
 refuse("gemma hidden_act gelu (erf)", variant(gehf, "gact", setk("hidden_act", "gelu")), "hidden_act")
 refuse("gemma head_dim absent (GemmaConfig's 256: q_proj 1024 rows)", variant(gehf, "ghd", lambda c: c.pop("head_dim")),
        "model.layers.0.self_attn.q_proj.weight")
+refuse("mixtral router_jitter_noise", variant(mxhf, "jit", setk("router_jitter_noise", 0.1)), "router_jitter_noise")
+refuse("mixtral output_router_logits", variant(mxhf, "orl", setk("output_router_logits", True)), "output_router_logits")
+refuse("mixtral top-k above the experts", variant(mxhf, "topk", setk("num_experts_per_tok", 5)), "num_experts_per_tok")
+refuse("mixtral: an expert's tensor missing", variant(mxhf, "mxmiss", edit_tensors=lambda t: t.pop(
+    "model.layers.1.block_sparse_moe.experts.3.w2.weight")), "model.layers.1.block_sparse_moe.experts.3.w2.weight")
 refuse("an unknown architecture", variant(lhf, "arch", setk("architectures", ["Gemma2ForCausalLM"])), "Gemma2ForCausalLM")
 refuse("a missing tensor", variant(lhf, "miss", edit_tensors=lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
        "model.layers.1.mlp.up_proj.weight")
