@@ -11,6 +11,9 @@
     heads, rope scaling, qkv bias, QK-norm, Gemma's, a sliding window with
     heads of a width of their own) at pp 2 and pp 4
     (1f1b, and DualPipeV where both sit on rank 0);
+  - BERT (template bert): masked LM at pp 2 under zb-h1 (the tied decoder
+    on the last stage, the padding mask read off the tokens by both) and
+    the [CLS] classifier on labeled pairs at pp 2: the same bits;
   - pp 2 x dp 2 with tied embeddings and the wire's chunk limit forced down
     to 999 bytes (PW_WIRE_CHUNK, honoured by the worker for tests only):
     every activation, gradient, all-reduce arena and tied gradient crosses
@@ -57,6 +60,28 @@ def llama(name, pp, m, layers=4, **opts):
     spec["model"] = {"template": "llama", "vocab_size": 256, "seq_len": 16, "d_model": 32, "n_layers": layers,
                      "n_heads": 4, "ffn_hidden": 64, **opts}
     return spec
+
+
+def bert(name, pp, m, layers=4, **opts):
+    """A bert-template job (issue 34): masked LM over the corpus's bytes, [MASK] 256, commas as its padding
+    token (masked as keys, never chosen; at most 3 in any window) and newlines as its separator (token types
+    1 after the first), so a later stage's attention reads the tokens it draws itself."""
+    spec = job(name, pp, 1, m, layers=layers)
+    spec["model"] = {"template": "bert", "vocab_size": 257, "seq_len": 16, "d_model": 32, "n_layers": layers,
+                     "n_heads": 4, "ffn_hidden": 64, "pad_token": 44, "sep_token": 10, "mlm_predictions": 3, **opts}
+    spec["data"]["mask_token"] = 256
+    return spec
+
+
+def labeled_file(src, path, n=96):
+    """JSON Lines of [CLS] a [SEP] b [SEP] from the corpus's lines (2 for [CLS], newline the separator), cut
+    and padded by the reader to seq_len; the label a function of the line (its length less its commas, mod 3)."""
+    lines = [l for l in open(os.path.join(src, "examples/data/corpus.txt"), "rb").read().split(b"\n") if l][:n]
+    with open(path, "w") as f:
+        for i, l in enumerate(lines):
+            a, b = l[:5 + i % 4], l[9:13]
+            f.write(json.dumps({"tokens": [2, *a, 10, *b, 10], "label": len(l.replace(b",", b"")) % 3}) + "\n")
+    return path
 
 
 class Suite:
@@ -179,6 +204,14 @@ def main():
         spec = llama("1f1b", 2, 4, n_kv_heads=2, head_dim=12, sliding_window=5)
         spec["train"]["attention"] = "tiled"
         t.equal_run("window-head-dim-1f1b-pp2", spec)
+        # BERT: masked LM (the tied decoder across the first and last stage;
+        # every stage's attention masks the padding it reads off the tokens)
+        t.equal_run("bert-mlm-zb-h1-pp2", bert("zb-h1", 2, 4))
+        # and the classifier on [CLS]: one label a sequence, padded by the reader
+        spec = bert("1f1b", 2, 4, bert_head="classify", n_labels=3)
+        del spec["model"]["mlm_predictions"], spec["data"]["mask_token"], spec["data"]["sampler"]
+        spec["data"].update(kind="labeled", path=labeled_file(src, os.path.join(tmp, "pairs.jsonl")))
+        t.equal_run("bert-classify-1f1b-pp2", spec)
 
         # Mixtures of experts (model.moe, issue 38): the routing is a function
         # of the microbatch's tokens only, so pipelining changes nothing; a

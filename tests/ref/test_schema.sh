@@ -62,7 +62,14 @@ feat = {"model": {"input": {"kind": "features", "dim": 8}, "layers": [
             {"type": "mse"}]},
         "partition": {"mode": "balanced", "layer_times": [1, 2, 3, 0.5], "byte_cost": 0},
         "data": {"kind": "regression"}}
-for name, spec in [("gpt", gpt), ("llama", llama), ("mlp", mlp), ("layers", layers), ("features", feat)]:
+bert = {"model": {"template": "bert", "vocab_size": 30522, "seq_len": 128, "d_model": 64, "n_layers": 2,
+                  "n_heads": 4, "pad_token": 0, "sep_token": 102, "mlm_predictions": 19},
+        "data": {"kind": "tokens", "path": "wiki.tokens", "mask_token": 103}}
+bert_cls = {"model": {"template": "bert", "seq_len": 32, "d_model": 64, "n_layers": 2, "n_heads": 4,
+                      "bert_head": "classify", "n_labels": 2, "pad_token": 0}, "data": {"kind": "labeled", "path": "x.jsonl"}}
+specs = [("gpt", gpt), ("llama", llama), ("mlp", mlp), ("layers", layers), ("features", feat), ("bert", bert),
+         ("bert classify", bert_cls)]
+for name, spec in specs:
     check(name, spec, True)
 
 def patched(base, path, value):
@@ -95,11 +102,14 @@ broken = [
     (layers, ["model", "layers", 2], {"type": "conv"}),
     (feat, ["model", "input", "dim"], None), (feat, ["data", "kind"], "copy"),
     (feat, ["partition", "mode"], "even"),
+    (bert, ["model", "tie_embeddings"], True), (bert, ["model", "bert_head"], "pooler"),
+    (bert, ["model", "pad_token"], -1), (bert, ["data", "kind"], "copy"), (bert_cls, ["model", "n_labels"], 1),
+    (bert, ["model", "rope_base"], 1e4), (bert_cls, ["data", "path"], None),
 ]
 for base, path, value in broken:
     check("broken %s=%r" % (".".join(map(str, path)), value), patched(base, path, value), False)
 
-n = len(examples) + 5 + len(broken)
+n = len(examples) + len(specs) + len(broken)
 print("%d checks, %d failed (%d example files)" % (n, fails, len(examples)))
 sys.exit(1 if fails else 0)
 EOF

@@ -755,6 +755,10 @@ static const char *const round_trip_specs[] = {
     "'data':{'kind':'copy'}}",
     "{'model':{'template':'llama','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'head_dim':6,"
     "'sliding_window':3},'data':{'kind':'copy'}}",
+    "{'model':{'template':'bert','seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,'bert_head':'classify',"
+    "'n_labels':3,'type_vocab_size':3,'pad_token':0,'sep_token':102},'data':{'kind':'labeled','path':'x.jsonl'}}",
+    "{'model':{'template':'bert','vocab_size':300,'seq_len':8,'d_model':16,'n_layers':1,'n_heads':2,"
+    "'pad_token':0,'sep_token':102,'mlm_predictions':2},'data':{'kind':'text','path':'x.txt','mask_token':103}}",
 };
 
 /* llama's attention options: in the canonical spec when set, left out
