@@ -353,7 +353,8 @@ static void linear_f(const pw_kernel_io *io) {
   }
   sgemm(pw_cu_linear_f_gemm(io->out, io->in0, io->w, N, C, OC), 1.0f, beta, "linear_f: cublasSgemm");
 }
-static void linear_i(const pw_kernel_io *io) {
+/* dy_ready: bf16 programs' dout already in DYB (linear_b's W made it) */
+static void linear_i_dy(const pw_kernel_io *io, int dy_ready) {
   int N = io->rows, C = io->n->C, OC = io->n->OC;
   if (N <= 0 || C <= 0 || !io->din0) return;
   pw_cu__enter();
@@ -362,13 +363,14 @@ static void linear_i(const pw_kernel_io *io) {
     return;
   }
   if (io->wb) { /* dinp (N,C) (+)= dout (N,OC) @ w (OC,C), w as the forward converted it */
-    to_bf16(DYB(io), io->dout, (size_t)N * (size_t)OC, "linear_i: dout to bf16");
+    if (!dy_ready) to_bf16(DYB(io), io->dout, (size_t)N * (size_t)OC, "linear_i: dout to bf16");
     gemm_bf16(0, 0, N, C, OC, DYB(io), OC, io->wb, C, io->acc0, io->din0, C, "linear_i: cublasGemmEx");
     return;
   }
   sgemm(pw_cu_linear_i_gemm(io->din0, io->dout, io->w, N, C, OC), 1.0f, io->acc0 ? 1.0f : 0.0f,
         "linear_i: cublasSgemm");
 }
+static void linear_i(const pw_kernel_io *io) { linear_i_dy(io, 0); }
 static void linear_w(const pw_kernel_io *io) {
   int N = io->rows, C = io->n->C, OC = io->n->OC;
   if (N <= 0 || OC <= 0) return;
@@ -385,11 +387,11 @@ static void linear_w(const pw_kernel_io *io) {
     col_total(io->db, part, N, OC, "linear_w: bias");
   }
 }
-/* W then I, as kernels.c's (bf16: dout converted twice, the same bits as
- * bf16.c's once) */
+/* W then I, as kernels.c's (bf16: dout converted once, by W when it
+ * converts it, for both products: bf16.c's once) */
 static void linear_b(const pw_kernel_io *io) {
   linear_w(io);
-  linear_i(io);
+  linear_i_dy(io, io->wb && io->dw && io->rows > 0 && io->n->C > 0 && io->n->OC > 0);
 }
 
 /* kernel<<<>>>(args) over the norms' row blocks (none for no rows) */
