@@ -71,6 +71,10 @@ static int serve_parse(const json_t *o, pw_job *job, pw_err *err) {
   if (rc) return rc;
   if (job->model.input != PW_INPUT_TOKENS)
     return pw_err_set(err, PW_ESPEC, "mode", "serve needs a token model (gpt, llama, or a layers list on tokens)");
+  if (job->model.tmpl == PW_TEMPLATE_BERT)
+    return pw_err_set(err, PW_ESPEC, "mode",
+                      "serve generates text, and template bert is an encoder: nothing decodes it (pipewright logits "
+                      "gives its outputs)");
   if (!job->init.checkpoint[0] && !job->init.job)
     return pw_err_set(err, PW_ESPEC, "init",
                       "mode serve needs init: the weights to serve (init.checkpoint, or init.job and init.step)");

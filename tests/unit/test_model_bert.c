@@ -165,7 +165,18 @@ static void test_spec_refusals(void **st) {
     if (rc != PW_ESPEC || strcmp(err.path, bad[i].path) || !strstr(err.msg, bad[i].msg))
       fail_msg("case %zu (%s): want %s: ...%s..., got %d %s: %s", i, bad[i].extra, bad[i].path, bad[i].msg, rc,
                err.path, err.msg);
-  }
+  }  /* an encoder is not served (nothing generates from it) */
+  json_t *j = json_loads("{\"mode\":\"serve\",\"init\":{\"job\":3,\"step\":4},\"model\":{\"template\":"
+                         "\"bert\",\"vocab_size\":300,\"seq_len\":20,\"d_model\":16,\"n_layers\":1,\"n_heads\":2},"
+                         "\"data\":{\"kind\":\"text\",\"path\":\"x.txt\",\"mask_token\":103}}",
+                         0, NULL);
+  pw_job job;
+  pw_err err = {0};
+  assert_non_null(j);
+  assert_int_equal(pw_job_parse(j, NULL, &job, &err), PW_ESPEC);
+  assert_string_equal(err.path, "mode");
+  assert_non_null(strstr(err.msg, "template bert is an encoder"));
+  json_decref(j);
 }
 
 /* ---- the graph ------------------------------------------------------------------ */
