@@ -415,7 +415,8 @@ static inline void fk_rank_slice(fk_rank *r, const fk_job *f, int rank, int step
 
 /* Stage programs as run_setup.c makes them, of the layers cx.part gives
  * each local stage (zero: the train.zero in effect), parameters drawn
- * from the slice's seed. */
+ * from the slice's seed (zero 3: the caller draws them once pw_dpx_init
+ * lent the arena). */
 static inline void fk_rank_progs(fk_rank *r, int zero) {
   pw_rctx *c = &r->cx;
   char b[600];
@@ -423,11 +424,11 @@ static inline void fk_rank_progs(fk_rank *r, int zero) {
     const pw_stage *st = &c->part->stages[c->ls[li].stage];
     pw_prog_config pc = {.layer_lo = st->layer_lo, .layer_hi = st->layer_hi, .mb_size = c->mb_size,
                          .batch_size = r->cfg.sl.train.batch_size, .n_slots = 1, .max_slots = 1,
-                         .no_moments = zero > 0, .no_grads = zero == 2};
+                         .no_moments = zero > 0, .no_grads = zero >= 2, .no_params = zero == 3};
     pw_err err = {0};
     if (pw_prog_create(&r->cfg.sl.model, &pc, &r->ls[li].prog, &err))
       fail_msg("program of stage %d: %s", c->ls[li].stage, pw_err_str(&err, b, sizeof b));
-    pw_prog_init_params(r->ls[li].prog, (unsigned long long)r->cfg.sl.train.seed);
+    if (zero < 3) pw_prog_init_params(r->ls[li].prog, (unsigned long long)r->cfg.sl.train.seed); /* zero 3: once lent */
     if (!zero) pw_prog_zero_grad(r->ls[li].prog);
   }
 }

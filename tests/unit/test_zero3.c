@@ -3,7 +3,9 @@
  *   - a GPT with tied embeddings in one stage: one unit per layer, each
  *     parameter its nodes read in it once, the tied embedding in both the
  *     embedding's and the head's units (the head's runs then not adjacent
- *     in the arena), the largest unit's size;
+ *     in the arena), the largest unit's size; cut into two stages at every
+ *     layer, each stage's copy of the embedding in its first or last unit
+ *     and every parameter in exactly one unit;
  *   - for dp 1 to 7 (shards of uneven sizes; a parameter spanning two or
  *     more shards is asserted to occur) the replicas' pieces of every unit
  *     cover its buffer exactly once, each piece in its replica's shard,
@@ -88,6 +90,25 @@ static void test_units(void **st) {
   assert_int_equal(pw_z3_max_runs(&z), z.run_lo[z.n_units] - z.run_lo[z.n_units - 1]);
   pw_z3_units_free(&z);
   pw_prog_layout_free(&L);
+  /* tied across stages: each stage's layout has its own copy, in its first or last unit, at the unit's offset */
+  for (int cut = 1; cut < m.n_layers; cut++) {
+    pw_prog_layout La, Lb;
+    pw_z3_units za, zb;
+    assert_int_equal(pw_prog_layout_build(&m, 0, cut, 2, &La), 0);
+    assert_int_equal(pw_prog_layout_build(&m, cut, m.n_layers, 2, &Lb), 0);
+    assert_int_equal(pw_z3_units_build(&m, &La, &za), 0);
+    assert_int_equal(pw_z3_units_build(&m, &Lb, &zb), 0);
+    assert_int_equal(za.n_units + zb.n_units, m.n_layers);
+    assert_int_equal(zb.layer_lo, cut);
+    assert_true(has_param(&za, 0, La.param_local[tok]) && has_param(&zb, zb.n_units - 1, Lb.param_local[tok]));
+    size_t fa = 0, fb = 0;
+    for (int u = 0; u < za.n_units; u++) fa += za.floats[u];
+    for (int u = 0; u < zb.n_units; u++) fb += zb.floats[u];
+    assert_int_equal(fa, La.sz.numel); /* no tied use inside either stage: every parameter once */
+    assert_int_equal(fb, Lb.sz.numel);
+    pw_z3_units_free(&za), pw_z3_units_free(&zb);
+    pw_prog_layout_free(&La), pw_prog_layout_free(&Lb);
+  }
   pw_model_free(&m);
 }
 
