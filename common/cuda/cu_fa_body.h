@@ -539,13 +539,24 @@ PW_PH_FN void pw_cu_fa_store_grad(const pw_cu_fa *d, unsigned char *sm, unsigned
   });
 }
 
-/* S = Q K^T and dP = dO V^T of the staged tiles (two product phases). */
-#define PW_FA_S_DP(d, sm, kk)                                                                              \
-  do {                                                                                                     \
-    PW_FA_MM(d, sm, (d)->o_s, (d)->lds, (d)->o_q, (d)->ldo, 0, (d)->o_k, (d)->ldo, 1, (d)->BQ, (d)->BK, (d)->HD, \
-             kk, 0);                                                                                       \
-    PW_FA_MM(d, sm, (d)->o_dp, (d)->lds, (d)->o_do, (d)->ldo, 0, (d)->o_v, (d)->ldo, 1, (d)->BQ, (d)->BK,     \
-             (d)->HD, kk, 0);                                                                              \
+/* S = Q K^T and dP = dO V^T of the staged tiles, one phase (the two
+ * products read the same tiles and write their own). */
+#define PW_FA_S_DP(d, sm, kk)                                                                                       \
+  do {                                                                                                              \
+    if ((d)->bf16)                                                                                                  \
+      PW_PH_WARPS(w_, {                                                                                             \
+        pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, (d)->o_s), (d)->lds, PW_FA_H(sm, (d)->o_q), (d)->ldo, 0,                  \
+                         PW_FA_H(sm, (d)->o_k), (d)->ldo, 1, (d)->BQ, (d)->BK, kk, 0);                              \
+        pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, (d)->o_dp), (d)->lds, PW_FA_H(sm, (d)->o_do), (d)->ldo, 0,                \
+                         PW_FA_H(sm, (d)->o_v), (d)->ldo, 1, (d)->BQ, (d)->BK, kk, 0);                              \
+      });                                                                                                           \
+    else                                                                                                            \
+      PW_PH_THREADS(t_, {                                                                                           \
+        pw_cu_fa_mm_f32(t_, PW_FA_F(sm, (d)->o_s), (d)->lds, PW_FA_F(sm, (d)->o_q), (d)->ldo, 0,                   \
+                        PW_FA_F(sm, (d)->o_k), (d)->ldo, 1, (d)->BQ, (d)->BK, (d)->HD, 0);                          \
+        pw_cu_fa_mm_f32(t_, PW_FA_F(sm, (d)->o_dp), (d)->lds, PW_FA_F(sm, (d)->o_do), (d)->ldo, 0,                 \
+                        PW_FA_F(sm, (d)->o_v), (d)->ldo, 1, (d)->BQ, (d)->BK, (d)->HD, 0);                          \
+      });                                                                                                           \
   } while (0)
 
 /* dq of query tile qt of head h of sequence b: dQ = sum over its key tiles
