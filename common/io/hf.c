@@ -23,9 +23,11 @@
 /* ---- architectures and their config fields ----------------------------- */
 
 enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_MIXTRAL = 256,
-       A_LL = 62 | A_MIXTRAL, A_BERT_MLM = 64, A_BERT_CLS = 128, A_BERT = 192, A_ALL = 511 };
+       A_QWEN3MOE = 512, A_MOE = A_MIXTRAL | A_QWEN3MOE, A_LL = 62 | A_MOE, A_BERT_MLM = 64, A_BERT_CLS = 128,
+       A_BERT = 192, A_ALL = 1023 };
 #define ARCH_LIST "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, " \
-                  "Qwen3ForCausalLM, GemmaForCausalLM, BertForMaskedLM, BertForSequenceClassification"
+                  "Qwen3ForCausalLM, Qwen3MoeForCausalLM, GemmaForCausalLM, BertForMaskedLM, "       \
+                  "BertForSequenceClassification"
 
 static const struct {
   const char *arch, *model_type;
@@ -33,7 +35,7 @@ static const struct {
 } archs[] = {
     {"GPT2LMHeadModel", "gpt2", A_GPT2},       {"LlamaForCausalLM", "llama", A_LLAMA},
     {"MistralForCausalLM", "mistral", A_MISTRAL}, {"Qwen2ForCausalLM", "qwen2", A_QWEN2},
-    {"MixtralForCausalLM", "mixtral", A_MIXTRAL},
+    {"MixtralForCausalLM", "mixtral", A_MIXTRAL}, {"Qwen3MoeForCausalLM", "qwen3_moe", A_QWEN3MOE},
     {"Qwen3ForCausalLM", "qwen3", A_QWEN3},    {"GemmaForCausalLM", "gemma", A_GEMMA},
     {"BertForMaskedLM", "bert", A_BERT_MLM},   {"BertForSequenceClassification", "bert", A_BERT_CLS},
 };
@@ -95,14 +97,16 @@ static const struct {
     {"max_position_embeddings", A_LL, NULL}, {"rms_norm_eps", A_LL, NULL}, {"rope_theta", A_LL, NULL},
     {"rope_scaling", A_LL, NULL}, {"attention_dropout", A_LL, NULL}, {"head_dim", A_LL, NULL},
     {"layer_types", A_LL, NULL}, {"pretraining_tp", A_LLAMA, "the same products in slices"},
-    {"attention_bias", A_LLAMA | A_QWEN3 | A_GEMMA, NULL}, {"mlp_bias", A_LLAMA, NULL},
+    {"attention_bias", A_LLAMA | A_QWEN3 | A_QWEN3MOE | A_GEMMA, NULL}, {"mlp_bias", A_LLAMA, NULL},
     {"hidden_activation", A_GEMMA, NULL},
-    {"sliding_window", A_MISTRAL | A_MIXTRAL | A_QWEN2 | A_QWEN3, NULL},
-    /* Mixtral's mixture (model.moe) */
-    {"num_local_experts", A_MIXTRAL, NULL}, {"num_experts_per_tok", A_MIXTRAL, NULL},
-    {"router_jitter_noise", A_MIXTRAL, NULL}, {"output_router_logits", A_MIXTRAL, NULL},
-    {"router_aux_loss_coef", A_MIXTRAL, "the auxiliary loss's weight, read with output_router_logits only"}, {"use_sliding_window", A_QWEN2 | A_QWEN3, NULL},
-    {"max_window_layers", A_QWEN2 | A_QWEN3, "only with use_sliding_window"},
+    {"sliding_window", A_MISTRAL | A_MIXTRAL | A_QWEN2 | A_QWEN3 | A_QWEN3MOE, NULL},
+    /* the mixtures (model.moe): Mixtral's, Qwen3-MoE's */
+    {"num_local_experts", A_MOE, NULL}, {"num_experts", A_QWEN3MOE, NULL}, {"num_experts_per_tok", A_MOE, NULL},
+    {"router_jitter_noise", A_MIXTRAL, NULL}, {"output_router_logits", A_MOE, NULL},
+    {"router_aux_loss_coef", A_MOE, "the auxiliary loss's weight, read with output_router_logits only"},
+    {"moe_intermediate_size", A_QWEN3MOE, NULL}, {"norm_topk_prob", A_QWEN3MOE, NULL},
+    {"decoder_sparse_step", A_QWEN3MOE, NULL}, {"mlp_only_layers", A_QWEN3MOE, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3 | A_QWEN3MOE, NULL},
+    {"max_window_layers", A_QWEN2 | A_QWEN3 | A_QWEN3MOE, "only with use_sliding_window"},
     /* BERT (hf_bert.c reads them) */
     {"hidden_size", A_BERT, NULL}, {"intermediate_size", A_BERT, NULL}, {"num_hidden_layers", A_BERT, NULL},
     {"num_attention_heads", A_BERT, NULL}, {"hidden_act", A_BERT, NULL}, {"max_position_embeddings", A_BERT, NULL},
@@ -393,13 +397,51 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       if (sw < P) sliding = sw;
     }
     if (hd * H != d) head_dim = hd;
-    if (bit == A_MIXTRAL) { /* every block's MLP a mixture of intermediate_size-wide experts, top-k by softmax */
-      int E, K, out_logits;
+    if (bit & A_MOE) { /* Mixtral: every block's MLP a mixture of intermediate_size-wide experts, top-k by
+                          softmax; Qwen3-MoE: moe_intermediate_size-wide, on the blocks decoder_sparse_step and
+                          mlp_only_layers say, the top-k's softmax renormalised or not (norm_topk_prob) */
+      int E, K, out_logits, eh = ff, norm_topk = 1, step = 1, first = 0;
       double jitter;
-      if ((rc = get_int(&c, "num_local_experts", 8, 2, 4096, &E)) ||
+      const char *ne = json_object_get(cfg, "num_experts") ? "num_experts" : "num_local_experts";
+      if ((rc = get_int(&c, ne, 8, 2, 4096, &E)) ||
           (rc = get_int(&c, "num_experts_per_tok", 2, 1, E, &K)) || (rc = get_num(&c, "router_jitter_noise", 0, &jitter)) ||
           (rc = get_bool(&c, "output_router_logits", 0, &out_logits)))
         goto fail;
+      if (bit == A_QWEN3MOE) {
+        const json_t *mo = json_object_get(cfg, "mlp_only_layers");
+        size_t i;
+        json_t *x;
+        if ((rc = get_int(&c, "moe_intermediate_size", 768, 1, 1 << 20, &eh)) ||
+            (rc = get_bool(&c, "norm_topk_prob", 0, &norm_topk)) ||
+            (rc = get_int(&c, "decoder_sparse_step", 1, 1, 4096, &step)))
+          goto fail;
+        if (json_object_get(cfg, "num_experts") && json_object_get(cfg, "num_local_experts") &&
+            !json_equal(json_object_get(cfg, "num_experts"), json_object_get(cfg, "num_local_experts"))) {
+          rc = pw_err_set(err, PW_ESPEC, what, "num_experts and num_local_experts differ");
+          goto fail;
+        }
+        /* block i sparse: i not in mlp_only_layers and (i + 1) % step == 0; built as first_dense and every,
+         * so mlp_only_layers may only be the first blocks, with step 1 */
+        if (mo && !json_is_null(mo)) {
+          if (!json_is_array(mo)) {
+            rc = pw_err_set(err, PW_ESPEC, what, "mlp_only_layers: must be a list");
+            goto fail;
+          }
+          json_array_foreach(mo, i, x) if (!json_is_integer(x) || json_integer_value(x) != (json_int_t)i ||
+                                           step != 1) {
+            rc = pw_err_set(err, PW_ENOTSUP, what,
+                            "mlp_only_layers: only the first blocks (0, 1, ...) with decoder_sparse_step 1 are "
+                            "built (model.moe.first_dense)");
+            goto fail;
+          }
+          first = (int)json_array_size(mo);
+        }
+        if (step > 1) first = step - 1;
+        if (first >= L) {
+          rc = pw_err_set(err, PW_ENOTSUP, what, "mlp_only_layers / decoder_sparse_step: no block is a mixture");
+          goto fail;
+        }
+      }
       if (jitter != 0) {
         rc = pw_err_set(err, PW_ENOTSUP, what, "router_jitter_noise: %g (training noise on the router) is not computed; 0 only",
                         jitter);
@@ -411,7 +453,10 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
                         "pipewright does not compute yet; false only");
         goto fail;
       }
-      moe = json_pack("{s:i, s:i, s:i}", "experts", E, "top_k", K, "ffn_hidden", ff);
+      moe = json_pack("{s:i, s:i, s:i}", "experts", E, "top_k", K, "ffn_hidden", eh);
+      if (!norm_topk) json_object_set_new(moe, "gate", json_string("softmax"));
+      if (step > 1) json_object_set_new(moe, "every", json_integer(step));
+      if (first) json_object_set_new(moe, "first_dense", json_integer(first));
     }
   }
   if ((rc = get_num(&c, "initializer_range", 0.02, &init))) goto fail;
@@ -447,7 +492,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   json_object_set_new(m, "tie_embeddings", json_boolean(tie));
   if (bit != A_GPT2) json_object_set_new(m, "rope_base", json_real(theta));
   if (bit == A_QWEN2) json_object_set_new(m, "qkv_bias", json_true());
-  if (bit == A_QWEN3) json_object_set_new(m, "qk_norm", json_true());
+  if (bit == A_QWEN3 || bit == A_QWEN3MOE) json_object_set_new(m, "qk_norm", json_true());
   if (bit == A_GEMMA) { /* GeGLU, embeddings times sqrt(d), RMSNorm scaled by 1 + w */
     json_object_set_new(m, "mlp_act", json_string("gelu_tanh"));
     json_object_set_new(m, "embed_scale", json_true());
@@ -578,21 +623,24 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
       }
       ONE("attn.proj.weight", 2, d, H * hd, "self_attn.o_proj.weight");
       ONE("norm2.weight", 1, d, 1, "post_attention_layernorm.weight");
-      if (m->moe_experts) { /* Mixtral: every block's MLP the mixture, each expert's w1 (gate), w3 (up), w2 (down) */
+      if (m->moe_experts && i >= m->moe_first_dense && (i - m->moe_first_dense) % m->moe_every == 0) {
+        /* a mixture: Mixtral's block_sparse_moe (experts' w1, w3, w2), Qwen3-MoE's mlp (gate_proj, up_proj,
+         * down_proj), each expert's tensors stacked by rows */
         int64_t E = m->moe_experts, mh = m->moe_hidden;
+        int qwen = m->qk_norm;
         static const struct {
-          const char *ours, *hf;
+          const char *ours, *mixtral, *qwen;
           int down;
-        } ex[] = {{"gate", "w1", 0}, {"up", "w3", 0}, {"down", "w2", 1}};
-        ONE("moe.router.weight", 2, E, d, "block_sparse_moe.gate.weight");
+        } ex[] = {{"gate", "w1", "gate_proj", 0}, {"up", "w3", "up_proj", 0}, {"down", "w2", "down_proj", 1}};
+        ONE("moe.router.weight", 2, E, d, qwen ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
         for (int k = 0; k < 3; k++) {
           snprintf(o, sizeof o, "blocks.%d.moe.experts.%s.weight", i, ex[k].ours);
           hf_entry *e = map_add(mp, o, 2, E * (ex[k].down ? d : mh), ex[k].down ? mh : d);
           if (!e) return PW_ENOMEM;
           e->experts = e->n_parts = (int)E;
           e->rows[0] = ex[k].down ? d : mh;
-          snprintf(e->hf[0], HF_NAME, "%sblock_sparse_moe.experts.", p);
-          snprintf(e->hf[1], HF_NAME, ".%s.weight", ex[k].hf);
+          snprintf(e->hf[0], HF_NAME, "%s%s.experts.", p, qwen ? "mlp" : "block_sparse_moe");
+          snprintf(e->hf[1], HF_NAME, ".%s.weight", qwen ? ex[k].qwen : ex[k].mixtral);
         }
         continue;
       }
@@ -1016,19 +1064,32 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
     json_object_set_new(c, "reorder_and_upcast_attn", json_false());
   } else {
-    int gemma = m->norm_offset != 0, mixtral = m->moe_experts > 0; /* export_check: not with the others' */
-    int mistral = m->sliding_window > 0 && !mixtral;
-    *arch = gemma ? "GemmaForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM"
-            : mixtral ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
-    json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2"
-                                                     : mixtral ? "mixtral" : mistral ? "mistral" : "llama"));
+    int gemma = m->norm_offset != 0, qmoe = m->moe_experts > 0 && m->qk_norm; /* export_check: not with the others' */
+    int mixtral = m->moe_experts > 0 && !qmoe, mistral = m->sliding_window > 0 && !mixtral;
+    *arch = gemma ? "GemmaForCausalLM" : qmoe ? "Qwen3MoeForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM"
+            : m->qkv_bias ? "Qwen2ForCausalLM" : mixtral ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM"
+            : "LlamaForCausalLM";
+    json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : qmoe ? "qwen3_moe" : m->qk_norm ? "qwen3"
+                                                     : m->qkv_bias ? "qwen2" : mixtral ? "mixtral"
+                                                     : mistral ? "mistral" : "llama"));
     if (mixtral) {
       json_object_set_new(c, "num_local_experts", json_integer(m->moe_experts));
-      json_object_set_new(c, "num_experts_per_tok", json_integer(m->moe_top_k));
       json_object_set_new(c, "router_jitter_noise", json_real(0));
-      json_object_set_new(c, "output_router_logits", json_false());
       json_object_set_new(c, "sliding_window", m->sliding_window ? json_integer(m->sliding_window) : json_null());
       ff = m->moe_hidden;
+    }
+    if (qmoe) { /* num_experts: transformers 4.51's name (5 reads it as num_local_experts) */
+      json_object_set_new(c, "num_experts", json_integer(m->moe_experts));
+      json_object_set_new(c, "moe_intermediate_size", json_integer(m->moe_hidden));
+      json_object_set_new(c, "norm_topk_prob", json_boolean(m->moe_gate == PW_MOE_GATE_SOFTMAX_TOPK));
+      json_object_set_new(c, "decoder_sparse_step", json_integer(m->moe_every));
+      json_t *mo = json_array();
+      for (int i = 0; i < m->moe_first_dense && m->moe_every == 1; i++) json_array_append_new(mo, json_integer(i));
+      json_object_set_new(c, "mlp_only_layers", mo);
+    }
+    if (m->moe_experts) {
+      json_object_set_new(c, "num_experts_per_tok", json_integer(m->moe_top_k));
+      json_object_set_new(c, "output_router_logits", json_false());
     }
     json_object_set_new(c, "hidden_size", json_integer(d));
     json_object_set_new(c, "intermediate_size", json_integer(ff));
@@ -1110,13 +1171,19 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
     return pw_err_set(err, PW_ENOTSUP, "model.sliding_window",
                       "with %s: MistralForCausalLM (the sliding window's architecture) has none of them",
                       gemma ? "Gemma's options" : m->qk_norm ? "qk_norm" : "qkv_bias");
-  /* MixtralForCausalLM: a llama whose every block is a softmax top-k mixture, nothing else */
-  if (m->moe_experts && (m->tmpl != PW_TEMPLATE_LLAMA || gemma || m->qk_norm || m->qkv_bias ||
-                         m->moe_gate != PW_MOE_GATE_SOFTMAX_TOPK || m->moe_shared || m->moe_every != 1 ||
-                         m->moe_first_dense))
+  /* MixtralForCausalLM: a llama whose every block is a softmax top-k mixture, nothing else;
+   * Qwen3MoeForCausalLM: a qk_norm llama whose mixtures are softmax or softmax_topk, on every
+   * block from decoder_sparse_step - 1 (every) or after mlp_only_layers (first_dense) */
+  int qwen_moe = m->moe_experts && m->qk_norm;
+  if (m->moe_experts &&
+      (m->tmpl != PW_TEMPLATE_LLAMA || gemma || m->qkv_bias || m->moe_shared ||
+       m->moe_gate == PW_MOE_GATE_SIGMOID || (!qwen_moe && m->moe_gate != PW_MOE_GATE_SOFTMAX_TOPK) ||
+       (!qwen_moe && (m->moe_every != 1 || m->moe_first_dense)) ||
+       (qwen_moe && m->moe_every > 1 && m->moe_first_dense != m->moe_every - 1)))
     return pw_err_set(err, PW_ENOTSUP, "model.moe",
-                      "MixtralForCausalLM (the mixture's architecture) is a llama whose every block is a "
-                      "softmax_topk mixture without shared experts; this model is not one");
+                      "no Hugging Face architecture computes this mixture: MixtralForCausalLM is a llama whose every "
+                      "block is a softmax_topk mixture without shared experts, Qwen3MoeForCausalLM one with qk_norm "
+                      "and softmax or softmax_topk mixtures after its first dense blocks");
   pw_st_file *f;
   int rc = pw_st_open(ckpt, &f, err);
   if (rc) return rc;

@@ -7,7 +7,9 @@ bench/torch2_venv.sh (PyTorch 2.15 and transformers 5.24.0 from PyPI: about
 2 GB, so CI, whose PyTorch is Debian's 1.13, does not make it and the test
 is an expected skip there; hf_ref.py covers the other families against
 transformers 4.49.0 in CI). It checks what 4.49 cannot:
-  - Qwen3 (qk_norm, no biases, grouped-query heads): made and saved by
+  - Qwen3 (qk_norm, no biases, grouped-query heads), and Qwen3-MoE (its
+    mixtures of experts, model.moe, both gates, a first dense block, heads
+    wider than d / heads): made and saved by
     transformers itself, its imported logits equal transformers' to 1e-4 of
     the largest, greedy generation equals transformers' generate token for
     token, export -> import gives the same spec and tensors, and
@@ -127,7 +129,18 @@ def family(name, model, gen=True):
 
 family("qwen3", tf.Qwen3ForCausalLM(tf.Qwen3Config(
     initializer_range=INIT, vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rope_theta=1000000.0)))
+    num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=64, rope_theta=1000000.0)))
+# Qwen3-MoE (a mixture of experts: model.moe): softmax gates over all experts kept as they are
+# (norm_topk_prob false, transformers' default) on every block; and renormalised top-k after a first
+# dense block (mlp_only_layers [0])
+family("qwen3-moe", tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
+    initializer_range=INIT, vocab_size=90, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=40,
+    num_experts=4, num_experts_per_tok=2)))
+family("qwen3-moe-topk", tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
+    initializer_range=INIT, vocab_size=90, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=40,
+    num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[0])), gen=False)
 lhf = family("llama3-rope", tf.LlamaForCausalLM(tf.LlamaConfig(
     initializer_range=INIT, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,

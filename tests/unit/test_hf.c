@@ -123,6 +123,59 @@ static void test_config_v5(void **state) {
   }
 }
 
+/* Qwen3-MoE's config (transformers 5's spelling): the mixture's fields,
+ * its dense first blocks as first_dense, decoder_sparse_step as every;
+ * what first_dense and every cannot say is refused by name. Mixtral's:
+ * every block, softmax top-k. */
+static void test_config_moe(void **state) {
+  (void)state;
+  static const char *const Q3M =
+      "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"model_type\": \"qwen3_moe\", \"vocab_size\": 11,"
+      " \"hidden_size\": 8, \"intermediate_size\": 12, \"moe_intermediate_size\": 4, \"num_hidden_layers\": 3,"
+      " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 6, \"max_position_embeddings\": 16,"
+      " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"norm_topk_prob\": true, \"mlp_only_layers\": [0],"
+      " \"decoder_sparse_step\": 1, \"output_router_logits\": false, \"router_aux_loss_coef\": 0.001,"
+      " \"dtype\": \"float32\", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}}";
+  pw_err err = {0};
+  json_t *m = model_of(cfg_with(Q3M, NULL, NULL), 0, &err);
+  if (!m) fail_msg("Qwen3-MoE: %s", err.msg);
+  json_t *moe = json_object_get(m, "moe");
+  assert_non_null(moe);
+  assert_int_equal(json_integer_value(json_object_get(moe, "experts")), 4);
+  assert_int_equal(json_integer_value(json_object_get(moe, "top_k")), 2);
+  assert_int_equal(json_integer_value(json_object_get(moe, "ffn_hidden")), 4);
+  assert_int_equal(json_integer_value(json_object_get(moe, "first_dense")), 1);
+  assert_null(json_object_get(moe, "gate")); /* norm_topk_prob: the default softmax_topk */
+  assert_int_equal(json_integer_value(json_object_get(m, "ffn_hidden")), 12); /* the dense blocks' */
+  assert_true(json_is_true(json_object_get(m, "qk_norm")));
+  json_decref(m);
+  m = model_of(cfg_with(Q3M, "norm_topk_prob", json_false()), 0, &err);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(m, "moe"), "gate")), "softmax");
+  json_decref(m);
+  json_t *c = cfg_with(Q3M, "decoder_sparse_step", json_integer(2));
+  json_object_set_new(c, "mlp_only_layers", json_array());
+  m = model_of(c, 0, &err); /* blocks 1, 3, ...: (i + 1) % 2 == 0 */
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(m, "moe"), "every")), 2);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(m, "moe"), "first_dense")), 1);
+  json_decref(m);
+  static const struct {
+    const char *key, *value, *needle;
+  } bad[] = {
+      {"mlp_only_layers", "[1]", "mlp_only_layers: only the first blocks"},
+      {"decoder_sparse_step", "2", "mlp_only_layers: only the first blocks"},
+      {"mlp_only_layers", "[0, 1, 2]", "no block is a mixture"},
+      {"output_router_logits", "true", "output_router_logits"},
+      {"num_experts_per_tok", "5", "num_experts_per_tok"},
+      {"num_experts", "3", "num_experts and num_local_experts differ"},
+      {"router_jitter_noise", "0.1", "router_jitter_noise: not a field"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    json_t *v = json_loads(bad[i].value, JSON_DECODE_ANY, NULL);
+    json_t *got = model_of(cfg_with(Q3M, bad[i].key, v), 0, &err);
+    if (got || !strstr(err.msg, bad[i].needle)) fail_msg("%s = %s: got '%s'", bad[i].key, bad[i].value, err.msg);
+  }
+}
+
 /* Each refusal names the field. */
 static void test_config_refusals(void **state) {
   (void)state;
@@ -444,7 +497,7 @@ static void test_to_f32(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_llama),       cmocka_unit_test(test_config_refusals),
-      cmocka_unit_test(test_config_v5),
+      cmocka_unit_test(test_config_v5),          cmocka_unit_test(test_config_moe),
       cmocka_unit_test(test_llama_dir),          cmocka_unit_test(test_llama_dir_refusals),
       cmocka_unit_test(test_gpt2_dir),           cmocka_unit_test(test_to_f32),
   };
