@@ -92,7 +92,10 @@ typedef struct {
   int ldp;     /* bf16 P and dS tiles' row: BK + 8 */
   int lda;     /* float32 accumulator tiles' row: HDP + 4 */
   unsigned o_q, o_do, o_k, o_v, o_s, o_dp, o_pb, o_dsb, o_a1, o_a2; /* tiles */
-  unsigned o_r1, o_r2, o_r3, o_r4, o_ru, o_red, o_red2;             /* per-row and per-thread floats */
+  /* per-row floats (forward: r1 m, r2 l, r3 the rescale al, r4 the new max;
+   * backward: r1 lse, r2 D; ru the uniform-row flags) and per-thread
+   * partials (forward: red the rows' maxima, red2 their sums) */
+  unsigned o_r1, o_r2, o_r3, o_r4, o_ru, o_red, o_red2;
   unsigned bytes;
 } pw_cu_fa;
 
