@@ -370,12 +370,27 @@ PW_PH_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-/* Row phase 1 of a key tile at c0: each score S(i, j) times scale, in
- * place (0 in a uniform row: its scores are constants); thread (i, p = t %
- * TPR)'s max over the keys j = p, p + TPR, ... row r0 + i sees into red[t]
- * (-inf: none). tok: the sequence's tokens or NULL. */
-PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
+/* The previous tile's running sum and max for row i, moved on: l al + the
+ * tile's sums (its threads' in order), and its new max (r4). */
+static inline PW_HD float pw_cu_fa_l_next(const pw_cu_fa *d, const unsigned char *sm, int i) {
+  const float *red2 = (const float *)(sm + d->o_red2) + i * d->TPR;
+  float s = 0.0f;
+  for (int k = 0; k < d->TPR; k++) s += red2[k];
+  return ((const float *)(sm + d->o_r2))[i] * ((const float *)(sm + d->o_r3))[i] + s;
+}
+
+/* Row phase 1 of a key tile at c0: (after a tile: a row's thread 0 first
+ * moves its l and m on, from that tile's phase 2) each score S(i, j) times
+ * scale, in place (0 in a uniform row: its scores are constants); thread
+ * (i, p = t % TPR)'s max over the keys j = p, p + TPR, ... row r0 + i sees
+ * into red[t] (-inf: none). tok: the sequence's tokens or NULL. */
+PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int after,
+                               int t) {
   int i = t / d->TPR, p = t - i * d->TPR, u = PW_FA_F(sm, d->o_ru)[i] != 0.0f;
+  if (after && p == 0) {
+    PW_FA_F(sm, d->o_r2)[i] = pw_cu_fa_l_next(d, sm, i);
+    PW_FA_F(sm, d->o_r1)[i] = PW_FA_F(sm, d->o_r4)[i];
+  }
   float *S = PW_FA_F(sm, d->o_s) + i * d->lds, mx = -INFINITY;
   for (int j = p; j < d->BK; j += d->TPR) {
     float s = u ? 0.0f : S[j] * d->scale;
@@ -387,16 +402,18 @@ PW_PH_FN void pw_cu_fa_fwd_max(const pw_cu_fa *d, unsigned char *sm, const int32
 
 /* Row phase 2: the row's new max mn (the old m and its threads' maxima),
  * P = exp(s - mn) where the row sees the key, else 0 (bf16: P rounded into
- * the bf16 tile), its threads' sums of P into red2, and the factor al =
- * exp(m - mn) the output so far is rescaled by (0 on the first tile: m is
- * -inf). A row that has seen no key yet keeps P 0. */
+ * the bf16 tile), its threads' sums of P into red2, the factor al = exp(m
+ * - mn) the output so far is rescaled by (0 on the first tile: m is -inf)
+ * and the rescale of the thread's columns p, p + TPR, ... of the output
+ * row; the row's thread 0 keeps mn (r4) and al (r3) for the next phase 1.
+ * A row that has seen no key yet keeps P 0. */
 PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, const int32_t *tok, int r0, int c0, int t) {
   int i = t / d->TPR, p = t - i * d->TPR, u = PW_FA_F(sm, d->o_ru)[i] != 0.0f;
   const float *red = PW_FA_F(sm, d->o_red) + i * d->TPR;
   float m = PW_FA_F(sm, d->o_r1)[i], mn = m;
   for (int k = 0; k < d->TPR; k++) mn = red[k] > mn ? red[k] : mn;
-  float mu = mn == -INFINITY ? 0.0f : mn, sum = 0.0f;
-  float *S = PW_FA_F(sm, d->o_s) + i * d->lds;
+  float mu = mn == -INFINITY ? 0.0f : mn, sum = 0.0f, al = expf(m - mu);
+  float *S = PW_FA_F(sm, d->o_s) + i * d->lds, *O = PW_FA_F(sm, d->o_a1) + i * d->lda;
   uint16_t *Pb = d->bf16 ? PW_FA_H(sm, d->o_pb) + i * d->ldp : NULL;
   for (int j = p; j < d->BK; j += d->TPR) {
     float e = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf(S[j] - mu) : 0.0f;
@@ -406,37 +423,26 @@ PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, const int32
     else
       S[j] = e;
   }
+  for (int c = p, wd = d->bf16 ? d->HDP : d->HD; c < wd; c += d->TPR) O[c] *= al;
   PW_FA_F(sm, d->o_red2)[t] = sum;
   if (p == 0) {
     PW_FA_F(sm, d->o_r4)[i] = mn;
-    PW_FA_F(sm, d->o_r3)[i] = expf(m - mu);
-  }
-}
-
-/* The output so far times al per row; a row's thread 0 moves l and m on:
- * l = l al + the tile's sum, m = mn. */
-PW_PH_FN void pw_cu_fa_fwd_rescale(const pw_cu_fa *d, unsigned char *sm, int t) {
-  const float *al = PW_FA_F(sm, d->o_r3);
-  float *O = PW_FA_F(sm, d->o_a1);
-  PW_FA_EACH(t, d->BQ, d->bf16 ? d->HDP : d->HD, i, c, O[i * d->lda + c] *= al[i]);
-  if (t < d->BQ) {
-    const float *red2 = PW_FA_F(sm, d->o_red2) + t * d->TPR;
-    float s = 0.0f, *l = PW_FA_F(sm, d->o_r2);
-    for (int k = 0; k < d->TPR; k++) s += red2[k];
-    l[t] = l[t] * al[t] + s;
-    PW_FA_F(sm, d->o_r1)[t] = PW_FA_F(sm, d->o_r4)[t];
+    PW_FA_F(sm, d->o_r3)[i] = al;
   }
 }
 
 /* out = O / l for the tile's rows (1 / l then times, as the CPU), lse = m
- * + log l; a row that saw no key gets zeros (and lse -inf). */
-PW_PH_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *out, float *lse, int rows, int t) {
-  const float *O = PW_FA_F(sm, d->o_a1), *m = PW_FA_F(sm, d->o_r1), *l = PW_FA_F(sm, d->o_r2);
+ * + log l, l and m moved on from the last tile (after: there was one); a
+ * row that saw no key gets zeros (and lse -inf). */
+PW_PH_FN void pw_cu_fa_fwd_store(const pw_cu_fa *d, unsigned char *sm, float *out, float *lse, int rows, int after,
+                                 int t) {
+  const float *O = PW_FA_F(sm, d->o_a1), *m = PW_FA_F(sm, after ? d->o_r4 : d->o_r1), *l = PW_FA_F(sm, d->o_r2);
   PW_FA_EACH(t, rows, d->HD, i, c, {
-    float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+    float li = after ? pw_cu_fa_l_next(d, sm, i) : l[i];
+    float inv = li > 0.0f ? 1.0f / li : 0.0f;
     out[(size_t)i * d->C + (size_t)c] = O[i * d->lda + c] * inv;
   });
-  for (int i = t; i < rows; i += PW_FA_NT) lse[i] = m[i] + logf(l[i]);
+  for (int i = t; i < rows; i += PW_FA_NT) lse[i] = m[i] + logf(after ? pw_cu_fa_l_next(d, sm, i) : l[i]);
 }
 
 /* The forward of query tile qt of head h of sequence b. */
@@ -462,9 +468,8 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
     });
     /* S = Q K^T */
     PW_FA_MM(d, sm, d->o_s, d->lds, d->o_q, d->ldo, 0, d->o_k, d->ldo, 1, d->BQ, d->BK, d->HD, kk, 0);
-    PW_PH_THREADS(t, pw_cu_fa_fwd_max(d, sm, tok, r0, c0, t));
+    PW_PH_THREADS(t, pw_cu_fa_fwd_max(d, sm, tok, r0, c0, c0 > kbeg, t));
     PW_PH_THREADS(t, pw_cu_fa_fwd_exp(d, sm, tok, r0, c0, t));
-    PW_PH_THREADS(t, pw_cu_fa_fwd_rescale(d, sm, t));
     /* O += P V */
     if (d->bf16)
       PW_PH_WARPS(w, pw_cu_fa_mm_bf16(w, PW_FA_F(sm, d->o_a1), d->lda, PW_FA_H(sm, d->o_pb), d->ldp, 0,
@@ -474,7 +479,7 @@ PW_PH_FN void pw_cu_fa_fwd_block(const pw_cu_fa *d, float *out, float *lse, cons
                                        PW_FA_F(sm, d->o_v), d->ldo, 0, d->BQ, on, cols, 1));
   }
   PW_PH_THREADS(t, pw_cu_fa_fwd_store(d, sm, out + pw_cu_fa_o(d, b, h, r0), lse + ((size_t)b * d->NH + h) * d->T + r0,
-                                      rows, t));
+                                      rows, kend > kbeg, t));
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
