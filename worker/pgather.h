@@ -22,9 +22,10 @@
  * The k-th gather of the run is the same (stage, layer) on every replica
  * (they run the same action lists over the same programs). A replica
  * issues gather k + 1 only once it has gather k whole, our pieces
- * included: no frame comes for a gather past the ones we issued. Computing
- * on gather j we have issued at most j + 1, so of three buffers, by k mod
- * 3, the one computed on never takes a frame; each gather sends every
+ * included: no frame comes for a gather more than one past the last we
+ * issued. Computing on gather j we have issued at most j + 1 (the
+ * prefetch), so frames come for j + 2 at most, and of three buffers, by k
+ * mod 3, the one computed on never takes a frame; each gather sends every
  * other replica at least one frame (an empty one when it has no piece of
  * the layer) so none runs further ahead.
  *
