@@ -235,6 +235,22 @@ static inline PW_HD size_t pw_cu_fa_o(const pw_cu_fa *d, int b, int h, int r) {
   return ((size_t)b * d->T + (size_t)r) * (size_t)d->C + (size_t)h * d->HD;
 }
 
+/* The exponentials of P. float32 programs: expf, within 2 ulp (the CPU's
+ * pw__expf within 1: the equality tests' 1e-5 holds). bf16 programs on
+ * the GPU: __expf (ex2.approx; relative error about 1e-6 for the scores'
+ * range, 2^-20 where it grows), an eighth of expf's instructions: P is
+ * rounded to bf16 (2^-8) before every product it enters, so the CPU's
+ * bf16 P tips to another bf16 value only as rarely as a float32 sum order
+ * already makes it (test_cuda_bf16's tolerance counts those), and the
+ * softmax's sums in float32 move by ~1e-6 of themselves. The emulator
+ * runs expf in both (it checks the arithmetic around the exponential, not
+ * its last bits). */
+#ifdef __CUDACC__
+#define PW_FA_EXP(d, x) ((d)->bf16 ? __expf(x) : expf(x))
+#else
+#define PW_FA_EXP(d, x) expf(x)
+#endif
+
 /* 16 bytes from src to dst, both 16-byte aligned (one vector load and
  * store on the GPU); 16 zero bytes. */
 #ifdef __CUDACC__
@@ -289,7 +305,8 @@ PW_PH_FN void pw_cu_fa_load(const pw_cu_fa *d, unsigned char *sm, unsigned o, co
       PW_FA_H(sm, o)[i * d->ldo + c] = i < n && c < d->HD ? srcb[at + (size_t)i * ld + (size_t)c] : (uint16_t)0;
     });
   else
-    PW_FA_EACH(t, rows, d->HD, i, c, PW_FA_F(sm, o)[i * d->ldo + c] = i < n ? src[at + (size_t)i * ld + (size_t)c] : 0.0f);
+    PW_FA_EACH(t, rows, d->HD, i, c,
+               PW_FA_F(sm, o)[i * d->ldo + c] = i < n ? src[at + (size_t)i * ld + (size_t)c] : 0.0f);
 }
 
 /* Thread t's share of zeroing n floats at sm + o. */
@@ -380,14 +397,14 @@ PW_PH_FN void pw_cu_fa_mm_bf16(int w, float *Cm, int ldc, const uint16_t *A, int
  * sm + ob (row d->ldo, or the score tiles': lda_/ldb_ given), float32 or
  * bf16 per d; K the float32 sum's length (the bf16 one: its tile's, a
  * multiple of 16). */
-#define PW_FA_MM(d, sm, oc, ldc, oa, lda_, ta, ob, ldb_, tb, M, N, Kf, Kb, acc)                                      \
-  do {                                                                                                               \
-    if ((d)->bf16)                                                                                                   \
-      PW_PH_WARPS(w_, pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, oc), ldc, PW_FA_H(sm, oa), lda_, ta, PW_FA_H(sm, ob), ldb_, tb, \
-                                       M, N, Kb, acc));                                                              \
-    else                                                                                                             \
-      PW_PH_THREADS(t_, pw_cu_fa_mm_f32(t_, PW_FA_F(sm, oc), ldc, PW_FA_F(sm, oa), lda_, ta, PW_FA_F(sm, ob), ldb_, tb, \
-                                        M, N, Kf, acc));                                                             \
+#define PW_FA_MM(d, sm, oc, ldc, oa, lda_, ta, ob, ldb_, tb, M, N, Kf, Kb, acc)                               \
+  do {                                                                                                        \
+    if ((d)->bf16)                                                                                            \
+      PW_PH_WARPS(w_, pw_cu_fa_mm_bf16(w_, PW_FA_F(sm, oc), ldc, PW_FA_H(sm, oa), lda_, ta, PW_FA_H(sm, ob),    \
+                                       ldb_, tb, M, N, Kb, acc));                                             \
+    else                                                                                                      \
+      PW_PH_THREADS(t_, pw_cu_fa_mm_f32(t_, PW_FA_F(sm, oc), ldc, PW_FA_F(sm, oa), lda_, ta, PW_FA_F(sm, ob),   \
+                                        ldb_, tb, M, N, Kf, acc));                                            \
   } while (0)
 
 /* ---- forward ------------------------------------------------------------------------ */
@@ -434,11 +451,11 @@ PW_PH_FN void pw_cu_fa_fwd_exp(const pw_cu_fa *d, unsigned char *sm, const int32
   const float *red = PW_FA_F(sm, d->o_red) + i * d->TPR;
   float m = PW_FA_F(sm, d->o_r1)[i], mn = m;
   for (int k = 0; k < d->TPR; k++) mn = red[k] > mn ? red[k] : mn;
-  float mu = mn == -INFINITY ? 0.0f : mn, sum = 0.0f, al = expf(m - mu);
+  float mu = mn == -INFINITY ? 0.0f : mn, sum = 0.0f, al = PW_FA_EXP(d, m - mu);
   float *S = PW_FA_F(sm, d->o_s) + i * d->lds, *O = PW_FA_F(sm, d->o_a1) + i * d->lda;
   uint16_t *Pb = d->bf16 ? PW_FA_H(sm, d->o_pb) + i * d->ldp : NULL;
   for (int j = p; j < d->BK; j += d->TPR) {
-    float e = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf(S[j] - mu) : 0.0f;
+    float e = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? PW_FA_EXP(d, S[j] - mu) : 0.0f;
     sum += e;
     if (Pb)
       Pb[j] = pw_cu_bf16_bits(e);
@@ -545,7 +562,8 @@ PW_PH_FN void pw_cu_fa_bwd_ds(const pw_cu_fa *d, unsigned char *sm, const int32_
   const float *L = PW_FA_F(sm, d->o_r1), *D = PW_FA_F(sm, d->o_r2), *U = PW_FA_F(sm, d->o_ru);
   PW_FA_EACH(t, d->BQ, d->BK, i, j, {
     int at = i * d->lds + j, u = U[i] != 0.0f;
-    float p = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? expf((u ? 0.0f : S[at] * d->scale) - L[i]) : 0.0f;
+    float s_ = u ? 0.0f : S[at] * d->scale;
+    float p = pw_cu_fa_sees(d, tok, r0 + i, c0 + j, u) ? PW_FA_EXP(d, s_ - L[i]) : 0.0f;
     float ds = u ? 0.0f : p * (dP[at] - D[i]);
     if (d->bf16) {
       if (d->o_pb) PW_FA_H(sm, d->o_pb)[i * d->ldp + j] = pw_cu_bf16_bits(p);
@@ -631,7 +649,8 @@ PW_PH_FN void pw_cu_fa_dkv_block(const pw_cu_fa *d, float *dqkv, const float *do
   /* the query tiles that see the key tile: causal, from key c0's row on;
    * a window, to the row whose window the tile's last key leaves */
   int q0 = d->causal ? c0 / d->BQ : 0, q1 = pw_cu_fa_tiles(d->T, d->BQ);
-  if (d->window > 0 && (c0 + cols - 1 + d->window - 1) / d->BQ + 1 < q1) q1 = (c0 + cols - 1 + d->window - 1) / d->BQ + 1;
+  int qw = (c0 + cols - 1 + d->window - 1) / d->BQ + 1; /* past the last row whose window holds the tile */
+  if (d->window > 0 && qw < q1) q1 = qw;
   const int32_t *tok = pw_cu_fa_tok(d, b);
   PW_PH_THREADS(t, {
     pw_cu_fa_load(d, sm, d->o_k, qkv, d->qkvb, pw_cu_fa_k(d, b, g, c0), d->W, cols, d->BK, t);

@@ -131,8 +131,10 @@ static void check_op(const gpu_op *o, int B, int T, int NH, int NKV, int HD, con
       tok = (int32_t *)host((size_t)B * T);
       for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
-          tok[(size_t)b * T + t] =
-              t >= T - 1 - (T / 3 + b) % (T / 2 + 1) || (b == 0 && t < T / 5) || (mk[2] == 2 && b == 1) ? 0 : 1 + t % 50;
+          tok[(size_t)b * T + t] = t >= T - 1 - (T / 3 + b) % (T / 2 + 1) || (b == 0 && t < T / 5) ||
+                                           (mk[2] == 2 && b == 1)
+                                       ? 0
+                                       : 1 + t % 50;
       d_tok = (int32_t *)dev((size_t)B * T);
       up((float *)d_tok, (const float *)tok, (size_t)B * T);
     } else {
