@@ -1,8 +1,8 @@
-/* model_build: model.c's graph builder for the templates built in files of
- * their own (model_bert.c), private to common/model. The same functions
- * model.c's templates call: a value, a parameter, a node, a layer, and
- * the layers shared by every template (a linear with its LoRA adapter, a
- * norm, elementwise ops, learned positions, the loss). */
+/* model_build: the graph builder of every template (model_build.c),
+ * private to common/model: a value, a parameter, a node, a layer, and the
+ * layers the templates share (a linear with its LoRA adapter, a norm,
+ * elementwise ops, learned positions). model.c's templates call it under
+ * short names, model_bert.c as it is. */
 #ifndef PW_MODEL_BUILD_H
 #define PW_MODEL_BUILD_H
 
