@@ -371,13 +371,24 @@ PW_PH_FN void pw_cu_fa_mm_f32(int t, float *Cm, int ldc, const float *A, int lda
  * summed in k order (the hardware's order is its own). */
 static inline void pw_cu_fa_mma16(float *Cm, int ldc, const uint16_t *A, int lda, int ta, const uint16_t *Bm, int ldb,
                                   int tb, int K, int acc) {
+  float c[16][16], a[16][16], b[16][16];
   for (int i = 0; i < 16; i++)
-    for (int j = 0; j < 16; j++) {
-      float s = acc ? Cm[i * ldc + j] : 0.0f;
-      for (int k = 0; k < K; k++)
-        s += pw_cu_fa_bf(ta ? A[k * lda + i] : A[i * lda + k]) * pw_cu_fa_bf(tb ? Bm[j * ldb + k] : Bm[k * ldb + j]);
-      Cm[i * ldc + j] = s;
-    }
+    for (int j = 0; j < 16; j++) c[i][j] = acc ? Cm[i * ldc + j] : 0.0f;
+  for (int k0 = 0; k0 < K; k0 += 16) { /* a 16 x 16 slice of each operand as floats, then k in order */
+    for (int i = 0; i < 16; i++)
+      for (int k = 0; k < 16; k++) {
+        a[i][k] = pw_cu_fa_bf(ta ? A[(k0 + k) * lda + i] : A[i * lda + k0 + k]);
+        b[k][i] = pw_cu_fa_bf(tb ? Bm[i * ldb + k0 + k] : Bm[(k0 + k) * ldb + i]);
+      }
+    for (int i = 0; i < 16; i++)
+      for (int j = 0; j < 16; j++) {
+        float x = c[i][j];
+        for (int k = 0; k < 16; k++) x += a[i][k] * b[k][j];
+        c[i][j] = x;
+      }
+  }
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) Cm[i * ldc + j] = c[i][j];
 }
 #endif
 
