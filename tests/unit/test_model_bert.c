@@ -12,7 +12,7 @@
  *   counts written out here;
  * - the arithmetic through the stage program: every tensor's gradient
  *   against a central finite difference (mlm with padding and a sentence
- *   pair, classify; plain and tiled attention), the loss equal to the mean
+ *   pair, classify, a LoRA fine-tune of it; plain and tiled attention), the loss equal to the mean
  *   over B K predictions whatever the microbatching, the padding mask (the
  *   loss does not move when a padded position's embedding does, and does
  *   without pad_token), and a backend without the encoder's kernels
@@ -444,6 +444,18 @@ static void test_gradcheck_classify(void **st) {
   pw_model_spec s = bert_spec(1);
   gradcheck(&s, PW_ATTN_PLAIN);
   gradcheck(&s, PW_ATTN_TILED);
+  /* a LoRA fine-tune of the classifier: adapters on the attention and the
+   * pooler (their B off 0 in gradcheck, so A's gradient shows) */
+  s.lora_rank = 2, s.lora_alpha = 4, s.n_lora_targets = 2;
+  snprintf(s.lora_targets[0], PW_LORA_TARGET_LEN, "blocks.*.attn.qkv");
+  snprintf(s.lora_targets[1], PW_LORA_TARGET_LEN, "head.pooler");
+  pw_model m;
+  build(&s, &m, PW_ATTN_AUTO);
+  int adapters = 0;
+  for (int i = 0; i < m.n_params; i++) adapters += pw_param_is_adapter(&m.params[i]);
+  assert_int_equal(adapters, 2 * (L + 1));
+  pw_model_free(&m);
+  gradcheck(&s, PW_ATTN_PLAIN);
 }
 
 /* The loss is the mean over B K predictions: one microbatch of 4 or two of
