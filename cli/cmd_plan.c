@@ -162,8 +162,8 @@ static void print_dp(const pw_job *job, const pw_plan *p) {
     printf("each rank sends m x zero 1's reduce-scatter of its gradients and, per microbatch, its shard of every "
            "layer's parameters to the dp-1 others in the F and again in the I or B (a remat recompute too), and keeps "
            "a 1/dp shard of parameters, gradients and optimizer state plus three buffers of its largest layer "
-           "(replica 0's figures); the gathers are in the simulated F, I and B (the first layer's exposed, the next "
-           "one's behind this one's compute); replica 0 also holds its stages' whole parameters, AdamW m and v while "
+           "(replica 0's figures); the gathers are in the simulated F, I and B, less what the compute hides (each is "
+           "sent while the layer before it computes); replica 0 also holds its stages' whole parameters, AdamW m and v while "
            "it writes a checkpoint (in peak MiB)\n");
   else if (zero == 2)
     printf("each rank sends (m + 1)(dp-1)/dp of its gradients, m x zero 1's reduce-scatter and the parameters' "

@@ -227,7 +227,10 @@ int pw_exec_actions(pw_run *r, const pw_action *acts, int n_acts) {
     uv_mutex_unlock(&r->sh.mu);
     if (rc == PW_ECANCELED) return rc;
     if (rc) return pw_exec_fail(r, rc, &err, "%s", "");
-    for (int k = 0; k < u.n && !rc; k++) rc = compute(r, acts, pc + k, k ? 0 : ready);
+    for (int k = 0; k < u.n && !rc; k++) {
+      if (r->dpx.pgather) pw_pgather_next_action(r->dpx.pgather, acts, pc + k, n_acts); /* ZeRO-3's prefetch */
+      rc = compute(r, acts, pc + k, k ? 0 : ready);
+    }
     if (rc) return rc;
     pc += u.n;
   }

@@ -59,7 +59,7 @@ static int stage_init(pw_pgather *g, int li) {
 int pw_pgather_init(pw_pgather *g, const pw_rctx *cx, struct pw_dpx *dp) {
   if (!g) return PW_ENOMEM;
   g->cx = cx, g->dp = dp;
-  g->pre_li = g->bound_li = -1;
+  g->pre_li = g->bound_li = g->after_li = -1;
   atomic_init(&g->pending, 0);
   for (int k = 0; k < PW_Z3_RING; k++) g->slot[k].call = UINT32_MAX;
   if (!(g->st = calloc((size_t)cx->n_ls, sizeof *g->st))) return PW_ENOMEM;
@@ -182,6 +182,8 @@ static int unit(pw_pgather_stage *s, int layer, int next, pw_err *err) {
   if (u < 0 || u >= s->z.n_units || nu >= s->z.n_units)
     return pw_err_set(err, PW_EINTERNAL, "ZeRO-3", "layer %d (next %d) is not stage %d's", layer, next,
                       c->ls[s->li].stage);
+  pw_pgather_stage *ns = s; /* the stage of the prefetch: the next action's, after this one's last layer */
+  if (nu < 0 && g->after_li >= 0) ns = &g->st[g->after_li], nu = g->after_unit;
   if (g->bound_li == s->li && g->bound_unit == u) return 0;
   uint32_t k = g->done; /* the next to complete: ours, issued now or as the last layer's prefetch */
   if ((has = s->z.floats[u] > 0)) { /* (a layer without parameters gathers nothing, on every replica) */
@@ -202,9 +204,9 @@ static int unit(pw_pgather_stage *s, int layer, int next, pw_err *err) {
   /* the prefetch, issued once ours is complete (so no replica is more
    * than one gather ahead of what we issued: pgather.h): its frames
    * travel while this layer computes */
-  if (nu >= 0 && s->z.floats[nu] && g->pre_li < 0) {
-    if ((rc = issue(g, s, nu, s->pc, err))) return rc;
-    g->pre_li = s->li, g->pre_unit = nu;
+  if (nu >= 0 && ns->z.floats[nu] && g->pre_li < 0) {
+    if ((rc = issue(g, ns, nu, ns->pc, err))) return rc;
+    g->pre_li = ns->li, g->pre_unit = nu;
   }
   if (!has) return 0;
   point(g, s->li, u, g->buf[k % PW_Z3_RING]);
@@ -223,6 +225,30 @@ int pw_pgather_unit(void *ctx, int layer, int next, pw_err *err) {
   if (rc && err) *err = e;
   s->g->dp->seconds += pw_now() - t0;
   return rc;
+}
+
+/* The first unit with parameters a program asks for in a forward (dir 1)
+ * or a backward (-1), or -1. */
+static int first_unit(const pw_pgather_stage *s, int dir) {
+  for (int k = 0; k < s->z.n_units; k++) {
+    int u = dir > 0 ? k : s->z.n_units - 1 - k;
+    if (s->z.floats[u]) return u;
+  }
+  return -1;
+}
+
+void pw_pgather_next_action(pw_pgather *g, const pw_action *acts, int at, int n) {
+  const pw_rctx *c = g->cx;
+  g->after_li = -1;
+  for (int k = at + 1; k < n; k++) {
+    int li = acts[k].stage < c->S ? c->lidx_of_stage[acts[k].stage] : -1;
+    if (li < 0 || acts[k].kind == PW_ACT_W) continue; /* W reads no parameter */
+    /* a remat I or B recomputes the forward first */
+    int fwd = acts[k].kind == PW_ACT_F || pw_prog_config_of(c->ls[li].prog)->remat;
+    int u = first_unit(&g->st[li], fwd ? 1 : -1);
+    if (u >= 0) g->after_li = li, g->after_unit = u;
+    return;
+  }
 }
 
 int pw_pgather_quiesce(pw_pgather *g) { return g->cx->wait(g->cx->run, sent, g); }

@@ -13,9 +13,10 @@
  * pieces of it sent to every other replica straight from the arena, and
  * copied into a gather buffer — unless a prefetch issued it already; we
  * wait for its frames, issue the next layer's gather (the prefetch: its
- * frames travel while this layer computes) and point the layer's
- * parameters into its buffer. At the entry point's end they point
- * back into the arena. Keep/regather policy: nothing is kept across entry
+ * frames travel while this layer computes; after an action's last layer,
+ * the first layer of the list's next action that gathers:
+ * pw_pgather_next_action) and point the layer's parameters into its
+ * buffer. At the entry point's end they point back into the arena. Keep/regather policy: nothing is kept across entry
  * points; every F, I (or B) and remat recompute gathers each layer again;
  * W reads no parameter and gathers nothing.
  *
@@ -79,6 +80,7 @@ struct pw_pgather {
   uint32_t issued, done; /* gathers issued and completed over the run */
   int pre_li, pre_unit;  /* the prefetched gather (index done when the layer asks), or pre_li -1 */
   int bound_li, bound_unit; /* the unit whose parameters point into a buffer, or bound_li -1 */
+  int after_li, after_unit; /* the first layer the next gathering action of the list gathers, or after_li -1 */
   atomic_int pending;    /* our sends the loop thread still writes */
   uint64_t gathers;      /* gathers completed (for the step report and tests) */
 };
@@ -91,6 +93,12 @@ void pw_pgather_close(pw_pgather *g);
 
 /* The programs' pw_prog_unit_fn (ctx: the stage's pw_pgather_stage). */
 PW_MUST_CHECK int pw_pgather_unit(void *ctx, int layer, int next, pw_err *err);
+
+/* Compute thread, before action acts[at] of a list of n: the first layer
+ * the next action after it that gathers (an F, I or B of ours) asks for,
+ * so this action's last layer prefetches it; none past the list's end
+ * (the update comes between steps). */
+void pw_pgather_next_action(pw_pgather *g, const pw_action *acts, int at, int n);
 
 /* Compute thread: wait until every piece we sent is written (before the
  * update changes the shard). */

@@ -98,6 +98,8 @@ struct pw_prog {
   void *pg_ctx;
   size_t pg_lo, pg_hi;           /* the part of arena_p that exists */
   int pg_layer;                  /* the layer fn last made whole in this entry point, or -1 */
+  int pg_tail;                   /* what comes after the last layer of this pass: a recompute's
+                                    backward goes on at the layer below it; else -1 */
   pw_err pg_err;                 /* the first failed gather (code 0: none), kept */
 };
 
@@ -618,7 +620,7 @@ int pw_prog_set_pgather(pw_prog *p, float *a, size_t lo, size_t hi, pw_prog_unit
   if (p->L.sz.train_numel != p->L.sz.numel) return PW_ENOTSUP; /* a frozen parameter has no shard */
   p->arena_p = a;
   for (int i = 0; i < p->L.n_params; i++) p->params[i].data = a + p->L.param_off[i];
-  p->pg_lo = lo, p->pg_hi = hi, p->pg_fn = fn, p->pg_ctx = ctx, p->pg_layer = -1;
+  p->pg_lo = lo, p->pg_hi = hi, p->pg_fn = fn, p->pg_ctx = ctx, p->pg_layer = p->pg_tail = -1;
   return 0;
 }
 
@@ -631,7 +633,7 @@ static int unit_enter(pw_prog *p, int i, int dir) {
   int layer = p->m->nodes[i].layer;
   if (layer == p->pg_layer) return 0;
   int first = p->m->nodes[p->L.node_lo].layer, last = p->m->nodes[p->L.node_hi - 1].layer;
-  int next = layer + dir >= first && layer + dir <= last ? layer + dir : -1;
+  int next = layer + dir >= first && layer + dir <= last ? layer + dir : p->pg_tail;
   pw_err e = {0};
   int rc = p->pg_fn(p->pg_ctx, layer, next, &e);
   if (rc) {
@@ -905,11 +907,15 @@ int pw_prog_forward(pw_prog *p, int slot, float *loss, pw_err *err) {
   return rc ? rc : kept_failure(p, err);
 }
 
-/* Remat: a work buffer for the backward, filled by the forward again. */
+/* Remat: a work buffer for the backward, filled by the forward again
+ * (whose last layer's gather is followed by the backward's second). */
 static int recompute(pw_prog *p, int slot, pw_err *err) {
   if (!p->cfg.remat) return 0;
   int rc = work_take(p, slot, err);
+  int first = p->m->nodes[p->L.node_lo].layer, last = p->m->nodes[p->L.node_hi - 1].layer;
+  p->pg_tail = last > first ? last - 1 : -1;
   if (!rc) run_forward(p, slot);
+  p->pg_tail = -1;
   return rc;
 }
 

@@ -233,8 +233,10 @@ PW_MUST_CHECK int pw_prog_set_wgrad(pw_prog *p, float *g, const size_t (*live)[2
  * remat recompute), the program calls fn(ctx, layer, next, err): fn points
  * the data of every parameter those nodes read at the whole values
  * (pw_prog_param_at) and may start fetching layer `next`, the one this
- * entry point runs after it (-1: none); a layer run twice in a row (a
- * recompute's last, then the backward's first) is asked for once. At the
+ * entry point asks for after it (-1: none; a recompute's last layer is
+ * followed by the layer below it, the backward going on from the layer
+ * the recompute ended on); a layer run twice in a row (a recompute's
+ * last, then the backward's first) is asked for once. At the
  * end of each of those entry points fn(ctx, -1, -1, err) points them back
  * into `a`. backward_weight reads no parameter and calls nothing. fn
  * returns 0, or a negative code with its err (never NULL) filled; the

@@ -210,13 +210,12 @@ typedef struct {
   /* zero 3 (worker/pgather.c): the shard of the parameter arena (pages
    * included), the largest unit (the rank's gather ring holds 3), the bytes
    * replica 0 sends to gather every layer once and the last layer's part
-   * (a remat recompute's last layer is not gathered again), and each
-   * layer's gather on the link (gsec[0]: the first layer, exposed; the
-   * rest overlaps the previous layer's compute) */
+   * (a remat recompute's last layer is not gathered again), and the
+   * gathers of a pass on the link (each behind the layer computed before
+   * it: this action's, or the last one of the action before) */
   size_t z3_shard, z3_unit;
   uint64_t z3_pass, z3_last;
-  double z3_first, z3_rest;
-  int z3_units;
+  double z3_sec;
 } zero_sizes;
 
 static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
@@ -247,13 +246,10 @@ static int zero_sizes_of(const pw_plan *p, int s, int zero, zero_sizes *z) {
       z->z3_shard = pw_z3_param_floats(L.sz.numel, p->dp, 0);
       z->z3_unit = u.max_floats;
       z->z3_pass = pw_z3_pass_bytes(&u, L.sz.numel, p->dp, 0);
-      z->z3_units = pw_z3_pass_gathers(&u);
       z->z3_last = (uint64_t)pw_z3_unit_part(&u, u.n_units - 1, lo, hi) * (uint64_t)(p->dp - 1) * sizeof(float);
-      for (int k = 0, seen = 0; k < u.n_units; k++) {
-        if (!u.floats[k]) continue;
-        double sec = p->latency + pw_plan_wire_seconds(p, (double)u.floats[k] * (p->dp - 1) / p->dp * sizeof(float));
-        *(seen++ ? &z->z3_rest : &z->z3_first) += sec;
-      }
+      for (int k = 0; k < u.n_units; k++)
+        if (u.floats[k])
+          z->z3_sec += p->latency + pw_plan_wire_seconds(p, (double)u.floats[k] * (p->dp - 1) / p->dp * sizeof(float));
       pw_z3_units_free(&u);
     }
     if (zero >= 2) {
@@ -284,13 +280,11 @@ static void bf16_bytes(const pw_model *m, const pw_stage *st, int mb, size_t *fi
   *fixed = (wb + sc) * 2;
 }
 
-/* Of gathers taking `rest` seconds behind n - 1 of n layers computing in
- * `compute` seconds (each layer's gather overlaps the one before it),
- * what is left over. */
-static double z3_exposed(double rest, double compute, int n) {
-  double hidden = n > 1 ? compute * (n - 1) / n : 0;
-  return rest > hidden ? rest - hidden : 0;
-}
+/* Of a pass's gathers taking `sec` seconds behind its layers computing in
+ * `compute` seconds (each layer's gather is sent while the layer before it
+ * computes: the action's, or the last one of the action before it), what
+ * is left over. */
+static double z3_exposed(double sec, double compute) { return sec > compute ? sec - compute : 0; }
 
 /* train.zero > 0 at dp > 1 in training: each stage's zero_sizes into
  * *out ([S], NULL otherwise); zero 2's reduce-scatter of one microbatch's
@@ -306,9 +300,9 @@ static int plan_zero(const pw_job *job, pw_plan *p, zero_sizes **out, pw_err *er
     double sec = z[s].flushes * p->latency + pw_plan_wire_seconds(p, (double)z[s].wsent);
     p->cost_w[s] += sec;
     p->cost_b[s] += sec;
-    if (zero == 3) { /* the gathers: the first layer's exposed, the rest behind the layers before them */
-      double f = z[s].z3_first + z3_exposed(z[s].z3_rest, p->cost_f[s], z[s].z3_units);
-      double b = z[s].z3_first + z3_exposed(z[s].z3_rest, p->cost_i[s] - (p->n_work[s] ? p->cost_f[s] : 0), z[s].z3_units);
+    if (zero == 3) { /* the gathers, each behind the layer before it: what the compute does not hide */
+      double f = z3_exposed(z[s].z3_sec, p->cost_f[s]);
+      double b = z3_exposed(z[s].z3_sec, p->cost_i[s] - (p->n_work[s] ? p->cost_f[s] : 0));
       p->cost_f[s] += f;
       p->cost_i[s] += b + (p->n_work[s] ? f : 0); /* remat: the recompute gathers too */
       p->cost_b[s] += b + (p->n_work[s] ? f : 0);

@@ -119,7 +119,9 @@ def zero3(t, exact, build, src):
     bit for bit (so zero 0's to zero 2's figures above). dp 2 x pp 1 (tied:
     the embedding gathered by two layers), dp 4 x pp 2 (tied across stages)
     with collective chunks of a few floats, zb-h1 (W apart: no gather),
-    interleaved-1f1b (two stages per rank share the gather buffers) and remat
+    interleaved-1f1b and dualpipev (two stages per rank share the gather
+    buffers; an action's last layer prefetches the next action's first,
+    maybe another stage's) and remat
     (the recompute gathers again) at dp 2 x pp 2; each rank's dp bytes per
     step are the plan's."""
     chunk = {"PW_COLL_CHUNK": "97"}
@@ -127,6 +129,7 @@ def zero3(t, exact, build, src):
                              ("zero3-1f1b-pp2-dp4-tied", zjob("1f1b", 2, 1, 4, 4, 3, tied=True, sgd=True), chunk),
                              ("zero3-zb-h1-pp2-dp2", zjob("zb-h1", 2, 1, 4, 2, 3, sgd=True), None),
                              ("zero3-interleaved-1f1b-pp2-dp2", zjob("interleaved-1f1b", 2, 2, 4, 2, 3, sgd=True), chunk),
+                             ("zero3-dualpipev-pp2-dp2", zjob("dualpipev", 2, 2, 4, 2, 3, sgd=True), None),
                              ("zero3-remat-1f1b-pp2-dp2", remat(zjob("1f1b", 2, 1, 4, 2, 3, sgd=True)), None)]:
         out = exact(label, spec, tol="1e-6", env=env)
         if out and label.startswith("zero3-remat"):  # eval passes gather too (their F's): the same run with them

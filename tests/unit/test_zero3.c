@@ -17,7 +17,8 @@
  *     the whole program's values there and touches nothing else; a fake
  *     gather (from a whole copy) is asked for each layer in order with the
  *     next one (forward ascending, backward descending, a remat recompute's
- *     last layer once, W nothing, -1 at each end) and gives the plain
+ *     last layer once and followed by the layer below it, W nothing, -1
+ *     at each end) and gives the plain
  *     program's loss and gradients bit for bit; a failing gather stops
  *     the entry point and is returned by it and the next one. */
 #include <setjmp.h>
@@ -255,7 +256,7 @@ static void run_lent(int remat) {
   assert_int_equal(pw_prog_backward_input(plain, 0, NULL), 0);
   assert_int_equal(pw_prog_backward_input(sh, 0, NULL), 0);
   if (remat) /* the recompute, then the backward from the layer it ended on, asked for once */
-    for (int l = 0; l < nl; l++) want[k][0] = l, want[k][1] = l + 1 < nl ? l + 1 : -1, k++;
+    for (int l = 0; l < nl; l++) want[k][0] = l, want[k][1] = l + 1 < nl ? l + 1 : nl - 2, k++;
   for (int l = nl - (remat ? 2 : 1); l >= 0; l--) want[k][0] = l, want[k][1] = l - 1, k++;
   want[k][0] = want[k][1] = -1, k++;
   expect_log(&f, (const int(*)[2])want, k);
