@@ -119,107 +119,13 @@ static const struct {
 
 typedef pw__hf_cfg cfgr; /* hf_int.h */
 
-static const char *type_name(const json_t *v) {
-  switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    default: return "null";
-  }
-}
-
-/* An integer field in [lo, hi]; *v = def when absent or null and def >= 0, else required. */
-static int get_int(const cfgr *c, const char *name, long long def, long long lo, long long hi, int *v) {
-  const json_t *j = json_object_get(c->cfg, name);
-  if (!j || json_is_null(j)) {
-    if (def < 0) return pw_err_set(c->err, PW_ESPEC, c->what, "%s: required for %s (missing)", name, c->arch);
-    *v = (int)def;
-    return 0;
-  }
-  if (!json_is_integer(j))
-    return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be an integer (got %s)", name, type_name(j));
-  long long x = json_integer_value(j);
-  if (x < lo || x > hi)
-    return pw_err_set(c->err, PW_ESPEC, c->what, "%s: %lld is out of range (%lld ... %lld)", name, x, lo, hi);
-  *v = (int)x;
-  return 0;
-}
-
-/* A number field (integer or real), finite; def when absent or null. */
-static int get_num(const cfgr *c, const char *name, double def, double *v) {
-  const json_t *j = json_object_get(c->cfg, name);
-  if (!j || json_is_null(j)) {
-    *v = def;
-    return 0;
-  }
-  if (!json_is_number(j))
-    return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be a number (got %s)", name, type_name(j));
-  *v = json_number_value(j);
-  if (!isfinite(*v)) return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be finite", name);
-  return 0;
-}
-
-static int get_bool(const cfgr *c, const char *name, int def, int *v) {
-  const json_t *j = json_object_get(c->cfg, name);
-  if (!j || json_is_null(j)) {
-    *v = def;
-    return 0;
-  }
-  if (!json_is_boolean(j))
-    return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be true or false (got %s)", name, type_name(j));
-  *v = json_is_true(j);
-  return 0;
-}
-
-/* A boolean that must be `want` for us to compute what the model does. */
-static int want_bool(const cfgr *c, const char *name, int def, int want, const char *why) {
-  int v = def, rc = get_bool(c, name, def, &v);
-  if (rc) return rc;
-  if (v != want)
-    return pw_err_set(c->err, PW_ENOTSUP, c->what, "%s: %s is not supported for %s (%s)", name, v ? "true" : "false",
-                      c->arch, why);
-  return 0;
-}
-
-/* A string field: absent or null takes transformers' default, which is
- * allowed[0]; else one of the allowed (a NULL-ended list), refused by name
- * otherwise. */
-static int want_str(const cfgr *c, const char *name, const char *const *allowed) {
-  const json_t *j = json_object_get(c->cfg, name);
-  if (!j || json_is_null(j)) return 0;
-  if (!json_is_string(j))
-    return pw_err_set(c->err, PW_ESPEC, c->what, "%s: must be a string (got %s)", name, type_name(j));
-  for (int i = 0; allowed[i]; i++)
-    if (!strcmp(json_string_value(j), allowed[i])) return 0;
-  return pw_err_set(c->err, PW_ENOTSUP, c->what, "%s: \"%.64s\" is not supported for %s (only \"%s\")", name,
-                    json_string_value(j), c->arch, allowed[0]);
-}
-
-/* Dropout probabilities: read, not computed (pipewright has no dropout);
- * a non-zero one goes into the notes. */
-static int dropout(const cfgr *c, const char *name, char *notes, size_t cap) {
-  double p = 0;
-  int rc = get_num(c, name, 0, &p);
-  if (rc) return rc;
-  if (p < 0 || p >= 1) return pw_err_set(c->err, PW_ESPEC, c->what, "%s: %g is not a probability in [0, 1)", name, p);
-  if (p > 0 && notes) {
-    size_t n = strlen(notes);
-    if (n + 1 < cap)
-      snprintf(notes + n, cap - n, "%s%s %g", n ? ", " : "dropout is not applied (pipewright has none): ", name, p);
-  }
-  return 0;
-}
-
 /* rope_scaling: null, or Llama-3's {rope_type|type "llama3", factor,
  * low_freq_factor, high_freq_factor, original_max_position_embeddings}. */
 static int rope_scaling(const cfgr *c, json_t *model) {
   const json_t *r = json_object_get(c->cfg, "rope_scaling");
   if (!r || json_is_null(r)) return 0;
   if (!json_is_object(r))
-    return pw_err_set(c->err, PW_ESPEC, c->what, "rope_scaling: must be an object or null (got %s)", type_name(r));
+    return pw_err_set(c->err, PW_ESPEC, c->what, "rope_scaling: must be an object or null (got %s)", pw__hf_type_name(r));
   const json_t *t1 = json_object_get(r, "rope_type"), *t2 = json_object_get(r, "type");
   const json_t *t = t1 ? t1 : t2;
   if (!t || !json_is_string(t))
@@ -299,8 +205,8 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
                         key, c.arch);
   }
   static const char *const nope = "encoder-decoder and cross-attention models are not read";
-  if ((rc = want_bool(&c, "is_encoder_decoder", 0, 0, nope)) || (rc = want_bool(&c, "add_cross_attention", 0, 0, nope)) ||
-      (rc = want_bool(&c, "tie_encoder_decoder", 0, 0, nope)))
+  if ((rc = pw__hf_want_bool(&c, "is_encoder_decoder", 0, 0, nope)) || (rc = pw__hf_want_bool(&c, "add_cross_attention", 0, 0, nope)) ||
+      (rc = pw__hf_want_bool(&c, "tie_encoder_decoder", 0, 0, nope)))
     return rc;
   const json_t *pr = json_object_get(cfg, "pruned_heads");
   if (pr && !json_is_null(pr) && !(json_is_object(pr) && json_object_size(pr) == 0))
@@ -313,16 +219,16 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   if (bit == A_GPT2) {
     static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
     int inner, nctx;
-    if ((rc = get_int(&c, "vocab_size", -1, 2, 1 << 20, &V)) || (rc = get_int(&c, "n_positions", -1, 1, INT_MAX, &P)) ||
-        (rc = get_int(&c, "n_embd", -1, 1, 1 << 20, &d)) || (rc = get_int(&c, "n_layer", -1, 1, 4096, &L)) ||
-        (rc = get_int(&c, "n_head", -1, 1, 1 << 20, &H)) || (rc = get_int(&c, "n_inner", 0, 1, 1 << 20, &inner)) ||
-        (rc = get_int(&c, "n_ctx", P, 1, INT_MAX, &nctx)) ||
-        (rc = want_str(&c, "activation_function", gelu)) ||
-        (rc = get_num(&c, "layer_norm_epsilon", 1e-5, &eps)) || (rc = get_bool(&c, "tie_word_embeddings", 1, &tie)) ||
-        (rc = want_bool(&c, "scale_attn_weights", 1, 1, "attention is scaled by 1/sqrt(head width)")) ||
-        (rc = want_bool(&c, "scale_attn_by_inverse_layer_idx", 0, 0, "attention is scaled by 1/sqrt(head width) only")) ||
-        (rc = dropout(&c, "resid_pdrop", notes, notes_cap)) || (rc = dropout(&c, "embd_pdrop", notes, notes_cap)) ||
-        (rc = dropout(&c, "attn_pdrop", notes, notes_cap)))
+    if ((rc = pw__hf_get_int(&c, "vocab_size", -1, 2, 1 << 20, &V)) || (rc = pw__hf_get_int(&c, "n_positions", -1, 1, INT_MAX, &P)) ||
+        (rc = pw__hf_get_int(&c, "n_embd", -1, 1, 1 << 20, &d)) || (rc = pw__hf_get_int(&c, "n_layer", -1, 1, 4096, &L)) ||
+        (rc = pw__hf_get_int(&c, "n_head", -1, 1, 1 << 20, &H)) || (rc = pw__hf_get_int(&c, "n_inner", 0, 1, 1 << 20, &inner)) ||
+        (rc = pw__hf_get_int(&c, "n_ctx", P, 1, INT_MAX, &nctx)) ||
+        (rc = pw__hf_want_str(&c, "activation_function", gelu)) ||
+        (rc = pw__hf_get_num(&c, "layer_norm_epsilon", 1e-5, &eps)) || (rc = pw__hf_get_bool(&c, "tie_word_embeddings", 1, &tie)) ||
+        (rc = pw__hf_want_bool(&c, "scale_attn_weights", 1, 1, "attention is scaled by 1/sqrt(head width)")) ||
+        (rc = pw__hf_want_bool(&c, "scale_attn_by_inverse_layer_idx", 0, 0, "attention is scaled by 1/sqrt(head width) only")) ||
+        (rc = pw__hf_dropout(&c, "resid_pdrop", notes, notes_cap)) || (rc = pw__hf_dropout(&c, "embd_pdrop", notes, notes_cap)) ||
+        (rc = pw__hf_dropout(&c, "attn_pdrop", notes, notes_cap)))
       goto fail;
     if (nctx != P) {
       rc = pw_err_set(err, PW_ESPEC, what, "n_ctx: %d differs from n_positions %d", nctx, P);
@@ -339,21 +245,21 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
     /* Gemma: GeGLU with tanh GELU (transformers 4.49 reads hidden_act; earlier ones hidden_activation) */
     static const char *const gelu_tanh[] = {"gelu_pytorch_tanh", "gelu_new", NULL};
     int hd, sw, use_sw;
-    if ((rc = get_int(&c, "vocab_size", -1, 2, 1 << 20, &V)) ||
-        (rc = get_int(&c, "max_position_embeddings", -1, 1, INT_MAX, &P)) ||
-        (rc = get_int(&c, "hidden_size", -1, 1, 1 << 20, &d)) ||
-        (rc = get_int(&c, "num_hidden_layers", -1, 1, 4096, &L)) ||
-        (rc = get_int(&c, "num_attention_heads", -1, 1, 1 << 20, &H)) ||
-        (rc = get_int(&c, "intermediate_size", -1, 1, 1 << 20, &ff)) ||
-        (rc = get_int(&c, "num_key_value_heads", bit == A_LLAMA ? H : -1, 1, 1 << 20, &kv)) ||
-        (rc = get_int(&c, "head_dim", bit == A_GEMMA ? 256 : d / H, 1, 1 << 20, &hd)) ||
-        (rc = want_str(&c, "hidden_act", bit == A_GEMMA ? gelu_tanh : silu)) ||
-        (rc = want_str(&c, "hidden_activation", gelu_tanh)) ||
-        (rc = get_num(&c, "rms_norm_eps", 1e-6, &eps)) || (rc = get_num(&c, "rope_theta", 10000, &theta)) ||
-        (rc = get_bool(&c, "tie_word_embeddings", bit == A_GEMMA, &tie)) ||
-        (rc = want_bool(&c, "attention_bias", 0, 0, "o_proj has no bias here; Qwen2's q/k/v biases are read")) ||
-        (rc = want_bool(&c, "mlp_bias", 0, 0, "the MLP has no biases")) ||
-        (rc = dropout(&c, "attention_dropout", notes, notes_cap)) || (rc = rope_scaling(&c, rs)))
+    if ((rc = pw__hf_get_int(&c, "vocab_size", -1, 2, 1 << 20, &V)) ||
+        (rc = pw__hf_get_int(&c, "max_position_embeddings", -1, 1, INT_MAX, &P)) ||
+        (rc = pw__hf_get_int(&c, "hidden_size", -1, 1, 1 << 20, &d)) ||
+        (rc = pw__hf_get_int(&c, "num_hidden_layers", -1, 1, 4096, &L)) ||
+        (rc = pw__hf_get_int(&c, "num_attention_heads", -1, 1, 1 << 20, &H)) ||
+        (rc = pw__hf_get_int(&c, "intermediate_size", -1, 1, 1 << 20, &ff)) ||
+        (rc = pw__hf_get_int(&c, "num_key_value_heads", bit == A_LLAMA ? H : -1, 1, 1 << 20, &kv)) ||
+        (rc = pw__hf_get_int(&c, "head_dim", bit == A_GEMMA ? 256 : d / H, 1, 1 << 20, &hd)) ||
+        (rc = pw__hf_want_str(&c, "hidden_act", bit == A_GEMMA ? gelu_tanh : silu)) ||
+        (rc = pw__hf_want_str(&c, "hidden_activation", gelu_tanh)) ||
+        (rc = pw__hf_get_num(&c, "rms_norm_eps", 1e-6, &eps)) || (rc = pw__hf_get_num(&c, "rope_theta", 10000, &theta)) ||
+        (rc = pw__hf_get_bool(&c, "tie_word_embeddings", bit == A_GEMMA, &tie)) ||
+        (rc = pw__hf_want_bool(&c, "attention_bias", 0, 0, "o_proj has no bias here; Qwen2's q/k/v biases are read")) ||
+        (rc = pw__hf_want_bool(&c, "mlp_bias", 0, 0, "the MLP has no biases")) ||
+        (rc = pw__hf_dropout(&c, "attention_dropout", notes, notes_cap)) || (rc = rope_scaling(&c, rs)))
       goto fail;
     if (bit == A_GEMMA && json_object_get(rs, "rope_scaling")) {
       rc = pw_err_set(err, PW_ENOTSUP, what, "rope_scaling: not read for GemmaForCausalLM here (null only)");
@@ -380,7 +286,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
         goto fail;
       }
     }
-    if ((rc = get_bool(&c, "use_sliding_window", 0, &use_sw))) goto fail;
+    if ((rc = pw__hf_get_bool(&c, "use_sliding_window", 0, &use_sw))) goto fail;
     if (use_sw && bit != A_MISTRAL && bit != A_MIXTRAL) {
       rc = pw_err_set(err, PW_ENOTSUP, what, "use_sliding_window: true is not supported (attention is full causal)");
       goto fail;
@@ -388,7 +294,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
     /* Mistral's sliding window (absent: MistralConfig's 4096; null: none):
      * model.sliding_window where it is shorter than the positions */
     if ((bit == A_MISTRAL || bit == A_MIXTRAL) && !json_is_null(json_object_get(cfg, "sliding_window"))) {
-      if ((rc = get_int(&c, "sliding_window", 4096, 1, INT_MAX, &sw))) goto fail;
+      if ((rc = pw__hf_get_int(&c, "sliding_window", 4096, 1, INT_MAX, &sw))) goto fail;
       if (sw < P && sw > HF_MAX_POS) {
         rc = pw_err_set(err, PW_ENOTSUP, what, "sliding_window: %d is more than model.sliding_window's %d", sw,
                         HF_MAX_POS);
@@ -403,17 +309,17 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       int E, K, out_logits, eh = ff, norm_topk = 1, step = 1, first = 0;
       double jitter;
       const char *ne = json_object_get(cfg, "num_experts") ? "num_experts" : "num_local_experts";
-      if ((rc = get_int(&c, ne, 8, 2, 4096, &E)) ||
-          (rc = get_int(&c, "num_experts_per_tok", 2, 1, E, &K)) || (rc = get_num(&c, "router_jitter_noise", 0, &jitter)) ||
-          (rc = get_bool(&c, "output_router_logits", 0, &out_logits)))
+      if ((rc = pw__hf_get_int(&c, ne, 8, 2, 4096, &E)) ||
+          (rc = pw__hf_get_int(&c, "num_experts_per_tok", 2, 1, E, &K)) || (rc = pw__hf_get_num(&c, "router_jitter_noise", 0, &jitter)) ||
+          (rc = pw__hf_get_bool(&c, "output_router_logits", 0, &out_logits)))
         goto fail;
       if (bit == A_QWEN3MOE) {
         const json_t *mo = json_object_get(cfg, "mlp_only_layers");
         size_t i;
         json_t *x;
-        if ((rc = get_int(&c, "moe_intermediate_size", 768, 1, 1 << 20, &eh)) ||
-            (rc = get_bool(&c, "norm_topk_prob", 0, &norm_topk)) ||
-            (rc = get_int(&c, "decoder_sparse_step", 1, 1, 4096, &step)))
+        if ((rc = pw__hf_get_int(&c, "moe_intermediate_size", 768, 1, 1 << 20, &eh)) ||
+            (rc = pw__hf_get_bool(&c, "norm_topk_prob", 0, &norm_topk)) ||
+            (rc = pw__hf_get_int(&c, "decoder_sparse_step", 1, 1, 4096, &step)))
           goto fail;
         if (json_object_get(cfg, "num_experts") && json_object_get(cfg, "num_local_experts") &&
             !json_equal(json_object_get(cfg, "num_experts"), json_object_get(cfg, "num_local_experts"))) {
@@ -459,7 +365,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       if (first) json_object_set_new(moe, "first_dense", json_integer(first));
     }
   }
-  if ((rc = get_num(&c, "initializer_range", 0.02, &init))) goto fail;
+  if ((rc = pw__hf_get_num(&c, "initializer_range", 0.02, &init))) goto fail;
   if (!(init > 0)) {
     rc = pw_err_set(err, PW_ESPEC, what, "initializer_range: must be > 0");
     goto fail;
@@ -517,36 +423,9 @@ fail:
 typedef pw__hf_entry hf_entry; /* hf_int.h */
 typedef pw__hf_map hf_map;
 
-static hf_entry *map_add(hf_map *mp, const char *ours, int ndim, int64_t r, int64_t cols) {
-  if (mp->n == mp->cap) {
-    int cap = mp->cap ? 2 * mp->cap : 64;
-    hf_entry *e = realloc(mp->e, sizeof *e * (size_t)cap);
-    if (!e) return NULL;
-    mp->e = e;
-    mp->cap = cap;
-  }
-  hf_entry *e = &mp->e[mp->n++];
-  memset(e, 0, sizeof *e);
-  snprintf(e->ours, sizeof e->ours, "%s", ours);
-  e->ndim = ndim;
-  e->shape[0] = r;
-  e->shape[1] = cols;
-  e->n_parts = 1;
-  e->rows[0] = r;
-  return e;
-}
-
-const char *pw__hf_part_name(const hf_entry *e, int p, char *buf) {
-  if (!e->experts) return e->hf[p];
-  snprintf(buf, PW__HF_PART_NAME, "%s%d%s", e->hf[0], p, e->hf[1]);
-  return buf;
-}
-
-int64_t pw__hf_part_rows(const hf_entry *e, int p) { return e->experts ? e->rows[0] : e->rows[p]; }
-
 #define ADD(ours, nd, r, cc, hfname, tr)                                          \
   do {                                                                           \
-    hf_entry *e_ = map_add(mp, ours, nd, r, cc);                                 \
+    hf_entry *e_ = pw__hf_map_add(mp, ours, nd, r, cc);                                 \
     if (!e_) return PW_ENOMEM;                                                   \
     snprintf(e_->hf[0], HF_NAME, "%s", hfname);                                  \
     e_->transpose = tr;                                                          \
@@ -608,7 +487,7 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
       ONE("norm1.weight", 1, d, 1, "input_layernorm.weight");
       for (int b = 0; b < 1 + m->qkv_bias; b++) {
         snprintf(o, sizeof o, "blocks.%d.attn.qkv.%s", i, b ? "bias" : "weight");
-        hf_entry *e = map_add(mp, o, b ? 1 : 2, (H + 2 * kv) * hd, b ? 1 : d);
+        hf_entry *e = pw__hf_map_add(mp, o, b ? 1 : 2, (H + 2 * kv) * hd, b ? 1 : d);
         if (!e) return PW_ENOMEM;
         e->n_parts = 3;
         static const char qkv[3] = {'q', 'k', 'v'};
@@ -635,7 +514,7 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
         ONE("moe.router.weight", 2, E, d, qwen ? "mlp.gate.weight" : "block_sparse_moe.gate.weight");
         for (int k = 0; k < 3; k++) {
           snprintf(o, sizeof o, "blocks.%d.moe.experts.%s.weight", i, ex[k].ours);
-          hf_entry *e = map_add(mp, o, 2, E * (ex[k].down ? d : mh), ex[k].down ? mh : d);
+          hf_entry *e = pw__hf_map_add(mp, o, 2, E * (ex[k].down ? d : mh), ex[k].down ? mh : d);
           if (!e) return PW_ENOMEM;
           e->experts = e->n_parts = (int)E;
           e->rows[0] = ex[k].down ? d : mh;
@@ -657,97 +536,6 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
 
 /* ---- reading a directory's tensors --------------------------------------- */
 
-/* model.safetensors, or the shards a model.safetensors.index.json names. */
-typedef struct pw__hf_src {
-  const char *dir;
-  json_t *weight_map;  /* index: tensor -> shard file name; NULL for one file */
-  pw_st_file **files;
-  char **names;        /* the files' names in dir */
-  int n_files;
-  json_t *used;        /* tensor names read */
-} hf_src;
-
-static void src_close(hf_src *s) {
-  for (int i = 0; i < s->n_files; i++) {
-    pw_st_close(s->files[i]);
-    free(s->names[i]);
-  }
-  free(s->files);
-  free(s->names);
-  json_decref(s->weight_map);
-  json_decref(s->used);
-  memset(s, 0, sizeof *s);
-}
-
-static int src_add(hf_src *s, const char *name, pw_err *err) {
-  for (int i = 0; i < s->n_files; i++)
-    if (!strcmp(s->names[i], name)) return 0;
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s", s->dir, name);
-  pw_st_file **f = realloc(s->files, sizeof *f * (size_t)(s->n_files + 1));
-  char **n = f ? realloc(s->names, sizeof *n * (size_t)(s->n_files + 1)) : NULL;
-  if (f) s->files = f;
-  if (n) s->names = n;
-  if (!f || !n) return pw_err_set(err, PW_ENOMEM, path, "out of memory");
-  s->names[s->n_files] = strdup(name);
-  if (!s->names[s->n_files]) return pw_err_set(err, PW_ENOMEM, path, "out of memory");
-  int rc = pw_st_open(path, &s->files[s->n_files], err);
-  if (rc) {
-    free(s->names[s->n_files]);
-    return rc;
-  }
-  s->n_files++;
-  return 0;
-}
-
-static int src_open(hf_src *s, const char *dir, pw_err *err) {
-  memset(s, 0, sizeof *s);
-  s->dir = dir;
-  s->used = json_object();
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/model.safetensors", dir);
-  if (access(path, F_OK) == 0) return src_add(s, "model.safetensors", err);
-  snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-  json_error_t je;
-  json_t *idx = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!idx) {
-    if (access(path, F_OK))
-      return pw_err_set(err, PW_ENOENT, dir, "neither model.safetensors nor model.safetensors.index.json is here");
-    return pw_err_set(err, PW_EJSON, path, "line %d column %d: %s", je.line, je.column, je.text);
-  }
-  json_t *wm = json_object_get(idx, "weight_map");
-  if (!json_is_object(wm)) {
-    json_decref(idx);
-    return pw_err_set(err, PW_EFORMAT, path, "weight_map: missing or not an object");
-  }
-  s->weight_map = json_incref(wm);
-  json_decref(idx);
-  const char *k;
-  json_t *v;
-  json_object_foreach(s->weight_map, k, v) {
-    const char *f = json_string_value(v);
-    if (!f || !*f || strchr(f, '/') || !strcmp(f, ".") || !strcmp(f, ".."))
-      return pw_err_set(err, PW_EFORMAT, path, "weight_map.%.64s: must name a file in this directory", k);
-    int rc = src_add(s, f, err);
-    if (rc) return rc;
-  }
-  return 0;
-}
-
-static const pw_st_tensor *src_find(hf_src *s, const char *name, const pw_st_file **file) {
-  const pw_st_file *f = s->n_files ? s->files[0] : NULL;
-  if (s->weight_map) {
-    const char *fn = json_string_value(json_object_get(s->weight_map, name));
-    f = NULL;
-    for (int i = 0; fn && i < s->n_files; i++)
-      if (!strcmp(s->names[i], fn)) f = s->files[i];
-  }
-  const pw_st_tensor *t = f ? pw_st_find(f, name) : NULL;
-  if (t) json_object_set_new(s->used, name, json_true());
-  if (file) *file = f;
-  return t;
-}
-
 static void fmt_shape(char *b, size_t cap, int nd, const int64_t *sh) {
   if (nd == 1) snprintf(b, cap, "[%lld]", (long long)sh[0]);
   else if (nd == 2) snprintf(b, cap, "[%lld, %lld]", (long long)sh[0], (long long)sh[1]);
@@ -756,10 +544,10 @@ static void fmt_shape(char *b, size_t cap, int nd, const int64_t *sh) {
 
 /* HF tensor `name` of shape (nd, r, c) as float32, malloc'd; missing or of
  * another shape is an error naming it and what it is for. */
-static int read_part(hf_src *s, const char *name, const char *for_ours, const char *arch, int nd, int64_t r,
+static int read_part(pw__hf_src *s, const char *name, const char *for_ours, const char *arch, int nd, int64_t r,
                      int64_t c, int may_slice, float **out, pw_err *err) {
   *out = NULL;
-  const pw_st_tensor *t = src_find(s, name, NULL);
+  const pw_st_tensor *t = pw__hf_src_find(s, name, NULL);
   if (!t)
     return pw_err_set(err, PW_EFORMAT, s->dir, "tensor '%s' is missing (%s's %s)", name, arch, for_ours);
   int64_t want[2] = {r, c};
@@ -809,7 +597,7 @@ void pw_hf_import_free(pw_hf_import_result *r) {
 }
 
 /* Our tensor for entry e from the source: parts joined, transposed, cut. */
-static int import_entry(hf_src *s, const hf_entry *e, const char *arch, pw_st_tensor *t, pw_err *err) {
+static int import_entry(pw__hf_src *s, const hf_entry *e, const char *arch, pw_st_tensor *t, pw_err *err) {
   int64_t r = e->shape[0], c = e->ndim == 2 ? e->shape[1] : 1, n = r * c;
   float *dst = malloc(sizeof *dst * (size_t)(n ? n : 1));
   if (!dst) return pw_err_set(err, PW_ENOMEM, s->dir, "out of memory");
@@ -849,8 +637,8 @@ static int import_entry(hf_src *s, const hf_entry *e, const char *arch, pw_st_te
 }
 
 /* Tied: a lm_head.weight in the file must be the embedding itself. */
-static int check_tied_head(hf_src *s, const hf_map *mp, const pw_st_tensor *embed, pw_err *err) {
-  const pw_st_tensor *t = src_find(s, "lm_head.weight", NULL);
+static int check_tied_head(pw__hf_src *s, const hf_map *mp, const pw_st_tensor *embed, pw_err *err) {
+  const pw_st_tensor *t = pw__hf_src_find(s, "lm_head.weight", NULL);
   if (!t) return 0;
   int64_t n = embed->shape[0] * embed->shape[1];
   float *h = NULL;
@@ -987,11 +775,11 @@ int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_resul
   }
 
   /* the tensors */
-  hf_src s;
+  pw__hf_src s;
   hf_map mp = {0};
-  if ((rc = src_open(&s, dir, err))) goto out;
+  if ((rc = pw__hf_src_open(&s, dir, err))) goto out;
   const char *pre = "";
-  if (job.model.tmpl == PW_TEMPLATE_GPT && src_find(&s, "transformer.wte.weight", NULL)) pre = "transformer.";
+  if (job.model.tmpl == PW_TEMPLATE_GPT && pw__hf_src_find(&s, "transformer.wte.weight", NULL)) pre = "transformer.";
   if ((rc = map_build(&job.model, pre, &mp))) {
     rc = pw_err_set(err, rc, dir, "out of memory");
     goto out;
@@ -1019,7 +807,7 @@ int pw_hf_import(const char *dir, const pw_hf_import_opts *o, pw_hf_import_resul
   if (!rc) qsort(r->tensors, (size_t)r->n_tensors, sizeof *r->tensors, cmp_tensor);
 out:
   free(mp.e);
-  src_close(&s);
+  pw__hf_src_close(&s);
   pw_job_free(&job);
   if (rc) {
     char keep[PW_HF_ARCH_MAX];
@@ -1034,15 +822,6 @@ out:
 
 /* The shortest decimal that reads back as the same float, as a double: a
  * float 1e-6f is written 1e-06, not 9.999999974752427e-07. */
-static double short_float(float f) {
-  char b[32];
-  for (int p = 1; p <= 9; p++) {
-    snprintf(b, sizeof b, "%.*g", p, (double)f);
-    if (strtof(b, NULL) == f) break;
-  }
-  return strtod(b, NULL);
-}
-
 static json_t *export_config(const pw_model_spec *m, const char **arch) {
   json_t *c = json_object();
   int d = m->d_model, H = m->n_heads;
@@ -1056,7 +835,7 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "n_head", json_integer(H));
     json_object_set_new(c, "n_inner", json_integer(ff));
     json_object_set_new(c, "activation_function", json_string("gelu_new"));
-    json_object_set_new(c, "layer_norm_epsilon", json_real(short_float(m->norm_eps)));
+    json_object_set_new(c, "layer_norm_epsilon", json_real(pw__hf_short_float(m->norm_eps)));
     json_object_set_new(c, "resid_pdrop", json_real(0));
     json_object_set_new(c, "embd_pdrop", json_real(0));
     json_object_set_new(c, "attn_pdrop", json_real(0));
@@ -1100,15 +879,15 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "hidden_act", json_string(gemma ? "gelu_pytorch_tanh" : "silu"));
     if (gemma) json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
     json_object_set_new(c, "max_position_embeddings", json_integer(m->seq_len));
-    json_object_set_new(c, "rms_norm_eps", json_real(short_float(m->norm_eps)));
-    json_object_set_new(c, "rope_theta", json_real(short_float(m->rope_base)));
+    json_object_set_new(c, "rms_norm_eps", json_real(pw__hf_short_float(m->norm_eps)));
+    json_object_set_new(c, "rope_theta", json_real(pw__hf_short_float(m->rope_base)));
     json_t *rs = json_null();
     if (m->rope_scaling) {
       rs = json_object();
       json_object_set_new(rs, "rope_type", json_string("llama3"));
-      json_object_set_new(rs, "factor", json_real(short_float(m->rope_factor)));
-      json_object_set_new(rs, "low_freq_factor", json_real(short_float(m->rope_low_freq_factor)));
-      json_object_set_new(rs, "high_freq_factor", json_real(short_float(m->rope_high_freq_factor)));
+      json_object_set_new(rs, "factor", json_real(pw__hf_short_float(m->rope_factor)));
+      json_object_set_new(rs, "low_freq_factor", json_real(pw__hf_short_float(m->rope_low_freq_factor)));
+      json_object_set_new(rs, "high_freq_factor", json_real(pw__hf_short_float(m->rope_high_freq_factor)));
       json_object_set_new(rs, "original_max_position_embeddings", json_integer(m->rope_orig_max_pos));
     }
     json_object_set_new(c, "rope_scaling", rs);
@@ -1126,7 +905,7 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
   json_object_set_new(c, "architectures", a);
   json_object_set_new(c, "vocab_size", json_integer(m->vocab_size));
   json_object_set_new(c, "tie_word_embeddings", json_boolean(m->tie_embeddings));
-  json_object_set_new(c, "initializer_range", json_real(short_float(m->init_std)));
+  json_object_set_new(c, "initializer_range", json_real(pw__hf_short_float(m->init_std)));
   json_object_set_new(c, "torch_dtype", json_string("float32"));
   return c;
 }
@@ -1261,24 +1040,3 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
   free(mp.e);
   return rc;
 }
-
-/* ---- for hf_bert.c (hf_int.h) --------------------------------------------- */
-
-const char *pw__hf_type_name(const json_t *v) { return type_name(v); }
-int pw__hf_get_int(const pw__hf_cfg *c, const char *name, long long def, long long lo, long long hi, int *v) {
-  return get_int(c, name, def, lo, hi, v);
-}
-int pw__hf_get_num(const pw__hf_cfg *c, const char *name, double def, double *v) { return get_num(c, name, def, v); }
-int pw__hf_get_bool(const pw__hf_cfg *c, const char *name, int def, int *v) { return get_bool(c, name, def, v); }
-int pw__hf_want_bool(const pw__hf_cfg *c, const char *name, int def, int want, const char *why) {
-  return want_bool(c, name, def, want, why);
-}
-int pw__hf_want_str(const pw__hf_cfg *c, const char *name, const char *const *allowed) {
-  return want_str(c, name, allowed);
-}
-int pw__hf_dropout(const pw__hf_cfg *c, const char *name, char *notes, size_t cap) { return dropout(c, name, notes, cap); }
-pw__hf_entry *pw__hf_map_add(pw__hf_map *mp, const char *ours, int ndim, int64_t r, int64_t cols) {
-  return map_add(mp, ours, ndim, r, cols);
-}
-const pw_st_tensor *pw__hf_src_find(pw__hf_src *s, const char *name) { return src_find(s, name, NULL); }
-double pw__hf_short_float(float f) { return short_float(f); }

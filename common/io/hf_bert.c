@@ -266,10 +266,10 @@ void pw__hf_bert_legacy_names(pw__hf_src *s, pw__hf_map *mp) {
     char *nm = mp->e[i].hf[0];
     size_t n = strlen(nm);
     int w = n > 17 && !strcmp(nm + n - 17, ".LayerNorm.weight"), b = n > 15 && !strcmp(nm + n - 15, ".LayerNorm.bias");
-    if (!(w || b) || pw__hf_src_find(s, nm)) continue;
+    if (!(w || b) || pw__hf_src_find(s, nm, NULL)) continue;
     char old[NAME];
     snprintf(old, sizeof old, "%.*s%s", (int)(n - (w ? 6 : 4)), nm, w ? "gamma" : "beta");
-    if (pw__hf_src_find(s, old)) memcpy(nm, old, strlen(old) + 1);
+    if (pw__hf_src_find(s, old, NULL)) memcpy(nm, old, strlen(old) + 1);
   }
 }
 
@@ -282,7 +282,7 @@ static const pw_st_tensor *ours(const pw_hf_import_result *r, const char *name) 
 /* A saved copy of a tied tensor must hold its bits. */
 static int same_as(pw__hf_src *s, const char *dir, const char *theirs, const pw_st_tensor *t, const char *why,
                    pw_err *err) {
-  const pw_st_tensor *h = pw__hf_src_find(s, theirs);
+  const pw_st_tensor *h = pw__hf_src_find(s, theirs, NULL);
   if (!h) return 0;
   int64_t n = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
   int same = h->ndim == t->ndim && h->shape[0] == t->shape[0] && (t->ndim == 1 || h->shape[1] == t->shape[1]);
@@ -310,7 +310,7 @@ int pw__hf_bert_rest(pw__hf_src *s, const char *dir, const pw_model_spec *m, pw_
   static const char *const unused[] = {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
                                        "cls.seq_relationship.bias"};
   int n = 0;
-  for (int i = 0; i < 4; i++) n += pw__hf_src_find(s, unused[i]) != NULL;
+  for (int i = 0; i < 4; i++) n += pw__hf_src_find(s, unused[i], NULL) != NULL;
   if (n) note(r->notes, sizeof r->notes, "%d tensors of bert.pooler / cls.seq_relationship are not read (BertForMaskedLM "
               "has no pooler or next-sentence head; transformers drops them too)", n);
   return 0;

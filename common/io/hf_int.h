@@ -54,9 +54,17 @@ typedef struct {
   char embed_hf[PW__HF_NAME];
 } pw__hf_map;
 
-typedef struct pw__hf_src pw__hf_src; /* a directory's safetensors files */
+/* model.safetensors, or the shards a model.safetensors.index.json names */
+typedef struct pw__hf_src {
+  const char *dir;
+  json_t *weight_map;  /* index: tensor -> shard file name; NULL for one file */
+  pw_st_file **files;
+  char **names;        /* the files' names in dir */
+  int n_files;
+  json_t *used;        /* tensor names read */
+} pw__hf_src;
 
-/* hf.c's readers (absent or null: def; def < 0: required) */
+/* hf_read.c: config.json's readers (absent or null: def; def < 0: required) */
 const char *pw__hf_type_name(const json_t *v);
 PW_MUST_CHECK int pw__hf_get_int(const pw__hf_cfg *c, const char *name, long long def, long long lo, long long hi,
                                  int *v);
@@ -67,8 +75,13 @@ PW_MUST_CHECK int pw__hf_want_str(const pw__hf_cfg *c, const char *name, const c
 PW_MUST_CHECK int pw__hf_dropout(const pw__hf_cfg *c, const char *name, char *notes, size_t cap);
 /* A new entry (one part, named by the caller); NULL when out of memory. */
 pw__hf_entry *pw__hf_map_add(pw__hf_map *mp, const char *ours, int ndim, int64_t r, int64_t cols);
-/* The tensor of that name, marked as read; NULL when absent. */
-const pw_st_tensor *pw__hf_src_find(pw__hf_src *s, const char *name);
+/* dir's model.safetensors or its index's shards (dir must outlive s);
+ * 0 or a negative code with err. Close it whatever open returned. */
+PW_MUST_CHECK int pw__hf_src_open(pw__hf_src *s, const char *dir, pw_err *err);
+void pw__hf_src_close(pw__hf_src *s);
+/* The tensor of that name, marked as read, and its file (file may be
+ * NULL); NULL when absent. */
+const pw_st_tensor *pw__hf_src_find(pw__hf_src *s, const char *name, const pw_st_file **file);
 /* The shortest decimal that reads back as f. */
 double pw__hf_short_float(float f);
 
