@@ -429,7 +429,8 @@ static void test_zero_memory(void **state) {
  * out to) and three buffers of its largest layer, zero 2's gradients, the
  * optimizer state's shard; it sends each microbatch's gathers (F and B)
  * and zero 2's reduce-scatters, no all-gather of parameters; replica 0
- * holds whole parameters, m and v at a checkpoint. */
+ * holds whole parameters, m and v at a checkpoint; F, I and B take the
+ * gathers' time their compute does not hide, W none. */
 static void test_zero3_memory(void **state) {
   (void)state;
   for (int tied = 0; tied < 2; tied++) {
@@ -454,6 +455,17 @@ static void test_zero3_memory(void **state) {
     assert_true(pass == (pw_shard_max(n, 2) + (tied ? 256 * 32 : 0)) * 4 || !tied); /* the embedding twice */
     assert_true(p3.mem[0].dp_sent == p2.mem[0].dp_sent - (pw_coll_bytes_rs_ag(tn, 2, 0) - pw_coll_bytes_rs(tn, 2, 0)) +
                                          (uint64_t)p3.m * 2 * pass);
+    /* the time: each pass's gathers (a latency and the bytes a replica receives, per layer) less what its
+     * compute hides, in F and in I and B (W gathers nothing) */
+    double g = 0;
+    for (int k = 0; k < u.n_units; k++)
+      if (u.floats[k]) g += p3.latency + pw_plan_wire_seconds(&p3, (double)u.floats[k] * (2 - 1) / 2 * sizeof(float));
+    double ef = g > p2.cost_f[0] ? g - p2.cost_f[0] : 0, ei = g > p2.cost_i[0] ? g - p2.cost_i[0] : 0;
+    assert_true(ef > 0); /* the tiny model's compute does not hide a latency per layer */
+    assert_float_equal(p3.cost_f[0], p2.cost_f[0] + ef, 1e-12);
+    assert_float_equal(p3.cost_i[0], p2.cost_i[0] + ei, 1e-12);
+    assert_float_equal(p3.cost_b[0], p2.cost_b[0] + ei, 1e-12);
+    assert_float_equal(p3.cost_w[0], p2.cost_w[0], 1e-12);
     pw_z3_units_free(&u);
     pw_prog_layout_free(&L);
     pw_plan_free(&p2);
