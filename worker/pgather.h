@@ -82,7 +82,7 @@ struct pw_pgather {
   int bound_li, bound_unit; /* the unit whose parameters point into a buffer, or bound_li -1 */
   int after_li, after_unit; /* the first layer the next gathering action of the list gathers, or after_li -1 */
   atomic_int pending;    /* our sends the loop thread still writes */
-  uint64_t gathers;      /* gathers completed (for the step report and tests) */
+  uint64_t gathers;      /* gathers completed over the run (what a test counts) */
 };
 
 /* pw_dpx_init, zero 3: the arenas lent to the programs (no_params), the
