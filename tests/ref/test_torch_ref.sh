@@ -61,7 +61,9 @@ fi
 # to 1e-5 — its AdamW run to gpt's 1e-3: the same run without the mixture
 # is 1.3e-4 off at 3 steps in mlp.proj (AdamW's division again), the
 # mixture's own tensors within 1e-4.
-for model in gpt llama llama-gqa llama-gqa-sgd qwen2 qwen3 gemma llama-moe gpt-moe gpt-moe-sgd; do
+# mistral: a sliding window of 5 over 16 positions, heads 12 wide over
+# d_model 32 / 4 heads (model.head_dim), grouped-query, to 1e-5 / 1e-4.
+for model in gpt llama llama-gqa llama-gqa-sgd qwen2 qwen3 gemma mistral llama-moe gpt-moe gpt-moe-sgd; do
   job=$REF/jobs/$model-ref.json
   tol=()
   case $model in

@@ -99,20 +99,20 @@ def job_config(job):
         "trainable": t.get("trainable"),
         "lora": m.get("lora"),
         "moe": moe_ref.moe_config(m),
+        "window": int(m.get("sliding_window", 0)),  # Mistral's: a query at p sees keys p - w + 1 .. p
     }
-    if cfg["d"] % cfg["H"]:
+    cfg["hd"] = int(m.get("head_dim", cfg["d"] // cfg["H"]))  # each head's width (Qwen3's, Gemma-7B's)
+    if cfg["d"] % cfg["H"] and "head_dim" not in m:
         die("model.n_heads must divide d_model")
     if cfg["H"] % cfg["KV"]:
         die("model.n_kv_heads must divide n_heads")
-    if m.get("head_dim", cfg["d"] // cfg["H"]) != cfg["d"] // cfg["H"]:
-        die("model.head_dim: only d_model / n_heads is supported here")
     if cfg["mlp_act"] not in ("silu", "gelu_tanh"):
         die(f"model.mlp_act: unsupported {cfg['mlp_act']!r}")
     rs = cfg["rope_scaling"]
     if rs is not None and rs.get("rope_type") != "llama3":
         die(f"model.rope_scaling.rope_type: only llama3 is supported here, got {rs.get('rope_type')!r}")
-    if tmpl == "llama" and (cfg["d"] // cfg["H"]) % 2:
-        die("model: rotary embeddings need an even head_dim (d_model / n_heads)")
+    if tmpl == "llama" and cfg["hd"] % 2:
+        die("model: rotary embeddings need an even head_dim")
     if cfg["B"] % cfg["M"]:
         die("schedule.microbatches must divide train.batch_size")
     if cfg["data"].get("kind", "text") != "text":
@@ -155,8 +155,8 @@ def param_shapes(cfg, h):
                 s.update(moe_ref.moe_param_shapes(cfg["moe"], p, d, False))
         s.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
     else:
-        hd = d // cfg["H"]
-        w = d + 2 * cfg["KV"] * hd  # q, then the n_kv_heads k and v heads
+        hd = cfg["hd"]
+        w = (cfg["H"] + 2 * cfg["KV"]) * hd  # q, then the n_kv_heads k and v heads
         for i in range(L):
             p = f"blocks.{i}."
             s.update({p + "norm1.weight": (d,), p + "attn.qkv.weight": (w, d)})
@@ -164,7 +164,7 @@ def param_shapes(cfg, h):
                 s[p + "attn.qkv.bias"] = (w,)
             if cfg["qk_norm"]:
                 s.update({p + "attn.q_norm.weight": (hd,), p + "attn.k_norm.weight": (hd,)})
-            s.update({p + "attn.proj.weight": (d, d), p + "norm2.weight": (d,)})
+            s.update({p + "attn.proj.weight": (d, cfg["H"] * hd), p + "norm2.weight": (d,)})
             if moe_ref.is_moe_block(cfg["moe"], i):
                 s.update(moe_ref.moe_param_shapes(cfg["moe"], p, d, True))
             else:
@@ -229,11 +229,15 @@ def random_init(cfg, seed):
 # ---------------------------------------------------------------------------
 # Models: functional forward over the parameter dict.
 
-def attention(q, k, v):
-    """q, k, v: (B, H, T, hd). Causal softmax attention, scale 1/sqrt(hd)."""
+def attention(q, k, v, window=0):
+    """q, k, v: (B, H, T, hd). Causal softmax attention, scale 1/sqrt(hd);
+    window > 0: query i sees keys i - window + 1 .. i only (transformers'
+    Mistral: key j masked when j <= i - window)."""
     T, hd = q.shape[-2], q.shape[-1]
     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    if window:
+        mask = mask & ~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(-window)
     att = att.masked_fill(~mask, float("-inf"))
     return F.softmax(att, dim=-1) @ v
 
@@ -320,9 +324,9 @@ def llama_block(P, p, x, cfg, cos, sin):
     eps, off = cfg["eps"], cfg["norm_offset"]
     a = rmsnorm(x, P[p + "norm1.weight"], eps, off)
     B, T, d = a.shape
-    H, KV, hd = cfg["H"], cfg["KV"], d // cfg["H"]
+    H, KV, hd = cfg["H"], cfg["KV"], cfg["hd"]
     qkv = lin(P, p + "attn.qkv", a, cfg, cfg["qkv_bias"])
-    q, k, v = qkv.split([d, KV * hd, KV * hd], dim=-1)
+    q, k, v = qkv.split([H * hd, KV * hd, KV * hd], dim=-1)
     q, k, v = q.view(B, T, H, hd), k.view(B, T, KV, hd), v.view(B, T, KV, hd)
     if cfg["qk_norm"]:  # Qwen3: q_norm, k_norm over each head's hd, before RoPE
         q = rmsnorm(q, P[p + "attn.q_norm.weight"], eps)
@@ -331,7 +335,7 @@ def llama_block(P, p, x, cfg, cos, sin):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     # Hugging Face's repeat_kv: kv head j serves query heads j*G .. j*G+G-1
     k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-    x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v)), cfg, False)
+    x = x + lin(P, p + "attn.proj", merge_heads(attention(q, k, v, cfg["window"])), cfg, False)
     m = rmsnorm(x, P[p + "norm2.weight"], eps, off)
     if p + "moe.router.weight" in P:
         return x + moe_ref.moe_ffn(P, p, m, cfg["moe"], cfg["mlp_act"])[0]
@@ -354,7 +358,7 @@ def forward(P, cfg, idx):
     else:
         if cfg["embed_scale"]:  # GemmaModel: times sqrt(hidden_size) as a tensor of the activations' dtype
             x = x * torch.tensor(cfg["d"] ** 0.5, dtype=x.dtype)
-        cos, sin = rope_cos_sin(T, cfg["d"] // cfg["H"], cfg["rope_base"], cfg["rope_scaling"])
+        cos, sin = rope_cos_sin(T, cfg["hd"], cfg["rope_base"], cfg["rope_scaling"])
         cos, sin = cos.to(x.device), sin.to(x.device)  # bench/torch_step.py --device cuda
         for i in range(cfg["L"]):
             x = llama_block(P, f"blocks.{i}.", x, cfg, cos, sin)
