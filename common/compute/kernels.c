@@ -412,6 +412,14 @@ static void moe_combine_i(const pw_kernel_io *io) {
                                 MOE_E(io), MOE_K(io), io->n->C, io->acc0, io->acc1);
 }
 
+static void sigmoid_gate_f(const pw_kernel_io *io) {
+  pw_sigmoid_gate_forward(io->out, io->in0, io->in1, io->rows, io->n->C);
+}
+static void sigmoid_gate_i(const pw_kernel_io *io) {
+  pw_sigmoid_gate_backward_input(io->din0, io->din1, io->dout, io->in0, io->in1, io->rows, io->n->C, io->acc0,
+                                 io->acc1);
+}
+
 /* forward, backward_input, backward_weight, backward, decode */
 static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_EMBED] = {embed_f, NULL, embed_w, NULL, embed_f},
@@ -445,6 +453,7 @@ static const pw_kernel table[PW_OP__COUNT] = {
     [PW_OP_MOE_DISPATCH] = {moe_dispatch_f, moe_dispatch_i, NULL, NULL, moe_dispatch_f},
     [PW_OP_MOE_GLINEAR] = {moe_glinear_f, moe_glinear_i, moe_glinear_w, NULL, moe_glinear_d},
     [PW_OP_MOE_COMBINE] = {moe_combine_f, moe_combine_i, NULL, NULL, moe_combine_f},
+    [PW_OP_SIGMOID_GATE] = {sigmoid_gate_f, sigmoid_gate_i, NULL, NULL, sigmoid_gate_f},
 };
 
 const pw_kernel *pw_kernel_of(int op) { return &table[op]; }

@@ -154,6 +154,28 @@ void pw_moe_combine_backward_input(float *dys, float *dr, const float *dy, const
   }
 }
 
+/* ---- the shared expert's gate ------------------------------------------------- */
+
+void pw_sigmoid_gate_forward(float *y, const float *x, const float *g, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    float s = 1.0f / (1.0f + pw__exp(-g[n]));
+    for (int c = 0; c < C; c++) y[(size_t)n * C + c] = x[(size_t)n * C + c] * s;
+  }
+}
+
+void pw_sigmoid_gate_backward_input(float *dx, float *dg, const float *dy, const float *x, const float *g, int N,
+                                    int C, int acc_x, int acc_g) {
+  for (int n = 0; n < N; n++) {
+    float s = 1.0f / (1.0f + pw__exp(-g[n])), dot = 0;
+    const float *d = dy + (size_t)n * C, *xr = x + (size_t)n * C;
+    for (int c = 0; c < C; c++) {
+      dot += d[c] * xr[c];
+      dx[(size_t)n * C + c] = pw__acc(acc_x, dx[(size_t)n * C + c], d[c] * s);
+    }
+    dg[n] = pw__acc(acc_g, dg[n], dot * s * (1.0f - s));
+  }
+}
+
 /* ---- grouped linear --------------------------------------------------------- */
 
 void pw_moe_glinear_forward(float *ys, const float *xs, const float *w, const int *off, int E, int C, int OC) {

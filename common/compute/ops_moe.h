@@ -83,4 +83,11 @@ void pw_moe_combine_forward(float *y, const float *ys, const float *r, const int
 void pw_moe_combine_backward_input(float *dys, float *dr, const float *dy, const float *ys, const float *r,
                                    const int *off, int *cur, int N, int E, int K, int C, int acc_ys, int acc_r);
 
+/* y (N,C) = x (N,C) * sigmoid(g[n]) a row (g (N), Qwen2-MoE's shared
+ * expert gate). Backward: dx = dy sigmoid(g), dg[n] = (dy[n] . x[n])
+ * sigmoid(g[n]) (1 - sigmoid(g[n])). */
+void pw_sigmoid_gate_forward(float *y, const float *x, const float *g, int N, int C);
+void pw_sigmoid_gate_backward_input(float *dx, float *dg, const float *dy, const float *x, const float *g, int N,
+                                    int C, int acc_x, int acc_g);
+
 #endif

@@ -23,10 +23,10 @@
 /* ---- architectures and their config fields ----------------------------- */
 
 enum { A_GPT2 = 1, A_LLAMA = 2, A_MISTRAL = 4, A_QWEN2 = 8, A_QWEN3 = 16, A_GEMMA = 32, A_MIXTRAL = 256,
-       A_QWEN3MOE = 512, A_MOE = A_MIXTRAL | A_QWEN3MOE, A_LL = 62 | A_MOE, A_BERT_MLM = 64, A_BERT_CLS = 128,
-       A_BERT = 192, A_ALL = 1023 };
+       A_QWEN3MOE = 512, A_QWEN2MOE = 1024, A_QMOE = A_QWEN3MOE | A_QWEN2MOE, A_MOE = A_MIXTRAL | A_QMOE,
+       A_LL = 62 | A_MOE, A_BERT_MLM = 64, A_BERT_CLS = 128, A_BERT = 192, A_ALL = 2047 };
 #define ARCH_LIST "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, " \
-                  "Qwen3ForCausalLM, Qwen3MoeForCausalLM, GemmaForCausalLM, BertForMaskedLM, "       \
+                  "Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, GemmaForCausalLM, BertForMaskedLM, " \
                   "BertForSequenceClassification"
 
 static const struct {
@@ -36,6 +36,7 @@ static const struct {
     {"GPT2LMHeadModel", "gpt2", A_GPT2},       {"LlamaForCausalLM", "llama", A_LLAMA},
     {"MistralForCausalLM", "mistral", A_MISTRAL}, {"Qwen2ForCausalLM", "qwen2", A_QWEN2},
     {"MixtralForCausalLM", "mixtral", A_MIXTRAL}, {"Qwen3MoeForCausalLM", "qwen3_moe", A_QWEN3MOE},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", A_QWEN2MOE},
     {"Qwen3ForCausalLM", "qwen3", A_QWEN3},    {"GemmaForCausalLM", "gemma", A_GEMMA},
     {"BertForMaskedLM", "bert", A_BERT_MLM},   {"BertForSequenceClassification", "bert", A_BERT_CLS},
 };
@@ -99,14 +100,15 @@ static const struct {
     {"layer_types", A_LL, NULL}, {"pretraining_tp", A_LLAMA, "the same products in slices"},
     {"attention_bias", A_LLAMA | A_QWEN3 | A_QWEN3MOE | A_GEMMA, NULL}, {"mlp_bias", A_LLAMA, NULL},
     {"hidden_activation", A_GEMMA, NULL},
-    {"sliding_window", A_MISTRAL | A_MIXTRAL | A_QWEN2 | A_QWEN3 | A_QWEN3MOE, NULL},
+    {"sliding_window", A_MISTRAL | A_MIXTRAL | A_QWEN2 | A_QWEN3 | A_QMOE, NULL},
     /* the mixtures (model.moe): Mixtral's, Qwen3-MoE's */
-    {"num_local_experts", A_MOE, NULL}, {"num_experts", A_QWEN3MOE, NULL}, {"num_experts_per_tok", A_MOE, NULL},
+    {"num_local_experts", A_MOE, NULL}, {"num_experts", A_QMOE, NULL}, {"num_experts_per_tok", A_MOE, NULL},
     {"router_jitter_noise", A_MIXTRAL, NULL}, {"output_router_logits", A_MOE, NULL},
     {"router_aux_loss_coef", A_MOE, "the auxiliary loss's weight, read with output_router_logits only"},
-    {"moe_intermediate_size", A_QWEN3MOE, NULL}, {"norm_topk_prob", A_QWEN3MOE, NULL},
-    {"decoder_sparse_step", A_QWEN3MOE, NULL}, {"mlp_only_layers", A_QWEN3MOE, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3 | A_QWEN3MOE, NULL},
-    {"max_window_layers", A_QWEN2 | A_QWEN3 | A_QWEN3MOE, "only with use_sliding_window"},
+    {"moe_intermediate_size", A_QMOE, NULL}, {"norm_topk_prob", A_QMOE, NULL},
+    {"decoder_sparse_step", A_QMOE, NULL}, {"mlp_only_layers", A_QMOE, NULL},
+    {"shared_expert_intermediate_size", A_QWEN2MOE, NULL}, {"use_sliding_window", A_QWEN2 | A_QWEN3 | A_QMOE, NULL},
+    {"max_window_layers", A_QWEN2 | A_QWEN3 | A_QMOE, "only with use_sliding_window"},
     /* BERT (hf_bert.c reads them) */
     {"hidden_size", A_BERT, NULL}, {"intermediate_size", A_BERT, NULL}, {"num_hidden_layers", A_BERT, NULL},
     {"num_attention_heads", A_BERT, NULL}, {"hidden_act", A_BERT, NULL}, {"max_position_embeddings", A_BERT, NULL},
@@ -306,14 +308,16 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
     if (bit & A_MOE) { /* Mixtral: every block's MLP a mixture of intermediate_size-wide experts, top-k by
                           softmax; Qwen3-MoE: moe_intermediate_size-wide, on the blocks decoder_sparse_step and
                           mlp_only_layers say, the top-k's softmax renormalised or not (norm_topk_prob) */
-      int E, K, out_logits, eh = ff, norm_topk = 1, step = 1, first = 0;
+      int E, K, out_logits, eh = ff, norm_topk = 1, step = 1, first = 0, shared = 0;
       double jitter;
       const char *ne = json_object_get(cfg, "num_experts") ? "num_experts" : "num_local_experts";
       if ((rc = pw__hf_get_int(&c, ne, 8, 2, 4096, &E)) ||
           (rc = pw__hf_get_int(&c, "num_experts_per_tok", 2, 1, E, &K)) || (rc = pw__hf_get_num(&c, "router_jitter_noise", 0, &jitter)) ||
           (rc = pw__hf_get_bool(&c, "output_router_logits", 0, &out_logits)))
         goto fail;
-      if (bit == A_QWEN3MOE) {
+      if (bit == A_QWEN2MOE && (rc = pw__hf_get_int(&c, "shared_expert_intermediate_size", 5632, 1, 1 << 20, &shared)))
+        goto fail;
+      if (bit & A_QMOE) {
         const json_t *mo = json_object_get(cfg, "mlp_only_layers");
         size_t i;
         json_t *x;
@@ -363,6 +367,11 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
       if (!norm_topk) json_object_set_new(moe, "gate", json_string("softmax"));
       if (step > 1) json_object_set_new(moe, "every", json_integer(step));
       if (first) json_object_set_new(moe, "first_dense", json_integer(first));
+      if (shared) { /* Qwen2-MoE: one shared expert of its own width, behind a sigmoid gate */
+        json_object_set_new(moe, "shared_experts", json_integer(1));
+        json_object_set_new(moe, "shared_ffn_hidden", json_integer(shared));
+        json_object_set_new(moe, "shared_gate", json_true());
+      }
     }
   }
   if ((rc = pw__hf_get_num(&c, "initializer_range", 0.02, &init))) goto fail;
@@ -397,7 +406,7 @@ static int config_model(const json_t *cfg, const char *what, int seq_len, json_t
   json_object_set_new(m, "ffn_hidden", json_integer(ff));
   json_object_set_new(m, "tie_embeddings", json_boolean(tie));
   if (bit != A_GPT2) json_object_set_new(m, "rope_base", json_real(theta));
-  if (bit == A_QWEN2) json_object_set_new(m, "qkv_bias", json_true());
+  if (bit == A_QWEN2 || bit == A_QWEN2MOE) json_object_set_new(m, "qkv_bias", json_true());
   if (bit == A_QWEN3 || bit == A_QWEN3MOE) json_object_set_new(m, "qk_norm", json_true());
   if (bit == A_GEMMA) { /* GeGLU, embeddings times sqrt(d), RMSNorm scaled by 1 + w */
     json_object_set_new(m, "mlp_act", json_string("gelu_tanh"));
@@ -506,7 +515,7 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
         /* a mixture: Mixtral's block_sparse_moe (experts' w1, w3, w2), Qwen3-MoE's mlp (gate_proj, up_proj,
          * down_proj), each expert's tensors stacked by rows */
         int64_t E = m->moe_experts, mh = m->moe_hidden;
-        int qwen = m->qk_norm;
+        int qwen = m->qk_norm || m->qkv_bias; /* Qwen3-MoE's, Qwen2-MoE's names */
         static const struct {
           const char *ours, *mixtral, *qwen;
           int down;
@@ -520,6 +529,13 @@ static int map_build(const pw_model_spec *m, const char *pre, hf_map *mp) {
           e->rows[0] = ex[k].down ? d : mh;
           snprintf(e->hf[0], HF_NAME, "%s%s.experts.", p, qwen ? "mlp" : "block_sparse_moe");
           snprintf(e->hf[1], HF_NAME, ".%s.weight", qwen ? ex[k].qwen : ex[k].mixtral);
+        }
+        if (m->moe_shared) { /* Qwen2-MoE's shared_expert and its gate */
+          int64_t sh = m->moe_shared_hidden ? m->moe_shared_hidden : m->moe_shared * mh;
+          ONE("moe.shared.gate.weight", 2, sh, d, "mlp.shared_expert.gate_proj.weight");
+          ONE("moe.shared.up.weight", 2, sh, d, "mlp.shared_expert.up_proj.weight");
+          ONE("moe.shared.down.weight", 2, d, sh, "mlp.shared_expert.down_proj.weight");
+          if (m->moe_shared_gate) ONE("moe.shared_gate.weight", 2, 1, d, "mlp.shared_expert_gate.weight");
         }
         continue;
       }
@@ -843,14 +859,18 @@ static json_t *export_config(const pw_model_spec *m, const char **arch) {
     json_object_set_new(c, "scale_attn_by_inverse_layer_idx", json_false());
     json_object_set_new(c, "reorder_and_upcast_attn", json_false());
   } else {
-    int gemma = m->norm_offset != 0, qmoe = m->moe_experts > 0 && m->qk_norm; /* export_check: not with the others' */
-    int mixtral = m->moe_experts > 0 && !qmoe, mistral = m->sliding_window > 0 && !mixtral;
-    *arch = gemma ? "GemmaForCausalLM" : qmoe ? "Qwen3MoeForCausalLM" : m->qk_norm ? "Qwen3ForCausalLM"
-            : m->qkv_bias ? "Qwen2ForCausalLM" : mixtral ? "MixtralForCausalLM" : mistral ? "MistralForCausalLM"
-            : "LlamaForCausalLM";
-    json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : qmoe ? "qwen3_moe" : m->qk_norm ? "qwen3"
-                                                     : m->qkv_bias ? "qwen2" : mixtral ? "mixtral"
-                                                     : mistral ? "mistral" : "llama"));
+    /* export_check: each architecture's options, not with the others' */
+    int gemma = m->norm_offset != 0, q3moe = m->moe_experts > 0 && m->qk_norm, q2moe = m->moe_experts > 0 && m->qkv_bias;
+    int qmoe = q3moe || q2moe, mixtral = m->moe_experts > 0 && !qmoe, mistral = m->sliding_window > 0 && !mixtral;
+    *arch = gemma ? "GemmaForCausalLM" : q3moe ? "Qwen3MoeForCausalLM" : q2moe ? "Qwen2MoeForCausalLM"
+            : m->qk_norm ? "Qwen3ForCausalLM" : m->qkv_bias ? "Qwen2ForCausalLM" : mixtral ? "MixtralForCausalLM"
+            : mistral ? "MistralForCausalLM" : "LlamaForCausalLM";
+    json_object_set_new(c, "model_type", json_string(gemma ? "gemma" : q3moe ? "qwen3_moe" : q2moe ? "qwen2_moe"
+                                                     : m->qk_norm ? "qwen3" : m->qkv_bias ? "qwen2"
+                                                     : mixtral ? "mixtral" : mistral ? "mistral" : "llama"));
+    if (q2moe) /* one shared expert behind its gate (export_check) */
+      json_object_set_new(c, "shared_expert_intermediate_size",
+                          json_integer(m->moe_shared_hidden ? m->moe_shared_hidden : m->moe_hidden));
     if (mixtral) {
       json_object_set_new(c, "num_local_experts", json_integer(m->moe_experts));
       json_object_set_new(c, "router_jitter_noise", json_real(0));
@@ -952,17 +972,20 @@ int pw_hf_export(const pw_model_spec *m, const char *ckpt, const char *dir, pw_e
                       gemma ? "Gemma's options" : m->qk_norm ? "qk_norm" : "qkv_bias");
   /* MixtralForCausalLM: a llama whose every block is a softmax top-k mixture, nothing else;
    * Qwen3MoeForCausalLM: a qk_norm llama whose mixtures are softmax or softmax_topk, on every
-   * block from decoder_sparse_step - 1 (every) or after mlp_only_layers (first_dense) */
-  int qwen_moe = m->moe_experts && m->qk_norm;
+   * block from decoder_sparse_step - 1 (every) or after mlp_only_layers (first_dense);
+   * Qwen2MoeForCausalLM: the same with qkv_bias, and one gated shared expert */
+  int qwen_moe = m->moe_experts && (m->qk_norm || m->qkv_bias);
+  int shared_ok = m->qkv_bias ? m->moe_shared == 1 && m->moe_shared_gate : !m->moe_shared;
   if (m->moe_experts &&
-      (m->tmpl != PW_TEMPLATE_LLAMA || gemma || m->qkv_bias || m->moe_shared ||
+      (m->tmpl != PW_TEMPLATE_LLAMA || gemma || (m->qk_norm && m->qkv_bias) || !shared_ok ||
        m->moe_gate == PW_MOE_GATE_SIGMOID || (!qwen_moe && m->moe_gate != PW_MOE_GATE_SOFTMAX_TOPK) ||
        (!qwen_moe && (m->moe_every != 1 || m->moe_first_dense)) ||
        (qwen_moe && m->moe_every > 1 && m->moe_first_dense != m->moe_every - 1)))
     return pw_err_set(err, PW_ENOTSUP, "model.moe",
                       "no Hugging Face architecture computes this mixture: MixtralForCausalLM is a llama whose every "
                       "block is a softmax_topk mixture without shared experts, Qwen3MoeForCausalLM one with qk_norm "
-                      "and softmax or softmax_topk mixtures after its first dense blocks");
+                      "and softmax or softmax_topk mixtures after its first dense blocks, Qwen2MoeForCausalLM the "
+                      "same with qkv_bias and one shared expert behind its gate");
   pw_st_file *f;
   int rc = pw_st_open(ckpt, &f, err);
   if (rc) return rc;

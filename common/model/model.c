@@ -114,7 +114,7 @@ static int moe_mlp(builder *bd, const char *p, int h, int llama, float std, floa
   snprintf(nm, sizeof nm, "%s.moe.experts.%s", p, llama ? "down" : "proj");
   int y = moe_node(bd, PW_OP_MOE_COMBINE, glinear(bd, nm, a, r, C, rstd), r, -1, T, C);
   if (!s->moe_shared) return y;
-  int HS = s->moe_shared * H;
+  int HS = s->moe_shared_hidden ? s->moe_shared_hidden : s->moe_shared * H;
   if (llama) {
     snprintf(nm, sizeof nm, "%s.moe.shared.gate", p);
     int g = linear(bd, nm, h, HS, 0, std);
@@ -125,7 +125,13 @@ static int moe_mlp(builder *bd, const char *p, int h, int llama, float std, floa
     a = unary(bd, PW_OP_GELU, linear(bd, nm, h, HS, 0, std));
   }
   snprintf(nm, sizeof nm, "%s.moe.shared.%s", p, llama ? "down" : "proj");
-  return binary(bd, PW_OP_ADD, y, linear(bd, nm, a, C, 0, rstd));
+  int sh = linear(bd, nm, a, C, 0, rstd);
+  if (s->moe_shared_gate) { /* Qwen2-MoE: times sigmoid of "moe.shared_gate" [1, d] over h */
+    snprintf(nm, sizeof nm, "%s.moe.shared_gate", p);
+    int g = linear(bd, nm, h, 1, 0, std);
+    sh = add_node(bd, PW_OP_SIGMOID_GATE, sh, g, -1, -1, T, C, PW_DT_F32);
+  }
+  return binary(bd, PW_OP_ADD, y, sh);
 }
 
 /* A transformer block: x + attn(norm1(x)), then + mlp(norm2(x)).

@@ -66,6 +66,8 @@ typedef enum {
   PW_OP_MOE_GLINEAR, /* in: xs (T*K,C), r        out (T*K,OC): each row times its expert's
                         matrix; params: w (E*OC, C), expert e's rows e*OC .. */
   PW_OP_MOE_COMBINE, /* in: ys (T*K,C), r        out (T,C): each token's K rows, weighted */
+  PW_OP_SIGMOID_GATE, /* in: y (T,C), g (T,1)     out (T,C) = y * sigmoid(g), g per row (Qwen2-MoE's shared
+                         expert gate) */
   PW_OP__COUNT
 } pw_op;
 

@@ -102,6 +102,9 @@ static const pw_op_info table[PW_OP__COUNT] = {
                            .scratch = {N_(1, NH, 1, 1), N_(1, 1, 1, 1)}, WHOLE_, RUN_},
     [PW_OP_MOE_COMBINE] = {"moe_combine", 2, 3, 0, 0, {N_(2, ROWS, C, 1), N_(4, ROWS, C, 1), NONE_}, NONE_,
                            .scratch = {N_(2, NH, 1, 1), N_(1, 1, 1, 1)}, WHOLE_, RUN_},
+    /* a row's sigmoid (recomputed backward) times the row: ~ a product an element each way */
+    [PW_OP_SIGMOID_GATE] = {"sigmoid_gate", 2, 3, 0, 0, {N_(1, ROWS, C, 1), N_(3, ROWS, C, 1), NONE_}, NONE_, WHOLE_,
+                            RUN_},
 };
 
 const pw_op_info *pw_op_info_of(int op) { return &table[op]; }

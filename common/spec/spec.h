@@ -124,6 +124,8 @@ typedef struct {
   int moe_gate;         /* pw_moe_gate_kind */
   float moe_routed_scale; /* sigmoid gates: the weights' factor (DeepSeek's routed_scaling_factor) */
   int moe_shared;       /* shared experts: one more dense MLP of moe_shared x moe_hidden, every token */
+  int moe_shared_hidden; /* that MLP's width when not moe_shared x moe_hidden (Qwen2-MoE's); 0: that */
+  int moe_shared_gate;  /* the shared MLP's output times sigmoid(a linear d -> 1 of the input) (Qwen2-MoE) */
   int moe_every, moe_first_dense; /* blocks i >= first_dense with (i - first_dense) % every == 0 */
   float norm_eps;      /* default 1e-5; bert 1e-12 */
   float init_std;      /* default 0.02 */

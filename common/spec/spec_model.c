@@ -103,6 +103,8 @@ static const pw__field moe_fields[] = {
     PW__ENUM("gate", 0, PW__ALL, pw_model_spec, moe_gate, PW_MOE_GATE_SOFTMAX_TOPK, moe_gate_names),
     PW__FLOAT("routed_scale", PW__LO_OPEN, PW__ALL, pw_model_spec, moe_routed_scale, 1, 0, PW__FLT_MAX),
     PW__INT("shared_experts", PW__OMIT0, PW__ALL, pw_model_spec, moe_shared, 0, 0, 64),
+    PW__INT("shared_ffn_hidden", PW__OMIT0, PW__ALL, pw_model_spec, moe_shared_hidden, 0, 0, MAX_DIM),
+    PW__BOOL("shared_gate", PW__OMIT0, PW__ALL, pw_model_spec, moe_shared_gate, 0),
     PW__INT("every", 0, PW__ALL, pw_model_spec, moe_every, 1, 1, MAX_BLOCKS),
     PW__INT("first_dense", PW__OMIT0, PW__ALL, pw_model_spec, moe_first_dense, 0, 0, MAX_BLOCKS),
 };
@@ -117,6 +119,9 @@ static int moe_parse(const json_t *o, pw_model_spec *m, pw_err *err) {
   if (m->moe_top_k > m->moe_experts)
     return pw_err_set(err, PW_ESPEC, "model.moe.top_k", "%d is more than the %d experts", m->moe_top_k,
                       m->moe_experts);
+  if ((m->moe_shared_hidden || m->moe_shared_gate) && !m->moe_shared)
+    return pw_err_set(err, PW_ESPEC, m->moe_shared_gate ? "model.moe.shared_gate" : "model.moe.shared_ffn_hidden",
+                      "only with shared_experts >= 1");
   if (m->moe_gate != PW_MOE_GATE_SIGMOID && m->moe_routed_scale != 1.0f)
     return pw_err_set(err, PW_ESPEC, "model.moe.routed_scale", "only with gate \"sigmoid\" (DeepSeek-V3's)");
   return 0;

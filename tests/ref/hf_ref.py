@@ -8,8 +8,11 @@ models made by transformers itself and saved with save_pretrained —
 GPT-2, Llama (grouped query heads, Llama-3 rope_scaling, rope_theta), Qwen2 (q/k/v biases, one kv
 head, tied), Mistral (a sliding window of 4, shorter than the prompts:
 transformers' eager attention, checked to change its logits), Gemma (GeGLU,
-embeddings times sqrt(d), RMSNorm by 1 + w, tied) and a Gemma whose heads are
-12 wide over hidden_size 32 / 4 heads (head_dim) — it checks that:
+embeddings times sqrt(d), RMSNorm by 1 + w, tied), a Gemma whose heads are
+12 wide over hidden_size 32 / 4 heads (head_dim), Mixtral (a mixture of 4
+experts, top 2, in every block: model.moe) and Qwen2-MoE (q/k/v biases, its
+softmax gates, a shared expert of its own width behind a sigmoid gate, a
+dense first block) — it checks that:
   - import-hf's job and checkpoint give pipewright logits (generate
     --logits) equal to transformers' to 1e-4 of the largest;
   - export-hf -> import-hf gives back the same model spec and every tensor
@@ -229,6 +232,12 @@ mxd, mxhf, _, _ = family("mixtral", tf.MixtralForCausalLM(tf.MixtralConfig(initi
     vocab_size=90, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=40, num_local_experts=4, num_experts_per_tok=2,
     sliding_window=None)))
+# Qwen2-MoE: q/k/v biases, 4 experts top 2 by softmax kept as they are (norm_topk_prob false), a shared
+# expert of its own width behind a sigmoid gate; the first block dense (mlp_only_layers)
+family("qwen2-moe", tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(initializer_range=INIT,
+    vocab_size=90, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40, num_experts=4,
+    num_experts_per_tok=2, mlp_only_layers=[0])))
 family("gpt2-untied", tf.GPT2LMHeadModel(tf.GPT2Config(initializer_range=INIT,
     vocab_size=64, n_positions=24, n_embd=16, n_layer=1, n_head=2, n_inner=40, tie_word_embeddings=False)))
 

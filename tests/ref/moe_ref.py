@@ -35,6 +35,8 @@ def moe_config(m):
         "gate": mo.get("gate", "softmax_topk"),
         "scale": float(mo.get("routed_scale", 1.0)),
         "S": int(mo.get("shared_experts", 0)),
+        "SH": int(mo.get("shared_ffn_hidden", 0)),  # the shared MLP's width; 0: S * H
+        "sgate": bool(mo.get("shared_gate", False)),  # Qwen2-MoE's sigmoid gate on the shared MLP
         "every": int(mo.get("every", 1)),
         "first_dense": int(mo.get("first_dense", 0)),
         "aux": float(mo.get("aux_loss", 0.0)),
@@ -53,13 +55,15 @@ def moe_param_shapes(mc, p, d, llama):
     for part, n in (("experts", E), ("shared", S)):
         if not n:
             continue
-        rows = E * H if part == "experts" else S * H
+        rows = E * H if part == "experts" else (mc["SH"] or S * H)
         if llama:
             shapes.update({p + f"moe.{part}.gate.weight": (rows, d), p + f"moe.{part}.up.weight": (rows, d)})
         else:
             shapes[p + f"moe.{part}.fc.weight"] = (rows, d)
         down = p + f"moe.{part}.{'down' if llama else 'proj'}.weight"
-        shapes[down] = (E * d, H) if part == "experts" else (d, S * H)
+        shapes[down] = (E * d, H) if part == "experts" else (d, rows)
+    if S and mc["sgate"]:
+        shapes[p + "moe.shared_gate.weight"] = (1, d)
     return shapes
 
 
@@ -109,8 +113,11 @@ def moe_ffn(P, p, x, mc, act="silu"):
             continue
         out = mlp(P, p + "moe.experts.", h[tok], act, (e * H, (e + 1) * H, e * d, (e + 1) * d))
         y.index_add_(0, tok, out * w[tok, slot].unsqueeze(-1))
-    if mc["S"]:
-        y = y + mlp(P, p + "moe.shared.", h, act)
+    if mc["S"]:  # as transformers' Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(h)) * shared_expert(h)
+        sh = mlp(P, p + "moe.shared.", h, act)
+        if mc["sgate"]:
+            sh = torch.sigmoid(h @ P[p + "moe.shared_gate.weight"].t()) * sh
+        y = y + sh
     aux = torch.zeros(())
     if mc["aux"] > 0:  # Switch Transformer's: E * sum_e (fraction routed to e) * (mean router prob of e)
         probs = torch.sigmoid(logits) if mc["gate"] == "sigmoid" else F.softmax(logits, dim=-1)

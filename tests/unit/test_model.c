@@ -80,7 +80,8 @@ static pw_model_spec gemma_spec(void) {
 
 /* Mixtures of experts (model.moe): llama's SwiGLU experts under softmax
  * top-2 gates; gpt's GELU experts under DeepSeek's sigmoid gates (a routed
- * scale), a shared expert, only the second block a mixture. */
+ * scale), a shared expert of its own width behind Qwen2-MoE's sigmoid gate,
+ * only the second block a mixture. */
 static pw_model_spec moe_llama_spec(void) {
   pw_model_spec s = llama_spec();
   s.moe_experts = 3, s.moe_top_k = 2, s.moe_hidden = 6, s.moe_every = 1, s.moe_routed_scale = 1.0f;
@@ -90,7 +91,7 @@ static pw_model_spec moe_llama_spec(void) {
 static pw_model_spec moe_gpt_spec(void) {
   pw_model_spec s = gpt_spec(0);
   s.moe_experts = 4, s.moe_top_k = 2, s.moe_hidden = 5, s.moe_gate = PW_MOE_GATE_SIGMOID, s.moe_routed_scale = 2.0f;
-  s.moe_shared = 1, s.moe_every = 1, s.moe_first_dense = 1;
+  s.moe_shared = 1, s.moe_every = 1, s.moe_first_dense = 1, s.moe_shared_hidden = 7, s.moe_shared_gate = 1;
   return s;
 }
 

@@ -129,6 +129,30 @@ static opcase moe_case(int N, int C, int E, int K, int H, int gate) {
   return c;
 }
 
+/* Qwen2-MoE's shared expert gate: y = x sigmoid(g), g one a row.
+ * d = {N, C}; inputs x (N,C), g (N). */
+static void sgate_fwd(const opcase *c, float *const *in, float *out, float *saved) {
+  (void)saved;
+  pw_sigmoid_gate_forward(out, in[0], in[1], c->d[0], c->d[1]);
+}
+static void sgate_bwd(const opcase *c, int which, float *const *in, float *saved, const float *dout,
+                      float *const *g) {
+  (void)saved;
+  if (which == IN_DATA) pw_sigmoid_gate_backward_input(g[0], g[1], dout, in[0], in[1], c->d[0], c->d[1], 1, 1);
+}
+static void sgate_ref(const opcase *c, double *const *in, double *out) {
+  for (int n = 0; n < c->d[0]; n++)
+    for (int j = 0; j < c->d[1]; j++) out[n * c->d[1] + j] = in[0][n * c->d[1] + j] / (1.0 + exp(-in[1][n]));
+}
+
+static void test_sigmoid_gate(void **state) {
+  (void)state;
+  opcase c = {.n_in = 2, .in_name = {"x", "g"}, .in_kind = {IN_DATA, IN_DATA}, .in_n = {7 * 5, 7}, .out_n = 7 * 5,
+              .d = {7, 5}, .init_scale = 3.0, .fwd = sgate_fwd, .bwd = sgate_bwd, .ref = sgate_ref};
+  snprintf(c.name, sizeof c.name, "sigmoid_gate N=7 C=5");
+  check_op(&c);
+}
+
 static void test_moe_grad(void **state) {
   (void)state;
   static const int shapes[][5] = {{6, 5, 4, 2, 3}, {5, 4, 8, 1, 6}, {9, 3, 6, 3, 4}};
@@ -171,6 +195,7 @@ static void test_moe_order(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_grad), cmocka_unit_test(test_moe_order)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_moe_grad), cmocka_unit_test(test_moe_order),
+                                     cmocka_unit_test(test_sigmoid_gate)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
