@@ -124,17 +124,8 @@ static PW_CPU_DISPATCH(xent_mlm_rows, (double *total, float *probs, const float 
                                        int N, int V),
                        (total, probs, logits, targets, N, V)) {
   double tot = 0.0;
-  for (int n = 0; n < N; n++) {
-    if (targets[n] < 0) continue;
-    const float *x = logits + (size_t)n * V;
-    float *p = probs + (size_t)n * V;
-    float mx = pw__max(x, V);
-    for (int v = 0; v < V; v++) p[v] = pw__exp(x[v] - mx);
-    double sum = pw__sum_d(p, V);
-    float inv = (float)(1.0 / sum);
-    for (int v = 0; v < V; v++) p[v] *= inv;
-    tot += log(sum) - ((double)x[targets[n]] - mx);
-  }
+  for (int n = 0; n < N; n++)
+    if (targets[n] >= 0) tot += pw__xent_row(probs + (size_t)n * V, logits + (size_t)n * V, V, targets[n]);
   *total = tot;
 }
 

@@ -163,6 +163,11 @@ static inline float pw__sum(const float *x, int n) {
   return r;
 }
 
+/* One row of the cross-entropy's forward (ops.c's, ops_enc.c's masked
+ * one): p[0..V) = softmax(x), and -log p[t] = log(sum) - (x_t - max) in
+ * double (no log(0) for a tiny p). */
+static inline double pw__xent_row(float *p, const float *x, int V, int32_t t);
+
 /* Sum of x[0..n) in double lanes. */
 static inline double pw__sum_d(const float *x, int n) {
   double s[PW_LANES] = {0};
@@ -215,6 +220,15 @@ static inline float pw__dot(const float *x, const float *y, int n) {
   for (int l = 0; l < PW_LANES; l++) r += s[l];
   for (; j < n; j++) r += x[j] * y[j];
   return r;
+}
+
+static inline double pw__xent_row(float *p, const float *x, int V, int32_t t) {
+  float mx = pw__max(x, V);
+  for (int v = 0; v < V; v++) p[v] = pw__exp(x[v] - mx);
+  double sum = pw__sum_d(p, V);
+  float inv = (float)(1.0 / sum);
+  for (int v = 0; v < V; v++) p[v] *= inv;
+  return log(sum) - ((double)x[t] - mx);
 }
 
 #endif

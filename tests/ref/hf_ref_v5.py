@@ -30,48 +30,19 @@ import torch
 from safetensors.torch import load_file
 import transformers as tf
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_common as hc  # noqa: E402
+from hf_common import check, hf_logits, pw, pw_logits, rel, same_tensors  # noqa: E402,F401
+
 PW, SRC, TMP = sys.argv[1], sys.argv[2], sys.argv[3]
+hc.setup(PW, SRC)
+failures = hc.failures
 torch.manual_seed(0)
-failures = []
 TOKENS = [3, 17, 1, 42, 9, 0, 25, 61, 8, 33, 12]
 PROMPTS = [TOKENS[4:5], TOKENS[:4], TOKENS]
 NEW = 12
 INIT = 0.3  # initializer_range: well-separated logits, varied text (hf_ref.py says why)
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def pw(*args, ok=True):
-    r = subprocess.run([PW, *args], capture_output=True, text=True, cwd=SRC)
-    if ok and r.returncode != 0:
-        print(r.stdout + r.stderr)
-        raise SystemExit(f"FAILED: pipewright {' '.join(args)}")
-    return r
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float()
-
-
-def pw_logits(job, ckpt, ids, out):
-    pw("generate", "--job", job, "--checkpoint", ckpt, "--prompt-tokens", ",".join(map(str, ids)),
-       "--max-tokens", "1", "--logits", out)
-    return load_file(out)["logits"]
-
-
-def rel(a, b):
-    return float((a - b).abs().max() / b.abs().max())
-
-
-def same_tensors(a, b):
-    ta, tb = load_file(a), load_file(b)
-    return sorted(ta) == sorted(tb) and all(
-        ta[k].dtype == tb[k].dtype and torch.equal(ta[k].view(torch.int32), tb[k].view(torch.int32)) for k in ta)
 
 
 def greedy(name, model, job, ck):
