@@ -6,7 +6,7 @@
 #   deploy/test.sh            both builds
 #   deploy/test.sh --plain    only the plain build (quicker, while developing)
 # After the sanitizer build, the libFuzzer harnesses (tests/fuzz/run.sh) run
-# FUZZ_SECONDS each, one per core at a time: 14 here (12 harnesses: the
+# FUZZ_SECONDS each, one per core at a time: 9 here (13 harnesses: the
 # suite's 15 minutes on 2 cores), 20 when run.sh runs alone.
 # Each test runs in the build where it finds what it checks (PLAIN_ONLY,
 # SANITIZED_ONLY below; --plain runs every test in the plain build).
@@ -68,27 +68,34 @@ bg_wait() {
 #   test_tokenizers holds the whole corpus's ids to Hugging Face's (the
 #   tokenizer's memory safety is test_tokenizer's, sanitized, and
 #   fuzz_tokenizer's); test_attention's memory check holds only there (the
-#   tiled kernel runs sanitized in test_ops_flash); the code they run is run under the sanitizers by the CLI,
+#   tiled kernel runs sanitized in test_ops_flash); test_hf_ref and
+#   test_hf_ref_v5 hold import/export to transformers (hf.c's memory safety
+#   is test_hf's, test_hf_bert's and fuzz_hf_config's, sanitized); the code
+#   they run is run under the sanitizers by the CLI,
 #   coordinator, dashboard, test_openapi (/metrics, its planned step) and
 #   test_coord_faults (the divergence counter) tests;
 # - sanitized only: the orchestration and daemon tests (kills, lost links,
 #   full disks, fetches, descriptors, the coordinator's API, the dashboard,
 #   hosts in namespaces, systemd), where memory errors hide on failure
-#   paths and whose assertions do not depend on the CPU's kernels;
+#   paths and whose assertions do not depend on the CPU's kernels; and the
+#   GPU kernels' emulations (test_cu_*_emul) and the attention masks'
+#   kernels (test_ops_attn_mask), whose indexing is what they check;
 # - the numerics tests (NUMERICS: pipelines, tp, ZeRO, the PyTorch
 #   references) check what the CPU's kernels compute: the plain build runs
 #   this host's widest kernels, the sanitized one PW_CPU=avx2 (below). On a
 #   host with AVX-512 the two builds run different kernels and the numerics
 #   run in both; on one without, the kernels are the same and each runs
-#   once: test_pipeline (every schedule's runtime) and test_generate_ref
+#   once: test_pipeline (every schedule's runtime; its model families,
+#   test_pipeline_models, plain) and test_generate_ref
 #   (the decode paths) under the sanitizers, the rest in the plain build.
 PLAIN_ONLY="test_readme_tour|test_screenshots|test_deb|test_steady_memory|test_prometheus|test_layers|test_layers_plant|test_docs"
-PLAIN_ONLY+="|test_k8s_validate|test_bundle|test_tokenizers|test_attention|test_hf_ref_v5"
+PLAIN_ONLY+="|test_k8s_validate|test_bundle|test_tokenizers|test_attention|test_hf_ref_v5|test_hf_ref"
 SANITIZED_ONLY="test_chaos|test_recovery|test_coord_faults|test_dataset_fetch|test_datasets|test_cli_dataset|test_worker_fds|test_tensorboard"
 SANITIZED_ONLY+="|test_coordinator|test_dashboard|test_cli_remote|test_netns|test_ckpt_store|test_placement|test_systemd|test_multihost|test_serve"
 SANITIZED_ONLY+="|test_drain|test_slurm|test_cgroup_resources|test_k8s_netns|test_pinning|test_serve_text|test_hf_cluster"
+SANITIZED_ONLY+="|test_cu_emul|test_cu_attn_emul|test_cu_attn_bf16_emul|test_cu_fa_emul|test_ops_attn_mask"
 NUMERICS_SAN="test_pipeline|test_generate_ref"
-NUMERICS_PLAIN="test_tp_matrix|test_zero|test_torch_ref|test_remat|test_regions_pipeline|test_bf16_pipeline"
+NUMERICS_PLAIN="test_tp_matrix|test_zero|test_torch_ref|test_remat|test_regions_pipeline|test_bf16_pipeline|test_pipeline_models"
 NUMERICS_PLAIN+="|test_tensor_parallel|test_lora_ref|test_frozen_ref|test_custom_schedule|test_eval_loss|test_cli_calibrate"
 NUMERICS_PLAIN+="|test_calibrate_auto"
 PLAIN_SKIP=$SANITIZED_ONLY
@@ -185,7 +192,7 @@ if [ "$PLAIN" = 0 ]; then
   bg_wait
   stage_end "rest of build-fuzz"
   stage_start
-  export FUZZ_SECONDS=${FUZZ_SECONDS:-14}
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-9}
   echo "== fuzz (tests/fuzz/run.sh, $FUZZ_SECONDS s per harness)"
   bash tests/fuzz/run.sh || { report_skips; echo "== FAILED: a fuzz harness found something"; exit 1; }
   stage_end "fuzz"

@@ -7,13 +7,14 @@
     equal `pipewright train`'s (tolerance 1e-5 relative; in practice equal
     to the last bit);
   - pp 2 x dp 2, and tied embeddings across the first and last stage
-  - the llama template with the model families' options (grouped-query
-    heads, rope scaling, qkv bias, QK-norm, Gemma's, a sliding window with
-    heads of a width of their own) at pp 2 and pp 4
-    (1f1b, and DualPipeV where both sit on rank 0);
-  - BERT (template bert): masked LM at pp 2 under zb-h1 (the tied decoder
-    on the last stage, the padding mask read off the tokens by both) and
-    the [CLS] classifier on labeled pairs at pp 2: the same bits;
+  - with --models (test_pipeline_models.sh, the plain build), those alone:
+    the llama template with the model families' options (grouped-query
+    heads, rope scaling, qkv bias, QK-norm, Gemma's at pp 4, a sliding
+    window with heads of a width of their own), BERT (template bert: masked
+    LM at pp 2 under zb-h1, the tied decoder on the last stage, the padding
+    mask read off the tokens by both; the [CLS] classifier on labeled
+    pairs), mixtures of experts (model.moe: pp 2 zb-h1, pp 2 x dp 2): the
+    same bits;
   - pp 2 x dp 2 with tied embeddings and the wire's chunk limit forced down
     to 999 bytes (PW_WIRE_CHUNK, honoured by the worker for tests only):
     every activation, gradient, all-reduce arena and tied gradient crosses
@@ -165,11 +166,56 @@ def check_trace(t, label, res):
             str(waits))
 
 
+def families(t, src, tmp):
+    """The model families' numerics pipelined (issues 34 and 38): the same
+    schedules' runtime as main()'s, other models — run by
+    test_pipeline_models.sh (--models), in the plain build, so that the
+    sanitized suite's test_pipeline keeps to the runtime."""
+    # The model families' options (issue 34) pipelined: Llama-3 (grouped-
+    # query heads, rope scaling), Qwen2 (qkv bias, one kv head, tied),
+    # Qwen3 (QK-norm), Gemma (GeGLU, scaled embeddings, 1 + w norms, tied)
+    # at pp 4 with a schedule that splits the backward.
+    t.equal_run("llama3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8}))
+    t.equal_run("qwen2-zb-h1-pp2", llama("zb-h1", 2, 4, n_kv_heads=1, qkv_bias=True, tie_embeddings=True))
+    t.equal_run("qwen3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, qk_norm=True))
+    t.equal_run("gemma-zb-h1-pp4", llama("zb-h1", 4, 8, n_kv_heads=1, mlp_act="gelu_tanh", embed_scale=True,
+                                         norm_offset=1, tie_embeddings=True))
+    # Mistral's sliding window with heads of a width of their own (12 over
+    # d_model 32 / 4 heads), through the tiled attention
+    spec = llama("1f1b", 2, 4, n_kv_heads=2, head_dim=12, sliding_window=5)
+    spec["train"]["attention"] = "tiled"
+    t.equal_run("window-head-dim-1f1b-pp2", spec)
+    # BERT: masked LM (the tied decoder across the first and last stage;
+    # every stage's attention masks the padding it reads off the tokens)
+    t.equal_run("bert-mlm-zb-h1-pp2", bert("zb-h1", 2, 4))
+    # and the classifier on [CLS]: one label a sequence, padded by the reader
+    spec = bert("1f1b", 2, 4, bert_head="classify", n_labels=3)
+    del spec["model"]["mlm_predictions"], spec["data"]["mask_token"], spec["data"]["sampler"]
+    spec["data"].update(kind="labeled", path=labeled_file(src, os.path.join(tmp, "pairs.jsonl")))
+    t.equal_run("bert-classify-1f1b-pp2", spec)
+
+    # Mixtures of experts (model.moe, issue 38): the routing is a function
+    # of the microbatch's tokens only, so pipelining changes nothing; a
+    # llama at pp 2 under zb-h1 (each glinear's W apart from its I), a gpt
+    # with sigmoid gates, a shared expert, every other block, at pp 2 x dp 2.
+    t.equal_run("moe-llama-zb-h1-pp2", llama("zb-h1", 2, 4, moe={"experts": 4, "top_k": 2, "ffn_hidden": 24}))
+    spec = job("1f1b", 2, 1, 4, dp=2, layers=4)
+    spec["model"]["moe"] = {"experts": 4, "top_k": 2, "ffn_hidden": 32, "gate": "sigmoid", "routed_scale": 2.0,
+                            "shared_experts": 1, "every": 2}
+    t.equal_run("moe-gpt-1f1b-pp2-dp2", spec)
+
+
 def main():
     build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     quick = "--quick" in sys.argv
     with tempfile.TemporaryDirectory(prefix="pw-pipe-") as tmp:
         t = Suite(build, src, tmp)
+        if "--models" in sys.argv:
+            families(t, src, tmp)
+            print(f"{t.passed} passed, {t.failed} failed")
+            return 1 if t.failed else 0
         for pp in (2, 4):
             for name in FLAT + VIRTUAL:
                 if quick and pp == 4 and name not in ("1f1b", "dualpipev"):
@@ -187,41 +233,6 @@ def main():
         t.equal_run("1f1b-pp2-tied", job("1f1b", 2, 1, 4, tied=True))
         t.equal_run("dualpipev-pp2-tied", job("dualpipev", 2, 2, 4, tied=True))
         t.equal_run("zb-h1-pp2-dp2-tied", job("zb-h1", 2, 1, 4, dp=2, tied=True))
-
-        # The model families' options (issue 34) pipelined: Llama-3 (grouped-
-        # query heads, rope scaling), Qwen2 (qkv bias, one kv head, tied),
-        # Qwen3 (QK-norm), Gemma (GeGLU, scaled embeddings, 1 + w norms, tied)
-        # at pp 4 with a schedule that splits the backward.
-        t.equal_run("llama3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8}))
-        t.equal_run("qwen2-zb-h1-pp2", llama("zb-h1", 2, 4, n_kv_heads=1, qkv_bias=True, tie_embeddings=True))
-        t.equal_run("qwen3-1f1b-pp2", llama("1f1b", 2, 4, n_kv_heads=2, qk_norm=True))
-        t.equal_run("gemma-zb-h1-pp4", llama("zb-h1", 4, 8, n_kv_heads=1, mlp_act="gelu_tanh", embed_scale=True,
-                                             norm_offset=1, tie_embeddings=True))
-        # Mistral's sliding window with heads of a width of their own (12 over
-        # d_model 32 / 4 heads), through the tiled attention
-        spec = llama("1f1b", 2, 4, n_kv_heads=2, head_dim=12, sliding_window=5)
-        spec["train"]["attention"] = "tiled"
-        t.equal_run("window-head-dim-1f1b-pp2", spec)
-        # BERT: masked LM (the tied decoder across the first and last stage;
-        # every stage's attention masks the padding it reads off the tokens)
-        t.equal_run("bert-mlm-zb-h1-pp2", bert("zb-h1", 2, 4))
-        # and the classifier on [CLS]: one label a sequence, padded by the reader
-        spec = bert("1f1b", 2, 4, bert_head="classify", n_labels=3)
-        del spec["model"]["mlm_predictions"], spec["data"]["mask_token"], spec["data"]["sampler"]
-        spec["data"].update(kind="labeled", path=labeled_file(src, os.path.join(tmp, "pairs.jsonl")))
-        t.equal_run("bert-classify-1f1b-pp2", spec)
-
-        # Mixtures of experts (model.moe, issue 38): the routing is a function
-        # of the microbatch's tokens only, so pipelining changes nothing; a
-        # llama at pp 2 under zb-h1 (each glinear's W apart from its I), a gpt
-        # with sigmoid gates, a shared expert, every other block, at pp 2 x dp 2.
-        t.equal_run("moe-llama-zb-h1-pp2", llama("zb-h1", 2, 4, moe={"experts": 4, "top_k": 2, "ffn_hidden": 24}))
-        spec = job("1f1b", 2, 1, 4, dp=2, layers=4)
-        spec["model"]["moe"] = {"experts": 4, "top_k": 2, "ffn_hidden": 32, "gate": "sigmoid", "routed_scale": 2.0,
-                                "shared_experts": 1, "every": 2}
-        t.equal_run("moe-gpt-1f1b-pp2-dp2", spec)
 
         # Frozen parameters (train.trainable): stage 0 wholly frozen, its W
         # skipped; the optimizer checkpoints hold only the trainable state and
