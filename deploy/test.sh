@@ -6,7 +6,7 @@
 #   deploy/test.sh            both builds
 #   deploy/test.sh --plain    only the plain build (quicker, while developing)
 # After the sanitizer build, the libFuzzer harnesses (tests/fuzz/run.sh) run
-# FUZZ_SECONDS each, one per core at a time: 9 here (13 harnesses: the
+# FUZZ_SECONDS each, one per core at a time: 7 here (13 harnesses: the
 # suite's 15 minutes on 2 cores), 20 when run.sh runs alone.
 # Each test runs in the build where it finds what it checks (PLAIN_ONLY,
 # SANITIZED_ONLY below; --plain runs every test in the plain build).
@@ -192,7 +192,7 @@ if [ "$PLAIN" = 0 ]; then
   bg_wait
   stage_end "rest of build-fuzz"
   stage_start
-  export FUZZ_SECONDS=${FUZZ_SECONDS:-9}
+  export FUZZ_SECONDS=${FUZZ_SECONDS:-7}
   echo "== fuzz (tests/fuzz/run.sh, $FUZZ_SECONDS s per harness)"
   bash tests/fuzz/run.sh || { report_skips; echo "== FAILED: a fuzz harness found something"; exit 1; }
   stage_end "fuzz"
